@@ -1,0 +1,255 @@
+"""Building blocks of the Transformer: masks, embeddings, attention, feed-forward.
+
+Conventions used throughout:
+- Masks are boolean with True = "may attend", shaped to broadcast to [batch, heads, q_len, k_len].
+- Activations are [batch, length, d_model]; per-head tensors are [batch, length, heads, head_dim]
+  (the layout `jax.nn.dot_product_attention` takes).
+- Dropout randomness is explicit: every `__call__` takes `rng`, and `rng=None` means
+  deterministic (evaluation and search).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from transformer.config import ModelConfig
+
+Array = jax.Array
+
+# Xavier/Glorot uniform for projections, as in the reference implementation of the paper.
+dense_init = nnx.initializers.xavier_uniform()
+
+
+def compute_dtype(config: ModelConfig) -> jnp.dtype:
+    return jnp.dtype(config.dtype)
+
+
+# ----------------------------------------------------------------------------- masks
+
+
+def padding_mask(ids: Array, pad_id: int) -> Array:
+    """[batch, k_len] token ids -> [batch, 1, 1, k_len] mask, False on padding keys."""
+    return (ids != pad_id)[:, None, None, :]
+
+
+def causal_mask(length: int) -> Array:
+    """[1, 1, length, length] lower-triangular mask: query i may attend to keys j <= i."""
+    return jnp.tril(jnp.ones((length, length), dtype=bool))[None, None]
+
+
+def cached_causal_mask(offset: Array, q_len: int, cache_len: int) -> Array:
+    """[1, 1, q_len, cache_len] mask for queries at positions offset .. offset+q_len-1.
+
+    Query i (absolute position offset+i) may attend to cache slots j <= offset+i; slots
+    beyond it are either future positions or not written yet.
+    """
+    query_pos = offset + jnp.arange(q_len)[:, None]
+    key_pos = jnp.arange(cache_len)[None, :]
+    return (key_pos <= query_pos)[None, None]
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def dropout(x: Array, rate: float, rng: Array | None) -> Array:
+    """Inverted dropout; identity when `rng` is None or `rate` is 0."""
+    if rng is None or rate == 0.0:
+        return x
+    keep = jax.random.bernoulli(rng, 1.0 - rate, x.shape)
+    return jnp.where(keep, x / (1.0 - rate), jnp.zeros_like(x))
+
+
+def split_rng(rng: Array | None, n: int) -> list[Array | None]:
+    """n independent keys from `rng`, or n Nones when running deterministically."""
+    if rng is None:
+        return [None] * n
+    return list(jax.random.split(rng, n))
+
+
+@functools.lru_cache(maxsize=8)
+def sinusoidal_positions(max_len: int, d_model: int) -> np.ndarray:
+    """[max_len, d_model] table PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(...).
+
+    Sines and cosines are interleaved exactly as in the paper (Sec. 3.5).
+    """
+    positions = np.arange(max_len, dtype=np.float64)[:, None]
+    rates = np.power(10000.0, -np.arange(0, d_model, 2, dtype=np.float64) / d_model)
+    table = np.zeros((max_len, d_model), dtype=np.float64)
+    table[:, 0::2] = np.sin(positions * rates)
+    table[:, 1::2] = np.cos(positions * rates[: d_model // 2])
+    return table.astype(np.float32)
+
+
+def reference_attention(query: Array, key: Array, value: Array, mask: Array | None
+                        ) -> tuple[Array, Array]:
+    """softmax(Q K^T / sqrt(d_k) + mask) V, written out; also returns the weights.
+
+    query [batch, q_len, heads, head_dim], key/value [batch, k_len, heads, head_dim],
+    mask broadcastable to [batch, heads, q_len, k_len].
+    Returns (context [batch, q_len, heads, head_dim], weights [batch, heads, q_len, k_len]).
+    Masked keys get weight exactly 0.
+    """
+    scale = 1.0 / math.sqrt(query.shape[-1])
+    scores = jnp.einsum("bqhd,bkhd->bhqk", query, key).astype(jnp.float32) * scale
+    if mask is not None:
+        scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
+    weights = jax.nn.softmax(scores, axis=-1)
+    if mask is not None:
+        # A query whose keys are all masked (an all-padding row) gets zeros, not a uniform
+        # spread over padding.
+        weights = jnp.where(mask, weights, 0.0)
+    context = jnp.einsum("bhqk,bkhd->bqhd", weights.astype(value.dtype), value)
+    return context, weights
+
+
+# ----------------------------------------------------------------------------- modules
+
+
+class Embedding(nnx.Module):
+    """Token embedding scaled by sqrt(d_model); `attend` is the tied output projection."""
+
+    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+        # Normal(0, d_model^-0.5) so that the scaled embedding has unit variance.
+        init = nnx.initializers.normal(stddev=config.d_model ** -0.5)
+        self.table = nnx.Embed(config.vocab_size, config.d_model, dtype=compute_dtype(config),
+                               embedding_init=init, rngs=rngs)
+        self.scale = math.sqrt(config.d_model)
+
+    def __call__(self, ids: Array) -> Array:
+        """[batch, length] ids -> [batch, length, d_model]."""
+        return self.table(ids) * self.scale
+
+    def attend(self, x: Array) -> Array:
+        """[batch, length, d_model] -> [batch, length, vocab] logits (x @ E^T)."""
+        return self.table.attend(x)
+
+
+class PositionalEncoding(nnx.Module):
+    """Adds sinusoidal (paper) or learned position vectors, starting at `offset`."""
+
+    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+        self.max_len, self.d_model = config.max_len, config.d_model
+        self.learned = config.positional == "learned"
+        if self.learned:
+            init = nnx.initializers.normal(stddev=config.d_model ** -0.5)
+            self.table = nnx.Param(init(rngs.params(), (config.max_len, config.d_model)))
+
+    def __call__(self, x: Array, offset: Array | int = 0) -> Array:
+        """x [batch, length, d_model]; positions offset .. offset+length-1."""
+        if self.learned:
+            table = self.table[...]
+        else:
+            # A compile-time constant, not state: never trained, never checkpointed.
+            table = jnp.asarray(sinusoidal_positions(self.max_len, self.d_model))
+        positions = jax.lax.dynamic_slice_in_dim(table, offset, x.shape[1], axis=0)
+        return x + positions[None].astype(x.dtype)
+
+
+class MultiHeadAttention(nnx.Module):
+    """Multi-head scaled dot-product attention (paper Sec. 3.2.2).
+
+    Used three ways: encoder self-attention (padding mask), decoder masked self-attention
+    (causal mask, key/value cache) and encoder-decoder attention (keys and values from the
+    encoder output, projected once per sentence during search via `project_key_value`).
+    """
+
+    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+        d, dtype = config.d_model, compute_dtype(config)
+        self.num_heads = config.num_heads
+        self.head_dim = config.head_dim
+        self.attention_dropout = config.attention_dropout
+        self.implementation = config.attention_impl
+
+        def linear() -> nnx.Linear:
+            return nnx.Linear(d, d, dtype=dtype, kernel_init=dense_init, rngs=rngs)
+
+        self.query = linear()
+        self.key = linear()
+        self.value = linear()
+        self.output = linear()
+
+    def _split_heads(self, x: Array) -> Array:
+        batch, length, _ = x.shape
+        return x.reshape(batch, length, self.num_heads, self.head_dim)  # [b, len, heads, head_dim]
+
+    def project_query(self, x: Array) -> Array:
+        """[batch, q_len, d_model] -> [batch, q_len, heads, head_dim]."""
+        return self._split_heads(self.query(x))
+
+    def project_key_value(self, x: Array) -> tuple[Array, Array]:
+        """[batch, k_len, d_model] -> keys and values, each [batch, k_len, heads, head_dim]."""
+        return self._split_heads(self.key(x)), self._split_heads(self.value(x))
+
+    def attend(self, query: Array, key: Array, value: Array, mask: Array | None,
+               rng: Array | None = None, return_weights: bool = False
+               ) -> tuple[Array, Array | None]:
+        """Attention over projected heads; returns ([batch, q_len, d_model], weights or None).
+
+        The fused `jax.nn.dot_product_attention` runs unless weights are requested or
+        attention dropout is active, which need the probabilities themselves.
+        """
+        needs_weights = return_weights or (rng is not None and self.attention_dropout > 0)
+        if needs_weights:
+            context, weights = self._attend_with_weights(query, key, value, mask, rng)
+        else:
+            weights = None
+            context = jax.nn.dot_product_attention(
+                query, key, value, mask=mask, implementation=self.implementation)
+        batch, q_len = context.shape[:2]
+        context = context.reshape(batch, q_len, self.num_heads * self.head_dim)
+        return self.output(context), weights
+
+    def _attend_with_weights(self, query, key, value, mask, rng):
+        _, weights = reference_attention(query, key, value, mask)
+        dropped = dropout(weights, self.attention_dropout, rng)
+        context = jnp.einsum("bhqk,bkhd->bqhd", dropped.astype(value.dtype), value)
+        return context, weights
+
+    def __call__(self, x: Array, context: Array, mask: Array | None, rng: Array | None = None
+                 ) -> Array:
+        """Queries from x [batch, q_len, d_model], keys/values from context [batch, k_len, d_model]."""
+        key, value = self.project_key_value(context)
+        out, _ = self.attend(self.project_query(x), key, value, mask, rng)
+        return out
+
+
+class FeedForward(nnx.Module):
+    """FFN(x) = max(0, x W1 + b1) W2 + b2 (paper Sec. 3.3)."""
+
+    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+        dtype = compute_dtype(config)
+        self.inner = nnx.Linear(config.d_model, config.d_ff, dtype=dtype, kernel_init=dense_init,
+                                rngs=rngs)
+        self.outer = nnx.Linear(config.d_ff, config.d_model, dtype=dtype, kernel_init=dense_init,
+                                rngs=rngs)
+        self.activation_dropout = config.activation_dropout
+
+    def __call__(self, x: Array, rng: Array | None = None) -> Array:
+        hidden = jax.nn.relu(self.inner(x))
+        return self.outer(dropout(hidden, self.activation_dropout, rng))
+
+
+class AddNorm(nnx.Module):
+    """Residual connection around a sub-layer with layer normalisation, post- or pre-norm.
+
+    post (paper): LayerNorm(x + Dropout(Sublayer(x)));  pre: x + Dropout(Sublayer(LayerNorm(x))).
+    """
+
+    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+        self.norm = nnx.LayerNorm(config.d_model, epsilon=config.layer_norm_epsilon,
+                                  dtype=compute_dtype(config), rngs=rngs)
+        self.pre_norm = config.norm == "pre"
+        self.rate = config.dropout
+
+    def sublayer_input(self, x: Array) -> Array:
+        return self.norm(x) if self.pre_norm else x
+
+    def residual(self, x: Array, sublayer_output: Array, rng: Array | None) -> Array:
+        y = x + dropout(sublayer_output, self.rate, rng)
+        return y if self.pre_norm else self.norm(y)

@@ -1,0 +1,252 @@
+"""The encoder-decoder Transformer (Vaswani et al. 2017) as Flax NNX modules.
+
+Training and search share one boundary:
+
+    memory = model.encode(src_ids)                                  # [batch, src_len, d_model]
+    logits, cache = model.decode(memory, src_mask, tgt_ids, cache)  # [batch, tgt_len, vocab]
+
+With `cache=None`, `decode` runs teacher-forced over the whole target (training). With a
+cache from `init_cache`, it runs on the new positions only, reading keys and values of the
+earlier positions from the cache and the encoder's projected keys and values, which
+`init_cache` computes once per sentence.
+
+Why NNX rather than Linen: NNX is Flax's recommended API for new code, and its modules are
+plain Python objects whose state we split once (`nnx.split`) and pass to pure, jitted
+functions (see transformer/training.py and transformer/decoding.py).
+"""
+
+from __future__ import annotations
+
+from typing import TypedDict
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from transformer.config import ModelConfig
+from transformer.layers import (AddNorm, Embedding, FeedForward, MultiHeadAttention,
+                                PositionalEncoding, cached_causal_mask, causal_mask,
+                                compute_dtype, dropout, padding_mask, split_rng)
+
+Array = jax.Array
+
+
+class Cache(TypedDict):
+    """Decoder state for incremental decoding; every array is stacked over decoder layers.
+
+    index:       int32 scalar, the position the next decoded token will occupy.
+    self_key:    [layers, batch, max_len, heads, head_dim] keys of positions < index.
+    self_value:  [layers, batch, max_len, heads, head_dim]
+    cross_key:   [layers, batch, src_len, heads, head_dim] encoder output, projected once.
+    cross_value: [layers, batch, src_len, heads, head_dim]
+    """
+
+    index: Array
+    self_key: Array
+    self_value: Array
+    cross_key: Array
+    cross_value: Array
+
+
+class EncoderLayer(nnx.Module):
+    """Self-attention over the source, then the position-wise FFN, each with Add & Norm."""
+
+    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+        self.self_attention = MultiHeadAttention(config, rngs=rngs)
+        self.self_attention_norm = AddNorm(config, rngs=rngs)
+        self.feed_forward = FeedForward(config, rngs=rngs)
+        self.feed_forward_norm = AddNorm(config, rngs=rngs)
+
+    def __call__(self, x: Array, src_mask: Array, rng: Array | None) -> Array:
+        """x [batch, src_len, d_model], src_mask [batch, 1, 1, src_len]."""
+        rngs = split_rng(rng, 4)
+        h = self.self_attention_norm.sublayer_input(x)
+        x = self.self_attention_norm.residual(x, self.self_attention(h, h, src_mask, rngs[0]),
+                                              rngs[1])
+        h = self.feed_forward_norm.sublayer_input(x)
+        return self.feed_forward_norm.residual(x, self.feed_forward(h, rngs[2]), rngs[3])
+
+
+class DecoderLayer(nnx.Module):
+    """Masked self-attention, encoder-decoder attention and FFN, each with Add & Norm."""
+
+    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+        self.self_attention = MultiHeadAttention(config, rngs=rngs)
+        self.self_attention_norm = AddNorm(config, rngs=rngs)
+        self.cross_attention = MultiHeadAttention(config, rngs=rngs)
+        self.cross_attention_norm = AddNorm(config, rngs=rngs)
+        self.feed_forward = FeedForward(config, rngs=rngs)
+        self.feed_forward_norm = AddNorm(config, rngs=rngs)
+
+    def __call__(self, x: Array, self_kv: tuple[Array, Array], self_mask: Array,
+                 cross_kv: tuple[Array, Array], src_mask: Array, rng: Array | None,
+                 return_weights: bool = False) -> tuple[Array, Array | None]:
+        """One decoder layer over already-projected keys and values.
+
+        x [batch, tgt_len, d_model]; self_kv: keys/values of the target positions visible to
+        x, [batch, kv_len, heads, head_dim] (this step's included); self_mask broadcastable to
+        [batch, heads, tgt_len, kv_len]; cross_kv [batch, src_len, heads, head_dim];
+        src_mask [batch, 1, 1, src_len]. Returns (x, cross-attention weights or None).
+        """
+        rngs = split_rng(rng, 6)
+        h = self.self_attention_norm.sublayer_input(x)
+        attended, _ = self.self_attention.attend(
+            self.self_attention.project_query(h), *self_kv, self_mask, rngs[0])
+        x = self.self_attention_norm.residual(x, attended, rngs[1])
+
+        h = self.cross_attention_norm.sublayer_input(x)
+        attended, weights = self.cross_attention.attend(
+            self.cross_attention.project_query(h), *cross_kv, src_mask, rngs[2], return_weights)
+        x = self.cross_attention_norm.residual(x, attended, rngs[3])
+
+        h = self.feed_forward_norm.sublayer_input(x)
+        return self.feed_forward_norm.residual(x, self.feed_forward(h, rngs[4]), rngs[5]), weights
+
+    def self_attention_input(self, x: Array) -> Array:
+        """What the self-attention projects keys and values from (normed under pre-norm)."""
+        return self.self_attention_norm.sublayer_input(x)
+
+
+class Transformer(nnx.Module):
+    """Encoder-decoder Transformer with an LM head over a (by default shared) vocabulary."""
+
+    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+        self.config = config
+        self.src_embedding = Embedding(config, rngs=rngs)
+        if not config.share_embeddings:
+            self.tgt_embedding = Embedding(config, rngs=rngs)
+            self.output_projection = nnx.Linear(config.d_model, config.vocab_size, use_bias=False,
+                                                dtype=compute_dtype(config), rngs=rngs)
+        self.positional = PositionalEncoding(config, rngs=rngs)
+        self.encoder_layers = nnx.List(
+            [EncoderLayer(config, rngs=rngs) for _ in range(config.encoder_layers)])
+        self.decoder_layers = nnx.List(
+            [DecoderLayer(config, rngs=rngs) for _ in range(config.decoder_layers)])
+        if config.norm == "pre":
+            # Pre-norm stacks end un-normalised; the final LayerNorm is part of the design.
+            eps, dtype = config.layer_norm_epsilon, compute_dtype(config)
+            self.encoder_norm = nnx.LayerNorm(config.d_model, epsilon=eps, dtype=dtype, rngs=rngs)
+            self.decoder_norm = nnx.LayerNorm(config.d_model, epsilon=eps, dtype=dtype, rngs=rngs)
+
+    # ------------------------------------------------------------------ embeddings
+
+    def _embed_target(self, ids: Array) -> Array:
+        table = self.src_embedding if self.config.share_embeddings else self.tgt_embedding
+        return table(ids)
+
+    def _logits(self, x: Array) -> Array:
+        """[batch, len, d_model] -> float32 [batch, len, vocab]."""
+        if self.config.share_embeddings:
+            return self.src_embedding.attend(x).astype(jnp.float32)
+        return self.output_projection(x).astype(jnp.float32)
+
+    # ------------------------------------------------------------------ encoder
+
+    def source_mask(self, src_ids: Array) -> Array:
+        """[batch, src_len] -> [batch, 1, 1, src_len], False on padding."""
+        return padding_mask(src_ids, self.config.pad_id)
+
+    def encode(self, src_ids: Array, rng: Array | None = None) -> Array:
+        """[batch, src_len] ids -> memory [batch, src_len, d_model] (compute dtype)."""
+        config = self.config
+        rngs = split_rng(rng, 1 + config.encoder_layers)
+        src_mask = self.source_mask(src_ids)
+        x = dropout(self.positional(self.src_embedding(src_ids)), config.dropout, rngs[0])
+        for layer, layer_rng in zip(self.encoder_layers, rngs[1:]):
+            x = layer(x, src_mask, layer_rng)
+        if config.norm == "pre":
+            x = self.encoder_norm(x)
+        return x
+
+    # ------------------------------------------------------------------ decoder
+
+    def init_cache(self, memory: Array, max_len: int) -> Cache:
+        """Cache for decoding up to `max_len` target positions over `memory`.
+
+        Allocates the self-attention keys/values for batch = memory.shape[0] and `max_len`
+        positions, and projects the encoder output to cross-attention keys/values once.
+        """
+        config = self.config
+        batch = memory.shape[0]
+        shape = (config.decoder_layers, batch, max_len, config.num_heads, config.head_dim)
+        cross = [layer.cross_attention.project_key_value(memory) for layer in self.decoder_layers]
+        return Cache(
+            index=jnp.zeros((), jnp.int32),
+            self_key=jnp.zeros(shape, compute_dtype(config)),
+            self_value=jnp.zeros(shape, compute_dtype(config)),
+            cross_key=jnp.stack([k for k, _ in cross]),
+            cross_value=jnp.stack([v for _, v in cross]),
+        )
+
+    def decode(self, memory: Array, src_mask: Array, tgt_ids: Array, cache: Cache | None = None,
+               rng: Array | None = None) -> tuple[Array, Cache | None]:
+        """Target logits given the source.
+
+        memory [batch, src_len, d_model]; src_mask [batch, 1, 1, src_len]; tgt_ids
+        [batch, tgt_len] decoder inputs (BOS + target[:-1] in training). Without a cache,
+        position i sees target positions <= i (teacher forcing). With a cache, tgt_ids are
+        the positions cache["index"] .. index+tgt_len-1 and the updated cache is returned.
+        Returns (logits float32 [batch, tgt_len, vocab], cache or None).
+        """
+        logits, cache, _ = self._decode(memory, src_mask, tgt_ids, cache, rng, False)
+        return logits, cache
+
+    def cross_attention_weights(self, src_ids: Array, tgt_ids: Array) -> Array:
+        """Encoder-decoder attention of a teacher-forced pass, for alignment plots.
+
+        Returns float32 [decoder_layers, batch, heads, tgt_len, src_len]; rows sum to 1 and
+        source padding gets weight 0.
+        """
+        memory = self.encode(src_ids)
+        _, _, weights = self._decode(memory, self.source_mask(src_ids), tgt_ids, None, None, True)
+        return jnp.stack(weights)
+
+    def _decode(self, memory, src_mask, tgt_ids, cache, rng, return_weights):
+        config = self.config
+        rngs = split_rng(rng, 1 + config.decoder_layers)
+        offset = cache["index"] if cache is not None else 0
+        x = self.positional(self._embed_target(tgt_ids), offset)
+        x = dropout(x, config.dropout, rngs[0])
+        tgt_len = tgt_ids.shape[1]
+
+        if cache is None:
+            self_mask = causal_mask(tgt_len)
+        else:
+            self_mask = cached_causal_mask(offset, tgt_len, cache["self_key"].shape[2])
+        new_keys, new_values, all_weights = [], [], []
+        for i, layer in enumerate(self.decoder_layers):
+            key, value = layer.self_attention.project_key_value(layer.self_attention_input(x))
+            if cache is None:
+                cross_kv = layer.cross_attention.project_key_value(memory)
+            else:
+                # Write this step's keys/values into the cache, attend over all slots.
+                key = jax.lax.dynamic_update_slice_in_dim(cache["self_key"][i], key, offset, 1)
+                value = jax.lax.dynamic_update_slice_in_dim(cache["self_value"][i], value,
+                                                            offset, 1)
+                new_keys.append(key)
+                new_values.append(value)
+                cross_kv = (cache["cross_key"][i], cache["cross_value"][i])
+            x, weights = layer(x, (key, value), self_mask, cross_kv, src_mask, rngs[1 + i],
+                               return_weights)
+            all_weights.append(weights)
+        if config.norm == "pre":
+            x = self.decoder_norm(x)
+
+        if cache is not None:
+            cache = Cache(index=cache["index"] + tgt_len, self_key=jnp.stack(new_keys),
+                          self_value=jnp.stack(new_values), cross_key=cache["cross_key"],
+                          cross_value=cache["cross_value"])
+        return self._logits(x), cache, all_weights
+
+    def __call__(self, src_ids: Array, tgt_in: Array, rng: Array | None = None) -> Array:
+        """Teacher-forced logits float32 [batch, tgt_len, vocab] for training."""
+        enc_rng, dec_rng = split_rng(rng, 2)
+        memory = self.encode(src_ids, enc_rng)
+        logits, _ = self.decode(memory, self.source_mask(src_ids), tgt_in, None, dec_rng)
+        return logits
+
+
+def count_parameters(model: nnx.Module) -> int:
+    """Number of trainable parameters (shared embeddings counted once)."""
+    params = nnx.state(model, nnx.Param)
+    return sum(x.size for x in jax.tree_util.tree_leaves(params))
