@@ -1,0 +1,525 @@
+"""Reading sentence pairs from every supported source into one `datasets.DatasetDict`.
+
+Whatever the source, the result has splits `train`, `validation` and, when one was given,
+`test`, each with two string columns: `source` and `target`. Sources:
+
+- aligned text files by prefix (`PREFIX.en` / `PREFIX.de`, the fairseq/Marian/OpenNMT layout);
+- a `.tsv` file (`source<TAB>target`), a `.jsonl` file (`{"en": .., "de": ..}` or
+  `{"translation": {"en": .., "de": ..}}`) or a `.parquet` file (columns as in JSON Lines);
+- a Hugging Face dataset: a hub name with config, or a directory written by `save_to_disk`;
+- the built-in offline corpus: English <-> `LANG` pairs read at run time from the machine's
+  gettext catalogs (`/usr/share/locale/LANG/LC_MESSAGES/*.mo`).
+
+All text is stripped of surrounding whitespace; pairs with an empty side are dropped and counted.
+Every count (pairs read, dropped and why, held-out validation) is reported through the logger
+named "data" at INFO level; callers that want to see it configure logging.
+Bad input raises `DataError` (a `ValueError`) whose message names the file, the line or the
+value at fault and what to do about it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gettext
+import hashlib
+import json
+import logging
+from collections import Counter
+from itertools import zip_longest
+from pathlib import Path
+from typing import Iterable, Iterator
+
+import datasets
+
+log = logging.getLogger("data")
+
+SPLITS = ("train", "validation", "test")
+# Names that other corpora use for our three splits.
+_SPLIT_ALIASES = {
+    "train": "train",
+    "validation": "validation",
+    "valid": "validation",
+    "dev": "validation",
+    "test": "test",
+}
+DEFAULT_LOCALE_DIR = "/usr/share/locale"
+_HELP_LOCAL = (
+    "use local files instead: --train-prefix PREFIX with --src/--tgt (reads PREFIX.SRC and "
+    "PREFIX.TGT), a .tsv/.jsonl/.parquet file, or a directory written by save_to_disk"
+)
+
+
+class DataError(ValueError):
+    """Bad or missing input data; the message says what is wrong and what to do."""
+
+
+@dataclasses.dataclass(frozen=True)
+class CorpusSpec:
+    """Where the sentence pairs come from; built by train.py from its command-line flags.
+
+    Give at most one training source: `train_prefix`, `train_file` or `dataset`. With none of
+    them (or `builtin=True`) the built-in gettext corpus is used. `valid_*` / `test_*` override
+    or add those splits whatever the training source. Without a validation split, a seeded
+    slice of `valid_fraction` of train (at most `max_valid` pairs) is held out.
+    """
+
+    src: str = "en"
+    tgt: str = "de"
+    train_prefix: str | None = None
+    valid_prefix: str | None = None
+    test_prefix: str | None = None
+    train_file: str | None = None  # .tsv, .jsonl or .parquet
+    valid_file: str | None = None
+    test_file: str | None = None
+    dataset: str | None = None  # hub name, or a directory written by save_to_disk
+    dataset_config: str | None = None
+    builtin: bool = False
+    locale_dir: str = DEFAULT_LOCALE_DIR
+    min_builtin_pairs: int = 1000
+    seed: int = 0
+    valid_fraction: float = 0.01
+    max_valid: int = 2000
+
+    def __post_init__(self) -> None:
+        sources = [
+            name
+            for name, value in (
+                ("--train-prefix", self.train_prefix),
+                ("--train-file", self.train_file),
+                ("--dataset", self.dataset),
+            )
+            if value
+        ]
+        if len(sources) > 1 or (self.builtin and sources):
+            given = sources + (["the built-in corpus"] if self.builtin else [])
+            raise DataError(f"give one training source, not several: got {' and '.join(given)}")
+        if not self.src or not self.tgt or self.src == self.tgt:
+            raise DataError(
+                f"--src and --tgt must be two different language codes, got {self.src!r} "
+                f"and {self.tgt!r}"
+            )
+        if not 0.0 < self.valid_fraction < 1.0:
+            raise DataError(f"valid_fraction must be in (0, 1), got {self.valid_fraction}")
+
+    @property
+    def uses_builtin(self) -> bool:
+        """True when no training source is named, so the gettext corpus is used."""
+        return self.builtin or not (self.train_prefix or self.train_file or self.dataset)
+
+
+# ---------------------------------------------------------------------------------------------
+# Pairs -> Dataset
+
+
+def pairs_to_dataset(sources: list[str], targets: list[str], origin: str) -> datasets.Dataset:
+    """Build a `source`/`target` dataset, dropping (and reporting) pairs with an empty side.
+
+    Both sides are stripped of surrounding whitespace. Raises `DataError` if nothing is left.
+    """
+    src_clean, tgt_clean = [], []
+    empty_src = empty_tgt = 0
+    for s, t in zip(sources, targets, strict=True):
+        s, t = s.strip(), t.strip()
+        empty_src += not s
+        empty_tgt += not t
+        if s and t:
+            src_clean.append(s)
+            tgt_clean.append(t)
+    dropped = len(sources) - len(src_clean)
+    if dropped:
+        log.info(
+            "%s: dropped %d of %d pairs with an empty side (%d empty source, %d empty target)",
+            origin, dropped, len(sources), empty_src, empty_tgt,
+        )
+    if not src_clean:
+        raise DataError(
+            f"{origin}: no sentence pairs ({len(sources)} read, {dropped} with an empty side); "
+            "check the path and the language codes"
+        )
+    log.info("%s: %d pairs", origin, len(src_clean))
+    return datasets.Dataset.from_dict({"source": src_clean, "target": tgt_clean})
+
+
+def _decode_line(raw: bytes, path: Path, line_no: int) -> str:
+    """Decode one line as UTF-8, or raise a `DataError` naming the file, line and byte."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise DataError(
+            f"{path} line {line_no}: invalid UTF-8 (byte {raw[err.start]:#04x} at column "
+            f"{err.start + 1}); convert the file to UTF-8, e.g. iconv -f LATIN1 -t UTF-8"
+        ) from None
+
+
+def _read_lines(path: Path) -> Iterator[str]:
+    """Yield the lines of a UTF-8 text file without their line ending.
+
+    Lines are split on "\\n" only: `str.splitlines` would also split on characters such as
+    U+2028 or \\x1c that occur inside real sentences and break the alignment of two files.
+    """
+    if not path.is_file():
+        raise DataError(f"{path}: file not found; check the path (and --src/--tgt for prefixes)")
+    with path.open("rb") as handle:
+        for line_no, raw in enumerate(handle, start=1):
+            yield _decode_line(raw.rstrip(b"\n").rstrip(b"\r"), path, line_no)
+
+
+def read_prefix(prefix: str | Path, src: str, tgt: str) -> datasets.Dataset:
+    """Read `prefix.src` and `prefix.tgt`, two files aligned line by line.
+
+    Raises `DataError` for a missing file, invalid UTF-8 (file and line), different line counts
+    (both files and both counts) or no pairs at all.
+    """
+    src_path, tgt_path = Path(f"{prefix}.{src}"), Path(f"{prefix}.{tgt}")
+    for path in (src_path, tgt_path):
+        if not path.is_file():
+            raise DataError(
+                f"{path}: file not found; --train/valid/test-prefix {prefix} with --src {src} "
+                f"--tgt {tgt} reads {src_path} and {tgt_path}"
+            )
+    sources, targets = [], []
+    for s, t in zip_longest(_read_lines(src_path), _read_lines(tgt_path)):
+        if s is None or t is None:
+            raise _line_count_error(src_path, tgt_path)
+        sources.append(s)
+        targets.append(t)
+    return pairs_to_dataset(sources, targets, origin=f"{prefix}.{{{src},{tgt}}}")
+
+
+def _count_lines(path: Path) -> int:
+    """Number of lines as `_read_lines` sees them (a last line without "\\n" counts)."""
+    with path.open("rb") as handle:
+        return sum(1 for _ in handle)
+
+
+def _line_count_error(src_path: Path, tgt_path: Path) -> DataError:
+    n_src, n_tgt = _count_lines(src_path), _count_lines(tgt_path)
+    return DataError(
+        f"{src_path} has {n_src} lines but {tgt_path} has {n_tgt}; line N of one file must "
+        "translate line N of the other"
+    )
+
+
+def read_tsv(path: str | Path) -> datasets.Dataset:
+    """Read `source<TAB>target` lines. A line with other than exactly one TAB is an error."""
+    path = Path(path)
+    sources, targets = [], []
+    for line_no, line in enumerate(_read_lines(path), start=1):
+        fields = line.split("\t")
+        if len(fields) != 2:
+            if not line.strip():  # a blank line is an empty pair, dropped and counted below
+                fields = ["", ""]
+            else:
+                raise DataError(
+                    f"{path} line {line_no}: expected 2 TAB-separated fields (source<TAB>target), "
+                    f"found {len(fields)}; remove the stray TABs or use aligned files with "
+                    "--train-prefix"
+                )
+        sources.append(fields[0])
+        targets.append(fields[1])
+    return pairs_to_dataset(sources, targets, origin=str(path))
+
+
+def _pick_pair(record: dict, src: str, tgt: str, where: str) -> tuple[str, str]:
+    """Return (source, target) from `{src:.., tgt:..}` or `{"translation": {src:.., tgt:..}}`."""
+    inner = record.get("translation", record)
+    if not isinstance(inner, dict) or src not in inner or tgt not in inner:
+        found = sorted(inner) if isinstance(inner, dict) else type(inner).__name__
+        raise DataError(
+            f"{where}: expected language keys {src!r} and {tgt!r}, found {found}; "
+            "set --src/--tgt to keys that the data has"
+        )
+    pair = inner[src], inner[tgt]
+    if not all(isinstance(text, str) for text in pair):
+        raise DataError(f"{where}: values for {src!r} and {tgt!r} must be strings, got {pair!r}")
+    return pair
+
+
+def read_jsonl(path: str | Path, src: str, tgt: str) -> datasets.Dataset:
+    """Read JSON Lines with one object per pair, flat or under a `translation` key."""
+    path = Path(path)
+    sources, targets = [], []
+    for line_no, line in enumerate(_read_lines(path), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise DataError(f"{path} line {line_no}: not valid JSON ({err.msg})") from None
+        if not isinstance(record, dict):
+            raise DataError(f"{path} line {line_no}: expected a JSON object, got {line[:60]!r}")
+        s, t = _pick_pair(record, src, tgt, where=f"{path} line {line_no}")
+        sources.append(s)
+        targets.append(t)
+    return pairs_to_dataset(sources, targets, origin=str(path))
+
+
+def from_hf_dataset(ds: datasets.Dataset, src: str, tgt: str, origin: str) -> datasets.Dataset:
+    """Convert a Hugging Face split to `source`/`target` columns.
+
+    Reads the standard `translation` column (dicts keyed by language), else columns named
+    `src` and `tgt`, else columns already named `source` and `target`.
+    """
+    columns = ds.column_names
+    if "translation" in columns:
+        feature = ds.features["translation"]
+        languages = getattr(feature, "languages", None) or list(getattr(feature, "keys", list)())
+        if languages and (src not in languages or tgt not in languages):
+            raise DataError(
+                f"{origin}: expected languages {src!r} and {tgt!r} in the translation column, "
+                f"found {sorted(languages)}; set --src/--tgt to languages the dataset has"
+            )
+        pairs = ds["translation"]
+        sources = [_pick_pair(p, src, tgt, origin)[0] for p in pairs]
+        targets = [p[tgt] for p in pairs]
+    elif src in columns and tgt in columns:
+        sources, targets = ds[src], ds[tgt]
+    elif "source" in columns and "target" in columns:
+        sources, targets = ds["source"], ds["target"]
+    else:
+        raise DataError(
+            f"{origin}: expected a 'translation' column or columns {src!r} and {tgt!r}, "
+            f"found columns {columns}; set --src/--tgt to match the dataset"
+        )
+    return pairs_to_dataset(list(sources), list(targets), origin=origin)
+
+
+def read_parquet(path: str | Path, src: str, tgt: str) -> datasets.Dataset:
+    """Read a parquet file with a `translation` column or one column per language."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"{path}: file not found; check the path")
+    ds = datasets.Dataset.from_parquet(str(path))
+    return from_hf_dataset(ds, src, tgt, origin=str(path))
+
+
+def read_file(path: str | Path, src: str, tgt: str) -> datasets.Dataset:
+    """Read one `.tsv`, `.jsonl`/`.json` or `.parquet` file, chosen by its suffix."""
+    path = Path(path)
+    suffix = path.suffix.lower()
+    if suffix == ".tsv":
+        return read_tsv(path)
+    if suffix in (".jsonl", ".json"):
+        return read_jsonl(path, src, tgt)
+    if suffix == ".parquet":
+        return read_parquet(path, src, tgt)
+    raise DataError(
+        f"{path}: unknown file type {suffix!r}; use .tsv, .jsonl or .parquet, or "
+        "--train-prefix for aligned text files"
+    )
+
+
+def read_hf(name: str, config: str | None, src: str, tgt: str) -> datasets.DatasetDict:
+    """Load a dataset saved with `save_to_disk` (a directory) or from the hub by name+config."""
+    if Path(name).is_dir():
+        loaded = datasets.load_from_disk(name)
+    else:
+        try:
+            loaded = datasets.load_dataset(name, config)
+        except Exception as err:  # no network, unknown name or config: one sentence, no traceback
+            reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            raise DataError(
+                f"could not load dataset {name!r} (config {config!r}) from the Hugging Face hub "
+                f"({reason}); {_HELP_LOCAL}"
+            ) from None
+    if isinstance(loaded, datasets.Dataset):
+        loaded = datasets.DatasetDict({"train": loaded})
+    result = {}
+    for split_name, split in loaded.items():
+        ours = _SPLIT_ALIASES.get(split_name)
+        if ours is None or ours in result:
+            log.info("%s: ignoring split %r", name, split_name)
+            continue
+        result[ours] = from_hf_dataset(split, src, tgt, origin=f"{name}[{split_name}]")
+    if "train" not in result:
+        raise DataError(f"{name}: no train split, found splits {sorted(loaded)}")
+    return datasets.DatasetDict(result)
+
+
+# ---------------------------------------------------------------------------------------------
+# Built-in corpus from gettext catalogs
+
+
+@dataclasses.dataclass
+class GettextStats:
+    """What reading the gettext catalogs found; `dropped` counts entries per reason."""
+
+    catalogs_read: int = 0
+    catalogs_skipped: int = 0
+    entries: int = 0
+    pairs: int = 0
+    dropped: Counter = dataclasses.field(default_factory=Counter)
+
+
+def _catalog_pairs(catalog: dict, stats: GettextStats) -> Iterator[tuple[str, str]]:
+    """Yield English->translation pairs of one catalog, counting each skipped entry.
+
+    Multi-line entries are split into line pairs when both sides have the same number of
+    non-empty lines (help texts translated line by line); otherwise the line alignment is
+    unknown and the entry is dropped ("line count differs").
+    """
+    for msgid, msgstr in catalog.items():
+        stats.entries += 1
+        if isinstance(msgid, tuple):
+            stats.dropped["plural"] += 1
+        elif msgid == "":
+            stats.dropped["header"] += 1
+        elif "\x04" in msgid:
+            stats.dropped["context"] += 1
+        elif not msgstr.strip() or msgstr == msgid:
+            stats.dropped["untranslated"] += 1
+        elif "\n" not in msgid.strip() and "\n" not in msgstr.strip():
+            yield msgid.strip(), msgstr.strip()
+        else:
+            src_lines = [s.strip() for s in msgid.split("\n") if s.strip()]
+            tgt_lines = [t.strip() for t in msgstr.split("\n") if t.strip()]
+            if len(src_lines) != len(tgt_lines):
+                stats.dropped["line count differs"] += 1
+                continue
+            stats.dropped["multi-line, split"] += 1
+            yield from zip(src_lines, tgt_lines)
+
+
+def read_gettext_pairs(lang: str, locale_dir: str | Path = DEFAULT_LOCALE_DIR
+                       ) -> tuple[list[tuple[str, str]], GettextStats]:
+    """Collect unique (English, `lang`) pairs from `locale_dir/lang/LC_MESSAGES/*.mo`.
+
+    Skips plural and context entries, the header, untranslated entries and catalogs that fail
+    to parse or decode; keeps placeholders such as `%s` as they are. Pairs whose translation
+    equals the English after splitting are dropped as untranslated. Deterministic: catalogs
+    are read in file-name order.
+    """
+    stats = GettextStats()
+    seen: set[tuple[str, str]] = set()
+    pairs: list[tuple[str, str]] = []
+    for mo_path in sorted(Path(locale_dir, lang, "LC_MESSAGES").glob("*.mo")):
+        try:
+            with mo_path.open("rb") as handle:
+                catalog = gettext.GNUTranslations(handle)._catalog
+        except (OSError, UnicodeDecodeError, LookupError, ValueError) as err:
+            log.info("skipping gettext catalog %s: %s", mo_path, err)
+            stats.catalogs_skipped += 1
+            continue
+        stats.catalogs_read += 1
+        for pair in _catalog_pairs(catalog, stats):
+            if pair[0] == pair[1]:
+                stats.dropped["untranslated"] += 1
+            elif pair in seen:
+                stats.dropped["duplicate"] += 1
+            else:
+                seen.add(pair)
+                pairs.append(pair)
+    stats.pairs = len(pairs)
+    return pairs, stats
+
+
+def hash_split(text: str, valid_per_mille: int = 20, test_per_mille: int = 20) -> str:
+    """Assign a split from a stable hash of the source text, so splits never share a source."""
+    bucket = int(hashlib.md5(text.encode("utf-8")).hexdigest()[:8], 16) % 1000
+    if bucket < valid_per_mille:
+        return "validation"
+    if bucket < valid_per_mille + test_per_mille:
+        return "test"
+    return "train"
+
+
+def read_builtin(spec: CorpusSpec) -> datasets.DatasetDict:
+    """The built-in corpus: gettext catalog pairs between English and the other language.
+
+    Splits validation (2%) and test (2%) by a hash of the English side. Raises `DataError`
+    when fewer than `spec.min_builtin_pairs` pairs are found.
+    """
+    if "en" not in (spec.src, spec.tgt):
+        raise DataError(
+            f"the built-in gettext corpus pairs English with another language, but --src "
+            f"{spec.src} --tgt {spec.tgt} has no 'en'; use --train-prefix or --dataset"
+        )
+    lang = spec.tgt if spec.src == "en" else spec.src
+    pairs, stats = read_gettext_pairs(lang, spec.locale_dir)
+    dropped = ", ".join(f"{n} {reason}" for reason, n in sorted(stats.dropped.items()))
+    log.info(
+        "built-in corpus en-%s: %d pairs from %d gettext catalogs in %s/%s/LC_MESSAGES "
+        "(%d catalogs skipped; %d entries; dropped or split: %s)",
+        lang, stats.pairs, stats.catalogs_read, spec.locale_dir, lang, stats.catalogs_skipped,
+        stats.entries, dropped or "none",
+    )
+    if len(pairs) < spec.min_builtin_pairs:
+        raise DataError(
+            f"the built-in corpus found only {len(pairs)} en-{lang} pairs in "
+            f"{spec.locale_dir}/{lang}/LC_MESSAGES/*.mo (at least {spec.min_builtin_pairs} "
+            "needed); give training data with --train-prefix PREFIX (PREFIX.SRC, PREFIX.TGT) "
+            "or --dataset NAME, or install translations (e.g. apt-get install "
+            "language-pack-" + lang + ")"
+        )
+    columns = {split: ([], []) for split in SPLITS}
+    for english, other in pairs:
+        src_text, tgt_text = (english, other) if spec.src == "en" else (other, english)
+        sources, targets = columns[hash_split(english)]
+        sources.append(src_text)
+        targets.append(tgt_text)
+    return datasets.DatasetDict({
+        split: datasets.Dataset.from_dict({"source": s, "target": t})
+        for split, (s, t) in columns.items()
+    })
+
+
+# ---------------------------------------------------------------------------------------------
+# Entry point
+
+
+def hold_out_validation(train: datasets.Dataset, fraction: float, max_pairs: int, seed: int
+                        ) -> tuple[datasets.Dataset, datasets.Dataset]:
+    """Split a seeded slice of `fraction` of `train` (at most `max_pairs`, at least 1) off.
+
+    Returns (train, validation); the same seed and data always give the same slice.
+    """
+    n = len(train)
+    if n < 2:
+        raise DataError(f"need at least 2 training pairs to hold out a validation set, got {n}")
+    size = max(1, min(max_pairs, round(fraction * n)))
+    parts = train.train_test_split(test_size=size, seed=seed, shuffle=True)
+    log.info(
+        "no validation split given: held out %d of %d training pairs (seed %d) as validation",
+        size, n, seed,
+    )
+    return parts["train"], parts["test"]
+
+
+def _read_training_source(spec: CorpusSpec) -> dict[str, datasets.Dataset]:
+    if spec.uses_builtin:
+        return dict(read_builtin(spec))
+    if spec.train_prefix:
+        return {"train": read_prefix(spec.train_prefix, spec.src, spec.tgt)}
+    if spec.train_file:
+        return {"train": read_file(spec.train_file, spec.src, spec.tgt)}
+    return dict(read_hf(spec.dataset, spec.dataset_config, spec.src, spec.tgt))
+
+
+def load_corpus(spec: CorpusSpec) -> datasets.DatasetDict:
+    """Read the corpus named by `spec` into splits train, validation (and test if given).
+
+    Columns: `source`, `target` (str). Explicit valid/test prefixes or files replace the
+    splits of the training source. Counts are logged to the "data" logger.
+    """
+    splits = _read_training_source(spec)
+    for split, prefix, path in (
+        ("validation", spec.valid_prefix, spec.valid_file),
+        ("test", spec.test_prefix, spec.test_file),
+    ):
+        if prefix:
+            splits[split] = read_prefix(prefix, spec.src, spec.tgt)
+        elif path:
+            splits[split] = read_file(path, spec.src, spec.tgt)
+    if "validation" not in splits:
+        splits["train"], splits["validation"] = hold_out_validation(
+            splits["train"], spec.valid_fraction, spec.max_valid, spec.seed
+        )
+    return datasets.DatasetDict({name: splits[name] for name in SPLITS if name in splits})
+
+
+def iter_text(ds: datasets.Dataset, columns: Iterable[str] = ("source", "target"),
+              batch_size: int = 10_000) -> Iterator[str]:
+    """Yield every string of `columns`, batch by batch, without loading the whole split."""
+    for batch in ds.select_columns(list(columns)).iter(batch_size=batch_size):
+        for column in columns:
+            yield from batch[column]
