@@ -1,0 +1,418 @@
+"""Loss, optimizer, learning-rate schedule and the jitted train and eval steps.
+
+One code path runs on 1 CPU, N local devices or several processes:
+
+    mesh = make_mesh()                                        # axis "data" over jax.devices()
+    graphdef, static_state, state = create_train_state(model_config, train_config, mesh)
+    train_step = make_train_step(graphdef, train_config, mesh)
+    eval_step = make_eval_step(graphdef, mesh, train_config)
+    for local_batch in batches:                               # this process's rows, numpy
+        state, metrics = train_step(state, shard_batch(local_batch, mesh))
+
+The model is split once (`nnx.split`); the steps are `jax.jit`-compiled pure functions of the
+parameters that rebuild the module with `nnx.merge` inside the trace, so no Python graph
+traversal happens per step. The batch is split over the mesh axis "data" and everything else
+is replicated; the gradient all-reduce comes from XLA, because the loss is computed on the
+global batch. Metrics stay on the device: read them at log intervals only.
+
+Loss (per target token t with label y_t, log-probabilities lp = log_softmax(logits_t), vocabulary
+size V, smoothing eps): the target distribution puts 1 - eps on y_t and eps / (V - 1) on each
+other token (Szegedy et al. 2016 as used by the paper, tensor2tensor and fairseq), so
+
+    loss_t = -(1 - eps) lp[y_t] - eps / (V - 1) * sum_{v != y_t} lp[v]
+           = (1 - eps - eps / (V - 1)) * nll_t + eps / (V - 1) * (-sum_v lp[v])
+
+with nll_t = -lp[y_t]. The constant entropy of the smoothed target is not subtracted, so with
+eps > 0 the loss cannot reach 0. Both are summed over the non-pad target tokens of the whole
+(global, accumulated) batch and divided by their number: every token weighs the same, whatever
+row, micro-batch, device or process it came from.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Literal
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from transformer.config import ModelConfig
+from transformer.model import Transformer
+
+Array = jax.Array
+Batch = dict[str, Array]
+Metrics = dict[str, Array]
+
+DATA_AXIS = "data"
+BATCH_KEYS = ("src", "tgt_in", "tgt_out")
+Schedule = Literal["noam", "inverse_sqrt"]
+
+
+# ----------------------------------------------------------------------------- config
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """Optimisation hyper-parameters; defaults follow the paper (Sec. 5.3 and 5.4).
+
+    schedule "noam":         lr(s) = lr_scale * d_model^-0.5 * min(s^-0.5, s * warmup^-1.5)
+    schedule "inverse_sqrt": lr(s) = peak_lr * min(s / warmup, sqrt(warmup / s))
+    where s = 1, 2, ... is the number of the update being made (the first update uses s = 1).
+    """
+
+    schedule: Schedule = "noam"
+    warmup_steps: int = 4000
+    lr_scale: float = 1.0  # noam only
+    peak_lr: float = 1e-3  # inverse_sqrt only
+    adam_b1: float = 0.9
+    adam_b2: float = 0.98
+    adam_eps: float = 1e-9
+    label_smoothing: float = 0.1
+    # Clip the global gradient norm to this value before Adam; None = no clipping.
+    clip_norm: float | None = None
+    # The batch given to the step holds accum_steps micro-batches; one update per step.
+    accum_steps: int = 1
+    # Decoupled weight decay (AdamW) on matrices only (kernels, embeddings), not on biases
+    # or LayerNorm parameters; 0 = plain Adam as in the paper.
+    weight_decay: float = 0.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        if self.schedule not in ("noam", "inverse_sqrt"):
+            raise ValueError(f"TrainConfig.schedule must be 'noam' or 'inverse_sqrt', "
+                             f"got {self.schedule!r}.")
+        if not isinstance(self.warmup_steps, int) or self.warmup_steps < 1:
+            raise ValueError(f"TrainConfig.warmup_steps must be an integer >= 1, "
+                             f"got {self.warmup_steps!r}.")
+        if not isinstance(self.accum_steps, int) or self.accum_steps < 1:
+            raise ValueError(f"TrainConfig.accum_steps must be an integer >= 1 (1 = no "
+                             f"accumulation), got {self.accum_steps!r}.")
+        for name in ("lr_scale", "peak_lr", "adam_eps"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"TrainConfig.{name} must be > 0, got {getattr(self, name)!r}.")
+        for name in ("adam_b1", "adam_b2"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ValueError(f"TrainConfig.{name} must be in [0, 1), "
+                                 f"got {getattr(self, name)!r}.")
+        if not 0.0 <= self.label_smoothing < 1.0:
+            raise ValueError(f"TrainConfig.label_smoothing must be in [0, 1) (the paper uses "
+                             f"0.1), got {self.label_smoothing!r}.")
+        if self.clip_norm is not None and not self.clip_norm > 0:
+            raise ValueError(f"TrainConfig.clip_norm must be > 0, or None to disable clipping; "
+                             f"got {self.clip_norm!r}.")
+        if not self.weight_decay >= 0:
+            raise ValueError(f"TrainConfig.weight_decay must be >= 0, got {self.weight_decay!r}.")
+        if not isinstance(self.seed, int):
+            raise ValueError(f"TrainConfig.seed must be an integer, got {self.seed!r}.")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> "TrainConfig":
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"Unknown TrainConfig fields {unknown}; known fields: {sorted(known)}.")
+        return cls(**values)
+
+
+# ----------------------------------------------------------------------------- optimizer
+
+
+def learning_rate_schedule(train_config: TrainConfig, d_model: int) -> optax.Schedule:
+    """Learning rate as a function of optax's update count (0 for the first update).
+
+    The paper numbers steps from 1, where count 0 would give lr 0 and waste the first update,
+    so the formula is evaluated at s = count + 1.
+    """
+    warmup = float(train_config.warmup_steps)
+    if train_config.schedule == "noam":
+        scale = train_config.lr_scale * d_model ** -0.5
+
+        def noam(count):
+            s = jnp.asarray(count, jnp.float32) + 1.0
+            return scale * jnp.minimum(jax.lax.rsqrt(s), s * warmup ** -1.5)
+
+        return noam
+
+    peak = train_config.peak_lr
+
+    def inverse_sqrt(count):
+        s = jnp.asarray(count, jnp.float32) + 1.0
+        return peak * jnp.minimum(s / warmup, jnp.sqrt(warmup / s))
+
+    return inverse_sqrt
+
+
+def _decay_mask(params: Any) -> Any:
+    """True for matrices (kernels, embeddings): the parameters weight decay applies to."""
+    return jax.tree_util.tree_map(lambda p: p.ndim >= 2, params)
+
+
+def make_optimizer(train_config: TrainConfig, d_model: int) -> optax.GradientTransformation:
+    """Adam (b1, b2, eps from the config) with the schedule; optional clipping and decay."""
+    schedule = learning_rate_schedule(train_config, d_model)
+    c = train_config
+    if c.weight_decay > 0:
+        adam = optax.adamw(schedule, b1=c.adam_b1, b2=c.adam_b2, eps=c.adam_eps,
+                           weight_decay=c.weight_decay, mask=_decay_mask)
+    else:
+        adam = optax.adam(schedule, b1=c.adam_b1, b2=c.adam_b2, eps=c.adam_eps)
+    if c.clip_norm is not None:
+        return optax.chain(optax.clip_by_global_norm(c.clip_norm), adam)
+    return adam
+
+
+# ----------------------------------------------------------------------------- loss
+
+
+def token_loss_sums(logits: Array, targets: Array, label_smoothing: float, pad_id: int = 0
+                    ) -> Metrics:
+    """Sums over the non-pad target tokens of a batch; see the module docstring for the formula.
+
+    logits [batch, tgt_len, vocab] (cast to float32), targets [batch, tgt_len] int.
+    Returns float32 scalars `loss_sum` (label-smoothed), `nll_sum`, `correct` (tokens whose
+    target has the highest logit; a tie counts as correct) and `tokens` (non-pad targets).
+
+    No one-hot [batch, tgt_len, vocab] is built: with lp = logits - logsumexp(logits),
+    nll = logsumexp - logits[y] and -sum_v lp[v] = V * logsumexp - sum_v logits[v].
+    """
+    logits = logits.astype(jnp.float32)
+    vocab = logits.shape[-1]
+    weights = (targets != pad_id).astype(jnp.float32)                # [batch, tgt_len]
+    max_logit = jnp.max(logits, axis=-1)
+    lse = max_logit + jnp.log(jnp.sum(jnp.exp(logits - max_logit[..., None]), axis=-1))
+    target_logit = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
+    nll = lse - target_logit                                         # [batch, tgt_len]
+    if label_smoothing > 0:
+        off = label_smoothing / (vocab - 1)
+        smooth = vocab * lse - jnp.sum(logits, axis=-1)              # -sum_v lp[v]
+        loss = (1.0 - label_smoothing - off) * nll + off * smooth
+    else:
+        loss = nll
+    correct = (target_logit >= max_logit).astype(jnp.float32)
+    return {
+        "loss_sum": jnp.sum(loss * weights),
+        "nll_sum": jnp.sum(nll * weights),
+        "correct": jnp.sum(correct * weights),
+        "tokens": jnp.sum(weights),
+    }
+
+
+# ----------------------------------------------------------------------------- state
+
+
+@flax.struct.dataclass
+class TrainState:
+    """Everything a train step reads and replaces; a pytree, replicated over the mesh.
+
+    step:      int32 scalar, number of updates made so far.
+    params:    nnx.State of the model's nnx.Param variables (float32).
+    opt_state: optax state for `params`.
+    rng:       raw uint32[2] PRNG key (`jax.random.PRNGKey` layout, checkpointable as a plain
+               array); the dropout key of update `step` is fold_in(rng, step).
+    """
+
+    step: Array
+    params: nnx.State
+    opt_state: optax.OptState
+    rng: Array
+
+
+def make_mesh(devices: list[jax.Device] | None = None) -> Mesh:
+    """A 1-D mesh with axis "data" over `devices` (default: every device of every process)."""
+    devices = jax.devices() if devices is None else list(devices)
+    return Mesh(np.asarray(devices), (DATA_AXIS,))
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+    return NamedSharding(mesh, P())
+
+
+def batch_sharding(mesh: Mesh) -> NamedSharding:
+    return NamedSharding(mesh, P(DATA_AXIS))
+
+
+def shard_batch(batch: dict[str, np.ndarray], mesh: Mesh) -> dict[str, Array]:
+    """This process's rows -> global arrays split over "data" along the batch axis.
+
+    Every process passes the same number of rows, a multiple of its local device count; the
+    global batch is the processes' rows in process order. Works unchanged for one process.
+    """
+    sharding = batch_sharding(mesh)
+    local_devices = mesh.devices.size // jax.process_count()
+    out = {}
+    for name, rows in batch.items():
+        rows = np.asarray(rows)
+        if rows.shape[0] % local_devices:
+            raise ValueError(f"shard_batch: batch[{name!r}] has {rows.shape[0]} rows, not a "
+                             f"multiple of the {local_devices} local devices; pad the batch "
+                             f"with all-pad rows (they carry zero weight).")
+        out[name] = jax.make_array_from_process_local_data(sharding, rows)
+    return out
+
+
+def create_train_state(model_config: ModelConfig, train_config: TrainConfig,
+                       mesh: Mesh | None = None) -> tuple[nnx.GraphDef, nnx.State, TrainState]:
+    """Initialise the model (seed `train_config.seed`) and optimizer, replicated over `mesh`.
+
+    Returns (graphdef, static_state, state). The model is split once as
+    `nnx.split(model, nnx.Param, ...)`: graphdef is the static structure the steps merge the
+    parameters into, static_state the non-parameter state, which is empty for this model
+    (dropout randomness is explicit and positions are constants) and is checked to be so,
+    because the steps rebuild the model from graphdef and params alone.
+
+    Initialisation runs under jit with replicated outputs, so every process of a multi-host
+    run computes identical parameters without moving them between hosts.
+    """
+    mesh = make_mesh() if mesh is None else mesh
+    optimizer = make_optimizer(train_config, model_config.d_model)
+
+    def build() -> tuple[nnx.State, nnx.State]:
+        model = Transformer(model_config, rngs=nnx.Rngs(params=train_config.seed))
+        _, params, rest = nnx.split(model, nnx.Param, ...)
+        return params, rest
+
+    abstract_model = nnx.eval_shape(
+        lambda: Transformer(model_config, rngs=nnx.Rngs(params=train_config.seed)))
+    graphdef, _, abstract_rest = nnx.split(abstract_model, nnx.Param, ...)
+    if jax.tree_util.tree_leaves(abstract_rest):
+        raise ValueError("create_train_state: the model has non-Param state "
+                         f"{abstract_rest}; the train step only carries parameters. Make it "
+                         "a constant or an explicit argument, or extend TrainState.")
+
+    def init() -> tuple[TrainState, nnx.State]:
+        params, rest = build()
+        state = TrainState(step=jnp.zeros((), jnp.int32), params=params,
+                           opt_state=optimizer.init(params),
+                           rng=jax.random.PRNGKey(train_config.seed))
+        return state, rest
+
+    state, static_state = jax.jit(init, out_shardings=replicated(mesh))()
+    return graphdef, static_state, state
+
+
+# ----------------------------------------------------------------------------- steps
+
+
+def _forward_sums(graphdef: nnx.GraphDef, params: nnx.State, batch: Batch,
+                  label_smoothing: float, rng: Array | None) -> Metrics:
+    model = nnx.merge(graphdef, params)
+    logits = model(batch["src"], batch["tgt_in"], rng=rng)          # [batch, tgt_len, vocab]
+    return token_loss_sums(logits, batch["tgt_out"], label_smoothing, model.config.pad_id)
+
+
+def _micro_batches(batch: Batch, k: int) -> Batch:
+    """[k * b, ...] -> [k, b, ...], micro-batch i = rows i, i + k, i + 2k, ...
+
+    Interleaving (rather than contiguous blocks) keeps each micro-batch spread over all
+    devices exactly as the full batch is, so no data moves between devices.
+    """
+    def split(x):
+        rows = x.shape[0]
+        if rows % k:
+            raise ValueError(f"accum_steps={k} must divide the batch size, got {rows} rows.")
+        return jnp.swapaxes(x.reshape(rows // k, k, *x.shape[1:]), 0, 1)
+
+    return {name: split(x) for name, x in batch.items()}
+
+
+def make_train_step(graphdef: nnx.GraphDef, train_config: TrainConfig, mesh: Mesh
+                    ) -> Callable[[TrainState, Batch], tuple[TrainState, Metrics]]:
+    """The jitted update `(state, batch) -> (state, metrics)`; `state` is donated.
+
+    batch: global int32 arrays `src` [B, S], `tgt_in` [B, T], `tgt_out` [B, T] split over
+    "data" (see `shard_batch`); with accum_steps = K, B holds K micro-batches whose token-summed
+    gradients are added up before one division by the total non-pad token count, so K
+    micro-batches equal one batch of B rows (exactly, up to float summation order, when dropout
+    is off; dropout masks differ because each micro-batch draws its own key).
+
+    Dropout key of the update: fold_in(state.rng, state.step). Metrics (float32 scalars on the
+    device): loss and nll per token, accuracy, tokens, grad_norm (before clipping),
+    learning_rate (the one this update used) and is_finite (loss and gradient norm finite; the
+    update is applied regardless, so check it at log intervals and stop on False).
+    """
+    c = train_config
+    k = c.accum_steps
+
+    def loss_and_sums(params, batch, rng, total_tokens):
+        sums = _forward_sums(graphdef, params, batch, c.label_smoothing, rng)
+        return sums["loss_sum"] / total_tokens, sums
+
+    grad_fn = jax.grad(loss_and_sums, has_aux=True)
+
+    def train_step(state: TrainState, batch: Batch) -> tuple[TrainState, Metrics]:
+        # The ModelConfig is static data of the graphdef; merging here costs trace time only.
+        model_config = nnx.merge(graphdef, state.params).config
+        optimizer = make_optimizer(c, model_config.d_model)
+        schedule = learning_rate_schedule(c, model_config.d_model)
+        rng = jax.random.fold_in(state.rng, state.step)
+        # Known before the forward pass: divide each micro-batch's token-summed loss by the
+        # global count so that the summed gradients are the per-token mean over the batch.
+        tokens = jnp.sum(batch["tgt_out"] != model_config.pad_id).astype(jnp.float32)
+        denominator = jnp.maximum(tokens, 1.0)
+        if k == 1:
+            grads, sums = grad_fn(state.params, batch, rng, denominator)
+        else:
+            micro = _micro_batches(batch, k)
+            micro = jax.lax.with_sharding_constraint(
+                micro, NamedSharding(mesh, P(None, DATA_AXIS)))
+
+            def accumulate(carry, inputs):
+                micro_batch, micro_rng = inputs
+                grads, sums = grad_fn(state.params, micro_batch, micro_rng, denominator)
+                return jax.tree_util.tree_map(jnp.add, carry, (grads, sums)), None
+
+            zeros = jax.tree_util.tree_map(
+                jnp.zeros_like, jax.eval_shape(grad_fn, state.params,
+                                               jax.tree_util.tree_map(lambda x: x[0], micro),
+                                               rng, denominator))
+            (grads, sums), _ = jax.lax.scan(accumulate, zeros,
+                                            (micro, jax.random.split(rng, k)))
+
+        grad_norm = optax.global_norm(grads)
+        updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+        params = optax.apply_updates(state.params, updates)
+        loss = sums["loss_sum"] / denominator
+        metrics = {
+            "loss": loss,
+            "nll": sums["nll_sum"] / denominator,
+            "accuracy": sums["correct"] / denominator,
+            "tokens": sums["tokens"],
+            "grad_norm": grad_norm,
+            "learning_rate": schedule(state.step),
+            "is_finite": jnp.isfinite(loss) & jnp.isfinite(grad_norm),
+        }
+        new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
+        return new_state, metrics
+
+    return jax.jit(train_step,
+                   in_shardings=(replicated(mesh), batch_sharding(mesh)),
+                   out_shardings=(replicated(mesh), replicated(mesh)),
+                   donate_argnums=0)
+
+
+def make_eval_step(graphdef: nnx.GraphDef, mesh: Mesh, train_config: TrainConfig | None = None
+                   ) -> Callable[[nnx.State, Batch], Metrics]:
+    """The jitted `(params, batch) -> sums` without dropout.
+
+    Returns float32 scalars loss_sum (label-smoothed with train_config.label_smoothing, default
+    TrainConfig()'s 0.1), nll_sum, correct and tokens; add them up over the validation set and
+    divide by the summed tokens at the end (perplexity = exp(nll_sum / tokens)).
+    """
+    label_smoothing = (train_config or TrainConfig()).label_smoothing
+
+    def eval_step(params: nnx.State, batch: Batch) -> Metrics:
+        return _forward_sums(graphdef, params, batch, label_smoothing, None)
+
+    return jax.jit(eval_step, in_shardings=(replicated(mesh), batch_sharding(mesh)),
+                   out_shardings=replicated(mesh))
