@@ -146,11 +146,16 @@ class Transformer(nnx.Module):
         """[batch, src_len] -> [batch, 1, 1, src_len], False on padding."""
         return padding_mask(src_ids, self.config.pad_id)
 
-    def encode(self, src_ids: Array, rng: Array | None = None) -> Array:
-        """[batch, src_len] ids -> memory [batch, src_len, d_model] (compute dtype)."""
+    def encode(self, src_ids: Array, rng: Array | None = None, src_mask: Array | None = None
+               ) -> Array:
+        """[batch, src_len] ids -> memory [batch, src_len, d_model] (compute dtype).
+
+        `src_mask` [batch, 1, 1, src_len] defaults to `source_mask(src_ids)` (PAD is padding).
+        """
         config = self.config
         rngs = split_rng(rng, 1 + config.encoder_layers)
-        src_mask = self.source_mask(src_ids)
+        if src_mask is None:
+            src_mask = self.source_mask(src_ids)
         x = dropout(self.positional(self.src_embedding(src_ids)), config.dropout, rngs[0])
         for layer, layer_rng in zip(self.encoder_layers, rngs[1:]):
             x = layer(x, src_mask, layer_rng)

@@ -1,0 +1,228 @@
+"""The Transformer's shapes, sizes, masks, attention and incremental decoding."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from transformer.config import PRESETS, ModelConfig, SearchConfig, get_preset
+from transformer.layers import (cached_causal_mask, causal_mask, padding_mask, reference_attention,
+                                sinusoidal_positions)
+from transformer.model import Transformer, count_parameters
+
+PAD = 0
+
+
+def make_model(**overrides) -> Transformer:
+    config = get_preset("tiny", **overrides)
+    return Transformer(config, rngs=nnx.Rngs(0))
+
+
+def random_batch(rng: np.random.Generator, batch: int, length: int, vocab: int,
+                 lengths: list[int] | None = None) -> jnp.ndarray:
+    ids = rng.integers(4, vocab, size=(batch, length)).astype(np.int32)
+    for row, n in enumerate(lengths or []):
+        ids[row, n:] = PAD
+    return jnp.asarray(ids)
+
+
+# ----------------------------------------------------------------------------- config
+
+
+@pytest.mark.parametrize("name, low, high", [("base", 63e6, 65e6), ("big", 210e6, 215e6)])
+def test_paper_parameter_counts_with_37k_shared_vocabulary(name, low, high):
+    config = get_preset(name, vocab_size=37_000)
+    model = nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0)))
+    assert low <= count_parameters(model) <= high
+
+
+def test_presets_match_the_paper():
+    base, big = PRESETS["base"], PRESETS["big"]
+    assert (base.encoder_layers, base.decoder_layers, base.d_model, base.num_heads, base.d_ff,
+            base.dropout) == (6, 6, 512, 8, 2048, 0.1)
+    assert (big.d_model, big.num_heads, big.d_ff, big.dropout) == (1024, 16, 4096, 0.3)
+    assert base.norm == "post" and base.positional == "sinusoidal" and base.share_embeddings
+
+
+@pytest.mark.parametrize("overrides, field", [
+    ({"d_model": 30, "num_heads": 4}, "num_heads"),
+    ({"dropout": 1.5}, "dropout"),
+    ({"encoder_layers": -1}, "encoder_layers"),
+    ({"norm": "middle"}, "norm"),
+    ({"dtype": "float16"}, "dtype"),
+])
+def test_invalid_model_config_names_the_field(overrides, field):
+    with pytest.raises(ValueError, match=field):
+        dataclasses.replace(PRESETS["tiny"], **overrides)
+
+
+def test_unknown_preset_lists_the_choices():
+    with pytest.raises(ValueError, match="tiny"):
+        get_preset("huge")
+
+
+@pytest.mark.parametrize("overrides, field", [
+    ({"beam_size": 2, "nbest": 3}, "nbest"),
+    ({"max_len_b": -1}, "max_len_b"),
+    ({"beam_size": 0}, "beam_size"),
+    ({"temperature": 0.0}, "temperature"),
+])
+def test_invalid_search_config_names_the_field(overrides, field):
+    with pytest.raises(ValueError, match=field):
+        SearchConfig(**overrides)
+
+
+def test_config_round_trips_through_json_dict():
+    config = get_preset("small", vocab_size=1234, norm="pre")
+    assert ModelConfig.from_dict(config.to_dict()) == config
+    with pytest.raises(ValueError, match="colour"):
+        ModelConfig.from_dict({**config.to_dict(), "colour": "red"})
+
+
+# ----------------------------------------------------------------------------- masks
+
+
+def test_masks_match_literal_matrices():
+    ids = jnp.array([[5, 6, 0], [7, 0, 0]])
+    np.testing.assert_array_equal(padding_mask(ids, PAD)[:, 0, 0],
+                                  [[True, True, False], [True, False, False]])
+    np.testing.assert_array_equal(causal_mask(3)[0, 0],
+                                  [[1, 0, 0], [1, 1, 0], [1, 1, 1]])
+    # Queries at absolute positions 2 and 3 over a 5-slot cache.
+    np.testing.assert_array_equal(cached_causal_mask(jnp.array(2), 2, 5)[0, 0],
+                                  [[1, 1, 1, 0, 0], [1, 1, 1, 1, 0]])
+
+
+def test_sinusoidal_positions_follow_the_formula():
+    table = sinusoidal_positions(50, 6)
+    pos, i = 7, 1
+    assert table[pos, 2 * i] == pytest.approx(np.sin(pos / 10000 ** (2 * i / 6)), abs=1e-6)
+    assert table[pos, 2 * i + 1] == pytest.approx(np.cos(pos / 10000 ** (2 * i / 6)), abs=1e-6)
+
+
+# ----------------------------------------------------------------------------- attention
+
+
+def test_fused_attention_equals_reference_attention():
+    rng = np.random.default_rng(1)
+    q, k, v = (jnp.asarray(rng.normal(size=(3, L, 5, 7)), jnp.float32) for L in (4, 6, 6))
+    mask = jnp.asarray(rng.random((3, 1, 4, 6)) > 0.3).at[:, :, :, 0].set(True)
+    fused = jax.nn.dot_product_attention(q, k, v, mask=mask)
+    reference, weights = reference_attention(q, k, v, mask)
+    np.testing.assert_allclose(fused, reference, atol=1e-5)
+    # softmax(QK^T/sqrt(d) + mask)V written out in numpy.
+    scores = np.einsum("bqhd,bkhd->bhqk", q, k) / np.sqrt(7)
+    scores = np.where(mask, scores, -np.inf)
+    expected = np.exp(scores - scores.max(-1, keepdims=True))
+    expected /= expected.sum(-1, keepdims=True)
+    np.testing.assert_allclose(weights, expected, atol=1e-6)
+
+
+def test_attention_weights_on_source_padding_are_exactly_zero():
+    model = make_model()
+    rng = np.random.default_rng(2)
+    src = random_batch(rng, 3, 9, 64, lengths=[9, 4, 6])
+    tgt = random_batch(rng, 3, 5, 64)
+    weights = model.cross_attention_weights(src, tgt)  # [layers, batch, heads, tgt, src]
+    assert np.all(np.asarray(weights[:, 1, :, :, 4:]) == 0.0)
+    assert np.all(np.asarray(weights[:, 2, :, :, 6:]) == 0.0)
+    np.testing.assert_allclose(weights.sum(-1), 1.0, atol=1e-5)
+
+
+# ----------------------------------------------------------------------------- masking behaviour
+
+
+@pytest.mark.parametrize("norm", ["post", "pre"])
+def test_future_target_tokens_do_not_change_earlier_logits(norm):
+    model = make_model(norm=norm)
+    rng = np.random.default_rng(3)
+    src = random_batch(rng, 2, 7, 64, lengths=[7, 3])
+    tgt = random_batch(rng, 2, 8, 64)
+    logits = model(src, tgt)
+    for t in range(8):
+        changed = tgt.at[:, t + 1:].set(random_batch(rng, 2, 8, 64)[:, t + 1:])
+        np.testing.assert_allclose(model(src, changed)[:, : t + 1], logits[:, : t + 1], atol=1e-5)
+        if t < 7:  # the change must be visible later, or the test proves nothing
+            assert not np.allclose(model(src, changed)[:, t + 1:], logits[:, t + 1:], atol=1e-3)
+
+
+def test_source_padding_ids_and_extra_padding_do_not_change_outputs():
+    model = make_model()
+    rng = np.random.default_rng(4)
+    src = random_batch(rng, 2, 6, 64, lengths=[6, 3])
+    tgt = random_batch(rng, 2, 5, 64)
+    logits = model(src, tgt)
+    # Other ids in padded positions change nothing while the mask says they are padding.
+    memory, src_mask = model.encode(src), model.source_mask(src)
+    garbage = src.at[1, 3:].set(17)
+    garbage_memory = model.encode(garbage, src_mask=src_mask)
+    decoded, _ = model.decode(garbage_memory, src_mask, tgt)
+    np.testing.assert_allclose(decoded, logits, atol=1e-5)
+    np.testing.assert_allclose(garbage_memory[0], memory[0], atol=1e-5)
+    np.testing.assert_allclose(garbage_memory[1, :3], memory[1, :3], atol=1e-5)
+    # Appending more padding changes nothing.
+    longer = jnp.pad(src, ((0, 0), (0, 5)), constant_values=PAD)
+    np.testing.assert_allclose(model(longer, tgt), logits, atol=1e-5)
+
+
+# ----------------------------------------------------------------------------- incremental decoding
+
+
+@pytest.mark.parametrize("overrides", [{}, {"norm": "pre"}, {"positional": "learned"},
+                                       {"share_embeddings": False}])
+def test_cached_step_by_step_logits_equal_teacher_forced_logits(overrides):
+    model = make_model(**overrides)
+    rng = np.random.default_rng(5)
+    src = random_batch(rng, 3, 7, 64, lengths=[7, 2, 5])
+    tgt = random_batch(rng, 3, 9, 64)
+    memory, src_mask = model.encode(src), model.source_mask(src)
+    full, _ = model.decode(memory, src_mask, tgt)
+
+    step = jax.jit(lambda state, token, cache: nnx.merge(graphdef, state).decode(
+        memory, src_mask, token, cache))
+    graphdef, state = nnx.split(model)
+    cache = model.init_cache(memory, max_len=12)
+    stepwise = []
+    for t in range(tgt.shape[1]):
+        logits, cache = step(state, tgt[:, t:t + 1], cache)
+        stepwise.append(logits)
+    np.testing.assert_allclose(jnp.concatenate(stepwise, axis=1), full, atol=1e-5, rtol=0)
+    assert int(cache["index"]) == tgt.shape[1]
+
+
+def test_cache_prefill_of_several_positions_equals_teacher_forcing():
+    model = make_model()
+    rng = np.random.default_rng(6)
+    src, tgt = random_batch(rng, 2, 5, 64), random_batch(rng, 2, 6, 64)
+    memory, src_mask = model.encode(src), model.source_mask(src)
+    full, _ = model.decode(memory, src_mask, tgt)
+    cache = model.init_cache(memory, max_len=6)
+    first, cache = model.decode(memory, src_mask, tgt[:, :4], cache)
+    rest, _ = model.decode(memory, src_mask, tgt[:, 4:], cache)
+    np.testing.assert_allclose(jnp.concatenate([first, rest], 1), full, atol=1e-5)
+
+
+def test_dropout_is_active_only_with_an_rng():
+    model = make_model(dropout=0.3)
+    rng = np.random.default_rng(7)
+    src, tgt = random_batch(rng, 2, 5, 64), random_batch(rng, 2, 4, 64)
+    np.testing.assert_array_equal(model(src, tgt), model(src, tgt))
+    a = model(src, tgt, rng=jax.random.key(0))
+    b = model(src, tgt, rng=jax.random.key(1))
+    assert not np.allclose(a, b)
+    np.testing.assert_array_equal(a, model(src, tgt, rng=jax.random.key(0)))
+
+
+def test_bfloat16_compute_keeps_float32_parameters_and_logits():
+    model = make_model(dtype="bfloat16")
+    params = nnx.state(model, nnx.Param)
+    assert {x.dtype for x in jax.tree_util.tree_leaves(params)} == {jnp.dtype("float32")}
+    rng = np.random.default_rng(8)
+    src, tgt = random_batch(rng, 2, 5, 64), random_batch(rng, 2, 4, 64)
+    logits = model(src, tgt)
+    assert logits.dtype == jnp.float32
+    reference = Transformer(get_preset("tiny"), rngs=nnx.Rngs(0))(src, tgt)
+    np.testing.assert_allclose(logits, reference, atol=0.1)

@@ -1,0 +1,335 @@
+"""Greedy, sampling and beam search over the Transformer's cached decoder.
+
+Every search starts from BOS, runs the decoder on one new position per step (keys and values
+of earlier positions come from the cache), and loops with `lax.while_loop` over static shapes
+until every sentence has ended or reached its length limit. Each sentence has its own limit
+`max_len_a * source_length + max_len_b` (EOS included); at that position EOS is forced, as
+fairseq does, so every output ends with EOS. PAD and BOS are never produced. After EOS a
+sequence is padded with PAD.
+
+The model is split once (`nnx.split`) and the jitted functions take its state as an argument,
+so searching with new parameters (e.g. after a training step) does not recompile. Compiled
+shapes are (batch, source length, output length): callers pad sources to the buckets in
+`SOURCE_BUCKETS` (see `pad_sources`) so the number of shapes stays small.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from transformer.config import SearchConfig
+from transformer.model import Cache, Transformer
+
+Array = jax.Array
+
+# A large negative number rather than -inf: scores are added and compared, never subtracted,
+# and finite values keep every comparison free of NaN.
+NEG_INF = -1.0e9
+
+# Source lengths (EOS included) are padded up to one of these; past the last one, to a
+# multiple of 128. Consecutive buckets differ by at most 1/3, bounding padded work.
+SOURCE_BUCKETS = (8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
+
+
+@dataclasses.dataclass(frozen=True)
+class SearchResult:
+    """Hypotheses per sentence, best first.
+
+    tokens:  int32 [batch, nbest, max_len], each ending with EOS and padded after it.
+    scores:  float32 [batch, nbest]: log-probability divided by the length penalty (beam),
+             or the plain log-probability (greedy, sampling; nbest = 1).
+    lengths: int32 [batch, nbest], tokens up to and including EOS.
+    """
+
+    tokens: np.ndarray
+    scores: np.ndarray
+    lengths: np.ndarray
+
+
+def length_penalty(length: Array, alpha: float) -> Array:
+    """GNMT length penalty ((5 + length) / 6) ** alpha (Wu et al. 2016, Eq. 14)."""
+    return ((5.0 + length.astype(jnp.float32)) / 6.0) ** alpha
+
+
+def bucket_length(length: int) -> int:
+    for bucket in SOURCE_BUCKETS:
+        if length <= bucket:
+            return bucket
+    return -(-length // 128) * 128
+
+
+def pad_sources(sequences: Sequence[Sequence[int]], pad_id: int, batch_size: int | None = None
+                ) -> np.ndarray:
+    """Pad token-id lists (EOS included) to [batch_size or len, bucket_length(longest)]."""
+    rows = batch_size or len(sequences)
+    if rows < len(sequences):
+        raise ValueError(f"batch_size {rows} is smaller than the {len(sequences)} sequences given.")
+    width = bucket_length(max((len(s) for s in sequences), default=1))
+    out = np.full((rows, width), pad_id, dtype=np.int32)
+    for i, seq in enumerate(sequences):
+        out[i, : len(seq)] = seq
+    return out
+
+
+def output_limits(src_ids: np.ndarray, config: SearchConfig, pad_id: int, model_max_len: int
+                  ) -> tuple[np.ndarray, int]:
+    """Per-sentence output limits [batch] and the static loop length (their bucketed maximum).
+
+    The static length depends only on the padded source width, so it adds no compiled shapes.
+    """
+    src_lens = (src_ids != pad_id).sum(axis=1)
+    limits = np.array([config.max_output_len(int(n), model_max_len) for n in src_lens], np.int32)
+    static = config.max_output_len(src_ids.shape[1], model_max_len)
+    return np.minimum(limits, static), static
+
+
+# ----------------------------------------------------------------------------- public entry
+
+
+def search(model: Transformer, src_ids: np.ndarray | Array, config: SearchConfig,
+           rng: Array | None = None) -> SearchResult:
+    """Translate a padded batch of source ids [batch, src_len] (EOS included, PAD after).
+
+    `config.strategy` picks greedy, sampling or beam search; beam search with beam_size 1 is
+    run as beam search (use strategy="greedy" for greedy).
+    """
+    graphdef, state = nnx.split(model)
+    return search_with_state(graphdef, state, src_ids, config, rng)
+
+
+def search_with_state(graphdef: nnx.GraphDef, state: nnx.State, src_ids: np.ndarray | Array,
+                      config: SearchConfig, rng: Array | None = None) -> SearchResult:
+    """`search` for a model already split with `nnx.split` (what training loops hold)."""
+    model_config = _model_config(graphdef, state)
+    src_np = np.asarray(src_ids, dtype=np.int32)
+    limits, static_len = output_limits(src_np, config, model_config.pad_id, model_config.max_len)
+    src = jnp.asarray(src_np)
+    if config.strategy == "beam":
+        tokens, scores, lengths = _beam_search(
+            graphdef, state, src, jnp.asarray(limits), static_len, config.beam_size,
+            config.nbest, float(config.alpha), config.min_len)
+    else:
+        sample = config.strategy == "sample"
+        if sample and rng is None:
+            raise ValueError("strategy='sample' needs an rng (jax.random.key(seed)).")
+        tokens, scores, lengths = _greedy_search(
+            graphdef, state, src, jnp.asarray(limits), static_len, config.min_len, sample,
+            float(config.temperature), config.top_k,
+            rng if rng is not None else jax.random.key(0))
+        tokens, scores, lengths = tokens[:, None], scores[:, None], lengths[:, None]
+    return SearchResult(np.asarray(tokens), np.asarray(scores), np.asarray(lengths))
+
+
+def _model_config(graphdef, state):
+    return nnx.merge(graphdef, state).config
+
+
+# ----------------------------------------------------------------------------- shared pieces
+
+
+def _restrict_logprobs(logprobs: Array, step: Array, limits: Array, min_len: int,
+                       config) -> Array:
+    """Forbid PAD and BOS always, EOS before min_len, and all but EOS at a sentence's limit.
+
+    logprobs [rows, vocab]; limits [rows] (each row's output limit, EOS included).
+    """
+    vocab = jnp.arange(logprobs.shape[-1])
+    banned = (vocab == config.pad_id) | (vocab == config.bos_id)
+    logprobs = jnp.where(banned[None], NEG_INF, logprobs)
+    is_eos = (vocab == config.eos_id)[None]
+    too_short = step < min_len
+    logprobs = jnp.where(is_eos & too_short, NEG_INF, logprobs)
+    at_limit = (step + 1 >= limits)[:, None]
+    return jnp.where(at_limit & ~is_eos, NEG_INF, logprobs)
+
+
+def _encode(graphdef, state, src):
+    model = nnx.merge(graphdef, state)
+    memory = model.encode(src)
+    return model, memory, model.source_mask(src)
+
+
+# ----------------------------------------------------------------------------- greedy / sampling
+
+
+@functools.partial(jax.jit, static_argnums=(0, 4, 5, 6, 7, 8))
+def _greedy_search(graphdef, state, src, limits, max_len: int, min_len: int, sample: bool,
+                   temperature: float, top_k: int, rng):
+    """Returns tokens [batch, max_len], log-probabilities [batch], lengths [batch]."""
+    model, memory, src_mask = _encode(graphdef, state, src)
+    config = model.config
+    batch = src.shape[0]
+
+    def cond(carry):
+        step, _, _, _, finished, _ = carry
+        return (step < max_len) & ~jnp.all(finished)
+
+    def body(carry):
+        step, cache, tokens, logprob_sum, finished, last = carry
+        logits, cache = model.decode(memory, src_mask, last[:, None], cache)
+        logprobs = jax.nn.log_softmax(logits[:, 0])
+        logprobs = _restrict_logprobs(logprobs, step, limits, min_len, config)
+        if sample:
+            next_token = _sample(logprobs, temperature, top_k, jax.random.fold_in(rng, step))
+        else:
+            next_token = jnp.argmax(logprobs, axis=-1).astype(jnp.int32)
+        chosen = jnp.take_along_axis(logprobs, next_token[:, None], axis=-1)[:, 0]
+        next_token = jnp.where(finished, config.pad_id, next_token)
+        logprob_sum = logprob_sum + jnp.where(finished, 0.0, chosen)
+        tokens = jax.lax.dynamic_update_slice_in_dim(tokens, next_token[:, None], step, 1)
+        finished = finished | (next_token == config.eos_id)
+        return step + 1, cache, tokens, logprob_sum, finished, next_token
+
+    carry = (jnp.zeros((), jnp.int32), model.init_cache(memory, max_len),
+             jnp.full((batch, max_len), config.pad_id, jnp.int32), jnp.zeros((batch,), jnp.float32),
+             jnp.zeros((batch,), bool), jnp.full((batch,), config.bos_id, jnp.int32))
+    _, _, tokens, logprob_sum, _, _ = jax.lax.while_loop(cond, body, carry)
+    lengths = (tokens != config.pad_id).sum(axis=1).astype(jnp.int32)
+    return tokens, logprob_sum, lengths
+
+
+def _sample(logprobs: Array, temperature: float, top_k: int, rng: Array) -> Array:
+    """Draw one token per row from softmax(logprobs / temperature), optionally among the top k."""
+    scaled = logprobs / temperature
+    if top_k > 0:
+        kth_best = jax.lax.top_k(scaled, top_k)[0][:, -1:]
+        scaled = jnp.where(scaled < kth_best, NEG_INF, scaled)
+    return jax.random.categorical(rng, scaled, axis=-1).astype(jnp.int32)
+
+
+# ----------------------------------------------------------------------------- beam search
+
+
+@functools.partial(jax.jit, static_argnums=(0, 4, 5, 6, 7, 8))
+def _beam_search(graphdef, state, src, limits, max_len: int, beam_size: int, nbest: int,
+                 alpha: float, min_len: int):
+    """Beam search; returns tokens [batch, nbest, max_len], scores and lengths [batch, nbest].
+
+    Live ("alive") hypotheses and finished ones are kept apart: a hypothesis that produces EOS
+    moves to the finished set with score logprob / length_penalty and is never extended again.
+    Each step expands every live beam, takes the best 2k candidates (so at least k are not EOS),
+    moves the EOS ones into the finished set (keeping its best k) and continues with the best
+    k non-EOS ones. A sentence is done when its `nbest`-th finished score is at least the best
+    score any live beam could still reach: log-probabilities only fall as a hypothesis grows,
+    so with alpha >= 0 that bound is best_live_logprob / length_penalty(limit).
+    """
+    model, memory, src_mask = _encode(graphdef, state, src)
+    config = model.config
+    batch, k = src.shape[0], beam_size
+
+    def to_rows(x):  # [batch, k, ...] -> [batch * k, ...]
+        return x.reshape((batch * k,) + x.shape[2:])
+
+    memory_k = to_rows(jnp.repeat(memory[:, None], k, axis=1))
+    src_mask_k = to_rows(jnp.repeat(src_mask[:, None], k, axis=1))
+    limits_k = to_rows(jnp.repeat(limits[:, None], k, axis=1))
+    cache = model.init_cache(memory_k, max_len)
+
+    state0 = _BeamState(
+        step=jnp.zeros((), jnp.int32),
+        cache=cache,
+        alive_tokens=jnp.full((batch, k, max_len), config.pad_id, jnp.int32),
+        # Only beam 0 is live at the start, so the first expansion does not repeat itself k times.
+        alive_logprob=jnp.tile(jnp.array([0.0] + [NEG_INF] * (k - 1), jnp.float32), (batch, 1)),
+        finished_tokens=jnp.full((batch, k, max_len), config.pad_id, jnp.int32),
+        finished_score=jnp.full((batch, k), NEG_INF, jnp.float32),
+        done=jnp.zeros((batch,), bool),
+    )
+
+    def cond(s: _BeamState):
+        return (s.step < max_len) & ~jnp.all(s.done)
+
+    def body(s: _BeamState) -> _BeamState:
+        last = s.alive_tokens[:, :, jnp.maximum(s.step - 1, 0)]
+        last = jnp.where(s.step == 0, config.bos_id, last)
+        logits, cache = model.decode(memory_k, src_mask_k, to_rows(last)[:, None], s.cache)
+        logprobs = jax.nn.log_softmax(logits[:, 0])
+        logprobs = _restrict_logprobs(logprobs, s.step, limits_k, min_len, config)
+        vocab = logprobs.shape[-1]
+        # [batch, k * vocab]: every live beam extended by every token.
+        candidates = (s.alive_logprob[:, :, None] + logprobs.reshape(batch, k, vocab)
+                      ).reshape(batch, k * vocab)
+        top_logprob, top_index = jax.lax.top_k(candidates, 2 * k)  # [batch, 2k]
+        beam_index, token = top_index // vocab, (top_index % vocab).astype(jnp.int32)
+        top_tokens = jnp.take_along_axis(s.alive_tokens, beam_index[:, :, None], axis=1)
+        top_tokens = jax.lax.dynamic_update_slice_in_dim(
+            top_tokens, token[:, :, None], s.step, 2)  # [batch, 2k, max_len]
+        is_eos = token == config.eos_id
+        # A candidate of a dead beam (NEG_INF) must not enter either set.
+        valid = top_logprob > NEG_INF / 2
+
+        # Finished set: the best k of the old finished and this step's EOS candidates.
+        eos_score = jnp.where(is_eos & valid, top_logprob / length_penalty(s.step + 1, alpha),
+                              NEG_INF)
+        eos_score = jnp.where(s.done[:, None], NEG_INF, eos_score)  # done sentences are frozen
+        finished_score, finished_tokens = _top_k_by(
+            jnp.concatenate([s.finished_score, eos_score], axis=1),
+            jnp.concatenate([s.finished_tokens, top_tokens], axis=1), k)
+
+        # Alive set: the best k candidates that did not end.
+        alive_candidates = jnp.where(is_eos, NEG_INF, top_logprob)
+        alive_logprob, order = jax.lax.top_k(alive_candidates, k)
+        alive_tokens = jnp.take_along_axis(top_tokens, order[:, :, None], axis=1)
+        parent = jnp.take_along_axis(beam_index, order, axis=1)  # [batch, k]
+        rows = to_rows(parent + jnp.arange(batch)[:, None] * k)
+        cache = _reorder_cache(cache, rows)
+
+        best_possible = alive_logprob[:, 0] / length_penalty(limits, alpha)
+        can_improve = best_possible > finished_score[:, nbest - 1]
+        at_limit = s.step + 1 >= limits
+        done = s.done | ~can_improve | at_limit
+        return _BeamState(s.step + 1, cache, alive_tokens, alive_logprob, finished_tokens,
+                          finished_score, done)
+
+    final = jax.lax.while_loop(cond, body, state0)
+    tokens = final.finished_tokens[:, :nbest]
+    lengths = (tokens != config.pad_id).sum(axis=2).astype(jnp.int32)
+    return tokens, final.finished_score[:, :nbest], lengths
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class _BeamState:
+    step: Array
+    cache: Cache
+    alive_tokens: Array     # [batch, k, max_len]
+    alive_logprob: Array    # [batch, k]
+    finished_tokens: Array  # [batch, k, max_len]
+    finished_score: Array   # [batch, k], best first
+    done: Array             # [batch]
+
+
+def _top_k_by(scores: Array, tokens: Array, k: int) -> tuple[Array, Array]:
+    """The k best (score, tokens) rows per sentence: scores [batch, n], tokens [batch, n, len]."""
+    best, order = jax.lax.top_k(scores, k)
+    return best, jnp.take_along_axis(tokens, order[:, :, None], axis=1)
+
+
+def _reorder_cache(cache: Cache, rows: Array) -> Cache:
+    """Give each beam its parent's self-attention keys/values; rows [batch * k]."""
+    return Cache(index=cache["index"],
+                 self_key=jnp.take(cache["self_key"], rows, axis=1),
+                 self_value=jnp.take(cache["self_value"], rows, axis=1),
+                 cross_key=cache["cross_key"], cross_value=cache["cross_value"])
+
+
+def hypotheses_to_lists(result: SearchResult, eos_id: int) -> list[list[list[int]]]:
+    """[batch][nbest] token lists without EOS and padding."""
+    out: list[list[list[int]]] = []
+    for tokens, lengths in zip(result.tokens, result.lengths):
+        sentence = []
+        for row, length in zip(tokens, lengths):
+            ids = row[:length].tolist()
+            if ids and ids[-1] == eos_id:
+                ids = ids[:-1]
+            sentence.append(ids)
+        out.append(sentence)
+    return out
+
