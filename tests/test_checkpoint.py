@@ -1,0 +1,144 @@
+"""Checkpoints: exact round trip, averaging, incomplete directories, the exported model."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+from transformer import checkpoint
+from transformer.config import SearchConfig, get_preset
+from transformer.training import TrainConfig, create_train_state, make_mesh, make_train_step
+
+CONFIG = get_preset("tiny", vocab_size=67)
+
+
+def _batch(seed: int, rows: int = 4, length: int = 7) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    tokens = rng.integers(4, CONFIG.vocab_size, size=(rows, length + 1)).astype(np.int32)
+    tokens[:, -2:] = 0
+    return {"src": tokens[:, 1:], "tgt_in": tokens[:, :-1], "tgt_out": tokens[:, 1:]}
+
+
+def _trained_state(steps: int):
+    mesh = make_mesh()
+    train_config = TrainConfig(warmup_steps=3)
+    graphdef, _, state = create_train_state(CONFIG, train_config, mesh)
+    step_fn = make_train_step(graphdef, train_config, mesh)
+    for i in range(steps):
+        state, _ = step_fn(state, _batch(i))
+    return state
+
+
+def _split(state):
+    return state.params, {"step": state.step, "opt_state": state.opt_state, "rng": state.rng}
+
+
+def _assert_trees_equal(a, b):
+    assert jax.tree.structure(a) == jax.tree.structure(b)
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def test_round_trip_is_exact(tmp_path):
+    state = _trained_state(3)
+    params, train = _split(state)
+    data = {"iterator": {"epoch": 1, "position": 17}, "best_bleu": 3.5}
+    saver = checkpoint.Checkpointer(tmp_path, keep_last=2)
+    saver.save(3, params, train, data)
+    saver.wait()
+    saver.close()
+
+    fresh = _trained_state(0)
+    params_like, train_like = _split(fresh)
+    restored = checkpoint.Checkpointer(tmp_path).restore(params_like, train_like)
+    assert restored.step == 3
+    assert restored.data == data
+    _assert_trees_equal(restored.params, params)
+    _assert_trees_equal(restored.train, train)
+    assert int(restored.train["step"]) == 3
+
+
+def test_keeps_last_k_and_best_by_bleu(tmp_path):
+    params, train = _split(_trained_state(0))
+    saver = checkpoint.Checkpointer(tmp_path, keep_last=2)
+    for step, bleu in ((1, 5.0), (2, 9.0), (3, 7.0), (4, 8.0)):
+        saver.save(step, params, train, {})
+        saver.save_best(step, params, {"bleu": bleu})
+    saver.wait()
+    assert saver.steps() == [3, 4]
+    assert saver.best_step() == 2
+    saver.close()
+
+
+def test_average_is_mean_of_last_n(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"model": CONFIG.to_dict()}))
+    saver = checkpoint.Checkpointer(tmp_path, keep_last=5)
+    states = [_trained_state(n) for n in (1, 2, 3)]
+    for n, state in zip((1, 2, 3), states):
+        saver.save(n, *_split(state), {})
+    saver.wait()
+    saver.close()
+    mean, steps = checkpoint.average_checkpoints(tmp_path, last=2)
+    assert steps == [2, 3]
+    expected = jax.tree.map(lambda a, b: (np.asarray(a) + np.asarray(b)) / 2,
+                            states[1].params, states[2].params)
+    for x, y in zip(jax.tree.leaves(mean), jax.tree.leaves(expected)):
+        np.testing.assert_allclose(np.asarray(x), y, rtol=1e-6, atol=1e-7)
+
+
+def test_incomplete_checkpoints_are_ignored_on_restore(tmp_path):
+    state = _trained_state(1)
+    params, train = _split(state)
+    saver = checkpoint.Checkpointer(tmp_path, keep_last=5)
+    saver.save(1, params, train, {"iterator": {"epoch": 0, "position": 1}})
+    saver.wait()
+    saver.close()
+    root = tmp_path / checkpoint.CHECKPOINTS_DIR
+    # An interrupted orbax save: the temporary directory that would have become 5/.
+    shutil.copytree(root / "1", root / "5.orbax-checkpoint-tmp-1234")
+    # A partially copied step: no finalization metadata.
+    shutil.copytree(root / "1", root / "7")
+    (root / "7" / "_CHECKPOINT_METADATA").unlink()
+    # A step that claims to be complete but whose arrays are gone.
+    shutil.copytree(root / "1", root / "9")
+    shutil.rmtree(root / "9" / "train")
+
+    params_like, train_like = _split(_trained_state(0))
+    restored = checkpoint.Checkpointer(tmp_path).restore(params_like, train_like)
+    assert restored.step == 1
+    assert restored.data == {"iterator": {"epoch": 0, "position": 1}}
+    _assert_trees_equal(restored.params, params)
+
+
+def test_export_and_load_model(tmp_path):
+    from data.tokenizer import TokenizerConfig, train_tokenizer
+
+    texts = [f"sentence number {i} with some words {i * 7}" for i in range(300)]
+    tokenizer = train_tokenizer(texts, TokenizerConfig(vocab_size=300, model_type="bpe"))
+    spm_path = tokenizer.save(tmp_path)
+    config = dataclasses.replace(CONFIG, vocab_size=tokenizer.vocab_size)
+    mesh = make_mesh()
+    _, _, state = create_train_state(config, TrainConfig(), mesh)
+    model_dir = checkpoint.export_model(tmp_path / "run" / "model", state.params, config,
+                                        spm_path, SearchConfig(beam_size=2),
+                                        {"source_lang": "en", "target_lang": "de"})
+    model, loaded_tokenizer, values = checkpoint.load_model(tmp_path / "run")
+    assert model_dir == tmp_path / "run" / "model"
+    assert values["model"] == config
+    assert values["search"].beam_size == 2
+    assert values["source_lang"] == "en"
+    assert loaded_tokenizer.encode(["sentence"]) == tokenizer.encode(["sentence"])
+    from flax import nnx
+    _assert_trees_equal(nnx.state(model, nnx.Param), state.params)
+
+    (model_dir / checkpoint.PARAMS_FILE).unlink()
+    with pytest.raises(checkpoint.CheckpointError, match="params.msgpack"):
+        checkpoint.load_model(model_dir)
+    with pytest.raises(checkpoint.CheckpointError, match="does not exist"):
+        checkpoint.load_model(tmp_path / "nowhere")
