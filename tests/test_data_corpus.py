@@ -1,0 +1,281 @@
+"""Reading sentence pairs: every source format, the built-in gettext corpus, and bad input."""
+
+import json
+import logging
+import struct
+from pathlib import Path
+
+import datasets
+import pytest
+
+from data.corpus import (
+    CorpusSpec, DataError, hash_split, load_corpus, read_file, read_gettext_pairs, read_hf,
+    read_prefix,
+)
+
+SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+MULTI30K = SHARED_DATA / "multi30k"
+
+PAIRS = [
+    ("A dog runs.", "Ein Hund rennt."),
+    ("Two men, one boat!", "Zwei Männer, ein Boot!"),
+    ("Ünïcödé — “quotes” and \u2028 separator", "Ünïcödé — „Anführungszeichen“ und \u2028 Trenner"),
+    ("It costs 5 %s.", "Es kostet 5 %s."),
+    ("한국어 문장", "日本語の文です。"),
+]
+
+
+def write_prefix(prefix: Path, pairs, src="en", tgt="de") -> Path:
+    Path(f"{prefix}.{src}").write_text("".join(s + "\n" for s, _ in pairs), encoding="utf-8")
+    Path(f"{prefix}.{tgt}").write_text("".join(t + "\n" for _, t in pairs), encoding="utf-8")
+    return prefix
+
+
+def as_pairs(ds: datasets.Dataset) -> list[tuple[str, str]]:
+    return list(zip(ds["source"], ds["target"]))
+
+
+def write_all_formats(tmp_path: Path, pairs) -> dict[str, CorpusSpec]:
+    """The same pairs in every supported format, as specs with an explicit validation set."""
+    valid = write_prefix(tmp_path / "valid", pairs[:2])
+    prefix = write_prefix(tmp_path / "train", pairs)
+    tsv = tmp_path / "train.tsv"
+    tsv.write_text("".join(f"{s}\t{t}\n" for s, t in pairs), encoding="utf-8")
+    flat = tmp_path / "flat.jsonl"
+    flat.write_text("".join(json.dumps({"en": s, "de": t}) + "\n" for s, t in pairs))
+    nested = tmp_path / "nested.jsonl"
+    nested.write_text(
+        "".join(json.dumps({"translation": {"de": t, "en": s}}) + "\n" for s, t in pairs)
+    )
+    hf = datasets.Dataset.from_dict({"translation": [{"en": s, "de": t} for s, t in pairs]})
+    datasets.DatasetDict({"train": hf, "validation": hf.select(range(2))}).save_to_disk(
+        str(tmp_path / "saved")
+    )
+    parquet = tmp_path / "train.parquet"
+    hf.to_parquet(str(parquet))
+    common = {"src": "en", "tgt": "de", "valid_prefix": str(valid)}
+    return {
+        "prefix": CorpusSpec(train_prefix=str(prefix), **common),
+        "tsv": CorpusSpec(train_file=str(tsv), **common),
+        "jsonl flat": CorpusSpec(train_file=str(flat), **common),
+        "jsonl translation": CorpusSpec(train_file=str(nested), **common),
+        "save_to_disk": CorpusSpec(dataset=str(tmp_path / "saved"), **common),
+        "parquet": CorpusSpec(train_file=str(parquet), **common),
+    }
+
+
+def test_every_format_gives_identical_pairs(tmp_path):
+    specs = write_all_formats(tmp_path, PAIRS)
+    for name, spec in specs.items():
+        corpus = load_corpus(spec)
+        assert sorted(corpus) == ["train", "validation"], name
+        assert as_pairs(corpus["train"]) == PAIRS, name
+        assert as_pairs(corpus["validation"]) == PAIRS[:2], name
+
+
+def test_reversed_direction_swaps_columns(tmp_path):
+    prefix = write_prefix(tmp_path / "train", PAIRS)
+    ds = read_prefix(prefix, "de", "en")
+    assert as_pairs(ds) == [(t, s) for s, t in PAIRS]
+
+
+def test_hub_name_offline_gives_one_sentence(monkeypatch):
+    # Offline mode makes the hub call fail at once instead of after its retries.
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    with pytest.raises(DataError) as info:
+        load_corpus(CorpusSpec(dataset="wmt14", dataset_config="de-en"))
+    message = str(info.value)
+    assert "\n" not in message
+    assert "'wmt14'" in message and "--train-prefix" in message
+    assert info.value.__cause__ is None
+
+
+def test_missing_language_in_dataset_names_expected_and_found(tmp_path):
+    hf = datasets.Dataset.from_dict({"translation": [{"en": "a", "de": "b"}]})
+    hf.save_to_disk(str(tmp_path / "saved"))
+    with pytest.raises(DataError, match=r"'en' and 'fr'.*\['de', 'en'\]"):
+        read_hf(str(tmp_path / "saved"), None, "en", "fr")
+    jsonl = tmp_path / "x.jsonl"
+    jsonl.write_text('{"en": "a", "de": "b"}\n{"en": "c", "fr": "d"}\n')
+    with pytest.raises(DataError, match=r"x.jsonl line 2: expected language keys 'en' and 'de', "
+                                        r"found \['en', 'fr'\]"):
+        read_file(jsonl, "en", "de")
+
+
+def test_line_count_mismatch_names_both_files_and_counts(tmp_path):
+    write_prefix(tmp_path / "train", PAIRS)
+    (tmp_path / "train.de").write_text("eins\nzwei\n", encoding="utf-8")
+    with pytest.raises(DataError) as info:
+        read_prefix(tmp_path / "train", "en", "de")
+    message = str(info.value)
+    assert f"{tmp_path / 'train.en'} has {len(PAIRS)} lines" in message
+    assert f"{tmp_path / 'train.de'} has 2" in message
+
+
+def test_invalid_utf8_names_file_and_line(tmp_path):
+    write_prefix(tmp_path / "train", PAIRS)
+    (tmp_path / "train.de").write_bytes(b"eins\nzwei\ndr\xe4i\nvier\nf\xfcnf\n")
+    with pytest.raises(DataError, match=r"train\.de line 3: invalid UTF-8 \(byte 0xe4"):
+        read_prefix(tmp_path / "train", "en", "de")
+
+
+def test_missing_file_is_named(tmp_path):
+    (tmp_path / "train.en").write_text("a\n")
+    with pytest.raises(DataError, match=r"train\.de: file not found"):
+        read_prefix(tmp_path / "train", "en", "de")
+    with pytest.raises(DataError, match=r"nothere\.tsv: file not found"):
+        read_file(tmp_path / "nothere.tsv", "en", "de")
+
+
+def test_empty_corpus_is_an_error(tmp_path):
+    write_prefix(tmp_path / "train", [("", "x"), ("  ", "")])
+    with pytest.raises(DataError, match=r"no sentence pairs \(2 read, 2 with an empty side\)"):
+        read_prefix(tmp_path / "train", "en", "de")
+
+
+def test_empty_lines_are_dropped_and_counted(tmp_path, caplog):
+    pairs = PAIRS[:2] + [("", "leer"), ("empty", "   ")] + PAIRS[2:]
+    write_prefix(tmp_path / "train", pairs)
+    with caplog.at_level(logging.INFO, logger="data"):
+        ds = read_prefix(tmp_path / "train", "en", "de")
+    assert as_pairs(ds) == PAIRS
+    assert "dropped 2 of 7 pairs with an empty side (1 empty source, 1 empty target)" in caplog.text
+
+
+def test_tsv_with_extra_tab_names_line(tmp_path):
+    tsv = tmp_path / "bad.tsv"
+    tsv.write_text("a\tb\nc\td\te\n", encoding="utf-8")
+    with pytest.raises(DataError, match=r"bad\.tsv line 2: expected 2 TAB-separated fields.*found 3"):
+        read_file(tsv, "en", "de")
+
+
+def test_unknown_suffix_and_two_sources_are_errors(tmp_path):
+    with pytest.raises(DataError, match=r"unknown file type '\.txt'"):
+        read_file(tmp_path / "a.txt", "en", "de")
+    with pytest.raises(DataError, match="one training source"):
+        CorpusSpec(train_prefix="a", dataset="b")
+
+
+def test_validation_held_out_when_absent(tmp_path, caplog):
+    pairs = [(f"sentence {i}", f"Satz {i}") for i in range(500)]
+    spec = CorpusSpec(train_prefix=str(write_prefix(tmp_path / "train", pairs)), seed=3)
+    with caplog.at_level(logging.INFO, logger="data"):
+        first = load_corpus(spec)
+    again = load_corpus(spec)
+    assert "held out 5 of 500 training pairs (seed 3)" in caplog.text
+    assert len(first["validation"]) == 5 and len(first["train"]) == 495
+    assert as_pairs(first["validation"]) == as_pairs(again["validation"])
+    assert sorted(as_pairs(first["train"]) + as_pairs(first["validation"])) == sorted(pairs)
+    other_seed = load_corpus(CorpusSpec(train_prefix=spec.train_prefix, seed=4))
+    assert as_pairs(other_seed["validation"]) != as_pairs(first["validation"])
+
+
+def test_validation_holdout_is_capped(tmp_path):
+    pairs = [(f"s {i}", f"t {i}") for i in range(400)]
+    spec = CorpusSpec(train_prefix=str(write_prefix(tmp_path / "train", pairs)), max_valid=3)
+    assert len(load_corpus(spec)["validation"]) == 3
+
+
+# ---------------------------------------------------------------------------------------------
+# Built-in gettext corpus
+
+
+def write_mo(path: Path, catalog: dict[str, str]) -> None:
+    """Write a GNU .mo file (little-endian, no hash table)."""
+    keys = sorted(catalog)
+    ids = [k.encode("utf-8") for k in keys]
+    strs = [catalog[k].encode("utf-8") for k in keys]
+    n = len(keys)
+    header_size = 7 * 4
+    table_size = n * 8
+    data_start = header_size + 2 * table_size
+    blob, id_table, str_table = b"", [], []
+    for table, items in ((id_table, ids), (str_table, strs)):
+        for item in items:
+            table.append((len(item), data_start + len(blob)))
+            blob += item + b"\0"
+    header = struct.pack("<7I", 0x950412DE, 0, n, header_size, header_size + table_size, 0, 0)
+    tables = b"".join(struct.pack("<2I", *entry) for entry in id_table + str_table)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(header + tables + blob)
+
+
+def test_gettext_reader_skips_and_counts_each_kind(tmp_path):
+    messages = tmp_path / "xx" / "LC_MESSAGES"
+    write_mo(messages / "a.mo", {
+        "": "Content-Type: text/plain; charset=UTF-8\nPlural-Forms: nplurals=2; plural=(n != 1);\n",
+        "Open file %s": "Datei %s öffnen",
+        "file\0files": "Datei\0Dateien",
+        "menu\x04Open": "Öffnen",
+        "OK": "OK",
+        "Line one\nLine two": "Zeile eins\nZeile zwei",
+        "One line\nTwo lines\n": "Nur eine Zeile",
+    })
+    write_mo(messages / "b.mo", {
+        "": "Content-Type: text/plain; charset=UTF-8\n",
+        "Open file %s": "Datei %s öffnen",
+        "Quit": "Beenden",
+    })
+    (messages / "broken.mo").write_bytes(b"not a catalog")
+    pairs, stats = read_gettext_pairs("xx", tmp_path)
+    assert pairs == [
+        ("Line one", "Zeile eins"), ("Line two", "Zeile zwei"),
+        ("Open file %s", "Datei %s öffnen"), ("Quit", "Beenden"),
+    ]
+    assert (stats.catalogs_read, stats.catalogs_skipped) == (2, 1)
+    assert stats.dropped == {
+        "header": 2, "plural": 2, "context": 1, "untranslated": 1, "duplicate": 1,
+        "line count differs": 1, "multi-line, split": 1,
+    }
+
+
+def test_builtin_with_too_few_pairs_names_count_and_options(tmp_path):
+    write_mo(tmp_path / "xx" / "LC_MESSAGES" / "a.mo", {"Quit": "Beenden"})
+    with pytest.raises(DataError, match=r"found only 1 en-xx pairs.*--train-prefix.*--dataset"):
+        load_corpus(CorpusSpec(tgt="xx", locale_dir=str(tmp_path)))
+
+
+def test_builtin_reverse_direction(tmp_path):
+    write_mo(tmp_path / "xx" / "LC_MESSAGES" / "a.mo",
+             {f"word {i}": f"Wort {i}" for i in range(300)})
+    corpus = load_corpus(CorpusSpec(src="xx", tgt="en", locale_dir=str(tmp_path),
+                                    min_builtin_pairs=10))
+    assert corpus["train"][0]["source"].startswith("Wort")
+    assert corpus["train"][0]["target"].startswith("word")
+
+
+@pytest.mark.skipif(not list(Path("/usr/share/locale/de/LC_MESSAGES").glob("*.mo")),
+                    reason="no German gettext catalogs in /usr/share/locale/de/LC_MESSAGES")
+def test_builtin_german_corpus(caplog):
+    with caplog.at_level(logging.INFO, logger="data"):
+        corpus = load_corpus(CorpusSpec())
+    assert "built-in corpus en-de" in caplog.text
+    assert sorted(corpus) == ["test", "train", "validation"]
+    assert len(corpus["train"]) >= 1000
+    sources = {split: set(corpus[split]["source"]) for split in corpus}
+    assert not sources["train"] & sources["validation"]
+    assert not sources["train"] & sources["test"]
+    assert not sources["validation"] & sources["test"]
+    assert all(hash_split(s) == "validation" for s in sources["validation"])
+    pairs = as_pairs(corpus["train"])
+    assert all("\x04" not in s and s != t and "\n" not in s + t for s, t in pairs)
+    assert any("%s" in s and "%s" in t for s, t in pairs)
+
+
+# ---------------------------------------------------------------------------------------------
+# Multi30k
+
+
+@pytest.mark.skipif(not MULTI30K.is_dir(), reason=f"{MULTI30K} not found (shared data absent)")
+def test_multi30k_prefix_reads_all_pairs():
+    corpus = load_corpus(CorpusSpec(
+        train_prefix=str(MULTI30K / "train"), valid_prefix=str(MULTI30K / "valid"),
+        test_prefix=str(MULTI30K / "test2016"),
+    ))
+    assert [len(corpus[s]) for s in ("train", "validation", "test")] == [29000, 1014, 1000]
+    first = corpus["train"][0]
+    assert first["source"].startswith("Two young, White males are outside")
+    assert "\t" in corpus["train"][7365]["target"]  # the TAB upstream keeps on line 7366
