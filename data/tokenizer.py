@@ -117,8 +117,9 @@ class Tokenizer:
         return [self.processor.id_to_piece(int(i)) for i in ids]
 
     def normalize(self, text: str) -> str:
-        """The text as the model sees it after normalization; what `decode` gives back."""
-        return self.processor.normalize(text)
+        """The text after SentencePiece's normalization: what `decode(encode(text))` gives."""
+        # SentencePiece writes spaces as U+2581 and adds one in front (its dummy prefix).
+        return self.processor.normalize(text).replace("\u2581", " ").removeprefix(" ")
 
 
 def _strip_specials(row: Sequence[int]) -> list[int]:
@@ -162,6 +163,14 @@ def train_tokenizer(texts: Iterable[str], config: TokenizerConfig = TokenizerCon
 
 
 def _training_error(err: RuntimeError, config: TokenizerConfig) -> DataError:
+    """Turn SentencePiece's vocabulary-size complaints into advice about --vocab-size."""
+    needed = re.search(r"smaller than required_chars\. \d+ vs (\d+)", str(err))
+    if needed:
+        return DataError(
+            f"--vocab-size {config.vocab_size} is too small: the characters of the training text "
+            f"plus 256 byte pieces and 4 special ids need {needed.group(1)}; use --vocab-size "
+            f"{needed.group(1)} or more"
+        )
     limit = re.search(r"<=\s*(\d+)", str(err))
     if "Vocabulary size" in str(err) and limit:
         return DataError(

@@ -1,0 +1,181 @@
+"""SentencePiece tokenizer: id conventions, round trips in several scripts, reuse, encoding cache."""
+
+import logging
+import unicodedata
+from pathlib import Path
+
+import datasets
+import numpy as np
+import pytest
+
+from data.corpus import DataError, read_prefix
+from data.tokenizer import (
+    BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer, TokenizerConfig, encode_corpus, encode_split,
+    train_or_load_tokenizer, train_tokenizer,
+)
+
+SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+needs_shared = pytest.mark.skipif(not SHARED_DATA.is_dir(),
+                                  reason=f"{SHARED_DATA} not found (shared data absent)")
+
+SMALL_TEXT = [
+    "The quick brown fox jumps over the lazy dog.",
+    "Der schnelle braune Fuchs springt über den faulen Hund.",
+    "Zwölf Boxkämpfer jagen Viktor quer über den großen Sylter Deich.",
+    "私はテニス部員です。",
+    "세계에서 가장 강력한 수퍼컴퓨터",
+    "Numbers 12345 and %s placeholders, {name} too.",
+] + [
+    f"{a} {b} {c}."
+    for a in ("The dog", "A woman", "Zwei Männer", "Ein Kind", "Three girls")
+    for b in ("runs", "spielt", "is sitting", "fährt", "wartet", "climbs")
+    for c in ("in the park", "auf der Straße", "near a big lake", "im Schnee", "with friends")
+]
+
+
+def is_normalization_stable(text: str) -> bool:
+    """Text that normalization leaves alone (NFKC-stable, single spaces, no outer spaces)."""
+    return unicodedata.normalize("NFKC", text) == text and " ".join(text.split()) == text
+
+
+@pytest.fixture(scope="module")
+def small_tokenizer() -> Tokenizer:
+    return train_tokenizer(SMALL_TEXT, TokenizerConfig(vocab_size=350))
+
+
+@pytest.fixture(scope="module")
+def shared_tokenizer() -> Tokenizer:
+    """Trained on a little of every shared corpus (en, de, ja, ko)."""
+    if not SHARED_DATA.is_dir():
+        pytest.skip(f"{SHARED_DATA} not found (shared data absent)")
+    texts = []
+    for prefix, src, tgt, n in (
+        ("multi30k/train", "en", "de", 3000),
+        ("small_parallel_enja/train", "en", "ja", 3000),
+        ("korean-english/news_dev", "ko", "en", 1000),
+    ):
+        ds = read_prefix(SHARED_DATA / prefix, src, tgt).select(range(n))
+        texts += list(ds["source"]) + list(ds["target"])
+    return train_tokenizer(texts, TokenizerConfig(vocab_size=2000, max_sentences=20000))
+
+
+def test_special_ids(small_tokenizer):
+    processor = small_tokenizer.processor
+    assert (processor.pad_id(), processor.unk_id(), processor.bos_id(), processor.eos_id()) == (
+        PAD_ID, UNK_ID, BOS_ID, EOS_ID) == (0, 1, 2, 3)
+    assert small_tokenizer.vocab_size == 350
+    assert small_tokenizer.pieces([PAD_ID, UNK_ID, BOS_ID, EOS_ID]) == ["<pad>", "<unk>", "<s>",
+                                                                          "</s>"]
+
+
+def test_round_trip_and_no_unk_for_unseen_characters(small_tokenizer):
+    texts = SMALL_TEXT[:6] + ["Ελληνικά και русский текст 🙂", "ñandú ﬁ ½"]
+    ids = small_tokenizer.encode(texts)
+    assert all(isinstance(i, int) for row in ids for i in row)
+    assert not any(UNK_ID in row or EOS_ID in row or BOS_ID in row for row in ids)
+    decoded = small_tokenizer.decode(ids)
+    assert decoded == [small_tokenizer.normalize(t) for t in texts]
+    assert decoded[:7] == texts[:7]  # these are left alone by normalization
+
+
+def test_decode_stops_at_eos_and_ignores_pad_and_bos(small_tokenizer):
+    ids = small_tokenizer.encode(["Der Hund", "fox"])
+    rows = np.zeros((2, 12), np.int32)
+    rows[0, 0] = BOS_ID
+    rows[0, 1:1 + len(ids[0])] = ids[0]
+    rows[0, 1 + len(ids[0])] = EOS_ID
+    rows[0, 2 + len(ids[0])] = ids[1][0]  # after EOS: must be ignored
+    rows[1, :len(ids[1])] = ids[1]
+    assert small_tokenizer.decode(rows) == ["Der Hund", "fox"]
+    assert small_tokenizer.decode([[EOS_ID] + ids[0]]) == [""]
+
+
+def test_save_load_gives_same_ids(small_tokenizer, tmp_path):
+    path = small_tokenizer.save(tmp_path)
+    assert path == tmp_path / "spm.model"
+    loaded = Tokenizer.load(tmp_path)
+    assert loaded.fingerprint == small_tokenizer.fingerprint
+    assert loaded.encode(SMALL_TEXT[:6]) == small_tokenizer.encode(SMALL_TEXT[:6])
+
+
+def test_bpe_option():
+    tokenizer = train_tokenizer(SMALL_TEXT, TokenizerConfig(vocab_size=350, model_type="bpe"))
+    assert tokenizer.decode(tokenizer.encode(SMALL_TEXT[:3])) == SMALL_TEXT[:3]
+
+
+def test_vocab_too_small_suggests_larger_size():
+    with pytest.raises(DataError, match=r"--vocab-size 300 is too small.*need 3\d\d; use --vocab-size"):
+        train_tokenizer(SMALL_TEXT, TokenizerConfig(vocab_size=300))
+
+
+def test_vocab_too_large_suggests_smaller_size():
+    with pytest.raises(DataError, match=r"--vocab-size 5000 is too large.*use --vocab-size \d+"):
+        train_tokenizer(SMALL_TEXT, TokenizerConfig(vocab_size=5000))
+
+
+def test_train_or_load_reuses_saved_model(tmp_path, monkeypatch):
+    corpus = datasets.DatasetDict({
+        "train": datasets.Dataset.from_dict({"source": SMALL_TEXT, "target": SMALL_TEXT[::-1]})
+    })
+    config = TokenizerConfig(vocab_size=350)
+    first = train_or_load_tokenizer(tmp_path, corpus, config)
+    assert (tmp_path / "spm.model").read_bytes() == first.model_bytes
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("the saved model should be reused")
+
+    monkeypatch.setattr("data.tokenizer.train_tokenizer", no_training)
+    again = train_or_load_tokenizer(tmp_path, corpus, config)
+    assert again.fingerprint == first.fingerprint
+    with pytest.raises(DataError, match=r"has 350 pieces but --vocab-size is 360"):
+        train_or_load_tokenizer(tmp_path, corpus, TokenizerConfig(vocab_size=360))
+
+
+def test_encoding_columns_and_cache(small_tokenizer, tmp_path, monkeypatch, caplog):
+    split = datasets.Dataset.from_dict({"source": SMALL_TEXT[:6], "target": SMALL_TEXT[6:12]})
+    encoded = encode_corpus(datasets.DatasetDict({"train": split}), small_tokenizer,
+                            cache_dir=tmp_path)["train"]
+    assert encoded.column_names == ["src_ids", "tgt_ids", "src_len", "tgt_len"]
+    assert list(encoded["src_ids"]) == small_tokenizer.encode(SMALL_TEXT[:6])
+    assert list(encoded["tgt_len"]) == [len(x) for x in small_tokenizer.encode(SMALL_TEXT[6:12])]
+    assert encoded.features["src_ids"].feature.dtype == "int32"
+
+    def no_map(*args, **kwargs):
+        raise AssertionError("the cached encoding should be loaded")
+
+    # The same content, built anew: found in the cache, not encoded again.
+    monkeypatch.setattr(datasets.Dataset, "map", no_map)
+    same = datasets.Dataset.from_dict({"source": SMALL_TEXT[:6], "target": SMALL_TEXT[6:12]})
+    with caplog.at_level(logging.INFO, logger="data"):
+        cached = encode_split(same, small_tokenizer, cache_dir=tmp_path)
+    assert "loaded from cache" in caplog.text
+    assert list(cached["src_ids"]) == list(encoded["src_ids"])
+    # Different text, or another tokenizer, must not hit that entry.
+    other = datasets.Dataset.from_dict({"source": SMALL_TEXT[1:7], "target": SMALL_TEXT[6:12]})
+    with pytest.raises(AssertionError, match="cached encoding"):
+        encode_split(other, small_tokenizer, cache_dir=tmp_path)
+
+
+def test_encoding_with_worker_processes(small_tokenizer, tmp_path):
+    split = datasets.Dataset.from_dict({"source": SMALL_TEXT, "target": SMALL_TEXT})
+    encoded = encode_split(split, small_tokenizer, cache_dir=tmp_path, num_proc=2)
+    assert list(encoded["src_ids"]) == small_tokenizer.encode(SMALL_TEXT)
+
+
+@needs_shared
+@pytest.mark.parametrize("prefix, src, tgt", [
+    ("korean-english/news_test", "ko", "en"),
+    ("korean-english/jhe_eval", "ko", "en"),
+    ("small_parallel_enja/test", "ja", "en"),
+    ("multi30k/test2016", "de", "fr"),
+])
+def test_round_trip_shared_corpora(shared_tokenizer, prefix, src, tgt):
+    ds = read_prefix(SHARED_DATA / prefix, src, tgt)
+    texts = list(ds["source"]) + list(ds["target"])
+    ids = shared_tokenizer.encode(texts)
+    assert not any(UNK_ID in row for row in ids)
+    decoded = shared_tokenizer.decode(ids)
+    assert decoded == [shared_tokenizer.normalize(t) for t in texts]
+    exact = [(d, t) for d, t in zip(decoded, texts) if is_normalization_stable(t)]
+    assert len(exact) > 0.9 * len(texts)
+    assert all(d == t for d, t in exact)
