@@ -269,8 +269,8 @@ def plan_epoch(examples: Examples, config: BatchConfig, epoch: int, shuffle: boo
             if target is None:
                 padded = np.concatenate([leftover, np.full(rows - len(leftover), -1)])
                 batches.append(PlannedBatch(size_s, size_t, padded))
-            else:
-                carried[target] = leftover
+            else:  # two cells can carry into the same one
+                carried[target] = np.concatenate([carried.get(target, leftover[:0]), leftover])
     if shuffle:
         batches = [batches[k] for k in rng.permutation(len(batches))]
     return batches

@@ -1,0 +1,222 @@
+"""Batching: token budget, bucket shapes, exact contents, resumption, process shards, filters."""
+
+import json
+import logging
+from pathlib import Path
+
+import datasets
+import numpy as np
+import pytest
+
+from data.batching import (
+    DEFAULT_BUCKETS, BatchConfig, BatchIterator, eval_batches, inference_batches, load_examples,
+    materialize, plan_epoch, plan_stats,
+)
+from data.corpus import CorpusSpec, DataError, load_corpus
+from data.tokenizer import BOS_ID, EOS_ID, PAD_ID, TokenizerConfig, encode_corpus, train_tokenizer
+from data.corpus import iter_text
+
+SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+MULTI30K = SHARED_DATA / "multi30k"
+BUCKETS = (4, 8, 12, 16, 24, 32, 48, 64)
+
+
+def random_encoded(n: int, seed: int = 0, max_len: int = 40, vocab: int = 97) -> datasets.Dataset:
+    """n pairs with random lengths (target about as long as source) and random ids >= 4."""
+    rng = np.random.default_rng(seed)
+    src_len = rng.integers(1, max_len, n)
+    tgt_len = np.clip(src_len + rng.integers(-3, 4, n), 1, max_len)
+    src = [rng.integers(4, vocab, k).tolist() for k in src_len]
+    tgt = [rng.integers(4, vocab, k).tolist() for k in tgt_len]
+    return datasets.Dataset.from_dict({
+        "src_ids": src, "tgt_ids": tgt, "src_len": src_len.tolist(), "tgt_len": tgt_len.tolist(),
+    })
+
+
+@pytest.fixture(scope="module")
+def encoded() -> datasets.Dataset:
+    return random_encoded(1000)
+
+
+def expected_rows(encoded: datasets.Dataset, index: int) -> tuple[list[int], list[int]]:
+    row = encoded[index]
+    return row["src_ids"], row["tgt_ids"]
+
+
+def padded(ids: list[int], width: int) -> list[int]:
+    return ids + [PAD_ID] * (width - len(ids))
+
+
+def test_batches_respect_budget_buckets_and_contents(encoded):
+    config = BatchConfig(batch_tokens=512, max_len=64, buckets=BUCKETS, num_devices=4)
+    examples = load_examples(encoded, config)
+    plan = plan_epoch(examples, config, epoch=0)
+    rows_of_shape: dict[tuple[int, int], int] = {}
+    seen = []
+    for planned in plan:
+        batch = materialize(examples, planned)
+        size, width_s = batch["src"].shape
+        width_t = batch["tgt_in"].shape[1]
+        assert batch["tgt_out"].shape == (size, width_t)
+        assert all(a.dtype == np.int32 for a in batch.values())
+        assert width_s in BUCKETS and width_t in BUCKETS
+        assert size % 4 == 0 and size * max(width_s, width_t) <= 512
+        assert rows_of_shape.setdefault((width_s, width_t), size) == size  # one B per shape
+        for r, k in enumerate(planned.rows):
+            if k < 0:
+                assert not batch["src"][r].any() and not batch["tgt_in"][r].any()
+                assert not batch["tgt_out"][r].any()
+                continue
+            src, tgt = expected_rows(encoded, int(examples.index[k]))
+            assert batch["src"][r].tolist() == padded(src + [EOS_ID], width_s)
+            assert batch["tgt_in"][r].tolist() == padded([BOS_ID] + tgt, width_t)
+            assert batch["tgt_out"][r].tolist() == padded(tgt + [EOS_ID], width_t)
+            seen.append(int(examples.index[k]))
+    assert sorted(seen) == list(range(len(encoded)))  # every pair exactly once per epoch
+    stats = plan_stats(examples, config)
+    assert stats.batches == len(plan) and stats.max_batch_tokens <= 512
+    assert stats.num_shapes == len(rows_of_shape)
+
+
+def test_plan_depends_on_seed_and_epoch_only(encoded):
+    config = BatchConfig(batch_tokens=512, max_len=64, buckets=BUCKETS)
+    examples = load_examples(encoded, config)
+
+    def rows(plan):
+        return [b.rows.tolist() for b in plan]
+
+    epoch0 = rows(plan_epoch(examples, config, 0))
+    assert rows(plan_epoch(examples, config, 0)) == epoch0
+    assert rows(plan_epoch(examples, config, 1)) != epoch0
+    other_seed = BatchConfig(batch_tokens=512, max_len=64, buckets=BUCKETS, seed=1)
+    assert rows(plan_epoch(examples, other_seed, 0)) != epoch0
+
+
+def take(iterator, n):
+    return [next(iterator) for _ in range(n)]
+
+
+def assert_same_batches(a, b):
+    assert len(a) == len(b)
+    for x, y in zip(a, b):
+        assert x.keys() == y.keys()
+        for key in x:
+            np.testing.assert_array_equal(x[key], y[key])
+
+
+def test_resumed_iterator_gives_the_same_batches(encoded):
+    config = BatchConfig(batch_tokens=1024, max_len=64, buckets=BUCKETS, num_devices=2)
+    examples = load_examples(encoded, config)
+    per_epoch = len(plan_epoch(examples, config, 0))
+    original = BatchIterator(examples, config, process_index=0, process_count=1)
+    states, batches = [], []
+    for _ in range(2 * per_epoch + 5):  # crosses two epoch boundaries
+        states.append(json.loads(json.dumps(original.state)))
+        batches.append(next(original))
+    assert original.state == {"epoch": 2, "position": 5}
+    for start in (0, 3, per_epoch - 1, per_epoch, per_epoch + 7):
+        resumed = BatchIterator(examples, config, state=states[start], process_index=0,
+                                process_count=1)
+        assert_same_batches(take(resumed, 6), batches[start:start + 6])
+
+
+def test_process_shards_are_disjoint_and_cover_the_global_batch(encoded):
+    config = BatchConfig(batch_tokens=1024, max_len=64, buckets=BUCKETS, num_devices=4)
+    examples = load_examples(encoded, config)
+    whole = BatchIterator(examples, config, process_index=0, process_count=1)
+    shards = [BatchIterator(examples, config, process_index=p, process_count=2) for p in (0, 1)]
+    n = len(plan_epoch(examples, config, 0)) + 3
+    for global_batch, part0, part1 in zip(take(whole, n), take(shards[0], n), take(shards[1], n)):
+        for key in global_batch:
+            assert part0[key].shape[0] == part1[key].shape[0] == global_batch[key].shape[0] // 2
+            np.testing.assert_array_equal(np.concatenate([part0[key], part1[key]]),
+                                          global_batch[key])
+    # Disjoint and covering, in terms of pairs: split every planned batch's rows.
+    for planned in plan_epoch(examples, config, 0):
+        half = len(planned.rows) // 2
+        first, second = set(planned.rows[:half]) - {-1}, set(planned.rows[half:]) - {-1}
+        assert not first & second and first | second == set(planned.rows) - {-1}
+
+
+def test_batch_sizes_must_split_over_processes(encoded):
+    config = BatchConfig(batch_tokens=1024, max_len=64, buckets=BUCKETS, num_devices=3)
+    examples = load_examples(encoded, config)
+    with pytest.raises(DataError, match="num_devices 3 is not a multiple of the process count 2"):
+        BatchIterator(examples, config, process_index=0, process_count=2)
+    with pytest.raises(DataError, match=r"--batch-tokens 100 holds 1 rows of length 64.*fewer "
+                                        r"than the 2 devices; use --batch-tokens 128"):
+        BatchConfig(batch_tokens=100, max_len=64, buckets=BUCKETS, num_devices=2)
+
+
+def test_default_process_from_jax(encoded):
+    config = BatchConfig(batch_tokens=1024, max_len=64, buckets=BUCKETS)
+    iterator = BatchIterator(load_examples(encoded, config), config)
+    assert (iterator.process_index, iterator.process_count) == (0, 1)
+
+
+def test_filters_drop_and_count(caplog):
+    src = [[5] * 3, [5] * 70, [5] * 2, [5] * 30, [5] * 10]
+    tgt = [[6] * 3, [6] * 4, [6] * 40, [6] * 1, [6] * 12]
+    encoded = datasets.Dataset.from_dict({"src_ids": src, "tgt_ids": tgt})
+    config = BatchConfig(max_len=64, max_ratio=9.0, buckets=BUCKETS, batch_tokens=512)
+    with caplog.at_level(logging.INFO, logger="data"):
+        examples = load_examples(encoded, config)
+    # 71 > 64 tokens; 41 / 3 > 9 (target vs source); 31 / 2 > 9; 3/4 and 11/13 are kept.
+    assert examples.index.tolist() == [0, 4]
+    assert "kept 2 of 5 pairs; dropped 1 longer than 64 tokens, 2 with length ratio > 9" in caplog.text
+    assert examples.src_len.tolist() == [4, 11] and examples.tgt_len.tolist() == [4, 13]
+    batches = list(eval_batches(examples, config, process_index=0, process_count=1))
+    rows = [row.tolist() for b in batches for row in b["src"] if row.any()]
+    width = batches[0]["src"].shape[1]
+    assert rows == [padded([5, 5, 5, EOS_ID], width), padded([5] * 10 + [EOS_ID], width)]
+
+
+def test_no_pairs_left_is_an_error():
+    encoded = datasets.Dataset.from_dict({"src_ids": [[5] * 100], "tgt_ids": [[6] * 100]})
+    with pytest.raises(DataError, match=r"train: no pairs left after filtering 1 pairs by "
+                                        r"--max-len 64"):
+        load_examples(encoded, BatchConfig(max_len=64, buckets=BUCKETS, batch_tokens=512))
+
+
+def test_eval_batches_give_every_pair_once(encoded):
+    config = BatchConfig(batch_tokens=512, max_len=64, buckets=BUCKETS)
+    examples = load_examples(encoded, config)
+    src_tokens = sum(int((b["src"] != PAD_ID).sum()) for b in
+                     eval_batches(examples, config, process_index=0, process_count=1))
+    assert src_tokens == int(examples.src_len.sum())
+
+
+def test_inference_batches_restore_input_order():
+    rng = np.random.default_rng(1)
+    ids = [rng.integers(4, 50, k).tolist() for k in rng.integers(0, 30, 101)] + [[7] * 300]
+    restored: list = [None] * len(ids)
+    sizes: dict[int, int] = {}
+    for src, index in inference_batches(ids, batch_tokens=128, buckets=BUCKETS, multiple_of=2):
+        width = src.shape[1]
+        assert width in BUCKETS or width == 320  # 301 tokens: rounded up to a multiple of 64
+        assert sizes.setdefault(width, src.shape[0]) == src.shape[0]
+        assert src.shape[0] % 2 == 0 and (src.shape[0] * width <= 128 or src.shape[0] == 2)
+        for row, k in zip(src, index):
+            if k < 0:
+                assert not row.any()
+            else:
+                tokens = row.tolist()
+                restored[k] = tokens[:tokens.index(EOS_ID)]
+                assert not any(tokens[len(restored[k]) + 1:])
+    assert restored == ids
+
+
+@pytest.mark.skipif(not MULTI30K.is_dir(), reason=f"{MULTI30K} not found (shared data absent)")
+def test_multi30k_padding_waste_and_shapes(tmp_path):
+    corpus = load_corpus(CorpusSpec(train_prefix=str(MULTI30K / "train"),
+                                    valid_prefix=str(MULTI30K / "valid")))
+    tokenizer = train_tokenizer(iter_text(corpus["train"]), TokenizerConfig())
+    encoded = encode_corpus(corpus, tokenizer, cache_dir=tmp_path)
+    config = BatchConfig()
+    examples = load_examples(encoded["train"], config)
+    stats = plan_stats(examples, config)
+    assert config.buckets == DEFAULT_BUCKETS
+    assert stats.pairs == 29000
+    assert stats.padding_waste <= 0.10, stats.summary()
+    assert stats.num_shapes <= 48, stats.summary()
+    assert stats.max_batch_tokens <= config.batch_tokens
