@@ -9,13 +9,13 @@ Rows that are all padding fill short batches; the loss gives them zero weight.
 Shapes. S and T are each one of `BatchConfig.buckets` (default `DEFAULT_BUCKETS`: steps of 3
 up to 26, where most sentences lie, then growing steps up to 256). Every pair goes to the cell
 (S, T) of the smallest buckets that hold its lengths, so pairs in a batch have similar lengths.
-A cell's batch size B is fixed, `batch_tokens // max(S, T)` rounded down to a multiple of
-`num_devices`, so the token budget `B * max(S, T) <= batch_tokens` always holds and each (S, T)
-gives one (B, S, T) shape. Cells are filled in order of size; the pairs that do not fill a
-whole batch of their cell move on to the next larger cell (larger S or T, towards the
-diagonal) instead of making a half-empty batch, so almost no batch has all-pad rows and small
-cells never make a shape of their own. The number of distinct shapes is therefore bounded by
-the cells that hold at least one batch of pairs (a few dozen; `plan_stats` reports it).
+Each shape's batch size B is fixed: at most `batch_tokens // max(S, T)` (so the token budget
+`B * max(S, T) <= batch_tokens` always holds) and a multiple of `num_devices`. Cells are filled
+in order of size. A cell with too few pairs for one full batch passes them on to the next
+larger cell (one bucket up in S or T, towards S = T) and makes no shape of its own; a cell with
+enough is cut into the fewest batches that fit the budget, all of one size B, so its last batch
+has only a few all-pad rows instead of being half empty. Cell sizes do not change between
+epochs, so neither do the shapes: a few dozen on real corpora (`plan_stats` reports them).
 
 Order. Each epoch's plan (which pairs form which batch, and the order of batches) is a pure
 function of the data, the config, the seed and the epoch number, and is the same on every
@@ -41,13 +41,16 @@ from data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 log = logging.getLogger("data")
 
 # Steps of 3 up to 26, where most sentences of short-sentence corpora lie, then growing steps.
-# On Multi30k en-de (8k vocabulary, 4096 tokens) this gives 7.8% padding waste in 35 shapes;
-# steps of 4 gave 10.4% in 24 shapes, steps of 2 5.5% in 53, multiples of 8 19.5% in 12.
+# On Multi30k en-de (8k vocabulary, 4096 tokens) this gives 7.2% padding waste in 36 shapes;
+# steps of 4 gave 9.9% in 25 shapes, steps of 2 about 4% in 70 (`python -m bench.pipeline`).
 DEFAULT_BUCKETS = (
     5, 8, 11, 14, 17, 20, 23, 26, 30, 34, 40, 48, 56, 64, 80, 96, 112, 128, 160, 192, 224, 256,
 )
 
 Batch = dict[str, np.ndarray]
+# A cell whose pairs fill less than this fraction of one batch passes them to the next cell.
+# On Multi30k, 1.0 gave 36 shapes and 7.2% waste; 0.5 gave 46 shapes and 6.6%.
+_MIN_FILL = 1.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -223,6 +226,21 @@ def _next_cell(i: int, j: int, counts: np.ndarray) -> tuple[int, int] | None:
     return up_s if counts[up_s] >= counts[up_t] else up_t
 
 
+def _split_evenly(pool: np.ndarray, max_rows: int, multiple: int, size_s: int, size_t: int
+                  ) -> list[PlannedBatch]:
+    """Cut `pool` into the fewest batches of at most `max_rows`, all of one size B.
+
+    B is the smallest multiple of `multiple` that holds the pool in that many batches, so
+    only the last batch has all-pad rows, fewer than `multiple` per batch plus one.
+    """
+    n_batches = -(-len(pool) // max_rows)
+    rows = -(-len(pool) // n_batches)
+    rows += -rows % multiple
+    padded = np.concatenate([pool, np.full(n_batches * rows - len(pool), -1)])
+    return [PlannedBatch(size_s, size_t, padded[b * rows:(b + 1) * rows])
+            for b in range(n_batches)]
+
+
 def plan_epoch(examples: Examples, config: BatchConfig, epoch: int, shuffle: bool = True
                ) -> list[PlannedBatch]:
     """The global batches of one epoch, identical on every process.
@@ -258,19 +276,13 @@ def plan_epoch(examples: Examples, config: BatchConfig, epoch: int, shuffle: boo
             if not len(pool):
                 continue
             size_s, size_t = int(buckets[i]), int(buckets[j])
-            rows = config.rows(size_s, size_t)
-            n_full = len(pool) // rows
-            for b in range(n_full):
-                batches.append(PlannedBatch(size_s, size_t, pool[b * rows:(b + 1) * rows]))
-            leftover = pool[n_full * rows:]
-            if not len(leftover):
-                continue
+            max_rows = config.rows(size_s, size_t)
             target = _next_cell(i, j, counts)
-            if target is None:
-                padded = np.concatenate([leftover, np.full(rows - len(leftover), -1)])
-                batches.append(PlannedBatch(size_s, size_t, padded))
-            else:  # two cells can carry into the same one
-                carried[target] = np.concatenate([carried.get(target, leftover[:0]), leftover])
+            if target is not None and len(pool) < _MIN_FILL * max_rows:
+                # Too few for a batch of their own: the next larger cell takes them.
+                carried[target] = np.concatenate([carried.get(target, pool[:0]), pool])
+                continue
+            batches += _split_evenly(pool, max_rows, config.num_devices, size_s, size_t)
     if shuffle:
         batches = [batches[k] for k in rng.permutation(len(batches))]
     return batches
