@@ -200,10 +200,16 @@ def token_loss_sums(logits: Array, targets: Array, label_smoothing: float, pad_i
     else:
         loss = nll
     correct = (target_logit >= max_logit).astype(jnp.float32)
+    keep = weights > 0
+
+    def masked_sum(x):
+        # where, not multiply: whatever the logits at padding are, they cannot leak in.
+        return jnp.sum(jnp.where(keep, x, 0.0))
+
     return {
-        "loss_sum": jnp.sum(loss * weights),
-        "nll_sum": jnp.sum(nll * weights),
-        "correct": jnp.sum(correct * weights),
+        "loss_sum": masked_sum(loss),
+        "nll_sum": masked_sum(nll),
+        "correct": masked_sum(correct),
         "tokens": jnp.sum(weights),
     }
 
@@ -379,7 +385,7 @@ def make_train_step(graphdef: nnx.GraphDef, train_config: TrainConfig, mesh: Mes
             (grads, sums), _ = jax.lax.scan(accumulate, zeros,
                                             (micro, jax.random.split(rng, k)))
 
-        grad_norm = optax.global_norm(grads)
+        grad_norm = optax.tree.norm(grads)
         updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
         loss = sums["loss_sum"] / denominator

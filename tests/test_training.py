@@ -1,0 +1,241 @@
+"""Training: loss formula, schedules, overfitting, accumulation and data parallelism."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import socket
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from transformer import training
+from transformer.config import get_preset
+from transformer.training import TrainConfig
+
+TESTS = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(TESTS)
+sys.path.insert(0, TESTS)
+import multiprocess_worker as worker  # noqa: E402
+
+
+# ----------------------------------------------------------------------------- config
+
+
+def test_train_config_round_trips_and_validates():
+    config = TrainConfig(schedule="inverse_sqrt", clip_norm=1.0, accum_steps=2)
+    assert TrainConfig.from_dict(config.to_dict()) == config
+    for field, value in [("schedule", "cosine"), ("warmup_steps", 0), ("accum_steps", 0),
+                         ("label_smoothing", 1.0), ("clip_norm", 0.0), ("adam_b2", 1.0),
+                         ("peak_lr", -1.0), ("weight_decay", -0.1)]:
+        with pytest.raises(ValueError, match=field):
+            TrainConfig(**{field: value})
+    with pytest.raises(ValueError, match="Unknown TrainConfig fields"):
+        TrainConfig.from_dict({"lr": 1.0})
+
+
+# ----------------------------------------------------------------------------- schedule
+
+
+def test_noam_schedule_matches_the_paper_formula():
+    schedule = training.learning_rate_schedule(TrainConfig(warmup_steps=4000, lr_scale=2.0), 512)
+    for count in [0, 1, 999, 3999, 4000, 15999, 100_000]:
+        s = count + 1  # the paper's step number of update `count`
+        expected = 2.0 * 512 ** -0.5 * min(s ** -0.5, s * 4000 ** -1.5)
+        assert float(schedule(count)) == pytest.approx(expected, rel=1e-6)
+    assert float(schedule(0)) > 0  # the first update is not wasted on lr = 0
+    peak = 2.0 * 512 ** -0.5 * 4000 ** -0.5
+    assert float(schedule(3999)) == pytest.approx(peak, rel=1e-6)
+
+
+def test_inverse_sqrt_schedule():
+    schedule = training.learning_rate_schedule(
+        TrainConfig(schedule="inverse_sqrt", peak_lr=5e-4, warmup_steps=100), 512)
+    for count, expected in [(0, 5e-6), (49, 2.5e-4), (99, 5e-4), (399, 2.5e-4),
+                            (9999, 5e-5)]:
+        assert float(schedule(count)) == pytest.approx(expected, rel=1e-6)
+
+
+# ----------------------------------------------------------------------------- loss
+
+
+def _numpy_loss(logits, targets, eps):
+    """The definition: cross entropy against (1-eps) on the target, eps/(V-1) elsewhere."""
+    logits = logits.astype(np.float64)
+    log_probs = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+    vocab = logits.shape[-1]
+    loss = nll = correct = tokens = 0.0
+    for b, t in np.ndindex(targets.shape):
+        y = targets[b, t]
+        if y == 0:
+            continue
+        q = np.full(vocab, eps / (vocab - 1))
+        q[y] = 1.0 - eps
+        loss += -(q * log_probs[b, t]).sum()
+        nll += -log_probs[b, t, y]
+        correct += float(np.argmax(logits[b, t]) == y)
+        tokens += 1
+    return {"loss_sum": loss, "nll_sum": nll, "correct": correct, "tokens": tokens}
+
+
+@pytest.mark.parametrize("eps", [0.0, 0.1, 0.3])
+def test_loss_matches_direct_numpy_computation(eps):
+    rng = np.random.default_rng(0)
+    logits = rng.normal(size=(3, 5, 7)).astype(np.float32) * 3
+    targets = np.array([[4, 5, 6, 3, 0], [1, 3, 0, 0, 0], [0, 0, 0, 0, 0]], np.int32)
+    sums = training.token_loss_sums(jnp.asarray(logits), jnp.asarray(targets), eps)
+    expected = _numpy_loss(logits, targets, eps)
+    for name, value in expected.items():
+        assert float(sums[name]) == pytest.approx(value, rel=1e-5), name
+    assert expected["tokens"] == 6
+
+
+def test_padding_and_all_pad_rows_do_not_change_the_loss():
+    rng = np.random.default_rng(1)
+    logits = rng.normal(size=(2, 4, 11)).astype(np.float32)
+    targets = np.array([[5, 6, 3, 0], [7, 3, 0, 0]], np.int32)
+    base = training.token_loss_sums(jnp.asarray(logits), jnp.asarray(targets), 0.1)
+
+    garbage = logits.copy()
+    garbage[targets == 0] = np.float32(1e30)  # anything at padded positions is ignored
+    extra_logits = np.concatenate([garbage, rng.normal(size=(1, 4, 11)).astype(np.float32)])
+    extra_targets = np.concatenate([targets, np.zeros((1, 4), np.int32)])
+    padded = training.token_loss_sums(jnp.asarray(extra_logits), jnp.asarray(extra_targets), 0.1)
+    for name in base:
+        assert float(padded[name]) == pytest.approx(float(base[name]), rel=1e-6), name
+
+
+def test_eval_step_ignores_all_pad_rows_and_longer_padding():
+    """End to end through the model: appending padding columns and all-pad rows changes nothing."""
+    mesh = training.make_mesh(jax.devices()[:1])
+    graphdef, static_state, state = training.create_train_state(get_preset("tiny"), TrainConfig(),
+                                                                mesh)
+    assert not jax.tree_util.tree_leaves(static_state)
+    eval_step = training.make_eval_step(graphdef, mesh)
+    batch = worker.make_batch(0, rows=4)
+    widened = {name: np.pad(x, ((0, 3), (0, 2))) for name, x in batch.items()}
+    sums, wide_sums = eval_step(state.params, batch), eval_step(state.params, widened)
+    for name in sums:
+        np.testing.assert_allclose(wide_sums[name], sums[name], rtol=1e-5, err_msg=name)
+    assert float(sums["tokens"]) == (batch["tgt_out"] != 0).sum()
+
+
+# ----------------------------------------------------------------------------- training
+
+
+def test_tiny_model_overfits_a_fixed_batch():
+    model_config = get_preset("tiny", dropout=0.0)
+    train_config = TrainConfig(schedule="inverse_sqrt", peak_lr=3e-3, warmup_steps=30,
+                               label_smoothing=0.0)
+    mesh = training.make_mesh(jax.devices()[:1])
+    graphdef, _, state = training.create_train_state(model_config, train_config, mesh)
+    train_step = training.make_train_step(graphdef, train_config, mesh)
+    batch = training.shard_batch(worker.make_batch(0), mesh)
+    for _ in range(300):
+        state, metrics = train_step(state, batch)
+    assert bool(metrics["is_finite"])
+    assert float(metrics["loss"]) < 0.05
+    assert float(metrics["accuracy"]) == 1.0
+    assert int(state.step) == 300
+    assert float(metrics["learning_rate"]) == pytest.approx(3e-3 * math.sqrt(30 / 300), rel=1e-5)
+
+
+def test_state_is_donated_and_non_finite_loss_is_flagged():
+    mesh = training.make_mesh(jax.devices()[:1])
+    train_config = TrainConfig()
+    graphdef, _, state = training.create_train_state(get_preset("tiny"), train_config, mesh)
+    train_step = training.make_train_step(graphdef, train_config, mesh)
+    batch = training.shard_batch(worker.make_batch(0), mesh)
+    old_leaves = jax.tree_util.tree_leaves(state)
+    state, metrics = train_step(state, batch)
+    assert bool(metrics["is_finite"])
+    assert all(leaf.is_deleted() for leaf in old_leaves)  # updated in place, not copied
+
+    broken = state.replace(params=jax.tree_util.tree_map(lambda p: p * jnp.nan, state.params))
+    _, metrics = train_step(broken, batch)
+    assert not bool(metrics["is_finite"])
+
+
+def _close(reference: dict, other: dict, rtol=1e-5, atol=1e-6):
+    """All metrics and parameters agree, except the attention key biases.
+
+    A key bias adds the same score to every key of a query, which softmax cancels, so its
+    true gradient is 0 and what is computed is rounding noise (~1e-9). Adam divides by the
+    noise's own magnitude, which turns it into steps of +-lr, in a direction that depends on
+    summation order; those parameters cannot agree across device counts and do not matter.
+    """
+    compared = 0
+    for name, value in reference.items():
+        if "['key']['bias']" in name:
+            continue
+        np.testing.assert_allclose(other[name], value, rtol=rtol, atol=atol, err_msg=name)
+        compared += 1
+    assert compared > 20
+
+
+def test_accumulating_two_micro_batches_equals_one_batch_twice_as_large():
+    # Without dropout: micro-batches draw their own dropout keys, a large batch draws one.
+    large = worker.run(num_steps=2, dropout=0.0, accum_steps=1, devices=jax.devices()[:1])
+    accumulated = worker.run(num_steps=2, dropout=0.0, accum_steps=2,
+                             devices=jax.devices()[:1])
+    _close(large, accumulated)
+    # The micro-batches of make_batch hold different numbers of tokens, which is what
+    # dividing by the global count (not averaging per micro-batch) gets right.
+    batch = worker.make_batch(0)
+    assert (batch["tgt_out"][0::2] != 0).sum() != (batch["tgt_out"][1::2] != 0).sum()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(out, devices, processes=1, process_id=0, port=None, dropout=0.1):
+    command = [sys.executable, os.path.join(TESTS, "multiprocess_worker.py"),
+               "--devices", str(devices), "--num-processes", str(processes),
+               "--process-id", str(process_id), "--dropout", str(dropout), "--out", str(out)]
+    if port is not None:
+        command += ["--port", str(port)]
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    env.pop("XLA_FLAGS", None)
+    return subprocess.Popen(command, env=env, cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+
+
+def _finish(process) -> None:
+    output, _ = process.communicate(timeout=240)
+    assert process.returncode == 0, output
+
+
+@pytest.fixture(scope="module")
+def four_devices(tmp_path_factory):
+    """3 steps with dropout on one process with 4 CPU devices."""
+    out = tmp_path_factory.mktemp("four") / "run.npz"
+    _finish(_worker(out, devices=4))
+    return dict(np.load(out))
+
+
+def test_one_device_equals_four_devices_with_dropout(four_devices):
+    # Dropout masks are drawn for the global [batch, ...] array from one key; with JAX's
+    # partitionable threefry (the default) the bits do not depend on how it is sharded.
+    assert jax.config.jax_threefry_partitionable
+    one = worker.run(num_steps=3, dropout=0.1, devices=jax.devices()[:1])
+    _close(one, four_devices)
+    assert one["metric/loss"].shape == (3,)
+
+
+def test_two_processes_equal_one_process_with_four_devices(four_devices, tmp_path):
+    port = _free_port()
+    outs = [tmp_path / f"process{i}.npz" for i in range(2)]
+    processes = [_worker(outs[i], devices=2, processes=2, process_id=i, port=port)
+                 for i in range(2)]
+    for process in processes:
+        _finish(process)
+    for out in outs:
+        _close(four_devices, dict(np.load(out)))
