@@ -57,7 +57,8 @@ _MIN_FILL = 1.0
 class BatchConfig:
     """How training pairs are filtered and batched.
 
-    `max_len` counts the EOS (source) or BOS (target) token. `max_ratio` drops pairs whose
+    `max_len` counts the EOS (source) or BOS (target) token; it is also the widest batch
+    (the last bucket used is `max_len` itself). `max_ratio` drops pairs whose
     longer side is more than this many times the shorter (lengths with EOS), as Moses'
     clean-corpus and fairseq do. `num_devices` is the global device count: every batch size is
     a multiple of it (and so of the process count).
@@ -80,7 +81,7 @@ class BatchConfig:
             )
         if self.num_devices < 1:
             raise DataError(f"num_devices must be >= 1, got {self.num_devices}")
-        largest = _bucket_of(self.max_len, self.buckets)
+        largest = self.used_buckets[-1]
         if self.batch_tokens // largest < self.num_devices:
             raise DataError(
                 f"--batch-tokens {self.batch_tokens} holds {self.batch_tokens // largest} rows of "
@@ -88,6 +89,12 @@ class BatchConfig:
                 f"devices; use --batch-tokens {largest * self.num_devices} or more, or a "
                 "smaller --max-len"
             )
+
+    @property
+    def used_buckets(self) -> tuple[int, ...]:
+        """The buckets below `max_len`, then `max_len` itself: no batch is wider than max_len
+        (a model with max_len positions can take every batch)."""
+        return tuple(b for b in self.buckets if b < self.max_len) + (self.max_len,)
 
     def rows(self, src_len: int, tgt_len: int) -> int:
         """Batch size B of the (S, T) shape: the token budget, a multiple of num_devices."""
@@ -249,9 +256,7 @@ def plan_epoch(examples: Examples, config: BatchConfig, epoch: int, shuffle: boo
     seeded with (config.seed, epoch); without, pairs keep corpus order and batches come in
     order of shape (for evaluation).
     """
-    # Only buckets up to the one holding max_len: carried pairs never go beyond it.
-    buckets = np.asarray(config.buckets)
-    buckets = buckets[:int(np.searchsorted(buckets, config.max_len)) + 1]
+    buckets = np.asarray(config.used_buckets)
     s_cell = np.searchsorted(buckets, examples.src_len)  # [n]
     t_cell = np.searchsorted(buckets, examples.tgt_len)
     n_buckets = len(buckets)

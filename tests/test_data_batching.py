@@ -78,6 +78,15 @@ def test_batches_respect_budget_buckets_and_contents(encoded):
     assert stats.num_shapes == len(rows_of_shape)
 
 
+def test_no_batch_is_wider_than_max_len(encoded):
+    config = BatchConfig(batch_tokens=512, max_len=30, buckets=BUCKETS)
+    assert config.used_buckets == (4, 8, 12, 16, 24, 30)
+    examples = load_examples(encoded, config)
+    widths = {(b.src_len, b.tgt_len) for b in plan_epoch(examples, config, 0)}
+    assert max(max(w) for w in widths) == 30
+    assert all(s in config.used_buckets and t in config.used_buckets for s, t in widths)
+
+
 def test_plan_depends_on_seed_and_epoch_only(encoded):
     config = BatchConfig(batch_tokens=512, max_len=64, buckets=BUCKETS)
     examples = load_examples(encoded, config)
