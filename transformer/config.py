@@ -127,7 +127,8 @@ class SearchConfig:
     alpha: float = 0.6
     max_len_a: float = 1.0
     max_len_b: int = 50
-    # Hypotheses shorter than this cannot end (EOS is forbidden before it).
+    # Outputs have at least this many tokens, EOS included (EOS is forbidden before), unless
+    # the length limit is lower.
     min_len: int = 0
     nbest: int = 1
     # Sampling (used for back-translation): temperature > 0 and/or top_k > 0 with

@@ -136,18 +136,18 @@ def _model_config(graphdef, state):
 
 def _restrict_logprobs(logprobs: Array, step: Array, limits: Array, min_len: int,
                        config) -> Array:
-    """Forbid PAD and BOS always, EOS before min_len, and all but EOS at a sentence's limit.
+    """Forbid PAD and BOS always; allow only EOS at a sentence's limit; forbid EOS before min_len.
 
-    logprobs [rows, vocab]; limits [rows] (each row's output limit, EOS included).
+    logprobs [rows, vocab] for output position `step` (0-based); limits [rows], each row's
+    output limit, EOS included. The limit wins over min_len, so a search always ends.
     """
     vocab = jnp.arange(logprobs.shape[-1])
     banned = (vocab == config.pad_id) | (vocab == config.bos_id)
-    logprobs = jnp.where(banned[None], NEG_INF, logprobs)
     is_eos = (vocab == config.eos_id)[None]
-    too_short = step < min_len
-    logprobs = jnp.where(is_eos & too_short, NEG_INF, logprobs)
     at_limit = (step + 1 >= limits)[:, None]
-    return jnp.where(at_limit & ~is_eos, NEG_INF, logprobs)
+    eos_allowed = at_limit | (step + 1 >= min_len)
+    allowed = jnp.where(is_eos, eos_allowed, ~at_limit) & ~banned[None]
+    return jnp.where(allowed, logprobs, NEG_INF)
 
 
 def _encode(graphdef, state, src):

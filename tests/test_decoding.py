@@ -1,0 +1,200 @@
+"""Greedy, beam and sampling search: correctness against brute force and bookkeeping."""
+
+import dataclasses
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from transformer.config import SearchConfig, get_preset
+from transformer.decoding import (NEG_INF, bucket_length, hypotheses_to_lists, length_penalty,
+                                  pad_sources, search)
+from transformer.model import Transformer
+
+PAD, BOS, EOS = 0, 2, 3
+
+
+def sharp_model(vocab: int = 64, seed: int = 0, sharpness: float = 4.0) -> Transformer:
+    """A random tiny model whose next-token distributions are peaked, like a trained one's.
+
+    A freshly initialised model predicts nearly uniform distributions, under which EOS at the
+    first step always wins; scaling the (tied) embeddings makes search decisions non-trivial.
+    """
+    model = Transformer(get_preset("tiny", vocab_size=vocab), rngs=nnx.Rngs(seed))
+    table = model.src_embedding.table.embedding
+    table[...] = table[...] * sharpness
+    return model
+
+
+def sources(rng: np.random.Generator, lengths: list[int], vocab: int) -> np.ndarray:
+    rows = [list(rng.integers(4, vocab, size=n - 1)) + [EOS] for n in lengths]
+    return pad_sources(rows, PAD)
+
+
+def teacher_forced_logprob(model: Transformer, src_row: np.ndarray, hypothesis: list[int]) -> float:
+    """Sum of log p(token) of `hypothesis` (EOS included) under the model, PAD/BOS excluded."""
+    src = jnp.asarray(src_row[None])
+    tgt_in = jnp.asarray([[BOS] + hypothesis[:-1]])
+    logits, _ = model.decode(model.encode(src), model.source_mask(src), tgt_in)
+    logprobs = jax.nn.log_softmax(logits[0])
+    return float(sum(logprobs[i, t] for i, t in enumerate(hypothesis)))
+
+
+def test_beam_size_one_equals_greedy():
+    rng = np.random.default_rng(0)
+    for seed in range(3):
+        model = sharp_model(seed=seed)
+        src = sources(rng, [9, 4, 7, 2], 64)
+        config = SearchConfig(max_len_a=1.0, max_len_b=6, alpha=0.0)
+        greedy = search(model, src, dataclasses.replace(config, strategy="greedy"))
+        beam = search(model, src, dataclasses.replace(config, beam_size=1))
+        np.testing.assert_array_equal(beam.tokens, greedy.tokens)
+        np.testing.assert_allclose(beam.scores, greedy.scores, atol=1e-5)
+        assert (greedy.lengths > 1).any(), "degenerate model: every output is just EOS"
+
+
+def test_beam_search_best_equals_exhaustive_search_up_to_length_4():
+    # Vocabulary of 7: PAD, UNK, BOS, EOS and tokens 4..6, so 4 tokens may be produced
+    # (UNK, 4, 5, 6) and every sequence of up to 4 tokens ending in EOS can be enumerated.
+    vocab, alpha, limit = 7, 0.6, 4
+    producible = [1, 4, 5, 6]
+    rng = np.random.default_rng(1)
+    non_trivial = 0
+    for seed in range(5):
+        model = sharp_model(vocab=vocab, seed=seed, sharpness=6.0)
+        src = sources(rng, [5, 3], vocab)
+        # 64 beams hold every live prefix (at most 4^3), so the search is exhaustive.
+        config = SearchConfig(beam_size=64, nbest=1, alpha=alpha, max_len_a=0, max_len_b=limit)
+        result = search(model, src, config)
+        for row in range(src.shape[0]):
+            best_score, best = max(
+                (teacher_forced_logprob(model, src[row], list(body) + [EOS])
+                 / float(length_penalty(jnp.array(len(body) + 1), alpha)), list(body) + [EOS])
+                for n in range(limit) for body in itertools.product(producible, repeat=n))
+            found = result.tokens[row, 0, : result.lengths[row, 0]].tolist()
+            assert found == best
+            assert result.scores[row, 0] == pytest.approx(best_score, abs=1e-4)
+            non_trivial += len(best) > 1
+    assert non_trivial >= 2, "the brute-force optimum should not always be the empty output"
+
+
+def test_beam_scores_are_the_length_normalised_logprob_of_their_hypotheses():
+    model = sharp_model(seed=3)
+    rng = np.random.default_rng(2)
+    src = sources(rng, [8, 5, 3], 64)
+    config = SearchConfig(beam_size=5, nbest=5, alpha=0.6, max_len_b=7, max_len_a=0.5)
+    result = search(model, src, config)
+    for row in range(src.shape[0]):
+        seen = set()
+        assert np.all(np.diff(result.scores[row]) <= 1e-6), "n-best must be sorted best first"
+        for rank in range(config.nbest):
+            length = int(result.lengths[row, rank])
+            hypothesis = result.tokens[row, rank, :length].tolist()
+            assert tuple(hypothesis) not in seen, "n-best holds duplicates"
+            seen.add(tuple(hypothesis))
+            expected = teacher_forced_logprob(model, src[row], hypothesis) / float(
+                length_penalty(jnp.array(length), config.alpha))
+            assert result.scores[row, rank] == pytest.approx(expected, abs=1e-4)
+
+
+@pytest.mark.parametrize("strategy, beam", [("greedy", 1), ("beam", 4), ("beam", 1)])
+def test_outputs_end_at_eos_and_are_padded_after_it(strategy, beam):
+    model = sharp_model(seed=4)
+    rng = np.random.default_rng(3)
+    src = sources(rng, [6, 3, 9, 2, 5], 64)
+    result = search(model, src, SearchConfig(strategy=strategy, beam_size=beam, nbest=1,
+                                             max_len_b=5, max_len_a=1.0))
+    for tokens, length in zip(result.tokens.reshape(-1, result.tokens.shape[-1]),
+                              result.lengths.reshape(-1)):
+        assert tokens[length - 1] == EOS
+        assert EOS not in tokens[: length - 1]
+        assert np.all(tokens[length:] == PAD)
+        assert PAD not in tokens[:length] and BOS not in tokens[:length]
+
+
+def test_length_limits_follow_a_times_source_length_plus_b_and_min_len():
+    model = sharp_model(seed=5)
+    rng = np.random.default_rng(4)
+    src = sources(rng, [10, 3, 6], 64)  # EOS included
+    src_lens = np.array([10, 3, 6])
+    config = SearchConfig(beam_size=3, max_len_a=0.5, max_len_b=2)
+    for strategy in ("greedy", "beam"):
+        result = search(model, src, dataclasses.replace(config, strategy=strategy))
+        assert np.all(result.lengths[:, 0] <= (0.5 * src_lens + 2).astype(int))
+        exact = search(model, src, dataclasses.replace(config, strategy=strategy,
+                                                       min_len=4, max_len_b=4, max_len_a=0))
+        np.testing.assert_array_equal(exact.lengths[:, 0], [4, 4, 4])
+        at_least = search(model, src, dataclasses.replace(config, strategy=strategy,
+                                                          min_len=5, max_len_b=9, max_len_a=0))
+        assert np.all(at_least.lengths[:, 0] >= 5) and np.all(at_least.lengths[:, 0] <= 9)
+
+
+def test_batched_search_equals_one_sentence_at_a_time():
+    model = sharp_model(seed=6)
+    rng = np.random.default_rng(5)
+    rows = [list(rng.integers(4, 64, size=n - 1)) + [EOS] for n in (11, 3, 7, 5, 14)]
+    batch = pad_sources(rows, PAD)
+    for config in (SearchConfig(strategy="greedy"), SearchConfig(beam_size=4, nbest=2)):
+        together = hypotheses_to_lists(search(model, batch, config), EOS)
+        alone = [hypotheses_to_lists(search(model, pad_sources([row], PAD), config), EOS)[0]
+                 for row in rows]
+        assert together == alone
+
+
+def test_finished_sentences_do_not_change_when_others_continue():
+    """A sentence that finishes early is frozen: later steps of the batch leave it alone."""
+    model = sharp_model(seed=7)
+    rng = np.random.default_rng(6)
+    short = list(rng.integers(4, 64, size=2)) + [EOS]
+    long = list(rng.integers(4, 64, size=20)) + [EOS]
+    config = SearchConfig(beam_size=3, nbest=3, max_len_a=1.0, max_len_b=1)
+    with_long = search(model, pad_sources([short, long], PAD), config)
+    alone = search(model, pad_sources([short], PAD, batch_size=1), config)
+    width = alone.tokens.shape[-1]
+    assert np.all(with_long.tokens[0, :, width:] == PAD)
+    np.testing.assert_array_equal(with_long.tokens[0, :, :width], alone.tokens[0])
+    np.testing.assert_allclose(with_long.scores[0], alone.scores[0], atol=1e-5)
+
+
+def test_sampling_with_top_k_1_is_greedy_and_sampling_is_seeded():
+    model = sharp_model(seed=8, sharpness=1.0)
+    rng = np.random.default_rng(7)
+    src = sources(rng, [7, 5, 9, 4], 64)
+    greedy = search(model, src, SearchConfig(strategy="greedy"))
+    top1 = search(model, src, SearchConfig(strategy="sample", top_k=1), rng=jax.random.key(3))
+    np.testing.assert_array_equal(top1.tokens, greedy.tokens)
+    sample = SearchConfig(strategy="sample", temperature=1.5)
+    a = search(model, src, sample, rng=jax.random.key(0))
+    b = search(model, src, sample, rng=jax.random.key(0))
+    c = search(model, src, sample, rng=jax.random.key(1))
+    np.testing.assert_array_equal(a.tokens, b.tokens)
+    assert not np.array_equal(a.tokens, c.tokens)
+    with pytest.raises(ValueError, match="rng"):
+        search(model, src, sample)
+
+
+def test_top_k_sampling_only_draws_from_the_k_most_likely_tokens():
+    model = sharp_model(seed=9, sharpness=1.0)
+    src = sources(np.random.default_rng(8), [6] * 8, 64)
+    config = SearchConfig(strategy="sample", top_k=3, temperature=2.0, max_len_a=0, max_len_b=2,
+                          min_len=1)
+    result = search(model, src, config, rng=jax.random.key(5))
+    first = result.tokens[:, 0, 0]
+    srcj = jnp.asarray(src)
+    logits, _ = model.decode(model.encode(srcj), model.source_mask(srcj),
+                             jnp.full((8, 1), BOS))
+    logits = np.asarray(logits[:, 0]).copy()
+    logits[:, [PAD, BOS, EOS]] = NEG_INF  # banned at step 0 (min_len=1 forbids EOS)
+    top3 = np.argsort(-logits, axis=-1)[:, :3]
+    assert all(token in allowed for token, allowed in zip(first, top3))
+
+
+def test_source_buckets_bound_the_padded_width():
+    assert [bucket_length(n) for n in (1, 8, 9, 13, 33, 500, 513)] == [8, 8, 12, 16, 48, 512, 640]
+    padded = pad_sources([[5, EOS], [6, 7, 8, EOS]], PAD, batch_size=3)
+    np.testing.assert_array_equal(padded[:, :5], [[5, EOS, 0, 0, 0], [6, 7, 8, EOS, 0],
+                                                  [0, 0, 0, 0, 0]])
+    assert padded.shape == (3, 8)
