@@ -24,6 +24,7 @@ import gettext
 import hashlib
 import json
 import logging
+import struct
 from collections import Counter
 from itertools import zip_longest
 from pathlib import Path
@@ -396,7 +397,7 @@ def read_gettext_pairs(lang: str, locale_dir: str | Path = DEFAULT_LOCALE_DIR
         try:
             with mo_path.open("rb") as handle:
                 catalog = gettext.GNUTranslations(handle)._catalog
-        except (OSError, UnicodeDecodeError, LookupError, ValueError) as err:
+        except (OSError, UnicodeDecodeError, LookupError, ValueError, struct.error) as err:
             log.info("skipping gettext catalog %s: %s", mo_path, err)
             stats.catalogs_skipped += 1
             continue

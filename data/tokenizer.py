@@ -202,8 +202,9 @@ def train_or_load_tokenizer(run_dir: str | Path, corpus: datasets.DatasetDict | 
     tokenizer = train_tokenizer(iter_text(train), config)
     tokenizer.save(run_dir)
     log.info(
-        "trained %s tokenizer with %d pieces on at most %d of %d sentences; saved %s",
-        config.model_type, tokenizer.vocab_size, config.max_sentences, 2 * len(train), path,
+        "trained %s tokenizer with %d pieces on %d of %d sentences (source and target); saved %s",
+        config.model_type, tokenizer.vocab_size, min(config.max_sentences, 2 * len(train)),
+        2 * len(train), path,
     )
     return tokenizer
 
