@@ -10,8 +10,8 @@ import pytest
 from flax import nnx
 
 from transformer.config import SearchConfig, get_preset
-from transformer.decoding import (NEG_INF, bucket_length, hypotheses_to_lists, length_penalty,
-                                  pad_sources, search)
+from transformer.decoding import (NEG_INF, hypotheses_to_lists, length_penalty, pad_sources,
+                                  search)
 from transformer.model import Transformer
 
 PAD, BOS, EOS = 0, 2, 3
@@ -192,9 +192,8 @@ def test_top_k_sampling_only_draws_from_the_k_most_likely_tokens():
     assert all(token in allowed for token, allowed in zip(first, top3))
 
 
-def test_source_buckets_bound_the_padded_width():
-    assert [bucket_length(n) for n in (1, 8, 9, 13, 33, 500, 513)] == [8, 8, 12, 16, 48, 512, 640]
+def test_pad_sources_pads_every_row_to_the_longest():
     padded = pad_sources([[5, EOS], [6, 7, 8, EOS]], PAD, batch_size=3)
-    np.testing.assert_array_equal(padded[:, :5], [[5, EOS, 0, 0, 0], [6, 7, 8, EOS, 0],
-                                                  [0, 0, 0, 0, 0]])
-    assert padded.shape == (3, 8)
+    np.testing.assert_array_equal(padded, [[5, EOS, 0, 0], [6, 7, 8, EOS], [0, 0, 0, 0]])
+    with pytest.raises(ValueError, match="batch_size"):
+        pad_sources([[5], [6], [7]], PAD, batch_size=2)

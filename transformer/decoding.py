@@ -8,9 +8,12 @@ fairseq does, so every output ends with EOS. PAD and BOS are never produced. Aft
 sequence is padded with PAD.
 
 The model is split once (`nnx.split`) and the jitted functions take its state as an argument,
-so searching with new parameters (e.g. after a training step) does not recompile. Compiled
-shapes are (batch, source length, output length): callers pad sources to the buckets in
-`SOURCE_BUCKETS` (see `pad_sources`) so the number of shapes stays small.
+so searching with new parameters (e.g. after a training step) does not recompile. A compiled
+shape is (batch, padded source length); the output length is derived from the padded source
+length. `transformer.translation.Translator` feeds search with batches from
+`data.batching.inference_batches`, whose source widths come from the fixed bucket list
+`data.batching.DEFAULT_BUCKETS` (22 lengths from 5 to 256) and whose batch size is fixed per
+width, so translating any file compiles at most one shape per bucket.
 """
 
 from __future__ import annotations
@@ -33,11 +36,6 @@ Array = jax.Array
 # and finite values keep every comparison free of NaN.
 NEG_INF = -1.0e9
 
-# Source lengths (EOS included) are padded up to one of these; past the last one, to a
-# multiple of 128. Consecutive buckets differ by at most 1/3, bounding padded work.
-SOURCE_BUCKETS = (8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
-
-
 @dataclasses.dataclass(frozen=True)
 class SearchResult:
     """Hypotheses per sentence, best first.
@@ -58,20 +56,13 @@ def length_penalty(length: Array, alpha: float) -> Array:
     return ((5.0 + length.astype(jnp.float32)) / 6.0) ** alpha
 
 
-def bucket_length(length: int) -> int:
-    for bucket in SOURCE_BUCKETS:
-        if length <= bucket:
-            return bucket
-    return -(-length // 128) * 128
-
-
 def pad_sources(sequences: Sequence[Sequence[int]], pad_id: int, batch_size: int | None = None
                 ) -> np.ndarray:
-    """Pad token-id lists (EOS included) to [batch_size or len, bucket_length(longest)]."""
+    """Pad token-id lists (EOS included) to [batch_size or len(sequences), longest length]."""
     rows = batch_size or len(sequences)
     if rows < len(sequences):
         raise ValueError(f"batch_size {rows} is smaller than the {len(sequences)} sequences given.")
-    width = bucket_length(max((len(s) for s in sequences), default=1))
+    width = max((len(s) for s in sequences), default=1)
     out = np.full((rows, width), pad_id, dtype=np.int32)
     for i, seq in enumerate(sequences):
         out[i, : len(seq)] = seq

@@ -1,0 +1,132 @@
+"""Text in, text out: batching, search and scoring shared by translate.py and validation.
+
+`Translator` turns sentences into translations with a loaded model and its SentencePiece
+tokenizer: it encodes, sorts by length into token-budget batches padded to fixed bucket
+widths (`data.batching.inference_batches`), runs `decoding.search_with_state`, and restores
+input order. `evaluate` scores translations with sacreBLEU (BLEU and chrF on detokenized,
+cased text), exactly as the `sacrebleu` command does on the same files.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Callable, Iterator, Sequence
+
+import jax
+import numpy as np
+import sacrebleu
+from flax import nnx
+
+from data.batching import inference_batches
+from transformer.config import SearchConfig
+from transformer.decoding import search_with_state
+from transformer.model import Transformer
+
+log = logging.getLogger("translate")
+
+
+@dataclasses.dataclass(frozen=True)
+class Hypothesis:
+    text: str
+    score: float
+    tokens: tuple[int, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class Scores:
+    bleu: float
+    chrf: float
+    bleu_signature: str
+    chrf_signature: str
+    bleu_details: str  # sacreBLEU's one-line summary: n-gram precisions, BP, ratio, lengths
+
+    def to_dict(self) -> dict[str, float | str]:
+        return dataclasses.asdict(self)
+
+
+class Translator:
+    """Translates lists of sentences with one model, tokenizer and search configuration.
+
+    `batch_tokens` bounds source tokens per batch (beam search multiplies the work by
+    beam_size). Sources longer than the model's positions allow are truncated to
+    `max_source_len` tokens (EOS included); `truncated` lists the indices of the last call
+    that were.
+    """
+
+    def __init__(self, model: Transformer, tokenizer, search: SearchConfig,
+                 batch_tokens: int = 4096, seed: int = 0):
+        self.graphdef, self.state = nnx.split(model)
+        self.model_config = model.config
+        self.tokenizer = tokenizer
+        self.search = search
+        self.batch_tokens = batch_tokens
+        self.rng = jax.random.key(seed)
+        self.max_source_len = self.model_config.max_len
+        self.truncated: list[int] = []
+
+    def translate(self, sentences: Sequence[str]) -> list[str]:
+        """The best translation of each sentence, in input order."""
+        return [nbest[0].text for nbest in self.translate_nbest(sentences)]
+
+    def translate_nbest(self, sentences: Sequence[str],
+                        progress: Callable[[int], None] | None = None) -> list[list[Hypothesis]]:
+        """`search.nbest` hypotheses per sentence, best first; an empty line gives [""]."""
+        ids = self._encode(sentences)
+        results: list[list[Hypothesis] | None] = [None] * len(sentences)
+        for i, sentence in enumerate(sentences):
+            if not sentence.strip():
+                results[i] = [Hypothesis("", 0.0, ())] * self.search.nbest
+        todo = [i for i, r in enumerate(results) if r is None]
+        for batch_index, hypotheses in self._search_batches([ids[i] for i in todo]):
+            for row, nbest in zip(batch_index, hypotheses):
+                results[todo[row]] = nbest
+            if progress is not None:
+                progress(len(batch_index))
+        return results  # type: ignore[return-value]
+
+    def _encode(self, sentences: Sequence[str]) -> list[list[int]]:
+        ids = self.tokenizer.encode(list(sentences))
+        limit = self.max_source_len - 1  # room for EOS
+        self.truncated = [i for i, row in enumerate(ids) if len(row) > limit]
+        for i in self.truncated:
+            log.warning("line %d: %d tokens, more than the model's %d; truncated to %d tokens",
+                        i + 1, len(ids[i]), limit, limit)
+            ids[i] = ids[i][:limit]
+        return ids
+
+    def _search_batches(self, ids: list[list[int]]
+                        ) -> Iterator[tuple[np.ndarray, list[list[Hypothesis]]]]:
+        """Yields (indices into `ids`, n-best hypotheses of those rows) batch by batch."""
+        if not ids:
+            return
+        budget = max(self.batch_tokens // self.search.beam_size
+                     if self.search.strategy == "beam" else self.batch_tokens, 64)
+        for step, (src, index) in enumerate(inference_batches(ids, batch_tokens=budget)):
+            rng = jax.random.fold_in(self.rng, step)
+            result = search_with_state(self.graphdef, self.state, src, self.search, rng)
+            real = index >= 0
+            yield index[real], [self._hypotheses(result, row) for row in np.flatnonzero(real)]
+
+    def _hypotheses(self, result, row: int) -> list[Hypothesis]:
+        eos = self.model_config.eos_id
+        out = []
+        for tokens, length, score in zip(result.tokens[row], result.lengths[row],
+                                         result.scores[row]):
+            ids = [int(t) for t in tokens[:length] if t != eos]
+            out.append(Hypothesis(self.tokenizer.decode([ids])[0], float(score), tuple(ids)))
+        return out
+
+
+def evaluate(hypotheses: Sequence[str], references: Sequence[str]) -> Scores:
+    """Corpus BLEU and chrF (sacreBLEU defaults: 13a tokenization, cased, detokenized input)."""
+    if len(hypotheses) != len(references):
+        raise ValueError(f"{len(hypotheses)} hypotheses but {len(references)} references; "
+                         "the source and reference files must have the same number of lines.")
+    bleu, chrf = sacrebleu.BLEU(), sacrebleu.CHRF()
+    bleu_score = bleu.corpus_score(list(hypotheses), [list(references)])
+    chrf_score = chrf.corpus_score(list(hypotheses), [list(references)])
+    return Scores(bleu=bleu_score.score, chrf=chrf_score.score,
+                  bleu_signature=str(bleu.get_signature()),
+                  chrf_signature=str(chrf.get_signature()),
+                  bleu_details=str(bleu_score))
