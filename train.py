@@ -1,0 +1,207 @@
+"""Train a Transformer translation model: `python train.py [flags]`.
+
+With no flags it trains the `small` model on the built-in offline en->de corpus for a few
+minutes and prints sample translations and the translate.py command. See `--help`.
+This file only parses arguments; the loop is `transformer.trainer.train`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+# Flags and the RunConfig field each sets: (flag, type, help). Booleans are handled apart.
+_GROUPS = {
+    "model": [
+        ("--preset", str, "model size: tiny, small, base or big (default small)"),
+        ("--d-model", int, "override the preset's model width"),
+        ("--num-heads", int, "attention heads"),
+        ("--d-ff", int, "feed-forward width"),
+        ("--encoder-layers", int, "encoder layers"),
+        ("--decoder-layers", int, "decoder layers"),
+        ("--dropout", float, "residual/embedding dropout (P_drop)"),
+        ("--attention-dropout", float, "dropout on attention weights"),
+        ("--activation-dropout", float, "dropout inside the feed-forward layer"),
+        ("--norm", str, "post (paper) or pre layer normalisation"),
+        ("--positional", str, "sinusoidal (paper) or learned positions"),
+        ("--dtype", str, "compute dtype: float32 or bfloat16 (parameters stay float32)"),
+        ("--max-len", int, "longest sequence the model supports"),
+    ],
+    "data": [
+        ("--src", str, "source language code (default en)"),
+        ("--tgt", str, "target language code (default de)"),
+        ("--train-prefix", str, "training files PREFIX.SRC and PREFIX.TGT"),
+        ("--valid-prefix", str, "validation files PREFIX.SRC and PREFIX.TGT"),
+        ("--test-prefix", str, "test files PREFIX.SRC and PREFIX.TGT"),
+        ("--train-file", str, "training pairs as .tsv, .jsonl or .parquet"),
+        ("--valid-file", str, "validation pairs as .tsv, .jsonl or .parquet"),
+        ("--dataset", str, "Hugging Face dataset name or save_to_disk directory"),
+        ("--dataset-config", str, "its configuration, e.g. de-en"),
+        ("--max-train-pairs", int, "use only the first N training pairs"),
+        ("--vocab-size", int, "SentencePiece vocabulary size (default 8000)"),
+        ("--tokenizer-type", str, "unigram (default) or bpe"),
+        ("--batch-tokens", int, "tokens per batch (per update without --accum; default 4096)"),
+        ("--max-tokens-per-sentence", int, "drop training pairs longer than this (default 256)"),
+    ],
+    "optimisation": [
+        ("--schedule", str, "noam (paper) or inverse_sqrt"),
+        ("--warmup", int, "warm-up steps (default 4000)"),
+        ("--lr-scale", float, "noam: multiplier of d_model^-0.5 * min(...) (default 1)"),
+        ("--peak-lr", float, "inverse_sqrt: learning rate after warm-up (default 1e-3)"),
+        ("--adam-b1", float, "Adam beta1 (default 0.9)"),
+        ("--adam-b2", float, "Adam beta2 (default 0.98)"),
+        ("--adam-eps", float, "Adam epsilon (default 1e-9)"),
+        ("--label-smoothing", float, "label smoothing (default 0.1)"),
+        ("--clip-norm", float, "clip the global gradient norm (default: no clipping)"),
+        ("--accum", int, "accumulate K batches per update"),
+        ("--weight-decay", float, "decoupled weight decay on matrices (default 0)"),
+        ("--seed", int, "random seed (default 0)"),
+    ],
+    "length of training": [
+        ("--max-steps", int, "stop after this many updates"),
+        ("--max-minutes", float, "stop after this much wall-clock time (default 4 when "
+                                 "neither --max-steps nor --max-minutes is given)"),
+        ("--early-stop-patience", int, "stop after N validations without a better BLEU"),
+    ],
+    "validation": [
+        ("--eval-every", int, "validate every N steps (default 1000; also at the end)"),
+        ("--eval-sentences", int, "translate at most N validation sentences for BLEU "
+                                  "(default 500; 0 = loss only)"),
+        ("--beam", int, "beam size for validation translations (default 4)"),
+        ("--alpha", float, "length penalty alpha (default 0.6)"),
+        ("--samples", int, "sample translations printed per validation (default 3)"),
+    ],
+    "checkpoints and logging": [
+        ("--save-every", int, "checkpoint every N steps (default: --eval-every)"),
+        ("--keep-last", int, "keep the last K checkpoints (default 5)"),
+        ("--average-last", int, "write averaged/: the mean of the last N checkpoints. With an "
+                                "output directory that already holds checkpoints and no "
+                                "--resume, only average (no training)"),
+        ("--log-every", int, "log metrics every N steps (default 50)"),
+    ],
+}
+_BOOLEANS = [
+    ("--share-embeddings", "model", "share source/target/output embeddings (preset default)"),
+    ("--async-checkpoints", "checkpoints and logging", "save checkpoints in the background"),
+    ("--progress", "checkpoints and logging", "show a progress bar on a terminal"),
+]
+
+
+def _field(flag: str) -> str:
+    return flag.lstrip("-").replace("-", "_")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        description="Train a Transformer (Vaswani et al. 2017) translation model.",
+        epilog="Recipe files (--config) hold flag names as JSON keys; flags given on the "
+               "command line override them.")
+    parser.add_argument("--config", help="JSON recipe, e.g. configs/multi30k_small.json")
+    parser.add_argument("--output-dir", help="run directory (default "
+                        "runs/<corpus>-<src>-<tgt>-<preset>); resumes if it holds checkpoints")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue the run in --output-dir (an error if it has none)")
+    groups = {}
+    for title, flags in _GROUPS.items():
+        group = groups[title] = parser.add_argument_group(title)
+        for flag, kind, text in flags:
+            group.add_argument(flag, type=kind, default=None, help=text)
+    for flag, title, text in _BOOLEANS:
+        groups[title].add_argument(flag, action=argparse.BooleanOptionalAction, default=None,
+                                   help=text)
+    multi = parser.add_argument_group("several processes (multi-host)")
+    multi.add_argument("--coordinator", help="address:port of process 0")
+    multi.add_argument("--num-processes", type=int)
+    multi.add_argument("--process-id", type=int)
+    return parser
+
+
+def _flag_names() -> set[str]:
+    names = {_field(flag) for flags in _GROUPS.values() for flag, _, _ in flags}
+    return names | {_field(flag) for flag, _, _ in _BOOLEANS} | {"output_dir"}
+
+
+def read_recipe(path: str) -> dict:
+    """Settings from a JSON recipe; keys are flag names ("batch-tokens" or "batch_tokens")."""
+    file = Path(path)
+    if not file.is_file():
+        raise SystemExit(f"error: --config {path}: no such file")
+    try:
+        values = json.loads(file.read_text())
+    except json.JSONDecodeError as err:
+        raise SystemExit(f"error: --config {path}: not valid JSON ({err})") from None
+    if not isinstance(values, dict):
+        raise SystemExit(f"error: --config {path}: expected a JSON object of flag: value")
+    settings, known = {}, _flag_names()
+    for key, value in values.items():
+        if key.startswith("#") or key.startswith("_"):
+            continue  # comments
+        name = _field(key)
+        if name not in known:
+            raise SystemExit(f"error: --config {path}: unknown setting {key!r}; keys are "
+                             f"train.py flag names, e.g. \"batch-tokens\"")
+        settings[name] = value
+    return settings
+
+
+def resolve(argv: list[str] | None = None) -> tuple[dict, argparse.Namespace]:
+    """Run settings (RunConfig fields + output_dir) from recipe file and flags."""
+    args = build_parser().parse_args(argv)
+    settings = read_recipe(args.config) if args.config else {}
+    for name in _flag_names():
+        value = getattr(args, name, None)
+        if value is not None:
+            settings[name] = value
+    return settings, args
+
+
+def main(argv: list[str] | None = None) -> int:
+    settings, args = resolve(argv)
+
+    # Before anything touches JAX devices.
+    from transformer.trainer import initialize_distributed
+
+    initialize_distributed(args.coordinator, args.num_processes, args.process_id)
+
+    import logging
+
+    from transformer import checkpoint as ckpt
+    from transformer.trainer import RunConfig, TrainingError, average, train
+
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    for noisy in ("absl", "jax", "datasets", "orbax", "tensorboardX"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+    output_dir = settings.pop("output_dir", None)
+    try:
+        run = RunConfig(**settings)
+    except (TypeError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    run_dir = Path(output_dir) if output_dir else run.default_output_dir()
+    has_checkpoints = bool(ckpt.complete_steps(run_dir / ckpt.CHECKPOINTS_DIR))
+    if args.resume and not has_checkpoints:
+        print(f"error: --resume: {run_dir / ckpt.CHECKPOINTS_DIR} holds no complete "
+              "checkpoint; drop --resume to start a new run there.", file=sys.stderr)
+        return 2
+    if run.average_last and has_checkpoints and not args.resume:
+        out = average(run_dir, run.average_last)
+        print(f"Translate: python translate.py --model {out} \"...\"")
+        return 0
+    from data.corpus import DataError
+
+    try:
+        train(run, run_dir)
+    except TrainingError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    except (DataError, ckpt.CheckpointError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,813 @@
+"""The training loop: data, steps, validation, checkpoints, logging; `train(run, workdir)`.
+
+    run = RunConfig(preset="small", max_minutes=5)
+    summary = train(run, "runs/builtin-en-de-small")
+
+One loop serves one CPU, every device of a host, and many hosts (call
+`initialize_distributed` first): batches are split over the mesh axis "data", every process
+reads its own rows of each global batch, checkpoints are written by all processes, and only
+process 0 prints, logs metrics and exports the model.
+
+The run directory it leaves:
+
+    config.json        resolved model, train, data and run settings
+    spm.model          the SentencePiece model
+    checkpoints/<N>/   the last --keep-last checkpoints (orbax): params, optimizer, step, rng,
+                       data iterator position, trainer bookkeeping
+    best/<N>/          parameters with the best validation BLEU so far
+    model/             the model translate.py loads (`checkpoint.load_model`): parameters of
+                       the best checkpoint by BLEU (the last one when there was no validation)
+    averaged/          with --average-last N: the mean of the last N checkpoints, same layout
+    metrics.jsonl      one JSON object per log line ("train") and per validation ("eval")
+    tb/                TensorBoard event files
+
+Exact resumption: the checkpoint holds everything the next step depends on (parameters,
+optimizer state, step, rng, the iterator's {"epoch", "position"}) and the per-step metrics of
+the unfinished log window, so a run interrupted at any step and resumed writes the same
+metrics.jsonl lines (wall-clock fields aside) as one that never stopped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import os
+import re
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from transformer import checkpoint as ckpt
+from transformer.config import PRESETS, ModelConfig, SearchConfig, get_preset
+from transformer.training import TrainConfig
+
+log = logging.getLogger("trainer")
+
+# Default time budget when neither max_steps nor max_minutes is given: the no-argument
+# `python train.py` must finish in a few minutes on a 2-core CPU.
+DEFAULT_MAX_MINUTES = 4.0
+METRICS_FILE = "metrics.jsonl"
+TB_DIR = "tb"
+
+# ModelConfig fields that RunConfig can override (flag --d-model sets d_model, ...).
+MODEL_OVERRIDES = ("d_model", "num_heads", "d_ff", "encoder_layers", "decoder_layers",
+                   "dropout", "attention_dropout", "activation_dropout", "norm", "positional",
+                   "share_embeddings", "dtype", "max_len")
+
+
+class TrainingError(RuntimeError):
+    """Training cannot go on (diverged, bad settings); the message says what to do."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+    """Everything `train` needs, flat, one field per train.py flag (`--batch-tokens` ->
+    `batch_tokens`). Fields left None take the preset's or TrainConfig's default."""
+
+    # ---- model
+    preset: str = "small"
+    d_model: int | None = None
+    num_heads: int | None = None
+    d_ff: int | None = None
+    encoder_layers: int | None = None
+    decoder_layers: int | None = None
+    dropout: float | None = None
+    attention_dropout: float | None = None
+    activation_dropout: float | None = None
+    norm: str | None = None
+    positional: str | None = None
+    share_embeddings: bool | None = None
+    dtype: str | None = None
+    max_len: int | None = None
+    # ---- data (see data.corpus.CorpusSpec)
+    src: str = "en"
+    tgt: str = "de"
+    train_prefix: str | None = None
+    valid_prefix: str | None = None
+    test_prefix: str | None = None
+    train_file: str | None = None
+    valid_file: str | None = None
+    dataset: str | None = None
+    dataset_config: str | None = None
+    max_train_pairs: int | None = None  # use only the first N training pairs
+    vocab_size: int = 8000
+    tokenizer_type: str = "unigram"
+    batch_tokens: int = 4096  # per update per micro-batch: source or target tokens incl. padding
+    max_tokens_per_sentence: int = 256
+    # ---- optimisation (see transformer.training.TrainConfig)
+    schedule: str = "noam"
+    warmup: int = 4000
+    lr_scale: float = 1.0
+    peak_lr: float = 1e-3
+    adam_b1: float = 0.9
+    adam_b2: float = 0.98
+    adam_eps: float = 1e-9
+    label_smoothing: float = 0.1
+    clip_norm: float | None = None
+    accum: int = 1
+    weight_decay: float = 0.0
+    seed: int = 0
+    # ---- length of training
+    max_steps: int | None = None
+    max_minutes: float | None = None
+    early_stop_patience: int | None = None  # validations without a better BLEU
+    # ---- validation
+    eval_every: int = 1000
+    eval_sentences: int = 500
+    beam: int = 4
+    alpha: float = 0.6
+    samples: int = 3  # sample translations printed per validation
+    # ---- checkpoints and logging
+    save_every: int | None = None  # default: eval_every
+    keep_last: int = 5
+    average_last: int | None = None
+    log_every: int = 50
+    async_checkpoints: bool = True
+    progress: bool = True
+    # ---- test hooks (not command-line flags)
+    nan_at_step: int | None = None  # poison the parameters before this step
+
+    def __post_init__(self) -> None:
+        if self.preset not in PRESETS:
+            raise ValueError(f"--preset must be one of {sorted(PRESETS)}, got {self.preset!r}.")
+        for name in ("eval_every", "log_every", "keep_last", "batch_tokens", "accum",
+                     "vocab_size", "max_tokens_per_sentence", "beam"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 1, "
+                                 f"got {getattr(self, name)}.")
+        for name in ("max_steps", "average_last", "early_stop_patience", "save_every",
+                     "max_train_pairs"):
+            value = getattr(self, name)
+            if value is not None and value < (0 if name == "max_steps" else 1):
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {value}.")
+        if self.max_minutes is not None and self.max_minutes <= 0:
+            raise ValueError(f"--max-minutes must be > 0, got {self.max_minutes}.")
+        if self.eval_sentences < 0:
+            raise ValueError(f"--eval-sentences must be >= 0, got {self.eval_sentences}.")
+
+    # ------------------------------------------------------------------ derived configs
+
+    def model_config(self, vocab_size: int) -> ModelConfig:
+        overrides = {name: getattr(self, name) for name in MODEL_OVERRIDES
+                     if getattr(self, name) is not None}
+        return get_preset(self.preset, vocab_size=vocab_size, **overrides)
+
+    def train_config(self) -> TrainConfig:
+        return TrainConfig(
+            schedule=self.schedule, warmup_steps=self.warmup, lr_scale=self.lr_scale,
+            peak_lr=self.peak_lr, adam_b1=self.adam_b1, adam_b2=self.adam_b2,
+            adam_eps=self.adam_eps, label_smoothing=self.label_smoothing,
+            clip_norm=self.clip_norm, accum_steps=self.accum, weight_decay=self.weight_decay,
+            seed=self.seed)
+
+    def search_config(self) -> SearchConfig:
+        return SearchConfig(beam_size=self.beam, alpha=self.alpha)
+
+    def corpus_spec(self):
+        from data.corpus import CorpusSpec
+
+        return CorpusSpec(src=self.src, tgt=self.tgt, train_prefix=self.train_prefix,
+                          valid_prefix=self.valid_prefix, test_prefix=self.test_prefix,
+                          train_file=self.train_file, valid_file=self.valid_file,
+                          dataset=self.dataset, dataset_config=self.dataset_config,
+                          seed=self.seed)
+
+    @property
+    def corpus_name(self) -> str:
+        """Short name of the training corpus, for the default run directory."""
+        if self.train_prefix:
+            prefix = Path(self.train_prefix)
+            return prefix.parent.name or prefix.name
+        if self.train_file:
+            return Path(self.train_file).stem
+        if self.dataset:
+            return Path(self.dataset).name
+        return "builtin"
+
+    def default_output_dir(self) -> Path:
+        name = f"{self.corpus_name}-{self.src}-{self.tgt}-{self.preset}"
+        return Path("runs") / re.sub(r"[^\w.-]+", "_", name)
+
+    def limits(self) -> tuple[int | None, float | None]:
+        """(max_steps, max_minutes) with the default budget applied."""
+        if self.max_steps is None and self.max_minutes is None:
+            return None, DEFAULT_MAX_MINUTES
+        return self.max_steps, self.max_minutes
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> "RunConfig":
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"Unknown run settings {unknown}; known: {sorted(known)}.")
+        return cls(**values)
+
+
+# ----------------------------------------------------------------------------- distributed
+
+
+_CLUSTER_ENV = ("JAX_COORDINATOR_ADDRESS", "COORDINATOR_ADDRESS", "MEGASCALE_COORDINATOR_ADDRESS")
+
+
+def _cluster_env_present() -> bool:
+    """True when a launcher (SLURM, Open MPI, a multi-host TPU slice) started several processes."""
+    if any(os.environ.get(name) for name in _CLUSTER_ENV):
+        return True
+    for count in ("SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"):
+        if int(os.environ.get(count, "1") or 1) > 1:
+            return True
+    hosts = os.environ.get("TPU_WORKER_HOSTNAMES", "")
+    return len([h for h in hosts.split(",") if h]) > 1
+
+
+def initialize_distributed(coordinator: str | None = None, num_processes: int | None = None,
+                           process_id: int | None = None) -> bool:
+    """Call `jax.distributed.initialize` when this is one of several processes.
+
+    Must run before anything touches JAX devices. With explicit arguments they are passed on;
+    otherwise JAX detects the cluster from the launcher's environment. Returns True if it ran.
+    """
+    explicit = any(v is not None for v in (coordinator, num_processes, process_id))
+    if not explicit and not _cluster_env_present():
+        return False
+    kwargs = {}
+    if coordinator is not None:
+        kwargs["coordinator_address"] = coordinator
+    if num_processes is not None:
+        kwargs["num_processes"] = num_processes
+    if process_id is not None:
+        kwargs["process_id"] = process_id
+    jax.distributed.initialize(**kwargs)
+    return True
+
+
+def _all_processes_agree(flag: bool) -> bool:
+    """True if `flag` is True on any process (a collective: every process must call it)."""
+    if jax.process_count() == 1:
+        return flag
+    from jax.experimental import multihost_utils
+
+    return bool(np.any(multihost_utils.process_allgather(np.array(flag))))
+
+
+def _barrier(name: str) -> None:
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices(name)
+
+
+def _local(tree: Any) -> Any:
+    """Host copies of replicated arrays (fine on several processes, unlike device_get)."""
+    def one(x):
+        if isinstance(x, jax.Array) and not x.is_fully_addressable:
+            return np.asarray(x.addressable_data(0))
+        return np.asarray(x)
+
+    return jax.tree.map(one, tree)
+
+
+# ----------------------------------------------------------------------------- translation seam
+
+
+def translate_sentences(model, tokenizer, sentences: Sequence[str], search_config: SearchConfig
+                        ) -> list[str]:
+    """Translate with the project's shared code path (transformer/translation.py).
+
+    Falls back to a minimal batched loop over transformer.decoding while that module is not
+    available, so training can validate either way.
+    """
+    try:
+        from transformer.translation import translate_sentences as shared
+    except ImportError:
+        return _fallback_translate(model, tokenizer, sentences, search_config)
+    return shared(model, tokenizer, sentences, search_config)
+
+
+def _fallback_translate(model, tokenizer, sentences, search_config, batch_size: int = 64):
+    from flax import nnx
+
+    from transformer import decoding
+
+    config = model.config
+    graphdef, state = nnx.split(model)
+    ids = [row[: config.max_len - 1] + [config.eos_id] for row in tokenizer.encode(sentences)]
+    order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
+    out: list[str] = [""] * len(ids)
+    for start in range(0, len(order), batch_size):
+        chunk = order[start:start + batch_size]
+        src = decoding.pad_sources([ids[i] for i in chunk], config.pad_id, batch_size)
+        result = decoding.search_with_state(graphdef, state, src, search_config)
+        hyps = decoding.hypotheses_to_lists(result, config.eos_id)
+        for i, hyp in zip(chunk, hyps):
+            out[i] = tokenizer.decode([hyp[0]])[0]
+    return out
+
+
+# ----------------------------------------------------------------------------- metrics output
+
+
+class MetricsWriter:
+    """metrics.jsonl plus TensorBoard; only process 0 writes.
+
+    On resume from step N, lines after step N (written by the interrupted run after its last
+    checkpoint) are dropped so the file reads as one uninterrupted run.
+    """
+
+    def __init__(self, run_dir: Path, resume_step: int, enabled: bool):
+        self.enabled = enabled
+        self.path = run_dir / METRICS_FILE
+        self.tb = None
+        if not enabled:
+            return
+        if self.path.exists():
+            kept = [line for line in self.path.read_text().splitlines()
+                    if line.strip() and json.loads(line).get("step", 0) <= resume_step]
+            self.path.write_text("".join(line + "\n" for line in kept))
+        try:
+            from tensorboardX import SummaryWriter
+
+            self.tb = SummaryWriter(str(run_dir / TB_DIR), purge_step=resume_step + 1)
+        except ImportError:  # TensorBoard output is optional
+            log.warning("tensorboardX is not installed; writing metrics.jsonl only")
+
+    def write(self, kind: str, step: int, values: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        record = {"kind": kind, "step": step, **values}
+        with self.path.open("a") as f:
+            f.write(json.dumps(record, sort_keys=False) + "\n")
+        if self.tb is not None:
+            for key, value in values.items():
+                if isinstance(value, (int, float)) and math.isfinite(value):
+                    self.tb.add_scalar(f"{kind}/{key}", value, step)
+
+    def close(self) -> None:
+        if self.tb is not None:
+            self.tb.close()
+
+
+def summarize_window(window: list[dict[str, float]]) -> dict[str, float]:
+    """One log line from the per-step metrics of a window: token-weighted means."""
+    tokens = np.array([m["tokens"] for m in window], np.float64)
+    total = max(float(tokens.sum()), 1.0)
+
+    def weighted(key):
+        return float(np.dot([m[key] for m in window], tokens) / total)
+
+    nll = weighted("nll")
+    return {
+        "loss": weighted("loss"),
+        "nll": nll,
+        "ppl": float(math.exp(min(nll, 700.0))),
+        "accuracy": weighted("accuracy"),
+        "lr": float(window[-1]["learning_rate"]),
+        "grad_norm": float(np.mean([m["grad_norm"] for m in window])),
+        "tokens": int(total),
+    }
+
+
+# ----------------------------------------------------------------------------- stopping
+
+
+class StopSignal:
+    """SIGINT/SIGTERM set a flag the loop checks after each step; a second SIGINT aborts."""
+
+    def __init__(self):
+        self.received: str | None = None
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> "StopSignal":
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                self._previous[sig] = signal.signal(sig, self._handle)
+            except ValueError:  # not the main thread: signals stay with the caller
+                pass
+        return self
+
+    def _handle(self, signum, frame) -> None:
+        if self.received is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.received = signal.Signals(signum).name
+        print(f"\n{self.received} received: finishing the current step and saving "
+              "(press Ctrl-C again to abort without saving).", file=sys.stderr, flush=True)
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
+# ----------------------------------------------------------------------------- data
+
+
+@dataclasses.dataclass
+class Data:
+    tokenizer: Any
+    tokenizer_file: Path
+    train_examples: Any
+    valid_examples: Any
+    batch_config: Any  # training batches: accum x rows
+    eval_batch_config: Any
+    valid_sources: list[str]
+    valid_targets: list[str]
+    counts: dict[str, int]
+
+
+def prepare_data(run: RunConfig, run_dir: Path, model_max_len: int) -> Data:
+    """Read the corpus, train (or reuse) the tokenizer, encode and filter the splits."""
+    from data.batching import BatchConfig, load_examples
+    from data.corpus import load_corpus
+    from data.tokenizer import MODEL_FILE, TokenizerConfig, Tokenizer, encode_corpus
+    from data.tokenizer import train_or_load_tokenizer
+
+    corpus = load_corpus(run.corpus_spec())
+    if run.max_train_pairs is not None and len(corpus["train"]) > run.max_train_pairs:
+        corpus["train"] = corpus["train"].select(range(run.max_train_pairs))
+    tokenizer_config = TokenizerConfig(vocab_size=run.vocab_size, model_type=run.tokenizer_type,
+                                       seed=run.seed)
+    # One process trains the tokenizer (SentencePiece training is multi-threaded and not
+    # bit-reproducible); the others load the file it wrote to the shared run directory.
+    if jax.process_index() == 0:
+        tokenizer = train_or_load_tokenizer(run_dir, corpus, tokenizer_config)
+    _barrier("tokenizer")
+    if jax.process_index() != 0:
+        tokenizer = Tokenizer.load(run_dir / MODEL_FILE)
+    encoded = encode_corpus(corpus, tokenizer)
+    max_len = min(run.max_tokens_per_sentence, model_max_len)
+    devices = jax.device_count()
+    batch_config = BatchConfig(batch_tokens=run.batch_tokens * run.accum, max_len=max_len,
+                               num_devices=devices * run.accum, seed=run.seed)
+    # Validation keeps every pair that fits the model, however long.
+    eval_batch_config = BatchConfig(batch_tokens=run.batch_tokens, max_len=max_len,
+                                    max_ratio=float("inf"), num_devices=devices, seed=run.seed)
+    train_examples = load_examples(encoded["train"], batch_config, "train")
+    valid_examples = load_examples(encoded["validation"], eval_batch_config, "validation")
+    valid = corpus["validation"]
+    return Data(tokenizer=tokenizer, tokenizer_file=run_dir / MODEL_FILE,
+                train_examples=train_examples, valid_examples=valid_examples,
+                batch_config=batch_config, eval_batch_config=eval_batch_config,
+                valid_sources=list(valid["source"]), valid_targets=list(valid["target"]),
+                counts={name: len(split) for name, split in corpus.items()})
+
+
+# ----------------------------------------------------------------------------- config.json
+
+
+def write_run_config(run_dir: Path, run: RunConfig, model_config: ModelConfig,
+                     data: Data) -> None:
+    values = {
+        "model": model_config.to_dict(),
+        "train": run.train_config().to_dict(),
+        "search": dataclasses.asdict(run.search_config()),
+        "data": {"corpus": run.corpus_name, "src": run.src, "tgt": run.tgt,
+                 "pairs": data.counts, "tokenizer": data.tokenizer_file.name,
+                 "batch": dataclasses.asdict(data.batch_config)},
+        "run": run.to_dict(),
+    }
+    tmp = run_dir / (ckpt.CONFIG_FILE + ".tmp")
+    tmp.write_text(json.dumps(values, indent=2, sort_keys=True, default=str) + "\n")
+    tmp.replace(run_dir / ckpt.CONFIG_FILE)
+
+
+def _check_same_model(run_dir: Path, model_config: ModelConfig) -> None:
+    """Resuming with a different model would fail deep inside orbax; say so up front."""
+    path = run_dir / ckpt.CONFIG_FILE
+    if not path.is_file():
+        return
+    saved = ModelConfig.from_dict(json.loads(path.read_text())["model"])
+    if saved != model_config:
+        diff = {k: (v, getattr(model_config, k)) for k, v in saved.to_dict().items()
+                if getattr(model_config, k) != v}
+        raise TrainingError(
+            f"{path} was trained with a different model ({', '.join(f'{k}: saved {a!r}, now {b!r}' for k, (a, b) in diff.items())}); "
+            "pass the same model flags to resume, or a new --output-dir.")
+
+
+# ----------------------------------------------------------------------------- training
+
+
+def _echo(message: str) -> None:
+    if jax.process_index() == 0:
+        from tqdm import tqdm
+
+        tqdm.write(message)
+
+
+def translate_command(model_dir: Path, example: str = "Hello world!") -> str:
+    return f'python translate.py --model {model_dir} "{example}"'
+
+
+def train(run: RunConfig, workdir: str | Path | None = None) -> dict[str, Any]:
+    """Train (or resume) a model in `workdir`; returns a summary dict.
+
+    Summary keys: run_dir, model_dir, steps, stopped ("max_steps", "max_minutes",
+    "early_stop", "SIGINT"/"SIGTERM"), best_bleu, best_step, last_eval, translate_command.
+    Raises TrainingError when the loss stops being finite.
+    """
+    from tqdm import tqdm
+
+    from transformer.training import (create_train_state, make_eval_step, make_mesh,
+                                      make_train_step, shard_batch)
+
+    run_dir = Path(workdir) if workdir is not None else run.default_output_dir()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    is_main = jax.process_index() == 0
+    started = time.monotonic()
+    max_steps, max_minutes = run.limits()
+
+    base_config = run.model_config(run.vocab_size)
+    data = prepare_data(run, run_dir, base_config.max_len)
+    model_config = run.model_config(data.tokenizer.vocab_size)
+    if ckpt.complete_steps(run_dir / ckpt.CHECKPOINTS_DIR):
+        _check_same_model(run_dir, model_config)
+    if is_main:
+        write_run_config(run_dir, run, model_config, data)
+    train_config = run.train_config()
+    search_config = run.search_config()
+
+    mesh = make_mesh()
+    graphdef, _, state = create_train_state(model_config, train_config, mesh)
+    train_step = make_train_step(graphdef, train_config, mesh)
+    eval_step = make_eval_step(graphdef, mesh, train_config)
+    saver = ckpt.Checkpointer(run_dir, keep_last=run.keep_last,
+                              async_save=run.async_checkpoints)
+
+    # ---- resume
+    book = {"best_bleu": None, "best_step": None, "bad_evals": 0, "window": [],
+            "iterator": {"epoch": 0, "position": 0}, "last_eval": None}
+    restored = saver.restore(state.params, {"step": state.step, "opt_state": state.opt_state,
+                                            "rng": state.rng})
+    if restored is not None:
+        state = state.replace(params=restored.params, step=restored.train["step"],
+                              opt_state=restored.train["opt_state"], rng=restored.train["rng"])
+        book.update(restored.data)
+        _echo(f"Resuming {run_dir} from step {restored.step}.")
+    step = int(_local(state.step))
+    saved_step = step if restored is not None else None
+
+    from data.batching import BatchIterator, eval_batches
+
+    batches = BatchIterator(data.train_examples, data.batch_config, state=book["iterator"])
+    writer = MetricsWriter(run_dir, step, is_main)
+    window: list[dict[str, float]] = [dict(m) for m in book["window"]]
+    pending: list[dict[str, jax.Array]] = []  # device metrics of steps not yet read back
+    window_start = time.monotonic()
+    window_tokens_before = sum(m["tokens"] for m in window)
+    pending_first_step = step + 1
+
+    from flax import nnx
+
+    if is_main:
+        n_params = sum(x.size for x in jax.tree.leaves(state.params))
+        budget = (f"{max_steps} steps" if max_steps is not None else "") + (
+            " or " if max_steps is not None and max_minutes is not None else "") + (
+            f"{max_minutes:g} minutes" if max_minutes is not None else "")
+        _echo(f"Training {run.preset} ({n_params / 1e6:.1f}M parameters, vocabulary "
+              f"{model_config.vocab_size}) on {data.counts.get('train', 0)} pairs "
+              f"({len(data.train_examples)} after length filtering), {jax.device_count()} "
+              f"{jax.devices()[0].platform} device(s), {jax.process_count()} process(es); "
+              f"budget {budget}; run directory {run_dir}")
+
+    def read_back() -> None:
+        """Move pending device metrics into the window; stop on a non-finite loss."""
+        nonlocal pending, pending_first_step
+        if not pending:
+            return
+        host = jax.device_get(pending)
+        for offset, metrics in enumerate(host):
+            if not bool(metrics["is_finite"]):
+                bad = pending_first_step + offset
+                last_good = saver.latest_step()
+                saver.wait()
+                where = (f"the last good checkpoint is step {last_good} in {saver.directory}"
+                         if last_good is not None else "no checkpoint was saved yet")
+                raise TrainingError(
+                    f"Training diverged: the loss or gradient norm became "
+                    f"{float(metrics['loss'])}/{float(metrics['grad_norm'])} at step {bad} "
+                    f"(learning rate {float(metrics['learning_rate']):.3g}); {where}. Lower "
+                    f"--lr-scale/--peak-lr, raise --warmup or set --clip-norm 1.0, then rerun "
+                    f"(it resumes from the last good checkpoint).")
+            window.append({k: float(v) for k, v in metrics.items()})
+        pending = []
+        pending_first_step = step + 1
+
+    def log_window() -> None:
+        nonlocal window, window_start, window_tokens_before
+        read_back()
+        if not window:
+            return
+        line = summarize_window(window)
+        elapsed = time.monotonic() - window_start
+        new_tokens = line["tokens"] - window_tokens_before
+        line["tokens_per_s"] = round(new_tokens / elapsed, 1) if elapsed > 0 else 0.0
+        line["elapsed_s"] = round(time.monotonic() - started, 1)
+        writer.write("train", step, line)
+        if bar is not None:
+            bar.set_postfix(loss=f"{line['loss']:.3f}", lr=f"{line['lr']:.2e}",
+                            tok_s=f"{line['tokens_per_s']:.0f}", refresh=False)
+        window, window_start, window_tokens_before = [], time.monotonic(), 0
+
+    def save(force_sync: bool = False) -> None:
+        nonlocal saved_step
+        read_back()  # never save a state whose loss was not finite
+        if saved_step == step:
+            return
+        book.update(iterator=batches.state, window=window)
+        saver.save(step, state.params, {"step": state.step, "opt_state": state.opt_state,
+                                        "rng": state.rng}, _json_safe(book))
+        saved_step = step
+        if force_sync:
+            saver.wait()
+
+    def evaluate() -> dict[str, Any]:
+        sums = None
+        for batch in eval_batches(data.valid_examples, data.eval_batch_config):
+            out = eval_step(state.params, shard_batch(batch, mesh))
+            sums = out if sums is None else jax.tree.map(jnp.add, sums, out)
+        sums = {k: float(v) for k, v in _local(sums).items()}
+        tokens = max(sums["tokens"], 1.0)
+        result = {"loss": sums["loss_sum"] / tokens, "nll": sums["nll_sum"] / tokens,
+                  "ppl": math.exp(min(sums["nll_sum"] / tokens, 700.0)),
+                  "accuracy": sums["correct"] / tokens}
+        n = min(run.eval_sentences, len(data.valid_sources))
+        if n:
+            import sacrebleu
+
+            model = nnx.merge(graphdef, _local(state.params))
+            sources, refs = data.valid_sources[:n], data.valid_targets[:n]
+            t0 = time.monotonic()
+            hyps = translate_sentences(model, data.tokenizer, sources, search_config)
+            result["bleu"] = sacrebleu.corpus_bleu(hyps, [refs]).score
+            result["chrf"] = sacrebleu.corpus_chrf(hyps, [refs]).score
+            result["sentences"] = n
+            result["translate_s"] = round(time.monotonic() - t0, 1)
+            for src, ref, hyp in list(zip(sources, refs, hyps))[: run.samples]:
+                _echo(f"  SRC: {src}\n  REF: {ref}\n  HYP: {hyp}")
+        return result
+
+    def run_eval() -> bool:
+        """Validate, track the best BLEU; True when early stopping says stop."""
+        result = evaluate()
+        book["last_eval"] = {"step": step, **result}
+        writer.write("eval", step, result)
+        bleu = result.get("bleu")
+        text = (f"step {step}: valid loss {result['loss']:.3f} ppl {result['ppl']:.2f}"
+                + (f" BLEU {bleu:.2f} chrF {result['chrf']:.1f}" if bleu is not None else ""))
+        if bleu is None:
+            _echo(text)
+            return False
+        if book["best_bleu"] is None or bleu > book["best_bleu"]:
+            book.update(best_bleu=bleu, best_step=step, bad_evals=0)
+            saver.save_best(step, state.params, {"bleu": bleu, "step": step})
+            text += " (best)"
+        else:
+            book["bad_evals"] += 1
+            text += f" (best {book['best_bleu']:.2f} at step {book['best_step']})"
+        _echo(text)
+        patience = run.early_stop_patience
+        return patience is not None and book["bad_evals"] >= patience
+
+    save_every = run.save_every or run.eval_every
+    bar = None
+    if is_main and run.progress:
+        # disable=None: no bar when stderr is not a terminal (logs, CI); metrics.jsonl has it all.
+        bar = tqdm(total=max_steps, initial=step, unit="step", dynamic_ncols=True,
+                   disable=None, smoothing=0.1)
+    stopped = None
+    deadline = started + max_minutes * 60 if max_minutes is not None else None
+    with StopSignal() as stop:
+        try:
+            while True:
+                if max_steps is not None and step >= max_steps:
+                    stopped = "max_steps"
+                    break
+                check = jax.process_count() == 1 or step % 10 == 0
+                if check:
+                    want = stop.received is not None or (
+                        deadline is not None and time.monotonic() >= deadline)
+                    if _all_processes_agree(want):
+                        stopped = stop.received or "max_minutes"
+                        break
+                batch = shard_batch(next(batches), mesh)
+                if run.nan_at_step is not None and step + 1 == run.nan_at_step:
+                    state = state.replace(params=jax.tree.map(lambda x: x * jnp.nan,
+                                                              state.params))
+                state, metrics = train_step(state, batch)
+                pending.append(metrics)
+                step += 1
+                if bar is not None:
+                    bar.update(1)
+                    if max_steps is None and deadline is not None:
+                        left = max(0.0, deadline - time.monotonic())
+                        bar.set_description(f"ETA {int(left // 60)}:{int(left % 60):02d}",
+                                            refresh=False)
+                if step % run.log_every == 0:
+                    log_window()
+                if step % run.eval_every == 0:
+                    read_back()
+                    if run_eval():
+                        stopped = "early_stop"
+                        save()
+                        break
+                if step % save_every == 0:
+                    save()
+            if stopped not in ("SIGINT", "SIGTERM"):
+                # An interrupted run keeps its unfinished log window in the checkpoint, so
+                # the resumed run logs exactly what an uninterrupted one would.
+                log_window()
+                last = book["last_eval"]
+                if step > 0 and (last is None or last["step"] != step):
+                    run_eval()
+            save(force_sync=True)
+        except TrainingError:
+            if bar is not None:
+                bar.close()
+            saver.wait()
+            saver.close()
+            writer.close()
+            raise
+        finally:
+            if bar is not None:
+                bar.close()
+    saver.wait()
+
+    # ---- the model translate.py loads: best by BLEU, else the last state
+    model_dir = run_dir / ckpt.MODEL_DIR
+    best_step = saver.best_step()
+    if best_step is not None and book["best_bleu"] is not None:
+        params = saver.restore_params(state.params, best_step, best=True)
+        source = {"step": best_step, "bleu": book["best_bleu"], "chosen": "best validation BLEU"}
+    else:
+        params = state.params
+        source = {"step": step, "bleu": None, "chosen": "last step"}
+    params = _local(params)
+    if is_main:
+        ckpt.export_model(model_dir, params, model_config, data.tokenizer_file, search_config,
+                          {"source_lang": run.src, "target_lang": run.tgt, **source})
+    averaged_dir = None
+    if run.average_last:
+        averaged_dir = average(run_dir, run.average_last, model_config)
+    _barrier("exported")
+    saver.close()
+    writer.close()
+
+    summary = {
+        "run_dir": str(run_dir), "model_dir": str(averaged_dir or model_dir), "steps": step,
+        "stopped": stopped, "best_bleu": book["best_bleu"], "best_step": book["best_step"],
+        "last_eval": book["last_eval"], "minutes": round((time.monotonic() - started) / 60, 2),
+        "translate_command": translate_command(averaged_dir or model_dir, _example(data)),
+    }
+    if is_main:
+        print_summary(summary, run_dir)
+    return summary
+
+
+def _example(data: Data) -> str:
+    return data.valid_sources[0].replace('"', "'") if data.valid_sources else "Hello world!"
+
+
+def _json_safe(book: dict[str, Any]) -> dict[str, Any]:
+    return json.loads(json.dumps(book, default=float))
+
+
+def average(run_dir: str | Path, last: int, model_config: ModelConfig | None = None) -> Path:
+    """Write `run_dir/averaged/`: the mean of the last `last` checkpoints (process 0 writes)."""
+    run_dir = Path(run_dir)
+    params, steps = ckpt.average_checkpoints(run_dir, last, model_config)
+    model_config = model_config or ckpt.read_run_config(run_dir)[0]
+    values = json.loads((run_dir / ckpt.CONFIG_FILE).read_text())
+    search = SearchConfig(**values["search"]) if "search" in values else SearchConfig()
+    out = run_dir / ckpt.AVERAGED_DIR
+    if jax.process_index() == 0:
+        ckpt.export_model(out, _local(params), model_config, run_dir / ckpt.TOKENIZER_FILE,
+                          search, {"source_lang": values.get("data", {}).get("src"),
+                                   "target_lang": values.get("data", {}).get("tgt"),
+                                   "averaged_steps": steps,
+                                   "chosen": f"mean of the last {len(steps)} checkpoints"})
+        _echo(f"Averaged checkpoints {steps} into {out}")
+    return out
+
+
+def print_summary(summary: dict[str, Any], run_dir: Path) -> None:
+    lines = [f"Finished after {summary['steps']} steps ({summary['stopped']}, "
+             f"{summary['minutes']} min)."]
+    if summary["best_bleu"] is not None:
+        lines.append(f"Best validation BLEU {summary['best_bleu']:.2f} at step "
+                     f"{summary['best_step']}.")
+    if summary["stopped"] in ("SIGINT", "SIGTERM"):
+        lines.append(f"Interrupted; checkpoint saved. Resume with the same command, or: "
+                     f"python train.py --resume --output-dir {run_dir}")
+    lines.append(f"Model: {summary['model_dir']}")
+    lines.append(f"Translate: {summary['translate_command']}")
+    print("\n".join(lines), flush=True)
