@@ -373,6 +373,7 @@ class BatchIterator:
         self._epoch, self._position = int(state["epoch"]), int(state["position"])
         self._plan_epoch: int | None = None
         self._plan: list[PlannedBatch] = []
+        log.info("batches per epoch: %s", plan_stats(examples, config, self._epoch).summary())
 
     @property
     def state(self) -> dict:
