@@ -1,0 +1,125 @@
+"""Shared pieces of the benchmarks: FLOP count, peak FLOP/s, memory, the peer scripts, JSON.
+
+FLOP count of a training step (`train_flops`), the same formula as the peer benchmarks'
+(../shared/tools/peers/README.md, "FLOP formula"), so MFU figures compare. Matmul work only;
+with S = batch * src_len source tokens, T = batch * tgt_len target tokens, width d, FFN size
+f, vocabulary V, Le encoder and Ld decoder layers, the multiply-adds of one forward pass are
+
+      S*Le*(4*d*d + 2*d*f) + S*Le*2*src_len*d        encoder projections + FFN, attention
+    + T*Ld*4*d*d + T*Ld*2*tgt_len*d                  decoder self-attention (all positions)
+    + T*Ld*2*d*d + S*Ld*2*d*d + T*Ld*2*src_len*d     cross-attention (K, V from the memory)
+    + T*Ld*2*d*f                                     decoder FFN
+    + T*d*V                                          output projection
+
+and FLOP per step = 3 (forward + backward) x 2 (FLOP per multiply-add) x that sum. Softmax,
+LayerNorm, embedding lookups, the loss and the optimizer are not counted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from transformer.config import ModelConfig
+
+REPO = Path(__file__).resolve().parents[1]
+PEERS = REPO.parent / "shared" / "tools" / "peers"
+PEER_PYTHON = Path.home() / ".cache" / "nmt-peers-venv" / "bin" / "python"
+
+# Dense peak FLOP/s per device, by the start of jax's device_kind (bf16 tensor cores for
+# GPUs; float32 would be far lower, so MFU of a float32 run on a GPU reads low).
+GPU_PEAK_FLOPS = {
+    "NVIDIA H100": 989e12,  # SXM, bf16 dense
+    "NVIDIA H200": 989e12,
+    "NVIDIA A100": 312e12,
+}
+
+
+def train_flops(config: ModelConfig, batch: int, src_len: int, tgt_len: int) -> float:
+    """Model FLOP of one training step; see the module docstring."""
+    d, f, v = config.d_model, config.d_ff, config.vocab_size
+    le, ld = config.encoder_layers, config.decoder_layers
+    s, t = batch * src_len, batch * tgt_len
+    encoder = s * le * (4 * d * d + 2 * d * f) + s * le * 2 * src_len * d
+    decoder_self = t * ld * 4 * d * d + t * ld * 2 * tgt_len * d
+    decoder_cross = t * ld * 2 * d * d + s * ld * 2 * d * d + t * ld * 2 * src_len * d
+    decoder_ffn = t * ld * 2 * d * f
+    output = t * d * v
+    multiply_adds = encoder + decoder_self + decoder_cross + decoder_ffn + output
+    return 3.0 * 2.0 * multiply_adds
+
+
+def measured_matmul_flops(n: int = 2048, reps: int = 10) -> float:
+    """Median FLOP/s of a jitted float32 n x n @ n x n on the default device."""
+    key_a, key_b = jax.random.split(jax.random.PRNGKey(0))
+    a = jax.random.normal(key_a, (n, n), jnp.float32)
+    b = jax.random.normal(key_b, (n, n), jnp.float32)
+    matmul = jax.jit(jnp.dot)
+    for _ in range(2):
+        matmul(a, b).block_until_ready()
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        matmul(a, b).block_until_ready()
+        times.append(time.perf_counter() - start)
+    return 2.0 * n ** 3 / statistics.median(times)
+
+
+def peak_flops() -> tuple[float, str]:
+    """(peak FLOP/s of one device, where the figure comes from)."""
+    device = jax.devices()[0]
+    if device.platform == "gpu":
+        for kind, flops in GPU_PEAK_FLOPS.items():
+            if device.device_kind.startswith(kind):
+                return flops, f"table: {kind} bf16 dense"
+    return measured_matmul_flops(), "measured: jitted 2048^3 float32 jnp.dot"
+
+
+def peak_memory_bytes() -> tuple[int, str]:
+    """Peak memory: device peak_bytes_in_use on accelerators, else the process's max RSS."""
+    device = jax.devices()[0]
+    stats = device.memory_stats() if device.platform != "cpu" else None
+    if stats and "peak_bytes_in_use" in stats:
+        return int(stats["peak_bytes_in_use"]), "device peak_bytes_in_use"
+    kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
+    return int(kib) * 1024, "process max RSS"
+
+
+def run_peer(script: str, args: list[str], timeout: float = 1800, many: bool = False
+             ) -> Any:
+    """Run a peer script (../shared/tools/peers/<script>); its last JSON line, or all if `many`."""
+    if not PEER_PYTHON.exists():
+        raise SystemExit(f"No peer python at {PEER_PYTHON}; run {PEERS / 'setup.sh'} first.")
+    command = [str(PEER_PYTHON), str(PEERS / script), *args]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout,
+                          cwd=REPO, env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode != 0 or not lines:
+        raise RuntimeError(f"{' '.join(command)} failed ({done.returncode}):\n"
+                           f"{done.stdout[-2000:]}\n{done.stderr[-4000:]}")
+    records = [json.loads(line) for line in lines]
+    return records if many else records[-1]
+
+
+def emit(record: dict[str, Any]) -> None:
+    """One JSON line on stdout."""
+    record.setdefault("machine", platform.machine())
+    print(json.dumps(record), flush=True)
+
+
+def environment() -> dict[str, Any]:
+    device = jax.devices()[0]
+    return {"jax": jax.__version__, "backend": device.platform,
+            "device_kind": device.device_kind, "devices": jax.device_count(),
+            "python": sys.version.split()[0]}

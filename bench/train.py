@@ -1,0 +1,177 @@
+"""Train-step throughput: `python -m bench.train [--preset base] [--compare --rounds 3]`.
+
+Times the real training step of transformer/training.py (forward, backward, Adam, dropout 0.1,
+label smoothing 0.1) on random batches: ids uniform in 2 .. vocab-2, no padding, a new batch
+every step, as the peer benchmark (../shared/tools/peers/hf_train_step.py) does. Batches are
+made and put on the device before the timer starts; each timed step runs from the call to
+the step until its loss is ready. After --warmup steps, the median of --steps steps gives:
+
+  tokens_per_s   target tokens (batch * tgt_len) / median step time
+  step_s         median step time; step_s_min / step_s_max
+  compile_s      lowering + compiling the step (jit(...).lower(...).compile())
+  peak_mem_bytes GPU: peak_bytes_in_use of device 0; CPU: the process's max RSS
+  mfu            model FLOP per step / step_s / peak FLOP/s. The FLOP count is the peers'
+                 formula (see bench/common.py); the peak is a table figure for known GPUs and
+                 a measured jitted 2048^3 float32 matmul on CPU.
+
+With --compare, each of --rounds rounds times our step and then the peer's (one subprocess
+running hf_train_step.py with the same model and work flags, --threads 2), prints both lines
+and the ratio of tokens/s; a final line gives the median ratio over rounds. The model is the
+peer's: post-norm, ReLU, sinusoidal positions, shared embeddings, dropout 0.1, vocab 8000.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import jax
+import numpy as np
+
+from bench import common
+from transformer import training
+from transformer.config import PRESETS, get_preset
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--preset", default="base", choices=sorted(PRESETS))
+    ap.add_argument("--d-model", type=int)
+    ap.add_argument("--layers", type=int, help="encoder and decoder layers, each")
+    ap.add_argument("--heads", type=int)
+    ap.add_argument("--ffn", type=int)
+    ap.add_argument("--vocab", type=int, default=8000)
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--src-len", type=int, default=32)
+    ap.add_argument("--tgt-len", type=int, default=32)
+    ap.add_argument("--steps", type=int, default=10, help="timed steps")
+    ap.add_argument("--warmup", type=int, default=2, help="untimed steps after compiling")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    ap.add_argument("--accum-steps", type=int, default=1)
+    ap.add_argument("--compare", action="store_true",
+                    help="also run the peer (transformers) step, alternating with ours")
+    ap.add_argument("--rounds", type=int, default=1, help="rounds of ours (+ peer)")
+    ap.add_argument("--threads", type=int, default=2, help="peer torch threads")
+    return ap.parse_args(argv)
+
+
+def model_config(args):
+    overrides = {"vocab_size": args.vocab, "dtype": args.dtype,
+                 "max_len": max(512, args.src_len, args.tgt_len)}
+    if args.d_model is not None:
+        overrides["d_model"] = args.d_model
+    if args.layers is not None:
+        overrides["encoder_layers"] = overrides["decoder_layers"] = args.layers
+    if args.heads is not None:
+        overrides["num_heads"] = args.heads
+    if args.ffn is not None:
+        overrides["d_ff"] = args.ffn
+    return get_preset(args.preset, **overrides)
+
+
+def random_batch(rng: np.random.Generator, rows: int, src_len: int, tgt_len: int, vocab: int
+                 ) -> dict[str, np.ndarray]:
+    """Ids uniform in 2 .. vocab-2 and no padding, as the peer's batches."""
+    src = rng.integers(2, vocab - 1, (rows, src_len), dtype=np.int32)
+    tgt = rng.integers(2, vocab - 1, (rows, tgt_len), dtype=np.int32)
+    tgt_in = np.concatenate([np.full((rows, 1), 2, np.int32), tgt[:, :-1]], axis=1)
+    return {"src": src, "tgt_in": tgt_in, "tgt_out": tgt}
+
+
+class OurStep:
+    """The compiled step and its state, kept across rounds."""
+
+    def __init__(self, args):
+        self.args = args
+        self.config = model_config(args)
+        self.train_config = training.TrainConfig(accum_steps=args.accum_steps)
+        self.mesh = training.make_mesh()
+        graphdef, _, self.state = training.create_train_state(self.config, self.train_config,
+                                                              self.mesh)
+        self.rows = args.batch * args.accum_steps
+        self.rng = np.random.default_rng(1)
+        jitted = training.make_train_step(graphdef, self.train_config, self.mesh)
+        start = time.perf_counter()
+        self.step = jitted.lower(self.state, self._batch()).compile()
+        self.compile_s = time.perf_counter() - start
+        self.params = sum(x.size for x in jax.tree_util.tree_leaves(self.state.params))
+
+    def _batch(self):
+        a = self.args
+        return training.shard_batch(
+            random_batch(self.rng, self.rows, a.src_len, a.tgt_len, a.vocab), self.mesh)
+
+    def measure(self) -> dict:
+        a = self.args
+        batches = [self._batch() for _ in range(a.warmup + a.steps)]
+        times, metrics = [], None
+        for i, batch in enumerate(batches):
+            start = time.perf_counter()
+            self.state, metrics = self.step(self.state, batch)
+            metrics["loss"].block_until_ready()
+            if i >= a.warmup:
+                times.append(time.perf_counter() - start)
+        step_s = statistics.median(times)
+        tokens = self.rows * a.tgt_len
+        return {"step_s": step_s, "step_s_min": min(times), "step_s_max": max(times),
+                "tokens_per_s": tokens / step_s, "last_loss": float(metrics["loss"]),
+                "is_finite": bool(metrics["is_finite"])}
+
+
+def peer_args(args, config) -> list[str]:
+    return ["--preset", args.preset if args.preset in ("base", "small") else "base",
+            "--d-model", str(config.d_model), "--layers", str(config.encoder_layers),
+            "--heads", str(config.num_heads), "--ffn", str(config.d_ff),
+            "--vocab", str(config.vocab_size), "--batch", str(args.batch),
+            "--src-len", str(args.src_len), "--tgt-len", str(args.tgt_len),
+            "--len", str(args.tgt_len), "--steps", str(args.steps),
+            "--warmup", str(args.warmup), "--threads", str(args.threads)]
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    if args.compare and args.dtype != "float32":
+        raise SystemExit("--compare times the peer in float32; drop --dtype or --compare.")
+    ours = OurStep(args)
+    flops = common.train_flops(ours.config, ours.rows, args.src_len, args.tgt_len)
+    peak, peak_source = common.peak_flops()
+    base = {"preset": args.preset, "d_model": ours.config.d_model,
+            "layers": ours.config.encoder_layers, "heads": ours.config.num_heads,
+            "ffn": ours.config.d_ff, "vocab": ours.config.vocab_size, "params": ours.params,
+            "batch": args.batch, "accum_steps": args.accum_steps, "src_len": args.src_len,
+            "tgt_len": args.tgt_len, "dtype": args.dtype, "steps": args.steps,
+            "warmup": args.warmup, "model_gflop_per_step": round(flops / 1e9, 2)}
+    ratios = []
+    for round_ in range(args.rounds):
+        result = ours.measure()
+        memory, memory_source = common.peak_memory_bytes()
+        ours_line = {
+            "system": "ours-jax-flax-nnx-train", "round": round_, **base,
+            **{k: round(v, 4) if isinstance(v, float) else v for k, v in result.items()},
+            "compile_s": round(ours.compile_s, 2),
+            "model_gflops_per_s": round(flops / result["step_s"] / 1e9, 1),
+            "peak_gflops": round(peak / 1e9, 1), "peak_source": peak_source,
+            "mfu": round(flops / result["step_s"] / peak, 4),
+            "peak_mem_bytes": memory, "peak_mem_source": memory_source,
+            **common.environment()}
+        common.emit(ours_line)
+        if args.compare:
+            peer = common.run_peer("hf_train_step.py", peer_args(args, ours.config))
+            peer["round"] = round_
+            common.emit(peer)
+            ratio = result["tokens_per_s"] / peer["tokens_per_s"]
+            ratios.append(ratio)
+            common.emit({"system": "ratio", "round": round_, "preset": args.preset,
+                         "ours_tokens_per_s": round(result["tokens_per_s"], 1),
+                         "peer_tokens_per_s": peer["tokens_per_s"],
+                         "ours_over_peer": round(ratio, 3)})
+    if ratios:
+        common.emit({"system": "summary", "preset": args.preset, "rounds": len(ratios),
+                     "median_ours_over_peer": round(statistics.median(ratios), 3),
+                     "ratios": [round(r, 3) for r in ratios]})
+
+
+if __name__ == "__main__":
+    main()
