@@ -48,9 +48,10 @@ DEFAULT_BUCKETS = (
 )
 
 Batch = dict[str, np.ndarray]
-# A cell whose pairs fill less than this fraction of one batch passes them to the next cell.
-# On Multi30k, 1.0 gave 36 shapes and 7.2% waste; 0.5 gave 46 shapes and 6.6%.
-_MIN_FILL = 1.0
+# A cell whose pairs fill fewer than this many batches passes them to the next cell. The
+# smallest value that keeps the number of shapes within `BatchConfig.max_shapes` is used.
+# On Multi30k, 1 gave 36 shapes and 7.2% waste; 0.5 gave 46 shapes and 6.6%.
+_MIN_FILLS = (1, 1.5, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64, 128, math.inf)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,7 +62,9 @@ class BatchConfig:
     (the last bucket used is `max_len` itself). `max_ratio` drops pairs whose
     longer side is more than this many times the shorter (lengths with EOS), as Moses'
     clean-corpus and fairseq do. `num_devices` is the global device count: every batch size is
-    a multiple of it (and so of the process count).
+    a multiple of it (and so of the process count). `max_shapes` bounds the distinct (B, S, T)
+    shapes, and so the compilations of the train step: on large corpora, cells need more
+    pairs before they get a shape of their own (see `plan_epoch`).
     """
 
     batch_tokens: int = 4096
@@ -70,6 +73,7 @@ class BatchConfig:
     buckets: tuple[int, ...] = DEFAULT_BUCKETS
     num_devices: int = 1
     seed: int = 0
+    max_shapes: int = 48
 
     def __post_init__(self) -> None:
         if list(self.buckets) != sorted(set(self.buckets)) or self.buckets[0] < 2:
@@ -79,6 +83,8 @@ class BatchConfig:
                 f"max_len {self.max_len} exceeds the largest bucket {self.buckets[-1]}; lower "
                 "--max-len or add larger buckets"
             )
+        if self.max_shapes < 1:
+            raise DataError(f"max_shapes must be >= 1, got {self.max_shapes}")
         if self.num_devices < 1:
             raise DataError(f"num_devices must be >= 1, got {self.num_devices}")
         largest = self.used_buckets[-1]
@@ -248,10 +254,45 @@ def _split_evenly(pool: np.ndarray, max_rows: int, multiple: int, size_s: int, s
             for b in range(n_batches)]
 
 
+def _cells(n_buckets: int) -> Iterator[tuple[int, int]]:
+    """Cells (i, j) in order of i + j: each comes after every cell that carries pairs into it."""
+    for diagonal in range(2 * n_buckets - 1):
+        for i in range(max(0, diagonal - n_buckets + 1), min(diagonal, n_buckets - 1) + 1):
+            yield i, diagonal - i
+
+
+def _count_shapes(counts: np.ndarray, buckets: np.ndarray, config: BatchConfig,
+                  min_fill: float) -> int:
+    """How many cells get batches of their own when cells need `min_fill` batches' worth."""
+    pools = counts.copy()
+    shapes = 0
+    for i, j in _cells(len(buckets)):
+        if not pools[i, j]:
+            continue
+        target = _next_cell(i, j, counts)
+        if target is not None and pools[i, j] < min_fill * config.rows(buckets[i], buckets[j]):
+            pools[target] += pools[i, j]
+        else:
+            shapes += 1
+    return shapes
+
+
+def _min_fill(counts: np.ndarray, buckets: np.ndarray, config: BatchConfig) -> float:
+    """The smallest fill threshold that keeps the shapes within `config.max_shapes`."""
+    for min_fill in _MIN_FILLS:
+        if _count_shapes(counts, buckets, config, min_fill) <= config.max_shapes:
+            return min_fill
+    return math.inf
+
+
 def plan_epoch(examples: Examples, config: BatchConfig, epoch: int, shuffle: bool = True
                ) -> list[PlannedBatch]:
     """The global batches of one epoch, identical on every process.
 
+    A cell gets batches of its own when its pairs (with those carried into it) fill at least
+    `min_fill` batches, else they move on; `min_fill` is 1 unless more is needed to keep the
+    shapes within `config.max_shapes`. It depends only on cell counts, so every epoch has the
+    same shapes.
     With `shuffle`, pairs within a cell and the order of batches are permuted by a generator
     seeded with (config.seed, epoch); without, pairs keep corpus order and batches come in
     order of shape (for evaluation).
@@ -269,25 +310,23 @@ def plan_epoch(examples: Examples, config: BatchConfig, epoch: int, shuffle: boo
     order = order[np.argsort(cell_id[order], kind="stable")]  # grouped by cell, random within
     starts = np.concatenate([[0], np.cumsum(counts.ravel())])
 
+    min_fill = _min_fill(counts, buckets, config)
     carried: dict[tuple[int, int], np.ndarray] = {}
     batches: list[PlannedBatch] = []
-    # Cells in order of i + j: every cell comes after the cells that carry pairs into it.
-    for diagonal in range(2 * n_buckets - 1):
-        for i in range(max(0, diagonal - n_buckets + 1), min(diagonal, n_buckets - 1) + 1):
-            j = diagonal - i
-            flat = i * n_buckets + j
-            own = order[starts[flat]:starts[flat + 1]]
-            pool = np.concatenate([carried.pop((i, j)), own]) if (i, j) in carried else own
-            if not len(pool):
-                continue
-            size_s, size_t = int(buckets[i]), int(buckets[j])
-            max_rows = config.rows(size_s, size_t)
-            target = _next_cell(i, j, counts)
-            if target is not None and len(pool) < _MIN_FILL * max_rows:
-                # Too few for a batch of their own: the next larger cell takes them.
-                carried[target] = np.concatenate([carried.get(target, pool[:0]), pool])
-                continue
-            batches += _split_evenly(pool, max_rows, config.num_devices, size_s, size_t)
+    for i, j in _cells(n_buckets):
+        flat = i * n_buckets + j
+        own = order[starts[flat]:starts[flat + 1]]
+        pool = np.concatenate([carried.pop((i, j)), own]) if (i, j) in carried else own
+        if not len(pool):
+            continue
+        size_s, size_t = int(buckets[i]), int(buckets[j])
+        max_rows = config.rows(size_s, size_t)
+        target = _next_cell(i, j, counts)
+        if target is not None and len(pool) < min_fill * max_rows:
+            # Too few for batches of their own: the next larger cell takes them.
+            carried[target] = np.concatenate([carried.get(target, pool[:0]), pool])
+            continue
+        batches += _split_evenly(pool, max_rows, config.num_devices, size_s, size_t)
     if shuffle:
         batches = [batches[k] for k in rng.permutation(len(batches))]
     return batches

@@ -87,6 +87,18 @@ def test_no_batch_is_wider_than_max_len(encoded):
     assert all(s in config.used_buckets and t in config.used_buckets for s, t in widths)
 
 
+def test_max_shapes_bounds_the_shapes(encoded):
+    config = BatchConfig(batch_tokens=256, max_len=64, buckets=BUCKETS)
+    examples = load_examples(encoded, config)
+    unbounded = plan_stats(examples, config)
+    assert unbounded.num_shapes > 4
+    bounded = plan_stats(examples, BatchConfig(batch_tokens=256, max_len=64, buckets=BUCKETS,
+                                               max_shapes=4))
+    assert bounded.num_shapes <= 4
+    assert bounded.real_tokens == unbounded.real_tokens  # still every pair once
+    assert bounded.padding_waste > unbounded.padding_waste
+
+
 def test_plan_depends_on_seed_and_epoch_only(encoded):
     config = BatchConfig(batch_tokens=512, max_len=64, buckets=BUCKETS)
     examples = load_examples(encoded, config)
