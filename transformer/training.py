@@ -283,21 +283,17 @@ def create_train_state(model_config: ModelConfig, train_config: TrainConfig,
     mesh = make_mesh() if mesh is None else mesh
     optimizer = make_optimizer(train_config, model_config.d_model)
 
-    def build() -> tuple[nnx.State, nnx.State]:
-        model = Transformer(model_config, rngs=nnx.Rngs(params=train_config.seed))
-        _, params, rest = nnx.split(model, nnx.Param, ...)
-        return params, rest
+    def build() -> Transformer:
+        return Transformer(model_config, rngs=nnx.Rngs(params=train_config.seed))
 
-    abstract_model = nnx.eval_shape(
-        lambda: Transformer(model_config, rngs=nnx.Rngs(params=train_config.seed)))
-    graphdef, _, abstract_rest = nnx.split(abstract_model, nnx.Param, ...)
+    graphdef, _, abstract_rest = nnx.split(nnx.eval_shape(build), nnx.Param, ...)
     if jax.tree_util.tree_leaves(abstract_rest):
         raise ValueError("create_train_state: the model has non-Param state "
                          f"{abstract_rest}; the train step only carries parameters. Make it "
                          "a constant or an explicit argument, or extend TrainState.")
 
     def init() -> tuple[TrainState, nnx.State]:
-        params, rest = build()
+        _, params, rest = nnx.split(build(), nnx.Param, ...)
         state = TrainState(step=jnp.zeros((), jnp.int32), params=params,
                            opt_state=optimizer.init(params),
                            rng=jax.random.PRNGKey(train_config.seed))
