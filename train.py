@@ -8,6 +8,7 @@ This file only parses arguments; the loop is `transformer.trainer.train`.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -15,7 +16,7 @@ from pathlib import Path
 # Flags and the RunConfig field each sets: (flag, type, help). Booleans are handled apart.
 _GROUPS = {
     "model": [
-        ("--preset", str, "model size: tiny, small, base or big (default small)"),
+        ("--preset", str, "model size: tiny, small, base or big"),
         ("--d-model", int, "override the preset's model width"),
         ("--num-heads", int, "attention heads"),
         ("--d-ff", int, "feed-forward width"),
@@ -30,8 +31,8 @@ _GROUPS = {
         ("--max-len", int, "longest sequence the model supports"),
     ],
     "data": [
-        ("--src", str, "source language code (default en)"),
-        ("--tgt", str, "target language code (default de)"),
+        ("--src", str, "source language code"),
+        ("--tgt", str, "target language code"),
         ("--train-prefix", str, "training files PREFIX.SRC and PREFIX.TGT"),
         ("--valid-prefix", str, "validation files PREFIX.SRC and PREFIX.TGT"),
         ("--test-prefix", str, "test files PREFIX.SRC and PREFIX.TGT"),
@@ -40,46 +41,46 @@ _GROUPS = {
         ("--dataset", str, "Hugging Face dataset name or save_to_disk directory"),
         ("--dataset-config", str, "its configuration, e.g. de-en"),
         ("--max-train-pairs", int, "use only the first N training pairs"),
-        ("--vocab-size", int, "SentencePiece vocabulary size (default 8000)"),
+        ("--vocab-size", int, "SentencePiece vocabulary size"),
         ("--tokenizer-type", str, "unigram (default) or bpe"),
-        ("--batch-tokens", int, "tokens per batch (per update without --accum; default 4096)"),
-        ("--max-tokens-per-sentence", int, "drop training pairs longer than this (default 256)"),
+        ("--batch-tokens", int, "tokens per batch (per update without --accum"),
+        ("--max-tokens-per-sentence", int, "drop training pairs longer than this"),
+        ("--buckets", str, "padded batch lengths, comma-separated"),
     ],
     "optimisation": [
         ("--schedule", str, "noam (paper) or inverse_sqrt"),
-        ("--warmup", int, "warm-up steps (default 4000)"),
-        ("--lr-scale", float, "noam: multiplier of d_model^-0.5 * min(...) (default 1)"),
-        ("--peak-lr", float, "inverse_sqrt: learning rate after warm-up (default 1e-3)"),
-        ("--adam-b1", float, "Adam beta1 (default 0.9)"),
-        ("--adam-b2", float, "Adam beta2 (default 0.98)"),
-        ("--adam-eps", float, "Adam epsilon (default 1e-9)"),
-        ("--label-smoothing", float, "label smoothing (default 0.1)"),
+        ("--warmup", int, "warm-up steps"),
+        ("--lr-scale", float, "noam: multiplier of d_model^-0.5 * min(...)"),
+        ("--peak-lr", float, "inverse_sqrt: learning rate after warm-up"),
+        ("--adam-b1", float, "Adam beta1"),
+        ("--adam-b2", float, "Adam beta2"),
+        ("--adam-eps", float, "Adam epsilon"),
+        ("--label-smoothing", float, "label smoothing"),
         ("--clip-norm", float, "clip the global gradient norm (default: no clipping)"),
         ("--accum", int, "accumulate K batches per update"),
-        ("--weight-decay", float, "decoupled weight decay on matrices (default 0)"),
-        ("--seed", int, "random seed (default 0)"),
+        ("--weight-decay", float, "decoupled weight decay on matrices"),
+        ("--seed", int, "random seed"),
     ],
     "length of training": [
         ("--max-steps", int, "stop after this many updates"),
-        ("--max-minutes", float, "stop after this much wall-clock time (default 4 when "
-                                 "neither --max-steps nor --max-minutes is given)"),
+        ("--max-minutes", float, "stop after this much wall-clock time"),
         ("--early-stop-patience", int, "stop after N validations without a better BLEU"),
     ],
     "validation": [
-        ("--eval-every", int, "validate every N steps (default 1000; also at the end)"),
+        ("--eval-every", int, "validate every N steps"),
         ("--eval-sentences", int, "translate at most N validation sentences for BLEU "
-                                  "(default 500; 0 = loss only)"),
-        ("--beam", int, "beam size for validation translations (default 4)"),
-        ("--alpha", float, "length penalty alpha (default 0.6)"),
-        ("--samples", int, "sample translations printed per validation (default 3)"),
+                                  "(0 = loss only)"),
+        ("--beam", int, "beam size for validation translations"),
+        ("--alpha", float, "length penalty alpha"),
+        ("--samples", int, "sample translations printed per validation"),
     ],
     "checkpoints and logging": [
         ("--save-every", int, "checkpoint every N steps (default: --eval-every)"),
-        ("--keep-last", int, "keep the last K checkpoints (default 5)"),
+        ("--keep-last", int, "keep the last K checkpoints"),
         ("--average-last", int, "write averaged/: the mean of the last N checkpoints. With an "
                                 "output directory that already holds checkpoints and no "
                                 "--resume, only average (no training)"),
-        ("--log-every", int, "log metrics every N steps (default 50)"),
+        ("--log-every", int, "log metrics every N steps"),
     ],
 }
 _BOOLEANS = [
@@ -103,10 +104,18 @@ def build_parser() -> argparse.ArgumentParser:
                         "runs/<corpus>-<src>-<tgt>-<preset>); resumes if it holds checkpoints")
     parser.add_argument("--resume", action="store_true",
                         help="continue the run in --output-dir (an error if it has none)")
+    from transformer.trainer import DEFAULT_MAX_MINUTES, RunConfig  # imports JAX, no devices
+
+    defaults = {f.name: f.default for f in dataclasses.fields(RunConfig)}
+    defaults["max_minutes"] = f"{DEFAULT_MAX_MINUTES:g} when --max-steps is not given either"
+    defaults["buckets"] = ",".join(map(str, defaults["buckets"]))
     groups = {}
     for title, flags in _GROUPS.items():
         group = groups[title] = parser.add_argument_group(title)
         for flag, kind, text in flags:
+            default = defaults.get(_field(flag))
+            if default is not None:
+                text = f"{text} (default {default})"
             group.add_argument(flag, type=kind, default=None, help=text)
     for flag, title, text in _BOOLEANS:
         groups[title].add_argument(flag, action=argparse.BooleanOptionalAction, default=None,
@@ -154,7 +163,21 @@ def resolve(argv: list[str] | None = None) -> tuple[dict, argparse.Namespace]:
         value = getattr(args, name, None)
         if value is not None:
             settings[name] = value
+    if "buckets" in settings:
+        settings["buckets"] = _parse_buckets(settings["buckets"])
     return settings, args
+
+
+def _parse_buckets(value) -> tuple[int, ...] | None:
+    if value is None or value == "default":
+        return None
+    if isinstance(value, str):
+        try:
+            return tuple(int(v) for v in value.split(",") if v.strip())
+        except ValueError:
+            raise SystemExit(f"error: --buckets {value!r}: expected comma-separated integers "
+                             "such as 16,32,64, or 'default'") from None
+    return tuple(int(v) for v in value)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -171,6 +194,9 @@ def main(argv: list[str] | None = None) -> int:
     from transformer.trainer import RunConfig, TrainingError, average, train
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    import datasets
+
+    datasets.disable_progress_bars()
     for noisy in ("absl", "jax", "datasets", "orbax", "tensorboardX"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
 

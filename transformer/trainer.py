@@ -98,13 +98,16 @@ class RunConfig:
     dataset: str | None = None
     dataset_config: str | None = None
     max_train_pairs: int | None = None  # use only the first N training pairs
-    vocab_size: int = 8000
+    vocab_size: int = 4000
     tokenizer_type: str = "unigram"
-    batch_tokens: int = 4096  # per update per micro-batch: source or target tokens incl. padding
-    max_tokens_per_sentence: int = 256
+    batch_tokens: int = 2048  # per micro-batch: rows x max(S, T), padding included
+    max_tokens_per_sentence: int = 64
+    # Padded lengths of batches; None = data.batching.DEFAULT_BUCKETS (little padding, a few
+    # dozen shapes). Few buckets mean few compilations, which matters on a CPU.
+    buckets: tuple[int, ...] | None = (16, 32, 64)
     # ---- optimisation (see transformer.training.TrainConfig)
     schedule: str = "noam"
-    warmup: int = 4000
+    warmup: int = 200
     lr_scale: float = 1.0
     peak_lr: float = 1e-3
     adam_b1: float = 0.9
@@ -121,7 +124,7 @@ class RunConfig:
     early_stop_patience: int | None = None  # validations without a better BLEU
     # ---- validation
     eval_every: int = 1000
-    eval_sentences: int = 500
+    eval_sentences: int = 200
     beam: int = 4
     alpha: float = 0.6
     samples: int = 3  # sample translations printed per validation
@@ -150,6 +153,8 @@ class RunConfig:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {value}.")
         if self.max_minutes is not None and self.max_minutes <= 0:
             raise ValueError(f"--max-minutes must be > 0, got {self.max_minutes}.")
+        if self.buckets is not None:
+            object.__setattr__(self, "buckets", tuple(int(b) for b in self.buckets))
         if self.eval_sentences < 0:
             raise ValueError(f"--eval-sentences must be >= 0, got {self.eval_sentences}.")
 
@@ -269,50 +274,17 @@ def _barrier(name: str) -> None:
 
 
 def _local(tree: Any) -> Any:
-    """Host copies of replicated arrays (fine on several processes, unlike device_get)."""
+    """This process's copy of replicated arrays, as single-device jax.Arrays.
+
+    Unlike device_get, this works on several processes, where a global array is not fully
+    addressable; the result can be used in computations local to this process (search).
+    """
     def one(x):
         if isinstance(x, jax.Array) and not x.is_fully_addressable:
-            return np.asarray(x.addressable_data(0))
-        return np.asarray(x)
+            return x.addressable_data(0)
+        return jnp.asarray(x)
 
     return jax.tree.map(one, tree)
-
-
-# ----------------------------------------------------------------------------- translation seam
-
-
-def translate_sentences(model, tokenizer, sentences: Sequence[str], search_config: SearchConfig
-                        ) -> list[str]:
-    """Translate with the project's shared code path (transformer/translation.py).
-
-    Falls back to a minimal batched loop over transformer.decoding while that module is not
-    available, so training can validate either way.
-    """
-    try:
-        from transformer.translation import translate_sentences as shared
-    except ImportError:
-        return _fallback_translate(model, tokenizer, sentences, search_config)
-    return shared(model, tokenizer, sentences, search_config)
-
-
-def _fallback_translate(model, tokenizer, sentences, search_config, batch_size: int = 64):
-    from flax import nnx
-
-    from transformer import decoding
-
-    config = model.config
-    graphdef, state = nnx.split(model)
-    ids = [row[: config.max_len - 1] + [config.eos_id] for row in tokenizer.encode(sentences)]
-    order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
-    out: list[str] = [""] * len(ids)
-    for start in range(0, len(order), batch_size):
-        chunk = order[start:start + batch_size]
-        src = decoding.pad_sources([ids[i] for i in chunk], config.pad_id, batch_size)
-        result = decoding.search_with_state(graphdef, state, src, search_config)
-        hyps = decoding.hypotheses_to_lists(result, config.eos_id)
-        for i, hyp in zip(chunk, hyps):
-            out[i] = tokenizer.decode([hyp[0]])[0]
-    return out
 
 
 # ----------------------------------------------------------------------------- metrics output
@@ -446,11 +418,14 @@ def prepare_data(run: RunConfig, run_dir: Path, model_max_len: int) -> Data:
     encoded = encode_corpus(corpus, tokenizer)
     max_len = min(run.max_tokens_per_sentence, model_max_len)
     devices = jax.device_count()
+    buckets = {} if run.buckets is None else {"buckets": run.buckets}
+    # With --accum K a batch holds K micro-batches of the same shape, K x rows.
     batch_config = BatchConfig(batch_tokens=run.batch_tokens * run.accum, max_len=max_len,
-                               num_devices=devices * run.accum, seed=run.seed)
-    # Validation keeps every pair that fits the model, however long.
+                               num_devices=devices * run.accum, seed=run.seed, **buckets)
+    # Validation keeps every pair that fits the model, whatever its length ratio.
     eval_batch_config = BatchConfig(batch_tokens=run.batch_tokens, max_len=max_len,
-                                    max_ratio=float("inf"), num_devices=devices, seed=run.seed)
+                                    max_ratio=float("inf"), num_devices=devices, seed=run.seed,
+                                    **buckets)
     train_examples = load_examples(encoded["train"], batch_config, "train")
     valid_examples = load_examples(encoded["validation"], eval_batch_config, "validation")
     valid = corpus["validation"]
@@ -497,6 +472,16 @@ def _check_same_model(run_dir: Path, model_config: ModelConfig) -> None:
 # ----------------------------------------------------------------------------- training
 
 
+def enable_compilation_cache(directory: str | Path | None = None) -> None:
+    """Keep compiled steps on disk: a rerun or resume skips most compilation (minutes on CPU)."""
+    if directory is None:
+        from data.tokenizer import default_cache_dir
+
+        directory = default_cache_dir() / "jax"
+    jax.config.update("jax_compilation_cache_dir", str(directory))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
+
+
 def _echo(message: str) -> None:
     if jax.process_index() == 0:
         from tqdm import tqdm
@@ -522,6 +507,7 @@ def train(run: RunConfig, workdir: str | Path | None = None) -> dict[str, Any]:
 
     run_dir = Path(workdir) if workdir is not None else run.default_output_dir()
     run_dir.mkdir(parents=True, exist_ok=True)
+    enable_compilation_cache()
     is_main = jax.process_index() == 0
     started = time.monotonic()
     max_steps, max_minutes = run.limits()
@@ -642,14 +628,15 @@ def train(run: RunConfig, workdir: str | Path | None = None) -> dict[str, Any]:
                   "accuracy": sums["correct"] / tokens}
         n = min(run.eval_sentences, len(data.valid_sources))
         if n:
-            import sacrebleu
+            from transformer.translation import Translator, evaluate as score
 
+            # The same batching and search as translate.py.
             model = nnx.merge(graphdef, _local(state.params))
             sources, refs = data.valid_sources[:n], data.valid_targets[:n]
             t0 = time.monotonic()
-            hyps = translate_sentences(model, data.tokenizer, sources, search_config)
-            result["bleu"] = sacrebleu.corpus_bleu(hyps, [refs]).score
-            result["chrf"] = sacrebleu.corpus_chrf(hyps, [refs]).score
+            hyps = Translator(model, data.tokenizer, search_config).translate(sources)
+            scores = score(hyps, refs)
+            result["bleu"], result["chrf"] = scores.bleu, scores.chrf
             result["sentences"] = n
             result["translate_s"] = round(time.monotonic() - t0, 1)
             for src, ref, hyp in list(zip(sources, refs, hyps))[: run.samples]:

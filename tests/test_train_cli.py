@@ -1,0 +1,195 @@
+"""train.py end to end on a small synthetic corpus: resume parity, signals, NaN, averaging, flags.
+
+Each run is a subprocess, as a user would start it. They share one JAX compilation cache
+(FLAX_NMT_CACHE), so only the first run compiles.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import train as train_cli
+from transformer import checkpoint
+from transformer.trainer import RunConfig, TrainingError, train
+
+REPO = Path(__file__).resolve().parents[1]
+WORDS = ("red blue green small big old new cat dog bird tree house car boat sun moon "
+         "river stone light dark fast slow happy sad").split()
+
+
+def _write_corpus(root: Path, pairs: int, seed: int, name: str) -> str:
+    """Sentences of 3-8 words; the "translation" reverses the words and upper-cases them."""
+    import random
+
+    rng = random.Random(seed)
+    src, tgt = [], []
+    for _ in range(pairs):
+        words = [rng.choice(WORDS) for _ in range(rng.randint(3, 8))]
+        src.append(" ".join(words))
+        tgt.append(" ".join(w.upper() for w in reversed(words)))
+    (root / f"{name}.en").write_text("\n".join(src) + "\n")
+    (root / f"{name}.de").write_text("\n".join(tgt) + "\n")
+    return str(root / name)
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> dict[str, str]:
+    root = tmp_path_factory.mktemp("corpus")
+    return {"train": _write_corpus(root, 600, 0, "train"),
+            "valid": _write_corpus(root, 40, 1, "valid")}
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory) -> dict[str, str]:
+    cache = tmp_path_factory.mktemp("cache")
+    return {**os.environ, "FLAX_NMT_CACHE": str(cache), "PYTHONUNBUFFERED": "1"}
+
+
+def _args(corpus: dict[str, str], out: Path, max_steps: int = 60, **extra) -> list[str]:
+    args = ["--preset", "tiny", "--train-prefix", corpus["train"],
+            "--valid-prefix", corpus["valid"], "--vocab-size", "300",
+            "--batch-tokens", "256", "--buckets", "16", "--max-tokens-per-sentence", "16",
+            "--warmup", "20", "--max-steps", str(max_steps), "--log-every", "7",
+            "--eval-every", "20", "--eval-sentences", "0", "--keep-last", "3",
+            "--output-dir", str(out)]
+    for key, value in extra.items():
+        args += [f"--{key.replace('_', '-')}", str(value)]
+    return args
+
+
+def _run(args: list[str], env: dict[str, str], timeout: int = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "train.py", *args], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def _lines(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+_WALL_CLOCK = ("tokens_per_s", "elapsed_s", "translate_s")
+
+
+def _comparable(line: dict) -> dict:
+    return {k: v for k, v in line.items() if k not in _WALL_CLOCK}
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(corpus, env, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("runs") / "a"
+    result = _run(_args(corpus, out), env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return out
+
+
+def test_run_directory_layout(uninterrupted):
+    out = uninterrupted
+    for name in ("config.json", "spm.model", "metrics.jsonl", "checkpoints", "tb", "model"):
+        assert (out / name).exists(), name
+    config = json.loads((out / "config.json").read_text())
+    assert {"model", "train", "search", "data", "run"} <= set(config)
+    assert config["model"]["d_model"] == 24 and config["run"]["max_steps"] == 60
+    assert checkpoint.complete_steps(out / "checkpoints") == [20, 40, 60]
+    steps = [line["step"] for line in _lines(out) if line["kind"] == "train"]
+    assert steps == [7, 14, 21, 28, 35, 42, 49, 56, 60]
+    evals = [line for line in _lines(out) if line["kind"] == "eval"]
+    assert [e["step"] for e in evals] == [20, 40, 60]
+    assert evals[-1]["loss"] < evals[0]["loss"]
+    model, tokenizer, values = checkpoint.load_model(out)
+    assert values["model"].d_model == 24 and values["step"] == 60
+
+
+def test_sigterm_then_resume_logs_the_same_metrics(uninterrupted, corpus, env, tmp_path):
+    out = tmp_path / "b"
+    out.mkdir()
+    # The same tokenizer as the uninterrupted run (SentencePiece training is threaded).
+    (out / "spm.model").write_bytes((uninterrupted / "spm.model").read_bytes())
+    process = subprocess.Popen([sys.executable, "train.py", *_args(corpus, out)], cwd=REPO,
+                               env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 240
+    metrics = out / "metrics.jsonl"
+    while time.monotonic() < deadline and process.poll() is None:
+        if metrics.exists() and any(json.loads(line)["step"] >= 21
+                                    for line in metrics.read_text().splitlines()):
+            break
+        time.sleep(0.05)
+    assert process.poll() is None, "the run ended before it could be interrupted"
+    process.send_signal(signal.SIGTERM)
+    stdout, stderr = process.communicate(timeout=120)
+    assert process.returncode == 0, stderr[-3000:]
+    assert "--resume" in stdout and "SIGTERM" in stdout
+    interrupted_at = checkpoint.complete_steps(out / "checkpoints")[-1]
+    assert 21 <= interrupted_at < 60
+
+    result = _run(_args(corpus, out), env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"from step {interrupted_at}" in result.stdout + result.stderr
+    expected = [_comparable(line) for line in _lines(uninterrupted)]
+    resumed = [_comparable(line) for line in _lines(out)]
+    assert [line["step"] for line in resumed] == [line["step"] for line in expected]
+    for got, want in zip(resumed, expected):
+        assert got.keys() == want.keys()
+        for key in want:
+            assert got[key] == pytest.approx(want[key], rel=1e-6, abs=1e-7), (got["step"], key)
+
+
+def test_average_last_without_training(uninterrupted, env):
+    result = _run(["--average-last", "2", "--output-dir", str(uninterrupted)], env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    averaged = uninterrupted / "averaged"
+    _, _, values = checkpoint.load_model(averaged)
+    assert values["averaged_steps"] == [40, 60]
+    assert "python translate.py --model" in result.stdout
+    # No training happened: no new checkpoint, no new metrics.
+    assert checkpoint.complete_steps(uninterrupted / "checkpoints") == [20, 40, 60]
+
+
+def test_nan_loss_stops_and_keeps_last_good_checkpoint(corpus, env, tmp_path, monkeypatch):
+    monkeypatch.setenv("FLAX_NMT_CACHE", env["FLAX_NMT_CACHE"])
+    settings, _ = train_cli.resolve(_args(corpus, tmp_path / "nan", save_every=5))
+    settings.pop("output_dir")
+    run = RunConfig(**settings, nan_at_step=12, progress=False)
+    with pytest.raises(TrainingError, match=r"diverged.*step 12.*last good checkpoint is step 10"):
+        train(run, tmp_path / "nan")
+    assert checkpoint.complete_steps(tmp_path / "nan" / "checkpoints") == [5, 10]
+    assert not (tmp_path / "nan" / "model").exists()
+
+
+def test_resume_flag_without_checkpoints_is_an_error(tmp_path, capsys):
+    assert train_cli.main(["--resume", "--output-dir", str(tmp_path / "none")]) == 2
+    assert "holds no complete checkpoint" in capsys.readouterr().err
+
+
+def test_recipe_file_and_flag_precedence(tmp_path):
+    recipe = tmp_path / "r.json"
+    recipe.write_text(json.dumps({"preset": "base", "batch-tokens": 8000, "warmup": 4000,
+                                  "#": "comment"}))
+    settings, _ = train_cli.resolve(["--config", str(recipe), "--batch-tokens", "100"])
+    assert settings == {"preset": "base", "batch_tokens": 100, "warmup": 4000}
+    recipe.write_text(json.dumps({"batch-size": 8000}))
+    with pytest.raises(SystemExit, match="unknown setting 'batch-size'"):
+        train_cli.resolve(["--config", str(recipe)])
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "configs").glob("*.json")), ids=lambda p: p.name)
+def test_shipped_recipes_load(path):
+    settings, _ = train_cli.resolve(["--config", str(path)])
+    settings.pop("output_dir", None)
+    run = RunConfig(**settings)
+    run.model_config(run.vocab_size)
+    run.train_config()
+    run.search_config()
+
+
+def test_no_argument_defaults():
+    run = RunConfig(**train_cli.resolve([])[0])
+    assert run.preset == "small" and run.corpus_spec().uses_builtin
+    assert run.limits() == (None, 4.0)
+    assert str(run.default_output_dir()) == "runs/builtin-en-de-small"

@@ -1,0 +1,88 @@
+"""End to end on real data: train.py on 2,000 Multi30k pairs, then load the model and translate.
+
+Multi30k is read from ../shared/data/multi30k (see its README); the test is skipped when absent.
+Set NMT_SLOW_TESTS=1 to also run the README's no-argument `python train.py` in full.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from transformer import checkpoint
+
+REPO = Path(__file__).resolve().parents[1]
+MULTI30K = REPO.parent / "shared/data/multi30k"
+
+
+def _env(tmp_path: Path) -> dict[str, str]:
+    cache = os.environ.get("FLAX_NMT_CACHE") or str(tmp_path / "cache")
+    return {**os.environ, "FLAX_NMT_CACHE": cache, "PYTHONUNBUFFERED": "1"}
+
+
+@pytest.mark.skipif(not (MULTI30K / "train.en").is_file(),
+                    reason=f"Multi30k not found at {MULTI30K}")
+def test_multi30k_train_then_translate(tmp_path):
+    out = tmp_path / "run"
+    args = ["--preset", "tiny", "--train-prefix", str(MULTI30K / "train"),
+            "--valid-prefix", str(MULTI30K / "valid"), "--max-train-pairs", "2000",
+            "--vocab-size", "1000", "--batch-tokens", "1024", "--buckets", "16,32",
+            "--max-tokens-per-sentence", "32", "--max-steps", "300", "--warmup", "100",
+            "--lr-scale", "2", "--eval-every", "150", "--eval-sentences", "40",
+            "--log-every", "50", "--output-dir", str(out)]
+    result = subprocess.run([sys.executable, "train.py", *args], cwd=REPO, env=_env(tmp_path),
+                            capture_output=True, text=True, timeout=400)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "python translate.py --model" in result.stdout
+    lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    train_lines = [line for line in lines if line["kind"] == "train"]
+    evals = [line for line in lines if line["kind"] == "eval"]
+    assert train_lines[-1]["loss"] < train_lines[0]["loss"] - 1.0
+    assert [e["step"] for e in evals] == [150, 300]
+    assert all("bleu" in e and "chrf" in e for e in evals)
+
+    # What translate.py does with the run directory.
+    from transformer.translation import Translator
+
+    model, tokenizer, values = checkpoint.load_model(out)
+    assert values["source_lang"] == "en" and values["target_lang"] == "de"
+    sources = (MULTI30K / "test2016.en").read_text().splitlines()[:5]
+    hyps = Translator(model, tokenizer, values["search"]).translate(sources)
+    assert len(hyps) == 5 and all(isinstance(h, str) for h in hyps)
+    assert any(h.strip() for h in hyps)
+    if (REPO / "translate.py").is_file():
+        cli = subprocess.run([sys.executable, "translate.py", "--model", str(out), sources[0]],
+                             cwd=REPO, env=_env(tmp_path), capture_output=True, text=True,
+                             timeout=300)
+        assert cli.returncode == 0, cli.stderr[-3000:]
+        assert cli.stdout.strip()
+
+
+def test_default_command_runs_briefly(tmp_path):
+    """`python train.py` with its defaults (small, built-in corpus), cut to a few steps."""
+    out = tmp_path / "run"
+    result = subprocess.run(
+        [sys.executable, "train.py", "--max-steps", "20", "--eval-sentences", "10",
+         "--output-dir", str(out)],
+        cwd=REPO, env=_env(tmp_path), capture_output=True, text=True, timeout=400)
+    if "built-in corpus found only" in result.stderr:
+        pytest.skip("this machine has too few gettext catalogs for the built-in corpus")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Translate: python translate.py --model" in result.stdout
+    _, _, values = checkpoint.load_model(out)
+    assert values["model"].d_model == 256
+
+
+@pytest.mark.skipif(not os.environ.get("NMT_SLOW_TESTS"),
+                    reason="takes ~5 minutes; set NMT_SLOW_TESTS=1 to run")
+def test_no_argument_command(tmp_path):
+    result = subprocess.run([sys.executable, str(REPO / "train.py")], cwd=tmp_path, env={
+        **_env(tmp_path), "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert (tmp_path / "runs/builtin-en-de-small/model/params.msgpack").is_file()
+    assert "BLEU" in result.stdout
