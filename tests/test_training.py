@@ -61,6 +61,32 @@ def test_inverse_sqrt_schedule():
         assert float(schedule(count)) == pytest.approx(expected, rel=1e-6)
 
 
+def test_optimizer_clips_and_decays_matrices_only():
+    config = TrainConfig(schedule="inverse_sqrt", peak_lr=0.5, warmup_steps=1, clip_norm=1.0,
+                         weight_decay=0.1)
+    optimizer = training.make_optimizer(config, d_model=8)
+    params = {"kernel": jnp.full((2, 3), 2.0), "bias": jnp.full((3,), 2.0)}
+    zero = jax.tree_util.tree_map(jnp.zeros_like, params)
+    updates, _ = optimizer.update(zero, optimizer.init(params), params)
+    np.testing.assert_allclose(updates["kernel"], -0.5 * 0.1 * 2.0, rtol=1e-6)  # decay only
+    np.testing.assert_allclose(updates["bias"], 0.0)
+    # Clipping happens before Adam: two steps with a huge then a small gradient equal plain
+    # Adam fed the huge gradient scaled down to norm 1 (Adam's output depends on the ratio).
+    clipped = training.make_optimizer(dataclasses.replace(config, weight_decay=0.0), d_model=8)
+    plain = training.make_optimizer(
+        dataclasses.replace(config, weight_decay=0.0, clip_norm=None), d_model=8)
+    huge = {"kernel": jnp.full((2, 3), 1e6), "bias": jnp.zeros(3)}
+    small = {"kernel": jnp.full((2, 3), 0.1), "bias": jnp.zeros(3)}
+    scaled = jax.tree_util.tree_map(lambda g: g / (1e6 * math.sqrt(6)), huge)
+    results = []
+    for optimizer, first in [(clipped, huge), (plain, scaled)]:
+        opt_state = optimizer.init(params)
+        _, opt_state = optimizer.update(first, opt_state, params)
+        updates, _ = optimizer.update(small, opt_state, params)
+        results.append(updates["kernel"])
+    np.testing.assert_allclose(results[0], results[1], rtol=1e-5)
+
+
 # ----------------------------------------------------------------------------- loss
 
 

@@ -338,10 +338,11 @@ def make_train_step(graphdef: nnx.GraphDef, train_config: TrainConfig, mesh: Mes
     micro-batches equal one batch of B rows (exactly, up to float summation order, when dropout
     is off; dropout masks differ because each micro-batch draws its own key).
 
-    Dropout key of the update: fold_in(state.rng, state.step). Metrics (float32 scalars on the
-    device): loss and nll per token, accuracy, tokens, grad_norm (before clipping),
-    learning_rate (the one this update used) and is_finite (loss and gradient norm finite; the
-    update is applied regardless, so check it at log intervals and stop on False).
+    Dropout key of the update: fold_in(state.rng, state.step). Metrics (scalars on the device,
+    float32 but for is_finite): loss and nll per token, accuracy, tokens, grad_norm (before
+    clipping), learning_rate (the one this update used) and is_finite (bool: loss and gradient
+    norm finite; the update is applied regardless, so check it at log intervals and stop on
+    False).
     """
     c = train_config
     k = c.accum_steps
