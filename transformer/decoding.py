@@ -218,10 +218,8 @@ def _beam_search(graphdef, state, src, limits, max_len: int, beam_size: int, nbe
     def to_rows(x):  # [batch, k, ...] -> [batch * k, ...]
         return x.reshape((batch * k,) + x.shape[2:])
 
-    memory_k = to_rows(jnp.repeat(memory[:, None], k, axis=1))
-    src_mask_k = to_rows(jnp.repeat(src_mask[:, None], k, axis=1))
     limits_k = to_rows(jnp.repeat(limits[:, None], k, axis=1))
-    cache = model.init_cache(memory_k, max_len)
+    cache = model.init_cache(memory, max_len, beam_size=k)
 
     state0 = _BeamState(
         step=jnp.zeros((), jnp.int32),
@@ -240,7 +238,7 @@ def _beam_search(graphdef, state, src, limits, max_len: int, beam_size: int, nbe
     def body(s: _BeamState) -> _BeamState:
         last = s.alive_tokens[:, :, jnp.maximum(s.step - 1, 0)]
         last = jnp.where(s.step == 0, config.bos_id, last)
-        logits, cache = model.decode(memory_k, src_mask_k, to_rows(last)[:, None], s.cache)
+        logits, cache = model.decode(memory, src_mask, to_rows(last)[:, None], s.cache)
         logprobs = jax.nn.log_softmax(logits[:, 0])
         logprobs = _restrict_logprobs(logprobs, s.step, limits_k, min_len, config)
         vocab = logprobs.shape[-1]
@@ -306,8 +304,8 @@ def _top_k_by(scores: Array, tokens: Array, k: int) -> tuple[Array, Array]:
 def _reorder_cache(cache: Cache, rows: Array) -> Cache:
     """Give each beam its parent's self-attention keys/values; rows [batch * k]."""
     return Cache(index=cache["index"],
-                 self_key=jnp.take(cache["self_key"], rows, axis=1),
-                 self_value=jnp.take(cache["self_value"], rows, axis=1),
+                 self_key=tuple(jnp.take(k, rows, axis=0) for k in cache["self_key"]),
+                 self_value=tuple(jnp.take(v, rows, axis=0) for v in cache["self_value"]),
                  cross_key=cache["cross_key"], cross_value=cache["cross_value"])
 
 

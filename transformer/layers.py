@@ -186,13 +186,21 @@ class MultiHeadAttention(nnx.Module):
         """[batch, k_len, d_model] -> keys and values, each [batch, k_len, heads, head_dim]."""
         return self._split_heads(self.key(x)), self._split_heads(self.value(x))
 
+    def project_key_value_heads_major(self, x: Array) -> tuple[Array, Array]:
+        """[batch, k_len, d_model] -> keys and values, each [batch, heads, k_len, head_dim]."""
+        key, value = self.project_key_value(x)
+        return key.transpose(0, 2, 1, 3), value.transpose(0, 2, 1, 3)
+
     def attend(self, query: Array, key: Array, value: Array, mask: Array | None,
                rng: Array | None = None, return_weights: bool = False
                ) -> tuple[Array, Array | None]:
         """Attention over projected heads; returns ([batch, q_len, d_model], weights or None).
 
-        The fused `jax.nn.dot_product_attention` runs unless weights are requested or
-        attention dropout is active, which need the probabilities themselves.
+        query [batch, q_len, heads, head_dim], key/value [batch, k_len, heads, head_dim],
+        mask broadcastable to [batch, heads, q_len, k_len]. The fused
+        `jax.nn.dot_product_attention` runs (cuDNN's kernel on GPU with attention_impl="cudnn")
+        unless weights are requested or attention dropout is active, which need the
+        probabilities themselves.
         """
         needs_weights = return_weights or (rng is not None and self.attention_dropout > 0)
         if needs_weights:
@@ -204,6 +212,31 @@ class MultiHeadAttention(nnx.Module):
         batch, q_len = context.shape[:2]
         context = context.reshape(batch, q_len, self.num_heads * self.head_dim)
         return self.output(context), weights
+
+    def attend_cached(self, query: Array, key: Array, value: Array, mask: Array) -> Array:
+        """Attention of a few new query positions over cached, heads-major keys and values.
+
+        query [rows, q_len, heads, head_dim]; key/value [kv_rows, heads, k_len, head_dim]
+        where rows is kv_rows or a multiple of it: consecutive query rows (the beams of one
+        sentence) share a key/value row and are folded into the query axis. mask broadcastable
+        to [kv_rows, heads, rows // kv_rows * q_len, k_len]. Returns [rows, q_len, d_model].
+
+        The heads-major cache makes both products plain batched matrix products over
+        (row, head); with the [batch, length, heads, head_dim] layout XLA on CPU transposed
+        the whole cache at every step, several times slower.
+        """
+        rows, q_len = query.shape[:2]
+        kv_rows = key.shape[0]
+        group = rows // kv_rows
+        query = query.reshape(kv_rows, group * q_len, self.num_heads, self.head_dim)
+        query = query.transpose(0, 2, 1, 3)  # [kv_rows, heads, group * q_len, head_dim]
+        scores = jnp.einsum("bhqd,bhkd->bhqk", query, key,
+                            preferred_element_type=jnp.float32) / math.sqrt(self.head_dim)
+        scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
+        weights = jax.nn.softmax(scores, axis=-1).astype(value.dtype)
+        context = jnp.einsum("bhqk,bhkd->bhqd", weights, value)
+        context = context.transpose(0, 2, 1, 3).reshape(rows, q_len, self.num_heads * self.head_dim)
+        return self.output(context)
 
     def _attend_with_weights(self, query, key, value, mask, rng):
         _, weights = reference_attention(query, key, value, mask)

@@ -32,20 +32,23 @@ Array = jax.Array
 
 
 class Cache(TypedDict):
-    """Decoder state for incremental decoding; every array is stacked over decoder layers.
+    """Decoder state for incremental decoding: one array per decoder layer in each tuple.
 
     index:       int32 scalar, the position the next decoded token will occupy.
-    self_key:    [layers, batch, max_len, heads, head_dim] keys of positions < index.
-    self_value:  [layers, batch, max_len, heads, head_dim]
-    cross_key:   [layers, batch, src_len, heads, head_dim] encoder output, projected once.
-    cross_value: [layers, batch, src_len, heads, head_dim]
+    self_key:    per layer [rows, heads, max_len, head_dim], keys of positions < index.
+    self_value:  per layer [rows, heads, max_len, head_dim]
+    cross_key:   per layer [batch, heads, src_len, head_dim], encoder output projected once.
+    cross_value: per layer [batch, heads, src_len, head_dim]
+    rows is batch, or batch * beam_size in beam search (beams share their sentence's
+    cross-attention keys/values). Heads-major, so attention over the cache needs no transpose
+    (see MultiHeadAttention.attend_cached).
     """
 
     index: Array
-    self_key: Array
-    self_value: Array
-    cross_key: Array
-    cross_value: Array
+    self_key: tuple[Array, ...]
+    self_value: tuple[Array, ...]
+    cross_key: tuple[Array, ...]
+    cross_value: tuple[Array, ...]
 
 
 class EncoderLayer(nnx.Module):
@@ -81,26 +84,59 @@ class DecoderLayer(nnx.Module):
     def __call__(self, x: Array, self_kv: tuple[Array, Array], self_mask: Array,
                  cross_kv: tuple[Array, Array], src_mask: Array, rng: Array | None,
                  return_weights: bool = False) -> tuple[Array, Array | None]:
-        """One decoder layer over already-projected keys and values.
+        """The layer over a whole target sequence (training, teacher forcing).
 
-        x [batch, tgt_len, d_model]; self_kv: keys/values of the target positions visible to
-        x, [batch, kv_len, heads, head_dim] (this step's included); self_mask broadcastable to
-        [batch, heads, tgt_len, kv_len]; cross_kv [batch, src_len, heads, head_dim];
+        x [batch, tgt_len, d_model]; self_kv: keys/values of x, each
+        [batch, tgt_len, heads, head_dim]; self_mask broadcastable to
+        [batch, heads, tgt_len, tgt_len]; cross_kv [batch, src_len, heads, head_dim];
         src_mask [batch, 1, 1, src_len]. Returns (x, cross-attention weights or None).
         """
         rngs = split_rng(rng, 6)
+        weights = []
+
+        def attend_self(h):
+            query = self.self_attention.project_query(h)
+            return self.self_attention.attend(query, *self_kv, self_mask, rngs[0])[0]
+
+        def attend_cross(h):
+            query = self.cross_attention.project_query(h)
+            out, w = self.cross_attention.attend(query, *cross_kv, src_mask, rngs[2],
+                                                 return_weights)
+            weights.append(w)
+            return out
+
+        return self._sublayers(x, attend_self, attend_cross, rngs), weights[0]
+
+    def step(self, x: Array, self_kv: tuple[Array, Array], self_mask: Array,
+             cross_kv: tuple[Array, Array], src_mask: Array, rng: Array | None) -> Array:
+        """The layer for new positions over cached keys/values (incremental decoding).
+
+        x [rows, new_len, d_model]; self_kv: the cache with this step written, each
+        [rows, heads, max_len, head_dim]; self_mask broadcastable to
+        [rows, heads, new_len, max_len]; cross_kv [batch, heads, src_len, head_dim] with rows a
+        multiple of batch (beams); src_mask [batch, 1, 1, src_len]. Attention dropout is not
+        applied on this path.
+        """
+        rngs = split_rng(rng, 6)
+
+        def attend_self(h):
+            query = self.self_attention.project_query(h)
+            return self.self_attention.attend_cached(query, *self_kv, self_mask)
+
+        def attend_cross(h):
+            query = self.cross_attention.project_query(h)
+            return self.cross_attention.attend_cached(query, *cross_kv, src_mask)
+
+        return self._sublayers(x, attend_self, attend_cross, rngs)
+
+    def _sublayers(self, x, attend_self, attend_cross, rngs):
+        """Self-attention, cross-attention and FFN, each inside its Add & Norm."""
         h = self.self_attention_norm.sublayer_input(x)
-        attended, _ = self.self_attention.attend(
-            self.self_attention.project_query(h), *self_kv, self_mask, rngs[0])
-        x = self.self_attention_norm.residual(x, attended, rngs[1])
-
+        x = self.self_attention_norm.residual(x, attend_self(h), rngs[1])
         h = self.cross_attention_norm.sublayer_input(x)
-        attended, weights = self.cross_attention.attend(
-            self.cross_attention.project_query(h), *cross_kv, src_mask, rngs[2], return_weights)
-        x = self.cross_attention_norm.residual(x, attended, rngs[3])
-
+        x = self.cross_attention_norm.residual(x, attend_cross(h), rngs[3])
         h = self.feed_forward_norm.sublayer_input(x)
-        return self.feed_forward_norm.residual(x, self.feed_forward(h, rngs[4]), rngs[5]), weights
+        return self.feed_forward_norm.residual(x, self.feed_forward(h, rngs[4]), rngs[5])
 
     def self_attention_input(self, x: Array) -> Array:
         """What the self-attention projects keys and values from (normed under pre-norm)."""
@@ -165,22 +201,25 @@ class Transformer(nnx.Module):
 
     # ------------------------------------------------------------------ decoder
 
-    def init_cache(self, memory: Array, max_len: int) -> Cache:
+    def init_cache(self, memory: Array, max_len: int, beam_size: int = 1) -> Cache:
         """Cache for decoding up to `max_len` target positions over `memory`.
 
-        Allocates the self-attention keys/values for batch = memory.shape[0] and `max_len`
-        positions, and projects the encoder output to cross-attention keys/values once.
+        Allocates self-attention keys/values for batch * beam_size rows (rows b*k .. b*k+k-1
+        are the beams of sentence b) and `max_len` positions, and projects the encoder output
+        [batch, src_len, d_model] to cross-attention keys/values once per sentence: the beams
+        of a sentence share them rather than holding k copies.
         """
         config = self.config
-        batch = memory.shape[0]
-        shape = (config.decoder_layers, batch, max_len, config.num_heads, config.head_dim)
-        cross = [layer.cross_attention.project_key_value(memory) for layer in self.decoder_layers]
+        shape = (memory.shape[0] * beam_size, config.num_heads, max_len, config.head_dim)
+        layers = range(config.decoder_layers)
+        cross = [layer.cross_attention.project_key_value_heads_major(memory)
+                 for layer in self.decoder_layers]
         return Cache(
             index=jnp.zeros((), jnp.int32),
-            self_key=jnp.zeros(shape, compute_dtype(config)),
-            self_value=jnp.zeros(shape, compute_dtype(config)),
-            cross_key=jnp.stack([k for k, _ in cross]),
-            cross_value=jnp.stack([v for _, v in cross]),
+            self_key=tuple(jnp.zeros(shape, compute_dtype(config)) for _ in layers),
+            self_value=tuple(jnp.zeros(shape, compute_dtype(config)) for _ in layers),
+            cross_key=tuple(k for k, _ in cross),
+            cross_value=tuple(v for _, v in cross),
         )
 
     def decode(self, memory: Array, src_mask: Array, tgt_ids: Array, cache: Cache | None = None,
@@ -217,29 +256,33 @@ class Transformer(nnx.Module):
         if cache is None:
             self_mask = causal_mask(tgt_len)
         else:
-            self_mask = cached_causal_mask(offset, tgt_len, cache["self_key"].shape[2])
+            self_mask = cached_causal_mask(offset, tgt_len, cache["self_key"][0].shape[2])
         new_keys, new_values, all_weights = [], [], []
         for i, layer in enumerate(self.decoder_layers):
-            key, value = layer.self_attention.project_key_value(layer.self_attention_input(x))
+            h = layer.self_attention_input(x)
             if cache is None:
+                self_kv = layer.self_attention.project_key_value(h)
                 cross_kv = layer.cross_attention.project_key_value(memory)
+                x, weights = layer(x, self_kv, self_mask, cross_kv, src_mask, rngs[1 + i],
+                                   return_weights)
+                all_weights.append(weights)
             else:
-                # Write this step's keys/values into the cache, attend over all slots.
-                key = jax.lax.dynamic_update_slice_in_dim(cache["self_key"][i], key, offset, 1)
+                # Write the new positions' keys/values into the cache (in place inside the
+                # search loop), then attend over all its slots.
+                key, value = layer.self_attention.project_key_value_heads_major(h)
+                key = jax.lax.dynamic_update_slice_in_dim(cache["self_key"][i], key, offset, 2)
                 value = jax.lax.dynamic_update_slice_in_dim(cache["self_value"][i], value,
-                                                            offset, 1)
+                                                            offset, 2)
                 new_keys.append(key)
                 new_values.append(value)
                 cross_kv = (cache["cross_key"][i], cache["cross_value"][i])
-            x, weights = layer(x, (key, value), self_mask, cross_kv, src_mask, rngs[1 + i],
-                               return_weights)
-            all_weights.append(weights)
+                x = layer.step(x, (key, value), self_mask, cross_kv, src_mask, rngs[1 + i])
         if config.norm == "pre":
             x = self.decoder_norm(x)
 
         if cache is not None:
-            cache = Cache(index=cache["index"] + tgt_len, self_key=jnp.stack(new_keys),
-                          self_value=jnp.stack(new_values), cross_key=cache["cross_key"],
+            cache = Cache(index=cache["index"] + tgt_len, self_key=tuple(new_keys),
+                          self_value=tuple(new_values), cross_key=cache["cross_key"],
                           cross_value=cache["cross_value"])
         return self._logits(x), cache, all_weights
 

@@ -1,0 +1,121 @@
+"""Decoding throughput: greedy and beam search on a random model with fixed work.
+
+    python -m bench.decode                      # base, 64 sentences x 20 tokens, greedy + beam 4
+    python -m bench.decode --preset small --compare --rounds 3
+
+The work matches ../shared/tools/peers/hf_decode.py and ct2_decode.py: one batch of --batch
+random source sentences of --src-len tokens (EOS included) and exactly --out-len output
+tokens per sentence (min_len = max_len = out_len, EOS included, so no hypothesis ends early).
+Length penalty alpha = 1.0 is irrelevant when all hypotheses have the same length.
+
+Reported per mode: compile_s (first call minus a steady call: tracing + XLA compilation of
+that shape), batch_s (median of --repeats timed calls after the warm-up), sentences/s and
+output tokens/s (batch x out_len / batch_s; beam hypotheses are not counted). With --compare
+the peers run in the same invocation, alternating with ours, and each line of ours carries
+the ratio to each peer's figure from the same round.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import numpy as np
+from flax import nnx
+
+from bench.common import emit, environment, run_peer
+from transformer.config import SearchConfig, get_preset
+from transformer.decoding import search_with_state
+from transformer.model import Transformer
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--preset", default="base")
+    parser.add_argument("--vocab", type=int, default=8000)
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--src-len", type=int, default=20)
+    parser.add_argument("--out-len", type=int, default=20)
+    parser.add_argument("--beams", type=int, nargs="+", default=[1, 4],
+                        help="1 runs greedy search, k > 1 beam search")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--compare", action="store_true",
+                        help="also run transformers generate() and CTranslate2 (float32)")
+    parser.add_argument("--threads", type=int, default=2, help="threads the peers may use")
+    return parser.parse_args()
+
+
+def search_config(beam: int, out_len: int) -> SearchConfig:
+    strategy = "greedy" if beam == 1 else "beam"
+    return SearchConfig(strategy=strategy, beam_size=beam, alpha=1.0, max_len_a=0.0,
+                        max_len_b=out_len, min_len=out_len)
+
+
+def time_ours(args, model_state, beam: int) -> dict:
+    graphdef, state, src = model_state
+    config = search_config(beam, args.out_len)
+
+    def run() -> float:
+        start = time.perf_counter()
+        result = search_with_state(graphdef, state, src, config)
+        elapsed = time.perf_counter() - start
+        assert np.all(result.lengths == args.out_len), result.lengths
+        return elapsed
+
+    first = run()
+    times = [run() for _ in range(args.repeats)]
+    batch_s = statistics.median(times)
+    return {"system": "ours", "mode": "greedy" if beam == 1 else f"beam{beam}",
+            "compile_s": round(first - batch_s, 3), "batch_s": batch_s,
+            "sentences_per_s": args.batch / batch_s,
+            "tokens_per_s": args.batch * args.out_len / batch_s}
+
+
+def peer_args(args) -> list[str]:
+    config = get_preset(args.preset)
+    return ["--d-model", str(config.d_model), "--enc-layers", str(config.encoder_layers),
+            "--dec-layers", str(config.decoder_layers), "--heads", str(config.num_heads),
+            "--ffn", str(config.d_ff), "--vocab", str(args.vocab), "--batch", str(args.batch),
+            "--src-len", str(args.src_len), "--out-len", str(args.out_len),
+            "--repeats", str(args.repeats), "--threads", str(args.threads),
+            "--beams", *map(str, args.beams)]
+
+
+def run_peers(args) -> list[dict]:
+    """transformers generate() and CTranslate2 float32, one line per (system, mode)."""
+    lines = run_peer("hf_decode.py", peer_args(args), many=True)
+    lines += run_peer("ct2_decode.py", peer_args(args) + ["--compute-types", "float32"], many=True)
+    return lines
+
+
+def main() -> None:
+    args = parse_args()
+    config = get_preset(args.preset, vocab_size=args.vocab, dtype=args.dtype,
+                        max_len=max(512, args.src_len, args.out_len))
+    model = Transformer(config, rngs=nnx.Rngs(0))
+    graphdef, state = nnx.split(model)
+    rng = np.random.default_rng(2)
+    src = rng.integers(4, args.vocab, size=(args.batch, args.src_len)).astype(np.int32)
+    src[:, -1] = config.eos_id
+    emit({"bench": "decode", **environment(), "preset": args.preset, "vocab": args.vocab,
+          "dtype": args.dtype, "batch": args.batch, "src_len": args.src_len,
+          "out_len": args.out_len})
+    for round_index in range(args.rounds):
+        ours = [time_ours(args, (graphdef, state, src), beam) for beam in args.beams]
+        peers = run_peers(args) if args.compare else []
+        for line in ours:
+            for peer in peers:
+                if peer.get("mode") == line["mode"]:
+                    name = peer.get("system", "peer").replace(" ", "_")
+                    line[f"ratio_vs_{name}"] = round(line["sentences_per_s"]
+                                                     / peer["sentences_per_s"], 3)
+            emit({"bench": "decode", "round": round_index, "preset": args.preset, **line})
+        for peer in peers:
+            emit({"bench": "decode", "round": round_index, "peer": True, **peer})
+
+
+if __name__ == "__main__":
+    main()
