@@ -124,7 +124,7 @@ class RunConfig:
     early_stop_patience: int | None = None  # validations without a better BLEU
     # ---- validation
     eval_every: int = 1000
-    eval_sentences: int = 200
+    eval_sentences: int = 100
     beam: int = 4
     alpha: float = 0.6
     samples: int = 3  # sample translations printed per validation
