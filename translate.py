@@ -1,0 +1,531 @@
+"""Translate with a trained model: `python translate.py --model runs/NAME [SENTENCE ...]`.
+
+Input, one translation per input line on stdout (or --output), in input order:
+
+    python translate.py --model runs/NAME "Ein Mann fährt Fahrrad."   # the arguments
+    cat test.de | python translate.py --model runs/NAME > test.hyp      # stdin
+    python translate.py --model runs/NAME --input test.de --output test.hyp
+
+Stdin is read as it arrives: every complete line already waiting (at most --chunk-lines,
+default 1000) is translated as one call, so a pipe from a file is batched as efficiently as
+--input, while a terminal or a slow producer gets each line translated as soon as it is
+entered. Output is flushed after every chunk. --input reads the whole file first (so an
+invalid line is reported before the model is loaded) and shows a progress bar.
+
+Within a call, `transformer.translation.Translator` sorts sentences by length into batches of
+at most --batch-tokens source tokens and restores input order. An empty line gives an empty
+line; a line longer than the model allows is truncated with a warning naming its line number.
+
+With --nbest N each input line gives N lines, best first (fairseq/Marian style):
+
+    INDEX<TAB>SCORE<TAB>TRANSLATION
+
+INDEX is the 0-based input line number (Moses/Marian convention), SCORE the search score
+(beam search: log-probability divided by the GNMT length penalty; greedy and sampling:
+log-probability).
+
+Search settings default to the model's stored SearchConfig; flags override them.
+
+    python translate.py --model runs/NAME --evaluate --src-file test.en --ref-file test.de
+
+prints sacreBLEU BLEU and chrF (detokenized, cased) with their signatures; the numbers equal
+`sacrebleu test.de -i HYP -m bleu chrf` on the hypotheses written with --hyp-file.
+
+Everything but translations and scores goes to stderr. Exit status: 0 on success, 1 for a bad
+model directory or input (the message names the file and line), 2 for invalid flags.
+This file parses arguments and streams lines; search and scoring live in
+`transformer.translation`, the heatmap in `transformer.plotting`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import json
+import logging
+import os
+import select
+import sys
+import time
+from pathlib import Path
+from typing import IO, Callable, Iterator, Sequence
+
+log = logging.getLogger("translate.py")
+
+EXIT_ERROR, EXIT_USAGE = 1, 2
+DEFAULT_CHUNK_LINES = 1000
+
+
+class UsageError(Exception):
+    """Invalid flags or flag combination (exit status 2)."""
+
+
+class InputError(Exception):
+    """Unreadable input, model or data (exit status 1); the message names what and where."""
+
+
+# ----------------------------------------------------------------------------- arguments
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        description="Translate sentences (arguments, stdin or a file) with a trained "
+                    "Transformer, or score a test set with sacreBLEU.",
+        epilog="Search flags default to the values stored with the model. --nbest output: "
+               "INDEX<TAB>SCORE<TAB>TRANSLATION, N lines per input line, best first, INDEX "
+               "0-based.")
+    parser.add_argument("sentences", nargs="*", metavar="SENTENCE",
+                        help="sentences to translate; without any, read --input or stdin")
+    parser.add_argument("--model", required=True,
+                        help="run directory (uses its model/) or a model directory")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"),
+                        help="compute dtype (default: the model's)")
+    io = parser.add_argument_group("input and output")
+    io.add_argument("--input", help="file to translate, one sentence per line (- = stdin)")
+    io.add_argument("--output", help="write translations here instead of stdout")
+    io.add_argument("--batch-tokens", type=int, default=4096,
+                    help="source tokens per batch, before dividing by the beam size "
+                         "(default 4096)")
+    io.add_argument("--chunk-lines", type=int, default=DEFAULT_CHUNK_LINES,
+                    help="stdin: translate at most this many waiting lines per call "
+                         f"(default {DEFAULT_CHUNK_LINES})")
+    io.add_argument("--quiet", action="store_true", help="no progress bar or information")
+
+    search = parser.add_argument_group("search (defaults: the model's stored settings)")
+    search.add_argument("--beam", type=int, help="beam size")
+    search.add_argument("--alpha", type=float, help="length penalty exponent (GNMT)")
+    search.add_argument("--max-len-a", type=float,
+                        help="output limit a * source length + b tokens: a")
+    search.add_argument("--max-len-b", type=int, help="... and b")
+    search.add_argument("--min-len", type=int, help="minimum output tokens, EOS included")
+    search.add_argument("--nbest", type=int,
+                        help="print N hypotheses per line as INDEX<TAB>SCORE<TAB>TEXT")
+    strategy = search.add_mutually_exclusive_group()
+    strategy.add_argument("--greedy", action="store_true", help="greedy search")
+    strategy.add_argument("--sample", action="store_true",
+                          help="sample (see --temperature, --top-k, --seed)")
+    search.add_argument("--temperature", type=float, help="sampling temperature")
+    search.add_argument("--top-k", type=int, help="sample from the K most likely tokens "
+                                                  "(0 = all)")
+    search.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+
+    plot = parser.add_argument_group("attention plot")
+    plot.add_argument("--plot-attention", metavar="FILE.png",
+                      help="save a heatmap of the encoder-decoder attention for the one "
+                           "SENTENCE given")
+    plot.add_argument("--attention-layer", type=int, default=-1,
+                      help="decoder layer, 0-based, negative from the end (default -1: last)")
+    plot.add_argument("--attention-head", type=int,
+                      help="one head, 0-based (default: mean over heads)")
+
+    ev = parser.add_argument_group("evaluation")
+    ev.add_argument("--evaluate", action="store_true",
+                    help="translate a test set and print BLEU and chrF")
+    ev.add_argument("--src-file", help="source sentences, one per line")
+    ev.add_argument("--ref-file", help="reference translations, aligned with --src-file")
+    ev.add_argument("--test-prefix", help="read PREFIX.SRC and PREFIX.TGT")
+    ev.add_argument("--src", help="source language code (default: the model's)")
+    ev.add_argument("--tgt", help="target language code (default: the model's)")
+    ev.add_argument("--dataset", help="Hugging Face dataset name or save_to_disk directory")
+    ev.add_argument("--dataset-config", help="its configuration, e.g. de-en")
+    ev.add_argument("--split", default="test", help="dataset split (default test)")
+    ev.add_argument("--hyp-file", help="write the hypotheses here")
+    ev.add_argument("--report", help="write scores, signatures and settings as JSON here")
+    return parser
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """Flag combinations argparse cannot express; raises UsageError."""
+    for name in ("batch_tokens", "chunk_lines"):
+        if getattr(args, name) < 1:
+            raise UsageError(f"--{name.replace('_', '-')} must be >= 1, "
+                             f"got {getattr(args, name)}.")
+    if args.input is not None and args.sentences:
+        raise UsageError("give sentences as arguments or --input FILE, not both.")
+    if args.plot_attention and len(args.sentences) != 1:
+        raise UsageError("--plot-attention needs exactly one SENTENCE argument.")
+    if args.evaluate:
+        if args.sentences or args.input is not None:
+            raise UsageError("--evaluate reads --src-file/--ref-file, --test-prefix or "
+                             "--dataset, not sentences or --input.")
+        sources = [bool(args.src_file or args.ref_file), bool(args.test_prefix),
+                   bool(args.dataset)]
+        if sum(sources) != 1:
+            raise UsageError("--evaluate needs exactly one of: --src-file with --ref-file, "
+                             "--test-prefix PREFIX, --dataset NAME.")
+        if sources[0] and not (args.src_file and args.ref_file):
+            raise UsageError("--evaluate needs both --src-file and --ref-file.")
+    else:
+        for flag in ("src_file", "ref_file", "test_prefix", "dataset", "hyp_file", "report"):
+            if getattr(args, flag):
+                raise UsageError(f"--{flag.replace('_', '-')} only applies with --evaluate.")
+
+
+def search_config(stored, args: argparse.Namespace):
+    """The model's stored SearchConfig with the flags' overrides; ValueError if invalid."""
+    changes = {field: getattr(args, flag) for flag, field in (
+        ("beam", "beam_size"), ("alpha", "alpha"), ("max_len_a", "max_len_a"),
+        ("max_len_b", "max_len_b"), ("min_len", "min_len"), ("nbest", "nbest"),
+        ("temperature", "temperature"), ("top_k", "top_k")) if getattr(args, flag) is not None}
+    if args.greedy:
+        changes["strategy"] = "greedy"
+    elif args.sample:
+        changes["strategy"] = "sample"
+    elif args.beam is not None or args.nbest is not None:
+        changes["strategy"] = "beam"
+    strategy = changes.get("strategy", stored.strategy)
+    if strategy != "beam":
+        if args.nbest is not None and args.nbest > 1:
+            raise ValueError(f"--nbest {args.nbest} needs beam search; drop --greedy/--sample.")
+        changes.setdefault("nbest", 1)
+        changes.setdefault("beam_size", max(stored.beam_size, 1))
+    if strategy != "sample" and (args.temperature is not None or args.top_k is not None):
+        raise ValueError("--temperature and --top-k only apply with --sample.")
+    return dataclasses.replace(stored, **changes)
+
+
+# ----------------------------------------------------------------------------- reading input
+
+
+def decode_line(raw: bytes, where: str, line_no: int) -> str:
+    """One line as UTF-8 without its line ending, or InputError naming the line."""
+    if raw.endswith(b"\r"):
+        raw = raw[:-1]
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise InputError(
+            f"{where} line {line_no}: invalid UTF-8 (byte {raw[err.start]:#04x} at column "
+            f"{err.start + 1}); convert the input to UTF-8, e.g. iconv -f LATIN1 -t UTF-8"
+        ) from None
+
+
+def read_lines(path: str | Path) -> list[str]:
+    """Lines of a UTF-8 file, split on "\\n" only (as sacreBLEU reads them)."""
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except OSError as err:
+        raise InputError(f"{path}: cannot read ({err.strerror}).") from None
+    raw_lines = data.split(b"\n")
+    if raw_lines[-1] == b"":
+        raw_lines.pop()  # the final newline ends the last line; it does not start a new one
+    return [decode_line(raw, str(path), i) for i, raw in enumerate(raw_lines, start=1)]
+
+
+def _readable_now(fd: int) -> bool:
+    try:
+        return bool(select.select([fd], [], [], 0)[0])
+    except (OSError, ValueError):  # no select on this kind of file: read on, batch more
+        return True
+
+
+def stream_chunks(fd: int, max_lines: int, where: str = "<stdin>"
+                  ) -> Iterator[tuple[int, list[str]]]:
+    """(number of the first line, lines) from file descriptor `fd`, in order.
+
+    A chunk holds every complete line already available, at most `max_lines`; the reader
+    blocks only while it has no line at all. So `cat file |` gives full chunks and a terminal
+    gives one line per chunk. A line with invalid UTF-8 raises InputError after the lines
+    before it have been yielded.
+    """
+    ready: list[bytes] = []  # complete lines read but not yet handed out
+    partial = b""
+    eof = False
+    next_line = 1
+    while True:
+        while len(ready) < max_lines and not eof and (not ready or _readable_now(fd)):
+            data = os.read(fd, 1 << 16)
+            if not data:
+                eof = True
+                if partial:
+                    ready.append(partial)
+                    partial = b""
+                break
+            pieces = (partial + data).split(b"\n")
+            partial = pieces.pop()
+            ready.extend(pieces)
+        if not ready:
+            return
+        raw, ready = ready[:max_lines], ready[max_lines:]
+        lines = []
+        for raw_line in raw:
+            try:
+                lines.append(decode_line(raw_line, where, next_line + len(lines)))
+            except InputError:
+                if lines:
+                    yield next_line, lines
+                raise
+        yield next_line, lines
+        next_line += len(lines)
+
+
+# ----------------------------------------------------------------------------- translating
+
+
+class _GlobalLineNumbers(logging.Filter):
+    """Renumber the Translator's truncation warnings ("line %d: ...", counted from 1 within
+    each call) to line numbers of the whole input, and name the input."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.offset = 0
+        self.where = "input"
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.msg, str) and record.msg.startswith("line %d") and record.args:
+            args = tuple(record.args)
+            record.msg = f"{self.where} {record.msg}"
+            record.args = (args[0] + self.offset, *args[1:])
+        return True
+
+
+_line_numbers = _GlobalLineNumbers()
+
+
+@contextlib.contextmanager
+def numbering(where: str, first_line: int) -> Iterator[None]:
+    """Within the block, Translator warnings say "`where` line N" with N counted from
+    `first_line` for the first sentence of the call."""
+    logger = logging.getLogger("translate")
+    _line_numbers.where, _line_numbers.offset = where, first_line - 1
+    logger.addFilter(_line_numbers)
+    try:
+        yield
+    finally:
+        logger.removeFilter(_line_numbers)
+
+
+def one_line(text: str) -> str:
+    """A translation as one output line: byte-fallback pieces can decode to line breaks."""
+    return text.replace("\r", " ").replace("\n", " ")
+
+
+def format_hypotheses(results, first_index: int, nbest: bool) -> str:
+    """Output text for `results` (n-best lists of consecutive lines from `first_index`)."""
+    out = []
+    for i, hypotheses in enumerate(results):
+        if nbest:
+            out.extend(f"{first_index + i}\t{h.score:.4f}\t{one_line(h.text)}\n"
+                       for h in hypotheses)
+        else:
+            out.append(one_line(hypotheses[0].text) + "\n")
+    return "".join(out)
+
+
+def translate_chunks(translator, chunks, out: IO[str], where: str, nbest: bool,
+                     progress: Callable[[int], None] | None = None) -> int:
+    """Translate (first line number, lines) chunks, writing and flushing each; returns lines."""
+    total = 0
+    for first_line, lines in chunks:
+        with numbering(where, first_line):
+            results = translator.translate_nbest(lines, progress=progress)
+        out.write(format_hypotheses(results, first_line - 1, nbest))
+        out.flush()
+        total += len(lines)
+    return total
+
+
+def _progress_bar(total: int, quiet: bool):
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit="sent", file=sys.stderr, disable=quiet or total <= 1,
+                dynamic_ncols=True)
+
+
+# ----------------------------------------------------------------------------- evaluation
+
+
+def evaluation_data(args: argparse.Namespace, values: dict) -> tuple[list[str], list[str], str]:
+    """(sources, references, description) of the test set named by the flags."""
+    src = args.src or values.get("source_lang") or values.get("data", {}).get("src")
+    tgt = args.tgt or values.get("target_lang") or values.get("data", {}).get("tgt")
+    if args.src_file:
+        src_path, ref_path = args.src_file, args.ref_file
+    elif args.test_prefix:
+        if not (src and tgt):
+            raise UsageError("--test-prefix needs --src and --tgt (the model does not "
+                             "record its languages).")
+        src_path, ref_path = f"{args.test_prefix}.{src}", f"{args.test_prefix}.{tgt}"
+    else:
+        return _dataset_split(args, src, tgt)
+    sources, references = read_lines(src_path), read_lines(ref_path)
+    if len(sources) != len(references):
+        raise InputError(f"{src_path} has {len(sources)} lines but {ref_path} has "
+                         f"{len(references)}; line N of one must translate line N of the other.")
+    return sources, references, f"{src_path} -> {ref_path}"
+
+
+def _dataset_split(args, src, tgt) -> tuple[list[str], list[str], str]:
+    from data.corpus import DataError, read_hf
+
+    if not (src and tgt):
+        raise UsageError("--dataset needs --src and --tgt (the model does not record its "
+                         "languages).")
+    aliases = {"valid": "validation", "dev": "validation"}
+    split = aliases.get(args.split, args.split)
+    try:
+        splits = read_hf(args.dataset, args.dataset_config, src, tgt)
+    except DataError as err:
+        raise InputError(str(err)) from None
+    if split not in splits:
+        raise InputError(f"{args.dataset}: no {args.split!r} split; it has {sorted(splits)}.")
+    data = splits[split]
+    return list(data["source"]), list(data["target"]), f"{args.dataset}[{split}] {src}->{tgt}"
+
+
+def run_evaluation(translator, args: argparse.Namespace, values: dict, out: IO[str]) -> dict:
+    """Translate the test set, print BLEU and chrF, write --hyp-file and --report."""
+    from transformer.translation import evaluate
+
+    sources, references, description = evaluation_data(args, values)
+    log.info("evaluating on %s: %d sentences", description, len(sources))
+    start = time.perf_counter()
+    with _progress_bar(len(sources), args.quiet) as bar, numbering(
+            args.src_file or description, 1):
+        results = translator.translate_nbest(sources, progress=bar.update)
+    seconds = time.perf_counter() - start
+    # Scored exactly as the sacrebleu command reads the files: trailing whitespace removed.
+    hypotheses = [one_line(nbest[0].text).rstrip() for nbest in results]
+    scores = evaluate(hypotheses, [r.rstrip() for r in references])
+    if args.hyp_file:
+        Path(args.hyp_file).write_text("".join(h + "\n" for h in hypotheses), encoding="utf-8")
+    out.write(f"{scores.bleu_details}\n"
+              f"chrF2 = {scores.chrf:.2f}\n"
+              f"BLEU signature: {scores.bleu_signature}\n"
+              f"chrF signature: {scores.chrf_signature}\n")
+    out.flush()
+    report = {**scores.to_dict(), "test_set": description, "sentences": len(sources),
+              "model": str(args.model), "search": dataclasses.asdict(translator.search),
+              "translate_seconds": round(seconds, 3), "hyp_file": args.hyp_file}
+    if args.report:
+        Path(args.report).write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n",
+                                     encoding="utf-8")
+    log.info("translated %d sentences in %.2f s", len(sources), seconds)
+    return report
+
+
+# ----------------------------------------------------------------------------- attention plot
+
+
+def save_attention_plot(model, tokenizer, translator, sentence: str, hypothesis,
+                        args: argparse.Namespace) -> None:
+    from transformer.plotting import cross_attention, plot_attention
+
+    config = model.config
+    src_ids = tokenizer.encode([sentence])[0][: translator.max_source_len - 1] + [config.eos_id]
+    out_ids = list(hypothesis.tokens) + [config.eos_id]
+    weights = cross_attention(model, src_ids, out_ids, args.attention_layer,
+                              args.attention_head)
+    layer = args.attention_layer % config.decoder_layers
+    heads = "mean over heads" if args.attention_head is None else f"head {args.attention_head}"
+    path = plot_attention(weights, tokenizer.pieces(src_ids), tokenizer.pieces(out_ids),
+                          args.plot_attention,
+                          title=f"encoder-decoder attention, decoder layer {layer}, {heads}")
+    log.info("attention plot written to %s", path)
+
+
+# ----------------------------------------------------------------------------- main
+
+
+def enable_compilation_cache() -> None:
+    """The trainer's persistent JAX cache, keeping even quick compilations: translate.py
+    starts often and every compiled search shape saves time on the next start."""
+    import jax
+
+    from transformer.trainer import enable_compilation_cache as enable
+
+    enable()
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+
+def _setup_logging(quiet: bool) -> None:
+    logging.basicConfig(level=logging.WARNING if quiet else logging.INFO,
+                        format="%(name)s: %(levelname)s: %(message)s", stream=sys.stderr)
+    for noisy in ("absl", "jax", "jax._src", "datasets", "orbax", "checkpoint", "data"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def run(args: argparse.Namespace) -> int:
+    check_args(args)
+    # Read files before the slow model load, so a bad input fails fast.
+    input_lines = None
+    if args.input is not None and args.input != "-":
+        input_lines = read_lines(args.input)
+
+    enable_compilation_cache()
+    from data.corpus import DataError
+    from transformer.checkpoint import CheckpointError, load_model
+    from transformer.translation import Translator
+
+    start = time.perf_counter()
+    try:
+        model, tokenizer, values = load_model(args.model, dtype=args.dtype)
+    except (CheckpointError, DataError) as err:
+        raise InputError(str(err)) from None
+    try:
+        search = search_config(values["search"], args)
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+    translator = Translator(model, tokenizer, search, batch_tokens=args.batch_tokens,
+                            seed=args.seed)
+    log.info("model %s loaded in %.2f s; search: %s", args.model, time.perf_counter() - start,
+             ", ".join(f"{k}={v}" for k, v in dataclasses.asdict(search).items()))
+
+    with contextlib.ExitStack() as stack:
+        out = sys.stdout
+        if args.output:
+            out = stack.enter_context(open(args.output, "w", encoding="utf-8", newline="\n"))
+        if args.evaluate:
+            run_evaluation(translator, args, values, out)
+            return 0
+        nbest = args.nbest is not None
+        start = time.perf_counter()
+        if args.sentences:
+            results = None
+            with numbering("argument", 1):
+                results = translator.translate_nbest(args.sentences)
+            out.write(format_hypotheses(results, 0, nbest))
+            out.flush()
+            count = len(args.sentences)
+            if args.plot_attention:
+                save_attention_plot(model, tokenizer, translator, args.sentences[0],
+                                    results[0][0], args)
+        elif input_lines is not None:
+            with _progress_bar(len(input_lines), args.quiet) as bar:
+                count = translate_chunks(translator, [(1, input_lines)], out, args.input,
+                                         nbest, progress=bar.update)
+        else:
+            chunks = stream_chunks(sys.stdin.fileno(), args.chunk_lines)
+            count = translate_chunks(translator, chunks, out, "<stdin>", nbest)
+        seconds = time.perf_counter() - start
+        log.info("translated %d line%s in %.3f s", count, "" if count == 1 else "s", seconds)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    _setup_logging(args.quiet)
+    sys.stdout.reconfigure(encoding="utf-8", newline="\n")
+    try:
+        return run(args)
+    except UsageError as err:
+        parser.print_usage(sys.stderr)
+        print(f"translate.py: error: {err}", file=sys.stderr)
+        return EXIT_USAGE
+    except InputError as err:
+        print(f"translate.py: error: {err}", file=sys.stderr)
+        return EXIT_ERROR
+    except BrokenPipeError:
+        # The reader went away (e.g. `| head`): stop quietly, as Unix filters do.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
