@@ -90,7 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
     io.add_argument("--chunk-lines", type=int, default=DEFAULT_CHUNK_LINES,
                     help="stdin: translate at most this many waiting lines per call "
                          f"(default {DEFAULT_CHUNK_LINES})")
-    io.add_argument("--quiet", action="store_true", help="no progress bar or information")
+    io.add_argument("-q", "--quiet", action="store_true", help="no progress bar or information")
 
     search = parser.add_argument_group("search (defaults: the model's stored settings)")
     search.add_argument("--beam", type=int, help="beam size")
@@ -468,7 +468,14 @@ def run(args: argparse.Namespace) -> int:
     try:
         search = search_config(values["search"], args)
     except ValueError as err:
-        raise UsageError(str(err)) from None
+        raise UsageError(f"invalid search settings (--beam, --nbest, ...): {err}") from None
+    if args.plot_attention:
+        from transformer.plotting import check_layer_and_head
+
+        try:
+            check_layer_and_head(model.config, args.attention_layer, args.attention_head)
+        except ValueError as err:
+            raise UsageError(f"--attention-layer/--attention-head: {err}") from None
     translator = Translator(model, tokenizer, search, batch_tokens=args.batch_tokens,
                             seed=args.seed)
     log.info("model %s loaded in %.2f s; search: %s", args.model, time.perf_counter() - start,
@@ -513,7 +520,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return run(args)
     except UsageError as err:
-        parser.print_usage(sys.stderr)
         print(f"translate.py: error: {err}", file=sys.stderr)
         return EXIT_USAGE
     except InputError as err:
@@ -525,6 +531,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_ERROR
     except KeyboardInterrupt:
         return 130
+    except OSError as err:  # e.g. --output in a missing directory
+        print(f"translate.py: error: {err}", file=sys.stderr)
+        return EXIT_ERROR
 
 
 if __name__ == "__main__":

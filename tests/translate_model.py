@@ -12,6 +12,8 @@ import dataclasses
 import random
 from pathlib import Path
 
+import numpy as np
+
 WORDS = ("ein mann fährt fahrrad eine frau liest das buch der hund läuft im park zwei kinder "
          "spielen am strand die katze schläft auf dem sofa").split()
 
@@ -44,9 +46,12 @@ def make_model(directory: str | Path) -> Path:
     model = Transformer(config, rngs=nnx.Rngs(0))
     # Scale the shared embedding up so that the untrained model's next-token distribution is
     # peaked: argmax decisions then do not hinge on rounding differences between batch shapes.
+    # Zero the 256 byte-fallback pieces so that outputs are words rather than stray bytes.
     params = nnx.state(model, nnx.Param)
     table = params["src_embedding"]["table"]["embedding"]
-    table.value = table.value * 8.0
+    byte_rows = [i for i in range(tokenizer.vocab_size)
+                 if tokenizer.processor.is_byte(i)]
+    table.value = (table.value * 8.0).at[np.array(byte_rows)].set(0.0)
     export_model(directory / "model", params, config, spm_file, SearchConfig(**SEARCH),
                  extra={"source_lang": "de", "target_lang": "en"})
     return directory

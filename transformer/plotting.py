@@ -14,6 +14,17 @@ from typing import Sequence
 import numpy as np
 
 
+def check_layer_and_head(config, layer: int, head: int | None) -> None:
+    """ValueError unless decoder layer `layer` and head `head` exist in a model of `config`."""
+    if not -config.decoder_layers <= layer < config.decoder_layers:
+        raise ValueError(f"attention layer {layer} does not exist: the decoder has "
+                         f"{config.decoder_layers} layers (0..{config.decoder_layers - 1}, "
+                         "or -1 for the last).")
+    if head is not None and not 0 <= head < config.num_heads:
+        raise ValueError(f"attention head {head} does not exist: the model has "
+                         f"{config.num_heads} heads (0..{config.num_heads - 1}).")
+
+
 def cross_attention(model, src_ids: Sequence[int], out_ids: Sequence[int], layer: int = -1,
                     head: int | None = None) -> np.ndarray:
     """Attention of output token t (row) over source token s (column): float32 [out, src].
@@ -26,13 +37,7 @@ def cross_attention(model, src_ids: Sequence[int], out_ids: Sequence[int], layer
     import jax.numpy as jnp
 
     config = model.config
-    if not -config.decoder_layers <= layer < config.decoder_layers:
-        raise ValueError(f"attention layer {layer} does not exist: the decoder has "
-                         f"{config.decoder_layers} layers (0..{config.decoder_layers - 1}, "
-                         "or -1 for the last).")
-    if head is not None and not 0 <= head < config.num_heads:
-        raise ValueError(f"attention head {head} does not exist: the model has "
-                         f"{config.num_heads} heads (0..{config.num_heads - 1}).")
+    check_layer_and_head(config, layer, head)
     if not src_ids or not out_ids:
         raise ValueError("cross_attention needs at least one source and one output token.")
     src = jnp.asarray([list(src_ids)], dtype=jnp.int32)  # [1, src_len]
