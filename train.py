@@ -193,7 +193,8 @@ def main(argv: list[str] | None = None) -> int:
     from transformer import checkpoint as ckpt
     from transformer.trainer import RunConfig, TrainingError, average, train
 
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s",
+                        force=True)
     import datasets
 
     datasets.disable_progress_bars()

@@ -559,7 +559,7 @@ def train(run: RunConfig, workdir: str | Path | None = None) -> dict[str, Any]:
         budget = (f"{max_steps} steps" if max_steps is not None else "") + (
             " or " if max_steps is not None and max_minutes is not None else "") + (
             f"{max_minutes:g} minutes" if max_minutes is not None else "")
-        _echo(f"Training {run.preset} ({n_params / 1e6:.1f}M parameters, vocabulary "
+        _echo(f"Training {run.preset} ({n_params:,} parameters, vocabulary "
               f"{model_config.vocab_size}) on {data.counts.get('train', 0)} pairs "
               f"({len(data.train_examples)} after length filtering), {jax.device_count()} "
               f"{jax.devices()[0].platform} device(s), {jax.process_count()} process(es); "
