@@ -319,8 +319,17 @@ def translate_chunks(translator, chunks, out: IO[str], where: str, nbest: bool,
     """Translate (first line number, lines) chunks, writing and flushing each; returns lines."""
     total = 0
     for first_line, lines in chunks:
+        searched = 0
+
+        def count(n: int) -> None:
+            nonlocal searched
+            searched += n
+            progress(n)
+
         with numbering(where, first_line):
-            results = translator.translate_nbest(lines, progress=progress)
+            results = translator.translate_nbest(lines, progress=count if progress else None)
+        if progress is not None and searched < len(lines):
+            progress(len(lines) - searched)  # empty lines are not searched, hence not counted
         out.write(format_hypotheses(results, first_line - 1, nbest))
         out.flush()
         total += len(lines)
@@ -385,6 +394,7 @@ def run_evaluation(translator, args: argparse.Namespace, values: dict, out: IO[s
     with _progress_bar(len(sources), args.quiet) as bar, numbering(
             args.src_file or description, 1):
         results = translator.translate_nbest(sources, progress=bar.update)
+        bar.update(len(sources) - bar.n)  # empty lines are not searched, hence not counted
     seconds = time.perf_counter() - start
     # Scored exactly as the sacrebleu command reads the files: trailing whitespace removed.
     hypotheses = [one_line(nbest[0].text).rstrip() for nbest in results]

@@ -51,7 +51,7 @@ def make_model(directory: str | Path) -> Path:
     table = params["src_embedding"]["table"]["embedding"]
     byte_rows = [i for i in range(tokenizer.vocab_size)
                  if tokenizer.processor.is_byte(i)]
-    table.value = (table.value * 8.0).at[np.array(byte_rows)].set(0.0)
+    table[...] = (table[...] * 8.0).at[np.array(byte_rows)].set(0.0)
     export_model(directory / "model", params, config, spm_file, SearchConfig(**SEARCH),
                  extra={"source_lang": "de", "target_lang": "en"})
     return directory

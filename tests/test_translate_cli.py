@@ -1,0 +1,280 @@
+"""translate.py as a user runs it: arguments, stdin, files, n-best, errors, evaluation, plots.
+
+Every run is a subprocess on a tiny untrained model (tests/translate_model.py). The runs share
+one JAX compilation cache (FLAX_NMT_CACHE in a temporary directory), so each search shape is
+compiled once per session. Expected translations come from `Translator` in this process,
+one sentence per call, so a CLI run that batches, sorts and chunks must reproduce them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+import translate as translate_cli
+from translate_model import SEARCH, make_model, search_config, sentences
+
+REPO = Path(__file__).resolve().parents[1]
+LONG = " ".join(["fahrrad"] * 70)  # 70+ pieces, more than the tiny model's 63
+BATCH = ["--batch-tokens", 64]  # several batches per call; the shapes of `expected`
+LONG_LINE = 24  # 1-based line number of LONG in LINES
+EMPTY_LINE = 10
+
+
+def _lines() -> list[str]:
+    lines = sentences(38, seed=5, max_words=5)  # short: few bucket widths to compile
+    lines.insert(EMPTY_LINE - 1, "")
+    lines.insert(LONG_LINE - 1, LONG)
+    return lines
+
+
+LINES = _lines()
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory) -> Path:
+    return make_model(tmp_path_factory.mktemp("run"))
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory) -> dict[str, str]:
+    cache = tmp_path_factory.mktemp("cache")
+    return {**os.environ, "FLAX_NMT_CACHE": str(cache), "PYTHONUNBUFFERED": "1"}
+
+
+@pytest.fixture(scope="module")
+def expected(run_dir, env) -> list[str]:
+    """Each line of LINES translated alone (one `Translator.translate` call per line) with the
+    model's stored search settings and --batch-tokens 64, the batch shapes the CLI tests use.
+
+    Computed in a subprocess that fills the shared compilation cache, which keeps this
+    process's JAX configuration untouched and lets the CLI runs start without compiling.
+    """
+    code = (
+        "import json, sys, translate\n"
+        "from transformer.checkpoint import load_model\n"
+        "from transformer.translation import Translator\n"
+        "translate.enable_compilation_cache()\n"
+        "model, tokenizer, values = load_model(sys.argv[1])\n"
+        "translator = Translator(model, tokenizer, values['search'], batch_tokens=64)\n"
+        "lines = json.load(sys.stdin)\n"
+        "print(json.dumps([translator.translate([line])[0] for line in lines]))\n")
+    result = subprocess.run([sys.executable, "-c", code, str(run_dir)], cwd=REPO, env=env,
+                            input=json.dumps(LINES), capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def _run(args: list, env: dict[str, str], input: bytes | None = None, timeout: int = 240
+         ) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "translate.py", *map(str, args)], cwd=REPO, env=env,
+                          input=input, capture_output=True, timeout=timeout)
+
+
+def _text(data: bytes) -> str:
+    return data.decode("utf-8")
+
+
+def _out_lines(result: subprocess.CompletedProcess) -> list[str]:
+    assert result.returncode == 0, _text(result.stderr)
+    return _text(result.stdout).split("\n")[:-1]
+
+
+def _stdin(lines: list[str]) -> bytes:
+    return "".join(line + "\n" for line in lines).encode()
+
+
+# ----------------------------------------------------------------------------- in-process
+
+
+def _parse(*argv: str) -> argparse.Namespace:
+    return translate_cli.build_parser().parse_args(["--model", "m", *argv])
+
+
+def test_search_flags_override_the_stored_config():
+    stored = search_config()
+    assert translate_cli.search_config(stored, _parse()) == stored
+    config = translate_cli.search_config(stored, _parse("--beam", "5", "--alpha", "1",
+                                                        "--max-len-a", "1.5", "--max-len-b", "3",
+                                                        "--min-len", "2", "--nbest", "4"))
+    assert (config.beam_size, config.alpha, config.max_len_a, config.max_len_b, config.min_len,
+            config.nbest, config.strategy) == (5, 1.0, 1.5, 3, 2, 4, "beam")
+    assert translate_cli.search_config(stored, _parse("--greedy")).strategy == "greedy"
+    sample = translate_cli.search_config(stored, _parse("--sample", "--temperature", "0.7",
+                                                        "--top-k", "10"))
+    assert (sample.strategy, sample.temperature, sample.top_k) == ("sample", 0.7, 10)
+    with pytest.raises(ValueError, match="nbest"):
+        translate_cli.search_config(stored, _parse("--nbest", str(SEARCH["beam_size"] + 1)))
+    with pytest.raises(ValueError, match="beam search"):
+        translate_cli.search_config(stored, _parse("--greedy", "--nbest", "2"))
+    with pytest.raises(ValueError, match="--sample"):
+        translate_cli.search_config(stored, _parse("--top-k", "5"))
+
+
+def test_stream_chunks_take_waiting_lines_and_block_only_when_none():
+    read_fd, write_fd = os.pipe()
+    try:
+        chunks = translate_cli.stream_chunks(read_fd, max_lines=3)
+        os.write(write_fd, b"a\nb\nc\nd\ne\npartial")
+        assert next(chunks) == (1, ["a", "b", "c"])
+        assert next(chunks) == (4, ["d", "e"])  # waits for no more than what is there
+        # Nothing complete is waiting: the reader blocks until a line arrives.
+        threading.Timer(0.2, os.write, (write_fd, b" line\r\nlast")).start()
+        assert next(chunks) == (6, ["partial line"])
+        os.close(write_fd)
+        write_fd = -1
+        assert next(chunks) == (7, ["last"])  # a last line without "\n" counts
+        assert next(chunks, None) is None
+    finally:
+        os.close(read_fd)
+        if write_fd >= 0:
+            os.close(write_fd)
+
+
+def test_stream_chunks_name_the_line_with_invalid_utf8():
+    read_fd, write_fd = os.pipe()
+    os.write(write_fd, b"ok\nfine\n" + b"x\n" * 5 + b"bad \xff\n")
+    os.close(write_fd)
+    chunks = translate_cli.stream_chunks(read_fd, max_lines=4)
+    assert next(chunks) == (1, ["ok", "fine", "x", "x"])
+    assert next(chunks) == (5, ["x", "x", "x"])  # the lines before the bad one
+    with pytest.raises(translate_cli.InputError, match=r"<stdin> line 8: invalid UTF-8"):
+        next(chunks)
+    os.close(read_fd)
+
+
+# ----------------------------------------------------------------------------- subprocesses
+
+
+def test_arguments_and_compilation_cache(run_dir, tmp_path):
+    cache = tmp_path / "cache"
+    env = {**os.environ, "FLAX_NMT_CACHE": str(cache)}
+    args = ["--model", run_dir, LINES[0], "", LINES[1]]
+    first = _out_lines(_run(args, env))
+    assert len(first) == 3 and first[1] == "" and first[0] and first[2]
+    entries = sorted(p.name for p in (cache / "jax").iterdir())
+    assert any(name.startswith("jit__beam_search") for name in entries), entries
+    # The second start finds every compiled function in the cache and adds nothing.
+    assert _out_lines(_run(args, env)) == first
+    assert sorted(p.name for p in (cache / "jax").iterdir()) == entries
+
+
+def test_stdin_keeps_order_across_batches_and_chunks(run_dir, env, expected):
+    # --batch-tokens 64 and --chunk-lines 7 give several chunks of several batches each.
+    result = _run(["--model", run_dir, *BATCH, "--chunk-lines", 7],
+                  env, input=_stdin(LINES))
+    assert _out_lines(result) == expected
+    assert expected[EMPTY_LINE - 1] == ""
+    warnings = re.findall(r"<stdin> line (\d+): .*truncated", _text(result.stderr))
+    assert warnings == [str(LONG_LINE)]  # the global line number, not the chunk's
+    assert "Traceback" not in _text(result.stderr)
+
+
+def test_input_and_output_files(run_dir, env, expected, tmp_path):
+    source, output = tmp_path / "in.de", tmp_path / "out.en"
+    source.write_bytes(_stdin(LINES))
+    result = _run(["--model", run_dir, *BATCH, "--input", source, "--output", output], env)
+    assert result.returncode == 0, _text(result.stderr)
+    assert result.stdout == b""
+    assert output.read_text(encoding="utf-8").split("\n")[:-1] == expected
+    stderr = _text(result.stderr)
+    assert re.findall(r"line (\d+): .*truncated", stderr) == [str(LONG_LINE)]
+    assert f"{source} line {LONG_LINE}" in stderr
+    assert f"{len(LINES)}/{len(LINES)}" in stderr  # the progress bar finished
+
+
+def test_nbest_format_and_count(run_dir, env, expected):
+    picked = [0, EMPTY_LINE - 1, 1]  # few lines: n-best search compiles anew per width
+    lines = [LINES[i] for i in picked]
+    nbest = SEARCH["beam_size"]
+    out = _out_lines(_run(["--model", run_dir, *BATCH, "--nbest", nbest, "--quiet"], env,
+                          input=_stdin(lines)))
+    assert len(out) == nbest * len(lines)
+    for i in range(len(lines)):
+        rows = [line.split("\t") for line in out[i * nbest:(i + 1) * nbest]]
+        assert all(len(row) == 3 for row in rows), rows
+        assert [int(row[0]) for row in rows] == [i] * nbest  # 0-based input line
+        scores = [float(row[1]) for row in rows]
+        assert scores == sorted(scores, reverse=True)
+        assert rows[0][2] == expected[picked[i]]
+    assert out[nbest] == "1\t0.0000\t"  # the empty line
+
+
+def test_invalid_utf8_names_the_line(run_dir, env, expected, tmp_path):
+    data = _stdin(LINES[:2]) + b"Der Hund l\xe4uft.\n" + _stdin(LINES[3:5])
+    result = _run(["--model", run_dir, *BATCH, "--quiet"], env, input=data)
+    stderr = _text(result.stderr)
+    assert result.returncode == 1
+    assert "<stdin> line 3: invalid UTF-8 (byte 0xe4" in stderr and "Traceback" not in stderr
+    assert _text(result.stdout).split("\n")[:-1] == expected[:2]  # lines before it translated
+    bad = tmp_path / "latin1.de"
+    bad.write_bytes(data)
+    result = _run(["--model", run_dir, "--input", bad], env)
+    assert result.returncode == 1 and result.stdout == b""
+    assert f"{bad} line 3: invalid UTF-8" in _text(result.stderr)
+
+
+@pytest.mark.parametrize("what", ["missing", "incomplete"])
+def test_bad_model_directory_is_one_sentence(run_dir, env, tmp_path, what):
+    model = tmp_path / "run"
+    if what == "incomplete":
+        (model / "model").mkdir(parents=True)
+        for name in ("config.json", "spm.model"):
+            (model / "model" / name).write_bytes((run_dir / "model" / name).read_bytes())
+    result = _run(["--model", model, "Hallo."], env)
+    stderr = _text(result.stderr).strip()
+    assert result.returncode == 1 and result.stdout == b""
+    assert len(stderr.splitlines()) == 1 and "Traceback" not in stderr
+    assert ("does not exist" if what == "missing" else "params.msgpack") in stderr
+
+
+def test_invalid_search_flags_exit_2(run_dir, env):
+    result = _run(["--model", run_dir, "--nbest", SEARCH["beam_size"] + 2, "Hallo."], env)
+    stderr = _text(result.stderr).strip()
+    assert result.returncode == 2 and result.stdout == b""
+    assert stderr.splitlines()[-1].startswith("translate.py: error: invalid search settings")
+    assert "nbest" in stderr and "Traceback" not in stderr
+
+
+def test_evaluate_equals_sacrebleu(run_dir, env, expected, tmp_path):
+    source, reference = tmp_path / "test.de", tmp_path / "test.en"
+    hyp_file, report_file = tmp_path / "hyp.en", tmp_path / "report.json"
+    source.write_bytes(_stdin(LINES))
+    # Half the references are the model's own output, so BLEU is far from 0 and from 100.
+    refs = [hyp if i % 2 else "A dog runs in the park ." for i, hyp in enumerate(expected)]
+    reference.write_text("".join(r + "\n" for r in refs), encoding="utf-8")
+    result = _run(["--model", run_dir, *BATCH, "--evaluate", "--src-file", source, "--ref-file",
+                   reference, "--hyp-file", hyp_file, "--report", report_file], env)
+    out = _out_lines(result)
+    assert out[0].startswith("BLEU = ") and out[1].startswith("chrF2 = ")
+    assert out[2].startswith("BLEU signature: nrefs:1|case:mixed|eff:no|tok:13a")
+    assert out[3].startswith("chrF signature: nrefs:1|case:mixed")
+    assert hyp_file.read_text(encoding="utf-8").split("\n")[:-1] == expected
+
+    report = json.loads(report_file.read_text())
+    assert 5 < report["bleu"] < 95 and report["sentences"] == len(LINES)
+    sacrebleu = subprocess.run([sys.executable, "-m", "sacrebleu", str(reference), "-i",
+                                str(hyp_file), "-m", "bleu", "chrf", "-b", "-w", "4"],
+                               capture_output=True, text=True, timeout=120)
+    assert sacrebleu.returncode == 0, sacrebleu.stderr
+    bleu, chrf = json.loads(sacrebleu.stdout)  # -b with two metrics: a JSON list
+    assert (round(report["bleu"], 4), round(report["chrf"], 4)) == (bleu, chrf)
+    assert out[0].startswith(f"BLEU = {report['bleu']:.2f} ")
+    assert out[1] == f"chrF2 = {report['chrf']:.2f}"
+
+
+def test_attention_plot_is_a_png(run_dir, env, expected, tmp_path):
+    plot = tmp_path / "attention.png"
+    result = _run(["--model", run_dir, *BATCH, "--plot-attention", plot, "--attention-layer", 0,
+                   "--attention-head", 1, LINES[0]], env)
+    assert _out_lines(result) == expected[:1]
+    data = plot.read_bytes()
+    assert data.startswith(b"\x89PNG\r\n\x1a\n") and len(data) > 2000
