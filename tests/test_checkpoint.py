@@ -151,3 +151,23 @@ def test_export_and_load_model(tmp_path):
         checkpoint.load_model(model_dir)
     with pytest.raises(checkpoint.CheckpointError, match="does not exist"):
         checkpoint.load_model(tmp_path / "nowhere")
+
+
+def test_saving_a_step_again_replaces_it(tmp_path):
+    """After resuming from an earlier step, the run reaches (and saves) the same steps again."""
+    params0, train0 = _split(_trained_state(0))
+    params1, train1 = _split(_trained_state(1))
+    saver = checkpoint.Checkpointer(tmp_path, keep_last=3)
+    saver.save(4, params0, train0, {"run": 1})
+    saver.save_best(4, params0, {"bleu": 1.0})
+    saver.wait()
+    (tmp_path / checkpoint.CHECKPOINTS_DIR / "6").mkdir()  # an unreadable leftover
+    saver.save(4, params1, train1, {"run": 2})
+    saver.save(6, params1, train1, {"run": 2})
+    saver.save_best(4, params1, {"bleu": 2.0})
+    saver.wait()
+    restored = saver.restore(params0, train0, step=4)
+    assert restored.data == {"run": 2}
+    _assert_trees_equal(restored.params, params1)
+    assert saver.steps() == [4, 6]
+    saver.close()

@@ -201,3 +201,37 @@ def test_no_argument_defaults():
     assert run.preset == "small" and run.corpus_spec().uses_builtin
     assert run.limits() == (None, 4.0)
     assert str(run.default_output_dir()) == "runs/builtin-en-de-small"
+
+
+def test_two_devices_with_accumulation(corpus, env, tmp_path):
+    """The same loop on a 2-device mesh (forced host devices), 2 micro-batches per update."""
+    out = tmp_path / "two"
+    two = {**env, "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+    result = _run(_args(corpus, out, max_steps=10, accum=2, eval_every=10), two)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "2 cpu device(s)" in result.stdout
+    assert checkpoint.complete_steps(out / "checkpoints") == [10]
+    assert [line["step"] for line in _lines(out) if line["kind"] == "eval"] == [10]
+
+
+@pytest.mark.skipif(not os.environ.get("NMT_SLOW_TESTS"),
+                    reason="two JAX processes on one machine, ~1 minute; set NMT_SLOW_TESTS=1")
+def test_two_processes(corpus, env, tmp_path):
+    """Two processes (jax.distributed over localhost) share one run directory."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        port = s.getsockname()[1]
+    out = tmp_path / "mp"
+    args = _args(corpus, out, max_steps=10, eval_every=10) + [
+        "--coordinator", f"localhost:{port}", "--num-processes", "2"]
+    procs = [subprocess.Popen([sys.executable, "train.py", *args, "--process-id", str(i)],
+                              cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for i in range(2)]
+    outputs = [p.communicate(timeout=300) for p in procs]
+    for p, (stdout, stderr) in zip(procs, outputs):
+        assert p.returncode == 0, stderr[-3000:]
+    assert "2 process(es)" in outputs[0][0]
+    assert checkpoint.complete_steps(out / "checkpoints") == [10]
+    checkpoint.load_model(out)

@@ -101,6 +101,24 @@ def complete_steps(directory: str | Path) -> list[int]:
     return sorted(steps)
 
 
+def _clear_step(manager: ocp.CheckpointManager, directory: Path, step: int) -> None:
+    """Remove an existing `step` before saving it again.
+
+    Happens after a resume from an earlier step: the run died after writing `best/<step>`
+    but before `checkpoints/<step>`, or `checkpoints/<step>` was unreadable and skipped.
+    """
+    manager.wait_until_finished()
+    if step in manager.all_steps():
+        manager.delete(step)
+    path = directory / str(step)
+    if path.exists() and jax.process_index() == 0:
+        shutil.rmtree(path)
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices(f"clear {directory} {step}")
+
+
 def _abstract(tree: Any) -> Any:
     """ShapeDtypeStructs (with shardings) describing `tree`, the target for a restore."""
     return jax.tree.map(ocp.utils.to_shape_dtype_struct, tree)
@@ -137,6 +155,7 @@ class Checkpointer:
 
     def save(self, step: int, params: Any, train: dict[str, Any], data: dict[str, Any]) -> None:
         """Start saving step `step` in the background; returns once arrays are copied."""
+        _clear_step(self._last, self.directory, step)
         self._last.save(step, args=ocp.args.Composite(
             params=ocp.args.StandardSave(params),
             train=ocp.args.StandardSave(train),
@@ -144,6 +163,7 @@ class Checkpointer:
 
     def save_best(self, step: int, params: Any, metrics: dict[str, float]) -> None:
         """Save `params` as the best checkpoint; orbax keeps the one with the highest BLEU."""
+        _clear_step(self._best, self.best_directory, step)
         self._best.save(step, args=ocp.args.Composite(
             params=ocp.args.StandardSave(params),
             data=ocp.args.JsonSave({k: float(v) for k, v in metrics.items()})),
