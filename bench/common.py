@@ -61,7 +61,7 @@ def train_flops(config: ModelConfig, batch: int, src_len: int, tgt_len: int) -> 
 
 
 def measured_matmul_flops(n: int = 2048, reps: int = 10) -> float:
-    """Median FLOP/s of a jitted float32 n x n @ n x n on the default device."""
+    """Best FLOP/s of a jitted float32 n x n @ n x n on the default device."""
     key_a, key_b = jax.random.split(jax.random.PRNGKey(0))
     a = jax.random.normal(key_a, (n, n), jnp.float32)
     b = jax.random.normal(key_b, (n, n), jnp.float32)
@@ -73,7 +73,8 @@ def measured_matmul_flops(n: int = 2048, reps: int = 10) -> float:
         start = time.perf_counter()
         matmul(a, b).block_until_ready()
         times.append(time.perf_counter() - start)
-    return 2.0 * n ** 3 / statistics.median(times)
+    # The fastest call: other work on a shared machine only slows calls down.
+    return 2.0 * n ** 3 / min(times)
 
 
 def peak_flops() -> tuple[float, str]:
@@ -83,7 +84,7 @@ def peak_flops() -> tuple[float, str]:
         for kind, flops in GPU_PEAK_FLOPS.items():
             if device.device_kind.startswith(kind):
                 return flops, f"table: {kind} bf16 dense"
-    return measured_matmul_flops(), "measured: jitted 2048^3 float32 jnp.dot"
+    return measured_matmul_flops(), "measured: jitted 2048^3 float32 jnp.dot, best of 10"
 
 
 def peak_memory_bytes() -> tuple[int, str]:
