@@ -314,22 +314,47 @@ def format_hypotheses(results, first_index: int, nbest: bool) -> str:
     return "".join(out)
 
 
+def fit_batch_tokens(translator, lines: Sequence[str], limit: int) -> int:
+    """The token budget for translating `lines`: `limit`, or less for a small call.
+
+    Translator pads every batch to a fixed number of rows per width, so one sentence under
+    the default budget of 4096 would be searched alongside dozens of all-padding rows. A budget
+    of the next power of two above what the call needs keeps a lone sentence (a terminal, a
+    few arguments) in a small batch, and the powers of two keep the number of compiled shapes
+    small: at most log2(limit / 64) + 1 row counts per width.
+    """
+    per_token = translator.search.beam_size if translator.search.strategy == "beam" else 1
+    limit_for_model = translator.max_source_len  # Translator truncates longer lines
+    needed = per_token * sum(min(len(ids), limit_for_model - 1) + 1
+                             for ids in translator.tokenizer.encode(list(lines)))
+    return max(1, min(limit, 1 << max(needed - 1, 1).bit_length()))
+
+
+def translate_lines(translator, lines: Sequence[str], where: str, first_line: int,
+                    batch_tokens: int, progress: Callable[[int], None] | None = None):
+    """n-best lists for `lines`; warnings name `where` and the line numbers from `first_line`;
+    `progress` is told of every line, empty ones included."""
+    searched = 0
+
+    def count(n: int) -> None:
+        nonlocal searched
+        searched += n
+        progress(n)
+
+    translator.batch_tokens = fit_batch_tokens(translator, lines, batch_tokens)
+    with numbering(where, first_line):
+        results = translator.translate_nbest(lines, progress=count if progress else None)
+    if progress is not None and searched < len(lines):
+        progress(len(lines) - searched)  # empty lines are not searched, hence not counted
+    return results
+
+
 def translate_chunks(translator, chunks, out: IO[str], where: str, nbest: bool,
-                     progress: Callable[[int], None] | None = None) -> int:
+                     batch_tokens: int, progress: Callable[[int], None] | None = None) -> int:
     """Translate (first line number, lines) chunks, writing and flushing each; returns lines."""
     total = 0
     for first_line, lines in chunks:
-        searched = 0
-
-        def count(n: int) -> None:
-            nonlocal searched
-            searched += n
-            progress(n)
-
-        with numbering(where, first_line):
-            results = translator.translate_nbest(lines, progress=count if progress else None)
-        if progress is not None and searched < len(lines):
-            progress(len(lines) - searched)  # empty lines are not searched, hence not counted
+        results = translate_lines(translator, lines, where, first_line, batch_tokens, progress)
         out.write(format_hypotheses(results, first_line - 1, nbest))
         out.flush()
         total += len(lines)
@@ -391,10 +416,9 @@ def run_evaluation(translator, args: argparse.Namespace, values: dict, out: IO[s
     sources, references, description = evaluation_data(args, values)
     log.info("evaluating on %s: %d sentences", description, len(sources))
     start = time.perf_counter()
-    with _progress_bar(len(sources), args.quiet) as bar, numbering(
-            args.src_file or description, 1):
-        results = translator.translate_nbest(sources, progress=bar.update)
-        bar.update(len(sources) - bar.n)  # empty lines are not searched, hence not counted
+    with _progress_bar(len(sources), args.quiet) as bar:
+        results = translate_lines(translator, sources, args.src_file or description, 1,
+                                  args.batch_tokens, progress=bar.update)
     seconds = time.perf_counter() - start
     # Scored exactly as the sacrebleu command reads the files: trailing whitespace removed.
     hypotheses = [one_line(nbest[0].text).rstrip() for nbest in results]
@@ -421,6 +445,7 @@ def run_evaluation(translator, args: argparse.Namespace, values: dict, out: IO[s
 
 def save_attention_plot(model, tokenizer, translator, sentence: str, hypothesis,
                         args: argparse.Namespace) -> None:
+    """Heatmap of the attention while the model, teacher-forced, reproduces `hypothesis`."""
     from transformer.plotting import cross_attention, plot_attention
 
     config = model.config
@@ -501,9 +526,8 @@ def run(args: argparse.Namespace) -> int:
         nbest = args.nbest is not None
         start = time.perf_counter()
         if args.sentences:
-            results = None
-            with numbering("argument", 1):
-                results = translator.translate_nbest(args.sentences)
+            results = translate_lines(translator, args.sentences, "argument", 1,
+                                      args.batch_tokens)
             out.write(format_hypotheses(results, 0, nbest))
             out.flush()
             count = len(args.sentences)
@@ -513,10 +537,11 @@ def run(args: argparse.Namespace) -> int:
         elif input_lines is not None:
             with _progress_bar(len(input_lines), args.quiet) as bar:
                 count = translate_chunks(translator, [(1, input_lines)], out, args.input,
-                                         nbest, progress=bar.update)
+                                         nbest, args.batch_tokens, progress=bar.update)
         else:
             chunks = stream_chunks(sys.stdin.fileno(), args.chunk_lines)
-            count = translate_chunks(translator, chunks, out, "<stdin>", nbest)
+            count = translate_chunks(translator, chunks, out, "<stdin>", nbest,
+                                     args.batch_tokens)
         seconds = time.perf_counter() - start
         log.info("translated %d line%s in %.3f s", count, "" if count == 1 else "s", seconds)
     return 0

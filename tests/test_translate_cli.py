@@ -151,6 +151,21 @@ def test_stream_chunks_name_the_line_with_invalid_utf8():
     os.close(read_fd)
 
 
+def test_small_calls_get_a_small_power_of_two_budget():
+    from types import SimpleNamespace
+
+    tokenizer = SimpleNamespace(encode=lambda lines: [[5] * len(line.split()) for line in lines])
+    fake = SimpleNamespace(search=search_config(beam_size=4), max_source_len=64,
+                           tokenizer=tokenizer)
+    fit = translate_cli.fit_batch_tokens
+    assert fit(fake, ["a b c"], 4096) == 16  # (3 + EOS) * beam 4
+    assert fit(fake, ["a b c d"], 4096) == 32  # 20 rounds up
+    assert fit(fake, ["a " * 500] * 2, 4096) == 512  # truncated to 63 + EOS, times 2 * 4
+    assert fit(fake, ["a b c"] * 1000, 4096) == 4096  # never above the user's budget
+    fake.search = search_config(strategy="greedy", nbest=1)
+    assert fit(fake, ["a b c"], 4096) == 4
+
+
 # ----------------------------------------------------------------------------- subprocesses
 
 
@@ -176,6 +191,27 @@ def test_stdin_keeps_order_across_batches_and_chunks(run_dir, env, expected):
     warnings = re.findall(r"<stdin> line (\d+): .*truncated", _text(result.stderr))
     assert warnings == [str(LONG_LINE)]  # the global line number, not the chunk's
     assert "Traceback" not in _text(result.stderr)
+
+
+def test_stdin_answers_each_line_before_the_next_arrives(run_dir, env, expected):
+    """As in a terminal: a line is translated and flushed while stdin is still open."""
+    process = subprocess.Popen([sys.executable, "translate.py", "--model", str(run_dir),
+                                *map(str, BATCH), "--quiet"], cwd=REPO, env=env,
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE)
+    try:
+        for i in range(2):
+            process.stdin.write(_stdin([LINES[i]]))
+            process.stdin.flush()
+            assert _text(process.stdout.readline()) == expected[i] + "\n"
+        process.stdin.close()
+        assert process.wait(timeout=60) == 0, _text(process.stderr.read())
+        assert process.stdout.read() == b""
+    finally:
+        process.kill()
+        process.wait()
+        for stream in (process.stdout, process.stderr):
+            stream.close()
 
 
 def test_input_and_output_files(run_dir, env, expected, tmp_path):
