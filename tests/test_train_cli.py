@@ -235,3 +235,21 @@ def test_two_processes(corpus, env, tmp_path):
     assert "2 process(es)" in outputs[0][0]
     assert checkpoint.complete_steps(out / "checkpoints") == [10]
     checkpoint.load_model(out)
+
+
+def test_early_stopping_on_bleu(corpus, env, tmp_path, monkeypatch):
+    monkeypatch.setenv("FLAX_NMT_CACHE", env["FLAX_NMT_CACHE"])
+    settings, _ = train_cli.resolve(_args(corpus, tmp_path / "early", max_steps=1000,
+                                          eval_every=5, eval_sentences=4,
+                                          early_stop_patience=1))
+    settings.pop("output_dir")
+    # The tiny model soon stops improving BLEU; the first validation that does not beat the
+    # best so far ends the run.
+    summary = train(RunConfig(**settings, progress=False, samples=0), tmp_path / "early")
+    evals = [line for line in _lines(tmp_path / "early") if line["kind"] == "eval"]
+    bleus = [e["bleu"] for e in evals]
+    assert summary["stopped"] == "early_stop"
+    assert summary["steps"] == evals[-1]["step"] < 1000
+    assert bleus[-1] <= max(bleus[:-1]) and bleus[:-1] == sorted(set(bleus[:-1]))
+    assert summary["best_step"] == evals[bleus.index(max(bleus))]["step"]
+    assert checkpoint.complete_steps(tmp_path / "early" / "best") == [summary["best_step"]]

@@ -29,6 +29,7 @@ metrics.jsonl lines (wall-clock fields aside) as one that never stopped.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
 import logging
@@ -672,6 +673,7 @@ def train(run: RunConfig, workdir: str | Path | None = None) -> dict[str, Any]:
         bar = tqdm(total=max_steps, initial=step, unit="step", dynamic_ncols=True,
                    disable=None, smoothing=0.1)
     stopped = None
+    in_flight: collections.deque = collections.deque()
     deadline = started + max_minutes * 60 if max_minutes is not None else None
     with StopSignal() as stop:
         try:
@@ -692,6 +694,12 @@ def train(run: RunConfig, workdir: str | Path | None = None) -> dict[str, Any]:
                                                               state.params))
                 state, metrics = train_step(state, batch)
                 pending.append(metrics)
+                # Let the host run at most two steps ahead of the device (waiting, not reading
+                # values): the time budget and signals then act within a step or two, and
+                # queued batches do not pile up in device memory.
+                in_flight.append(metrics["loss"])
+                if len(in_flight) > 2:
+                    in_flight.popleft().block_until_ready()
                 step += 1
                 if bar is not None:
                     bar.update(1)
