@@ -505,6 +505,11 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as err:
         raise UsageError(f"invalid search settings (--beam, --nbest, ...): {err}") from None
     if args.plot_attention:
+        try:
+            import matplotlib  # noqa: F401 - an optional dependency; say so before translating
+        except ImportError:
+            raise InputError("--plot-attention needs matplotlib: pip install matplotlib "
+                             "(or pip install -e '.[plot]').") from None
         from transformer.plotting import check_layer_and_head
 
         try:

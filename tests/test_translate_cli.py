@@ -305,9 +305,14 @@ def test_evaluate_equals_sacrebleu(run_dir, env, expected, tmp_path):
     assert (round(report["bleu"], 4), round(report["chrf"], 4)) == (bleu, chrf)
     assert out[0].startswith(f"BLEU = {report['bleu']:.2f} ")
     assert out[1] == f"chrF2 = {report['chrf']:.2f}"
+    # --test-prefix PREFIX reads PREFIX.de and PREFIX.en: the languages stored with the model.
+    by_prefix = _run(["--model", run_dir, *BATCH, "--quiet", "--evaluate", "--test-prefix",
+                      tmp_path / "test"], env)
+    assert _out_lines(by_prefix) == out
 
 
 def test_attention_plot_is_a_png(run_dir, env, expected, tmp_path):
+    pytest.importorskip("matplotlib")  # the optional "plot" dependency
     plot = tmp_path / "attention.png"
     result = _run(["--model", run_dir, *BATCH, "--plot-attention", plot, "--attention-layer", 0,
                    "--attention-head", 1, LINES[0]], env)
