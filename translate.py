@@ -178,8 +178,7 @@ def search_config(stored, args: argparse.Namespace):
     if strategy != "beam":
         if args.nbest is not None and args.nbest > 1:
             raise ValueError(f"--nbest {args.nbest} needs beam search; drop --greedy/--sample.")
-        changes.setdefault("nbest", 1)
-        changes.setdefault("beam_size", max(stored.beam_size, 1))
+        changes.setdefault("nbest", 1)  # a stored n-best setting cannot apply
     if strategy != "sample" and (args.temperature is not None or args.top_k is not None):
         raise ValueError("--temperature and --top-k only apply with --sample.")
     return dataclasses.replace(stored, **changes)
@@ -556,7 +555,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     _setup_logging(args.quiet)
-    sys.stdout.reconfigure(encoding="utf-8", newline="\n")
+    if hasattr(sys.stdout, "reconfigure"):
+        sys.stdout.reconfigure(encoding="utf-8", newline="\n")
     try:
         return run(args)
     except UsageError as err:
