@@ -263,39 +263,6 @@ def stream_chunks(fd: int, max_lines: int, where: str = "<stdin>"
 # ----------------------------------------------------------------------------- translating
 
 
-class _GlobalLineNumbers(logging.Filter):
-    """Renumber the Translator's truncation warnings ("line %d: ...", counted from 1 within
-    each call) to line numbers of the whole input, and name the input."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.offset = 0
-        self.where = "input"
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if isinstance(record.msg, str) and record.msg.startswith("line %d") and record.args:
-            args = tuple(record.args)
-            record.msg = f"{self.where} {record.msg}"
-            record.args = (args[0] + self.offset, *args[1:])
-        return True
-
-
-_line_numbers = _GlobalLineNumbers()
-
-
-@contextlib.contextmanager
-def numbering(where: str, first_line: int) -> Iterator[None]:
-    """Within the block, Translator warnings say "`where` line N" with N counted from
-    `first_line` for the first sentence of the call."""
-    logger = logging.getLogger("translate")
-    _line_numbers.where, _line_numbers.offset = where, first_line - 1
-    logger.addFilter(_line_numbers)
-    try:
-        yield
-    finally:
-        logger.removeFilter(_line_numbers)
-
-
 def one_line(text: str) -> str:
     """A translation as one output line: byte-fallback pieces can decode to line breaks."""
     return text.replace("\r", " ").replace("\n", " ")
@@ -313,47 +280,19 @@ def format_hypotheses(results, first_index: int, nbest: bool) -> str:
     return "".join(out)
 
 
-def fit_batch_tokens(translator, lines: Sequence[str], limit: int) -> int:
-    """The token budget for translating `lines`: `limit`, or less for a small call.
-
-    Translator pads every batch to a fixed number of rows per width, so one sentence under
-    the default budget of 4096 would be searched alongside dozens of all-padding rows. A budget
-    of the next power of two above what the call needs keeps a lone sentence (a terminal, a
-    few arguments) in a small batch, and the powers of two keep the number of compiled shapes
-    small: at most log2(limit / 64) + 1 row counts per width.
-    """
-    per_token = translator.search.beam_size if translator.search.strategy == "beam" else 1
-    limit_for_model = translator.max_source_len  # Translator truncates longer lines
-    needed = per_token * sum(min(len(ids), limit_for_model - 1) + 1
-                             for ids in translator.tokenizer.encode(list(lines)))
-    return max(1, min(limit, 1 << max(needed - 1, 1).bit_length()))
-
-
 def translate_lines(translator, lines: Sequence[str], where: str, first_line: int,
-                    batch_tokens: int, progress: Callable[[int], None] | None = None):
-    """n-best lists for `lines`; warnings name `where` and the line numbers from `first_line`;
-    `progress` is told of every line, empty ones included."""
-    searched = 0
-
-    def count(n: int) -> None:
-        nonlocal searched
-        searched += n
-        progress(n)
-
-    translator.batch_tokens = fit_batch_tokens(translator, lines, batch_tokens)
-    with numbering(where, first_line):
-        results = translator.translate_nbest(lines, progress=count if progress else None)
-    if progress is not None and searched < len(lines):
-        progress(len(lines) - searched)  # empty lines are not searched, hence not counted
-    return results
+                    progress: Callable[[int], None] | None = None):
+    """n-best lists for `lines`; warnings name `where` and the line numbers from `first_line`."""
+    return translator.translate_nbest(lines, progress=progress, first_line=first_line,
+                                      source=where)
 
 
 def translate_chunks(translator, chunks, out: IO[str], where: str, nbest: bool,
-                     batch_tokens: int, progress: Callable[[int], None] | None = None) -> int:
+                     progress: Callable[[int], None] | None = None) -> int:
     """Translate (first line number, lines) chunks, writing and flushing each; returns lines."""
     total = 0
     for first_line, lines in chunks:
-        results = translate_lines(translator, lines, where, first_line, batch_tokens, progress)
+        results = translate_lines(translator, lines, where, first_line, progress)
         out.write(format_hypotheses(results, first_line - 1, nbest))
         out.flush()
         total += len(lines)
@@ -417,7 +356,7 @@ def run_evaluation(translator, args: argparse.Namespace, values: dict, out: IO[s
     start = time.perf_counter()
     with _progress_bar(len(sources), args.quiet) as bar:
         results = translate_lines(translator, sources, args.src_file or description, 1,
-                                  args.batch_tokens, progress=bar.update)
+                                  progress=bar.update)
     seconds = time.perf_counter() - start
     # Scored exactly as the sacrebleu command reads the files: trailing whitespace removed.
     hypotheses = [one_line(nbest[0].text).rstrip() for nbest in results]
@@ -530,8 +469,7 @@ def run(args: argparse.Namespace) -> int:
         nbest = args.nbest is not None
         start = time.perf_counter()
         if args.sentences:
-            results = translate_lines(translator, args.sentences, "argument", 1,
-                                      args.batch_tokens)
+            results = translate_lines(translator, args.sentences, "argument", 1)
             out.write(format_hypotheses(results, 0, nbest))
             out.flush()
             count = len(args.sentences)
@@ -541,11 +479,10 @@ def run(args: argparse.Namespace) -> int:
         elif input_lines is not None:
             with _progress_bar(len(input_lines), args.quiet) as bar:
                 count = translate_chunks(translator, [(1, input_lines)], out, args.input,
-                                         nbest, args.batch_tokens, progress=bar.update)
+                                         nbest, progress=bar.update)
         else:
             chunks = stream_chunks(sys.stdin.fileno(), args.chunk_lines)
-            count = translate_chunks(translator, chunks, out, "<stdin>", nbest,
-                                     args.batch_tokens)
+            count = translate_chunks(translator, chunks, out, "<stdin>", nbest)
         seconds = time.perf_counter() - start
         log.info("translated %d line%s in %.3f s", count, "" if count == 1 else "s", seconds)
     return 0

@@ -154,16 +154,18 @@ def test_stream_chunks_name_the_line_with_invalid_utf8():
 def test_small_calls_get_a_small_power_of_two_budget():
     from types import SimpleNamespace
 
-    tokenizer = SimpleNamespace(encode=lambda lines: [[5] * len(line.split()) for line in lines])
-    fake = SimpleNamespace(search=search_config(beam_size=4), max_source_len=64,
-                           tokenizer=tokenizer)
-    fit = translate_cli.fit_batch_tokens
-    assert fit(fake, ["a b c"], 4096) == 16  # (3 + EOS) * beam 4
-    assert fit(fake, ["a b c d"], 4096) == 32  # 20 rounds up
-    assert fit(fake, ["a " * 500] * 2, 4096) == 512  # truncated to 63 + EOS, times 2 * 4
-    assert fit(fake, ["a b c"] * 1000, 4096) == 4096  # never above the user's budget
-    fake.search = search_config(strategy="greedy", nbest=1)
-    assert fit(fake, ["a b c"], 4096) == 4
+    from transformer.translation import Translator
+
+    def budget(search, rows: list[int], limit: int = 4096) -> int:
+        fake = SimpleNamespace(search=search, batch_tokens=limit)
+        return Translator._batch_budget(fake, [[5] * n for n in rows])
+
+    beam4 = search_config(beam_size=4)
+    assert budget(beam4, [3]) == 4  # (3 + EOS) * beam 4 = 16 beam tokens -> 4 source tokens
+    assert budget(beam4, [4]) == 8  # 20 beam tokens round up to 32
+    assert budget(beam4, [63, 63]) == 128  # 512 beam tokens
+    assert budget(beam4, [3] * 1000) == 1024  # never above the user's 4096 / beam 4
+    assert budget(search_config(strategy="greedy", nbest=1), [3]) == 4
 
 
 # ----------------------------------------------------------------------------- subprocesses

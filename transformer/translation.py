@@ -70,13 +70,20 @@ class Translator:
         return [nbest[0].text for nbest in self.translate_nbest(sentences)]
 
     def translate_nbest(self, sentences: Sequence[str],
-                        progress: Callable[[int], None] | None = None) -> list[list[Hypothesis]]:
-        """`search.nbest` hypotheses per sentence, best first; an empty line gives [""]."""
-        ids = self._encode(sentences)
+                        progress: Callable[[int], None] | None = None, first_line: int = 1,
+                        source: str = "input") -> list[list[Hypothesis]]:
+        """`search.nbest` hypotheses per sentence, best first; an empty line gives [""].
+
+        `progress(n)` is told of every n sentences done, empty ones included. Truncation
+        warnings say "`source` line N" with N counted from `first_line`.
+        """
+        ids = self._encode(sentences, first_line, source)
         results: list[list[Hypothesis] | None] = [None] * len(sentences)
-        for i, sentence in enumerate(sentences):
-            if not sentence.strip():
-                results[i] = [Hypothesis("", 0.0, ())] * self.search.nbest
+        empty = [i for i, sentence in enumerate(sentences) if not sentence.strip()]
+        for i in empty:
+            results[i] = [Hypothesis("", 0.0, ())] * self.search.nbest
+        if progress is not None and empty:
+            progress(len(empty))
         todo = [i for i, r in enumerate(results) if r is None]
         for batch_index, hypotheses in self._search_batches([ids[i] for i in todo]):
             for row, nbest in zip(batch_index, hypotheses):
@@ -85,23 +92,37 @@ class Translator:
                 progress(len(batch_index))
         return results  # type: ignore[return-value]
 
-    def _encode(self, sentences: Sequence[str]) -> list[list[int]]:
+    def _encode(self, sentences: Sequence[str], first_line: int, source: str
+                ) -> list[list[int]]:
         ids = self.tokenizer.encode(list(sentences))
         limit = self.max_source_len - 1  # room for EOS
         self.truncated = [i for i, row in enumerate(ids) if len(row) > limit]
         for i in self.truncated:
-            log.warning("line %d: %d tokens, more than the model's %d; truncated to %d tokens",
-                        i + 1, len(ids[i]), limit, limit)
+            log.warning("%s line %d: %d tokens, more than the model's %d; truncated to %d tokens",
+                        source, first_line + i, len(ids[i]), limit, limit)
             ids[i] = ids[i][:limit]
         return ids
+
+    def _batch_budget(self, ids: list[list[int]]) -> int:
+        """Source tokens per batch for this call.
+
+        Batches have a fixed number of rows per source width, so a lone sentence under the full
+        budget would be searched alongside dozens of all-padding rows. A small call gets the next
+        power of two above what it needs instead; powers of two keep the number of compiled
+        shapes small (at most log2(batch_tokens / 64) + 1 row counts per width). Beam search
+        does beam_size times the work per source token, so its budget is divided by beam_size.
+        """
+        per_token = self.search.beam_size if self.search.strategy == "beam" else 1
+        needed = per_token * sum(len(row) + 1 for row in ids)
+        budget = min(self.batch_tokens, 1 << max(needed - 1, 1).bit_length())
+        return max(budget // per_token, 1)  # inference_batches always makes one row
 
     def _search_batches(self, ids: list[list[int]]
                         ) -> Iterator[tuple[np.ndarray, list[list[Hypothesis]]]]:
         """Yields (indices into `ids`, n-best hypotheses of those rows) batch by batch."""
         if not ids:
             return
-        budget = max(self.batch_tokens // self.search.beam_size
-                     if self.search.strategy == "beam" else self.batch_tokens, 64)
+        budget = self._batch_budget(ids)
         for step, (src, index) in enumerate(inference_batches(ids, batch_tokens=budget)):
             rng = jax.random.fold_in(self.rng, step)
             result = search_with_state(self.graphdef, self.state, src, self.search, rng)
