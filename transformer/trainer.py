@@ -575,8 +575,8 @@ def train(run: RunConfig, workdir: str | Path | None = None) -> dict[str, Any]:
         for offset, metrics in enumerate(host):
             if not bool(metrics["is_finite"]):
                 bad = pending_first_step + offset
+                saver.wait()  # a save in flight holds an earlier, finite state
                 last_good = saver.latest_step()
-                saver.wait()
                 where = (f"the last good checkpoint is step {last_good} in {saver.directory}"
                          if last_good is not None else "no checkpoint was saved yet")
                 raise TrainingError(
