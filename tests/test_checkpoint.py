@@ -6,7 +6,6 @@ import dataclasses
 import functools
 import json
 import shutil
-from pathlib import Path
 
 import jax
 import numpy as np
