@@ -6,6 +6,7 @@ import dataclasses
 import functools
 import json
 import shutil
+from pathlib import Path
 
 import jax
 import numpy as np
@@ -170,3 +171,40 @@ def test_saving_a_step_again_replaces_it(tmp_path):
     _assert_trees_equal(restored.params, params1)
     assert saver.steps() == [4, 6]
     saver.close()
+
+
+_KILLED_DURING_SAVE = """
+import os, sys
+import numpy as np
+sys.path.insert(0, {repo!r})
+from transformer import checkpoint
+saver = checkpoint.Checkpointer({run!r}, keep_last=5)
+params = {{"w": np.ones((4, 4), np.float32)}}
+train = {{"step": np.array(1, np.int32), "opt_state": np.zeros(3, np.float32), "rng": np.zeros(2, np.uint32)}}
+saver.save(1, params, train, {{"ok": True}})
+saver.wait()
+big = {{"w": np.ones((4, 4), np.float32), "pad": np.ones((64, 1024, 1024), np.float32)}}
+saver.save(2, big, train, {{"ok": False}})
+os._exit(1)  # killed while step 2 is being written in the background
+"""
+
+
+def test_process_killed_during_async_save_leaves_no_readable_step(tmp_path):
+    import subprocess
+    import sys
+
+    repo = str(Path(__file__).resolve().parents[1])
+    script = _KILLED_DURING_SAVE.format(repo=repo, run=str(tmp_path))
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 1, result.stderr[-2000:]
+    leftovers = [p.name for p in (tmp_path / checkpoint.CHECKPOINTS_DIR).iterdir()]
+    assert any(name.startswith("2.orbax-checkpoint-tmp") for name in leftovers), leftovers
+    assert checkpoint.complete_steps(tmp_path / checkpoint.CHECKPOINTS_DIR) == [1]
+    import numpy as np
+
+    params_like = {"w": np.zeros((4, 4), np.float32)}
+    train_like = {"step": np.array(0, np.int32), "opt_state": np.zeros(3, np.float32),
+                  "rng": np.zeros(2, np.uint32)}
+    restored = checkpoint.Checkpointer(tmp_path).restore(params_like, train_like)
+    assert restored.step == 1 and restored.data == {"ok": True}
