@@ -125,20 +125,18 @@ def _model_config(graphdef, state):
 # ----------------------------------------------------------------------------- shared pieces
 
 
-def _restrict_logprobs(logprobs: Array, step: Array, limits: Array, min_len: int,
-                       config) -> Array:
-    """Forbid PAD and BOS always; allow only EOS at a sentence's limit; forbid EOS before min_len.
+def _allowed_scores(logits: Array, step: Array, at_limit: Array, min_len: int, config
+                    ) -> Array:
+    """logits [rows, vocab] with PAD and BOS banned, and EOS banned before min_len.
 
-    logprobs [rows, vocab] for output position `step` (0-based); limits [rows], each row's
-    output limit, EOS included. The limit wins over min_len, so a search always ends.
+    at_limit [rows]: rows whose output limit is this step may end whatever min_len says (the
+    caller then lets them produce nothing but EOS). Three column edits rather than passes
+    over the whole [rows, vocab] array: this runs at every step of the search loop.
     """
-    vocab = jnp.arange(logprobs.shape[-1])
-    banned = (vocab == config.pad_id) | (vocab == config.bos_id)
-    is_eos = (vocab == config.eos_id)[None]
-    at_limit = (step + 1 >= limits)[:, None]
     eos_allowed = at_limit | (step + 1 >= min_len)
-    allowed = jnp.where(is_eos, eos_allowed, ~at_limit) & ~banned[None]
-    return jnp.where(allowed, logprobs, NEG_INF)
+    eos = jnp.where(eos_allowed, logits[:, config.eos_id], NEG_INF)
+    return (logits.at[:, config.pad_id].set(NEG_INF).at[:, config.bos_id].set(NEG_INF)
+            .at[:, config.eos_id].set(eos))
 
 
 def _encode(graphdef, state, src):
@@ -165,13 +163,18 @@ def _greedy_search(graphdef, state, src, limits, max_len: int, min_len: int, sam
     def body(carry):
         step, cache, tokens, logprob_sum, finished, last = carry
         logits, cache = model.decode(memory, src_mask, last[:, None], cache)
-        logprobs = jax.nn.log_softmax(logits[:, 0])
-        logprobs = _restrict_logprobs(logprobs, step, limits, min_len, config)
+        # log p = logit - logsumexp(logits): the choice needs only the logits, the score
+        # only the chosen token's log-probability, so log_softmax is never materialised.
+        normalizer = jax.nn.logsumexp(logits[:, 0], axis=-1)  # [batch]
+        at_limit = step + 1 >= limits
+        scores = _allowed_scores(logits[:, 0], step, at_limit, min_len, config)
         if sample:
-            next_token = _sample(logprobs, temperature, top_k, jax.random.fold_in(rng, step))
+            next_token = _sample(scores - normalizer[:, None], temperature, top_k,
+                                 jax.random.fold_in(rng, step))
         else:
-            next_token = jnp.argmax(logprobs, axis=-1).astype(jnp.int32)
-        chosen = jnp.take_along_axis(logprobs, next_token[:, None], axis=-1)[:, 0]
+            next_token = jax.lax.top_k(scores, 1)[1][:, 0].astype(jnp.int32)
+        next_token = jnp.where(at_limit, config.eos_id, next_token)
+        chosen = jnp.take_along_axis(scores, next_token[:, None], axis=-1)[:, 0] - normalizer
         next_token = jnp.where(finished, config.pad_id, next_token)
         logprob_sum = logprob_sum + jnp.where(finished, 0.0, chosen)
         tokens = jax.lax.dynamic_update_slice_in_dim(tokens, next_token[:, None], step, 1)
@@ -239,14 +242,27 @@ def _beam_search(graphdef, state, src, limits, max_len: int, beam_size: int, nbe
         last = s.alive_tokens[:, :, jnp.maximum(s.step - 1, 0)]
         last = jnp.where(s.step == 0, config.bos_id, last)
         logits, cache = model.decode(memory, src_mask, to_rows(last)[:, None], s.cache)
-        logprobs = jax.nn.log_softmax(logits[:, 0])
-        logprobs = _restrict_logprobs(logprobs, s.step, limits_k, min_len, config)
-        vocab = logprobs.shape[-1]
-        # [batch, k * vocab]: every live beam extended by every token.
-        candidates = (s.alive_logprob[:, :, None] + logprobs.reshape(batch, k, vocab)
-                      ).reshape(batch, k * vocab)
+        normalizer = jax.nn.logsumexp(logits[:, 0], axis=-1)  # [rows]
+        at_limit = s.step + 1 >= limits_k
+        scores = _allowed_scores(logits[:, 0], s.step, at_limit, min_len, config)
+        # Each row's best 2k tokens hold every candidate the best 2k of the whole sentence can
+        # take (log p differs from the logit by a per-row constant), so the full [rows, vocab]
+        # log-probabilities are never formed.
+        per_row = min(2 * k, scores.shape[-1])
+        row_score, row_token = jax.lax.top_k(scores, per_row)  # [rows, per_row]
+        row_logprob = row_score - normalizer[:, None]
+        # A row at its output limit may only end: its one candidate is EOS.
+        eos_logprob = scores[:, config.eos_id] - normalizer
+        first = (jnp.arange(per_row) == 0)[None]
+        row_logprob = jnp.where(at_limit[:, None],
+                                jnp.where(first, eos_logprob[:, None], NEG_INF), row_logprob)
+        row_token = jnp.where(at_limit[:, None], config.eos_id, row_token).astype(jnp.int32)
+        # [batch, k * per_row]: live beams extended by their best tokens.
+        candidates = (s.alive_logprob[:, :, None] + row_logprob.reshape(batch, k, per_row)
+                      ).reshape(batch, k * per_row)
         top_logprob, top_index = jax.lax.top_k(candidates, 2 * k)  # [batch, 2k]
-        beam_index, token = top_index // vocab, (top_index % vocab).astype(jnp.int32)
+        beam_index = top_index // per_row
+        token = jnp.take_along_axis(row_token.reshape(batch, k * per_row), top_index, axis=1)
         top_tokens = jnp.take_along_axis(s.alive_tokens, beam_index[:, :, None], axis=1)
         top_tokens = jax.lax.dynamic_update_slice_in_dim(
             top_tokens, token[:, :, None], s.step, 2)  # [batch, 2k, max_len]
