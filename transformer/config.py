@@ -27,8 +27,25 @@ def _largest_divisor_at_most(n: int, limit: int) -> int:
     return max(d for d in range(1, limit + 1) if n % d == 0)
 
 
+class DictConfig:
+    """`to_dict` and `from_dict` for frozen config dataclasses; `from_dict` rejects unknown keys
+    (a typo in a recipe or an old run's config.json) instead of ignoring them."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)  # type: ignore[call-overload]
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]):
+        known = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"Unknown {cls.__name__} fields {unknown}; known fields: "
+                             f"{sorted(known)}.")
+        return cls(**values)
+
+
 @dataclasses.dataclass(frozen=True)
-class ModelConfig:
+class ModelConfig(DictConfig):
     """Hyper-parameters of the encoder-decoder Transformer.
 
     Defaults are the paper's `base` model (Vaswani et al. 2017, Table 3).
@@ -98,17 +115,6 @@ class ModelConfig:
                     f"ModelConfig.{name} ({value}) must lie in [0, vocab_size={self.vocab_size}).")
         if len(set(special.values())) != len(special):
             raise ValueError(f"ModelConfig special token ids must be distinct, got {special}.")
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> "ModelConfig":
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise ValueError(f"Unknown ModelConfig fields {unknown}; known fields: {sorted(known)}.")
-        return cls(**values)
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True)

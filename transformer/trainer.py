@@ -47,7 +47,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from transformer import checkpoint as ckpt
-from transformer.config import PRESETS, ModelConfig, SearchConfig, get_preset
+from transformer.config import PRESETS, DictConfig, ModelConfig, SearchConfig, get_preset
 from transformer.training import TrainConfig
 
 log = logging.getLogger("trainer")
@@ -69,7 +69,7 @@ class TrainingError(RuntimeError):
 
 
 @dataclasses.dataclass(frozen=True)
-class RunConfig:
+class RunConfig(DictConfig):
     """Everything `train` needs, flat, one field per train.py flag (`--batch-tokens` ->
     `batch_tokens`). Fields left None take the preset's or TrainConfig's default."""
 
@@ -211,17 +211,6 @@ class RunConfig:
         if self.max_steps is None and self.max_minutes is None:
             return None, DEFAULT_MAX_MINUTES
         return self.max_steps, self.max_minutes
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> "RunConfig":
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise ValueError(f"Unknown run settings {unknown}; known: {sorted(known)}.")
-        return cls(**values)
 
 
 # ----------------------------------------------------------------------------- distributed

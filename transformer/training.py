@@ -41,7 +41,7 @@ import optax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from transformer.config import ModelConfig
+from transformer.config import DictConfig, ModelConfig
 from transformer.model import Transformer
 
 Array = jax.Array
@@ -57,7 +57,7 @@ Schedule = Literal["noam", "inverse_sqrt"]
 
 
 @dataclasses.dataclass(frozen=True)
-class TrainConfig:
+class TrainConfig(DictConfig):
     """Optimisation hyper-parameters; defaults follow the paper (Sec. 5.3 and 5.4).
 
     schedule "noam":         lr(s) = lr_scale * d_model^-0.5 * min(s^-0.5, s * warmup^-1.5)
@@ -112,17 +112,6 @@ class TrainConfig:
             raise ValueError(f"TrainConfig.weight_decay must be >= 0, got {self.weight_decay!r}.")
         if not isinstance(self.seed, int):
             raise ValueError(f"TrainConfig.seed must be an integer, got {self.seed!r}.")
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> "TrainConfig":
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise ValueError(f"Unknown TrainConfig fields {unknown}; known fields: {sorted(known)}.")
-        return cls(**values)
 
 
 # ----------------------------------------------------------------------------- optimizer
