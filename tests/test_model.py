@@ -9,8 +9,8 @@ import pytest
 from flax import nnx
 
 from transformer.config import PRESETS, ModelConfig, SearchConfig, get_preset
-from transformer.layers import (cached_causal_mask, causal_mask, padding_mask, reference_attention,
-                                sinusoidal_positions)
+from transformer.layers import (cached_causal_mask, causal_mask, dropout, padding_mask,
+                                reference_attention, sinusoidal_positions)
 from transformer.model import Transformer, count_parameters
 
 PAD = 0
@@ -214,6 +214,32 @@ def test_dropout_is_active_only_with_an_rng():
     b = model(src, tgt, rng=jax.random.key(1))
     assert not np.allclose(a, b)
     np.testing.assert_array_equal(a, model(src, tgt, rng=jax.random.key(0)))
+
+
+@pytest.mark.parametrize("rate", [0.1, 0.3])
+def test_dropout_keeps_each_element_with_probability_one_minus_rate(rate):
+    x = jnp.ones((256, 64, 64), jnp.float32)                      # 2^20 elements
+    y = np.asarray(dropout(x, rate, jax.random.key(3)))
+    kept = y != 0
+    np.testing.assert_allclose(y[kept], 1.0 / (1.0 - rate), rtol=1e-6)
+    sigma = np.sqrt(rate * (1 - rate) / x.size)
+    assert abs(1.0 - kept.mean() - rate) < 5 * sigma
+    # Neighbours along every axis, and the same element under another key, are dropped
+    # together as often as independent draws would be (rate^2).
+    dropped = ~kept
+    other = np.asarray(dropout(x, rate, jax.random.key(4))) == 0
+    for both in (dropped[..., 1:] & dropped[..., :-1], dropped[:, 1:] & dropped[:, :-1],
+                 dropped[1:] & dropped[:-1], dropped & other):
+        assert abs(both.mean() - rate ** 2) < 5 * np.sqrt(rate ** 2 / both.size)
+
+
+def test_dropout_masks_follow_the_key_and_not_the_values():
+    x = jnp.arange(1, 4097, dtype=jnp.float32).reshape(64, 64)
+    key = jax.random.key(5)
+    a, b = dropout(x, 0.5, key), dropout(2 * x, 0.5, key)
+    np.testing.assert_array_equal(a == 0, b == 0)
+    assert not np.array_equal(a == 0, dropout(x, 0.5, jax.random.fold_in(key, 1)) == 0)
+    np.testing.assert_array_equal(dropout(x, 0.5, None), x)
 
 
 def test_bfloat16_compute_keeps_float32_parameters_and_logits():

@@ -30,6 +30,28 @@ def compute_dtype(config: ModelConfig) -> jnp.dtype:
     return jnp.dtype(config.dtype)
 
 
+def over_rows(fn, x: Array) -> Array:
+    """Applies a [rows, features] -> [rows, out] function to x [..., features].
+
+    Projections flatten every leading axis into one row axis first. The result is the same;
+    the gradient is not computed the same way: for a [batch, length, in] input, the kernel's
+    gradient contracts two axes and XLA on CPU transposed the output gradient before a slow
+    matrix product, while over rows it is one plain [in, rows] x [rows, out] product. That
+    made the CPU train step about 10% faster.
+    """
+    lead = x.shape[:-1]
+    y = fn(x.reshape(-1, x.shape[-1]))
+    return y.reshape(*lead, y.shape[-1])
+
+
+class Dense(nnx.Linear):
+    """nnx.Linear (same parameters, `kernel` [in, out] and `bias` [out]) applied over rows."""
+
+    def __call__(self, x: Array) -> Array:
+        """[..., in] -> [..., out]."""
+        return over_rows(super().__call__, x)
+
+
 # ----------------------------------------------------------------------------- masks
 
 
@@ -57,11 +79,49 @@ def cached_causal_mask(offset: Array, q_len: int, cache_len: int) -> Array:
 # ----------------------------------------------------------------------------- helpers
 
 
+def _mix32(h: Array) -> Array:
+    """MurmurHash3's 32-bit finaliser: a bijection of uint32 with full avalanche."""
+    h = h ^ (h >> 16)
+    h = h * jnp.uint32(0x85EBCA6B)
+    h = h ^ (h >> 13)
+    h = h * jnp.uint32(0xC2B2AE35)
+    return h ^ (h >> 16)
+
+
+def random_bits(rng: Array, shape: tuple[int, ...]) -> Array:
+    """uint32 bits for every element of `shape`: a hash of (key, element index).
+
+    The counter-based generator behind dropout. `jax.random.bits` (threefry) costs ~20
+    integer operations per word in its own loops and took about an eighth of a CPU train
+    step; this hash is a handful of operations XLA fuses into the op that applies the mask.
+    Each element's bits depend on its global index only, so a batch split over devices draws
+    exactly the mask one device would. Keys come from `jax.random` (split/fold_in), so
+    different layers and steps use unrelated streams.
+    """
+    key = jax.random.key_data(rng) if jnp.issubdtype(rng.dtype, jax.dtypes.prng_key) else rng
+    key = key.astype(jnp.uint32).reshape(-1)
+    index = jnp.zeros(shape, jnp.uint32)
+    stride = 1
+    for axis in reversed(range(len(shape))):
+        index = index + jax.lax.broadcasted_iota(jnp.uint32, shape, axis) * jnp.uint32(stride)
+        stride = (stride * shape[axis]) % (1 << 32)
+    # Two rounds, each keyed by one key word: the index alone decides nothing.
+    return _mix32(_mix32(index ^ key[0]) + key[-1])
+
+
 def dropout(x: Array, rate: float, rng: Array | None) -> Array:
-    """Inverted dropout; identity when `rng` is None or `rate` is 0."""
+    """Inverted dropout; identity when `rng` is None or `rate` is 0.
+
+    An element is kept when its random word is at least round(rate * 2^32), which happens
+    with probability 1 - rate up to 2^-32; kept elements are scaled by 1 / (1 - rate).
+    """
     if rng is None or rate == 0.0:
         return x
-    keep = jax.random.bernoulli(rng, 1.0 - rate, x.shape)
+    if x.size >= 1 << 32:
+        raise ValueError(f"dropout: {x.shape} has {x.size} elements; the 32-bit element "
+                         f"counter covers at most 2^32 - 1. Split the batch.")
+    threshold = jnp.uint32(min(round(rate * 2.0 ** 32), 2 ** 32 - 1))
+    keep = random_bits(rng, x.shape) >= threshold
     return jnp.where(keep, x / (1.0 - rate), jnp.zeros_like(x))
 
 
@@ -127,7 +187,7 @@ class Embedding(nnx.Module):
 
     def attend(self, x: Array) -> Array:
         """[batch, length, d_model] -> [batch, length, vocab] logits (x @ E^T)."""
-        return self.table.attend(x)
+        return over_rows(self.table.attend, x)
 
 
 class PositionalEncoding(nnx.Module):
@@ -166,8 +226,8 @@ class MultiHeadAttention(nnx.Module):
         self.attention_dropout = config.attention_dropout
         self.implementation = config.attention_impl
 
-        def linear() -> nnx.Linear:
-            return nnx.Linear(d, d, dtype=dtype, kernel_init=dense_init, rngs=rngs)
+        def linear() -> Dense:
+            return Dense(d, d, dtype=dtype, kernel_init=dense_init, rngs=rngs)
 
         self.query = linear()
         self.key = linear()
@@ -257,9 +317,9 @@ class FeedForward(nnx.Module):
 
     def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
         dtype = compute_dtype(config)
-        self.inner = nnx.Linear(config.d_model, config.d_ff, dtype=dtype, kernel_init=dense_init,
+        self.inner = Dense(config.d_model, config.d_ff, dtype=dtype, kernel_init=dense_init,
                                 rngs=rngs)
-        self.outer = nnx.Linear(config.d_ff, config.d_model, dtype=dtype, kernel_init=dense_init,
+        self.outer = Dense(config.d_ff, config.d_model, dtype=dtype, kernel_init=dense_init,
                                 rngs=rngs)
         self.activation_dropout = config.activation_dropout
 

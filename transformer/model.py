@@ -24,7 +24,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from transformer.config import ModelConfig
-from transformer.layers import (AddNorm, Embedding, FeedForward, MultiHeadAttention,
+from transformer.layers import (AddNorm, Dense, Embedding, FeedForward, MultiHeadAttention,
                                 PositionalEncoding, cached_causal_mask, causal_mask,
                                 compute_dtype, dropout, padding_mask, split_rng)
 
@@ -151,8 +151,8 @@ class Transformer(nnx.Module):
         self.src_embedding = Embedding(config, rngs=rngs)
         if not config.share_embeddings:
             self.tgt_embedding = Embedding(config, rngs=rngs)
-            self.output_projection = nnx.Linear(config.d_model, config.vocab_size, use_bias=False,
-                                                dtype=compute_dtype(config), rngs=rngs)
+            self.output_projection = Dense(config.d_model, config.vocab_size, use_bias=False,
+                                           dtype=compute_dtype(config), rngs=rngs)
         self.positional = PositionalEncoding(config, rngs=rngs)
         self.encoder_layers = nnx.List(
             [EncoderLayer(config, rngs=rngs) for _ in range(config.encoder_layers)])
