@@ -205,6 +205,34 @@ def test_cache_prefill_of_several_positions_equals_teacher_forcing():
     np.testing.assert_allclose(jnp.concatenate([first, rest], 1), full, atol=1e-5)
 
 
+def test_beam_cache_follows_parents_without_copying_keys():
+    """After beams change parents, each beam attends over its new history exactly."""
+    from transformer.decoding import _follow_parents
+
+    model = make_model()
+    rng = np.random.default_rng(9)
+    batch, beam = 2, 3
+    src = random_batch(rng, batch, 5, 64, lengths=[5, 3])
+    memory, src_mask = model.encode(src), model.source_mask(src)
+    cache = model.init_cache(memory, max_len=6, beam_size=beam)
+    beams = random_batch(rng, batch * beam, 4, 64)            # row b*beam + j: beam j of b
+    for t in range(2):
+        _, cache = model.decode(memory, src_mask, beams[:, t:t + 1], cache)
+    parent = jnp.array([[2, 2, 0], [1, 0, 1]], jnp.int32)     # [batch, beam]
+    cache = _follow_parents(cache, parent)
+    rows = (parent + jnp.arange(batch)[:, None] * beam).reshape(-1)
+    prefix = beams[rows, :2]
+    for t in range(2, 4):                                     # two more steps after the move
+        step_logits, cache = model.decode(memory, src_mask, beams[:, t:t + 1], cache)
+        prefix = jnp.concatenate([prefix, beams[:, t:t + 1]], axis=1)
+    sources = jnp.repeat(memory, beam, axis=0), jnp.repeat(src_mask, beam, axis=0)
+    full, _ = model.decode(*sources, prefix)
+    np.testing.assert_allclose(step_logits[:, 0], full[:, -1], atol=1e-5)
+    # The move matters: each row's own unmoved history gives other logits.
+    assert not np.allclose(full[:, -1], model.decode(*sources, beams[:, :4])[0][:, -1],
+                           atol=1e-3)
+
+
 def test_dropout_is_active_only_with_an_rng():
     model = make_model(dropout=0.3)
     rng = np.random.default_rng(7)

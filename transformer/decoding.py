@@ -283,8 +283,7 @@ def _beam_search(graphdef, state, src, limits, max_len: int, beam_size: int, nbe
         alive_logprob, order = jax.lax.top_k(alive_candidates, k)
         alive_tokens = jnp.take_along_axis(top_tokens, order[:, :, None], axis=1)
         parent = jnp.take_along_axis(beam_index, order, axis=1)  # [batch, k]
-        rows = to_rows(parent + jnp.arange(batch)[:, None] * k)
-        cache = _reorder_cache(cache, rows)
+        cache = _follow_parents(cache, parent)
 
         best_possible = alive_logprob[:, 0] / length_penalty(limits, alpha)
         can_improve = best_possible > finished_score[:, nbest - 1]
@@ -317,12 +316,17 @@ def _top_k_by(scores: Array, tokens: Array, k: int) -> tuple[Array, Array]:
     return best, jnp.take_along_axis(tokens, order[:, :, None], axis=1)
 
 
-def _reorder_cache(cache: Cache, rows: Array) -> Cache:
-    """Give each beam its parent's self-attention keys/values; rows [batch * k]."""
-    # Plain indexing gathers whole rows; jnp.take's clip/fill handling made it twice as slow.
-    return Cache(index=cache["index"],
-                 self_key=tuple(k[rows] for k in cache["self_key"]),
-                 self_value=tuple(v[rows] for v in cache["self_value"]),
+def _follow_parents(cache: Cache, parent: Array) -> Cache:
+    """Give each beam its parent's history; parent int32 [batch, k], beams of the sentence.
+
+    Only the [batch, k, max_len] map from positions to cache slots moves (see
+    `transformer.model.Cache`); copying every layer's keys and values to the new beams, as a
+    reordered cache does, was the largest cost of a beam-search step on CPU after the matrix
+    products.
+    """
+    beam_slot = jnp.take_along_axis(cache["beam_slot"], parent[:, :, None], axis=1)
+    return Cache(index=cache["index"], self_key=cache["self_key"],
+                 self_value=cache["self_value"], beam_slot=beam_slot,
                  cross_key=cache["cross_key"], cross_value=cache["cross_value"])
 
 

@@ -168,6 +168,30 @@ def reference_attention(query: Array, key: Array, value: Array, mask: Array | No
     return context, weights
 
 
+def _softmax_over_own_slots(scores: Array, beam_slot: Array, mask: Array, q_len: int) -> Array:
+    """Attention weights of each beam over its own history in a shared beam cache.
+
+    scores float32 [batch, heads, beam * q_len, beam * max_len]: every query against every
+    beam's slots; beam_slot int32 [batch, beam, max_len]: which beam's slot holds position t
+    of beam i; mask [1, 1, q_len, max_len] over positions. Returns weights of the same shape
+    as scores, zero outside each beam's own slots, so that `weights @ values` reads exactly
+    the keys and values of each beam's history. Costs beam times the score work of a
+    reordered cache (a few thousand multiply-adds per query) instead of copying the whole
+    cache to its new beams at every step.
+    """
+    batch, heads = scores.shape[:2]
+    beam, max_len = beam_slot.shape[1:]
+    scores = scores.reshape(batch, heads, beam, q_len, beam, max_len)
+    # own[b, 1, i, 1, j, t]: position t of beam i lives in beam j's slot.
+    own = (beam_slot[:, :, None, :] == jnp.arange(beam)[None, None, :, None])
+    own = own[:, None, :, None]
+    per_position = jnp.sum(jnp.where(own, scores, 0.0), axis=4)  # [b, h, beam, q_len, max_len]
+    per_position = jnp.where(mask[:, :, None], per_position, jnp.finfo(jnp.float32).min)
+    weights = jax.nn.softmax(per_position, axis=-1)
+    weights = jnp.where(own, weights[:, :, :, :, None, :], 0.0)
+    return weights.reshape(batch, heads, beam * q_len, beam * max_len)
+
+
 # ----------------------------------------------------------------------------- modules
 
 
@@ -273,28 +297,36 @@ class MultiHeadAttention(nnx.Module):
         context = context.reshape(batch, q_len, self.num_heads * self.head_dim)
         return self.output(context), weights
 
-    def attend_cached(self, query: Array, key: Array, value: Array, mask: Array) -> Array:
+    def attend_cached(self, query: Array, key: Array, value: Array, mask: Array,
+                      beam_slot: Array | None = None) -> Array:
         """Attention of a few new query positions over cached, heads-major keys and values.
 
-        query [rows, q_len, heads, head_dim]; key/value [kv_rows, heads, k_len, head_dim]
-        where rows is kv_rows or a multiple of it: consecutive query rows (the beams of one
-        sentence) share a key/value row and are folded into the query axis. mask broadcastable
-        to [kv_rows, heads, rows // kv_rows * q_len, k_len]. Returns [rows, q_len, d_model].
+        query [rows, q_len, heads, head_dim]; key/value [batch, heads, k_len, head_dim], where
+        rows = batch * group: consecutive query rows (the beams of one sentence) share a
+        key/value row and are folded into the query axis. Returns [rows, q_len, d_model].
 
-        The heads-major cache makes both products plain batched matrix products over
-        (row, head); with the [batch, length, heads, head_dim] layout XLA on CPU transposed
-        the whole cache at every step, several times slower.
+        Cross-attention: k_len is the source length, mask [batch, 1, 1, k_len].
+        Self-attention in beam search (`beam_slot` int32 [batch, group, max_len] given): the
+        key axis holds group * max_len slots, max_len per beam, and beam i reads position t
+        from the slots of beam beam_slot[b, i, t], the beam that computed it (see
+        `Transformer.init_cache`); mask [1, 1, q_len, max_len] is over positions.
+
+        Heads-major keys make both products plain batched matrix products over
+        (batch, head), with no copy or transpose of the cache at any step.
         """
         rows, q_len = query.shape[:2]
-        kv_rows = key.shape[0]
-        group = rows // kv_rows
-        query = query.reshape(kv_rows, group * q_len, self.num_heads, self.head_dim)
-        query = query.transpose(0, 2, 1, 3)  # [kv_rows, heads, group * q_len, head_dim]
+        batch = key.shape[0]
+        group = rows // batch
+        query = query.reshape(batch, group * q_len, self.num_heads, self.head_dim)
+        query = query.transpose(0, 2, 1, 3)  # [batch, heads, group * q_len, head_dim]
         scores = jnp.einsum("bhqd,bhkd->bhqk", query, key,
                             preferred_element_type=jnp.float32) / math.sqrt(self.head_dim)
-        scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
-        weights = jax.nn.softmax(scores, axis=-1).astype(value.dtype)
-        context = jnp.einsum("bhqk,bhkd->bhqd", weights, value)
+        if beam_slot is None:
+            scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
+            weights = jax.nn.softmax(scores, axis=-1)
+        else:
+            weights = _softmax_over_own_slots(scores, beam_slot, mask, q_len)
+        context = jnp.einsum("bhqk,bhkd->bhqd", weights.astype(value.dtype), value)
         context = context.transpose(0, 2, 1, 3).reshape(rows, q_len, self.num_heads * self.head_dim)
         return self.output(context)
 

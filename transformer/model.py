@@ -35,18 +35,24 @@ class Cache(TypedDict):
     """Decoder state for incremental decoding: one array per decoder layer in each tuple.
 
     index:       int32 scalar, the position the next decoded token will occupy.
-    self_key:    per layer [rows, heads, max_len, head_dim], keys of positions < index.
-    self_value:  per layer [rows, heads, max_len, head_dim]
+    self_key:    per layer [batch, heads, beam * max_len, head_dim]: beam j's keys of
+                 positions t < index at slot j * max_len + t.
+    self_value:  per layer [batch, heads, beam * max_len, head_dim]
+    beam_slot:   int32 [batch, beam, max_len]: position t of beam i is in beam
+                 beam_slot[b, i, t]'s slots. Each step writes every beam's new position into
+                 its own slots; when beam search gives beam i a new parent p, only this small
+                 array changes (beam_slot[b, i] = beam_slot[b, p]), never the keys and values.
     cross_key:   per layer [batch, heads, src_len, head_dim], encoder output projected once.
     cross_value: per layer [batch, heads, src_len, head_dim]
-    rows is batch, or batch * beam_size in beam search (beams share their sentence's
-    cross-attention keys/values). Heads-major, so attention over the cache needs no transpose
-    (see MultiHeadAttention.attend_cached).
+    The decoder's rows are batch * beam, beams of a sentence adjacent; beam = 1 outside beam
+    search. Heads-major, so attention over the cache needs no transpose (see
+    MultiHeadAttention.attend_cached).
     """
 
     index: Array
     self_key: tuple[Array, ...]
     self_value: tuple[Array, ...]
+    beam_slot: Array
     cross_key: tuple[Array, ...]
     cross_value: tuple[Array, ...]
 
@@ -108,20 +114,21 @@ class DecoderLayer(nnx.Module):
         return self._sublayers(x, attend_self, attend_cross, rngs), weights[0]
 
     def step(self, x: Array, self_kv: tuple[Array, Array], self_mask: Array,
-             cross_kv: tuple[Array, Array], src_mask: Array, rng: Array | None) -> Array:
+             beam_slot: Array | None, cross_kv: tuple[Array, Array], src_mask: Array,
+             rng: Array | None) -> Array:
         """The layer for new positions over cached keys/values (incremental decoding).
 
-        x [rows, new_len, d_model]; self_kv: the cache with this step written, each
-        [rows, heads, max_len, head_dim]; self_mask broadcastable to
-        [rows, heads, new_len, max_len]; cross_kv [batch, heads, src_len, head_dim] with rows a
-        multiple of batch (beams); src_mask [batch, 1, 1, src_len]. Attention dropout is not
-        applied on this path.
+        x [rows, new_len, d_model] with rows = batch * beam; self_kv: the cache with this step
+        written, each [batch, heads, beam * max_len, head_dim]; self_mask
+        [1, 1, new_len, max_len]; beam_slot [batch, beam, max_len] (None when beam = 1);
+        cross_kv [batch, heads, src_len, head_dim]; src_mask [batch, 1, 1, src_len].
+        Attention dropout is not applied on this path.
         """
         rngs = split_rng(rng, 6)
 
         def attend_self(h):
             query = self.self_attention.project_query(h)
-            return self.self_attention.attend_cached(query, *self_kv, self_mask)
+            return self.self_attention.attend_cached(query, *self_kv, self_mask, beam_slot)
 
         def attend_cross(h):
             query = self.cross_attention.project_query(h)
@@ -204,13 +211,15 @@ class Transformer(nnx.Module):
     def init_cache(self, memory: Array, max_len: int, beam_size: int = 1) -> Cache:
         """Cache for decoding up to `max_len` target positions over `memory`.
 
-        Allocates self-attention keys/values for batch * beam_size rows (rows b*k .. b*k+k-1
-        are the beams of sentence b) and `max_len` positions, and projects the encoder output
+        Allocates self-attention keys/values for `beam_size` beams of each sentence (the
+        decoder's rows b*k .. b*k+k-1 are the beams of sentence b) and `max_len` positions,
+        every beam starting on its own slots, and projects the encoder output
         [batch, src_len, d_model] to cross-attention keys/values once per sentence: the beams
         of a sentence share them rather than holding k copies.
         """
         config = self.config
-        shape = (memory.shape[0] * beam_size, config.num_heads, max_len, config.head_dim)
+        batch = memory.shape[0]
+        shape = (batch, config.num_heads, beam_size * max_len, config.head_dim)
         layers = range(config.decoder_layers)
         cross = [layer.cross_attention.project_key_value_heads_major(memory)
                  for layer in self.decoder_layers]
@@ -218,6 +227,8 @@ class Transformer(nnx.Module):
             index=jnp.zeros((), jnp.int32),
             self_key=tuple(jnp.zeros(shape, compute_dtype(config)) for _ in layers),
             self_value=tuple(jnp.zeros(shape, compute_dtype(config)) for _ in layers),
+            beam_slot=jnp.broadcast_to(jnp.arange(beam_size, dtype=jnp.int32)[None, :, None],
+                                       (batch, beam_size, max_len)),
             cross_key=tuple(k for k, _ in cross),
             cross_value=tuple(v for _, v in cross),
         )
@@ -256,7 +267,12 @@ class Transformer(nnx.Module):
         if cache is None:
             self_mask = causal_mask(tgt_len)
         else:
-            self_mask = cached_causal_mask(offset, tgt_len, cache["self_key"][0].shape[2])
+            batch, beam, max_len = cache["beam_slot"].shape
+            self_mask = cached_causal_mask(offset, tgt_len, max_len)
+            # This step's positions are computed by every beam in its own slots.
+            own = jnp.broadcast_to(jnp.arange(beam, dtype=jnp.int32)[None, :, None],
+                                   (batch, beam, tgt_len))
+            beam_slot = jax.lax.dynamic_update_slice_in_dim(cache["beam_slot"], own, offset, 2)
         new_keys, new_values, all_weights = [], [], []
         for i, layer in enumerate(self.decoder_layers):
             h = layer.self_attention_input(x)
@@ -267,22 +283,23 @@ class Transformer(nnx.Module):
                                    return_weights)
                 all_weights.append(weights)
             else:
-                # Write the new positions' keys/values into the cache (in place inside the
-                # search loop), then attend over all its slots.
+                # Write the new positions' keys/values into each beam's own slots (in place
+                # inside the search loop), then attend over the cache.
                 key, value = layer.self_attention.project_key_value_heads_major(h)
-                key = jax.lax.dynamic_update_slice_in_dim(cache["self_key"][i], key, offset, 2)
-                value = jax.lax.dynamic_update_slice_in_dim(cache["self_value"][i], value,
-                                                            offset, 2)
+                key = _write_slots(cache["self_key"][i], key, beam, offset)
+                value = _write_slots(cache["self_value"][i], value, beam, offset)
                 new_keys.append(key)
                 new_values.append(value)
                 cross_kv = (cache["cross_key"][i], cache["cross_value"][i])
-                x = layer.step(x, (key, value), self_mask, cross_kv, src_mask, rngs[1 + i])
+                x = layer.step(x, (key, value), self_mask, beam_slot if beam > 1 else None,
+                               cross_kv, src_mask, rngs[1 + i])
         if config.norm == "pre":
             x = self.decoder_norm(x)
 
         if cache is not None:
             cache = Cache(index=cache["index"] + tgt_len, self_key=tuple(new_keys),
-                          self_value=tuple(new_values), cross_key=cache["cross_key"],
+                          self_value=tuple(new_values), beam_slot=beam_slot,
+                          cross_key=cache["cross_key"],
                           cross_value=cache["cross_value"])
         return self._logits(x), cache, all_weights
 
@@ -292,6 +309,21 @@ class Transformer(nnx.Module):
         memory = self.encode(src_ids, enc_rng)
         logits, _ = self.decode(memory, self.source_mask(src_ids), tgt_in, None, dec_rng)
         return logits
+
+
+def _write_slots(cached: Array, new: Array, beam: int, offset: Array) -> Array:
+    """Store new positions in each beam's own slots.
+
+    cached [batch, heads, beam * max_len, head_dim]; new [batch * beam, heads, new_len,
+    head_dim], the keys or values of positions offset .. offset+new_len-1, row b*beam + j
+    for beam j of sentence b. Returns the updated cache (an in-place update under jit).
+    """
+    batch, heads, slots, head_dim = cached.shape
+    rows, _, new_len, _ = new.shape
+    new = new.reshape(batch, beam, heads, new_len, head_dim).transpose(0, 2, 1, 3, 4)
+    cached = cached.reshape(batch, heads, beam, slots // beam, head_dim)
+    cached = jax.lax.dynamic_update_slice_in_dim(cached, new, offset, 3)
+    return cached.reshape(batch, heads, slots, head_dim)
 
 
 def count_parameters(model: nnx.Module) -> int:

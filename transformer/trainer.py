@@ -115,14 +115,15 @@ class RunConfig(DictConfig):
     warmup: int = 200
     lr_scale: float = 0.4
     peak_lr: float = 1e-3
-    adam_b1: float = 0.9
-    adam_b2: float = 0.98
-    adam_eps: float = 1e-9
-    label_smoothing: float = 0.1
-    clip_norm: float | None = None
-    accum: int = 1
-    weight_decay: float = 0.0
-    seed: int = 0
+    # The paper's settings, as TrainConfig holds them:
+    adam_b1: float = TrainConfig.adam_b1
+    adam_b2: float = TrainConfig.adam_b2
+    adam_eps: float = TrainConfig.adam_eps
+    label_smoothing: float = TrainConfig.label_smoothing
+    clip_norm: float | None = TrainConfig.clip_norm
+    accum: int = TrainConfig.accum_steps
+    weight_decay: float = TrainConfig.weight_decay
+    seed: int = TrainConfig.seed
     # ---- length of training
     max_steps: int | None = None
     max_minutes: float | None = None
