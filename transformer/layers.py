@@ -270,10 +270,11 @@ class MultiHeadAttention(nnx.Module):
         """[batch, k_len, d_model] -> keys and values, each [batch, k_len, heads, head_dim]."""
         return self._split_heads(self.key(x)), self._split_heads(self.value(x))
 
-    def project_key_value_heads_major(self, x: Array) -> tuple[Array, Array]:
-        """[batch, k_len, d_model] -> keys and values, each [batch, heads, k_len, head_dim]."""
+    def project_key_value_for_cache(self, x: Array) -> tuple[Array, Array]:
+        """[batch, k_len, d_model] -> keys [batch, heads, head_dim, k_len] (transposed) and
+        values [batch, heads, k_len, head_dim]: the layouts `attend_cached` reads."""
         key, value = self.project_key_value(x)
-        return key.transpose(0, 2, 1, 3), value.transpose(0, 2, 1, 3)
+        return key.transpose(0, 2, 3, 1), value.transpose(0, 2, 1, 3)
 
     def attend(self, query: Array, key: Array, value: Array, mask: Array | None,
                rng: Array | None = None, return_weights: bool = False
@@ -301,9 +302,10 @@ class MultiHeadAttention(nnx.Module):
                       beam_slot: Array | None = None) -> Array:
         """Attention of a few new query positions over cached, heads-major keys and values.
 
-        query [rows, q_len, heads, head_dim]; key/value [batch, heads, k_len, head_dim], where
-        rows = batch * group: consecutive query rows (the beams of one sentence) share a
-        key/value row and are folded into the query axis. Returns [rows, q_len, d_model].
+        query [rows, q_len, heads, head_dim]; key [batch, heads, head_dim, k_len]; value
+        [batch, heads, k_len, head_dim], where rows = batch * group: consecutive query rows
+        (the beams of one sentence) share a key/value row and are folded into the query axis.
+        Returns [rows, q_len, d_model].
 
         Cross-attention: k_len is the source length, mask [batch, 1, 1, k_len].
         Self-attention in beam search (`beam_slot` int32 [batch, group, max_len] given): the
@@ -311,15 +313,17 @@ class MultiHeadAttention(nnx.Module):
         from the slots of beam beam_slot[b, i, t], the beam that computed it (see
         `Transformer.init_cache`); mask [1, 1, q_len, max_len] is over positions.
 
-        Heads-major keys make both products plain batched matrix products over
-        (batch, head), with no copy or transpose of the cache at any step.
+        Heads-major keys and values make both products plain batched matrix products over
+        (batch, head), with no copy of the cache at any step; keys are stored transposed
+        because XLA's CPU matrix product with a transposed right operand was 4x slower at
+        these sizes.
         """
         rows, q_len = query.shape[:2]
         batch = key.shape[0]
         group = rows // batch
         query = query.reshape(batch, group * q_len, self.num_heads, self.head_dim)
         query = query.transpose(0, 2, 1, 3)  # [batch, heads, group * q_len, head_dim]
-        scores = jnp.einsum("bhqd,bhkd->bhqk", query, key,
+        scores = jnp.einsum("bhqd,bhdk->bhqk", query, key,
                             preferred_element_type=jnp.float32) / math.sqrt(self.head_dim)
         if beam_slot is None:
             scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)

@@ -35,14 +35,14 @@ class Cache(TypedDict):
     """Decoder state for incremental decoding: one array per decoder layer in each tuple.
 
     index:       int32 scalar, the position the next decoded token will occupy.
-    self_key:    per layer [batch, heads, beam * max_len, head_dim]: beam j's keys of
-                 positions t < index at slot j * max_len + t.
+    self_key:    per layer [batch, heads, head_dim, beam * max_len]: beam j's keys of
+                 positions t < index at slot j * max_len + t (keys are kept transposed).
     self_value:  per layer [batch, heads, beam * max_len, head_dim]
     beam_slot:   int32 [batch, beam, max_len]: position t of beam i is in beam
                  beam_slot[b, i, t]'s slots. Each step writes every beam's new position into
                  its own slots; when beam search gives beam i a new parent p, only this small
                  array changes (beam_slot[b, i] = beam_slot[b, p]), never the keys and values.
-    cross_key:   per layer [batch, heads, src_len, head_dim], encoder output projected once.
+    cross_key:   per layer [batch, heads, head_dim, src_len], encoder output projected once.
     cross_value: per layer [batch, heads, src_len, head_dim]
     The decoder's rows are batch * beam, beams of a sentence adjacent; beam = 1 outside beam
     search. Heads-major, so attention over the cache needs no transpose (see
@@ -219,14 +219,16 @@ class Transformer(nnx.Module):
         """
         config = self.config
         batch = memory.shape[0]
-        shape = (batch, config.num_heads, beam_size * max_len, config.head_dim)
+        slots = beam_size * max_len
+        key_shape = (batch, config.num_heads, config.head_dim, slots)
+        value_shape = (batch, config.num_heads, slots, config.head_dim)
         layers = range(config.decoder_layers)
-        cross = [layer.cross_attention.project_key_value_heads_major(memory)
+        cross = [layer.cross_attention.project_key_value_for_cache(memory)
                  for layer in self.decoder_layers]
         return Cache(
             index=jnp.zeros((), jnp.int32),
-            self_key=tuple(jnp.zeros(shape, compute_dtype(config)) for _ in layers),
-            self_value=tuple(jnp.zeros(shape, compute_dtype(config)) for _ in layers),
+            self_key=tuple(jnp.zeros(key_shape, compute_dtype(config)) for _ in layers),
+            self_value=tuple(jnp.zeros(value_shape, compute_dtype(config)) for _ in layers),
             beam_slot=jnp.broadcast_to(jnp.arange(beam_size, dtype=jnp.int32)[None, :, None],
                                        (batch, beam_size, max_len)),
             cross_key=tuple(k for k, _ in cross),
@@ -285,9 +287,9 @@ class Transformer(nnx.Module):
             else:
                 # Write the new positions' keys/values into each beam's own slots (in place
                 # inside the search loop), then attend over the cache.
-                key, value = layer.self_attention.project_key_value_heads_major(h)
-                key = _write_slots(cache["self_key"][i], key, beam, offset)
-                value = _write_slots(cache["self_value"][i], value, beam, offset)
+                key, value = layer.self_attention.project_key_value_for_cache(h)
+                key = _write_slots(cache["self_key"][i], key, beam, offset, axis=3)
+                value = _write_slots(cache["self_value"][i], value, beam, offset, axis=2)
                 new_keys.append(key)
                 new_values.append(value)
                 cross_kv = (cache["cross_key"][i], cache["cross_value"][i])
@@ -311,19 +313,21 @@ class Transformer(nnx.Module):
         return logits
 
 
-def _write_slots(cached: Array, new: Array, beam: int, offset: Array) -> Array:
-    """Store new positions in each beam's own slots.
+def _write_slots(cached: Array, new: Array, beam: int, offset: Array, axis: int) -> Array:
+    """Store new positions in each beam's own slots of one cache array.
 
-    cached [batch, heads, beam * max_len, head_dim]; new [batch * beam, heads, new_len,
-    head_dim], the keys or values of positions offset .. offset+new_len-1, row b*beam + j
-    for beam j of sentence b. Returns the updated cache (an in-place update under jit).
+    cached [batch, ...] with its slot axis `axis` of size beam * max_len (beam j's positions
+    at j * max_len + t); new [batch * beam, ...] with the same axes but new_len positions on
+    `axis`, the keys or values of positions offset .. offset+new_len-1, row b*beam + j for
+    beam j of sentence b. Returns the updated cache (an in-place update under jit).
     """
-    batch, heads, slots, head_dim = cached.shape
-    rows, _, new_len, _ = new.shape
-    new = new.reshape(batch, beam, heads, new_len, head_dim).transpose(0, 2, 1, 3, 4)
-    cached = cached.reshape(batch, heads, beam, slots // beam, head_dim)
-    cached = jax.lax.dynamic_update_slice_in_dim(cached, new, offset, 3)
-    return cached.reshape(batch, heads, slots, head_dim)
+    batch, slots = cached.shape[0], cached.shape[axis]
+    new = new.reshape(batch, beam, *new.shape[1:])
+    # [batch, beam, ..., new_len, ...] -> [batch, ..., beam, new_len, ...]
+    new = jnp.moveaxis(new, 1, axis)
+    split = cached.shape[:axis] + (beam, slots // beam) + cached.shape[axis + 1:]
+    cached = jax.lax.dynamic_update_slice_in_dim(cached.reshape(split), new, offset, axis + 1)
+    return cached.reshape(cached.shape[:axis] + (slots,) + cached.shape[axis + 2:])
 
 
 def count_parameters(model: nnx.Module) -> int:
