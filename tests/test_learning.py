@@ -46,7 +46,10 @@ def trained_model():
     graphdef, rest, state = create_train_state(config, train_config, mesh)
     step = make_train_step(graphdef, train_config, mesh)
     rng = np.random.default_rng(0)
-    for _ in range(600):
+    # 1,200 steps reach loss ~3e-4 and decode 300 of 300 held-out inputs right; after 600
+    # (loss ~0.01) inputs with repeated symbols still failed now and then, depending on float
+    # summation order.
+    for _ in range(1200):
         state, metrics = step(state, shard_batch(train_batch(rng, 64), mesh))
     assert float(metrics["loss"]) < 0.05, f"did not learn the task: loss {metrics['loss']}"
     return nnx.merge(graphdef, jax.device_get(state.params), rest)

@@ -248,8 +248,8 @@ def four_devices(tmp_path_factory):
 
 
 def test_one_device_equals_four_devices_with_dropout(four_devices):
-    # Dropout masks are drawn for the global [batch, ...] array from one key; with JAX's
-    # partitionable threefry (the default) the bits do not depend on how it is sharded.
+    # Dropout masks hash (key, global element index), so they do not depend on how the batch
+    # is sharded; the keys themselves come from threefry splits, partitionable by default.
     assert jax.config.jax_threefry_partitionable
     one = worker.run(num_steps=3, dropout=0.1, devices=jax.devices()[:1])
     _close(one, four_devices)

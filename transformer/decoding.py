@@ -320,9 +320,7 @@ def _follow_parents(cache: Cache, parent: Array) -> Cache:
     """Give each beam its parent's history; parent int32 [batch, k], beams of the sentence.
 
     Only the [batch, k, max_len] map from positions to cache slots moves (see
-    `transformer.model.Cache`); copying every layer's keys and values to the new beams, as a
-    reordered cache does, was the largest cost of a beam-search step on CPU after the matrix
-    products.
+    `transformer.model.Cache`), not every layer's keys and values, as in a reordered cache.
     """
     beam_slot = jnp.take_along_axis(cache["beam_slot"], parent[:, :, None], axis=1)
     return Cache(index=cache["index"], self_key=cache["self_key"],
