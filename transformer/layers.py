@@ -171,25 +171,26 @@ def reference_attention(query: Array, key: Array, value: Array, mask: Array | No
 def _softmax_over_own_slots(scores: Array, beam_slot: Array, mask: Array, q_len: int) -> Array:
     """Attention weights of each beam over its own history in a shared beam cache.
 
-    scores float32 [batch, heads, beam * q_len, beam * max_len]: every query against every
-    beam's slots; beam_slot int32 [batch, beam, max_len]: which beam's slot holds position t
-    of beam i; mask [1, 1, q_len, max_len] over positions. Returns weights of the same shape
-    as scores, zero outside each beam's own slots, so that `weights @ values` reads exactly
-    the keys and values of each beam's history. Costs beam times the score work of a
-    reordered cache (a few thousand multiply-adds per query) instead of copying the whole
-    cache to its new beams at every step.
+    scores float32 [batch, heads, beam * q_len, max_len * beam]: every query against every
+    beam's slots (slot t * beam + j holds beam j's position t); beam_slot int32
+    [batch, beam, max_len]: which beam's slot holds position t of beam i; mask
+    [1, 1, q_len, max_len] over positions. Returns weights of the same shape as scores, zero
+    outside each beam's own slots, so that `weights @ values` reads exactly the keys and
+    values of each beam's history. Costs beam times the score work of a reordered cache (a
+    few thousand multiply-adds per query) instead of copying the whole cache to its new beams
+    at every step.
     """
     batch, heads = scores.shape[:2]
     beam, max_len = beam_slot.shape[1:]
-    scores = scores.reshape(batch, heads, beam, q_len, beam, max_len)
-    # own[b, 1, i, 1, j, t]: position t of beam i lives in beam j's slot.
-    own = (beam_slot[:, :, None, :] == jnp.arange(beam)[None, None, :, None])
+    scores = scores.reshape(batch, heads, beam, q_len, max_len, beam)
+    # own[b, 1, i, 1, t, j]: position t of beam i lives in beam j's slot.
+    own = beam_slot[:, :, :, None] == jnp.arange(beam)
     own = own[:, None, :, None]
-    per_position = jnp.sum(jnp.where(own, scores, 0.0), axis=4)  # [b, h, beam, q_len, max_len]
+    per_position = jnp.sum(jnp.where(own, scores, 0.0), axis=5)  # [b, h, beam, q_len, max_len]
     per_position = jnp.where(mask[:, :, None], per_position, jnp.finfo(jnp.float32).min)
     weights = jax.nn.softmax(per_position, axis=-1)
-    weights = jnp.where(own, weights[:, :, :, :, None, :], 0.0)
-    return weights.reshape(batch, heads, beam * q_len, beam * max_len)
+    weights = jnp.where(own, weights[..., None], 0.0)
+    return weights.reshape(batch, heads, beam * q_len, max_len * beam)
 
 
 # ----------------------------------------------------------------------------- modules
@@ -309,9 +310,10 @@ class MultiHeadAttention(nnx.Module):
 
         Cross-attention: k_len is the source length, mask [batch, 1, 1, k_len].
         Self-attention in beam search (`beam_slot` int32 [batch, group, max_len] given): the
-        key axis holds group * max_len slots, max_len per beam, and beam i reads position t
-        from the slots of beam beam_slot[b, i, t], the beam that computed it (see
-        `Transformer.init_cache`); mask [1, 1, q_len, max_len] is over positions.
+        key axis holds max_len * group slots (position t of beam j at t * group + j), and
+        beam i reads position t from the slot of beam beam_slot[b, i, t], the beam that
+        computed it (see `transformer.model.Cache`); mask [1, 1, q_len, max_len] is over
+        positions.
 
         Heads-major keys and values make both products plain batched matrix products over
         (batch, head), with no copy of the cache at any step; keys are stored transposed

@@ -35,9 +35,9 @@ class Cache(TypedDict):
     """Decoder state for incremental decoding: one array per decoder layer in each tuple.
 
     index:       int32 scalar, the position the next decoded token will occupy.
-    self_key:    per layer [batch, heads, head_dim, beam * max_len]: beam j's keys of
-                 positions t < index at slot j * max_len + t (keys are kept transposed).
-    self_value:  per layer [batch, heads, beam * max_len, head_dim]
+    self_key:    per layer [batch, heads, head_dim, max_len * beam]: beam j's keys of
+                 positions t < index at slot t * beam + j (keys are kept transposed).
+    self_value:  per layer [batch, heads, max_len * beam, head_dim], slots as for keys.
     beam_slot:   int32 [batch, beam, max_len]: position t of beam i is in beam
                  beam_slot[b, i, t]'s slots. Each step writes every beam's new position into
                  its own slots; when beam search gives beam i a new parent p, only this small
@@ -219,7 +219,7 @@ class Transformer(nnx.Module):
         """
         config = self.config
         batch = memory.shape[0]
-        slots = beam_size * max_len
+        slots = max_len * beam_size
         key_shape = (batch, config.num_heads, config.head_dim, slots)
         value_shape = (batch, config.num_heads, slots, config.head_dim)
         layers = range(config.decoder_layers)
@@ -316,17 +316,18 @@ class Transformer(nnx.Module):
 def _write_slots(cached: Array, new: Array, beam: int, offset: Array, axis: int) -> Array:
     """Store new positions in each beam's own slots of one cache array.
 
-    cached [batch, ...] with its slot axis `axis` of size beam * max_len (beam j's positions
-    at j * max_len + t); new [batch * beam, ...] with the same axes but new_len positions on
-    `axis`, the keys or values of positions offset .. offset+new_len-1, row b*beam + j for
-    beam j of sentence b. Returns the updated cache (an in-place update under jit).
+    cached [batch, ...] with its slot axis `axis` of size max_len * beam (beam j's position t
+    at slot t * beam + j, so one position of all beams is one contiguous run); new
+    [batch * beam, ...] with the same axes but new_len positions on `axis`: the keys or values
+    of positions offset .. offset+new_len-1, row b*beam + j for beam j of sentence b. Returns
+    the updated cache (an in-place update under jit).
     """
     batch, slots = cached.shape[0], cached.shape[axis]
     new = new.reshape(batch, beam, *new.shape[1:])
-    # [batch, beam, ..., new_len, ...] -> [batch, ..., beam, new_len, ...]
-    new = jnp.moveaxis(new, 1, axis)
-    split = cached.shape[:axis] + (beam, slots // beam) + cached.shape[axis + 1:]
-    cached = jax.lax.dynamic_update_slice_in_dim(cached.reshape(split), new, offset, axis + 1)
+    # [batch, beam, ..., new_len, ...] -> [batch, ..., new_len, beam, ...]
+    new = jnp.moveaxis(new, 1, axis + 1)
+    split = cached.shape[:axis] + (slots // beam, beam) + cached.shape[axis + 1:]
+    cached = jax.lax.dynamic_update_slice_in_dim(cached.reshape(split), new, offset, axis)
     return cached.reshape(cached.shape[:axis] + (slots,) + cached.shape[axis + 2:])
 
 
