@@ -21,7 +21,6 @@ import json
 import os
 import platform
 import resource
-import statistics
 import subprocess
 import sys
 import time

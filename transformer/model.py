@@ -229,8 +229,7 @@ class Transformer(nnx.Module):
             index=jnp.zeros((), jnp.int32),
             self_key=tuple(jnp.zeros(key_shape, compute_dtype(config)) for _ in layers),
             self_value=tuple(jnp.zeros(value_shape, compute_dtype(config)) for _ in layers),
-            beam_slot=jnp.broadcast_to(jnp.arange(beam_size, dtype=jnp.int32)[None, :, None],
-                                       (batch, beam_size, max_len)),
+            beam_slot=_own_slots(batch, beam_size, max_len),
             cross_key=tuple(k for k, _ in cross),
             cross_value=tuple(v for _, v in cross),
         )
@@ -272,9 +271,8 @@ class Transformer(nnx.Module):
             batch, beam, max_len = cache["beam_slot"].shape
             self_mask = cached_causal_mask(offset, tgt_len, max_len)
             # This step's positions are computed by every beam in its own slots.
-            own = jnp.broadcast_to(jnp.arange(beam, dtype=jnp.int32)[None, :, None],
-                                   (batch, beam, tgt_len))
-            beam_slot = jax.lax.dynamic_update_slice_in_dim(cache["beam_slot"], own, offset, 2)
+            beam_slot = jax.lax.dynamic_update_slice_in_dim(
+                cache["beam_slot"], _own_slots(batch, beam, tgt_len), offset, 2)
         new_keys, new_values, all_weights = [], [], []
         for i, layer in enumerate(self.decoder_layers):
             h = layer.self_attention_input(x)
@@ -311,6 +309,12 @@ class Transformer(nnx.Module):
         memory = self.encode(src_ids, enc_rng)
         logits, _ = self.decode(memory, self.source_mask(src_ids), tgt_in, None, dec_rng)
         return logits
+
+
+def _own_slots(batch: int, beam: int, length: int) -> Array:
+    """int32 [batch, beam, length] with beam j's own index: positions each beam computed."""
+    return jnp.broadcast_to(jnp.arange(beam, dtype=jnp.int32)[None, :, None],
+                            (batch, beam, length))
 
 
 def _write_slots(cached: Array, new: Array, beam: int, offset: Array, axis: int) -> Array:
