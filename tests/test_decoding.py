@@ -11,7 +11,7 @@ from flax import nnx
 
 from transformer.config import SearchConfig, get_preset
 from transformer.decoding import (NEG_INF, hypotheses_to_lists, length_penalty, pad_sources,
-                                  search)
+                                  search, top_k_over_vocab)
 from transformer.model import Transformer
 
 PAD, BOS, EOS = 0, 2, 3
@@ -197,3 +197,20 @@ def test_pad_sources_pads_every_row_to_the_longest():
     np.testing.assert_array_equal(padded, [[5, EOS, 0, 0], [6, 7, 8, EOS], [0, 0, 0, 0]])
     with pytest.raises(ValueError, match="batch_size"):
         pad_sources([[5], [6], [7]], PAD, batch_size=2)
+
+
+@pytest.mark.parametrize("n, k", [(8000, 8), (8000, 1), (4096, 8), (2056, 2), (1000, 8), (37, 3)])
+def test_top_k_over_vocab_equals_lax_top_k_ties_included(n, k):
+    """Grouped top-k must pick the same values and the same indices, also among equal values
+    (random small integers make ties everywhere, NEG_INF entries mimic banned tokens)."""
+    rng = np.random.default_rng(n + k)
+    for low, high in [(0, 6), (-1000, 1000)]:
+        scores = rng.integers(low, high, size=(12, n)).astype(np.float32)
+        scores[:, rng.integers(0, n, size=n // 10)] = NEG_INF
+        scores[0] = NEG_INF                      # a row with nothing but ties
+        scores[1, -k:] = 1e6                     # the best entries all in the last group
+        want_values, want_indices = jax.lax.top_k(jnp.asarray(scores), k)
+        values, indices = jax.jit(top_k_over_vocab, static_argnums=1)(jnp.asarray(scores), k)
+        np.testing.assert_array_equal(values, want_values)
+        np.testing.assert_array_equal(indices, want_indices)
+        assert indices.dtype == jnp.int32
