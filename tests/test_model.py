@@ -233,6 +233,37 @@ def test_beam_cache_follows_parents_without_copying_keys():
                            atol=1e-3)
 
 
+def test_one_beam_cache_expanded_to_beams_continues_every_beam_exactly():
+    """Beam search decodes the shared first positions once per sentence, then expands the
+    cache: each beam, fed its own tokens from there, must get teacher forcing's logits."""
+    from transformer.decoding import _follow_parents
+    from transformer.model import expand_cache_to_beams
+
+    model = make_model()
+    rng = np.random.default_rng(10)
+    batch, beam = 2, 3
+    src = random_batch(rng, batch, 5, 64, lengths=[5, 4])
+    memory, src_mask = model.encode(src), model.source_mask(src)
+    shared = random_batch(rng, batch, 2, 64)                      # positions 0, 1 of every beam
+    cache = model.init_cache(memory, max_len=6, beam_size=1)
+    _, cache = model.decode(memory, src_mask, shared, cache)
+    cache = expand_cache_to_beams(cache, beam)
+    assert cache["self_key"][0].shape[-1] == 6 * beam
+    own = random_batch(rng, batch * beam, 3, 64)                  # then each beam its own
+    for t in range(2):
+        _, cache = model.decode(memory, src_mask, own[:, t:t + 1], cache)
+    cache = _follow_parents(cache, jnp.array([[1, 1, 0], [2, 0, 0]], jnp.int32))
+    rows = np.array([1, 1, 0, 5, 3, 3])
+    step_logits, _ = model.decode(memory, src_mask, own[:, 2:3], cache)
+    histories = jnp.concatenate([jnp.repeat(shared, beam, axis=0), own[rows, :2], own[:, 2:3]],
+                                axis=1)
+    full, _ = model.decode(jnp.repeat(memory, beam, axis=0), jnp.repeat(src_mask, beam, axis=0),
+                           histories)
+    np.testing.assert_allclose(step_logits[:, 0], full[:, -1], atol=1e-5)
+    with pytest.raises(ValueError, match="one-beam"):
+        expand_cache_to_beams(cache, beam)
+
+
 def test_dropout_is_active_only_with_an_rng():
     model = make_model(dropout=0.3)
     rng = np.random.default_rng(7)

@@ -28,7 +28,7 @@ import numpy as np
 from flax import nnx
 
 from transformer.config import SearchConfig
-from transformer.model import Cache, Transformer
+from transformer.model import Cache, Transformer, expand_cache_to_beams
 
 Array = jax.Array
 
@@ -250,11 +250,16 @@ def _beam_search(graphdef, state, src, limits, max_len: int, beam_size: int, nbe
         return x.reshape((batch * k,) + x.shape[2:])
 
     limits_k = to_rows(jnp.repeat(limits[:, None], k, axis=1))
-    cache = model.init_cache(memory, max_len, beam_size=k)
+    # The first position is decoded from BOS, the same for every beam: once per sentence
+    # (batch rows, not batch * k), then every beam starts from that one cached position.
+    cache = model.init_cache(memory, max_len, beam_size=1)
+    bos = jnp.full((batch, 1), config.bos_id, jnp.int32)
+    first_logits, cache = model.decode(memory, src_mask, bos, cache)
+    first_logits = jnp.repeat(first_logits[:, 0], k, axis=0)  # [batch * k, vocab]
 
     state0 = _BeamState(
         step=jnp.zeros((), jnp.int32),
-        cache=cache,
+        cache=expand_cache_to_beams(cache, k),
         alive_tokens=jnp.full((batch, k, max_len), config.pad_id, jnp.int32),
         # Only beam 0 is live at the start, so the first expansion does not repeat itself k times.
         alive_logprob=jnp.tile(jnp.array([0.0] + [NEG_INF] * (k - 1), jnp.float32), (batch, 1)),
@@ -267,12 +272,15 @@ def _beam_search(graphdef, state, src, limits, max_len: int, beam_size: int, nbe
         return (s.step < max_len) & ~jnp.all(s.done)
 
     def body(s: _BeamState) -> _BeamState:
-        last = s.alive_tokens[:, :, jnp.maximum(s.step - 1, 0)]
-        last = jnp.where(s.step == 0, config.bos_id, last)
+        last = s.alive_tokens[:, :, s.step - 1]
         logits, cache = model.decode(memory, src_mask, to_rows(last)[:, None], s.cache)
-        normalizer = jax.nn.logsumexp(logits[:, 0], axis=-1)  # [rows]
+        return advance(s, logits[:, 0], cache)
+
+    def advance(s: _BeamState, logits: Array, cache: Cache) -> _BeamState:
+        """One search step given the step's logits [batch * k, vocab] and updated cache."""
+        normalizer = jax.nn.logsumexp(logits, axis=-1)  # [rows]
         at_limit = s.step + 1 >= limits_k
-        scores = _allowed_scores(logits[:, 0], s.step, at_limit, min_len, config)
+        scores = _allowed_scores(logits, s.step, at_limit, min_len, config)
         # Each row's best 2k tokens hold every candidate the best 2k of the whole sentence can
         # take (log p differs from the logit by a per-row constant), so the full [rows, vocab]
         # log-probabilities are never formed.
@@ -320,7 +328,7 @@ def _beam_search(graphdef, state, src, limits, max_len: int, beam_size: int, nbe
         return _BeamState(s.step + 1, cache, alive_tokens, alive_logprob, finished_tokens,
                           finished_score, done)
 
-    final = jax.lax.while_loop(cond, body, state0)
+    final = jax.lax.while_loop(cond, body, advance(state0, first_logits, state0.cache))
     tokens = final.finished_tokens[:, :nbest]
     lengths = (tokens != config.pad_id).sum(axis=2).astype(jnp.int32)
     return tokens, final.finished_score[:, :nbest], lengths

@@ -311,6 +311,34 @@ class Transformer(nnx.Module):
         return logits
 
 
+def expand_cache_to_beams(cache: Cache, beam: int) -> Cache:
+    """A one-beam cache [batch rows] as a `beam`-beam cache whose beams share its history.
+
+    Beam search decodes the first position (from BOS, the same for every beam) once per
+    sentence and then expands: the positions < index already computed stay in beam 0's slots
+    (slot t * beam) and every beam reads them there (beam_slot 0), so nothing is copied k
+    times. Positions from index on are written to each beam's own slots by `decode`.
+    Cross-attention keys and values are per sentence already and carry over unchanged.
+    """
+    batch, one_beam, max_len = cache["beam_slot"].shape
+    if one_beam != 1:
+        raise ValueError(f"expand_cache_to_beams needs a one-beam cache, got {one_beam} beams.")
+
+    def spread(x: Array, axis: int) -> Array:
+        # position t -> slot t * beam (beam 0's slot); other beams' slots zero until written.
+        x = jnp.expand_dims(x, axis + 1)
+        widths = [(0, 0)] * x.ndim
+        widths[axis + 1] = (0, beam - 1)
+        x = jnp.pad(x, widths)
+        return x.reshape(x.shape[:axis] + (max_len * beam,) + x.shape[axis + 2:])
+
+    return Cache(index=cache["index"],
+                 self_key=tuple(spread(k, 3) for k in cache["self_key"]),
+                 self_value=tuple(spread(v, 2) for v in cache["self_value"]),
+                 beam_slot=jnp.zeros((batch, beam, max_len), jnp.int32),
+                 cross_key=cache["cross_key"], cross_value=cache["cross_value"])
+
+
 def _own_slots(batch: int, beam: int, length: int) -> Array:
     """int32 [batch, beam, length] with beam j's own index: positions each beam computed."""
     return jnp.broadcast_to(jnp.arange(beam, dtype=jnp.int32)[None, :, None],
