@@ -61,7 +61,7 @@ def top_k_over_vocab(scores: Array, k: int) -> tuple[Array, Array]:
 
     scores [rows, n] -> (values [rows, k], int32 indices [rows, k]), identical to
     `lax.top_k`, ties included (equal values: lower index first). Cuts the last axis into
-    groups of `g` and takes the k groups with the largest maxima: every one of the k best
+    groups (32, 16 or 8 entries, whichever divides n) and takes the k groups with the largest maxima: every one of the k best
     entries lies in them, since an entry outside them is beaten by k group maxima. The
     chosen groups are read in index order, so ties resolve as `lax.top_k` resolves them.
     One vectorised max over [rows, n] and two top-k over [rows, n / g] and [rows, k * g]
@@ -156,9 +156,9 @@ def _allowed_scores(logits: Array, step: Array, at_limit: Array, min_len: int, c
     """logits [rows, vocab] with PAD and BOS banned, and EOS banned before min_len.
 
     at_limit [rows]: rows whose output limit is this step may end whatever min_len says (the
-    caller then lets them produce nothing but EOS). One elementwise select, which XLA fuses
-    into the top-k's first pass; edits of single columns (`.at[:, id].set`) each made XLA copy
-    the whole [rows, vocab] array at every step of the search loop.
+    caller then lets them produce nothing but EOS). One elementwise pass over [rows, vocab]:
+    edits of single columns (`.at[:, id].set`) looked cheaper, but each made XLA copy the
+    whole array, three copies at every step of the search loop.
     """
     eos_allowed = at_limit | (step + 1 >= min_len)
     column = jnp.arange(logits.shape[-1])[None, :]
