@@ -132,6 +132,22 @@ def test_length_limits_follow_a_times_source_length_plus_b_and_min_len():
         assert np.all(at_least.lengths[:, 0] >= 5) and np.all(at_least.lengths[:, 0] <= 9)
 
 
+@pytest.mark.parametrize("strategy", ["greedy", "beam"])
+def test_min_len_holds_even_where_eos_is_the_likeliest_token(strategy):
+    """The decoder's last LayerNorm is set to output the EOS embedding's direction, so EOS has
+    the highest logit at every step: only the min_len ban keeps outputs from ending at once."""
+    model = sharp_model(seed=5)
+    norm = model.decoder_layers[-1].feed_forward_norm.norm
+    eos_row = model.src_embedding.table.embedding[...][EOS]
+    norm.scale[...] = jnp.zeros_like(norm.scale[...])
+    norm.bias[...] = 20.0 * eos_row / jnp.linalg.norm(eos_row)
+    src = sources(np.random.default_rng(4), [10, 3, 6], 64)
+    config = SearchConfig(strategy=strategy, beam_size=3, max_len_a=0, max_len_b=9)
+    assert np.all(search(model, src, config).lengths[:, 0] == 1)   # EOS first, unbanned
+    lengths = search(model, src, dataclasses.replace(config, min_len=5)).lengths
+    np.testing.assert_array_equal(lengths[:, 0], [5, 5, 5])
+
+
 def test_batched_search_equals_one_sentence_at_a_time():
     model = sharp_model(seed=6)
     rng = np.random.default_rng(5)
