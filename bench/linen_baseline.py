@@ -10,7 +10,7 @@ sinusoidal positions, one shared embedding, dropout 0.1, vocab 8000) and the wor
 bench.train's: [batch, src_len] and [batch, tgt_len] random ids, a new batch every step,
 median of --steps steps after --warmup.
 
-This is not part of the toolkit and shares no code with transformer/, on purpose.
+This is not part of the toolkit and shares no model code with transformer/, on purpose.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import numpy as np
 import optax
 
 from bench import common
-from bench.train import peer_args
+from bench.train import peer_args, random_batch
 from transformer.config import get_preset
 
 DROPOUT = 0.1
@@ -100,19 +100,19 @@ def parse_args(argv=None) -> argparse.Namespace:
 def measure(args, config) -> dict:
     model = Seq2Seq(config.d_model, config.num_heads, config.d_ff, config.encoder_layers,
                     args.vocab)
-    b, s, t, pad = args.batch, args.src_len, args.tgt_len, args.vocab - 1
+    b, s, t = args.batch, args.src_len, args.tgt_len
     key = jax.random.key(0)
     params = model.init({"params": key, "dropout": key}, jnp.zeros((b, s), jnp.int32),
                         jnp.zeros((b, t), jnp.int32))["params"]
     optimizer = optax.adam(1e-4, b1=0.9, b2=0.98, eps=1e-9)
     opt_state = optimizer.init(params)
 
-    def train_step(params, opt_state, src, tgt, dropout_key):
-        tgt_in = jnp.concatenate([jnp.full((b, 1), pad), tgt[:, :-1]], axis=1)
-
+    def train_step(params, opt_state, batch, dropout_key):
         def loss_fn(p):
-            logits = model.apply({"params": p}, src, tgt_in, rngs={"dropout": dropout_key})
-            labels = optax.smooth_labels(jax.nn.one_hot(tgt, args.vocab), LABEL_SMOOTHING)
+            logits = model.apply({"params": p}, batch["src"], batch["tgt_in"],
+                                 rngs={"dropout": dropout_key})
+            labels = optax.smooth_labels(jax.nn.one_hot(batch["tgt_out"], args.vocab),
+                                         LABEL_SMOOTHING)
             return optax.softmax_cross_entropy(logits, labels).mean()
 
         loss, grads = jax.value_and_grad(loss_fn)(params)
@@ -123,10 +123,9 @@ def measure(args, config) -> dict:
     rng = np.random.default_rng(1)
     times = []
     for i in range(args.warmup + args.steps):
-        src = jnp.asarray(rng.integers(2, args.vocab - 1, (b, s)), jnp.int32)
-        tgt = jnp.asarray(rng.integers(2, args.vocab - 1, (b, t)), jnp.int32)
+        batch = jax.device_put(random_batch(rng, b, s, t, args.vocab))
         start = time.perf_counter()
-        params, opt_state, loss = step(params, opt_state, src, tgt, jax.random.key(i))
+        params, opt_state, loss = step(params, opt_state, batch, jax.random.key(i))
         loss.block_until_ready()
         if i >= args.warmup:
             times.append(time.perf_counter() - start)
@@ -143,7 +142,6 @@ def main(argv=None) -> None:
     ours = measure(args, config)
     common.emit(ours)
     if args.compare:
-        args.accum_steps = 1
         peer = common.run_peer("hf_train_step.py", peer_args(args, config))
         common.emit(peer)
         common.emit({"system": "ratio", "preset": args.preset,

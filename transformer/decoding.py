@@ -271,11 +271,6 @@ def _beam_search(graphdef, state, src, limits, max_len: int, beam_size: int, nbe
     def cond(s: _BeamState):
         return (s.step < max_len) & ~jnp.all(s.done)
 
-    def body(s: _BeamState) -> _BeamState:
-        last = s.alive_tokens[:, :, s.step - 1]
-        logits, cache = model.decode(memory, src_mask, to_rows(last)[:, None], s.cache)
-        return advance(s, logits[:, 0], cache)
-
     def advance(s: _BeamState, logits: Array, cache: Cache) -> _BeamState:
         """One search step given the step's logits [batch * k, vocab] and updated cache."""
         normalizer = jax.nn.logsumexp(logits, axis=-1)  # [rows]
@@ -328,6 +323,12 @@ def _beam_search(graphdef, state, src, limits, max_len: int, beam_size: int, nbe
         return _BeamState(s.step + 1, cache, alive_tokens, alive_logprob, finished_tokens,
                           finished_score, done)
 
+    def body(s: _BeamState) -> _BeamState:
+        last = s.alive_tokens[:, :, s.step - 1]
+        logits, cache = model.decode(memory, src_mask, to_rows(last)[:, None], s.cache)
+        return advance(s, logits[:, 0], cache)
+
+    # Step 0's logits were computed above, once per sentence; the loop runs the rest.
     final = jax.lax.while_loop(cond, body, advance(state0, first_logits, state0.cache))
     tokens = final.finished_tokens[:, :nbest]
     lengths = (tokens != config.pad_id).sum(axis=2).astype(jnp.int32)

@@ -356,9 +356,9 @@ class FeedForward(nnx.Module):
     def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
         dtype = compute_dtype(config)
         self.inner = Dense(config.d_model, config.d_ff, dtype=dtype, kernel_init=dense_init,
-                                rngs=rngs)
+                           rngs=rngs)
         self.outer = Dense(config.d_ff, config.d_model, dtype=dtype, kernel_init=dense_init,
-                                rngs=rngs)
+                           rngs=rngs)
         self.activation_dropout = config.activation_dropout
 
     def __call__(self, x: Array, rng: Array | None = None) -> Array:

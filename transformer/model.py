@@ -119,10 +119,11 @@ class DecoderLayer(nnx.Module):
         """The layer for new positions over cached keys/values (incremental decoding).
 
         x [rows, new_len, d_model] with rows = batch * beam; self_kv: the cache with this step
-        written, each [batch, heads, beam * max_len, head_dim]; self_mask
-        [1, 1, new_len, max_len]; beam_slot [batch, beam, max_len] (None when beam = 1);
-        cross_kv [batch, heads, src_len, head_dim]; src_mask [batch, 1, 1, src_len].
-        Attention dropout is not applied on this path.
+        written, keys [batch, heads, head_dim, max_len * beam] and values
+        [batch, heads, max_len * beam, head_dim]; self_mask [1, 1, new_len, max_len];
+        beam_slot [batch, beam, max_len] (None when beam = 1); cross_kv: keys
+        [batch, heads, head_dim, src_len] and values [batch, heads, src_len, head_dim];
+        src_mask [batch, 1, 1, src_len]. Attention dropout is not applied on this path.
         """
         rngs = split_rng(rng, 6)
 
