@@ -70,8 +70,13 @@ class ModelConfig(DictConfig):
     # One embedding matrix for source, target and the output projection (paper Sec. 3.4).
     share_embeddings: bool = True
     layer_norm_epsilon: float = 1e-6
-    # Compute dtype; parameters always live in float32.
+    # Compute dtype of the matrix products; parameters always live in float32.
     dtype: DType = "float32"
+    # dtype of the activations between products (LayerNorm, softmax, residuals, caches).
+    # "auto": float32 on CPU, where XLA computes bfloat16 element-wise work through float32
+    # anyway and its bfloat16 reductions round every partial sum (slower and less exact);
+    # `dtype` on GPU and TPU, where halving the memory traffic pays.
+    activation_dtype: Literal["auto", "float32", "bfloat16"] = "auto"
     # Implementation handed to jax.nn.dot_product_attention: None lets JAX choose (XLA);
     # "cudnn" asks for cuDNN's fused kernel on NVIDIA GPUs (bfloat16/float16 only).
     attention_impl: Literal["xla", "cudnn"] | None = None
@@ -106,6 +111,7 @@ class ModelConfig(DictConfig):
         _check_choice("norm", self.norm, ("post", "pre"))
         _check_choice("positional", self.positional, ("sinusoidal", "learned"))
         _check_choice("dtype", self.dtype, ("float32", "bfloat16"))
+        _check_choice("activation_dtype", self.activation_dtype, ("auto", "float32", "bfloat16"))
         _check_choice("attention_impl", self.attention_impl, (None, "xla", "cudnn"))
         special = {"pad_id": self.pad_id, "unk_id": self.unk_id, "bos_id": self.bos_id,
                    "eos_id": self.eos_id}

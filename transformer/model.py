@@ -26,7 +26,7 @@ from flax import nnx
 from transformer.config import ModelConfig
 from transformer.layers import (AddNorm, Dense, Embedding, FeedForward, MultiHeadAttention,
                                 PositionalEncoding, cached_causal_mask, causal_mask,
-                                compute_dtype, dropout, padding_mask, split_rng)
+                                activation_dtype, compute_dtype, dropout, padding_mask, split_rng)
 
 Array = jax.Array
 
@@ -168,7 +168,7 @@ class Transformer(nnx.Module):
             [DecoderLayer(config, rngs=rngs) for _ in range(config.decoder_layers)])
         if config.norm == "pre":
             # Pre-norm stacks end un-normalised; the final LayerNorm is part of the design.
-            eps, dtype = config.layer_norm_epsilon, compute_dtype(config)
+            eps, dtype = config.layer_norm_epsilon, activation_dtype(config)
             self.encoder_norm = nnx.LayerNorm(config.d_model, epsilon=eps, dtype=dtype, rngs=rngs)
             self.decoder_norm = nnx.LayerNorm(config.d_model, epsilon=eps, dtype=dtype, rngs=rngs)
 
@@ -192,7 +192,7 @@ class Transformer(nnx.Module):
 
     def encode(self, src_ids: Array, rng: Array | None = None, src_mask: Array | None = None
                ) -> Array:
-        """[batch, src_len] ids -> memory [batch, src_len, d_model] (compute dtype).
+        """[batch, src_len] ids -> memory [batch, src_len, d_model] (activation dtype).
 
         `src_mask` [batch, 1, 1, src_len] defaults to `source_mask(src_ids)` (PAD is padding).
         """
@@ -228,8 +228,8 @@ class Transformer(nnx.Module):
                  for layer in self.decoder_layers]
         return Cache(
             index=jnp.zeros((), jnp.int32),
-            self_key=tuple(jnp.zeros(key_shape, compute_dtype(config)) for _ in layers),
-            self_value=tuple(jnp.zeros(value_shape, compute_dtype(config)) for _ in layers),
+            self_key=tuple(jnp.zeros(key_shape, activation_dtype(config)) for _ in layers),
+            self_value=tuple(jnp.zeros(value_shape, activation_dtype(config)) for _ in layers),
             beam_slot=_own_slots(batch, beam_size, max_len),
             cross_key=tuple(k for k, _ in cross),
             cross_value=tuple(v for _, v in cross),
