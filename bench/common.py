@@ -17,6 +17,7 @@ LayerNorm, embedding lookups, the loss and the optimizer are not counted.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import platform
@@ -59,12 +60,13 @@ def train_flops(config: ModelConfig, batch: int, src_len: int, tgt_len: int) -> 
     return 3.0 * 2.0 * multiply_adds
 
 
-def measured_matmul_flops(n: int = 2048, reps: int = 10) -> float:
-    """Best FLOP/s of a jitted float32 n x n @ n x n on the default device."""
+def measured_matmul_flops(n: int = 2048, reps: int = 10, dtype: str = "float32") -> float:
+    """Best FLOP/s of a jitted n x n @ n x n with `dtype` operands (float32 accumulation) on
+    the default device."""
     key_a, key_b = jax.random.split(jax.random.PRNGKey(0))
-    a = jax.random.normal(key_a, (n, n), jnp.float32)
-    b = jax.random.normal(key_b, (n, n), jnp.float32)
-    matmul = jax.jit(jnp.dot)
+    a = jax.random.normal(key_a, (n, n), dtype)
+    b = jax.random.normal(key_b, (n, n), dtype)
+    matmul = jax.jit(functools.partial(jnp.dot, preferred_element_type=jnp.float32))
     for _ in range(2):
         matmul(a, b).block_until_ready()
     times = []
@@ -76,14 +78,15 @@ def measured_matmul_flops(n: int = 2048, reps: int = 10) -> float:
     return 2.0 * n ** 3 / min(times)
 
 
-def peak_flops() -> tuple[float, str]:
-    """(peak FLOP/s of one device, where the figure comes from)."""
+def peak_flops(dtype: str = "float32") -> tuple[float, str]:
+    """(peak FLOP/s of one device for products with `dtype` operands, where it comes from)."""
     device = jax.devices()[0]
     if device.platform == "gpu":
         for kind, flops in GPU_PEAK_FLOPS.items():
             if device.device_kind.startswith(kind):
                 return flops, f"table: {kind} bf16 dense"
-    return measured_matmul_flops(), "measured: jitted 2048^3 float32 jnp.dot, best of 10"
+    return (measured_matmul_flops(dtype=dtype),
+            f"measured: jitted 2048^3 {dtype} jnp.dot (float32 accumulation), best of 10")
 
 
 def peak_memory_bytes() -> tuple[int, str]:
@@ -96,12 +99,18 @@ def peak_memory_bytes() -> tuple[int, str]:
     return int(kib) * 1024, "process max RSS"
 
 
-def run_peer(script: str, args: list[str], timeout: float = 1800, many: bool = False
-             ) -> Any:
-    """Run a peer script (../shared/tools/peers/<script>); its last JSON line, or all if `many`."""
+def run_peer(script: str, args: list[str], timeout: float = 1800, many: bool = False,
+             autocast: str | None = None) -> Any:
+    """Run a peer script (../shared/tools/peers/<script>); its last JSON line, or all if `many`.
+
+    `autocast` (a torch dtype name, e.g. "bfloat16") runs it under torch.autocast on CPU
+    (bench/peer_autocast.py); the records then carry "peer_autocast".
+    """
     if not PEER_PYTHON.exists():
         raise SystemExit(f"No peer python at {PEER_PYTHON}; run {PEERS / 'setup.sh'} first.")
     command = [str(PEER_PYTHON), str(PEERS / script), *args]
+    if autocast:
+        command[1:2] = [str(REPO / "bench" / "peer_autocast.py"), autocast, str(PEERS / script)]
     done = subprocess.run(command, capture_output=True, text=True, timeout=timeout,
                           cwd=REPO, env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
@@ -109,6 +118,9 @@ def run_peer(script: str, args: list[str], timeout: float = 1800, many: bool = F
         raise RuntimeError(f"{' '.join(command)} failed ({done.returncode}):\n"
                            f"{done.stdout[-2000:]}\n{done.stderr[-4000:]}")
     records = [json.loads(line) for line in lines]
+    if autocast:
+        for record in records:
+            record["peer_autocast"] = autocast
     return records if many else records[-1]
 
 

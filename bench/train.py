@@ -12,8 +12,8 @@ the step until its loss is ready. After --warmup steps, the median of --steps st
   peak_mem_bytes GPU: peak_bytes_in_use of device 0; CPU: the process's max RSS
   mfu            model FLOP per step / step_s / peak FLOP/s. The FLOP count is the peers'
                  formula (see bench/common.py); the peak is a table figure for known GPUs and
-                 the best jitted 2048^3 float32 matmul measured so far (after every
-                 round) on CPU.
+                 the best jitted 2048^3 matmul measured so far (after every round) on
+                 CPU, with operands in --dtype.
   loadavg_1m     the machine's 1-minute load average: figures taken while other jobs
                  run are slower, the peer's (2 torch threads) more so than ours.
 
@@ -23,6 +23,9 @@ and the ratio of tokens/s; a final line gives the median ratio over rounds and t
 the two systems' fastest steps over all rounds (the figure least disturbed by other work on
 a shared machine). The model is the
 peer's: post-norm, ReLU, sinusoidal positions, shared embeddings, dropout 0.1, vocab 8000.
+With --dtype bfloat16 the peer runs under torch.autocast(bfloat16) (bench/peer_autocast.py),
+PyTorch's CPU mixed precision, the same split of work as ours: products in bfloat16,
+everything else and the master weights in float32.
 """
 
 from __future__ import annotations
@@ -138,8 +141,6 @@ def peer_args(args, config) -> list[str]:
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    if args.compare and args.dtype != "float32":
-        raise SystemExit("--compare times the peer in float32; drop --dtype or --compare.")
     ours = OurStep(args)
     flops = common.train_flops(ours.config, ours.rows, args.src_len, args.tgt_len)
     peak, peak_source = 0.0, ""
@@ -154,7 +155,7 @@ def main(argv=None) -> None:
         result = ours.measure()
         # Measured next to every round and the best kept: on a shared CPU a single
         # measurement may catch a busy moment and overstate the MFU.
-        round_peak, peak_source = common.peak_flops()
+        round_peak, peak_source = common.peak_flops(args.dtype)
         peak = max(peak, round_peak)
         memory, memory_source = common.peak_memory_bytes()
         ours_line = {
@@ -169,7 +170,8 @@ def main(argv=None) -> None:
             **common.environment()}
         common.emit(ours_line)
         if args.compare:
-            peer = common.run_peer("hf_train_step.py", peer_args(args, ours.config))
+            peer = common.run_peer("hf_train_step.py", peer_args(args, ours.config),
+                                   autocast=None if args.dtype == "float32" else args.dtype)
             peer["round"] = round_
             common.emit(peer)
             best["ours"].append(result["step_s_min"])

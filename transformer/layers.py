@@ -69,13 +69,14 @@ def low_precision_matmul(x: Array, kernel: Array, operand_dtype, kernel_transpos
     """x [rows, in] @ kernel [in, out] (or kernel^T when kernel [out, in] is transposed), the
     operands rounded to `operand_dtype` (bfloat16), accumulated in float32; returns x's dtype.
 
-    XLA's CPU library runs a bfloat16 product on AMX (about 1,700 GFLOP/s on two cores,
-    5-6x float32) only when it accumulates in float32 and neither operand is contracted
-    over its major axis. Plain autodiff violates the second rule for the kernel gradient
-    (x^T dy contracts x's row axis), and XLA then silently computes that product in
-    float32. The backward pass here writes the transposed operand out first, so every
-    product of the step stays on the fast path. Gradients come back in the dtypes of x and
-    kernel (float32 master weights) without a further rounding.
+    XLA:CPU hands a bfloat16 product to its YNNPACK library, which uses AMX where the CPU
+    has it (about 1,700 GFLOP/s on two Xeon cores, 5-6x float32), only when the product
+    accumulates in float32 and neither operand is contracted over its major axis; otherwise
+    it converts both operands and multiplies in float32. Plain autodiff breaks the second
+    rule for the kernel gradient (x^T dy contracts x over its row axis). The backward pass
+    here writes the transposed operand out first, so every product of the step stays on
+    the fast path. Gradients come back in the dtypes of x and kernel (float32 master
+    weights) without a further rounding.
     """
     return _matmul_forward(x, kernel, operand_dtype, kernel_transposed)[0]
 
@@ -425,7 +426,8 @@ class MultiHeadAttention(nnx.Module):
 
     def __call__(self, x: Array, context: Array, mask: Array | None, rng: Array | None = None
                  ) -> Array:
-        """Queries from x [batch, q_len, d_model], keys/values from context [batch, k_len, d_model]."""
+        """Queries from x [batch, q_len, d_model]; keys, values from context
+        [batch, k_len, d_model]."""
         key, value = self.project_key_value(context)
         out, _ = self.attend(self.project_query(x), key, value, mask, rng)
         return out
