@@ -111,13 +111,13 @@ def matmul(x: Array, kernel: Array, dtype: jnp.dtype, kernel_transposed: bool = 
     """x [rows, in] @ kernel [in, out] (kernel [out, in] if transposed) with operands in `dtype`;
     the result has x's dtype."""
     dtype = jnp.dtype(dtype)
-    if dtype == jnp.float32:
-        return jnp.dot(x.astype(dtype), kernel.T if kernel_transposed else kernel).astype(x.dtype)
 
     def plain(x, kernel):
         kernel = kernel.T if kernel_transposed else kernel
         return jnp.dot(x.astype(dtype), kernel.astype(dtype)).astype(x.dtype)
 
+    if dtype == jnp.float32:
+        return plain(x, kernel)
     return jax.lax.platform_dependent(
         x, kernel, default=plain,
         cpu=lambda x, kernel: low_precision_matmul(x, kernel, dtype, kernel_transposed))
