@@ -184,8 +184,10 @@ def main(argv: list[str] | None = None) -> int:
     settings, args = resolve(argv)
 
     # Before anything touches JAX devices.
+    from transformer.host_memory import reuse_freed_host_memory
     from transformer.trainer import initialize_distributed
 
+    reuse_freed_host_memory()
     initialize_distributed(args.coordinator, args.num_processes, args.process_id)
 
     import logging

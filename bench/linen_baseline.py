@@ -28,6 +28,7 @@ import optax
 from bench import common
 from bench.train import peer_args, random_batch
 from transformer.config import get_preset
+from transformer.host_memory import reuse_freed_host_memory
 
 DROPOUT = 0.1
 LABEL_SMOOTHING = 0.1
@@ -138,6 +139,7 @@ def measure(args, config) -> dict:
 
 def main(argv=None) -> None:
     args = parse_args(argv)
+    reuse_freed_host_memory()  # the same process settings as bench.train
     config = get_preset(args.preset, vocab_size=args.vocab)
     ours = measure(args, config)
     common.emit(ours)

@@ -41,6 +41,7 @@ import numpy as np
 from bench import common
 from transformer import training
 from transformer.config import PRESETS, get_preset
+from transformer.host_memory import reuse_freed_host_memory
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -141,6 +142,7 @@ def peer_args(args, config) -> list[str]:
 
 def main(argv=None) -> None:
     args = parse_args(argv)
+    reuse_freed_host_memory()  # before JAX runs anything, as train.py does
     ours = OurStep(args)
     flops = common.train_flops(ours.config, ours.rows, args.src_len, args.tgt_len)
     peak, peak_source = 0.0, ""
