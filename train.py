@@ -187,7 +187,11 @@ def main(argv: list[str] | None = None) -> int:
     from transformer.host_memory import reuse_freed_host_memory
     from transformer.trainer import initialize_distributed
 
-    reuse_freed_host_memory()
+    try:
+        reuse_freed_host_memory()  # only with NMT_KEEP_HOST_MEMORY=1
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     initialize_distributed(args.coordinator, args.num_processes, args.process_id)
 
     import logging

@@ -51,8 +51,6 @@ import time
 from pathlib import Path
 from typing import IO, Callable, Iterator, Sequence
 
-from transformer.host_memory import reuse_freed_host_memory
-
 log = logging.getLogger("translate.py")
 
 EXIT_ERROR, EXIT_USAGE = 1, 2
@@ -493,7 +491,6 @@ def run(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    reuse_freed_host_memory()  # before JAX runs anything
     _setup_logging(args.quiet)
     if hasattr(sys.stdout, "reconfigure"):
         sys.stdout.reconfigure(encoding="utf-8", newline="\n")

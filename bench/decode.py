@@ -27,7 +27,6 @@ from flax import nnx
 from bench.common import emit, environment, run_peer
 from transformer.config import SearchConfig, get_preset
 from transformer.decoding import search_with_state
-from transformer.host_memory import reuse_freed_host_memory
 from transformer.model import Transformer
 
 
@@ -94,7 +93,6 @@ def run_peers(args) -> list[dict]:
 
 def main() -> None:
     args = parse_args()
-    reuse_freed_host_memory()  # before JAX runs anything, as translate.py does
     config = get_preset(args.preset, vocab_size=args.vocab, dtype=args.dtype,
                         max_len=max(512, args.src_len, args.out_len))
     model = Transformer(config, rngs=nnx.Rngs(0))

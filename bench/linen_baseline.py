@@ -139,7 +139,7 @@ def measure(args, config) -> dict:
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    reuse_freed_host_memory()  # the same process settings as bench.train
+    reuse_freed_host_memory()  # NMT_KEEP_HOST_MEMORY=1, as for train.py
     config = get_preset(args.preset, vocab_size=args.vocab)
     ours = measure(args, config)
     common.emit(ours)

@@ -16,6 +16,9 @@ the step until its loss is ready. After --warmup steps, the median of --steps st
                  CPU, with operands in --dtype.
   loadavg_1m     the machine's 1-minute load average: figures taken while other jobs
                  run are slower, the peer's (2 torch threads) more so than ours.
+  keep_host_memory  whether NMT_KEEP_HOST_MEMORY=1 kept XLA's step buffers mapped between
+                 steps (transformer/host_memory.py); the peer always runs with glibc's
+                 defaults.
 
 With --compare, each of --rounds rounds times our step and then the peer's (one subprocess
 running hf_train_step.py with the same model and work flags, --threads 2), prints both lines
@@ -142,7 +145,7 @@ def peer_args(args, config) -> list[str]:
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    reuse_freed_host_memory()  # before JAX runs anything, as train.py does
+    keep_host_memory = reuse_freed_host_memory()  # NMT_KEEP_HOST_MEMORY=1, as for train.py
     ours = OurStep(args)
     flops = common.train_flops(ours.config, ours.rows, args.src_len, args.tgt_len)
     peak, peak_source = 0.0, ""
@@ -168,7 +171,7 @@ def main(argv=None) -> None:
             "peak_gflops": round(peak / 1e9, 1), "peak_source": peak_source,
             "mfu": round(flops / result["step_s"] / peak, 4),
             "peak_mem_bytes": memory, "peak_mem_source": memory_source,
-            "loadavg_1m": round(os.getloadavg()[0], 2),
+            "loadavg_1m": round(os.getloadavg()[0], 2), "keep_host_memory": keep_host_memory,
             **common.environment()}
         common.emit(ours_line)
         if args.compare:

@@ -1,15 +1,17 @@
-"""Keep XLA:CPU's per-call buffers mapped from one step to the next (glibc malloc settings).
+"""Opt-in: keep XLA:CPU's per-step buffers mapped from one step to the next (glibc malloc).
 
-Entry points (train.py, translate.py, bench/) call `reuse_freed_host_memory()` first thing,
-before JAX runs anything.
+`NMT_KEEP_HOST_MEMORY=1 python train.py ...` trades host memory for CPU training speed.
+train.py and the training benchmarks (bench.train, bench.linen_baseline) call
+`reuse_freed_host_memory()` first thing, before JAX runs anything; without the variable it
+does nothing.
 
 Why: XLA:CPU allocates each execution's temporary buffer with malloc and frees it when the
 execution ends. For a train step that buffer holds the activations kept for the backward
 pass: about 760 MB for `base` at batch 32 x 32 tokens. glibc serves a block that large with
 a fresh mmap and returns it with munmap, so every step faults in new zeroed pages. On the
-2-core developer machine that was 190,000 page faults and 0.3 s of kernel time per `base`
-step. With the settings below: no faults, and the bfloat16 step went from 0.71 to 0.59 s,
-the float32 step from 1.40 to 1.32 s.
+2-core developer machine (a virtual machine, where faults are dear) that was 190,000 page
+faults and 0.3 s of kernel time per `base` step. With the settings below the step ran with
+no faults: bfloat16 0.71 -> 0.59 s, float32 1.40 -> 1.32 s.
 
 The settings (glibc `mallopt`):
 - M_MMAP_THRESHOLD: blocks smaller than this come from the heap instead of their own mapping.
@@ -21,18 +23,18 @@ The settings (glibc `mallopt`):
   their own, whose heaps hold at most 64 MiB, and their large blocks are mapped anyway. Small
   blocks are still served from per-thread caches, without the lock.
 
-The cost is memory: freed blocks stay in the heap, and glibc 2.36's aligned allocation
-leaves some of them too small to reuse. Training the small model with the Multi30k recipe
-for 300 steps (36 batch shapes, validation and test translation included) ran 12% faster
-(3,145 -> 3,510 target tokens/s over steps 200-300; 397 -> 380 s in all, compiling included)
-and peaked at 9.8 GB resident instead of 5.5 GB. Set NMT_KEEP_HOST_MEMORY=0 to keep glibc's
-defaults.
+Why it is not the default: memory. Freed blocks stay in the heap, and XLA allocates with
+64-byte alignment, for which glibc (2.36 here) asks for the block plus 96 bytes; a freed
+block of exactly the size asked for before is then too small, and the heap grows instead.
+How far depends on the order of allocations: the base train step reused its buffer every
+step, but the Multi30k small recipe for 300 steps (36 batch shapes, validation and test
+translation included) peaked at 9.8 GB resident instead of 5.5 GB, while running 12% faster
+(3,145 -> 3,510 target tokens/s over steps 200-300).
 
-It applies only to CPU runs: with a GPU or TPU the step's buffers live in device memory, so
-nothing changes when JAX_PLATFORMS names another platform or a CUDA, ROCm or TPU plugin is
-installed (unless JAX_PLATFORMS is "cpu"). A thread keeps the arena it first allocated from,
-so the settings only work before XLA's threads start, which is why this must run before JAX
-does anything. Only glibc (Linux) has them; elsewhere this does nothing.
+Only for CPU runs: with a GPU or TPU the step's buffers live in device memory, so nothing is
+changed when JAX_PLATFORMS names another platform, or a CUDA, ROCm or TPU plugin is installed
+and JAX_PLATFORMS is not "cpu". A thread keeps the arena it first allocated from, so the
+settings only work before XLA's threads start. Only glibc (Linux) has them.
 """
 
 from __future__ import annotations
@@ -42,40 +44,43 @@ import importlib.util
 import os
 import platform
 
+ENV_VAR = "NMT_KEEP_HOST_MEMORY"
+
 # From glibc's malloc.h.
 M_TRIM_THRESHOLD = -1
 M_MMAP_THRESHOLD = -3
 M_ARENA_MAX = -8
 # mallopt takes a C int.
 _LARGEST = 2**31 - 1
+SETTINGS = ((M_ARENA_MAX, 1), (M_MMAP_THRESHOLD, _LARGEST), (M_TRIM_THRESHOLD, _LARGEST))
+
+_ACCELERATOR_PLUGINS = ("jax_cuda12_plugin", "jax_cuda13_plugin", "jax_rocm60_plugin",
+                        "jax_rocm7_plugin", "libtpu")
 
 _applied = False
 
 
 def reuse_freed_host_memory() -> bool:
-    """Apply the malloc settings above; True if they are in effect.
+    """Apply the malloc settings above if NMT_KEEP_HOST_MEMORY=1; True if they are in effect.
 
-    Call it before JAX runs anything. Calling it again does nothing.
+    Call it before JAX runs anything. Calling it again does nothing more.
     """
     global _applied
     if not _applied and _wanted():
         libc = ctypes.CDLL(None)  # the C library this process already uses
-        settings = ((M_ARENA_MAX, 1), (M_MMAP_THRESHOLD, _LARGEST),
-                    (M_TRIM_THRESHOLD, _LARGEST))
-        _applied = all(libc.mallopt(option, value) == 1 for option, value in settings)
+        _applied = all(libc.mallopt(option, value) == 1 for option, value in SETTINGS)
     return _applied
 
 
 def _wanted() -> bool:
-    if os.environ.get("NMT_KEEP_HOST_MEMORY", "1") == "0":
+    setting = os.environ.get(ENV_VAR, "0")
+    if setting not in ("0", "1"):
+        raise ValueError(f"{ENV_VAR}={setting!r}: expected 1 (keep step buffers mapped) or 0")
+    if setting == "0":
         return False
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         return False
     return _runs_on_cpu_only()
-
-
-_ACCELERATOR_PLUGINS = ("jax_cuda12_plugin", "jax_cuda13_plugin", "jax_rocm60_plugin",
-                        "jax_rocm7_plugin", "libtpu")
 
 
 def _runs_on_cpu_only() -> bool:
