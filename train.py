@@ -98,7 +98,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         description="Train a Transformer (Vaswani et al. 2017) translation model.",
         epilog="Recipe files (--config) hold flag names as JSON keys; flags given on the "
-               "command line override them.")
+               "command line override them. NMT_KEEP_HOST_MEMORY=1 in the environment keeps "
+               "XLA:CPU's per-step buffers mapped between steps (Linux, CPU runs): faster "
+               "steps, possibly gigabytes more memory (transformer/host_memory.py).")
     parser.add_argument("--config", help="JSON recipe, e.g. configs/multi30k_small.json")
     parser.add_argument("--output-dir", help="run directory (default "
                         "runs/<corpus>-<src>-<tgt>-<preset>); resumes if it holds checkpoints")
