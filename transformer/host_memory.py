@@ -29,7 +29,11 @@ block of exactly the size asked for before is then too small, and the heap grows
 How far depends on the order of allocations: the base train step reused its buffer every
 step, but the Multi30k small recipe for 300 steps (36 batch shapes, validation and test
 translation included) peaked at 9.8 GB resident instead of 5.5 GB, while running 12% faster
-(3,145 -> 3,510 target tokens/s over steps 200-300).
+(3,145 -> 3,510 target tokens/s over steps 200-300). The 96 bytes left after an aligned block
+go to glibc's per-thread cache and are handed to the next small request, which pins the block
+in place; starting Python with GLIBC_TUNABLES=glibc.malloc.tcache_count=0 (no per-thread
+cache; it cannot be set at run time) stops that, but that same run then took 428 s instead
+of 397 s with a peak of 8.2 GB, so it is no remedy.
 
 Only for CPU runs: with a GPU or TPU the step's buffers live in device memory, so nothing is
 changed when JAX_PLATFORMS names another platform, or a CUDA, ROCm or TPU plugin is installed
