@@ -6,17 +6,16 @@ thread allocates (and would leak into the rest of the suite).
 
 import json
 import os
-import platform
 import subprocess
 import sys
 
 import pytest
 
 from conftest import ROOT
+from transformer.host_memory import has_glibc_malloc
 
-glibc_only = pytest.mark.skipif(
-    platform.system() != "Linux" or platform.libc_ver()[0] != "glibc",
-    reason="the malloc settings exist only in glibc")
+glibc_only = pytest.mark.skipif(not has_glibc_malloc(),
+                                reason="the malloc settings exist only in glibc")
 
 # A worker thread (as XLA's are) allocates a 300 MiB block, fills it and frees it, three
 # times; prints the page faults of each fill.

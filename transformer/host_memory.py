@@ -80,11 +80,12 @@ def _wanted() -> bool:
     setting = os.environ.get(ENV_VAR, "0")
     if setting not in ("0", "1"):
         raise ValueError(f"{ENV_VAR}={setting!r}: expected 1 (keep step buffers mapped) or 0")
-    if setting == "0":
-        return False
-    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
-        return False
-    return _runs_on_cpu_only()
+    return setting == "1" and has_glibc_malloc() and _runs_on_cpu_only()
+
+
+def has_glibc_malloc() -> bool:
+    """Whether this process allocates with glibc (Linux), the only malloc with these settings."""
+    return platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
 
 
 def _runs_on_cpu_only() -> bool:
