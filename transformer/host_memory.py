@@ -23,28 +23,18 @@ The settings (glibc `mallopt`):
   their own, whose heaps hold at most 64 MiB, and their large blocks are mapped anyway. Small
   blocks are still served from per-thread caches, without the lock.
 
-Why it is not the default: memory. Freed blocks stay in the heap, and XLA allocates with
-64-byte alignment, for which glibc (2.36 here) asks for the block plus 96 bytes; a freed
-block of exactly the size asked for before is then too small, and the heap grows instead.
-How far depends on the order of allocations: the base train step reused its buffer every
-step, but the Multi30k small recipe for 300 steps (36 batch shapes, validation and test
-translation included) peaked at 9.8 GB resident instead of 5.5 GB, while running 12% faster
-(3,145 -> 3,510 target tokens/s over steps 200-300). Rerun in another sitting, that recipe
-peaked at 8.7 GB and took 394 s instead of 404 s, with steps 200-300 no faster (101 s against
-99 s): on real training, with many batch shapes, the gain is small. Trimming the heap every
-20 s (malloc_trim) did not bound the memory (10.5 GB peak) and gave back the speed. The 96 bytes left after an aligned block
-go to glibc's per-thread cache and are handed to the next small request, which pins the block
-in place; starting Python with GLIBC_TUNABLES=glibc.malloc.tcache_count=0 (no per-thread
-cache; it cannot be set at run time) stops that, but that same run then took 428 s instead
-of 397 s with a peak of 8.2 GB, so it is no remedy.
-
-Transparent huge pages are no remedy either. Started with GLIBC_TUNABLES=glibc.malloc.hugetlb=1
-(glibc 2.35+, kernel mode "madvise"), malloc asks for 2 MiB pages behind its large mappings,
-so a step buffer faults 512 times fewer pages in and is still returned when freed. The fixed
-shapes of `python -m bench.train` ran 12-17% faster (base float32 1.49 -> 1.33 s per step),
-but the Multi30k small recipe did not: over 150 steps page faults fell from 34.3 to 1.3
-million, kernel time rose from 64 to 74 s, and steps 150-225 took the same time (about 1.0 s
-each).
+Why it is not the default: memory, for a gain that is small on real training. Freed blocks
+stay in the heap, and XLA allocates with 64-byte alignment, for which glibc (2.36 here) asks
+for the block plus 96 bytes; a freed block of exactly the size asked for before is then too
+small, and the heap grows instead. The 96 bytes left after an aligned block go to glibc's
+per-thread cache and are handed to the next small request, which pins the block in place.
+How far the heap grows depends on the order of allocations: the fixed-shape benchmark step
+reused its buffer every step, but the Multi30k small recipe (36 batch shapes) peaked at
+8.7-9.8 GB resident instead of 5.5 GB, and ran 12% faster in one sitting and hardly faster
+in another. Turning off the per-thread cache (GLIBC_TUNABLES=glibc.malloc.tcache_count=0),
+trimming the heap every 20 s (malloc_trim), and transparent huge pages instead
+(GLIBC_TUNABLES=glibc.malloc.hugetlb=1) were measured and are no remedy. The figures are in
+README.md (Performance, "Page faults").
 
 Only for CPU runs: with a GPU or TPU the step's buffers live in device memory, so nothing is
 changed when JAX_PLATFORMS names another platform, or a CUDA, ROCm or TPU plugin is installed
