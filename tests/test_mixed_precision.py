@@ -128,3 +128,24 @@ def test_activation_dtype_sets_what_flows_between_products(activation_dtype, exp
 def test_unknown_activation_dtype_is_refused_with_the_choices():
     with pytest.raises(ValueError, match="activation_dtype.*auto"):
         get_preset("tiny", activation_dtype="float16")
+
+
+def test_bfloat16_activations_still_give_logits_with_float32_precision():
+    # The logits come from the product's float32 accumulator, not from a bfloat16 result
+    # cast up: with bfloat16 activations they must not all be bfloat16 numbers.
+    model = Transformer(get_preset("tiny", dtype="bfloat16", activation_dtype="bfloat16"),
+                        rngs=nnx.Rngs(0))
+    src = jnp.asarray(np.random.default_rng(0).integers(4, 64, (2, 6)), jnp.int32)
+    logits = model(src, src)
+    assert logits.dtype == jnp.float32
+    assert np.mean(np.asarray(logits) != np.asarray(rounded(logits))) > 0.5
+
+
+def test_attention_weights_of_bfloat16_inputs_are_computed_in_float32():
+    from transformer.layers import reference_attention
+
+    keys = jax.random.split(jax.random.key(0), 3)
+    query, key, value = (jax.random.normal(k, (2, 5, 2, 16), BF16) * 3 for k in keys)
+    _, weights = reference_attention(query, key, value, None)
+    scores = jnp.einsum("bqhd,bkhd->bhqk", rounded(query), rounded(key)) / 4.0
+    np.testing.assert_allclose(weights, jax.nn.softmax(scores, axis=-1), atol=1e-5)

@@ -53,6 +53,9 @@ def test_presets_match_the_paper():
     ({"encoder_layers": -1}, "encoder_layers"),
     ({"norm": "middle"}, "norm"),
     ({"dtype": "float16"}, "dtype"),
+    ({"attention_impl": "cudnn"}, "attention_impl"),  # float32 by default
+    ({"attention_impl": "cudnn", "dtype": "bfloat16", "activation_dtype": "float32"},
+     "attention_impl"),
 ])
 def test_invalid_model_config_names_the_field(overrides, field):
     with pytest.raises(ValueError, match=field):
@@ -69,6 +72,8 @@ def test_unknown_preset_lists_the_choices():
     ({"max_len_b": -1}, "max_len_b"),
     ({"beam_size": 0}, "beam_size"),
     ({"temperature": 0.0}, "temperature"),
+    ({"strategy": "greedy", "nbest": 2}, "nbest"),
+    ({"strategy": "sample", "nbest": 2}, "nbest"),
 ])
 def test_invalid_search_config_names_the_field(overrides, field):
     with pytest.raises(ValueError, match=field):
@@ -311,3 +316,9 @@ def test_bfloat16_compute_keeps_float32_parameters_and_logits():
     assert logits.dtype == jnp.float32
     reference = Transformer(get_preset("tiny"), rngs=nnx.Rngs(0))(src, tgt)
     np.testing.assert_allclose(logits, reference, atol=0.1)
+
+
+def test_a_sequence_longer_than_the_positions_is_refused_with_the_limit():
+    model = Transformer(get_preset("tiny", max_len=16), rngs=nnx.Rngs(0))
+    with pytest.raises(ValueError, match="17 positions.*max_len 16"):
+        model.encode(jnp.full((1, 17), 5, jnp.int32))

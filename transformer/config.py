@@ -113,6 +113,12 @@ class ModelConfig(DictConfig):
         _check_choice("dtype", self.dtype, ("float32", "bfloat16"))
         _check_choice("activation_dtype", self.activation_dtype, ("auto", "float32", "bfloat16"))
         _check_choice("attention_impl", self.attention_impl, (None, "xla", "cudnn"))
+        if self.attention_impl == "cudnn" and "float32" in (self.dtype, self.activation_dtype):
+            raise ValueError(
+                "ModelConfig.attention_impl='cudnn' needs bfloat16 attention inputs (cuDNN's "
+                f"fused kernel has no float32 form), got dtype={self.dtype!r}, activation_dtype="
+                f"{self.activation_dtype!r}; use dtype='bfloat16' with activation_dtype "
+                "'auto' or 'bfloat16', or attention_impl=None.")
         special = {"pad_id": self.pad_id, "unk_id": self.unk_id, "bos_id": self.bos_id,
                    "eos_id": self.eos_id}
         for name, value in special.items():
@@ -158,6 +164,11 @@ class SearchConfig:
             raise ValueError(f"SearchConfig.beam_size must be >= 1, got {self.beam_size}.")
         if self.nbest < 1:
             raise ValueError(f"SearchConfig.nbest must be >= 1, got {self.nbest}.")
+        if self.nbest > 1 and self.strategy != "beam":
+            raise ValueError(
+                f"SearchConfig.nbest ({self.nbest}) needs beam search; strategy "
+                f"{self.strategy!r} gives one hypothesis per sentence. Use strategy='beam' "
+                "or nbest=1.")
         if self.nbest > self.beam_size:
             raise ValueError(
                 f"SearchConfig.nbest ({self.nbest}) must be <= beam_size ({self.beam_size}); "

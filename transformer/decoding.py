@@ -12,8 +12,9 @@ so searching with new parameters (e.g. after a training step) does not recompile
 shape is (batch, padded source length); the output length is derived from the padded source
 length. `transformer.translation.Translator` feeds search with batches from
 `data.batching.inference_batches`, whose source widths come from the fixed bucket list
-`data.batching.DEFAULT_BUCKETS` (22 lengths from 5 to 256) and whose batch size is fixed per
-width, so translating any file compiles at most one shape per bucket.
+`data.batching.DEFAULT_BUCKETS` (22 lengths from 5 to 256, capped at the model's max_len),
+with a few power-of-two batch sizes per width (small calls get small batches), so the number
+of compiled shapes stays bounded however many sentences are translated.
 """
 
 from __future__ import annotations
@@ -97,7 +98,8 @@ def pad_sources(sequences: Sequence[Sequence[int]], pad_id: int, batch_size: int
 
 def output_limits(src_ids: np.ndarray, config: SearchConfig, pad_id: int, model_max_len: int
                   ) -> tuple[np.ndarray, int]:
-    """Per-sentence output limits [batch] and the static loop length (their bucketed maximum).
+    """Per-sentence output limits [batch] and the static loop length: the limit for a source
+    as long as the padded width, which bounds every sentence's limit.
 
     The static length depends only on the padded source width, so it adds no compiled shapes.
     """
@@ -220,6 +222,9 @@ def _greedy_search(graphdef, state, src, limits, max_len: int, min_len: int, sam
 def _sample(logprobs: Array, temperature: float, top_k: int, rng: Array) -> Array:
     """Draw one token per row from softmax(logprobs / temperature), optionally among the top k."""
     scaled = logprobs / temperature
+    if top_k > logprobs.shape[-1]:
+        raise ValueError(f"top_k {top_k} is larger than the vocabulary ({logprobs.shape[-1]} "
+                         "tokens); use a smaller --top-k, or 0 for no limit.")
     if top_k > 0:
         kth_best = jax.lax.top_k(scaled, top_k)[0][:, -1:]
         scaled = jnp.where(scaled < kth_best, NEG_INF, scaled)

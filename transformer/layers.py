@@ -63,11 +63,12 @@ def _transpose_in_memory(a: Array) -> Array:
     return a.reshape(rows, cols, 1).transpose(1, 0, 2).reshape(cols, rows)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
-def low_precision_matmul(x: Array, kernel: Array, operand_dtype, kernel_transposed: bool = False
-                         ) -> Array:
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4))
+def low_precision_matmul(x: Array, kernel: Array, operand_dtype, kernel_transposed: bool = False,
+                         out_dtype=None) -> Array:
     """x [rows, in] @ kernel [in, out] (or kernel^T when kernel [out, in] is transposed), the
-    operands rounded to `operand_dtype` (bfloat16), accumulated in float32; returns x's dtype.
+    operands rounded to `operand_dtype` (bfloat16), accumulated in float32; returns
+    `out_dtype` (default: x's dtype).
 
     XLA:CPU hands a bfloat16 product to its YNNPACK library, which uses AMX where the CPU
     has it (about 1,700 GFLOP/s on two Xeon cores, 5-6x float32), only when the product
@@ -78,19 +79,20 @@ def low_precision_matmul(x: Array, kernel: Array, operand_dtype, kernel_transpos
     the fast path. Gradients come back in the dtypes of x and kernel (float32 master
     weights) without a further rounding.
     """
-    return _matmul_forward(x, kernel, operand_dtype, kernel_transposed)[0]
+    return _matmul_forward(x, kernel, operand_dtype, kernel_transposed, out_dtype)[0]
 
 
-def _matmul_forward(x, kernel, operand_dtype, kernel_transposed):
+def _matmul_forward(x, kernel, operand_dtype, kernel_transposed, out_dtype):
     x_low, kernel_low = x.astype(operand_dtype), kernel.astype(operand_dtype)
     contract = 1 if kernel_transposed else 0
     y = jax.lax.dot_general(x_low, kernel_low, (((1,), (contract,)), ((), ())),
                             preferred_element_type=jnp.float32)
     dtype_witnesses = (jnp.zeros((), x.dtype), jnp.zeros((), kernel.dtype))
-    return y.astype(x.dtype), (x_low, kernel_low, dtype_witnesses)
+    return y.astype(out_dtype or x.dtype), (x_low, kernel_low, dtype_witnesses)
 
 
-def _matmul_backward(operand_dtype, kernel_transposed, residuals, dy):
+def _matmul_backward(operand_dtype, kernel_transposed, out_dtype, residuals, dy):
+    del out_dtype  # dy arrives in it and is rounded to operand_dtype like the operands
     x_low, kernel_low, (x_witness, kernel_witness) = residuals
     dy = dy.astype(operand_dtype)
     f32 = jnp.float32
@@ -107,28 +109,37 @@ def _matmul_backward(operand_dtype, kernel_transposed, residuals, dy):
 low_precision_matmul.defvjp(_matmul_forward, _matmul_backward)
 
 
-def matmul(x: Array, kernel: Array, dtype: jnp.dtype, kernel_transposed: bool = False) -> Array:
+def matmul(x: Array, kernel: Array, dtype: jnp.dtype, kernel_transposed: bool = False,
+           out_dtype: jnp.dtype | None = None) -> Array:
     """x [rows, in] @ kernel [in, out] (kernel [out, in] if transposed) with operands in `dtype`;
-    the result has x's dtype."""
+    the result has `out_dtype` (default: x's dtype). The product accumulates in float32 when
+    the result is float32, so a float32 result of bfloat16 operands is not rounded to
+    bfloat16 on the way."""
     dtype = jnp.dtype(dtype)
+    out_dtype = jnp.dtype(out_dtype or x.dtype)
 
     def plain(x, kernel):
         kernel = kernel.T if kernel_transposed else kernel
-        return jnp.dot(x.astype(dtype), kernel.astype(dtype)).astype(x.dtype)
+        accumulate = jnp.float32 if out_dtype == jnp.float32 else None
+        return jnp.dot(x.astype(dtype), kernel.astype(dtype),
+                       preferred_element_type=accumulate).astype(out_dtype)
 
     if dtype == jnp.float32:
         return plain(x, kernel)
     return jax.lax.platform_dependent(
         x, kernel, default=plain,
-        cpu=lambda x, kernel: low_precision_matmul(x, kernel, dtype, kernel_transposed))
+        cpu=lambda x, kernel: low_precision_matmul(x, kernel, dtype, kernel_transposed,
+                                                   out_dtype))
 
 
 class Dense(nnx.Linear):
     """nnx.Linear (same parameters, `kernel` [in, out] and `bias` [out]) applied over rows."""
 
-    def __call__(self, x: Array) -> Array:
-        """[..., in] -> [..., out] in x's dtype; the product's operands in `self.dtype`."""
-        y = over_rows(lambda rows: matmul(rows, self.kernel[...], self.dtype or x.dtype), x)
+    def __call__(self, x: Array, out_dtype: jnp.dtype | None = None) -> Array:
+        """[..., in] -> [..., out] in `out_dtype` (default x's dtype); the product's operands
+        in `self.dtype`."""
+        y = over_rows(lambda rows: matmul(rows, self.kernel[...], self.dtype or x.dtype,
+                                          out_dtype=out_dtype), x)
         return y if self.bias is None else y + self.bias[...].astype(y.dtype)
 
 
@@ -236,7 +247,10 @@ def reference_attention(query: Array, key: Array, value: Array, mask: Array | No
     Masked keys get weight exactly 0.
     """
     scale = 1.0 / math.sqrt(query.shape[-1])
-    scores = jnp.einsum("bqhd,bkhd->bhqk", query, key).astype(jnp.float32) * scale
+    # Accumulated and returned in float32 even for bfloat16 inputs: rounding the scores to
+    # bfloat16 before the softmax would cost about two decimal digits of the weights.
+    scores = jnp.einsum("bqhd,bkhd->bhqk", query, key,
+                        preferred_element_type=jnp.float32) * scale
     if mask is not None:
         scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
     weights = jax.nn.softmax(scores, axis=-1)
@@ -292,9 +306,10 @@ class Embedding(nnx.Module):
         return self.table(ids) * self.scale
 
     def attend(self, x: Array) -> Array:
-        """[batch, length, d_model] -> [batch, length, vocab] logits (x @ E^T)."""
+        """[batch, length, d_model] -> float32 [batch, length, vocab] logits (x @ E^T)."""
         return over_rows(lambda rows: matmul(rows, self.table.embedding[...],
-                                             self.product_dtype, kernel_transposed=True), x)
+                                             self.product_dtype, kernel_transposed=True,
+                                             out_dtype=jnp.float32), x)
 
 
 class PositionalEncoding(nnx.Module):
@@ -309,6 +324,10 @@ class PositionalEncoding(nnx.Module):
 
     def __call__(self, x: Array, offset: Array | int = 0) -> Array:
         """x [batch, length, d_model]; positions offset .. offset+length-1."""
+        if x.shape[1] > self.max_len:
+            raise ValueError(
+                f"a sequence of {x.shape[1]} positions is longer than the model's max_len "
+                f"{self.max_len}; truncate or split the input, or train with a larger --max-len.")
         if self.learned:
             table = self.table[...]
         else:

@@ -18,7 +18,7 @@ import numpy as np
 import sacrebleu
 from flax import nnx
 
-from data.batching import inference_batches
+from data.batching import DEFAULT_BUCKETS, inference_batches
 from transformer.config import SearchConfig
 from transformer.decoding import search_with_state
 from transformer.model import Transformer
@@ -51,18 +51,27 @@ class Translator:
     `batch_tokens` bounds source tokens per batch (beam search multiplies the work by
     beam_size). Sources longer than the model's positions allow are truncated to
     `max_source_len` tokens (EOS included); `truncated` lists the indices of the last call
-    that were.
+    that were. Sampling draws from `seed` and a count of the batches searched so far, so
+    repeated calls (translate.py calls once per chunk of stdin) never reuse random numbers.
     """
 
     def __init__(self, model: Transformer, tokenizer, search: SearchConfig,
                  batch_tokens: int = 4096, seed: int = 0):
+        vocab = model.config.vocab_size
+        if search.strategy == "sample" and search.top_k > vocab:
+            raise ValueError(f"top_k {search.top_k} is larger than the model's vocabulary "
+                             f"({vocab} tokens); use a smaller value, or 0 for no limit.")
         self.graphdef, self.state = nnx.split(model)
         self.model_config = model.config
         self.tokenizer = tokenizer
         self.search = search
         self.batch_tokens = batch_tokens
         self.rng = jax.random.key(seed)
+        self.batches_searched = 0  # folded into the rng: each batch of every call draws anew
         self.max_source_len = self.model_config.max_len
+        # No bucket is wider than the model's positions: sources are cut to max_len tokens.
+        self.buckets = tuple(b for b in DEFAULT_BUCKETS if b < self.max_source_len) + (
+            self.max_source_len,)
         self.truncated: list[int] = []
 
     def translate(self, sentences: Sequence[str]) -> list[str]:
@@ -123,8 +132,9 @@ class Translator:
         if not ids:
             return
         budget = self._batch_budget(ids)
-        for step, (src, index) in enumerate(inference_batches(ids, batch_tokens=budget)):
-            rng = jax.random.fold_in(self.rng, step)
+        for src, index in inference_batches(ids, batch_tokens=budget, buckets=self.buckets):
+            rng = jax.random.fold_in(self.rng, self.batches_searched)
+            self.batches_searched += 1
             result = search_with_state(self.graphdef, self.state, src, self.search, rng)
             real = index >= 0
             yield index[real], [self._hypotheses(result, row) for row in np.flatnonzero(real)]

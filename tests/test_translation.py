@@ -1,0 +1,58 @@
+"""transformer.translation.Translator: text in, text out, around search."""
+
+import jax.numpy as jnp
+import pytest
+from flax import nnx
+
+from transformer.config import SearchConfig, get_preset
+from transformer.model import Transformer
+from transformer.translation import Translator
+
+
+class NumberTokenizer:
+    """Sentences of integers (the token ids themselves); enough for Translator."""
+
+    def encode(self, sentences):
+        return [[int(word) for word in sentence.split()] for sentence in sentences]
+
+    def decode(self, rows):
+        return [" ".join(map(str, row)) for row in rows]
+
+
+def tiny_model(**overrides) -> Transformer:
+    model = Transformer(get_preset("tiny", vocab_size=64, **overrides), rngs=nnx.Rngs(0))
+    table = model.src_embedding.table.embedding
+    table[...] = table[...] * 4.0  # peaked distributions, as a trained model has
+    return model
+
+
+@pytest.mark.parametrize("max_len", [50, 300])
+def test_a_source_cut_to_the_model_length_is_never_padded_past_it(max_len):
+    # 49 tokens + EOS fall in the default bucket 56, wider than 50 positions; past the last
+    # bucket (256) widths round up to a multiple of 64: 320 for 299 + EOS.
+    translator = Translator(tiny_model(max_len=max_len),
+                            NumberTokenizer(), SearchConfig(beam_size=2, max_len_b=3))
+    long_source = " ".join(["7"] * (max_len + 10))
+    hypotheses = translator.translate([long_source, "5 6 7"])
+    assert len(hypotheses) == 2
+    assert translator.truncated == [0]
+    assert max(translator.buckets) == max_len
+
+
+def test_sampling_draws_new_numbers_on_every_call_and_repeats_with_the_seed():
+    search = SearchConfig(strategy="sample", max_len_a=0, max_len_b=8)
+    sentence = ["5 9 13 17"]
+
+    def four_calls():
+        translator = Translator(tiny_model(), NumberTokenizer(), search, seed=3)
+        return [translator.translate(sentence)[0] for _ in range(4)]
+
+    first = four_calls()
+    assert len(set(first)) > 1, first  # each call (a stdin chunk in translate.py) draws anew
+    assert four_calls() == first       # and the seed fixes the whole sequence
+
+
+def test_top_k_beyond_the_vocabulary_is_refused_with_the_size():
+    search = SearchConfig(strategy="sample", top_k=65)
+    with pytest.raises(ValueError, match="top_k 65.*64 tokens"):
+        Translator(tiny_model(), NumberTokenizer(), search)
