@@ -40,10 +40,11 @@ _GROUPS = {
         ("--valid-file", str, "validation pairs as .tsv, .jsonl or .parquet"),
         ("--dataset", str, "Hugging Face dataset name or save_to_disk directory"),
         ("--dataset-config", str, "its configuration, e.g. de-en"),
-        ("--max-train-pairs", int, "use only the first N training pairs"),
+        ("--max-train-pairs", int, "use a seeded random N of the training pairs"),
         ("--vocab-size", int, "SentencePiece vocabulary size"),
         ("--tokenizer-type", str, "unigram (default) or bpe"),
-        ("--batch-tokens", int, "tokens per batch (per update without --accum"),
+        ("--batch-tokens", int, "tokens per micro-batch, padding included (an update holds "
+                                "K times that under --accum K)"),
         ("--max-tokens-per-sentence", int, "drop training pairs longer than this"),
         ("--buckets", str, "padded batch lengths, comma-separated"),
     ],
@@ -129,9 +130,39 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _flag_types() -> dict[str, type]:
+    """The type of each setting a recipe may hold, keyed by RunConfig field."""
+    types = {_field(flag): kind for flags in _GROUPS.values() for flag, kind, _ in flags}
+    types.update({_field(flag): bool for flag, _, _ in _BOOLEANS})
+    types["output_dir"] = str
+    return types
+
+
 def _flag_names() -> set[str]:
-    names = {_field(flag) for flags in _GROUPS.values() for flag, _, _ in flags}
-    return names | {_field(flag) for flag, _, _ in _BOOLEANS} | {"output_dir"}
+    return set(_flag_types())
+
+
+_TYPE_NAMES = {int: "an integer", float: "a number", str: "a string", bool: "true or false"}
+
+
+def _recipe_value(path: str, key: str, name: str, value, kind: type):
+    """`value` checked against the flag's type (JSON numbers for numeric flags, no strings)."""
+    if name == "buckets":
+        return value  # a string or a JSON list of lengths; _parse_buckets checks it
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    # bool is a subclass of int in Python, but true is not a batch size.
+    if isinstance(value, kind) and (kind is bool or not isinstance(value, bool)):
+        return value
+    hint = "; remove the key to use the default" if value is None else ""
+    if isinstance(value, str) and kind in (int, float):
+        try:
+            kind(value)
+            hint = f"; write {value} without quotes"
+        except ValueError:
+            pass
+    raise SystemExit(f"error: --config {path}: {key!r} must be {_TYPE_NAMES[kind]} (as --"
+                     f"{name.replace('_', '-')} takes), got {json.dumps(value)}{hint}")
 
 
 def read_recipe(path: str) -> dict:
@@ -140,20 +171,21 @@ def read_recipe(path: str) -> dict:
     if not file.is_file():
         raise SystemExit(f"error: --config {path}: no such file")
     try:
-        values = json.loads(file.read_text())
+        # utf-8-sig: a byte order mark that an editor put first is not JSON.
+        values = json.loads(file.read_text(encoding="utf-8-sig"))
     except json.JSONDecodeError as err:
         raise SystemExit(f"error: --config {path}: not valid JSON ({err})") from None
     if not isinstance(values, dict):
         raise SystemExit(f"error: --config {path}: expected a JSON object of flag: value")
-    settings, known = {}, _flag_names()
+    settings, types = {}, _flag_types()
     for key, value in values.items():
         if key.startswith("#") or key.startswith("_"):
             continue  # comments
         name = _field(key)
-        if name not in known:
+        if name not in types:
             raise SystemExit(f"error: --config {path}: unknown setting {key!r}; keys are "
                              f"train.py flag names, e.g. \"batch-tokens\"")
-        settings[name] = value
+        settings[name] = _recipe_value(path, key, name, value, types[name])
     return settings
 
 
@@ -166,20 +198,39 @@ def resolve(argv: list[str] | None = None) -> tuple[dict, argparse.Namespace]:
         if value is not None:
             settings[name] = value
     if "buckets" in settings:
-        settings["buckets"] = _parse_buckets(settings["buckets"])
+        recipe = None if args.buckets is not None else args.config
+        settings["buckets"] = _parse_buckets(settings["buckets"], recipe)
     return settings, args
 
 
-def _parse_buckets(value) -> tuple[int, ...] | None:
-    if value is None or value == "default":
+def _parse_buckets(value, recipe: str | None = None) -> tuple[int, ...] | None:
+    """Bucket lengths from "16,32,64" or a recipe's [16, 32, 64]; None for "default".
+
+    `recipe` names the --config file the value came from, for the error message.
+    """
+    where = f" (\"buckets\" in --config {recipe})" if recipe else ""
+    if value == "default":
         return None
+    buckets = ()
     if isinstance(value, str):
         try:
-            return tuple(int(v) for v in value.split(",") if v.strip())
+            buckets = tuple(int(v) for v in value.split(",") if v.strip())
         except ValueError:
-            raise SystemExit(f"error: --buckets {value!r}: expected comma-separated integers "
-                             "such as 16,32,64, or 'default'") from None
-    return tuple(int(v) for v in value)
+            pass
+    elif isinstance(value, list) and all(type(v) is int for v in value):
+        buckets = tuple(value)
+    if not buckets:
+        shown = json.dumps(value, ensure_ascii=False)
+        raise SystemExit(f"error: --buckets {shown}{where}: expected comma-separated integers "
+                         "such as 16,32,64, or 'default'")
+    from data.batching import check_buckets
+    from data.corpus import DataError
+
+    try:
+        check_buckets(buckets)
+    except DataError as err:
+        raise SystemExit(f"error: {err}{where}") from None
+    return buckets
 
 
 def main(argv: list[str] | None = None) -> int:

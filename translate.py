@@ -29,7 +29,11 @@ Search settings default to the model's stored SearchConfig; flags override them.
     python translate.py --model runs/NAME --evaluate --src-file test.en --ref-file test.de
 
 prints sacreBLEU BLEU and chrF (detokenized, cased) with their signatures; the numbers equal
-`sacrebleu test.de -i HYP -m bleu chrf` on the hypotheses written with --hyp-file.
+`sacrebleu test.de -i HYP -m bleu chrf` on the hypotheses written with --hyp-file (except that
+a byte order mark starting a file is removed here, where sacreBLEU would score it as text).
+Every test pair counts, also one with an empty side. The test files and the output paths are
+checked before the model is loaded, and the scores are printed before --hyp-file and --report
+are written, so a bad path costs no translation time.
 
 Everything but translations and scores goes to stderr. Exit status: 0 on success, 1 for a bad
 model directory or input (the message names the file and line), 2 for invalid flags.
@@ -55,6 +59,7 @@ log = logging.getLogger("translate.py")
 
 EXIT_ERROR, EXIT_USAGE = 1, 2
 DEFAULT_CHUNK_LINES = 1000
+BOM = "\ufeff"  # a UTF-8 byte order mark, as editors on Windows write it: not text
 
 
 class UsageError(Exception):
@@ -201,7 +206,8 @@ def decode_line(raw: bytes, where: str, line_no: int) -> str:
 
 
 def read_lines(path: str | Path) -> list[str]:
-    """Lines of a UTF-8 file, split on "\\n" only (as sacreBLEU reads them)."""
+    """Lines of a UTF-8 file, split on "\\n" only (as sacreBLEU reads them), without a
+    leading byte order mark."""
     path = Path(path)
     try:
         data = path.read_bytes()
@@ -210,7 +216,10 @@ def read_lines(path: str | Path) -> list[str]:
     raw_lines = data.split(b"\n")
     if raw_lines[-1] == b"":
         raw_lines.pop()  # the final newline ends the last line; it does not start a new one
-    return [decode_line(raw, str(path), i) for i, raw in enumerate(raw_lines, start=1)]
+    lines = [decode_line(raw, str(path), i) for i, raw in enumerate(raw_lines, start=1)]
+    if lines:
+        lines[0] = lines[0].removeprefix(BOM)
+    return lines
 
 
 def _readable_now(fd: int) -> bool:
@@ -227,7 +236,7 @@ def stream_chunks(fd: int, max_lines: int, where: str = "<stdin>"
     A chunk holds every complete line already available, at most `max_lines`; the reader
     blocks only while it has no line at all. So `cat file |` gives full chunks and a terminal
     gives one line per chunk. A line with invalid UTF-8 raises InputError after the lines
-    before it have been yielded.
+    before it have been yielded. A byte order mark that starts the stream is removed.
     """
     ready: list[bytes] = []  # complete lines read but not yet handed out
     partial = b""
@@ -250,12 +259,14 @@ def stream_chunks(fd: int, max_lines: int, where: str = "<stdin>"
         raw, ready = ready[:max_lines], ready[max_lines:]
         lines = []
         for raw_line in raw:
+            line_no = next_line + len(lines)
             try:
-                lines.append(decode_line(raw_line, where, next_line + len(lines)))
+                line = decode_line(raw_line, where, line_no)
             except InputError:
                 if lines:
                     yield next_line, lines
                 raise
+            lines.append(line.removeprefix(BOM) if line_no == 1 else line)
         yield next_line, lines
         next_line += len(lines)
 
@@ -330,28 +341,45 @@ def evaluation_data(args: argparse.Namespace, values: dict) -> tuple[list[str], 
 
 
 def _dataset_split(args, src, tgt) -> tuple[list[str], list[str], str]:
-    from data.corpus import DataError, read_hf
+    """Every pair of --split, kept as it is: an empty source gives an empty hypothesis that
+    is scored against its reference, as with --src-file/--ref-file."""
+    from data.corpus import DataError, read_hf_split
 
     if not (src and tgt):
         raise UsageError("--dataset needs --src and --tgt (the model does not record its "
                          "languages).")
-    aliases = {"valid": "validation", "dev": "validation"}
-    split = aliases.get(args.split, args.split)
     try:
-        splits = read_hf(args.dataset, args.dataset_config, src, tgt)
+        sources, references, split = read_hf_split(args.dataset, args.dataset_config,
+                                                   args.split, src, tgt)
     except DataError as err:
         raise InputError(str(err)) from None
-    if split not in splits:
-        raise InputError(f"{args.dataset}: no {args.split!r} split; it has {sorted(splits)}.")
-    data = splits[split]
-    return list(data["source"]), list(data["target"]), f"{args.dataset}[{split}] {src}->{tgt}"
+    return sources, references, f"{args.dataset}[{split}] {src}->{tgt}"
 
 
-def run_evaluation(translator, args: argparse.Namespace, values: dict, out: IO[str]) -> dict:
-    """Translate the test set, print BLEU and chrF, write --hyp-file and --report."""
+def check_output_paths(args: argparse.Namespace) -> None:
+    """InputError unless every output file can be created: a typo in --hyp-file must fail
+    before the model is loaded, not throw away a finished evaluation."""
+    for flag in ("output", "hyp_file", "report", "plot_attention"):
+        value = getattr(args, flag)
+        if not value:
+            continue
+        path, name = Path(value), "--" + flag.replace("_", "-")
+        if path.is_dir():
+            raise InputError(f"{name} {path}: is a directory; give a file name.")
+        if not path.parent.is_dir():
+            raise InputError(f"{name} {path}: directory {path.parent} does not exist; create "
+                             "it or choose another path.")
+        if not os.access(path if path.exists() else path.parent, os.W_OK):
+            raise InputError(f"{name} {path}: not writable; choose another path.")
+
+
+def run_evaluation(translator, args: argparse.Namespace, values: dict, out: IO[str],
+                   test_set: tuple[list[str], list[str], str] | None = None) -> dict:
+    """Translate the test set (`test_set` if already read, else `evaluation_data`), print
+    BLEU and chrF, then write --hyp-file and --report."""
     from transformer.translation import evaluate
 
-    sources, references, description = evaluation_data(args, values)
+    sources, references, description = test_set or evaluation_data(args, values)
     log.info("evaluating on %s: %d sentences", description, len(sources))
     start = time.perf_counter()
     with _progress_bar(len(sources), args.quiet) as bar:
@@ -361,13 +389,14 @@ def run_evaluation(translator, args: argparse.Namespace, values: dict, out: IO[s
     # Scored exactly as the sacrebleu command reads the files: trailing whitespace removed.
     hypotheses = [one_line(nbest[0].text).rstrip() for nbest in results]
     scores = evaluate(hypotheses, [r.rstrip() for r in references])
-    if args.hyp_file:
-        Path(args.hyp_file).write_text("".join(h + "\n" for h in hypotheses), encoding="utf-8")
+    # Scores first: a file that cannot be written must not cost the evaluation.
     out.write(f"{scores.bleu_details}\n"
               f"chrF2 = {scores.chrf:.2f}\n"
               f"BLEU signature: {scores.bleu_signature}\n"
               f"chrF signature: {scores.chrf_signature}\n")
     out.flush()
+    if args.hyp_file:
+        Path(args.hyp_file).write_text("".join(h + "\n" for h in hypotheses), encoding="utf-8")
     report = {**scores.to_dict(), "test_set": description, "sentences": len(sources),
               "model": str(args.model), "search": dataclasses.asdict(translator.search),
               "translate_seconds": round(seconds, 3), "hyp_file": args.hyp_file}
@@ -423,14 +452,18 @@ def _setup_logging(quiet: bool) -> None:
 
 def run(args: argparse.Namespace) -> int:
     check_args(args)
-    # Read files before the slow model load, so a bad input fails fast.
+    # Check files before the slow model load, so a bad input or output path fails fast.
+    check_output_paths(args)
     input_lines = None
     if args.input is not None and args.input != "-":
         input_lines = read_lines(args.input)
+    test_set = None
+    if args.evaluate and (args.src_file or (args.src and args.tgt)):
+        test_set = evaluation_data(args, {})  # else the languages come from the model
 
     enable_compilation_cache()
     from data.corpus import DataError
-    from transformer.checkpoint import CheckpointError, load_model
+    from transformer.checkpoint import CONFIG_FILE, CheckpointError, load_model, resolve_model_dir
     from transformer.translation import Translator
 
     start = time.perf_counter()
@@ -438,6 +471,13 @@ def run(args: argparse.Namespace) -> int:
         model, tokenizer, values = load_model(args.model, dtype=args.dtype)
     except (CheckpointError, DataError) as err:
         raise InputError(str(err)) from None
+    except (ValueError, TypeError) as err:
+        # What load_model lets through from a config.json that is not JSON or holds settings
+        # this version does not know (JSONDecodeError, TypeError from a config's __init__).
+        config_file = resolve_model_dir(args.model) / CONFIG_FILE
+        raise InputError(f"{config_file}: not a valid model configuration ("
+                         f"{type(err).__name__}: {err}); restore the config.json saved with "
+                         "the model, or export the model again.") from None
     try:
         search = search_config(values["search"], args)
     except ValueError as err:
@@ -454,8 +494,11 @@ def run(args: argparse.Namespace) -> int:
             check_layer_and_head(model.config, args.attention_layer, args.attention_head)
         except ValueError as err:
             raise UsageError(f"--attention-layer/--attention-head: {err}") from None
-    translator = Translator(model, tokenizer, search, batch_tokens=args.batch_tokens,
-                            seed=args.seed)
+    try:
+        translator = Translator(model, tokenizer, search, batch_tokens=args.batch_tokens,
+                                seed=args.seed)
+    except ValueError as err:  # settings that only the loaded model can refuse (--top-k)
+        raise UsageError(f"invalid search settings for this model: {err}") from None
     log.info("model %s loaded in %.2f s; search: %s", args.model, time.perf_counter() - start,
              ", ".join(f"{k}={v}" for k, v in dataclasses.asdict(search).items()))
 
@@ -464,7 +507,7 @@ def run(args: argparse.Namespace) -> int:
         if args.output:
             out = stack.enter_context(open(args.output, "w", encoding="utf-8", newline="\n"))
         if args.evaluate:
-            run_evaluation(translator, args, values, out)
+            run_evaluation(translator, args, values, out, test_set)
             return 0
         nbest = args.nbest is not None
         start = time.perf_counter()

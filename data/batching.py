@@ -6,8 +6,9 @@ A batch is a dict of int32 numpy arrays, the contract with the model:
   `tgt_out` [B, T]  target ids + EOS, padded
 Rows that are all padding fill short batches; the loss gives them zero weight.
 
-Shapes. S and T are each one of `BatchConfig.buckets` (default `DEFAULT_BUCKETS`: steps of 3
-up to 26, where most sentences lie, then growing steps up to 256). Every pair goes to the cell
+Shapes. S and T are each one of `BatchConfig.buckets` below `max_len`, or `max_len` itself
+(default buckets `DEFAULT_BUCKETS`: steps of 3 up to 26, where most sentences lie, then growing
+steps up to 256). Every pair goes to the cell
 (S, T) of the smallest buckets that hold its lengths, so pairs in a batch have similar lengths.
 Each shape's batch size B is fixed: at most `batch_tokens // max(S, T)` (so the token budget
 `B * max(S, T) <= batch_tokens` always holds) and a multiple of `num_devices`. Cells are filled
@@ -29,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import numbers
 from collections import Counter
 from typing import Iterator, Sequence
 
@@ -59,12 +61,14 @@ class BatchConfig:
     """How training pairs are filtered and batched.
 
     `max_len` counts the EOS (source) or BOS (target) token; it is also the widest batch
-    (the last bucket used is `max_len` itself). `max_ratio` drops pairs whose
-    longer side is more than this many times the shorter (lengths with EOS), as Moses'
-    clean-corpus and fairseq do. `num_devices` is the global device count: every batch size is
-    a multiple of it (and so of the process count). `max_shapes` bounds the distinct (B, S, T)
-    shapes, and so the compilations of the train step: on large corpora, cells need more
-    pairs before they get a shape of their own (see `plan_epoch`).
+    (the last bucket used is `max_len` itself, also when it is beyond the last of `buckets`).
+    The trainer sets it to the smaller of --max-tokens-per-sentence and the model's --max-len.
+    `max_ratio` drops pairs whose longer side is more than this many times the shorter
+    (lengths with EOS), as Moses' clean-corpus and fairseq do. `num_devices` is the global
+    device count: every batch size is a multiple of it (and so of the process count).
+    `max_shapes` bounds the distinct (B, S, T) shapes, and so the compilations of the train
+    step: on large corpora, cells need more pairs before they get a shape of their own (see
+    `plan_epoch`).
     """
 
     batch_tokens: int = 4096
@@ -76,24 +80,20 @@ class BatchConfig:
     max_shapes: int = 48
 
     def __post_init__(self) -> None:
-        if list(self.buckets) != sorted(set(self.buckets)) or self.buckets[0] < 2:
-            raise DataError(f"buckets must increase strictly from >= 2, got {self.buckets}")
-        if self.max_len > self.buckets[-1]:
-            raise DataError(
-                f"max_len {self.max_len} exceeds the largest bucket {self.buckets[-1]}; lower "
-                "--max-len or add larger buckets"
-            )
+        check_buckets(self.buckets)
         if self.max_shapes < 1:
             raise DataError(f"max_shapes must be >= 1, got {self.max_shapes}")
         if self.num_devices < 1:
             raise DataError(f"num_devices must be >= 1, got {self.num_devices}")
         largest = self.used_buckets[-1]
         if self.batch_tokens // largest < self.num_devices:
+            # The trainer passes --batch-tokens and the device count both times --accum.
             raise DataError(
-                f"--batch-tokens {self.batch_tokens} holds {self.batch_tokens // largest} rows of "
-                f"length {largest} (--max-len {self.max_len}), fewer than the {self.num_devices} "
-                f"devices; use --batch-tokens {largest * self.num_devices} or more, or a "
-                "smaller --max-len"
+                f"a batch of {self.batch_tokens} tokens (--batch-tokens x --accum) holds "
+                f"{self.batch_tokens // largest} rows of the longest pairs ({largest} tokens: "
+                "the smaller of --max-tokens-per-sentence and the model's --max-len), fewer "
+                f"than the {self.num_devices} it needs (devices x --accum); use --batch-tokens "
+                f"{largest * self.num_devices} or more, or lower --max-tokens-per-sentence"
             )
 
     @property
@@ -106,6 +106,17 @@ class BatchConfig:
         """Batch size B of the (S, T) shape: the token budget, a multiple of num_devices."""
         rows = self.batch_tokens // max(src_len, tgt_len)
         return rows - rows % self.num_devices
+
+
+def check_buckets(buckets: Sequence[int]) -> None:
+    """Raise `DataError` unless `buckets` is a non-empty, strictly increasing list from >= 2."""
+    integers = all(isinstance(b, numbers.Integral) and not isinstance(b, bool) for b in buckets)
+    if (not buckets or not integers or buckets[0] < 2
+            or any(a >= b for a, b in zip(buckets, buckets[1:]))):
+        raise DataError(
+            f"--buckets must be integers >= 2 in strictly increasing order, such as 16,32,64, "
+            f"got {','.join(map(str, buckets)) or 'none'}"
+        )
 
 
 def _bucket_of(length: int, buckets: Sequence[int]) -> int:
@@ -201,8 +212,10 @@ def load_examples(encoded: datasets.Dataset, config: BatchConfig = BatchConfig()
     )
     if not len(keep):
         raise DataError(
-            f"{name}: no pairs left after filtering {stats.total} pairs by --max-len "
-            f"{config.max_len} and --max-ratio {config.max_ratio}; raise them or check the data"
+            f"{name}: no pairs left after filtering {stats.total} pairs ({stats.too_long} longer "
+            f"than {config.max_len} tokens: --max-tokens-per-sentence, at most the model's "
+            f"--max-len; {stats.bad_ratio} with length ratio > {config.max_ratio:g}); raise "
+            "--max-tokens-per-sentence (and --max-len) or check the data"
         )
     if len(keep) < stats.total:
         src_values, src_offsets = _select(src_values, src_offsets, keep_mask)

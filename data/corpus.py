@@ -10,7 +10,8 @@ Whatever the source, the result has splits `train`, `validation` and, when one w
 - the built-in offline corpus: English <-> `LANG` pairs read at run time from the machine's
   gettext catalogs (`/usr/share/locale/LANG/LC_MESSAGES/*.mo`).
 
-All text is stripped of surrounding whitespace; pairs with an empty side are dropped and counted.
+All text is stripped of surrounding whitespace; pairs with an empty (or, in a dataset, missing)
+side are dropped and counted. A UTF-8 byte order mark at the start of a text file is removed.
 Every count (pairs read, dropped and why, held-out validation) is reported through the logger
 named "data" at INFO level; callers that want to see it configure logging.
 Bad input raises `DataError` (a `ValueError`) whose message names the file, the line or the
@@ -44,6 +45,7 @@ _SPLIT_ALIASES = {
     "test": "test",
 }
 DEFAULT_LOCALE_DIR = "/usr/share/locale"
+BOM = "\ufeff"  # the UTF-8 byte order mark, as text
 _HELP_LOCAL = (
     "use local files instead: --train-prefix PREFIX with --src/--tgt (reads PREFIX.SRC and "
     "PREFIX.TGT), a .tsv/.jsonl/.parquet file, or a directory written by save_to_disk"
@@ -162,7 +164,9 @@ def _read_lines(path: Path) -> Iterator[str]:
         raise DataError(f"{path}: file not found; check the path (and --src/--tgt for prefixes)")
     with path.open("rb") as handle:
         for line_no, raw in enumerate(handle, start=1):
-            yield _decode_line(raw.rstrip(b"\n").rstrip(b"\r"), path, line_no)
+            line = _decode_line(raw.rstrip(b"\n").rstrip(b"\r"), path, line_no)
+            # Editors on Windows start UTF-8 files with a byte order mark; it is not text.
+            yield line.removeprefix(BOM) if line_no == 1 else line
 
 
 def read_prefix(prefix: str | Path, src: str, tgt: str) -> datasets.Dataset:
@@ -221,9 +225,8 @@ def read_tsv(path: str | Path) -> datasets.Dataset:
     return pairs_to_dataset(sources, targets, origin=str(path))
 
 
-def _pick_pair(record: dict, src: str, tgt: str, where: str) -> tuple[str, str]:
-    """Return (source, target) from `{src:.., tgt:..}` or `{"translation": {src:.., tgt:..}}`."""
-    inner = record.get("translation", record)
+def _pick_pair(inner, src: str, tgt: str, where: str) -> tuple[str, str]:
+    """Return (source, target) from a `{src: .., tgt: ..}` dict."""
     if not isinstance(inner, dict) or src not in inner or tgt not in inner:
         found = sorted(inner) if isinstance(inner, dict) else type(inner).__name__
         raise DataError(
@@ -232,7 +235,10 @@ def _pick_pair(record: dict, src: str, tgt: str, where: str) -> tuple[str, str]:
         )
     pair = inner[src], inner[tgt]
     if not all(isinstance(text, str) for text in pair):
-        raise DataError(f"{where}: values for {src!r} and {tgt!r} must be strings, got {pair!r}")
+        raise DataError(
+            f"{where}: values for {src!r} and {tgt!r} must be strings, got {pair!r}; fix or "
+            "remove that entry"
+        )
     return pair
 
 
@@ -249,17 +255,40 @@ def read_jsonl(path: str | Path, src: str, tgt: str) -> datasets.Dataset:
             raise DataError(f"{path} line {line_no}: not valid JSON ({err.msg})") from None
         if not isinstance(record, dict):
             raise DataError(f"{path} line {line_no}: expected a JSON object, got {line[:60]!r}")
-        s, t = _pick_pair(record, src, tgt, where=f"{path} line {line_no}")
+        inner = record.get("translation", record)  # flat, or nested under "translation"
+        s, t = _pick_pair(inner, src, tgt, where=f"{path} line {line_no}")
         sources.append(s)
         targets.append(t)
     return pairs_to_dataset(sources, targets, origin=str(path))
 
 
-def from_hf_dataset(ds: datasets.Dataset, src: str, tgt: str, origin: str) -> datasets.Dataset:
-    """Convert a Hugging Face split to `source`/`target` columns.
+def _column_texts(values: Iterable, column: str, origin: str) -> list[str]:
+    """One dataset column as strings; a missing value (null) becomes "", an empty side.
+
+    Raises `DataError` naming the row and column of the first value that is not a string.
+    """
+    texts = []
+    for row, text in enumerate(values):
+        if text is None:
+            text = ""
+        elif not isinstance(text, str):
+            raise DataError(
+                f"{origin} row {row} (0-based), column {column!r}: expected a string, got "
+                f"{type(text).__name__} {text!r}; store the sentences as text, or set --src/--tgt "
+                "to the text columns"
+            )
+        texts.append(text)
+    return texts
+
+
+def _hf_texts(ds: datasets.Dataset, src: str, tgt: str, origin: str
+              ) -> tuple[list[str], list[str]]:
+    """(sources, targets) of a Hugging Face split, every row kept and nothing stripped.
 
     Reads the standard `translation` column (dicts keyed by language), else columns named
-    `src` and `tgt`, else columns already named `source` and `target`.
+    `src` and `tgt`, else columns already named `source` and `target`. A missing (null) value
+    in a language column gives ""; a null in the `translation` column, or a value that is not
+    a string, raises `DataError` naming the row.
     """
     columns = ds.column_names
     if "translation" in columns:
@@ -270,19 +299,33 @@ def from_hf_dataset(ds: datasets.Dataset, src: str, tgt: str, origin: str) -> da
                 f"{origin}: expected languages {src!r} and {tgt!r} in the translation column, "
                 f"found {sorted(languages)}; set --src/--tgt to languages the dataset has"
             )
-        pairs = ds["translation"]
-        sources = [_pick_pair(p, src, tgt, origin)[0] for p in pairs]
-        targets = [p[tgt] for p in pairs]
-    elif src in columns and tgt in columns:
-        sources, targets = ds[src], ds[tgt]
-    elif "source" in columns and "target" in columns:
-        sources, targets = ds["source"], ds["target"]
-    else:
-        raise DataError(
-            f"{origin}: expected a 'translation' column or columns {src!r} and {tgt!r}, "
-            f"found columns {columns}; set --src/--tgt to match the dataset"
-        )
-    return pairs_to_dataset(list(sources), list(targets), origin=origin)
+        sources, targets = [], []
+        for row, pair in enumerate(ds["translation"]):
+            s, t = _pick_pair(pair, src, tgt, f"{origin} row {row} (0-based), column 'translation'")
+            sources.append(s)
+            targets.append(t)
+        return sources, targets
+    for src_column, tgt_column in ((src, tgt), ("source", "target")):
+        if src_column in columns and tgt_column in columns:
+            return (_column_texts(ds[src_column], src_column, origin),
+                    _column_texts(ds[tgt_column], tgt_column, origin))
+    raise DataError(
+        f"{origin}: expected a 'translation' column or columns {src!r} and {tgt!r}, "
+        f"found columns {columns}; set --src/--tgt to match the dataset"
+    )
+
+
+def from_hf_dataset(ds: datasets.Dataset, src: str, tgt: str, origin: str) -> datasets.Dataset:
+    """Convert a Hugging Face split to `source`/`target` columns (see `_hf_texts`), stripped,
+    with pairs that have an empty or missing side dropped and counted."""
+    sources, targets = _hf_texts(ds, src, tgt, origin)
+    return pairs_to_dataset(sources, targets, origin=origin)
+
+
+def _first_line(err: Exception) -> str:
+    """The first line of an exception's message (its type name if it has none)."""
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
 
 
 def read_parquet(path: str | Path, src: str, tgt: str) -> datasets.Dataset:
@@ -290,7 +333,13 @@ def read_parquet(path: str | Path, src: str, tgt: str) -> datasets.Dataset:
     path = Path(path)
     if not path.is_file():
         raise DataError(f"{path}: file not found; check the path")
-    ds = datasets.Dataset.from_parquet(str(path))
+    try:
+        ds = datasets.Dataset.from_parquet(str(path))
+    except Exception as err:  # noqa: BLE001 - pyarrow and datasets raise many kinds
+        raise DataError(
+            f"{path}: not a readable parquet file ({_first_line(err)}); check the file, or "
+            "give the pairs as .tsv or .jsonl"
+        ) from None
     return from_hf_dataset(ds, src, tgt, origin=str(path))
 
 
@@ -310,21 +359,55 @@ def read_file(path: str | Path, src: str, tgt: str) -> datasets.Dataset:
     )
 
 
-def read_hf(name: str, config: str | None, src: str, tgt: str) -> datasets.DatasetDict:
-    """Load a dataset saved with `save_to_disk` (a directory) or from the hub by name+config."""
+def _load_hf(name: str, config: str | None) -> datasets.DatasetDict:
+    """Open a dataset saved with `save_to_disk` (a directory) or from the hub by name+config.
+
+    A lone `Dataset` becomes the split `train`. Nothing is read into memory yet.
+    """
     if Path(name).is_dir():
-        loaded = datasets.load_from_disk(name)
+        try:
+            loaded = datasets.load_from_disk(name)
+        except Exception as err:  # noqa: BLE001 - not a dataset directory, or a damaged one
+            raise DataError(
+                f"{name}: not a dataset directory written by save_to_disk ({_first_line(err)}); "
+                "give a directory that Dataset.save_to_disk or DatasetDict.save_to_disk wrote"
+            ) from None
     else:
         try:
             loaded = datasets.load_dataset(name, config)
         except Exception as err:  # no network, unknown name or config: one sentence, no traceback
-            reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
             raise DataError(
                 f"could not load dataset {name!r} (config {config!r}) from the Hugging Face hub "
-                f"({reason}); {_HELP_LOCAL}"
+                f"({_first_line(err)}); {_HELP_LOCAL}"
             ) from None
     if isinstance(loaded, datasets.Dataset):
         loaded = datasets.DatasetDict({"train": loaded})
+    return loaded
+
+
+def read_hf_split(name: str, config: str | None, split: str, src: str, tgt: str
+                  ) -> tuple[list[str], list[str], str]:
+    """(sources, targets, split name found) of one split, for scoring a test set.
+
+    Only that split is read; the dataset needs no train split. Unlike `read_hf`, every pair is
+    kept as it is (not stripped; a missing side is ""), so that scores cover the whole test
+    set as sacreBLEU would on the same data. `split` may be the dataset's own name or one of
+    ours with its aliases ("valid" or "dev" find "validation").
+    """
+    loaded = _load_hf(name, config)
+    wanted = _SPLIT_ALIASES.get(split, split)
+    found = split if split in loaded else next(
+        (s for s in sorted(loaded) if _SPLIT_ALIASES.get(s, s) == wanted), None)
+    if found is None:
+        raise DataError(f"{name}: no {split!r} split; it has {sorted(loaded)}; choose one "
+                        "with --split")
+    sources, targets = _hf_texts(loaded[found], src, tgt, origin=f"{name}[{found}]")
+    return sources, targets, found
+
+
+def read_hf(name: str, config: str | None, src: str, tgt: str) -> datasets.DatasetDict:
+    """Load a dataset saved with `save_to_disk` (a directory) or from the hub by name+config."""
+    loaded = _load_hf(name, config)
     result = {}
     for split_name, split in loaded.items():
         ours = _SPLIT_ALIASES.get(split_name)

@@ -69,7 +69,14 @@ class Tokenizer:
 
     def __init__(self, model_bytes: bytes):
         self.model_bytes = model_bytes
-        self.processor = spm.SentencePieceProcessor(model_proto=model_bytes)
+        try:
+            self.processor = spm.SentencePieceProcessor(model_proto=model_bytes)
+        except RuntimeError:  # SentencePiece's "ParseFromArray" failure says nothing more
+            raise DataError(
+                "not a SentencePiece model, or a damaged one (SentencePiece cannot parse it); "
+                "restore the spm.model saved with the run or model (its parameters only work "
+                "with the tokenizer they were trained with)"
+            ) from None
         ids = (self.processor.pad_id(), self.processor.unk_id(), self.processor.bos_id(),
                self.processor.eos_id())
         if ids != (PAD_ID, UNK_ID, BOS_ID, EOS_ID):
@@ -86,7 +93,10 @@ class Tokenizer:
             path = path / MODEL_FILE
         if not path.is_file():
             raise DataError(f"{path}: SentencePiece model not found")
-        return cls(path.read_bytes())
+        try:
+            return cls(path.read_bytes())
+        except DataError as err:
+            raise DataError(f"{path}: {err}") from None
 
     def save(self, directory: str | Path) -> Path:
         """Write the model as `directory/spm.model` and return that path."""

@@ -87,6 +87,28 @@ def test_no_batch_is_wider_than_max_len(encoded):
     assert all(s in config.used_buckets and t in config.used_buckets for s, t in widths)
 
 
+def test_max_len_beyond_the_last_bucket_is_one_more_width(encoded):
+    """--max-tokens-per-sentence above the largest of --buckets: the widest batches are
+    max_len wide, sized by the token budget like every other width."""
+    config = BatchConfig(batch_tokens=512, max_len=37, buckets=(4, 8, 16, 32))
+    assert config.used_buckets == (4, 8, 16, 32, 37)
+    examples = load_examples(encoded, config)
+    assert int(max(examples.src_len.max(), examples.tgt_len.max())) > 32
+    plan = plan_epoch(examples, config, 0)
+    assert sorted(int(k) for b in plan for k in b.rows if k >= 0) == list(range(len(examples)))
+    assert {(b.src_len, b.tgt_len) for b in plan} <= {(s, t) for s in config.used_buckets
+                                                       for t in config.used_buckets}
+    widest = [b for b in plan if max(b.src_len, b.tgt_len) == 37]
+    assert widest and all(len(b.rows) * 37 <= 512 for b in widest)
+
+
+def test_bad_buckets_name_the_flag():
+    for buckets in ((), (8, 4), (1, 8), (8, 8)):
+        with pytest.raises(DataError, match=r"--buckets must be integers >= 2 in strictly "
+                                            r"increasing order"):
+            BatchConfig(buckets=buckets)
+
+
 def test_max_shapes_bounds_the_shapes(encoded):
     config = BatchConfig(batch_tokens=256, max_len=64, buckets=BUCKETS)
     examples = load_examples(encoded, config)
@@ -164,8 +186,10 @@ def test_batch_sizes_must_split_over_processes(encoded):
     examples = load_examples(encoded, config)
     with pytest.raises(DataError, match="num_devices 3 is not a multiple of the process count 2"):
         BatchIterator(examples, config, process_index=0, process_count=2)
-    with pytest.raises(DataError, match=r"--batch-tokens 100 holds 1 rows of length 64.*fewer "
-                                        r"than the 2 devices; use --batch-tokens 128"):
+    with pytest.raises(DataError, match=r"a batch of 100 tokens \(--batch-tokens x --accum\) "
+                                        r"holds 1 rows of the longest pairs \(64 tokens: the "
+                                        r"smaller of --max-tokens-per-sentence and the model's "
+                                        r"--max-len\), fewer than the 2 .*use --batch-tokens 128"):
         BatchConfig(batch_tokens=100, max_len=64, buckets=BUCKETS, num_devices=2)
 
 
@@ -194,8 +218,8 @@ def test_filters_drop_and_count(caplog):
 
 def test_no_pairs_left_is_an_error():
     encoded = datasets.Dataset.from_dict({"src_ids": [[5] * 100], "tgt_ids": [[6] * 100]})
-    with pytest.raises(DataError, match=r"train: no pairs left after filtering 1 pairs by "
-                                        r"--max-len 64"):
+    with pytest.raises(DataError, match=r"train: no pairs left after filtering 1 pairs \(1 "
+                                        r"longer than 64 tokens: --max-tokens-per-sentence"):
         load_examples(encoded, BatchConfig(max_len=64, buckets=BUCKETS, batch_tokens=512))
 
 

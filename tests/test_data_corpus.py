@@ -10,7 +10,7 @@ import pytest
 
 from data.corpus import (
     CorpusSpec, DataError, hash_split, load_corpus, read_file, read_gettext_pairs, read_hf,
-    read_prefix,
+    read_hf_split, read_prefix,
 )
 
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
@@ -157,6 +157,70 @@ def test_unknown_suffix_and_two_sources_are_errors(tmp_path):
         read_file(tmp_path / "a.txt", "en", "de")
     with pytest.raises(DataError, match="one training source"):
         CorpusSpec(train_prefix="a", dataset="b")
+
+
+def test_byte_order_mark_is_not_text(tmp_path):
+    bom = "\ufeff"
+    write_prefix(tmp_path / "train", [(bom + s, bom + t) for s, t in PAIRS[:1]] + PAIRS[1:])
+    tsv, jsonl = tmp_path / "train.tsv", tmp_path / "train.jsonl"
+    tsv.write_text(bom + "".join(f"{s}\t{t}\n" for s, t in PAIRS), encoding="utf-8")
+    jsonl.write_text(bom + "".join(json.dumps({"en": s, "de": t}) + "\n" for s, t in PAIRS),
+                     encoding="utf-8")
+    for ds in (read_prefix(tmp_path / "train", "en", "de"), read_file(tsv, "en", "de"),
+               read_file(jsonl, "en", "de")):
+        assert as_pairs(ds) == PAIRS
+
+
+def test_dataset_null_side_is_dropped_and_counted(tmp_path, caplog):
+    path = tmp_path / "null.parquet"
+    datasets.Dataset.from_dict({"en": ["a b", None, "c"], "de": ["x", "y", "z"]}).to_parquet(
+        str(path))
+    with caplog.at_level(logging.INFO, logger="data"):
+        ds = read_file(path, "en", "de")
+    assert as_pairs(ds) == [("a b", "x"), ("c", "z")]
+    assert "dropped 1 of 3 pairs with an empty side (1 empty source, 0 empty target)" in caplog.text
+
+
+def test_dataset_value_that_is_not_text_names_row_and_column(tmp_path):
+    path = tmp_path / "ints.parquet"
+    datasets.Dataset.from_dict({"en": ["a", "b"], "de": [7, 8]}).to_parquet(str(path))
+    with pytest.raises(DataError, match=r"ints\.parquet row 0 \(0-based\), column 'de': expected "
+                                        r"a string, got int 7"):
+        read_file(path, "en", "de")
+    # A null inside the translation column, or instead of it, names its row too.
+    for rows, bad in (([{"en": "a", "de": "b"}, {"en": "c", "de": None}], 1),
+                      ([None, {"en": "c", "de": "d"}], 0)):
+        path = tmp_path / f"translation{bad}.parquet"
+        datasets.Dataset.from_dict({"translation": rows}).to_parquet(str(path))
+        with pytest.raises(DataError, match=rf"translation{bad}\.parquet row {bad} \(0-based\), "
+                                            r"column 'translation'"):
+            read_file(path, "en", "de")
+
+
+def test_unreadable_parquet_or_dataset_directory_is_named(tmp_path):
+    bad = tmp_path / "bad.parquet"
+    bad.write_text("not parquet\n")
+    with pytest.raises(DataError, match=r"bad\.parquet: not a readable parquet file \(.*\); "):
+        load_corpus(CorpusSpec(train_file=str(bad)))
+    empty = tmp_path / "notads"
+    empty.mkdir()
+    with pytest.raises(DataError, match=r"notads: not a dataset directory written by "
+                                        r"save_to_disk \(.*\); give a directory"):
+        load_corpus(CorpusSpec(dataset=str(empty)))
+
+
+def test_test_split_alone_is_read_with_every_pair(tmp_path):
+    """For scoring: no train split needed, and no pair dropped, stripped or reordered."""
+    sources = ["  A dog. ", "", "Two men.", None]
+    targets = ["Ein Hund.", "Leer.", None, "Vier."]
+    test = datasets.Dataset.from_dict({"en": sources, "de": targets})
+    datasets.DatasetDict({"test": test, "valid": test.select([0])}).save_to_disk(
+        str(tmp_path / "saved"))
+    got = read_hf_split(str(tmp_path / "saved"), None, "test", "en", "de")
+    assert got == (["  A dog. ", "", "Two men.", ""], ["Ein Hund.", "Leer.", "", "Vier."], "test")
+    assert read_hf_split(str(tmp_path / "saved"), None, "validation", "en", "de")[2] == "valid"
+    with pytest.raises(DataError, match=r"no 'train' split; it has \['test', 'valid'\]"):
+        read_hf_split(str(tmp_path / "saved"), None, "train", "en", "de")
 
 
 def test_validation_held_out_when_absent(tmp_path, caplog):

@@ -131,6 +131,16 @@ def test_train_or_load_reuses_saved_model(tmp_path, monkeypatch):
         train_or_load_tokenizer(tmp_path, corpus, TokenizerConfig(vocab_size=360))
 
 
+def test_damaged_model_file_is_named(small_tokenizer, tmp_path):
+    (tmp_path / "spm.model").write_bytes(small_tokenizer.model_bytes[:200])  # cut short
+    with pytest.raises(DataError, match=r"spm\.model: not a SentencePiece model, or a damaged "
+                                        r"one .*; restore the spm\.model"):
+        Tokenizer.load(tmp_path)
+    corpus = datasets.Dataset.from_dict({"source": SMALL_TEXT, "target": SMALL_TEXT})
+    with pytest.raises(DataError, match=r"spm\.model: not a SentencePiece model"):  # on resume
+        train_or_load_tokenizer(tmp_path, corpus, TokenizerConfig(vocab_size=350))
+
+
 def test_encoding_columns_and_cache(small_tokenizer, tmp_path, monkeypatch, caplog):
     split = datasets.Dataset.from_dict({"source": SMALL_TEXT[:6], "target": SMALL_TEXT[6:12]})
     encoded = encode_corpus(datasets.DatasetDict({"train": split}), small_tokenizer,

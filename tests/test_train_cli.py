@@ -186,6 +186,72 @@ def test_recipe_file_and_flag_precedence(tmp_path):
         train_cli.resolve(["--config", str(recipe)])
 
 
+def test_recipe_values_must_have_the_flag_type(tmp_path):
+    recipe = tmp_path / "r.json"
+    recipe.write_text(json.dumps({"batch-tokens": "4096"}))
+    with pytest.raises(SystemExit, match=rf"--config {recipe}: 'batch-tokens' must be an integer "
+                                         r"\(as --batch-tokens takes\), got \"4096\"; write 4096 "
+                                         r"without quotes"):
+        train_cli.resolve(["--config", str(recipe)])
+    recipe.write_text(json.dumps({"progress": 1}))
+    with pytest.raises(SystemExit, match="'progress' must be true or false"):
+        train_cli.resolve(["--config", str(recipe)])
+    # An int is a number; a byte order mark is not JSON.
+    recipe.write_text("\ufeff" + json.dumps({"max-minutes": 3, "buckets": [8, 16]}),
+                      encoding="utf-8")
+    assert train_cli.resolve(["--config", str(recipe)])[0] == {"max_minutes": 3.0,
+                                                               "buckets": (8, 16)}
+
+
+def test_bad_buckets_fail_before_training(tmp_path):
+    for flag in (",", "16,x", " "):
+        with pytest.raises(SystemExit, match=r"--buckets .*: expected comma-separated integers"):
+            train_cli.resolve(["--buckets", flag])
+    with pytest.raises(SystemExit, match=r"--buckets must be integers >= 2 in strictly "
+                                         r"increasing order, .* got 32,16"):
+        train_cli.resolve(["--buckets", "32,16"])
+    recipe = tmp_path / "r.json"
+    for value in (5, [], [16, "32"]):
+        recipe.write_text(json.dumps({"buckets": value}))
+        with pytest.raises(SystemExit, match=rf'--buckets .* \("buckets" in --config {recipe}\): '
+                                             r"expected comma-separated integers"):
+            train_cli.resolve(["--config", str(recipe)])
+
+
+def test_help_says_what_max_train_pairs_and_batch_tokens_mean():
+    text = " ".join(train_cli.build_parser().format_help().split())
+    assert "--max-train-pairs MAX_TRAIN_PAIRS use a seeded random N of the training pairs" in text
+    assert ("--batch-tokens BATCH_TOKENS tokens per micro-batch, padding included (an update "
+            "holds K times that under --accum K)") in text
+
+
+def _bad_sources(root: Path) -> dict[str, tuple[list[str], str]]:
+    """train.py flags naming a bad training source, and what the error must say."""
+    import datasets
+
+    ints = root / "ints.parquet"
+    datasets.Dataset.from_dict({"en": ["a", "b"], "de": [1, 2]}).to_parquet(str(ints))
+    not_parquet = root / "bad.parquet"
+    not_parquet.write_text("not parquet\n")
+    (root / "notads").mkdir()
+    return {
+        "non-string column": (["--train-file", str(ints)], f"{ints} row 0 (0-based), column 'de'"),
+        "not parquet": (["--train-file", str(not_parquet)],
+                        f"{not_parquet}: not a readable parquet file"),
+        "not a dataset": (["--dataset", str(root / "notads")],
+                          f"{root / 'notads'}: not a dataset directory"),
+    }
+
+
+def test_bad_training_source_is_a_data_error(env, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("FLAX_NMT_CACHE", env["FLAX_NMT_CACHE"])
+    for name, (flags, message) in _bad_sources(tmp_path).items():
+        code = train_cli.main(["--preset", "tiny", "--no-progress", *flags,
+                               "--output-dir", str(tmp_path / "out")])
+        err = capsys.readouterr().err
+        assert code == 2 and f"error: {message}" in err, (name, err)
+
+
 @pytest.mark.parametrize("path", sorted((REPO / "configs").glob("*.json")), ids=lambda p: p.name)
 def test_shipped_recipes_load(path):
     settings, _ = train_cli.resolve(["--config", str(path)])

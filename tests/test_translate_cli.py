@@ -4,18 +4,23 @@ Every run is a subprocess on a tiny untrained model (tests/translate_model.py). 
 one JAX compilation cache (FLAX_NMT_CACHE in a temporary directory), so each search shape is
 compiled once per session. Expected translations come from `Translator` in this process,
 one sentence per call, so a CLI run that batches, sorts and chunks must reproduce them.
+Checks that end before anything is translated (bad paths, damaged model files) and the
+evaluation's bookkeeping (with a fake translator) run in this process: no JAX start-up each.
 """
 
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import threading
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -151,9 +156,111 @@ def test_stream_chunks_name_the_line_with_invalid_utf8():
     os.close(read_fd)
 
 
-def test_small_calls_get_a_small_power_of_two_budget():
-    from types import SimpleNamespace
+def test_byte_order_mark_is_not_text(tmp_path):
+    path = tmp_path / "bom.de"
+    path.write_bytes("\ufeffEin Hund.\nZwei.\n".encode())
+    assert translate_cli.read_lines(path) == ["Ein Hund.", "Zwei."]
+    read_fd, write_fd = os.pipe()
+    os.write(write_fd, "\ufeffEin Hund.\nZwei.\n".encode())
+    os.close(write_fd)
+    assert list(translate_cli.stream_chunks(read_fd, max_lines=1)) == [(1, ["Ein Hund."]),
+                                                                       (2, ["Zwei."])]
+    os.close(read_fd)
 
+
+def test_evaluation_reads_a_test_only_dataset_with_every_pair(tmp_path):
+    """Pairs with an empty side stay (an empty source scores an empty hypothesis), exactly as
+    the same pairs read with --src-file/--ref-file."""
+    import datasets
+
+    sources = ["Der Hund läuft.", "", " Zwei Kinder. ", "Die Katze."]
+    references = ["The dog runs.", "Empty.", "Two children.", ""]
+    test = datasets.Dataset.from_dict({"de": sources, "en": [r or None for r in references]})
+    datasets.DatasetDict({"test": test}).save_to_disk(str(tmp_path / "hf"))
+    model_values = {"source_lang": "de", "target_lang": "en"}
+    by_dataset = translate_cli.evaluation_data(
+        _parse("--evaluate", "--dataset", str(tmp_path / "hf")), model_values)
+    assert by_dataset == (sources, references, f"{tmp_path / 'hf'}[test] de->en")
+    (tmp_path / "test.de").write_text("".join(s + "\n" for s in sources), encoding="utf-8")
+    (tmp_path / "test.en").write_text("".join(r + "\n" for r in references), encoding="utf-8")
+    by_files = translate_cli.evaluation_data(
+        _parse("--evaluate", "--src-file", str(tmp_path / "test.de"), "--ref-file",
+               str(tmp_path / "test.en")), {})
+    assert by_files[:2] == by_dataset[:2]
+
+
+def _fake_translator():
+    """Translates by upper-casing, with the interface run_evaluation uses."""
+    def translate_nbest(lines, progress=None, first_line=1, source=""):
+        return [[SimpleNamespace(text=line.upper(), score=0.0)] for line in lines]
+
+    return SimpleNamespace(translate_nbest=translate_nbest, search=search_config())
+
+
+def test_scores_are_printed_before_the_files_are_written(tmp_path):
+    source, reference = tmp_path / "test.de", tmp_path / "test.en"
+    source.write_text("ein mann fährt fahrrad\nzwei kinder spielen am strand\n",
+                      encoding="utf-8")
+    reference.write_text("EIN MANN FÄHRT FAHRRAD\nZWEI KINDER SPIELEN AM STRAND\n",
+                         encoding="utf-8")
+    hyp_file = tmp_path / "missing" / "hyp.en"  # cannot be written: the scores must be out
+    args = _parse("--evaluate", "--src-file", str(source), "--ref-file", str(reference),
+                  "--hyp-file", str(hyp_file), "--quiet")
+    out = io.StringIO()
+    with pytest.raises(OSError):
+        translate_cli.run_evaluation(_fake_translator(), args, {}, out)
+    assert out.getvalue().startswith("BLEU = 100.00 ")
+
+
+def test_bad_paths_fail_before_the_model_loads(tmp_path, monkeypatch):
+    def no_model():
+        raise AssertionError("the model must not be loaded before the paths are checked")
+
+    monkeypatch.setattr(translate_cli, "enable_compilation_cache", no_model)
+    three, two = tmp_path / "three.de", tmp_path / "two.en"
+    three.write_text("a\nb\nc\n")
+    two.write_text("a\nb\n")
+    evaluate = ["--evaluate", "--src-file", three, "--ref-file", three]
+    for argv, message in [
+        ([*evaluate, "--hyp-file", tmp_path / "missing" / "hyp.en"],
+         f"--hyp-file {tmp_path / 'missing' / 'hyp.en'}: directory {tmp_path / 'missing'} "
+         "does not exist"),
+        ([*evaluate, "--report", tmp_path], f"--report {tmp_path}: is a directory"),
+        (["--evaluate", "--src-file", three, "--ref-file", two],
+         f"{three} has 3 lines but {two} has 2"),
+        (["--evaluate", "--src-file", tmp_path / "none.de", "--ref-file", two],
+         f"{tmp_path / 'none.de'}: cannot read"),
+        (["--output", tmp_path / "missing" / "out.en", "Hallo."], "--output"),
+    ]:
+        args = translate_cli.build_parser().parse_args(
+            ["--model", str(tmp_path / "no-model"), *map(str, argv)])
+        with pytest.raises(translate_cli.InputError) as info:
+            translate_cli.run(args)
+        assert message in str(info.value)
+
+
+@pytest.mark.parametrize("damage", ["spm.model", "config.json", "search setting"])
+def test_damaged_model_file_is_named(run_dir, tmp_path, monkeypatch, damage):
+    model = tmp_path / "model"
+    shutil.copytree(run_dir / "model", model)
+    if damage == "spm.model":
+        (model / "spm.model").write_bytes((model / "spm.model").read_bytes()[:200])
+    elif damage == "config.json":
+        (model / "config.json").write_text("{bad")
+    else:
+        values = json.loads((model / "config.json").read_text())
+        values["search"]["bogus"] = 1
+        (model / "config.json").write_text(json.dumps(values))
+    monkeypatch.setattr(translate_cli, "enable_compilation_cache", lambda: None)
+    args = translate_cli.build_parser().parse_args(["--model", str(model), "Hallo."])
+    with pytest.raises(translate_cli.InputError) as info:
+        translate_cli.run(args)
+    message = str(info.value)
+    assert str(model / ("spm.model" if damage == "spm.model" else "config.json")) in message
+    assert "\n" not in message and ("bogus" in message if damage == "search setting" else True)
+
+
+def test_small_calls_get_a_small_power_of_two_budget():
     from transformer.translation import Translator
 
     def budget(search, rows: list[int], limit: int = 4096) -> int:
@@ -280,6 +387,14 @@ def test_invalid_search_flags_exit_2(run_dir, env):
     assert result.returncode == 2 and result.stdout == b""
     assert stderr.splitlines()[-1].startswith("translate.py: error: invalid search settings")
     assert "nbest" in stderr and "Traceback" not in stderr
+
+
+def test_top_k_beyond_the_vocabulary_is_a_usage_error(run_dir, monkeypatch):
+    monkeypatch.setattr(translate_cli, "enable_compilation_cache", lambda: None)
+    args = translate_cli.build_parser().parse_args(
+        ["--model", str(run_dir), "--sample", "--top-k", "100000", "Hallo."])
+    with pytest.raises(translate_cli.UsageError, match="top_k 100000.*300 tokens"):
+        translate_cli.run(args)
 
 
 def test_evaluate_equals_sacrebleu(run_dir, env, expected, tmp_path):
