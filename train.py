@@ -40,7 +40,8 @@ _GROUPS = {
         ("--valid-file", str, "validation pairs as .tsv, .jsonl or .parquet"),
         ("--dataset", str, "Hugging Face dataset name or save_to_disk directory"),
         ("--dataset-config", str, "its configuration, e.g. de-en"),
-        ("--max-train-pairs", int, "use a seeded random N of the training pairs"),
+        ("--max-train-pairs", int, "use only N training pairs: the first N, or a seeded random "
+         "N when validation is held out of the training data"),
         ("--vocab-size", int, "SentencePiece vocabulary size"),
         ("--tokenizer-type", str, "unigram (default) or bpe"),
         ("--batch-tokens", int, "tokens per micro-batch, padding included (an update holds "
@@ -65,7 +66,8 @@ _GROUPS = {
     "length of training": [
         ("--max-steps", int, "stop after this many updates"),
         ("--max-minutes", float, "stop after this much wall-clock time"),
-        ("--early-stop-patience", int, "stop after N validations without a better BLEU"),
+        ("--early-stop-patience", int, "stop after N validations without a better BLEU (needs "
+         "--eval-sentences >= 1)"),
     ],
     "validation": [
         ("--eval-every", int, "validate every N steps"),

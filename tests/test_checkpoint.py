@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -14,7 +15,8 @@ import pytest
 
 from transformer import checkpoint
 from transformer.config import SearchConfig, get_preset
-from transformer.training import TrainConfig, create_train_state, make_mesh, make_train_step
+from transformer.training import (TrainConfig, create_train_state, make_mesh, make_optimizer,
+                                  make_train_step)
 
 CONFIG = get_preset("tiny", vocab_size=67)
 
@@ -73,15 +75,30 @@ def test_round_trip_is_exact(tmp_path):
     assert int(restored.train["step"]) == 3
 
 
-def test_keeps_last_k_and_best_by_bleu(tmp_path):
+def test_keeps_last_k_and_the_newest_best(tmp_path):
+    """The trainer saves to best/ only when BLEU improves, so best/ keeps the newest save."""
     params, train = _split(_trained_state(0))
     saver = checkpoint.Checkpointer(tmp_path, keep_last=2)
     for step, bleu in ((1, 5.0), (2, 9.0), (3, 7.0), (4, 8.0)):
         saver.save(step, params, train, {})
-        saver.save_best(step, params, {"bleu": bleu})
+    for step, bleu in ((1, 5.0), (2, 9.0)):
+        saver.save_best(step, params, {"bleu": bleu, "step": step})
     saver.wait()
     assert saver.steps() == [3, 4]
+    assert checkpoint.complete_steps(tmp_path / checkpoint.BEST_DIR) == [2]
+    saver.close()
+
+
+def test_discard_best_keeps_only_the_recorded_step(tmp_path):
+    params, _ = _split(_trained_state(0))
+    saver = checkpoint.Checkpointer(tmp_path)
+    saver.save_best(2, params, {"bleu": 1.0, "step": 2})
+    saver.wait()
+    (tmp_path / checkpoint.BEST_DIR / "6").mkdir()  # a leftover that orbax does not list
+    assert saver.discard_best(keep=2) == [6]
     assert saver.best_step() == 2
+    assert saver.discard_best(keep=None) == [2]
+    assert saver.best_step() is None and not list((tmp_path / checkpoint.BEST_DIR).iterdir())
     saver.close()
 
 
@@ -114,15 +131,53 @@ def test_incomplete_checkpoints_are_ignored_on_restore(tmp_path):
     # A partially copied step: no finalization metadata.
     shutil.copytree(root / "1", root / "7")
     (root / "7" / "_CHECKPOINT_METADATA").unlink()
-    # A step that claims to be complete but whose arrays are gone.
-    shutil.copytree(root / "1", root / "9")
-    shutil.rmtree(root / "9" / "train")
+    # Steps finalized, but with an item directory gone: every item orbax lists must be there.
+    for step, item in ((9, "train"), (11, "data")):
+        shutil.copytree(root / "1", root / str(step))
+        shutil.rmtree(root / str(step) / item)
+    # A complete step whose arrays cannot be read: skipped in favour of the one before.
+    shutil.copytree(root / "1", root / "13")
+    (root / "13" / "train" / "_METADATA").write_text("{damaged")
+    assert checkpoint.complete_steps(root) == [1, 13]
 
     params_like, train_like = _split(_trained_state(0))
     restored = checkpoint.Checkpointer(tmp_path).restore(params_like, train_like)
     assert restored.step == 1
     assert restored.data == {"iterator": {"epoch": 0, "position": 1}}
     _assert_trees_equal(restored.params, params)
+
+
+def test_resumes_when_clipping_or_weight_decay_is_turned_on(tmp_path):
+    """--clip-norm and --weight-decay do not change the optimizer state's structure."""
+    params, train = _split(_trained_state(2))  # trained without clipping or decay
+    saver = checkpoint.Checkpointer(tmp_path)
+    saver.save(2, params, train, {"best_bleu": 1.0})
+    saver.wait()
+    saver.close()
+    for changed in ({"clip_norm": 1.0}, {"weight_decay": 0.01}):
+        optimizer = make_optimizer(TrainConfig(warmup_steps=3, **changed), CONFIG.d_model)
+        train_like = {**train, "opt_state": jax.eval_shape(optimizer.init, params)}
+        restored = checkpoint.Checkpointer(tmp_path).restore(params, train_like)
+        assert restored is not None and restored.step == 2, changed
+        assert int(restored.train["step"]) == 2
+        _assert_trees_equal(restored.train["opt_state"], train["opt_state"])
+
+
+def test_checkpoints_that_cannot_be_restored_are_an_error(tmp_path):
+    """Complete checkpoints that all fail to restore must not let the run start over."""
+    params, train = _split(_trained_state(1))
+    saver = checkpoint.Checkpointer(tmp_path)
+    saver.save(1, params, train, {})
+    saver.save(2, params, train, {})
+    saver.wait()
+    saver.close()
+    other = {**train, "opt_state": (train["opt_state"], np.zeros(3, np.float32))}
+    root = re.escape(str(tmp_path / checkpoint.CHECKPOINTS_DIR))
+    with pytest.raises(checkpoint.CheckpointError,
+                       match=rf"{root}: none of the complete checkpoints \(steps \[1, 2\]\).*"
+                             r"step 2: .*--output-dir.*delete"):
+        checkpoint.Checkpointer(tmp_path).restore(params, other)
+    assert checkpoint.Checkpointer(tmp_path / "empty").restore(params, train) is None
 
 
 def test_export_and_load_model(tmp_path):

@@ -218,13 +218,6 @@ def test_bad_buckets_fail_before_training(tmp_path):
             train_cli.resolve(["--config", str(recipe)])
 
 
-def test_help_says_what_max_train_pairs_and_batch_tokens_mean():
-    text = " ".join(train_cli.build_parser().format_help().split())
-    assert "--max-train-pairs MAX_TRAIN_PAIRS use a seeded random N of the training pairs" in text
-    assert ("--batch-tokens BATCH_TOKENS tokens per micro-batch, padding included (an update "
-            "holds K times that under --accum K)") in text
-
-
 def _bad_sources(root: Path) -> dict[str, tuple[list[str], str]]:
     """train.py flags naming a bad training source, and what the error must say."""
     import datasets

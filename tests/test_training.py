@@ -12,6 +12,7 @@ import sys
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 from transformer import training
@@ -85,6 +86,39 @@ def test_optimizer_clips_and_decays_matrices_only():
         updates, _ = optimizer.update(small, opt_state, params)
         results.append(updates["kernel"])
     np.testing.assert_allclose(results[0], results[1], rtol=1e-5)
+
+
+def test_optimizer_state_is_the_same_tree_for_every_clip_and_decay():
+    """A run resumes when --clip-norm or --weight-decay changes, and the numbers are optax's
+    adam and adamw (after clip_by_global_norm when clipping)."""
+    base = TrainConfig(schedule="inverse_sqrt", peak_lr=0.1, warmup_steps=2)
+    params = {"kernel": jnp.linspace(-1.0, 1.0, 6).reshape(2, 3), "bias": jnp.full((3,), 0.5)}
+    grads = [jax.tree_util.tree_map(lambda p, i=i: jnp.sin(p * (i + 3)) * 10 ** i, params)
+             for i in range(3)]
+    schedule = training.learning_rate_schedule(base, d_model=8)
+    structures = set()
+    for clip_norm in (None, 1.0):
+        for weight_decay in (0.0, 0.1):
+            config = dataclasses.replace(base, clip_norm=clip_norm, weight_decay=weight_decay)
+            optimizer = training.make_optimizer(config, d_model=8)
+            if weight_decay:
+                reference = optax.adamw(schedule, b1=config.adam_b1, b2=config.adam_b2,
+                                        eps=config.adam_eps, weight_decay=weight_decay,
+                                        mask=training._decay_mask)
+            else:
+                reference = optax.adam(schedule, b1=config.adam_b1, b2=config.adam_b2,
+                                       eps=config.adam_eps)
+            if clip_norm:
+                reference = optax.chain(optax.clip_by_global_norm(clip_norm), reference)
+            state, ref_state = optimizer.init(params), reference.init(params)
+            structures.add(jax.tree_util.tree_structure(state))
+            for grad in grads:
+                updates, state = optimizer.update(grad, state, params)
+                expected, ref_state = reference.update(grad, ref_state, params)
+                for name in params:
+                    np.testing.assert_array_equal(updates[name], expected[name],
+                                                  err_msg=f"{clip_norm} {weight_decay} {name}")
+    assert len(structures) == 1, structures
 
 
 # ----------------------------------------------------------------------------- loss

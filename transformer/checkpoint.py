@@ -11,10 +11,10 @@ A run directory holds two kinds of saved state:
             metrics of the unfinished log window).
   The last `keep_last` are kept. Parameters are a separate item so that averaging and export
   read them without knowing the optimizer's state structure.
-- `best/<step>/`: parameters of the checkpoint with the highest validation BLEU, kept by a
-  second manager whose `best_fn` reads the BLEU (`best_mode="max"`, `max_to_keep=1`). One
-  manager cannot do both jobs: with a `best_fn`, orbax's `max_to_keep` keeps the top N by
-  metric instead of the newest N.
+- `best/<step>/`: parameters of the checkpoint with the highest validation BLEU so far, kept
+  by a second manager with `max_to_keep=1`. The trainer saves here only when BLEU improves
+  (and writes `checkpoints/<step>/` at the same step, so the bookkeeping that names the best
+  step is saved with it), so the newest save is the best one.
 
 The exported model (`model/`, or `averaged/` from `--average-last`) is what translate.py
 loads through `load_model`:
@@ -76,14 +76,17 @@ def is_complete_step_dir(path: Path) -> bool:
     orbax renames a step directory into place only after writing it, so a crash leaves a
     `*.orbax-checkpoint-tmp-*` directory, never a half-written `<step>/`. A step directory can
     still be incomplete when it was copied or synced partially; requiring orbax's finalization
-    metadata and each item directory catches that too.
+    metadata, and a non-empty directory for "params" and for every item that metadata lists
+    (params, train, data in checkpoints/; params, data in best/), catches that too.
     """
     if not path.is_dir() or not path.name.isdigit():
         return False
-    if not (path / _FINALIZED_MARKER).is_file():
+    try:
+        metadata = json.loads((path / _FINALIZED_MARKER).read_text())
+        items = set(metadata.get("item_handlers") or {}) | {"params"}
+    except (OSError, ValueError, AttributeError):  # missing, unreadable or not a JSON object
         return False
-    params = path / "params"
-    return params.is_dir() and any(params.iterdir())
+    return all((path / item).is_dir() and any((path / item).iterdir()) for item in items)
 
 
 def complete_steps(directory: str | Path) -> list[int]:
@@ -119,13 +122,19 @@ def _clear_step(manager: ocp.CheckpointManager, directory: Path, step: int) -> N
         multihost_utils.sync_global_devices(f"clear {directory} {step}")
 
 
+def _brief(err: Exception, limit: int = 300) -> str:
+    """The start of an error message: orbax's can list every path of a tree."""
+    text = str(err).strip().rstrip(".") or type(err).__name__
+    return text if len(text) <= limit else text[:limit] + " ..."
+
+
 def _abstract(tree: Any) -> Any:
     """ShapeDtypeStructs (with shardings) describing `tree`, the target for a restore."""
     return jax.tree.map(ocp.utils.to_shape_dtype_struct, tree)
 
 
 class Checkpointer:
-    """The run's two orbax managers: the last `keep_last` steps and the best by BLEU.
+    """The run's two orbax managers: the last `keep_last` steps and the best by BLEU (one).
 
     Every process must call `save`, `save_best`, `restore`, `wait` and `close` (orbax
     coordinates the processes and writes each array shard from the process holding it).
@@ -146,8 +155,7 @@ class Checkpointer:
         self._best = ocp.CheckpointManager(
             self.best_directory,
             options=ocp.CheckpointManagerOptions(
-                max_to_keep=1, best_fn=lambda metrics: metrics["bleu"], best_mode="max",
-                keep_checkpoints_without_metrics=False, enable_async_checkpointing=async_save,
+                max_to_keep=1, enable_async_checkpointing=async_save,
                 cleanup_tmp_directories=True, create=True),
             item_names=("params", "data"))
 
@@ -162,12 +170,27 @@ class Checkpointer:
             data=ocp.args.JsonSave(data)), force=True)
 
     def save_best(self, step: int, params: Any, metrics: dict[str, float]) -> None:
-        """Save `params` as the best checkpoint; orbax keeps the one with the highest BLEU."""
+        """Save `params` as the best checkpoint, replacing the previous one (the caller saves
+        only improvements); `metrics` ({"bleu", "step"}) are stored with them."""
         _clear_step(self._best, self.best_directory, step)
         self._best.save(step, args=ocp.args.Composite(
             params=ocp.args.StandardSave(params),
-            data=ocp.args.JsonSave({k: float(v) for k, v in metrics.items()})),
-            metrics={"bleu": float(metrics["bleu"])}, force=True)
+            data=ocp.args.JsonSave({k: float(v) for k, v in metrics.items()})), force=True)
+
+    def discard_best(self, keep: int | None) -> list[int]:
+        """Delete every step of best/ but `keep` (None: all); returns the steps deleted.
+
+        On resume, best/ can hold a step saved after the checkpoint the run resumes from (the
+        run crashed before that checkpoint was written); the bookkeeping restored does not
+        know it, and the resumed run must not export it.
+        """
+        self._best.wait_until_finished()
+        on_disk = ({int(p.name) for p in self.best_directory.iterdir() if p.name.isdigit()}
+                   if self.best_directory.is_dir() else set())
+        stale = sorted((on_disk | set(self._best.all_steps())) - {keep})
+        for step in stale:
+            _clear_step(self._best, self.best_directory, step)
+        return stale
 
     def wait(self) -> None:
         """Block until background saves are committed."""
@@ -197,9 +220,12 @@ class Checkpointer:
 
         The templates (live arrays or ShapeDtypeStructs) give structure, dtypes and shardings.
         A checkpoint that fails to read is skipped in favour of the one before it. Returns None
-        when there is nothing to restore.
+        when there is no complete checkpoint; raises CheckpointError when there are some but
+        none can be restored (most often: the model or optimizer state no longer matches the
+        templates), rather than let the caller start over in a directory that holds a run.
         """
         candidates = [step] if step is not None else list(reversed(self.steps()))
+        failures = []
         for candidate in candidates:
             try:
                 restored = self._last.restore(candidate, args=ocp.args.Composite(
@@ -209,18 +235,34 @@ class Checkpointer:
             except Exception as err:  # noqa: BLE001 - any unreadable checkpoint is skipped
                 if step is not None:
                     raise CheckpointError(
-                        f"{self.directory / str(candidate)}: cannot restore ({err}).") from err
+                        f"{self.directory / str(candidate)}: cannot restore ({_brief(err)})."
+                    ) from err
                 log.warning("skipping unreadable checkpoint %s: %s",
-                            self.directory / str(candidate), err)
+                            self.directory / str(candidate), _brief(err))
+                failures.append((candidate, err))
                 continue
             return Restored(candidate, restored.params, dict(restored.train), dict(restored.data))
+        if failures:
+            newest, err = failures[0]
+            raise CheckpointError(
+                f"{self.directory}: none of the complete checkpoints (steps "
+                f"{sorted(candidates)}) can be restored; step {newest}: {_brief(err)}. They "
+                f"were written with other settings or another version of this code, or are "
+                f"damaged: use another --output-dir, or delete {self.directory} and "
+                f"{self.best_directory} to start this run over.") from err
         return None
 
     def restore_params(self, params_like: Any, step: int, best: bool = False) -> Any:
         """Only the parameters of checkpoint `step` (of `best/` when `best`)."""
-        manager = self._best if best else self._last
-        restored = manager.restore(step, args=ocp.args.Composite(
-            params=ocp.args.StandardRestore(_abstract(params_like))))
+        manager, directory = ((self._best, self.best_directory) if best
+                              else (self._last, self.directory))
+        try:
+            restored = manager.restore(step, args=ocp.args.Composite(
+                params=ocp.args.StandardRestore(_abstract(params_like))))
+        except Exception as err:  # noqa: BLE001 - name the directory whatever went wrong
+            raise CheckpointError(
+                f"{directory / str(step)}: cannot restore the parameters ({_brief(err)})."
+            ) from err
         return restored.params
 
 

@@ -14,9 +14,10 @@ The run directory it leaves:
     spm.model          the SentencePiece model
     checkpoints/<N>/   the last --keep-last checkpoints (orbax): params, optimizer, step, rng,
                        data iterator position, trainer bookkeeping
-    best/<N>/          parameters with the best validation BLEU so far
+    best/<N>/          parameters with the best validation BLEU so far (checkpoints/<N>/ is
+                       written at the same step, with the bookkeeping that records it)
     model/             the model translate.py loads (`checkpoint.load_model`): parameters of
-                       the best checkpoint by BLEU (the last one when there was no validation)
+                       the best step by BLEU (the last step when there was no validation)
     averaged/          with --average-last N: the mean of the last N checkpoints, same layout
     metrics.jsonl      one JSON object per log line ("train") and per validation ("eval")
     tb/                TensorBoard event files
@@ -30,12 +31,14 @@ metrics.jsonl lines (wall-clock fields aside) as one that never stopped.
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import json
 import logging
 import math
 import os
 import re
+import shlex
 import signal
 import sys
 import time
@@ -98,7 +101,10 @@ class RunConfig(DictConfig):
     valid_file: str | None = None
     dataset: str | None = None
     dataset_config: str | None = None
-    max_train_pairs: int | None = None  # use only the first N training pairs
+    # Use only N training pairs: the first N of the training source, or, when the validation
+    # split is held out of it (no --valid-prefix/--valid-file, no validation split in the
+    # dataset), N of the seeded shuffle the hold-out leaves.
+    max_train_pairs: int | None = None
     vocab_size: int = 4000
     tokenizer_type: str = "unigram"
     batch_tokens: int = 2048  # per micro-batch: rows x max(S, T), padding included
@@ -155,14 +161,20 @@ class RunConfig(DictConfig):
         for name in ("max_steps", "average_last", "early_stop_patience", "save_every",
                      "max_train_pairs"):
             value = getattr(self, name)
-            if value is not None and value < (0 if name == "max_steps" else 1):
-                raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {value}.")
+            least = 0 if name == "max_steps" else 1  # --max-steps 0: export, no training
+            if value is not None and value < least:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= {least}, got {value}.")
         if self.max_minutes is not None and self.max_minutes <= 0:
             raise ValueError(f"--max-minutes must be > 0, got {self.max_minutes}.")
         if self.buckets is not None:
             object.__setattr__(self, "buckets", tuple(int(b) for b in self.buckets))
         if self.eval_sentences < 0:
             raise ValueError(f"--eval-sentences must be >= 0, got {self.eval_sentences}.")
+        if self.early_stop_patience is not None and self.eval_sentences == 0:
+            raise ValueError(
+                f"--early-stop-patience {self.early_stop_patience} counts validations without "
+                f"a better BLEU, but --eval-sentences 0 computes no BLEU; set --eval-sentences "
+                f"to 1 or more, or drop --early-stop-patience.")
 
     # ------------------------------------------------------------------ derived configs
 
@@ -299,8 +311,18 @@ class MetricsWriter:
         if not enabled:
             return
         if self.path.exists():
-            kept = [line for line in self.path.read_text().splitlines()
-                    if line.strip() and json.loads(line).get("step", 0) <= resume_step]
+            kept = []
+            for number, line in enumerate(self.path.read_text().splitlines(), start=1):
+                if not line.strip():
+                    continue
+                try:
+                    step = json.loads(line).get("step", 0)
+                except (ValueError, AttributeError):  # cut short by a kill, or not an object
+                    log.warning("%s line %d is not a JSON object (a write cut short?); "
+                                "dropping it: %.80r", self.path, number, line)
+                    continue
+                if step <= resume_step:
+                    kept.append(line)
             self.path.write_text("".join(line + "\n" for line in kept))
         try:
             from tensorboardX import SummaryWriter
@@ -343,6 +365,31 @@ def summarize_window(window: list[dict[str, float]]) -> dict[str, float]:
         "grad_norm": float(np.mean([m["grad_norm"] for m in window])),
         "tokens": int(total),
     }
+
+
+class PausableClock:
+    """Seconds since `restart()`, less the time spent inside `paused()` blocks (they nest)."""
+
+    def __init__(self):
+        self._depth = 0
+        self.restart()
+
+    def restart(self) -> None:
+        self._start, self._paused = time.monotonic(), 0.0
+
+    @contextlib.contextmanager
+    def paused(self):
+        self._depth += 1
+        begin = time.monotonic()
+        try:
+            yield
+        finally:
+            self._depth -= 1
+            if self._depth == 0:
+                self._paused += time.monotonic() - begin
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self._start - self._paused
 
 
 # ----------------------------------------------------------------------------- stopping
@@ -391,11 +438,30 @@ class Data:
     counts: dict[str, int]
 
 
+def _eval_batch_config(run: RunConfig, model_max_len: int, devices: int):
+    """Batching of the validation loss: every pair the model can take, whatever its length
+    or length ratio (--max-tokens-per-sentence and --max-ratio only filter training)."""
+    from data.batching import DEFAULT_BUCKETS, BatchConfig
+
+    buckets = [b for b in run.buckets or DEFAULT_BUCKETS if b < model_max_len]
+    # Widths past the training buckets double up to the model's limit: long validation pairs
+    # are few, and each width compiles the eval step once.
+    while not buckets or buckets[-1] < model_max_len:
+        buckets.append(min(2 * buckets[-1], model_max_len) if buckets else model_max_len)
+    return BatchConfig(batch_tokens=max(run.batch_tokens, model_max_len * devices),
+                       max_len=model_max_len, max_ratio=float("inf"), buckets=tuple(buckets),
+                       num_devices=devices, seed=run.seed)
+
+
 def prepare_data(run: RunConfig, run_dir: Path, model_max_len: int) -> Data:
-    """Read the corpus, train (or reuse) the tokenizer, encode and filter the splits."""
+    """Read the corpus, train (or reuse) the tokenizer, encode and filter train and validation.
+
+    A test split is read (load_corpus reads what the spec names) but not encoded: training
+    never uses it; the summary gives the translate.py command that scores it.
+    """
     from data.batching import BatchConfig, load_examples
     from data.corpus import load_corpus
-    from data.tokenizer import MODEL_FILE, TokenizerConfig, Tokenizer, encode_corpus
+    from data.tokenizer import MODEL_FILE, TokenizerConfig, Tokenizer, encode_split
     from data.tokenizer import train_or_load_tokenizer
 
     corpus = load_corpus(run.corpus_spec())
@@ -410,17 +476,14 @@ def prepare_data(run: RunConfig, run_dir: Path, model_max_len: int) -> Data:
     _barrier("tokenizer")
     if jax.process_index() != 0:
         tokenizer = Tokenizer.load(run_dir / MODEL_FILE)
-    encoded = encode_corpus(corpus, tokenizer)
+    encoded = {name: encode_split(corpus[name], tokenizer) for name in ("train", "validation")}
     max_len = min(run.max_tokens_per_sentence, model_max_len)
     devices = jax.device_count()
     buckets = {} if run.buckets is None else {"buckets": run.buckets}
     # With --accum K a batch holds K micro-batches of the same shape, K x rows.
     batch_config = BatchConfig(batch_tokens=run.batch_tokens * run.accum, max_len=max_len,
                                num_devices=devices * run.accum, seed=run.seed, **buckets)
-    # Validation keeps every pair that fits the model, whatever its length ratio.
-    eval_batch_config = BatchConfig(batch_tokens=run.batch_tokens, max_len=max_len,
-                                    max_ratio=float("inf"), num_devices=devices, seed=run.seed,
-                                    **buckets)
+    eval_batch_config = _eval_batch_config(run, model_max_len, devices)
     train_examples = load_examples(encoded["train"], batch_config, "train")
     valid_examples = load_examples(encoded["validation"], eval_batch_config, "validation")
     valid = corpus["validation"]
@@ -450,6 +513,21 @@ def write_run_config(run_dir: Path, run: RunConfig, model_config: ModelConfig,
     tmp.replace(run_dir / ckpt.CONFIG_FILE)
 
 
+def _check_same_tokenizer(run_dir: Path, run: RunConfig) -> None:
+    """An existing spm.model is reused; fail if this run asks for a different one."""
+    path = run_dir / ckpt.CONFIG_FILE
+    if not (run_dir / ckpt.TOKENIZER_FILE).is_file() or not path.is_file():
+        return
+    saved = json.loads(path.read_text()).get("run", {})
+    for name in ("tokenizer_type", "vocab_size"):
+        flag, now = "--" + name.replace("_", "-"), getattr(run, name)
+        if name in saved and saved[name] != now:
+            raise TrainingError(
+                f"{run_dir / ckpt.TOKENIZER_FILE} was trained with {flag} {saved[name]} (see "
+                f"{path}), this run asks for {flag} {now}: pass {flag} {saved[name]} to resume "
+                f"with it, or use a new --output-dir to train a new tokenizer.")
+
+
 def _check_same_model(run_dir: Path, model_config: ModelConfig) -> None:
     """Resuming with a different model would fail deep inside orbax; say so up front."""
     path = run_dir / ckpt.CONFIG_FILE
@@ -459,8 +537,9 @@ def _check_same_model(run_dir: Path, model_config: ModelConfig) -> None:
     if saved != model_config:
         diff = {k: (v, getattr(model_config, k)) for k, v in saved.to_dict().items()
                 if getattr(model_config, k) != v}
+        changes = ", ".join(f"{k}: saved {a!r}, now {b!r}" for k, (a, b) in diff.items())
         raise TrainingError(
-            f"{path} was trained with a different model ({', '.join(f'{k}: saved {a!r}, now {b!r}' for k, (a, b) in diff.items())}); "
+            f"{path} was trained with a different model ({changes}); "
             "pass the same model flags to resume, or a new --output-dir.")
 
 
@@ -488,12 +567,20 @@ def translate_command(model_dir: Path, example: str = "Hello world!") -> str:
     return f'python translate.py --model {model_dir} "{example}"'
 
 
+def scoring_command(model_dir: Path, run: RunConfig) -> str:
+    """The translate.py command that scores the model on the run's --test-prefix split."""
+    return shlex.join(["python", "translate.py", "--model", str(model_dir), "--evaluate",
+                       "--test-prefix", run.test_prefix, "--src", run.src, "--tgt", run.tgt])
+
+
 def train(run: RunConfig, workdir: str | Path | None = None) -> dict[str, Any]:
     """Train (or resume) a model in `workdir`; returns a summary dict.
 
     Summary keys: run_dir, model_dir, steps, stopped ("max_steps", "max_minutes",
-    "early_stop", "SIGINT"/"SIGTERM"), best_bleu, best_step, last_eval, translate_command.
-    Raises TrainingError when the loss stops being finite.
+    "early_stop", "SIGINT"/"SIGTERM"), best_bleu, best_step, last_eval, translate_command,
+    and test_command when a test split (--test-prefix) was given.
+    Raises TrainingError when the loss stops being finite or `workdir` holds a run with
+    another model or tokenizer, CheckpointError when its checkpoints cannot be restored.
     """
     from tqdm import tqdm
 
@@ -507,13 +594,12 @@ def train(run: RunConfig, workdir: str | Path | None = None) -> dict[str, Any]:
     started = time.monotonic()
     max_steps, max_minutes = run.limits()
 
+    _check_same_tokenizer(run_dir, run)
     base_config = run.model_config(run.vocab_size)
     data = prepare_data(run, run_dir, base_config.max_len)
     model_config = run.model_config(data.tokenizer.vocab_size)
     if ckpt.complete_steps(run_dir / ckpt.CHECKPOINTS_DIR):
         _check_same_model(run_dir, model_config)
-    if is_main:
-        write_run_config(run_dir, run, model_config, data)
     train_config = run.train_config()
     search_config = run.search_config()
 
@@ -535,7 +621,20 @@ def train(run: RunConfig, workdir: str | Path | None = None) -> dict[str, Any]:
         book.update(restored.data)
         _echo(f"Resuming {run_dir} from step {restored.step}.")
     step = int(_local(state.step))
-    saved_step = step if restored is not None else None
+    # config.json is replaced only now: a resume that failed keeps the settings of the run.
+    if is_main:
+        write_run_config(run_dir, run, model_config, data)
+    # best/ must hold the best step the bookkeeping records and nothing else: a step saved
+    # there after the checkpoint resumed from belongs to a run that is being redone.
+    discarded = saver.discard_best(keep=book["best_step"])
+    if discarded:
+        log.warning("deleted %s steps %s: saved after step %d, where this run starts",
+                    saver.best_directory, discarded, step)
+    if book["best_step"] is not None and saver.best_step() != book["best_step"]:
+        log.warning("%s holds no step %d, which checkpoint %d records as the best (BLEU %.2f); "
+                    "tracking the best BLEU afresh from here", saver.best_directory,
+                    book["best_step"], step, book["best_bleu"])
+        book.update(best_bleu=None, best_step=None, bad_evals=0)
 
     from data.batching import BatchIterator, eval_batches
 
@@ -543,8 +642,16 @@ def train(run: RunConfig, workdir: str | Path | None = None) -> dict[str, Any]:
     writer = MetricsWriter(run_dir, step, is_main)
     window: list[dict[str, float]] = [dict(m) for m in book["window"]]
     pending: list[dict[str, jax.Array]] = []  # device metrics of steps not yet read back
-    window_start = time.monotonic()
+    clock = PausableClock()  # of the log window; tokens_per_s leaves out validation and saving
     window_tokens_before = sum(m["tokens"] for m in window)
+
+    def bookkeeping() -> str:
+        """What a checkpoint stores besides the arrays, as JSON (compared to skip re-saves)."""
+        return json.dumps({**book, "iterator": batches.state, "window": window},
+                          sort_keys=True, default=float)
+
+    # (step, bookkeeping) of the last checkpoint written or restored
+    saved = (step, bookkeeping()) if restored is not None else None
     pending_first_step = step + 1
 
     from flax import nnx
@@ -584,12 +691,12 @@ def train(run: RunConfig, workdir: str | Path | None = None) -> dict[str, Any]:
         pending_first_step = step + 1
 
     def log_window() -> None:
-        nonlocal window, window_start, window_tokens_before
+        nonlocal window, window_tokens_before
         read_back()
         if not window:
             return
         line = summarize_window(window)
-        elapsed = time.monotonic() - window_start
+        elapsed = clock.elapsed()
         new_tokens = line["tokens"] - window_tokens_before
         line["tokens_per_s"] = round(new_tokens / elapsed, 1) if elapsed > 0 else 0.0
         line["elapsed_s"] = round(time.monotonic() - started, 1)
@@ -597,19 +704,23 @@ def train(run: RunConfig, workdir: str | Path | None = None) -> dict[str, Any]:
         if bar is not None:
             bar.set_postfix(loss=f"{line['loss']:.3f}", lr=f"{line['lr']:.2e}",
                             tok_s=f"{line['tokens_per_s']:.0f}", refresh=False)
-        window, window_start, window_tokens_before = [], time.monotonic(), 0
+        window, window_tokens_before = [], 0
+        clock.restart()
 
     def save(force_sync: bool = False) -> None:
-        nonlocal saved_step
+        """Write checkpoint `step`, again if the bookkeeping changed since it was written (the
+        closing log line and validation change it without a step)."""
+        nonlocal saved
         read_back()  # never save a state whose loss was not finite
-        if saved_step == step:
+        current = bookkeeping()
+        if saved == (step, current):
             return
-        book.update(iterator=batches.state, window=window)
-        saver.save(step, state.params, {"step": state.step, "opt_state": state.opt_state,
-                                        "rng": state.rng}, _json_safe(book))
-        saved_step = step
-        if force_sync:
-            saver.wait()
+        with clock.paused():
+            saver.save(step, state.params, {"step": state.step, "opt_state": state.opt_state,
+                                            "rng": state.rng}, json.loads(current))
+            if force_sync:
+                saver.wait()
+        saved = (step, current)
 
     def evaluate() -> dict[str, Any]:
         sums = None
@@ -638,6 +749,7 @@ def train(run: RunConfig, workdir: str | Path | None = None) -> dict[str, Any]:
                 _echo(f"  SRC: {src}\n  REF: {ref}\n  HYP: {hyp}")
         return result
 
+    @clock.paused()
     def run_eval() -> bool:
         """Validate, track the best BLEU; True when early stopping says stop."""
         result = evaluate()
@@ -652,26 +764,35 @@ def train(run: RunConfig, workdir: str | Path | None = None) -> dict[str, Any]:
         if book["best_bleu"] is None or bleu > book["best_bleu"]:
             book.update(best_bleu=bleu, best_step=step, bad_evals=0)
             saver.save_best(step, state.params, {"bleu": bleu, "step": step})
+            # The checkpoint of the same step records this best step: best/ and the
+            # bookkeeping a resumed run reads always agree.
+            save()
             text += " (best)"
         else:
             book["bad_evals"] += 1
             text += f" (best {book['best_bleu']:.2f} at step {book['best_step']})"
         _echo(text)
-        patience = run.early_stop_patience
         return patience is not None and book["bad_evals"] >= patience
 
+    patience = run.early_stop_patience
+    stopped = None
+    if patience is not None and book["bad_evals"] >= patience:
+        stopped = "early_stop"
+        _echo(f"Not training: this run stopped early at step {step}, {book['bad_evals']} "
+              f"validations after its best BLEU ({book['best_bleu']:.2f} at step "
+              f"{book['best_step']}), and --early-stop-patience is {patience}; raise it to "
+              f"train on.")
     save_every = run.save_every or run.eval_every
     bar = None
     if is_main and run.progress:
         # disable=None: no bar when stderr is not a terminal (logs, CI); metrics.jsonl has it all.
         bar = tqdm(total=max_steps, initial=step, unit="step", dynamic_ncols=True,
                    disable=None, smoothing=0.1)
-    stopped = None
     in_flight: collections.deque = collections.deque()
     deadline = started + max_minutes * 60 if max_minutes is not None else None
     with StopSignal() as stop:
         try:
-            while True:
+            while stopped is None:
                 if max_steps is not None and step >= max_steps:
                     stopped = "max_steps"
                     break
@@ -706,8 +827,7 @@ def train(run: RunConfig, workdir: str | Path | None = None) -> dict[str, Any]:
                 if step % run.eval_every == 0:
                     read_back()
                     if run_eval():
-                        stopped = "early_stop"
-                        save()
+                        stopped = "early_stop"  # saved below, with the closing log line
                         break
                 if step % save_every == 0:
                     save()
@@ -733,8 +853,8 @@ def train(run: RunConfig, workdir: str | Path | None = None) -> dict[str, Any]:
 
     # ---- the model translate.py loads: best by BLEU, else the last state
     model_dir = run_dir / ckpt.MODEL_DIR
-    best_step = saver.best_step()
-    if best_step is not None and book["best_bleu"] is not None:
+    best_step = book["best_step"]
+    if best_step is not None:
         params = saver.restore_params(state.params, best_step, best=True)
         source = {"step": best_step, "bleu": book["best_bleu"], "chosen": "best validation BLEU"}
     else:
@@ -757,6 +877,8 @@ def train(run: RunConfig, workdir: str | Path | None = None) -> dict[str, Any]:
         "last_eval": book["last_eval"], "minutes": round((time.monotonic() - started) / 60, 2),
         "translate_command": translate_command(averaged_dir or model_dir, _example(data)),
     }
+    if run.test_prefix:
+        summary["test_command"] = scoring_command(averaged_dir or model_dir, run)
     if is_main:
         print_summary(summary, run_dir)
     return summary
@@ -764,10 +886,6 @@ def train(run: RunConfig, workdir: str | Path | None = None) -> dict[str, Any]:
 
 def _example(data: Data) -> str:
     return data.valid_sources[0].replace('"', "'") if data.valid_sources else "Hello world!"
-
-
-def _json_safe(book: dict[str, Any]) -> dict[str, Any]:
-    return json.loads(json.dumps(book, default=float))
 
 
 def average(run_dir: str | Path, last: int, model_config: ModelConfig | None = None) -> Path:
@@ -799,4 +917,6 @@ def print_summary(summary: dict[str, Any], run_dir: Path) -> None:
                      f"python train.py --resume --output-dir {run_dir}")
     lines.append(f"Model: {summary['model_dir']}")
     lines.append(f"Translate: {summary['translate_command']}")
+    if summary.get("test_command"):
+        lines.append(f"Score the test set: {summary['test_command']}")
     print("\n".join(lines), flush=True)

@@ -148,17 +148,22 @@ def _decay_mask(params: Any) -> Any:
 
 
 def make_optimizer(train_config: TrainConfig, d_model: int) -> optax.GradientTransformation:
-    """Adam (b1, b2, eps from the config) with the schedule; optional clipping and decay."""
+    """Adam (b1, b2, eps from the config) with the schedule; optional clipping and decay.
+
+    The chain is optax.adamw's (scale_by_adam, add_decayed_weights, scale_by_learning_rate;
+    with weight decay 0 the decay step passes the updates through unchanged, as optax.adam)
+    behind clip_by_global_norm or identity. Its state has the same structure for every
+    clip_norm and weight_decay, so a run resumes when either is changed.
+    """
     schedule = learning_rate_schedule(train_config, d_model)
     c = train_config
-    if c.weight_decay > 0:
-        adam = optax.adamw(schedule, b1=c.adam_b1, b2=c.adam_b2, eps=c.adam_eps,
-                           weight_decay=c.weight_decay, mask=_decay_mask)
-    else:
-        adam = optax.adam(schedule, b1=c.adam_b1, b2=c.adam_b2, eps=c.adam_eps)
-    if c.clip_norm is not None:
-        return optax.chain(optax.clip_by_global_norm(c.clip_norm), adam)
-    return adam
+    clip = optax.clip_by_global_norm(c.clip_norm) if c.clip_norm is not None else optax.identity()
+    return optax.chain(
+        clip,
+        optax.scale_by_adam(b1=c.adam_b1, b2=c.adam_b2, eps=c.adam_eps),
+        optax.add_decayed_weights(c.weight_decay, mask=_decay_mask),
+        optax.scale_by_learning_rate(schedule),
+    )
 
 
 # ----------------------------------------------------------------------------- loss

@@ -1,0 +1,262 @@
+"""The trainer's bookkeeping: what a run saves, resumes from, logs and exports.
+
+`trainer.train` runs in this process on the tiny preset for a few steps. Validation BLEU is
+scripted: the beam search is replaced by a stub and the scores come from a list, so each test
+decides which validation improves. Runs share one JAX compilation cache (FLAX_NMT_CACHE).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import shutil
+import time
+import types
+from pathlib import Path
+
+import pytest
+
+from transformer import checkpoint, translation
+from transformer.trainer import (METRICS_FILE, MetricsWriter, RunConfig, TrainingError,
+                                 prepare_data, print_summary, scoring_command, train)
+
+WORDS = ("red blue green small big old new cat dog bird tree house car boat sun moon "
+         "river stone light dark fast slow happy sad").split()
+
+
+def _write_corpus(root: Path, pairs: int, seed: int, name: str, words=(3, 8)) -> str:
+    """Sentences of 3-8 words; the "translation" reverses the words and upper-cases them."""
+    rng = random.Random(seed)
+    src, tgt = [], []
+    for _ in range(pairs):
+        sentence = [rng.choice(WORDS) for _ in range(rng.randint(*words))]
+        src.append(" ".join(sentence))
+        tgt.append(" ".join(w.upper() for w in reversed(sentence)))
+    (root / f"{name}.en").write_text("\n".join(src) + "\n")
+    (root / f"{name}.de").write_text("\n".join(tgt) + "\n")
+    return str(root / name)
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> dict[str, str]:
+    root = tmp_path_factory.mktemp("corpus")
+    return {"train": _write_corpus(root, 400, 0, "train"),
+            "valid": _write_corpus(root, 12, 1, "valid"),
+            "valid_long": _write_corpus(root, 12, 1, "valid_long", words=(6, 12)),
+            "test": _write_corpus(root, 7, 2, "test")}
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("cache")
+
+
+@pytest.fixture
+def bleus(monkeypatch, cache) -> list[float]:
+    """The BLEU of each validation, in order; a test appends to it. Translating takes
+    `bleus.translate_s` seconds (a list, one entry per validation, then 0)."""
+    monkeypatch.setenv("FLAX_NMT_CACHE", str(cache))
+    scores = ScriptedScores()
+
+    class Translator:
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def translate(self, sources):
+            if scores.translate_s:
+                time.sleep(scores.translate_s.pop(0))
+            return ["x"] * len(sources)
+
+    def evaluate(hyps, refs):
+        return types.SimpleNamespace(bleu=scores.pop(0), chrf=0.0)
+
+    monkeypatch.setattr(translation, "Translator", Translator)
+    monkeypatch.setattr(translation, "evaluate", evaluate)
+    return scores
+
+
+class ScriptedScores(list):
+    translate_s: list[float]
+
+    def __init__(self):
+        super().__init__()
+        self.translate_s = []
+
+
+def _run(corpus: dict[str, str], out: Path, **settings) -> dict:
+    settings = {"preset": "tiny", "train_prefix": corpus["train"],
+                "valid_prefix": corpus["valid"], "vocab_size": 320, "batch_tokens": 256,
+                "buckets": (16,), "max_tokens_per_sentence": 16, "warmup": 20, "log_every": 3,
+                "eval_every": 2, "eval_sentences": 2, "keep_last": 5, "progress": False,
+                "samples": 0, **settings}
+    return train(RunConfig(**settings), out)
+
+
+def _lines(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / METRICS_FILE).read_text().splitlines()]
+
+
+def _saved_bookkeeping(run_dir: Path, step: int) -> dict:
+    """The trainer's bookkeeping in checkpoint `step` (the JSON item "data")."""
+    return json.loads((run_dir / checkpoint.CHECKPOINTS_DIR / str(step) / "data" / "metadata")
+                      .read_text())
+
+
+def _exported(run_dir: Path) -> dict:
+    return json.loads((run_dir / checkpoint.MODEL_DIR / checkpoint.CONFIG_FILE).read_text())
+
+
+# ----------------------------------------------------------------------------- checkpoints
+
+
+def test_final_save_keeps_the_closing_log_line_and_validation(corpus, bleus, tmp_path):
+    """Step 5 is saved in the loop; the closing log line and validation then change the
+    bookkeeping, which must be saved again, or a resumed run repeats them."""
+    out = tmp_path / "run"
+    bleus += [1.0, 3.0, 2.0]  # steps 2, 4 and the closing validation at 5 (not the best)
+    _run(corpus, out, max_steps=5, save_every=5)
+    book = _saved_bookkeeping(out, 5)
+    assert book["last_eval"]["step"] == 5 and book["bad_evals"] == 1
+    assert book["best_bleu"] == 3.0 and book["best_step"] == 4
+    assert book["window"] == []  # logged at step 5
+    lines = _lines(out)
+
+    bleus += [0.5]  # must stay unused
+    summary = _run(corpus, out, max_steps=5, save_every=5)
+    assert _lines(out) == lines  # no second "train" or "eval" line at step 5
+    assert bleus == [0.5]
+    assert (summary["steps"], summary["best_step"], summary["best_bleu"]) == (5, 4, 3.0)
+
+
+def test_best_step_has_a_checkpoint_and_is_the_one_exported(corpus, bleus, tmp_path, caplog):
+    out = tmp_path / "run"
+    bleus += [1.0, 2.0, 3.0]  # steps 2, 4, 6: each the best so far
+    with pytest.raises(TrainingError, match="last good checkpoint is step 6"):
+        _run(corpus, out, max_steps=8, save_every=4, nan_at_step=7)
+    # A new best BLEU writes the checkpoint of its step too, whatever --save-every says: the
+    # diverged run resumes from step 6, whose bookkeeping records best/6.
+    assert checkpoint.complete_steps(out / checkpoint.CHECKPOINTS_DIR) == [2, 4, 6]
+    assert checkpoint.complete_steps(out / checkpoint.BEST_DIR) == [6]
+    assert _saved_bookkeeping(out, 6)["best_step"] == 6
+
+    # Had the run died after writing best/6 but before checkpoints/6, the resumed run (from
+    # step 4, whose best step 4 best/6 replaced) deletes best/6 and starts the best afresh.
+    shutil.rmtree(out / checkpoint.CHECKPOINTS_DIR / "6")
+    bleus += [0.4, 0.5]  # steps 6 and 8
+    with caplog.at_level(logging.WARNING, logger="trainer"):
+        summary = _run(corpus, out, max_steps=8, save_every=4)
+    assert "holds no step 4" in caplog.text
+    assert (summary["best_step"], summary["best_bleu"]) == (8, 0.5)
+    exported = _exported(out)
+    assert (exported["step"], exported["bleu"]) == (8, 0.5)
+    assert checkpoint.complete_steps(out / checkpoint.BEST_DIR) == [8]
+
+
+def test_resume_after_early_stop_stops_at_once(corpus, bleus, tmp_path, capsys):
+    out = tmp_path / "run"
+    bleus += [2.0, 1.0]
+    summary = _run(corpus, out, max_steps=20, early_stop_patience=1)
+    assert (summary["stopped"], summary["steps"]) == ("early_stop", 4)
+    lines = _lines(out)
+    bleus += [3.0]  # must stay unused
+    summary = _run(corpus, out, max_steps=20, early_stop_patience=1)
+    assert (summary["stopped"], summary["steps"]) == ("early_stop", 4)
+    assert bleus == [3.0] and _lines(out) == lines
+    assert "raise it to train on" in capsys.readouterr().out
+
+
+def test_throughput_leaves_out_validation_and_saving(corpus, bleus, tmp_path, monkeypatch):
+    slow_s = 0.5
+    save = checkpoint.Checkpointer.save
+
+    def slow_save(self, *args, **kwargs):
+        time.sleep(slow_s)
+        return save(self, *args, **kwargs)
+
+    monkeypatch.setattr(checkpoint.Checkpointer, "save", slow_save)
+    bleus += [1.0, 2.0]
+    bleus.translate_s += [slow_s]
+    out = tmp_path / "run"
+    _run(corpus, out, max_steps=4, log_every=2, save_every=2)
+    # The window of steps 3-4 follows the validation and the save at step 2 (1 s or more);
+    # the two steps themselves take some milliseconds.
+    line = [x for x in _lines(out) if x["kind"] == "train" and x["step"] == 4][0]
+    assert line["tokens"] / line["tokens_per_s"] < slow_s
+
+
+# ----------------------------------------------------------------------------- settings
+
+
+def test_run_config_checks_limits_and_early_stopping():
+    with pytest.raises(ValueError, match="--max-steps must be >= 0, got -1"):
+        RunConfig(max_steps=-1)
+    RunConfig(max_steps=0)
+    with pytest.raises(ValueError, match="--early-stop-patience 2 .* --eval-sentences 0"):
+        RunConfig(early_stop_patience=2, eval_sentences=0)
+
+
+def test_resume_with_another_tokenizer_type_is_an_error(tmp_path):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / checkpoint.TOKENIZER_FILE).write_bytes(b"an earlier run's SentencePiece model")
+    (out / checkpoint.CONFIG_FILE).write_text(
+        json.dumps({"run": {"tokenizer_type": "unigram", "vocab_size": 320}}))
+    with pytest.raises(TrainingError, match=r"spm.model was trained with --tokenizer-type "
+                                            r"unigram .* asks for --tokenizer-type bpe"):
+        train(RunConfig(preset="tiny", vocab_size=320, tokenizer_type="bpe"), out)
+
+
+def test_metrics_file_with_a_line_cut_short(tmp_path, caplog):
+    lines = [{"kind": "train", "step": 3}, {"kind": "train", "step": 6}]
+    path = tmp_path / METRICS_FILE
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines) + '{"kind": "tra')
+    with caplog.at_level(logging.WARNING, logger="trainer"):
+        MetricsWriter(tmp_path, resume_step=3, enabled=True).close()
+    assert f"{path} line 3" in caplog.text
+    assert _lines(tmp_path) == lines[:1]
+
+
+# ----------------------------------------------------------------------------- data
+
+
+def test_validation_keeps_pairs_longer_than_the_training_limit(corpus, cache, monkeypatch,
+                                                               tmp_path):
+    """--max-tokens-per-sentence filters training pairs only; validation keeps every pair that
+    fits the model (these validation sentences have 6-12 words, longer than 8 tokens)."""
+    monkeypatch.setenv("FLAX_NMT_CACHE", str(cache))
+    run = RunConfig(preset="tiny", train_prefix=corpus["train"],
+                    valid_prefix=corpus["valid_long"],
+                    vocab_size=320, max_tokens_per_sentence=8, buckets=(8,))
+    data = prepare_data(run, tmp_path, model_max_len=64)
+    assert len(data.valid_examples) == 12
+    assert 0 < len(data.train_examples) < 400
+    assert data.eval_batch_config.max_len == 64
+
+
+def test_test_split_is_not_encoded_but_scored_in_the_summary(corpus, cache, monkeypatch,
+                                                             tmp_path, capsys):
+    import data.tokenizer
+
+    monkeypatch.setenv("FLAX_NMT_CACHE", str(cache))
+    encoded = []
+    encode_split = data.tokenizer.encode_split
+
+    def recording(split, *args, **kwargs):
+        encoded.append(len(split))
+        return encode_split(split, *args, **kwargs)
+
+    monkeypatch.setattr(data.tokenizer, "encode_split", recording)
+    run = RunConfig(preset="tiny", train_prefix=corpus["train"], valid_prefix=corpus["valid"],
+                    test_prefix=corpus["test"], vocab_size=320, buckets=(16,),
+                    max_tokens_per_sentence=16)
+    prepared = prepare_data(run, tmp_path, model_max_len=64)
+    assert prepared.counts["test"] == 7 and sorted(encoded) == [12, 400]
+
+    command = scoring_command(tmp_path / "model", run)
+    assert command == (f"python translate.py --model {tmp_path / 'model'} --evaluate "
+                       f"--test-prefix {corpus['test']} --src en --tgt de")
+    print_summary({"steps": 1, "stopped": "max_steps", "minutes": 0.1, "best_bleu": None,
+                   "model_dir": "m", "translate_command": "t", "test_command": command},
+                  tmp_path)
+    assert f"Score the test set: {command}" in capsys.readouterr().out
