@@ -43,6 +43,26 @@ def teacher_forced_logprob(model: Transformer, src_row: np.ndarray, hypothesis: 
     return float(sum(logprobs[i, t] for i, t in enumerate(hypothesis)))
 
 
+def teacher_forced_logprobs(model: Transformer, src_row: np.ndarray,
+                            hypotheses: list[list[int]]) -> np.ndarray:
+    """`teacher_forced_logprob` of many hypotheses of one source, in one batched pass.
+
+    Hypotheses are padded at the end; the causal mask keeps the padding out of the
+    positions that are summed.
+    """
+    width = max(len(h) for h in hypotheses)
+    tgt_in = np.full((len(hypotheses), width), PAD, np.int32)
+    targets = np.full((len(hypotheses), width), PAD, np.int32)
+    for i, hypothesis in enumerate(hypotheses):
+        tgt_in[i, : len(hypothesis)] = [BOS] + hypothesis[:-1]
+        targets[i, : len(hypothesis)] = hypothesis
+    src = jnp.asarray(np.repeat(src_row[None], len(hypotheses), axis=0))
+    logits, _ = model.decode(model.encode(src), model.source_mask(src), jnp.asarray(tgt_in))
+    logprobs = np.asarray(jax.nn.log_softmax(logits, axis=-1))
+    picked = np.take_along_axis(logprobs, targets[..., None], axis=-1)[..., 0]
+    return np.array([picked[i, : len(h)].sum() for i, h in enumerate(hypotheses)])
+
+
 def test_beam_size_one_equals_greedy():
     rng = np.random.default_rng(0)
     for seed in range(3):
@@ -69,11 +89,13 @@ def test_beam_search_best_equals_exhaustive_search_up_to_length_4():
         # 64 beams hold every live prefix (at most 4^3), so the search is exhaustive.
         config = SearchConfig(beam_size=64, nbest=1, alpha=alpha, max_len_a=0, max_len_b=limit)
         result = search(model, src, config)
+        candidates = [list(body) + [EOS] for n in range(limit)
+                      for body in itertools.product(producible, repeat=n)]
+        penalties = np.array([float(length_penalty(jnp.array(len(c)), alpha))
+                              for c in candidates])
         for row in range(src.shape[0]):
-            best_score, best = max(
-                (teacher_forced_logprob(model, src[row], list(body) + [EOS])
-                 / float(length_penalty(jnp.array(len(body) + 1), alpha)), list(body) + [EOS])
-                for n in range(limit) for body in itertools.product(producible, repeat=n))
+            scores = teacher_forced_logprobs(model, src[row], candidates) / penalties
+            best_score, best = float(scores.max()), candidates[int(scores.argmax())]
             found = result.tokens[row, 0, : result.lengths[row, 0]].tolist()
             assert found == best
             assert result.scores[row, 0] == pytest.approx(best_score, abs=1e-4)
