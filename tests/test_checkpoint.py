@@ -263,3 +263,17 @@ def test_process_killed_during_async_save_leaves_no_readable_step(tmp_path):
                   "rng": np.zeros(2, np.uint32)}
     restored = checkpoint.Checkpointer(tmp_path).restore(params_like, train_like)
     assert restored.step == 1 and restored.data == {"ok": True}
+
+
+@pytest.mark.parametrize("text, what", [
+    ("{bad", "JSONDecodeError"),
+    ('{"model": {"d_model": 32, "bogus": 1}}', "bogus"),
+    ('{"model": {"dtype": "float16"}}', "dtype"),
+    ("[1, 2]", "no 'model' section"),
+])
+def test_damaged_run_config_is_named(tmp_path, text, what):
+    (tmp_path / checkpoint.CONFIG_FILE).write_text(text)
+    with pytest.raises(checkpoint.CheckpointError) as info:
+        checkpoint.read_run_config(tmp_path)
+    assert str(tmp_path / checkpoint.CONFIG_FILE) in str(info.value)
+    assert what in str(info.value)

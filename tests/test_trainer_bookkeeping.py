@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from transformer import checkpoint, translation
+from transformer.config import get_preset
 from transformer.trainer import (METRICS_FILE, MetricsWriter, RunConfig, TrainingError,
                                  prepare_data, print_summary, scoring_command, train)
 
@@ -201,7 +202,8 @@ def test_resume_with_another_tokenizer_type_is_an_error(tmp_path):
     out.mkdir()
     (out / checkpoint.TOKENIZER_FILE).write_bytes(b"an earlier run's SentencePiece model")
     (out / checkpoint.CONFIG_FILE).write_text(
-        json.dumps({"run": {"tokenizer_type": "unigram", "vocab_size": 320}}))
+        json.dumps({"model": get_preset("tiny", vocab_size=320).to_dict(),
+                    "run": {"tokenizer_type": "unigram", "vocab_size": 320}}))
     with pytest.raises(TrainingError, match=r"spm.model was trained with --tokenizer-type "
                                             r"unigram .* asks for --tokenizer-type bpe"):
         train(RunConfig(preset="tiny", vocab_size=320, tokenizer_type="bpe"), out)

@@ -319,10 +319,15 @@ def read_run_config(run_dir: str | Path) -> tuple[ModelConfig, dict[str, Any]]:
     path = Path(run_dir) / CONFIG_FILE
     if not path.is_file():
         raise CheckpointError(f"{path} is missing: this is not a run or model directory.")
-    values = json.loads(path.read_text())
-    if "model" not in values:
-        raise CheckpointError(f"{path} has no 'model' section.")
-    return ModelConfig.from_dict(values["model"]), values
+    try:
+        values = json.loads(path.read_text())
+        if not isinstance(values, dict) or "model" not in values:
+            raise CheckpointError(f"{path} has no 'model' section.")
+        return ModelConfig.from_dict(values["model"]), values
+    except (ValueError, TypeError) as err:  # not JSON, or settings this code does not know
+        raise CheckpointError(
+            f"{path}: not a valid run or model configuration ({type(err).__name__}: {err}); "
+            "restore the config.json written with the run or model.") from None
 
 
 def export_model(model_dir: str | Path, params: Any, model_config: ModelConfig,
@@ -397,5 +402,10 @@ def load_model(path: str | Path, dtype: str | None = None
     tokenizer = Tokenizer.load(model_dir / TOKENIZER_FILE)
     values = dict(values)
     values["model"] = model_config
-    values["search"] = SearchConfig(**values.get("search", {}))
+    try:
+        values["search"] = SearchConfig(**values.get("search", {}))
+    except (ValueError, TypeError) as err:
+        raise CheckpointError(
+            f"{model_dir / CONFIG_FILE}: invalid 'search' settings ({type(err).__name__}: "
+            f"{err}); restore the config.json written with the model.") from None
     return model, tokenizer, values

@@ -518,7 +518,7 @@ def _check_same_tokenizer(run_dir: Path, run: RunConfig) -> None:
     path = run_dir / ckpt.CONFIG_FILE
     if not (run_dir / ckpt.TOKENIZER_FILE).is_file() or not path.is_file():
         return
-    saved = json.loads(path.read_text()).get("run", {})
+    saved = ckpt.read_run_config(run_dir)[1].get("run", {})
     for name in ("tokenizer_type", "vocab_size"):
         flag, now = "--" + name.replace("_", "-"), getattr(run, name)
         if name in saved and saved[name] != now:
@@ -533,7 +533,7 @@ def _check_same_model(run_dir: Path, model_config: ModelConfig) -> None:
     path = run_dir / ckpt.CONFIG_FILE
     if not path.is_file():
         return
-    saved = ModelConfig.from_dict(json.loads(path.read_text())["model"])
+    saved = ckpt.read_run_config(run_dir)[0]
     if saved != model_config:
         diff = {k: (v, getattr(model_config, k)) for k, v in saved.to_dict().items()
                 if getattr(model_config, k) != v}
