@@ -463,21 +463,14 @@ def run(args: argparse.Namespace) -> int:
 
     enable_compilation_cache()
     from data.corpus import DataError
-    from transformer.checkpoint import CONFIG_FILE, CheckpointError, load_model, resolve_model_dir
+    from transformer.checkpoint import CheckpointError, load_model
     from transformer.translation import Translator
 
     start = time.perf_counter()
     try:
         model, tokenizer, values = load_model(args.model, dtype=args.dtype)
-    except (CheckpointError, DataError) as err:
+    except (CheckpointError, DataError) as err:  # a damaged config.json is a CheckpointError
         raise InputError(str(err)) from None
-    except (ValueError, TypeError) as err:
-        # What load_model lets through from a config.json that is not JSON or holds settings
-        # this version does not know (JSONDecodeError, TypeError from a config's __init__).
-        config_file = resolve_model_dir(args.model) / CONFIG_FILE
-        raise InputError(f"{config_file}: not a valid model configuration ("
-                         f"{type(err).__name__}: {err}); restore the config.json saved with "
-                         "the model, or export the model again.") from None
     try:
         search = search_config(values["search"], args)
     except ValueError as err:

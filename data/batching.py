@@ -98,14 +98,19 @@ class BatchConfig:
 
     @property
     def used_buckets(self) -> tuple[int, ...]:
-        """The buckets below `max_len`, then `max_len` itself: no batch is wider than max_len
-        (a model with max_len positions can take every batch)."""
-        return tuple(b for b in self.buckets if b < self.max_len) + (self.max_len,)
+        """`buckets_up_to(max_len, buckets)`."""
+        return buckets_up_to(self.max_len, self.buckets)
 
     def rows(self, src_len: int, tgt_len: int) -> int:
         """Batch size B of the (S, T) shape: the token budget, a multiple of num_devices."""
         rows = self.batch_tokens // max(src_len, tgt_len)
         return rows - rows % self.num_devices
+
+
+def buckets_up_to(max_len: int, buckets: Sequence[int] = DEFAULT_BUCKETS) -> tuple[int, ...]:
+    """The buckets below `max_len`, then `max_len` itself: no batch is wider than max_len
+    (a model with max_len positions can take every batch)."""
+    return tuple(b for b in buckets if b < max_len) + (max_len,)
 
 
 def check_buckets(buckets: Sequence[int]) -> None:

@@ -17,34 +17,16 @@ from pathlib import Path
 import pytest
 
 import train as train_cli
+from synthetic_corpus import write_corpus
 from transformer import checkpoint
 from transformer.trainer import RunConfig, TrainingError, train
 
 REPO = Path(__file__).resolve().parents[1]
-WORDS = ("red blue green small big old new cat dog bird tree house car boat sun moon "
-         "river stone light dark fast slow happy sad").split()
-
-
-def _write_corpus(root: Path, pairs: int, seed: int, name: str) -> str:
-    """Sentences of 3-8 words; the "translation" reverses the words and upper-cases them."""
-    import random
-
-    rng = random.Random(seed)
-    src, tgt = [], []
-    for _ in range(pairs):
-        words = [rng.choice(WORDS) for _ in range(rng.randint(3, 8))]
-        src.append(" ".join(words))
-        tgt.append(" ".join(w.upper() for w in reversed(words)))
-    (root / f"{name}.en").write_text("\n".join(src) + "\n")
-    (root / f"{name}.de").write_text("\n".join(tgt) + "\n")
-    return str(root / name)
-
-
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory) -> dict[str, str]:
     root = tmp_path_factory.mktemp("corpus")
-    return {"train": _write_corpus(root, 600, 0, "train"),
-            "valid": _write_corpus(root, 40, 1, "valid")}
+    return {"train": write_corpus(root, 600, 0, "train"),
+            "valid": write_corpus(root, 40, 1, "valid")}
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import logging
-import random
 import shutil
 import time
 import types
@@ -17,35 +16,19 @@ from pathlib import Path
 
 import pytest
 
+from synthetic_corpus import write_corpus
 from transformer import checkpoint, translation
 from transformer.config import get_preset
 from transformer.trainer import (METRICS_FILE, MetricsWriter, RunConfig, TrainingError,
                                  prepare_data, print_summary, scoring_command, train)
 
-WORDS = ("red blue green small big old new cat dog bird tree house car boat sun moon "
-         "river stone light dark fast slow happy sad").split()
-
-
-def _write_corpus(root: Path, pairs: int, seed: int, name: str, words=(3, 8)) -> str:
-    """Sentences of 3-8 words; the "translation" reverses the words and upper-cases them."""
-    rng = random.Random(seed)
-    src, tgt = [], []
-    for _ in range(pairs):
-        sentence = [rng.choice(WORDS) for _ in range(rng.randint(*words))]
-        src.append(" ".join(sentence))
-        tgt.append(" ".join(w.upper() for w in reversed(sentence)))
-    (root / f"{name}.en").write_text("\n".join(src) + "\n")
-    (root / f"{name}.de").write_text("\n".join(tgt) + "\n")
-    return str(root / name)
-
-
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory) -> dict[str, str]:
     root = tmp_path_factory.mktemp("corpus")
-    return {"train": _write_corpus(root, 400, 0, "train"),
-            "valid": _write_corpus(root, 12, 1, "valid"),
-            "valid_long": _write_corpus(root, 12, 1, "valid_long", words=(6, 12)),
-            "test": _write_corpus(root, 7, 2, "test")}
+    return {"train": write_corpus(root, 400, 0, "train"),
+            "valid": write_corpus(root, 12, 1, "valid"),
+            "valid_long": write_corpus(root, 12, 1, "valid_long", words=(6, 12)),
+            "test": write_corpus(root, 7, 2, "test")}
 
 
 @pytest.fixture(scope="module")

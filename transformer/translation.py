@@ -18,7 +18,7 @@ import numpy as np
 import sacrebleu
 from flax import nnx
 
-from data.batching import DEFAULT_BUCKETS, inference_batches
+from data.batching import buckets_up_to, inference_batches
 from transformer.config import SearchConfig
 from transformer.decoding import search_with_state
 from transformer.model import Transformer
@@ -70,8 +70,7 @@ class Translator:
         self.batches_searched = 0  # folded into the rng: each batch of every call draws anew
         self.max_source_len = self.model_config.max_len
         # No bucket is wider than the model's positions: sources are cut to max_len tokens.
-        self.buckets = tuple(b for b in DEFAULT_BUCKETS if b < self.max_source_len) + (
-            self.max_source_len,)
+        self.buckets = buckets_up_to(self.max_source_len)
         self.truncated: list[int] = []
 
     def translate(self, sentences: Sequence[str]) -> list[str]:
