@@ -38,6 +38,7 @@ _GROUPS = {
         ("--test-prefix", str, "test files PREFIX.SRC and PREFIX.TGT"),
         ("--train-file", str, "training pairs as .tsv, .jsonl or .parquet"),
         ("--valid-file", str, "validation pairs as .tsv, .jsonl or .parquet"),
+        ("--test-file", str, "test pairs as .tsv, .jsonl or .parquet"),
         ("--dataset", str, "Hugging Face dataset name or save_to_disk directory"),
         ("--dataset-config", str, "its configuration, e.g. de-en"),
         ("--max-train-pairs", int, "use only N training pairs: the first N, or a seeded random "

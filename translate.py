@@ -130,6 +130,8 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--src-file", help="source sentences, one per line")
     ev.add_argument("--ref-file", help="reference translations, aligned with --src-file")
     ev.add_argument("--test-prefix", help="read PREFIX.SRC and PREFIX.TGT")
+    ev.add_argument("--test-file", help="pairs as .tsv, .jsonl or .parquet (every pair "
+                                        "scored, empty ones too)")
     ev.add_argument("--src", help="source language code (default: the model's)")
     ev.add_argument("--tgt", help="target language code (default: the model's)")
     ev.add_argument("--dataset", help="Hugging Face dataset name or save_to_disk directory")
@@ -152,17 +154,18 @@ def check_args(args: argparse.Namespace) -> None:
         raise UsageError("--plot-attention needs exactly one SENTENCE argument.")
     if args.evaluate:
         if args.sentences or args.input is not None:
-            raise UsageError("--evaluate reads --src-file/--ref-file, --test-prefix or "
-                             "--dataset, not sentences or --input.")
+            raise UsageError("--evaluate reads --src-file/--ref-file, --test-prefix, "
+                             "--test-file or --dataset, not sentences or --input.")
         sources = [bool(args.src_file or args.ref_file), bool(args.test_prefix),
-                   bool(args.dataset)]
+                   bool(args.test_file), bool(args.dataset)]
         if sum(sources) != 1:
             raise UsageError("--evaluate needs exactly one of: --src-file with --ref-file, "
-                             "--test-prefix PREFIX, --dataset NAME.")
+                             "--test-prefix PREFIX, --test-file FILE, --dataset NAME.")
         if sources[0] and not (args.src_file and args.ref_file):
             raise UsageError("--evaluate needs both --src-file and --ref-file.")
     else:
-        for flag in ("src_file", "ref_file", "test_prefix", "dataset", "hyp_file", "report"):
+        for flag in ("src_file", "ref_file", "test_prefix", "test_file", "dataset", "hyp_file",
+                     "report"):
             if getattr(args, flag):
                 raise UsageError(f"--{flag.replace('_', '-')} only applies with --evaluate.")
 
@@ -331,6 +334,8 @@ def evaluation_data(args: argparse.Namespace, values: dict) -> tuple[list[str], 
             raise UsageError("--test-prefix needs --src and --tgt (the model does not "
                              "record its languages).")
         src_path, ref_path = f"{args.test_prefix}.{src}", f"{args.test_prefix}.{tgt}"
+    elif args.test_file:
+        return _test_file(args.test_file, src, tgt)
     else:
         return _dataset_split(args, src, tgt)
     sources, references = read_lines(src_path), read_lines(ref_path)
@@ -338,6 +343,22 @@ def evaluation_data(args: argparse.Namespace, values: dict) -> tuple[list[str], 
         raise InputError(f"{src_path} has {len(sources)} lines but {ref_path} has "
                          f"{len(references)}; line N of one must translate line N of the other.")
     return sources, references, f"{src_path} -> {ref_path}"
+
+
+def _test_file(path: str, src: str | None, tgt: str | None
+               ) -> tuple[list[str], list[str], str]:
+    """Every pair of a .tsv, .jsonl or .parquet test file, kept as written."""
+    from data.corpus import DataError, read_file_texts
+
+    if Path(path).suffix.lower() != ".tsv" and not (src and tgt):
+        raise UsageError(f"--test-file {path} needs --src and --tgt to pick its languages (the "
+                         "model does not record them).")
+    try:
+        sources, references = read_file_texts(path, src, tgt)
+    except DataError as err:
+        raise InputError(str(err)) from None
+    languages = f" {src}->{tgt}" if src and tgt else ""
+    return sources, references, f"{path}{languages}"
 
 
 def _dataset_split(args, src, tgt) -> tuple[list[str], list[str], str]:

@@ -96,6 +96,9 @@ class CorpusSpec:
         if len(sources) > 1 or (self.builtin and sources):
             given = sources + (["the built-in corpus"] if self.builtin else [])
             raise DataError(f"give one training source, not several: got {' and '.join(given)}")
+        for split in ("valid", "test"):
+            if getattr(self, f"{split}_prefix") and getattr(self, f"{split}_file"):
+                raise DataError(f"give --{split}-prefix or --{split}-file, not both")
         if not self.src or not self.tgt or self.src == self.tgt:
             raise DataError(
                 f"--src and --tgt must be two different language codes, got {self.src!r} "
@@ -205,14 +208,14 @@ def _line_count_error(src_path: Path, tgt_path: Path) -> DataError:
     )
 
 
-def read_tsv(path: str | Path) -> datasets.Dataset:
-    """Read `source<TAB>target` lines. A line with other than exactly one TAB is an error."""
-    path = Path(path)
+def _tsv_texts(path: Path) -> tuple[list[str], list[str]]:
+    """`source<TAB>target` lines as they are; a blank line is an empty pair. A line with
+    other than exactly one TAB is an error."""
     sources, targets = [], []
     for line_no, line in enumerate(_read_lines(path), start=1):
         fields = line.split("\t")
         if len(fields) != 2:
-            if not line.strip():  # a blank line is an empty pair, dropped and counted below
+            if not line.strip():
                 fields = ["", ""]
             else:
                 raise DataError(
@@ -222,7 +225,13 @@ def read_tsv(path: str | Path) -> datasets.Dataset:
                 )
         sources.append(fields[0])
         targets.append(fields[1])
-    return pairs_to_dataset(sources, targets, origin=str(path))
+    return sources, targets
+
+
+def read_tsv(path: str | Path) -> datasets.Dataset:
+    """Read `source<TAB>target` lines; blank lines and pairs with an empty side are dropped
+    and counted."""
+    return pairs_to_dataset(*_tsv_texts(Path(path)), origin=str(path))
 
 
 def _pick_pair(inner, src: str, tgt: str, where: str) -> tuple[str, str]:
@@ -242,9 +251,8 @@ def _pick_pair(inner, src: str, tgt: str, where: str) -> tuple[str, str]:
     return pair
 
 
-def read_jsonl(path: str | Path, src: str, tgt: str) -> datasets.Dataset:
-    """Read JSON Lines with one object per pair, flat or under a `translation` key."""
-    path = Path(path)
+def _jsonl_texts(path: Path, src: str, tgt: str) -> tuple[list[str], list[str]]:
+    """One pair per JSON object, flat or under a `translation` key; blank lines skipped."""
     sources, targets = [], []
     for line_no, line in enumerate(_read_lines(path), start=1):
         if not line.strip():
@@ -259,7 +267,12 @@ def read_jsonl(path: str | Path, src: str, tgt: str) -> datasets.Dataset:
         s, t = _pick_pair(inner, src, tgt, where=f"{path} line {line_no}")
         sources.append(s)
         targets.append(t)
-    return pairs_to_dataset(sources, targets, origin=str(path))
+    return sources, targets
+
+
+def read_jsonl(path: str | Path, src: str, tgt: str) -> datasets.Dataset:
+    """Read JSON Lines with one object per pair, flat or under a `translation` key."""
+    return pairs_to_dataset(*_jsonl_texts(Path(path), src, tgt), origin=str(path))
 
 
 def _column_texts(values: Iterable, column: str, origin: str) -> list[str]:
@@ -328,9 +341,8 @@ def _first_line(err: Exception) -> str:
     return text.splitlines()[0] if text else type(err).__name__
 
 
-def read_parquet(path: str | Path, src: str, tgt: str) -> datasets.Dataset:
-    """Read a parquet file with a `translation` column or one column per language."""
-    path = Path(path)
+def _parquet_texts(path: Path, src: str, tgt: str) -> tuple[list[str], list[str]]:
+    """Every row of a parquet file with a `translation` column or one column per language."""
     if not path.is_file():
         raise DataError(f"{path}: file not found; check the path")
     try:
@@ -340,23 +352,36 @@ def read_parquet(path: str | Path, src: str, tgt: str) -> datasets.Dataset:
             f"{path}: not a readable parquet file ({_first_line(err)}); check the file, or "
             "give the pairs as .tsv or .jsonl"
         ) from None
-    return from_hf_dataset(ds, src, tgt, origin=str(path))
+    return _hf_texts(ds, src, tgt, origin=str(path))
 
 
-def read_file(path: str | Path, src: str, tgt: str) -> datasets.Dataset:
-    """Read one `.tsv`, `.jsonl`/`.json` or `.parquet` file, chosen by its suffix."""
+def read_parquet(path: str | Path, src: str, tgt: str) -> datasets.Dataset:
+    """Read a parquet file with a `translation` column or one column per language."""
+    return pairs_to_dataset(*_parquet_texts(Path(path), src, tgt), origin=str(path))
+
+
+def read_file_texts(path: str | Path, src: str, tgt: str) -> tuple[list[str], list[str]]:
+    """(sources, targets) of one `.tsv`, `.jsonl`/`.json` or `.parquet` file, chosen by its
+    suffix, with every pair kept as written: nothing stripped, empty sides kept (a blank .tsv
+    line is an empty pair). For scoring, where dropping a pair would change the score."""
     path = Path(path)
     suffix = path.suffix.lower()
     if suffix == ".tsv":
-        return read_tsv(path)
+        return _tsv_texts(path)
     if suffix in (".jsonl", ".json"):
-        return read_jsonl(path, src, tgt)
+        return _jsonl_texts(path, src, tgt)
     if suffix == ".parquet":
-        return read_parquet(path, src, tgt)
+        return _parquet_texts(path, src, tgt)
     raise DataError(
         f"{path}: unknown file type {suffix!r}; use .tsv, .jsonl or .parquet, or "
-        "--train-prefix for aligned text files"
+        "aligned text files with --train-prefix, --valid-prefix or --test-prefix"
     )
+
+
+def read_file(path: str | Path, src: str, tgt: str) -> datasets.Dataset:
+    """Read one `.tsv`, `.jsonl`/`.json` or `.parquet` file, chosen by its suffix, for
+    training: sides stripped, pairs with an empty side dropped and counted."""
+    return pairs_to_dataset(*read_file_texts(path, src, tgt), origin=str(path))
 
 
 def _load_hf(name: str, config: str | None) -> datasets.DatasetDict:

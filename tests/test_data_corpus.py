@@ -157,6 +157,9 @@ def test_unknown_suffix_and_two_sources_are_errors(tmp_path):
         read_file(tmp_path / "a.txt", "en", "de")
     with pytest.raises(DataError, match="one training source"):
         CorpusSpec(train_prefix="a", dataset="b")
+    for split in ("valid", "test"):
+        with pytest.raises(DataError, match=f"--{split}-prefix or --{split}-file, not both"):
+            CorpusSpec(**{f"{split}_prefix": "a", f"{split}_file": "b.tsv"})
 
 
 def test_byte_order_mark_is_not_text(tmp_path):

@@ -7,6 +7,7 @@ decides which validation improves. Runs share one JAX compilation cache (FLAX_NM
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import shutil
@@ -245,3 +246,6 @@ def test_test_split_is_not_encoded_but_scored_in_the_summary(corpus, cache, monk
                    "model_dir": "m", "translate_command": "t", "test_command": command},
                   tmp_path)
     assert f"Score the test set: {command}" in capsys.readouterr().out
+    as_file = dataclasses.replace(run, test_prefix=None, test_file="my test.tsv")
+    assert scoring_command(Path("m"), as_file) == ("python translate.py --model m --evaluate "
+                                                   "--test-file 'my test.tsv' --src en --tgt de")

@@ -168,9 +168,10 @@ def test_byte_order_mark_is_not_text(tmp_path):
     os.close(read_fd)
 
 
-def test_evaluation_reads_a_test_only_dataset_with_every_pair(tmp_path):
-    """Pairs with an empty side stay (an empty source scores an empty hypothesis), exactly as
-    the same pairs read with --src-file/--ref-file."""
+def test_evaluation_keeps_every_pair_of_a_dataset_or_test_file(tmp_path):
+    """Pairs with an empty side stay (an empty source scores an empty hypothesis) and nothing
+    is stripped, exactly as the same pairs read with --src-file/--ref-file: a test-only
+    dataset, a .tsv, a .jsonl and a .parquet --test-file all give the same pairs."""
     import datasets
 
     sources = ["Der Hund läuft.", "", " Zwei Kinder. ", "Die Katze."]
@@ -187,6 +188,24 @@ def test_evaluation_reads_a_test_only_dataset_with_every_pair(tmp_path):
         _parse("--evaluate", "--src-file", str(tmp_path / "test.de"), "--ref-file",
                str(tmp_path / "test.en")), {})
     assert by_files[:2] == by_dataset[:2]
+
+    pairs = list(zip(sources, references))
+    (tmp_path / "test.tsv").write_text("".join(f"{s}\t{r}\n" for s, r in pairs),
+                                       encoding="utf-8")
+    (tmp_path / "test.jsonl").write_text("".join(
+        json.dumps({"translation": {"de": s, "en": r}}) + "\n" for s, r in pairs),
+        encoding="utf-8")
+    test.to_parquet(str(tmp_path / "test.parquet"))
+    for name in ("test.tsv", "test.jsonl", "test.parquet"):
+        by_test_file = translate_cli.evaluation_data(
+            _parse("--evaluate", "--test-file", str(tmp_path / name)), model_values)
+        assert by_test_file == (sources, references, f"{tmp_path / name} de->en"), name
+    with pytest.raises(translate_cli.UsageError, match="test.jsonl needs --src and --tgt"):
+        translate_cli.evaluation_data(
+            _parse("--evaluate", "--test-file", str(tmp_path / "test.jsonl")), {})
+    with pytest.raises(translate_cli.UsageError, match="exactly one of"):
+        translate_cli.check_args(_parse("--evaluate", "--test-file", "t.tsv", "--test-prefix",
+                                        "t"))
 
 
 def _fake_translator():

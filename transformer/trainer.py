@@ -99,6 +99,7 @@ class RunConfig(DictConfig):
     test_prefix: str | None = None
     train_file: str | None = None
     valid_file: str | None = None
+    test_file: str | None = None
     dataset: str | None = None
     dataset_config: str | None = None
     # Use only N training pairs: the first N of the training source, or, when the validation
@@ -200,6 +201,7 @@ class RunConfig(DictConfig):
         return CorpusSpec(src=self.src, tgt=self.tgt, train_prefix=self.train_prefix,
                           valid_prefix=self.valid_prefix, test_prefix=self.test_prefix,
                           train_file=self.train_file, valid_file=self.valid_file,
+                          test_file=self.test_file,
                           dataset=self.dataset, dataset_config=self.dataset_config,
                           seed=self.seed)
 
@@ -568,9 +570,14 @@ def translate_command(model_dir: Path, example: str = "Hello world!") -> str:
 
 
 def scoring_command(model_dir: Path, run: RunConfig) -> str:
-    """The translate.py command that scores the model on the run's --test-prefix split."""
+    """The translate.py command that scores the model on the run's test split
+    (--test-prefix or --test-file)."""
+    if run.test_prefix:
+        test = ["--test-prefix", run.test_prefix]
+    else:
+        test = ["--test-file", run.test_file]
     return shlex.join(["python", "translate.py", "--model", str(model_dir), "--evaluate",
-                       "--test-prefix", run.test_prefix, "--src", run.src, "--tgt", run.tgt])
+                       *test, "--src", run.src, "--tgt", run.tgt])
 
 
 def train(run: RunConfig, workdir: str | Path | None = None) -> dict[str, Any]:
@@ -578,7 +585,7 @@ def train(run: RunConfig, workdir: str | Path | None = None) -> dict[str, Any]:
 
     Summary keys: run_dir, model_dir, steps, stopped ("max_steps", "max_minutes",
     "early_stop", "SIGINT"/"SIGTERM"), best_bleu, best_step, last_eval, translate_command,
-    and test_command when a test split (--test-prefix) was given.
+    and test_command when a test split (--test-prefix or --test-file) was given.
     Raises TrainingError when the loss stops being finite or `workdir` holds a run with
     another model or tokenizer, CheckpointError when its checkpoints cannot be restored.
     """
@@ -877,7 +884,7 @@ def train(run: RunConfig, workdir: str | Path | None = None) -> dict[str, Any]:
         "last_eval": book["last_eval"], "minutes": round((time.monotonic() - started) / 60, 2),
         "translate_command": translate_command(averaged_dir or model_dir, _example(data)),
     }
-    if run.test_prefix:
+    if run.test_prefix or run.test_file:
         summary["test_command"] = scoring_command(averaged_dir or model_dir, run)
     if is_main:
         print_summary(summary, run_dir)
