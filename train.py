@@ -67,6 +67,7 @@ _GROUPS = {
     "length of training": [
         ("--max-steps", int, "stop after this many updates"),
         ("--max-minutes", float, "stop after this much wall-clock time"),
+        ("--max-epochs", int, "stop after this many passes over the training pairs"),
         ("--early-stop-patience", int, "stop after N validations without a better BLEU (needs "
          "--eval-sentences >= 1)"),
     ],
@@ -113,7 +114,8 @@ def build_parser() -> argparse.ArgumentParser:
     from transformer.trainer import DEFAULT_MAX_MINUTES, RunConfig  # imports JAX, no devices
 
     defaults = {f.name: f.default for f in dataclasses.fields(RunConfig)}
-    defaults["max_minutes"] = f"{DEFAULT_MAX_MINUTES:g} when --max-steps is not given either"
+    defaults["max_minutes"] = (f"{DEFAULT_MAX_MINUTES:g} when neither --max-steps nor "
+                               "--max-epochs is given")
     defaults["buckets"] = ",".join(map(str, defaults["buckets"]))
     groups = {}
     for title, flags in _GROUPS.items():

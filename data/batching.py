@@ -437,6 +437,15 @@ class BatchIterator:
         """{"epoch": int, "position": int} of the next batch."""
         return {"epoch": self._epoch, "position": self._position}
 
+    @property
+    def epochs_completed(self) -> int:
+        """Epochs whose every batch has been yielded (the count is the same every epoch)."""
+        return self._epoch + (self._position >= self.batches_per_epoch)
+
+    @property
+    def batches_per_epoch(self) -> int:
+        return len(self.plan(self._epoch))
+
     def plan(self, epoch: int) -> list[PlannedBatch]:
         """The global batch plan of `epoch` (cached for the current epoch)."""
         if self._plan_epoch != epoch:

@@ -153,7 +153,9 @@ def test_resumed_iterator_gives_the_same_batches(encoded):
     per_epoch = len(plan_epoch(examples, config, 0))
     original = BatchIterator(examples, config, process_index=0, process_count=1)
     states, batches = [], []
-    for _ in range(2 * per_epoch + 5):  # crosses two epoch boundaries
+    for taken in range(2 * per_epoch + 5):  # crosses two epoch boundaries
+        # --max-epochs stops as soon as an epoch's last batch is out, not one batch later
+        assert original.epochs_completed == taken // per_epoch
         states.append(json.loads(json.dumps(original.state)))
         batches.append(next(original))
     assert original.state == {"epoch": 2, "position": 5}

@@ -170,6 +170,21 @@ def test_throughput_leaves_out_validation_and_saving(corpus, bleus, tmp_path, mo
     assert line["tokens"] / line["tokens_per_s"] < slow_s
 
 
+def test_max_epochs_stops_at_the_epoch_boundary_and_resumes_to_the_next(corpus, bleus,
+                                                                         tmp_path):
+    out = tmp_path / "run"
+    bleus += [1.0, 2.0]  # the closing validation of each run
+    settings = {"batch_tokens": 1024, "eval_every": 1000, "save_every": 1000}
+    first = _run(corpus, out, max_epochs=1, **settings)
+    per_epoch = first["steps"]
+    assert first["stopped"] == "max_epochs" and per_epoch > 1
+    assert _saved_bookkeeping(out, per_epoch)["iterator"] == {"epoch": 0, "position": per_epoch}
+    second = _run(corpus, out, max_epochs=2, **settings)
+    assert (second["stopped"], second["steps"]) == ("max_epochs", 2 * per_epoch)
+    assert _saved_bookkeeping(out, 2 * per_epoch)["iterator"] == {"epoch": 1,
+                                                                  "position": per_epoch}
+
+
 # ----------------------------------------------------------------------------- settings
 
 
@@ -177,6 +192,9 @@ def test_run_config_checks_limits_and_early_stopping():
     with pytest.raises(ValueError, match="--max-steps must be >= 0, got -1"):
         RunConfig(max_steps=-1)
     RunConfig(max_steps=0)
+    with pytest.raises(ValueError, match="--max-epochs must be >= 1"):
+        RunConfig(max_epochs=0)
+    assert RunConfig(max_epochs=3).limits() == (None, None)  # no default time limit
     with pytest.raises(ValueError, match="--early-stop-patience 2 .* --eval-sentences 0"):
         RunConfig(early_stop_patience=2, eval_sentences=0)
 

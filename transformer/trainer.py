@@ -134,6 +134,7 @@ class RunConfig(DictConfig):
     # ---- length of training
     max_steps: int | None = None
     max_minutes: float | None = None
+    max_epochs: int | None = None  # passes over the (length-filtered) training pairs
     early_stop_patience: int | None = None  # validations without a better BLEU
     # ---- validation
     eval_every: int = 1000
@@ -159,8 +160,8 @@ class RunConfig(DictConfig):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1, "
                                  f"got {getattr(self, name)}.")
-        for name in ("max_steps", "average_last", "early_stop_patience", "save_every",
-                     "max_train_pairs"):
+        for name in ("max_steps", "max_epochs", "average_last", "early_stop_patience",
+                     "save_every", "max_train_pairs"):
             value = getattr(self, name)
             least = 0 if name == "max_steps" else 1  # --max-steps 0: export, no training
             if value is not None and value < least:
@@ -222,8 +223,9 @@ class RunConfig(DictConfig):
         return Path("runs") / re.sub(r"[^\w.-]+", "_", name)
 
     def limits(self) -> tuple[int | None, float | None]:
-        """(max_steps, max_minutes) with the default budget applied."""
-        if self.max_steps is None and self.max_minutes is None:
+        """(max_steps, max_minutes) with the default time budget applied when no limit of
+        steps, minutes or epochs is given."""
+        if self.max_steps is None and self.max_minutes is None and self.max_epochs is None:
             return None, DEFAULT_MAX_MINUTES
         return self.max_steps, self.max_minutes
 
@@ -583,7 +585,7 @@ def scoring_command(model_dir: Path, run: RunConfig) -> str:
 def train(run: RunConfig, workdir: str | Path | None = None) -> dict[str, Any]:
     """Train (or resume) a model in `workdir`; returns a summary dict.
 
-    Summary keys: run_dir, model_dir, steps, stopped ("max_steps", "max_minutes",
+    Summary keys: run_dir, model_dir, steps, stopped ("max_steps", "max_epochs", "max_minutes",
     "early_stop", "SIGINT"/"SIGTERM"), best_bleu, best_step, last_eval, translate_command,
     and test_command when a test split (--test-prefix or --test-file) was given.
     Raises TrainingError when the loss stops being finite or `workdir` holds a run with
@@ -665,14 +667,18 @@ def train(run: RunConfig, workdir: str | Path | None = None) -> dict[str, Any]:
 
     if is_main:
         n_params = sum(x.size for x in jax.tree.leaves(state.params))
-        budget = (f"{max_steps} steps" if max_steps is not None else "") + (
-            " or " if max_steps is not None and max_minutes is not None else "") + (
-            f"{max_minutes:g} minutes" if max_minutes is not None else "")
+        budget = []
+        if max_steps is not None:
+            budget.append(f"{max_steps} steps")
+        if run.max_epochs is not None:
+            budget.append(f"{run.max_epochs} epochs of {batches.batches_per_epoch} steps")
+        if max_minutes is not None:
+            budget.append(f"{max_minutes:g} minutes")
         _echo(f"Training {run.preset} ({n_params:,} parameters, vocabulary "
               f"{model_config.vocab_size}) on {data.counts.get('train', 0)} pairs "
               f"({len(data.train_examples)} after length filtering), {jax.device_count()} "
               f"{jax.devices()[0].platform} device(s), {jax.process_count()} process(es); "
-              f"budget {budget}; run directory {run_dir}")
+              f"budget {' or '.join(budget)}; run directory {run_dir}")
 
     def read_back() -> None:
         """Move pending device metrics into the window; stop on a non-finite loss."""
@@ -790,11 +796,16 @@ def train(run: RunConfig, workdir: str | Path | None = None) -> dict[str, Any]:
               f"{book['best_step']}), and --early-stop-patience is {patience}; raise it to "
               f"train on.")
     save_every = run.save_every or run.eval_every
+    step_limits = []  # the progress bar's total
+    if max_steps is not None:
+        step_limits.append(max_steps)
+    if run.max_epochs is not None:
+        step_limits.append(run.max_epochs * batches.batches_per_epoch)
     bar = None
     if is_main and run.progress:
         # disable=None: no bar when stderr is not a terminal (logs, CI); metrics.jsonl has it all.
-        bar = tqdm(total=max_steps, initial=step, unit="step", dynamic_ncols=True,
-                   disable=None, smoothing=0.1)
+        bar = tqdm(total=min(step_limits, default=None), initial=step, unit="step",
+                   dynamic_ncols=True, disable=None, smoothing=0.1)
     in_flight: collections.deque = collections.deque()
     deadline = started + max_minutes * 60 if max_minutes is not None else None
     with StopSignal() as stop:
@@ -802,6 +813,9 @@ def train(run: RunConfig, workdir: str | Path | None = None) -> dict[str, Any]:
             while stopped is None:
                 if max_steps is not None and step >= max_steps:
                     stopped = "max_steps"
+                    break
+                if run.max_epochs is not None and batches.epochs_completed >= run.max_epochs:
+                    stopped = "max_epochs"
                     break
                 check = jax.process_count() == 1 or step % 10 == 0
                 if check:
@@ -825,7 +839,7 @@ def train(run: RunConfig, workdir: str | Path | None = None) -> dict[str, Any]:
                 step += 1
                 if bar is not None:
                     bar.update(1)
-                    if max_steps is None and deadline is not None:
+                    if not step_limits and deadline is not None:
                         left = max(0.0, deadline - time.monotonic())
                         bar.set_description(f"ETA {int(left // 60)}:{int(left % 60):02d}",
                                             refresh=False)
