@@ -1,6 +1,5 @@
 """transformer.translation.Translator: text in, text out, around search."""
 
-import jax.numpy as jnp
 import pytest
 from flax import nnx
 

@@ -591,318 +591,417 @@ def train(run: RunConfig, workdir: str | Path | None = None) -> dict[str, Any]:
     Raises TrainingError when the loss stops being finite or `workdir` holds a run with
     another model or tokenizer, CheckpointError when its checkpoints cannot be restored.
     """
-    from tqdm import tqdm
-
-    from transformer.training import (create_train_state, make_eval_step, make_mesh,
-                                      make_train_step, shard_batch)
-
     run_dir = Path(workdir) if workdir is not None else run.default_output_dir()
     run_dir.mkdir(parents=True, exist_ok=True)
     enable_compilation_cache()
-    is_main = jax.process_index() == 0
-    started = time.monotonic()
-    max_steps, max_minutes = run.limits()
+    session = TrainingSession(run, run_dir)
+    try:
+        stopped = session.loop()
+    except TrainingError:
+        session.close()
+        raise
+    return session.finish(stopped)
 
-    _check_same_tokenizer(run_dir, run)
-    base_config = run.model_config(run.vocab_size)
-    data = prepare_data(run, run_dir, base_config.max_len)
-    model_config = run.model_config(data.tokenizer.vocab_size)
-    if ckpt.complete_steps(run_dir / ckpt.CHECKPOINTS_DIR):
-        _check_same_model(run_dir, model_config)
-    train_config = run.train_config()
-    search_config = run.search_config()
 
-    mesh = make_mesh()
-    graphdef, _, state = create_train_state(model_config, train_config, mesh)
-    train_step = make_train_step(graphdef, train_config, mesh)
-    eval_step = make_eval_step(graphdef, mesh, train_config)
-    saver = ckpt.Checkpointer(run_dir, keep_last=run.keep_last,
-                              async_save=run.async_checkpoints)
+class TrainingSession:
+    """One call of `train`: the model and optimizer state, the data iterator and the
+    bookkeeping that the loop, logging, validation and checkpoints share.
 
-    # ---- resume
-    book = {"best_bleu": None, "best_step": None, "bad_evals": 0, "window": [],
-            "iterator": {"epoch": 0, "position": 0}, "last_eval": None}
-    restored = saver.restore(state.params, {"step": state.step, "opt_state": state.opt_state,
-                                            "rng": state.rng})
-    if restored is not None:
-        state = state.replace(params=restored.params, step=restored.train["step"],
-                              opt_state=restored.train["opt_state"], rng=restored.train["rng"])
-        book.update(restored.data)
-        _echo(f"Resuming {run_dir} from step {restored.step}.")
-    step = int(_local(state.step))
-    # config.json is replaced only now: a resume that failed keeps the settings of the run.
-    if is_main:
-        write_run_config(run_dir, run, model_config, data)
-    # best/ must hold the best step the bookkeeping records and nothing else: a step saved
-    # there after the checkpoint resumed from belongs to a run that is being redone.
-    discarded = saver.discard_best(keep=book["best_step"])
-    if discarded:
-        log.warning("deleted %s steps %s: saved after step %d, where this run starts",
-                    saver.best_directory, discarded, step)
-    if book["best_step"] is not None and saver.best_step() != book["best_step"]:
-        log.warning("%s holds no step %d, which checkpoint %d records as the best (BLEU %.2f); "
-                    "tracking the best BLEU afresh from here", saver.best_directory,
-                    book["best_step"], step, book["best_bleu"])
-        book.update(best_bleu=None, best_step=None, bad_evals=0)
+    `book` is what a checkpoint stores besides the arrays (best BLEU and its step,
+    validations without improvement, the last validation) and, when saved, the iterator
+    position and the per-step metrics of the unfinished log window.
+    """
 
-    from data.batching import BatchIterator, eval_batches
+    def __init__(self, run: RunConfig, run_dir: Path):
+        from data.batching import BatchIterator
+        from transformer.training import (create_train_state, make_eval_step, make_mesh,
+                                          make_train_step)
 
-    batches = BatchIterator(data.train_examples, data.batch_config, state=book["iterator"])
-    writer = MetricsWriter(run_dir, step, is_main)
-    window: list[dict[str, float]] = [dict(m) for m in book["window"]]
-    pending: list[dict[str, jax.Array]] = []  # device metrics of steps not yet read back
-    clock = PausableClock()  # of the log window; tokens_per_s leaves out validation and saving
-    window_tokens_before = sum(m["tokens"] for m in window)
+        self.run, self.run_dir = run, run_dir
+        self.started = time.monotonic()
+        self.is_main = jax.process_index() == 0
+        self.max_steps, self.max_minutes = run.limits()
+        self.deadline = (self.started + self.max_minutes * 60
+                         if self.max_minutes is not None else None)
 
-    def bookkeeping() -> str:
-        """What a checkpoint stores besides the arrays, as JSON (compared to skip re-saves)."""
-        return json.dumps({**book, "iterator": batches.state, "window": window},
-                          sort_keys=True, default=float)
+        _check_same_tokenizer(run_dir, run)
+        self.data = prepare_data(run, run_dir, run.model_config(run.vocab_size).max_len)
+        self.model_config = run.model_config(self.data.tokenizer.vocab_size)
+        if ckpt.complete_steps(run_dir / ckpt.CHECKPOINTS_DIR):
+            _check_same_model(run_dir, self.model_config)
+        train_config = run.train_config()
+        self.search_config = run.search_config()
 
-    # (step, bookkeeping) of the last checkpoint written or restored
-    saved = (step, bookkeeping()) if restored is not None else None
-    pending_first_step = step + 1
+        self.mesh = make_mesh()
+        self.graphdef, _, self.state = create_train_state(self.model_config, train_config,
+                                                          self.mesh)
+        self.train_step = make_train_step(self.graphdef, train_config, self.mesh)
+        self.eval_step = make_eval_step(self.graphdef, self.mesh, train_config)
+        self.saver = ckpt.Checkpointer(run_dir, keep_last=run.keep_last,
+                                       async_save=run.async_checkpoints)
+        self.book = {"best_bleu": None, "best_step": None, "bad_evals": 0, "window": [],
+                     "iterator": {"epoch": 0, "position": 0}, "last_eval": None}
+        resumed = self._resume()
+        self.step = int(_local(self.state.step))
+        # config.json is replaced only now: a resume that failed keeps the settings of the run.
+        if self.is_main:
+            write_run_config(run_dir, run, self.model_config, self.data)
+        self._check_best_directory()
 
-    from flax import nnx
+        self.batches = BatchIterator(self.data.train_examples, self.data.batch_config,
+                                     state=self.book["iterator"])
+        self.writer = MetricsWriter(run_dir, self.step, self.is_main)
+        self.window: list[dict[str, float]] = [dict(m) for m in self.book["window"]]
+        self.window_tokens_before = sum(m["tokens"] for m in self.window)
+        self.pending: list[dict[str, jax.Array]] = []  # device metrics not yet read back
+        self.pending_first_step = self.step + 1
+        self.clock = PausableClock()  # of the log window: tokens/s leaves out eval and saving
+        # (step, bookkeeping) of the last checkpoint written or restored
+        self.saved = (self.step, self.bookkeeping()) if resumed else None
+        self.bar = None
 
-    if is_main:
-        n_params = sum(x.size for x in jax.tree.leaves(state.params))
-        budget = []
-        if max_steps is not None:
-            budget.append(f"{max_steps} steps")
-        if run.max_epochs is not None:
-            budget.append(f"{run.max_epochs} epochs of {batches.batches_per_epoch} steps")
-        if max_minutes is not None:
-            budget.append(f"{max_minutes:g} minutes")
-        _echo(f"Training {run.preset} ({n_params:,} parameters, vocabulary "
-              f"{model_config.vocab_size}) on {data.counts.get('train', 0)} pairs "
-              f"({len(data.train_examples)} after length filtering), {jax.device_count()} "
-              f"{jax.devices()[0].platform} device(s), {jax.process_count()} process(es); "
-              f"budget {' or '.join(budget)}; run directory {run_dir}")
+    # ------------------------------------------------------------------------- resume
 
-    def read_back() -> None:
-        """Move pending device metrics into the window; stop on a non-finite loss."""
-        nonlocal pending, pending_first_step
-        if not pending:
-            return
-        host = jax.device_get(pending)
-        for offset, metrics in enumerate(host):
-            if not bool(metrics["is_finite"]):
-                bad = pending_first_step + offset
-                saver.wait()  # a save in flight holds an earlier, finite state
-                last_good = saver.latest_step()
-                where = (f"the last good checkpoint is step {last_good} in {saver.directory}"
-                         if last_good is not None else "no checkpoint was saved yet")
-                raise TrainingError(
-                    f"Training diverged: the loss or gradient norm became "
-                    f"{float(metrics['loss'])}/{float(metrics['grad_norm'])} at step {bad} "
-                    f"(learning rate {float(metrics['learning_rate']):.3g}); {where}. Lower "
-                    f"--lr-scale/--peak-lr, raise --warmup or set --clip-norm 1.0, then rerun "
-                    f"(it resumes from the last good checkpoint).")
-            window.append({k: float(v) for k, v in metrics.items()})
-        pending = []
-        pending_first_step = step + 1
-
-    def log_window() -> None:
-        nonlocal window, window_tokens_before
-        read_back()
-        if not window:
-            return
-        line = summarize_window(window)
-        elapsed = clock.elapsed()
-        new_tokens = line["tokens"] - window_tokens_before
-        line["tokens_per_s"] = round(new_tokens / elapsed, 1) if elapsed > 0 else 0.0
-        line["elapsed_s"] = round(time.monotonic() - started, 1)
-        writer.write("train", step, line)
-        if bar is not None:
-            bar.set_postfix(loss=f"{line['loss']:.3f}", lr=f"{line['lr']:.2e}",
-                            tok_s=f"{line['tokens_per_s']:.0f}", refresh=False)
-        window, window_tokens_before = [], 0
-        clock.restart()
-
-    def save(force_sync: bool = False) -> None:
-        """Write checkpoint `step`, again if the bookkeeping changed since it was written (the
-        closing log line and validation change it without a step)."""
-        nonlocal saved
-        read_back()  # never save a state whose loss was not finite
-        current = bookkeeping()
-        if saved == (step, current):
-            return
-        with clock.paused():
-            saver.save(step, state.params, {"step": state.step, "opt_state": state.opt_state,
-                                            "rng": state.rng}, json.loads(current))
-            if force_sync:
-                saver.wait()
-        saved = (step, current)
-
-    def evaluate() -> dict[str, Any]:
-        sums = None
-        for batch in eval_batches(data.valid_examples, data.eval_batch_config):
-            out = eval_step(state.params, shard_batch(batch, mesh))
-            sums = out if sums is None else jax.tree.map(jnp.add, sums, out)
-        sums = {k: float(v) for k, v in _local(sums).items()}
-        tokens = max(sums["tokens"], 1.0)
-        result = {"loss": sums["loss_sum"] / tokens, "nll": sums["nll_sum"] / tokens,
-                  "ppl": math.exp(min(sums["nll_sum"] / tokens, 700.0)),
-                  "accuracy": sums["correct"] / tokens}
-        n = min(run.eval_sentences, len(data.valid_sources))
-        if n:
-            from transformer.translation import Translator, evaluate as score
-
-            # The same batching and search as translate.py.
-            model = nnx.merge(graphdef, _local(state.params))
-            sources, refs = data.valid_sources[:n], data.valid_targets[:n]
-            t0 = time.monotonic()
-            hyps = Translator(model, data.tokenizer, search_config).translate(sources)
-            scores = score(hyps, refs)
-            result["bleu"], result["chrf"] = scores.bleu, scores.chrf
-            result["sentences"] = n
-            result["translate_s"] = round(time.monotonic() - t0, 1)
-            for src, ref, hyp in list(zip(sources, refs, hyps))[: run.samples]:
-                _echo(f"  SRC: {src}\n  REF: {ref}\n  HYP: {hyp}")
-        return result
-
-    @clock.paused()
-    def run_eval() -> bool:
-        """Validate, track the best BLEU; True when early stopping says stop."""
-        result = evaluate()
-        book["last_eval"] = {"step": step, **result}
-        writer.write("eval", step, result)
-        bleu = result.get("bleu")
-        text = (f"step {step}: valid loss {result['loss']:.3f} ppl {result['ppl']:.2f}"
-                + (f" BLEU {bleu:.2f} chrF {result['chrf']:.1f}" if bleu is not None else ""))
-        if bleu is None:
-            _echo(text)
+    def _resume(self) -> bool:
+        """Restore the latest checkpoint into `state` and `book`; False when there is none."""
+        state = self.state
+        restored = self.saver.restore(state.params, {"step": state.step,
+                                                     "opt_state": state.opt_state,
+                                                     "rng": state.rng})
+        if restored is None:
             return False
-        if book["best_bleu"] is None or bleu > book["best_bleu"]:
-            book.update(best_bleu=bleu, best_step=step, bad_evals=0)
-            saver.save_best(step, state.params, {"bleu": bleu, "step": step})
-            # The checkpoint of the same step records this best step: best/ and the
-            # bookkeeping a resumed run reads always agree.
-            save()
-            text += " (best)"
-        else:
-            book["bad_evals"] += 1
-            text += f" (best {book['best_bleu']:.2f} at step {book['best_step']})"
-        _echo(text)
-        return patience is not None and book["bad_evals"] >= patience
+        self.state = state.replace(params=restored.params, step=restored.train["step"],
+                                   opt_state=restored.train["opt_state"],
+                                   rng=restored.train["rng"])
+        self.book.update(restored.data)
+        _echo(f"Resuming {self.run_dir} from step {restored.step}.")
+        return True
 
-    patience = run.early_stop_patience
-    stopped = None
-    if patience is not None and book["bad_evals"] >= patience:
-        stopped = "early_stop"
-        _echo(f"Not training: this run stopped early at step {step}, {book['bad_evals']} "
-              f"validations after its best BLEU ({book['best_bleu']:.2f} at step "
-              f"{book['best_step']}), and --early-stop-patience is {patience}; raise it to "
-              f"train on.")
-    save_every = run.save_every or run.eval_every
-    step_limits = []  # the progress bar's total
-    if max_steps is not None:
-        step_limits.append(max_steps)
-    if run.max_epochs is not None:
-        step_limits.append(run.max_epochs * batches.batches_per_epoch)
-    bar = None
-    if is_main and run.progress:
-        # disable=None: no bar when stderr is not a terminal (logs, CI); metrics.jsonl has it all.
-        bar = tqdm(total=min(step_limits, default=None), initial=step, unit="step",
-                   dynamic_ncols=True, disable=None, smoothing=0.1)
-    in_flight: collections.deque = collections.deque()
-    deadline = started + max_minutes * 60 if max_minutes is not None else None
-    with StopSignal() as stop:
+    def _check_best_directory(self) -> None:
+        """best/ must hold the best step the bookkeeping records and nothing else: a step
+        saved there after the checkpoint resumed from belongs to a run being redone."""
+        book, saver = self.book, self.saver
+        discarded = saver.discard_best(keep=book["best_step"])
+        if discarded:
+            log.warning("deleted %s steps %s: saved after step %d, where this run starts",
+                        saver.best_directory, discarded, self.step)
+        if book["best_step"] is not None and saver.best_step() != book["best_step"]:
+            log.warning("%s holds no step %d, which checkpoint %d records as the best (BLEU "
+                        "%.2f); tracking the best BLEU afresh from here", saver.best_directory,
+                        book["best_step"], self.step, book["best_bleu"])
+            book.update(best_bleu=None, best_step=None, bad_evals=0)
+
+    # ------------------------------------------------------------------------- the loop
+
+    def loop(self) -> str:
+        """Train until a limit, early stopping or a signal; returns why it stopped."""
+        self._announce()
+        stopped = self._stopped_early_before()
+        self.bar = self._progress_bar()
         try:
+            stopped = self._steps(stopped)
+        finally:
+            self._close_bar()
+        self.saver.wait()
+        return stopped
+
+    def _steps(self, stopped: str | None) -> str:
+        in_flight: collections.deque = collections.deque()
+        with StopSignal() as signals:
             while stopped is None:
-                if max_steps is not None and step >= max_steps:
-                    stopped = "max_steps"
+                stopped = self._limit_reached(signals)
+                if stopped is not None:
                     break
-                if run.max_epochs is not None and batches.epochs_completed >= run.max_epochs:
-                    stopped = "max_epochs"
-                    break
-                check = jax.process_count() == 1 or step % 10 == 0
-                if check:
-                    want = stop.received is not None or (
-                        deadline is not None and time.monotonic() >= deadline)
-                    if _all_processes_agree(want):
-                        stopped = stop.received or "max_minutes"
-                        break
-                batch = shard_batch(next(batches), mesh)
-                if run.nan_at_step is not None and step + 1 == run.nan_at_step:
-                    state = state.replace(params=jax.tree.map(lambda x: x * jnp.nan,
-                                                              state.params))
-                state, metrics = train_step(state, batch)
-                pending.append(metrics)
+                metrics = self._train_one_step()
                 # Let the host run at most two steps ahead of the device (waiting, not reading
                 # values): the time budget and signals then act within a step or two, and
                 # queued batches do not pile up in device memory.
                 in_flight.append(metrics["loss"])
                 if len(in_flight) > 2:
                     in_flight.popleft().block_until_ready()
-                step += 1
-                if bar is not None:
-                    bar.update(1)
-                    if not step_limits and deadline is not None:
-                        left = max(0.0, deadline - time.monotonic())
-                        bar.set_description(f"ETA {int(left // 60)}:{int(left % 60):02d}",
-                                            refresh=False)
-                if step % run.log_every == 0:
-                    log_window()
-                if step % run.eval_every == 0:
-                    read_back()
-                    if run_eval():
-                        stopped = "early_stop"  # saved below, with the closing log line
-                        break
-                if step % save_every == 0:
-                    save()
+                if self.step % self.run.log_every == 0:
+                    self.log_window()
+                if self.step % self.run.eval_every == 0 and self.validate():
+                    stopped = "early_stop"  # saved below, with the closing log line
+                    break
+                if self.step % (self.run.save_every or self.run.eval_every) == 0:
+                    self.save()
             if stopped not in ("SIGINT", "SIGTERM"):
                 # An interrupted run keeps its unfinished log window in the checkpoint, so
                 # the resumed run logs exactly what an uninterrupted one would.
-                log_window()
-                last = book["last_eval"]
-                if step > 0 and (last is None or last["step"] != step):
-                    run_eval()
-            save(force_sync=True)
-        except TrainingError:
-            if bar is not None:
-                bar.close()
-            saver.wait()
-            saver.close()
-            writer.close()
-            raise
-        finally:
-            if bar is not None:
-                bar.close()
-    saver.wait()
+                self.log_window()
+                last = self.book["last_eval"]
+                if self.step > 0 and (last is None or last["step"] != self.step):
+                    self.validate()
+            self.save(force_sync=True)
+        return stopped
 
-    # ---- the model translate.py loads: best by BLEU, else the last state
-    model_dir = run_dir / ckpt.MODEL_DIR
-    best_step = book["best_step"]
-    if best_step is not None:
-        params = saver.restore_params(state.params, best_step, best=True)
-        source = {"step": best_step, "bleu": book["best_bleu"], "chosen": "best validation BLEU"}
-    else:
-        params = state.params
-        source = {"step": step, "bleu": None, "chosen": "last step"}
-    params = _local(params)
-    if is_main:
-        ckpt.export_model(model_dir, params, model_config, data.tokenizer_file, search_config,
-                          {"source_lang": run.src, "target_lang": run.tgt, **source})
-    averaged_dir = None
-    if run.average_last:
-        averaged_dir = average(run_dir, run.average_last, model_config)
-    _barrier("exported")
-    saver.close()
-    writer.close()
+    def _train_one_step(self) -> dict[str, jax.Array]:
+        from transformer.training import shard_batch
 
-    summary = {
-        "run_dir": str(run_dir), "model_dir": str(averaged_dir or model_dir), "steps": step,
-        "stopped": stopped, "best_bleu": book["best_bleu"], "best_step": book["best_step"],
-        "last_eval": book["last_eval"], "minutes": round((time.monotonic() - started) / 60, 2),
-        "translate_command": translate_command(averaged_dir or model_dir, _example(data)),
-    }
-    if run.test_prefix or run.test_file:
-        summary["test_command"] = scoring_command(averaged_dir or model_dir, run)
-    if is_main:
-        print_summary(summary, run_dir)
-    return summary
+        batch = shard_batch(next(self.batches), self.mesh)
+        if self.run.nan_at_step is not None and self.step + 1 == self.run.nan_at_step:
+            self.state = self.state.replace(
+                params=jax.tree.map(lambda x: x * jnp.nan, self.state.params))
+        self.state, metrics = self.train_step(self.state, batch)
+        self.pending.append(metrics)
+        self.step += 1
+        if self.bar is not None:
+            self.bar.update(1)
+            if self.max_steps is None and self.run.max_epochs is None and self.deadline:
+                left = max(0.0, self.deadline - time.monotonic())
+                self.bar.set_description(f"ETA {int(left // 60)}:{int(left % 60):02d}",
+                                         refresh=False)
+        return metrics
+
+    def _limit_reached(self, signals: StopSignal) -> str | None:
+        """Why to stop before the next step, or None. Several processes agree on the time
+        budget and signals every 10 steps (a collective), so they stop at the same step."""
+        if self.max_steps is not None and self.step >= self.max_steps:
+            return "max_steps"
+        epochs = self.run.max_epochs
+        if epochs is not None and self.batches.epochs_completed >= epochs:
+            return "max_epochs"
+        if jax.process_count() > 1 and self.step % 10:
+            return None
+        want = signals.received is not None or (self.deadline is not None
+                                                and time.monotonic() >= self.deadline)
+        if _all_processes_agree(want):
+            return signals.received or "max_minutes"
+        return None
+
+    def _stopped_early_before(self) -> str | None:
+        """"early_stop" when the resumed run had already run out of --early-stop-patience."""
+        book, patience = self.book, self.run.early_stop_patience
+        if patience is None or book["bad_evals"] < patience:
+            return None
+        _echo(f"Not training: this run stopped early at step {self.step}, {book['bad_evals']} "
+              f"validations after its best BLEU ({book['best_bleu']:.2f} at step "
+              f"{book['best_step']}), and --early-stop-patience is {patience}; raise it to "
+              f"train on.")
+        return "early_stop"
+
+    def _announce(self) -> None:
+        if not self.is_main:
+            return
+        budget = []
+        if self.max_steps is not None:
+            budget.append(f"{self.max_steps} steps")
+        if self.run.max_epochs is not None:
+            budget.append(f"{self.run.max_epochs} epochs of {self.batches.batches_per_epoch} "
+                          "steps")
+        if self.max_minutes is not None:
+            budget.append(f"{self.max_minutes:g} minutes")
+        n_params = sum(x.size for x in jax.tree.leaves(self.state.params))
+        model, data = self.model_config, self.data
+        _echo(f"Training {self.run.preset} ({n_params:,} parameters, vocabulary "
+              f"{model.vocab_size}) on {data.counts.get('train', 0)} pairs "
+              f"({len(data.train_examples)} after length filtering), {jax.device_count()} "
+              f"{jax.devices()[0].platform} device(s), {jax.process_count()} process(es); "
+              f"budget {' or '.join(budget)}; run directory {self.run_dir}")
+
+    def _progress_bar(self):
+        """A tqdm bar on process 0's terminal; its total is the step or epoch limit."""
+        if not (self.is_main and self.run.progress):
+            return None
+        from tqdm import tqdm
+
+        limits = []
+        if self.max_steps is not None:
+            limits.append(self.max_steps)
+        if self.run.max_epochs is not None:
+            limits.append(self.run.max_epochs * self.batches.batches_per_epoch)
+        # disable=None: no bar when stderr is not a terminal (logs, CI); metrics.jsonl has it all.
+        return tqdm(total=min(limits, default=None), initial=self.step, unit="step",
+                    dynamic_ncols=True, disable=None, smoothing=0.1)
+
+    def _close_bar(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+    # ------------------------------------------------------------------------- metrics
+
+    def read_back(self) -> None:
+        """Move pending device metrics into the window; TrainingError on a non-finite loss."""
+        if not self.pending:
+            return
+        host = jax.device_get(self.pending)
+        for offset, metrics in enumerate(host):
+            if not bool(metrics["is_finite"]):
+                raise self._diverged(self.pending_first_step + offset, metrics)
+            self.window.append({k: float(v) for k, v in metrics.items()})
+        self.pending = []
+        self.pending_first_step = self.step + 1
+
+    def _diverged(self, bad_step: int, metrics: dict) -> TrainingError:
+        self.saver.wait()  # a save in flight holds an earlier, finite state
+        last_good = self.saver.latest_step()
+        where = (f"the last good checkpoint is step {last_good} in {self.saver.directory}"
+                 if last_good is not None else "no checkpoint was saved yet")
+        return TrainingError(
+            f"Training diverged: the loss or gradient norm became "
+            f"{float(metrics['loss'])}/{float(metrics['grad_norm'])} at step {bad_step} "
+            f"(learning rate {float(metrics['learning_rate']):.3g}); {where}. Lower "
+            f"--lr-scale/--peak-lr, raise --warmup or set --clip-norm 1.0, then rerun "
+            f"(it resumes from the last good checkpoint).")
+
+    def log_window(self) -> None:
+        """Write one "train" line for the steps since the last one."""
+        self.read_back()
+        if not self.window:
+            return
+        line = summarize_window(self.window)
+        elapsed = self.clock.elapsed()
+        new_tokens = line["tokens"] - self.window_tokens_before
+        line["tokens_per_s"] = round(new_tokens / elapsed, 1) if elapsed > 0 else 0.0
+        line["elapsed_s"] = round(time.monotonic() - self.started, 1)
+        self.writer.write("train", self.step, line)
+        if self.bar is not None:
+            self.bar.set_postfix(loss=f"{line['loss']:.3f}", lr=f"{line['lr']:.2e}",
+                                 tok_s=f"{line['tokens_per_s']:.0f}", refresh=False)
+        self.window, self.window_tokens_before = [], 0
+        self.clock.restart()
+
+    # ------------------------------------------------------------------------- checkpoints
+
+    def bookkeeping(self) -> str:
+        """What a checkpoint stores besides the arrays, as JSON (compared to skip re-saves)."""
+        return json.dumps({**self.book, "iterator": self.batches.state, "window": self.window},
+                          sort_keys=True, default=float)
+
+    def save(self, force_sync: bool = False) -> None:
+        """Write checkpoint `step`, again if the bookkeeping changed since it was written (the
+        closing log line and validation change it without a step)."""
+        self.read_back()  # never save a state whose loss was not finite
+        current = self.bookkeeping()
+        if self.saved == (self.step, current):
+            return
+        state = self.state
+        with self.clock.paused():
+            self.saver.save(self.step, state.params, {"step": state.step,
+                                                      "opt_state": state.opt_state,
+                                                      "rng": state.rng}, json.loads(current))
+            if force_sync:
+                self.saver.wait()
+        self.saved = (self.step, current)
+
+    # ------------------------------------------------------------------------- validation
+
+    def validate(self) -> bool:
+        """Validate, log, track the best BLEU; True when early stopping says stop."""
+        self.read_back()
+        with self.clock.paused():
+            result = self.validation_scores()
+            book, step = self.book, self.step
+            book["last_eval"] = {"step": step, **result}
+            self.writer.write("eval", step, result)
+            bleu = result.get("bleu")
+            text = (f"step {step}: valid loss {result['loss']:.3f} ppl {result['ppl']:.2f}"
+                    + (f" BLEU {bleu:.2f} chrF {result['chrf']:.1f}" if bleu is not None
+                       else ""))
+            if bleu is None:
+                _echo(text)
+                return False
+            if book["best_bleu"] is None or bleu > book["best_bleu"]:
+                book.update(best_bleu=bleu, best_step=step, bad_evals=0)
+                self.saver.save_best(step, self.state.params, {"bleu": bleu, "step": step})
+                # The checkpoint of the same step records this best step: best/ and the
+                # bookkeeping a resumed run reads always agree.
+                self.save()
+                text += " (best)"
+            else:
+                book["bad_evals"] += 1
+                text += f" (best {book['best_bleu']:.2f} at step {book['best_step']})"
+            _echo(text)
+            patience = self.run.early_stop_patience
+            return patience is not None and book["bad_evals"] >= patience
+
+    def validation_scores(self) -> dict[str, Any]:
+        """Loss, nll, perplexity and accuracy on the validation split; BLEU and chrF of the
+        first --eval-sentences pairs, translated as translate.py would."""
+        from data.batching import eval_batches
+        from transformer.training import shard_batch
+
+        sums = None
+        for batch in eval_batches(self.data.valid_examples, self.data.eval_batch_config):
+            out = self.eval_step(self.state.params, shard_batch(batch, self.mesh))
+            sums = out if sums is None else jax.tree.map(jnp.add, sums, out)
+        sums = {k: float(v) for k, v in _local(sums).items()}
+        tokens = max(sums["tokens"], 1.0)
+        result = {"loss": sums["loss_sum"] / tokens, "nll": sums["nll_sum"] / tokens,
+                  "ppl": math.exp(min(sums["nll_sum"] / tokens, 700.0)),
+                  "accuracy": sums["correct"] / tokens}
+        n = min(self.run.eval_sentences, len(self.data.valid_sources))
+        if n:
+            result.update(self._translation_scores(n))
+        return result
+
+    def _translation_scores(self, n: int) -> dict[str, Any]:
+        from flax import nnx
+
+        from transformer.translation import Translator, evaluate as score
+
+        data = self.data
+        model = nnx.merge(self.graphdef, _local(self.state.params))
+        sources, refs = data.valid_sources[:n], data.valid_targets[:n]
+        t0 = time.monotonic()
+        hyps = Translator(model, data.tokenizer, self.search_config).translate(sources)
+        scores = score(hyps, refs)
+        for src, ref, hyp in list(zip(sources, refs, hyps))[: self.run.samples]:
+            _echo(f"  SRC: {src}\n  REF: {ref}\n  HYP: {hyp}")
+        return {"bleu": scores.bleu, "chrf": scores.chrf, "sentences": n,
+                "translate_s": round(time.monotonic() - t0, 1)}
+
+    # ------------------------------------------------------------------------- the end
+
+    def finish(self, stopped: str) -> dict[str, Any]:
+        """Export the model translate.py loads (and the average), close, print the summary."""
+        run, book = self.run, self.book
+        model_dir = self._export_model()
+        averaged_dir = None
+        if run.average_last:
+            averaged_dir = average(self.run_dir, run.average_last, self.model_config)
+        _barrier("exported")
+        self.close()
+        final_dir = averaged_dir or model_dir
+        summary = {
+            "run_dir": str(self.run_dir), "model_dir": str(final_dir), "steps": self.step,
+            "stopped": stopped, "best_bleu": book["best_bleu"], "best_step": book["best_step"],
+            "last_eval": book["last_eval"],
+            "minutes": round((time.monotonic() - self.started) / 60, 2),
+            "translate_command": translate_command(final_dir, _example(self.data)),
+        }
+        if run.test_prefix or run.test_file:
+            summary["test_command"] = scoring_command(final_dir, run)
+        if self.is_main:
+            print_summary(summary, self.run_dir)
+        return summary
+
+    def _export_model(self) -> Path:
+        """Write model/: the parameters of the best step by BLEU, else of the last step."""
+        book = self.book
+        if book["best_step"] is not None:
+            params = self.saver.restore_params(self.state.params, book["best_step"], best=True)
+            source = {"step": book["best_step"], "bleu": book["best_bleu"],
+                      "chosen": "best validation BLEU"}
+        else:
+            params = self.state.params
+            source = {"step": self.step, "bleu": None, "chosen": "last step"}
+        model_dir = self.run_dir / ckpt.MODEL_DIR
+        params = _local(params)
+        if self.is_main:
+            ckpt.export_model(model_dir, params, self.model_config, self.data.tokenizer_file,
+                              self.search_config, {"source_lang": self.run.src,
+                                                   "target_lang": self.run.tgt, **source})
+        return model_dir
+
+    def close(self) -> None:
+        """Wait for checkpoints in flight and release the files (also after an error)."""
+        self._close_bar()
+        self.saver.wait()
+        self.saver.close()
+        self.writer.close()
 
 
 def _example(data: Data) -> str:
