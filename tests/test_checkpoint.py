@@ -118,6 +118,24 @@ def test_average_is_mean_of_last_n(tmp_path):
         np.testing.assert_allclose(np.asarray(x), y, rtol=1e-6, atol=1e-7)
 
 
+def test_average_of_fewer_checkpoints_than_asked_is_their_mean(tmp_path):
+    """Guards --average-last N with fewer than N checkpoints on disk: the mean of those there
+    (divided by their number, not by N, which would shrink every parameter)."""
+    (tmp_path / "config.json").write_text(json.dumps({"model": CONFIG.to_dict()}))
+    saver = checkpoint.Checkpointer(tmp_path, keep_last=5)
+    states = [_trained_state(n) for n in (1, 2)]
+    for n, state in zip((1, 2), states):
+        saver.save(n, *_split(state), {})
+    saver.wait()
+    saver.close()
+    mean, steps = checkpoint.average_checkpoints(tmp_path, last=5)
+    assert steps == [1, 2]
+    expected = jax.tree.map(lambda a, b: (np.asarray(a) + np.asarray(b)) / 2,
+                            states[0].params, states[1].params)
+    for x, y in zip(jax.tree.leaves(mean), jax.tree.leaves(expected)):
+        np.testing.assert_allclose(np.asarray(x), y, rtol=1e-6, atol=1e-7)
+
+
 def test_incomplete_checkpoints_are_ignored_on_restore(tmp_path):
     state = _trained_state(1)
     params, train = _split(state)

@@ -218,6 +218,16 @@ def test_filters_drop_and_count(caplog):
     assert rows == [padded([5, 5, 5, EOS_ID], width), padded([5] * 10 + [EOS_ID], width)]
 
 
+def test_length_ratio_filter_keeps_pairs_at_exactly_the_limit():
+    """Guards max_ratio as "more than this many times" (Moses, fairseq): 27 / 3 = 9 is kept
+    with max_ratio 9, 28 / 3 is dropped, whichever side is the longer (lengths with EOS)."""
+    src = [[5] * 2, [5] * 2, [5] * 26, [5] * 27, [5] * 4]
+    tgt = [[6] * 26, [6] * 27, [6] * 2, [6] * 2, [6] * 4]
+    encoded = datasets.Dataset.from_dict({"src_ids": src, "tgt_ids": tgt})
+    config = BatchConfig(max_len=64, max_ratio=9.0, buckets=BUCKETS, batch_tokens=512)
+    assert load_examples(encoded, config).index.tolist() == [0, 2, 4]
+
+
 def test_no_pairs_left_is_an_error():
     encoded = datasets.Dataset.from_dict({"src_ids": [[5] * 100], "tgt_ids": [[6] * 100]})
     with pytest.raises(DataError, match=r"train: no pairs left after filtering 1 pairs \(1 "

@@ -103,6 +103,50 @@ def test_beam_search_best_equals_exhaustive_search_up_to_length_4():
     assert non_trivial >= 2, "the brute-force optimum should not always be the empty output"
 
 
+def test_length_penalty_is_the_gnmt_formula():
+    """Guards lp = ((5 + len) / 6) ** alpha itself: the search tests score hypotheses with the
+    module's own length_penalty, so a wrong base or exponent there passes them all."""
+    lengths = np.array([1, 2, 7, 30])
+    np.testing.assert_allclose(length_penalty(jnp.asarray(lengths), 0.6),
+                               ((5.0 + lengths) / 6.0) ** 0.6, rtol=1e-6)
+    np.testing.assert_allclose(length_penalty(jnp.asarray(lengths), 0.0), 1.0)
+
+
+def constant_logits_model(logits: dict[int, float], vocab: int = 8) -> Transformer:
+    """A tiny model whose next-token logits are `logits` (0 for other ids) at every step,
+    whatever the source and history: the decoder's last LayerNorm outputs a fixed unit vector
+    u (scale 0, bias u) and the tied embedding holds logit * u in the rows of `logits`."""
+    model = Transformer(get_preset("tiny", vocab_size=vocab), rngs=nnx.Rngs(0))
+    unit = jnp.zeros(model.config.d_model).at[0].set(1.0)
+    norm = model.decoder_layers[-1].feed_forward_norm.norm
+    norm.scale[...] = jnp.zeros_like(norm.scale[...])
+    norm.bias[...] = unit
+    table = jnp.zeros((vocab, model.config.d_model))
+    for token, logit in logits.items():
+        table = table.at[token].set(logit * unit)
+    model.src_embedding.table.embedding[...] = table
+    return model
+
+
+def test_beam_search_goes_on_while_a_longer_hypothesis_can_still_win():
+    """Guards the stopping bound best_live_logprob / lp(limit): bounded with the live prefix's
+    current length instead, search stops after EOS wins the first step although the length
+    bonus makes a longer output better. Every step has p(EOS) = 0.5 and p(4) = 0.45, so
+    "4 x n, EOS" scores (n log 0.45 + log 0.5) / lp(n + 1), which alpha = 3 makes best at
+    the limit."""
+    e_eos, e_four = 60.0, 54.0       # with 6 other ids at logit 0: p = 0.5, 0.45, 0.05 / 6
+    model = constant_logits_model({EOS: float(np.log(e_eos)), 4: float(np.log(e_four))})
+    limit, alpha = 12, 3.0
+    config = SearchConfig(beam_size=2, alpha=alpha, max_len_a=0, max_len_b=limit)
+    result = search(model, sources(np.random.default_rng(9), [4], 8), config)
+    n = np.arange(limit)
+    scores = (n * np.log(0.45) + np.log(0.5)) / ((5.0 + n + 1) / 6.0) ** alpha
+    best = int(scores.argmax())
+    assert best == limit - 1 and scores[best] > scores[0]
+    assert result.tokens[0, 0, : result.lengths[0, 0]].tolist() == [4] * best + [EOS]
+    assert result.scores[0, 0] == pytest.approx(scores[best], abs=1e-4)
+
+
 def test_beam_scores_are_the_length_normalised_logprob_of_their_hypotheses():
     model = sharp_model(seed=3)
     rng = np.random.default_rng(2)

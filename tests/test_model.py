@@ -9,7 +9,8 @@ import pytest
 from flax import nnx
 
 from transformer.config import PRESETS, ModelConfig, SearchConfig, get_preset
-from transformer.layers import (cached_causal_mask, causal_mask, dropout, padding_mask,
+from transformer.layers import (AddNorm, MultiHeadAttention, PositionalEncoding,
+                                cached_causal_mask, causal_mask, dropout, padding_mask,
                                 reference_attention, sinusoidal_positions)
 from transformer.model import Transformer, count_parameters
 
@@ -108,7 +109,123 @@ def test_sinusoidal_positions_follow_the_formula():
     assert table[pos, 2 * i + 1] == pytest.approx(np.cos(pos / 10000 ** (2 * i / 6)), abs=1e-6)
 
 
+def test_embedding_is_scaled_by_sqrt_d_model():
+    """Guards the paper's sqrt(d_model) scaling of the embeddings (Sec. 3.4); the initialiser
+    is chosen for it, and without it the positions swamp the tokens."""
+    model = make_model()                                          # tiny: d_model 24
+    ids = jnp.array([[5, 9, 0], [63, 4, 4]])
+    table = np.asarray(model.src_embedding.table.embedding[...])
+    np.testing.assert_allclose(model.src_embedding(ids), table[np.asarray(ids)] * np.sqrt(24),
+                               rtol=1e-6)
+
+
+def test_positional_encoding_adds_the_table_from_position_zero():
+    """Guards positions counted from 0 (PE(0) = [0, 1, 0, 1, ...]) and the cache offset: a
+    shift by one is invisible to the cache/teacher-forcing parity tests, which shift both."""
+    config = get_preset("tiny")
+    positional = PositionalEncoding(config, rngs=nnx.Rngs(0))
+    table = sinusoidal_positions(config.max_len, config.d_model)
+    zeros = jnp.zeros((2, 5, config.d_model))
+    np.testing.assert_allclose(positional(zeros)[1], table[:5], atol=1e-6)
+    np.testing.assert_allclose(positional(zeros)[0, 0], [0.0, 1.0] * (config.d_model // 2),
+                               atol=1e-6)
+    np.testing.assert_allclose(positional(zeros, jnp.array(3))[0], table[3:8], atol=1e-6)
+
+
 # ----------------------------------------------------------------------------- attention
+
+
+def _numpy_layer_norm(x: np.ndarray, norm, eps: float) -> np.ndarray:
+    mean = x.mean(-1, keepdims=True)
+    var = x.var(-1, keepdims=True)
+    return (x - mean) / np.sqrt(var + eps) * np.asarray(norm.scale[...]) + np.asarray(norm.bias[...])
+
+
+def test_multi_head_attention_follows_the_paper_formula():
+    """Guards softmax(Q K^T / sqrt(d_head)) V per head, then W_O (Sec. 3.2.2), for the module
+    itself: a wrong scale applied alike to the fused and the cached path keeps every parity
+    test passing (the fused-vs-reference test calls jax.nn directly)."""
+    config = get_preset("tiny")                                   # 3 heads of 8
+    attention = MultiHeadAttention(config, rngs=nnx.Rngs(0))
+    rng = np.random.default_rng(11)
+    for dense in (attention.query, attention.key, attention.value, attention.output):
+        dense.bias[...] = jnp.asarray(rng.normal(size=dense.bias.shape), jnp.float32)
+    x = rng.normal(size=(2, 4, 24)).astype(np.float32)
+    context = rng.normal(size=(2, 6, 24)).astype(np.float32)
+    mask = padding_mask(jnp.array([[5, 5, 5, 5, 5, 5], [5, 5, 5, 0, 0, 0]]), PAD)
+
+    def project(dense, a):
+        return a @ np.asarray(dense.kernel[...]) + np.asarray(dense.bias[...])
+
+    def heads(a):
+        return a.reshape(a.shape[0], a.shape[1], 3, 8)
+
+    q, k, v = (heads(project(attention.query, x)), heads(project(attention.key, context)),
+               heads(project(attention.value, context)))
+    scores = np.einsum("bqhd,bkhd->bhqk", q, k) / np.sqrt(8)
+    scores = np.where(np.asarray(mask), scores, -np.inf)
+    weights = np.exp(scores - scores.max(-1, keepdims=True))
+    weights /= weights.sum(-1, keepdims=True)
+    expected = project(attention.output,
+                       np.einsum("bhqk,bkhd->bqhd", weights, v).reshape(2, 4, 24))
+    np.testing.assert_allclose(attention(jnp.asarray(x), jnp.asarray(context), mask), expected,
+                               atol=1e-5)
+
+
+@pytest.mark.parametrize("norm", ["post", "pre"])
+def test_add_norm_puts_the_layer_norm_where_the_config_says(norm):
+    """Guards post-norm LayerNorm(x + Sublayer(x)) and pre-norm x + Sublayer(LayerNorm(x)):
+    a swapped or missing norm still passes every parity and masking test."""
+    config = get_preset("tiny", norm=norm)
+    add_norm = AddNorm(config, rngs=nnx.Rngs(0))
+    rng = np.random.default_rng(12)
+    add_norm.norm.scale[...] = jnp.asarray(rng.uniform(0.5, 2.0, size=24), jnp.float32)
+    add_norm.norm.bias[...] = jnp.asarray(rng.normal(size=24), jnp.float32)
+    x, y = (rng.normal(size=(2, 3, 24)).astype(np.float32) * 3 for _ in range(2))
+    eps = config.layer_norm_epsilon
+    sublayer_input = add_norm.sublayer_input(jnp.asarray(x))
+    residual = add_norm.residual(jnp.asarray(x), jnp.asarray(y), None)
+    if norm == "post":
+        np.testing.assert_array_equal(sublayer_input, x)
+        np.testing.assert_allclose(residual, _numpy_layer_norm(x + y, add_norm.norm, eps),
+                                   atol=1e-5)
+    else:
+        np.testing.assert_allclose(sublayer_input, _numpy_layer_norm(x, add_norm.norm, eps),
+                                   atol=1e-5)
+        np.testing.assert_allclose(residual, x + y, atol=1e-6)
+
+
+def test_pre_norm_stacks_end_with_their_final_layer_norm():
+    """Guards the final encoder and decoder LayerNorms of a pre-norm model: with their scale
+    zeroed, their bias alone must set the memory and the logits at every position."""
+    model = make_model(norm="pre")
+    rng = np.random.default_rng(13)
+    src, tgt = random_batch(rng, 2, 5, 64, lengths=[5, 3]), random_batch(rng, 2, 4, 64)
+    memory_bias, output_bias = (jnp.asarray(rng.normal(size=24), jnp.float32) for _ in range(2))
+    for norm, bias in ((model.encoder_norm, memory_bias), (model.decoder_norm, output_bias)):
+        norm.scale[...] = jnp.zeros(24)
+        norm.bias[...] = bias
+    np.testing.assert_allclose(model.encode(src), np.broadcast_to(memory_bias, (2, 5, 24)),
+                               atol=1e-6)
+    expected = np.asarray(model.src_embedding.table.embedding[...]) @ np.asarray(output_bias)
+    np.testing.assert_allclose(model(src, tgt), np.broadcast_to(expected, (2, 4, 64)),
+                               atol=1e-4)
+
+
+def test_separate_target_embedding_is_what_the_decoder_reads():
+    """Guards share_embeddings=False: the decoder embeds target ids with its own table (and
+    projects with its own matrix), so the source table must not change the decoder's logits."""
+    model = make_model(share_embeddings=False)
+    rng = np.random.default_rng(14)
+    src, tgt = random_batch(rng, 2, 5, 64), random_batch(rng, 2, 4, 64)
+    memory, src_mask = model.encode(src), model.source_mask(src)
+    logits, _ = model.decode(memory, src_mask, tgt)
+    source_table = model.src_embedding.table.embedding
+    source_table[...] = source_table[...] * 3.0
+    np.testing.assert_allclose(model.decode(memory, src_mask, tgt)[0], logits, atol=1e-6)
+    target_table = model.tgt_embedding.table.embedding
+    target_table[...] = target_table[...] * 3.0
+    assert not np.allclose(model.decode(memory, src_mask, tgt)[0], logits, atol=1e-3)
 
 
 def test_fused_attention_equals_reference_attention():

@@ -185,6 +185,17 @@ def test_eval_step_ignores_all_pad_rows_and_longer_padding():
     assert float(sums["tokens"]) == (batch["tgt_out"] != 0).sum()
 
 
+def test_eval_step_smooths_the_loss_as_the_training_run_does():
+    """Guards make_eval_step's train_config: validation loss uses the run's label smoothing
+    (here none, so loss equals NLL), not TrainConfig()'s default 0.1."""
+    mesh = training.make_mesh(jax.devices()[:1])
+    train_config = TrainConfig(label_smoothing=0.0)
+    graphdef, _, state = training.create_train_state(get_preset("tiny"), train_config, mesh)
+    sums = training.make_eval_step(graphdef, mesh, train_config)(state.params,
+                                                                 worker.make_batch(0, rows=4))
+    assert float(sums["loss_sum"]) == pytest.approx(float(sums["nll_sum"]), rel=1e-6)
+
+
 # ----------------------------------------------------------------------------- training
 
 
@@ -219,6 +230,23 @@ def test_state_is_donated_and_non_finite_loss_is_flagged():
     broken = state.replace(params=jax.tree_util.tree_map(lambda p: p * jnp.nan, state.params))
     _, metrics = train_step(broken, batch)
     assert not bool(metrics["is_finite"])
+
+
+def test_each_update_draws_new_dropout_masks():
+    """Guards the dropout key fold_in(rng, step): from the same parameters, the updates of two
+    different steps must see different masks (so different losses), and the same step the same."""
+    mesh = training.make_mesh(jax.devices()[:1])
+    train_config = TrainConfig()
+    graphdef, _, state = training.create_train_state(get_preset("tiny", dropout=0.3),
+                                                     train_config, mesh)
+    train_step = training.make_train_step(graphdef, train_config, mesh)
+    batch = training.shard_batch(worker.make_batch(0), mesh)
+    losses = []
+    for step in (0, 0, 1):
+        start = jax.tree_util.tree_map(jnp.copy, state).replace(step=jnp.asarray(step, jnp.int32))
+        losses.append(float(train_step(start, batch)[1]["loss"]))
+    assert losses[0] == losses[1]
+    assert losses[0] != losses[2]
 
 
 def _close(reference: dict, other: dict, rtol=1e-5, atol=1e-6):
