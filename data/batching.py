@@ -28,6 +28,7 @@ global batch, ready for `jax.make_array_from_process_local_data`.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import logging
 import math
 import numbers
@@ -239,6 +240,16 @@ class PlannedBatch:
     src_len: int  # S
     tgt_len: int  # T
     rows: np.ndarray  # [B] int64 positions in Examples, or -1
+
+
+def plan_fingerprint(plan: list[PlannedBatch]) -> str:
+    """A digest of a plan's shapes and rows: equal plans, equal fingerprints."""
+    digest = hashlib.sha256()
+    for batch in plan:
+        digest.update(np.array([batch.src_len, batch.tgt_len, len(batch.rows)],
+                               np.int64).tobytes())
+        digest.update(np.asarray(batch.rows, np.int64).tobytes())
+    return digest.hexdigest()[:16]
 
 
 def _next_cell(i: int, j: int, counts: np.ndarray) -> tuple[int, int] | None:

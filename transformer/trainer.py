@@ -532,6 +532,22 @@ def _check_same_tokenizer(run_dir: Path, run: RunConfig) -> None:
                 f"with it, or use a new --output-dir to train a new tokenizer.")
 
 
+def _check_same_seed(run_dir: Path, run: RunConfig) -> None:
+    """The seed fixes each epoch's batch order and the validation pairs held out of the
+    training data: resuming with another would repeat and skip pairs mid-epoch and could move
+    validation pairs into training."""
+    path = run_dir / ckpt.CONFIG_FILE
+    if not path.is_file():
+        return
+    saved = ckpt.read_run_config(run_dir)[1].get("run", {}).get("seed")
+    if saved is not None and saved != run.seed:
+        raise TrainingError(
+            f"{run_dir} was trained with --seed {saved} (see {path}), this run asks for --seed "
+            f"{run.seed}: the seed fixes the order of the training pairs and the validation "
+            f"pairs held out of them, so pass --seed {saved} to resume, or use a new "
+            "--output-dir.")
+
+
 def _check_same_model(run_dir: Path, model_config: ModelConfig) -> None:
     """Resuming with a different model would fail deep inside orbax; say so up front."""
     path = run_dir / ckpt.CONFIG_FILE
@@ -629,6 +645,7 @@ class TrainingSession:
         self.model_config = run.model_config(self.data.tokenizer.vocab_size)
         if ckpt.complete_steps(run_dir / ckpt.CHECKPOINTS_DIR):
             _check_same_model(run_dir, self.model_config)
+            _check_same_seed(run_dir, run)
         train_config = run.train_config()
         self.search_config = run.search_config()
 
@@ -649,7 +666,7 @@ class TrainingSession:
         self._check_best_directory()
 
         self.batches = BatchIterator(self.data.train_examples, self.data.batch_config,
-                                     state=self.book["iterator"])
+                                     state=self._iterator_state())
         self.writer = MetricsWriter(run_dir, self.step, self.is_main)
         self.window: list[dict[str, float]] = [dict(m) for m in self.book["window"]]
         self.window_tokens_before = sum(m["tokens"] for m in self.window)
@@ -657,7 +674,7 @@ class TrainingSession:
         self.pending_first_step = self.step + 1
         self.clock = PausableClock()  # of the log window: tokens/s leaves out eval and saving
         # (step, bookkeeping) of the last checkpoint written or restored
-        self.saved = (self.step, self.bookkeeping()) if resumed else None
+        self.saved = (self.step, self.restored_bookkeeping) if resumed else None
         self.bar = None
 
     # ------------------------------------------------------------------------- resume
@@ -674,8 +691,31 @@ class TrainingSession:
                                    opt_state=restored.train["opt_state"],
                                    rng=restored.train["rng"])
         self.book.update(restored.data)
+        self.restored_bookkeeping = json.dumps(self.book, sort_keys=True, default=float)
         _echo(f"Resuming {self.run_dir} from step {restored.step}.")
         return True
+
+    def _iterator_state(self) -> dict:
+        """Where the data iterator resumes: the saved position, unless the batch plan it
+        indexes has changed (--batch-tokens, --buckets, --accum, the device count or the
+        training data did). Then the epoch in progress is cut short: its pairs are no longer
+        where the position says, so going on would repeat some and skip others."""
+        from data.batching import plan_epoch, plan_fingerprint
+
+        position = self.book["iterator"]
+        saved = self.book.get("plan")  # {"epoch", "fingerprint"} of the run that saved it
+        examples, config = self.data.train_examples, self.data.batch_config
+        if saved is not None and position["position"] > 0 and plan_fingerprint(
+                plan_epoch(examples, config, saved["epoch"])) != saved["fingerprint"]:
+            log.warning("the batch plan changed since step %d was saved (--batch-tokens, "
+                        "--buckets, --accum, the device count or the training data); the "
+                        "rest of epoch %d is skipped and training goes on with epoch %d",
+                        self.step, position["epoch"], position["epoch"] + 1)
+            position = {"epoch": position["epoch"] + 1, "position": 0}
+        epoch = position["epoch"]
+        self.book["plan"] = {"epoch": epoch, "fingerprint": plan_fingerprint(
+            plan_epoch(examples, config, epoch))}
+        return position
 
     def _check_best_directory(self) -> None:
         """best/ must hold the best step the bookkeeping records and nothing else: a step
