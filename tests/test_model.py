@@ -439,3 +439,9 @@ def test_a_sequence_longer_than_the_positions_is_refused_with_the_limit():
     model = Transformer(get_preset("tiny", max_len=16), rngs=nnx.Rngs(0))
     with pytest.raises(ValueError, match="17 positions.*max_len 16"):
         model.encode(jnp.full((1, 17), 5, jnp.int32))
+    # Decoding one token at a time cannot check its (traced) position: the cache refuses
+    # to hold more positions than the table has.
+    memory = model.encode(jnp.full((1, 4), 5, jnp.int32))
+    with pytest.raises(ValueError, match="cache of 17 target positions.*max_len 16"):
+        model.init_cache(memory, max_len=17)
+    model.init_cache(memory, max_len=16)

@@ -221,6 +221,11 @@ class Transformer(nnx.Module):
         of a sentence share them rather than holding k copies.
         """
         config = self.config
+        if max_len > config.max_len:
+            # Positions past the model's table would silently reuse its last row.
+            raise ValueError(f"a cache of {max_len} target positions is longer than the "
+                             f"model's max_len {config.max_len}; decode at most "
+                             f"{config.max_len} tokens.")
         batch = memory.shape[0]
         slots = max_len * beam_size
         key_shape = (batch, config.num_heads, config.head_dim, slots)
