@@ -102,38 +102,38 @@ def test_discard_best_keeps_only_the_recorded_step(tmp_path):
     saver.close()
 
 
-def test_average_is_mean_of_last_n(tmp_path):
-    (tmp_path / "config.json").write_text(json.dumps({"model": CONFIG.to_dict()}))
-    saver = checkpoint.Checkpointer(tmp_path, keep_last=5)
-    states = [_trained_state(n) for n in (1, 2, 3)]
-    for n, state in zip((1, 2, 3), states):
+def _save_trained_states(run_dir: Path, steps: list[int]) -> list:
+    """Checkpoints of `_trained_state(n)` at each step n (with the run's config.json)."""
+    (run_dir / "config.json").write_text(json.dumps({"model": CONFIG.to_dict()}))
+    saver = checkpoint.Checkpointer(run_dir, keep_last=5)
+    states = [_trained_state(n) for n in steps]
+    for n, state in zip(steps, states):
         saver.save(n, *_split(state), {})
     saver.wait()
     saver.close()
-    mean, steps = checkpoint.average_checkpoints(tmp_path, last=2)
-    assert steps == [2, 3]
-    expected = jax.tree.map(lambda a, b: (np.asarray(a) + np.asarray(b)) / 2,
-                            states[1].params, states[2].params)
+    return states
+
+
+def _assert_mean_of(mean, a, b) -> None:
+    expected = jax.tree.map(lambda x, y: (np.asarray(x) + np.asarray(y)) / 2, a.params, b.params)
     for x, y in zip(jax.tree.leaves(mean), jax.tree.leaves(expected)):
         np.testing.assert_allclose(np.asarray(x), y, rtol=1e-6, atol=1e-7)
+
+
+def test_average_is_mean_of_last_n(tmp_path):
+    states = _save_trained_states(tmp_path, [1, 2, 3])
+    mean, steps = checkpoint.average_checkpoints(tmp_path, last=2)
+    assert steps == [2, 3]
+    _assert_mean_of(mean, states[1], states[2])
 
 
 def test_average_of_fewer_checkpoints_than_asked_is_their_mean(tmp_path):
     """Guards --average-last N with fewer than N checkpoints on disk: the mean of those there
     (divided by their number, not by N, which would shrink every parameter)."""
-    (tmp_path / "config.json").write_text(json.dumps({"model": CONFIG.to_dict()}))
-    saver = checkpoint.Checkpointer(tmp_path, keep_last=5)
-    states = [_trained_state(n) for n in (1, 2)]
-    for n, state in zip((1, 2), states):
-        saver.save(n, *_split(state), {})
-    saver.wait()
-    saver.close()
+    states = _save_trained_states(tmp_path, [1, 2])
     mean, steps = checkpoint.average_checkpoints(tmp_path, last=5)
     assert steps == [1, 2]
-    expected = jax.tree.map(lambda a, b: (np.asarray(a) + np.asarray(b)) / 2,
-                            states[0].params, states[1].params)
-    for x, y in zip(jax.tree.leaves(mean), jax.tree.leaves(expected)):
-        np.testing.assert_allclose(np.asarray(x), y, rtol=1e-6, atol=1e-7)
+    _assert_mean_of(mean, states[0], states[1])
 
 
 def test_incomplete_checkpoints_are_ignored_on_restore(tmp_path):

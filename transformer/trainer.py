@@ -629,7 +629,6 @@ class TrainingSession:
     """
 
     def __init__(self, run: RunConfig, run_dir: Path):
-        from data.batching import BatchIterator
         from transformer.training import (create_train_state, make_eval_step, make_mesh,
                                           make_train_step)
 
@@ -658,15 +657,14 @@ class TrainingSession:
                                        async_save=run.async_checkpoints)
         self.book = {"best_bleu": None, "best_step": None, "bad_evals": 0, "window": [],
                      "iterator": {"epoch": 0, "position": 0}, "last_eval": None}
-        resumed = self._resume()
+        restored_bookkeeping = self._resume()
         self.step = int(_local(self.state.step))
         # config.json is replaced only now: a resume that failed keeps the settings of the run.
         if self.is_main:
             write_run_config(run_dir, run, self.model_config, self.data)
         self._check_best_directory()
 
-        self.batches = BatchIterator(self.data.train_examples, self.data.batch_config,
-                                     state=self._iterator_state())
+        self.batches = self._batch_iterator()
         self.writer = MetricsWriter(run_dir, self.step, self.is_main)
         self.window: list[dict[str, float]] = [dict(m) for m in self.book["window"]]
         self.window_tokens_before = sum(m["tokens"] for m in self.window)
@@ -674,48 +672,50 @@ class TrainingSession:
         self.pending_first_step = self.step + 1
         self.clock = PausableClock()  # of the log window: tokens/s leaves out eval and saving
         # (step, bookkeeping) of the last checkpoint written or restored
-        self.saved = (self.step, self.restored_bookkeeping) if resumed else None
+        self.saved = ((self.step, restored_bookkeeping) if restored_bookkeeping is not None
+                      else None)
         self.bar = None
 
     # ------------------------------------------------------------------------- resume
 
-    def _resume(self) -> bool:
-        """Restore the latest checkpoint into `state` and `book`; False when there is none."""
+    def _resume(self) -> str | None:
+        """Restore the latest checkpoint into `state` and `book`; returns the restored
+        bookkeeping as `bookkeeping()` writes it, or None when there is no checkpoint."""
         state = self.state
         restored = self.saver.restore(state.params, {"step": state.step,
                                                      "opt_state": state.opt_state,
                                                      "rng": state.rng})
         if restored is None:
-            return False
+            return None
         self.state = state.replace(params=restored.params, step=restored.train["step"],
                                    opt_state=restored.train["opt_state"],
                                    rng=restored.train["rng"])
         self.book.update(restored.data)
-        self.restored_bookkeeping = json.dumps(self.book, sort_keys=True, default=float)
         _echo(f"Resuming {self.run_dir} from step {restored.step}.")
-        return True
+        return json.dumps(self.book, sort_keys=True, default=float)
 
-    def _iterator_state(self) -> dict:
-        """Where the data iterator resumes: the saved position, unless the batch plan it
-        indexes has changed (--batch-tokens, --buckets, --accum, the device count or the
-        training data did). Then the epoch in progress is cut short: its pairs are no longer
-        where the position says, so going on would repeat some and skip others."""
-        from data.batching import plan_epoch, plan_fingerprint
+    def _batch_iterator(self):
+        """The training batches from the saved position, unless the batch plan it indexes
+        has changed (--batch-tokens, --buckets, --accum, the device count or the training
+        data did). Then the epoch in progress is cut short: its pairs are no longer where the
+        position says, so going on would repeat some and skip others."""
+        from data.batching import BatchIterator, plan_fingerprint
 
         position = self.book["iterator"]
-        saved = self.book.get("plan")  # {"epoch", "fingerprint"} of the run that saved it
         examples, config = self.data.train_examples, self.data.batch_config
+        batches = BatchIterator(examples, config, state=position)
+        saved = self.book.get("plan")  # {"epoch", "fingerprint"} of the run that saved it
         if saved is not None and position["position"] > 0 and plan_fingerprint(
-                plan_epoch(examples, config, saved["epoch"])) != saved["fingerprint"]:
+                batches.plan(saved["epoch"])) != saved["fingerprint"]:
             log.warning("the batch plan changed since step %d was saved (--batch-tokens, "
                         "--buckets, --accum, the device count or the training data); the "
                         "rest of epoch %d is skipped and training goes on with epoch %d",
                         self.step, position["epoch"], position["epoch"] + 1)
-            position = {"epoch": position["epoch"] + 1, "position": 0}
-        epoch = position["epoch"]
-        self.book["plan"] = {"epoch": epoch, "fingerprint": plan_fingerprint(
-            plan_epoch(examples, config, epoch))}
-        return position
+            batches = BatchIterator(examples, config,
+                                    state={"epoch": position["epoch"] + 1, "position": 0})
+        epoch = batches.state["epoch"]
+        self.book["plan"] = {"epoch": epoch, "fingerprint": plan_fingerprint(batches.plan(epoch))}
+        return batches
 
     def _check_best_directory(self) -> None:
         """best/ must hold the best step the bookkeeping records and nothing else: a step
