@@ -220,8 +220,8 @@ def _tsv_texts(path: Path) -> tuple[list[str], list[str]]:
             else:
                 raise DataError(
                     f"{path} line {line_no}: expected 2 TAB-separated fields (source<TAB>target), "
-                    f"found {len(fields)}; remove the stray TABs or use aligned files with "
-                    "--train-prefix"
+                    f"found {len(fields)}; remove the stray TABs or use aligned text files "
+                    "with --train-prefix, --valid-prefix or --test-prefix"
                 )
         sources.append(fields[0])
         targets.append(fields[1])
