@@ -45,6 +45,8 @@ _GROUPS = {
          "N when validation is held out of the training data"),
         ("--vocab-size", int, "SentencePiece vocabulary size"),
         ("--tokenizer-type", str, "unigram (default) or bpe"),
+        ("--spm-model", str, "use this SentencePiece model (e.g. another run's spm.model) "
+                             "instead of training one; its ids 0-3 must be pad, unk, bos, eos"),
         ("--batch-tokens", int, "tokens per micro-batch, padding included (an update holds "
                                 "K times that under --accum K)"),
         ("--max-tokens-per-sentence", int, "drop training pairs longer than this"),
@@ -238,6 +240,35 @@ def _parse_buckets(value, recipe: str | None = None) -> tuple[int, ...] | None:
     return buckets
 
 
+def _adopt_spm_model(settings: dict) -> str | None:
+    """With --spm-model, the run's vocabulary is that model's: set vocab_size to its size.
+
+    Returns an error message if the file is no usable SentencePiece model or --vocab-size
+    (from the flags or the recipe) asks for another size; --tokenizer-type is dropped with a
+    warning, since no tokenizer is trained.
+    """
+    import logging
+
+    from data.corpus import DataError
+    from data.tokenizer import Tokenizer
+
+    path = settings["spm_model"]
+    try:
+        pieces = Tokenizer.load(path).vocab_size
+    except DataError as err:
+        return f"--spm-model: {err}"
+    wanted = settings.get("vocab_size", pieces)
+    if wanted != pieces:
+        return (f"--vocab-size {wanted} but --spm-model {path} has {pieces} pieces; drop "
+                f"--vocab-size (or set it to {pieces}), or train a new tokenizer without "
+                "--spm-model.")
+    settings["vocab_size"] = pieces
+    if settings.pop("tokenizer_type", None) is not None:
+        logging.getLogger("train.py").warning(
+            "--tokenizer-type does not apply with --spm-model %s: no tokenizer is trained", path)
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     settings, args = resolve(argv)
 
@@ -266,6 +297,11 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
     output_dir = settings.pop("output_dir", None)
+    if settings.get("spm_model"):
+        conflict = _adopt_spm_model(settings)
+        if conflict:
+            print(f"error: {conflict}", file=sys.stderr)
+            return 2
     try:
         run = RunConfig(**settings)
     except (TypeError, ValueError) as err:

@@ -26,6 +26,12 @@ log-probability).
 
 Search settings default to the model's stored SearchConfig; flags override them.
 
+Several --model flags make an ensemble (`transformer.ensemble`): at every step the next-token
+probabilities of the models are averaged, as fairseq does. The models must have been trained
+with the same SentencePiece model; search settings and languages come from the first.
+
+    python translate.py --model runs/A --model runs/B --model runs/A/averaged < test.de
+
     python translate.py --model runs/NAME --evaluate --src-file test.en --ref-file test.de
 
 prints sacreBLEU BLEU and chrF (detokenized, cased) with their signatures; the numbers equal
@@ -34,6 +40,13 @@ a byte order mark starting a file is removed here, where sacreBLEU would score i
 Every test pair counts, also one with an empty side. The test files and the output paths are
 checked before the model is loaded, and the scores are printed before --hyp-file and --report
 are written, so a bad path costs no translation time.
+
+    python translate.py --model runs/NAME --score --src-file test.en --ref-file test.de
+
+prints the log-probability (natural log, EOS included) the model gives each reference, one
+line per pair, without searching (force decoding, as fairseq's --score-reference or
+marian-scorer); --normalize divides by the reference's tokens. It takes the same test-set
+flags as --evaluate and works with ensembles.
 
 Everything but translations and scores goes to stderr. Exit status: 0 on success, 1 for a bad
 model directory or input (the message names the file and line), 2 for invalid flags.
@@ -48,6 +61,7 @@ import contextlib
 import dataclasses
 import json
 import logging
+import math
 import os
 import select
 import sys
@@ -82,8 +96,10 @@ def build_parser() -> argparse.ArgumentParser:
                "0-based.")
     parser.add_argument("sentences", nargs="*", metavar="SENTENCE",
                         help="sentences to translate; without any, read --input or stdin")
-    parser.add_argument("--model", required=True,
-                        help="run directory (uses its model/) or a model directory")
+    parser.add_argument("--model", required=True, action="append",
+                        help="run directory (uses its model/) or a model directory; give it "
+                             "again for an ensemble, whose models average their next-token "
+                             "probabilities (they must share the SentencePiece model)")
     parser.add_argument("--dtype", choices=("float32", "bfloat16"),
                         help="compute dtype (default: the model's)")
     io = parser.add_argument_group("input and output")
@@ -139,6 +155,11 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--split", default="test", help="dataset split (default test)")
     ev.add_argument("--hyp-file", help="write the hypotheses here")
     ev.add_argument("--report", help="write scores, signatures and settings as JSON here")
+    ev.add_argument("--score", action="store_true",
+                    help="instead of translating, print log p(reference | source) of each pair "
+                         "of the test set flags (force decoding), one line per pair")
+    ev.add_argument("--normalize", action="store_true",
+                    help="--score: divide by the reference's tokens (EOS included)")
     return parser
 
 
@@ -152,22 +173,34 @@ def check_args(args: argparse.Namespace) -> None:
         raise UsageError("give sentences as arguments or --input FILE, not both.")
     if args.plot_attention and len(args.sentences) != 1:
         raise UsageError("--plot-attention needs exactly one SENTENCE argument.")
-    if args.evaluate:
+    if args.plot_attention and len(args.model) > 1:
+        raise UsageError("--plot-attention shows one model's attention; give one --model.")
+    if args.evaluate and args.score:
+        raise UsageError("--evaluate translates and --score does not: give one of them.")
+    if args.normalize and not args.score:
+        raise UsageError("--normalize only applies with --score.")
+    if args.score:
+        for flag in ("hyp_file", "report", "nbest", "plot_attention"):
+            if getattr(args, flag):
+                raise UsageError(f"--{flag.replace('_', '-')} does not apply with --score.")
+    mode = "--evaluate" if args.evaluate else "--score" if args.score else None
+    if mode:
         if args.sentences or args.input is not None:
-            raise UsageError("--evaluate reads --src-file/--ref-file, --test-prefix, "
+            raise UsageError(f"{mode} reads --src-file/--ref-file, --test-prefix, "
                              "--test-file or --dataset, not sentences or --input.")
         sources = [bool(args.src_file or args.ref_file), bool(args.test_prefix),
                    bool(args.test_file), bool(args.dataset)]
         if sum(sources) != 1:
-            raise UsageError("--evaluate needs exactly one of: --src-file with --ref-file, "
+            raise UsageError(f"{mode} needs exactly one of: --src-file with --ref-file, "
                              "--test-prefix PREFIX, --test-file FILE, --dataset NAME.")
         if sources[0] and not (args.src_file and args.ref_file):
-            raise UsageError("--evaluate needs both --src-file and --ref-file.")
+            raise UsageError(f"{mode} needs both --src-file and --ref-file.")
     else:
         for flag in ("src_file", "ref_file", "test_prefix", "test_file", "dataset", "hyp_file",
                      "report"):
             if getattr(args, flag):
-                raise UsageError(f"--{flag.replace('_', '-')} only applies with --evaluate.")
+                raise UsageError(f"--{flag.replace('_', '-')} only applies with --evaluate "
+                                 "or --score.")
 
 
 def search_config(stored, args: argparse.Namespace):
@@ -418,14 +451,33 @@ def run_evaluation(translator, args: argparse.Namespace, values: dict, out: IO[s
     out.flush()
     if args.hyp_file:
         Path(args.hyp_file).write_text("".join(h + "\n" for h in hypotheses), encoding="utf-8")
+    models = args.model[0] if len(args.model) == 1 else args.model  # a list: an ensemble
     report = {**scores.to_dict(), "test_set": description, "sentences": len(sources),
-              "model": str(args.model), "search": dataclasses.asdict(translator.search),
+              "model": models, "search": dataclasses.asdict(translator.search),
               "translate_seconds": round(seconds, 3), "hyp_file": args.hyp_file}
     if args.report:
         Path(args.report).write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n",
                                      encoding="utf-8")
     log.info("translated %d sentences in %.2f s", len(sources), seconds)
     return report
+
+
+def run_scoring(translator, args: argparse.Namespace, values: dict, out: IO[str],
+                test_set: tuple[list[str], list[str], str] | None = None) -> None:
+    """Print log p(reference | source) of every test pair, one line each, in order."""
+    sources, references, description = test_set or evaluation_data(args, values)
+    log.info("scoring the references of %s: %d pairs", description, len(sources))
+    where = (args.src_file or f"{description} source", args.ref_file or f"{description} reference")
+    with _progress_bar(len(sources), args.quiet) as bar:
+        scores = translator.score(sources, references, progress=bar.update, where=where)
+    out.write("".join(f"{logprob / tokens if args.normalize else logprob:.4f}\n"
+                      for logprob, tokens in scores))
+    out.flush()
+    tokens = sum(n for _, n in scores)
+    if tokens:
+        per_token = sum(logprob for logprob, _ in scores) / tokens
+        log.info("%d reference tokens (EOS included): %.4f nats per token, perplexity %.2f",
+                 tokens, per_token, math.exp(-per_token))
 
 
 # ----------------------------------------------------------------------------- attention plot
@@ -479,17 +531,18 @@ def run(args: argparse.Namespace) -> int:
     if args.input is not None and args.input != "-":
         input_lines = read_lines(args.input)
     test_set = None
-    if args.evaluate and (args.src_file or (args.src and args.tgt)):
+    if (args.evaluate or args.score) and (args.src_file or (args.src and args.tgt)):
         test_set = evaluation_data(args, {})  # else the languages come from the model
 
     enable_compilation_cache()
     from data.corpus import DataError
-    from transformer.checkpoint import CheckpointError, load_model
+    from transformer.checkpoint import CheckpointError
+    from transformer.ensemble import load_models
     from transformer.translation import Translator
 
     start = time.perf_counter()
     try:
-        model, tokenizer, values = load_model(args.model, dtype=args.dtype)
+        model, tokenizer, values = load_models(args.model, dtype=args.dtype)
     except (CheckpointError, DataError) as err:  # a damaged config.json is a CheckpointError
         raise InputError(str(err)) from None
     try:
@@ -513,7 +566,8 @@ def run(args: argparse.Namespace) -> int:
                                 seed=args.seed)
     except ValueError as err:  # settings that only the loaded model can refuse (--top-k)
         raise UsageError(f"invalid search settings for this model: {err}") from None
-    log.info("model %s loaded in %.2f s; search: %s", args.model, time.perf_counter() - start,
+    log.info("%s %s loaded in %.2f s; search: %s", "model" if len(args.model) == 1 else
+             "ensemble of", ", ".join(args.model), time.perf_counter() - start,
              ", ".join(f"{k}={v}" for k, v in dataclasses.asdict(search).items()))
 
     with contextlib.ExitStack() as stack:
@@ -522,6 +576,9 @@ def run(args: argparse.Namespace) -> int:
             out = stack.enter_context(open(args.output, "w", encoding="utf-8", newline="\n"))
         if args.evaluate:
             run_evaluation(translator, args, values, out, test_set)
+            return 0
+        if args.score:
+            run_scoring(translator, args, values, out, test_set)
             return 0
         nbest = args.nbest is not None
         start = time.perf_counter()

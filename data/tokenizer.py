@@ -82,7 +82,9 @@ class Tokenizer:
         if ids != (PAD_ID, UNK_ID, BOS_ID, EOS_ID):
             raise DataError(
                 f"SentencePiece model has pad/unk/bos/eos ids {ids}, this project needs "
-                f"{(PAD_ID, UNK_ID, BOS_ID, EOS_ID)}; train a new one with train_tokenizer"
+                f"{(PAD_ID, UNK_ID, BOS_ID, EOS_ID)}; train one with spm_train --pad_id={PAD_ID} "
+                f"--unk_id={UNK_ID} --bos_id={BOS_ID} --eos_id={EOS_ID}, or let train.py "
+                "train one"
             )
 
     @classmethod
@@ -192,12 +194,17 @@ def _training_error(err: RuntimeError, config: TokenizerConfig) -> DataError:
 
 
 def train_or_load_tokenizer(run_dir: str | Path, corpus: datasets.DatasetDict | datasets.Dataset,
-                            config: TokenizerConfig = TokenizerConfig()) -> Tokenizer:
+                            config: TokenizerConfig = TokenizerConfig(),
+                            given: str | Path | None = None) -> Tokenizer:
     """Reuse `run_dir/spm.model` if present (resume), else train on the train split and save.
 
-    A reused model must have `config.vocab_size` pieces, or a `DataError` says so.
+    A reused model must have `config.vocab_size` pieces, or a `DataError` says so. With
+    `given` (train.py's --spm-model), that file is the tokenizer instead: copied into
+    `run_dir` on the first run, and required to be the same model on a resumed one.
     """
     path = Path(run_dir) / MODEL_FILE
+    if given is not None:
+        return _use_given_tokenizer(path, Path(given))
     if path.is_file():
         tokenizer = Tokenizer.load(path)
         if tokenizer.vocab_size != config.vocab_size:
@@ -216,6 +223,24 @@ def train_or_load_tokenizer(run_dir: str | Path, corpus: datasets.DatasetDict | 
         config.model_type, tokenizer.vocab_size, min(config.max_sentences, 2 * len(train)),
         2 * len(train), path,
     )
+    return tokenizer
+
+
+def _use_given_tokenizer(path: Path, given: Path) -> Tokenizer:
+    """The SentencePiece model `given`, saved as `path` (the run's spm.model) unless there."""
+    tokenizer = Tokenizer.load(given)
+    if path.is_file():
+        if Tokenizer.load(path).fingerprint != tokenizer.fingerprint:
+            raise DataError(
+                f"{path} is not the SentencePiece model in --spm-model {given}: the run in "
+                f"{path.parent} started with another one, and its parameters only fit that one; "
+                "resume without --spm-model, or start a new --output-dir")
+        log.info("reusing tokenizer %s (%d pieces, the same as %s)", path,
+                 tokenizer.vocab_size, given)
+        return tokenizer
+    tokenizer.save(path.parent)
+    log.info("using SentencePiece model %s (%d pieces), copied to %s", given,
+             tokenizer.vocab_size, path)
     return tokenizer
 
 

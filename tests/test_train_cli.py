@@ -200,6 +200,28 @@ def test_bad_buckets_fail_before_training(tmp_path):
             train_cli.resolve(["--config", str(recipe)])
 
 
+def test_spm_model_sets_the_vocabulary_size(tmp_path, capsys):
+    from data.tokenizer import TokenizerConfig, train_tokenizer
+    from translate_model import sentences
+
+    given = train_tokenizer(sentences(300), TokenizerConfig(vocab_size=300)).save(tmp_path)
+    recipe = tmp_path / "recipe.json"
+    recipe.write_text(json.dumps({"vocab-size": 8000, "spm-model": str(given)}))
+    out = tmp_path / "run"
+    for flags, message in (
+            (["--spm-model", str(given), "--vocab-size", "500"],
+             f"--vocab-size 500 but --spm-model {given} has 300 pieces"),
+            (["--config", str(recipe)], f"--vocab-size 8000 but --spm-model {given} has 300"),
+            (["--spm-model", str(tmp_path / "none.model")],
+             f"--spm-model: {tmp_path / 'none.model'}: SentencePiece model not found")):
+        assert train_cli.main([*flags, "--output-dir", str(out)]) == 2
+        assert message in capsys.readouterr().err
+    assert not out.exists()
+    settings = {"spm_model": str(given), "tokenizer_type": "bpe"}
+    assert train_cli._adopt_spm_model(settings) is None
+    assert settings == {"spm_model": str(given), "vocab_size": 300}
+
+
 def _bad_sources(root: Path) -> dict[str, tuple[list[str], str]]:
     """train.py flags naming a bad training source, and what the error must say."""
     import datasets

@@ -237,6 +237,18 @@ def test_resume_with_another_tokenizer_type_is_an_error(tmp_path):
         train(RunConfig(preset="tiny", vocab_size=320, tokenizer_type="bpe"), out)
 
 
+def test_resume_of_a_run_with_spm_model_needs_the_flag_again(tmp_path):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / checkpoint.TOKENIZER_FILE).write_bytes(b"an earlier run's SentencePiece model")
+    (out / checkpoint.CONFIG_FILE).write_text(
+        json.dumps({"model": get_preset("tiny", vocab_size=320).to_dict(),
+                    "run": {"spm_model": "shared/spm.model", "vocab_size": 4000}}))
+    with pytest.raises(TrainingError, match=r"uses the SentencePiece model of --spm-model "
+                                            r"shared/spm.model .* pass that flag again"):
+        train(RunConfig(preset="tiny"), out)
+
+
 def test_metrics_file_with_a_line_cut_short(tmp_path, caplog):
     lines = [{"kind": "train", "step": 3}, {"kind": "train", "step": 6}]
     path = tmp_path / METRICS_FILE
@@ -293,3 +305,40 @@ def test_test_split_is_not_encoded_but_scored_in_the_summary(corpus, cache, monk
     as_file = dataclasses.replace(run, test_prefix=None, test_file="my test.tsv")
     assert scoring_command(Path("m"), as_file) == ("python translate.py --model m --evaluate "
                                                    "--test-file 'my test.tsv' --src en --tgt de")
+
+
+def test_spm_model_is_the_tokenizer_and_must_stay_it_on_resume(corpus, cache, monkeypatch,
+                                                               tmp_path):
+    import sentencepiece
+
+    from data.corpus import DataError
+    from data.tokenizer import TokenizerConfig, train_tokenizer
+    from translate_model import sentences
+
+    monkeypatch.setenv("FLAX_NMT_CACHE", str(cache))
+    given = train_tokenizer(sentences(300, seed=3), TokenizerConfig(vocab_size=300)).save(
+        tmp_path / "given")
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    # vocab_size 4000 (the default) does not apply: the given model has 300 pieces.
+    run = RunConfig(preset="tiny", train_prefix=corpus["train"], valid_prefix=corpus["valid"],
+                    spm_model=str(given), buckets=(16,), max_tokens_per_sentence=16)
+    data = prepare_data(run, run_dir, model_max_len=64)
+    assert data.tokenizer.vocab_size == 300
+    assert (run_dir / checkpoint.TOKENIZER_FILE).read_bytes() == given.read_bytes()
+    assert prepare_data(run, run_dir, model_max_len=64).tokenizer.vocab_size == 300  # resume
+
+    other = train_tokenizer(sentences(300, seed=4), TokenizerConfig(vocab_size=300)).save(
+        tmp_path / "other")
+    with pytest.raises(DataError, match=rf"{run_dir / 'spm.model'} is not the SentencePiece "
+                                        rf"model in --spm-model {other}"):
+        prepare_data(dataclasses.replace(run, spm_model=str(other)), run_dir, 64)
+
+    # SentencePiece's own defaults (unk 0, bos 1, eos 2, no pad) cannot serve this model.
+    defaults = tmp_path / "defaults"
+    sentencepiece.SentencePieceTrainer.train(sentence_iterator=iter(sentences(300, seed=5)),
+                                             model_prefix=str(defaults), vocab_size=60)
+    with pytest.raises(DataError, match=r"defaults.model: SentencePiece model has pad/unk/bos/"
+                                        r"eos ids \(-1, 0, 1, 2\).* spm_train --pad_id=0"):
+        prepare_data(dataclasses.replace(run, spm_model=f"{defaults}.model"),
+                     tmp_path / "fresh", 64)

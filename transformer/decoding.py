@@ -1,4 +1,5 @@
-"""Greedy, sampling and beam search over the Transformer's cached decoder.
+"""Greedy, sampling and beam search over the Transformer's cached decoder, and force
+decoding of given references (`reference_logprobs`).
 
 Every search starts from BOS, runs the decoder on one new position per step (keys and values
 of earlier positions come from the cache), and loops with `lax.while_loop` over static shapes
@@ -7,7 +8,9 @@ until every sentence has ended or reached its length limit. Each sentence has it
 fairseq does, so every output ends with EOS. PAD and BOS are never produced. After EOS a
 sequence is padded with PAD.
 
-The model is split once (`nnx.split`) and the jitted functions take its state as an argument,
+The model is a `Transformer` or a `transformer.ensemble.Ensemble`, which decodes several
+models in step (its cache is a tuple of theirs) and returns log-probabilities as logits.
+It is split once (`nnx.split`) and the jitted functions take its state as an argument,
 so searching with new parameters (e.g. after a training step) does not recompile. A compiled
 shape is (batch, padded source length); the output length is derived from the padded source
 length. `transformer.translation.Translator` feeds search with batches from
@@ -21,7 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -30,6 +33,9 @@ from flax import nnx
 
 from transformer.config import SearchConfig
 from transformer.model import Cache, Transformer, expand_cache_to_beams
+
+if TYPE_CHECKING:
+    from transformer.ensemble import Ensemble
 
 Array = jax.Array
 
@@ -112,7 +118,7 @@ def output_limits(src_ids: np.ndarray, config: SearchConfig, pad_id: int, model_
 # ----------------------------------------------------------------------------- public entry
 
 
-def search(model: Transformer, src_ids: np.ndarray | Array, config: SearchConfig,
+def search(model: Transformer | Ensemble, src_ids: np.ndarray | Array, config: SearchConfig,
            rng: Array | None = None) -> SearchResult:
     """Translate a padded batch of source ids [batch, src_len] (EOS included, PAD after).
 
@@ -148,6 +154,39 @@ def search_with_state(graphdef: nnx.GraphDef, state: nnx.State, src_ids: np.ndar
 
 def _model_config(graphdef, state):
     return nnx.merge(graphdef, state).config
+
+
+def reference_logprobs(model: Transformer | Ensemble, src_ids: np.ndarray | Array,
+                       tgt_ids: np.ndarray | Array) -> np.ndarray:
+    """log p(reference | source) of each row, teacher-forced (force decoding, for scoring).
+
+    src_ids [batch, src_len] and tgt_ids [batch, tgt_len] are padded with PAD and end with
+    EOS (tgt_ids without BOS); returns float32 [batch], the sum of the log-probabilities of
+    every target token, EOS included. Nothing is banned here: a reference is scored as it is.
+    """
+    graphdef, state = nnx.split(model)
+    return reference_logprobs_with_state(graphdef, state, src_ids, tgt_ids)
+
+
+def reference_logprobs_with_state(graphdef: nnx.GraphDef, state: nnx.State,
+                                  src_ids: np.ndarray | Array, tgt_ids: np.ndarray | Array
+                                  ) -> np.ndarray:
+    """`reference_logprobs` for a model already split with `nnx.split`."""
+    config = _model_config(graphdef, state)
+    pad, bos = config.pad_id, config.bos_id
+    tgt = jnp.asarray(tgt_ids, jnp.int32)
+    tgt_in = jnp.concatenate([jnp.full((tgt.shape[0], 1), bos, jnp.int32), tgt[:, :-1]], axis=1)
+    return np.asarray(_reference_logprobs(graphdef, state, jnp.asarray(src_ids, jnp.int32),
+                                          tgt_in, tgt, pad))
+
+
+@functools.partial(jax.jit, static_argnums=(0, 5))
+def _reference_logprobs(graphdef, state, src, tgt_in, tgt_out, pad_id: int):
+    model = nnx.merge(graphdef, state)
+    # An ensemble returns log-probabilities already; log_softmax leaves them unchanged.
+    logprobs = jax.nn.log_softmax(model(src, tgt_in), axis=-1)  # [batch, tgt_len, vocab]
+    picked = jnp.take_along_axis(logprobs, tgt_out[..., None], axis=-1)[..., 0]
+    return jnp.where(tgt_out != pad_id, picked, 0.0).sum(axis=1)
 
 
 # ----------------------------------------------------------------------------- shared pieces
@@ -264,7 +303,7 @@ def _beam_search(graphdef, state, src, limits, max_len: int, beam_size: int, nbe
 
     state0 = _BeamState(
         step=jnp.zeros((), jnp.int32),
-        cache=expand_cache_to_beams(cache, k),
+        cache=_each_cache(lambda c: expand_cache_to_beams(c, k), cache),
         alive_tokens=jnp.full((batch, k, max_len), config.pad_id, jnp.int32),
         # Only beam 0 is live at the start, so the first expansion does not repeat itself k times.
         alive_logprob=jnp.tile(jnp.array([0.0] + [NEG_INF] * (k - 1), jnp.float32), (batch, 1)),
@@ -319,7 +358,7 @@ def _beam_search(graphdef, state, src, limits, max_len: int, beam_size: int, nbe
         alive_logprob, order = jax.lax.top_k(alive_candidates, k)
         alive_tokens = jnp.take_along_axis(top_tokens, order[:, :, None], axis=1)
         parent = jnp.take_along_axis(beam_index, order, axis=1)  # [batch, k]
-        cache = _follow_parents(cache, parent)
+        cache = _each_cache(lambda c: _follow_parents(c, parent), cache)
 
         best_possible = alive_logprob[:, 0] / length_penalty(limits, alpha)
         can_improve = best_possible > finished_score[:, nbest - 1]
@@ -344,7 +383,7 @@ def _beam_search(graphdef, state, src, limits, max_len: int, beam_size: int, nbe
 @dataclasses.dataclass
 class _BeamState:
     step: Array
-    cache: Cache
+    cache: Cache | tuple[Cache, ...]  # a tuple for an ensemble, one Cache per model
     alive_tokens: Array     # [batch, k, max_len]
     alive_logprob: Array    # [batch, k]
     finished_tokens: Array  # [batch, k, max_len]
@@ -356,6 +395,12 @@ def _top_k_by(scores: Array, tokens: Array, k: int) -> tuple[Array, Array]:
     """The k best (score, tokens) rows per sentence: scores [batch, n], tokens [batch, n, len]."""
     best, order = jax.lax.top_k(scores, k)
     return best, jnp.take_along_axis(tokens, order[:, :, None], axis=1)
+
+
+def _each_cache(fn: Callable[[Cache], Cache], cache: Cache | tuple[Cache, ...]
+                ) -> Cache | tuple[Cache, ...]:
+    """fn applied to a model's Cache, or to each of an ensemble's (`transformer.ensemble`)."""
+    return tuple(fn(c) for c in cache) if isinstance(cache, tuple) else fn(cache)
 
 
 def _follow_parents(cache: Cache, parent: Array) -> Cache:

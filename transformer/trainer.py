@@ -108,6 +108,10 @@ class RunConfig(DictConfig):
     max_train_pairs: int | None = None
     vocab_size: int = 4000
     tokenizer_type: str = "unigram"
+    # An existing SentencePiece model (another run's spm.model, say) instead of training one;
+    # tokenizer_type then does not apply, and train.py sets vocab_size to its size (the model's
+    # vocabulary is the tokenizer's in any case). Its pad/unk/bos/eos ids must be 0-3.
+    spm_model: str | None = None
     batch_tokens: int = 2048  # per micro-batch: rows x max(S, T), padding included
     max_tokens_per_sentence: int = 64
     # Padded lengths of batches; None = data.batching.DEFAULT_BUCKETS (little padding, a few
@@ -476,7 +480,8 @@ def prepare_data(run: RunConfig, run_dir: Path, model_max_len: int) -> Data:
     # One process trains the tokenizer (SentencePiece training is multi-threaded and not
     # bit-reproducible); the others load the file it wrote to the shared run directory.
     if jax.process_index() == 0:
-        tokenizer = train_or_load_tokenizer(run_dir, corpus, tokenizer_config)
+        tokenizer = train_or_load_tokenizer(run_dir, corpus, tokenizer_config,
+                                            given=run.spm_model)
     _barrier("tokenizer")
     if jax.process_index() != 0:
         tokenizer = Tokenizer.load(run_dir / MODEL_FILE)
@@ -523,6 +528,12 @@ def _check_same_tokenizer(run_dir: Path, run: RunConfig) -> None:
     if not (run_dir / ckpt.TOKENIZER_FILE).is_file() or not path.is_file():
         return
     saved = ckpt.read_run_config(run_dir)[1].get("run", {})
+    if saved.get("spm_model") and not run.spm_model:
+        raise TrainingError(
+            f"the run in {run_dir} uses the SentencePiece model of --spm-model "
+            f"{saved['spm_model']} (see {path}): pass that flag again to resume it.")
+    if run.spm_model:
+        return  # data.tokenizer checks that it is the run's spm.model
     for name in ("tokenizer_type", "vocab_size"):
         flag, now = "--" + name.replace("_", "-"), getattr(run, name)
         if name in saved and saved[name] != now:

@@ -3,8 +3,9 @@
 `Translator` turns sentences into translations with a loaded model and its SentencePiece
 tokenizer: it encodes, sorts by length into token-budget batches padded to fixed bucket
 widths (`data.batching.inference_batches`), runs `decoding.search_with_state`, and restores
-input order. `evaluate` scores translations with sacreBLEU (BLEU and chrF on detokenized,
-cased text), exactly as the `sacrebleu` command does on the same files.
+input order; `Translator.score` gives each reference's log-probability under the model
+instead (force decoding). `evaluate` scores translations with sacreBLEU (BLEU and chrF on
+detokenized, cased text), exactly as the `sacrebleu` command does on the same files.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from flax import nnx
 
 from data.batching import buckets_up_to, inference_batches
 from transformer.config import SearchConfig
-from transformer.decoding import search_with_state
+from transformer.decoding import reference_logprobs_with_state, search_with_state
+from transformer.ensemble import Ensemble
 from transformer.model import Transformer
 
 log = logging.getLogger("translate")
@@ -46,7 +48,8 @@ class Scores:
 
 
 class Translator:
-    """Translates lists of sentences with one model, tokenizer and search configuration.
+    """Translates lists of sentences with one model (or ensemble), tokenizer and search
+    configuration.
 
     `batch_tokens` bounds source tokens per batch (beam search multiplies the work by
     beam_size). Sources longer than the model's positions allow are truncated to
@@ -55,7 +58,7 @@ class Translator:
     repeated calls (translate.py calls once per chunk of stdin) never reuse random numbers.
     """
 
-    def __init__(self, model: Transformer, tokenizer, search: SearchConfig,
+    def __init__(self, model: Transformer | Ensemble, tokenizer, search: SearchConfig,
                  batch_tokens: int = 4096, seed: int = 0):
         vocab = model.config.vocab_size
         if search.strategy == "sample" and search.top_k > vocab:
@@ -100,6 +103,42 @@ class Translator:
                 progress(len(batch_index))
         return results  # type: ignore[return-value]
 
+    def score(self, sources: Sequence[str], references: Sequence[str],
+              progress: Callable[[int], None] | None = None, first_line: int = 1,
+              where: tuple[str, str] = ("source", "reference")) -> list[tuple[float, int]]:
+        """(log p(reference | source), reference tokens with EOS) of each pair, in order.
+
+        Force decoding, as fairseq's --score-reference or marian-scorer: the natural-log
+        probability the model gives the whole reference, EOS included, with no search. An
+        empty side is scored as it is (EOS alone). `where` names the two sides in warnings.
+        """
+        if len(sources) != len(references):
+            raise ValueError(f"{len(sources)} sources but {len(references)} references.")
+        src_ids = self._encode(sources, first_line, where[0])
+        tgt_ids = [row + [self.model_config.eos_id]
+                   for row in self._encode(references, first_line, where[1])]
+        out: list[tuple[float, int]] = [(0.0, 0)] * len(sources)
+        budget = self._batch_budget(src_ids, per_token=1)
+        for src, index in inference_batches(src_ids, batch_tokens=budget, buckets=self.buckets):
+            real = index[index >= 0]
+            tgt = self._pad_targets([tgt_ids[i] for i in real], rows=len(index))
+            logprobs = reference_logprobs_with_state(self.graphdef, self.state, src, tgt)
+            for row, i in enumerate(real):
+                out[i] = (float(logprobs[row]), len(tgt_ids[i]))
+            if progress is not None:
+                progress(len(real))
+        return out
+
+    def _pad_targets(self, targets: list[list[int]], rows: int) -> np.ndarray:
+        """[rows, bucket] int32: the targets (EOS included) padded to the smallest bucket that
+        holds the longest, so that scoring compiles one shape per bucket pair."""
+        longest = max(len(t) for t in targets)
+        width = next(b for b in self.buckets if b >= longest)
+        out = np.full((rows, width), self.model_config.pad_id, np.int32)
+        for row, ids in enumerate(targets):
+            out[row, : len(ids)] = ids
+        return out
+
     def _encode(self, sentences: Sequence[str], first_line: int, source: str
                 ) -> list[list[int]]:
         ids = self.tokenizer.encode(list(sentences))
@@ -111,16 +150,18 @@ class Translator:
             ids[i] = ids[i][:limit]
         return ids
 
-    def _batch_budget(self, ids: list[list[int]]) -> int:
+    def _batch_budget(self, ids: list[list[int]], per_token: int | None = None) -> int:
         """Source tokens per batch for this call.
 
         Batches have a fixed number of rows per source width, so a lone sentence under the full
         budget would be searched alongside dozens of all-padding rows. A small call gets the next
         power of two above what it needs instead; powers of two keep the number of compiled
         shapes small (at most log2(batch_tokens / 64) + 1 row counts per width). Beam search
-        does beam_size times the work per source token, so its budget is divided by beam_size.
+        does beam_size times the work per source token, so its budget is divided by beam_size
+        (`per_token` gives another factor).
         """
-        per_token = self.search.beam_size if self.search.strategy == "beam" else 1
+        if per_token is None:
+            per_token = self.search.beam_size if self.search.strategy == "beam" else 1
         needed = per_token * sum(len(row) + 1 for row in ids)
         budget = min(self.batch_tokens, 1 << max(needed - 1, 1).bit_length())
         return max(budget // per_token, 1)  # inference_batches always makes one row
