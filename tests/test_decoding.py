@@ -1,6 +1,7 @@
 """Greedy, beam and sampling search: correctness against brute force and bookkeeping."""
 
 import dataclasses
+import functools
 import itertools
 
 import jax
@@ -34,13 +35,29 @@ def sources(rng: np.random.Generator, lengths: list[int], vocab: int) -> np.ndar
     return pad_sources(rows, PAD)
 
 
+@functools.partial(jax.jit, static_argnums=0)
+def teacher_forced_logits(graphdef, state, src, tgt_in):
+    """A split model's teacher-forced logits [batch, tgt_len, vocab] (jitted: eager passes
+    took seconds each)."""
+    model = nnx.merge(graphdef, state)
+    return model.decode(model.encode(src), model.source_mask(src), tgt_in)[0]
+
+
+def token_logprobs(model: Transformer, src_row: np.ndarray, hypothesis: list[int]) -> np.ndarray:
+    """log p(token) [len] of each token of `hypothesis` (EOS included), teacher-forced, one
+    sentence at a time. The target is padded to a multiple of 16 (few compiled shapes); the
+    causal mask keeps the padding out of the positions read."""
+    width = 16 * -(-len(hypothesis) // 16)
+    tgt_in = np.full((1, width), PAD, np.int32)
+    tgt_in[0, : len(hypothesis)] = [BOS] + hypothesis[:-1]
+    logits = teacher_forced_logits(*nnx.split(model), jnp.asarray(src_row[None]), tgt_in)[0]
+    logprobs = np.asarray(jax.nn.log_softmax(logits, axis=-1), np.float64)
+    return logprobs[np.arange(len(hypothesis)), hypothesis]
+
+
 def teacher_forced_logprob(model: Transformer, src_row: np.ndarray, hypothesis: list[int]) -> float:
     """Sum of log p(token) of `hypothesis` (EOS included) under the model, PAD/BOS excluded."""
-    src = jnp.asarray(src_row[None])
-    tgt_in = jnp.asarray([[BOS] + hypothesis[:-1]])
-    logits, _ = model.decode(model.encode(src), model.source_mask(src), tgt_in)
-    logprobs = jax.nn.log_softmax(logits[0])
-    return float(sum(logprobs[i, t] for i, t in enumerate(hypothesis)))
+    return float(token_logprobs(model, src_row, hypothesis).sum())
 
 
 def teacher_forced_logprobs(model: Transformer, src_row: np.ndarray,

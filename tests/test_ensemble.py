@@ -1,8 +1,8 @@
-"""Ensembles: search over several models must score every token by their mean probability,
-with each model's cache following the beams (transformer/ensemble.py)."""
+"""Ensembles and force decoding: search over several models must score every token by
+their mean probability, with each model's cache following the beams (transformer/ensemble.py);
+scoring a reference must give the teacher-forced log-probability of exactly its tokens."""
 
 import dataclasses
-import functools
 import math
 import shutil
 
@@ -12,43 +12,18 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from test_decoding import BOS, EOS, PAD, sharp_model, sources
+from test_decoding import (BOS, EOS, PAD, sharp_model, sources, teacher_forced_logits,
+                           token_logprobs)
 from transformer.config import SearchConfig, get_preset
 from transformer.decoding import length_penalty, search
 from transformer.ensemble import Ensemble
 from transformer.model import Transformer
 
 
-@functools.partial(jax.jit, static_argnums=0)
-def _teacher_forced(graphdef, state, src, tgt_in, tgt_out):
-    model = nnx.merge(graphdef, state)
-    logits, _ = model.decode(model.encode(src), model.source_mask(src), tgt_in)
-    logprobs = jax.nn.log_softmax(logits, axis=-1)
-    return jnp.take_along_axis(logprobs, tgt_out[..., None], axis=-1)[..., 0]
-
-
-def token_logprobs(model: Transformer, src_row: np.ndarray, hypothesis: list[int]) -> np.ndarray:
-    """log p(token) [len] of each token of `hypothesis` (EOS included), teacher-forced, one
-    model and one sentence at a time: what the ensemble's batched search must reproduce."""
-    width = 16 * -(-len(hypothesis) // 16)  # few shapes, so few compilations
-    tgt_in = np.full((1, width), PAD, np.int32)
-    tgt_out = np.full((1, width), PAD, np.int32)
-    tgt_in[0, : len(hypothesis)] = [BOS] + hypothesis[:-1]
-    tgt_out[0, : len(hypothesis)] = hypothesis
-    picked = _teacher_forced(*nnx.split(model), jnp.asarray(src_row[None]), tgt_in, tgt_out)
-    return np.asarray(picked[0, : len(hypothesis)], np.float64)
-
-
 def mean_probability_logprob(models, src_row, hypothesis) -> float:
     """log of the models' mean probability, summed over the hypothesis' tokens."""
     per_model = np.stack([token_logprobs(m, src_row, hypothesis) for m in models])
     return float(np.sum(np.logaddexp.reduce(per_model, axis=0) - math.log(len(models))))
-
-
-@functools.partial(jax.jit, static_argnums=0)
-def _logits(graphdef, state, src, tgt_in):
-    model = nnx.merge(graphdef, state)
-    return model.decode(model.encode(src), model.source_mask(src), tgt_in)[0]
 
 
 def hypotheses(result, sentence: int) -> list[list[int]]:
@@ -85,7 +60,7 @@ def test_greedy_takes_the_most_likely_token_of_the_mean_distribution():
         hypothesis = hypotheses(result, sentence)[0]
         tgt_in = jnp.asarray([[BOS] + hypothesis[:-1]])
         row = jnp.asarray(src[sentence][None])
-        per_model = [jax.nn.log_softmax(_logits(*nnx.split(m), row, tgt_in)[0]) for m in models]
+        per_model = [jax.nn.log_softmax(teacher_forced_logits(*nnx.split(m), row, tgt_in)[0]) for m in models]
         mean = np.logaddexp(*map(np.asarray, per_model))
         mean[:, [PAD, BOS]] = -np.inf
         limit = config.max_output_len(int((src[sentence] != PAD).sum()), ensemble.config.max_len)
@@ -111,10 +86,9 @@ def test_members_may_differ_in_size_but_not_in_vocabulary():
     deeper = Transformer(dataclasses.replace(get_preset("tiny", vocab_size=64), decoder_layers=3,
                                              max_len=32), rngs=nnx.Rngs(1))
     ensemble = Ensemble([small, deeper])
-    assert ensemble.config.max_len == 32  # no member decodes past its own positions
-    result = search(ensemble, sources(np.random.default_rng(3), [5], 64),
-                    SearchConfig(beam_size=2, max_len_a=0.0, max_len_b=40))
-    assert result.tokens.shape[-1] == 32
+    # No member decodes past its own positions (its init_cache would refuse).
+    assert ensemble.config.max_len == 32
+    assert len(ensemble.init_cache(ensemble.encode(jnp.full((1, 5), 7)), 32)[1]["self_key"]) == 3
     other_vocab = sharp_model(vocab=80)
     with pytest.raises(ValueError, match="model 1 has vocab_size 80 but model 0 has 64"):
         Ensemble([small, other_vocab])
