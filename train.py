@@ -46,7 +46,8 @@ _GROUPS = {
         ("--vocab-size", int, "SentencePiece vocabulary size"),
         ("--tokenizer-type", str, "unigram (default) or bpe"),
         ("--spm-model", str, "use this SentencePiece model (e.g. another run's spm.model) "
-                             "instead of training one; its ids 0-3 must be pad, unk, bos, eos"),
+                             "instead of training one: its size is the vocabulary size, and "
+                             "its ids 0-3 must be pad, unk, bos, eos"),
         ("--batch-tokens", int, "tokens per micro-batch, padding included (an update holds "
                                 "K times that under --accum K)"),
         ("--max-tokens-per-sentence", int, "drop training pairs longer than this"),
