@@ -225,25 +225,25 @@ def test_run_config_checks_limits_and_early_stopping():
         RunConfig(early_stop_patience=2, eval_sentences=0)
 
 
-def test_resume_with_another_tokenizer_type_is_an_error(tmp_path):
+def _earlier_run(tmp_path: Path, run_settings: dict) -> Path:
+    """A run directory as an earlier run left it: spm.model and config.json with its settings."""
     out = tmp_path / "run"
     out.mkdir()
     (out / checkpoint.TOKENIZER_FILE).write_bytes(b"an earlier run's SentencePiece model")
     (out / checkpoint.CONFIG_FILE).write_text(
-        json.dumps({"model": get_preset("tiny", vocab_size=320).to_dict(),
-                    "run": {"tokenizer_type": "unigram", "vocab_size": 320}}))
+        json.dumps({"model": get_preset("tiny", vocab_size=320).to_dict(), "run": run_settings}))
+    return out
+
+
+def test_resume_with_another_tokenizer_type_is_an_error(tmp_path):
+    out = _earlier_run(tmp_path, {"tokenizer_type": "unigram", "vocab_size": 320})
     with pytest.raises(TrainingError, match=r"spm.model was trained with --tokenizer-type "
                                             r"unigram .* asks for --tokenizer-type bpe"):
         train(RunConfig(preset="tiny", vocab_size=320, tokenizer_type="bpe"), out)
 
 
 def test_resume_of_a_run_with_spm_model_needs_the_flag_again(tmp_path):
-    out = tmp_path / "run"
-    out.mkdir()
-    (out / checkpoint.TOKENIZER_FILE).write_bytes(b"an earlier run's SentencePiece model")
-    (out / checkpoint.CONFIG_FILE).write_text(
-        json.dumps({"model": get_preset("tiny", vocab_size=320).to_dict(),
-                    "run": {"spm_model": "shared/spm.model", "vocab_size": 4000}}))
+    out = _earlier_run(tmp_path, {"spm_model": "shared/spm.model", "vocab_size": 4000})
     with pytest.raises(TrainingError, match=r"uses the SentencePiece model of --spm-model "
                                             r"shared/spm.model .* pass that flag again"):
         train(RunConfig(preset="tiny"), out)

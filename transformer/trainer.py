@@ -522,12 +522,19 @@ def write_run_config(run_dir: Path, run: RunConfig, model_config: ModelConfig,
     tmp.replace(run_dir / ckpt.CONFIG_FILE)
 
 
+def _saved_run_settings(run_dir: Path) -> dict:
+    """The RunConfig fields the earlier run in `run_dir` recorded; {} when it recorded none."""
+    if not (run_dir / ckpt.CONFIG_FILE).is_file():
+        return {}
+    return ckpt.read_run_config(run_dir)[1].get("run", {})
+
+
 def _check_same_tokenizer(run_dir: Path, run: RunConfig) -> None:
     """An existing spm.model is reused; fail if this run asks for a different one."""
     path = run_dir / ckpt.CONFIG_FILE
-    if not (run_dir / ckpt.TOKENIZER_FILE).is_file() or not path.is_file():
+    if not (run_dir / ckpt.TOKENIZER_FILE).is_file():
         return
-    saved = ckpt.read_run_config(run_dir)[1].get("run", {})
+    saved = _saved_run_settings(run_dir)
     if saved.get("spm_model") and not run.spm_model:
         raise TrainingError(
             f"the run in {run_dir} uses the SentencePiece model of --spm-model "
@@ -548,9 +555,7 @@ def _check_same_seed(run_dir: Path, run: RunConfig) -> None:
     training data: resuming with another would repeat and skip pairs mid-epoch and could move
     validation pairs into training."""
     path = run_dir / ckpt.CONFIG_FILE
-    if not path.is_file():
-        return
-    saved = ckpt.read_run_config(run_dir)[1].get("run", {}).get("seed")
+    saved = _saved_run_settings(run_dir).get("seed")
     if saved is not None and saved != run.seed:
         raise TrainingError(
             f"{run_dir} was trained with --seed {saved} (see {path}), this run asks for --seed "
