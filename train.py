@@ -81,6 +81,9 @@ _GROUPS = {
         ("--beam", int, "beam size for validation translations"),
         ("--alpha", float, "length penalty alpha"),
         ("--samples", int, "sample translations printed per validation"),
+        ("--bleu-tokenize", str, "sacreBLEU's BLEU tokenizer (13a, intl, zh, ja-mecab, "
+         "ko-mecab, char, none, ...); default: zh, ja-mecab or ko-mecab for a Chinese, "
+         "Japanese or Korean target, else 13a"),
     ],
     "checkpoints and logging": [
         ("--save-every", int, "checkpoint every N steps (default: --eval-every)"),
@@ -305,6 +308,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     try:
         run = RunConfig(**settings)
+        run.bleu_settings()  # MeCab for a Japanese or Korean target, say
     except (TypeError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

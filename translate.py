@@ -37,6 +37,9 @@ with the same SentencePiece model; search settings and languages come from the f
 prints sacreBLEU BLEU and chrF (detokenized, cased) with their signatures; the numbers equal
 `sacrebleu test.de -i HYP -m bleu chrf` on the hypotheses written with --hyp-file (except that
 a byte order mark starting a file is removed here, where sacreBLEU would score it as text).
+BLEU is tokenized as `sacrebleu -l SRC-TGT` would for the target language: zh for Chinese,
+ja-mecab for Japanese, ko-mecab for Korean (these two need `pip install -e '.[cjk]'`), 13a for
+the others; --bleu-tokenize picks another (char, intl, none, ...).
 Every test pair counts, also one with an empty side. The test files and the output paths are
 checked before the model is loaded, and the scores are printed before --hyp-file and --report
 are written, so a bad path costs no translation time.
@@ -155,6 +158,10 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--split", default="test", help="dataset split (default test)")
     ev.add_argument("--hyp-file", help="write the hypotheses here")
     ev.add_argument("--report", help="write scores, signatures and settings as JSON here")
+    ev.add_argument("--bleu-tokenize", metavar="NAME",
+                    help="sacreBLEU's BLEU tokenizer: 13a, intl, zh, ja-mecab, ko-mecab, char, "
+                         "none, spm, flores101, flores200 (default: zh, ja-mecab or ko-mecab "
+                         "for a Chinese, Japanese or Korean target, else 13a)")
     ev.add_argument("--score", action="store_true",
                     help="instead of translating, print log p(reference | source) of each pair "
                          "of the test set flags (force decoding), one line per pair")
@@ -180,7 +187,7 @@ def check_args(args: argparse.Namespace) -> None:
     if args.normalize and not args.score:
         raise UsageError("--normalize only applies with --score.")
     if args.score:
-        for flag in ("hyp_file", "report", "nbest", "plot_attention"):
+        for flag in ("hyp_file", "report", "nbest", "plot_attention", "bleu_tokenize"):
             if getattr(args, flag):
                 raise UsageError(f"--{flag.replace('_', '-')} does not apply with --score.")
     mode = "--evaluate" if args.evaluate else "--score" if args.score else None
@@ -201,6 +208,8 @@ def check_args(args: argparse.Namespace) -> None:
             if getattr(args, flag):
                 raise UsageError(f"--{flag.replace('_', '-')} only applies with --evaluate "
                                  "or --score.")
+        if args.bleu_tokenize:
+            raise UsageError("--bleu-tokenize only applies with --evaluate.")
 
 
 def search_config(stored, args: argparse.Namespace):
@@ -356,10 +365,30 @@ def _progress_bar(total: int, quiet: bool):
 # ----------------------------------------------------------------------------- evaluation
 
 
-def evaluation_data(args: argparse.Namespace, values: dict) -> tuple[list[str], list[str], str]:
-    """(sources, references, description) of the test set named by the flags."""
+def languages(args: argparse.Namespace, values: dict) -> tuple[str | None, str | None]:
+    """(source, target) language codes: --src/--tgt, else those stored with the model."""
     src = args.src or values.get("source_lang") or values.get("data", {}).get("src")
     tgt = args.tgt or values.get("target_lang") or values.get("data", {}).get("tgt")
+    return src, tgt
+
+
+def bleu_settings(args: argparse.Namespace, values: dict) -> dict[str, str | None]:
+    """The keyword arguments of `transformer.translation.evaluate` that choose BLEU's
+    tokenizer; UsageError if it is unknown or cannot run here (MeCab missing)."""
+    from transformer.translation import MetricError, bleu_metric
+
+    settings = {"target_language": languages(args, values)[1],
+                "bleu_tokenize": args.bleu_tokenize}
+    try:
+        bleu_metric(*settings.values())
+    except MetricError as err:
+        raise UsageError(str(err)) from None
+    return settings
+
+
+def evaluation_data(args: argparse.Namespace, values: dict) -> tuple[list[str], list[str], str]:
+    """(sources, references, description) of the test set named by the flags."""
+    src, tgt = languages(args, values)
     if args.src_file:
         src_path, ref_path = args.src_file, args.ref_file
     elif args.test_prefix:
@@ -433,6 +462,7 @@ def run_evaluation(translator, args: argparse.Namespace, values: dict, out: IO[s
     BLEU and chrF, then write --hyp-file and --report."""
     from transformer.translation import evaluate
 
+    bleu = bleu_settings(args, values)  # before translating: MeCab may be missing
     sources, references, description = test_set or evaluation_data(args, values)
     log.info("evaluating on %s: %d sentences", description, len(sources))
     start = time.perf_counter()
@@ -442,7 +472,7 @@ def run_evaluation(translator, args: argparse.Namespace, values: dict, out: IO[s
     seconds = time.perf_counter() - start
     # Scored exactly as the sacrebleu command reads the files: trailing whitespace removed.
     hypotheses = [one_line(nbest[0].text).rstrip() for nbest in results]
-    scores = evaluate(hypotheses, [r.rstrip() for r in references])
+    scores = evaluate(hypotheses, [r.rstrip() for r in references], **bleu)
     # Scores first: a file that cannot be written must not cost the evaluation.
     out.write(f"{scores.bleu_details}\n"
               f"chrF2 = {scores.chrf:.2f}\n"

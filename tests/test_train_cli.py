@@ -222,6 +222,20 @@ def test_spm_model_sets_the_vocabulary_size(tmp_path, capsys):
     assert settings == {"spm_model": str(given), "vocab_size": 300}
 
 
+def test_a_bleu_tokenizer_that_cannot_run_fails_before_training(tmp_path, capsys,
+                                                               monkeypatch):
+    mecab = pytest.importorskip("sacrebleu.tokenizers.tokenizer_ja_mecab")
+    monkeypatch.setattr(mecab, "MeCab", None)  # as where sacrebleu[ja] is not installed
+    out = tmp_path / "run"
+    for flags, message in (
+            (["--tgt", "ja"], "BLEU tokenizer ja-mecab (sacreBLEU's choice for target language "
+                              "'ja') needs MeCab: pip install 'sacrebleu[ja]'"),
+            (["--bleu-tokenize", "mecab"], "unknown BLEU tokenizer 'mecab'")):
+        assert train_cli.main([*flags, "--output-dir", str(out)]) == 2
+        assert message in capsys.readouterr().err
+    assert not out.exists()
+
+
 def _bad_sources(root: Path) -> dict[str, tuple[list[str], str]]:
     """train.py flags naming a bad training source, and what the error must say."""
     import datasets

@@ -40,7 +40,8 @@ def cache(tmp_path_factory) -> Path:
 @pytest.fixture
 def bleus(monkeypatch, cache) -> list[float]:
     """The BLEU of each validation, in order; a test appends to it. Translating takes
-    `bleus.translate_s` seconds (a list, one entry per validation, then 0)."""
+    `bleus.translate_s` seconds (a list, one entry per validation, then 0); `bleus.settings`
+    records the BLEU settings each validation scored with."""
     monkeypatch.setenv("FLAX_NMT_CACHE", str(cache))
     scores = ScriptedScores()
 
@@ -53,7 +54,8 @@ def bleus(monkeypatch, cache) -> list[float]:
                 time.sleep(scores.translate_s.pop(0))
             return ["x"] * len(sources)
 
-    def evaluate(hyps, refs):
+    def evaluate(hyps, refs, **bleu):
+        scores.settings.append(bleu)
         return types.SimpleNamespace(bleu=scores.pop(0), chrf=0.0)
 
     monkeypatch.setattr(translation, "Translator", Translator)
@@ -63,10 +65,11 @@ def bleus(monkeypatch, cache) -> list[float]:
 
 class ScriptedScores(list):
     translate_s: list[float]
+    settings: list[dict]
 
     def __init__(self):
         super().__init__()
-        self.translate_s = []
+        self.translate_s, self.settings = [], []
 
 
 def _run(corpus: dict[str, str], out: Path, **settings) -> dict:
@@ -100,7 +103,8 @@ def test_final_save_keeps_the_closing_log_line_and_validation(corpus, bleus, tmp
     bookkeeping, which must be saved again, or a resumed run repeats them."""
     out = tmp_path / "run"
     bleus += [1.0, 3.0, 2.0]  # steps 2, 4 and the closing validation at 5 (not the best)
-    _run(corpus, out, max_steps=5, save_every=5)
+    _run(corpus, out, max_steps=5, save_every=5, bleu_tokenize="intl")
+    assert bleus.settings == [{"target_language": "de", "bleu_tokenize": "intl"}] * 3
     book = _saved_bookkeeping(out, 5)
     assert book["last_eval"]["step"] == 5 and book["bad_evals"] == 1
     assert book["best_bleu"] == 3.0 and book["best_step"] == 4
@@ -305,6 +309,8 @@ def test_test_split_is_not_encoded_but_scored_in_the_summary(corpus, cache, monk
     as_file = dataclasses.replace(run, test_prefix=None, test_file="my test.tsv")
     assert scoring_command(Path("m"), as_file) == ("python translate.py --model m --evaluate "
                                                    "--test-file 'my test.tsv' --src en --tgt de")
+    as_char = dataclasses.replace(run, tgt="ja", bleu_tokenize="char")
+    assert scoring_command(Path("m"), as_char).endswith("--tgt ja --bleu-tokenize char")
 
 
 def test_spm_model_is_the_tokenizer_and_must_stay_it_on_resume(corpus, cache, monkeypatch,

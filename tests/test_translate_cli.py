@@ -231,6 +231,29 @@ def test_scores_are_printed_before_the_files_are_written(tmp_path):
     assert out.getvalue().startswith("BLEU = 100.00 ")
 
 
+def test_a_bleu_tokenizer_that_cannot_run_fails_before_translating(tmp_path, monkeypatch):
+    mecab = pytest.importorskip("sacrebleu.tokenizers.tokenizer_ja_mecab")
+    monkeypatch.setattr(mecab, "MeCab", None)  # as where sacrebleu[ja] is not installed
+    source, reference = tmp_path / "test.en", tmp_path / "test.ja"
+    source.write_text("a cat .\n", encoding="utf-8")
+    reference.write_text("猫 。\n", encoding="utf-8")
+
+    def translate_nbest(*args, **kwargs):
+        raise AssertionError("BLEU's tokenizer must be checked before translating")
+
+    translator = SimpleNamespace(translate_nbest=translate_nbest, search=search_config())
+    args = _parse("--evaluate", "--src-file", str(source), "--ref-file", str(reference))
+    with pytest.raises(translate_cli.UsageError, match=r"ja-mecab \(sacreBLEU's choice for "
+                                                       r"target language 'ja'\).*sacrebleu\[ja\]"):
+        translate_cli.run_evaluation(translator, args, {"target_lang": "ja"}, io.StringIO())
+    for flags, message in ((["--score"], "does not apply with --score"),
+                           (["Hello."], "only applies with --evaluate")):
+        if flags == ["--score"]:
+            flags += ["--src-file", str(source), "--ref-file", str(reference)]
+        with pytest.raises(translate_cli.UsageError, match=f"--bleu-tokenize {message}"):
+            translate_cli.check_args(_parse(*flags, "--bleu-tokenize", "char"))
+
+
 def test_bad_paths_fail_before_the_model_loads(tmp_path, monkeypatch):
     def no_model():
         raise AssertionError("the model must not be loaded before the paths are checked")
@@ -442,9 +465,18 @@ def test_evaluate_equals_sacrebleu(run_dir, env, expected, tmp_path):
     assert out[0].startswith(f"BLEU = {report['bleu']:.2f} ")
     assert out[1] == f"chrF2 = {report['chrf']:.2f}"
     # --test-prefix PREFIX reads PREFIX.de and PREFIX.en: the languages stored with the model.
+    # --bleu-tokenize changes BLEU's tokenizer only, as `sacrebleu -tok char` would.
     by_prefix = _run(["--model", run_dir, *BATCH, "--quiet", "--evaluate", "--test-prefix",
-                      tmp_path / "test"], env)
-    assert _out_lines(by_prefix) == out
+                      tmp_path / "test", "--bleu-tokenize", "char", "--report", report_file],
+                     env)
+    by_char = _out_lines(by_prefix)
+    assert by_char[1::2] == out[1::2]  # chrF and its signature
+    assert by_char[2] == out[2].replace("tok:13a", "tok:char")
+    as_char = subprocess.run([sys.executable, "-m", "sacrebleu", str(reference), "-i",
+                              str(hyp_file), "-m", "bleu", "-tok", "char", "-b", "-w", "4"],
+                             capture_output=True, text=True, timeout=120)
+    char_bleu = json.loads(report_file.read_text())["bleu"]
+    assert round(char_bleu, 4) == float(as_char.stdout) and char_bleu != report["bleu"]
 
 
 def test_attention_plot_is_a_png(run_dir, env, expected, tmp_path):

@@ -146,6 +146,8 @@ class RunConfig(DictConfig):
     beam: int = 4
     alpha: float = 0.6
     samples: int = 3  # sample translations printed per validation
+    # sacreBLEU's BLEU tokenizer; None: its choice for `tgt` (zh, ja-mecab, ko-mecab or 13a)
+    bleu_tokenize: str | None = None
     # ---- checkpoints and logging
     save_every: int | None = None  # default: eval_every
     keep_last: int = 5
@@ -196,6 +198,17 @@ class RunConfig(DictConfig):
             adam_eps=self.adam_eps, label_smoothing=self.label_smoothing,
             clip_norm=self.clip_norm, accum_steps=self.accum, weight_decay=self.weight_decay,
             seed=self.seed)
+
+    def bleu_settings(self) -> dict[str, str | None]:
+        """The keyword arguments of `transformer.translation.evaluate` for validation BLEU.
+        MetricError (a ValueError) if its tokenizer is unknown or cannot run here, e.g.
+        ja-mecab for `--tgt ja` without MeCab: better said before training than at step 1000."""
+        from transformer.translation import bleu_metric
+
+        settings = {"target_language": self.tgt, "bleu_tokenize": self.bleu_tokenize}
+        if self.eval_sentences:
+            bleu_metric(self.tgt, self.bleu_tokenize)
+        return settings
 
     def search_config(self) -> SearchConfig:
         return SearchConfig(beam_size=self.beam, alpha=self.alpha)
@@ -610,8 +623,9 @@ def scoring_command(model_dir: Path, run: RunConfig) -> str:
         test = ["--test-prefix", run.test_prefix]
     else:
         test = ["--test-file", run.test_file]
+    tokenizer = ["--bleu-tokenize", run.bleu_tokenize] if run.bleu_tokenize else []
     return shlex.join(["python", "translate.py", "--model", str(model_dir), "--evaluate",
-                       *test, "--src", run.src, "--tgt", run.tgt])
+                       *test, "--src", run.src, "--tgt", run.tgt, *tokenizer])
 
 
 def train(run: RunConfig, workdir: str | Path | None = None) -> dict[str, Any]:
@@ -655,6 +669,7 @@ class TrainingSession:
         self.deadline = (self.started + self.max_minutes * 60
                          if self.max_minutes is not None else None)
 
+        self.bleu = run.bleu_settings()
         _check_same_tokenizer(run_dir, run)
         self.data = prepare_data(run, run_dir, run.model_config(run.vocab_size).max_len)
         self.model_config = run.model_config(self.data.tokenizer.vocab_size)
@@ -1003,7 +1018,7 @@ class TrainingSession:
         sources, refs = data.valid_sources[:n], data.valid_targets[:n]
         t0 = time.monotonic()
         hyps = Translator(model, data.tokenizer, self.search_config).translate(sources)
-        scores = score(hyps, refs)
+        scores = score(hyps, refs, **self.bleu)
         for src, ref, hyp in list(zip(sources, refs, hyps))[: self.run.samples]:
             _echo(f"  SRC: {src}\n  REF: {ref}\n  HYP: {hyp}")
         return {"bleu": scores.bleu, "chrf": scores.chrf, "sentences": n,
