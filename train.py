@@ -71,8 +71,8 @@ _GROUPS = {
         ("--max-steps", int, "stop after this many updates"),
         ("--max-minutes", float, "stop after this much wall-clock time"),
         ("--max-epochs", int, "stop after this many passes over the training pairs"),
-        ("--early-stop-patience", int, "stop after N validations without a better BLEU (needs "
-         "--eval-sentences >= 1)"),
+        ("--early-stop-patience", int, "stop after N validations without a better "
+         "--best-metric score"),
     ],
     "validation": [
         ("--eval-every", int, "validate every N steps"),
@@ -81,6 +81,9 @@ _GROUPS = {
         ("--beam", int, "beam size for validation translations"),
         ("--alpha", float, "length penalty alpha"),
         ("--samples", int, "sample translations printed per validation"),
+        ("--best-metric", str, "bleu, chrf or ppl: the validation score that picks "
+         "the best checkpoint (best/, model/) and that --early-stop-patience watches; bleu "
+         "and chrf need --eval-sentences >= 1"),
         ("--bleu-tokenize", str, "sacreBLEU's BLEU tokenizer (13a, intl, zh, ja-mecab, "
          "ko-mecab, char, none, ...); default: zh, ja-mecab or ko-mecab for a Chinese, "
          "Japanese or Korean target, else 13a"),

@@ -59,7 +59,7 @@ def _assert_trees_equal(a, b):
 def test_round_trip_is_exact(tmp_path):
     state = _trained_state(3)
     params, train = _split(state)
-    data = {"iterator": {"epoch": 1, "position": 17}, "best_bleu": 3.5}
+    data = {"iterator": {"epoch": 1, "position": 17}, "best_score": 3.5}
     saver = checkpoint.Checkpointer(tmp_path, keep_last=2)
     saver.save(3, params, train, data)
     saver.wait()
@@ -169,7 +169,7 @@ def test_resumes_when_clipping_or_weight_decay_is_turned_on(tmp_path):
     """--clip-norm and --weight-decay do not change the optimizer state's structure."""
     params, train = _split(_trained_state(2))  # trained without clipping or decay
     saver = checkpoint.Checkpointer(tmp_path)
-    saver.save(2, params, train, {"best_bleu": 1.0})
+    saver.save(2, params, train, {"best_score": 1.0})
     saver.wait()
     saver.close()
     for changed in ({"clip_norm": 1.0}, {"weight_decay": 0.01}):

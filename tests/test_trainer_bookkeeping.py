@@ -21,7 +21,8 @@ from synthetic_corpus import write_corpus
 from transformer import checkpoint, translation
 from transformer.config import get_preset
 from transformer.trainer import (METRICS_FILE, MetricsWriter, RunConfig, TrainingError,
-                                 prepare_data, print_summary, scoring_command, train)
+                                 TrainingSession, prepare_data, print_summary, scoring_command,
+                                 train)
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory) -> dict[str, str]:
@@ -107,7 +108,7 @@ def test_final_save_keeps_the_closing_log_line_and_validation(corpus, bleus, tmp
     assert bleus.settings == [{"target_language": "de", "bleu_tokenize": "intl"}] * 3
     book = _saved_bookkeeping(out, 5)
     assert book["last_eval"]["step"] == 5 and book["bad_evals"] == 1
-    assert book["best_bleu"] == 3.0 and book["best_step"] == 4
+    assert (book["best_metric"], book["best_score"], book["best_step"]) == ("bleu", 3.0, 4)
     assert book["window"] == []  # logged at step 5
     lines = _lines(out)
 
@@ -115,7 +116,7 @@ def test_final_save_keeps_the_closing_log_line_and_validation(corpus, bleus, tmp
     summary = _run(corpus, out, max_steps=5, save_every=5)
     assert _lines(out) == lines  # no second "train" or "eval" line at step 5
     assert bleus == [0.5]
-    assert (summary["steps"], summary["best_step"], summary["best_bleu"]) == (5, 4, 3.0)
+    assert (summary["steps"], summary["best_step"], summary["best_score"]) == (5, 4, 3.0)
 
 
 def test_best_step_has_a_checkpoint_and_is_the_one_exported(corpus, bleus, tmp_path, caplog):
@@ -136,10 +137,52 @@ def test_best_step_has_a_checkpoint_and_is_the_one_exported(corpus, bleus, tmp_p
     with caplog.at_level(logging.WARNING, logger="trainer"):
         summary = _run(corpus, out, max_steps=8, save_every=4)
     assert "holds no step 4" in caplog.text
-    assert (summary["best_step"], summary["best_bleu"]) == (8, 0.5)
+    assert (summary["best_step"], summary["best_score"]) == (8, 0.5)
     exported = _exported(out)
     assert (exported["step"], exported["bleu"]) == (8, 0.5)
     assert checkpoint.complete_steps(out / checkpoint.BEST_DIR) == [8]
+
+
+@pytest.mark.parametrize("metric, best_step", [("chrf", 4), ("ppl", 5)])
+def test_best_metric_picks_the_checkpoint(corpus, cache, monkeypatch, tmp_path, metric,
+                                          best_step):
+    # The same scores at steps 2, 4 and 5 (the closing validation): chrF is best at its
+    # highest, perplexity at its lowest. BLEU, best at step 2, must not decide.
+    scores, bleu = {2: 2.0, 4: 3.0, 5: 1.0}, {2: 9.0, 4: 1.0, 5: 1.0}
+    results = [{"loss": 1.0, "nll": 1.0, "accuracy": 0.5, "ppl": scores[step],
+                "chrf": scores[step], "bleu": bleu[step]} for step in (2, 4, 5)]
+    monkeypatch.setenv("FLAX_NMT_CACHE", str(cache))
+    monkeypatch.setattr(TrainingSession, "validation_scores", lambda self: results.pop(0))
+    out = tmp_path / "run"
+    summary = _run(corpus, out, max_steps=5, best_metric=metric)
+    assert (summary["best_metric"], summary["best_step"]) == (metric, best_step)
+    assert summary["best_score"] == scores[best_step]
+    assert checkpoint.complete_steps(out / checkpoint.BEST_DIR) == [best_step]
+    exported = _exported(out)
+    assert (exported["step"], exported[metric]) == (best_step, scores[best_step])
+    assert exported["chosen"] == {"chrf": "best validation chrF",
+                                  "ppl": "best validation perplexity"}[metric]
+
+
+def test_resume_with_another_best_metric_tracks_the_best_afresh(corpus, bleus, tmp_path,
+                                                                caplog):
+    out = tmp_path / "run"
+    bleus += [1.0, 2.0]  # steps 2 and 4
+    _run(corpus, out, max_steps=4)
+    # Checkpoints written before --best-metric existed hold "best_bleu": BLEU was the metric.
+    metadata = out / checkpoint.CHECKPOINTS_DIR / "4" / "data" / "metadata"
+    book = json.loads(metadata.read_text())
+    book["best_bleu"] = book.pop("best_score")
+    del book["best_metric"]
+    metadata.write_text(json.dumps(book))
+    bleus += [5.0]  # step 6: the best BLEU so far, but perplexity decides now
+    with caplog.at_level(logging.WARNING, logger="trainer"):
+        summary = _run(corpus, out, max_steps=6, best_metric="ppl")
+    assert "step 4 was the best by BLEU; --best-metric ppl tracks the best afresh" in caplog.text
+    assert "saved after step" not in caplog.text  # not a step of a run being redone
+    assert (summary["best_metric"], summary["best_step"]) == ("ppl", 6)
+    assert summary["best_score"] == summary["last_eval"]["ppl"]
+    assert checkpoint.complete_steps(out / checkpoint.BEST_DIR) == [6]
 
 
 def test_resume_after_early_stop_stops_at_once(corpus, bleus, tmp_path, capsys):
@@ -227,6 +270,11 @@ def test_run_config_checks_limits_and_early_stopping():
     assert RunConfig(max_epochs=3).limits() == (None, None)  # no default time limit
     with pytest.raises(ValueError, match="--early-stop-patience 2 .* --eval-sentences 0"):
         RunConfig(early_stop_patience=2, eval_sentences=0)
+    with pytest.raises(ValueError, match="--best-metric must be one of bleu, chrf, ppl, got 'loss'"):
+        RunConfig(best_metric="loss")
+    with pytest.raises(ValueError, match="--best-metric chrf needs --eval-sentences >= 1"):
+        RunConfig(best_metric="chrf", eval_sentences=0)
+    RunConfig(best_metric="ppl", eval_sentences=0, early_stop_patience=2)  # needs no translation
 
 
 def _earlier_run(tmp_path: Path, run_settings: dict) -> Path:
@@ -302,7 +350,7 @@ def test_test_split_is_not_encoded_but_scored_in_the_summary(corpus, cache, monk
     command = scoring_command(tmp_path / "model", run)
     assert command == (f"python translate.py --model {tmp_path / 'model'} --evaluate "
                        f"--test-prefix {corpus['test']} --src en --tgt de")
-    print_summary({"steps": 1, "stopped": "max_steps", "minutes": 0.1, "best_bleu": None,
+    print_summary({"steps": 1, "stopped": "max_steps", "minutes": 0.1, "best_score": None,
                    "model_dir": "m", "translate_command": "t", "test_command": command},
                   tmp_path)
     assert f"Score the test set: {command}" in capsys.readouterr().out

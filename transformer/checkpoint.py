@@ -7,12 +7,13 @@ A run directory holds two kinds of saved state:
   (orbax writes `<step>.orbax-checkpoint-tmp-*` and renames it when complete). Items:
     params  the model parameters (nnx.State of nnx.Param), StandardSave;
     train   {"step", "opt_state", "rng"}, StandardSave;
-    data    JSON: the data iterator's state, the trainer's bookkeeping (best BLEU, patience,
-            metrics of the unfinished log window).
+    data    JSON: the data iterator's state, the trainer's bookkeeping (the best
+            --best-metric score and its step, patience, metrics of the unfinished log window).
   The last `keep_last` are kept. Parameters are a separate item so that averaging and export
   read them without knowing the optimizer's state structure.
-- `best/<step>/`: parameters of the checkpoint with the highest validation BLEU so far, kept
-  by a second manager with `max_to_keep=1`. The trainer saves here only when BLEU improves
+- `best/<step>/`: parameters of the checkpoint with the best validation score so far (BLEU by
+  default; `--best-metric`), kept by a second manager with `max_to_keep=1`. The trainer saves
+  here only when the score improves
   (and writes `checkpoints/<step>/` at the same step, so the bookkeeping that names the best
   step is saved with it), so the newest save is the best one.
 
@@ -171,7 +172,7 @@ class Checkpointer:
 
     def save_best(self, step: int, params: Any, metrics: dict[str, float]) -> None:
         """Save `params` as the best checkpoint, replacing the previous one (the caller saves
-        only improvements); `metrics` ({"bleu", "step"}) are stored with them."""
+        only improvements); `metrics` ({METRIC: score, "step"}) are stored with them."""
         _clear_step(self._best, self.best_directory, step)
         self._best.save(step, args=ocp.args.Composite(
             params=ocp.args.StandardSave(params),

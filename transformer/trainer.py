@@ -71,6 +71,11 @@ class TrainingError(RuntimeError):
     """Training cannot go on (diverged, bad settings); the message says what to do."""
 
 
+# Validation scores that can pick the best checkpoint (--best-metric): name in the validation
+# results -> (name in messages, whether higher is better).
+BEST_METRICS = {"bleu": ("BLEU", True), "chrf": ("chrF", True), "ppl": ("perplexity", False)}
+
+
 @dataclasses.dataclass(frozen=True)
 class RunConfig(DictConfig):
     """Everything `train` needs, flat, one field per train.py flag (`--batch-tokens` ->
@@ -139,13 +144,17 @@ class RunConfig(DictConfig):
     max_steps: int | None = None
     max_minutes: float | None = None
     max_epochs: int | None = None  # passes over the (length-filtered) training pairs
-    early_stop_patience: int | None = None  # validations without a better BLEU
+    early_stop_patience: int | None = None  # validations without a better --best-metric
     # ---- validation
     eval_every: int = 1000
     eval_sentences: int = 100
     beam: int = 4
     alpha: float = 0.6
     samples: int = 3  # sample translations printed per validation
+    # The validation score that picks best/ and model/ and that early stopping watches
+    # (BEST_METRICS). BLEU and chrF need --eval-sentences >= 1; without them the default picks
+    # nothing and model/ is the last step.
+    best_metric: str = "bleu"
     # sacreBLEU's BLEU tokenizer; None: its choice for `tgt` (zh, ja-mecab, ko-mecab or 13a)
     bleu_tokenize: str | None = None
     # ---- checkpoints and logging
@@ -178,11 +187,20 @@ class RunConfig(DictConfig):
             object.__setattr__(self, "buckets", tuple(int(b) for b in self.buckets))
         if self.eval_sentences < 0:
             raise ValueError(f"--eval-sentences must be >= 0, got {self.eval_sentences}.")
-        if self.early_stop_patience is not None and self.eval_sentences == 0:
-            raise ValueError(
-                f"--early-stop-patience {self.early_stop_patience} counts validations without "
-                f"a better BLEU, but --eval-sentences 0 computes no BLEU; set --eval-sentences "
-                f"to 1 or more, or drop --early-stop-patience.")
+        if self.best_metric not in BEST_METRICS:
+            raise ValueError(f"--best-metric must be one of {', '.join(BEST_METRICS)}, "
+                             f"got {self.best_metric!r}.")
+        if self.eval_sentences == 0 and self.best_metric != "ppl":
+            label = BEST_METRICS[self.best_metric][0]
+            if self.early_stop_patience is not None:
+                raise ValueError(
+                    f"--early-stop-patience {self.early_stop_patience} counts validations "
+                    f"without a better {label}, but --eval-sentences 0 computes no {label}; set "
+                    f"--eval-sentences to 1 or more, use --best-metric ppl, or drop "
+                    f"--early-stop-patience.")
+            if self.best_metric == "chrf":
+                raise ValueError("--best-metric chrf needs --eval-sentences >= 1 (0 computes no "
+                                 "chrF); or use --best-metric ppl.")
 
     # ------------------------------------------------------------------ derived configs
 
@@ -632,8 +650,9 @@ def train(run: RunConfig, workdir: str | Path | None = None) -> dict[str, Any]:
     """Train (or resume) a model in `workdir`; returns a summary dict.
 
     Summary keys: run_dir, model_dir, steps, stopped ("max_steps", "max_epochs", "max_minutes",
-    "early_stop", "SIGINT"/"SIGTERM"), best_bleu, best_step, last_eval, translate_command,
-    and test_command when a test split (--test-prefix or --test-file) was given.
+    "early_stop", "SIGINT"/"SIGTERM"), best_metric, best_score and best_step (None when no
+    best was tracked), last_eval, translate_command, and test_command when a test split
+    (--test-prefix or --test-file) was given.
     Raises TrainingError when the loss stops being finite or `workdir` holds a run with
     another model or tokenizer, CheckpointError when its checkpoints cannot be restored.
     """
@@ -653,9 +672,9 @@ class TrainingSession:
     """One call of `train`: the model and optimizer state, the data iterator and the
     bookkeeping that the loop, logging, validation and checkpoints share.
 
-    `book` is what a checkpoint stores besides the arrays (best BLEU and its step,
-    validations without improvement, the last validation) and, when saved, the iterator
-    position and the per-step metrics of the unfinished log window.
+    `book` is what a checkpoint stores besides the arrays (the best --best-metric score and
+    its step, validations without improvement, the last validation) and, when saved, the
+    iterator position and the per-step metrics of the unfinished log window.
     """
 
     def __init__(self, run: RunConfig, run_dir: Path):
@@ -686,13 +705,15 @@ class TrainingSession:
         self.eval_step = make_eval_step(self.graphdef, self.mesh, train_config)
         self.saver = ckpt.Checkpointer(run_dir, keep_last=run.keep_last,
                                        async_save=run.async_checkpoints)
-        self.book = {"best_bleu": None, "best_step": None, "bad_evals": 0, "window": [],
+        self.book = {"best_metric": run.best_metric, "best_score": None, "best_step": None,
+                     "bad_evals": 0, "window": [],
                      "iterator": {"epoch": 0, "position": 0}, "last_eval": None}
         restored_bookkeeping = self._resume()
         self.step = int(_local(self.state.step))
         # config.json is replaced only now: a resume that failed keeps the settings of the run.
         if self.is_main:
             write_run_config(run_dir, run, self.model_config, self.data)
+        self._check_best_metric()
         self._check_best_directory()
 
         self.batches = self._batch_iterator()
@@ -721,7 +742,10 @@ class TrainingSession:
         self.state = state.replace(params=restored.params, step=restored.train["step"],
                                    opt_state=restored.train["opt_state"],
                                    rng=restored.train["rng"])
-        self.book.update(restored.data)
+        data = dict(restored.data)
+        if "best_bleu" in data:  # written before --best-metric existed: BLEU was the metric
+            data.update(best_metric="bleu", best_score=data.pop("best_bleu"))
+        self.book.update(data)
         _echo(f"Resuming {self.run_dir} from step {restored.step}.")
         return json.dumps(self.book, sort_keys=True, default=float)
 
@@ -748,6 +772,19 @@ class TrainingSession:
         self.book["plan"] = {"epoch": epoch, "fingerprint": plan_fingerprint(batches.plan(epoch))}
         return batches
 
+    def _check_best_metric(self) -> None:
+        """A run resumed with another --best-metric tracks the best afresh: the saved best
+        score is of the other metric, and its best/ step is not the best by this one."""
+        book, metric = self.book, self.run.best_metric
+        if book["best_metric"] == metric:
+            return
+        if book["best_step"] is not None:
+            log.warning("step %d was the best by %s; --best-metric %s tracks the best afresh "
+                        "from step %d (best/ is emptied)", book["best_step"],
+                        BEST_METRICS[book["best_metric"]][0], metric, self.step)
+        self.saver.discard_best(keep=None)
+        book.update(best_metric=metric, best_score=None, best_step=None, bad_evals=0)
+
     def _check_best_directory(self) -> None:
         """best/ must hold the best step the bookkeeping records and nothing else: a step
         saved there after the checkpoint resumed from belongs to a run being redone."""
@@ -757,10 +794,11 @@ class TrainingSession:
             log.warning("deleted %s steps %s: saved after step %d, where this run starts",
                         saver.best_directory, discarded, self.step)
         if book["best_step"] is not None and saver.best_step() != book["best_step"]:
-            log.warning("%s holds no step %d, which checkpoint %d records as the best (BLEU "
-                        "%.2f); tracking the best BLEU afresh from here", saver.best_directory,
-                        book["best_step"], self.step, book["best_bleu"])
-            book.update(best_bleu=None, best_step=None, bad_evals=0)
+            label = BEST_METRICS[book["best_metric"]][0]
+            log.warning("%s holds no step %d, which checkpoint %d records as the best (%s "
+                        "%.2f); tracking the best %s afresh from here", saver.best_directory,
+                        book["best_step"], self.step, label, book["best_score"], label)
+            book.update(best_score=None, best_step=None, bad_evals=0)
 
     # ------------------------------------------------------------------------- the loop
 
@@ -847,9 +885,9 @@ class TrainingSession:
         if patience is None or book["bad_evals"] < patience:
             return None
         _echo(f"Not training: this run stopped early at step {self.step}, {book['bad_evals']} "
-              f"validations after its best BLEU ({book['best_bleu']:.2f} at step "
-              f"{book['best_step']}), and --early-stop-patience is {patience}; raise it to "
-              f"train on.")
+              f"validations after its best {BEST_METRICS[book['best_metric']][0]} "
+              f"({book['best_score']:.2f} at step {book['best_step']}), and "
+              f"--early-stop-patience is {patience}; raise it to train on.")
         return "early_stop"
 
     def _announce(self) -> None:
@@ -960,7 +998,7 @@ class TrainingSession:
     # ------------------------------------------------------------------------- validation
 
     def validate(self) -> bool:
-        """Validate, log, track the best BLEU; True when early stopping says stop."""
+        """Validate, log, track the best --best-metric; True when early stopping says stop."""
         self.read_back()
         with self.clock.paused():
             result = self.validation_scores()
@@ -971,19 +1009,23 @@ class TrainingSession:
             text = (f"step {step}: valid loss {result['loss']:.3f} ppl {result['ppl']:.2f}"
                     + (f" BLEU {bleu:.2f} chrF {result['chrf']:.1f}" if bleu is not None
                        else ""))
-            if bleu is None:
+            metric = self.run.best_metric
+            score = result.get(metric)
+            if score is None:  # BLEU or chrF with --eval-sentences 0
                 _echo(text)
                 return False
-            if book["best_bleu"] is None or bleu > book["best_bleu"]:
-                book.update(best_bleu=bleu, best_step=step, bad_evals=0)
-                self.saver.save_best(step, self.state.params, {"bleu": bleu, "step": step})
+            label, higher_is_better = BEST_METRICS[metric]
+            best = book["best_score"]
+            if best is None or (score > best if higher_is_better else score < best):
+                book.update(best_score=score, best_step=step, bad_evals=0)
+                self.saver.save_best(step, self.state.params, {metric: score, "step": step})
                 # The checkpoint of the same step records this best step: best/ and the
                 # bookkeeping a resumed run reads always agree.
                 self.save()
-                text += " (best)"
+                text += f" (best {label})"
             else:
                 book["bad_evals"] += 1
-                text += f" (best {book['best_bleu']:.2f} at step {book['best_step']})"
+                text += f" (best {label} {best:.2f} at step {book['best_step']})"
             _echo(text)
             patience = self.run.early_stop_patience
             return patience is not None and book["bad_evals"] >= patience
@@ -1038,7 +1080,8 @@ class TrainingSession:
         final_dir = averaged_dir or model_dir
         summary = {
             "run_dir": str(self.run_dir), "model_dir": str(final_dir), "steps": self.step,
-            "stopped": stopped, "best_bleu": book["best_bleu"], "best_step": book["best_step"],
+            "stopped": stopped, "best_metric": book["best_metric"],
+            "best_score": book["best_score"], "best_step": book["best_step"],
             "last_eval": book["last_eval"],
             "minutes": round((time.monotonic() - self.started) / 60, 2),
             "translate_command": translate_command(final_dir, _example(self.data)),
@@ -1050,15 +1093,17 @@ class TrainingSession:
         return summary
 
     def _export_model(self) -> Path:
-        """Write model/: the parameters of the best step by BLEU, else of the last step."""
+        """Write model/: the parameters of the best step by --best-metric, else of the last
+        step."""
         book = self.book
         if book["best_step"] is not None:
             params = self.saver.restore_params(self.state.params, book["best_step"], best=True)
-            source = {"step": book["best_step"], "bleu": book["best_bleu"],
-                      "chosen": "best validation BLEU"}
+            metric = book["best_metric"]
+            source = {"step": book["best_step"], metric: book["best_score"],
+                      "chosen": f"best validation {BEST_METRICS[metric][0]}"}
         else:
             params = self.state.params
-            source = {"step": self.step, "bleu": None, "chosen": "last step"}
+            source = {"step": self.step, "chosen": "last step"}
         model_dir = self.run_dir / ckpt.MODEL_DIR
         params = _local(params)
         if self.is_main:
@@ -1100,9 +1145,9 @@ def average(run_dir: str | Path, last: int, model_config: ModelConfig | None = N
 def print_summary(summary: dict[str, Any], run_dir: Path) -> None:
     lines = [f"Finished after {summary['steps']} steps ({summary['stopped']}, "
              f"{summary['minutes']} min)."]
-    if summary["best_bleu"] is not None:
-        lines.append(f"Best validation BLEU {summary['best_bleu']:.2f} at step "
-                     f"{summary['best_step']}.")
+    if summary["best_score"] is not None:
+        lines.append(f"Best validation {BEST_METRICS[summary['best_metric']][0]} "
+                     f"{summary['best_score']:.2f} at step {summary['best_step']}.")
     if summary["stopped"] in ("SIGINT", "SIGTERM"):
         lines.append(f"Interrupted; checkpoint saved. Resume with the same command, or: "
                      f"python train.py --resume --output-dir {run_dir}")
