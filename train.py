@@ -76,14 +76,14 @@ _GROUPS = {
     ],
     "validation": [
         ("--eval-every", int, "validate every N steps"),
-        ("--eval-sentences", int, "translate at most N validation sentences for BLEU "
-                                  "(0 = loss only)"),
+        ("--eval-sentences", int, "translate at most N validation sentences for BLEU and "
+                                  "chrF (0 = loss and perplexity only)"),
         ("--beam", int, "beam size for validation translations"),
         ("--alpha", float, "length penalty alpha"),
         ("--samples", int, "sample translations printed per validation"),
         ("--best-metric", str, "bleu, chrf or ppl: the validation score that picks "
          "the best checkpoint (best/, model/) and that --early-stop-patience watches; bleu "
-         "and chrf need --eval-sentences >= 1"),
+         "and chrf need --eval-sentences >= 1 (default: bleu, or the resumed run's)"),
         ("--bleu-tokenize", str, "sacreBLEU's BLEU tokenizer (13a, intl, zh, ja-mecab, "
          "ko-mecab, char, none, ...); default: zh, ja-mecab or ko-mecab for a Chinese, "
          "Japanese or Korean target, else 13a"),
@@ -311,7 +311,6 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     try:
         run = RunConfig(**settings)
-        run.bleu_settings()  # MeCab for a Japanese or Korean target, say
     except (TypeError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -325,6 +324,11 @@ def main(argv: list[str] | None = None) -> int:
         out = average(run_dir, run.average_last)
         print(f"Translate: python translate.py --model {out} \"...\"")
         return 0
+    try:
+        run.bleu_settings()  # MeCab for a Japanese or Korean target, say: before training
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     from data.corpus import DataError
 
     try:

@@ -38,8 +38,9 @@ prints sacreBLEU BLEU and chrF (detokenized, cased) with their signatures; the n
 `sacrebleu test.de -i HYP -m bleu chrf` on the hypotheses written with --hyp-file (except that
 a byte order mark starting a file is removed here, where sacreBLEU would score it as text).
 BLEU is tokenized as `sacrebleu -l SRC-TGT` would for the target language: zh for Chinese,
-ja-mecab for Japanese, ko-mecab for Korean (these two need `pip install -e '.[cjk]'`), 13a for
-the others; --bleu-tokenize picks another (char, intl, none, ...).
+ja-mecab for Japanese, ko-mecab for Korean (these two need `pip install -e '.[cjk]'`; region
+forms such as ja-JP count too), 13a for the others; --bleu-tokenize picks another (char, intl,
+none, ...).
 Every test pair counts, also one with an empty side. The test files and the output paths are
 checked before the model is loaded, and the scores are printed before --hyp-file and --report
 are written, so a bad path costs no translation time.
@@ -599,6 +600,8 @@ def run(args: argparse.Namespace) -> int:
     log.info("%s %s loaded in %.2f s; search: %s", "model" if len(args.model) == 1 else
              "ensemble of", ", ".join(args.model), time.perf_counter() - start,
              ", ".join(f"{k}={v}" for k, v in dataclasses.asdict(search).items()))
+    if args.evaluate:
+        bleu_settings(args, values)  # a missing MeCab must not cost --output its contents
 
     with contextlib.ExitStack() as stack:
         out = sys.stdout

@@ -113,7 +113,7 @@ def test_final_save_keeps_the_closing_log_line_and_validation(corpus, bleus, tmp
     lines = _lines(out)
 
     bleus += [0.5]  # must stay unused
-    summary = _run(corpus, out, max_steps=5, save_every=5)
+    summary = _run(corpus, out, max_steps=5, save_every=5, bleu_tokenize="intl")
     assert _lines(out) == lines  # no second "train" or "eval" line at step 5
     assert bleus == [0.5]
     assert (summary["steps"], summary["best_step"], summary["best_score"]) == (5, 4, 3.0)
@@ -164,24 +164,49 @@ def test_best_metric_picks_the_checkpoint(corpus, cache, monkeypatch, tmp_path, 
                                   "ppl": "best validation perplexity"}[metric]
 
 
-def test_resume_with_another_best_metric_tracks_the_best_afresh(corpus, bleus, tmp_path,
-                                                                caplog):
+def test_resume_keeps_or_restarts_the_best_by_metric_and_bleu_tokenizer(corpus, bleus, tmp_path,
+                                                                         caplog):
     out = tmp_path / "run"
     bleus += [1.0, 2.0]  # steps 2 and 4
     _run(corpus, out, max_steps=4)
-    # Checkpoints written before --best-metric existed hold "best_bleu": BLEU was the metric.
+    # Checkpoints written before --best-metric and --bleu-tokenize existed hold "best_bleu" and
+    # no tokenizer: they resume as BLEU tokenized with 13a.
     metadata = out / checkpoint.CHECKPOINTS_DIR / "4" / "data" / "metadata"
     book = json.loads(metadata.read_text())
     book["best_bleu"] = book.pop("best_score")
-    del book["best_metric"]
+    del book["best_metric"], book["bleu_tokenizer"]
     metadata.write_text(json.dumps(book))
-    bleus += [5.0]  # step 6: the best BLEU so far, but perplexity decides now
+    bleus += [1.5]  # step 6: worse than step 4's 2.0, which stays the best
+    summary = _run(corpus, out, max_steps=6)
+    assert (summary["best_metric"], summary["best_score"], summary["best_step"]) == ("bleu", 2.0,
+                                                                                     4)
+
+    # BLEU tokenized another way: step 6's 13a score does not count; no validation follows.
+    with caplog.at_level(logging.WARNING, logger="trainer"):
+        summary = _run(corpus, out, max_steps=6, bleu_tokenize="char")
+    assert ("chosen by BLEU tokenized with 13a; from now on BLEU tokenized with char chooses "
+            "best/ and model/, starting at the next validation") in caplog.text
+    assert (summary["best_step"], _exported(out)["chosen"]) == (None, "last step")
+    assert checkpoint.complete_steps(out / checkpoint.BEST_DIR) == []
+
+    # Another metric: the validation of step 6, the step resumed from, holds perplexity.
+    caplog.clear()
     with caplog.at_level(logging.WARNING, logger="trainer"):
         summary = _run(corpus, out, max_steps=6, best_metric="ppl")
-    assert "step 4 was the best by BLEU; --best-metric ppl tracks the best afresh" in caplog.text
+    assert ("from now on perplexity chooses best/ and model/, starting from the validation of "
+            "step 6") in caplog.text
     assert "saved after step" not in caplog.text  # not a step of a run being redone
     assert (summary["best_metric"], summary["best_step"]) == ("ppl", 6)
     assert summary["best_score"] == summary["last_eval"]["ppl"]
+    assert checkpoint.complete_steps(out / checkpoint.BEST_DIR) == [6]
+    assert _exported(out)["chosen"] == "best validation perplexity"
+
+    # Resumed without --best-metric (as the interruption hint says), the run keeps perplexity.
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="trainer"):
+        summary = _run(corpus, out, max_steps=6)
+    assert "from now on" not in caplog.text
+    assert (summary["best_metric"], summary["best_step"]) == ("ppl", 6)
     assert checkpoint.complete_steps(out / checkpoint.BEST_DIR) == [6]
 
 

@@ -14,10 +14,11 @@ The run directory it leaves:
     spm.model          the SentencePiece model
     checkpoints/<N>/   the last --keep-last checkpoints (orbax): params, optimizer, step, rng,
                        data iterator position, trainer bookkeeping
-    best/<N>/          parameters with the best validation BLEU so far (checkpoints/<N>/ is
-                       written at the same step, with the bookkeeping that records it)
+    best/<N>/          parameters with the best validation score so far (--best-metric: BLEU
+                       by default; checkpoints/<N>/ is written at the same step, with the
+                       bookkeeping that records it)
     model/             the model translate.py loads (`checkpoint.load_model`): parameters of
-                       the best step by BLEU (the last step when there was no validation)
+                       the best step (the last step when no validation chose one)
     averaged/          with --average-last N: the mean of the last N checkpoints, same layout
     metrics.jsonl      one JSON object per log line ("train") and per validation ("eval")
     tb/                TensorBoard event files
@@ -152,9 +153,9 @@ class RunConfig(DictConfig):
     alpha: float = 0.6
     samples: int = 3  # sample translations printed per validation
     # The validation score that picks best/ and model/ and that early stopping watches
-    # (BEST_METRICS). BLEU and chrF need --eval-sentences >= 1; without them the default picks
-    # nothing and model/ is the last step.
-    best_metric: str = "bleu"
+    # (BEST_METRICS). None: the resumed run's metric, "bleu" for a new run. BLEU and chrF need
+    # --eval-sentences >= 1; without them BLEU picks nothing and model/ is the last step.
+    best_metric: str | None = None
     # sacreBLEU's BLEU tokenizer; None: its choice for `tgt` (zh, ja-mecab, ko-mecab or 13a)
     bleu_tokenize: str | None = None
     # ---- checkpoints and logging
@@ -187,11 +188,11 @@ class RunConfig(DictConfig):
             object.__setattr__(self, "buckets", tuple(int(b) for b in self.buckets))
         if self.eval_sentences < 0:
             raise ValueError(f"--eval-sentences must be >= 0, got {self.eval_sentences}.")
-        if self.best_metric not in BEST_METRICS:
+        if self.best_metric is not None and self.best_metric not in BEST_METRICS:
             raise ValueError(f"--best-metric must be one of {', '.join(BEST_METRICS)}, "
                              f"got {self.best_metric!r}.")
         if self.eval_sentences == 0 and self.best_metric != "ppl":
-            label = BEST_METRICS[self.best_metric][0]
+            label = BEST_METRICS[self.best_metric or "bleu"][0]
             if self.early_stop_patience is not None:
                 raise ValueError(
                     f"--early-stop-patience {self.early_stop_patience} counts validations "
@@ -227,6 +228,12 @@ class RunConfig(DictConfig):
         if self.eval_sentences:
             bleu_metric(self.tgt, self.bleu_tokenize)
         return settings
+
+    def bleu_tokenizer(self) -> str:
+        """The name of the sacreBLEU tokenizer validation BLEU uses."""
+        from transformer.translation import bleu_tokenizer_for
+
+        return self.bleu_tokenize or bleu_tokenizer_for(self.tgt)
 
     def search_config(self) -> SearchConfig:
         return SearchConfig(beam_size=self.beam, alpha=self.alpha)
@@ -705,8 +712,9 @@ class TrainingSession:
         self.eval_step = make_eval_step(self.graphdef, self.mesh, train_config)
         self.saver = ckpt.Checkpointer(run_dir, keep_last=run.keep_last,
                                        async_save=run.async_checkpoints)
-        self.book = {"best_metric": run.best_metric, "best_score": None, "best_step": None,
-                     "bad_evals": 0, "window": [],
+        self.book = {"best_metric": run.best_metric or "bleu", "best_score": None,
+                     "best_step": None, "bad_evals": 0, "bleu_tokenizer": run.bleu_tokenizer(),
+                     "window": [],
                      "iterator": {"epoch": 0, "position": 0}, "last_eval": None}
         restored_bookkeeping = self._resume()
         self.step = int(_local(self.state.step))
@@ -745,6 +753,7 @@ class TrainingSession:
         data = dict(restored.data)
         if "best_bleu" in data:  # written before --best-metric existed: BLEU was the metric
             data.update(best_metric="bleu", best_score=data.pop("best_bleu"))
+        data.setdefault("bleu_tokenizer", "13a")  # the only one before --bleu-tokenize
         self.book.update(data)
         _echo(f"Resuming {self.run_dir} from step {restored.step}.")
         return json.dumps(self.book, sort_keys=True, default=float)
@@ -773,17 +782,33 @@ class TrainingSession:
         return batches
 
     def _check_best_metric(self) -> None:
-        """A run resumed with another --best-metric tracks the best afresh: the saved best
-        score is of the other metric, and its best/ step is not the best by this one."""
-        book, metric = self.book, self.run.best_metric
-        if book["best_metric"] == metric:
+        """A run resumed with another --best-metric, or with BLEU tokenized another way,
+        tracks the best afresh: the saved best score does not compare with the new ones.
+        The validation of the step resumed from starts it when it holds the new score."""
+        book, run = self.book, self.run
+        metric = run.best_metric or book["best_metric"]  # no flag: keep the run's metric
+        tokenizer, old_tokenizer = run.bleu_tokenizer(), book["bleu_tokenizer"]
+        book["bleu_tokenizer"] = tokenizer
+        same_bleu = tokenizer == old_tokenizer
+        if book["best_metric"] == metric and (metric != "bleu" or same_bleu):
             return
-        if book["best_step"] is not None:
-            log.warning("step %d was the best by %s; --best-metric %s tracks the best afresh "
-                        "from step %d (best/ is emptied)", book["best_step"],
-                        BEST_METRICS[book["best_metric"]][0], metric, self.step)
+        old = BEST_METRICS[book["best_metric"]][0]
+        if book["best_metric"] == metric:
+            old += f" tokenized with {old_tokenizer}"
         self.saver.discard_best(keep=None)
         book.update(best_metric=metric, best_score=None, best_step=None, bad_evals=0)
+        last = book["last_eval"]
+        if (last and last["step"] == self.step and last.get(metric) is not None
+                and (metric != "bleu" or same_bleu)):
+            book.update(best_score=last[metric], best_step=self.step)
+            self.saver.save_best(self.step, self.state.params, {metric: last[metric],
+                                                                "step": self.step})
+        now = BEST_METRICS[metric][0] + (f" tokenized with {tokenizer}" if metric == "bleu"
+                                         else "")
+        start = (f"from the validation of step {self.step}" if book["best_step"] is not None
+                 else "at the next validation")
+        log.warning("the best step so far was chosen by %s; from now on %s chooses best/ and "
+                    "model/, starting %s", old, now, start)
 
     def _check_best_directory(self) -> None:
         """best/ must hold the best step the bookkeeping records and nothing else: a step
@@ -1009,7 +1034,7 @@ class TrainingSession:
             text = (f"step {step}: valid loss {result['loss']:.3f} ppl {result['ppl']:.2f}"
                     + (f" BLEU {bleu:.2f} chrF {result['chrf']:.1f}" if bleu is not None
                        else ""))
-            metric = self.run.best_metric
+            metric = book["best_metric"]
             score = result.get(metric)
             if score is None:  # BLEU or chrF with --eval-sentences 0
                 _echo(text)

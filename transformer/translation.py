@@ -204,8 +204,9 @@ class MetricError(ValueError):
 
 
 def bleu_tokenizer_for(target_language: str | None) -> str:
-    """sacreBLEU's tokenizer for a target language code: "ja", "ja-JP" and "ja_JP" -> ja-mecab,
-    "zh*" -> zh, "ko*" -> ko-mecab, anything else (or None) -> 13a."""
+    """The tokenizer for a target language code: ja -> ja-mecab, zh -> zh, ko -> ko-mecab,
+    as sacreBLEU picks them, and also for region forms ("ja-JP", "zh_TW"), which sacreBLEU
+    leaves at 13a; anything else (or None) -> 13a."""
     base = re.split(r"[-_]", target_language or "")[0].lower()
     return _BLEU_TOKENIZER_FOR_LANGUAGE.get(base, "13a")
 
@@ -221,8 +222,9 @@ def bleu_metric(target_language: str | None = None, tokenize: str | None = None
                           f"{', '.join(BLEU_TOKENIZERS)}.")
     try:
         return sacrebleu.BLEU(tokenize=name)
-    except (ImportError, OSError, RuntimeError) as err:
-        # RuntimeError: MeCab is missing; OSError: spm/flores models cannot be downloaded.
+    except (AssertionError, ImportError, OSError, RuntimeError) as err:
+        # RuntimeError: MeCab is missing; AssertionError: MeCab has another dictionary than
+        # sacreBLEU requires; OSError: spm/flores models cannot be downloaded.
         chosen = ("--bleu-tokenize" if tokenize else
                   f"sacreBLEU's choice for target language {target_language!r}")
         extra = _PIP_EXTRA_FOR_TOKENIZER.get(name)
