@@ -376,15 +376,12 @@ def languages(args: argparse.Namespace, values: dict) -> tuple[str | None, str |
 def bleu_settings(args: argparse.Namespace, values: dict) -> dict[str, str | None]:
     """The keyword arguments of `transformer.translation.evaluate` that choose BLEU's
     tokenizer; UsageError if it is unknown or cannot run here (MeCab missing)."""
-    from transformer.translation import MetricError, bleu_metric
+    from transformer.translation import MetricError, bleu_settings as checked
 
-    settings = {"target_language": languages(args, values)[1],
-                "bleu_tokenize": args.bleu_tokenize}
     try:
-        bleu_metric(*settings.values())
+        return checked(languages(args, values)[1], args.bleu_tokenize)
     except MetricError as err:
         raise UsageError(str(err)) from None
-    return settings
 
 
 def evaluation_data(args: argparse.Namespace, values: dict) -> tuple[list[str], list[str], str]:
@@ -458,12 +455,14 @@ def check_output_paths(args: argparse.Namespace) -> None:
 
 
 def run_evaluation(translator, args: argparse.Namespace, values: dict, out: IO[str],
-                   test_set: tuple[list[str], list[str], str] | None = None) -> dict:
+                   test_set: tuple[list[str], list[str], str] | None = None,
+                   bleu: dict[str, str | None] | None = None) -> dict:
     """Translate the test set (`test_set` if already read, else `evaluation_data`), print
-    BLEU and chrF, then write --hyp-file and --report."""
+    BLEU and chrF (`bleu`: `bleu_settings`, checked here unless given), then write
+    --hyp-file and --report."""
     from transformer.translation import evaluate
 
-    bleu = bleu_settings(args, values)  # before translating: MeCab may be missing
+    bleu = bleu or bleu_settings(args, values)  # before translating: MeCab may be missing
     sources, references, description = test_set or evaluation_data(args, values)
     log.info("evaluating on %s: %d sentences", description, len(sources))
     start = time.perf_counter()
@@ -600,15 +599,15 @@ def run(args: argparse.Namespace) -> int:
     log.info("%s %s loaded in %.2f s; search: %s", "model" if len(args.model) == 1 else
              "ensemble of", ", ".join(args.model), time.perf_counter() - start,
              ", ".join(f"{k}={v}" for k, v in dataclasses.asdict(search).items()))
-    if args.evaluate:
-        bleu_settings(args, values)  # a missing MeCab must not cost --output its contents
+    # Checked before --output is opened: a missing MeCab must not cost the file its contents.
+    bleu = bleu_settings(args, values) if args.evaluate else None
 
     with contextlib.ExitStack() as stack:
         out = sys.stdout
         if args.output:
             out = stack.enter_context(open(args.output, "w", encoding="utf-8", newline="\n"))
         if args.evaluate:
-            run_evaluation(translator, args, values, out, test_set)
+            run_evaluation(translator, args, values, out, test_set, bleu)
             return 0
         if args.score:
             run_scoring(translator, args, values, out, test_set)

@@ -89,13 +89,14 @@ def top_k_over_vocab(scores: Array, k: int) -> tuple[Array, Array]:
     return values, (group_of * group + within % group).astype(jnp.int32)
 
 
-def pad_sources(sequences: Sequence[Sequence[int]], pad_id: int, batch_size: int | None = None
-                ) -> np.ndarray:
-    """Pad token-id lists (EOS included) to [batch_size or len(sequences), longest length]."""
+def pad_sources(sequences: Sequence[Sequence[int]], pad_id: int, batch_size: int | None = None,
+                width: int | None = None) -> np.ndarray:
+    """Pad token-id lists (EOS included) to [batch_size or len(sequences), width or longest
+    length]."""
     rows = batch_size or len(sequences)
     if rows < len(sequences):
         raise ValueError(f"batch_size {rows} is smaller than the {len(sequences)} sequences given.")
-    width = max((len(s) for s in sequences), default=1)
+    width = width or max((len(s) for s in sequences), default=1)
     out = np.full((rows, width), pad_id, dtype=np.int32)
     for i, seq in enumerate(sequences):
         out[i, : len(seq)] = seq

@@ -222,12 +222,11 @@ class RunConfig(DictConfig):
         """The keyword arguments of `transformer.translation.evaluate` for validation BLEU.
         MetricError (a ValueError) if its tokenizer is unknown or cannot run here, e.g.
         ja-mecab for `--tgt ja` without MeCab: better said before training than at step 1000."""
-        from transformer.translation import bleu_metric
+        from transformer.translation import bleu_settings
 
-        settings = {"target_language": self.tgt, "bleu_tokenize": self.bleu_tokenize}
-        if self.eval_sentences:
-            bleu_metric(self.tgt, self.bleu_tokenize)
-        return settings
+        if not self.eval_sentences:  # no BLEU is computed: nothing to check
+            return {"target_language": self.tgt, "bleu_tokenize": self.bleu_tokenize}
+        return bleu_settings(self.tgt, self.bleu_tokenize)
 
     def bleu_tokenizer(self) -> str:
         """The name of the sacreBLEU tokenizer validation BLEU uses."""
@@ -789,26 +788,30 @@ class TrainingSession:
         metric = run.best_metric or book["best_metric"]  # no flag: keep the run's metric
         tokenizer, old_tokenizer = run.bleu_tokenizer(), book["bleu_tokenizer"]
         book["bleu_tokenizer"] = tokenizer
-        same_bleu = tokenizer == old_tokenizer
-        if book["best_metric"] == metric and (metric != "bleu" or same_bleu):
+        comparable = metric != "bleu" or tokenizer == old_tokenizer  # earlier scores still count
+        if book["best_metric"] == metric and comparable:
             return
-        old = BEST_METRICS[book["best_metric"]][0]
-        if book["best_metric"] == metric:
-            old += f" tokenized with {old_tokenizer}"
+        old = BEST_METRICS[book["best_metric"]][0] + (
+            f" tokenized with {old_tokenizer}" if book["best_metric"] == metric else "")
         self.saver.discard_best(keep=None)
         book.update(best_metric=metric, best_score=None, best_step=None, bad_evals=0)
-        last = book["last_eval"]
-        if (last and last["step"] == self.step and last.get(metric) is not None
-                and (metric != "bleu" or same_bleu)):
-            book.update(best_score=last[metric], best_step=self.step)
-            self.saver.save_best(self.step, self.state.params, {metric: last[metric],
-                                                                "step": self.step})
+        if comparable:
+            self._start_best_from_last_validation()
         now = BEST_METRICS[metric][0] + (f" tokenized with {tokenizer}" if metric == "bleu"
                                          else "")
         start = (f"from the validation of step {self.step}" if book["best_step"] is not None
                  else "at the next validation")
         log.warning("the best step so far was chosen by %s; from now on %s chooses best/ and "
                     "model/, starting %s", old, now, start)
+
+    def _start_best_from_last_validation(self) -> None:
+        """The validation of the step resumed from is the first best, if it holds the score."""
+        book, metric = self.book, self.book["best_metric"]
+        last = book["last_eval"]
+        if last and last["step"] == self.step and last.get(metric) is not None:
+            book.update(best_score=last[metric], best_step=self.step)
+            self.saver.save_best(self.step, self.state.params, {metric: last[metric],
+                                                                "step": self.step})
 
     def _check_best_directory(self) -> None:
         """best/ must hold the best step the bookkeeping records and nothing else: a step

@@ -23,7 +23,7 @@ from flax import nnx
 
 from data.batching import buckets_up_to, inference_batches
 from transformer.config import SearchConfig
-from transformer.decoding import reference_logprobs_with_state, search_with_state
+from transformer.decoding import pad_sources, reference_logprobs_with_state, search_with_state
 from transformer.ensemble import Ensemble
 from transformer.model import Transformer
 
@@ -136,10 +136,7 @@ class Translator:
         holds the longest, so that scoring compiles one shape per bucket pair."""
         longest = max(len(t) for t in targets)
         width = next(b for b in self.buckets if b >= longest)
-        out = np.full((rows, width), self.model_config.pad_id, np.int32)
-        for row, ids in enumerate(targets):
-            out[row, : len(ids)] = ids
-        return out
+        return pad_sources(targets, self.model_config.pad_id, batch_size=rows, width=width)
 
     def _encode(self, sentences: Sequence[str], first_line: int, source: str
                 ) -> list[list[int]]:
@@ -233,6 +230,14 @@ def bleu_metric(target_language: str | None = None, tokenize: str | None = None
                              f"{str(err).strip()})")
         raise MetricError(f"BLEU tokenizer {name} ({chosen}) {why}; or pick another with "
                           "--bleu-tokenize ('char' scores characters and needs nothing).") from None
+
+
+def bleu_settings(target_language: str | None, bleu_tokenize: str | None
+                  ) -> dict[str, str | None]:
+    """The keyword arguments of `evaluate` that choose BLEU's tokenizer, checked first:
+    MetricError if it is unknown or cannot run here (MeCab missing), before any translating."""
+    bleu_metric(target_language, bleu_tokenize)
+    return {"target_language": target_language, "bleu_tokenize": bleu_tokenize}
 
 
 def evaluate(hypotheses: Sequence[str], references: Sequence[str],
