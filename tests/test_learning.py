@@ -36,22 +36,34 @@ def train_batch(rng: np.random.Generator, rows: int, width: int = 10) -> dict[st
     return {"src": src, "tgt_in": tgt_in, "tgt_out": tgt_out}
 
 
+def train(state, step, mesh, rng: np.random.Generator, updates: int):
+    for _ in range(updates):
+        state, metrics = step(state, shard_batch(train_batch(rng, 64), mesh))
+    return state, float(metrics["loss"])
+
+
 @pytest.fixture(scope="module")
 def trained_model():
+    """600 updates at peak lr 3e-3, then 300 with fresh Adam at 3e-4 (annealing).
+
+    The first phase alone plateaus at loss ~0.005-0.03 with spikes, and decoded 1-5 of 300
+    held-out inputs wrong even after 1,200 updates, which of them depending on the CPU's float
+    summation order. After annealing, the loss is ~0.001 and seven seeds decoded 300 of 300 right.
+    """
     config = get_preset("tiny", vocab_size=VOCAB, d_model=64, num_heads=4, d_ff=128,
                         dropout=0.0)
-    train_config = TrainConfig(schedule="inverse_sqrt", peak_lr=3e-3, warmup_steps=60,
-                               label_smoothing=0.0)
     mesh = make_mesh()
-    graphdef, rest, state = create_train_state(config, train_config, mesh)
-    step = make_train_step(graphdef, train_config, mesh)
     rng = np.random.default_rng(0)
-    # 1,200 steps reach loss ~3e-4 and decode 300 of 300 held-out inputs right; after 600
-    # (loss ~0.01) inputs with repeated symbols still failed now and then, depending on float
-    # summation order.
-    for _ in range(1200):
-        state, metrics = step(state, shard_batch(train_batch(rng, 64), mesh))
-    assert float(metrics["loss"]) < 0.05, f"did not learn the task: loss {metrics['loss']}"
+    explore = TrainConfig(schedule="inverse_sqrt", peak_lr=3e-3, warmup_steps=60,
+                          label_smoothing=0.0)
+    graphdef, rest, state = create_train_state(config, explore, mesh)
+    state, _ = train(state, make_train_step(graphdef, explore, mesh), mesh, rng, 600)
+
+    anneal = dataclasses.replace(explore, peak_lr=3e-4, warmup_steps=20)
+    _, _, fresh = create_train_state(config, anneal, mesh)
+    state = dataclasses.replace(fresh, params=state.params)
+    state, loss = train(state, make_train_step(graphdef, anneal, mesh), mesh, rng, 300)
+    assert loss < 0.01, f"did not learn the task: loss {loss}"
     return nnx.merge(graphdef, jax.device_get(state.params), rest)
 
 
