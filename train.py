@@ -120,7 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "runs/<corpus>-<src>-<tgt>-<preset>); resumes if it holds checkpoints")
     parser.add_argument("--resume", action="store_true",
                         help="continue the run in --output-dir (an error if it has none)")
-    from transformer.trainer import DEFAULT_MAX_MINUTES, RunConfig  # imports JAX, no devices
+    from transformer.run_config import DEFAULT_MAX_MINUTES, RunConfig  # imports JAX, no devices
 
     defaults = {f.name: f.default for f in dataclasses.fields(RunConfig)}
     defaults["max_minutes"] = (f"{DEFAULT_MAX_MINUTES:g} when neither --max-steps nor "
@@ -281,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
 
     # Before anything touches JAX devices.
     from transformer.host_memory import reuse_freed_host_memory
-    from transformer.trainer import initialize_distributed
+    from transformer.distributed import initialize_distributed
 
     try:
         reuse_freed_host_memory()  # only with NMT_KEEP_HOST_MEMORY=1
@@ -293,7 +293,8 @@ def main(argv: list[str] | None = None) -> int:
     import logging
 
     from transformer import checkpoint as ckpt
-    from transformer.trainer import RunConfig, TrainingError, average, train
+    from transformer.run_config import RunConfig
+    from transformer.trainer import TrainingError, average, train
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s",
                         force=True)

@@ -19,7 +19,8 @@ import pytest
 import train as train_cli
 from synthetic_corpus import write_corpus
 from transformer import checkpoint
-from transformer.trainer import RunConfig, TrainingError, train
+from transformer.run_config import RunConfig
+from transformer.trainer import TrainingError, train
 
 REPO = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="module")

@@ -20,9 +20,10 @@ import pytest
 from synthetic_corpus import write_corpus
 from transformer import checkpoint, translation
 from transformer.config import get_preset
-from transformer.trainer import (METRICS_FILE, MetricsWriter, RunConfig, TrainingError,
-                                 TrainingSession, prepare_data, print_summary, scoring_command,
-                                 train)
+from transformer.run_config import RunConfig
+from transformer.run_log import METRICS_FILE, MetricsWriter
+from transformer.trainer import (TrainingError, TrainingSession, prepare_data, print_summary,
+                                 scoring_command, train)
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory) -> dict[str, str]:

@@ -1,10 +1,13 @@
 """The training loop: data, steps, validation, checkpoints, logging; `train(run, workdir)`.
 
+Its settings are a `transformer.run_config.RunConfig`; metrics go out through
+`transformer.run_log`, and several processes meet through `transformer.distributed`.
+
     run = RunConfig(preset="small", max_minutes=5)
     summary = train(run, "runs/builtin-en-de-small")
 
 One loop serves one CPU, every device of a host, and many hosts (call
-`initialize_distributed` first): batches are split over the mesh axis "data", every process
+`transformer.distributed.initialize_distributed` first): batches are split over the mesh axis "data", every process
 reads its own rows of each global batch, checkpoints are written by all processes, and only
 process 0 prints, logs metrics and exports the model.
 
@@ -37,8 +40,6 @@ import dataclasses
 import json
 import logging
 import math
-import os
-import re
 import shlex
 import signal
 import sys
@@ -48,368 +49,21 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from transformer import checkpoint as ckpt
-from transformer.config import PRESETS, DictConfig, ModelConfig, SearchConfig, get_preset
-from transformer.training import TrainConfig
+from transformer.config import ModelConfig, SearchConfig
+from transformer.distributed import any_process, barrier, local_copy
+from transformer.run_config import BEST_METRICS, RunConfig
+from transformer.run_log import MetricsWriter, summarize_window
 
 log = logging.getLogger("trainer")
-
-# Default time budget when neither max_steps nor max_minutes is given: the no-argument
-# `python train.py` must finish in a few minutes on a 2-core CPU.
-DEFAULT_MAX_MINUTES = 4.0
-METRICS_FILE = "metrics.jsonl"
-TB_DIR = "tb"
-
-# ModelConfig fields that RunConfig can override (flag --d-model sets d_model, ...).
-MODEL_OVERRIDES = ("d_model", "num_heads", "d_ff", "encoder_layers", "decoder_layers",
-                   "dropout", "attention_dropout", "activation_dropout", "norm", "positional",
-                   "share_embeddings", "dtype", "max_len")
 
 
 class TrainingError(RuntimeError):
     """Training cannot go on (diverged, bad settings); the message says what to do."""
 
 
-# Validation scores that can pick the best checkpoint (--best-metric): name in the validation
-# results -> (name in messages, whether higher is better).
-BEST_METRICS = {"bleu": ("BLEU", True), "chrf": ("chrF", True), "ppl": ("perplexity", False)}
-
-
-@dataclasses.dataclass(frozen=True)
-class RunConfig(DictConfig):
-    """Everything `train` needs, flat, one field per train.py flag (`--batch-tokens` ->
-    `batch_tokens`). Fields left None take the preset's or TrainConfig's default."""
-
-    # ---- model
-    preset: str = "small"
-    d_model: int | None = None
-    num_heads: int | None = None
-    d_ff: int | None = None
-    encoder_layers: int | None = None
-    decoder_layers: int | None = None
-    dropout: float | None = None
-    attention_dropout: float | None = None
-    activation_dropout: float | None = None
-    norm: str | None = None
-    positional: str | None = None
-    share_embeddings: bool | None = None
-    dtype: str | None = None
-    max_len: int | None = None
-    # ---- data (see data.corpus.CorpusSpec)
-    src: str = "en"
-    tgt: str = "de"
-    train_prefix: str | None = None
-    valid_prefix: str | None = None
-    test_prefix: str | None = None
-    train_file: str | None = None
-    valid_file: str | None = None
-    test_file: str | None = None
-    dataset: str | None = None
-    dataset_config: str | None = None
-    # Use only N training pairs: the first N of the training source, or, when the validation
-    # split is held out of it (no --valid-prefix/--valid-file, no validation split in the
-    # dataset), N of the seeded shuffle the hold-out leaves.
-    max_train_pairs: int | None = None
-    vocab_size: int = 4000
-    tokenizer_type: str = "unigram"
-    # An existing SentencePiece model (another run's spm.model, say) instead of training one;
-    # tokenizer_type then does not apply, and train.py sets vocab_size to its size (the model's
-    # vocabulary is the tokenizer's in any case). Its pad/unk/bos/eos ids must be 0-3.
-    spm_model: str | None = None
-    batch_tokens: int = 2048  # per micro-batch: rows x max(S, T), padding included
-    max_tokens_per_sentence: int = 64
-    # Padded lengths of batches; None = data.batching.DEFAULT_BUCKETS (little padding, a few
-    # dozen shapes). Few buckets mean few compilations, which matters on a CPU.
-    buckets: tuple[int, ...] | None = (16, 32, 64)
-    # ---- optimisation (see transformer.training.TrainConfig)
-    # Defaults for a few minutes on a CPU, not the paper's (recipes in configs/ have those):
-    # a 200-step warm-up, scaled so that the peak, 0.4 * 256^-0.5 * 200^-0.5 = 1.8e-3 for
-    # `small`, is not too high for 2k-token batches (lr_scale 1 stalled at valid ppl ~450
-    # after 4 minutes on the built-in corpus; 0.4 reached ~140).
-    schedule: str = "noam"
-    warmup: int = 200
-    lr_scale: float = 0.4
-    peak_lr: float = 1e-3
-    # The paper's settings, as TrainConfig holds them:
-    adam_b1: float = TrainConfig.adam_b1
-    adam_b2: float = TrainConfig.adam_b2
-    adam_eps: float = TrainConfig.adam_eps
-    label_smoothing: float = TrainConfig.label_smoothing
-    clip_norm: float | None = TrainConfig.clip_norm
-    accum: int = TrainConfig.accum_steps
-    weight_decay: float = TrainConfig.weight_decay
-    seed: int = TrainConfig.seed
-    # ---- length of training
-    max_steps: int | None = None
-    max_minutes: float | None = None
-    max_epochs: int | None = None  # passes over the (length-filtered) training pairs
-    early_stop_patience: int | None = None  # validations without a better --best-metric
-    # ---- validation
-    eval_every: int = 1000
-    eval_sentences: int = 100
-    beam: int = 4
-    alpha: float = 0.6
-    samples: int = 3  # sample translations printed per validation
-    # The validation score that picks best/ and model/ and that early stopping watches
-    # (BEST_METRICS). None: the resumed run's metric, "bleu" for a new run. BLEU and chrF need
-    # --eval-sentences >= 1; without them BLEU picks nothing and model/ is the last step.
-    best_metric: str | None = None
-    # sacreBLEU's BLEU tokenizer; None: its choice for `tgt` (zh, ja-mecab, ko-mecab or 13a)
-    bleu_tokenize: str | None = None
-    # ---- checkpoints and logging
-    save_every: int | None = None  # default: eval_every
-    keep_last: int = 5
-    average_last: int | None = None
-    log_every: int = 50
-    async_checkpoints: bool = True
-    progress: bool = True
-    # ---- test hooks (not command-line flags)
-    nan_at_step: int | None = None  # poison the parameters before this step
-
-    def __post_init__(self) -> None:
-        if self.preset not in PRESETS:
-            raise ValueError(f"--preset must be one of {sorted(PRESETS)}, got {self.preset!r}.")
-        for name in ("eval_every", "log_every", "keep_last", "batch_tokens", "accum",
-                     "vocab_size", "max_tokens_per_sentence", "beam"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"--{name.replace('_', '-')} must be >= 1, "
-                                 f"got {getattr(self, name)}.")
-        for name in ("max_steps", "max_epochs", "average_last", "early_stop_patience",
-                     "save_every", "max_train_pairs"):
-            value = getattr(self, name)
-            least = 0 if name == "max_steps" else 1  # --max-steps 0: export, no training
-            if value is not None and value < least:
-                raise ValueError(f"--{name.replace('_', '-')} must be >= {least}, got {value}.")
-        if self.max_minutes is not None and self.max_minutes <= 0:
-            raise ValueError(f"--max-minutes must be > 0, got {self.max_minutes}.")
-        if self.buckets is not None:
-            object.__setattr__(self, "buckets", tuple(int(b) for b in self.buckets))
-        if self.eval_sentences < 0:
-            raise ValueError(f"--eval-sentences must be >= 0, got {self.eval_sentences}.")
-        if self.best_metric is not None and self.best_metric not in BEST_METRICS:
-            raise ValueError(f"--best-metric must be one of {', '.join(BEST_METRICS)}, "
-                             f"got {self.best_metric!r}.")
-        if self.eval_sentences == 0 and self.best_metric != "ppl":
-            label = BEST_METRICS[self.best_metric or "bleu"][0]
-            if self.early_stop_patience is not None:
-                raise ValueError(
-                    f"--early-stop-patience {self.early_stop_patience} counts validations "
-                    f"without a better {label}, but --eval-sentences 0 computes no {label}; set "
-                    f"--eval-sentences to 1 or more, use --best-metric ppl, or drop "
-                    f"--early-stop-patience.")
-            if self.best_metric == "chrf":
-                raise ValueError("--best-metric chrf needs --eval-sentences >= 1 (0 computes no "
-                                 "chrF); or use --best-metric ppl.")
-
-    # ------------------------------------------------------------------ derived configs
-
-    def model_config(self, vocab_size: int) -> ModelConfig:
-        overrides = {name: getattr(self, name) for name in MODEL_OVERRIDES
-                     if getattr(self, name) is not None}
-        return get_preset(self.preset, vocab_size=vocab_size, **overrides)
-
-    def train_config(self) -> TrainConfig:
-        return TrainConfig(
-            schedule=self.schedule, warmup_steps=self.warmup, lr_scale=self.lr_scale,
-            peak_lr=self.peak_lr, adam_b1=self.adam_b1, adam_b2=self.adam_b2,
-            adam_eps=self.adam_eps, label_smoothing=self.label_smoothing,
-            clip_norm=self.clip_norm, accum_steps=self.accum, weight_decay=self.weight_decay,
-            seed=self.seed)
-
-    def bleu_settings(self) -> dict[str, str | None]:
-        """The keyword arguments of `transformer.translation.evaluate` for validation BLEU.
-        MetricError (a ValueError) if its tokenizer is unknown or cannot run here, e.g.
-        ja-mecab for `--tgt ja` without MeCab: better said before training than at step 1000."""
-        from transformer.translation import bleu_settings
-
-        if not self.eval_sentences:  # no BLEU is computed: nothing to check
-            return {"target_language": self.tgt, "bleu_tokenize": self.bleu_tokenize}
-        return bleu_settings(self.tgt, self.bleu_tokenize)
-
-    def bleu_tokenizer(self) -> str:
-        """The name of the sacreBLEU tokenizer validation BLEU uses."""
-        from transformer.translation import bleu_tokenizer_for
-
-        return self.bleu_tokenize or bleu_tokenizer_for(self.tgt)
-
-    def search_config(self) -> SearchConfig:
-        return SearchConfig(beam_size=self.beam, alpha=self.alpha)
-
-    def corpus_spec(self):
-        from data.corpus import CorpusSpec
-
-        return CorpusSpec(src=self.src, tgt=self.tgt, train_prefix=self.train_prefix,
-                          valid_prefix=self.valid_prefix, test_prefix=self.test_prefix,
-                          train_file=self.train_file, valid_file=self.valid_file,
-                          test_file=self.test_file,
-                          dataset=self.dataset, dataset_config=self.dataset_config,
-                          seed=self.seed)
-
-    @property
-    def corpus_name(self) -> str:
-        """Short name of the training corpus, for the default run directory."""
-        if self.train_prefix:
-            prefix = Path(self.train_prefix)
-            return prefix.parent.name or prefix.name
-        if self.train_file:
-            return Path(self.train_file).stem
-        if self.dataset:
-            return Path(self.dataset).name
-        return "builtin"
-
-    def default_output_dir(self) -> Path:
-        name = f"{self.corpus_name}-{self.src}-{self.tgt}-{self.preset}"
-        return Path("runs") / re.sub(r"[^\w.-]+", "_", name)
-
-    def limits(self) -> tuple[int | None, float | None]:
-        """(max_steps, max_minutes) with the default time budget applied when no limit of
-        steps, minutes or epochs is given."""
-        if self.max_steps is None and self.max_minutes is None and self.max_epochs is None:
-            return None, DEFAULT_MAX_MINUTES
-        return self.max_steps, self.max_minutes
-
-
-# ----------------------------------------------------------------------------- distributed
-
-
-_CLUSTER_ENV = ("JAX_COORDINATOR_ADDRESS", "COORDINATOR_ADDRESS", "MEGASCALE_COORDINATOR_ADDRESS")
-
-
-def _cluster_env_present() -> bool:
-    """True when a launcher (SLURM, Open MPI, a multi-host TPU slice) started several processes."""
-    if any(os.environ.get(name) for name in _CLUSTER_ENV):
-        return True
-    for count in ("SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"):
-        if int(os.environ.get(count, "1") or 1) > 1:
-            return True
-    hosts = os.environ.get("TPU_WORKER_HOSTNAMES", "")
-    return len([h for h in hosts.split(",") if h]) > 1
-
-
-def initialize_distributed(coordinator: str | None = None, num_processes: int | None = None,
-                           process_id: int | None = None) -> bool:
-    """Call `jax.distributed.initialize` when this is one of several processes.
-
-    Must run before anything touches JAX devices. With explicit arguments they are passed on;
-    otherwise JAX detects the cluster from the launcher's environment. Returns True if it ran.
-    """
-    explicit = any(v is not None for v in (coordinator, num_processes, process_id))
-    if not explicit and not _cluster_env_present():
-        return False
-    kwargs = {}
-    if coordinator is not None:
-        kwargs["coordinator_address"] = coordinator
-    if num_processes is not None:
-        kwargs["num_processes"] = num_processes
-    if process_id is not None:
-        kwargs["process_id"] = process_id
-    jax.distributed.initialize(**kwargs)
-    return True
-
-
-def _all_processes_agree(flag: bool) -> bool:
-    """True if `flag` is True on any process (a collective: every process must call it)."""
-    if jax.process_count() == 1:
-        return flag
-    from jax.experimental import multihost_utils
-
-    return bool(np.any(multihost_utils.process_allgather(np.array(flag))))
-
-
-def _barrier(name: str) -> None:
-    if jax.process_count() > 1:
-        from jax.experimental import multihost_utils
-
-        multihost_utils.sync_global_devices(name)
-
-
-def _local(tree: Any) -> Any:
-    """This process's copy of replicated arrays, as single-device jax.Arrays.
-
-    Unlike device_get, this works on several processes, where a global array is not fully
-    addressable; the result can be used in computations local to this process (search).
-    """
-    def one(x):
-        if isinstance(x, jax.Array) and not x.is_fully_addressable:
-            return x.addressable_data(0)
-        return jnp.asarray(x)
-
-    return jax.tree.map(one, tree)
-
-
-# ----------------------------------------------------------------------------- metrics output
-
-
-class MetricsWriter:
-    """metrics.jsonl plus TensorBoard; only process 0 writes.
-
-    On resume from step N, lines after step N (written by the interrupted run after its last
-    checkpoint) are dropped so the file reads as one uninterrupted run.
-    """
-
-    def __init__(self, run_dir: Path, resume_step: int, enabled: bool):
-        self.enabled = enabled
-        self.path = run_dir / METRICS_FILE
-        self.tb = None
-        if not enabled:
-            return
-        if self.path.exists():
-            kept = []
-            for number, line in enumerate(self.path.read_text().splitlines(), start=1):
-                if not line.strip():
-                    continue
-                try:
-                    step = json.loads(line).get("step", 0)
-                except (ValueError, AttributeError):  # cut short by a kill, or not an object
-                    log.warning("%s line %d is not a JSON object (a write cut short?); "
-                                "dropping it: %.80r", self.path, number, line)
-                    continue
-                if step <= resume_step:
-                    kept.append(line)
-            self.path.write_text("".join(line + "\n" for line in kept))
-        try:
-            from tensorboardX import SummaryWriter
-
-            self.tb = SummaryWriter(str(run_dir / TB_DIR), purge_step=resume_step + 1)
-        except ImportError:  # TensorBoard output is optional
-            log.warning("tensorboardX is not installed; writing metrics.jsonl only")
-
-    def write(self, kind: str, step: int, values: dict[str, Any]) -> None:
-        if not self.enabled:
-            return
-        record = {"kind": kind, "step": step, **values}
-        with self.path.open("a") as f:
-            f.write(json.dumps(record, sort_keys=False) + "\n")
-        if self.tb is not None:
-            for key, value in values.items():
-                if isinstance(value, (int, float)) and math.isfinite(value):
-                    self.tb.add_scalar(f"{kind}/{key}", value, step)
-
-    def close(self) -> None:
-        if self.tb is not None:
-            self.tb.close()
-
-
-def summarize_window(window: list[dict[str, float]]) -> dict[str, float]:
-    """One log line from the per-step metrics of a window: token-weighted means."""
-    tokens = np.array([m["tokens"] for m in window], np.float64)
-    total = max(float(tokens.sum()), 1.0)
-
-    def weighted(key):
-        return float(np.dot([m[key] for m in window], tokens) / total)
-
-    nll = weighted("nll")
-    return {
-        "loss": weighted("loss"),
-        "nll": nll,
-        "ppl": float(math.exp(min(nll, 700.0))),
-        "accuracy": weighted("accuracy"),
-        "lr": float(window[-1]["learning_rate"]),
-        "grad_norm": float(np.mean([m["grad_norm"] for m in window])),
-        "tokens": int(total),
-    }
+# ----------------------------------------------------------------------------- timing
 
 
 class PausableClock:
@@ -519,7 +173,7 @@ def prepare_data(run: RunConfig, run_dir: Path, model_max_len: int) -> Data:
     if jax.process_index() == 0:
         tokenizer = train_or_load_tokenizer(run_dir, corpus, tokenizer_config,
                                             given=run.spm_model)
-    _barrier("tokenizer")
+    barrier("tokenizer")
     if jax.process_index() != 0:
         tokenizer = Tokenizer.load(run_dir / MODEL_FILE)
     encoded = {name: encode_split(corpus[name], tokenizer) for name in ("train", "validation")}
@@ -716,7 +370,7 @@ class TrainingSession:
                      "window": [],
                      "iterator": {"epoch": 0, "position": 0}, "last_eval": None}
         restored_bookkeeping = self._resume()
-        self.step = int(_local(self.state.step))
+        self.step = int(local_copy(self.state.step))
         # config.json is replaced only now: a resume that failed keeps the settings of the run.
         if self.is_main:
             write_run_config(run_dir, run, self.model_config, self.data)
@@ -903,7 +557,7 @@ class TrainingSession:
             return None
         want = signals.received is not None or (self.deadline is not None
                                                 and time.monotonic() >= self.deadline)
-        if _all_processes_agree(want):
+        if any_process(want):
             return signals.received or "max_minutes"
         return None
 
@@ -1068,7 +722,7 @@ class TrainingSession:
         for batch in eval_batches(self.data.valid_examples, self.data.eval_batch_config):
             out = self.eval_step(self.state.params, shard_batch(batch, self.mesh))
             sums = out if sums is None else jax.tree.map(jnp.add, sums, out)
-        sums = {k: float(v) for k, v in _local(sums).items()}
+        sums = {k: float(v) for k, v in local_copy(sums).items()}
         tokens = max(sums["tokens"], 1.0)
         result = {"loss": sums["loss_sum"] / tokens, "nll": sums["nll_sum"] / tokens,
                   "ppl": math.exp(min(sums["nll_sum"] / tokens, 700.0)),
@@ -1084,7 +738,7 @@ class TrainingSession:
         from transformer.translation import Translator, evaluate as score
 
         data = self.data
-        model = nnx.merge(self.graphdef, _local(self.state.params))
+        model = nnx.merge(self.graphdef, local_copy(self.state.params))
         sources, refs = data.valid_sources[:n], data.valid_targets[:n]
         t0 = time.monotonic()
         hyps = Translator(model, data.tokenizer, self.search_config).translate(sources)
@@ -1103,7 +757,7 @@ class TrainingSession:
         averaged_dir = None
         if run.average_last:
             averaged_dir = average(self.run_dir, run.average_last, self.model_config)
-        _barrier("exported")
+        barrier("exported")
         self.close()
         final_dir = averaged_dir or model_dir
         summary = {
@@ -1133,7 +787,7 @@ class TrainingSession:
             params = self.state.params
             source = {"step": self.step, "chosen": "last step"}
         model_dir = self.run_dir / ckpt.MODEL_DIR
-        params = _local(params)
+        params = local_copy(params)
         if self.is_main:
             ckpt.export_model(model_dir, params, self.model_config, self.data.tokenizer_file,
                               self.search_config, {"source_lang": self.run.src,
@@ -1161,7 +815,7 @@ def average(run_dir: str | Path, last: int, model_config: ModelConfig | None = N
     search = SearchConfig(**values["search"]) if "search" in values else SearchConfig()
     out = run_dir / ckpt.AVERAGED_DIR
     if jax.process_index() == 0:
-        ckpt.export_model(out, _local(params), model_config, run_dir / ckpt.TOKENIZER_FILE,
+        ckpt.export_model(out, local_copy(params), model_config, run_dir / ckpt.TOKENIZER_FILE,
                           search, {"source_lang": values.get("data", {}).get("src"),
                                    "target_lang": values.get("data", {}).get("tgt"),
                                    "averaged_steps": steps,
