@@ -16,6 +16,8 @@ import pytest
 
 from transformer import checkpoint
 
+pytestmark = pytest.mark.long  # scheduled first (conftest.py)
+
 REPO = Path(__file__).resolve().parents[1]
 MULTI30K = REPO.parent / "shared/data/multi30k"
 
