@@ -1,9 +1,10 @@
 """Shared test set-up: the repository root on sys.path, the shared data folder, and the order.
 
-The suite runs on two pytest-xdist workers, one file per worker at a time (pyproject.toml:
-`-n 2 --dist loadfile`). Tests marked `long` (minutes of end-to-end training, bounded by the
-clock rather than by work) are moved to the front, so that one worker starts them while the
-other works through the rest; scheduled last, they would leave a core idle for minutes.
+The suite runs on two pytest-xdist workers, one file per worker at a time, in collection order
+(pyproject.toml: `-n 2 --dist loadfile --no-loadscope-reorder`). Tests marked `long` (minutes
+of end-to-end training, bounded by the clock rather than by work) are moved to the front, so
+that one worker starts them while the other works through the rest; scheduled last, they
+would leave a core idle for minutes.
 """
 
 import sys

@@ -48,7 +48,8 @@ def trained_model():
 
     The first phase alone plateaus at loss ~0.005-0.03 with spikes, and decoded 1-5 of 300
     held-out inputs wrong even after 1,200 updates, which of them depending on the CPU's float
-    summation order. After annealing, the loss is ~0.001 and seven seeds decoded 300 of 300 right.
+    summation order. After annealing, the loss is ~0.001 and 300 of 300 decoded right with each
+    of seven training-data streams (seeds 0-6) tried.
     """
     config = get_preset("tiny", vocab_size=VOCAB, d_model=64, num_heads=4, d_ff=128,
                         dropout=0.0)
