@@ -7,9 +7,9 @@ Its settings are a `transformer.run_config.RunConfig`; metrics go out through
     summary = train(run, "runs/builtin-en-de-small")
 
 One loop serves one CPU, every device of a host, and many hosts (call
-`transformer.distributed.initialize_distributed` first): batches are split over the mesh axis "data", every process
-reads its own rows of each global batch, checkpoints are written by all processes, and only
-process 0 prints, logs metrics and exports the model.
+`transformer.distributed.initialize_distributed` first): batches are split over the mesh
+axis "data", every process reads its own rows of each global batch, checkpoints are written
+by all processes, and only process 0 prints, logs metrics and exports the model.
 
 The run directory it leaves:
 
