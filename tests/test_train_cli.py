@@ -223,6 +223,14 @@ def test_spm_model_sets_the_vocabulary_size(tmp_path, capsys):
     assert settings == {"spm_model": str(given), "vocab_size": 300}
 
 
+def test_missing_training_data_names_the_file_and_leaves_no_run_directory(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert train_cli.main(["--train-prefix", str(tmp_path / "none"), "--output-dir",
+                           str(out)]) == 2
+    assert f"{tmp_path / 'none.en'}: file not found" in capsys.readouterr().err
+    assert not out.exists()
+
+
 def test_a_bleu_tokenizer_that_cannot_run_fails_before_training(tmp_path, capsys,
                                                                monkeypatch):
     mecab = pytest.importorskip("sacrebleu.tokenizers.tokenizer_ja_mecab")

@@ -317,9 +317,16 @@ def train(run: RunConfig, workdir: str | Path | None = None) -> dict[str, Any]:
     another model or tokenizer, CheckpointError when its checkpoints cannot be restored.
     """
     run_dir = Path(workdir) if workdir is not None else run.default_output_dir()
+    created = not run_dir.exists()
     run_dir.mkdir(parents=True, exist_ok=True)
     enable_compilation_cache()
-    session = TrainingSession(run, run_dir)
+    try:
+        session = TrainingSession(run, run_dir)
+    except BaseException:  # missing data, say: a run that never started leaves no directory
+        if created:
+            with contextlib.suppress(OSError):  # not empty, or another process removed it
+                run_dir.rmdir()
+        raise
     try:
         stopped = session.loop()
     except TrainingError:
