@@ -60,6 +60,7 @@ def test_the_benchmark_finds_every_product_of_the_step_and_a_summary_that_adds_u
     *kinds, summary = records
     assert summary["system"] == "summary" and kinds
     assert all(record["system"] == "product" for record in kinds)
+    assert all(record["gflops_per_s_best"] >= record["gflops_per_s"] for record in kinds)
     assert summary["products_flop"] == common.train_flops(get_preset("tiny", vocab_size=61),
                                                           3, 7, 5)
     assert summary["products"] == sum(record["count"] for record in kinds)
