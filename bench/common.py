@@ -67,15 +67,21 @@ def measured_matmul_flops(n: int = 2048, reps: int = 10, dtype: str = "float32")
     a = jax.random.normal(key_a, (n, n), dtype)
     b = jax.random.normal(key_b, (n, n), dtype)
     matmul = jax.jit(functools.partial(jnp.dot, preferred_element_type=jnp.float32))
+    # The fastest call: other work on a shared machine only slows calls down.
+    return 2.0 * n ** 3 / min(call_times(matmul, a, b, reps=reps))
+
+
+def call_times(function, *args, reps: int) -> list[float]:
+    """Seconds of `reps` calls of a jitted function, each until its result is ready, after
+    two untimed calls (the first compiles)."""
     for _ in range(2):
-        matmul(a, b).block_until_ready()
+        jax.block_until_ready(function(*args))
     times = []
     for _ in range(reps):
         start = time.perf_counter()
-        matmul(a, b).block_until_ready()
+        jax.block_until_ready(function(*args))
         times.append(time.perf_counter() - start)
-    # The fastest call: other work on a shared machine only slows calls down.
-    return 2.0 * n ** 3 / min(times)
+    return times
 
 
 def peak_flops(dtype: str = "float32") -> tuple[float, str]:

@@ -41,14 +41,13 @@ import collections
 import dataclasses
 import re
 import statistics
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from bench import common
-from bench.train import OurStep, peer_args
+from bench import train as bench_train
 from transformer.config import PRESETS
 from transformer.host_memory import reuse_freed_host_memory
 
@@ -150,19 +149,6 @@ def products_in_hlo(hlo_text: str) -> collections.Counter[Product]:
     return found
 
 
-def call_times(function, *args, reps: int) -> list[float]:
-    """Seconds of `reps` calls of a jitted function, each until its result is ready, after
-    two untimed calls (the first compiles)."""
-    for _ in range(2):
-        jax.block_until_ready(function(*args))
-    times = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        jax.block_until_ready(function(*args))
-        times.append(time.perf_counter() - start)
-    return times
-
-
 def time_alone(product: Product, reps: int) -> list[float]:
     """Seconds of `reps` calls of one jitted dot_general of this form, on random operands."""
     rng = np.random.default_rng(0)  # numpy: no compilation per shape
@@ -170,14 +156,14 @@ def time_alone(product: Product, reps: int) -> list[float]:
     rhs = jnp.asarray(rng.standard_normal(product.rhs_shape, np.float32), product.rhs_dtype)
     multiply = jax.jit(lambda a, b: jax.lax.dot_general(
         a, b, product.dimension_numbers, preferred_element_type=jnp.dtype(product.out_dtype)))
-    return call_times(multiply, lhs, rhs, reps=reps)
+    return common.call_times(multiply, lhs, rhs, reps=reps)
 
 
 def dispatch_times(reps: int) -> list[float]:
     """Seconds of calls of a jitted function that does almost nothing: the part of each
     product's timed call that is JAX's and XLA's call overhead rather than the product."""
-    return call_times(jax.jit(lambda a: a + 1.0), jnp.zeros((8,), jnp.float32),
-                      reps=max(reps, 20))
+    return common.call_times(jax.jit(lambda a: a + 1.0), jnp.zeros((8,), jnp.float32),
+                             reps=max(reps, 20))
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -199,17 +185,18 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def step_args(args: argparse.Namespace) -> argparse.Namespace:
     """bench.train's arguments for the same step."""
-    return argparse.Namespace(
-        preset=args.preset, d_model=None, layers=None, heads=None, ffn=None, vocab=args.vocab,
-        batch=args.batch, src_len=args.src_len, tgt_len=args.tgt_len, steps=args.steps,
-        warmup=args.warmup, dtype=args.dtype, accum_steps=1, threads=args.threads)
+    return bench_train.parse_args([
+        "--preset", args.preset, "--vocab", str(args.vocab), "--batch", str(args.batch),
+        "--src-len", str(args.src_len), "--tgt-len", str(args.tgt_len),
+        "--steps", str(args.steps), "--warmup", str(args.warmup), "--dtype", args.dtype,
+        "--threads", str(args.threads)])
 
 
 def main(argv=None) -> None:
     args = parse_args(argv)
     keep_host_memory = reuse_freed_host_memory()  # NMT_KEEP_HOST_MEMORY=1, as bench.train
     train_args = step_args(args)
-    ours = OurStep(train_args)
+    ours = bench_train.OurStep(train_args)
     products = products_in_hlo(ours.step.as_text())
     if not products:
         raise SystemExit("bench.products: no dot instruction found in the compiled step")
@@ -245,7 +232,8 @@ def main(argv=None) -> None:
                "products_share_best": round(products_best_net_s / step["step_s_min"], 3),
                "keep_host_memory": keep_host_memory, **common.environment()}
     if args.compare:
-        peer = common.run_peer("hf_train_step.py", peer_args(train_args, ours.config),
+        peer = common.run_peer("hf_train_step.py",
+                               bench_train.peer_args(train_args, ours.config),
                                autocast=None if args.dtype == "float32" else args.dtype)
         common.emit(peer)
         summary.update(peer_step_s=peer["step_s"], peer_step_s_min=peer["step_s_min"],
