@@ -17,6 +17,7 @@ LayerNorm, embedding lookups, the loss and the optimizer are not counted.
 
 from __future__ import annotations
 
+import argparse
 import functools
 import json
 import os
@@ -69,6 +70,26 @@ def measured_matmul_flops(n: int = 2048, reps: int = 10, dtype: str = "float32")
     matmul = jax.jit(functools.partial(jnp.dot, preferred_element_type=jnp.float32))
     # The fastest call: other work on a shared machine only slows calls down.
     return 2.0 * n ** 3 / min(call_times(matmul, a, b, reps=reps))
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1 (counts of steps, calls, rows, tokens)."""
+    return _int_at_least(text, 1)
+
+
+def non_negative_int(text: str) -> int:
+    """argparse type: an integer >= 0 (untimed warm-up steps)."""
+    return _int_at_least(text, 0)
+
+
+def _int_at_least(text: str, least: int) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < least:
+        raise argparse.ArgumentTypeError(f"{value} is below {least}")
+    return value
 
 
 def call_times(function, *args, reps: int) -> list[float]:

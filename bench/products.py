@@ -170,16 +170,18 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--preset", default="base", choices=sorted(PRESETS))
-    ap.add_argument("--vocab", type=int, default=8000)
-    ap.add_argument("--batch", type=int, default=32)
-    ap.add_argument("--src-len", type=int, default=32)
-    ap.add_argument("--tgt-len", type=int, default=32)
+    ap.add_argument("--vocab", type=common.positive_int, default=8000)
+    ap.add_argument("--batch", type=common.positive_int, default=32)
+    ap.add_argument("--src-len", type=common.positive_int, default=32)
+    ap.add_argument("--tgt-len", type=common.positive_int, default=32)
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    ap.add_argument("--reps", type=int, default=20, help="timed calls of each product")
-    ap.add_argument("--steps", type=int, default=10, help="timed train steps")
-    ap.add_argument("--warmup", type=int, default=2, help="untimed steps after compiling")
+    ap.add_argument("--reps", type=common.positive_int, default=20,
+                    help="timed calls of each product")
+    ap.add_argument("--steps", type=common.positive_int, default=10, help="timed train steps")
+    ap.add_argument("--warmup", type=common.non_negative_int, default=2,
+                    help="untimed steps after compiling")
     ap.add_argument("--compare", action="store_true", help="also time the peer's step")
-    ap.add_argument("--threads", type=int, default=2, help="peer torch threads")
+    ap.add_argument("--threads", type=common.positive_int, default=2, help="peer torch threads")
     return ap.parse_args(argv)
 
 

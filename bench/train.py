@@ -55,18 +55,19 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--layers", type=int, help="encoder and decoder layers, each")
     ap.add_argument("--heads", type=int)
     ap.add_argument("--ffn", type=int)
-    ap.add_argument("--vocab", type=int, default=8000)
-    ap.add_argument("--batch", type=int, default=32)
-    ap.add_argument("--src-len", type=int, default=32)
-    ap.add_argument("--tgt-len", type=int, default=32)
-    ap.add_argument("--steps", type=int, default=10, help="timed steps")
-    ap.add_argument("--warmup", type=int, default=2, help="untimed steps after compiling")
+    ap.add_argument("--vocab", type=common.positive_int, default=8000)
+    ap.add_argument("--batch", type=common.positive_int, default=32)
+    ap.add_argument("--src-len", type=common.positive_int, default=32)
+    ap.add_argument("--tgt-len", type=common.positive_int, default=32)
+    ap.add_argument("--steps", type=common.positive_int, default=10, help="timed steps")
+    ap.add_argument("--warmup", type=common.non_negative_int, default=2,
+                    help="untimed steps after compiling")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    ap.add_argument("--accum-steps", type=int, default=1)
+    ap.add_argument("--accum-steps", type=common.positive_int, default=1)
     ap.add_argument("--compare", action="store_true",
                     help="also run the peer (transformers) step, alternating with ours")
-    ap.add_argument("--rounds", type=int, default=1, help="rounds of ours (+ peer)")
-    ap.add_argument("--threads", type=int, default=2, help="peer torch threads")
+    ap.add_argument("--rounds", type=common.positive_int, default=1, help="rounds of ours (+ peer)")
+    ap.add_argument("--threads", type=common.positive_int, default=2, help="peer torch threads")
     return ap.parse_args(argv)
 
 

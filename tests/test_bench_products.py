@@ -71,3 +71,14 @@ def test_the_benchmark_finds_every_product_of_the_step_and_a_summary_that_adds_u
         summary["products_s"] - summary["products"] * summary["dispatch_s"],
         abs=1e-5 + summary["products"] * 1e-6)
     assert summary["step_s"] > 0
+
+
+@pytest.mark.parametrize("flag, value, message", [("--reps", "0", "0 is below 1"),
+                                                   ("--steps", "-2", "-2 is below 1"),
+                                                   ("--warmup", "-1", "-1 is below 0"),
+                                                   ("--batch", "8x", "'8x' is not an integer")])
+def test_counts_that_cannot_be_timed_are_refused_by_name(flag, value, message, capsys):
+    with pytest.raises(SystemExit):
+        products.parse_args([flag, value])
+    error = capsys.readouterr().err
+    assert f"argument {flag}" in error and message in error
