@@ -35,8 +35,9 @@ import jax.numpy as jnp
 from transformer.config import ModelConfig
 
 REPO = Path(__file__).resolve().parents[1]
-PEERS = REPO.parent / "shared" / "tools" / "peers"
-PEER_PYTHON = Path.home() / ".cache" / "nmt-peers-venv" / "bin" / "python"
+PEERS = Path(os.environ.get("NMT_PEERS_DIR") or REPO.parent / "shared" / "tools" / "peers")
+PEER_PYTHON = Path(os.environ.get("NMT_PEER_PYTHON")
+                   or Path.home() / ".cache" / "nmt-peers-venv" / "bin" / "python")
 
 # Dense peak FLOP/s per device, by the start of jax's device_kind (bf16 tensor cores for
 # GPUs; float32 would be far lower, so MFU of a float32 run on a GPU reads low).
@@ -126,18 +127,38 @@ def peak_memory_bytes() -> tuple[int, str]:
     return int(kib) * 1024, "process max RSS"
 
 
+def on_gpu() -> bool:
+    """Whether JAX's default device is a GPU (then the peers run on it too)."""
+    return jax.devices()[0].platform == "gpu"
+
+
+# The peers' CPU scripts and what bench/peer_gpu.py calls the same work on a GPU.
+GPU_PEER_MODES = {"hf_train_step.py": "train", "hf_decode.py": "generate",
+                  "ct2_decode.py": "ctranslate2"}
+
+
 def run_peer(script: str, args: list[str], timeout: float = 1800, many: bool = False,
-             autocast: str | None = None) -> Any:
+             dtype: str = "float32") -> Any:
     """Run a peer script (../shared/tools/peers/<script>); its last JSON line, or all if `many`.
 
-    `autocast` (a torch dtype name, e.g. "bfloat16") runs it under torch.autocast on CPU
-    (bench/peer_autocast.py); the records then carry "peer_autocast".
+    On a GPU (JAX's default device) the same work runs on the GPU through bench/peer_gpu.py,
+    in `dtype`. On a CPU, a `dtype` other than float32 runs the script under torch.autocast
+    (bench/peer_autocast.py) and the records carry "peer_autocast". $NMT_PEER_PYTHON and
+    $NMT_PEERS_DIR override where the peers' python and scripts are.
     """
     if not PEER_PYTHON.exists():
-        raise SystemExit(f"No peer python at {PEER_PYTHON}; run {PEERS / 'setup.sh'} first.")
-    command = [str(PEER_PYTHON), str(PEERS / script), *args]
-    if autocast:
-        command[1:2] = [str(REPO / "bench" / "peer_autocast.py"), autocast, str(PEERS / script)]
+        raise SystemExit(f"No peer python at {PEER_PYTHON}; run {PEERS / 'setup.sh'} first, "
+                         f"or set NMT_PEER_PYTHON to a python with torch and transformers.")
+    autocast = None
+    if on_gpu():
+        command = [str(PEER_PYTHON), str(REPO / "bench" / "peer_gpu.py"), GPU_PEER_MODES[script],
+                   "--peers-dir", str(PEERS), *args, "--dtype", dtype]
+    elif dtype != "float32":
+        autocast = dtype
+        command = [str(PEER_PYTHON), str(REPO / "bench" / "peer_autocast.py"), dtype,
+                   str(PEERS / script), *args]
+    else:
+        command = [str(PEER_PYTHON), str(PEERS / script), *args]
     done = subprocess.run(command, capture_output=True, text=True, timeout=timeout,
                           cwd=REPO, env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]

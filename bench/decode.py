@@ -24,7 +24,7 @@ import time
 import numpy as np
 from flax import nnx
 
-from bench.common import emit, environment, run_peer
+from bench.common import emit, environment, on_gpu, run_peer
 from transformer.config import SearchConfig, get_preset
 from transformer.decoding import search_with_state
 from transformer.model import Transformer
@@ -43,7 +43,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--compare", action="store_true",
-                        help="also run transformers generate() and CTranslate2 (float32)")
+                        help="also run transformers generate() and CTranslate2 (float32 on a "
+                             "CPU; on a GPU generate() in --dtype and CTranslate2 in float16)")
     parser.add_argument("--threads", type=int, default=2, help="threads the peers may use")
     return parser.parse_args()
 
@@ -85,9 +86,14 @@ def peer_args(args) -> list[str]:
 
 
 def run_peers(args) -> list[dict]:
-    """transformers generate() and CTranslate2 float32, one line per (system, mode)."""
-    lines = run_peer("hf_decode.py", peer_args(args), many=True)
-    lines += run_peer("ct2_decode.py", peer_args(args) + ["--compute-types", "float32"], many=True)
+    """transformers generate() and CTranslate2, one line per (system, mode): on a CPU both in
+    float32; on a GPU generate() with its weights in --dtype and CTranslate2 in float16 (or a
+    line saying why CTranslate2 cannot run there)."""
+    gpu = on_gpu()
+    lines = run_peer("hf_decode.py", peer_args(args), many=True,
+                     dtype=args.dtype if gpu else "float32")
+    ct2_type = "float16" if gpu else "float32"
+    lines += run_peer("ct2_decode.py", peer_args(args) + ["--compute-types", ct2_type], many=True)
     return lines
 
 

@@ -236,7 +236,7 @@ def main(argv=None) -> None:
     if args.compare:
         peer = common.run_peer("hf_train_step.py",
                                bench_train.peer_args(train_args, ours.config),
-                               autocast=None if args.dtype == "float32" else args.dtype)
+                               dtype=args.dtype)
         common.emit(peer)
         summary.update(peer_step_s=peer["step_s"], peer_step_s_min=peer["step_s_min"],
                        ours_over_peer=round(peer["step_s"] / step["step_s"], 3),

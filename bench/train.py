@@ -64,6 +64,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="untimed steps after compiling")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--accum-steps", type=common.positive_int, default=1)
+    ap.add_argument("--attention-impl", choices=["xla", "cudnn"],
+                    help="training attention: XLA's, or cuDNN's fused kernel (NVIDIA GPUs, "
+                         "bfloat16 only); default: the model's (XLA)")
     ap.add_argument("--compare", action="store_true",
                     help="also run the peer (transformers) step, alternating with ours")
     ap.add_argument("--rounds", type=common.positive_int, default=1, help="rounds of ours (+ peer)")
@@ -82,6 +85,8 @@ def model_config(args):
         overrides["num_heads"] = args.heads
     if args.ffn is not None:
         overrides["d_ff"] = args.ffn
+    if args.attention_impl is not None:
+        overrides["attention_impl"] = args.attention_impl
     return get_preset(args.preset, **overrides)
 
 
@@ -154,7 +159,8 @@ def main(argv=None) -> None:
             "layers": ours.config.encoder_layers, "heads": ours.config.num_heads,
             "ffn": ours.config.d_ff, "vocab": ours.config.vocab_size, "params": ours.params,
             "batch": args.batch, "accum_steps": args.accum_steps, "src_len": args.src_len,
-            "tgt_len": args.tgt_len, "dtype": args.dtype, "steps": args.steps,
+            "tgt_len": args.tgt_len, "dtype": args.dtype,
+            "attention_impl": ours.config.attention_impl or "xla", "steps": args.steps,
             "warmup": args.warmup, "model_gflop_per_step": round(flops / 1e9, 2)}
     ratios, best = [], {"ours": [], "peer": []}
     for round_ in range(args.rounds):
@@ -177,7 +183,7 @@ def main(argv=None) -> None:
         common.emit(ours_line)
         if args.compare:
             peer = common.run_peer("hf_train_step.py", peer_args(args, ours.config),
-                                   autocast=None if args.dtype == "float32" else args.dtype)
+                                   dtype=args.dtype)
             peer["round"] = round_
             common.emit(peer)
             best["ours"].append(result["step_s_min"])
