@@ -174,7 +174,13 @@ def time_ctranslate2(common, args, torch):
                     length_penalty=1.0)
                 return time.perf_counter() - start, {len(r.hypotheses[0]) for r in result}
 
-            run()  # warm-up
+            try:
+                run()  # warm-up; the first call loads cuBLAS
+            except RuntimeError as error:  # e.g. "Library libcublas.so.12 is not found"
+                lines.append({"system": f"ctranslate2-{compute_type}",
+                              "ctranslate2": ctranslate2.__version__,
+                              "unavailable": f"{type(error).__name__}: {error}"})
+                break
             runs = [run() for _ in range(args.repeats)]
             batch_s = common.median([elapsed for elapsed, _ in runs])
             lines.append({

@@ -243,6 +243,31 @@ def test_fused_attention_equals_reference_attention():
     np.testing.assert_allclose(weights, expected, atol=1e-6)
 
 
+def test_cudnn_attention_gets_masks_spelled_out_over_queries(monkeypatch):
+    """cuDNN's fused kernel takes the mask as a bias with the full query axis: a padding mask
+    [batch, 1, 1, k_len] made JAX 0.11.2 on an H100 raise "Bias must have same seq length as
+    QKV, got 1 and 32". The layer broadcasts it; the logits stay those of XLA's attention."""
+    rng = np.random.default_rng(11)
+    src = random_batch(rng, 2, 7, 64, lengths=[7, 4])
+    tgt = random_batch(rng, 2, 5, 64)
+    overrides = {"dtype": "bfloat16", "activation_dtype": "bfloat16"}
+    expected = make_model(**overrides)(src, tgt)
+    seen = []
+    fused = jax.nn.dot_product_attention
+
+    def cudnn_stand_in(query, key, value, mask=None, implementation=None):
+        assert implementation == "cudnn"
+        seen.append((query.shape[1], mask.shape))
+        return fused(query, key, value, mask=mask)  # cuDNN's kernel needs a GPU: XLA's here
+
+    monkeypatch.setattr(jax.nn, "dot_product_attention", cudnn_stand_in)
+    logits = make_model(attention_impl="cudnn", **overrides)(src, tgt)
+    layers = PRESETS["tiny"].encoder_layers + 2 * PRESETS["tiny"].decoder_layers
+    assert len(seen) == layers
+    assert all(mask[2] == q_len for q_len, mask in seen), seen
+    np.testing.assert_array_equal(np.asarray(logits, np.float32), np.asarray(expected, np.float32))
+
+
 def test_attention_weights_on_source_padding_are_exactly_zero():
     model = make_model()
     rng = np.random.default_rng(2)

@@ -394,6 +394,10 @@ class MultiHeadAttention(nnx.Module):
             context, weights = self._attend_with_weights(query, key, value, mask, rng)
         else:
             weights = None
+            if self.implementation == "cudnn" and mask is not None:
+                # cuDNN takes the mask as a bias with the full query axis; padding masks
+                # [batch, 1, 1, k_len] broadcast over it.
+                mask = jnp.broadcast_to(mask, (*mask.shape[:2], query.shape[1], mask.shape[3]))
             context = jax.nn.dot_product_attention(
                 query, key, value, mask=mask, implementation=self.implementation)
         batch, q_len = context.shape[:2]
