@@ -137,6 +137,18 @@ GPU_PEER_MODES = {"hf_train_step.py": "train", "hf_decode.py": "generate",
                   "ct2_decode.py": "ctranslate2"}
 
 
+def peer_command(script: str, args: list[str], dtype: str, gpu: bool) -> list[str]:
+    """The command line that runs peer `script` with `args`: on a GPU bench/peer_gpu.py in
+    `dtype`; on a CPU the script itself, under bench/peer_autocast.py unless float32."""
+    if gpu:
+        return [str(PEER_PYTHON), str(REPO / "bench" / "peer_gpu.py"), GPU_PEER_MODES[script],
+                "--peers-dir", str(PEERS), *args, "--dtype", dtype]
+    if dtype != "float32":
+        return [str(PEER_PYTHON), str(REPO / "bench" / "peer_autocast.py"), dtype,
+                str(PEERS / script), *args]
+    return [str(PEER_PYTHON), str(PEERS / script), *args]
+
+
 def run_peer(script: str, args: list[str], timeout: float = 1800, many: bool = False,
              dtype: str = "float32") -> Any:
     """Run a peer script (../shared/tools/peers/<script>); its last JSON line, or all if `many`.
@@ -149,16 +161,9 @@ def run_peer(script: str, args: list[str], timeout: float = 1800, many: bool = F
     if not PEER_PYTHON.exists():
         raise SystemExit(f"No peer python at {PEER_PYTHON}; run {PEERS / 'setup.sh'} first, "
                          f"or set NMT_PEER_PYTHON to a python with torch and transformers.")
-    autocast = None
-    if on_gpu():
-        command = [str(PEER_PYTHON), str(REPO / "bench" / "peer_gpu.py"), GPU_PEER_MODES[script],
-                   "--peers-dir", str(PEERS), *args, "--dtype", dtype]
-    elif dtype != "float32":
-        autocast = dtype
-        command = [str(PEER_PYTHON), str(REPO / "bench" / "peer_autocast.py"), dtype,
-                   str(PEERS / script), *args]
-    else:
-        command = [str(PEER_PYTHON), str(PEERS / script), *args]
+    gpu = on_gpu()
+    command = peer_command(script, args, dtype, gpu)
+    autocast = None if gpu or dtype == "float32" else dtype
     done = subprocess.run(command, capture_output=True, text=True, timeout=timeout,
                           cwd=REPO, env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
