@@ -161,9 +161,8 @@ def run_peer(script: str, args: list[str], timeout: float = 1800, many: bool = F
     if not PEER_PYTHON.exists():
         raise SystemExit(f"No peer python at {PEER_PYTHON}; run {PEERS / 'setup.sh'} first, "
                          f"or set NMT_PEER_PYTHON to a python with torch and transformers.")
-    gpu = on_gpu()
-    command = peer_command(script, args, dtype, gpu)
-    autocast = None if gpu or dtype == "float32" else dtype
+    command = peer_command(script, args, dtype, on_gpu())
+    autocast = dtype if Path(command[1]).name == "peer_autocast.py" else None
     done = subprocess.run(command, capture_output=True, text=True, timeout=timeout,
                           cwd=REPO, env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]

@@ -3,7 +3,8 @@
     python -m bench.grad_precision --spm RUN/spm.model \\
         --prefix ../shared/data/multi30k/train --src en --tgt de [--preset base]
 
-Builds one batch from the first --rows pairs that fit --width tokens on both sides, takes the
+Builds one batch from the first --rows pairs the trainer's filters keep at --width tokens
+(EOS or BOS included; length ratio at most 9) and, as the trainer lays batches out, takes the
 gradient of the label-smoothed token loss (no dropout) for the same initial parameters under
 three settings of the model's dtypes, and prints one JSON line for each bfloat16 setting:
 
@@ -22,49 +23,45 @@ import argparse
 import json
 from typing import Any
 
+import datasets
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from data.batching import BatchConfig, PlannedBatch, load_examples, materialize
+from data.corpus import DataError
 from transformer.config import get_preset
 from transformer.model import Transformer
-from transformer.training import token_loss_sums
+from transformer.training import _forward_sums
 
 SETTINGS = (("bfloat16", "float32"), ("bfloat16", "bfloat16"))  # (products, activations)
 
 
-def make_batch(sources: list[list[int]], targets: list[list[int]], rows: int, width: int,
-               bos_id: int = 2, eos_id: int = 3) -> dict[str, jax.Array]:
-    """src / tgt_in / tgt_out int32 [rows', width] from the first pairs that fit `width`
-    (EOS on the source and target side, BOS before the target input; 0 pads)."""
-    src, tgt_in, tgt_out = [], [], []
-    for source, target in zip(sources, targets):
-        if len(source) + 1 > width or len(target) + 1 > width:
-            continue
-        pad = lambda ids: ids + [0] * (width - len(ids))  # noqa: E731
-        src.append(pad(source + [eos_id]))
-        tgt_in.append(pad([bos_id] + target))
-        tgt_out.append(pad(target + [eos_id]))
-        if len(src) == rows:
-            break
-    if not src:
-        raise ValueError(f"no pair fits --width {width} tokens; raise --width")
-    return {name: jnp.array(rows_, jnp.int32)
-            for name, rows_ in (("src", src), ("tgt_in", tgt_in), ("tgt_out", tgt_out))}
+def make_batch(encoded: datasets.Dataset, rows: int, width: int) -> dict[str, jax.Array]:
+    """src / tgt_in / tgt_out int32 [rows', width]: the first `rows` pairs of an encoded split
+    (`src_ids`, `tgt_ids`) that the trainer's filters keep at --max-tokens-per-sentence
+    `width`, laid out as the trainer's batches are (EOS after the source, BOS before the
+    target input, EOS after the target output, 0 pads)."""
+    try:
+        examples = load_examples(encoded, BatchConfig(max_len=width), "grad_precision")
+    except DataError:  # its message names the trainer's flags
+        raise DataError(f"none of the {len(encoded)} pairs fits --width {width} tokens (EOS or "
+                        "BOS included, length ratio at most 9); raise --width") from None
+    picked = PlannedBatch(width, width, np.arange(min(rows, len(examples))))
+    return {name: jnp.asarray(ids) for name, ids in materialize(examples, picked).items()}
 
 
 def gradients(preset: str, vocab_size: int, batch: dict[str, jax.Array], dtype: str,
               activation_dtype: str, label_smoothing: float = 0.1) -> dict[str, np.ndarray]:
-    """{parameter path: float64 gradient} of the mean token loss, parameters from seed 0."""
+    """{parameter path: float64 gradient} of the mean token loss (the train step's, without
+    dropout), parameters from seed 0."""
     config = get_preset(preset, vocab_size=vocab_size, dtype=dtype,
                         activation_dtype=activation_dtype)
     graphdef, params = nnx.split(Transformer(config, rngs=nnx.Rngs(0)), nnx.Param)
 
     def mean_loss(params):
-        model = nnx.merge(graphdef, params)
-        logits = model(batch["src"], batch["tgt_in"], rng=None)
-        sums = token_loss_sums(logits, batch["tgt_out"], label_smoothing, config.pad_id)
+        sums = _forward_sums(graphdef, params, batch, label_smoothing, rng=None)
         return sums["loss_sum"] / sums["tokens"]
 
     grads = jax.jit(jax.grad(mean_loss))(params)
@@ -88,7 +85,8 @@ def summary(errors: dict[str, float], worst: int = 5) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from data.tokenizer import Tokenizer
+    from data.corpus import read_prefix
+    from data.tokenizer import Tokenizer, encode_split
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--spm", required=True, help="SentencePiece model, e.g. RUN/spm.model")
@@ -100,13 +98,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--width", type=int, default=24)
     args = parser.parse_args(argv)
 
-    tokenizer = Tokenizer.load(args.spm)
-    lines = {}
-    for lang in (args.src, args.tgt):
-        with open(f"{args.prefix}.{lang}", encoding="utf-8") as f:
-            lines[lang] = f.read().splitlines()[: 20 * args.rows]
-    batch = make_batch(tokenizer.encode(lines[args.src]), tokenizer.encode(lines[args.tgt]),
-                       args.rows, args.width)
+    try:
+        tokenizer = Tokenizer.load(args.spm)
+        pairs = read_prefix(args.prefix, args.src, args.tgt)
+        pairs = pairs.select(range(min(len(pairs), 20 * args.rows)))  # enough to fill the batch
+        batch = make_batch(encode_split(pairs, tokenizer), args.rows, args.width)
+    except DataError as error:
+        raise SystemExit(f"error: {error}") from None
     vocab = tokenizer.vocab_size
     reference = gradients(args.preset, vocab, batch, "float32", "float32")
     for dtype, activations in SETTINGS:

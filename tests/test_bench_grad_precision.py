@@ -2,32 +2,37 @@
 
 from __future__ import annotations
 
+import datasets
 import numpy as np
 import pytest
 
 from bench.grad_precision import gradients, make_batch, relative_errors, summary
 
 
+def encoded(sources, targets):
+    return datasets.Dataset.from_dict({"src_ids": sources, "tgt_ids": targets})
+
+
 def test_batch_holds_the_first_pairs_that_fit_with_bos_eos_and_padding():
     sources = [[5, 6], [7] * 9, [8]]
     targets = [[9], [10], [11, 12, 13]]
-    batch = make_batch(sources, targets, rows=5, width=4)
+    batch = make_batch(encoded(sources, targets), rows=5, width=4)
     np.testing.assert_array_equal(batch["src"], [[5, 6, 3, 0], [8, 3, 0, 0]])
     np.testing.assert_array_equal(batch["tgt_in"], [[2, 9, 0, 0], [2, 11, 12, 13]])
     np.testing.assert_array_equal(batch["tgt_out"], [[9, 3, 0, 0], [11, 12, 13, 3]])
-    assert make_batch(sources, targets, rows=1, width=4)["src"].shape == (1, 4)
+    assert make_batch(encoded(sources, targets), rows=1, width=4)["src"].shape == (1, 4)
 
 
 def test_no_pair_fitting_the_width_is_an_error_naming_the_flag():
     with pytest.raises(ValueError, match="--width 2"):
-        make_batch([[5, 6, 7]], [[8, 9]], rows=4, width=2)
+        make_batch(encoded([[5, 6, 7]], [[8, 9]]), rows=4, width=2)
 
 
 @pytest.fixture(scope="module")
 def tiny_batch():
     rng = np.random.default_rng(0)
-    ids = lambda n: [list(rng.integers(4, 64, size=n)) for _ in range(8)]  # noqa: E731
-    return make_batch(ids(5), ids(6), rows=8, width=8)
+    ids = lambda n: [[int(i) for i in rng.integers(4, 64, size=n)] for _ in range(8)]  # noqa: E731
+    return make_batch(encoded(ids(5), ids(6)), rows=8, width=8)
 
 
 def test_float32_gradients_are_their_own_reference(tiny_batch):
