@@ -54,8 +54,8 @@ flags as --evaluate and works with ensembles.
 
 Everything but translations and scores goes to stderr. Exit status: 0 on success, 1 for a bad
 model directory or input (the message names the file and line), 2 for invalid flags.
-This file parses arguments and streams lines; search and scoring live in
-`transformer.translation`, the heatmap in `transformer.plotting`.
+This file parses arguments and streams lines; translating lives in
+`transformer.translation`, scoring in `nmt.scoring`, the heatmap in `nmt.plotting`.
 """
 
 from __future__ import annotations
@@ -67,17 +67,21 @@ import json
 import logging
 import math
 import os
-import select
 import sys
 import time
 from pathlib import Path
-from typing import IO, Callable, Iterator, Sequence
+from typing import IO, Callable, Sequence
+
+from tqdm import tqdm
+
+from data.config import DataError
+from data.lines import read_lines as read_text_lines, stream_chunks
+from nmt import recipes, scoring
 
 log = logging.getLogger("translate.py")
 
 EXIT_ERROR, EXIT_USAGE = 1, 2
 DEFAULT_CHUNK_LINES = 1000
-BOM = "\ufeff"  # a UTF-8 byte order mark, as editors on Windows write it: not text
 
 
 class UsageError(Exception):
@@ -118,21 +122,12 @@ def build_parser() -> argparse.ArgumentParser:
     io.add_argument("-q", "--quiet", action="store_true", help="no progress bar or information")
 
     search = parser.add_argument_group("search (defaults: the model's stored settings)")
-    search.add_argument("--beam", type=int, help="beam size")
-    search.add_argument("--alpha", type=float, help="length penalty exponent (GNMT)")
-    search.add_argument("--max-len-a", type=float,
-                        help="output limit a * source length + b tokens: a")
-    search.add_argument("--max-len-b", type=int, help="... and b")
-    search.add_argument("--min-len", type=int, help="minimum output tokens, EOS included")
-    search.add_argument("--nbest", type=int,
-                        help="print N hypotheses per line as INDEX<TAB>SCORE<TAB>TEXT")
+    recipes.add_section_flags(search, "search", exclude=("strategy",),
+                              default_note="default: the model's")
     strategy = search.add_mutually_exclusive_group()
     strategy.add_argument("--greedy", action="store_true", help="greedy search")
     strategy.add_argument("--sample", action="store_true",
                           help="sample (see --temperature, --top-k, --seed)")
-    search.add_argument("--temperature", type=float, help="sampling temperature")
-    search.add_argument("--top-k", type=int, help="sample from the K most likely tokens "
-                                                  "(0 = all)")
     search.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
 
     plot = parser.add_argument_group("attention plot")
@@ -215,10 +210,7 @@ def check_args(args: argparse.Namespace) -> None:
 
 def search_config(stored, args: argparse.Namespace):
     """The model's stored SearchConfig with the flags' overrides; ValueError if invalid."""
-    changes = {field: getattr(args, flag) for flag, field in (
-        ("beam", "beam_size"), ("alpha", "alpha"), ("max_len_a", "max_len_a"),
-        ("max_len_b", "max_len_b"), ("min_len", "min_len"), ("nbest", "nbest"),
-        ("temperature", "temperature"), ("top_k", "top_k")) if getattr(args, flag) is not None}
+    changes = {name: value for name, (value, _) in recipes.from_args(args)["search"].items()}
     if args.greedy:
         changes["strategy"] = "greedy"
     elif args.sample:
@@ -235,86 +227,12 @@ def search_config(stored, args: argparse.Namespace):
     return dataclasses.replace(stored, **changes)
 
 
-# ----------------------------------------------------------------------------- reading input
-
-
-def decode_line(raw: bytes, where: str, line_no: int) -> str:
-    """One line as UTF-8 without its line ending, or InputError naming the line."""
-    if raw.endswith(b"\r"):
-        raw = raw[:-1]
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as err:
-        raise InputError(
-            f"{where} line {line_no}: invalid UTF-8 (byte {raw[err.start]:#04x} at column "
-            f"{err.start + 1}); convert the input to UTF-8, e.g. iconv -f LATIN1 -t UTF-8"
-        ) from None
-
-
 def read_lines(path: str | Path) -> list[str]:
-    """Lines of a UTF-8 file, split on "\\n" only (as sacreBLEU reads them), without a
-    leading byte order mark."""
-    path = Path(path)
+    """The lines of a UTF-8 text file; InputError naming the file and line if unreadable."""
     try:
-        data = path.read_bytes()
-    except OSError as err:
-        raise InputError(f"{path}: cannot read ({err.strerror}).") from None
-    raw_lines = data.split(b"\n")
-    if raw_lines[-1] == b"":
-        raw_lines.pop()  # the final newline ends the last line; it does not start a new one
-    lines = [decode_line(raw, str(path), i) for i, raw in enumerate(raw_lines, start=1)]
-    if lines:
-        lines[0] = lines[0].removeprefix(BOM)
-    return lines
-
-
-def _readable_now(fd: int) -> bool:
-    try:
-        return bool(select.select([fd], [], [], 0)[0])
-    except (OSError, ValueError):  # no select on this kind of file: read on, batch more
-        return True
-
-
-def stream_chunks(fd: int, max_lines: int, where: str = "<stdin>"
-                  ) -> Iterator[tuple[int, list[str]]]:
-    """(number of the first line, lines) from file descriptor `fd`, in order.
-
-    A chunk holds every complete line already available, at most `max_lines`; the reader
-    blocks only while it has no line at all. So `cat file |` gives full chunks and a terminal
-    gives one line per chunk. A line with invalid UTF-8 raises InputError after the lines
-    before it have been yielded. A byte order mark that starts the stream is removed.
-    """
-    ready: list[bytes] = []  # complete lines read but not yet handed out
-    partial = b""
-    eof = False
-    next_line = 1
-    while True:
-        while len(ready) < max_lines and not eof and (not ready or _readable_now(fd)):
-            data = os.read(fd, 1 << 16)
-            if not data:
-                eof = True
-                if partial:
-                    ready.append(partial)
-                    partial = b""
-                break
-            pieces = (partial + data).split(b"\n")
-            partial = pieces.pop()
-            ready.extend(pieces)
-        if not ready:
-            return
-        raw, ready = ready[:max_lines], ready[max_lines:]
-        lines = []
-        for raw_line in raw:
-            line_no = next_line + len(lines)
-            try:
-                line = decode_line(raw_line, where, line_no)
-            except InputError:
-                if lines:
-                    yield next_line, lines
-                raise
-            lines.append(line.removeprefix(BOM) if line_no == 1 else line)
-        yield next_line, lines
-        next_line += len(lines)
+        return read_text_lines(path)
+    except DataError as err:
+        raise InputError(str(err)) from None
 
 
 # ----------------------------------------------------------------------------- translating
@@ -357,8 +275,6 @@ def translate_chunks(translator, chunks, out: IO[str], where: str, nbest: bool,
 
 
 def _progress_bar(total: int, quiet: bool):
-    from tqdm import tqdm
-
     return tqdm(total=total, unit="sent", file=sys.stderr, disable=quiet or total <= 1,
                 dynamic_ncols=True)
 
@@ -374,14 +290,12 @@ def languages(args: argparse.Namespace, values: dict) -> tuple[str | None, str |
 
 
 def bleu_settings(args: argparse.Namespace, values: dict) -> dict[str, str | None]:
-    """The keyword arguments of `transformer.translation.evaluate` that choose BLEU's
-    tokenizer; UsageError if it is unknown or cannot run here (MeCab missing)."""
-    from transformer.translation import MetricError, bleu_settings as checked
-
+    """`nmt.scoring.bleu_settings` for the target language; UsageError if the tokenizer is
+    unknown or cannot run here (MeCab missing)."""
     try:
-        return checked(languages(args, values)[1], args.bleu_tokenize)
-    except MetricError as err:
-        raise UsageError(str(err)) from None
+        return scoring.bleu_settings(languages(args, values)[1], args.bleu_tokenize)
+    except scoring.MetricError as err:
+        raise UsageError(f"--bleu-tokenize: {err}" if args.bleu_tokenize else str(err)) from None
 
 
 def evaluation_data(args: argparse.Namespace, values: dict) -> tuple[list[str], list[str], str]:
@@ -408,7 +322,7 @@ def evaluation_data(args: argparse.Namespace, values: dict) -> tuple[list[str], 
 def _test_file(path: str, src: str | None, tgt: str | None
                ) -> tuple[list[str], list[str], str]:
     """Every pair of a .tsv, .jsonl or .parquet test file, kept as written."""
-    from data.corpus import DataError, read_file_texts
+    from data.corpus import read_file_texts  # loads `datasets`: only for these formats
 
     if Path(path).suffix.lower() != ".tsv" and not (src and tgt):
         raise UsageError(f"--test-file {path} needs --src and --tgt to pick its languages (the "
@@ -424,7 +338,7 @@ def _test_file(path: str, src: str | None, tgt: str | None
 def _dataset_split(args, src, tgt) -> tuple[list[str], list[str], str]:
     """Every pair of --split, kept as it is: an empty source gives an empty hypothesis that
     is scored against its reference, as with --src-file/--ref-file."""
-    from data.corpus import DataError, read_hf_split
+    from data.corpus import read_hf_split  # loads `datasets`: only for datasets
 
     if not (src and tgt):
         raise UsageError("--dataset needs --src and --tgt (the model does not record its "
@@ -460,8 +374,6 @@ def run_evaluation(translator, args: argparse.Namespace, values: dict, out: IO[s
     """Translate the test set (`test_set` if already read, else `evaluation_data`), print
     BLEU and chrF (`bleu`: `bleu_settings`, checked here unless given), then write
     --hyp-file and --report."""
-    from transformer.translation import evaluate
-
     bleu = bleu or bleu_settings(args, values)  # before translating: MeCab may be missing
     sources, references, description = test_set or evaluation_data(args, values)
     log.info("evaluating on %s: %d sentences", description, len(sources))
@@ -472,7 +384,7 @@ def run_evaluation(translator, args: argparse.Namespace, values: dict, out: IO[s
     seconds = time.perf_counter() - start
     # Scored exactly as the sacrebleu command reads the files: trailing whitespace removed.
     hypotheses = [one_line(nbest[0].text).rstrip() for nbest in results]
-    scores = evaluate(hypotheses, [r.rstrip() for r in references], **bleu)
+    scores = scoring.evaluate(hypotheses, [r.rstrip() for r in references], **bleu)
     # Scores first: a file that cannot be written must not cost the evaluation.
     out.write(f"{scores.bleu_details}\n"
               f"chrF2 = {scores.chrf:.2f}\n"
@@ -516,7 +428,7 @@ def run_scoring(translator, args: argparse.Namespace, values: dict, out: IO[str]
 def save_attention_plot(model, tokenizer, translator, sentence: str, hypothesis,
                         args: argparse.Namespace) -> None:
     """Heatmap of the attention while the model, teacher-forced, reproduces `hypothesis`."""
-    from transformer.plotting import cross_attention, plot_attention
+    from nmt.plotting import cross_attention, plot_attention  # JAX: loaded after the checks
 
     config = model.config
     src_ids = tokenizer.encode([sentence])[0][: translator.max_source_len - 1] + [config.eos_id]
@@ -534,18 +446,6 @@ def save_attention_plot(model, tokenizer, translator, sentence: str, hypothesis,
 # ----------------------------------------------------------------------------- main
 
 
-def enable_compilation_cache() -> None:
-    """The trainer's persistent JAX cache, keeping even quick compilations: translate.py
-    starts often and every compiled search shape saves time on the next start."""
-    import jax
-
-    from transformer.trainer import enable_compilation_cache as enable
-
-    enable()
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-
-
 def _setup_logging(quiet: bool) -> None:
     logging.basicConfig(level=logging.WARNING if quiet else logging.INFO,
                         format="%(name)s: %(levelname)s: %(message)s", stream=sys.stderr)
@@ -553,44 +453,34 @@ def _setup_logging(quiet: bool) -> None:
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
-def run(args: argparse.Namespace) -> int:
-    check_args(args)
-    # Check files before the slow model load, so a bad input or output path fails fast.
-    check_output_paths(args)
-    input_lines = None
-    if args.input is not None and args.input != "-":
-        input_lines = read_lines(args.input)
-    test_set = None
-    if (args.evaluate or args.score) and (args.src_file or (args.src and args.tgt)):
-        test_set = evaluation_data(args, {})  # else the languages come from the model
+def enable_compilation_cache() -> None:
+    """JAX's persistent cache, keeping even quick compilations: translate.py starts often and
+    every compiled search shape saves time on the next start."""
+    from nmt.compilation import enable_compilation_cache as enable
 
+    enable(min_compile_seconds=0.0)
+
+
+def load(args: argparse.Namespace):
+    """(model, tokenizer, stored values, Translator) for the flags; InputError for a bad model
+    directory, UsageError for search settings the model cannot take."""
     enable_compilation_cache()
-    from data.corpus import DataError
-    from transformer.checkpoint import CheckpointError
+    # JAX loads only now: argument and path errors above answer at once.
     from transformer.ensemble import load_models
+    from transformer.model_dir import ModelDirError
     from transformer.translation import Translator
 
     start = time.perf_counter()
     try:
         model, tokenizer, values = load_models(args.model, dtype=args.dtype)
-    except (CheckpointError, DataError) as err:  # a damaged config.json is a CheckpointError
+    except (ModelDirError, DataError) as err:
         raise InputError(str(err)) from None
     try:
         search = search_config(values["search"], args)
     except ValueError as err:
         raise UsageError(f"invalid search settings (--beam, --nbest, ...): {err}") from None
     if args.plot_attention:
-        try:
-            import matplotlib  # noqa: F401 - an optional dependency; say so before translating
-        except ImportError:
-            raise InputError("--plot-attention needs matplotlib: pip install matplotlib "
-                             "(or pip install -e '.[plot]').") from None
-        from transformer.plotting import check_layer_and_head
-
-        try:
-            check_layer_and_head(model.config, args.attention_layer, args.attention_head)
-        except ValueError as err:
-            raise UsageError(f"--attention-layer/--attention-head: {err}") from None
+        check_plot_settings(model, args)
     try:
         translator = Translator(model, tokenizer, search, batch_tokens=args.batch_tokens,
                                 seed=args.seed)
@@ -599,39 +489,69 @@ def run(args: argparse.Namespace) -> int:
     log.info("%s %s loaded in %.2f s; search: %s", "model" if len(args.model) == 1 else
              "ensemble of", ", ".join(args.model), time.perf_counter() - start,
              ", ".join(f"{k}={v}" for k, v in dataclasses.asdict(search).items()))
+    return model, tokenizer, values, translator
+
+
+def check_plot_settings(model, args: argparse.Namespace) -> None:
+    try:
+        import matplotlib  # noqa: F401 - an optional dependency; say so before translating
+    except ImportError:
+        raise InputError("--plot-attention needs matplotlib: pip install matplotlib "
+                         "(or pip install -e '.[plot]').") from None
+    from nmt.plotting import check_layer_and_head  # JAX: loaded after the checks
+
+    try:
+        check_layer_and_head(model.config, args.attention_layer, args.attention_head)
+    except ValueError as err:
+        raise UsageError(f"--attention-layer/--attention-head: {err}") from None
+
+
+def run(args: argparse.Namespace) -> int:
+    check_args(args)
+    # Check files before the slow model load, so a bad input or output path fails fast.
+    check_output_paths(args)
+    input_lines = read_lines(args.input) if args.input not in (None, "-") else None
+    test_set = None
+    if (args.evaluate or args.score) and (args.src_file or (args.src and args.tgt)):
+        test_set = evaluation_data(args, {})  # else the languages come from the model
+    model, tokenizer, values, translator = load(args)
     # Checked before --output is opened: a missing MeCab must not cost the file its contents.
     bleu = bleu_settings(args, values) if args.evaluate else None
-
     with contextlib.ExitStack() as stack:
         out = sys.stdout
         if args.output:
             out = stack.enter_context(open(args.output, "w", encoding="utf-8", newline="\n"))
         if args.evaluate:
             run_evaluation(translator, args, values, out, test_set, bleu)
-            return 0
-        if args.score:
+        elif args.score:
             run_scoring(translator, args, values, out, test_set)
-            return 0
-        nbest = args.nbest is not None
-        start = time.perf_counter()
-        if args.sentences:
-            results = translate_lines(translator, args.sentences, "argument", 1)
-            out.write(format_hypotheses(results, 0, nbest))
-            out.flush()
-            count = len(args.sentences)
-            if args.plot_attention:
-                save_attention_plot(model, tokenizer, translator, args.sentences[0],
-                                    results[0][0], args)
-        elif input_lines is not None:
-            with _progress_bar(len(input_lines), args.quiet) as bar:
-                count = translate_chunks(translator, [(1, input_lines)], out, args.input,
-                                         nbest, progress=bar.update)
         else:
-            chunks = stream_chunks(sys.stdin.fileno(), args.chunk_lines)
-            count = translate_chunks(translator, chunks, out, "<stdin>", nbest)
-        seconds = time.perf_counter() - start
-        log.info("translated %d line%s in %.3f s", count, "" if count == 1 else "s", seconds)
+            translate_input(translator, args, input_lines, out, model, tokenizer)
     return 0
+
+
+def translate_input(translator, args: argparse.Namespace, input_lines: list[str] | None,
+                    out: IO[str], model, tokenizer) -> None:
+    """Translate the SENTENCE arguments, --input or stdin to `out`."""
+    nbest = args.nbest is not None
+    start = time.perf_counter()
+    if args.sentences:
+        results = translate_lines(translator, args.sentences, "argument", 1)
+        out.write(format_hypotheses(results, 0, nbest))
+        out.flush()
+        count = len(args.sentences)
+        if args.plot_attention:
+            save_attention_plot(model, tokenizer, translator, args.sentences[0],
+                                results[0][0], args)
+    elif input_lines is not None:
+        with _progress_bar(len(input_lines), args.quiet) as bar:
+            count = translate_chunks(translator, [(1, input_lines)], out, args.input,
+                                     nbest, progress=bar.update)
+    else:
+        chunks = stream_chunks(sys.stdin.fileno(), args.chunk_lines)
+        count = translate_chunks(translator, chunks, out, "<stdin>", nbest)
+    seconds = time.perf_counter() - start
+    log.info("translated %d line%s in %.3f s", count, "" if count == 1 else "s", seconds)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -645,7 +565,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as err:
         print(f"translate.py: error: {err}", file=sys.stderr)
         return EXIT_USAGE
-    except InputError as err:
+    except (InputError, DataError) as err:
         print(f"translate.py: error: {err}", file=sys.stderr)
         return EXIT_ERROR
     except BrokenPipeError:

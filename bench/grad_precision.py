@@ -29,8 +29,11 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from data.batching import BatchConfig, PlannedBatch, load_examples, materialize
-from data.corpus import DataError
+from data.batching import PlannedBatch, load_examples, materialize
+from data.config import BatchConfig, DataError
+from data.corpus import read_prefix
+from data.encoding import encode_split
+from data.tokenizer import Tokenizer
 from transformer.config import get_preset
 from transformer.model import Transformer
 from transformer.training import _forward_sums
@@ -85,9 +88,6 @@ def summary(errors: dict[str, float], worst: int = 5) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from data.corpus import read_prefix
-    from data.tokenizer import Tokenizer, encode_split
-
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--spm", required=True, help="SentencePiece model, e.g. RUN/spm.model")
     parser.add_argument("--prefix", required=True, help="pairs in PREFIX.SRC and PREFIX.TGT")

@@ -17,10 +17,11 @@ from pathlib import Path
 
 import numpy as np
 
-from data.batching import BatchConfig, BatchIterator, load_examples, plan_stats
-from data.corpus import CorpusSpec, load_corpus
-from data.tokenizer import TokenizerConfig, encode_corpus, train_tokenizer
-from data.corpus import iter_text
+from data.batching import BatchIterator, load_examples, plan_stats
+from data.config import BatchConfig, CorpusSpec, TokenizerConfig
+from data.corpus import iter_text, load_corpus
+from data.encoding import encode_corpus
+from data.tokenizer import train_tokenizer
 
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 

@@ -31,98 +31,25 @@ import dataclasses
 import hashlib
 import logging
 import math
-import numbers
 from collections import Counter
-from typing import Iterator, Sequence
+from typing import TYPE_CHECKING, Iterator, Sequence
 
-import datasets
 import numpy as np
 
-from data.corpus import DataError
+from data.config import DEFAULT_BUCKETS, BatchConfig, DataError
 from data.tokenizer import BOS_ID, EOS_ID, PAD_ID
+
+if TYPE_CHECKING:  # only for annotations: the batching itself needs no datasets
+    import datasets
 
 log = logging.getLogger("data")
 
-# Steps of 3 up to 26, where most sentences of short-sentence corpora lie, then growing steps.
-# On Multi30k en-de (8k vocabulary, 4096 tokens) this gives 7.2% padding waste in 36 shapes;
-# steps of 4 gave 9.9% in 25 shapes, steps of 2 about 4% in 70 (`python -m bench.pipeline`).
-DEFAULT_BUCKETS = (
-    5, 8, 11, 14, 17, 20, 23, 26, 30, 34, 40, 48, 56, 64, 80, 96, 112, 128, 160, 192, 224, 256,
-)
-
 Batch = dict[str, np.ndarray]
+
 # A cell whose pairs fill fewer than this many batches passes them to the next cell. The
-# smallest value that keeps the number of shapes within `BatchConfig.max_shapes` is used.
-# On Multi30k, 1 gave 36 shapes and 7.2% waste; 0.5 gave 46 shapes and 6.6%.
+# smallest value that keeps the number of shapes within `BatchConfig.max_shapes` is used
+# (shapes and padding on Multi30k for some values: docs/performance.md).
 _MIN_FILLS = (1, 1.5, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64, 128, math.inf)
-
-
-@dataclasses.dataclass(frozen=True)
-class BatchConfig:
-    """How training pairs are filtered and batched.
-
-    `max_len` counts the EOS (source) or BOS (target) token; it is also the widest batch
-    (the last bucket used is `max_len` itself, also when it is beyond the last of `buckets`).
-    The trainer sets it to the smaller of --max-tokens-per-sentence and the model's --max-len.
-    `max_ratio` drops pairs whose longer side is more than this many times the shorter
-    (lengths with EOS), as Moses' clean-corpus and fairseq do. `num_devices` is the global
-    device count: every batch size is a multiple of it (and so of the process count).
-    `max_shapes` bounds the distinct (B, S, T) shapes, and so the compilations of the train
-    step: on large corpora, cells need more pairs before they get a shape of their own (see
-    `plan_epoch`).
-    """
-
-    batch_tokens: int = 4096
-    max_len: int = 256
-    max_ratio: float = 9.0
-    buckets: tuple[int, ...] = DEFAULT_BUCKETS
-    num_devices: int = 1
-    seed: int = 0
-    max_shapes: int = 48
-
-    def __post_init__(self) -> None:
-        check_buckets(self.buckets)
-        if self.max_shapes < 1:
-            raise DataError(f"max_shapes must be >= 1, got {self.max_shapes}")
-        if self.num_devices < 1:
-            raise DataError(f"num_devices must be >= 1, got {self.num_devices}")
-        largest = self.used_buckets[-1]
-        if self.batch_tokens // largest < self.num_devices:
-            # The trainer passes --batch-tokens and the device count both times --accum.
-            raise DataError(
-                f"a batch of {self.batch_tokens} tokens (--batch-tokens x --accum) holds "
-                f"{self.batch_tokens // largest} rows of the longest pairs ({largest} tokens: "
-                "the smaller of --max-tokens-per-sentence and the model's --max-len), fewer "
-                f"than the {self.num_devices} it needs (devices x --accum); use --batch-tokens "
-                f"{largest * self.num_devices} or more, or lower --max-tokens-per-sentence"
-            )
-
-    @property
-    def used_buckets(self) -> tuple[int, ...]:
-        """`buckets_up_to(max_len, buckets)`."""
-        return buckets_up_to(self.max_len, self.buckets)
-
-    def rows(self, src_len: int, tgt_len: int) -> int:
-        """Batch size B of the (S, T) shape: the token budget, a multiple of num_devices."""
-        rows = self.batch_tokens // max(src_len, tgt_len)
-        return rows - rows % self.num_devices
-
-
-def buckets_up_to(max_len: int, buckets: Sequence[int] = DEFAULT_BUCKETS) -> tuple[int, ...]:
-    """The buckets below `max_len`, then `max_len` itself: no batch is wider than max_len
-    (a model with max_len positions can take every batch)."""
-    return tuple(b for b in buckets if b < max_len) + (max_len,)
-
-
-def check_buckets(buckets: Sequence[int]) -> None:
-    """Raise `DataError` unless `buckets` is a non-empty, strictly increasing list from >= 2."""
-    integers = all(isinstance(b, numbers.Integral) and not isinstance(b, bool) for b in buckets)
-    if (not buckets or not integers or buckets[0] < 2
-            or any(a >= b for a, b in zip(buckets, buckets[1:]))):
-        raise DataError(
-            f"--buckets must be integers >= 2 in strictly increasing order, such as 16,32,64, "
-            f"got {','.join(map(str, buckets)) or 'none'}"
-        )
 
 
 def _bucket_of(length: int, buckets: Sequence[int]) -> int:

@@ -33,6 +33,9 @@ from typing import Iterable, Iterator
 
 import datasets
 
+from data.config import DEFAULT_LOCALE_DIR, CorpusSpec, DataError
+from data.lines import count_lines, iter_lines
+
 log = logging.getLogger("data")
 
 SPLITS = ("train", "validation", "test")
@@ -44,73 +47,10 @@ _SPLIT_ALIASES = {
     "dev": "validation",
     "test": "test",
 }
-DEFAULT_LOCALE_DIR = "/usr/share/locale"
-BOM = "\ufeff"  # the UTF-8 byte order mark, as text
 _HELP_LOCAL = (
     "use local files instead: --train-prefix PREFIX with --src/--tgt (reads PREFIX.SRC and "
     "PREFIX.TGT), a .tsv/.jsonl/.parquet file, or a directory written by save_to_disk"
 )
-
-
-class DataError(ValueError):
-    """Bad or missing input data; the message says what is wrong and what to do."""
-
-
-@dataclasses.dataclass(frozen=True)
-class CorpusSpec:
-    """Where the sentence pairs come from; built by train.py from its command-line flags.
-
-    Give at most one training source: `train_prefix`, `train_file` or `dataset`. With none of
-    them (or `builtin=True`) the built-in gettext corpus is used. `valid_*` / `test_*` override
-    or add those splits whatever the training source. Without a validation split, a seeded
-    slice of `valid_fraction` of train (at most `max_valid` pairs) is held out.
-    """
-
-    src: str = "en"
-    tgt: str = "de"
-    train_prefix: str | None = None
-    valid_prefix: str | None = None
-    test_prefix: str | None = None
-    train_file: str | None = None  # .tsv, .jsonl or .parquet
-    valid_file: str | None = None
-    test_file: str | None = None
-    dataset: str | None = None  # hub name, or a directory written by save_to_disk
-    dataset_config: str | None = None
-    builtin: bool = False
-    locale_dir: str = DEFAULT_LOCALE_DIR
-    min_builtin_pairs: int = 1000
-    seed: int = 0
-    valid_fraction: float = 0.01
-    max_valid: int = 2000
-
-    def __post_init__(self) -> None:
-        sources = [
-            name
-            for name, value in (
-                ("--train-prefix", self.train_prefix),
-                ("--train-file", self.train_file),
-                ("--dataset", self.dataset),
-            )
-            if value
-        ]
-        if len(sources) > 1 or (self.builtin and sources):
-            given = sources + (["the built-in corpus"] if self.builtin else [])
-            raise DataError(f"give one training source, not several: got {' and '.join(given)}")
-        for split in ("valid", "test"):
-            if getattr(self, f"{split}_prefix") and getattr(self, f"{split}_file"):
-                raise DataError(f"give --{split}-prefix or --{split}-file, not both")
-        if not self.src or not self.tgt or self.src == self.tgt:
-            raise DataError(
-                f"--src and --tgt must be two different language codes, got {self.src!r} "
-                f"and {self.tgt!r}"
-            )
-        if not 0.0 < self.valid_fraction < 1.0:
-            raise DataError(f"valid_fraction must be in (0, 1), got {self.valid_fraction}")
-
-    @property
-    def uses_builtin(self) -> bool:
-        """True when no training source is named, so the gettext corpus is used."""
-        return self.builtin or not (self.train_prefix or self.train_file or self.dataset)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -146,32 +86,6 @@ def pairs_to_dataset(sources: list[str], targets: list[str], origin: str) -> dat
     return datasets.Dataset.from_dict({"source": src_clean, "target": tgt_clean})
 
 
-def _decode_line(raw: bytes, path: Path, line_no: int) -> str:
-    """Decode one line as UTF-8, or raise a `DataError` naming the file, line and byte."""
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as err:
-        raise DataError(
-            f"{path} line {line_no}: invalid UTF-8 (byte {raw[err.start]:#04x} at column "
-            f"{err.start + 1}); convert the file to UTF-8, e.g. iconv -f LATIN1 -t UTF-8"
-        ) from None
-
-
-def _read_lines(path: Path) -> Iterator[str]:
-    """Yield the lines of a UTF-8 text file without their line ending.
-
-    Lines are split on "\\n" only: `str.splitlines` would also split on characters such as
-    U+2028 or \\x1c that occur inside real sentences and break the alignment of two files.
-    """
-    if not path.is_file():
-        raise DataError(f"{path}: file not found; check the path (and --src/--tgt for prefixes)")
-    with path.open("rb") as handle:
-        for line_no, raw in enumerate(handle, start=1):
-            line = _decode_line(raw.rstrip(b"\n").rstrip(b"\r"), path, line_no)
-            # Editors on Windows start UTF-8 files with a byte order mark; it is not text.
-            yield line.removeprefix(BOM) if line_no == 1 else line
-
-
 def read_prefix(prefix: str | Path, src: str, tgt: str) -> datasets.Dataset:
     """Read `prefix.src` and `prefix.tgt`, two files aligned line by line.
 
@@ -186,7 +100,7 @@ def read_prefix(prefix: str | Path, src: str, tgt: str) -> datasets.Dataset:
                 f"--tgt {tgt} reads {src_path} and {tgt_path}"
             )
     sources, targets = [], []
-    for s, t in zip_longest(_read_lines(src_path), _read_lines(tgt_path)):
+    for s, t in zip_longest(iter_lines(src_path), iter_lines(tgt_path)):
         if s is None or t is None:
             raise _line_count_error(src_path, tgt_path)
         sources.append(s)
@@ -194,14 +108,8 @@ def read_prefix(prefix: str | Path, src: str, tgt: str) -> datasets.Dataset:
     return pairs_to_dataset(sources, targets, origin=f"{prefix}.{{{src},{tgt}}}")
 
 
-def _count_lines(path: Path) -> int:
-    """Number of lines as `_read_lines` sees them (a last line without "\\n" counts)."""
-    with path.open("rb") as handle:
-        return sum(1 for _ in handle)
-
-
 def _line_count_error(src_path: Path, tgt_path: Path) -> DataError:
-    n_src, n_tgt = _count_lines(src_path), _count_lines(tgt_path)
+    n_src, n_tgt = count_lines(src_path), count_lines(tgt_path)
     return DataError(
         f"{src_path} has {n_src} lines but {tgt_path} has {n_tgt}; line N of one file must "
         "translate line N of the other"
@@ -212,7 +120,7 @@ def _tsv_texts(path: Path) -> tuple[list[str], list[str]]:
     """`source<TAB>target` lines as they are; a blank line is an empty pair. A line with
     other than exactly one TAB is an error."""
     sources, targets = [], []
-    for line_no, line in enumerate(_read_lines(path), start=1):
+    for line_no, line in enumerate(iter_lines(path), start=1):
         fields = line.split("\t")
         if len(fields) != 2:
             if not line.strip():
@@ -254,7 +162,7 @@ def _pick_pair(inner, src: str, tgt: str, where: str) -> tuple[str, str]:
 def _jsonl_texts(path: Path, src: str, tgt: str) -> tuple[list[str], list[str]]:
     """One pair per JSON object, flat or under a `translation` key; blank lines skipped."""
     sources, targets = [], []
-    for line_no, line in enumerate(_read_lines(path), start=1):
+    for line_no, line in enumerate(iter_lines(path), start=1):
         if not line.strip():
             continue
         try:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import re
 import shutil
 from pathlib import Path
@@ -13,7 +12,8 @@ import jax
 import numpy as np
 import pytest
 
-from transformer import checkpoint
+from nmt import checkpoints as checkpoint
+from transformer import model_dir
 from transformer.config import SearchConfig, get_preset
 from transformer.training import (TrainConfig, create_train_state, make_mesh, make_optimizer,
                                   make_train_step)
@@ -103,8 +103,7 @@ def test_discard_best_keeps_only_the_recorded_step(tmp_path):
 
 
 def _save_trained_states(run_dir: Path, steps: list[int]) -> list:
-    """Checkpoints of `_trained_state(n)` at each step n (with the run's config.json)."""
-    (run_dir / "config.json").write_text(json.dumps({"model": CONFIG.to_dict()}))
+    """Checkpoints of `_trained_state(n)` at each step n."""
     saver = checkpoint.Checkpointer(run_dir, keep_last=5)
     states = [_trained_state(n) for n in steps]
     for n, state in zip(steps, states):
@@ -122,7 +121,7 @@ def _assert_mean_of(mean, a, b) -> None:
 
 def test_average_is_mean_of_last_n(tmp_path):
     states = _save_trained_states(tmp_path, [1, 2, 3])
-    mean, steps = checkpoint.average_checkpoints(tmp_path, last=2)
+    mean, steps = checkpoint.average_checkpoints(tmp_path, 2, CONFIG)
     assert steps == [2, 3]
     _assert_mean_of(mean, states[1], states[2])
 
@@ -131,7 +130,7 @@ def test_average_of_fewer_checkpoints_than_asked_is_their_mean(tmp_path):
     """Guards --average-last N with fewer than N checkpoints on disk: the mean of those there
     (divided by their number, not by N, which would shrink every parameter)."""
     states = _save_trained_states(tmp_path, [1, 2])
-    mean, steps = checkpoint.average_checkpoints(tmp_path, last=5)
+    mean, steps = checkpoint.average_checkpoints(tmp_path, 5, CONFIG)
     assert steps == [1, 2]
     _assert_mean_of(mean, states[0], states[1])
 
@@ -207,11 +206,11 @@ def test_export_and_load_model(tmp_path):
     config = dataclasses.replace(CONFIG, vocab_size=tokenizer.vocab_size)
     mesh = make_mesh()
     _, _, state = create_train_state(config, TrainConfig(), mesh)
-    model_dir = checkpoint.export_model(tmp_path / "run" / "model", state.params, config,
-                                        spm_path, SearchConfig(beam_size=2),
+    exported = model_dir.export_model(tmp_path / "run" / "model", state.params, config,
+                                      spm_path, SearchConfig(beam_size=2),
                                         {"source_lang": "en", "target_lang": "de"})
-    model, loaded_tokenizer, values = checkpoint.load_model(tmp_path / "run")
-    assert model_dir == tmp_path / "run" / "model"
+    model, loaded_tokenizer, values = model_dir.load_model(tmp_path / "run")
+    assert exported == tmp_path / "run" / "model"
     assert values["model"] == config
     assert values["search"].beam_size == 2
     assert values["source_lang"] == "en"
@@ -219,11 +218,11 @@ def test_export_and_load_model(tmp_path):
     from flax import nnx
     _assert_trees_equal(nnx.state(model, nnx.Param), state.params)
 
-    (model_dir / checkpoint.PARAMS_FILE).unlink()
-    with pytest.raises(checkpoint.CheckpointError, match="params.msgpack"):
-        checkpoint.load_model(model_dir)
-    with pytest.raises(checkpoint.CheckpointError, match="does not exist"):
-        checkpoint.load_model(tmp_path / "nowhere")
+    (exported / model_dir.PARAMS_FILE).unlink()
+    with pytest.raises(model_dir.ModelDirError, match="params.msgpack"):
+        model_dir.load_model(exported)
+    with pytest.raises(model_dir.ModelDirError, match="does not exist"):
+        model_dir.load_model(tmp_path / "nowhere")
 
 
 def test_saving_a_step_again_replaces_it(tmp_path):
@@ -250,7 +249,8 @@ _KILLED_DURING_SAVE = """
 import os, sys
 import numpy as np
 sys.path.insert(0, {repo!r})
-from transformer import checkpoint
+from nmt import checkpoints as checkpoint
+from transformer import model_dir
 saver = checkpoint.Checkpointer({run!r}, keep_last=5)
 params = {{"w": np.ones((4, 4), np.float32)}}
 train = {{"step": np.array(1, np.int32), "opt_state": np.zeros(3, np.float32), "rng": np.zeros(2, np.uint32)}}
@@ -289,9 +289,9 @@ def test_process_killed_during_async_save_leaves_no_readable_step(tmp_path):
     ('{"model": {"dtype": "float16"}}', "dtype"),
     ("[1, 2]", "no 'model' section"),
 ])
-def test_damaged_run_config_is_named(tmp_path, text, what):
-    (tmp_path / checkpoint.CONFIG_FILE).write_text(text)
-    with pytest.raises(checkpoint.CheckpointError) as info:
-        checkpoint.read_run_config(tmp_path)
-    assert str(tmp_path / checkpoint.CONFIG_FILE) in str(info.value)
+def test_damaged_model_config_is_named(tmp_path, text, what):
+    (tmp_path / model_dir.CONFIG_FILE).write_text(text)
+    with pytest.raises(model_dir.ModelDirError) as info:
+        model_dir.read_model_config(tmp_path)
+    assert str(tmp_path / model_dir.CONFIG_FILE) in str(info.value)
     assert what in str(info.value)

@@ -13,7 +13,8 @@ from data.batching import (
     materialize, plan_epoch, plan_stats,
 )
 from data.corpus import CorpusSpec, DataError, load_corpus
-from data.tokenizer import BOS_ID, EOS_ID, PAD_ID, TokenizerConfig, encode_corpus, train_tokenizer
+from data.encoding import encode_corpus
+from data.tokenizer import BOS_ID, EOS_ID, PAD_ID, TokenizerConfig, train_tokenizer
 from data.corpus import iter_text
 
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"

@@ -9,10 +9,8 @@ import numpy as np
 import pytest
 
 from data.corpus import DataError, read_prefix
-from data.tokenizer import (
-    BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer, TokenizerConfig, encode_corpus, encode_split,
-    train_or_load_tokenizer, train_tokenizer,
-)
+from data.encoding import encode_corpus, encode_split, train_or_load_tokenizer
+from data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer, TokenizerConfig, train_tokenizer
 
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 needs_shared = pytest.mark.skipif(not SHARED_DATA.is_dir(),
@@ -124,7 +122,7 @@ def test_train_or_load_reuses_saved_model(tmp_path, monkeypatch):
     def no_training(*args, **kwargs):
         raise AssertionError("the saved model should be reused")
 
-    monkeypatch.setattr("data.tokenizer.train_tokenizer", no_training)
+    monkeypatch.setattr("data.encoding.train_tokenizer", no_training)
     again = train_or_load_tokenizer(tmp_path, corpus, config)
     assert again.fingerprint == first.fingerprint
     with pytest.raises(DataError, match=r"has 350 pieces but --vocab-size is 360"):

@@ -88,7 +88,7 @@ def test_members_may_differ_in_size_but_not_in_vocabulary():
     ensemble = Ensemble([small, deeper])
     # No member decodes past its own positions (its init_cache would refuse).
     assert ensemble.config.max_len == 32
-    assert len(ensemble.init_cache(ensemble.encode(jnp.full((1, 5), 7)), 32)[1]["self_key"]) == 3
+    assert len(ensemble.init_cache(ensemble.encode(jnp.full((1, 5), 7)), 32).members[1].self_key) == 3
     other_vocab = sharp_model(vocab=80)
     with pytest.raises(ValueError, match="model 1 has vocab_size 80 but model 0 has 64"):
         Ensemble([small, other_vocab])
@@ -162,7 +162,7 @@ def test_translate_py_score_prints_each_reference_logprob_in_order(exported, tmp
                                                                    monkeypatch, capsys):
     import translate as translate_cli
     from translate_model import sentences as corpus
-    from transformer.checkpoint import load_model
+    from transformer.model_dir import load_model
     from transformer.decoding import pad_sources, reference_logprobs
 
     run = exported

@@ -11,7 +11,7 @@ import pytest
 from flax import nnx
 
 from transformer.config import get_preset
-from transformer.layers import Dense, low_precision_matmul, matmul
+from transformer.kernels import Dense, low_precision_matmul, matmul
 from transformer.model import Transformer
 
 BF16 = jnp.bfloat16
@@ -122,7 +122,7 @@ def test_activation_dtype_sets_what_flows_between_products(activation_dtype, exp
     memory = model.encode(src)
     assert memory.dtype == expected
     cache = model.init_cache(memory, max_len=4)
-    assert {k.dtype for k in cache["self_key"]} == {jnp.dtype(expected)}
+    assert {k.dtype for k in cache.self_key} == {jnp.dtype(expected)}
 
 
 def test_unknown_activation_dtype_is_refused_with_the_choices():

@@ -9,8 +9,10 @@ import pytest
 from flax import nnx
 
 from transformer.config import PRESETS, ModelConfig, SearchConfig, get_preset
+from transformer.cache import DecoderCache
+from transformer.kernels import dropout
 from transformer.layers import (AddNorm, MultiHeadAttention, PositionalEncoding,
-                                cached_causal_mask, causal_mask, dropout, padding_mask,
+                                causal_mask, padding_mask,
                                 reference_attention, sinusoidal_positions)
 from transformer.model import Transformer, count_parameters
 
@@ -97,8 +99,11 @@ def test_masks_match_literal_matrices():
                                   [[True, True, False], [True, False, False]])
     np.testing.assert_array_equal(causal_mask(3)[0, 0],
                                   [[1, 0, 0], [1, 1, 0], [1, 1, 1]])
-    # Queries at absolute positions 2 and 3 over a 5-slot cache.
-    np.testing.assert_array_equal(cached_causal_mask(jnp.array(2), 2, 5)[0, 0],
+    # Queries at absolute positions 2 and 3 over a cache of 5 positions.
+    kv = (jnp.zeros((1, 1, 1, 3)), jnp.zeros((1, 1, 3, 1)))
+    cache = DecoderCache.create([kv], max_len=5, beam=1, num_heads=1, head_dim=1,
+                                dtype=jnp.float32).replace(index=jnp.array(2))
+    np.testing.assert_array_equal(cache.causal_mask(2)[0, 0],
                                   [[1, 1, 1, 0, 0], [1, 1, 1, 1, 0]])
 
 
@@ -337,7 +342,7 @@ def test_cached_step_by_step_logits_equal_teacher_forced_logits(overrides):
         logits, cache = step(state, tgt[:, t:t + 1], cache)
         stepwise.append(logits)
     np.testing.assert_allclose(jnp.concatenate(stepwise, axis=1), full, atol=1e-5, rtol=0)
-    assert int(cache["index"]) == tgt.shape[1]
+    assert int(cache.index) == tgt.shape[1]
 
 
 def test_cache_prefill_of_several_positions_equals_teacher_forcing():
@@ -354,8 +359,6 @@ def test_cache_prefill_of_several_positions_equals_teacher_forcing():
 
 def test_beam_cache_follows_parents_without_copying_keys():
     """After beams change parents, each beam attends over its new history exactly."""
-    from transformer.decoding import _follow_parents
-
     model = make_model()
     rng = np.random.default_rng(9)
     batch, beam = 2, 3
@@ -366,7 +369,7 @@ def test_beam_cache_follows_parents_without_copying_keys():
     for t in range(2):
         _, cache = model.decode(memory, src_mask, beams[:, t:t + 1], cache)
     parent = jnp.array([[2, 2, 0], [1, 0, 1]], jnp.int32)     # [batch, beam]
-    cache = _follow_parents(cache, parent)
+    cache = cache.follow_parents(parent)
     rows = (parent + jnp.arange(batch)[:, None] * beam).reshape(-1)
     prefix = beams[rows, :2]
     for t in range(2, 4):                                     # two more steps after the move
@@ -383,9 +386,6 @@ def test_beam_cache_follows_parents_without_copying_keys():
 def test_one_beam_cache_expanded_to_beams_continues_every_beam_exactly():
     """Beam search decodes the shared first positions once per sentence, then expands the
     cache: each beam, fed its own tokens from there, must get teacher forcing's logits."""
-    from transformer.decoding import _follow_parents
-    from transformer.model import expand_cache_to_beams
-
     model = make_model()
     rng = np.random.default_rng(10)
     batch, beam = 2, 3
@@ -394,12 +394,12 @@ def test_one_beam_cache_expanded_to_beams_continues_every_beam_exactly():
     shared = random_batch(rng, batch, 2, 64)                      # positions 0, 1 of every beam
     cache = model.init_cache(memory, max_len=6, beam_size=1)
     _, cache = model.decode(memory, src_mask, shared, cache)
-    cache = expand_cache_to_beams(cache, beam)
-    assert cache["self_key"][0].shape[-1] == 6 * beam
+    cache = cache.expand_to_beams(beam)
+    assert cache.self_key[0].shape[-1] == 6 * beam
     own = random_batch(rng, batch * beam, 3, 64)                  # then each beam its own
     for t in range(2):
         _, cache = model.decode(memory, src_mask, own[:, t:t + 1], cache)
-    cache = _follow_parents(cache, jnp.array([[1, 1, 0], [2, 0, 0]], jnp.int32))
+    cache = cache.follow_parents(jnp.array([[1, 1, 0], [2, 0, 0]], jnp.int32))
     rows = np.array([1, 1, 0, 5, 3, 3])
     step_logits, _ = model.decode(memory, src_mask, own[:, 2:3], cache)
     histories = jnp.concatenate([jnp.repeat(shared, beam, axis=0), own[rows, :2], own[:, 2:3]],
@@ -408,7 +408,7 @@ def test_one_beam_cache_expanded_to_beams_continues_every_beam_exactly():
                            histories)
     np.testing.assert_allclose(step_logits[:, 0], full[:, -1], atol=1e-5)
     with pytest.raises(ValueError, match="one-beam"):
-        expand_cache_to_beams(cache, beam)
+        cache.expand_to_beams(beam)
 
 
 def test_dropout_is_active_only_with_an_rng():

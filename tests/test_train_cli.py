@@ -6,8 +6,10 @@ Each run is a subprocess, as a user would start it. They share one JAX compilati
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -15,12 +17,16 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 import train as train_cli
+from nmt import checkpoints as checkpoint
+from nmt import recipes
+from nmt.config import SettingsError
+from nmt.trainer import TrainingError, train
 from synthetic_corpus import write_corpus
-from transformer import checkpoint
-from transformer.run_config import RunConfig
-from transformer.trainer import TrainingError, train
+from trainer_hooks import poison_parameters_before
+from transformer.model_dir import load_model
 
 REPO = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="module")
@@ -74,18 +80,19 @@ def uninterrupted(corpus, env, tmp_path_factory) -> Path:
 
 def test_run_directory_layout(uninterrupted):
     out = uninterrupted
-    for name in ("config.json", "spm.model", "metrics.jsonl", "checkpoints", "tb", "model"):
+    for name in ("config.yaml", "spm.model", "metrics.jsonl", "checkpoints", "tb", "model"):
         assert (out / name).exists(), name
-    config = json.loads((out / "config.json").read_text())
-    assert {"model", "train", "search", "data", "run"} <= set(config)
-    assert config["model"]["d_model"] == 24 and config["run"]["max_steps"] == 60
+    config = recipes.load(out / "config.yaml", with_defaults=False)
+    assert {"model", "train", "search", "data", "trainer"} <= set(
+        yaml.safe_load((out / "config.yaml").read_text()))
+    assert config.model.d_model == 24 and config.trainer.max_steps == 60
     assert checkpoint.complete_steps(out / "checkpoints") == [20, 40, 60]
     steps = [line["step"] for line in _lines(out) if line["kind"] == "train"]
     assert steps == [7, 14, 21, 28, 35, 42, 49, 56, 60]
     evals = [line for line in _lines(out) if line["kind"] == "eval"]
     assert [e["step"] for e in evals] == [20, 40, 60]
     assert evals[-1]["loss"] < evals[0]["loss"]
-    model, tokenizer, values = checkpoint.load_model(out)
+    model, tokenizer, values = load_model(out)
     assert values["model"].d_model == 24 and values["step"] == 60
 
 
@@ -135,7 +142,7 @@ def test_average_last_without_training(uninterrupted, env):
     result = _run(["--average-last", "2", "--output-dir", str(uninterrupted)], env)
     assert result.returncode == 0, result.stderr[-3000:]
     averaged = uninterrupted / "averaged"
-    _, _, values = checkpoint.load_model(averaged)
+    _, _, values = load_model(averaged)
     assert values["averaged_steps"] == [40, 60]
     assert "python translate.py --model" in result.stdout
     # No training happened: no new checkpoint, no new metrics.
@@ -144,9 +151,9 @@ def test_average_last_without_training(uninterrupted, env):
 
 def test_nan_loss_stops_and_keeps_last_good_checkpoint(corpus, env, tmp_path, monkeypatch):
     monkeypatch.setenv("FLAX_NMT_CACHE", env["FLAX_NMT_CACHE"])
-    settings, _ = train_cli.resolve(_args(corpus, tmp_path / "nan", save_every=5))
-    settings.pop("output_dir")
-    run = RunConfig(**settings, nan_at_step=12, progress=False)
+    run, _ = train_cli.resolve(_args(corpus, tmp_path / "nan", save_every=5))
+    run = run.replace(trainer={"progress": False})
+    poison_parameters_before(monkeypatch, step=12)
     with pytest.raises(TrainingError, match=r"diverged.*step 12.*last good checkpoint is step 10"):
         train(run, tmp_path / "nan")
     assert checkpoint.complete_steps(tmp_path / "nan" / "checkpoints") == [5, 10]
@@ -162,42 +169,49 @@ def test_recipe_file_and_flag_precedence(tmp_path):
     recipe = tmp_path / "r.json"
     recipe.write_text(json.dumps({"preset": "base", "batch-tokens": 8000, "warmup": 4000,
                                   "#": "comment"}))
-    settings, _ = train_cli.resolve(["--config", str(recipe), "--batch-tokens", "100"])
-    assert settings == {"preset": "base", "batch_tokens": 100, "warmup": 4000}
+    run, _ = train_cli.resolve(["--config", str(recipe), "--batch-tokens", "100"])
+    assert (run.preset, run.model.d_model) == ("base", 512)
+    assert (run.batching.batch_tokens, run.train.warmup_steps) == (100, 4000)
+    defaults, _ = train_cli.resolve([])
+    assert run.replace(batching={"batch_tokens": 2048}, train={"warmup_steps": 200}) == \
+        dataclasses.replace(defaults, preset="base", model=recipes.PRESETS["base"])
     recipe.write_text(json.dumps({"batch-size": 8000}))
-    with pytest.raises(SystemExit, match="unknown setting 'batch-size'"):
+    with pytest.raises(SettingsError, match="unknown setting 'batch-size'"):
         train_cli.resolve(["--config", str(recipe)])
 
 
 def test_recipe_values_must_have_the_flag_type(tmp_path):
     recipe = tmp_path / "r.json"
     recipe.write_text(json.dumps({"batch-tokens": "4096"}))
-    with pytest.raises(SystemExit, match=rf"--config {recipe}: 'batch-tokens' must be an integer "
-                                         r"\(as --batch-tokens takes\), got \"4096\"; write 4096 "
-                                         r"without quotes"):
+    with pytest.raises(SettingsError, match=rf"--config {recipe}: 'batch-tokens' must be an "
+                                            r"integer \(as --batch-tokens takes\), got "
+                                            r"\"4096\"; write 4096 without quotes"):
         train_cli.resolve(["--config", str(recipe)])
     recipe.write_text(json.dumps({"progress": 1}))
-    with pytest.raises(SystemExit, match="'progress' must be true or false"):
+    with pytest.raises(SettingsError, match="'progress' must be true or false"):
         train_cli.resolve(["--config", str(recipe)])
     # An int is a number; a byte order mark is not JSON.
     recipe.write_text("\ufeff" + json.dumps({"max-minutes": 3, "buckets": [8, 16]}),
                       encoding="utf-8")
-    assert train_cli.resolve(["--config", str(recipe)])[0] == {"max_minutes": 3.0,
-                                                               "buckets": (8, 16)}
+    run = train_cli.resolve(["--config", str(recipe)])[0]
+    assert (run.trainer.max_minutes, run.batching.buckets) == (3.0, (8, 16))
 
 
-def test_bad_buckets_fail_before_training(tmp_path):
+def test_bad_buckets_fail_before_training(tmp_path, capsys):
     for flag in (",", "16,x", " "):
-        with pytest.raises(SystemExit, match=r"--buckets .*: expected comma-separated integers"):
+        with pytest.raises(SystemExit):
             train_cli.resolve(["--buckets", flag])
-    with pytest.raises(SystemExit, match=r"--buckets must be integers >= 2 in strictly "
-                                         r"increasing order, .* got 32,16"):
+        assert re.search(r"argument --buckets: expected comma-separated integers",
+                         capsys.readouterr().err)
+    with pytest.raises(SystemExit):
         train_cli.resolve(["--buckets", "32,16"])
+    assert re.search(r"argument --buckets: --buckets must be integers >= 2 in strictly "
+                     r"increasing order, .* got 32,16", capsys.readouterr().err)
     recipe = tmp_path / "r.json"
     for value in (5, [], [16, "32"]):
         recipe.write_text(json.dumps({"buckets": value}))
-        with pytest.raises(SystemExit, match=rf'--buckets .* \("buckets" in --config {recipe}\): '
-                                             r"expected comma-separated integers"):
+        with pytest.raises(SettingsError, match=rf"--config {recipe}: 'buckets': expected "
+                                                r"comma-separated integers"):
             train_cli.resolve(["--config", str(recipe)])
 
 
@@ -218,9 +232,8 @@ def test_spm_model_sets_the_vocabulary_size(tmp_path, capsys):
         assert train_cli.main([*flags, "--output-dir", str(out)]) == 2
         assert message in capsys.readouterr().err
     assert not out.exists()
-    settings = {"spm_model": str(given), "tokenizer_type": "bpe"}
-    assert train_cli._adopt_spm_model(settings) is None
-    assert settings == {"spm_model": str(given), "vocab_size": 300}
+    run, _ = train_cli.resolve(["--spm-model", str(given), "--tokenizer-type", "bpe"])
+    assert (run.tokenizer.spm_model, run.tokenizer.vocab_size) == (str(given), 300)
 
 
 def test_missing_training_data_names_the_file_and_leaves_no_run_directory(tmp_path, capsys):
@@ -272,20 +285,24 @@ def test_bad_training_source_is_a_data_error(env, tmp_path, capsys, monkeypatch)
         assert code == 2 and f"error: {message}" in err, (name, err)
 
 
-@pytest.mark.parametrize("path", sorted((REPO / "configs").glob("*.json")), ids=lambda p: p.name)
-def test_shipped_recipes_load(path):
-    settings, _ = train_cli.resolve(["--config", str(path)])
-    settings.pop("output_dir", None)
-    run = RunConfig(**settings)
-    run.model_config(run.vocab_size)
-    run.train_config()
-    run.search_config()
+@pytest.mark.parametrize("path", sorted((REPO / "configs").glob("*.yaml")), ids=lambda p: p.name)
+def test_shipped_recipes_load_and_round_trip(path, tmp_path):
+    run, _ = train_cli.resolve(["--config", str(path)])
+    assert run == recipes.load(path)
+    section = yaml.safe_load(path.read_text())["model"]
+    assert run.preset == section["preset"]
+    assert all(getattr(run.model, key) == value for key, value in section.items()
+               if key != "preset")
+    written = tmp_path / "config.yaml"
+    written.write_text(recipes.dump(run))
+    assert recipes.load(written, with_defaults=False) == run
+    assert recipes.dump(recipes.load(written, with_defaults=False)) == written.read_text()
 
 
 def test_no_argument_defaults():
-    run = RunConfig(**train_cli.resolve([])[0])
-    assert run.preset == "small" and run.corpus_spec().uses_builtin
-    assert run.limits() == (None, 4.0)
+    run, _ = train_cli.resolve([])
+    assert run.preset == "small" and run.data.uses_builtin
+    assert run.trainer.limits() == (None, 4.0)
     assert str(run.default_output_dir()) == "runs/builtin-en-de-small"
 
 
@@ -320,18 +337,16 @@ def test_two_processes(corpus, env, tmp_path):
         assert p.returncode == 0, stderr[-3000:]
     assert "2 process(es)" in outputs[0][0]
     assert checkpoint.complete_steps(out / "checkpoints") == [10]
-    checkpoint.load_model(out)
+    load_model(out)
 
 
 def test_early_stopping_on_bleu(corpus, env, tmp_path, monkeypatch):
     monkeypatch.setenv("FLAX_NMT_CACHE", env["FLAX_NMT_CACHE"])
-    settings, _ = train_cli.resolve(_args(corpus, tmp_path / "early", max_steps=1000,
-                                          eval_every=5, eval_sentences=4,
-                                          early_stop_patience=1))
-    settings.pop("output_dir")
+    run, _ = train_cli.resolve(_args(corpus, tmp_path / "early", max_steps=1000, eval_every=5,
+                                     eval_sentences=4, early_stop_patience=1))
     # The tiny model soon stops improving BLEU; the first validation that does not beat the
     # best so far ends the run.
-    summary = train(RunConfig(**settings, progress=False, samples=0), tmp_path / "early")
+    summary = train(run.replace(trainer={"progress": False, "samples": 0}), tmp_path / "early")
     evals = [line for line in _lines(tmp_path / "early") if line["kind"] == "eval"]
     bleus = [e["bleu"] for e in evals]
     assert summary["stopped"] == "early_stop"

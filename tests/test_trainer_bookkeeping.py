@@ -1,13 +1,12 @@
 """The trainer's bookkeeping: what a run saves, resumes from, logs and exports.
 
-`trainer.train` runs in this process on the tiny preset for a few steps. Validation BLEU is
+`nmt.trainer.train` runs in this process on the tiny preset for a few steps. Validation BLEU is
 scripted: the beam search is replaced by a stub and the scores come from a list, so each test
 decides which validation improves. Runs share one JAX compilation cache (FLAX_NMT_CACHE).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import shutil
@@ -17,13 +16,18 @@ from pathlib import Path
 
 import pytest
 
+import nmt.run_data
+from nmt import checkpoints as checkpoint
+from nmt import recipes, scoring, validation
+from nmt.config import RunConfig, SettingsError, TrainerConfig
+from nmt.metrics_log import METRICS_FILE, MetricsWriter
+from nmt.run_data import prepare_data
+from nmt.summary import print_summary, scoring_command
+from nmt.trainer import TrainingError, train
+from nmt.validation import Validator
 from synthetic_corpus import write_corpus
-from transformer import checkpoint, translation
-from transformer.config import get_preset
-from transformer.run_config import RunConfig
-from transformer.run_log import METRICS_FILE, MetricsWriter
-from transformer.trainer import (TrainingError, TrainingSession, prepare_data, print_summary,
-                                 scoring_command, train)
+from trainer_hooks import poison_parameters_before
+from transformer import model_dir
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory) -> dict[str, str]:
@@ -60,8 +64,8 @@ def bleus(monkeypatch, cache) -> list[float]:
         scores.settings.append(bleu)
         return types.SimpleNamespace(bleu=scores.pop(0), chrf=0.0)
 
-    monkeypatch.setattr(translation, "Translator", Translator)
-    monkeypatch.setattr(translation, "evaluate", evaluate)
+    monkeypatch.setattr(validation, "Translator", Translator)
+    monkeypatch.setattr(scoring, "evaluate", evaluate)
     return scores
 
 
@@ -80,7 +84,7 @@ def _run(corpus: dict[str, str], out: Path, **settings) -> dict:
                 "buckets": (16,), "max_tokens_per_sentence": 16, "warmup": 20, "log_every": 3,
                 "eval_every": 2, "eval_sentences": 2, "keep_last": 5, "progress": False,
                 "samples": 0, **settings}
-    return train(RunConfig(**settings), out)
+    return train(RunConfig.from_flat(**settings), out)
 
 
 def _lines(run_dir: Path) -> list[dict]:
@@ -94,7 +98,7 @@ def _saved_bookkeeping(run_dir: Path, step: int) -> dict:
 
 
 def _exported(run_dir: Path) -> dict:
-    return json.loads((run_dir / checkpoint.MODEL_DIR / checkpoint.CONFIG_FILE).read_text())
+    return json.loads((run_dir / model_dir.MODEL_DIR / model_dir.CONFIG_FILE).read_text())
 
 
 # ----------------------------------------------------------------------------- checkpoints
@@ -120,11 +124,14 @@ def test_final_save_keeps_the_closing_log_line_and_validation(corpus, bleus, tmp
     assert (summary["steps"], summary["best_step"], summary["best_score"]) == (5, 4, 3.0)
 
 
-def test_best_step_has_a_checkpoint_and_is_the_one_exported(corpus, bleus, tmp_path, caplog):
+def test_best_step_has_a_checkpoint_and_is_the_one_exported(corpus, bleus, tmp_path, caplog,
+                                                            monkeypatch):
     out = tmp_path / "run"
     bleus += [1.0, 2.0, 3.0]  # steps 2, 4, 6: each the best so far
-    with pytest.raises(TrainingError, match="last good checkpoint is step 6"):
-        _run(corpus, out, max_steps=8, save_every=4, nan_at_step=7)
+    with monkeypatch.context() as patched:
+        poison_parameters_before(patched, step=7)
+        with pytest.raises(TrainingError, match="last good checkpoint is step 6"):
+            _run(corpus, out, max_steps=8, save_every=4)
     # A new best BLEU writes the checkpoint of its step too, whatever --save-every says: the
     # diverged run resumes from step 6, whose bookkeeping records best/6.
     assert checkpoint.complete_steps(out / checkpoint.CHECKPOINTS_DIR) == [2, 4, 6]
@@ -153,7 +160,7 @@ def test_best_metric_picks_the_checkpoint(corpus, cache, monkeypatch, tmp_path, 
     results = [{"loss": 1.0, "nll": 1.0, "accuracy": 0.5, "ppl": scores[step],
                 "chrf": scores[step], "bleu": bleu[step]} for step in (2, 4, 5)]
     monkeypatch.setenv("FLAX_NMT_CACHE", str(cache))
-    monkeypatch.setattr(TrainingSession, "validation_scores", lambda self: results.pop(0))
+    monkeypatch.setattr(Validator, "scores", lambda self, graphdef, params: results.pop(0))
     out = tmp_path / "run"
     summary = _run(corpus, out, max_steps=5, best_metric=metric)
     assert (summary["best_metric"], summary["best_step"]) == (metric, best_step)
@@ -170,13 +177,6 @@ def test_resume_keeps_or_restarts_the_best_by_metric_and_bleu_tokenizer(corpus, 
     out = tmp_path / "run"
     bleus += [1.0, 2.0]  # steps 2 and 4
     _run(corpus, out, max_steps=4)
-    # Checkpoints written before --best-metric and --bleu-tokenize existed hold "best_bleu" and
-    # no tokenizer: they resume as BLEU tokenized with 13a.
-    metadata = out / checkpoint.CHECKPOINTS_DIR / "4" / "data" / "metadata"
-    book = json.loads(metadata.read_text())
-    book["best_bleu"] = book.pop("best_score")
-    del book["best_metric"], book["bleu_tokenizer"]
-    metadata.write_text(json.dumps(book))
     bleus += [1.5]  # step 6: worse than step 4's 2.0, which stays the best
     summary = _run(corpus, out, max_steps=6)
     assert (summary["best_metric"], summary["best_score"], summary["best_step"]) == ("bleu", 2.0,
@@ -288,43 +288,44 @@ def test_resume_with_another_batch_plan_or_seed(corpus, bleus, tmp_path, caplog)
 
 
 def test_run_config_checks_limits_and_early_stopping():
-    with pytest.raises(ValueError, match="--max-steps must be >= 0, got -1"):
-        RunConfig(max_steps=-1)
-    RunConfig(max_steps=0)
-    with pytest.raises(ValueError, match="--max-epochs must be >= 1"):
-        RunConfig(max_epochs=0)
-    assert RunConfig(max_epochs=3).limits() == (None, None)  # no default time limit
-    with pytest.raises(ValueError, match="--early-stop-patience 2 .* --eval-sentences 0"):
-        RunConfig(early_stop_patience=2, eval_sentences=0)
-    with pytest.raises(ValueError, match="--best-metric must be one of bleu, chrf, ppl, got 'loss'"):
-        RunConfig(best_metric="loss")
-    with pytest.raises(ValueError, match="--best-metric chrf needs --eval-sentences >= 1"):
-        RunConfig(best_metric="chrf", eval_sentences=0)
-    RunConfig(best_metric="ppl", eval_sentences=0, early_stop_patience=2)  # needs no translation
+    with pytest.raises(SettingsError, match="--max-steps must be >= 0, got -1"):
+        TrainerConfig(max_steps=-1)
+    TrainerConfig(max_steps=0)
+    with pytest.raises(SettingsError, match="--max-epochs must be >= 1"):
+        TrainerConfig(max_epochs=0)
+    assert TrainerConfig(max_epochs=3).limits() == (None, None)  # no default time limit
+    with pytest.raises(SettingsError, match="--early-stop-patience 2 .* --eval-sentences 0"):
+        TrainerConfig(early_stop_patience=2, eval_sentences=0)
+    with pytest.raises(SettingsError,
+                       match="--best-metric must be one of bleu, chrf, ppl, got 'loss'"):
+        TrainerConfig(best_metric="loss")
+    with pytest.raises(SettingsError, match="--best-metric chrf needs --eval-sentences >= 1"):
+        TrainerConfig(best_metric="chrf", eval_sentences=0)
+    TrainerConfig(best_metric="ppl", eval_sentences=0, early_stop_patience=2)  # no translating
 
 
-def _earlier_run(tmp_path: Path, run_settings: dict) -> Path:
-    """A run directory as an earlier run left it: spm.model and config.json with its settings."""
+def _earlier_run(tmp_path: Path, **settings) -> Path:
+    """A run directory as an earlier run left it: spm.model and config.yaml with its settings."""
     out = tmp_path / "run"
     out.mkdir()
-    (out / checkpoint.TOKENIZER_FILE).write_bytes(b"an earlier run's SentencePiece model")
-    (out / checkpoint.CONFIG_FILE).write_text(
-        json.dumps({"model": get_preset("tiny", vocab_size=320).to_dict(), "run": run_settings}))
+    (out / model_dir.TOKENIZER_FILE).write_bytes(b"an earlier run's SentencePiece model")
+    (out / "config.yaml").write_text(recipes.dump(RunConfig.from_flat(preset="tiny",
+                                                                      **settings)))
     return out
 
 
 def test_resume_with_another_tokenizer_type_is_an_error(tmp_path):
-    out = _earlier_run(tmp_path, {"tokenizer_type": "unigram", "vocab_size": 320})
+    out = _earlier_run(tmp_path, tokenizer_type="unigram", vocab_size=320)
     with pytest.raises(TrainingError, match=r"spm.model was trained with --tokenizer-type "
                                             r"unigram .* asks for --tokenizer-type bpe"):
-        train(RunConfig(preset="tiny", vocab_size=320, tokenizer_type="bpe"), out)
+        train(RunConfig.from_flat(preset="tiny", vocab_size=320, tokenizer_type="bpe"), out)
 
 
 def test_resume_of_a_run_with_spm_model_needs_the_flag_again(tmp_path):
-    out = _earlier_run(tmp_path, {"spm_model": "shared/spm.model", "vocab_size": 4000})
+    out = _earlier_run(tmp_path, spm_model="shared/spm.model", vocab_size=4000)
     with pytest.raises(TrainingError, match=r"uses the SentencePiece model of --spm-model "
                                             r"shared/spm.model .* pass that flag again"):
-        train(RunConfig(preset="tiny"), out)
+        train(RunConfig.from_flat(preset="tiny"), out)
 
 
 def test_metrics_file_with_a_line_cut_short(tmp_path, caplog):
@@ -345,9 +346,9 @@ def test_validation_keeps_pairs_longer_than_the_training_limit(corpus, cache, mo
     """--max-tokens-per-sentence filters training pairs only; validation keeps every pair that
     fits the model (these validation sentences have 6-12 words, longer than 8 tokens)."""
     monkeypatch.setenv("FLAX_NMT_CACHE", str(cache))
-    run = RunConfig(preset="tiny", train_prefix=corpus["train"],
-                    valid_prefix=corpus["valid_long"],
-                    vocab_size=320, max_tokens_per_sentence=8, buckets=(8,))
+    run = RunConfig.from_flat(preset="tiny", train_prefix=corpus["train"],
+                              valid_prefix=corpus["valid_long"], vocab_size=320,
+                              max_tokens_per_sentence=8, buckets=(8,))
     data = prepare_data(run, tmp_path, model_max_len=64)
     assert len(data.valid_examples) == 12
     assert 0 < len(data.train_examples) < 400
@@ -356,20 +357,18 @@ def test_validation_keeps_pairs_longer_than_the_training_limit(corpus, cache, mo
 
 def test_test_split_is_not_encoded_but_scored_in_the_summary(corpus, cache, monkeypatch,
                                                              tmp_path, capsys):
-    import data.tokenizer
-
     monkeypatch.setenv("FLAX_NMT_CACHE", str(cache))
     encoded = []
-    encode_split = data.tokenizer.encode_split
+    encode_split = nmt.run_data.encode_split
 
     def recording(split, *args, **kwargs):
         encoded.append(len(split))
         return encode_split(split, *args, **kwargs)
 
-    monkeypatch.setattr(data.tokenizer, "encode_split", recording)
-    run = RunConfig(preset="tiny", train_prefix=corpus["train"], valid_prefix=corpus["valid"],
-                    test_prefix=corpus["test"], vocab_size=320, buckets=(16,),
-                    max_tokens_per_sentence=16)
+    monkeypatch.setattr(nmt.run_data, "encode_split", recording)
+    run = RunConfig.from_flat(preset="tiny", train_prefix=corpus["train"],
+                              valid_prefix=corpus["valid"], test_prefix=corpus["test"],
+                              vocab_size=320, buckets=(16,), max_tokens_per_sentence=16)
     prepared = prepare_data(run, tmp_path, model_max_len=64)
     assert prepared.counts["test"] == 7 and sorted(encoded) == [12, 400]
 
@@ -380,10 +379,10 @@ def test_test_split_is_not_encoded_but_scored_in_the_summary(corpus, cache, monk
                    "model_dir": "m", "translate_command": "t", "test_command": command},
                   tmp_path)
     assert f"Score the test set: {command}" in capsys.readouterr().out
-    as_file = dataclasses.replace(run, test_prefix=None, test_file="my test.tsv")
+    as_file = run.replace(data={"test_prefix": None, "test_file": "my test.tsv"})
     assert scoring_command(Path("m"), as_file) == ("python translate.py --model m --evaluate "
                                                    "--test-file 'my test.tsv' --src en --tgt de")
-    as_char = dataclasses.replace(run, tgt="ja", bleu_tokenize="char")
+    as_char = run.replace(data={"tgt": "ja"}, trainer={"bleu_tokenize": "char"})
     assert scoring_command(Path("m"), as_char).endswith("--tgt ja --bleu-tokenize char")
 
 
@@ -401,18 +400,19 @@ def test_spm_model_is_the_tokenizer_and_must_stay_it_on_resume(corpus, cache, mo
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     # vocab_size 4000 (the default) does not apply: the given model has 300 pieces.
-    run = RunConfig(preset="tiny", train_prefix=corpus["train"], valid_prefix=corpus["valid"],
-                    spm_model=str(given), buckets=(16,), max_tokens_per_sentence=16)
+    run = RunConfig.from_flat(preset="tiny", train_prefix=corpus["train"],
+                              valid_prefix=corpus["valid"], spm_model=str(given), buckets=(16,),
+                              max_tokens_per_sentence=16)
     data = prepare_data(run, run_dir, model_max_len=64)
     assert data.tokenizer.vocab_size == 300
-    assert (run_dir / checkpoint.TOKENIZER_FILE).read_bytes() == given.read_bytes()
+    assert (run_dir / model_dir.TOKENIZER_FILE).read_bytes() == given.read_bytes()
     assert prepare_data(run, run_dir, model_max_len=64).tokenizer.vocab_size == 300  # resume
 
     other = train_tokenizer(sentences(300, seed=4), TokenizerConfig(vocab_size=300)).save(
         tmp_path / "other")
     with pytest.raises(DataError, match=rf"{run_dir / 'spm.model'} is not the SentencePiece "
                                         rf"model in --spm-model {other}"):
-        prepare_data(dataclasses.replace(run, spm_model=str(other)), run_dir, 64)
+        prepare_data(run.replace(tokenizer={"spm_model": str(other)}), run_dir, 64)
 
     # SentencePiece's own defaults (unk 0, bos 1, eos 2, no pad) cannot serve this model.
     defaults = tmp_path / "defaults"
@@ -420,5 +420,5 @@ def test_spm_model_is_the_tokenizer_and_must_stay_it_on_resume(corpus, cache, mo
                                              model_prefix=str(defaults), vocab_size=60)
     with pytest.raises(DataError, match=r"defaults.model: SentencePiece model has pad/unk/bos/"
                                         r"eos ids \(-1, 0, 1, 2\).* spm_train --pad_id=0"):
-        prepare_data(dataclasses.replace(run, spm_model=f"{defaults}.model"),
+        prepare_data(run.replace(tokenizer={"spm_model": f"{defaults}.model"}),
                      tmp_path / "fresh", 64)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from transformer import checkpoint
+from transformer.model_dir import load_model
 
 pytestmark = pytest.mark.long  # scheduled first (conftest.py)
 
@@ -58,10 +58,10 @@ def test_multi30k_train_then_translate(tmp_path):
     else:  # what translate.py does with the run directory
         from transformer.translation import Translator
 
-        model, tokenizer, values = checkpoint.load_model(out)
+        model, tokenizer, values = load_model(out)
         hyps = Translator(model, tokenizer, values["search"]).translate(sources)
     assert len(hyps) == 5 and any(h.strip() for h in hyps)
-    _, _, values = checkpoint.load_model(out)
+    _, _, values = load_model(out)
     assert values["source_lang"] == "en" and values["target_lang"] == "de"
 
 
@@ -75,5 +75,5 @@ def test_no_argument_command(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     assert "BLEU" in result.stdout
     assert "Translate: python translate.py --model" in result.stdout
-    _, _, values = checkpoint.load_model(tmp_path / "runs/builtin-en-de-small")
+    _, _, values = load_model(tmp_path / "runs/builtin-en-de-small")
     assert values["model"].d_model == 256

@@ -25,6 +25,8 @@ from types import SimpleNamespace
 import pytest
 
 import translate as translate_cli
+from data.config import DataError
+from data.lines import stream_chunks
 from translate_model import SEARCH, make_model, search_config, sentences
 
 REPO = Path(__file__).resolve().parents[1]
@@ -65,7 +67,7 @@ def expected(run_dir, env) -> list[str]:
     """
     code = (
         "import json, sys, translate\n"
-        "from transformer.checkpoint import load_model\n"
+        "from transformer.model_dir import load_model\n"
         "from transformer.translation import Translator\n"
         "translate.enable_compilation_cache()\n"
         "model, tokenizer, values = load_model(sys.argv[1])\n"
@@ -127,7 +129,7 @@ def test_search_flags_override_the_stored_config():
 def test_stream_chunks_take_waiting_lines_and_block_only_when_none():
     read_fd, write_fd = os.pipe()
     try:
-        chunks = translate_cli.stream_chunks(read_fd, max_lines=3)
+        chunks = stream_chunks(read_fd, max_lines=3)
         os.write(write_fd, b"a\nb\nc\nd\ne\npartial")
         assert next(chunks) == (1, ["a", "b", "c"])
         assert next(chunks) == (4, ["d", "e"])  # waits for no more than what is there
@@ -148,10 +150,10 @@ def test_stream_chunks_name_the_line_with_invalid_utf8():
     read_fd, write_fd = os.pipe()
     os.write(write_fd, b"ok\nfine\n" + b"x\n" * 5 + b"bad \xff\n")
     os.close(write_fd)
-    chunks = translate_cli.stream_chunks(read_fd, max_lines=4)
+    chunks = stream_chunks(read_fd, max_lines=4)
     assert next(chunks) == (1, ["ok", "fine", "x", "x"])
     assert next(chunks) == (5, ["x", "x", "x"])  # the lines before the bad one
-    with pytest.raises(translate_cli.InputError, match=r"<stdin> line 8: invalid UTF-8"):
+    with pytest.raises(DataError, match=r"<stdin> line 8: invalid UTF-8"):
         next(chunks)
     os.close(read_fd)
 
@@ -163,7 +165,7 @@ def test_byte_order_mark_is_not_text(tmp_path):
     read_fd, write_fd = os.pipe()
     os.write(write_fd, "\ufeffEin Hund.\nZwei.\n".encode())
     os.close(write_fd)
-    assert list(translate_cli.stream_chunks(read_fd, max_lines=1)) == [(1, ["Ein Hund."]),
+    assert list(stream_chunks(read_fd, max_lines=1)) == [(1, ["Ein Hund."]),
                                                                        (2, ["Zwei."])]
     os.close(read_fd)
 
@@ -271,7 +273,7 @@ def test_bad_paths_fail_before_the_model_loads(tmp_path, monkeypatch):
         (["--evaluate", "--src-file", three, "--ref-file", two],
          f"{three} has 3 lines but {two} has 2"),
         (["--evaluate", "--src-file", tmp_path / "none.de", "--ref-file", two],
-         f"{tmp_path / 'none.de'}: cannot read"),
+         f"{tmp_path / 'none.de'}: file not found"),
         (["--output", tmp_path / "missing" / "out.en", "Hallo."], "--output"),
     ]:
         args = translate_cli.build_parser().parse_args(

@@ -1,10 +1,12 @@
-"""Model and search configuration: frozen dataclasses with named presets.
+"""Model, optimisation and search settings: frozen dataclasses with named presets.
 
 Variants are derived with `dataclasses.replace`, never mutated:
 
     config = dataclasses.replace(PRESETS["base"], vocab_size=37_000, dropout=0.3)
 
-`validate()` runs in `__post_init__`, so an invalid config cannot exist.
+`validate()` runs in `__post_init__`, so an invalid config cannot exist. Each field is
+declared once, with its help text in the field's metadata (`setting`): train.py builds its
+flags and its recipe schema from these declarations (`nmt.recipes`).
 """
 
 from __future__ import annotations
@@ -16,6 +18,22 @@ from typing import Any, Literal
 Norm = Literal["post", "pre"]
 Positional = Literal["sinusoidal", "learned"]
 DType = Literal["float32", "bfloat16"]
+Schedule = Literal["noam", "inverse_sqrt"]
+
+
+def setting(default: Any, help: str, *, flag: str | None = None, derived: str | None = None
+            ) -> Any:
+    """A dataclass field with what a command line and a recipe need to know about it.
+
+    `help` is the flag's help text; `flag` the command-line name when it is not the field's
+    name with dashes (`--warmup` for `warmup_steps`). `derived` marks a value that is not a
+    setting but filled in at run time (it says from what: "the tokenizer"); such a field gets
+    no flag and is refused in recipes.
+    """
+    metadata = {"help": help, "flag": flag, "derived": derived}
+    if isinstance(default, (list, dict, set)):
+        raise TypeError("mutable defaults are not allowed; use a tuple")
+    return dataclasses.field(default=default, metadata=metadata)
 
 
 def _check_choice(name: str, value: Any, choices: tuple[Any, ...]) -> None:
@@ -29,7 +47,7 @@ def _largest_divisor_at_most(n: int, limit: int) -> int:
 
 class DictConfig:
     """`to_dict` and `from_dict` for frozen config dataclasses; `from_dict` rejects unknown keys
-    (a typo in a recipe or an old run's config.json) instead of ignoring them."""
+    (a typo, or a file written by another version) instead of ignoring them."""
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)  # type: ignore[call-overload]
@@ -51,39 +69,39 @@ class ModelConfig(DictConfig):
     Defaults are the paper's `base` model (Vaswani et al. 2017, Table 3).
     """
 
-    vocab_size: int = 8000
-    d_model: int = 512
-    num_heads: int = 8
-    d_ff: int = 2048
-    encoder_layers: int = 6
-    decoder_layers: int = 6
-    # Dropout on the sum of embeddings and positions and on each sub-layer's output before
-    # the residual add (the paper's P_drop).
-    dropout: float = 0.1
-    # Dropout on attention probabilities and on the FFN's hidden activation (not in the paper).
-    attention_dropout: float = 0.0
-    activation_dropout: float = 0.0
-    # "post": x = LayerNorm(x + Sublayer(x)) as in the paper; "pre": x = x + Sublayer(LayerNorm(x)).
-    norm: Norm = "post"
-    positional: Positional = "sinusoidal"
-    max_len: int = 512  # longest sequence the positional encoding covers
-    # One embedding matrix for source, target and the output projection (paper Sec. 3.4).
-    share_embeddings: bool = True
-    layer_norm_epsilon: float = 1e-6
-    # Compute dtype of the matrix products; parameters always live in float32.
-    dtype: DType = "float32"
-    # dtype of the activations between products (LayerNorm, softmax, residuals, caches).
-    # "auto": float32 on CPU, where XLA computes bfloat16 element-wise work through float32
-    # anyway and its bfloat16 reductions round every partial sum (slower and less exact);
-    # `dtype` on GPU and TPU, where halving the memory traffic pays.
-    activation_dtype: Literal["auto", "float32", "bfloat16"] = "auto"
-    # Implementation handed to jax.nn.dot_product_attention: None lets JAX choose (XLA);
-    # "cudnn" asks for cuDNN's fused kernel on NVIDIA GPUs (bfloat16/float16 only).
-    attention_impl: Literal["xla", "cudnn"] | None = None
-    pad_id: int = 0
-    unk_id: int = 1
-    bos_id: int = 2
-    eos_id: int = 3
+    vocab_size: int = setting(8000, "vocabulary size", derived="the tokenizer")
+    d_model: int = setting(512, "model width (the residual stream)")
+    num_heads: int = setting(8, "attention heads")
+    d_ff: int = setting(2048, "feed-forward width")
+    encoder_layers: int = setting(6, "encoder layers")
+    decoder_layers: int = setting(6, "decoder layers")
+    dropout: float = setting(
+        0.1, "dropout on the sum of embeddings and positions and on each sub-layer's output "
+             "before the residual add (the paper's P_drop)")
+    attention_dropout: float = setting(0.0, "dropout on attention weights (not in the paper)")
+    activation_dropout: float = setting(
+        0.0, "dropout on the feed-forward layer's hidden activation (not in the paper)")
+    norm: Norm = setting("post", "post: x = LayerNorm(x + Sublayer(x)) as in the paper; pre: "
+                                 "x = x + Sublayer(LayerNorm(x))")
+    positional: Positional = setting("sinusoidal", "sinusoidal (paper) or learned positions")
+    max_len: int = setting(512, "longest sequence the positional encoding covers")
+    share_embeddings: bool = setting(
+        True, "one embedding matrix for source, target and the output projection (paper "
+              "Sec. 3.4)")
+    layer_norm_epsilon: float = setting(1e-6, "LayerNorm epsilon")
+    dtype: DType = setting("float32", "compute dtype of the matrix products (parameters always "
+                                      "live in float32)")
+    activation_dtype: Literal["auto", "float32", "bfloat16"] = setting(
+        "auto", "dtype of the activations between products (LayerNorm, softmax, residuals, "
+                "caches); auto: float32 on CPU, where XLA computes bfloat16 element-wise work "
+                "through float32 anyway, the compute dtype on GPU and TPU")
+    attention_impl: Literal["xla", "cudnn"] | None = setting(
+        None, "implementation handed to jax.nn.dot_product_attention: unset lets JAX choose "
+              "(XLA); cudnn asks for cuDNN's fused kernel on NVIDIA GPUs (bfloat16 only)")
+    pad_id: int = setting(0, "padding id", derived="the tokenizer")
+    unk_id: int = setting(1, "unknown-piece id", derived="the tokenizer")
+    bos_id: int = setting(2, "beginning-of-sentence id", derived="the tokenizer")
+    eos_id: int = setting(3, "end-of-sentence id", derived="the tokenizer")
 
     def __post_init__(self) -> None:
         self.validate()
@@ -108,11 +126,15 @@ class ModelConfig(DictConfig):
             value = getattr(self, name)
             if not 0.0 <= value < 1.0:
                 raise ValueError(f"ModelConfig.{name} must be in [0, 1), got {value!r}.")
-        _check_choice("norm", self.norm, ("post", "pre"))
-        _check_choice("positional", self.positional, ("sinusoidal", "learned"))
-        _check_choice("dtype", self.dtype, ("float32", "bfloat16"))
-        _check_choice("activation_dtype", self.activation_dtype, ("auto", "float32", "bfloat16"))
-        _check_choice("attention_impl", self.attention_impl, (None, "xla", "cudnn"))
+        _check_choice("ModelConfig.norm", self.norm, ("post", "pre"))
+        _check_choice("ModelConfig.positional", self.positional, ("sinusoidal", "learned"))
+        _check_choice("ModelConfig.dtype", self.dtype, ("float32", "bfloat16"))
+        _check_choice("ModelConfig.activation_dtype", self.activation_dtype,
+                      ("auto", "float32", "bfloat16"))
+        _check_choice("ModelConfig.attention_impl", self.attention_impl, (None, "xla", "cudnn"))
+        if not self.layer_norm_epsilon > 0:
+            raise ValueError(f"ModelConfig.layer_norm_epsilon must be > 0, got "
+                             f"{self.layer_norm_epsilon!r}.")
         if self.attention_impl == "cudnn" and "float32" in (self.dtype, self.activation_dtype):
             raise ValueError(
                 "ModelConfig.attention_impl='cudnn' needs bfloat16 attention inputs (cuDNN's "
@@ -133,33 +155,88 @@ class ModelConfig(DictConfig):
 
 
 @dataclasses.dataclass(frozen=True)
-class SearchConfig:
+class TrainConfig(DictConfig):
+    """Optimisation hyper-parameters; defaults follow the paper (Sec. 5.3 and 5.4).
+
+    schedule "noam":         lr(s) = lr_scale * d_model^-0.5 * min(s^-0.5, s * warmup^-1.5)
+    schedule "inverse_sqrt": lr(s) = peak_lr * min(s / warmup, sqrt(warmup / s))
+    where s = 1, 2, ... is the number of the update being made (the first update uses s = 1).
+    """
+
+    schedule: Schedule = setting("noam", "learning-rate schedule: noam (paper) or inverse_sqrt")
+    warmup_steps: int = setting(4000, "warm-up steps", flag="--warmup")
+    lr_scale: float = setting(1.0, "noam: multiplier of d_model^-0.5 * min(...)")
+    peak_lr: float = setting(1e-3, "inverse_sqrt: learning rate after warm-up")
+    adam_b1: float = setting(0.9, "Adam beta1")
+    adam_b2: float = setting(0.98, "Adam beta2")
+    adam_eps: float = setting(1e-9, "Adam epsilon")
+    label_smoothing: float = setting(0.1, "label smoothing")
+    clip_norm: float | None = setting(
+        None, "clip the global gradient norm to this value before Adam (unset: no clipping)")
+    accum_steps: int = setting(
+        1, "accumulate K micro-batches per update (one update per step)", flag="--accum")
+    weight_decay: float = setting(
+        0.0, "decoupled weight decay (AdamW) on matrices only, not on biases or LayerNorm "
+             "parameters; 0 = plain Adam as in the paper")
+    seed: int = setting(0, "random seed: initialisation, dropout, the order of the training "
+                           "pairs and the validation pairs held out of them")
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        _check_choice("TrainConfig.schedule", self.schedule, ("noam", "inverse_sqrt"))
+        if not isinstance(self.warmup_steps, int) or self.warmup_steps < 1:
+            raise ValueError(f"TrainConfig.warmup_steps must be an integer >= 1, "
+                             f"got {self.warmup_steps!r}.")
+        if not isinstance(self.accum_steps, int) or self.accum_steps < 1:
+            raise ValueError(f"TrainConfig.accum_steps must be an integer >= 1 (1 = no "
+                             f"accumulation), got {self.accum_steps!r}.")
+        for name in ("lr_scale", "peak_lr", "adam_eps"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"TrainConfig.{name} must be > 0, got {getattr(self, name)!r}.")
+        for name in ("adam_b1", "adam_b2"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ValueError(f"TrainConfig.{name} must be in [0, 1), "
+                                 f"got {getattr(self, name)!r}.")
+        if not 0.0 <= self.label_smoothing < 1.0:
+            raise ValueError(f"TrainConfig.label_smoothing must be in [0, 1) (the paper uses "
+                             f"0.1), got {self.label_smoothing!r}.")
+        if self.clip_norm is not None and not self.clip_norm > 0:
+            raise ValueError(f"TrainConfig.clip_norm must be > 0, or None to disable clipping; "
+                             f"got {self.clip_norm!r}.")
+        if not self.weight_decay >= 0:
+            raise ValueError(f"TrainConfig.weight_decay must be >= 0, got {self.weight_decay!r}.")
+        if not isinstance(self.seed, int):
+            raise ValueError(f"TrainConfig.seed must be an integer, got {self.seed!r}.")
+
+
+@dataclasses.dataclass(frozen=True)
+class SearchConfig(DictConfig):
     """How translations are searched for.
 
     The output may have at most `max_len_a * source_length + max_len_b` tokens (EOS
     included), the paper's "input length + 50" by default, capped by the model's max_len.
     """
 
-    beam_size: int = 4
-    # GNMT length penalty ((5 + len) / 6) ** alpha (Wu et al. 2016); the paper used 0.6.
-    alpha: float = 0.6
-    max_len_a: float = 1.0
-    max_len_b: int = 50
-    # Outputs have at least this many tokens, EOS included (EOS is forbidden before), unless
-    # the length limit is lower.
-    min_len: int = 0
-    nbest: int = 1
-    # Sampling (used for back-translation): temperature > 0 and/or top_k > 0 with
-    # strategy="sample"; ignored by greedy and beam search.
-    strategy: Literal["beam", "greedy", "sample"] = "beam"
-    temperature: float = 1.0
-    top_k: int = 0
+    beam_size: int = setting(4, "beam size", flag="--beam")
+    alpha: float = setting(0.6, "length penalty exponent: GNMT's ((5 + len) / 6) ** alpha "
+                                "(Wu et al. 2016); the paper used 0.6")
+    max_len_a: float = setting(1.0, "output limit a * source length + b tokens: a")
+    max_len_b: int = setting(50, "output limit a * source length + b tokens: b")
+    min_len: int = setting(0, "outputs have at least this many tokens, EOS included (EOS is "
+                              "forbidden before), unless the length limit is lower")
+    nbest: int = setting(1, "hypotheses per sentence, best first (beam search)")
+    strategy: Literal["beam", "greedy", "sample"] = setting(
+        "beam", "beam, greedy or sample (sampling is for back-translation)")
+    temperature: float = setting(1.0, "sampling temperature")
+    top_k: int = setting(0, "sample from the K most likely tokens (0 = all)")
 
     def __post_init__(self) -> None:
         self.validate()
 
     def validate(self) -> None:
-        _check_choice("strategy", self.strategy, ("beam", "greedy", "sample"))
+        _check_choice("SearchConfig.strategy", self.strategy, ("beam", "greedy", "sample"))
         if self.beam_size < 1:
             raise ValueError(f"SearchConfig.beam_size must be >= 1, got {self.beam_size}.")
         if self.nbest < 1:

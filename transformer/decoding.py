@@ -9,7 +9,8 @@ fairseq does, so every output ends with EOS. PAD and BOS are never produced. Aft
 sequence is padded with PAD.
 
 The model is a `Transformer` or a `transformer.ensemble.Ensemble`, which decodes several
-models in step (its cache is a tuple of theirs) and returns log-probabilities as logits.
+models in step and returns log-probabilities as logits; both give caches with the operations
+beam search needs (`transformer.cache.SearchCache`).
 It is split once (`nnx.split`) and the jitted functions take its state as an argument,
 so searching with new parameters (e.g. after a training step) does not recompile. A compiled
 shape is (batch, padded source length); the output length is derived from the padded source
@@ -24,15 +25,16 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from transformer.cache import SearchCache
 from transformer.config import SearchConfig
-from transformer.model import Cache, Transformer, expand_cache_to_beams
+from transformer.model import Transformer
 
 if TYPE_CHECKING:
     from transformer.ensemble import Ensemble
@@ -68,13 +70,13 @@ def top_k_over_vocab(scores: Array, k: int) -> tuple[Array, Array]:
 
     scores [rows, n] -> (values [rows, k], int32 indices [rows, k]), identical to
     `lax.top_k`, ties included (equal values: lower index first). Cuts the last axis into
-    groups (32, 16 or 8 entries, whichever divides n) and takes the k groups with the largest maxima: every one of the k best
-    entries lies in them, since an entry outside them is beaten by k group maxima. The
-    chosen groups are read in index order, so ties resolve as `lax.top_k` resolves them.
-    One vectorised max over [rows, n] and two top-k over [rows, n / g] and [rows, k * g]
-    replace a top-k over [rows, n] (XLA's CPU top-k is a scalar loop per row: on a
-    [256, 8000] beam step it took 2.5 ms, this takes 1.1 ms). Falls back to `lax.top_k` when
-    no group size divides n or n is too short for the split to pay.
+    groups (32, 16 or 8 entries, whichever divides n) and takes the k groups with the largest
+    maxima: every one of the k best entries lies in them, since an entry outside them is
+    beaten by k group maxima. The chosen groups are read in index order, so ties resolve as
+    `lax.top_k` resolves them. One vectorised max and two small top-k replace a top-k over
+    [rows, n], which XLA:CPU runs as a scalar loop per row (docs/design.md, "Kernels").
+    Falls back to `lax.top_k` when no group size divides n or n is too short for the split
+    to pay.
     """
     rows, n = scores.shape
     group = next((g for g in (32, 16, 8) if n % g == 0), None)
@@ -264,7 +266,7 @@ def _sample(logprobs: Array, temperature: float, top_k: int, rng: Array) -> Arra
     scaled = logprobs / temperature
     if top_k > logprobs.shape[-1]:
         raise ValueError(f"top_k {top_k} is larger than the vocabulary ({logprobs.shape[-1]} "
-                         "tokens); use a smaller --top-k, or 0 for no limit.")
+                         "tokens); use a smaller top_k, or 0 for no limit.")
     if top_k > 0:
         kth_best = jax.lax.top_k(scaled, top_k)[0][:, -1:]
         scaled = jnp.where(scaled < kth_best, NEG_INF, scaled)
@@ -283,18 +285,16 @@ def _beam_search(graphdef, state, src, limits, max_len: int, beam_size: int, nbe
     moves to the finished set with score logprob / length_penalty and is never extended again.
     Each step expands every live beam, takes the best 2k candidates (so at least k are not EOS),
     moves the EOS ones into the finished set (keeping its best k) and continues with the best
-    k non-EOS ones. A sentence is done when its `nbest`-th finished score is at least the best
-    score any live beam could still reach: log-probabilities only fall as a hypothesis grows,
-    so with alpha >= 0 that bound is best_live_logprob / length_penalty(limit).
+    k non-EOS ones (`_advance_beams`). A sentence is done when its `nbest`-th finished score
+    is at least the best score any live beam could still reach: log-probabilities only fall
+    as a hypothesis grows, so with alpha >= 0 that bound is best_live_logprob /
+    length_penalty(limit).
     """
     model, memory, src_mask = _encode(graphdef, state, src)
     config = model.config
     batch, k = src.shape[0], beam_size
-
-    def to_rows(x):  # [batch, k, ...] -> [batch * k, ...]
-        return x.reshape((batch * k,) + x.shape[2:])
-
-    limits_k = to_rows(jnp.repeat(limits[:, None], k, axis=1))
+    rules = _BeamRules(limits=limits, min_len=min_len, alpha=alpha, nbest=nbest,
+                       pad_id=config.pad_id, bos_id=config.bos_id, eos_id=config.eos_id)
     # The first position is decoded from BOS, the same for every beam: once per sentence
     # (batch rows, not batch * k), then every beam starts from that one cached position.
     cache = model.init_cache(memory, max_len, beam_size=1)
@@ -302,9 +302,9 @@ def _beam_search(graphdef, state, src, limits, max_len: int, beam_size: int, nbe
     first_logits, cache = model.decode(memory, src_mask, bos, cache)
     first_logits = jnp.repeat(first_logits[:, 0], k, axis=0)  # [batch * k, vocab]
 
-    state0 = _BeamState(
+    start = _BeamState(
         step=jnp.zeros((), jnp.int32),
-        cache=_each_cache(lambda c: expand_cache_to_beams(c, k), cache),
+        cache=cache.expand_to_beams(k),
         alive_tokens=jnp.full((batch, k, max_len), config.pad_id, jnp.int32),
         # Only beam 0 is live at the start, so the first expansion does not repeat itself k times.
         alive_logprob=jnp.tile(jnp.array([0.0] + [NEG_INF] * (k - 1), jnp.float32), (batch, 1)),
@@ -316,65 +316,13 @@ def _beam_search(graphdef, state, src, limits, max_len: int, beam_size: int, nbe
     def cond(s: _BeamState):
         return (s.step < max_len) & ~jnp.all(s.done)
 
-    def advance(s: _BeamState, logits: Array, cache: Cache) -> _BeamState:
-        """One search step given the step's logits [batch * k, vocab] and updated cache."""
-        normalizer = jax.nn.logsumexp(logits, axis=-1)  # [rows]
-        at_limit = s.step + 1 >= limits_k
-        scores = _allowed_scores(logits, s.step, at_limit, min_len, config)
-        # Each row's best 2k tokens hold every candidate the best 2k of the whole sentence can
-        # take (log p differs from the logit by a per-row constant), so the full [rows, vocab]
-        # log-probabilities are never formed.
-        per_row = min(2 * k, scores.shape[-1])
-        row_score, row_token = top_k_over_vocab(scores, per_row)  # [rows, per_row]
-        row_logprob = row_score - normalizer[:, None]
-        # A row at its output limit may only end: its one candidate is EOS.
-        eos_logprob = scores[:, config.eos_id] - normalizer
-        first = (jnp.arange(per_row) == 0)[None]
-        row_logprob = jnp.where(at_limit[:, None],
-                                jnp.where(first, eos_logprob[:, None], NEG_INF), row_logprob)
-        row_token = jnp.where(at_limit[:, None], config.eos_id, row_token).astype(jnp.int32)
-        # [batch, k * per_row]: live beams extended by their best tokens.
-        candidates = (s.alive_logprob[:, :, None] + row_logprob.reshape(batch, k, per_row)
-                      ).reshape(batch, k * per_row)
-        top_logprob, top_index = jax.lax.top_k(candidates, 2 * k)  # [batch, 2k]
-        beam_index = top_index // per_row
-        token = jnp.take_along_axis(row_token.reshape(batch, k * per_row), top_index, axis=1)
-        top_tokens = jnp.take_along_axis(s.alive_tokens, beam_index[:, :, None], axis=1)
-        top_tokens = jax.lax.dynamic_update_slice_in_dim(
-            top_tokens, token[:, :, None], s.step, 2)  # [batch, 2k, max_len]
-        is_eos = token == config.eos_id
-        # A candidate of a dead beam (NEG_INF) must not enter either set.
-        valid = top_logprob > NEG_INF / 2
-
-        # Finished set: the best k of the old finished and this step's EOS candidates.
-        eos_score = jnp.where(is_eos & valid, top_logprob / length_penalty(s.step + 1, alpha),
-                              NEG_INF)
-        eos_score = jnp.where(s.done[:, None], NEG_INF, eos_score)  # done sentences are frozen
-        finished_score, finished_tokens = _top_k_by(
-            jnp.concatenate([s.finished_score, eos_score], axis=1),
-            jnp.concatenate([s.finished_tokens, top_tokens], axis=1), k)
-
-        # Alive set: the best k candidates that did not end.
-        alive_candidates = jnp.where(is_eos, NEG_INF, top_logprob)
-        alive_logprob, order = jax.lax.top_k(alive_candidates, k)
-        alive_tokens = jnp.take_along_axis(top_tokens, order[:, :, None], axis=1)
-        parent = jnp.take_along_axis(beam_index, order, axis=1)  # [batch, k]
-        cache = _each_cache(lambda c: _follow_parents(c, parent), cache)
-
-        best_possible = alive_logprob[:, 0] / length_penalty(limits, alpha)
-        can_improve = best_possible > finished_score[:, nbest - 1]
-        at_limit = s.step + 1 >= limits
-        done = s.done | ~can_improve | at_limit
-        return _BeamState(s.step + 1, cache, alive_tokens, alive_logprob, finished_tokens,
-                          finished_score, done)
-
     def body(s: _BeamState) -> _BeamState:
-        last = s.alive_tokens[:, :, s.step - 1]
-        logits, cache = model.decode(memory, src_mask, to_rows(last)[:, None], s.cache)
-        return advance(s, logits[:, 0], cache)
+        last = s.alive_tokens[:, :, s.step - 1].reshape(batch * k, 1)
+        logits, cache = model.decode(memory, src_mask, last, s.cache)
+        return _advance_beams(s, logits[:, 0], cache, rules)
 
     # Step 0's logits were computed above, once per sentence; the loop runs the rest.
-    final = jax.lax.while_loop(cond, body, advance(state0, first_logits, state0.cache))
+    final = jax.lax.while_loop(cond, body, _advance_beams(start, first_logits, start.cache, rules))
     tokens = final.finished_tokens[:, :nbest]
     lengths = (tokens != config.pad_id).sum(axis=2).astype(jnp.int32)
     return tokens, final.finished_score[:, :nbest], lengths
@@ -384,7 +332,7 @@ def _beam_search(graphdef, state, src, limits, max_len: int, beam_size: int, nbe
 @dataclasses.dataclass
 class _BeamState:
     step: Array
-    cache: Cache | tuple[Cache, ...]  # a tuple for an ensemble, one Cache per model
+    cache: SearchCache
     alive_tokens: Array     # [batch, k, max_len]
     alive_logprob: Array    # [batch, k]
     finished_tokens: Array  # [batch, k, max_len]
@@ -392,28 +340,76 @@ class _BeamState:
     done: Array             # [batch]
 
 
+@dataclasses.dataclass(frozen=True)
+class _BeamRules:
+    """What stays fixed during one beam search: limits [batch] and the search settings."""
+
+    limits: Array
+    min_len: int
+    alpha: float
+    nbest: int
+    pad_id: int
+    bos_id: int
+    eos_id: int
+
+
+def _advance_beams(s: _BeamState, logits: Array, cache: SearchCache, rules: _BeamRules
+                   ) -> _BeamState:
+    """One search step given the step's logits [batch * k, vocab] and updated cache."""
+    batch, k = s.alive_logprob.shape
+    limits_k = jnp.repeat(rules.limits, k)  # [batch * k], beams of a sentence adjacent
+    normalizer = jax.nn.logsumexp(logits, axis=-1)  # [rows]
+    at_limit = s.step + 1 >= limits_k
+    scores = _allowed_scores(logits, s.step, at_limit, rules.min_len, rules)
+    # Each row's best 2k tokens hold every candidate the best 2k of the whole sentence can
+    # take (log p differs from the logit by a per-row constant), so the full [rows, vocab]
+    # log-probabilities are never formed.
+    per_row = min(2 * k, scores.shape[-1])
+    row_score, row_token = top_k_over_vocab(scores, per_row)  # [rows, per_row]
+    row_logprob = row_score - normalizer[:, None]
+    # A row at its output limit may only end: its one candidate is EOS.
+    eos_logprob = scores[:, rules.eos_id] - normalizer
+    first = (jnp.arange(per_row) == 0)[None]
+    row_logprob = jnp.where(at_limit[:, None],
+                            jnp.where(first, eos_logprob[:, None], NEG_INF), row_logprob)
+    row_token = jnp.where(at_limit[:, None], rules.eos_id, row_token).astype(jnp.int32)
+    # [batch, k * per_row]: live beams extended by their best tokens.
+    candidates = (s.alive_logprob[:, :, None] + row_logprob.reshape(batch, k, per_row)
+                  ).reshape(batch, k * per_row)
+    top_logprob, top_index = jax.lax.top_k(candidates, 2 * k)  # [batch, 2k]
+    beam_index = top_index // per_row
+    token = jnp.take_along_axis(row_token.reshape(batch, k * per_row), top_index, axis=1)
+    top_tokens = jnp.take_along_axis(s.alive_tokens, beam_index[:, :, None], axis=1)
+    top_tokens = jax.lax.dynamic_update_slice_in_dim(
+        top_tokens, token[:, :, None], s.step, 2)  # [batch, 2k, max_len]
+    is_eos = token == rules.eos_id
+    # A candidate of a dead beam (NEG_INF) must not enter either set.
+    valid = top_logprob > NEG_INF / 2
+
+    # Finished set: the best k of the old finished and this step's EOS candidates.
+    eos_score = jnp.where(is_eos & valid, top_logprob / length_penalty(s.step + 1, rules.alpha),
+                          NEG_INF)
+    eos_score = jnp.where(s.done[:, None], NEG_INF, eos_score)  # done sentences are frozen
+    finished_score, finished_tokens = _top_k_by(
+        jnp.concatenate([s.finished_score, eos_score], axis=1),
+        jnp.concatenate([s.finished_tokens, top_tokens], axis=1), k)
+
+    # Alive set: the best k candidates that did not end.
+    alive_logprob, order = jax.lax.top_k(jnp.where(is_eos, NEG_INF, top_logprob), k)
+    alive_tokens = jnp.take_along_axis(top_tokens, order[:, :, None], axis=1)
+    parent = jnp.take_along_axis(beam_index, order, axis=1)  # [batch, k]
+
+    best_possible = alive_logprob[:, 0] / length_penalty(rules.limits, rules.alpha)
+    can_improve = best_possible > finished_score[:, rules.nbest - 1]
+    done = s.done | ~can_improve | (s.step + 1 >= rules.limits)
+    return _BeamState(s.step + 1, cache.follow_parents(parent), alive_tokens, alive_logprob,
+                      finished_tokens, finished_score, done)
+
+
 def _top_k_by(scores: Array, tokens: Array, k: int) -> tuple[Array, Array]:
     """The k best (score, tokens) rows per sentence: scores [batch, n], tokens [batch, n, len]."""
     best, order = jax.lax.top_k(scores, k)
     return best, jnp.take_along_axis(tokens, order[:, :, None], axis=1)
-
-
-def _each_cache(fn: Callable[[Cache], Cache], cache: Cache | tuple[Cache, ...]
-                ) -> Cache | tuple[Cache, ...]:
-    """fn applied to a model's Cache, or to each of an ensemble's (`transformer.ensemble`)."""
-    return tuple(fn(c) for c in cache) if isinstance(cache, tuple) else fn(cache)
-
-
-def _follow_parents(cache: Cache, parent: Array) -> Cache:
-    """Give each beam its parent's history; parent int32 [batch, k], beams of the sentence.
-
-    Only the [batch, k, max_len] map from positions to cache slots moves (see
-    `transformer.model.Cache`), not every layer's keys and values, as in a reordered cache.
-    """
-    beam_slot = jnp.take_along_axis(cache["beam_slot"], parent[:, :, None], axis=1)
-    return Cache(index=cache["index"], self_key=cache["self_key"],
-                 self_value=cache["self_value"], beam_slot=beam_slot,
-                 cross_key=cache["cross_key"], cross_value=cache["cross_value"])
 
 
 def hypotheses_to_lists(result: SearchResult, eos_id: int) -> list[list[list[int]]]:

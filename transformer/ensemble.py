@@ -9,8 +9,8 @@ own decoder cache, and the ensemble's distribution is the mean of the models' pr
 (fairseq's rule; Marian instead adds weighted log-probabilities). The models must share the
 SentencePiece model, hence the vocabulary and the special-token ids; their sizes, depths and
 dtypes may differ. `Ensemble` has the interface `transformer.decoding` searches over
-(`config`, `encode`, `source_mask`, `init_cache`, `decode`), with a tuple of caches, one per
-model, where a single model has one `Cache`.
+(`config`, `encode`, `source_mask`, `init_cache`, `decode`); its cache is an
+`transformer.cache.EnsembleCache` of the models' caches.
 """
 
 from __future__ import annotations
@@ -24,7 +24,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from transformer.model import Cache, Transformer
+from transformer.cache import EnsembleCache
+from transformer.model import Transformer
+from transformer.model_dir import ModelDirError, load_model, resolve_model_dir
 
 Array = jax.Array
 
@@ -62,28 +64,28 @@ class Ensemble(nnx.Module):
         return tuple(model.encode(src_ids) for model in self.models)
 
     def init_cache(self, memory: tuple[Array, ...], max_len: int, beam_size: int = 1
-                   ) -> tuple[Cache, ...]:
+                   ) -> EnsembleCache:
         """One `Transformer.init_cache` per model, over that model's memory."""
-        return tuple(model.init_cache(m, max_len, beam_size)
-                     for model, m in zip(self.models, memory))
+        return EnsembleCache(tuple(model.init_cache(m, max_len, beam_size)
+                                   for model, m in zip(self.models, memory)))
 
     def decode(self, memory: tuple[Array, ...], src_mask: Array, tgt_ids: Array,
-               cache: tuple[Cache, ...] | None = None, rng: Array | None = None
-               ) -> tuple[Array, tuple[Cache, ...] | None]:
+               cache: EnsembleCache | None = None, rng: Array | None = None
+               ) -> tuple[Array, EnsembleCache | None]:
         """`Transformer.decode` of every model, combined.
 
         Returns (float32 [batch, tgt_len, vocab] log of the models' mean probability, the
         updated caches or None). The first output is normalised log-probabilities; search
         treats it as logits, whose log-sum-exp is then 0.
         """
-        caches = cache if cache is not None else (None,) * len(self.models)
+        caches = cache.members if cache is not None else (None,) * len(self.models)
         logprobs, new_caches = [], []
         for model, model_memory, model_cache in zip(self.models, memory, caches):
             logits, model_cache = model.decode(model_memory, src_mask, tgt_ids, model_cache, rng)
             logprobs.append(jax.nn.log_softmax(logits, axis=-1))
             new_caches.append(model_cache)
         mean = jax.nn.logsumexp(jnp.stack(logprobs), axis=0) - math.log(len(self.models))
-        return mean, (tuple(new_caches) if cache is not None else None)
+        return mean, (EnsembleCache(tuple(new_caches)) if cache is not None else None)
 
     def __call__(self, src_ids: Array, tgt_in: Array) -> Array:
         """Teacher-forced log-probabilities float32 [batch, tgt_len, vocab] (scoring)."""
@@ -93,12 +95,11 @@ class Ensemble(nnx.Module):
 
 def load_models(paths: Sequence[str | Path], dtype: str | None = None
                 ) -> tuple[Transformer | Ensemble, Any, dict[str, Any]]:
-    """`checkpoint.load_model` for one path; an `Ensemble` for several.
+    """`model_dir.load_model` for one path; an `Ensemble` for several.
 
-    Returns (model, tokenizer, the first model's config dict). Raises CheckpointError naming
+    Returns (model, tokenizer, the first model's config dict). Raises ModelDirError naming
     the directory whose SentencePiece model or vocabulary differs from the first one's.
     """
-    from transformer.checkpoint import CheckpointError, load_model, resolve_model_dir
 
     model, tokenizer, values = load_model(paths[0], dtype=dtype)
     if len(paths) == 1:
@@ -107,7 +108,7 @@ def load_models(paths: Sequence[str | Path], dtype: str | None = None
     for path in paths[1:]:
         other, other_tokenizer, _ = load_model(path, dtype=dtype)
         if other_tokenizer.fingerprint != tokenizer.fingerprint:
-            raise CheckpointError(
+            raise ModelDirError(
                 f"{resolve_model_dir(path)} has another SentencePiece model than "
                 f"{resolve_model_dir(paths[0])}; only models trained with the same spm.model "
                 "can be ensembled.")
@@ -115,4 +116,4 @@ def load_models(paths: Sequence[str | Path], dtype: str | None = None
     try:
         return Ensemble(models), tokenizer, values
     except ValueError as err:
-        raise CheckpointError(f"cannot ensemble {', '.join(map(str, paths))}: {err}") from None
+        raise ModelDirError(f"cannot ensemble {', '.join(map(str, paths))}: {err}") from None

@@ -1,4 +1,6 @@
-"""Building blocks of the Transformer: masks, embeddings, attention, feed-forward.
+"""The Transformer's building blocks as Section 3 of the paper describes them: masks,
+embeddings and positional encoding, multi-head attention, the position-wise feed-forward
+network, and the residual connection with layer normalisation.
 
 Conventions used throughout:
 - Masks are boolean with True = "may attend", shaped to broadcast to [batch, heads, q_len, k_len].
@@ -6,6 +8,9 @@ Conventions used throughout:
   (the layout `jax.nn.dot_product_attention` takes).
 - Dropout randomness is explicit: every `__call__` takes `rng`, and `rng=None` means
   deterministic (evaluation and search).
+
+The products, dtypes and dropout bits underneath are in `transformer.kernels`; the decoder's
+cache and its slots in `transformer.cache`.
 """
 
 from __future__ import annotations
@@ -18,129 +23,14 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from transformer.cache import attention_over_own_slots
 from transformer.config import ModelConfig
+from transformer.kernels import Dense, activation_dtype, compute_dtype, dropout, over_rows, matmul
 
 Array = jax.Array
 
 # Xavier/Glorot uniform for projections, as in the reference implementation of the paper.
 dense_init = nnx.initializers.xavier_uniform()
-
-
-def compute_dtype(config: ModelConfig) -> jnp.dtype:
-    """dtype of the matrix products' operands."""
-    return jnp.dtype(config.dtype)
-
-
-def activation_dtype(config: ModelConfig) -> jnp.dtype:
-    """dtype of everything between the matrix products (see ModelConfig.activation_dtype)."""
-    if config.activation_dtype != "auto":
-        return jnp.dtype(config.activation_dtype)
-    return jnp.dtype("float32") if jax.default_backend() == "cpu" else compute_dtype(config)
-
-
-def over_rows(fn, x: Array) -> Array:
-    """Applies a [rows, features] -> [rows, out] function to x [..., features].
-
-    Projections flatten every leading axis into one row axis first. The result is the same;
-    the gradient is not computed the same way: for a [batch, length, in] input, the kernel's
-    gradient contracts two axes and XLA on CPU transposed the output gradient before a slow
-    matrix product, while over rows it is one plain [in, rows] x [rows, out] product. That
-    made the CPU train step about 10% faster.
-    """
-    lead = x.shape[:-1]
-    y = fn(x.reshape(-1, x.shape[-1]))
-    return y.reshape(*lead, y.shape[-1])
-
-
-def _transpose_in_memory(a: Array) -> Array:
-    """a [r, c] -> a^T [c, r], written out row-major.
-
-    XLA folds a plain transpose into the matrix product that reads it, and then sees the
-    [r, c] operand contracted over its major axis. Passing through a third, unit axis keeps the
-    copy.
-    """
-    rows, cols = a.shape
-    return a.reshape(rows, cols, 1).transpose(1, 0, 2).reshape(cols, rows)
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4))
-def low_precision_matmul(x: Array, kernel: Array, operand_dtype, kernel_transposed: bool = False,
-                         out_dtype=None) -> Array:
-    """x [rows, in] @ kernel [in, out] (or kernel^T when kernel [out, in] is transposed), the
-    operands rounded to `operand_dtype` (bfloat16), accumulated in float32; returns
-    `out_dtype` (default: x's dtype).
-
-    XLA:CPU hands a bfloat16 product to its YNNPACK library, which uses AMX where the CPU
-    has it (about 1,700 GFLOP/s on two Xeon cores, 5-6x float32), only when the product
-    accumulates in float32 and neither operand is contracted over its major axis; otherwise
-    it converts both operands and multiplies in float32. Plain autodiff breaks the second
-    rule for the kernel gradient (x^T dy contracts x over its row axis). The backward pass
-    here writes the transposed operand out first, so every product of the step stays on
-    the fast path. Gradients come back in the dtypes of x and kernel (float32 master
-    weights) without a further rounding.
-    """
-    return _matmul_forward(x, kernel, operand_dtype, kernel_transposed, out_dtype)[0]
-
-
-def _matmul_forward(x, kernel, operand_dtype, kernel_transposed, out_dtype):
-    x_low, kernel_low = x.astype(operand_dtype), kernel.astype(operand_dtype)
-    contract = 1 if kernel_transposed else 0
-    y = jax.lax.dot_general(x_low, kernel_low, (((1,), (contract,)), ((), ())),
-                            preferred_element_type=jnp.float32)
-    dtype_witnesses = (jnp.zeros((), x.dtype), jnp.zeros((), kernel.dtype))
-    return y.astype(out_dtype or x.dtype), (x_low, kernel_low, dtype_witnesses)
-
-
-def _matmul_backward(operand_dtype, kernel_transposed, out_dtype, residuals, dy):
-    del out_dtype  # dy arrives in it and is rounded to operand_dtype like the operands
-    x_low, kernel_low, (x_witness, kernel_witness) = residuals
-    dy = dy.astype(operand_dtype)
-    f32 = jnp.float32
-    if kernel_transposed:                        # kernel [out, in]
-        dx = jnp.dot(dy, kernel_low, preferred_element_type=f32)
-        dkernel = jnp.dot(_transpose_in_memory(dy), x_low, preferred_element_type=f32)
-    else:                                        # kernel [in, out]
-        dx = jax.lax.dot_general(dy, kernel_low, (((1,), (1,)), ((), ())),
-                                 preferred_element_type=f32)
-        dkernel = jnp.dot(_transpose_in_memory(x_low), dy, preferred_element_type=f32)
-    return dx.astype(x_witness.dtype), dkernel.astype(kernel_witness.dtype)
-
-
-low_precision_matmul.defvjp(_matmul_forward, _matmul_backward)
-
-
-def matmul(x: Array, kernel: Array, dtype: jnp.dtype, kernel_transposed: bool = False,
-           out_dtype: jnp.dtype | None = None) -> Array:
-    """x [rows, in] @ kernel [in, out] (kernel [out, in] if transposed) with operands in `dtype`;
-    the result has `out_dtype` (default: x's dtype). The product accumulates in float32 when
-    the result is float32, so a float32 result of bfloat16 operands is not rounded to
-    bfloat16 on the way."""
-    dtype = jnp.dtype(dtype)
-    out_dtype = jnp.dtype(out_dtype or x.dtype)
-
-    def plain(x, kernel):
-        kernel = kernel.T if kernel_transposed else kernel
-        accumulate = jnp.float32 if out_dtype == jnp.float32 else None
-        return jnp.dot(x.astype(dtype), kernel.astype(dtype),
-                       preferred_element_type=accumulate).astype(out_dtype)
-
-    if dtype == jnp.float32:
-        return plain(x, kernel)
-    return jax.lax.platform_dependent(
-        x, kernel, default=plain,
-        cpu=lambda x, kernel: low_precision_matmul(x, kernel, dtype, kernel_transposed,
-                                                   out_dtype))
-
-
-class Dense(nnx.Linear):
-    """nnx.Linear (same parameters, `kernel` [in, out] and `bias` [out]) applied over rows."""
-
-    def __call__(self, x: Array, out_dtype: jnp.dtype | None = None) -> Array:
-        """[..., in] -> [..., out] in `out_dtype` (default x's dtype); the product's operands
-        in `self.dtype`."""
-        y = over_rows(lambda rows: matmul(rows, self.kernel[...], self.dtype or x.dtype,
-                                          out_dtype=out_dtype), x)
-        return y if self.bias is None else y + self.bias[...].astype(y.dtype)
 
 
 # ----------------------------------------------------------------------------- masks
@@ -156,64 +46,7 @@ def causal_mask(length: int) -> Array:
     return jnp.tril(jnp.ones((length, length), dtype=bool))[None, None]
 
 
-def cached_causal_mask(offset: Array, q_len: int, cache_len: int) -> Array:
-    """[1, 1, q_len, cache_len] mask for queries at positions offset .. offset+q_len-1.
-
-    Query i (absolute position offset+i) may attend to cache slots j <= offset+i; slots
-    beyond it are either future positions or not written yet.
-    """
-    query_pos = offset + jnp.arange(q_len)[:, None]
-    key_pos = jnp.arange(cache_len)[None, :]
-    return (key_pos <= query_pos)[None, None]
-
-
 # ----------------------------------------------------------------------------- helpers
-
-
-def _mix32(h: Array) -> Array:
-    """MurmurHash3's 32-bit finaliser: a bijection of uint32 with full avalanche."""
-    h = h ^ (h >> 16)
-    h = h * jnp.uint32(0x85EBCA6B)
-    h = h ^ (h >> 13)
-    h = h * jnp.uint32(0xC2B2AE35)
-    return h ^ (h >> 16)
-
-
-def random_bits(rng: Array, shape: tuple[int, ...]) -> Array:
-    """uint32 bits for every element of `shape`: a hash of (key, element index).
-
-    The counter-based generator behind dropout. `jax.random.bits` (threefry) costs ~20
-    integer operations per word in its own loops and took about an eighth of a CPU train
-    step; this hash is a handful of operations XLA fuses into the op that applies the mask.
-    Each element's bits depend on its global index only, so a batch split over devices draws
-    exactly the mask one device would. Keys come from `jax.random` (split/fold_in), so
-    different layers and steps use unrelated streams.
-    """
-    key = jax.random.key_data(rng) if jnp.issubdtype(rng.dtype, jax.dtypes.prng_key) else rng
-    key = key.astype(jnp.uint32).reshape(-1)
-    index = jnp.zeros(shape, jnp.uint32)
-    stride = 1
-    for axis in reversed(range(len(shape))):
-        index = index + jax.lax.broadcasted_iota(jnp.uint32, shape, axis) * jnp.uint32(stride)
-        stride = (stride * shape[axis]) % (1 << 32)
-    # Two rounds, each keyed by one key word: the index alone decides nothing.
-    return _mix32(_mix32(index ^ key[0]) + key[-1])
-
-
-def dropout(x: Array, rate: float, rng: Array | None) -> Array:
-    """Inverted dropout; identity when `rng` is None or `rate` is 0.
-
-    An element is kept when its random word is at least round(rate * 2^32), which happens
-    with probability 1 - rate up to 2^-32; kept elements are scaled by 1 / (1 - rate).
-    """
-    if rng is None or rate == 0.0:
-        return x
-    if x.size >= 1 << 32:
-        raise ValueError(f"dropout: {x.shape} has {x.size} elements; the 32-bit element "
-                         f"counter covers at most 2^32 - 1. Split the batch.")
-    threshold = jnp.uint32(min(round(rate * 2.0 ** 32), 2 ** 32 - 1))
-    keep = random_bits(rng, x.shape) >= threshold
-    return jnp.where(keep, x / (1.0 - rate), jnp.zeros_like(x))
 
 
 def split_rng(rng: Array | None, n: int) -> list[Array | None]:
@@ -262,31 +95,6 @@ def reference_attention(query: Array, key: Array, value: Array, mask: Array | No
     return context, weights
 
 
-def _softmax_over_own_slots(scores: Array, beam_slot: Array, mask: Array, q_len: int) -> Array:
-    """Attention weights of each beam over its own history in a shared beam cache.
-
-    scores float32 [batch, heads, beam * q_len, max_len * beam]: every query against every
-    beam's slots (slot t * beam + j holds beam j's position t); beam_slot int32
-    [batch, beam, max_len]: which beam's slot holds position t of beam i; mask
-    [1, 1, q_len, max_len] over positions. Returns weights of the same shape as scores, zero
-    outside each beam's own slots, so that `weights @ values` reads exactly the keys and
-    values of each beam's history. Costs beam times the score work of a reordered cache (a
-    few thousand multiply-adds per query) instead of copying the whole cache to its new beams
-    at every step.
-    """
-    batch, heads = scores.shape[:2]
-    beam, max_len = beam_slot.shape[1:]
-    scores = scores.reshape(batch, heads, beam, q_len, max_len, beam)
-    # own[b, 1, i, 1, t, j]: position t of beam i lives in beam j's slot.
-    own = beam_slot[:, :, :, None] == jnp.arange(beam)
-    own = own[:, None, :, None]
-    per_position = jnp.sum(jnp.where(own, scores, 0.0), axis=5)  # [b, h, beam, q_len, max_len]
-    per_position = jnp.where(mask[:, :, None], per_position, jnp.finfo(jnp.float32).min)
-    weights = jax.nn.softmax(per_position, axis=-1)
-    weights = jnp.where(own, weights[..., None], 0.0)
-    return weights.reshape(batch, heads, beam * q_len, max_len * beam)
-
-
 # ----------------------------------------------------------------------------- modules
 
 
@@ -327,7 +135,7 @@ class PositionalEncoding(nnx.Module):
         if x.shape[1] > self.max_len:
             raise ValueError(
                 f"a sequence of {x.shape[1]} positions is longer than the model's max_len "
-                f"{self.max_len}; truncate or split the input, or train with a larger --max-len.")
+                f"{self.max_len}; truncate or split the input, or train with a larger max_len.")
         if self.learned:
             table = self.table[...]
         else:
@@ -417,13 +225,11 @@ class MultiHeadAttention(nnx.Module):
         Self-attention in beam search (`beam_slot` int32 [batch, group, max_len] given): the
         key axis holds max_len * group slots (position t of beam j at t * group + j), and
         beam i reads position t from the slot of beam beam_slot[b, i, t], the beam that
-        computed it (see `transformer.model.Cache`); mask [1, 1, q_len, max_len] is over
-        positions.
+        computed it (see `transformer.cache`); mask [1, 1, q_len, max_len] is over positions.
 
         Heads-major keys and values make both products plain batched matrix products over
-        (batch, head), with no copy of the cache at any step; keys are stored transposed
-        because XLA's CPU matrix product with a transposed right operand was 4x slower at
-        these sizes.
+        (batch, head), with no copy of the cache at any step; keys are stored transposed for
+        XLA:CPU's product (docs/design.md, "Kernels").
         """
         rows, q_len = query.shape[:2]
         batch = key.shape[0]
@@ -436,7 +242,7 @@ class MultiHeadAttention(nnx.Module):
             scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
             weights = jax.nn.softmax(scores, axis=-1)
         else:
-            weights = _softmax_over_own_slots(scores, beam_slot, mask, q_len)
+            weights = attention_over_own_slots(scores, beam_slot, mask, q_len)
         context = jnp.einsum("bhqk,bhkd->bhqd", weights.astype(value.dtype), value)
         context = context.transpose(0, 2, 1, 3).reshape(rows, q_len, self.num_heads * self.head_dim)
         return self.output(context)

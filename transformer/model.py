@@ -17,44 +17,17 @@ functions (see transformer/training.py and transformer/decoding.py).
 
 from __future__ import annotations
 
-from typing import TypedDict
-
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from transformer.cache import DecoderCache
 from transformer.config import ModelConfig
-from transformer.layers import (AddNorm, Dense, Embedding, FeedForward, MultiHeadAttention,
-                                PositionalEncoding, cached_causal_mask, causal_mask,
-                                activation_dtype, compute_dtype, dropout, padding_mask, split_rng)
+from transformer.kernels import Dense, activation_dtype, compute_dtype, dropout
+from transformer.layers import (AddNorm, Embedding, FeedForward, MultiHeadAttention,
+                                PositionalEncoding, causal_mask, padding_mask, split_rng)
 
 Array = jax.Array
-
-
-class Cache(TypedDict):
-    """Decoder state for incremental decoding: one array per decoder layer in each tuple.
-
-    index:       int32 scalar, the position the next decoded token will occupy.
-    self_key:    per layer [batch, heads, head_dim, max_len * beam]: beam j's keys of
-                 positions t < index at slot t * beam + j (keys are kept transposed).
-    self_value:  per layer [batch, heads, max_len * beam, head_dim], slots as for keys.
-    beam_slot:   int32 [batch, beam, max_len]: position t of beam i is in beam
-                 beam_slot[b, i, t]'s slots. Each step writes every beam's new position into
-                 its own slots; when beam search gives beam i a new parent p, only this small
-                 array changes (beam_slot[b, i] = beam_slot[b, p]), never the keys and values.
-    cross_key:   per layer [batch, heads, head_dim, src_len], encoder output projected once.
-    cross_value: per layer [batch, heads, src_len, head_dim]
-    The decoder's rows are batch * beam, beams of a sentence adjacent; beam = 1 outside beam
-    search. Heads-major, so attention over the cache needs no transpose (see
-    MultiHeadAttention.attend_cached).
-    """
-
-    index: Array
-    self_key: tuple[Array, ...]
-    self_value: tuple[Array, ...]
-    beam_slot: Array
-    cross_key: tuple[Array, ...]
-    cross_value: tuple[Array, ...]
 
 
 class EncoderLayer(nnx.Module):
@@ -211,14 +184,14 @@ class Transformer(nnx.Module):
 
     # ------------------------------------------------------------------ decoder
 
-    def init_cache(self, memory: Array, max_len: int, beam_size: int = 1) -> Cache:
+    def init_cache(self, memory: Array, max_len: int, beam_size: int = 1) -> DecoderCache:
         """Cache for decoding up to `max_len` target positions over `memory`.
 
         Allocates self-attention keys/values for `beam_size` beams of each sentence (the
         decoder's rows b*k .. b*k+k-1 are the beams of sentence b) and `max_len` positions,
-        every beam starting on its own slots, and projects the encoder output
-        [batch, src_len, d_model] to cross-attention keys/values once per sentence: the beams
-        of a sentence share them rather than holding k copies.
+        and projects the encoder output [batch, src_len, d_model] to cross-attention
+        keys/values once per sentence: the beams of a sentence share them rather than holding
+        k copies.
         """
         config = self.config
         if max_len > config.max_len:
@@ -226,30 +199,20 @@ class Transformer(nnx.Module):
             raise ValueError(f"a cache of {max_len} target positions is longer than the "
                              f"model's max_len {config.max_len}; decode at most "
                              f"{config.max_len} tokens.")
-        batch = memory.shape[0]
-        slots = max_len * beam_size
-        key_shape = (batch, config.num_heads, config.head_dim, slots)
-        value_shape = (batch, config.num_heads, slots, config.head_dim)
-        layers = range(config.decoder_layers)
         cross = [layer.cross_attention.project_key_value_for_cache(memory)
                  for layer in self.decoder_layers]
-        return Cache(
-            index=jnp.zeros((), jnp.int32),
-            self_key=tuple(jnp.zeros(key_shape, activation_dtype(config)) for _ in layers),
-            self_value=tuple(jnp.zeros(value_shape, activation_dtype(config)) for _ in layers),
-            beam_slot=_own_slots(batch, beam_size, max_len),
-            cross_key=tuple(k for k, _ in cross),
-            cross_value=tuple(v for _, v in cross),
-        )
+        return DecoderCache.create(cross, max_len, beam_size, config.num_heads,
+                                   config.head_dim, activation_dtype(config))
 
-    def decode(self, memory: Array, src_mask: Array, tgt_ids: Array, cache: Cache | None = None,
-               rng: Array | None = None) -> tuple[Array, Cache | None]:
+    def decode(self, memory: Array, src_mask: Array, tgt_ids: Array,
+               cache: DecoderCache | None = None, rng: Array | None = None
+               ) -> tuple[Array, DecoderCache | None]:
         """Target logits given the source.
 
         memory [batch, src_len, d_model]; src_mask [batch, 1, 1, src_len]; tgt_ids
         [batch, tgt_len] decoder inputs (BOS + target[:-1] in training). Without a cache,
         position i sees target positions <= i (teacher forcing). With a cache, tgt_ids are
-        the positions cache["index"] .. index+tgt_len-1 and the updated cache is returned.
+        the positions cache.index .. index+tgt_len-1 and the updated cache is returned.
         Returns (logits float32 [batch, tgt_len, vocab], cache or None).
         """
         logits, cache, _ = self._decode(memory, src_mask, tgt_ids, cache, rng, False)
@@ -268,48 +231,44 @@ class Transformer(nnx.Module):
     def _decode(self, memory, src_mask, tgt_ids, cache, rng, return_weights):
         config = self.config
         rngs = split_rng(rng, 1 + config.decoder_layers)
-        offset = cache["index"] if cache is not None else 0
+        offset = cache.index if cache is not None else 0
         x = self.positional(self._embed_target(tgt_ids), offset)
         x = dropout(x, config.dropout, rngs[0])
         tgt_len = tgt_ids.shape[1]
-
-        if cache is None:
-            self_mask = causal_mask(tgt_len)
-        else:
-            batch, beam, max_len = cache["beam_slot"].shape
-            self_mask = cached_causal_mask(offset, tgt_len, max_len)
-            # This step's positions are computed by every beam in its own slots.
-            beam_slot = jax.lax.dynamic_update_slice_in_dim(
-                cache["beam_slot"], _own_slots(batch, beam, tgt_len), offset, 2)
-        new_keys, new_values, all_weights = [], [], []
-        for i, layer in enumerate(self.decoder_layers):
-            h = layer.self_attention_input(x)
-            if cache is None:
-                self_kv = layer.self_attention.project_key_value(h)
-                cross_kv = layer.cross_attention.project_key_value(memory)
-                x, weights = layer(x, self_kv, self_mask, cross_kv, src_mask, rngs[1 + i],
-                                   return_weights)
-                all_weights.append(weights)
-            else:
-                # Write the new positions' keys/values into each beam's own slots (in place
-                # inside the search loop), then attend over the cache.
-                key, value = layer.self_attention.project_key_value_for_cache(h)
-                key = _write_slots(cache["self_key"][i], key, beam, offset, axis=3)
-                value = _write_slots(cache["self_value"][i], value, beam, offset, axis=2)
-                new_keys.append(key)
-                new_values.append(value)
-                cross_kv = (cache["cross_key"][i], cache["cross_value"][i])
-                x = layer.step(x, (key, value), self_mask, beam_slot if beam > 1 else None,
-                               cross_kv, src_mask, rngs[1 + i])
-        if config.norm == "pre":
-            x = self.decoder_norm(x)
-
         if cache is not None:
-            cache = Cache(index=cache["index"] + tgt_len, self_key=tuple(new_keys),
-                          self_value=tuple(new_values), beam_slot=beam_slot,
-                          cross_key=cache["cross_key"],
-                          cross_value=cache["cross_value"])
-        return self._logits(x), cache, all_weights
+            return self._decode_step(x, memory, src_mask, cache, rngs[1:])
+
+        self_mask = causal_mask(tgt_len)
+        all_weights = []
+        for layer, layer_rng in zip(self.decoder_layers, rngs[1:]):
+            h = layer.self_attention_input(x)
+            self_kv = layer.self_attention.project_key_value(h)
+            cross_kv = layer.cross_attention.project_key_value(memory)
+            x, weights = layer(x, self_kv, self_mask, cross_kv, src_mask, layer_rng,
+                               return_weights)
+            all_weights.append(weights)
+        return self._logits(self._final_norm(x)), None, all_weights
+
+    def _decode_step(self, x, memory, src_mask, cache: DecoderCache, rngs):
+        """New positions over the cache: each layer writes their keys and values into every
+        beam's own slots (in place inside the search loop), then attends over the cache."""
+        tgt_len = x.shape[1]
+        self_mask = cache.causal_mask(tgt_len)
+        beam_slot = cache.slots_with_step(tgt_len)
+        new_keys, new_values = [], []
+        for i, (layer, layer_rng) in enumerate(zip(self.decoder_layers, rngs)):
+            h = layer.self_attention_input(x)
+            key, value = cache.write(i, *layer.self_attention.project_key_value_for_cache(h))
+            new_keys.append(key)
+            new_values.append(value)
+            cross_kv = (cache.cross_key[i], cache.cross_value[i])
+            x = layer.step(x, (key, value), self_mask,
+                           beam_slot if cache.beam > 1 else None, cross_kv, src_mask, layer_rng)
+        cache = cache.advance(new_keys, new_values, beam_slot, tgt_len)
+        return self._logits(self._final_norm(x)), cache, []
+
+    def _final_norm(self, x: Array) -> Array:
+        return self.decoder_norm(x) if self.config.norm == "pre" else x
 
     def __call__(self, src_ids: Array, tgt_in: Array, rng: Array | None = None) -> Array:
         """Teacher-forced logits float32 [batch, tgt_len, vocab] for training."""
@@ -317,58 +276,6 @@ class Transformer(nnx.Module):
         memory = self.encode(src_ids, enc_rng)
         logits, _ = self.decode(memory, self.source_mask(src_ids), tgt_in, None, dec_rng)
         return logits
-
-
-def expand_cache_to_beams(cache: Cache, beam: int) -> Cache:
-    """A one-beam cache [batch rows] as a `beam`-beam cache whose beams share its history.
-
-    Beam search decodes the first position (from BOS, the same for every beam) once per
-    sentence and then expands: the positions < index already computed stay in beam 0's slots
-    (slot t * beam) and every beam reads them there (beam_slot 0), so nothing is copied k
-    times. Positions from index on are written to each beam's own slots by `decode`.
-    Cross-attention keys and values are per sentence already and carry over unchanged.
-    """
-    batch, one_beam, max_len = cache["beam_slot"].shape
-    if one_beam != 1:
-        raise ValueError(f"expand_cache_to_beams needs a one-beam cache, got {one_beam} beams.")
-
-    def spread(x: Array, axis: int) -> Array:
-        # position t -> slot t * beam (beam 0's slot); other beams' slots zero until written.
-        x = jnp.expand_dims(x, axis + 1)
-        widths = [(0, 0)] * x.ndim
-        widths[axis + 1] = (0, beam - 1)
-        x = jnp.pad(x, widths)
-        return x.reshape(x.shape[:axis] + (max_len * beam,) + x.shape[axis + 2:])
-
-    return Cache(index=cache["index"],
-                 self_key=tuple(spread(k, 3) for k in cache["self_key"]),
-                 self_value=tuple(spread(v, 2) for v in cache["self_value"]),
-                 beam_slot=jnp.zeros((batch, beam, max_len), jnp.int32),
-                 cross_key=cache["cross_key"], cross_value=cache["cross_value"])
-
-
-def _own_slots(batch: int, beam: int, length: int) -> Array:
-    """int32 [batch, beam, length] with beam j's own index: positions each beam computed."""
-    return jnp.broadcast_to(jnp.arange(beam, dtype=jnp.int32)[None, :, None],
-                            (batch, beam, length))
-
-
-def _write_slots(cached: Array, new: Array, beam: int, offset: Array, axis: int) -> Array:
-    """Store new positions in each beam's own slots of one cache array.
-
-    cached [batch, ...] with its slot axis `axis` of size max_len * beam (beam j's position t
-    at slot t * beam + j, so one position of all beams is one contiguous run); new
-    [batch * beam, ...] with the same axes but new_len positions on `axis`: the keys or values
-    of positions offset .. offset+new_len-1, row b*beam + j for beam j of sentence b. Returns
-    the updated cache (an in-place update under jit).
-    """
-    batch, slots = cached.shape[0], cached.shape[axis]
-    new = new.reshape(batch, beam, *new.shape[1:])
-    # [batch, beam, ..., new_len, ...] -> [batch, ..., new_len, beam, ...]
-    new = jnp.moveaxis(new, 1, axis + 1)
-    split = cached.shape[:axis] + (slots // beam, beam) + cached.shape[axis + 1:]
-    cached = jax.lax.dynamic_update_slice_in_dim(cached.reshape(split), new, offset, axis)
-    return cached.reshape(cached.shape[:axis] + (slots,) + cached.shape[axis + 2:])
 
 
 def count_parameters(model: nnx.Module) -> int:

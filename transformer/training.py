@@ -30,8 +30,7 @@ row, micro-batch, device or process it came from.
 
 from __future__ import annotations
 
-import dataclasses
-from typing import Any, Callable, Literal
+from typing import Any, Callable
 
 import flax.struct
 import jax
@@ -41,7 +40,7 @@ import optax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from transformer.config import DictConfig, ModelConfig
+from transformer.config import ModelConfig, TrainConfig
 from transformer.model import Transformer
 
 Array = jax.Array
@@ -50,68 +49,6 @@ Metrics = dict[str, Array]
 
 DATA_AXIS = "data"
 BATCH_KEYS = ("src", "tgt_in", "tgt_out")
-Schedule = Literal["noam", "inverse_sqrt"]
-
-
-# ----------------------------------------------------------------------------- config
-
-
-@dataclasses.dataclass(frozen=True)
-class TrainConfig(DictConfig):
-    """Optimisation hyper-parameters; defaults follow the paper (Sec. 5.3 and 5.4).
-
-    schedule "noam":         lr(s) = lr_scale * d_model^-0.5 * min(s^-0.5, s * warmup^-1.5)
-    schedule "inverse_sqrt": lr(s) = peak_lr * min(s / warmup, sqrt(warmup / s))
-    where s = 1, 2, ... is the number of the update being made (the first update uses s = 1).
-    """
-
-    schedule: Schedule = "noam"
-    warmup_steps: int = 4000
-    lr_scale: float = 1.0  # noam only
-    peak_lr: float = 1e-3  # inverse_sqrt only
-    adam_b1: float = 0.9
-    adam_b2: float = 0.98
-    adam_eps: float = 1e-9
-    label_smoothing: float = 0.1
-    # Clip the global gradient norm to this value before Adam; None = no clipping.
-    clip_norm: float | None = None
-    # The batch given to the step holds accum_steps micro-batches; one update per step.
-    accum_steps: int = 1
-    # Decoupled weight decay (AdamW) on matrices only (kernels, embeddings), not on biases
-    # or LayerNorm parameters; 0 = plain Adam as in the paper.
-    weight_decay: float = 0.0
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        self.validate()
-
-    def validate(self) -> None:
-        if self.schedule not in ("noam", "inverse_sqrt"):
-            raise ValueError(f"TrainConfig.schedule must be 'noam' or 'inverse_sqrt', "
-                             f"got {self.schedule!r}.")
-        if not isinstance(self.warmup_steps, int) or self.warmup_steps < 1:
-            raise ValueError(f"TrainConfig.warmup_steps must be an integer >= 1, "
-                             f"got {self.warmup_steps!r}.")
-        if not isinstance(self.accum_steps, int) or self.accum_steps < 1:
-            raise ValueError(f"TrainConfig.accum_steps must be an integer >= 1 (1 = no "
-                             f"accumulation), got {self.accum_steps!r}.")
-        for name in ("lr_scale", "peak_lr", "adam_eps"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"TrainConfig.{name} must be > 0, got {getattr(self, name)!r}.")
-        for name in ("adam_b1", "adam_b2"):
-            if not 0.0 <= getattr(self, name) < 1.0:
-                raise ValueError(f"TrainConfig.{name} must be in [0, 1), "
-                                 f"got {getattr(self, name)!r}.")
-        if not 0.0 <= self.label_smoothing < 1.0:
-            raise ValueError(f"TrainConfig.label_smoothing must be in [0, 1) (the paper uses "
-                             f"0.1), got {self.label_smoothing!r}.")
-        if self.clip_norm is not None and not self.clip_norm > 0:
-            raise ValueError(f"TrainConfig.clip_norm must be > 0, or None to disable clipping; "
-                             f"got {self.clip_norm!r}.")
-        if not self.weight_decay >= 0:
-            raise ValueError(f"TrainConfig.weight_decay must be >= 0, got {self.weight_decay!r}.")
-        if not isinstance(self.seed, int):
-            raise ValueError(f"TrainConfig.seed must be an integer, got {self.seed!r}.")
 
 
 # ----------------------------------------------------------------------------- optimizer
@@ -339,7 +276,6 @@ def make_train_step(graphdef: nnx.GraphDef, train_config: TrainConfig, mesh: Mes
     False).
     """
     c = train_config
-    k = c.accum_steps
 
     def loss_and_sums(params, batch, rng, total_tokens):
         sums = _forward_sums(graphdef, params, batch, c.label_smoothing, rng)
@@ -357,25 +293,8 @@ def make_train_step(graphdef: nnx.GraphDef, train_config: TrainConfig, mesh: Mes
         # global count so that the summed gradients are the per-token mean over the batch.
         tokens = jnp.sum(batch["tgt_out"] != model_config.pad_id).astype(jnp.float32)
         denominator = jnp.maximum(tokens, 1.0)
-        if k == 1:
-            grads, sums = grad_fn(state.params, batch, rng, denominator)
-        else:
-            micro = _micro_batches(batch, k)
-            micro = jax.lax.with_sharding_constraint(
-                micro, NamedSharding(mesh, P(None, DATA_AXIS)))
-
-            def accumulate(carry, inputs):
-                micro_batch, micro_rng = inputs
-                grads, sums = grad_fn(state.params, micro_batch, micro_rng, denominator)
-                return jax.tree_util.tree_map(jnp.add, carry, (grads, sums)), None
-
-            zeros = jax.tree_util.tree_map(
-                jnp.zeros_like, jax.eval_shape(grad_fn, state.params,
-                                               jax.tree_util.tree_map(lambda x: x[0], micro),
-                                               rng, denominator))
-            (grads, sums), _ = jax.lax.scan(accumulate, zeros,
-                                            (micro, jax.random.split(rng, k)))
-
+        grads, sums = _accumulated_gradients(grad_fn, state.params, batch, rng, denominator,
+                                             c.accum_steps, mesh)
         grad_norm = optax.tree.norm(grads)
         updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
@@ -396,6 +315,27 @@ def make_train_step(graphdef: nnx.GraphDef, train_config: TrainConfig, mesh: Mes
                    in_shardings=(replicated(mesh), batch_sharding(mesh)),
                    out_shardings=(replicated(mesh), replicated(mesh)),
                    donate_argnums=0)
+
+
+def _accumulated_gradients(grad_fn, params, batch: Batch, rng: Array, denominator: Array,
+                           k: int, mesh: Mesh) -> tuple[Any, Metrics]:
+    """(gradients, sums) of `grad_fn` over the batch's k micro-batches, added up; each
+    micro-batch draws its own dropout key."""
+    if k == 1:
+        return grad_fn(params, batch, rng, denominator)
+    micro = _micro_batches(batch, k)
+    micro = jax.lax.with_sharding_constraint(micro, NamedSharding(mesh, P(None, DATA_AXIS)))
+
+    def accumulate(carry, inputs):
+        micro_batch, micro_rng = inputs
+        grads, sums = grad_fn(params, micro_batch, micro_rng, denominator)
+        return jax.tree_util.tree_map(jnp.add, carry, (grads, sums)), None
+
+    first = jax.tree_util.tree_map(lambda x: x[0], micro)
+    zeros = jax.tree_util.tree_map(jnp.zeros_like,
+                                   jax.eval_shape(grad_fn, params, first, rng, denominator))
+    (grads, sums), _ = jax.lax.scan(accumulate, zeros, (micro, jax.random.split(rng, k)))
+    return grads, sums
 
 
 def make_eval_step(graphdef: nnx.GraphDef, mesh: Mesh, train_config: TrainConfig | None = None

@@ -1,13 +1,17 @@
-"""Metrics output: `metrics.jsonl` and TensorBoard event files in the run directory."""
+"""Training metrics: the per-step values kept on the device until a log line, the log line
+itself, and where it goes (`metrics.jsonl` and TensorBoard event files in the run directory).
+"""
 
 from __future__ import annotations
 
 import json
 import logging
 import math
+import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
+import jax
 import numpy as np
 
 log = logging.getLogger("trainer")
@@ -84,3 +88,48 @@ def summarize_window(window: list[dict[str, float]]) -> dict[str, float]:
         "grad_norm": float(np.mean([m["grad_norm"] for m in window])),
         "tokens": int(total),
     }
+
+
+class MetricsWindow:
+    """Per-step metrics between two log lines.
+
+    A step's metrics stay on the device (`add`) until `read_back`, at log intervals and before
+    saves: reading them every step would wait for every step. `read_back` calls `on_diverged`
+    (which must raise) at the first step whose loss or gradient norm is not finite.
+    """
+
+    def __init__(self, restored: list[dict[str, float]], next_step: int,
+                 on_diverged: Callable[[int, dict[str, Any]], Exception]):
+        self.steps: list[dict[str, float]] = [dict(m) for m in restored]  # read back
+        self.tokens_before = sum(m["tokens"] for m in self.steps)  # counted by an earlier run
+        self.pending: list[dict[str, jax.Array]] = []  # on the device
+        self.pending_first_step = next_step
+        self.on_diverged = on_diverged
+
+    def add(self, metrics: dict[str, jax.Array]) -> None:
+        self.pending.append(metrics)
+
+    def read_back(self) -> None:
+        """Move pending device metrics into the window; raises on a non-finite loss."""
+        if not self.pending:
+            return
+        host = jax.device_get(self.pending)
+        for offset, metrics in enumerate(host):
+            if not bool(metrics["is_finite"]):
+                raise self.on_diverged(self.pending_first_step + offset, metrics)
+            self.steps.append({k: float(v) for k, v in metrics.items()})
+        self.pending_first_step += len(self.pending)
+        self.pending = []
+
+    def close(self, seconds: float, started: float) -> dict[str, float] | None:
+        """The log line of the window (None when empty), then an empty window. `seconds` is
+        the time the window's steps took (tokens/s), `started` when the run started."""
+        self.read_back()
+        if not self.steps:
+            return None
+        line = summarize_window(self.steps)
+        new_tokens = line["tokens"] - self.tokens_before
+        line["tokens_per_s"] = round(new_tokens / seconds, 1) if seconds > 0 else 0.0
+        line["elapsed_s"] = round(time.monotonic() - started, 1)
+        self.steps, self.tokens_before = [], 0
+        return line

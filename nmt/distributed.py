@@ -12,6 +12,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.experimental import multihost_utils
 
 
 _CLUSTER_ENV = ("JAX_COORDINATOR_ADDRESS", "COORDINATOR_ADDRESS", "MEGASCALE_COORDINATOR_ADDRESS")
@@ -53,15 +54,11 @@ def any_process(flag: bool) -> bool:
     """True if `flag` is True on any process (a collective: every process must call it)."""
     if jax.process_count() == 1:
         return flag
-    from jax.experimental import multihost_utils
-
     return bool(np.any(multihost_utils.process_allgather(np.array(flag))))
 
 
 def barrier(name: str) -> None:
     if jax.process_count() > 1:
-        from jax.experimental import multihost_utils
-
         multihost_utils.sync_global_devices(name)
 
 

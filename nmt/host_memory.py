@@ -5,36 +5,21 @@ train.py and the training benchmarks (bench.train, bench.linen_baseline) call
 `reuse_freed_host_memory()` first thing, before JAX runs anything; without the variable it
 does nothing.
 
-Why: XLA:CPU allocates each execution's temporary buffer with malloc and frees it when the
-execution ends. For a train step that buffer holds the activations kept for the backward
-pass: about 760 MB for `base` at batch 32 x 32 tokens. glibc serves a block that large with
-a fresh mmap and returns it with munmap, so every step faults in new zeroed pages. On the
-2-core developer machine (a virtual machine, where faults are dear) that was 190,000 page
-faults and 0.3 s of kernel time per `base` step. With the settings below the step ran with
-no faults: bfloat16 0.71 -> 0.59 s, float32 1.40 -> 1.32 s.
-
-The settings (glibc `mallopt`):
+Why: XLA:CPU allocates each execution's temporary buffer (a train step's saved activations,
+hundreds of megabytes) with malloc and frees it when the execution ends. glibc serves a block
+that large with a fresh mmap and returns it with munmap, so every step faults in new zeroed
+pages. The settings (glibc `mallopt`):
 - M_MMAP_THRESHOLD: blocks smaller than this come from the heap instead of their own mapping.
-  Set to the largest value mallopt accepts, 2 GiB - 1. Larger blocks still get a mapping of
-  their own; that is only slower.
+  Set to the largest value mallopt accepts, 2 GiB - 1.
 - M_TRIM_THRESHOLD: the heap is handed back to the system only when more than this much is
   free at its top. Also 2 GiB - 1, so a freed step buffer stays mapped for the next step.
 - M_ARENA_MAX = 1: one heap for all threads. Otherwise XLA's worker threads get arenas of
-  their own, whose heaps hold at most 64 MiB, and their large blocks are mapped anyway. Small
-  blocks are still served from per-thread caches, without the lock.
+  their own, whose heaps hold at most 64 MiB, and their large blocks are mapped anyway.
 
-Why it is not the default: memory, for a gain that is small on real training. Freed blocks
-stay in the heap, and XLA allocates with 64-byte alignment, for which glibc (2.36 here) asks
-for the block plus 96 bytes; a freed block of exactly the size asked for before is then too
-small, and the heap grows instead. The 96 bytes left after an aligned block go to glibc's
-per-thread cache and are handed to the next small request, which pins the block in place.
-How far the heap grows depends on the order of allocations: the fixed-shape benchmark step
-reused its buffer every step, but the Multi30k small recipe (36 batch shapes) peaked at
-8.7-9.8 GB resident instead of 5.5 GB, and ran 12% faster in one sitting and hardly faster
-in another. Turning off the per-thread cache (GLIBC_TUNABLES=glibc.malloc.tcache_count=0),
-trimming the heap every 20 s (malloc_trim), and transparent huge pages instead
-(GLIBC_TUNABLES=glibc.malloc.hugetlb=1) were measured and are no remedy. The figures are in
-README.md (Performance, "Page faults").
+Why it is not the default: memory. XLA allocates with 64-byte alignment, for which glibc asks
+for the block plus 96 bytes, so a freed block of exactly the earlier size may not be reused
+and the heap grows instead; with many batch shapes the gain is small. The measurements are in
+docs/performance.md ("Host memory on CPU").
 
 Only for CPU runs: with a GPU or TPU the step's buffers live in device memory, so nothing is
 changed when JAX_PLATFORMS names another platform, or a CUDA, ROCm or TPU plugin is installed

@@ -1,4 +1,4 @@
-"""Training checkpoints, checkpoint averaging and the exported model directory.
+"""Training checkpoints and checkpoint averaging (orbax-checkpoint).
 
 A run directory holds two kinds of saved state:
 
@@ -18,16 +18,11 @@ A run directory holds two kinds of saved state:
   step is saved with it), so the newest save is the best one.
 
 The exported model (`model/`, or `averaged/` from `--average-last`) is what translate.py
-loads through `load_model`:
-
-    model/params.msgpack   parameters, flax.serialization msgpack of nnx.to_pure_dict
-    model/config.json      {"model": ModelConfig, "search": SearchConfig, ...}
-    model/spm.model        the SentencePiece model
+loads: see `transformer.model_dir`.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import shutil
@@ -36,22 +31,17 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import orbax.checkpoint as ocp
-from flax import nnx, serialization
 
-from transformer.config import ModelConfig, SearchConfig
-from transformer.model import Transformer
+from nmt.distributed import barrier
+from transformer.config import ModelConfig
+from transformer.model_dir import abstract_params
 
 log = logging.getLogger("checkpoint")
 
 CHECKPOINTS_DIR = "checkpoints"
 BEST_DIR = "best"
-MODEL_DIR = "model"
 AVERAGED_DIR = "averaged"
-PARAMS_FILE = "params.msgpack"
-CONFIG_FILE = "config.json"
-TOKENIZER_FILE = "spm.model"
 # Files orbax writes into a step directory when (and only when) the step is finalized.
 _FINALIZED_MARKER = "_CHECKPOINT_METADATA"
 _ITEMS = ("params", "train", "data")
@@ -117,10 +107,7 @@ def _clear_step(manager: ocp.CheckpointManager, directory: Path, step: int) -> N
     path = directory / str(step)
     if path.exists() and jax.process_index() == 0:
         shutil.rmtree(path)
-    if jax.process_count() > 1:
-        from jax.experimental import multihost_utils
-
-        multihost_utils.sync_global_devices(f"clear {directory} {step}")
+    barrier(f"clear {directory} {step}")
 
 
 def _brief(err: Exception, limit: int = 300) -> str:
@@ -270,15 +257,10 @@ class Checkpointer:
 # ----------------------------------------------------------------------------- averaging
 
 
-def abstract_params(config: ModelConfig) -> tuple[nnx.GraphDef, Any, Any]:
-    """(graphdef, params as ShapeDtypeStructs, other state) of a Transformer, nothing allocated."""
-    abstract_model = nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0)))
-    return nnx.split(abstract_model, nnx.Param, ...)
-
-
-def average_checkpoints(run_dir: str | Path, last: int, config: ModelConfig | None = None
+def average_checkpoints(run_dir: str | Path, last: int, config: ModelConfig
                         ) -> tuple[Any, list[int]]:
-    """Mean of the parameters of the newest `last` complete checkpoints of `run_dir`.
+    """Mean of the parameters of the newest `last` complete checkpoints of `run_dir`, for a
+    model of `config`.
 
     Averages in float32 with a running sum, so memory is two copies of the parameters.
     Returns (params as nnx.State, the steps averaged).
@@ -286,8 +268,6 @@ def average_checkpoints(run_dir: str | Path, last: int, config: ModelConfig | No
     run_dir = Path(run_dir)
     if last < 1:
         raise ValueError(f"--average-last must be >= 1, got {last}.")
-    if config is None:
-        config = read_run_config(run_dir)[0]
     steps = complete_steps(run_dir / CHECKPOINTS_DIR)
     if not steps:
         raise CheckpointError(f"{run_dir / CHECKPOINTS_DIR}: no complete checkpoints to average.")
@@ -310,103 +290,3 @@ def average_checkpoints(run_dir: str | Path, last: int, config: ModelConfig | No
         manager.close()
     mean = jax.tree.map(lambda x: x / len(steps), total)
     return mean, steps
-
-
-# ----------------------------------------------------------------------------- model directory
-
-
-def read_run_config(run_dir: str | Path) -> tuple[ModelConfig, dict[str, Any]]:
-    """(model config, whole JSON) from `run_dir/config.json`."""
-    path = Path(run_dir) / CONFIG_FILE
-    if not path.is_file():
-        raise CheckpointError(f"{path} is missing: this is not a run or model directory.")
-    try:
-        values = json.loads(path.read_text())
-        if not isinstance(values, dict) or "model" not in values:
-            raise CheckpointError(f"{path} has no 'model' section.")
-        return ModelConfig.from_dict(values["model"]), values
-    except (ValueError, TypeError) as err:  # not JSON, or settings this code does not know
-        raise CheckpointError(
-            f"{path}: not a valid run or model configuration ({type(err).__name__}: {err}); "
-            "restore the config.json written with the run or model.") from None
-
-
-def export_model(model_dir: str | Path, params: Any, model_config: ModelConfig,
-                 tokenizer_file: str | Path, search_config: SearchConfig | None = None,
-                 extra: dict[str, Any] | None = None) -> Path:
-    """Write a self-contained model directory that `load_model` reads.
-
-    Written into a temporary sibling and renamed, so a reader never sees a partial model.
-    Only process 0 should call this (the parameters must be fully addressable, e.g. replicated).
-    """
-    model_dir = Path(model_dir)
-    tmp = model_dir.with_name(model_dir.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    pure = jax.tree.map(lambda x: np.asarray(jax.device_get(x), np.float32),
-                        nnx.to_pure_dict(params))
-    (tmp / PARAMS_FILE).write_bytes(serialization.msgpack_serialize(pure))
-    shutil.copyfile(tokenizer_file, tmp / TOKENIZER_FILE)
-    config = {"model": model_config.to_dict(),
-              "search": dataclasses.asdict(search_config or SearchConfig()),
-              "tokenizer": TOKENIZER_FILE, **(extra or {})}
-    (tmp / CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-    old = model_dir.with_name(model_dir.name + ".old")
-    shutil.rmtree(old, ignore_errors=True)
-    if model_dir.exists():
-        model_dir.rename(old)
-    tmp.rename(model_dir)
-    shutil.rmtree(old, ignore_errors=True)
-    return model_dir
-
-
-def resolve_model_dir(path: str | Path) -> Path:
-    """A model directory, given either itself or a run directory containing `model/`."""
-    path = Path(path)
-    if not path.exists():
-        raise CheckpointError(f"{path} does not exist; pass a run directory or its model/ folder.")
-    if not (path / PARAMS_FILE).exists() and (path / MODEL_DIR).is_dir():
-        return path / MODEL_DIR
-    return path
-
-
-def load_model(path: str | Path, dtype: str | None = None
-               ) -> tuple[Transformer, Any, dict[str, Any]]:
-    """Load an exported model: returns (Transformer, tokenizer, config dict).
-
-    `path` is a model directory (`runs/NAME/model`, `runs/NAME/averaged`) or a run directory,
-    whose `model/` is used. `dtype` overrides the compute dtype ("float32"/"bfloat16").
-    The config dict has "model" (a ModelConfig), "search" (a SearchConfig) and whatever else
-    the trainer recorded (step, BLEU, source and target languages).
-    """
-    from data.tokenizer import Tokenizer  # data/ imports heavy libraries; load lazily
-
-    model_dir = resolve_model_dir(path)
-    for name, what in ((CONFIG_FILE, "model configuration"), (PARAMS_FILE, "parameters"),
-                       (TOKENIZER_FILE, "SentencePiece model")):
-        if not (model_dir / name).is_file():
-            raise CheckpointError(
-                f"{model_dir} is not a complete model directory: {name} ({what}) is missing; "
-                f"train with train.py or export one with --average-last.")
-    model_config, values = read_run_config(model_dir)
-    if dtype is not None:
-        model_config = ModelConfig.from_dict({**model_config.to_dict(), "dtype": dtype})
-    graphdef, params, rest = abstract_params(model_config)
-    try:
-        pure = serialization.msgpack_restore((model_dir / PARAMS_FILE).read_bytes())
-        nnx.replace_by_pure_dict(params, pure)
-    except Exception as err:  # noqa: BLE001 - name the file whatever went wrong
-        raise CheckpointError(f"{model_dir / PARAMS_FILE} does not match {model_dir / CONFIG_FILE}"
-                              f" or is damaged: {err}") from err
-    params = jax.tree.map(jnp.asarray, params)
-    model = nnx.merge(graphdef, params, rest)
-    tokenizer = Tokenizer.load(model_dir / TOKENIZER_FILE)
-    values = dict(values)
-    values["model"] = model_config
-    try:
-        values["search"] = SearchConfig(**values.get("search", {}))
-    except (ValueError, TypeError) as err:
-        raise CheckpointError(
-            f"{model_dir / CONFIG_FILE}: invalid 'search' settings ({type(err).__name__}: "
-            f"{err}); restore the config.json written with the model.") from None
-    return model, tokenizer, values

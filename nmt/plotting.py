@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
+import jax.numpy as jnp
 import numpy as np
 
 
@@ -34,8 +35,6 @@ def cross_attention(model, src_ids: Sequence[int], out_ids: Sequence[int], layer
     input BOS + out_ids[:t]. `layer` indexes the decoder layers (negative counts from the
     last); `head` picks one head, None averages over all heads.
     """
-    import jax.numpy as jnp
-
     config = model.config
     check_layer_and_head(config, layer, head)
     if not src_ids or not out_ids:
@@ -50,6 +49,7 @@ def cross_attention(model, src_ids: Sequence[int], out_ids: Sequence[int], layer
 def plot_attention(weights: np.ndarray, src_labels: Sequence[str], out_labels: Sequence[str],
                    path: str | Path, title: str | None = None) -> Path:
     """Save `weights` [out, src] as a PNG (or any format matplotlib knows by the suffix)."""
+    # matplotlib is optional (the `plot` extra): loaded only to draw.
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 

@@ -1,0 +1,207 @@
+"""Settings of the data pipeline: where pairs come from, the tokenizer, and batching.
+
+Frozen dataclasses, each field declared once with its help text (`transformer.config.setting`);
+train.py derives its flags and recipe schema from them. This module imports nothing heavy, so
+that `train.py --help` starts fast.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import numbers
+import os
+from pathlib import Path
+from typing import Literal, Sequence
+
+from transformer.config import setting
+
+DEFAULT_LOCALE_DIR = "/usr/share/locale"
+
+# Steps of 3 up to 26, where most sentences of short-sentence corpora lie, then growing steps
+# (padding waste and shape counts on Multi30k: docs/performance.md, `python -m bench.pipeline`).
+DEFAULT_BUCKETS = (
+    5, 8, 11, 14, 17, 20, 23, 26, 30, 34, 40, 48, 56, 64, 80, 96, 112, 128, 160, 192, 224, 256,
+)
+
+
+class DataError(ValueError):
+    """Bad or missing input data; the message says what is wrong and what to do."""
+
+
+@dataclasses.dataclass(frozen=True)
+class CorpusSpec:
+    """Where the sentence pairs come from.
+
+    Give at most one training source: `train_prefix`, `train_file` or `dataset`. With none of
+    them (or `builtin=True`) the built-in gettext corpus is used. `valid_*` / `test_*` override
+    or add those splits whatever the training source. Without a validation split, a seeded
+    slice of `valid_fraction` of train (at most `max_valid` pairs) is held out.
+    """
+
+    src: str = setting("en", "source language code")
+    tgt: str = setting("de", "target language code")
+    train_prefix: str | None = setting(None, "training files PREFIX.SRC and PREFIX.TGT")
+    valid_prefix: str | None = setting(None, "validation files PREFIX.SRC and PREFIX.TGT")
+    test_prefix: str | None = setting(None, "test files PREFIX.SRC and PREFIX.TGT")
+    train_file: str | None = setting(None, "training pairs as .tsv, .jsonl or .parquet")
+    valid_file: str | None = setting(None, "validation pairs as .tsv, .jsonl or .parquet")
+    test_file: str | None = setting(None, "test pairs as .tsv, .jsonl or .parquet")
+    dataset: str | None = setting(None, "Hugging Face dataset name or save_to_disk directory")
+    dataset_config: str | None = setting(None, "its configuration, e.g. de-en")
+    max_train_pairs: int | None = setting(
+        None, "use only N training pairs: the first N, or a seeded random N when validation "
+              "is held out of the training data")
+    builtin: bool = setting(False, "train on the built-in corpus (gettext catalogs), also the "
+                                   "choice when no training source is given")
+    locale_dir: str = setting(DEFAULT_LOCALE_DIR, "where the built-in corpus reads gettext "
+                                                  "catalogs (LANG/LC_MESSAGES/*.mo)")
+    min_builtin_pairs: int = setting(1000, "the fewest pairs the built-in corpus must find")
+    valid_fraction: float = setting(0.01, "without a validation split: the fraction of the "
+                                          "training pairs held out for validation")
+    max_valid: int = setting(2000, "without a validation split: at most this many pairs held "
+                                   "out for validation")
+    seed: int = setting(0, "seed of the held-out validation slice", derived="train.seed")
+
+    def __post_init__(self) -> None:
+        sources = [name for name, value in (("--train-prefix", self.train_prefix),
+                                            ("--train-file", self.train_file),
+                                            ("--dataset", self.dataset)) if value]
+        if len(sources) > 1 or (self.builtin and sources):
+            given = sources + (["the built-in corpus"] if self.builtin else [])
+            raise DataError(f"give one training source, not several: got {' and '.join(given)}")
+        for split in ("valid", "test"):
+            if getattr(self, f"{split}_prefix") and getattr(self, f"{split}_file"):
+                raise DataError(f"give --{split}-prefix or --{split}-file, not both")
+        if not self.src or not self.tgt or self.src == self.tgt:
+            raise DataError(
+                f"--src and --tgt must be two different language codes, got {self.src!r} "
+                f"and {self.tgt!r}")
+        if not 0.0 < self.valid_fraction < 1.0:
+            raise DataError(f"valid_fraction must be in (0, 1), got {self.valid_fraction}")
+        if self.max_train_pairs is not None and self.max_train_pairs < 1:
+            raise DataError(f"--max-train-pairs must be >= 1, got {self.max_train_pairs}")
+        for name in ("max_valid", "min_builtin_pairs"):
+            if getattr(self, name) < 1:
+                raise DataError(f"{name} must be >= 1, got {getattr(self, name)}")
+
+    @property
+    def uses_builtin(self) -> bool:
+        """True when no training source is named, so the gettext corpus is used."""
+        return self.builtin or not (self.train_prefix or self.train_file or self.dataset)
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenizerConfig:
+    """How to train the SentencePiece model (see `data.tokenizer` for the defaults' reasons),
+    or which existing one to use."""
+
+    vocab_size: int = setting(8000, "SentencePiece vocabulary size (the model's vocabulary)")
+    model_type: Literal["unigram", "bpe"] = setting(
+        "unigram", "SentencePiece algorithm: unigram or bpe", flag="--tokenizer-type")
+    spm_model: str | None = setting(
+        None, "use this SentencePiece model (e.g. another run's spm.model) instead of training "
+              "one: its size is the vocabulary size, and its ids 0-3 must be pad, unk, bos, eos")
+    max_sentences: int = setting(
+        1_000_000, "train on a random sample of at most this many sentences (source and "
+                   "target both count)", flag="--tokenizer-sentences")
+    character_coverage: float = setting(
+        0.9995, "share of the characters that get pieces of their own; the rarest fall back "
+                "to UTF-8 byte pieces")
+    seed: int = setting(0, "SentencePiece's sampling seed", derived="train.seed")
+
+    def __post_init__(self) -> None:
+        if self.model_type not in ("unigram", "bpe"):
+            raise DataError(f"model_type must be 'unigram' or 'bpe', got {self.model_type!r}")
+        if self.vocab_size < 300:
+            raise DataError(
+                f"vocab_size {self.vocab_size} is too small: 256 byte pieces and 4 special ids "
+                "are always in the vocabulary; use --vocab-size 300 or more")
+        if self.max_sentences < 1:
+            raise DataError(f"max_sentences must be >= 1, got {self.max_sentences}")
+        if not 0.0 < self.character_coverage <= 1.0:
+            raise DataError(f"character_coverage must be in (0, 1], got "
+                            f"{self.character_coverage}")
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchConfig:
+    """How training pairs are filtered and batched.
+
+    `max_len` counts the EOS (source) or BOS (target) token; it is also the widest batch
+    (the last bucket used is `max_len` itself, also when it is beyond the last of `buckets`).
+    The trainer caps it at the model's max_len. `max_ratio` drops pairs whose longer side is
+    more than this many times the shorter (lengths with EOS), as Moses' clean-corpus and
+    fairseq do. `num_devices` is the global device count: every batch size is a multiple of
+    it (and so of the process count). `max_shapes` bounds the distinct (B, S, T) shapes, and
+    so the compilations of the train step: on large corpora, cells need more pairs before they
+    get a shape of their own (see `data.batching.plan_epoch`).
+    """
+
+    batch_tokens: int = setting(
+        4096, "tokens per micro-batch, padding included (an update holds K times that under "
+              "--accum K)")
+    max_len: int = setting(256, "drop training pairs longer than this many tokens",
+                           flag="--max-tokens-per-sentence")
+    max_ratio: float = setting(9.0, "drop training pairs whose longer side has more than this "
+                                    "many times the tokens of the shorter")
+    buckets: tuple[int, ...] = setting(
+        DEFAULT_BUCKETS, "padded batch lengths, comma-separated, or 'default'")
+    max_shapes: int = setting(48, "at most this many batch shapes (each compiles the train "
+                                  "step once)")
+    num_devices: int = setting(1, "global device count", derived="the devices")
+    seed: int = setting(0, "seed of each epoch's batch order", derived="train.seed")
+
+    def __post_init__(self) -> None:
+        check_buckets(self.buckets)
+        if self.max_shapes < 1:
+            raise DataError(f"max_shapes must be >= 1, got {self.max_shapes}")
+        if self.num_devices < 1:
+            raise DataError(f"num_devices must be >= 1, got {self.num_devices}")
+        if self.max_len < 2:
+            raise DataError(f"--max-tokens-per-sentence must be >= 2, got {self.max_len}")
+        if not self.max_ratio >= 1.0:
+            raise DataError(f"max_ratio must be >= 1, got {self.max_ratio}")
+        largest = self.used_buckets[-1]
+        if self.batch_tokens // largest < self.num_devices:
+            # The trainer passes --batch-tokens and the device count both times --accum.
+            raise DataError(
+                f"a batch of {self.batch_tokens} tokens (--batch-tokens x --accum) holds "
+                f"{self.batch_tokens // largest} rows of the longest pairs ({largest} tokens: "
+                "the smaller of --max-tokens-per-sentence and the model's --max-len), fewer "
+                f"than the {self.num_devices} it needs (devices x --accum); use --batch-tokens "
+                f"{largest * self.num_devices} or more, or lower --max-tokens-per-sentence")
+
+    @property
+    def used_buckets(self) -> tuple[int, ...]:
+        """`buckets_up_to(max_len, buckets)`."""
+        return buckets_up_to(self.max_len, self.buckets)
+
+    def rows(self, src_len: int, tgt_len: int) -> int:
+        """Batch size B of the (S, T) shape: the token budget, a multiple of num_devices."""
+        rows = self.batch_tokens // max(src_len, tgt_len)
+        return rows - rows % self.num_devices
+
+
+def buckets_up_to(max_len: int, buckets: Sequence[int] = DEFAULT_BUCKETS) -> tuple[int, ...]:
+    """The buckets below `max_len`, then `max_len` itself: no batch is wider than max_len
+    (a model with max_len positions can take every batch)."""
+    return tuple(b for b in buckets if b < max_len) + (max_len,)
+
+
+def check_buckets(buckets: Sequence[int]) -> None:
+    """Raise `DataError` unless `buckets` is a non-empty, strictly increasing list from >= 2."""
+    integers = all(isinstance(b, numbers.Integral) and not isinstance(b, bool) for b in buckets)
+    if (not buckets or not integers or buckets[0] < 2
+            or any(a >= b for a, b in zip(buckets, buckets[1:]))):
+        raise DataError(
+            f"--buckets must be integers >= 2 in strictly increasing order, such as 16,32,64, "
+            f"got {','.join(map(str, buckets)) or 'none'}")
+
+
+def default_cache_dir() -> Path:
+    """Where encoded corpora and compiled programs are cached: `$FLAX_NMT_CACHE`, else
+    `$XDG_CACHE_HOME/flax-nmt`, else `~/.cache/flax-nmt`."""
+    if os.environ.get("FLAX_NMT_CACHE"):
+        return Path(os.environ["FLAX_NMT_CACHE"])
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "flax-nmt"

@@ -1,0 +1,157 @@
+"""From a corpus to token ids: the run's tokenizer (trained, reused or given) and each split
+encoded, with a disk cache of encoded splits."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import datasets
+import sentencepiece as spm
+
+from data.config import DataError, TokenizerConfig, default_cache_dir
+from data.corpus import iter_text
+from data.tokenizer import MODEL_FILE, Tokenizer, train_tokenizer
+
+log = logging.getLogger("data")
+
+# Bump when the encoded columns change, so old cache entries are not reused.
+_ENCODING_VERSION = "1"
+_ENCODED_FEATURES = datasets.Features({
+    "src_ids": datasets.List(datasets.Value("int32")),
+    "tgt_ids": datasets.List(datasets.Value("int32")),
+    "src_len": datasets.Value("int32"),
+    "tgt_len": datasets.Value("int32"),
+})
+
+
+def train_or_load_tokenizer(run_dir: str | Path, corpus: datasets.DatasetDict | datasets.Dataset,
+                            config: TokenizerConfig = TokenizerConfig(),
+                            given: str | Path | None = None) -> Tokenizer:
+    """Reuse `run_dir/spm.model` if present (resume), else train on the train split and save.
+
+    A reused model must have `config.vocab_size` pieces, or a `DataError` says so. With
+    `given` (default `config.spm_model`, train.py's --spm-model), that file is the tokenizer
+    instead: copied into `run_dir` on the first run, and required to be the same model on a
+    resumed one.
+    """
+    path = Path(run_dir) / MODEL_FILE
+    given = given if given is not None else config.spm_model
+    if given is not None:
+        return _use_given_tokenizer(path, Path(given))
+    if path.is_file():
+        tokenizer = Tokenizer.load(path)
+        if tokenizer.vocab_size != config.vocab_size:
+            raise DataError(
+                f"{path} has {tokenizer.vocab_size} pieces but --vocab-size is "
+                f"{config.vocab_size}; use --vocab-size {tokenizer.vocab_size} to resume this "
+                "run, or a new run directory"
+            )
+        log.info("reusing tokenizer %s (%d pieces)", path, tokenizer.vocab_size)
+        return tokenizer
+    train = corpus["train"] if isinstance(corpus, datasets.DatasetDict) else corpus
+    tokenizer = train_tokenizer(iter_text(train), config)
+    tokenizer.save(run_dir)
+    log.info(
+        "trained %s tokenizer with %d pieces on %d of %d sentences (source and target); saved %s",
+        config.model_type, tokenizer.vocab_size, min(config.max_sentences, 2 * len(train)),
+        2 * len(train), path,
+    )
+    return tokenizer
+
+
+def _use_given_tokenizer(path: Path, given: Path) -> Tokenizer:
+    """The SentencePiece model `given`, saved as `path` (the run's spm.model) unless there."""
+    tokenizer = Tokenizer.load(given)
+    if path.is_file():
+        if Tokenizer.load(path).fingerprint != tokenizer.fingerprint:
+            raise DataError(
+                f"{path} is not the SentencePiece model in --spm-model {given}: the run in "
+                f"{path.parent} started with another one, and its parameters only fit that one; "
+                "resume without --spm-model, or start a new --output-dir")
+        log.info("reusing tokenizer %s (%d pieces, the same as %s)", path,
+                 tokenizer.vocab_size, given)
+        return tokenizer
+    tokenizer.save(path.parent)
+    log.info("using SentencePiece model %s (%d pieces), copied to %s", given,
+             tokenizer.vocab_size, path)
+    return tokenizer
+
+
+# ---------------------------------------------------------------------------------------------
+# Encoding a corpus, cached on disk
+
+
+class _EncodeBatch:
+    """Picklable batch function for `Dataset.map`; each worker loads the model once."""
+
+    def __init__(self, model_bytes: bytes):
+        self.model_bytes = model_bytes
+        self._processor: spm.SentencePieceProcessor | None = None
+
+    def __getstate__(self) -> dict:
+        return {"model_bytes": self.model_bytes, "_processor": None}
+
+    def __call__(self, batch: dict[str, list[str]]) -> dict[str, list]:
+        if self._processor is None:
+            self._processor = spm.SentencePieceProcessor(model_proto=self.model_bytes)
+        src = self._processor.encode(batch["source"], out_type=int)
+        tgt = self._processor.encode(batch["target"], out_type=int)
+        return {
+            "src_ids": src,
+            "tgt_ids": tgt,
+            "src_len": [len(ids) for ids in src],
+            "tgt_len": [len(ids) for ids in tgt],
+        }
+
+
+def encode_split(split: datasets.Dataset, tokenizer: Tokenizer, cache_dir: str | Path | None = None,
+                 num_proc: int | None = None) -> datasets.Dataset:
+    """Encode one split to `src_ids`, `tgt_ids` (int32, no BOS/EOS), `src_len`, `tgt_len`.
+
+    The result is saved under `cache_dir/encoded/KEY`, KEY a hash of the split's datasets
+    fingerprint (content-based for in-memory data, file-based for loaded data) and of the
+    tokenizer model bytes, and loaded from there (memory-mapped) on later runs.
+    """
+    cache_root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    key = hashlib.md5(
+        f"{split._fingerprint}|{tokenizer.fingerprint}|{_ENCODING_VERSION}".encode()
+    ).hexdigest()
+    target = cache_root / "encoded" / key
+    if (target / "dataset_info.json").is_file():
+        log.info("encoded split loaded from cache %s", target)
+        return datasets.load_from_disk(str(target))
+    if num_proc is None:
+        num_proc = min(os.cpu_count() or 1, 8) if len(split) >= 50_000 else 1
+    encoded = split.map(
+        _EncodeBatch(tokenizer.model_bytes),
+        batched=True,
+        batch_size=2000,
+        num_proc=num_proc if num_proc > 1 else None,
+        remove_columns=split.column_names,
+        features=_ENCODED_FEATURES,
+        new_fingerprint=key,
+        desc="encoding",
+    )
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=target.parent))
+    encoded.save_to_disk(str(tmp))
+    try:
+        tmp.rename(target)
+    except OSError:  # another process finished the same entry first; theirs is identical
+        shutil.rmtree(tmp, ignore_errors=True)
+    log.info("encoded %d pairs, cached in %s", len(split), target)
+    return datasets.load_from_disk(str(target))
+
+
+def encode_corpus(corpus: datasets.DatasetDict, tokenizer: Tokenizer,
+                  cache_dir: str | Path | None = None, num_proc: int | None = None
+                  ) -> datasets.DatasetDict:
+    """`encode_split` for every split of `corpus`."""
+    return datasets.DatasetDict({
+        name: encode_split(split, tokenizer, cache_dir, num_proc) for name, split in corpus.items()
+    })

@@ -1,0 +1,212 @@
+"""Every setting of a training run: `RunConfig` nests one frozen dataclass per concern.
+
+    model      transformer.config.ModelConfig   (and the preset it starts from)
+    tokenizer  data.config.TokenizerConfig
+    data       data.config.CorpusSpec
+    batching   data.config.BatchConfig
+    train      transformer.config.TrainConfig
+    search     transformer.config.SearchConfig  (validation, and stored with the model)
+    trainer    TrainerConfig                    (below: length, validation, checkpoints, logs)
+
+Each setting is declared once, in its dataclass; train.py's flags and the recipe schema
+(`nmt.recipes`) are derived from those declarations. Build one from a recipe with
+`nmt.recipes.load`, or from flag-style names with `RunConfig.from_flat`:
+
+    run = RunConfig.from_flat(preset="tiny", train_prefix="data/train", max_steps=100)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+from data.config import BatchConfig, CorpusSpec, TokenizerConfig
+from transformer.config import (PRESETS, ModelConfig, SearchConfig, TrainConfig, get_preset,
+                                setting)
+
+# Default time budget when neither max_steps, max_minutes nor max_epochs is given: the
+# no-argument `python train.py` must finish in a few minutes on a 2-core CPU.
+DEFAULT_MAX_MINUTES = 4.0
+
+# Validation scores that can pick the best checkpoint (best_metric): name in the validation
+# results -> (name in messages, whether higher is better).
+BEST_METRICS = {"bleu": ("BLEU", True), "chrf": ("chrF", True), "ppl": ("perplexity", False)}
+
+
+class SettingsError(ValueError):
+    """Settings that cannot work together, or a recipe that cannot be read; the message names
+    the flag, the file and key, and what to do."""
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainerConfig:
+    """How the training loop runs: its length, validation, checkpoints and logging."""
+
+    output_dir: str | None = setting(
+        None, "run directory (default runs/<corpus>-<src>-<tgt>-<preset>); resumes if it holds "
+              "checkpoints")
+    max_steps: int | None = setting(None, "stop after this many updates")
+    max_minutes: float | None = setting(
+        None, f"stop after this much wall-clock time ({DEFAULT_MAX_MINUTES:g} when neither "
+              "--max-steps nor --max-epochs is given)")
+    max_epochs: int | None = setting(None, "stop after this many passes over the training pairs")
+    early_stop_patience: int | None = setting(
+        None, "stop after N validations without a better --best-metric score")
+    eval_every: int = setting(1000, "validate every N steps")
+    eval_sentences: int = setting(
+        100, "translate at most N validation sentences for BLEU and chrF (0 = loss and "
+             "perplexity only)")
+    samples: int = setting(3, "sample translations printed per validation")
+    best_metric: Literal["bleu", "chrf", "ppl"] | None = setting(
+        None, "bleu, chrf or ppl: the validation score that picks the best checkpoint (best/, "
+              "model/) and that --early-stop-patience watches; bleu and chrf need "
+              "--eval-sentences >= 1 (default: bleu, or the resumed run's)")
+    bleu_tokenize: str | None = setting(
+        None, "sacreBLEU's BLEU tokenizer (13a, intl, zh, ja-mecab, ko-mecab, char, none, ...); "
+              "default: zh, ja-mecab or ko-mecab for a Chinese, Japanese or Korean target, "
+              "else 13a")
+    save_every: int | None = setting(None, "checkpoint every N steps (default: --eval-every)")
+    keep_last: int = setting(5, "keep the last K checkpoints")
+    average_last: int | None = setting(
+        None, "write averaged/: the mean of the last N checkpoints. With an output directory "
+              "that already holds checkpoints and no --resume, only average (no training)")
+    log_every: int = setting(50, "log metrics every N steps")
+    async_checkpoints: bool = setting(True, "save checkpoints in the background")
+    progress: bool = setting(True, "show a progress bar on a terminal")
+
+    def __post_init__(self) -> None:
+        for name in ("eval_every", "log_every", "keep_last"):
+            if getattr(self, name) < 1:
+                raise SettingsError(f"--{_flag(name)} must be >= 1, got {getattr(self, name)}.")
+        for name in ("max_steps", "max_epochs", "average_last", "early_stop_patience",
+                     "save_every"):
+            value = getattr(self, name)
+            least = 0 if name == "max_steps" else 1  # --max-steps 0: export, no training
+            if value is not None and value < least:
+                raise SettingsError(f"--{_flag(name)} must be >= {least}, got {value}.")
+        if self.max_minutes is not None and not self.max_minutes > 0:
+            raise SettingsError(f"--max-minutes must be > 0, got {self.max_minutes}.")
+        if self.eval_sentences < 0:
+            raise SettingsError(f"--eval-sentences must be >= 0, got {self.eval_sentences}.")
+        if self.samples < 0:
+            raise SettingsError(f"--samples must be >= 0, got {self.samples}.")
+        if self.best_metric is not None and self.best_metric not in BEST_METRICS:
+            raise SettingsError(f"--best-metric must be one of {', '.join(BEST_METRICS)}, "
+                                f"got {self.best_metric!r}.")
+        if self.eval_sentences == 0 and self.best_metric != "ppl":
+            label = BEST_METRICS[self.best_metric or "bleu"][0]
+            if self.early_stop_patience is not None:
+                raise SettingsError(
+                    f"--early-stop-patience {self.early_stop_patience} counts validations "
+                    f"without a better {label}, but --eval-sentences 0 computes no {label}; set "
+                    f"--eval-sentences to 1 or more, use --best-metric ppl, or drop "
+                    f"--early-stop-patience.")
+            if self.best_metric == "chrf":
+                raise SettingsError("--best-metric chrf needs --eval-sentences >= 1 (0 computes "
+                                    "no chrF); or use --best-metric ppl.")
+
+    def limits(self) -> tuple[int | None, float | None]:
+        """(max_steps, max_minutes) with the default time budget applied when no limit of
+        steps, minutes or epochs is given."""
+        if self.max_steps is None and self.max_minutes is None and self.max_epochs is None:
+            return None, DEFAULT_MAX_MINUTES
+        return self.max_steps, self.max_minutes
+
+
+def _flag(name: str) -> str:
+    return name.replace("_", "-")
+
+
+# Sections of a recipe, in the order they are written: section name -> dataclass.
+SECTIONS: dict[str, type] = {
+    "model": ModelConfig, "tokenizer": TokenizerConfig, "data": CorpusSpec,
+    "batching": BatchConfig, "train": TrainConfig, "search": SearchConfig,
+    "trainer": TrainerConfig,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+    """A training run's settings, one section per concern (see the module docstring).
+
+    `model` is the preset `preset` with the run's overrides; its vocabulary size and special
+    ids are the tokenizer's, filled in when the tokenizer is known (`model_for`).
+    """
+
+    preset: str = "small"
+    model: ModelConfig = PRESETS["small"]
+    tokenizer: TokenizerConfig = TokenizerConfig()
+    data: CorpusSpec = CorpusSpec()
+    batching: BatchConfig = BatchConfig()
+    train: TrainConfig = TrainConfig()
+    search: SearchConfig = SearchConfig()
+    trainer: TrainerConfig = TrainerConfig()
+
+    def __post_init__(self) -> None:
+        if self.preset not in PRESETS:
+            raise SettingsError(f"--preset must be one of {', '.join(sorted(PRESETS))}, got "
+                                f"{self.preset!r}.")
+
+    @classmethod
+    def from_flat(cls, **values: Any) -> "RunConfig":
+        """A RunConfig from flag-style names (`preset`, `batch_tokens`, `warmup`, `beam`, ...),
+        each put in its section; unnamed settings take train.py's defaults
+        (`nmt.recipes.defaults`)."""
+        from nmt import recipes  # which imports this module
+
+        return recipes.build(recipes.defaults(), recipes.from_flat(values, "from_flat"))
+
+    # ------------------------------------------------------------------ derived values
+
+    def model_for(self, tokenizer) -> ModelConfig:
+        """The model config with the tokenizer's vocabulary size and special ids."""
+        return dataclasses.replace(self.model, vocab_size=tokenizer.vocab_size,
+                                   **tokenizer.special_ids())
+
+    def with_model_vocab(self, vocab_size: int) -> ModelConfig:
+        """The model config for a vocabulary of `vocab_size` (ids are this project's)."""
+        return dataclasses.replace(self.model, vocab_size=vocab_size)
+
+    def replace(self, **sections: Any) -> "RunConfig":
+        """A copy with some fields of some sections changed: replace(trainer={"max_steps": 5})."""
+        changed = {name: dataclasses.replace(getattr(self, name), **values)
+                   for name, values in sections.items()}
+        return dataclasses.replace(self, **changed)
+
+    @property
+    def corpus_name(self) -> str:
+        """Short name of the training corpus, for the default run directory."""
+        data = self.data
+        if data.train_prefix:
+            prefix = Path(data.train_prefix)
+            return prefix.parent.name or prefix.name
+        if data.train_file:
+            return Path(data.train_file).stem
+        if data.dataset:
+            return Path(data.dataset).name
+        return "builtin"
+
+    def default_output_dir(self) -> Path:
+        name = f"{self.corpus_name}-{self.data.src}-{self.data.tgt}-{self.preset}"
+        return Path("runs") / re.sub(r"[^\w.-]+", "_", name)
+
+    def output_dir(self) -> Path:
+        """The run directory: trainer.output_dir, else `default_output_dir()`."""
+        given = self.trainer.output_dir
+        return Path(given) if given else self.default_output_dir()
+
+    def seeded(self) -> "RunConfig":
+        """The config with train.seed copied to the sections that derive their seed from it."""
+        seed = self.train.seed
+        return self.replace(data={"seed": seed}, tokenizer={"seed": seed},
+                            batching={"seed": seed})
+
+
+def check_model_overrides(preset: str, overrides: dict[str, Any]) -> ModelConfig:
+    """The preset with `overrides` applied; the error names the preset."""
+    try:
+        return get_preset(preset, **overrides)
+    except ValueError as err:
+        raise SettingsError(f"model settings on preset {preset!r}: {err}") from None

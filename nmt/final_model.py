@@ -1,0 +1,53 @@
+"""The models a run leaves for translate.py: model/ (the best step, else the last) and
+averaged/ (the mean of the last checkpoints)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import jax
+
+from nmt.bookkeeping import Bookkeeping
+from nmt.checkpoints import AVERAGED_DIR, Checkpointer, average_checkpoints
+from nmt.config import RunConfig
+from nmt.distributed import local_copy
+from transformer.config import ModelConfig
+from transformer.model_dir import MODEL_DIR, export_model
+
+
+def languages(run: RunConfig) -> dict[str, str]:
+    return {"source_lang": run.data.src, "target_lang": run.data.tgt}
+
+
+def export_best_or_last(run_dir: Path, run: RunConfig, model_config: ModelConfig,
+                        tokenizer_file: Path, book: Bookkeeping, saver: Checkpointer,
+                        last_params: Any, last_step: int) -> Path:
+    """Write model/: the parameters of the best step by the best metric, else of the last
+    step. Every process calls it (restoring is collective); process 0 writes."""
+    if book.best_step is not None:
+        params = saver.restore_params(last_params, book.best_step, best=True)
+        source = {"step": book.best_step, book.best_metric: book.best_score,
+                  "chosen": f"best validation {book.metric_label}"}
+    else:
+        params = last_params
+        source = {"step": last_step, "chosen": "last step"}
+    model_dir = run_dir / MODEL_DIR
+    params = local_copy(params)
+    if jax.process_index() == 0:
+        export_model(model_dir, params, model_config, tokenizer_file, run.search,
+                     {**languages(run), **source})
+    return model_dir
+
+
+def average(run_dir: Path, run: RunConfig, model_config: ModelConfig, tokenizer_file: Path,
+            last: int) -> tuple[Path, list[int]]:
+    """Write averaged/: the mean of the last `last` checkpoints (process 0 writes); returns
+    the directory and the steps averaged."""
+    params, steps = average_checkpoints(run_dir, last, model_config)
+    out = run_dir / AVERAGED_DIR
+    if jax.process_index() == 0:
+        export_model(out, local_copy(params), model_config, tokenizer_file, run.search,
+                     {**languages(run), "averaged_steps": steps,
+                      "chosen": f"mean of the last {len(steps)} checkpoints"})
+    return out, steps

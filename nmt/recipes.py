@@ -1,0 +1,481 @@
+"""Recipes and command-line flags, both derived from the settings' dataclass fields.
+
+A recipe is a YAML file with one section per dataclass of `nmt.config.RunConfig`:
+
+    model:
+      preset: small        # the preset the model section's other keys change
+      dropout: 0.3
+    train:
+      schedule: inverse_sqrt
+      peak_lr: 1.0e-3
+
+Keys are the fields' names; every flag of train.py is a field's name with dashes, unless the
+field names another (`--warmup` for train.warmup_steps). Flat JSON recipes keyed by flag
+names ({"batch-tokens": 4096}) load too. A run is built from layers, later ones winning:
+train.py's defaults (`nmt/defaults.yaml`), the recipe, the flags. Unknown sections and keys,
+wrong types and invalid values are `SettingsError`s naming the file, line and key (or flag).
+
+This module imports no JAX: `train.py --help` is quick.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import difflib
+import json
+import re
+import types
+import typing
+from pathlib import Path
+from typing import Any, Iterable, Literal
+
+import yaml
+
+from data.config import DEFAULT_BUCKETS, DataError, check_buckets
+from nmt.config import SECTIONS, RunConfig, SettingsError
+from transformer.config import PRESETS, get_preset
+
+DEFAULTS_FILE = Path(__file__).with_name("defaults.yaml")
+PRESET_KEY = "preset"  # in the model section: the preset its other keys change
+
+
+# ----------------------------------------------------------------------------- fields
+
+
+@dataclasses.dataclass(frozen=True)
+class Field:
+    """One setting: where it lives, its flag, its type and its help."""
+
+    section: str
+    name: str
+    flag: str                    # "--warmup"
+    kind: type                   # int, float, str, bool or tuple (a tuple of ints)
+    choices: tuple | None        # a Literal's values
+    optional: bool               # None allowed ("unset")
+    help: str
+    default: Any                 # the dataclass's default
+
+    @property
+    def key(self) -> str:
+        return f"{self.section}.{self.name}"
+
+    @property
+    def flat_name(self) -> str:
+        """The flag's name with underscores: a key of flat (JSON) recipes and `from_flat`."""
+        return self.flag[2:].replace("-", "_")
+
+
+def _type_of(annotation: Any) -> tuple[type, tuple | None, bool]:
+    """(kind, choices, optional) of a field annotation."""
+    optional = False
+    args = typing.get_args(annotation)
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        optional = type(None) in args
+        rest = [a for a in args if a is not type(None)]
+        annotation = rest[0] if len(rest) == 1 else typing.Union[tuple(rest)]
+        args = typing.get_args(annotation)
+    if typing.get_origin(annotation) is Literal:
+        choices = tuple(a for a in args if a is not None)
+        return str, choices, optional or None in args
+    if typing.get_origin(annotation) is tuple:
+        return tuple, None, optional
+    if annotation in (int, float, str, bool):
+        return annotation, None, optional
+    raise TypeError(f"unsupported setting type {annotation!r}")
+
+
+def _fields_of(section: str, cls: type) -> list[Field]:
+    hints = typing.get_type_hints(cls)
+    out = []
+    for f in dataclasses.fields(cls):
+        meta = f.metadata
+        if "help" not in meta or meta.get("derived"):
+            continue
+        kind, choices, optional = _type_of(hints[f.name])
+        flag = meta.get("flag") or "--" + f.name.replace("_", "-")
+        out.append(Field(section, f.name, flag, kind, choices, optional, meta["help"],
+                         f.default))
+    return out
+
+
+FIELDS: list[Field] = [f for section, cls in SECTIONS.items() for f in _fields_of(section, cls)]
+BY_FLAT_NAME: dict[str, Field] = {f.flat_name: f for f in FIELDS}
+BY_KEY: dict[tuple[str, str], Field] = {(f.section, f.name): f for f in FIELDS}
+assert len(BY_FLAT_NAME) == len(FIELDS), "two settings share a flag"
+
+_DERIVED = {(section, f.name): f.metadata["derived"] for section, cls in SECTIONS.items()
+            for f in dataclasses.fields(cls) if f.metadata.get("derived")}
+
+
+# ----------------------------------------------------------------------------- layers
+
+# A layer of settings: {section: {name: (value, origin)}}, origin saying where the value was
+# given ("--dropout", "recipe.yaml line 4 (model.dropout)"), for error messages.
+Layer = dict[str, dict[str, tuple[Any, str]]]
+
+
+def _empty() -> Layer:
+    return {section: {} for section in SECTIONS}
+
+
+_TYPE_NAMES = {int: "an integer", float: "a number", str: "a string", bool: "true or false",
+               tuple: "a list of integers such as [16, 32, 64], or 'default'"}
+
+
+def _checked(field: Field, value: Any, where: str, takes: str = "") -> Any:
+    """`value` as `field` takes it, or SettingsError naming `where` and what was expected
+    (`takes` follows the type's name: " (as --batch-tokens takes)")."""
+    if value is None:
+        if field.optional:
+            return None
+        raise SettingsError(f"{where} must be {_TYPE_NAMES[field.kind]}{takes}, got null; "
+                            "remove the key to use the default")
+    if field.kind is tuple:
+        return _buckets(value, where)
+    if field.kind is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    # bool is a subclass of int in Python, but true is not a batch size.
+    if not isinstance(value, field.kind) or (field.kind is not bool and isinstance(value, bool)):
+        hint = ""
+        if isinstance(value, str) and field.kind in (int, float):
+            try:
+                field.kind(value)
+                hint = f"; write {value} without quotes"
+            except ValueError:
+                pass
+        raise SettingsError(f"{where} must be {_TYPE_NAMES[field.kind]}{takes}, got "
+                            f"{json.dumps(value, ensure_ascii=False, default=str)}{hint}")
+    if field.choices is not None and value not in field.choices:
+        raise SettingsError(f"{where}: {value!r} is not one of {', '.join(field.choices)}")
+    return value
+
+
+def _buckets(value: Any, where: str) -> tuple[int, ...]:
+    """Bucket lengths from "16,32,64", [16, 32, 64] or "default"."""
+    if value == "default":
+        return DEFAULT_BUCKETS
+    buckets: tuple = ()
+    if isinstance(value, str):
+        try:
+            buckets = tuple(int(v) for v in value.split(",") if v.strip())
+        except ValueError:
+            pass
+    elif isinstance(value, (list, tuple)) and all(type(v) is int for v in value):
+        buckets = tuple(value)
+    if not buckets:
+        shown = json.dumps(value, ensure_ascii=False)
+        raise SettingsError(f"{where}: expected comma-separated integers such as 16,32,64, or "
+                            f"'default', got {shown}")
+    try:
+        check_buckets(buckets)
+    except DataError as err:
+        raise SettingsError(f"{where}: {err}") from None
+    return buckets
+
+
+def from_flat(values: dict[str, Any], origin: str) -> Layer:
+    """A layer from flag-style names (`batch_tokens` or `batch-tokens`, `warmup`, `preset`)."""
+    layer = _empty()
+    for name, value in values.items():
+        flat = name.replace("-", "_")
+        if flat == PRESET_KEY:
+            layer["model"][PRESET_KEY] = (_preset(value, f"{origin}: preset"), origin)
+            continue
+        field = BY_FLAT_NAME.get(flat)
+        if field is None:
+            raise SettingsError(f"{origin}: unknown setting {name!r}; keys are train.py flag "
+                                f"names, e.g. \"batch-tokens\"")
+        layer[field.section][field.name] = (_checked(field, value, f"{origin}: {name!r}"),
+                                            f"{origin} ({name})")
+    return layer
+
+
+def _preset(value: Any, where: str) -> str:
+    if value not in PRESETS:
+        raise SettingsError(f"{where}: {value!r} is not one of {', '.join(sorted(PRESETS))}")
+    return value
+
+
+# ----------------------------------------------------------------------------- recipe files
+
+
+class _Loader(yaml.SafeLoader):
+    """YAML 1.1 with YAML 1.2's floats: `1e-9` is a number, not the string PyYAML makes it."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+                  |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
+                  |\.[0-9_]+(?:[eE][-+]?[0-9]+)?
+                  |[-+]?\.(?:inf|Inf|INF)
+                  |\.(?:nan|NaN|NAN))$""", re.X),
+    list("-+0123456789."))
+
+
+def read_recipe(path: str | Path) -> Layer:
+    """The settings of a recipe file: YAML with sections, or a flat JSON object of flags."""
+    path = Path(path)
+    if not path.is_file():
+        raise SettingsError(f"--config {path}: no such file")
+    try:
+        # utf-8-sig: a byte order mark that an editor put first is not part of the recipe.
+        text = path.read_text(encoding="utf-8-sig")
+    except (OSError, UnicodeDecodeError) as err:
+        raise SettingsError(f"--config {path}: cannot read it ({err})") from None
+    if path.suffix.lower() == ".json":
+        return _read_json(path, text)
+    return _read_yaml(path, text)
+
+
+def _read_json(path: Path, text: str) -> Layer:
+    try:
+        values = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise SettingsError(f"--config {path}: not valid JSON ({err})") from None
+    if not isinstance(values, dict):
+        raise SettingsError(f"--config {path}: expected a JSON object of flag: value")
+    settings = {k: v for k, v in values.items() if not k.startswith(("#", "_"))}  # comments
+    layer = _empty()
+    for key, value in settings.items():
+        flat = key.replace("-", "_")
+        if flat != PRESET_KEY and flat not in BY_FLAT_NAME:
+            raise SettingsError(f"--config {path}: unknown setting {key!r}; keys are train.py "
+                                f"flag names, e.g. \"batch-tokens\"")
+        if flat == PRESET_KEY:
+            layer["model"][PRESET_KEY] = (_preset(value, f"--config {path}: 'preset'"),
+                                          f"--config {path} ('preset')")
+            continue
+        field = BY_FLAT_NAME[flat]
+        value = _checked(field, value, f"--config {path}: {key!r}", f" (as {field.flag} takes)")
+        layer[field.section][field.name] = (value, f"--config {path} ({key!r})")
+    return layer
+
+
+def _read_yaml(path: Path, text: str) -> Layer:
+    try:
+        root = yaml.compose(text, Loader=_Loader)
+        values = yaml.load(text, Loader=_Loader)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" line {mark.line + 1} column {mark.column + 1}" if mark else ""
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise SettingsError(f"{path}{where}: not valid YAML ({problem})") from None
+    layer = _empty()
+    if values is None:
+        return layer  # an empty file, or only comments
+    if not isinstance(values, dict):
+        raise SettingsError(f"{path}: expected sections ({', '.join(SECTIONS)}) of key: value")
+    for section_node, body_node in root.value:
+        section, line = section_node.value, section_node.start_mark.line + 1
+        if section not in SECTIONS:
+            close = _close_match(section, SECTIONS)
+            raise SettingsError(f"{path} line {line}: unknown section {section!r}{close}; "
+                                f"sections are {', '.join(SECTIONS)}")
+        body = values[section]
+        if body is None:
+            continue
+        if not isinstance(body, dict):
+            raise SettingsError(f"{path} line {line}: section {section} must hold key: value "
+                                "lines")
+        for key_node, _ in body_node.value:
+            key, line = key_node.value, key_node.start_mark.line + 1
+            where = f"{path} line {line}: {section}.{key}"
+            if key in layer[section]:
+                raise SettingsError(f"{where} is given twice; keep one")
+            layer[section][key] = (_yaml_value(section, key, body[key], where), where)
+    return layer
+
+
+def _yaml_value(section: str, key: str, value: Any, where: str) -> Any:
+    if section == "model" and key == PRESET_KEY:
+        return _preset(value, where)
+    field = BY_KEY.get((section, key))
+    if field is None:
+        if (section, key) in _DERIVED:
+            raise SettingsError(f"{where} is not a setting: it comes from "
+                                f"{_DERIVED[(section, key)]}; remove it")
+        names = [f.name for f in FIELDS if f.section == section]
+        elsewhere = [f.key for f in FIELDS if f.name == key]
+        hint = (f"; it belongs in {elsewhere[0].split('.')[0]}:" if elsewhere else
+                _close_match(key, names))
+        raise SettingsError(f"{where}: unknown key{hint}; {section} keys are {', '.join(names)}"
+                            + (", preset" if section == "model" else ""))
+    return _checked(field, value, where)
+
+
+def _close_match(word: str, choices: Iterable[str]) -> str:
+    close = difflib.get_close_matches(word, list(choices), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def defaults() -> Layer:
+    """train.py's defaults (`nmt/defaults.yaml`)."""
+    return _read_yaml(DEFAULTS_FILE, DEFAULTS_FILE.read_text(encoding="utf-8"))
+
+
+# ----------------------------------------------------------------------------- building
+
+
+def merge(*layers: Layer) -> Layer:
+    merged = _empty()
+    for layer in layers:
+        for section, values in layer.items():
+            merged[section].update(values)
+    return merged
+
+
+def build(*layers: Layer) -> RunConfig:
+    """The RunConfig of `layers` merged (later ones win), every section validated; a
+    SettingsError names where an invalid value was given."""
+    merged = merge(*layers)
+    model_values = dict(merged["model"])
+    preset = model_values.pop(PRESET_KEY, ("small", "default"))[0]
+    train_values = {k: v for k, (v, _) in merged["train"].items()}
+    seed = train_values.get("seed", 0)
+    sections = {}
+    for section, cls in SECTIONS.items():
+        values = {k: v for k, (v, _) in (model_values if section == "model"
+                                         else merged[section]).items()}
+        if section in ("data", "tokenizer", "batching"):
+            values["seed"] = seed  # derived from train.seed
+        try:
+            sections[section] = (get_preset(preset, **values) if section == "model"
+                                 else cls(**values))
+        except ValueError as err:
+            raise SettingsError(_locate(str(err).rstrip("."), section, merged)) from None
+    return RunConfig(preset=preset, **sections)
+
+
+def _locate(message: str, section: str, merged: Layer) -> str:
+    """`message` with where the values it names were given ("--dropout 1.5", a recipe line)."""
+    origins = []
+    for name, (_, origin) in merged[section].items():
+        field = BY_KEY.get((section, name))
+        names = {name} | ({field.flag, field.flat_name} if field else set())
+        if origin != "default" and any(re.search(rf"(?<![\w-]){re.escape(n)}(?![\w-])", message)
+                                       for n in names):
+            origins.append(origin)
+    return f"{message} (given by {'; '.join(origins)})" if origins else message
+
+
+# ----------------------------------------------------------------------------- flags
+
+
+def add_flags(parser: argparse.ArgumentParser, defaults_layer: Layer | None = None) -> None:
+    """One argument group per section, one flag per setting; a flag left out is None.
+
+    The help shows train.py's default: `defaults_layer`'s value, else the dataclass's.
+    """
+    shown = merge(defaults_layer or _empty())
+    for section in SECTIONS:
+        group = parser.add_argument_group(f"{section} settings")
+        if section == "model":
+            preset = shown["model"].get(PRESET_KEY, ("small",))[0]
+            group.add_argument("--preset", choices=sorted(PRESETS), default=None,
+                               help=f"model size (default {preset}); the model flags below "
+                                    "change it")
+        add_section_flags(group, section, shown=shown[section],
+                          default_note="default: the preset's" if section == "model" else None)
+
+
+def add_section_flags(group, section: str, exclude: Iterable[str] = (),
+                      shown: dict[str, tuple[Any, str]] | None = None,
+                      default_note: str | None = None) -> None:
+    """The flags of one section's settings (but `exclude`), each None when left out. The help
+    ends with `default_note`, or else the default: `shown`'s value or the dataclass's."""
+    for field in (f for f in FIELDS if f.section == section and f.name not in exclude):
+        text = f"{field.help} ({default_note or _default_text(field, shown or {})})"
+        if field.kind is bool:
+            group.add_argument(field.flag, dest=field.flat_name, default=None, help=text,
+                               action=argparse.BooleanOptionalAction)
+        else:
+            group.add_argument(field.flag, dest=field.flat_name, default=None, help=text,
+                               type=_flag_parser(field), choices=field.choices,
+                               metavar=_metavar(field))
+
+
+def _default_text(field: Field, shown: dict[str, tuple[Any, str]]) -> str:
+    default = shown.get(field.name, (field.default, None))[0]
+    if field.kind is bool:
+        return f"default {'on' if default else 'off'}"
+    if default is None:
+        return "default: unset"
+    return f"default {','.join(map(str, default)) if field.kind is tuple else default}"
+
+
+def _metavar(field: Field) -> str | None:
+    if field.choices is not None:
+        return "{" + ",".join(field.choices) + "}"
+    return {int: "N", float: "X", tuple: "LENGTHS"}.get(field.kind)
+
+
+def _flag_parser(field: Field):
+    """argparse's `type` for a flag: the string converted, or ArgumentTypeError."""
+    def parse(text: str):
+        if field.optional and text.lower() == "none" and field.kind is not str:
+            return None
+        if field.kind is tuple:
+            try:
+                return _buckets(text, field.flag)
+            except SettingsError as err:
+                raise argparse.ArgumentTypeError(str(err).split(": ", 1)[1]) from None
+        try:
+            return field.kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"expected {_TYPE_NAMES[field.kind]}, got {text!r}") from None
+
+    parse.__name__ = field.kind.__name__
+    return parse
+
+
+def from_args(args: argparse.Namespace) -> Layer:
+    """The flags given on the command line (those left out are None and not in the layer);
+    flags the parser does not have are skipped."""
+    layer = _empty()
+    if getattr(args, PRESET_KEY, None) is not None:
+        layer["model"][PRESET_KEY] = (args.preset, f"--preset {args.preset}")
+    for field in FIELDS:
+        value = getattr(args, field.flat_name, None)
+        if value is not None:
+            shown = ",".join(map(str, value)) if field.kind is tuple else value
+            layer[field.section][field.name] = (value, f"{field.flag} {shown}")
+    return layer
+
+
+def given(layer: Layer, section: str, name: str) -> bool:
+    """Whether `layer` sets section.name."""
+    return name in layer[section]
+
+
+# ----------------------------------------------------------------------------- writing
+
+
+def dump(run: RunConfig) -> str:
+    """The recipe of `run` as YAML: `load` of it gives `run` back. The model section holds the
+    preset and the values that differ from it; every other section holds all its settings."""
+    preset = PRESETS[run.preset]
+    sections: dict[str, dict[str, Any]] = {}
+    for section in SECTIONS:
+        config = getattr(run, section)
+        values = {}
+        if section == "model":
+            values[PRESET_KEY] = run.preset
+        for field in (f for f in FIELDS if f.section == section):
+            value = getattr(config, field.name)
+            if section == "model" and value == getattr(preset, field.name):
+                continue
+            values[field.name] = list(value) if isinstance(value, tuple) else value
+        sections[section] = values
+    head = ("# Every setting of this run; `python train.py --config THIS_FILE` runs it again.\n")
+    body = "\n".join(yaml.safe_dump({section: values}, sort_keys=False, allow_unicode=True,
+                                    default_flow_style=None)
+                     for section, values in sections.items())
+    return head + body
+
+
+def load(path: str | Path, with_defaults: bool = True) -> RunConfig:
+    """The RunConfig of a recipe file, over train.py's defaults unless told otherwise."""
+    return build(*(([defaults()] if with_defaults else []) + [read_recipe(path)]))

@@ -1,0 +1,161 @@
+"""Resuming a run: what must match the run being resumed, and what is carried over.
+
+A run directory is resumed with the settings it was trained with where they matter (the
+model, the tokenizer, the seed); the batch plan and the metric that picks the best checkpoint
+may change, and the checks here say what happens then.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from data.batching import BatchIterator, Examples, plan_fingerprint
+from data.config import BatchConfig
+from data.tokenizer import MODEL_FILE
+from nmt import recipes
+from nmt.bookkeeping import Bookkeeping
+from nmt.checkpoints import Checkpointer
+from nmt.config import RunConfig, SettingsError
+from transformer.config import ModelConfig
+
+log = logging.getLogger("trainer")
+
+RUN_CONFIG_FILE = "config.yaml"  # the run's resolved settings, a recipe
+
+
+class ResumeError(RuntimeError):
+    """The run directory holds a run that these settings cannot continue."""
+
+
+def saved_run(run_dir: Path) -> RunConfig | None:
+    """The settings the run in `run_dir` recorded, or None when it recorded none."""
+    path = run_dir / RUN_CONFIG_FILE
+    if not path.is_file():
+        return None
+    try:
+        return recipes.load(path, with_defaults=False)
+    except SettingsError as err:
+        raise ResumeError(f"{path} cannot be read ({err}); restore it, or use a new "
+                          "--output-dir.") from None
+
+
+def check_same_tokenizer(run_dir: Path, run: RunConfig, saved: RunConfig | None) -> None:
+    """An existing spm.model is reused; fail if this run asks for a different one."""
+    if saved is None or not (run_dir / MODEL_FILE).is_file():
+        return
+    path = run_dir / RUN_CONFIG_FILE
+    if saved.tokenizer.spm_model and not run.tokenizer.spm_model:
+        raise ResumeError(
+            f"the run in {run_dir} uses the SentencePiece model of --spm-model "
+            f"{saved.tokenizer.spm_model} (see {path}): pass that flag again to resume it.")
+    if run.tokenizer.spm_model:
+        return  # data.tokenizer checks that it is the run's spm.model
+    for name, flag in (("model_type", "--tokenizer-type"), ("vocab_size", "--vocab-size")):
+        then, now = getattr(saved.tokenizer, name), getattr(run.tokenizer, name)
+        if then != now:
+            raise ResumeError(
+                f"{run_dir / MODEL_FILE} was trained with {flag} {then} (see {path}), this run "
+                f"asks for {flag} {now}: pass {flag} {then} to resume with it, or use a new "
+                "--output-dir to train a new tokenizer.")
+
+
+def check_same_seed(run_dir: Path, run: RunConfig, saved: RunConfig | None) -> None:
+    """The seed fixes each epoch's batch order and the validation pairs held out of the
+    training data: resuming with another would repeat and skip pairs mid-epoch and could move
+    validation pairs into training."""
+    if saved is not None and saved.train.seed != run.train.seed:
+        raise ResumeError(
+            f"{run_dir} was trained with --seed {saved.train.seed} (see "
+            f"{run_dir / RUN_CONFIG_FILE}), this run asks for --seed {run.train.seed}: the seed "
+            "fixes the order of the training pairs and the validation pairs held out of them, "
+            f"so pass --seed {saved.train.seed} to resume, or use a new --output-dir.")
+
+
+def check_same_model(run_dir: Path, model: ModelConfig, saved: RunConfig | None) -> None:
+    """Resuming with a different model would fail deep inside orbax; say so up front."""
+    if saved is None:
+        return
+    then = saved.model
+    diff = [name for name in ModelConfig.__dataclass_fields__
+            if name not in ("vocab_size", "pad_id", "unk_id", "bos_id", "eos_id")
+            and getattr(then, name) != getattr(model, name)]
+    if diff:
+        changes = ", ".join(f"{k}: saved {getattr(then, k)!r}, now {getattr(model, k)!r}"
+                            for k in diff)
+        raise ResumeError(f"{run_dir / RUN_CONFIG_FILE} was trained with a different model "
+                          f"({changes}); pass the same model flags to resume, or a new "
+                          "--output-dir.")
+
+
+def batch_iterator(examples: Examples, config: BatchConfig, book: Bookkeeping, step: int
+                   ) -> BatchIterator:
+    """The training batches from the saved position, unless the batch plan it indexes has
+    changed (batch settings, --accum, the device count or the training data did). Then the
+    epoch in progress is cut short: its pairs are no longer where the position says, so going
+    on would repeat some and skip others. Records the plan in `book`."""
+    position = book.iterator
+    batches = BatchIterator(examples, config, state=position)
+    saved = book.plan
+    if saved is not None and position["position"] > 0 and plan_fingerprint(
+            batches.plan(saved["epoch"])) != saved["fingerprint"]:
+        log.warning("the batch plan changed since step %d was saved (--batch-tokens, "
+                    "--buckets, --accum, the device count or the training data); the "
+                    "rest of epoch %d is skipped and training goes on with epoch %d",
+                    step, position["epoch"], position["epoch"] + 1)
+        batches = BatchIterator(examples, config,
+                                state={"epoch": position["epoch"] + 1, "position": 0})
+    epoch = batches.state["epoch"]
+    book.plan = {"epoch": epoch, "fingerprint": plan_fingerprint(batches.plan(epoch))}
+    return batches
+
+
+def carry_over_best(book: Bookkeeping, run: RunConfig, bleu_tokenizer: str,
+                    saver: Checkpointer, step: int, params) -> None:
+    """The best step of the resumed run, as far as it still counts.
+
+    A run resumed with another --best-metric, or with BLEU tokenized another way, tracks the
+    best afresh: the saved best score does not compare with the new ones. The validation of
+    the step resumed from starts it when it holds the new score. best/ must then hold the
+    best step the bookkeeping records and nothing else.
+    """
+    metric = run.trainer.best_metric or book.best_metric  # no flag: keep the run's metric
+    old_tokenizer, book.bleu_tokenizer = book.bleu_tokenizer, bleu_tokenizer
+    comparable = metric != "bleu" or bleu_tokenizer == old_tokenizer
+    if book.best_metric != metric or not comparable:
+        old = book.metric_label + (f" tokenized with {old_tokenizer}"
+                                   if book.best_metric == metric else "")
+        saver.discard_best(keep=None)
+        book.restart_best(metric)
+        if comparable:
+            _start_best_from_last_validation(book, saver, step, params)
+        now = book.metric_label + (f" tokenized with {bleu_tokenizer}" if metric == "bleu"
+                                   else "")
+        start = (f"from the validation of step {step}" if book.best_step is not None
+                 else "at the next validation")
+        log.warning("the best step so far was chosen by %s; from now on %s chooses best/ and "
+                    "model/, starting %s", old, now, start)
+    _check_best_directory(book, saver, step)
+
+
+def _start_best_from_last_validation(book: Bookkeeping, saver: Checkpointer, step: int,
+                                     params) -> None:
+    """The validation of the step resumed from is the first best, if it holds the score."""
+    last = book.last_eval
+    if last and last["step"] == step and last.get(book.best_metric) is not None:
+        book.best_score, book.best_step = last[book.best_metric], step
+        saver.save_best(step, params, {book.best_metric: book.best_score, "step": step})
+
+
+def _check_best_directory(book: Bookkeeping, saver: Checkpointer, step: int) -> None:
+    """best/ must hold the best step the bookkeeping records and nothing else: a step saved
+    there after the checkpoint resumed from belongs to a run being redone."""
+    discarded = saver.discard_best(keep=book.best_step)
+    if discarded:
+        log.warning("deleted %s steps %s: saved after step %d, where this run starts",
+                    saver.best_directory, discarded, step)
+    if book.best_step is not None and saver.best_step() != book.best_step:
+        log.warning("%s holds no step %d, which checkpoint %d records as the best (%s "
+                    "%.2f); tracking the best %s afresh from here", saver.best_directory,
+                    book.best_step, step, book.metric_label, book.best_score, book.metric_label)
+        book.restart_best(book.best_metric)

@@ -1,0 +1,86 @@
+"""A run's data, ready for the loop: the corpus read, the tokenizer trained (or reused), train
+and validation encoded and filtered, and the batch settings for this mesh."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import jax
+
+from data.batching import Examples, load_examples
+from data.config import DEFAULT_BUCKETS, BatchConfig
+from data.corpus import load_corpus
+from data.encoding import encode_split, train_or_load_tokenizer
+from data.tokenizer import MODEL_FILE, Tokenizer
+from nmt.config import RunConfig
+from nmt.distributed import barrier
+
+
+@dataclasses.dataclass
+class Data:
+    tokenizer: Tokenizer
+    tokenizer_file: Path
+    train_examples: Examples
+    valid_examples: Examples
+    batch_config: BatchConfig  # training batches: accum x rows
+    eval_batch_config: BatchConfig
+    valid_sources: list[str]
+    valid_targets: list[str]
+    counts: dict[str, int]  # pairs per split, as read
+
+
+def train_batch_config(run: RunConfig, model_max_len: int, devices: int) -> BatchConfig:
+    """The training batches of one update: with --accum K, K micro-batches of the same shape,
+    so K times the rows and a multiple of K times the devices; no pair longer than the
+    model's positions."""
+    accum = run.train.accum_steps
+    batching = run.batching
+    return dataclasses.replace(batching, batch_tokens=batching.batch_tokens * accum,
+                               max_len=min(batching.max_len, model_max_len),
+                               num_devices=devices * accum)
+
+
+def eval_batch_config(run: RunConfig, model_max_len: int, devices: int) -> BatchConfig:
+    """Batching of the validation loss: every pair the model can take, whatever its length
+    or length ratio (the training filters do not apply)."""
+    buckets = [b for b in run.batching.buckets or DEFAULT_BUCKETS if b < model_max_len]
+    # Widths past the training buckets double up to the model's limit: long validation pairs
+    # are few, and each width compiles the eval step once.
+    while not buckets or buckets[-1] < model_max_len:
+        buckets.append(min(2 * buckets[-1], model_max_len) if buckets else model_max_len)
+    return dataclasses.replace(
+        run.batching, batch_tokens=max(run.batching.batch_tokens, model_max_len * devices),
+        max_len=model_max_len, max_ratio=float("inf"), buckets=tuple(buckets),
+        num_devices=devices)
+
+
+def prepare_data(run: RunConfig, run_dir: Path, model_max_len: int) -> Data:
+    """Read the corpus, train (or reuse) the tokenizer, encode and filter train and validation.
+
+    A test split is read (load_corpus reads what the spec names) but not encoded: training
+    never uses it; the summary gives the translate.py command that scores it.
+    """
+    corpus = load_corpus(run.data)
+    limit = run.data.max_train_pairs
+    if limit is not None and len(corpus["train"]) > limit:
+        corpus["train"] = corpus["train"].select(range(limit))
+    # One process trains the tokenizer (SentencePiece training is multi-threaded and not
+    # bit-reproducible); the others load the file it wrote to the shared run directory.
+    if jax.process_index() == 0:
+        tokenizer = train_or_load_tokenizer(run_dir, corpus, run.tokenizer)
+    barrier("tokenizer")
+    if jax.process_index() != 0:
+        tokenizer = Tokenizer.load(run_dir / MODEL_FILE)
+    encoded = {name: encode_split(corpus[name], tokenizer) for name in ("train", "validation")}
+    devices = jax.device_count()
+    batch_config = train_batch_config(run, model_max_len, devices)
+    valid_batch_config = eval_batch_config(run, model_max_len, devices)
+    valid = corpus["validation"]
+    return Data(tokenizer=tokenizer, tokenizer_file=run_dir / MODEL_FILE,
+                train_examples=load_examples(encoded["train"], batch_config, "train"),
+                valid_examples=load_examples(encoded["validation"], valid_batch_config,
+                                             "validation"),
+                batch_config=batch_config, eval_batch_config=valid_batch_config,
+                valid_sources=list(valid["source"]), valid_targets=list(valid["target"]),
+                counts={name: len(split) for name, split in corpus.items()})

@@ -1,0 +1,120 @@
+"""When the training loop stops: step, epoch and time limits, SIGINT and SIGTERM.
+
+Several processes agree on the time budget and signals (a collective every 10 steps), so
+they stop at the same step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import sys
+import time
+from typing import Any
+
+import jax
+
+from nmt.config import TrainerConfig
+from nmt.distributed import any_process
+
+
+class PausableClock:
+    """Seconds since `restart()`, less the time spent inside `paused()` blocks (they nest)."""
+
+    def __init__(self):
+        self._depth = 0
+        self.restart()
+
+    def restart(self) -> None:
+        self._start, self._paused = time.monotonic(), 0.0
+
+    @contextlib.contextmanager
+    def paused(self):
+        self._depth += 1
+        begin = time.monotonic()
+        try:
+            yield
+        finally:
+            self._depth -= 1
+            if self._depth == 0:
+                self._paused += time.monotonic() - begin
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self._start - self._paused
+
+
+class StopSignal:
+    """SIGINT/SIGTERM set a flag the loop checks after each step; a second SIGINT aborts."""
+
+    def __init__(self):
+        self.received: str | None = None
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> "StopSignal":
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                self._previous[sig] = signal.signal(sig, self._handle)
+            except ValueError:  # not the main thread: signals stay with the caller
+                pass
+        return self
+
+    def _handle(self, signum, frame) -> None:
+        if self.received is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.received = signal.Signals(signum).name
+        print(f"\n{self.received} received: finishing the current step and saving "
+              "(press Ctrl-C again to abort without saving).", file=sys.stderr, flush=True)
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
+class Limits:
+    """The run's limits of steps, epochs and minutes, from the start of this process."""
+
+    def __init__(self, trainer: TrainerConfig):
+        self.started = time.monotonic()
+        self.max_steps, self.max_minutes = trainer.limits()
+        self.max_epochs = trainer.max_epochs
+        self.deadline = (self.started + self.max_minutes * 60
+                         if self.max_minutes is not None else None)
+
+    def reached(self, step: int, epochs_completed: int, signals: StopSignal) -> str | None:
+        """Why to stop before the next step ("max_steps", "max_epochs", "max_minutes",
+        "SIGINT", "SIGTERM"), or None."""
+        if self.max_steps is not None and step >= self.max_steps:
+            return "max_steps"
+        if self.max_epochs is not None and epochs_completed >= self.max_epochs:
+            return "max_epochs"
+        if jax.process_count() > 1 and step % 10:
+            return None
+        want = signals.received is not None or (self.deadline is not None
+                                                and time.monotonic() >= self.deadline)
+        if any_process(want):
+            return signals.received or "max_minutes"
+        return None
+
+    def seconds_left(self) -> float | None:
+        return None if self.deadline is None else max(0.0, self.deadline - time.monotonic())
+
+    def minutes_so_far(self) -> float:
+        return round((time.monotonic() - self.started) / 60, 2)
+
+    def describe(self, batches_per_epoch: int) -> str:
+        """The budget in words: "1000 steps or 40 minutes"."""
+        budget = []
+        if self.max_steps is not None:
+            budget.append(f"{self.max_steps} steps")
+        if self.max_epochs is not None:
+            budget.append(f"{self.max_epochs} epochs of {batches_per_epoch} steps")
+        if self.max_minutes is not None:
+            budget.append(f"{self.max_minutes:g} minutes")
+        return " or ".join(budget)
+
+    def total_steps(self, batches_per_epoch: int) -> int | None:
+        """The step at which a limit of steps or epochs stops the run (None: the clock does)."""
+        limits = [self.max_steps] if self.max_steps is not None else []
+        if self.max_epochs is not None:
+            limits.append(self.max_epochs * batches_per_epoch)
+        return min(limits, default=None)

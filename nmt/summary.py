@@ -1,0 +1,85 @@
+"""What the trainer tells the user: progress lines, and the closing summary with the commands
+that translate with the model and score it on the test split."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+from typing import Any
+
+import jax
+from tqdm import tqdm
+
+from nmt.config import BEST_METRICS, RunConfig, TrainerConfig
+
+
+def echo(message: str) -> None:
+    """Print on process 0, above the progress bar if one is shown."""
+    if jax.process_index() == 0:
+        tqdm.write(message)  # above the bar, which a plain print would tear
+
+
+def announcement(run: RunConfig, params, model_config, data, budget: str, run_dir: Path) -> str:
+    """The line that starts training: model, data, devices, budget."""
+    n_params = sum(x.size for x in jax.tree.leaves(params))
+    return (f"Training {run.preset} ({n_params:,} parameters, vocabulary "
+            f"{model_config.vocab_size}) on {data.counts.get('train', 0)} pairs "
+            f"({len(data.train_examples)} after length filtering), {jax.device_count()} "
+            f"{jax.devices()[0].platform} device(s), {jax.process_count()} process(es); "
+            f"budget {budget}; run directory {run_dir}")
+
+
+def progress_bar(trainer: TrainerConfig, total: int | None, initial: int):
+    """A tqdm bar on the terminal (None with --no-progress); total: the step limit, if any."""
+    if not trainer.progress:
+        return None
+    # disable=None: no bar when stderr is not a terminal (logs, CI); metrics.jsonl has it all.
+    return tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True, disable=None,
+                smoothing=0.1)
+
+
+def build_summary(run: RunConfig, run_dir: Path, model_dir: Path, steps: int, stopped: str,
+                  book, minutes: float, valid_sources: list[str]) -> dict[str, Any]:
+    """What `nmt.trainer.train` returns and `print_summary` prints."""
+    example = valid_sources[0].replace('"', "'") if valid_sources else "Hello world!"
+    summary = {
+        "run_dir": str(run_dir), "model_dir": str(model_dir), "steps": steps,
+        "stopped": stopped, "best_metric": book.best_metric, "best_score": book.best_score,
+        "best_step": book.best_step, "last_eval": book.last_eval, "minutes": minutes,
+        "translate_command": translate_command(model_dir, example),
+    }
+    if run.data.test_prefix or run.data.test_file:
+        summary["test_command"] = scoring_command(model_dir, run)
+    return summary
+
+
+def translate_command(model_dir: Path, example: str = "Hello world!") -> str:
+    return f'python translate.py --model {model_dir} "{example}"'
+
+
+def scoring_command(model_dir: Path, run: RunConfig) -> str:
+    """The translate.py command that scores the model on the run's test split
+    (--test-prefix or --test-file)."""
+    data = run.data
+    test = ["--test-prefix", data.test_prefix] if data.test_prefix else ["--test-file",
+                                                                        data.test_file]
+    tokenize = run.trainer.bleu_tokenize
+    tokenizer = ["--bleu-tokenize", tokenize] if tokenize else []
+    return shlex.join(["python", "translate.py", "--model", str(model_dir), "--evaluate",
+                       *test, "--src", data.src, "--tgt", data.tgt, *tokenizer])
+
+
+def print_summary(summary: dict[str, Any], run_dir: Path) -> None:
+    lines = [f"Finished after {summary['steps']} steps ({summary['stopped']}, "
+             f"{summary['minutes']} min)."]
+    if summary["best_score"] is not None:
+        lines.append(f"Best validation {BEST_METRICS[summary['best_metric']][0]} "
+                     f"{summary['best_score']:.2f} at step {summary['best_step']}.")
+    if summary["stopped"] in ("SIGINT", "SIGTERM"):
+        lines.append(f"Interrupted; checkpoint saved. Resume with the same command, or: "
+                     f"python train.py --resume --output-dir {run_dir}")
+    lines.append(f"Model: {summary['model_dir']}")
+    lines.append(f"Translate: {summary['translate_command']}")
+    if summary.get("test_command"):
+        lines.append(f"Score the test set: {summary['test_command']}")
+    print("\n".join(lines), flush=True)

@@ -1,0 +1,316 @@
+"""The training loop: `train(run, workdir)`.
+
+    run = nmt.recipes.load("configs/multi30k_small.yaml")
+    summary = train(run)
+
+One loop serves one CPU, every device of a host, and many hosts (call
+`nmt.distributed.initialize_distributed` first): batches are split over the mesh axis
+"data", every process reads its own rows of each global batch, checkpoints are written by all
+processes, and only process 0 prints, logs metrics and exports the model.
+
+The run directory it leaves:
+
+    config.yaml        every setting of the run (a recipe: `train.py --config` runs it again)
+    spm.model          the SentencePiece model
+    checkpoints/<N>/   the last --keep-last checkpoints (nmt.checkpoints)
+    best/<N>/          parameters with the best validation score so far (--best-metric)
+    model/             the model translate.py loads: the best step, else the last
+    averaged/          with --average-last N: the mean of the last N checkpoints
+    metrics.jsonl      one JSON object per log line ("train") and per validation ("eval")
+    tb/                TensorBoard event files
+
+Exact resumption: a checkpoint holds everything the next step depends on (parameters,
+optimizer state, step, rng, the data position) and the per-step metrics of the unfinished
+log window, so a run interrupted at any step and resumed writes the same metrics.jsonl lines
+(wall-clock fields aside) as one that never stopped.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+from pathlib import Path
+from typing import Any
+
+import jax
+
+from nmt import final_model, recipes, resume, scoring
+from nmt.bookkeeping import Bookkeeping
+from nmt.checkpoints import CHECKPOINTS_DIR, Checkpointer, complete_steps
+from nmt.compilation import enable_compilation_cache
+from nmt.config import RunConfig
+from nmt.distributed import barrier, local_copy
+from nmt.metrics_log import MetricsWindow, MetricsWriter
+from nmt.run_data import prepare_data
+from nmt.stopping import Limits, PausableClock, StopSignal
+from nmt.summary import announcement, build_summary, echo, print_summary, progress_bar
+from nmt.validation import Validator, describe
+from transformer.training import (create_train_state, make_eval_step, make_mesh,
+                                  make_train_step, shard_batch)
+
+
+class TrainingError(RuntimeError):
+    """Training cannot go on (diverged, bad settings); the message says what to do."""
+
+
+def train(run: RunConfig, workdir: str | Path | None = None) -> dict[str, Any]:
+    """Train (or resume) a model in `workdir` (default: the run's output directory).
+
+    Returns a summary: run_dir, model_dir, steps, stopped ("max_steps", "max_epochs",
+    "max_minutes", "early_stop", "SIGINT"/"SIGTERM"), best_metric, best_score and best_step
+    (None when no best was tracked), last_eval, minutes, translate_command, and test_command
+    when a test split was given. Raises TrainingError when the loss stops being finite or
+    `workdir` holds a run with another model, tokenizer or seed.
+    """
+    run_dir = Path(workdir) if workdir is not None else run.output_dir()
+    created = not run_dir.exists()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    enable_compilation_cache()
+    try:
+        trainer = Trainer(run, run_dir)
+    except BaseException:  # missing data, say: a run that never started leaves no directory
+        if created:
+            with contextlib.suppress(OSError):  # not empty, or another process removed it
+                run_dir.rmdir()
+        raise
+    try:
+        stopped = trainer.loop()
+    except TrainingError:
+        trainer.close()
+        raise
+    return trainer.finish(stopped)
+
+
+class Trainer:
+    """One call of `train`: the state, the data, the bookkeeping, and the loop over them."""
+
+    def __init__(self, run: RunConfig, run_dir: Path):
+        self.run, self.run_dir = run, run_dir
+        self.is_main = jax.process_index() == 0
+        self.limits = Limits(run.trainer)
+        bleu = scoring.bleu_settings(run.data.tgt, run.trainer.bleu_tokenize) if (
+            run.trainer.eval_sentences) else {"target_language": run.data.tgt,
+                                              "bleu_tokenize": run.trainer.bleu_tokenize}
+        saved = resume.saved_run(run_dir)
+        resuming = bool(complete_steps(run_dir / CHECKPOINTS_DIR))
+        try:
+            resume.check_same_tokenizer(run_dir, run, saved)
+            self.data = prepare_data(run, run_dir, run.model.max_len)
+            self.model_config = run.model_for(self.data.tokenizer)
+            if resuming:
+                resume.check_same_model(run_dir, self.model_config, saved)
+                resume.check_same_seed(run_dir, run, saved)
+        except resume.ResumeError as err:
+            raise TrainingError(str(err)) from None
+
+        self.mesh = make_mesh()
+        self.graphdef, _, self.state = create_train_state(self.model_config, run.train,
+                                                          self.mesh)
+        self.train_step = make_train_step(self.graphdef, run.train, self.mesh)
+        self.saver = Checkpointer(run_dir, keep_last=run.trainer.keep_last,
+                                  async_save=run.trainer.async_checkpoints)
+        tokenizer_name = run.trainer.bleu_tokenize or scoring.bleu_tokenizer_for(run.data.tgt)
+        self.book = Bookkeeping(best_metric=run.trainer.best_metric or "bleu",
+                                bleu_tokenizer=tokenizer_name)
+        self.saved = self._restore()  # (step, bookkeeping) of the checkpoint on disk
+        self.step = int(local_copy(self.state.step))
+        # config.yaml is replaced only now: a resume that failed keeps the settings of the run.
+        if self.is_main:
+            _write_atomically(run_dir / resume.RUN_CONFIG_FILE, recipes.dump(run))
+        resume.carry_over_best(self.book, run, tokenizer_name, self.saver, self.step,
+                               self.state.params)
+        self.batches = resume.batch_iterator(self.data.train_examples, self.data.batch_config,
+                                             self.book, self.step)
+        self.writer = MetricsWriter(run_dir, self.step, self.is_main)
+        self.window = MetricsWindow(self.book.window, self.step + 1, self._diverged)
+        self.clock = PausableClock()  # of the log window: tokens/s leaves out eval and saving
+        self.validator = Validator(self.data, make_eval_step(self.graphdef, self.mesh, run.train),
+                                   self.mesh, run.search, run.trainer.eval_sentences,
+                                   run.trainer.samples, bleu, echo)
+        self.bar = None
+
+    def _restore(self) -> tuple[int, str] | None:
+        """Restore the latest checkpoint into the state and the bookkeeping."""
+        state = self.state
+        restored = self.saver.restore(state.params, {"step": state.step,
+                                                     "opt_state": state.opt_state,
+                                                     "rng": state.rng})
+        if restored is None:
+            return None
+        self.state = state.replace(params=restored.params, step=restored.train["step"],
+                                   opt_state=restored.train["opt_state"],
+                                   rng=restored.train["rng"])
+        self.book = Bookkeeping.from_json(restored.data)
+        echo(f"Resuming {self.run_dir} from step {restored.step}.")
+        return restored.step, self.book.fingerprint()
+
+    # ------------------------------------------------------------------------- the loop
+
+    def loop(self) -> str:
+        """Train until a limit, early stopping or a signal; returns why it stopped."""
+        echo(announcement(self.run, self.state.params, self.model_config, self.data,
+                          self.limits.describe(self.batches.batches_per_epoch), self.run_dir))
+        stopped = None
+        if self.book.out_of_patience(self.run.trainer.early_stop_patience):
+            echo(f"Not training: this run stopped early at step {self.step}, "
+                 f"{self.book.bad_evals} validations after its best {self.book.metric_label} "
+                 f"({self.book.best_score:.2f} at step {self.book.best_step}), and "
+                 f"--early-stop-patience is {self.run.trainer.early_stop_patience}; raise it to "
+                 "train on.")
+            stopped = "early_stop"
+        self.bar = progress_bar(self.run.trainer, self.limits.total_steps(
+            self.batches.batches_per_epoch), self.step) if self.is_main else None
+        try:
+            stopped = self._steps(stopped)
+        finally:
+            self._close_bar()
+        self.saver.wait()
+        return stopped
+
+    def _steps(self, stopped: str | None) -> str:
+        trainer = self.run.trainer
+        in_flight: collections.deque = collections.deque()
+        with StopSignal() as signals:
+            while stopped is None:
+                stopped = self.limits.reached(self.step, self.batches.epochs_completed, signals)
+                if stopped is not None:
+                    break
+                metrics = self._train_one_step()
+                # Let the host run at most two steps ahead of the device (waiting, not reading
+                # values): the time budget and signals then act within a step or two, and
+                # queued batches do not pile up in device memory.
+                in_flight.append(metrics["loss"])
+                if len(in_flight) > 2:
+                    in_flight.popleft().block_until_ready()
+                if self.step % trainer.log_every == 0:
+                    self.log_window()
+                if self.step % trainer.eval_every == 0 and self.validate():
+                    stopped = "early_stop"  # saved below, with the closing log line
+                    break
+                if self.step % (trainer.save_every or trainer.eval_every) == 0:
+                    self.save()
+            if stopped not in ("SIGINT", "SIGTERM"):
+                # An interrupted run keeps its unfinished log window in the checkpoint, so
+                # the resumed run logs exactly what an uninterrupted one would.
+                self.log_window()
+                last = self.book.last_eval
+                if self.step > 0 and (last is None or last["step"] != self.step):
+                    self.validate()
+            self.save(force_sync=True)
+        return stopped
+
+    def _train_one_step(self) -> dict[str, jax.Array]:
+        batch = shard_batch(next(self.batches), self.mesh)
+        self.state, metrics = self.train_step(self.state, batch)
+        self.window.add(metrics)
+        self.step += 1
+        if self.bar is not None:
+            self.bar.update(1)
+            left = self.limits.seconds_left()
+            if self.bar.total is None and left is not None:
+                self.bar.set_description(f"ETA {int(left // 60)}:{int(left % 60):02d}",
+                                         refresh=False)
+        return metrics
+
+    # ------------------------------------------------------------------------- records
+
+    def _diverged(self, bad_step: int, metrics: dict) -> TrainingError:
+        self.saver.wait()  # a save in flight holds an earlier, finite state
+        last_good = self.saver.latest_step()
+        where = (f"the last good checkpoint is step {last_good} in {self.saver.directory}"
+                 if last_good is not None else "no checkpoint was saved yet")
+        return TrainingError(
+            f"Training diverged: the loss or gradient norm became "
+            f"{float(metrics['loss'])}/{float(metrics['grad_norm'])} at step {bad_step} "
+            f"(learning rate {float(metrics['learning_rate']):.3g}); {where}. Lower "
+            f"--lr-scale/--peak-lr, raise --warmup or set --clip-norm 1.0, then rerun "
+            f"(it resumes from the last good checkpoint).")
+
+    def log_window(self) -> None:
+        """Write one "train" line for the steps since the last one."""
+        line = self.window.close(self.clock.elapsed(), self.limits.started)
+        if line is None:
+            return
+        self.writer.write("train", self.step, line)
+        if self.bar is not None:
+            self.bar.set_postfix(loss=f"{line['loss']:.3f}", lr=f"{line['lr']:.2e}",
+                                 tok_s=f"{line['tokens_per_s']:.0f}", refresh=False)
+        self.clock.restart()
+
+    def save(self, force_sync: bool = False) -> None:
+        """Write checkpoint `step`, again if the bookkeeping changed since it was written (the
+        closing log line and validation change it without a step)."""
+        self.window.read_back()  # never save a state whose loss was not finite
+        self.book.iterator, self.book.window = self.batches.state, self.window.steps
+        current = self.book.fingerprint()
+        if self.saved == (self.step, current):
+            return
+        state = self.state
+        with self.clock.paused():
+            self.saver.save(self.step, state.params, {"step": state.step,
+                                                      "opt_state": state.opt_state,
+                                                      "rng": state.rng}, self.book.to_json())
+            if force_sync:
+                self.saver.wait()
+        self.saved = (self.step, current)
+
+    def validate(self) -> bool:
+        """Validate, log, track the best metric; True when early stopping says stop."""
+        self.window.read_back()
+        with self.clock.paused():
+            result = self.validator.scores(self.graphdef, self.state.params)
+            self.writer.write("eval", self.step, result)
+            text, book = describe(self.step, result), self.book
+            improved = book.record(self.step, result)
+            if improved:
+                self.saver.save_best(self.step, self.state.params,
+                                     {book.best_metric: book.best_score, "step": self.step})
+                # The checkpoint of the same step records this best step: best/ and the
+                # bookkeeping a resumed run reads always agree.
+                self.save()
+                text += f" (best {book.metric_label})"
+            elif improved is False:
+                text += f" (best {book.metric_label} {book.best_score:.2f} at step " \
+                        f"{book.best_step})"
+            echo(text)
+            return improved is not None and book.out_of_patience(
+                self.run.trainer.early_stop_patience)
+
+    # ------------------------------------------------------------------------- the end
+
+    def finish(self, stopped: str) -> dict[str, Any]:
+        """Export the model translate.py loads (and the average), close, print the summary."""
+        run, book = self.run, self.book
+        tokenizer_file = self.data.tokenizer_file
+        model_dir = final_model.export_best_or_last(
+            self.run_dir, run, self.model_config, tokenizer_file, book, self.saver,
+            self.state.params, self.step)
+        if run.trainer.average_last:
+            model_dir, steps = final_model.average(self.run_dir, run, self.model_config,
+                                                   tokenizer_file, run.trainer.average_last)
+            echo(f"Averaged checkpoints {steps} into {model_dir}")
+        barrier("exported")
+        self.close()
+        summary = build_summary(run, self.run_dir, model_dir, self.step, stopped, book,
+                                self.limits.minutes_so_far(), self.data.valid_sources)
+        if self.is_main:
+            print_summary(summary, self.run_dir)
+        return summary
+
+    def close(self) -> None:
+        """Wait for checkpoints in flight and release the files (also after an error)."""
+        self._close_bar()
+        self.saver.wait()
+        self.saver.close()
+        self.writer.close()
+
+    def _close_bar(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)

@@ -1,0 +1,64 @@
+"""Validation during training: loss and perplexity of the validation pairs, and BLEU and chrF
+of the first of them translated as translate.py would."""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from data.batching import eval_batches
+from nmt import scoring
+from nmt.distributed import local_copy
+from nmt.run_data import Data
+from transformer.config import SearchConfig
+from transformer.training import shard_batch
+from transformer.translation import Translator
+
+
+class Validator:
+    """Scores parameters on the validation split; `echo` prints the sample translations."""
+
+    def __init__(self, data: Data, eval_step, mesh, search: SearchConfig, sentences: int,
+                 samples: int, bleu: dict[str, str | None], echo: Callable[[str], None]):
+        self.data, self.eval_step, self.mesh = data, eval_step, mesh
+        self.search, self.samples, self.bleu, self.echo = search, samples, bleu, echo
+        self.sentences = min(sentences, len(data.valid_sources))
+
+    def scores(self, graphdef: nnx.GraphDef, params: nnx.State) -> dict[str, Any]:
+        """loss, nll, ppl and accuracy per validation token; bleu, chrf, sentences and
+        translate_s when sentences are translated."""
+        sums = None
+        for batch in eval_batches(self.data.valid_examples, self.data.eval_batch_config):
+            out = self.eval_step(params, shard_batch(batch, self.mesh))
+            sums = out if sums is None else jax.tree.map(jnp.add, sums, out)
+        sums = {k: float(v) for k, v in local_copy(sums).items()}
+        tokens = max(sums["tokens"], 1.0)
+        result = {"loss": sums["loss_sum"] / tokens, "nll": sums["nll_sum"] / tokens,
+                  "ppl": math.exp(min(sums["nll_sum"] / tokens, 700.0)),
+                  "accuracy": sums["correct"] / tokens}
+        if self.sentences:
+            result.update(self._translation_scores(nnx.merge(graphdef, local_copy(params))))
+        return result
+
+    def _translation_scores(self, model) -> dict[str, Any]:
+        data, n = self.data, self.sentences
+        sources, refs = data.valid_sources[:n], data.valid_targets[:n]
+        t0 = time.monotonic()
+        hyps = Translator(model, data.tokenizer, self.search).translate(sources)
+        scores = scoring.evaluate(hyps, refs, **self.bleu)
+        for src, ref, hyp in list(zip(sources, refs, hyps))[: self.samples]:
+            self.echo(f"  SRC: {src}\n  REF: {ref}\n  HYP: {hyp}")
+        return {"bleu": scores.bleu, "chrf": scores.chrf, "sentences": n,
+                "translate_s": round(time.monotonic() - t0, 1)}
+
+
+def describe(step: int, result: dict[str, Any]) -> str:
+    """One line of a validation's results."""
+    bleu = result.get("bleu")
+    return (f"step {step}: valid loss {result['loss']:.3f} ppl {result['ppl']:.2f}"
+            + (f" BLEU {bleu:.2f} chrF {result['chrf']:.1f}" if bleu is not None else ""))

@@ -1,0 +1,109 @@
+"""Recipes and flags, derived from the settings' dataclass fields: round trips, the legacy
+JSON form, and bad input named by file, line and key."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from nmt import recipes
+from nmt.config import SECTIONS, RunConfig, SettingsError
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _recipe(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "recipe.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_every_setting_is_a_flag_and_a_recipe_key():
+    """One declaration per setting: each non-derived field has a flag and a recipe key."""
+    parser = argparse.ArgumentParser()
+    recipes.add_flags(parser)
+    flags = {option for action in parser._actions for option in action.option_strings}
+    for section, cls in SECTIONS.items():
+        for field in dataclasses.fields(cls):
+            derived = field.metadata.get("derived")
+            known = (section, field.name) in recipes.BY_KEY
+            assert known != bool(derived), (section, field.name)
+            if known:
+                assert recipes.BY_KEY[(section, field.name)].flag in flags
+
+
+def test_flags_keep_their_names_and_map_to_sections():
+    parser = argparse.ArgumentParser()
+    recipes.add_flags(parser)
+    args = parser.parse_args(["--warmup", "30", "--accum", "2", "--beam", "6",
+                              "--max-tokens-per-sentence", "40", "--tokenizer-type", "bpe",
+                              "--no-share-embeddings", "--buckets", "8,16", "--preset", "tiny"])
+    run = recipes.build(recipes.defaults(), recipes.from_args(args))
+    assert (run.train.warmup_steps, run.train.accum_steps, run.search.beam_size) == (30, 2, 6)
+    assert (run.batching.max_len, run.batching.buckets) == (40, (8, 16))
+    assert run.tokenizer.model_type == "bpe" and run.model.share_embeddings is False
+    assert run.preset == "tiny" and run.model.d_model == 24
+
+
+def test_yaml_round_trip(tmp_path):
+    run = RunConfig.from_flat(preset="tiny", dropout=0.25, clip_norm=1.0, buckets=(8, 16),
+                              train_prefix="data/train", max_minutes=3, best_metric="chrf")
+    path = _recipe(tmp_path, recipes.dump(run))
+    loaded = recipes.load(path, with_defaults=False)
+    assert loaded == run
+    assert recipes.dump(loaded) == path.read_text()
+
+
+def test_legacy_json_recipe_and_its_yaml_twin_are_the_same_run():
+    legacy = recipes.build(recipes.defaults(),
+                           recipes.read_recipe(REPO / "tests/data/legacy_multi30k_small.json"))
+    assert legacy == recipes.load(REPO / "configs/multi30k_small.yaml")
+
+
+def test_seeds_follow_the_train_seed():
+    run = RunConfig.from_flat(seed=7)
+    assert (run.data.seed, run.tokenizer.seed, run.batching.seed) == (7, 7, 7)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("model:\n  preset: tiny\n  dropuot: 0.1\n",
+     r"recipe.yaml line 3: model.dropuot: unknown key \(did you mean 'dropout'\?\)"),
+    ("modle:\n  dropout: 0.1\n",
+     r"recipe.yaml line 1: unknown section 'modle' \(did you mean 'model'\?\); sections are "
+     r"model, tokenizer, data"),
+    ("train:\n  warmup_steps: '400'\n",
+     r"recipe.yaml line 2: train.warmup_steps must be an integer, got \"400\"; write 400 "
+     "without quotes"),
+    ("model:\n  norm: middle\n", r"line 2: model.norm: 'middle' is not one of post, pre"),
+    ("trainer:\n  max_minutes: [1, 2]\n", r"line 2: trainer.max_minutes must be a number"),
+    ("model:\n  vocab_size: 300\n",
+     r"line 2: model.vocab_size is not a setting: it comes from the tokenizer"),
+    ("train:\n  batch_tokens: 100\n", r"line 2: train.batch_tokens: unknown key; it belongs "
+                                      r"in batching:"),
+    ("train:\n  seed: 1\n  seed: 2\n", r"line 3: train.seed is given twice"),
+    ("train:\n  warmup_steps: 4\n   peak_lr: 1\n", r"recipe.yaml line 3 column \d+: not valid YAML"),
+    ("- a\n- b\n", r"recipe.yaml: expected sections"),
+    ("model:\n  dropout: 1.5\n", r"ModelConfig.dropout must be in \[0, 1\), got 1.5 \(given by "
+                                 r"\S*recipe.yaml line 2: model.dropout\)"),
+    ("model:\n  preset: huge\n", r"line 2: model.preset: 'huge' is not one of base, big"),
+])
+def test_bad_recipes_name_file_line_and_key(tmp_path, text, message):
+    with pytest.raises(SettingsError, match=message):
+        recipes.load(_recipe(tmp_path, text))
+
+
+def test_yaml_reads_scientific_numbers_as_numbers(tmp_path):
+    run = recipes.load(_recipe(tmp_path, "train:\n  adam_eps: 1e-9\n  peak_lr: 5e-4\n"))
+    assert (run.train.adam_eps, run.train.peak_lr) == (1e-9, 5e-4)
+
+
+def test_an_invalid_flag_value_names_the_flag():
+    parser = argparse.ArgumentParser()
+    recipes.add_flags(parser)
+    args = parser.parse_args(["--dropout", "1.5"])
+    with pytest.raises(SettingsError, match=r"dropout must be in \[0, 1\), got 1.5 \(given by "
+                                            r"--dropout 1.5\)"):
+        recipes.build(recipes.defaults(), recipes.from_args(args))

@@ -1,0 +1,214 @@
+"""The decoder's cache for incremental decoding, and every operation on its slots.
+
+Search decodes one new position per step. Keys and values of the earlier positions of the
+decoder's self-attention come from `DecoderCache`, as do the encoder output's cross-attention
+keys and values, projected once per sentence.
+
+Beam search never copies keys or values. The self-attention cache of a sentence has
+`max_len * beam` slots per layer, beam j's position t at slot t * beam + j, and each step
+writes every beam's new position into its own slots. When beam search gives beam i a new
+parent p, only `beam_slot` changes: beam_slot[b, i, t] names the beam whose slot holds
+position t of beam i, and `attention_over_own_slots` reads each beam's history from there.
+
+An ensemble decodes with one `DecoderCache` per model, held in an `EnsembleCache`. Both have
+the two operations search needs, `expand_to_beams` and `follow_parents` (`SearchCache`).
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, Sequence
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+
+Array = jax.Array
+
+
+class SearchCache(Protocol):
+    """What beam search does with a cache, whatever model (or ensemble) made it."""
+
+    def expand_to_beams(self, beam: int) -> "SearchCache":
+        """A one-beam cache as a `beam`-beam cache whose beams share its history."""
+
+    def follow_parents(self, parent: Array) -> "SearchCache":
+        """Give each beam its parent's history; parent int32 [batch, beam]."""
+
+
+@flax.struct.dataclass
+class DecoderCache:
+    """Decoder state for incremental decoding: one array per decoder layer in each tuple.
+
+    index:       int32 scalar, the position the next decoded token will occupy.
+    self_key:    per layer [batch, heads, head_dim, max_len * beam]: beam j's keys of
+                 positions t < index at slot t * beam + j (keys are kept transposed).
+    self_value:  per layer [batch, heads, max_len * beam, head_dim], slots as for keys.
+    beam_slot:   int32 [batch, beam, max_len]: position t of beam i is in beam
+                 beam_slot[b, i, t]'s slots.
+    cross_key:   per layer [batch, heads, head_dim, src_len], encoder output projected once.
+    cross_value: per layer [batch, heads, src_len, head_dim]
+    The decoder's rows are batch * beam, beams of a sentence adjacent; beam = 1 outside beam
+    search. Heads-major, so attention over the cache needs no transpose (see
+    `transformer.layers.MultiHeadAttention.attend_cached`).
+    """
+
+    index: Array
+    self_key: tuple[Array, ...]
+    self_value: tuple[Array, ...]
+    beam_slot: Array
+    cross_key: tuple[Array, ...]
+    cross_value: tuple[Array, ...]
+
+    @classmethod
+    def create(cls, cross: Sequence[tuple[Array, Array]], max_len: int, beam: int,
+               num_heads: int, head_dim: int, dtype) -> "DecoderCache":
+        """An empty cache for `max_len` positions of `beam` beams per sentence.
+
+        `cross` holds each layer's cross-attention (keys, values) in the cache's layouts:
+        keys [batch, heads, head_dim, src_len], values [batch, heads, src_len, head_dim].
+        Every beam starts on its own slots.
+        """
+        batch = cross[0][0].shape[0]
+        slots = max_len * beam
+        key_shape = (batch, num_heads, head_dim, slots)
+        value_shape = (batch, num_heads, slots, head_dim)
+        return cls(index=jnp.zeros((), jnp.int32),
+                   self_key=tuple(jnp.zeros(key_shape, dtype) for _ in cross),
+                   self_value=tuple(jnp.zeros(value_shape, dtype) for _ in cross),
+                   beam_slot=own_slots(batch, beam, max_len),
+                   cross_key=tuple(k for k, _ in cross),
+                   cross_value=tuple(v for _, v in cross))
+
+    @property
+    def beam(self) -> int:
+        return self.beam_slot.shape[1]
+
+    @property
+    def max_len(self) -> int:
+        return self.beam_slot.shape[2]
+
+    def causal_mask(self, q_len: int) -> Array:
+        """[1, 1, q_len, max_len] mask over positions for the next `q_len` queries: query i
+        (position index + i) may attend to positions <= index + i; later ones are either
+        future positions or not written yet."""
+        query_pos = self.index + jnp.arange(q_len)[:, None]
+        key_pos = jnp.arange(self.max_len)[None, :]
+        return (key_pos <= query_pos)[None, None]
+
+    def slots_with_step(self, q_len: int) -> Array:
+        """beam_slot once the next `q_len` positions are written: every beam computes them in
+        its own slots."""
+        batch, beam, _ = self.beam_slot.shape
+        return jax.lax.dynamic_update_slice_in_dim(
+            self.beam_slot, own_slots(batch, beam, q_len), self.index, 2)
+
+    def write(self, layer: int, key: Array, value: Array) -> tuple[Array, Array]:
+        """Layer `layer`'s cached keys and values with the new positions written into each
+        beam's own slots (in place under jit).
+
+        key [batch * beam, heads, head_dim, q_len], value [batch * beam, heads, q_len,
+        head_dim]: the new positions index .. index+q_len-1, row b*beam + j for beam j of
+        sentence b. Returns the whole (keys, values) of the layer.
+        """
+        return (_write_slots(self.self_key[layer], key, self.beam, self.index, axis=3),
+                _write_slots(self.self_value[layer], value, self.beam, self.index, axis=2))
+
+    def advance(self, keys: Sequence[Array], values: Sequence[Array], beam_slot: Array,
+                q_len: int) -> "DecoderCache":
+        """The cache after a step of `q_len` positions: every layer's written keys and values
+        (`write`) and `slots_with_step`'s beam_slot."""
+        return self.replace(index=self.index + q_len, self_key=tuple(keys),
+                            self_value=tuple(values), beam_slot=beam_slot)
+
+    def expand_to_beams(self, beam: int) -> "DecoderCache":
+        """A one-beam cache [batch rows] as a `beam`-beam cache whose beams share its history.
+
+        Beam search decodes the first position (from BOS, the same for every beam) once per
+        sentence and then expands: the positions < index already computed stay in beam 0's
+        slots (slot t * beam) and every beam reads them there (beam_slot 0), so nothing is
+        copied k times. Cross-attention keys and values are per sentence already.
+        """
+        batch, one_beam, max_len = self.beam_slot.shape
+        if one_beam != 1:
+            raise ValueError(f"expand_to_beams needs a one-beam cache, got {one_beam} beams.")
+
+        def spread(x: Array, axis: int) -> Array:
+            # position t -> slot t * beam (beam 0's slot); other beams' slots zero until written.
+            x = jnp.expand_dims(x, axis + 1)
+            widths = [(0, 0)] * x.ndim
+            widths[axis + 1] = (0, beam - 1)
+            x = jnp.pad(x, widths)
+            return x.reshape(x.shape[:axis] + (max_len * beam,) + x.shape[axis + 2:])
+
+        return self.replace(self_key=tuple(spread(k, 3) for k in self.self_key),
+                            self_value=tuple(spread(v, 2) for v in self.self_value),
+                            beam_slot=jnp.zeros((batch, beam, max_len), jnp.int32))
+
+    def follow_parents(self, parent: Array) -> "DecoderCache":
+        """Give each beam its parent's history; parent int32 [batch, beam].
+
+        Only the [batch, beam, max_len] map from positions to slots moves, not every layer's
+        keys and values as in a reordered cache.
+        """
+        return self.replace(
+            beam_slot=jnp.take_along_axis(self.beam_slot, parent[:, :, None], axis=1))
+
+
+@flax.struct.dataclass
+class EnsembleCache:
+    """The caches of an ensemble's models, one `DecoderCache` each, moved in step."""
+
+    members: tuple[DecoderCache, ...]
+
+    def expand_to_beams(self, beam: int) -> "EnsembleCache":
+        return EnsembleCache(tuple(c.expand_to_beams(beam) for c in self.members))
+
+    def follow_parents(self, parent: Array) -> "EnsembleCache":
+        return EnsembleCache(tuple(c.follow_parents(parent) for c in self.members))
+
+
+def own_slots(batch: int, beam: int, length: int) -> Array:
+    """int32 [batch, beam, length] with beam j's own index: positions each beam computed."""
+    return jnp.broadcast_to(jnp.arange(beam, dtype=jnp.int32)[None, :, None],
+                            (batch, beam, length))
+
+
+def _write_slots(cached: Array, new: Array, beam: int, offset: Array, axis: int) -> Array:
+    """Store new positions in each beam's own slots of one cache array.
+
+    cached [batch, ...] with its slot axis `axis` of size max_len * beam (beam j's position t
+    at slot t * beam + j, so one position of all beams is one contiguous run); new
+    [batch * beam, ...] with the same axes but new_len positions on `axis`.
+    """
+    batch, slots = cached.shape[0], cached.shape[axis]
+    new = new.reshape(batch, beam, *new.shape[1:])
+    # [batch, beam, ..., new_len, ...] -> [batch, ..., new_len, beam, ...]
+    new = jnp.moveaxis(new, 1, axis + 1)
+    split = cached.shape[:axis] + (slots // beam, beam) + cached.shape[axis + 1:]
+    cached = jax.lax.dynamic_update_slice_in_dim(cached.reshape(split), new, offset, axis)
+    return cached.reshape(cached.shape[:axis] + (slots,) + cached.shape[axis + 2:])
+
+
+def attention_over_own_slots(scores: Array, beam_slot: Array, mask: Array, q_len: int) -> Array:
+    """Attention weights of each beam over its own history in a shared beam cache.
+
+    scores float32 [batch, heads, beam * q_len, max_len * beam]: every query against every
+    beam's slots (slot t * beam + j holds beam j's position t); beam_slot int32
+    [batch, beam, max_len]: which beam's slot holds position t of beam i; mask
+    [1, 1, q_len, max_len] over positions. Returns weights of the same shape as scores, zero
+    outside each beam's own slots, so that `weights @ values` reads exactly the keys and
+    values of each beam's history. Costs beam times the score work of a reordered cache (a
+    few thousand multiply-adds per query) instead of copying the whole cache to its new beams
+    at every step.
+    """
+    batch, heads = scores.shape[:2]
+    beam, max_len = beam_slot.shape[1:]
+    scores = scores.reshape(batch, heads, beam, q_len, max_len, beam)
+    # own[b, 1, i, 1, t, j]: position t of beam i lives in beam j's slot.
+    own = beam_slot[:, :, :, None] == jnp.arange(beam)
+    own = own[:, None, :, None]
+    per_position = jnp.sum(jnp.where(own, scores, 0.0), axis=5)  # [b, h, beam, q_len, max_len]
+    per_position = jnp.where(mask[:, :, None], per_position, jnp.finfo(jnp.float32).min)
+    weights = jax.nn.softmax(per_position, axis=-1)
+    weights = jnp.where(own, weights[..., None], 0.0)
+    return weights.reshape(batch, heads, beam * q_len, max_len * beam)

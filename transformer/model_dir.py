@@ -1,0 +1,141 @@
+"""A trained model on disk: the self-contained directory translate.py and the Python API load.
+
+    model/params.msgpack   parameters, flax.serialization msgpack of nnx.to_pure_dict (float32)
+    model/config.json      {"model": ModelConfig, "search": SearchConfig, "tokenizer": ...,
+                            and what the trainer recorded: languages, step, scores}
+    model/spm.model        the SentencePiece model
+
+    model, tokenizer, values = load_model("runs/NAME")   # a run directory uses its model/
+
+Training checkpoints (optimizer state, data position) are the application's business
+(`nmt.checkpoints`); this directory holds only what translating needs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx, serialization
+
+from data.tokenizer import Tokenizer
+from transformer.config import ModelConfig, SearchConfig
+from transformer.model import Transformer
+
+MODEL_DIR = "model"
+PARAMS_FILE = "params.msgpack"
+CONFIG_FILE = "config.json"
+TOKENIZER_FILE = "spm.model"
+
+
+class ModelDirError(RuntimeError):
+    """A model directory is missing, incomplete or inconsistent; the message says which file."""
+
+
+def abstract_params(config: ModelConfig) -> tuple[nnx.GraphDef, Any, Any]:
+    """(graphdef, params as ShapeDtypeStructs, other state) of a Transformer, nothing allocated."""
+    abstract_model = nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0)))
+    return nnx.split(abstract_model, nnx.Param, ...)
+
+
+def read_model_config(model_dir: str | Path) -> tuple[ModelConfig, dict[str, Any]]:
+    """(model config, whole JSON) from `model_dir/config.json`."""
+    path = Path(model_dir) / CONFIG_FILE
+    if not path.is_file():
+        raise ModelDirError(f"{path} is missing: this is not a model directory.")
+    try:
+        values = json.loads(path.read_text())
+        if not isinstance(values, dict) or "model" not in values:
+            raise ModelDirError(f"{path} has no 'model' section.")
+        return ModelConfig.from_dict(values["model"]), values
+    except (ValueError, TypeError) as err:  # not JSON, or settings this code does not know
+        raise ModelDirError(
+            f"{path}: not a valid model configuration ({type(err).__name__}: {err}); "
+            "restore the config.json written with the model.") from None
+
+
+def export_model(model_dir: str | Path, params: Any, model_config: ModelConfig,
+                 tokenizer_file: str | Path, search_config: SearchConfig | None = None,
+                 extra: dict[str, Any] | None = None) -> Path:
+    """Write a self-contained model directory that `load_model` reads.
+
+    Written into a temporary sibling and renamed, so a reader never sees a partial model.
+    With several processes only one should call this (the parameters must be fully
+    addressable, e.g. replicated).
+    """
+    model_dir = Path(model_dir)
+    tmp = model_dir.with_name(model_dir.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    pure = jax.tree.map(lambda x: np.asarray(jax.device_get(x), np.float32),
+                        nnx.to_pure_dict(params))
+    (tmp / PARAMS_FILE).write_bytes(serialization.msgpack_serialize(pure))
+    shutil.copyfile(tokenizer_file, tmp / TOKENIZER_FILE)
+    config = {"model": model_config.to_dict(),
+              "search": dataclasses.asdict(search_config or SearchConfig()),
+              "tokenizer": TOKENIZER_FILE, **(extra or {})}
+    (tmp / CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    old = model_dir.with_name(model_dir.name + ".old")
+    shutil.rmtree(old, ignore_errors=True)
+    if model_dir.exists():
+        model_dir.rename(old)
+    tmp.rename(model_dir)
+    shutil.rmtree(old, ignore_errors=True)
+    return model_dir
+
+
+def resolve_model_dir(path: str | Path) -> Path:
+    """A model directory, given either itself or a run directory containing `model/`."""
+    path = Path(path)
+    if not path.exists():
+        raise ModelDirError(f"{path} does not exist; pass a run directory or its model/ folder.")
+    if not (path / PARAMS_FILE).exists() and (path / MODEL_DIR).is_dir():
+        return path / MODEL_DIR
+    return path
+
+
+def load_model(path: str | Path, dtype: str | None = None
+               ) -> tuple[Transformer, Any, dict[str, Any]]:
+    """Load an exported model: returns (Transformer, tokenizer, config dict).
+
+    `path` is a model directory (`runs/NAME/model`, `runs/NAME/averaged`) or a run directory,
+    whose `model/` is used. `dtype` overrides the compute dtype ("float32"/"bfloat16").
+    The config dict has "model" (a ModelConfig), "search" (a SearchConfig) and whatever else
+    the trainer recorded (step, BLEU, source and target languages).
+    """
+
+    model_dir = resolve_model_dir(path)
+    for name, what in ((CONFIG_FILE, "model configuration"), (PARAMS_FILE, "parameters"),
+                       (TOKENIZER_FILE, "SentencePiece model")):
+        if not (model_dir / name).is_file():
+            raise ModelDirError(
+                f"{model_dir} is not a complete model directory: {name} ({what}) is missing; "
+                f"train with train.py, or write one with export_model.")
+    model_config, values = read_model_config(model_dir)
+    if dtype is not None:
+        model_config = dataclasses.replace(model_config, dtype=dtype)
+    graphdef, params, rest = abstract_params(model_config)
+    try:
+        pure = serialization.msgpack_restore((model_dir / PARAMS_FILE).read_bytes())
+        nnx.replace_by_pure_dict(params, pure)
+    except Exception as err:  # noqa: BLE001 - name the file whatever went wrong
+        raise ModelDirError(f"{model_dir / PARAMS_FILE} does not match {model_dir / CONFIG_FILE}"
+                            f" or is damaged: {err}") from err
+    params = jax.tree.map(jnp.asarray, params)
+    model = nnx.merge(graphdef, params, rest)
+    tokenizer = Tokenizer.load(model_dir / TOKENIZER_FILE)
+    values = dict(values)
+    values["model"] = model_config
+    try:
+        values["search"] = SearchConfig(**values.get("search", {}))
+    except (ValueError, TypeError) as err:
+        raise ModelDirError(
+            f"{model_dir / CONFIG_FILE}: invalid 'search' settings ({type(err).__name__}: "
+            f"{err}); restore the config.json written with the model.") from None
+    return model, tokenizer, values
