@@ -454,11 +454,11 @@ def _setup_logging(quiet: bool) -> None:
 
 
 def enable_compilation_cache() -> None:
-    """JAX's persistent cache, keeping even quick compilations: translate.py starts often and
-    every compiled search shape saves time on the next start."""
+    """JAX's persistent cache: translate.py starts often, and every compiled search shape
+    saves time on the next start."""
     from nmt.compilation import enable_compilation_cache as enable
 
-    enable(min_compile_seconds=0.0)
+    enable()
 
 
 def load(args: argparse.Namespace):

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Iterator, Sequence
 import numpy as np
 
 from data.config import DEFAULT_BUCKETS, BatchConfig, DataError
+from data.packing import PackedBatch, materialize_packed, pack_epoch
 from data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 if TYPE_CHECKING:  # only for annotations: the batching itself needs no datasets
@@ -169,14 +170,27 @@ class PlannedBatch:
     rows: np.ndarray  # [B] int64 positions in Examples, or -1
 
 
-def plan_fingerprint(plan: list[PlannedBatch]) -> str:
+def plan_fingerprint(plan: list[PlannedBatch] | list[PackedBatch]) -> str:
     """A digest of a plan's shapes and rows: equal plans, equal fingerprints."""
     digest = hashlib.sha256()
     for batch in plan:
+        if isinstance(batch, PackedBatch):
+            digest.update(np.array([-1, batch.width, len(batch.rows)], np.int64).tobytes())
+            for row in batch.rows:
+                digest.update(np.array([len(row)], np.int64).tobytes() + row.tobytes())
+            continue
         digest.update(np.array([batch.src_len, batch.tgt_len, len(batch.rows)],
                                np.int64).tobytes())
         digest.update(np.asarray(batch.rows, np.int64).tobytes())
     return digest.hexdigest()[:16]
+
+
+def epoch_plan(examples: "Examples", config: BatchConfig, epoch: int, shuffle: bool = True
+               ) -> list[PlannedBatch] | list[PackedBatch]:
+    """One epoch's global batches: packed rows (`config.packing`) or bucketed ones."""
+    if config.packing:
+        return pack_epoch(examples.src_len, examples.tgt_len, config, epoch, shuffle)
+    return plan_epoch(examples, config, epoch, shuffle)
 
 
 def _next_cell(i: int, j: int, counts: np.ndarray) -> tuple[int, int] | None:
@@ -313,9 +327,12 @@ def _gather(values: np.ndarray, offsets: np.ndarray, rows: np.ndarray, width: in
     return out
 
 
-def materialize(examples: Examples, batch: PlannedBatch, process_index: int = 0,
+def materialize(examples: Examples, batch: PlannedBatch | PackedBatch, process_index: int = 0,
                 process_count: int = 1) -> Batch:
-    """This process's rows of a planned batch as {src [B/P, S], tgt_in [B/P, T], tgt_out}."""
+    """This process's rows of a planned batch as {src [B/P, S], tgt_in [B/P, T], tgt_out}
+    (and the segments and positions of a packed batch: `data.packing`)."""
+    if isinstance(batch, PackedBatch):
+        return materialize_packed(examples, batch, process_index, process_count)
     rows = batch.rows
     if len(rows) % process_count:
         raise DataError(
@@ -384,10 +401,10 @@ class BatchIterator:
     def batches_per_epoch(self) -> int:
         return len(self.plan(self._epoch))
 
-    def plan(self, epoch: int) -> list[PlannedBatch]:
+    def plan(self, epoch: int) -> list[PlannedBatch] | list[PackedBatch]:
         """The global batch plan of `epoch` (cached for the current epoch)."""
         if self._plan_epoch != epoch:
-            self._plan = plan_epoch(self.examples, self.config, epoch)
+            self._plan = epoch_plan(self.examples, self.config, epoch)
             self._plan_epoch = epoch
         return self._plan
 
@@ -410,7 +427,7 @@ def eval_batches(examples: Examples, config: BatchConfig = BatchConfig(),
     """Every pair once, in a fixed order (validation loss); this process's rows."""
     if process_index is None or process_count is None:
         process_index, process_count = _jax_process()
-    for batch in plan_epoch(examples, config, epoch=0, shuffle=False):
+    for batch in epoch_plan(examples, config, epoch=0, shuffle=False):
         yield materialize(examples, batch, process_index, process_count)
 
 
@@ -446,16 +463,22 @@ class PlanStats:
 def plan_stats(examples: Examples, config: BatchConfig = BatchConfig(), epoch: int = 0
                ) -> PlanStats:
     """Count shapes, real tokens and padded positions of one epoch's plan."""
-    plan = plan_epoch(examples, config, epoch)
+    plan = epoch_plan(examples, config, epoch)
     src_len, tgt_len = examples.src_len, examples.tgt_len
     shapes: Counter = Counter()
     real = positions = pad_rows = 0
     for batch in plan:
-        rows = batch.rows[batch.rows >= 0]
-        shapes[(len(batch.rows), batch.src_len, batch.tgt_len)] += 1
-        real += int(src_len[rows].sum() + tgt_len[rows].sum())
-        positions += len(batch.rows) * (batch.src_len + batch.tgt_len)
-        pad_rows += len(batch.rows) - len(rows)
+        if isinstance(batch, PackedBatch):
+            pairs = np.concatenate(batch.rows)
+            shape = (len(batch.rows), batch.width, batch.width)
+            pad_rows += sum(1 for row in batch.rows if not len(row))
+        else:
+            pairs = batch.rows[batch.rows >= 0]
+            shape = (len(batch.rows), batch.src_len, batch.tgt_len)
+            pad_rows += len(batch.rows) - len(pairs)
+        shapes[shape] += 1
+        real += int(src_len[pairs].sum() + tgt_len[pairs].sum())
+        positions += shape[0] * (shape[1] + shape[2])
     return PlanStats(
         pairs=len(examples), batches=len(plan), shapes=dict(shapes), real_tokens=real,
         positions=positions, padding_waste=1 - real / positions if positions else 0.0,

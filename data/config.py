@@ -134,7 +134,9 @@ class BatchConfig:
     fairseq do. `num_devices` is the global device count: every batch size is a multiple of
     it (and so of the process count). `max_shapes` bounds the distinct (B, S, T) shapes, and
     so the compilations of the train step: on large corpora, cells need more pairs before they
-    get a shape of their own (see `data.batching.plan_epoch`).
+    get a shape of their own (see `data.batching.plan_epoch`). With `packing`, buckets and
+    max_shapes do not apply: every batch is [batch_tokens // width rows, width]
+    (`data.packing`).
     """
 
     batch_tokens: int = setting(
@@ -146,8 +148,17 @@ class BatchConfig:
                                     "many times the tokens of the shorter")
     buckets: tuple[int, ...] = setting(
         DEFAULT_BUCKETS, "padded batch lengths, comma-separated, or 'default'")
-    max_shapes: int = setting(48, "at most this many batch shapes (each compiles the train "
-                                  "step once)")
+    max_shapes: int = setting(48, "bucketed batches: at most this many batch shapes (each "
+                                  "compiles the train step once)")
+    packing: bool = setting(
+        True, "lay several pairs end to end in rows of one width (one train shape, almost no "
+              "padding); --no-packing pads each pair to a bucket length instead")
+    pack_width: int | None = setting(
+        None, "packed rows' width in tokens, at least --max-tokens-per-sentence (default: the "
+              "longest pair of the corpus that the length filter keeps, rounded up to a "
+              "multiple of 8)")
+    fitted_width: int | None = setting(None, "the longest pair kept, rounded up",
+                                       derived="the corpus")
     num_devices: int = setting(1, "global device count", derived="the devices")
     seed: int = setting(0, "seed of each epoch's batch order", derived="train.seed")
 
@@ -161,6 +172,9 @@ class BatchConfig:
             raise DataError(f"--max-tokens-per-sentence must be >= 2, got {self.max_len}")
         if not self.max_ratio >= 1.0:
             raise DataError(f"max_ratio must be >= 1, got {self.max_ratio}")
+        if self.packing:
+            self._check_packing()
+            return
         largest = self.used_buckets[-1]
         if self.batch_tokens // largest < self.num_devices:
             # The trainer passes --batch-tokens and the device count both times --accum.
@@ -170,6 +184,33 @@ class BatchConfig:
                 "the smaller of --max-tokens-per-sentence and the model's --max-len), fewer "
                 f"than the {self.num_devices} it needs (devices x --accum); use --batch-tokens "
                 f"{largest * self.num_devices} or more, or lower --max-tokens-per-sentence")
+
+    def _check_packing(self) -> None:
+        if self.pack_width is not None and self.pack_width < self.max_len:
+            raise DataError(
+                f"--pack-width {self.pack_width} is narrower than the longest pair kept "
+                f"(--max-tokens-per-sentence {self.max_len}, at most the model's max_len): "
+                f"raise --pack-width to {self.max_len} or more, or lower "
+                "--max-tokens-per-sentence")
+        if self.batch_tokens // self.width < self.num_devices:
+            raise DataError(
+                f"a batch of {self.batch_tokens} tokens (--batch-tokens x --accum) holds "
+                f"{self.batch_tokens // self.width} packed rows of width {self.width}, fewer "
+                f"than the {self.num_devices} it needs (devices x --accum); use --batch-tokens "
+                f"{self.width * self.num_devices} or more, or a smaller --pack-width")
+
+    @property
+    def width(self) -> int:
+        """Packed rows' width: pack_width, else the corpus's longest pair kept (fitted_width,
+        once known), else the longest pair the filter keeps (max_len)."""
+        return self.pack_width or self.fitted_width or self.max_len
+
+    @property
+    def rows_per_batch(self) -> int:
+        """Packed rows of one batch: the token budget over the width, a multiple of the
+        device count."""
+        rows = self.batch_tokens // self.width
+        return rows - rows % self.num_devices
 
     @property
     def used_buckets(self) -> tuple[int, ...]:

@@ -165,8 +165,9 @@ class RunConfig:
         return dataclasses.replace(self.model, vocab_size=tokenizer.vocab_size,
                                    **tokenizer.special_ids())
 
-    def with_model_vocab(self, vocab_size: int) -> ModelConfig:
-        """The model config for a vocabulary of `vocab_size` (ids are this project's)."""
+    def model_for_vocab(self, vocab_size: int) -> ModelConfig:
+        """The model config for a vocabulary of `vocab_size` pieces with this project's
+        special ids (`data.tokenizer`), before the tokenizer is loaded."""
         return dataclasses.replace(self.model, vocab_size=vocab_size)
 
     def replace(self, **sections: Any) -> "RunConfig":

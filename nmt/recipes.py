@@ -319,8 +319,12 @@ def defaults() -> Layer:
 
 
 def merge(*layers: Layer) -> Layer:
+    """One layer of `layers`, later ones winning. A layer that names a preset starts the
+    model afresh: model keys of earlier layers do not carry over to another preset."""
     merged = _empty()
     for layer in layers:
+        if PRESET_KEY in layer["model"]:
+            merged["model"] = {}
         for section, values in layer.items():
             merged[section].update(values)
     return merged

@@ -12,6 +12,7 @@ from data.batching import Examples, load_examples
 from data.config import DEFAULT_BUCKETS, BatchConfig
 from data.corpus import load_corpus
 from data.encoding import encode_split, train_or_load_tokenizer
+from data.packing import fit_width
 from data.tokenizer import MODEL_FILE, Tokenizer
 from nmt.config import RunConfig
 from nmt.distributed import barrier
@@ -43,7 +44,13 @@ def train_batch_config(run: RunConfig, model_max_len: int, devices: int) -> Batc
 
 def eval_batch_config(run: RunConfig, model_max_len: int, devices: int) -> BatchConfig:
     """Batching of the validation loss: every pair the model can take, whatever its length
-    or length ratio (the training filters do not apply)."""
+    or length ratio (the training filters do not apply). Packed like training (one shape),
+    or bucketed."""
+    if run.batching.packing:
+        return dataclasses.replace(
+            run.batching, batch_tokens=max(run.batching.batch_tokens, model_max_len * devices),
+            max_len=model_max_len, max_ratio=float("inf"), pack_width=None,
+            num_devices=devices)
     buckets = [b for b in run.batching.buckets or DEFAULT_BUCKETS if b < model_max_len]
     # Widths past the training buckets double up to the model's limit: long validation pairs
     # are few, and each width compiles the eval step once.
@@ -77,10 +84,13 @@ def prepare_data(run: RunConfig, run_dir: Path, model_max_len: int) -> Data:
     batch_config = train_batch_config(run, model_max_len, devices)
     valid_batch_config = eval_batch_config(run, model_max_len, devices)
     valid = corpus["validation"]
+    train_examples = load_examples(encoded["train"], batch_config, "train")
+    valid_examples = load_examples(encoded["validation"], valid_batch_config, "validation")
     return Data(tokenizer=tokenizer, tokenizer_file=run_dir / MODEL_FILE,
-                train_examples=load_examples(encoded["train"], batch_config, "train"),
-                valid_examples=load_examples(encoded["validation"], valid_batch_config,
-                                             "validation"),
-                batch_config=batch_config, eval_batch_config=valid_batch_config,
+                train_examples=train_examples, valid_examples=valid_examples,
+                batch_config=fit_width(batch_config, train_examples.src_len,
+                                       train_examples.tgt_len),
+                eval_batch_config=fit_width(valid_batch_config, valid_examples.src_len,
+                                            valid_examples.tgt_len),
                 valid_sources=list(valid["source"]), valid_targets=list(valid["target"]),
                 counts={name: len(split) for name, split in corpus.items()})

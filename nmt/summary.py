@@ -75,6 +75,12 @@ def print_summary(summary: dict[str, Any], run_dir: Path) -> None:
     if summary["best_score"] is not None:
         lines.append(f"Best validation {BEST_METRICS[summary['best_metric']][0]} "
                      f"{summary['best_score']:.2f} at step {summary['best_step']}.")
+    time_spent = summary.get("time")
+    if time_spent:
+        lines.append(f"Compiled {time_spent['compiled']} programs and read "
+                     f"{time_spent['cache_hits']} from the compilation cache in "
+                     f"{time_spent['compile_s']:.1f} s; train steps took "
+                     f"{time_spent['steps_s']:.1f} s.")
     if summary["stopped"] in ("SIGINT", "SIGTERM"):
         lines.append(f"Interrupted; checkpoint saved. Resume with the same command, or: "
                      f"python train.py --resume --output-dir {run_dir}")

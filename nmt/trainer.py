@@ -29,15 +29,18 @@ from __future__ import annotations
 
 import collections
 import contextlib
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 
 from nmt import final_model, recipes, resume, scoring
 from nmt.bookkeeping import Bookkeeping
 from nmt.checkpoints import CHECKPOINTS_DIR, Checkpointer, complete_steps
-from nmt.compilation import enable_compilation_cache
+from data.packing import PACKED_KEYS
+from nmt.compilation import AheadOfTime, CompileLog, enable_compilation_cache
 from nmt.config import RunConfig
 from nmt.distributed import barrier, local_copy
 from nmt.metrics_log import MetricsWindow, MetricsWriter
@@ -45,8 +48,8 @@ from nmt.run_data import prepare_data
 from nmt.stopping import Limits, PausableClock, StopSignal
 from nmt.summary import announcement, build_summary, echo, print_summary, progress_bar
 from nmt.validation import Validator, describe
-from transformer.training import (create_train_state, make_eval_step, make_mesh,
-                                  make_train_step, shard_batch)
+from transformer.training import (batch_sharding, create_train_state, make_eval_step,
+                                  make_mesh, make_train_step, shard_batch)
 
 
 class TrainingError(RuntimeError):
@@ -66,47 +69,41 @@ def train(run: RunConfig, workdir: str | Path | None = None) -> dict[str, Any]:
     created = not run_dir.exists()
     run_dir.mkdir(parents=True, exist_ok=True)
     enable_compilation_cache()
-    try:
-        trainer = Trainer(run, run_dir)
-    except BaseException:  # missing data, say: a run that never started leaves no directory
-        if created:
-            with contextlib.suppress(OSError):  # not empty, or another process removed it
-                run_dir.rmdir()
-        raise
-    try:
-        stopped = trainer.loop()
-    except TrainingError:
-        trainer.close()
-        raise
-    return trainer.finish(stopped)
+    with CompileLog().active() as compile_log:
+        try:
+            trainer = Trainer(run, run_dir, compile_log)
+        except BaseException:  # missing data, say: a run that never started leaves no directory
+            if created:
+                with contextlib.suppress(OSError):  # not empty, or another process removed it
+                    run_dir.rmdir()
+            raise
+        try:
+            stopped = trainer.loop()
+        except TrainingError:
+            trainer.close()
+            raise
+        return trainer.finish(stopped)
 
 
 class Trainer:
     """One call of `train`: the state, the data, the bookkeeping, and the loop over them."""
 
-    def __init__(self, run: RunConfig, run_dir: Path):
-        self.run, self.run_dir = run, run_dir
+    def __init__(self, run: RunConfig, run_dir: Path, compile_log: CompileLog):
+        self.run, self.run_dir, self.compile_log = run, run_dir, compile_log
         self.is_main = jax.process_index() == 0
         self.limits = Limits(run.trainer)
         bleu = scoring.bleu_settings(run.data.tgt, run.trainer.bleu_tokenize) if (
             run.trainer.eval_sentences) else {"target_language": run.data.tgt,
                                               "bleu_tokenize": run.trainer.bleu_tokenize}
-        saved = resume.saved_run(run_dir)
-        resuming = bool(complete_steps(run_dir / CHECKPOINTS_DIR))
-        try:
-            resume.check_same_tokenizer(run_dir, run, saved)
-            self.data = prepare_data(run, run_dir, run.model.max_len)
-            self.model_config = run.model_for(self.data.tokenizer)
-            if resuming:
-                resume.check_same_model(run_dir, self.model_config, saved)
-                resume.check_same_seed(run_dir, run, saved)
-        except resume.ResumeError as err:
-            raise TrainingError(str(err)) from None
-
         self.mesh = make_mesh()
-        self.graphdef, _, self.state = create_train_state(self.model_config, run.train,
-                                                          self.mesh)
-        self.train_step = make_train_step(self.graphdef, run.train, self.mesh)
+        # The tokenizer will have tokenizer.vocab_size pieces: the model is initialized (and
+        # its initialization compiled) in the background while the data is prepared.
+        self.model_config = run.model_for_vocab(run.tokenizer.vocab_size)
+        with ThreadPoolExecutor(1) as pool:
+            state = pool.submit(self._create_state)
+            self.data = self._prepare_data()
+            self.graphdef, self.state, self.train_step = state.result()
+        self._start_compiling_the_train_step()
         self.saver = Checkpointer(run_dir, keep_last=run.trainer.keep_last,
                                   async_save=run.trainer.async_checkpoints)
         tokenizer_name = run.trainer.bleu_tokenize or scoring.bleu_tokenizer_for(run.data.tgt)
@@ -126,8 +123,48 @@ class Trainer:
         self.clock = PausableClock()  # of the log window: tokens/s leaves out eval and saving
         self.validator = Validator(self.data, make_eval_step(self.graphdef, self.mesh, run.train),
                                    self.mesh, run.search, run.trainer.eval_sentences,
-                                   run.trainer.samples, bleu, echo)
+                                   run.trainer.samples, bleu, echo, compile_log)
         self.bar = None
+        self.compilations_logged = 0
+        self.step_seconds = 0.0  # in train steps, validation and saving left out
+
+    def _prepare_data(self):
+        """The run's data, after checking that the run directory holds a run these settings
+        can continue."""
+        run, run_dir = self.run, self.run_dir
+        saved = resume.saved_run(run_dir)
+        try:
+            resume.check_same_tokenizer(run_dir, run, saved)
+            data = prepare_data(run, run_dir, run.model.max_len)
+            if complete_steps(run_dir / CHECKPOINTS_DIR):
+                resume.check_same_model(run_dir, self.model_config, saved)
+                resume.check_same_seed(run_dir, run, saved)
+        except resume.ResumeError as err:
+            raise TrainingError(str(err)) from None
+        if run.model_for(data.tokenizer) != self.model_config:
+            raise TrainingError(
+                f"{data.tokenizer_file} has {data.tokenizer.vocab_size} pieces but the run's "
+                f"vocabulary size (--vocab-size) is {self.model_config.vocab_size}; set "
+                f"--vocab-size {data.tokenizer.vocab_size}.")
+        return data
+
+    def _create_state(self):
+        with self.compile_log.labelled("init"):
+            graphdef, _, state = create_train_state(self.model_config, self.run.train,
+                                                    self.mesh)
+        step = AheadOfTime(make_train_step(graphdef, self.run.train, self.mesh),
+                           self.compile_log, "train_step")
+        return graphdef, state, step
+
+    def _start_compiling_the_train_step(self) -> None:
+        """Packed batches have one shape: compile its step while the setup goes on."""
+        config = self.data.batch_config
+        if not config.packing:
+            return  # bucketed batches: each shape compiles at its first step
+        spec = {key: jax.ShapeDtypeStruct((config.rows_per_batch, config.width), jnp.int32,
+                                          sharding=batch_sharding(self.mesh))
+                for key in PACKED_KEYS}
+        self.train_step.start(self.state, spec)
 
     def _restore(self) -> tuple[int, str] | None:
         """Restore the latest checkpoint into the state and the bookkeeping."""
@@ -160,6 +197,8 @@ class Trainer:
             stopped = "early_stop"
         self.bar = progress_bar(self.run.trainer, self.limits.total_steps(
             self.batches.batches_per_epoch), self.step) if self.is_main else None
+        self.train_step.wait()
+        self.clock.restart()
         try:
             stopped = self._steps(stopped)
         finally:
@@ -227,15 +266,24 @@ class Trainer:
             f"(it resumes from the last good checkpoint).")
 
     def log_window(self) -> None:
-        """Write one "train" line for the steps since the last one."""
-        line = self.window.close(self.clock.elapsed(), self.limits.started)
+        """Write one "train" line for the steps since the last one, and a "compile" line for
+        each program compiled since."""
+        seconds = self.clock.elapsed()
+        self._log_compilations()
+        line = self.window.close(seconds, self.limits.started)
         if line is None:
             return
+        self.step_seconds += seconds
         self.writer.write("train", self.step, line)
         if self.bar is not None:
             self.bar.set_postfix(loss=f"{line['loss']:.3f}", lr=f"{line['lr']:.2e}",
                                  tok_s=f"{line['tokens_per_s']:.0f}", refresh=False)
         self.clock.restart()
+
+    def _log_compilations(self) -> None:
+        for record in self.compile_log.since(self.compilations_logged):
+            self.writer.write("compile", self.step, record.to_dict())
+            self.compilations_logged += 1
 
     def save(self, force_sync: bool = False) -> None:
         """Write checkpoint `step`, again if the bookkeeping changed since it was written (the
@@ -290,12 +338,23 @@ class Trainer:
                                                    tokenizer_file, run.trainer.average_last)
             echo(f"Averaged checkpoints {steps} into {model_dir}")
         barrier("exported")
+        self._log_compilations()
+        self.writer.write("summary", self.step, self._time_spent())
         self.close()
         summary = build_summary(run, self.run_dir, model_dir, self.step, stopped, book,
                                 self.limits.minutes_so_far(), self.data.valid_sources)
+        summary["time"] = self._time_spent()
         if self.is_main:
             print_summary(summary, self.run_dir)
         return summary
+
+    def _time_spent(self) -> dict[str, Any]:
+        """Seconds compiling (every program of this process) and in train steps (their
+        compilations left out), and how many programs were compiled or read from the
+        cache."""
+        compiled = self.compile_log.summary()
+        in_steps = self.train_step.seconds_compiling_in_calls
+        return {**compiled, "steps_s": round(max(self.step_seconds - in_steps, 0.0), 1)}
 
     def close(self) -> None:
         """Wait for checkpoints in flight and release the files (also after an error)."""

@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from data.batching import eval_batches
 from nmt import scoring
+from nmt.compilation import AheadOfTime, CompileLog
 from nmt.distributed import local_copy
 from nmt.run_data import Data
 from transformer.config import SearchConfig
@@ -20,21 +22,44 @@ from transformer.training import shard_batch
 from transformer.translation import Translator
 
 
+def search_widths(lengths: Sequence[int], max_len: int, step: int = 8) -> tuple[int, ...]:
+    """At most two source widths for sentences of `lengths` tokens (EOS included): the longest
+    rounded up to a multiple of `step` (at most max_len), and a narrower one when it saves
+    padding, the one that pads least. Each width compiles search once."""
+    lengths = np.minimum(np.asarray(lengths), max_len)
+    widest = min(-(-int(lengths.max()) // step) * step, max_len)
+    best, least = (widest,), len(lengths) * widest
+    for narrow in range(step, widest, step):
+        padded = int(np.where(lengths <= narrow, narrow, widest).sum())
+        if padded < least:
+            best, least = (narrow, widest), padded
+    return best
+
+
 class Validator:
-    """Scores parameters on the validation split; `echo` prints the sample translations."""
+    """Scores parameters on the validation split; `echo` prints the sample translations.
+
+    Translating the first `sentences` pairs pads their sources to at most two widths
+    (`search_widths`), so validation compiles search at most twice."""
 
     def __init__(self, data: Data, eval_step, mesh, search: SearchConfig, sentences: int,
-                 samples: int, bleu: dict[str, str | None], echo: Callable[[str], None]):
+                 samples: int, bleu: dict[str, str | None], echo: Callable[[str], None],
+                 compile_log: CompileLog):
         self.data, self.eval_step, self.mesh = data, eval_step, mesh
         self.search, self.samples, self.bleu, self.echo = search, samples, bleu, echo
+        self.compile_log = compile_log
         self.sentences = min(sentences, len(data.valid_sources))
+        lengths = [len(ids) + 1 for ids in
+                   data.tokenizer.encode(data.valid_sources[:self.sentences])]
+        self.widths = search_widths(lengths, data.eval_batch_config.max_len) if lengths else ()
 
     def scores(self, graphdef: nnx.GraphDef, params: nnx.State) -> dict[str, Any]:
         """loss, nll, ppl and accuracy per validation token; bleu, chrf, sentences and
         translate_s when sentences are translated."""
         sums = None
         for batch in eval_batches(self.data.valid_examples, self.data.eval_batch_config):
-            out = self.eval_step(params, shard_batch(batch, self.mesh))
+            with self.compile_log.labelled(f"eval_step [{AheadOfTime.describe(batch)}]"):
+                out = self.eval_step(params, shard_batch(batch, self.mesh))
             sums = out if sums is None else jax.tree.map(jnp.add, sums, out)
         sums = {k: float(v) for k, v in local_copy(sums).items()}
         tokens = max(sums["tokens"], 1.0)
@@ -49,7 +74,9 @@ class Validator:
         data, n = self.data, self.sentences
         sources, refs = data.valid_sources[:n], data.valid_targets[:n]
         t0 = time.monotonic()
-        hyps = Translator(model, data.tokenizer, self.search).translate(sources)
+        translator = Translator(model, data.tokenizer, self.search, buckets=self.widths)
+        with self.compile_log.labelled(f"search [widths {','.join(map(str, self.widths))}]"):
+            hyps = translator.translate(sources)
         scores = scoring.evaluate(hyps, refs, **self.bleu)
         for src, ref, hyp in list(zip(sources, refs, hyps))[: self.samples]:
             self.echo(f"  SRC: {src}\n  REF: {ref}\n  HYP: {hyp}")

@@ -7,8 +7,9 @@ before JAX starts, so each such run is a child process:
     python tests/multiprocess_worker.py --devices 2 --num-processes 2 --process-id 0 \
         --port 12345 --out run0.npz          # and the same with --process-id 1
 
-Every run starts from the same initialisation (seed 0) and sees the same global batches;
-each process feeds only its own rows, as a data loader would. The .npz holds the per-step
+Every run starts from the same initialisation (seed 0) and sees the same global batches,
+packed rows as the trainer feeds them (or pairs padded one per row with --padded); each
+process feeds only its own rows, as a data loader would. The .npz holds the per-step
 metrics and the final parameters, keyed by their path.
 """
 
@@ -24,8 +25,11 @@ ROWS = 8  # global rows per step: divisible by 1, 2 and 4 devices and by 2 micro
 SRC_LEN, TGT_LEN, VOCAB = 9, 7, 64
 
 
-def make_batch(step: int, rows: int = ROWS) -> dict[str, np.ndarray]:
-    """A batch of random sentences of varied lengths; the last row is all padding."""
+def make_batch(step: int, rows: int = ROWS, packed: bool = True) -> dict[str, np.ndarray]:
+    """A batch of random pairs of varied lengths: packed rows of width SRC_LEN, or one pair
+    per row (the last row all padding)."""
+    if packed:
+        return make_packed_batch(step, rows)
     rng = np.random.default_rng(1000 + step)
     src = np.zeros((rows, SRC_LEN), np.int32)
     tgt_in = np.zeros((rows, TGT_LEN), np.int32)
@@ -43,8 +47,29 @@ def make_batch(step: int, rows: int = ROWS) -> dict[str, np.ndarray]:
     return {"src": src, "tgt_in": tgt_in, "tgt_out": tgt_out}
 
 
+def make_packed_batch(step: int, rows: int = ROWS) -> dict[str, np.ndarray]:
+    """`rows` packed rows of width SRC_LEN holding random pairs (`data.packing`); the last row
+    empty, and every pair's target shorter than its source, as TGT_LEN < SRC_LEN above."""
+    from types import SimpleNamespace
+
+    from data.packing import PackedBatch, materialize_packed, pack_rows
+
+    rng = np.random.default_rng(2000 + step)
+    src_len = rng.integers(2, SRC_LEN // 2, 3 * rows)          # tokens + EOS
+    tgt_len = rng.integers(2, SRC_LEN // 2, 3 * rows)          # BOS + tokens
+    order = np.arange(3 * rows)
+    packed = pack_rows(src_len, tgt_len, order, SRC_LEN)[:rows - 1]
+    pairs = SimpleNamespace(
+        src_values=rng.integers(4, VOCAB, int(src_len.sum())).astype(np.int32),
+        src_offsets=np.concatenate([[0], np.cumsum(src_len - 1)]),
+        tgt_values=rng.integers(4, VOCAB, int(tgt_len.sum())).astype(np.int32),
+        tgt_offsets=np.concatenate([[0], np.cumsum(tgt_len - 1)]))
+    empty = [np.zeros(0, np.int64)] * (rows - len(packed))
+    return materialize_packed(pairs, PackedBatch(SRC_LEN, tuple(packed + empty)))
+
+
 def run(num_steps: int = 3, dropout: float = 0.1, accum_steps: int = 1,
-        devices=None) -> dict[str, np.ndarray]:
+        devices=None, packed: bool = True) -> dict[str, np.ndarray]:
     """Train `num_steps` steps on `devices` (default: all, of all processes).
 
     Returns {"metric/<name>": [num_steps] values, "param/<path>": final values}.
@@ -66,7 +91,7 @@ def run(num_steps: int = 3, dropout: float = 0.1, accum_steps: int = 1,
     local_rows = ROWS // processes
     history: dict[str, list[np.ndarray]] = {}
     for step in range(num_steps):
-        batch = make_batch(step)
+        batch = make_batch(step, packed=packed)
         local = {k: v[process * local_rows:(process + 1) * local_rows] for k, v in batch.items()}
         state, metrics = train_step(state, training.shard_batch(local, mesh))
         for name, value in metrics.items():
@@ -92,6 +117,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--dropout", type=float, default=0.1)
     ap.add_argument("--accum-steps", type=int, default=1)
+    ap.add_argument("--padded", action="store_true", help="one pair per row, not packed")
     ap.add_argument("--out", required=True, help=".npz this process writes")
     args = ap.parse_args()
 
@@ -106,7 +132,7 @@ def main() -> None:
                                    num_processes=args.num_processes,
                                    process_id=args.process_id)
     assert jax.device_count() == args.devices * args.num_processes, jax.devices()
-    result = run(args.steps, args.dropout, args.accum_steps)
+    result = run(args.steps, args.dropout, args.accum_steps, packed=not args.padded)
     if args.num_processes > 1:
         jax.distributed.shutdown()
     np.savez(args.out, **result)

@@ -49,7 +49,7 @@ def padded(ids: list[int], width: int) -> list[int]:
 
 
 def test_batches_respect_budget_buckets_and_contents(encoded):
-    config = BatchConfig(batch_tokens=512, max_len=64, buckets=BUCKETS, num_devices=4)
+    config = BatchConfig(packing=False, batch_tokens=512, max_len=64, buckets=BUCKETS, num_devices=4)
     examples = load_examples(encoded, config)
     plan = plan_epoch(examples, config, epoch=0)
     rows_of_shape: dict[tuple[int, int], int] = {}
@@ -80,7 +80,7 @@ def test_batches_respect_budget_buckets_and_contents(encoded):
 
 
 def test_no_batch_is_wider_than_max_len(encoded):
-    config = BatchConfig(batch_tokens=512, max_len=30, buckets=BUCKETS)
+    config = BatchConfig(packing=False, batch_tokens=512, max_len=30, buckets=BUCKETS)
     assert config.used_buckets == (4, 8, 12, 16, 24, 30)
     examples = load_examples(encoded, config)
     widths = {(b.src_len, b.tgt_len) for b in plan_epoch(examples, config, 0)}
@@ -91,7 +91,7 @@ def test_no_batch_is_wider_than_max_len(encoded):
 def test_max_len_beyond_the_last_bucket_is_one_more_width(encoded):
     """--max-tokens-per-sentence above the largest of --buckets: the widest batches are
     max_len wide, sized by the token budget like every other width."""
-    config = BatchConfig(batch_tokens=512, max_len=37, buckets=(4, 8, 16, 32))
+    config = BatchConfig(packing=False, batch_tokens=512, max_len=37, buckets=(4, 8, 16, 32))
     assert config.used_buckets == (4, 8, 16, 32, 37)
     examples = load_examples(encoded, config)
     assert int(max(examples.src_len.max(), examples.tgt_len.max())) > 32
@@ -107,15 +107,15 @@ def test_bad_buckets_name_the_flag():
     for buckets in ((), (8, 4), (1, 8), (8, 8)):
         with pytest.raises(DataError, match=r"--buckets must be integers >= 2 in strictly "
                                             r"increasing order"):
-            BatchConfig(buckets=buckets)
+            BatchConfig(packing=False, buckets=buckets)
 
 
 def test_max_shapes_bounds_the_shapes(encoded):
-    config = BatchConfig(batch_tokens=256, max_len=64, buckets=BUCKETS)
+    config = BatchConfig(packing=False, batch_tokens=256, max_len=64, buckets=BUCKETS)
     examples = load_examples(encoded, config)
     unbounded = plan_stats(examples, config)
     assert unbounded.num_shapes > 4
-    bounded = plan_stats(examples, BatchConfig(batch_tokens=256, max_len=64, buckets=BUCKETS,
+    bounded = plan_stats(examples, BatchConfig(packing=False, batch_tokens=256, max_len=64, buckets=BUCKETS,
                                                max_shapes=4))
     assert bounded.num_shapes <= 4
     assert bounded.real_tokens == unbounded.real_tokens  # still every pair once
@@ -123,7 +123,7 @@ def test_max_shapes_bounds_the_shapes(encoded):
 
 
 def test_plan_depends_on_seed_and_epoch_only(encoded):
-    config = BatchConfig(batch_tokens=512, max_len=64, buckets=BUCKETS)
+    config = BatchConfig(packing=False, batch_tokens=512, max_len=64, buckets=BUCKETS)
     examples = load_examples(encoded, config)
 
     def rows(plan):
@@ -132,7 +132,7 @@ def test_plan_depends_on_seed_and_epoch_only(encoded):
     epoch0 = rows(plan_epoch(examples, config, 0))
     assert rows(plan_epoch(examples, config, 0)) == epoch0
     assert rows(plan_epoch(examples, config, 1)) != epoch0
-    other_seed = BatchConfig(batch_tokens=512, max_len=64, buckets=BUCKETS, seed=1)
+    other_seed = BatchConfig(packing=False, batch_tokens=512, max_len=64, buckets=BUCKETS, seed=1)
     assert rows(plan_epoch(examples, other_seed, 0)) != epoch0
 
 
@@ -149,7 +149,7 @@ def assert_same_batches(a, b):
 
 
 def test_resumed_iterator_gives_the_same_batches(encoded):
-    config = BatchConfig(batch_tokens=1024, max_len=64, buckets=BUCKETS, num_devices=2)
+    config = BatchConfig(packing=False, batch_tokens=1024, max_len=64, buckets=BUCKETS, num_devices=2)
     examples = load_examples(encoded, config)
     per_epoch = len(plan_epoch(examples, config, 0))
     original = BatchIterator(examples, config, process_index=0, process_count=1)
@@ -167,7 +167,7 @@ def test_resumed_iterator_gives_the_same_batches(encoded):
 
 
 def test_process_shards_are_disjoint_and_cover_the_global_batch(encoded):
-    config = BatchConfig(batch_tokens=1024, max_len=64, buckets=BUCKETS, num_devices=4)
+    config = BatchConfig(packing=False, batch_tokens=1024, max_len=64, buckets=BUCKETS, num_devices=4)
     examples = load_examples(encoded, config)
     whole = BatchIterator(examples, config, process_index=0, process_count=1)
     shards = [BatchIterator(examples, config, process_index=p, process_count=2) for p in (0, 1)]
@@ -185,7 +185,7 @@ def test_process_shards_are_disjoint_and_cover_the_global_batch(encoded):
 
 
 def test_batch_sizes_must_split_over_processes(encoded):
-    config = BatchConfig(batch_tokens=1024, max_len=64, buckets=BUCKETS, num_devices=3)
+    config = BatchConfig(packing=False, batch_tokens=1024, max_len=64, buckets=BUCKETS, num_devices=3)
     examples = load_examples(encoded, config)
     with pytest.raises(DataError, match="num_devices 3 is not a multiple of the process count 2"):
         BatchIterator(examples, config, process_index=0, process_count=2)
@@ -193,11 +193,11 @@ def test_batch_sizes_must_split_over_processes(encoded):
                                         r"holds 1 rows of the longest pairs \(64 tokens: the "
                                         r"smaller of --max-tokens-per-sentence and the model's "
                                         r"--max-len\), fewer than the 2 .*use --batch-tokens 128"):
-        BatchConfig(batch_tokens=100, max_len=64, buckets=BUCKETS, num_devices=2)
+        BatchConfig(packing=False, batch_tokens=100, max_len=64, buckets=BUCKETS, num_devices=2)
 
 
 def test_default_process_from_jax(encoded):
-    config = BatchConfig(batch_tokens=1024, max_len=64, buckets=BUCKETS)
+    config = BatchConfig(packing=False, batch_tokens=1024, max_len=64, buckets=BUCKETS)
     iterator = BatchIterator(load_examples(encoded, config), config)
     assert (iterator.process_index, iterator.process_count) == (0, 1)
 
@@ -206,7 +206,7 @@ def test_filters_drop_and_count(caplog):
     src = [[5] * 3, [5] * 70, [5] * 2, [5] * 30, [5] * 10]
     tgt = [[6] * 3, [6] * 4, [6] * 40, [6] * 1, [6] * 12]
     encoded = datasets.Dataset.from_dict({"src_ids": src, "tgt_ids": tgt})
-    config = BatchConfig(max_len=64, max_ratio=9.0, buckets=BUCKETS, batch_tokens=512)
+    config = BatchConfig(packing=False, max_len=64, max_ratio=9.0, buckets=BUCKETS, batch_tokens=512)
     with caplog.at_level(logging.INFO, logger="data"):
         examples = load_examples(encoded, config)
     # 71 > 64 tokens; 41 / 3 > 9 (target vs source); 31 / 2 > 9; 3/4 and 11/13 are kept.
@@ -225,7 +225,7 @@ def test_length_ratio_filter_keeps_pairs_at_exactly_the_limit():
     src = [[5] * 2, [5] * 2, [5] * 26, [5] * 27, [5] * 4]
     tgt = [[6] * 26, [6] * 27, [6] * 2, [6] * 2, [6] * 4]
     encoded = datasets.Dataset.from_dict({"src_ids": src, "tgt_ids": tgt})
-    config = BatchConfig(max_len=64, max_ratio=9.0, buckets=BUCKETS, batch_tokens=512)
+    config = BatchConfig(packing=False, max_len=64, max_ratio=9.0, buckets=BUCKETS, batch_tokens=512)
     assert load_examples(encoded, config).index.tolist() == [0, 2, 4]
 
 
@@ -233,11 +233,11 @@ def test_no_pairs_left_is_an_error():
     encoded = datasets.Dataset.from_dict({"src_ids": [[5] * 100], "tgt_ids": [[6] * 100]})
     with pytest.raises(DataError, match=r"train: no pairs left after filtering 1 pairs \(1 "
                                         r"longer than 64 tokens: --max-tokens-per-sentence"):
-        load_examples(encoded, BatchConfig(max_len=64, buckets=BUCKETS, batch_tokens=512))
+        load_examples(encoded, BatchConfig(packing=False, max_len=64, buckets=BUCKETS, batch_tokens=512))
 
 
 def test_eval_batches_give_every_pair_once(encoded):
-    config = BatchConfig(batch_tokens=512, max_len=64, buckets=BUCKETS)
+    config = BatchConfig(packing=False, batch_tokens=512, max_len=64, buckets=BUCKETS)
     examples = load_examples(encoded, config)
     src_tokens = sum(int((b["src"] != PAD_ID).sum()) for b in
                      eval_batches(examples, config, process_index=0, process_count=1))

@@ -50,7 +50,7 @@ def _args(corpus: dict[str, str], out: Path, max_steps: int = 60, **extra) -> li
             "--eval-every", "20", "--eval-sentences", "0", "--keep-last", "3",
             "--output-dir", str(out)]
     for key, value in extra.items():
-        args += [f"--{key.replace('_', '-')}", str(value)]
+        args += [f"--{key.replace('_', '-')}"] + ([str(value)] if value != "" else [])
     return args
 
 
@@ -59,8 +59,13 @@ def _run(args: list[str], env: dict[str, str], timeout: int = 300) -> subprocess
                           capture_output=True, text=True, timeout=timeout)
 
 
-def _lines(run_dir: Path) -> list[dict]:
+def _all_lines(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def _lines(run_dir: Path) -> list[dict]:
+    """The training's own lines: what the process compiled and how long it took vary."""
+    return [line for line in _all_lines(run_dir) if line["kind"] not in ("compile", "summary")]
 
 
 _WALL_CLOCK = ("tokens_per_s", "elapsed_s", "translate_s")
@@ -96,6 +101,30 @@ def test_run_directory_layout(uninterrupted):
     assert values["model"].d_model == 24 and values["step"] == 60
 
 
+def test_packed_batches_compile_one_train_step_ahead_of_time(uninterrupted):
+    compiled = [line for line in _all_lines(uninterrupted) if line["kind"] == "compile"]
+    steps = [line for line in compiled if line["function"] == "jit(train_step)"]
+    assert len(steps) == 1 and steps[0]["label"] == "train_step [16x16]"  # 256 tokens / 16
+    assert not steps[0]["cache_hit"] and steps[0]["seconds"] > 0
+    assert len([c for c in compiled if c["function"] == "jit(eval_step)"]) == 1
+    assert len([c for c in compiled if c["function"] == "jit(_beam_search)"]) == 0  # no BLEU
+    summary = _all_lines(uninterrupted)[-1]
+    assert summary["kind"] == "summary" and summary["compiled"] == len(compiled)
+    assert summary["compile_s"] == pytest.approx(sum(c["seconds"] for c in compiled), abs=0.05)
+
+
+def test_bucketed_batches_compile_each_shape_once(corpus, env, tmp_path):
+    out = tmp_path / "bucketed"
+    result = _run(_args(corpus, out, max_steps=10**6, max_epochs=1, no_packing="",
+                        buckets="8,12,16"), env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    shapes = int(re.search(r"batches of (\d+) shapes", result.stderr).group(1))
+    assert shapes > 2
+    steps = [line for line in _all_lines(out)
+             if line["kind"] == "compile" and line["function"] == "jit(train_step)"]
+    assert len(steps) == shapes and len({line["label"] for line in steps}) == shapes
+
+
 def test_sigterm_then_resume_logs_the_same_metrics(uninterrupted, corpus, env, tmp_path):
     out = tmp_path / "b"
     out.mkdir()
@@ -126,6 +155,11 @@ def test_sigterm_then_resume_logs_the_same_metrics(uninterrupted, corpus, env, t
     result = _run(_args(corpus, out), env)
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"from step {interrupted_at}" in result.stdout + result.stderr
+    # The same programs as the interrupted run's: all from the persistent compilation cache.
+    resumed_compilations = [line for line in _all_lines(out)
+                            if line["kind"] == "compile" and line["step"] > interrupted_at]
+    assert resumed_compilations and all(c["cache_hit"] for c in resumed_compilations)
+    assert _all_lines(out)[-1]["compiled"] == 0
     expected = [_comparable(line) for line in _lines(uninterrupted)]
     resumed = [_comparable(line) for line in _lines(out)]
     assert [line["step"] for line in resumed] == [line["step"] for line in expected]
@@ -301,9 +335,11 @@ def test_shipped_recipes_load_and_round_trip(path, tmp_path):
 
 def test_no_argument_defaults():
     run, _ = train_cli.resolve([])
-    assert run.preset == "small" and run.data.uses_builtin
-    assert run.trainer.limits() == (None, 4.0)
-    assert str(run.default_output_dir()) == "runs/builtin-en-de-small"
+    assert run.preset == "compact" and run.model.dropout == 0.0 and run.data.uses_builtin
+    assert run.batching.packing and run.trainer.limits() == (None, 4.0)
+    assert str(run.default_output_dir()) == "runs/builtin-en-de-compact"
+    # Naming another preset starts the model from it: the defaults' dropout 0 does not apply.
+    assert train_cli.resolve(["--preset", "small"])[0].model == recipes.PRESETS["small"]
 
 
 def test_two_devices_with_accumulation(corpus, env, tmp_path):

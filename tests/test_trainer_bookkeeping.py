@@ -88,7 +88,9 @@ def _run(corpus: dict[str, str], out: Path, **settings) -> dict:
 
 
 def _lines(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / METRICS_FILE).read_text().splitlines()]
+    """The training's own lines (what each process compiled and how long it took vary)."""
+    lines = [json.loads(line) for line in (run_dir / METRICS_FILE).read_text().splitlines()]
+    return [line for line in lines if line["kind"] not in ("compile", "summary")]
 
 
 def _saved_bookkeeping(run_dir: Path, step: int) -> dict:

@@ -35,7 +35,7 @@ def test_multi30k_train_then_translate(tmp_path):
             "--valid-prefix", str(MULTI30K / "valid"), "--max-train-pairs", "2000",
             "--vocab-size", "1000", "--batch-tokens", "1024", "--buckets", "32",
             "--max-tokens-per-sentence", "32", "--max-steps", "200", "--warmup", "100",
-            "--lr-scale", "2", "--eval-every", "200", "--eval-sentences", "20",
+            "--schedule", "noam", "--lr-scale", "2", "--eval-every", "200", "--eval-sentences", "20",
             "--log-every", "50", "--output-dir", str(out)]
     result = subprocess.run([sys.executable, "train.py", *args], cwd=REPO, env=_env(tmp_path),
                             capture_output=True, text=True, timeout=400)
@@ -67,7 +67,7 @@ def test_multi30k_train_then_translate(tmp_path):
 
 def test_no_argument_command(tmp_path):
     """The README's first command, exactly: about 5 minutes, within CI's budget. It trains
-    the `small` preset on the built-in corpus and ends with the translate.py command."""
+    the `compact` preset on the built-in corpus and ends with the translate.py command."""
     result = subprocess.run([sys.executable, str(REPO / "train.py")], cwd=tmp_path, env={
         **_env(tmp_path), "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=600)
     if "built-in corpus found only" in result.stderr:
@@ -75,5 +75,5 @@ def test_no_argument_command(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     assert "BLEU" in result.stdout
     assert "Translate: python translate.py --model" in result.stdout
-    _, _, values = load_model(tmp_path / "runs/builtin-en-de-small")
-    assert values["model"].d_model == 256
+    _, _, values = load_model(tmp_path / "runs/builtin-en-de-compact")
+    assert values["model"].d_model == 128

@@ -206,7 +206,7 @@ def test_tiny_model_overfits_a_fixed_batch():
     mesh = training.make_mesh(jax.devices()[:1])
     graphdef, _, state = training.create_train_state(model_config, train_config, mesh)
     train_step = training.make_train_step(graphdef, train_config, mesh)
-    batch = training.shard_batch(worker.make_batch(0), mesh)
+    batch = training.shard_batch(worker.make_batch(0, packed=False), mesh)
     for _ in range(300):
         state, metrics = train_step(state, batch)
     assert bool(metrics["is_finite"])
@@ -266,15 +266,17 @@ def _close(reference: dict, other: dict, rtol=1e-5, atol=1e-6):
     assert compared > 20
 
 
-def test_accumulating_two_micro_batches_equals_one_batch_twice_as_large():
+@pytest.mark.parametrize("packed", [True, False], ids=["packed", "padded"])
+def test_accumulating_two_micro_batches_equals_one_batch_twice_as_large(packed):
     # Without dropout: micro-batches draw their own dropout keys, a large batch draws one.
-    large = worker.run(num_steps=2, dropout=0.0, accum_steps=1, devices=jax.devices()[:1])
+    large = worker.run(num_steps=2, dropout=0.0, accum_steps=1, devices=jax.devices()[:1],
+                       packed=packed)
     accumulated = worker.run(num_steps=2, dropout=0.0, accum_steps=2,
-                             devices=jax.devices()[:1])
+                             devices=jax.devices()[:1], packed=packed)
     _close(large, accumulated)
     # The micro-batches of make_batch hold different numbers of tokens, which is what
     # dividing by the global count (not averaging per micro-batch) gets right.
-    batch = worker.make_batch(0)
+    batch = worker.make_batch(0, packed=packed)
     assert (batch["tgt_out"][0::2] != 0).sum() != (batch["tgt_out"][1::2] != 0).sum()
 
 

@@ -11,16 +11,12 @@ import nmt.trainer
 def poison_parameters_before(monkeypatch, step: int) -> None:
     """Make every parameter NaN just before update `step` (1-based), as a diverging run would
     make them: the trainer must notice at its next read-back and stop."""
-    make_train_step = nmt.trainer.make_train_step
+    train_one_step = nmt.trainer.Trainer._train_one_step
 
-    def make_poisoned(*args, **kwargs):
-        train_step = make_train_step(*args, **kwargs)
+    def poisoned(self):
+        if self.step + 1 == step:
+            self.state = self.state.replace(
+                params=jax.tree.map(lambda x: x * jnp.nan, self.state.params))
+        return train_one_step(self)
 
-        def poisoned(state, batch):
-            if int(state.step) + 1 == step:
-                state = state.replace(params=jax.tree.map(lambda x: x * jnp.nan, state.params))
-            return train_step(state, batch)
-
-        return poisoned
-
-    monkeypatch.setattr(nmt.trainer, "make_train_step", make_poisoned)
+    monkeypatch.setattr(nmt.trainer.Trainer, "_train_one_step", poisoned)

@@ -277,6 +277,11 @@ PRESETS: dict[str, ModelConfig] = {
     "big": ModelConfig(d_model=1024, num_heads=16, d_ff=4096, dropout=0.3),
     # A model that trains in minutes on a CPU.
     "small": ModelConfig(d_model=256, num_heads=4, d_ff=1024, encoder_layers=3, decoder_layers=3),
+    # Narrow and deep, with heavy dropout: Wu et al. 2021 ("Good for Misconceived Reasons",
+    # ACL), Transformer-tiny on Multi30k: 4+4 layers, d_model 128, FFN 256, 4 heads, dropout
+    # 0.3. A quarter of small's products per token.
+    "compact": ModelConfig(d_model=128, num_heads=4, d_ff=256, encoder_layers=4,
+                           decoder_layers=4, dropout=0.3),
     # For tests: odd sizes catch transposed axes.
     "tiny": ModelConfig(vocab_size=64, d_model=24, num_heads=3, d_ff=40, encoder_layers=2,
                         decoder_layers=2, max_len=64),

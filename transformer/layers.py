@@ -19,6 +19,7 @@ import functools
 import math
 
 import jax
+import flax.struct
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
@@ -44,6 +45,48 @@ def padding_mask(ids: Array, pad_id: int) -> Array:
 def causal_mask(length: int) -> Array:
     """[1, 1, length, length] lower-triangular mask: query i may attend to keys j <= i."""
     return jnp.tril(jnp.ones((length, length), dtype=bool))[None, None]
+
+
+def segment_mask(query_segments: Array, key_segments: Array) -> Array:
+    """[batch, q_len] and [batch, k_len] segment ids -> [batch, 1, q_len, k_len] mask: a
+    query of a pair (segment >= 1) may attend to the keys of its own pair only, never to
+    padding (segment 0).
+
+    Packed rows (`data.packing`) hold several pairs; segments keep them apart. Padding
+    queries may attend to every key: their outputs are never used, and no query is left
+    with no key at all, which a fused kernel may turn into NaN."""
+    same = query_segments[:, :, None] == key_segments[:, None, :]
+    return (same | (query_segments == 0)[:, :, None])[:, None]
+
+
+@flax.struct.dataclass
+class Packing:
+    """Where the pairs of packed rows lie: per-token segment ids (1, 2, ... per pair, 0 on
+    padding) and positions within each pair, each [batch, len], for source and target."""
+
+    src_segments: Array
+    tgt_segments: Array
+    src_positions: Array
+    tgt_positions: Array
+
+    @classmethod
+    def of(cls, batch: dict[str, Array]) -> "Packing | None":
+        """The packing of a batch (`data.packing`'s keys), or None for a padded batch."""
+        if "src_segments" not in batch:
+            return None
+        return cls(batch["src_segments"], batch["tgt_segments"], batch["src_positions"],
+                   batch["tgt_positions"])
+
+    def encoder_mask(self) -> Array:
+        return segment_mask(self.src_segments, self.src_segments)
+
+    def decoder_mask(self) -> Array:
+        """Causal within each pair: row order is each pair's position order."""
+        return causal_mask(self.tgt_segments.shape[1]) & segment_mask(self.tgt_segments,
+                                                                      self.tgt_segments)
+
+    def cross_mask(self) -> Array:
+        return segment_mask(self.tgt_segments, self.src_segments)
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -121,7 +164,8 @@ class Embedding(nnx.Module):
 
 
 class PositionalEncoding(nnx.Module):
-    """Adds sinusoidal (paper) or learned position vectors, starting at `offset`."""
+    """Adds sinusoidal (paper) or learned position vectors: of positions offset,
+    offset+1, ..., or of given per-token `positions` (packed rows restart at every pair)."""
 
     def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
         self.max_len, self.d_model = config.max_len, config.d_model
@@ -130,9 +174,11 @@ class PositionalEncoding(nnx.Module):
             init = nnx.initializers.normal(stddev=config.d_model ** -0.5)
             self.table = nnx.Param(init(rngs.params(), (config.max_len, config.d_model)))
 
-    def __call__(self, x: Array, offset: Array | int = 0) -> Array:
-        """x [batch, length, d_model]; positions offset .. offset+length-1."""
-        if x.shape[1] > self.max_len:
+    def __call__(self, x: Array, offset: Array | int = 0, positions: Array | None = None
+                 ) -> Array:
+        """x [batch, length, d_model]; positions offset .. offset+length-1, or `positions`
+        [batch, length] when given."""
+        if positions is None and x.shape[1] > self.max_len:
             raise ValueError(
                 f"a sequence of {x.shape[1]} positions is longer than the model's max_len "
                 f"{self.max_len}; truncate or split the input, or train with a larger max_len.")
@@ -141,8 +187,10 @@ class PositionalEncoding(nnx.Module):
         else:
             # A compile-time constant, not state: never trained, never checkpointed.
             table = jnp.asarray(sinusoidal_positions(self.max_len, self.d_model))
-        positions = jax.lax.dynamic_slice_in_dim(table, offset, x.shape[1], axis=0)
-        return x + positions[None].astype(x.dtype)
+        if positions is not None:
+            return x + table[positions].astype(x.dtype)
+        rows = jax.lax.dynamic_slice_in_dim(table, offset, x.shape[1], axis=0)
+        return x + rows[None].astype(x.dtype)
 
 
 class MultiHeadAttention(nnx.Module):

@@ -24,7 +24,7 @@ from flax import nnx
 from transformer.cache import DecoderCache
 from transformer.config import ModelConfig
 from transformer.kernels import Dense, activation_dtype, compute_dtype, dropout
-from transformer.layers import (AddNorm, Embedding, FeedForward, MultiHeadAttention,
+from transformer.layers import (AddNorm, Embedding, FeedForward, MultiHeadAttention, Packing,
                                 PositionalEncoding, causal_mask, padding_mask, split_rng)
 
 Array = jax.Array
@@ -165,17 +165,19 @@ class Transformer(nnx.Module):
         """[batch, src_len] -> [batch, 1, 1, src_len], False on padding."""
         return padding_mask(src_ids, self.config.pad_id)
 
-    def encode(self, src_ids: Array, rng: Array | None = None, src_mask: Array | None = None
-               ) -> Array:
+    def encode(self, src_ids: Array, rng: Array | None = None, src_mask: Array | None = None,
+               positions: Array | None = None) -> Array:
         """[batch, src_len] ids -> memory [batch, src_len, d_model] (activation dtype).
 
-        `src_mask` [batch, 1, 1, src_len] defaults to `source_mask(src_ids)` (PAD is padding).
+        `src_mask` (broadcastable to [batch, 1, src_len, src_len]) defaults to
+        `source_mask(src_ids)` (PAD is padding); `positions` [batch, src_len] to 0, 1, ...
         """
         config = self.config
         rngs = split_rng(rng, 1 + config.encoder_layers)
         if src_mask is None:
             src_mask = self.source_mask(src_ids)
-        x = dropout(self.positional(self.src_embedding(src_ids)), config.dropout, rngs[0])
+        x = self.positional(self.src_embedding(src_ids), positions=positions)
+        x = dropout(x, config.dropout, rngs[0])
         for layer, layer_rng in zip(self.encoder_layers, rngs[1:]):
             x = layer(x, src_mask, layer_rng)
         if config.norm == "pre":
@@ -218,27 +220,31 @@ class Transformer(nnx.Module):
         logits, cache, _ = self._decode(memory, src_mask, tgt_ids, cache, rng, False)
         return logits, cache
 
-    def cross_attention_weights(self, src_ids: Array, tgt_ids: Array) -> Array:
-        """Encoder-decoder attention of a teacher-forced pass, for alignment plots.
+    def cross_attention_weights(self, src_ids: Array, tgt_ids: Array,
+                                packing: Packing | None = None) -> Array:
+        """Encoder-decoder attention of a teacher-forced pass, for alignment plots (and to
+        check that packed pairs never attend to each other).
 
         Returns float32 [decoder_layers, batch, heads, tgt_len, src_len]; rows sum to 1 and
-        source padding gets weight 0.
+        source padding (and every other pair of a packed row) gets weight 0.
         """
-        memory = self.encode(src_ids)
-        _, _, weights = self._decode(memory, self.source_mask(src_ids), tgt_ids, None, None, True)
+        _, weights = self._teacher_forced(src_ids, tgt_ids, None, packing, return_weights=True)
         return jnp.stack(weights)
 
-    def _decode(self, memory, src_mask, tgt_ids, cache, rng, return_weights):
+    def _decode(self, memory, src_mask, tgt_ids, cache, rng, return_weights, self_mask=None,
+                positions=None):
+        """Teacher-forced over tgt_ids (self_mask: causal unless given), or one step over
+        the cache."""
         config = self.config
         rngs = split_rng(rng, 1 + config.decoder_layers)
         offset = cache.index if cache is not None else 0
-        x = self.positional(self._embed_target(tgt_ids), offset)
+        x = self.positional(self._embed_target(tgt_ids), offset, positions)
         x = dropout(x, config.dropout, rngs[0])
-        tgt_len = tgt_ids.shape[1]
         if cache is not None:
             return self._decode_step(x, memory, src_mask, cache, rngs[1:])
 
-        self_mask = causal_mask(tgt_len)
+        if self_mask is None:
+            self_mask = causal_mask(tgt_ids.shape[1])
         all_weights = []
         for layer, layer_rng in zip(self.decoder_layers, rngs[1:]):
             h = layer.self_attention_input(x)
@@ -270,12 +276,28 @@ class Transformer(nnx.Module):
     def _final_norm(self, x: Array) -> Array:
         return self.decoder_norm(x) if self.config.norm == "pre" else x
 
-    def __call__(self, src_ids: Array, tgt_in: Array, rng: Array | None = None) -> Array:
-        """Teacher-forced logits float32 [batch, tgt_len, vocab] for training."""
+    def __call__(self, src_ids: Array, tgt_in: Array, rng: Array | None = None,
+                 packing: Packing | None = None) -> Array:
+        """Teacher-forced logits float32 [batch, tgt_len, vocab] for training.
+
+        With `packing`, each row holds several pairs (`data.packing`): attention stays within
+        each pair and positions restart at every pair, so each pair's logits are those it
+        gets alone.
+        """
+        return self._teacher_forced(src_ids, tgt_in, rng, packing)[0]
+
+    def _teacher_forced(self, src_ids, tgt_in, rng, packing, return_weights=False):
         enc_rng, dec_rng = split_rng(rng, 2)
-        memory = self.encode(src_ids, enc_rng)
-        logits, _ = self.decode(memory, self.source_mask(src_ids), tgt_in, None, dec_rng)
-        return logits
+        if packing is None:
+            memory = self.encode(src_ids, enc_rng)
+            logits, _, weights = self._decode(memory, self.source_mask(src_ids), tgt_in, None,
+                                              dec_rng, return_weights)
+            return logits, weights
+        memory = self.encode(src_ids, enc_rng, packing.encoder_mask(), packing.src_positions)
+        logits, _, weights = self._decode(memory, packing.cross_mask(), tgt_in, None, dec_rng,
+                                          return_weights, packing.decoder_mask(),
+                                          packing.tgt_positions)
+        return logits, weights
 
 
 def count_parameters(model: nnx.Module) -> int:

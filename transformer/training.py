@@ -41,6 +41,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from transformer.config import ModelConfig, TrainConfig
+from transformer.layers import Packing
 from transformer.model import Transformer
 
 Array = jax.Array
@@ -240,7 +241,8 @@ def create_train_state(model_config: ModelConfig, train_config: TrainConfig,
 def _forward_sums(graphdef: nnx.GraphDef, params: nnx.State, batch: Batch,
                   label_smoothing: float, rng: Array | None) -> Metrics:
     model = nnx.merge(graphdef, params)
-    logits = model(batch["src"], batch["tgt_in"], rng=rng)          # [batch, tgt_len, vocab]
+    logits = model(batch["src"], batch["tgt_in"], rng=rng,         # [batch, tgt_len, vocab]
+                   packing=Packing.of(batch))
     return token_loss_sums(logits, batch["tgt_out"], label_smoothing, model.config.pad_id)
 
 

@@ -18,7 +18,7 @@ import numpy as np
 from flax import nnx
 
 from data.batching import inference_batches
-from data.config import buckets_up_to
+from data.config import DEFAULT_BUCKETS, buckets_up_to
 from transformer.config import SearchConfig
 from transformer.decoding import pad_sources, reference_logprobs_with_state, search_with_state
 from transformer.ensemble import Ensemble
@@ -39,14 +39,17 @@ class Translator:
     configuration.
 
     `batch_tokens` bounds source tokens per batch (beam search multiplies the work by
-    beam_size). Sources longer than the model's positions allow are truncated to
-    `max_source_len` tokens (EOS included); `truncated` lists the indices of the last call
-    that were. Sampling draws from `seed` and a count of the batches searched so far, so
+    beam_size). Sources are padded to the smallest of `buckets` (default
+    `data.config.DEFAULT_BUCKETS`, capped at the model's max_len) that holds them, and each
+    width compiles search once: fewer buckets, fewer compilations, more padding. Sources
+    longer than the model's positions allow are truncated to `max_source_len` tokens (EOS
+    included); `truncated` lists the indices of the last call that were. Sampling draws from `seed` and a count of the batches searched so far, so
     repeated calls (translate.py calls once per chunk of stdin) never reuse random numbers.
     """
 
     def __init__(self, model: Transformer | Ensemble, tokenizer, search: SearchConfig,
-                 batch_tokens: int = 4096, seed: int = 0):
+                 batch_tokens: int = 4096, seed: int = 0,
+                 buckets: Sequence[int] | None = None):
         vocab = model.config.vocab_size
         if search.strategy == "sample" and search.top_k > vocab:
             raise ValueError(f"top_k {search.top_k} is larger than the model's vocabulary "
@@ -60,7 +63,7 @@ class Translator:
         self.batches_searched = 0  # folded into the rng: each batch of every call draws anew
         self.max_source_len = self.model_config.max_len
         # No bucket is wider than the model's positions: sources are cut to max_len tokens.
-        self.buckets = buckets_up_to(self.max_source_len)
+        self.buckets = buckets_up_to(self.max_source_len, buckets or DEFAULT_BUCKETS)
         self.truncated: list[int] = []
 
     def translate(self, sentences: Sequence[str]) -> list[str]:

@@ -1,0 +1,115 @@
+"""Train steps on real pairs, packed rows against bucketed batches of the same token budget:
+`python -m bench.layouts [--prefix PREFIX] [--preset small] [--steps 40]`.
+
+Reads aligned PREFIX.SRC / PREFIX.TGT (default: Multi30k's training pairs from
+../shared/data), trains a SentencePiece model on them, and plans an epoch of each layout with
+the trainer's own batching (`data.batching`, `data.packing`). Every batch shape is compiled
+first (reported, not timed); then the first --steps batches of the epoch run one after the
+other, timed from the first call to the last loss ready. Prints one JSON line per layout:
+
+  real_tgt_tokens_per_s  target tokens that are not padding / seconds of the timed steps
+  padding_waste          padded positions / all positions of the timed batches (src + tgt)
+  shapes, compile_s      distinct batch shapes of the whole epoch, and their compile time
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+
+from bench import common
+from data.batching import epoch_plan, load_examples, materialize
+from data.config import BatchConfig
+from data.corpus import iter_text, read_prefix
+from data.encoding import encode_split
+from data.packing import fit_width
+from data.tokenizer import TokenizerConfig, train_tokenizer
+from nmt.host_memory import reuse_freed_host_memory
+from transformer import training
+from transformer.config import PRESETS, get_preset
+
+MULTI30K = Path(__file__).resolve().parents[1].parent / "shared/data/multi30k/train"
+
+
+def encoded_pairs(args):
+    """The pairs as `data.batching.Examples`, with the tokenizer trained on them."""
+    pairs = read_prefix(args.prefix, args.src, args.tgt)
+    tokenizer = train_tokenizer(iter_text(pairs), TokenizerConfig(vocab_size=args.vocab))
+    encoded = encode_split(pairs, tokenizer)
+    return load_examples(encoded, BatchConfig(max_len=args.max_len), "train"), tokenizer
+
+
+def measure(name: str, config: BatchConfig, examples, args, model_config) -> dict:
+    if config.packing:
+        config = fit_width(config, examples.src_len, examples.tgt_len)
+    plan = epoch_plan(examples, config, epoch=0)
+    mesh = training.make_mesh()
+    train_config = training.TrainConfig(warmup_steps=100)
+    graphdef, _, state = training.create_train_state(model_config, train_config, mesh)
+    step = training.make_train_step(graphdef, train_config, mesh)
+    batches = [training.shard_batch(materialize(examples, b), mesh)
+               for b in plan[:args.warmup + args.steps]]
+    shapes = {}
+    start = time.perf_counter()
+    for b in plan:  # every shape of the epoch, as a run compiles them
+        key = tuple(sorted((k, v.shape) for k, v in materialize(examples, b).items()))
+        if key not in shapes:
+            batch = training.shard_batch(materialize(examples, b), mesh)
+            shapes[key] = step.lower(state, batch).compile()
+    compile_s = time.perf_counter() - start
+    for batch in batches[:args.warmup]:
+        state, metrics = _run(shapes, state, batch)
+    jax.block_until_ready(state)
+    real = positions = 0
+    start = time.perf_counter()
+    for batch in batches[args.warmup:]:
+        state, metrics = _run(shapes, state, batch)
+        real += int(np.count_nonzero(np.asarray(batch["tgt_out"])))
+        positions += sum(int(batch[k].size) for k in ("src", "tgt_out"))
+    metrics["loss"].block_until_ready()
+    seconds = time.perf_counter() - start
+    real_src = sum(int(np.count_nonzero(np.asarray(b["src"]))) for b in batches[args.warmup:])
+    return {"layout": name, "preset": args.preset, "batch_tokens": args.batch_tokens,
+            "width": config.width if config.packing else None,
+            "steps": args.steps, "shapes": len(shapes), "compile_s": round(compile_s, 1),
+            "step_s": round(seconds / args.steps, 4),
+            "real_tgt_tokens_per_s": round(real / seconds, 1),
+            "padding_waste": round(1 - (real + real_src) / positions, 4),
+            **common.environment()}
+
+
+def _run(programs, state, batch):
+    key = tuple(sorted((k, v.shape) for k, v in batch.items()))
+    return programs[key](state, batch)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--prefix", default=str(MULTI30K), help="aligned PREFIX.SRC/.TGT")
+    parser.add_argument("--src", default="en")
+    parser.add_argument("--tgt", default="de")
+    parser.add_argument("--preset", default="small", choices=sorted(PRESETS))
+    parser.add_argument("--vocab", type=common.positive_int, default=8000)
+    parser.add_argument("--batch-tokens", type=common.positive_int, default=4096)
+    parser.add_argument("--max-len", type=common.positive_int, default=64,
+                        help="drop longer pairs; the packed rows' width is at most this")
+    parser.add_argument("--steps", type=common.positive_int, default=40)
+    parser.add_argument("--warmup", type=common.non_negative_int, default=3)
+    args = parser.parse_args(argv)
+    reuse_freed_host_memory()
+    examples, tokenizer = encoded_pairs(args)
+    model_config = get_preset(args.preset, vocab_size=tokenizer.vocab_size,
+                              max_len=max(512, args.max_len))
+    common_config = {"batch_tokens": args.batch_tokens, "max_len": args.max_len}
+    for name, config in (("bucketed", BatchConfig(packing=False, **common_config)),
+                         ("packed", BatchConfig(**common_config))):
+        print(json.dumps(measure(name, config, examples, args, model_config)), flush=True)
+
+
+if __name__ == "__main__":
+    main()
