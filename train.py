@@ -3,7 +3,9 @@
 With no flags it trains the `small` model on the built-in offline en->de corpus for a few
 minutes and prints sample translations and the translate.py command. Settings come from
 train.py's defaults, then the recipe, then the flags (`nmt.recipes`); see `--help`.
-This file only parses arguments; the loop is `nmt.trainer.train`.
+This file only parses arguments; the loop is `nmt.trainer.train`. Every mistake or fault ends
+in one line, `train.py: error: ...` (exit 2 for bad flags, values and paths, 1 for faults
+while running); NMT_DEBUG=1 shows the traceback of an unexpected error.
 """
 
 from __future__ import annotations
@@ -12,14 +14,14 @@ import argparse
 import logging
 import sys
 
-from nmt import recipes
+from nmt import cli, recipes
 from nmt.config import RunConfig, SettingsError
 
 PROG = "train.py"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = cli.OneLineParser(
         prog=PROG, description="Train a Transformer (Vaswani et al. 2017) translation model.",
         epilog="A recipe (--config) is a YAML file with one section per settings group below "
                "(configs/ has examples), or a flat JSON object of flag names; flags given on "
@@ -29,7 +31,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--config", metavar="RECIPE",
                         help="recipe file (.yaml, or .json), e.g. configs/multi30k_small.yaml")
     parser.add_argument("--resume", action="store_true",
-                        help="continue the run in --output-dir (an error if it has none)")
+                        help="continue the run in --output-dir (an error if it has none); "
+                             "rerunning the same command without it resumes too")
+    parser.add_argument("--average-only", action="store_true",
+                        help="do not train: write averaged/, the mean of the last "
+                             "--average-last checkpoints of the run in --output-dir")
     recipes.add_flags(parser, recipes.defaults())
     multi = parser.add_argument_group("several processes (multi-host)")
     multi.add_argument("--coordinator", help="address:port of process 0")
@@ -87,11 +93,17 @@ def _setup_logging() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    return cli.guarded(PROG, lambda: _main(argv))
+
+
+def _main(argv: list[str] | None) -> int:
     try:
         run, args = resolve(argv)
     except SettingsError as err:
-        print(f"{PROG}: error: {err}", file=sys.stderr)
-        return 2
+        raise cli.UsageError(str(err)) from None
+    if args.average_only and not run.trainer.average_last:
+        raise cli.UsageError("--average-only needs --average-last N (how many checkpoints).")
+    cli.writable_directory(run.output_dir(), "--output-dir")
     # Before anything touches JAX devices; and not before parsing: --help loads no JAX.
     from nmt.distributed import initialize_distributed
     from nmt.host_memory import reuse_freed_host_memory
@@ -99,8 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         reuse_freed_host_memory()  # only with NMT_KEEP_HOST_MEMORY=1
     except ValueError as err:
-        print(f"{PROG}: error: {err}", file=sys.stderr)
-        return 2
+        raise cli.UsageError(str(err)) from None
     initialize_distributed(args.coordinator, args.num_processes, args.process_id)
     _setup_logging()
     return _run(run, args)
@@ -111,37 +122,46 @@ def _run(run: RunConfig, args: argparse.Namespace) -> int:
     import datasets
 
     from data.config import DataError
-    from data.tokenizer import MODEL_FILE, Tokenizer
-    from nmt import final_model, resume
-    from nmt.checkpoints import CHECKPOINTS_DIR, CheckpointError, complete_steps
+    from nmt import resume
+    from nmt.checkpoints import CHECKPOINTS_DIR, CheckpointError, SaveError, complete_steps
+    from nmt.metrics_log import MetricsWriteError
+    from nmt.run_lock import RunDirectoryInUse
     from nmt.scoring import MetricError, bleu_settings
     from nmt.trainer import TrainingError, train
 
     datasets.disable_progress_bars()
     run_dir = run.output_dir()
     has_checkpoints = bool(complete_steps(run_dir / CHECKPOINTS_DIR))
-    if args.resume and not has_checkpoints:
-        print(f"{PROG}: error: --resume: {run_dir / CHECKPOINTS_DIR} holds no complete "
-              "checkpoint; drop --resume to start a new run there.", file=sys.stderr)
-        return 2
+    if (args.resume or args.average_only) and not has_checkpoints:
+        flag = "--resume" if args.resume else "--average-only"
+        raise cli.UsageError(f"{flag}: {run_dir / CHECKPOINTS_DIR} holds no complete checkpoint"
+                             "; drop it to start a new run there.")
     try:
-        if run.trainer.average_last and has_checkpoints and not args.resume:
-            saved = resume.saved_run(run_dir) or run  # the run's model, not today's flags
-            model_config = saved.model_for(Tokenizer.load(run_dir / MODEL_FILE))
-            out, steps = final_model.average(run_dir, saved, model_config, run_dir / MODEL_FILE,
-                                             run.trainer.average_last)
-            print(f"Averaged checkpoints {steps} into {out}")
-            print(f"Translate: python translate.py --model {out} \"...\"")
-            return 0
+        if args.average_only:
+            return _average_only(run, run_dir)
         if run.trainer.eval_sentences:  # MeCab for a Japanese or Korean target, say
             bleu_settings(run.data.tgt, run.trainer.bleu_tokenize)
         train(run, run_dir)
-    except TrainingError as err:
-        print(f"{PROG}: error: {err}", file=sys.stderr)
-        return 1
+    except (TrainingError, SaveError, MetricsWriteError, RunDirectoryInUse) as err:
+        raise cli.Fault(str(err)) from None
     except (DataError, CheckpointError, MetricError, resume.ResumeError) as err:
-        print(f"{PROG}: error: {err}", file=sys.stderr)
-        return 2
+        raise cli.UsageError(str(err)) from None
+    return 0
+
+
+def _average_only(run: RunConfig, run_dir) -> int:
+    """Write averaged/ from the run's checkpoints, holding the run directory's lock."""
+    from data.tokenizer import MODEL_FILE, Tokenizer
+    from nmt import final_model, resume
+    from nmt.run_lock import RunLock
+
+    with RunLock(run_dir):
+        saved = resume.saved_run(run_dir) or run  # the run's model, not today's flags
+        model_config = saved.model_for(Tokenizer.load(run_dir / MODEL_FILE))
+        out, steps = final_model.average(run_dir, saved, model_config, run_dir / MODEL_FILE,
+                                         run.trainer.average_last)
+    print(f"Averaged checkpoints {steps} into {out}")
+    print(f"Translate: python translate.py --model {out} \"...\"")
     return 0
 
 

@@ -9,8 +9,12 @@ Input, one translation per input line on stdout (or --output), in input order:
 Stdin is read as it arrives: every complete line already waiting (at most --chunk-lines,
 default 1000) is translated as one call, so a pipe from a file is batched as efficiently as
 --input, while a terminal or a slow producer gets each line translated as soon as it is
-entered. Output is flushed after every chunk. --input reads the whole file first (so an
-invalid line is reported before the model is loaded) and shows a progress bar.
+entered. Output is flushed after every chunk. --input is checked whole before the model is
+loaded (an invalid line is reported at once), then read in chunks of --chunk-lines lines, so
+memory does not grow with the file; a progress bar shows the lines done.
+
+--output OUT is written as the translations come, into OUT.partial, which replaces OUT only
+when every line is done: an interrupted or failed run leaves the earlier OUT as it was.
 
 Within a call, `transformer.translation.Translator` sorts sentences by length into batches of
 at most --batch-tokens source tokens and restores input order. An empty line gives an empty
@@ -53,7 +57,8 @@ marian-scorer); --normalize divides by the reference's tokens. It takes the same
 flags as --evaluate and works with ensembles.
 
 Everything but translations and scores goes to stderr. Exit status: 0 on success, 1 for a bad
-model directory or input (the message names the file and line), 2 for invalid flags.
+model directory or input (the message names the file and line), 2 for invalid flags; every
+error is one line, and NMT_DEBUG=1 shows the traceback of an unexpected one.
 This file parses arguments and streams lines; translating lives in
 `transformer.translation`, scoring in `nmt.scoring`, the heatmap in `nmt.plotting`.
 """
@@ -67,6 +72,7 @@ import json
 import logging
 import math
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -75,8 +81,8 @@ from typing import IO, Callable, Sequence
 from tqdm import tqdm
 
 from data.config import DataError
-from data.lines import read_lines as read_text_lines, stream_chunks
-from nmt import recipes, scoring
+from data.lines import iter_lines, read_lines as read_text_lines, stream_chunks
+from nmt import cli, recipes, scoring
 
 log = logging.getLogger("translate.py")
 
@@ -84,19 +90,54 @@ EXIT_ERROR, EXIT_USAGE = 1, 2
 DEFAULT_CHUNK_LINES = 1000
 
 
-class UsageError(Exception):
+class UsageError(cli.UsageError):
     """Invalid flags or flag combination (exit status 2)."""
 
 
-class InputError(Exception):
+class InputError(cli.Fault):
     """Unreadable input, model or data (exit status 1); the message names what and where."""
+
+
+PARTIAL_SUFFIX = ".partial"
+
+
+class AtomicOutput:
+    """A text file written as it goes into PATH.partial and moved onto PATH on success only."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.partial = self.path.with_name(self.path.name + PARTIAL_SUFFIX)
+        self.handle: IO[str] | None = None
+
+    def __enter__(self) -> IO[str]:
+        self.handle = open(self.partial, "w", encoding="utf-8", newline="\n")
+        return self.handle
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        assert self.handle is not None
+        try:
+            self.handle.close()
+        except OSError:
+            if exc_type is None:
+                self.partial.unlink(missing_ok=True)
+                raise
+        if exc_type is None:
+            os.replace(self.partial, self.path)
+        else:
+            self.partial.unlink(missing_ok=True)
+
+
+def write_text_atomically(path: str | Path, text: str) -> None:
+    with AtomicOutput(path) as out:
+        out.write(text)
 
 
 # ----------------------------------------------------------------------------- arguments
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = cli.OneLineParser(
+        prog="translate.py",
         description="Translate sentences (arguments, stdin or a file) with a trained "
                     "Transformer, or score a test set with sacreBLEU.",
         epilog="Search flags default to the values stored with the model. --nbest output: "
@@ -392,14 +433,14 @@ def run_evaluation(translator, args: argparse.Namespace, values: dict, out: IO[s
               f"chrF signature: {scores.chrf_signature}\n")
     out.flush()
     if args.hyp_file:
-        Path(args.hyp_file).write_text("".join(h + "\n" for h in hypotheses), encoding="utf-8")
+        write_text_atomically(args.hyp_file, "".join(h + "\n" for h in hypotheses))
     models = args.model[0] if len(args.model) == 1 else args.model  # a list: an ensemble
     report = {**scores.to_dict(), "test_set": description, "sentences": len(sources),
               "model": models, "search": dataclasses.asdict(translator.search),
               "translate_seconds": round(seconds, 3), "hyp_file": args.hyp_file}
     if args.report:
-        Path(args.report).write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n",
-                                     encoding="utf-8")
+        write_text_atomically(args.report,
+                              json.dumps(report, indent=2, ensure_ascii=False) + "\n")
     log.info("translated %d sentences in %.2f s", len(sources), seconds)
     return report
 
@@ -411,7 +452,10 @@ def run_scoring(translator, args: argparse.Namespace, values: dict, out: IO[str]
     log.info("scoring the references of %s: %d pairs", description, len(sources))
     where = (args.src_file or f"{description} source", args.ref_file or f"{description} reference")
     with _progress_bar(len(sources), args.quiet) as bar:
-        scores = translator.score(sources, references, progress=bar.update, where=where)
+        try:
+            scores = translator.score(sources, references, progress=bar.update, where=where)
+        except ValueError as err:  # a side too long to score without truncating it
+            raise InputError(str(err)) from None
     out.write("".join(f"{logprob / tokens if args.normalize else logprob:.4f}\n"
                       for logprob, tokens in scores))
     out.flush()
@@ -510,7 +554,11 @@ def run(args: argparse.Namespace) -> int:
     check_args(args)
     # Check files before the slow model load, so a bad input or output path fails fast.
     check_output_paths(args)
-    input_lines = read_lines(args.input) if args.input not in (None, "-") else None
+    input_line_count = count_valid_lines(args.input) if args.input not in (None, "-") else None
+    if args.input in (None, "-") and not args.sentences and not (args.evaluate or args.score):
+        check_stdin()
+    if not args.output and sys.stdout is None:
+        raise InputError("standard output is closed: give --output FILE, or redirect it.")
     test_set = None
     if (args.evaluate or args.score) and (args.src_file or (args.src and args.tgt)):
         test_set = evaluation_data(args, {})  # else the languages come from the model
@@ -520,17 +568,42 @@ def run(args: argparse.Namespace) -> int:
     with contextlib.ExitStack() as stack:
         out = sys.stdout
         if args.output:
-            out = stack.enter_context(open(args.output, "w", encoding="utf-8", newline="\n"))
+            out = stack.enter_context(AtomicOutput(args.output))
         if args.evaluate:
             run_evaluation(translator, args, values, out, test_set, bleu)
         elif args.score:
             run_scoring(translator, args, values, out, test_set)
         else:
-            translate_input(translator, args, input_lines, out, model, tokenizer)
+            translate_input(translator, args, input_line_count, out, model, tokenizer)
     return 0
 
 
-def translate_input(translator, args: argparse.Namespace, input_lines: list[str] | None,
+def count_valid_lines(path: str) -> int:
+    """The number of lines of --input, every one checked to be UTF-8 (in constant memory)."""
+    try:
+        return sum(1 for _ in iter_lines(path))
+    except DataError as err:
+        raise InputError(str(err)) from None
+
+
+def check_stdin() -> None:
+    """InputError when there is no standard input to read (closed with `<&-`)."""
+    try:
+        if sys.stdin is None:
+            raise OSError
+        os.fstat(sys.stdin.fileno())
+    except (OSError, ValueError):
+        raise InputError("standard input is closed: give sentences as arguments, --input FILE, "
+                         "or pipe text into translate.py.") from None
+
+
+def file_chunks(path: str, chunk_lines: int):
+    """(first line number, lines) of a file, `chunk_lines` at a time."""
+    with open(path, "rb") as handle:
+        yield from stream_chunks(handle.fileno(), chunk_lines, where=path)
+
+
+def translate_input(translator, args: argparse.Namespace, input_line_count: int | None,
                     out: IO[str], model, tokenizer) -> None:
     """Translate the SENTENCE arguments, --input or stdin to `out`."""
     nbest = args.nbest is not None
@@ -543,10 +616,10 @@ def translate_input(translator, args: argparse.Namespace, input_lines: list[str]
         if args.plot_attention:
             save_attention_plot(model, tokenizer, translator, args.sentences[0],
                                 results[0][0], args)
-    elif input_lines is not None:
-        with _progress_bar(len(input_lines), args.quiet) as bar:
-            count = translate_chunks(translator, [(1, input_lines)], out, args.input,
-                                     nbest, progress=bar.update)
+    elif input_line_count is not None:
+        with _progress_bar(input_line_count, args.quiet) as bar:
+            count = translate_chunks(translator, file_chunks(args.input, args.chunk_lines), out,
+                                     args.input, nbest, progress=bar.update)
     else:
         chunks = stream_chunks(sys.stdin.fileno(), args.chunk_lines)
         count = translate_chunks(translator, chunks, out, "<stdin>", nbest)
@@ -555,28 +628,27 @@ def translate_input(translator, args: argparse.Namespace, input_lines: list[str]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    return cli.guarded("translate.py", lambda: _main(argv))
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     _setup_logging(args.quiet)
-    if hasattr(sys.stdout, "reconfigure"):
+    if sys.stdout is not None and hasattr(sys.stdout, "reconfigure"):
         sys.stdout.reconfigure(encoding="utf-8", newline="\n")
+    # SIGTERM unwinds like an error: --output's partial file is removed, OUT stays as it was.
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     try:
         return run(args)
-    except UsageError as err:
-        print(f"translate.py: error: {err}", file=sys.stderr)
-        return EXIT_USAGE
-    except (InputError, DataError) as err:
-        print(f"translate.py: error: {err}", file=sys.stderr)
-        return EXIT_ERROR
+    except DataError as err:
+        raise InputError(str(err)) from None
     except BrokenPipeError:
         # The reader went away (e.g. `| head`): stop quietly, as Unix filters do.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_ERROR
-    except KeyboardInterrupt:
-        return 130
-    except OSError as err:  # e.g. --output in a missing directory
-        print(f"translate.py: error: {err}", file=sys.stderr)
-        return EXIT_ERROR
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

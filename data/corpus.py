@@ -20,11 +20,12 @@ value at fault and what to do about it.
 
 from __future__ import annotations
 
+import codecs
 import dataclasses
-import gettext
 import hashlib
 import json
 import logging
+import re
 import struct
 from collections import Counter
 from itertools import zip_longest
@@ -397,6 +398,44 @@ def _catalog_pairs(catalog: dict, stats: GettextStats) -> Iterator[tuple[str, st
             yield from zip(src_lines, tgt_lines)
 
 
+_MO_MAGIC = 0x950412DE
+
+
+def read_mo_catalog(path: Path) -> dict:
+    """A compiled gettext catalog as {msgid: msgstr} ({(msgid, n): msgstr} for plural forms),
+    decoded in the charset its header declares (Python's gettext decodes the header itself as
+    UTF-8 first, and so refuses a Latin-1 catalog whose header has a non-ASCII byte).
+    ValueError, LookupError or struct.error for a damaged catalog or an unknown charset."""
+    data = path.read_bytes()
+    for order in ("<", ">"):
+        if struct.unpack(order + "I", data[:4])[0] == _MO_MAGIC:
+            break
+    else:
+        raise ValueError("not a gettext .mo file (bad magic number)")
+    _, count, originals, translations = struct.unpack(order + "4I", data[4:20])
+    raw = []
+    for i in range(count):
+        length, offset = struct.unpack(order + "2I", data[originals + 8 * i:originals + 8 * i + 8])
+        t_length, t_offset = struct.unpack(order + "2I",
+                                           data[translations + 8 * i:translations + 8 * i + 8])
+        if offset + length > len(data) or t_offset + t_length > len(data):
+            raise ValueError(f"entry {i} points past the end of the file")
+        raw.append((data[offset:offset + length], data[t_offset:t_offset + t_length]))
+    header = dict(raw).get(b"", b"")
+    declared = re.search(rb"charset=([A-Za-z0-9_.:-]+)", header)
+    charset = declared.group(1).decode("ascii") if declared else "utf-8"
+    codecs.lookup(charset)  # LookupError for a charset Python does not know
+    catalog: dict = {}
+    for msgid, msgstr in raw:
+        if b"\x00" in msgid:  # plural forms: singular\0plural -> form0\0form1...
+            singular = msgid.split(b"\x00")[0].decode(charset)
+            for n, form in enumerate(msgstr.split(b"\x00")):
+                catalog[(singular, n)] = form.decode(charset)
+        else:
+            catalog[msgid.decode(charset)] = msgstr.decode(charset)
+    return catalog
+
+
 def read_gettext_pairs(lang: str, locale_dir: str | Path = DEFAULT_LOCALE_DIR
                        ) -> tuple[list[tuple[str, str]], GettextStats]:
     """Collect unique (English, `lang`) pairs from `locale_dir/lang/LC_MESSAGES/*.mo`.
@@ -411,8 +450,7 @@ def read_gettext_pairs(lang: str, locale_dir: str | Path = DEFAULT_LOCALE_DIR
     pairs: list[tuple[str, str]] = []
     for mo_path in sorted(Path(locale_dir, lang, "LC_MESSAGES").glob("*.mo")):
         try:
-            with mo_path.open("rb") as handle:
-                catalog = gettext.GNUTranslations(handle)._catalog
+            catalog = read_mo_catalog(mo_path)
         except (OSError, UnicodeDecodeError, LookupError, ValueError, struct.error) as err:
             log.info("skipping gettext catalog %s: %s", mo_path, err)
             stats.catalogs_skipped += 1

@@ -25,6 +25,7 @@ class Bookkeeping:
     iterator:       the training batches' position, {"epoch", "position"}
     plan:           {"epoch", "fingerprint"} of the batch plan the position indexes
     window:         per-step metrics of the log window not yet written
+    tokenizer_sha256: the SHA-256 of the run's spm.model (None: recorded by an older version)
     """
 
     best_metric: str = "bleu"
@@ -37,6 +38,7 @@ class Bookkeeping:
         default_factory=lambda: {"epoch": 0, "position": 0})
     plan: dict[str, Any] | None = None
     window: list[dict[str, float]] = dataclasses.field(default_factory=list)
+    tokenizer_sha256: str | None = None
 
     @property
     def metric_label(self) -> str:

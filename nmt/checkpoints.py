@@ -23,6 +23,9 @@ loads: see `transformer.model_dir`.
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import hashlib
 import json
 import logging
 import shutil
@@ -45,10 +48,16 @@ AVERAGED_DIR = "averaged"
 # Files orbax writes into a step directory when (and only when) the step is finalized.
 _FINALIZED_MARKER = "_CHECKPOINT_METADATA"
 _ITEMS = ("params", "train", "data")
+# Written into a step directory once orbax has finalized it: `sha256sum -c SHA256SUMS` format.
+CHECKSUMS_FILE = "SHA256SUMS"
 
 
 class CheckpointError(RuntimeError):
     """A checkpoint or model directory is missing or incomplete; the message says which."""
+
+
+class SaveError(RuntimeError):
+    """A checkpoint could not be written (disk full, say); the earlier ones are intact."""
 
 
 class Restored(NamedTuple):
@@ -93,6 +102,58 @@ def complete_steps(directory: str | Path) -> list[int]:
             else:
                 log.warning("ignoring incomplete checkpoint %s", child)
     return sorted(steps)
+
+
+def write_checksums(step_dir: Path) -> None:
+    """Record the SHA-256 of every file of a finalized step directory (atomically)."""
+    lines = [f"{_sha256(path)}  {path.relative_to(step_dir).as_posix()}\n"
+             for path in _files(step_dir)]
+    tmp = step_dir / (CHECKSUMS_FILE + ".tmp")
+    tmp.write_text("".join(lines))
+    tmp.replace(step_dir / CHECKSUMS_FILE)
+
+
+def damaged_file(step_dir: Path) -> str | None:
+    """None when every file a step directory's checksums list is intact (or it has none, as
+    a step written by an earlier version); else what is wrong, naming the file."""
+    sums = step_dir / CHECKSUMS_FILE
+    if not sums.is_file():
+        return None
+    for number, line in enumerate(sums.read_text(errors="replace").splitlines(), start=1):
+        digest, _, name = line.partition("  ")
+        if not name:
+            return f"{sums} line {number} is damaged"
+        path = step_dir / name
+        if not path.is_file():
+            return f"{path} is missing"
+        if _sha256(path) != digest:
+            return f"{path} does not match its checksum in {sums}"
+    return None
+
+
+def _files(directory: Path) -> list[Path]:
+    return sorted(p for p in directory.rglob("*")
+                  if p.is_file() and p.name not in (CHECKSUMS_FILE, CHECKSUMS_FILE + ".tmp"))
+
+
+def _sha256(path: Path) -> str:
+    with path.open("rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def _size_mb(directory: Path) -> float:
+    return sum(p.stat().st_size for p in _files(directory)) / 2**20
+
+
+def _is_out_of_space(err: BaseException) -> bool:
+    while err is not None:
+        if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        text = str(err)
+        if "No space left" in text or "RESOURCE_EXHAUSTED" in text or "quota" in text.lower():
+            return True
+        err = err.__cause__ or err.__context__
+    return False
 
 
 def _clear_step(manager: ocp.CheckpointManager, directory: Path, step: int) -> None:
@@ -146,24 +207,73 @@ class Checkpointer:
                 max_to_keep=1, enable_async_checkpointing=async_save,
                 cleanup_tmp_directories=True, create=True),
             item_names=("params", "data"))
+        self._pending: tuple[Path, int] | None = None  # the save in flight
 
     # ------------------------------------------------------------------ saving
 
     def save(self, step: int, params: Any, train: dict[str, Any], data: dict[str, Any]) -> None:
         """Start saving step `step` in the background; returns once arrays are copied."""
-        _clear_step(self._last, self.directory, step)
-        self._last.save(step, args=ocp.args.Composite(
-            params=ocp.args.StandardSave(params),
-            train=ocp.args.StandardSave(train),
-            data=ocp.args.JsonSave(data)), force=True)
+        with self._writing(self.directory, step):
+            _clear_step(self._last, self.directory, step)
+            self._seal()
+            self._pending = (self.directory, step)
+            self._last.save(step, args=ocp.args.Composite(
+                params=ocp.args.StandardSave(params),
+                train=ocp.args.StandardSave(train),
+                data=ocp.args.JsonSave(data)), force=True)
 
     def save_best(self, step: int, params: Any, metrics: dict[str, float]) -> None:
         """Save `params` as the best checkpoint, replacing the previous one (the caller saves
         only improvements); `metrics` ({METRIC: score, "step"}) are stored with them."""
-        _clear_step(self._best, self.best_directory, step)
-        self._best.save(step, args=ocp.args.Composite(
-            params=ocp.args.StandardSave(params),
-            data=ocp.args.JsonSave({k: float(v) for k, v in metrics.items()})), force=True)
+        with self._writing(self.best_directory, step):
+            _clear_step(self._best, self.best_directory, step)
+            self._seal()
+            self._pending = (self.best_directory, step)
+            self._best.save(step, args=ocp.args.Composite(
+                params=ocp.args.StandardSave(params),
+                data=ocp.args.JsonSave({k: float(v) for k, v in metrics.items()})), force=True)
+
+    @contextlib.contextmanager
+    def _writing(self, directory: Path, step: int):
+        """SaveError, naming what survived, when a save (or one still in flight) fails."""
+        try:
+            yield
+        except Exception as err:  # noqa: BLE001 - orbax and tensorstore raise many kinds
+            failed_dir, failed_step = self._pending or (directory, step)
+            self._pending = None
+            raise SaveError(self._failure(failed_dir, failed_step, err)) from err
+
+    def _failure(self, directory: Path, step: int, err: Exception) -> str:
+        for partial in directory.glob("*.orbax-checkpoint-tmp*"):  # free the space it took
+            shutil.rmtree(partial, ignore_errors=True)
+        steps = self.steps()
+        if steps:
+            last = self.directory / str(steps[-1])
+            kept = (f"checkpoint step {steps[-1]} ({_size_mb(last):.0f} MB) is intact, and "
+                    f"best/ and model/ are as they were")
+        else:
+            kept = "no earlier checkpoint exists"
+        free = shutil.disk_usage(self.run_dir).free / 2**20
+        if _is_out_of_space(err):
+            cause = f"no space left on the device ({free:.0f} MB free)"
+            todo = "free some space, then run the same command again to resume"
+        else:
+            cause = _brief(err)
+            todo = "fix the cause, then run the same command again to resume"
+        return f"cannot write checkpoint step {step} in {directory}: {cause}; {kept}; {todo}."
+
+    def _seal(self) -> None:
+        """Write the checksums of every finalized step that has none yet (process 0), once
+        no save is in flight."""
+        self._last.wait_until_finished()
+        self._best.wait_until_finished()
+        if jax.process_index() != 0:
+            return
+        for directory in (self.directory, self.best_directory):
+            for step in complete_steps(directory):
+                step_dir = directory / str(step)
+                if not (step_dir / CHECKSUMS_FILE).exists():
+                    write_checksums(step_dir)
 
     def discard_best(self, keep: int | None) -> list[int]:
         """Delete every step of best/ but `keep` (None: all); returns the steps deleted.
@@ -181,13 +291,20 @@ class Checkpointer:
         return stale
 
     def wait(self) -> None:
-        """Block until background saves are committed."""
-        self._last.wait_until_finished()
-        self._best.wait_until_finished()
+        """Block until background saves are committed (and checksummed)."""
+        with self._writing(self.directory, -1):
+            self._last.wait_until_finished()
+            self._best.wait_until_finished()
+            self._pending = None
+            self._seal()
 
     def close(self) -> None:
-        self._last.close()
-        self._best.close()
+        """Release orbax's threads; after a failed save, without a second error."""
+        for manager in (self._last, self._best):
+            try:
+                manager.close()
+            except Exception as err:  # noqa: BLE001 - already reported by the save
+                log.debug("closing %s: %s", manager.directory, err)
 
     # ------------------------------------------------------------------ restoring
 
@@ -215,6 +332,14 @@ class Checkpointer:
         candidates = [step] if step is not None else list(reversed(self.steps()))
         failures = []
         for candidate in candidates:
+            damage = damaged_file(self.directory / str(candidate))
+            if damage is not None:
+                if step is not None:
+                    raise CheckpointError(f"{self.directory / str(candidate)}: {damage}.")
+                log.warning("skipping damaged checkpoint %s: %s", self.directory / str(candidate),
+                            damage)
+                failures.append((candidate, CheckpointError(damage)))
+                continue
             try:
                 restored = self._last.restore(candidate, args=ocp.args.Composite(
                     params=ocp.args.StandardRestore(_abstract(params_like)),
@@ -244,6 +369,10 @@ class Checkpointer:
         """Only the parameters of checkpoint `step` (of `best/` when `best`)."""
         manager, directory = ((self._best, self.best_directory) if best
                               else (self._last, self.directory))
+        damage = damaged_file(directory / str(step))
+        if damage is not None:
+            raise CheckpointError(f"{directory / str(step)}: {damage}; delete it to fall back "
+                                  "to the checkpoints before it.")
         try:
             restored = manager.restore(step, args=ocp.args.Composite(
                 params=ocp.args.StandardRestore(_abstract(params_like))))
@@ -271,10 +400,13 @@ def average_checkpoints(run_dir: str | Path, last: int, config: ModelConfig
     steps = complete_steps(run_dir / CHECKPOINTS_DIR)
     if not steps:
         raise CheckpointError(f"{run_dir / CHECKPOINTS_DIR}: no complete checkpoints to average.")
-    if len(steps) < last:
-        log.warning("averaging %d checkpoints: only %d of the requested %d exist",
-                    len(steps), len(steps), last)
-    steps = steps[-last:]
+    damaged = {step: damaged_file(run_dir / CHECKPOINTS_DIR / str(step)) for step in steps}
+    for step, damage in damaged.items():
+        if damage is not None:
+            log.warning("not averaging damaged checkpoint %d: %s", step, damage)
+    steps = [step for step in steps if damaged[step] is None][-last:]
+    if not steps:
+        raise CheckpointError(f"{run_dir / CHECKPOINTS_DIR}: every checkpoint is damaged.")
     _, params_like, _ = abstract_params(config)
     manager = ocp.CheckpointManager(run_dir.absolute() / CHECKPOINTS_DIR,
                                     options=ocp.CheckpointManagerOptions(read_only=True),
@@ -288,5 +420,8 @@ def average_checkpoints(run_dir: str | Path, last: int, config: ModelConfig
             total = params if total is None else jax.tree.map(jnp.add, total, params)
     finally:
         manager.close()
+    if len(steps) < last:
+        log.warning("averaging %d checkpoints: only %d of the requested %d are usable",
+                    len(steps), len(steps), last)
     mean = jax.tree.map(lambda x: x / len(steps), total)
     return mean, steps

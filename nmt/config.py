@@ -70,9 +70,12 @@ class TrainerConfig:
     save_every: int | None = setting(None, "checkpoint every N steps (default: --eval-every)")
     keep_last: int = setting(5, "keep the last K checkpoints")
     average_last: int | None = setting(
-        None, "write averaged/: the mean of the last N checkpoints. With an output directory "
-              "that already holds checkpoints and no --resume, only average (no training)")
+        None, "at the end of training, write averaged/: the mean of the last N checkpoints "
+              "(train.py --average-only averages an existing run without training)")
     log_every: int = setting(50, "log metrics every N steps")
+    loss_spike: float = setting(
+        10.0, "stop, as for a NaN loss, when a step's loss exceeds this many times the median "
+              "loss of the previous 50 steps (0 = never)")
     async_checkpoints: bool = setting(True, "save checkpoints in the background")
     progress: bool = setting(True, "show a progress bar on a terminal")
 
@@ -90,6 +93,8 @@ class TrainerConfig:
             raise SettingsError(f"--max-minutes must be > 0, got {self.max_minutes}.")
         if self.eval_sentences < 0:
             raise SettingsError(f"--eval-sentences must be >= 0, got {self.eval_sentences}.")
+        if not self.loss_spike >= 0 or (0 < self.loss_spike <= 1):
+            raise SettingsError(f"--loss-spike must be 0 (off) or > 1, got {self.loss_spike}.")
         if self.samples < 0:
             raise SettingsError(f"--samples must be >= 0, got {self.samples}.")
         if self.best_metric is not None and self.best_metric not in BEST_METRICS:

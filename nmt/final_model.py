@@ -9,11 +9,23 @@ from typing import Any
 import jax
 
 from nmt.bookkeeping import Bookkeeping
-from nmt.checkpoints import AVERAGED_DIR, Checkpointer, average_checkpoints
+from nmt.checkpoints import AVERAGED_DIR, Checkpointer, SaveError, average_checkpoints
 from nmt.config import RunConfig
 from nmt.distributed import local_copy
 from transformer.config import ModelConfig
 from transformer.model_dir import MODEL_DIR, export_model
+
+
+def _export(model_dir: Path, *args, **kwargs) -> None:
+    """`export_model`, with a failed write (disk full, say) as a SaveError naming what is
+    intact."""
+    try:
+        export_model(model_dir, *args, **kwargs)
+    except OSError as err:
+        raise SaveError(
+            f"cannot write {model_dir}: {err.strerror}; the checkpoints and the earlier "
+            f"{model_dir.name}/ (if any) are intact: free some space (or fix the cause), then "
+            "run the same command again (it resumes from the last checkpoint).") from err
 
 
 def languages(run: RunConfig) -> dict[str, str]:
@@ -35,7 +47,7 @@ def export_best_or_last(run_dir: Path, run: RunConfig, model_config: ModelConfig
     model_dir = run_dir / MODEL_DIR
     params = local_copy(params)
     if jax.process_index() == 0:
-        export_model(model_dir, params, model_config, tokenizer_file, run.search,
+        _export(model_dir, params, model_config, tokenizer_file, run.search,
                      {**languages(run), **source})
     return model_dir
 
@@ -47,7 +59,7 @@ def average(run_dir: Path, run: RunConfig, model_config: ModelConfig, tokenizer_
     params, steps = average_checkpoints(run_dir, last, model_config)
     out = run_dir / AVERAGED_DIR
     if jax.process_index() == 0:
-        export_model(out, local_copy(params), model_config, tokenizer_file, run.search,
+        _export(out, local_copy(params), model_config, tokenizer_file, run.search,
                      {**languages(run), "averaged_steps": steps,
                       "chosen": f"mean of the last {len(steps)} checkpoints"})
     return out, steps

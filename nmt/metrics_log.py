@@ -4,6 +4,7 @@ itself, and where it goes (`metrics.jsonl` and TensorBoard event files in the ru
 
 from __future__ import annotations
 
+import collections
 import json
 import logging
 import math
@@ -20,11 +21,16 @@ METRICS_FILE = "metrics.jsonl"
 TB_DIR = "tb"
 
 
+class MetricsWriteError(RuntimeError):
+    """metrics.jsonl or the TensorBoard files could not be written (disk full, say)."""
+
+
 class MetricsWriter:
     """metrics.jsonl plus TensorBoard; only process 0 writes.
 
     On resume from step N, lines after step N (written by the interrupted run after its last
-    checkpoint) are dropped so the file reads as one uninterrupted run.
+    checkpoint) are dropped so the file reads as one uninterrupted run. A failed write is a
+    MetricsWriteError naming the file; the checkpoints stay as they were.
     """
 
     def __init__(self, run_dir: Path, resume_step: int, enabled: bool):
@@ -46,7 +52,15 @@ class MetricsWriter:
                     continue
                 if step <= resume_step:
                     kept.append(line)
-            self.path.write_text("".join(line + "\n" for line in kept))
+            tmp = self.path.with_name(self.path.name + ".tmp")
+            try:  # a full disk must not cost the lines already there
+                tmp.write_text("".join(line + "\n" for line in kept))
+                tmp.replace(self.path)
+            except OSError as err:
+                tmp.unlink(missing_ok=True)
+                raise MetricsWriteError(
+                    f"cannot rewrite {self.path} for the resumed run: {err.strerror}; it is "
+                    "unchanged: free some space, then run the same command again.") from err
         try:
             from tensorboardX import SummaryWriter
 
@@ -58,16 +72,37 @@ class MetricsWriter:
         if not self.enabled:
             return
         record = {"kind": kind, "step": step, **values}
-        with self.path.open("a") as f:
-            f.write(json.dumps(record, sort_keys=False) + "\n")
+        try:
+            with self.path.open("a") as f:
+                f.write(json.dumps(record, sort_keys=False) + "\n")
+        except OSError as err:
+            raise MetricsWriteError(
+                f"cannot append to {self.path}: {err.strerror}; the checkpoints are intact: "
+                "free some space (or fix the cause), then run the same command again to "
+                "resume.") from err
         if self.tb is not None:
-            for key, value in values.items():
-                if isinstance(value, (int, float)) and math.isfinite(value):
-                    self.tb.add_scalar(f"{kind}/{key}", value, step)
+            try:
+                for key, value in values.items():
+                    if isinstance(value, (int, float)) and math.isfinite(value):
+                        self.tb.add_scalar(f"{kind}/{key}", value, step)
+            except OSError as err:
+                self._drop_tensorboard(err)
+
+    def _drop_tensorboard(self, err: Exception) -> None:
+        log.warning("TensorBoard files stopped (%s); metrics.jsonl goes on", err)
+        tb, self.tb = self.tb, None
+        try:
+            tb.close()
+        except Exception:  # noqa: BLE001 - a writer that already failed may fail again
+            pass
 
     def close(self) -> None:
         if self.tb is not None:
-            self.tb.close()
+            try:
+                self.tb.close()
+            except Exception as err:  # noqa: BLE001 - disk full at exit: a warning, no trace
+                log.warning("TensorBoard files may be incomplete: %s", err)
+            self.tb = None
 
 
 def summarize_window(window: list[dict[str, float]]) -> dict[str, float]:
@@ -95,16 +130,24 @@ class MetricsWindow:
 
     A step's metrics stay on the device (`add`) until `read_back`, at log intervals and before
     saves: reading them every step would wait for every step. `read_back` calls `on_diverged`
-    (which must raise) at the first step whose loss or gradient norm is not finite.
+    (which must raise) at the first step whose loss or gradient norm is not finite, or whose
+    loss is more than `spike` times the median of the previous `SPIKE_HISTORY` steps' (and
+    more than one nat above it; `spike` 0: never).
     """
 
+    SPIKE_HISTORY = 50
+
     def __init__(self, restored: list[dict[str, float]], next_step: int,
-                 on_diverged: Callable[[int, dict[str, Any]], Exception]):
+                 on_diverged: Callable[[int, dict[str, Any], str], Exception],
+                 spike: float = 0.0):
         self.steps: list[dict[str, float]] = [dict(m) for m in restored]  # read back
         self.tokens_before = sum(m["tokens"] for m in self.steps)  # counted by an earlier run
         self.pending: list[dict[str, jax.Array]] = []  # on the device
         self.pending_first_step = next_step
         self.on_diverged = on_diverged
+        self.spike = spike
+        self.recent: collections.deque = collections.deque(
+            (m["loss"] for m in self.steps), maxlen=self.SPIKE_HISTORY)
 
     def add(self, metrics: dict[str, jax.Array]) -> None:
         self.pending.append(metrics)
@@ -116,7 +159,17 @@ class MetricsWindow:
         host = jax.device_get(self.pending)
         for offset, metrics in enumerate(host):
             if not bool(metrics["is_finite"]):
-                raise self.on_diverged(self.pending_first_step + offset, metrics)
+                raise self.on_diverged(self.pending_first_step + offset, metrics, "not finite")
+            loss = float(metrics["loss"])
+            if self.spike and len(self.recent) >= 10:
+                median = float(np.median(self.recent))
+                if loss > self.spike * median and loss > median + 1.0:
+                    raise self.on_diverged(
+                        self.pending_first_step + offset, metrics,
+                        f"{loss / median:.3g} times the median loss of the previous "
+                        f"{len(self.recent)} steps ({median:.4g}; --loss-spike "
+                        f"{self.spike:g})")
+            self.recent.append(loss)
             self.steps.append({k: float(v) for k, v in metrics.items()})
         self.pending_first_step += len(self.pending)
         self.pending = []

@@ -15,7 +15,7 @@ from data.config import BatchConfig
 from data.tokenizer import MODEL_FILE
 from nmt import recipes
 from nmt.bookkeeping import Bookkeeping
-from nmt.checkpoints import Checkpointer
+from nmt.checkpoints import CHECKPOINTS_DIR, Checkpointer, complete_steps
 from nmt.config import RunConfig, SettingsError
 from transformer.config import ModelConfig
 
@@ -38,6 +38,19 @@ def saved_run(run_dir: Path) -> RunConfig | None:
     except SettingsError as err:
         raise ResumeError(f"{path} cannot be read ({err}); restore it, or use a new "
                           "--output-dir.") from None
+
+
+def check_tokenizer_present(run_dir: Path) -> None:
+    """A run with checkpoints must keep its spm.model: a new one, trained on resume, would not
+    be the one the parameters were trained with."""
+    if (run_dir / MODEL_FILE).is_file() or not complete_steps(run_dir / CHECKPOINTS_DIR):
+        return
+    copy = run_dir / "model" / MODEL_FILE
+    restore = (f"copy {copy} (the model's copy of it) back" if copy.is_file()
+               else "restore it")
+    raise ResumeError(
+        f"{run_dir / MODEL_FILE} is missing, but {run_dir / CHECKPOINTS_DIR} holds a run "
+        f"trained with it; {restore} to resume, or use a new --output-dir.")
 
 
 def check_same_tokenizer(run_dir: Path, run: RunConfig, saved: RunConfig | None) -> None:

@@ -44,11 +44,18 @@ class PausableClock:
 
 
 class StopSignal:
-    """SIGINT/SIGTERM set a flag the loop checks after each step; a second SIGINT aborts."""
+    """SIGINT/SIGTERM set a flag the loop checks after each step; a second SIGINT aborts.
+
+    Inside `critical()` (a checkpoint save, the export of the model) nothing is cut short: a
+    second SIGINT there aborts when the block has finished, so the run directory never holds
+    half a checkpoint or half a model.
+    """
 
     def __init__(self):
         self.received: str | None = None
         self._previous: dict[int, Any] = {}
+        self._critical = 0
+        self._abort_pending = False
 
     def __enter__(self) -> "StopSignal":
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -60,14 +67,33 @@ class StopSignal:
 
     def _handle(self, signum, frame) -> None:
         if self.received is not None and signum == signal.SIGINT:
+            if self._critical:
+                self._abort_pending = True
+                print("\nSIGINT received again: aborting once the files being written are "
+                      "complete.", file=sys.stderr, flush=True)
+                return
             raise KeyboardInterrupt
-        self.received = signal.Signals(signum).name
-        print(f"\n{self.received} received: finishing the current step and saving "
-              "(press Ctrl-C again to abort without saving).", file=sys.stderr, flush=True)
+        if self.received is None:
+            self.received = signal.Signals(signum).name
+            print(f"\n{self.received} received: finishing the current step and saving "
+                  "(press Ctrl-C again to abort without saving).", file=sys.stderr, flush=True)
+
+    @contextlib.contextmanager
+    def critical(self):
+        """A block that signals never cut short (they take effect after it)."""
+        self._critical += 1
+        try:
+            yield
+        finally:
+            self._critical -= 1
+        if not self._critical and self._abort_pending:
+            self._abort_pending = False
+            raise KeyboardInterrupt
 
     def __exit__(self, *exc) -> None:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
+        self._previous = {}
 
 
 class Limits:

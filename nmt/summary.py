@@ -69,6 +69,12 @@ def scoring_command(model_dir: Path, run: RunConfig) -> str:
                        *test, "--src", data.src, "--tgt", data.tgt, *tokenizer])
 
 
+def resume_command(run_dir: Path) -> str:
+    """The command that continues the run in `run_dir` with exactly its recorded settings."""
+    return (f"python train.py --config {run_dir / 'config.yaml'} --output-dir {run_dir} "
+            "--resume")
+
+
 def print_summary(summary: dict[str, Any], run_dir: Path) -> None:
     lines = [f"Finished after {summary['steps']} steps ({summary['stopped']}, "
              f"{summary['minutes']} min)."]
@@ -83,7 +89,7 @@ def print_summary(summary: dict[str, Any], run_dir: Path) -> None:
                      f"{time_spent['steps_s']:.1f} s.")
     if summary["stopped"] in ("SIGINT", "SIGTERM"):
         lines.append(f"Interrupted; checkpoint saved. Resume with the same command, or: "
-                     f"python train.py --resume --output-dir {run_dir}")
+                     f"{resume_command(run_dir)}")
     lines.append(f"Model: {summary['model_dir']}")
     lines.append(f"Translate: {summary['translate_command']}")
     if summary.get("test_command"):

@@ -18,6 +18,7 @@ The run directory it leaves:
     averaged/          with --average-last N: the mean of the last N checkpoints
     metrics.jsonl      one JSON object per log line ("train") and per validation ("eval")
     tb/                TensorBoard event files
+    .lock              held while a trainer runs here (nmt.run_lock): one trainer per run
 
 Exact resumption: a checkpoint holds everything the next step depends on (parameters,
 optimizer state, step, rng, the data position) and the per-step metrics of the unfinished
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import hashlib
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -38,13 +40,14 @@ import jax.numpy as jnp
 
 from nmt import final_model, recipes, resume, scoring
 from nmt.bookkeeping import Bookkeeping
-from nmt.checkpoints import CHECKPOINTS_DIR, Checkpointer, complete_steps
+from nmt.checkpoints import CHECKPOINTS_DIR, Checkpointer, SaveError, complete_steps
 from data.packing import PACKED_KEYS
 from nmt.compilation import AheadOfTime, CompileLog, enable_compilation_cache
 from nmt.config import RunConfig
 from nmt.distributed import barrier, local_copy
-from nmt.metrics_log import MetricsWindow, MetricsWriter
+from nmt.metrics_log import MetricsWindow, MetricsWriteError, MetricsWriter
 from nmt.run_data import prepare_data
+from nmt.run_lock import LOCK_FILE, RunLock
 from nmt.stopping import Limits, PausableClock, StopSignal
 from nmt.summary import announcement, build_summary, echo, print_summary, progress_bar
 from nmt.validation import Validator, describe
@@ -63,26 +66,26 @@ def train(run: RunConfig, workdir: str | Path | None = None) -> dict[str, Any]:
     "max_minutes", "early_stop", "SIGINT"/"SIGTERM"), best_metric, best_score and best_step
     (None when no best was tracked), last_eval, minutes, translate_command, and test_command
     when a test split was given. Raises TrainingError when the loss stops being finite or
-    `workdir` holds a run with another model, tokenizer or seed.
+    `workdir` holds a run with another model, tokenizer or seed; SaveError or
+    MetricsWriteError when a file cannot be written (the checkpoints before it stay intact);
+    RunDirectoryInUse when another trainer runs in `workdir`.
     """
     run_dir = Path(workdir) if workdir is not None else run.output_dir()
     created = not run_dir.exists()
     run_dir.mkdir(parents=True, exist_ok=True)
-    enable_compilation_cache()
-    with CompileLog().active() as compile_log:
-        try:
-            trainer = Trainer(run, run_dir, compile_log)
-        except BaseException:  # missing data, say: a run that never started leaves no directory
-            if created:
-                with contextlib.suppress(OSError):  # not empty, or another process removed it
-                    run_dir.rmdir()
-            raise
-        try:
-            stopped = trainer.loop()
-        except TrainingError:
-            trainer.close()
-            raise
-        return trainer.finish(stopped)
+    lock = RunLock(run_dir) if jax.process_index() == 0 else contextlib.nullcontext()
+    with lock:
+        enable_compilation_cache()
+        with CompileLog().active() as compile_log:
+            try:
+                trainer = Trainer(run, run_dir, compile_log)
+            except BaseException:  # missing data, say: a run that never started leaves none
+                if created:
+                    with contextlib.suppress(OSError):  # not empty, or removed by another
+                        (run_dir / LOCK_FILE).unlink()
+                        run_dir.rmdir()
+                raise
+            return trainer.train_and_export()
 
 
 class Trainer:
@@ -109,7 +112,9 @@ class Trainer:
         tokenizer_name = run.trainer.bleu_tokenize or scoring.bleu_tokenizer_for(run.data.tgt)
         self.book = Bookkeeping(best_metric=run.trainer.best_metric or "bleu",
                                 bleu_tokenizer=tokenizer_name)
+        self.resumed_from: int | None = None
         self.saved = self._restore()  # (step, bookkeeping) of the checkpoint on disk
+        self._check_tokenizer_unchanged()
         self.step = int(local_copy(self.state.step))
         # config.yaml is replaced only now: a resume that failed keeps the settings of the run.
         if self.is_main:
@@ -119,11 +124,13 @@ class Trainer:
         self.batches = resume.batch_iterator(self.data.train_examples, self.data.batch_config,
                                              self.book, self.step)
         self.writer = MetricsWriter(run_dir, self.step, self.is_main)
-        self.window = MetricsWindow(self.book.window, self.step + 1, self._diverged)
+        self.window = MetricsWindow(self.book.window, self.step + 1, self._diverged,
+                                    spike=run.trainer.loss_spike)
         self.clock = PausableClock()  # of the log window: tokens/s leaves out eval and saving
         self.validator = Validator(self.data, make_eval_step(self.graphdef, self.mesh, run.train),
                                    self.mesh, run.search, run.trainer.eval_sentences,
                                    run.trainer.samples, bleu, echo, compile_log)
+        self.signals = StopSignal()
         self.bar = None
         self.compilations_logged = 0
         self.step_seconds = 0.0  # in train steps, validation and saving left out
@@ -134,6 +141,7 @@ class Trainer:
         run, run_dir = self.run, self.run_dir
         saved = resume.saved_run(run_dir)
         try:
+            resume.check_tokenizer_present(run_dir)
             resume.check_same_tokenizer(run_dir, run, saved)
             data = prepare_data(run, run_dir, run.model.max_len)
             if complete_steps(run_dir / CHECKPOINTS_DIR):
@@ -178,10 +186,44 @@ class Trainer:
                                    opt_state=restored.train["opt_state"],
                                    rng=restored.train["rng"])
         self.book = Bookkeeping.from_json(restored.data)
+        self.resumed_from = restored.step
         echo(f"Resuming {self.run_dir} from step {restored.step}.")
         return restored.step, self.book.fingerprint()
 
+    def _check_tokenizer_unchanged(self) -> None:
+        """The checkpoint's model was trained with the spm.model it recorded: refuse another."""
+        sha256 = hashlib.sha256(self.data.tokenizer_file.read_bytes()).hexdigest()
+        if self.book.tokenizer_sha256 not in (None, sha256):
+            step = self.saved[0] if self.saved else "?"
+            self.saver.close()
+            raise TrainingError(
+                f"{self.data.tokenizer_file} is not the SentencePiece model that checkpoint step "
+                f"{step} in {self.run_dir / CHECKPOINTS_DIR} was trained with (its SHA-256 "
+                f"differs from the one the checkpoint recorded); put the run's own spm.model "
+                f"back (the copy in {self.run_dir / 'model' / 'spm.model'}, if present), or "
+                "use a new --output-dir.")
+        self.book.tokenizer_sha256 = sha256
+
     # ------------------------------------------------------------------------- the loop
+
+    def train_and_export(self) -> dict[str, Any]:
+        """Train, then export, with signals deferred while files are written; on a failure,
+        the files in flight are completed or removed before the error goes on."""
+        try:
+            with self.signals:
+                stopped = self.loop()
+                with self.signals.critical():
+                    return self.finish(stopped)
+        except (TrainingError, SaveError, MetricsWriteError):
+            self.close(quietly=True)
+            raise
+        except KeyboardInterrupt:  # Ctrl-C twice: no more saving, but nothing left half-done
+            self.close(quietly=True)
+            last = self.saver.latest_step()
+            echo(f"Aborted at step {self.step}; "
+                 + (f"checkpoint step {last} is the newest, and the same command resumes "
+                    "from it." if last is not None else "no checkpoint was saved."))
+            raise
 
     def loop(self) -> str:
         """Train until a limit, early stopping or a signal; returns why it stopped."""
@@ -209,33 +251,33 @@ class Trainer:
     def _steps(self, stopped: str | None) -> str:
         trainer = self.run.trainer
         in_flight: collections.deque = collections.deque()
-        with StopSignal() as signals:
-            while stopped is None:
-                stopped = self.limits.reached(self.step, self.batches.epochs_completed, signals)
-                if stopped is not None:
-                    break
-                metrics = self._train_one_step()
-                # Let the host run at most two steps ahead of the device (waiting, not reading
-                # values): the time budget and signals then act within a step or two, and
-                # queued batches do not pile up in device memory.
-                in_flight.append(metrics["loss"])
-                if len(in_flight) > 2:
-                    in_flight.popleft().block_until_ready()
-                if self.step % trainer.log_every == 0:
-                    self.log_window()
-                if self.step % trainer.eval_every == 0 and self.validate():
-                    stopped = "early_stop"  # saved below, with the closing log line
-                    break
-                if self.step % (trainer.save_every or trainer.eval_every) == 0:
-                    self.save()
-            if stopped not in ("SIGINT", "SIGTERM"):
-                # An interrupted run keeps its unfinished log window in the checkpoint, so
-                # the resumed run logs exactly what an uninterrupted one would.
+        signals = self.signals
+        while stopped is None:
+            stopped = self.limits.reached(self.step, self.batches.epochs_completed, signals)
+            if stopped is not None:
+                break
+            metrics = self._train_one_step()
+            # Let the host run at most two steps ahead of the device (waiting, not reading
+            # values): the time budget and signals then act within a step or two, and
+            # queued batches do not pile up in device memory.
+            in_flight.append(metrics["loss"])
+            if len(in_flight) > 2:
+                in_flight.popleft().block_until_ready()
+            if self.step % trainer.log_every == 0:
                 self.log_window()
-                last = self.book.last_eval
-                if self.step > 0 and (last is None or last["step"] != self.step):
-                    self.validate()
-            self.save(force_sync=True)
+            if self.step % trainer.eval_every == 0 and self.validate():
+                stopped = "early_stop"  # saved below, with the closing log line
+                break
+            if self.step % (trainer.save_every or trainer.eval_every) == 0:
+                self.save()
+        if stopped not in ("SIGINT", "SIGTERM"):
+            # An interrupted run keeps its unfinished log window in the checkpoint, so
+            # the resumed run logs exactly what an uninterrupted one would.
+            self.log_window()
+            last = self.book.last_eval
+            if self.step > 0 and (last is None or last["step"] != self.step):
+                self.validate()
+        self.save(force_sync=True)
         return stopped
 
     def _train_one_step(self) -> dict[str, jax.Array]:
@@ -253,17 +295,25 @@ class Trainer:
 
     # ------------------------------------------------------------------------- records
 
-    def _diverged(self, bad_step: int, metrics: dict) -> TrainingError:
+    def _diverged(self, bad_step: int, metrics: dict, why: str) -> TrainingError:
         self.saver.wait()  # a save in flight holds an earlier, finite state
-        last_good = self.saver.latest_step()
-        where = (f"the last good checkpoint is step {last_good} in {self.saver.directory}"
-                 if last_good is not None else "no checkpoint was saved yet")
+        latest = self.saver.latest_step()
+        loss, norm = float(metrics["loss"]), float(metrics["grad_norm"])
+        what = (f"the loss or gradient norm became {loss}/{norm}" if why == "not finite"
+                else f"the loss jumped to {loss:.4g}, {why}")
+        if self.resumed_from is not None and bad_step == self.resumed_from + 1:
+            return TrainingError(
+                f"Training diverged at step {bad_step}, the first after resuming from "
+                f"checkpoint {self.resumed_from}: {what}. That checkpoint itself is the likely "
+                f"cause: move {self.saver.directory / str(self.resumed_from)} away and rerun "
+                "the same command to resume from the checkpoint before it.")
+        where = (f"the newest checkpoint is step {latest} in {self.saver.directory}"
+                 if latest is not None else "no checkpoint was saved yet")
         return TrainingError(
-            f"Training diverged: the loss or gradient norm became "
-            f"{float(metrics['loss'])}/{float(metrics['grad_norm'])} at step {bad_step} "
-            f"(learning rate {float(metrics['learning_rate']):.3g}); {where}. Lower "
-            f"--lr-scale/--peak-lr, raise --warmup or set --clip-norm 1.0, then rerun "
-            f"(it resumes from the last good checkpoint).")
+            f"Training diverged: {what} at step {bad_step} (learning rate "
+            f"{float(metrics['learning_rate']):.3g}); {where}. Lower --lr-scale/--peak-lr, "
+            "raise --warmup or set --clip-norm 1.0, then rerun (it resumes from that "
+            "checkpoint).")
 
     def log_window(self) -> None:
         """Write one "train" line for the steps since the last one, and a "compile" line for
@@ -294,7 +344,7 @@ class Trainer:
         if self.saved == (self.step, current):
             return
         state = self.state
-        with self.clock.paused():
+        with self.clock.paused(), self.signals.critical():
             self.saver.save(self.step, state.params, {"step": state.step,
                                                       "opt_state": state.opt_state,
                                                       "rng": state.rng}, self.book.to_json())
@@ -311,8 +361,9 @@ class Trainer:
             text, book = describe(self.step, result), self.book
             improved = book.record(self.step, result)
             if improved:
-                self.saver.save_best(self.step, self.state.params,
-                                     {book.best_metric: book.best_score, "step": self.step})
+                with self.signals.critical():
+                    self.saver.save_best(self.step, self.state.params,
+                                         {book.best_metric: book.best_score, "step": self.step})
                 # The checkpoint of the same step records this best step: best/ and the
                 # bookkeeping a resumed run reads always agree.
                 self.save()
@@ -356,12 +407,18 @@ class Trainer:
         in_steps = self.train_step.seconds_compiling_in_calls
         return {**compiled, "steps_s": round(max(self.step_seconds - in_steps, 0.0), 1)}
 
-    def close(self) -> None:
-        """Wait for checkpoints in flight and release the files (also after an error)."""
+    def close(self, quietly: bool = False) -> None:
+        """Wait for checkpoints in flight and release the files. `quietly`: after an error,
+        which a failing save in flight must not replace."""
         self._close_bar()
-        self.saver.wait()
-        self.saver.close()
-        self.writer.close()
+        try:
+            self.saver.wait()
+        except SaveError:
+            if not quietly:
+                raise
+        finally:
+            self.saver.close()
+            self.writer.close()
 
     def _close_bar(self) -> None:
         if self.bar is not None:
@@ -371,5 +428,9 @@ class Trainer:
 
 def _write_atomically(path: Path, text: str) -> None:
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
+    try:
+        tmp.write_text(text)
+        tmp.replace(path)
+    except OSError:  # disk full, say: the file already there stays as it was
+        tmp.unlink(missing_ok=True)
+        raise

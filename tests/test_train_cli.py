@@ -172,8 +172,9 @@ def test_sigterm_then_resume_logs_the_same_metrics(uninterrupted, corpus, env, t
                 assert got[key] == value, (got["step"], key)
 
 
-def test_average_last_without_training(uninterrupted, env):
-    result = _run(["--average-last", "2", "--output-dir", str(uninterrupted)], env)
+def test_average_only_averages_without_training(uninterrupted, env):
+    result = _run(["--average-only", "--average-last", "2", "--output-dir", str(uninterrupted)],
+                  env)
     assert result.returncode == 0, result.stderr[-3000:]
     averaged = uninterrupted / "averaged"
     _, _, values = load_model(averaged)
@@ -188,7 +189,7 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(corpus, env, tmp_path, mo
     run, _ = train_cli.resolve(_args(corpus, tmp_path / "nan", save_every=5))
     run = run.replace(trainer={"progress": False})
     poison_parameters_before(monkeypatch, step=12)
-    with pytest.raises(TrainingError, match=r"diverged.*step 12.*last good checkpoint is step 10"):
+    with pytest.raises(TrainingError, match=r"diverged.*step 12.*newest checkpoint is step 10"):
         train(run, tmp_path / "nan")
     assert checkpoint.complete_steps(tmp_path / "nan" / "checkpoints") == [5, 10]
     assert not (tmp_path / "nan" / "model").exists()

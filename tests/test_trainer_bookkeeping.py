@@ -132,7 +132,7 @@ def test_best_step_has_a_checkpoint_and_is_the_one_exported(corpus, bleus, tmp_p
     bleus += [1.0, 2.0, 3.0]  # steps 2, 4, 6: each the best so far
     with monkeypatch.context() as patched:
         poison_parameters_before(patched, step=7)
-        with pytest.raises(TrainingError, match="last good checkpoint is step 6"):
+        with pytest.raises(TrainingError, match="newest checkpoint is step 6"):
             _run(corpus, out, max_steps=8, save_every=4)
     # A new best BLEU writes the checkpoint of its step too, whatever --save-every says: the
     # diverged run resumes from step 6, whose bookkeeping records best/6.

@@ -72,15 +72,19 @@ def export_model(model_dir: str | Path, params: Any, model_config: ModelConfig,
     model_dir = Path(model_dir)
     tmp = model_dir.with_name(model_dir.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    pure = jax.tree.map(lambda x: np.asarray(jax.device_get(x), np.float32),
-                        nnx.to_pure_dict(params))
-    (tmp / PARAMS_FILE).write_bytes(serialization.msgpack_serialize(pure))
-    shutil.copyfile(tokenizer_file, tmp / TOKENIZER_FILE)
-    config = {"model": model_config.to_dict(),
-              "search": dataclasses.asdict(search_config or SearchConfig()),
-              "tokenizer": TOKENIZER_FILE, **(extra or {})}
-    (tmp / CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    try:
+        tmp.mkdir(parents=True)
+        pure = jax.tree.map(lambda x: np.asarray(jax.device_get(x), np.float32),
+                            nnx.to_pure_dict(params))
+        (tmp / PARAMS_FILE).write_bytes(serialization.msgpack_serialize(pure))
+        shutil.copyfile(tokenizer_file, tmp / TOKENIZER_FILE)
+        config = {"model": model_config.to_dict(),
+                  "search": dataclasses.asdict(search_config or SearchConfig()),
+                  "tokenizer": TOKENIZER_FILE, **(extra or {})}
+        (tmp / CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    except BaseException:  # disk full, say: the model already there stays as it was
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     old = model_dir.with_name(model_dir.name + ".old")
     shutil.rmtree(old, ignore_errors=True)
     if model_dir.exists():
@@ -88,6 +92,47 @@ def export_model(model_dir: str | Path, params: Any, model_config: ModelConfig,
     tmp.rename(model_dir)
     shutil.rmtree(old, ignore_errors=True)
     return model_dir
+
+
+def check_tokenizer(model_dir: Path, config: ModelConfig, tokenizer: Tokenizer) -> None:
+    """The SentencePiece model must be the one the parameters were trained with: same size,
+    same special ids (a different one would crash mid-translation or translate nonsense)."""
+    tok, conf = model_dir / TOKENIZER_FILE, model_dir / CONFIG_FILE
+    if tokenizer.vocab_size != config.vocab_size:
+        raise ModelDirError(
+            f"{tok} has {tokenizer.vocab_size} pieces but {conf} describes a model with "
+            f"{config.vocab_size} (its embedding rows): the SentencePiece model is not the one "
+            "the model was trained with; copy the run's own spm.model into the directory.")
+    for name, value in tokenizer.special_ids().items():
+        if getattr(config, name) != value:
+            raise ModelDirError(
+                f"{tok} has {name} {value} but {conf} says {getattr(config, name)}: the "
+                "SentencePiece model is not the one the model was trained with.")
+
+
+def check_shapes(model_dir: Path, abstract: Any, pure: Any) -> None:
+    """Every parameter the config describes is in the file, with the config's shape."""
+    expected = {jax.tree_util.keystr(path): leaf.shape for path, leaf in
+                jax.tree_util.tree_leaves_with_path(nnx.to_pure_dict(abstract))}
+    try:
+        found = {jax.tree_util.keystr(path): np.shape(leaf) for path, leaf in
+                 jax.tree_util.tree_leaves_with_path(pure)}
+    except Exception:  # noqa: BLE001 - not a tree of arrays at all
+        found = {}
+    params, conf = model_dir / PARAMS_FILE, model_dir / CONFIG_FILE
+    for name, shape in expected.items():
+        if name not in found:
+            raise ModelDirError(f"{params} has no parameter {name}, which {conf} describes: "
+                                "the two files belong to different models; export the model "
+                                "again.")
+        if tuple(found[name]) != tuple(shape):
+            raise ModelDirError(f"{params}: parameter {name} has shape {tuple(found[name])} but "
+                                f"{conf} describes {tuple(shape)}: the two files belong to "
+                                "different models; export the model again.")
+    extra = sorted(set(found) - set(expected))
+    if extra:
+        raise ModelDirError(f"{params} has parameters {conf} does not describe ({extra[0]}, "
+                            "...): the two files belong to different models.")
 
 
 def resolve_model_dir(path: str | Path) -> Path:
@@ -120,16 +165,18 @@ def load_model(path: str | Path, dtype: str | None = None
     model_config, values = read_model_config(model_dir)
     if dtype is not None:
         model_config = dataclasses.replace(model_config, dtype=dtype)
+    tokenizer = Tokenizer.load(model_dir / TOKENIZER_FILE)
+    check_tokenizer(model_dir, model_config, tokenizer)
     graphdef, params, rest = abstract_params(model_config)
     try:
         pure = serialization.msgpack_restore((model_dir / PARAMS_FILE).read_bytes())
-        nnx.replace_by_pure_dict(params, pure)
     except Exception as err:  # noqa: BLE001 - name the file whatever went wrong
-        raise ModelDirError(f"{model_dir / PARAMS_FILE} does not match {model_dir / CONFIG_FILE}"
-                            f" or is damaged: {err}") from err
+        raise ModelDirError(f"{model_dir / PARAMS_FILE} is damaged (cannot be read: {err}); "
+                            "export the model again.") from err
+    check_shapes(model_dir, params, pure)
+    nnx.replace_by_pure_dict(params, pure)
     params = jax.tree.map(jnp.asarray, params)
     model = nnx.merge(graphdef, params, rest)
-    tokenizer = Tokenizer.load(model_dir / TOKENIZER_FILE)
     values = dict(values)
     values["model"] = model_config
     try:

@@ -100,13 +100,15 @@ class Translator:
 
         Force decoding, as fairseq's --score-reference or marian-scorer: the natural-log
         probability the model gives the whole reference, EOS included, with no search. An
-        empty side is scored as it is (EOS alone). `where` names the two sides in warnings.
+        empty side is scored as it is (EOS alone). `where` names the two sides in errors: a
+        side longer than the model's positions is a ValueError naming its line, never a score
+        of the truncated text.
         """
         if len(sources) != len(references):
             raise ValueError(f"{len(sources)} sources but {len(references)} references.")
-        src_ids = self._encode(sources, first_line, where[0])
+        src_ids = self._encode(sources, first_line, where[0], truncate=False)
         tgt_ids = [row + [self.model_config.eos_id]
-                   for row in self._encode(references, first_line, where[1])]
+                   for row in self._encode(references, first_line, where[1], truncate=False)]
         out: list[tuple[float, int]] = [(0.0, 0)] * len(sources)
         budget = self._batch_budget(src_ids, per_token=1)
         for src, index in inference_batches(src_ids, batch_tokens=budget, buckets=self.buckets):
@@ -126,11 +128,19 @@ class Translator:
         width = next(b for b in self.buckets if b >= longest)
         return pad_sources(targets, self.model_config.pad_id, batch_size=rows, width=width)
 
-    def _encode(self, sentences: Sequence[str], first_line: int, source: str
-                ) -> list[list[int]]:
+    def _encode(self, sentences: Sequence[str], first_line: int, source: str,
+                truncate: bool = True) -> list[list[int]]:
+        """Token ids; a sentence over the model's positions is truncated (with a warning), or
+        with `truncate=False` refused (ValueError naming its line)."""
         ids = self.tokenizer.encode(list(sentences))
         limit = self.max_source_len - 1  # room for EOS
         self.truncated = [i for i, row in enumerate(ids) if len(row) > limit]
+        if self.truncated and not truncate:
+            i = self.truncated[0]
+            raise ValueError(
+                f"{source} line {first_line + i}: {len(ids[i])} tokens, more than the model's "
+                f"{limit} (+ EOS); its log-probability cannot be computed without truncating "
+                f"it, which would score another text: leave the pair out of the test set")
         for i in self.truncated:
             log.warning("%s line %d: %d tokens, more than the model's %d; truncated to %d tokens",
                         source, first_line + i, len(ids[i]), limit, limit)

@@ -1,0 +1,179 @@
+#!/usr/bin/env bash
+# Every GPU measurement in one call, written under one folder:
+#
+#   bash bench/gpu_check.sh [--out DIR] [--data DIR] [--wheels DIR] [--only LIST] [--dry-run]
+#
+#   env.json        versions, devices, nvidia-smi
+#   tests.log       the tests that matter on a GPU (cuDNN attention, bfloat16, packed rows)
+#   train.jsonl     bench.train base and big, bfloat16, ~25k target tokens per step, against
+#                   transformers under autocast (when the peer runs there)
+#   decode.jsonl    bench.decode greedy and beam 4, bfloat16, against transformers' generate
+#   recipe.log      configs/multi30k_gpu.yaml trained, then scored on test2016
+#   recipe.json     the test2016 report (BLEU, chrF, signatures) and the run's time summary
+#   summary.jsonl   one line per step: its name, exit status and seconds
+#
+# --data DIR        Multi30k's folder (train.en/.de, valid.*, test2016.*; default
+#                   ../shared/data/multi30k, else shared/data/multi30k in the repository)
+# --wheels DIR      install missing Python packages from the wheels in DIR (no network)
+# --peers DIR       the peer benchmark scripts (default ../shared/tools/peers); the peers run
+#                   when torch and transformers import and DIR holds the scripts
+# --only LIST       comma-separated steps: env,tests,train,decode,recipe (default: all)
+# --dry-run         the same steps at toy sizes, on whatever device JAX has (the CPU in CI)
+#
+# Missing packages, a missing GPU (without --dry-run) or missing data stop it at once with one
+# line saying what to do. A failing step is recorded and the next one runs.
+set -uo pipefail
+
+PROG="gpu_check.sh"
+REPO="$(cd "$(dirname "$0")/.." && pwd)"
+OUT_DIR="${OUT:-$REPO/runs/gpu_check}"
+DATA=""
+WHEELS=""
+PEERS_DIR="${NMT_PEERS_DIR:-$REPO/../shared/tools/peers}"
+ONLY="env,tests,train,decode,recipe"
+DRY_RUN=0
+
+die() { echo "$PROG: error: $*" >&2; exit 2; }
+
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --out) OUT_DIR="${2:?--out needs a folder}"; shift 2 ;;
+        --data) DATA="${2:?--data needs a folder}"; shift 2 ;;
+        --wheels) WHEELS="${2:?--wheels needs a folder}"; shift 2 ;;
+        --peers) PEERS_DIR="${2:?--peers needs a folder}"; shift 2 ;;
+        --only) ONLY="${2:?--only needs a list}"; shift 2 ;;
+        --dry-run) DRY_RUN=1; shift ;;
+        -h|--help) sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        *) die "unknown argument '$1'; see $PROG --help" ;;
+    esac
+done
+for step in ${ONLY//,/ }; do
+    case "$step" in env|tests|train|decode|recipe) ;;
+        *) die "--only: unknown step '$step'; the steps are env, tests, train, decode, recipe" ;;
+    esac
+done
+wants() { [[ ",$ONLY," == *",$1,"* ]]; }
+
+cd "$REPO" || exit 2
+mkdir -p "$OUT_DIR" || die "--out $OUT_DIR: cannot create it; choose a writable folder"
+: > "$OUT_DIR/summary.jsonl"
+export PYTHONUNBUFFERED=1 FLAX_NMT_CACHE="${FLAX_NMT_CACHE:-$OUT_DIR/jax_cache}"
+PYTHON="${PYTHON:-python3}"
+
+# ---------------------------------------------------------------- packages
+if [ -n "$WHEELS" ]; then
+    [ -d "$WHEELS" ] || die "--wheels $WHEELS: no such folder"
+    if ls "$WHEELS"/*.whl >/dev/null 2>&1; then
+        "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+            --target "$OUT_DIR/site" "$WHEELS"/*.whl \
+            || die "installing the wheels of $WHEELS failed (see pip's message above)"
+        export PYTHONPATH="$OUT_DIR/site${PYTHONPATH:+:$PYTHONPATH}"
+    fi
+fi
+export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
+missing=$("$PYTHON" - <<'EOF'
+import importlib.util
+need = ["jax", "flax", "optax", "orbax", "sentencepiece", "sacrebleu", "datasets", "yaml", "tqdm",
+        "tensorboardX", "pytest", "xdist"]
+print(" ".join(n for n in need if importlib.util.find_spec(n) is None))
+EOF
+)
+[ -z "$missing" ] || die "missing Python packages: $missing; pass --wheels DIR with their wheels \
+(pip download --no-deps --only-binary=:all: -d DIR NAME on a machine with network)"
+
+# ---------------------------------------------------------------- device
+backend=$("$PYTHON" -c "import jax; print(jax.default_backend())" 2>/dev/null) \
+    || die "JAX does not start here: run $PYTHON -c 'import jax; jax.devices()' to see why"
+if [ "$DRY_RUN" = 0 ] && [ "$backend" != "gpu" ]; then
+    die "JAX sees no GPU (backend '$backend'); install jax[cuda13] (pip install -e '.[cuda]'), \
+or use --dry-run for a toy run on the $backend"
+fi
+
+if [ -z "$DATA" ]; then
+    for candidate in "$REPO/../shared/data/multi30k" "$REPO/shared/data/multi30k"; do
+        [ -f "$candidate/train.en" ] && DATA="$candidate" && break
+    done
+fi
+if wants recipe; then
+    for f in train.en train.de valid.en valid.de test2016.en test2016.de; do
+        [ -f "$DATA/$f" ] || die "--data '${DATA:-unset}': $f is missing; give Multi30k's folder \
+(see docs/training.md for where to get it) or leave out the recipe step with --only"
+    done
+fi
+
+# ---------------------------------------------------------------- steps
+record() {  # record NAME STATUS SECONDS
+    printf '{"step": "%s", "status": %d, "seconds": %d}\n' "$1" "$2" "$3" \
+        >> "$OUT_DIR/summary.jsonl"
+    echo "== $1: exit $2 in $3 s"
+}
+step() {  # step NAME LOG COMMAND...
+    local name="$1" log="$2" start=$SECONDS status
+    shift 2
+    echo "== $name"
+    "$@" > >(tee "$log") 2>&1
+    status=$?
+    record "$name" "$status" $((SECONDS - start))
+}
+
+if [ "$DRY_RUN" = 1 ]; then
+    PRESETS=(tiny); BATCH=8; LEN=8; STEPS=2; DECODE=(--preset tiny --batch 4 --src-len 6
+        --out-len 6 --repeats 1)
+    RECIPE_FLAGS=(--preset tiny --max-steps 20 --max-minutes 5 --eval-every 10
+        --eval-sentences 8 --batch-tokens 512 --vocab-size 320 --save-every 10)
+    TESTS=(tests/test_packing.py -k "padded_row or cudnn")
+else
+    # ~25k target tokens per step: 800 pairs x 32 tokens.
+    PRESETS=(base big); BATCH=800; LEN=32; STEPS=20; DECODE=(--preset base --batch 64)
+    RECIPE_FLAGS=()
+    TESTS=(tests/test_mixed_precision.py tests/test_packing.py tests/test_model.py)
+fi
+PEER=()
+if [ -f "$PEERS_DIR/hf_train_step.py" ] && "$PYTHON" -c "import torch, transformers" 2>/dev/null
+then
+    PEER=(--compare)
+    export NMT_PEERS_DIR="$PEERS_DIR" NMT_PEER_PYTHON="${NMT_PEER_PYTHON:-$(command -v "$PYTHON")}"
+fi
+
+if wants env; then
+    step env "$OUT_DIR/env.log" bash -c "\"$PYTHON\" - > \"$OUT_DIR/env.json\" <<'EOF'
+import json, platform, subprocess
+import jax, flax, optax
+info = {'python': platform.python_version(), 'jax': jax.__version__, 'flax': flax.__version__,
+        'optax': optax.__version__, 'backend': jax.default_backend(),
+        'devices': [str(d) for d in jax.devices()]}
+try:
+    info['nvidia_smi'] = subprocess.run(['nvidia-smi', '--query-gpu=name,memory.total,driver_version',
+                                         '--format=csv,noheader'], capture_output=True, text=True,
+                                        timeout=30).stdout.strip()
+except (OSError, subprocess.SubprocessError):
+    info['nvidia_smi'] = None
+print(json.dumps(info))
+EOF
+cat \"$OUT_DIR/env.json\""
+fi
+if wants tests; then
+    step tests "$OUT_DIR/tests.log" "$PYTHON" -m pytest -q -n 0 -p no:cacheprovider "${TESTS[@]}"
+fi
+if wants train; then
+    : > "$OUT_DIR/train.jsonl"
+    for preset in "${PRESETS[@]}"; do
+        step "train-$preset" "$OUT_DIR/train-$preset.log" bash -c "\"$PYTHON\" -m bench.train \
+--preset $preset --dtype bfloat16 --batch $BATCH --src-len $LEN --tgt-len $LEN --steps $STEPS \
+${PEER[*]} | tee -a \"$OUT_DIR/train.jsonl\""
+    done
+fi
+if wants decode; then
+    step decode "$OUT_DIR/decode.log" bash -c "\"$PYTHON\" -m bench.decode ${DECODE[*]} \
+--dtype bfloat16 --beams 1 4 ${PEER[*]} | tee \"$OUT_DIR/decode.jsonl\""
+fi
+if wants recipe; then
+    run_dir="$OUT_DIR/multi30k_gpu"
+    step recipe "$OUT_DIR/recipe.log" bash -c "\"$PYTHON\" train.py --config configs/multi30k_gpu.yaml \
+--train-prefix \"$DATA/train\" --valid-prefix \"$DATA/valid\" --test-prefix \"$DATA/test2016\" \
+--output-dir \"$run_dir\" --no-progress ${RECIPE_FLAGS[*]} && \"$PYTHON\" translate.py \
+--model \"$run_dir/averaged\" --evaluate --test-prefix \"$DATA/test2016\" --src en --tgt de -q \
+--report \"$OUT_DIR/recipe.json\""
+fi
+echo "== done: $OUT_DIR/summary.jsonl"
+! grep -q '"status": [1-9]' "$OUT_DIR/summary.jsonl"

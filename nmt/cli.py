@@ -1,0 +1,118 @@
+"""How train.py and translate.py end on a mistake or a fault: one line, never a traceback.
+
+    PROG: error: WHAT (the value or path), what to do
+
+Exit status 2 for usage errors (a bad flag, value or path given by the user), 1 for faults
+met while running (disk full, damaged files), 130 after Ctrl-C. Set NMT_DEBUG=1 in the
+environment to get the traceback of an unexpected error instead of its one-line summary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import os
+import sys
+from pathlib import Path
+from typing import Callable, NoReturn
+
+EXIT_FAULT, EXIT_USAGE, EXIT_INTERRUPTED = 1, 2, 130
+DEBUG_VARIABLE = "NMT_DEBUG"
+
+
+class UsageError(Exception):
+    """A flag, value or path the user gave cannot be used (exit status 2)."""
+
+
+class Fault(Exception):
+    """Running met a fault the user can fix (disk full, a damaged file; exit status 1)."""
+
+
+def debugging() -> bool:
+    return os.environ.get(DEBUG_VARIABLE, "") not in ("", "0")
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, but a bad flag is one line naming it (the usage is one `--help` away)."""
+
+    def error(self, message: str) -> NoReturn:
+        fail(self.prog, f"{message}; see {self.prog} --help", EXIT_USAGE)
+
+
+def fail(prog: str, message: str, code: int) -> NoReturn:
+    print(f"{prog}: error: {' '.join(message.split())}", file=sys.stderr, flush=True)
+    sys.exit(code)
+
+
+def describe_os_error(err: OSError) -> str:
+    """An OSError as WHAT (path), what to do."""
+    path = err.filename or "a file"
+    advice = {
+        errno.ENOSPC: "no space left on the device; free some space (or choose a directory on "
+                      "another disk) and run the same command again",
+        errno.EDQUOT: "disk quota exceeded; free some space and run the same command again",
+        errno.EROFS: "read-only file system; choose a writable directory",
+        errno.EACCES: "permission denied; choose a directory you can write to",
+        errno.EPERM: "operation not permitted; choose a directory you can write to",
+        errno.EEXIST: "exists and is not a directory; choose another path",
+        errno.ENOTDIR: "a part of the path is a file, not a directory; choose another path",
+        errno.ENOENT: "does not exist; check the path",
+        errno.EISDIR: "is a directory; give a file name",
+    }.get(err.errno, err.strerror or str(err))
+    return f"{path}: {advice}"
+
+
+def guarded(prog: str, main: Callable[[], int]) -> int:
+    """Run `main`, turning every error that escapes it into one line and an exit status."""
+    try:
+        return main()
+    except SystemExit:
+        raise
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr, flush=True)
+        return EXIT_INTERRUPTED
+    except UsageError as err:
+        print(f"{prog}: error: {err}", file=sys.stderr, flush=True)
+        return EXIT_USAGE
+    except Fault as err:
+        print(f"{prog}: error: {err}", file=sys.stderr, flush=True)
+        return EXIT_FAULT
+    except OSError as err:
+        if debugging():
+            raise
+        print(f"{prog}: error: {describe_os_error(err)}", file=sys.stderr, flush=True)
+        return EXIT_FAULT
+    except Exception as err:  # noqa: BLE001 - the last line of defence: one line, not a trace
+        if debugging():
+            raise
+        text = " ".join(str(err).split())[:400]
+        print(f"{prog}: error: unexpected {type(err).__name__}: {text}; run again with "
+              f"{DEBUG_VARIABLE}=1 for the traceback, and report it if the cause is not yours",
+              file=sys.stderr, flush=True)
+        return EXIT_FAULT
+
+
+def writable_directory(path: Path, flag: str) -> None:
+    """UsageError unless `path` is, or can be created as, a directory this process can write."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise UsageError(f"{flag} {path}: exists and is not a directory; choose another path.")
+    existing = path
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise UsageError(f"{flag} {path}: {existing} is a file, not a directory; choose "
+                         "another path.")
+    if _read_only(existing):
+        raise UsageError(f"{flag} {path}: {existing} is on a read-only file system; choose a "
+                         "writable directory.")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise UsageError(f"{flag} {path}: {existing} is not writable by this user; choose "
+                         "another directory.")
+
+
+def _read_only(path: Path) -> bool:
+    try:
+        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False

@@ -1,0 +1,57 @@
+"""One trainer per run directory: `RUN/.lock`, held with flock while a trainer runs.
+
+The kernel releases an flock when its process ends, however it ends, so a lock file left by
+a killed trainer never blocks the next one; the file's text (pid, host, start time) only
+serves the message naming the trainer that holds it.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import socket
+import time
+from pathlib import Path
+
+LOCK_FILE = ".lock"
+
+
+class RunDirectoryInUse(RuntimeError):
+    """Another trainer holds the run directory."""
+
+
+class RunLock:
+    """`with RunLock(run_dir):` holds the directory, or raises RunDirectoryInUse."""
+
+    def __init__(self, run_dir: str | Path):
+        self.path = Path(run_dir) / LOCK_FILE
+        self._fd: int | None = None
+
+    def __enter__(self) -> "RunLock":
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _read_holder(fd)
+            os.close(fd)
+            raise RunDirectoryInUse(
+                f"{self.path.parent} is in use by another trainer ({holder}); wait for it to "
+                "finish or stop it, or choose another --output-dir.") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, (f"pid {os.getpid()} on {socket.gethostname()}, started "
+                      f"{time.strftime('%Y-%m-%d %H:%M:%S')}\n").encode())
+        self._fd = fd
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # releases the flock; the file stays, harmlessly
+            self._fd = None
+
+
+def _read_holder(fd: int) -> str:
+    try:
+        text = os.pread(fd, 200, 0).decode("utf-8", "replace").strip()
+    except OSError:
+        text = ""
+    return text or "its process id is not recorded"

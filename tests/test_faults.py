@@ -1,0 +1,385 @@
+"""Bad values, bad paths and faults end in one line naming the culprit, and lose nothing.
+
+Table-driven cases for train.py and translate.py (exit status, one stderr line, no traceback,
+the value or path named), then the faults that must not cost data or a right answer: damaged
+checkpoints, mismatched model directories, a second trainer, an interrupted translation,
+scores of truncated references, exploding losses and gettext catalogs in other charsets.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import train as train_cli
+import translate as translate_cli
+from nmt import checkpoints as checkpoint
+from nmt.metrics_log import MetricsWindow
+from nmt.run_lock import LOCK_FILE, RunDirectoryInUse, RunLock
+from translate_model import make_model, sentences
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory) -> Path:
+    return make_model(tmp_path_factory.mktemp("run"))
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory) -> dict[str, str]:
+    cache = tmp_path_factory.mktemp("cache")
+    return {**os.environ, "FLAX_NMT_CACHE": str(cache), "PYTHONUNBUFFERED": "1"}
+
+
+def _one_line(err: str) -> str:
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1, err
+    assert "Traceback" not in err
+    return lines[0]
+
+
+def _readonly_mount(tmp_path: Path) -> Path:
+    """A read-only tmpfs under `tmp_path`, or a skip where this process may not mount."""
+    target = tmp_path / "readonly"
+    target.mkdir()
+    result = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(target)],
+                            capture_output=True)
+    if result.returncode != 0:
+        pytest.skip("cannot mount a read-only file system here")
+    return target
+
+
+# ----------------------------------------------------------------------------- train.py
+
+
+TRAIN_CASES = {
+    "unknown choice": (["--norm", "side"], 2, "--norm: invalid choice: 'side'"),
+    "unknown dtype": (["--dtype", "float16"], 2, "'float16'"),
+    "unknown schedule": (["--schedule", "cosine"], 2, "'cosine'"),
+    "dropout out of range": (["--dropout", "1.5"], 2, "--dropout 1.5"),
+    "no warm-up": (["--warmup", "0"], 2, "--warmup 0"),
+    "heads do not divide": (["--num-heads", "5", "--d-model", "24"], 2, "num_heads (5)"),
+    "not a number": (["--max-steps", "ten"], 2, "'ten'"),
+    "unknown flag": (["--bogus"], 2, "--bogus"),
+    "loss spike of one": (["--loss-spike", "1"], 2, "--loss-spike"),
+    "averaging without a count": (["--average-only"], 2, "--average-last"),
+    "missing recipe": (["--config", "{tmp}/none.yaml"], 2, "{tmp}/none.yaml"),
+    "output dir is a file": (["--output-dir", "{tmp}/file"], 2, "{tmp}/file"),
+    "output dir under a file": (["--output-dir", "{tmp}/file/run"], 2, "{tmp}/file"),
+    "resume without a run": (["--resume", "--output-dir", "{tmp}/none"], 2, "{tmp}/none"),
+}
+
+
+def _exit_status(main, argv: list, capsys) -> tuple[int, str]:
+    """main(argv)'s exit status (argparse's exit included) and its one stderr line."""
+    try:
+        status = main([str(a) for a in argv])
+    except SystemExit as exit_info:
+        status = exit_info.code
+    return status, _one_line(capsys.readouterr().err)
+
+
+@pytest.mark.parametrize("case", TRAIN_CASES, ids=list(TRAIN_CASES))
+def test_train_bad_values_and_paths_are_one_line(case, tmp_path, capsys):
+    argv, code, named = TRAIN_CASES[case]
+    (tmp_path / "file").write_text("not a directory\n")
+    status, line = _exit_status(train_cli.main,
+                                [a.replace("{tmp}", str(tmp_path)) for a in argv], capsys)
+    assert status == code
+    assert line.startswith("train.py: error: ") and named.replace("{tmp}", str(tmp_path)) in line
+    assert not (tmp_path / "none").exists()
+
+
+def test_train_output_dir_on_a_read_only_file_system(tmp_path, capsys):
+    readonly = _readonly_mount(tmp_path)
+    try:
+        assert train_cli.main(["--output-dir", str(readonly / "run")]) == 2
+        line = _one_line(capsys.readouterr().err)
+        assert f"--output-dir {readonly / 'run'}" in line and "read-only" in line
+    finally:
+        subprocess.run(["umount", str(readonly)], check=False)
+
+
+def test_unexpected_errors_are_one_line_unless_debugging(tmp_path, capsys, monkeypatch):
+    def broken(argv):
+        raise KeyError("surprise")
+
+    monkeypatch.setattr(train_cli, "_main", broken)
+    monkeypatch.delenv("NMT_DEBUG", raising=False)
+    assert train_cli.main([]) == 1
+    line = _one_line(capsys.readouterr().err)
+    assert "unexpected KeyError" in line and "NMT_DEBUG=1" in line
+    monkeypatch.setenv("NMT_DEBUG", "1")
+    with pytest.raises(KeyError):
+        train_cli.main([])
+
+
+# ----------------------------------------------------------------------------- translate.py
+
+
+def _translate(argv: list, capsys) -> tuple[int, str]:
+    return _exit_status(translate_cli.main, argv, capsys)
+
+
+@pytest.mark.parametrize("argv,code,named", [
+    (["--model", "{run}", "--beam", "0", "Hallo."], 2, "beam_size"),
+    (["--model", "{run}", "--nbest", "x", "Hallo."], 2, "'x'"),
+    (["--model", "{tmp}/none", "Hallo."], 1, "{tmp}/none"),
+    (["--model", "{run}", "--input", "{tmp}/none.txt"], 1, "{tmp}/none.txt"),
+    (["--model", "{run}", "--output", "{tmp}/no/out.txt", "Hallo."], 1, "{tmp}/no"),
+    (["--model", "{run}", "--output", "{tmp}", "Hallo."], 1, "is a directory"),
+    (["--model", "{run}", "--chunk-lines", "0", "Hallo."], 2, "--chunk-lines"),
+])
+def test_translate_bad_values_and_paths_are_one_line(argv, code, named, run_dir, tmp_path,
+                                                     capsys):
+    argv = [a.replace("{run}", str(run_dir)).replace("{tmp}", str(tmp_path)) for a in argv]
+    status, line = _translate(argv, capsys)
+    assert status == code
+    assert line.startswith("translate.py: error: ")
+    assert named.replace("{tmp}", str(tmp_path)) in line
+
+
+def test_translate_with_stdin_closed(run_dir, env):
+    result = subprocess.run(["bash", "-c", f'"{sys.executable}" translate.py --model '
+                             f'"{run_dir}" <&-'], cwd=REPO, env=env, capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 1
+    assert "standard input is closed" in _one_line(result.stderr)
+
+
+def test_a_model_directory_with_another_tokenizer_is_refused(run_dir, tmp_path, capsys,
+                                                            monkeypatch):
+    from data.tokenizer import TokenizerConfig, train_tokenizer
+    from transformer.model_dir import ModelDirError, load_model
+
+    model = tmp_path / "model"
+    shutil.copytree(run_dir / "model", model)
+    smaller = train_tokenizer(sentences(200, seed=9), TokenizerConfig(vocab_size=320))
+    smaller.save(tmp_path / "other")
+    shutil.copyfile(tmp_path / "other" / "spm.model", model / "spm.model")
+    with pytest.raises(ModelDirError) as info:  # the Python API
+        load_model(model)
+    message = str(info.value)
+    assert str(model / "spm.model") in message and str(model / "config.json") in message
+    assert "320 pieces" in message
+    monkeypatch.setattr(translate_cli, "enable_compilation_cache", lambda: None)
+    status, line = _translate(["--model", model, "Hallo."], capsys)  # the command
+    assert status == 1 and str(model / "spm.model") in line
+
+
+def test_parameters_of_another_shape_are_named(run_dir, tmp_path):
+    from transformer.model_dir import ModelDirError, load_model
+
+    model = tmp_path / "model"
+    shutil.copytree(run_dir / "model", model)
+    values = json.loads((model / "config.json").read_text())
+    values["model"]["d_ff"] *= 2
+    (model / "config.json").write_text(json.dumps(values))
+    with pytest.raises(ModelDirError, match=r"params.msgpack: parameter .* has shape"):
+        load_model(model)
+
+
+def test_scoring_refuses_a_reference_it_would_truncate(run_dir, tmp_path, capsys,
+                                                      monkeypatch):
+    src, ref = tmp_path / "test.de", tmp_path / "test.en"
+    src.write_text("Ein Mann.\nDie Katze.\n")
+    ref.write_text("A man.\n" + " ".join(["the dog runs in the park"] * 40) + "\n")
+    monkeypatch.setattr(translate_cli, "enable_compilation_cache", lambda: None)
+    status, line = _translate(["--model", run_dir, "--score", "--src-file", src,
+                               "--ref-file", ref, "-q"], capsys)
+    assert status == 1 and f"{ref} line 2" in line and "tokens" in line
+
+
+def test_output_is_written_as_it_goes_and_replaces_out_only_when_done(run_dir, env,
+                                                                    tmp_path):
+    source, out = tmp_path / "big.de", tmp_path / "out.en"
+    source.write_text("".join(line + "\n" for line in sentences(4000, seed=3, max_words=6)))
+    out.write_text("the earlier output\n")
+    partial = tmp_path / ("out.en" + translate_cli.PARTIAL_SUFFIX)
+    process = subprocess.Popen(
+        [sys.executable, "translate.py", "--model", str(run_dir), "--greedy", "-q",
+         "--input", str(source), "--output", str(out), "--chunk-lines", "50",
+         "--batch-tokens", "256"],
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and process.poll() is None:
+        if partial.exists() and partial.read_text().count("\n") >= 100:
+            break
+        time.sleep(0.05)
+    assert process.poll() is None, process.communicate()[1][-2000:]
+    written = partial.read_text().count("\n")
+    assert 100 <= written < 4000  # lines appear before the input is finished
+    assert out.read_text() == "the earlier output\n"
+    process.send_signal(signal.SIGTERM)
+    process.communicate(timeout=60)
+    assert process.returncode != 0
+    assert out.read_text() == "the earlier output\n" and not partial.exists()
+
+
+# ----------------------------------------------------------------------------- units
+
+
+def test_run_lock_refuses_a_second_holder_and_not_a_dead_one(tmp_path):
+    with RunLock(tmp_path):
+        with pytest.raises(RunDirectoryInUse, match=rf"pid {os.getpid()} on "):
+            with RunLock(tmp_path):
+                pass
+    # A holder killed with SIGKILL leaves its lock file, which must not block.
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from nmt.run_lock import RunLock\n"
+         "with RunLock(sys.argv[1]):\n print('held', flush=True); time.sleep(60)",
+         str(tmp_path)], cwd=REPO, stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "held"
+    with pytest.raises(RunDirectoryInUse, match=rf"pid {holder.pid} "):
+        RunLock(tmp_path).__enter__()
+    holder.kill()
+    holder.wait()
+    assert (tmp_path / LOCK_FILE).exists()
+    with RunLock(tmp_path):
+        pass
+
+
+def test_a_second_trainer_on_a_run_directory_refuses(tmp_path, capsys):
+    run = tmp_path / "run"
+    run.mkdir()
+    with RunLock(run):
+        status = train_cli.main(["--output-dir", str(run), "--max-steps", "1",
+                                 "--preset", "tiny", "--vocab-size", "100"])
+    line = _one_line(capsys.readouterr().err)
+    assert status == 1 and f"{run} is in use by another trainer (pid {os.getpid()}" in line
+    assert not (run / "checkpoints").exists()
+
+
+def _save_steps(directory: Path, steps: list[int]):
+    import jax.numpy as jnp
+
+    saver = checkpoint.Checkpointer(directory, keep_last=5, async_save=False)
+    for step in steps:
+        params = {"w": jnp.full((4, 3), float(step))}
+        saver.save(step, params, {"step": jnp.asarray(step)}, {"step": step})
+    saver.wait()
+    return saver, {"w": jnp.zeros((4, 3))}, {"step": jnp.asarray(0)}
+
+
+def test_a_flipped_byte_in_a_checkpoint_is_detected_and_skipped(tmp_path, caplog):
+    saver, params_like, train_like = _save_steps(tmp_path, [1, 2])
+    newest = tmp_path / "checkpoints" / "2"
+    assert (newest / checkpoint.CHECKSUMS_FILE).is_file()
+    assert checkpoint.damaged_file(newest) is None
+    victim = max((p for p in newest.rglob("*") if p.is_file() and "params" in p.parts),
+                 key=lambda p: p.stat().st_size)
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    victim.write_bytes(bytes(data))
+    assert str(victim) in checkpoint.damaged_file(newest)
+    restored = saver.restore(params_like, train_like)
+    assert restored.step == 1 and float(restored.params["w"][0, 0]) == 1.0
+    assert "skipping damaged checkpoint" in caplog.text and str(victim) in caplog.text
+    saver.close()
+
+
+def test_a_failed_save_keeps_the_earlier_checkpoints(tmp_path, monkeypatch):
+    import errno
+
+    import jax.numpy as jnp
+    import orbax.checkpoint as ocp
+
+    saver, params_like, train_like = _save_steps(tmp_path, [1])
+    real_save = ocp.CheckpointManager.save
+
+    def full_disk(self, step, *args, **kwargs):
+        partial = Path(self.directory) / f"{step}.orbax-checkpoint-tmp-1"
+        (partial / "params").mkdir(parents=True)
+        (partial / "params" / "half").write_bytes(b"x" * 1000)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(ocp.CheckpointManager, "save", full_disk)
+    with pytest.raises(checkpoint.SaveError) as info:
+        saver.save(2, {"w": jnp.ones((4, 3))}, {"step": jnp.asarray(2)}, {"step": 2})
+    message = str(info.value)
+    assert "cannot write checkpoint step 2" in message and "no space left" in message
+    assert "checkpoint step 1" in message and "run the same command again" in message
+    assert not list((tmp_path / "checkpoints").glob("*tmp*"))
+    monkeypatch.setattr(ocp.CheckpointManager, "save", real_save)
+    assert saver.restore(params_like, train_like).step == 1
+    saver.close()
+
+
+def _metrics(loss: float) -> dict:
+    return {"loss": np.float32(loss), "is_finite": np.bool_(True), "grad_norm": np.float32(1),
+            "learning_rate": np.float32(1e-3), "tokens": np.float32(10)}
+
+
+@pytest.mark.parametrize("spike,losses,stops_at", [
+    (10.0, [5.0] * 20 + [4.0, 80.0, 5.0], 22),   # 16 times the median: stops
+    (10.0, [5.0] * 20 + [9.0, 30.0], None),       # 6 times: goes on
+    (0.0, [5.0] * 20 + [1e6], None),              # off
+    (10.0, [0.01] * 20 + [0.5], None),            # 50 times, but not a nat above: noise
+    (10.0, [90.0] * 5, None),                     # no history yet
+])
+def test_a_loss_far_above_its_recent_level_stops_the_run(spike, losses, stops_at):
+    stopped = []
+
+    def diverged(step, metrics, why):
+        stopped.append((step, why))
+        return RuntimeError(why)
+
+    window = MetricsWindow([], 1, diverged, spike=spike)
+    for loss in losses:
+        window.add(_metrics(loss))
+    if stops_at is None:
+        window.read_back()
+        assert not stopped
+    else:
+        with pytest.raises(RuntimeError, match="times the median"):
+            window.read_back()
+        assert stopped[0][0] == stops_at
+
+
+def _mo_file(path: Path, entries: dict[bytes, bytes]) -> None:
+    """A compiled gettext catalog (little-endian) with `entries`, sorted as msgfmt writes."""
+    keys = sorted(entries)
+    header_size, count = 28, len(keys)
+    originals = header_size
+    translations = originals + 8 * count
+    data_start = translations + 8 * count
+    blob, o_table, t_table = b"", [], []
+    for key in keys:
+        o_table.append((len(key), data_start + len(blob)))
+        blob += key + b"\0"
+    for key in keys:
+        t_table.append((len(entries[key]), data_start + len(blob)))
+        blob += entries[key] + b"\0"
+    head = struct.pack("<7I", 0x950412DE, 0, count, originals, translations, 0, 0)
+    tables = b"".join(struct.pack("<2I", *e) for e in o_table + t_table)
+    path.write_bytes(head + tables + blob)
+
+
+def test_gettext_catalogs_are_read_in_their_declared_charset(tmp_path):
+    from data.corpus import read_gettext_pairs
+
+    messages = tmp_path / "de" / "LC_MESSAGES"
+    messages.mkdir(parents=True)
+    header = ("Last-Translator: Jörg Müller\nContent-Type: text/plain; charset=ISO-8859-1\n")
+    _mo_file(messages / "latin1.mo", {
+        b"": header.encode("latin-1"),
+        b"Open file": "Datei öffnen".encode("latin-1"),
+        b"Close": "Schließen".encode("latin-1")})
+    _mo_file(messages / "utf8.mo", {
+        b"": b"Content-Type: text/plain; charset=UTF-8\n",
+        b"Save": "Speichern".encode()})
+    pairs, stats = read_gettext_pairs("de", tmp_path)
+    assert sorted(pairs) == [("Close", "Schließen"), ("Open file", "Datei öffnen"),
+                             ("Save", "Speichern")]
+    assert stats.catalogs_read == 2 and stats.catalogs_skipped == 0

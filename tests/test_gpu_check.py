@@ -1,0 +1,75 @@
+"""bench/gpu_check.sh: its --dry-run path runs every step end to end on the CPU, and a missing
+GPU, package or corpus stops it with one line."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from synthetic_corpus import write_corpus
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPT = REPO / "bench" / "gpu_check.sh"
+
+
+def _check(*args: str, env_extra: dict | None = None, timeout: int = 600
+           ) -> subprocess.CompletedProcess:
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", **(env_extra or {})}
+    env.pop("OUT", None)
+    return subprocess.run(["bash", str(SCRIPT), *args], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def multi30k_like(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("multi30k")
+    write_corpus(root, 300, 0, "train")
+    write_corpus(root, 20, 1, "valid")
+    write_corpus(root, 12, 2, "test2016")
+    return root
+
+
+def test_dry_run_does_every_step_and_writes_its_records(multi30k_like, tmp_path):
+    out = tmp_path / "out"
+    result = _check("--dry-run", "--out", str(out), "--data", str(multi30k_like))
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    summary = [json.loads(line) for line in (out / "summary.jsonl").read_text().splitlines()]
+    assert [s["step"] for s in summary] == ["env", "tests", "train-tiny", "decode", "recipe"]
+    assert all(s["status"] == 0 for s in summary)
+    assert json.loads((out / "env.json").read_text())["backend"] == "cpu"
+    train = [json.loads(line) for line in (out / "train.jsonl").read_text().splitlines()
+             if line.startswith("{")]
+    assert train and train[0]["tokens_per_s"] > 0
+    decode = [json.loads(line) for line in (out / "decode.jsonl").read_text().splitlines()
+              if line.startswith("{")]
+    assert decode
+    report = json.loads((out / "recipe.json").read_text())
+    assert report["sentences"] == 12 and "bleu" in report
+
+
+@pytest.mark.parametrize("args,named", [
+    (["--only", "train"], "JAX sees no GPU (backend 'cpu')"),
+    (["--dry-run", "--only", "everything"], "unknown step 'everything'"),
+    (["--dry-run", "--only", "recipe", "--data", "/nonexistent"], "train.en is missing"),
+    (["--bogus"], "unknown argument '--bogus'"),
+])
+def test_what_it_cannot_do_is_one_line(args, named, tmp_path):
+    result = _check(*args, "--out", str(tmp_path / "out"))
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("gpu_check.sh: error: ") and named in lines[0]
+
+
+def test_missing_packages_are_named(tmp_path):
+    fake = tmp_path / "python3"
+    fake.write_text("#!/bin/bash\nexport PYTHONPATH=\n"
+                    f"exec {os.environ.get('PYTHON_FOR_TESTS', 'python3')} -S \"$@\"\n")
+    fake.chmod(0o755)
+    result = _check("--dry-run", "--out", str(tmp_path / "out"),
+                    env_extra={"PYTHON": str(fake)})
+    assert result.returncode == 2
+    assert "missing Python packages: jax" in result.stderr and "--wheels" in result.stderr

@@ -1,0 +1,200 @@
+"""The trainer under faults: disk full during a save, signals during validation, averaging
+and saving, a resume with another tokenizer, and the printed resume command.
+
+Each case ends with the run directory holding only complete checkpoints, and where it goes on
+the resumed run must log what an uninterrupted one logs.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+
+import orbax.checkpoint as ocp
+import pytest
+
+import nmt.final_model
+import nmt.trainer
+import nmt.validation
+import train as train_cli
+from nmt import checkpoints as checkpoint
+from nmt.trainer import train
+from test_train_cli import (REPO, _args, _comparable, _lines, _run, corpus, env,  # noqa: F401
+                            uninterrupted)
+from transformer.model_dir import load_model
+
+
+def _start_like(uninterrupted, out):
+    """A new run directory with the uninterrupted run's tokenizer (SentencePiece training is
+    threaded, so retraining could differ), for runs that must match it."""
+    out.mkdir()
+    shutil.copyfile(uninterrupted / "spm.model", out / "spm.model")
+    return out
+
+
+def _in_process(corpus, out, monkeypatch, env, max_steps=60, **extra):
+    monkeypatch.setenv("FLAX_NMT_CACHE", env["FLAX_NMT_CACHE"])
+    run, _ = train_cli.resolve(_args(corpus, out, max_steps, **extra))
+    return run.replace(trainer={"progress": False})
+
+
+def _assert_same_metrics(out, uninterrupted):
+    expected = [_comparable(line) for line in _lines(uninterrupted)]
+    got = [_comparable(line) for line in _lines(out)]
+    assert [line["step"] for line in got] == [line["step"] for line in expected]
+    for a, b in zip(got, expected):
+        for key, value in b.items():
+            if isinstance(value, float):
+                assert a[key] == pytest.approx(value, rel=1e-6, abs=1e-7), (a["step"], key)
+            else:
+                assert a[key] == value, (a["step"], key)
+
+
+def _no_partial_checkpoints(out):
+    for directory in (out / "checkpoints", out / "best"):
+        if directory.is_dir():
+            assert not [p for p in directory.iterdir() if not p.name.isdigit()], directory
+            for step_dir in directory.iterdir():
+                assert checkpoint.is_complete_step_dir(step_dir), step_dir
+                assert checkpoint.damaged_file(step_dir) is None
+
+
+def test_disk_full_during_a_save_then_resume_continues_exactly(uninterrupted, corpus, env,
+                                                               tmp_path, monkeypatch, capsys):
+    out = _start_like(uninterrupted, tmp_path / "full")
+    real_save = ocp.CheckpointManager.save
+
+    def save(self, step, *args, **kwargs):
+        if step == 40 and str(self.directory).endswith("checkpoints"):
+            partial = self.directory / f"{step}.orbax-checkpoint-tmp-7" / "params"
+            partial.mkdir(parents=True)
+            (partial / "shard").write_bytes(b"\0" * 4096)
+            raise OSError(errno.ENOSPC, "No space left on device", str(partial / "shard"))
+        return real_save(self, step, *args, **kwargs)
+
+    monkeypatch.setattr(ocp.CheckpointManager, "save", save)
+    monkeypatch.setenv("FLAX_NMT_CACHE", env["FLAX_NMT_CACHE"])
+    status = train_cli.main(_args(corpus, out) + ["--no-progress"])
+    err = capsys.readouterr().err
+    line = [x for x in err.splitlines() if x.startswith("train.py: error:")]
+    assert status == 1 and len(line) == 1 and "Traceback" not in err
+    assert "cannot write checkpoint step 40" in line[0] and "no space left" in line[0]
+    assert "checkpoint step 20" in line[0] and "run the same command again" in line[0]
+    assert checkpoint.complete_steps(out / "checkpoints") == [20]
+    _no_partial_checkpoints(out)
+    assert not (out / "model").exists()
+
+    monkeypatch.setattr(ocp.CheckpointManager, "save", real_save)
+    result = _run(_args(corpus, out), env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "from step 20" in result.stdout + result.stderr
+    _assert_same_metrics(out, uninterrupted)
+
+
+def test_sigterm_during_validation_saves_a_complete_checkpoint_that_resumes_exactly(
+        uninterrupted, corpus, env, tmp_path, monkeypatch):
+    out = _start_like(uninterrupted, tmp_path / "term")
+    real_scores = nmt.validation.Validator.scores
+    calls = []
+
+    def scores(self, graphdef, params):
+        calls.append(1)
+        if len(calls) == 2:  # the validation of step 40
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real_scores(self, graphdef, params)
+
+    monkeypatch.setattr(nmt.validation.Validator, "scores", scores)
+    summary = train(_in_process(corpus, out, monkeypatch, env, 10**6), out)
+    assert summary["stopped"] == "SIGTERM" and summary["steps"] == 40
+    assert checkpoint.complete_steps(out / "checkpoints")[-1] == 40
+    _no_partial_checkpoints(out)
+    monkeypatch.setattr(nmt.validation.Validator, "scores", real_scores)
+    result = _run(_args(corpus, out), env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    _assert_same_metrics(out, uninterrupted)
+
+
+def test_sigterm_during_averaging_leaves_a_complete_average(corpus, env, tmp_path,
+                                                           monkeypatch):
+    out = tmp_path / "avg"
+    real_average = nmt.final_model.average_checkpoints
+
+    def average(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)
+        return real_average(*args, **kwargs)
+
+    monkeypatch.setattr(nmt.final_model, "average_checkpoints", average)
+    summary = train(_in_process(corpus, out, monkeypatch, env, 40, average_last=2), out)
+    assert summary["steps"] == 40
+    _, _, values = load_model(out / "averaged")
+    assert values["averaged_steps"] == [20, 40]
+    assert not [p for p in out.iterdir() if p.name.endswith((".tmp", ".old"))]
+    _no_partial_checkpoints(out)
+
+
+def test_a_second_ctrl_c_during_a_save_aborts_after_it(corpus, env, tmp_path, monkeypatch):
+    out = tmp_path / "twice"
+    real_save = checkpoint.Checkpointer.save
+
+    def save(self, step, *args, **kwargs):
+        if step == 20:
+            os.kill(os.getpid(), signal.SIGINT)
+            os.kill(os.getpid(), signal.SIGINT)
+        return real_save(self, step, *args, **kwargs)
+
+    monkeypatch.setattr(checkpoint.Checkpointer, "save", save)
+    with pytest.raises(KeyboardInterrupt):
+        train(_in_process(corpus, out, monkeypatch, env, 10**6), out)
+    assert checkpoint.complete_steps(out / "checkpoints") == [20]
+    _no_partial_checkpoints(out)
+
+
+def test_resume_refuses_a_missing_or_replaced_tokenizer(uninterrupted, corpus, tmp_path,
+                                                        capsys, monkeypatch, env):
+    from data.tokenizer import TokenizerConfig, train_tokenizer
+
+    monkeypatch.setenv("FLAX_NMT_CACHE", env["FLAX_NMT_CACHE"])
+    out = tmp_path / "copy"
+    shutil.copytree(uninterrupted, out)
+    (out / "spm.model").unlink()
+    assert train_cli.main(_args(corpus, out) + ["--no-progress"]) == 1
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert f"{out / 'spm.model'} is missing" in line and str(out / "model" / "spm.model") in line
+    assert not (out / "spm.model").exists()
+
+    texts = [f"zz{i} qq{i % 7} ww{i % 13}" for i in range(3000)]
+    train_tokenizer(texts, TokenizerConfig(vocab_size=320)).save(tmp_path / "other")
+    shutil.copyfile(tmp_path / "other" / "spm.model", out / "spm.model")
+    assert train_cli.main(_args(corpus, out) + ["--no-progress"]) == 1
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert f"{out / 'spm.model'} is not the SentencePiece model that checkpoint step 60" in line
+
+
+def test_the_printed_resume_command_trains_on_under_average_last(corpus, env, tmp_path,
+                                                                 monkeypatch, capsys):
+    out = tmp_path / "resume"
+    real_step = nmt.trainer.Trainer._train_one_step
+
+    def step(self):
+        if self.step == 25:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real_step(self)
+
+    monkeypatch.setattr(nmt.trainer.Trainer, "_train_one_step", step)
+    summary = train(_in_process(corpus, out, monkeypatch, env, 10**6, average_last=2), out)
+    assert summary["stopped"] == "SIGTERM"
+    command = re.search(r"python train\.py .*--resume", capsys.readouterr().out).group(0)
+    argv = shlex.split(command)[2:] + ["--max-steps", "40"]
+    result = subprocess.run([sys.executable, "train.py", *argv], cwd=REPO, env=env,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"from step {summary['steps']}" in result.stdout + result.stderr
+    assert checkpoint.complete_steps(out / "checkpoints")[-1] == 40
+    _, _, values = load_model(out / "averaged")
+    assert values["averaged_steps"][-1] == 40
