@@ -122,6 +122,7 @@ def _run(run: RunConfig, args: argparse.Namespace) -> int:
     import datasets
 
     from data.config import DataError
+    from data.corpus import check_files
     from nmt import resume
     from nmt.checkpoints import CHECKPOINTS_DIR, CheckpointError, SaveError, complete_steps
     from nmt.metrics_log import MetricsWriteError
@@ -139,6 +140,7 @@ def _run(run: RunConfig, args: argparse.Namespace) -> int:
     try:
         if args.average_only:
             return _average_only(run, run_dir)
+        check_files(run.data)  # a missing corpus, before any tokenizer or compilation
         if run.trainer.eval_sentences:  # MeCab for a Japanese or Korean target, say
             bleu_settings(run.data.tgt, run.trainer.bleu_tokenize)
         train(run, run_dir)

@@ -61,6 +61,8 @@ class CorpusSpec:
     max_valid: int = setting(2000, "without a validation split: at most this many pairs held "
                                    "out for validation")
     seed: int = setting(0, "seed of the held-out validation slice", derived="train.seed")
+    source: str | None = setting(
+        None, "where to get the corpus, said when its files are missing (recipes set it)")
 
     def __post_init__(self) -> None:
         sources = [name for name, value in (("--train-prefix", self.train_prefix),

@@ -87,6 +87,21 @@ def pairs_to_dataset(sources: list[str], targets: list[str], origin: str) -> dat
     return datasets.Dataset.from_dict({"source": src_clean, "target": tgt_clean})
 
 
+def check_files(spec: CorpusSpec) -> None:
+    """DataError naming the first file of `spec` that does not exist, and where to get the
+    corpus (`spec.source`): before any tokenizer is trained or step compiled."""
+    paths = []
+    for prefix in (spec.train_prefix, spec.valid_prefix, spec.test_prefix):
+        if prefix:
+            paths += [Path(f"{prefix}.{spec.src}"), Path(f"{prefix}.{spec.tgt}")]
+    paths += [Path(f) for f in (spec.train_file, spec.valid_file, spec.test_file) if f]
+    for path in paths:
+        if not path.is_file():
+            where = (f"get the corpus: {spec.source}" if spec.source else
+                     "check the --train/valid/test-prefix or --*-file flags")
+            raise DataError(f"{path}: file not found; {where}")
+
+
 def read_prefix(prefix: str | Path, src: str, tgt: str) -> datasets.Dataset:
     """Read `prefix.src` and `prefix.tgt`, two files aligned line by line.
 

@@ -24,6 +24,7 @@ import argparse
 import dataclasses
 import difflib
 import json
+import os
 import re
 import types
 import typing
@@ -288,9 +289,29 @@ def _read_yaml(path: Path, text: str) -> Layer:
     return layer
 
 
+_VARIABLE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+def expand_variables(text: str, where: str) -> str:
+    """`${NAME}` and `${NAME:-default}` in a recipe's string value, from the environment: a
+    recipe names where its data usually lies and a user points it elsewhere without editing
+    it (`MULTI30K=~/data/multi30k python train.py --config ...`)."""
+    def value(match: re.Match) -> str:
+        name, default = match.group(1), match.group(2)
+        if name in os.environ:
+            return os.environ[name]
+        if default is None:
+            raise SettingsError(f"{where}: needs the environment variable {name} (or write "
+                                f"${{{name}:-DEFAULT}} in the recipe)")
+        return default
+    return os.path.expanduser(_VARIABLE.sub(value, text))
+
+
 def _yaml_value(section: str, key: str, value: Any, where: str) -> Any:
     if section == "model" and key == PRESET_KEY:
         return _preset(value, where)
+    if isinstance(value, str) and "$" in value:
+        value = expand_variables(value, where)
     field = BY_KEY.get((section, key))
     if field is None:
         if (section, key) in _DERIVED:

@@ -383,3 +383,48 @@ def test_gettext_catalogs_are_read_in_their_declared_charset(tmp_path):
     assert sorted(pairs) == [("Close", "Schließen"), ("Open file", "Datei öffnen"),
                              ("Save", "Speichern")]
     assert stats.catalogs_read == 2 and stats.catalogs_skipped == 0
+
+
+# ----------------------------------------------------------------------------- corpora
+
+
+def test_a_recipe_whose_corpus_is_missing_says_where_to_get_it(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("MULTI30K", str(tmp_path / "none"))
+    monkeypatch.chdir(REPO)
+    status, line = _exit_status(train_cli.main, ["--config", "configs/multi30k_small.yaml",
+                                                 "--output-dir", tmp_path / "run"], capsys)
+    assert status == 2
+    assert f"{tmp_path / 'none' / 'train.en'}: file not found" in line
+    assert "Multi30k" in line and "python -m data.download multi30k" in line
+    assert not (tmp_path / "run").exists()  # nothing trained, nothing compiled
+
+
+def test_recipe_variables_need_a_value_or_a_default(tmp_path, monkeypatch):
+    from nmt import recipes
+    from nmt.config import SettingsError
+
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("data:\n  train_prefix: ${CORPUS_DIR}/train\n"
+                      "  valid_prefix: ${CORPUS_DIR:-/default}/valid\n")
+    monkeypatch.delenv("CORPUS_DIR", raising=False)
+    with pytest.raises(SettingsError, match=r"r.yaml line 2: data.train_prefix: needs the "
+                                            r"environment variable CORPUS_DIR"):
+        recipes.read_recipe(recipe)
+    monkeypatch.setenv("CORPUS_DIR", "/mine")
+    layer = recipes.read_recipe(recipe)
+    assert layer["data"]["train_prefix"][0] == "/mine/train"
+    assert layer["data"]["valid_prefix"][0] == "/mine/valid"
+
+
+def test_downloading_offline_is_one_line(tmp_path, capsys, monkeypatch):
+    import urllib.error
+
+    from data import download
+
+    def offline(*args, **kwargs):
+        raise urllib.error.URLError("Temporary failure in name resolution")
+
+    monkeypatch.setattr(download.urllib.request, "urlopen", offline)
+    assert download.main(["multi30k", str(tmp_path / "m")]) == 1
+    line = _one_line(capsys.readouterr().err)
+    assert "cannot fetch multi30k" in line and "network" in line
