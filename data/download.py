@@ -51,9 +51,14 @@ def download(name: str, directory: Path) -> None:
     print(f"Done. Use it with: {variable}={directory} python train.py --config configs/...")
 
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line, as every command of the project
+        print(f"{self.prog}: error: {message}; see {self.prog} --help", file=sys.stderr)
+        sys.exit(2)
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m data.download",
-                                     description=__doc__.split("\n\n")[0])
+    parser = _Parser(prog="python -m data.download", description=__doc__.split("\n\n")[0])
     parser.add_argument("corpus", choices=sorted(CORPORA))
     parser.add_argument("directory", type=Path)
     args = parser.parse_args(argv)

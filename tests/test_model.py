@@ -11,7 +11,7 @@ from flax import nnx
 from transformer.config import PRESETS, ModelConfig, SearchConfig, get_preset
 from transformer.cache import DecoderCache
 from transformer.kernels import dropout
-from transformer.layers import (AddNorm, MultiHeadAttention, PositionalEncoding,
+from transformer.layers import (AddNorm, FeedForward, MultiHeadAttention, PositionalEncoding,
                                 causal_mask, padding_mask,
                                 reference_attention, sinusoidal_positions)
 from transformer.model import Transformer, count_parameters
@@ -470,3 +470,48 @@ def test_a_sequence_longer_than_the_positions_is_refused_with_the_limit():
     with pytest.raises(ValueError, match="cache of 17 target positions.*max_len 16"):
         model.init_cache(memory, max_len=17)
     model.init_cache(memory, max_len=16)
+
+
+def test_swish_feed_forward_is_x_sigmoid_x_between_the_projections():
+    config = get_preset("tiny", activation="swish", dropout=0.0)
+    ffn = FeedForward(config, rngs=nnx.Rngs(0))
+    x = jax.random.normal(jax.random.key(1), (2, 5, config.d_model))
+    hidden = x @ ffn.inner.kernel[...] + ffn.inner.bias[...]
+    expected = (hidden * jax.nn.sigmoid(hidden)) @ ffn.outer.kernel[...] + ffn.outer.bias[...]
+    np.testing.assert_allclose(ffn(x), expected, rtol=1e-5, atol=1e-5)
+    relu = FeedForward(dataclasses.replace(config, activation="relu"), rngs=nnx.Rngs(0))
+    assert not np.allclose(relu(x), expected, atol=1e-3)  # the setting is what acts
+
+
+def test_output_bias_is_added_to_every_logit_and_only_there():
+    config = get_preset("tiny", vocab_size=50, output_bias=True, dropout=0.0)
+    model = Transformer(config, rngs=nnx.Rngs(0))
+    src = jnp.array([[5, 6, 7, 3]])
+    tgt = jnp.array([[2, 8, 9]])
+    before = model(src, tgt)
+    bias = jax.random.normal(jax.random.key(2), (50,))
+    model.output_bias[...] = bias
+    np.testing.assert_allclose(model(src, tgt) - before, jnp.broadcast_to(bias, before.shape),
+                               rtol=1e-5, atol=1e-5)
+    plain = Transformer(dataclasses.replace(config, output_bias=False), rngs=nnx.Rngs(0))
+    assert not hasattr(plain, "output_bias")
+    np.testing.assert_allclose(plain(src, tgt), before, rtol=1e-6, atol=1e-6)
+
+
+def test_a_model_with_swish_and_an_output_bias_travels_through_its_directory(tmp_path):
+    from data.tokenizer import TokenizerConfig, train_tokenizer
+    from transformer.model_dir import export_model, load_model
+
+    from translate_model import sentences
+
+    tokenizer = train_tokenizer(sentences(400, seed=1), TokenizerConfig(vocab_size=300))
+    spm = tokenizer.save(tmp_path)
+    config = get_preset("tiny", vocab_size=tokenizer.vocab_size, activation="swish",
+                        output_bias=True)
+    model = Transformer(config, rngs=nnx.Rngs(0))
+    model.output_bias[...] = jax.random.normal(jax.random.key(3), (config.vocab_size,))
+    export_model(tmp_path / "model", nnx.state(model, nnx.Param), config, spm)
+    loaded, _, values = load_model(tmp_path / "model")
+    assert values["model"].activation == "swish" and values["model"].output_bias
+    src, tgt = jnp.array([[5, 6, 7, 3]]), jnp.array([[2, 8, 9]])
+    np.testing.assert_allclose(loaded(src, tgt), model(src, tgt), rtol=1e-6, atol=1e-6)

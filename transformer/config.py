@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 Norm = Literal["post", "pre"]
 Positional = Literal["sinusoidal", "learned"]
+Activation = Literal["relu", "swish"]
 DType = Literal["float32", "bfloat16"]
 Schedule = Literal["noam", "inverse_sqrt"]
 
@@ -81,6 +82,9 @@ class ModelConfig(DictConfig):
     attention_dropout: float = setting(0.0, "dropout on attention weights (not in the paper)")
     activation_dropout: float = setting(
         0.0, "dropout on the feed-forward layer's hidden activation (not in the paper)")
+    activation: Activation = setting(
+        "relu", "the feed-forward layer's activation: relu (paper) or swish (SiLU, as Marian's "
+                "OPUS-MT models)")
     norm: Norm = setting("post", "post: x = LayerNorm(x + Sublayer(x)) as in the paper; pre: "
                                  "x = x + Sublayer(LayerNorm(x))")
     positional: Positional = setting("sinusoidal", "sinusoidal (paper) or learned positions")
@@ -88,6 +92,8 @@ class ModelConfig(DictConfig):
     share_embeddings: bool = setting(
         True, "one embedding matrix for source, target and the output projection (paper "
               "Sec. 3.4)")
+    output_bias: bool = setting(
+        False, "a bias on the output logits (MarianMT's final_logits_bias; not in the paper)")
     layer_norm_epsilon: float = setting(1e-6, "LayerNorm epsilon")
     dtype: DType = setting("float32", "compute dtype of the matrix products (parameters always "
                                       "live in float32)")
@@ -127,6 +133,7 @@ class ModelConfig(DictConfig):
             if not 0.0 <= value < 1.0:
                 raise ValueError(f"ModelConfig.{name} must be in [0, 1), got {value!r}.")
         _check_choice("ModelConfig.norm", self.norm, ("post", "pre"))
+        _check_choice("ModelConfig.activation", self.activation, ("relu", "swish"))
         _check_choice("ModelConfig.positional", self.positional, ("sinusoidal", "learned"))
         _check_choice("ModelConfig.dtype", self.dtype, ("float32", "bfloat16"))
         _check_choice("ModelConfig.activation_dtype", self.activation_dtype,

@@ -310,8 +310,12 @@ class MultiHeadAttention(nnx.Module):
         return out
 
 
+ACTIVATIONS = {"relu": jax.nn.relu, "swish": jax.nn.silu}
+
+
 class FeedForward(nnx.Module):
-    """FFN(x) = max(0, x W1 + b1) W2 + b2 (paper Sec. 3.3)."""
+    """FFN(x) = max(0, x W1 + b1) W2 + b2 (paper Sec. 3.3); swish (x * sigmoid(x)) in place of
+    max(0, .) for models converted from Marian."""
 
     def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
         dtype = compute_dtype(config)
@@ -320,9 +324,10 @@ class FeedForward(nnx.Module):
         self.outer = Dense(config.d_ff, config.d_model, dtype=dtype, kernel_init=dense_init,
                            rngs=rngs)
         self.activation_dropout = config.activation_dropout
+        self.activation = ACTIVATIONS[config.activation]
 
     def __call__(self, x: Array, rng: Array | None = None) -> Array:
-        hidden = jax.nn.relu(self.inner(x))
+        hidden = self.activation(self.inner(x))
         return self.outer(dropout(hidden, self.activation_dropout, rng))
 
 

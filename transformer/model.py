@@ -134,6 +134,8 @@ class Transformer(nnx.Module):
             self.tgt_embedding = Embedding(config, rngs=rngs)
             self.output_projection = Dense(config.d_model, config.vocab_size, use_bias=False,
                                            dtype=compute_dtype(config), rngs=rngs)
+        if config.output_bias:
+            self.output_bias = nnx.Param(jnp.zeros((config.vocab_size,), jnp.float32))
         self.positional = PositionalEncoding(config, rngs=rngs)
         self.encoder_layers = nnx.List(
             [EncoderLayer(config, rngs=rngs) for _ in range(config.encoder_layers)])
@@ -156,8 +158,12 @@ class Transformer(nnx.Module):
         # float32 straight from the product's accumulator: with bfloat16 activations, logits
         # rounded to bfloat16 would move beam scores by up to ~0.06 nats per token.
         if self.config.share_embeddings:
-            return self.src_embedding.attend(x)
-        return self.output_projection(x, out_dtype=jnp.float32)
+            logits = self.src_embedding.attend(x)
+        else:
+            logits = self.output_projection(x, out_dtype=jnp.float32)
+        if self.config.output_bias:
+            logits = logits + self.output_bias[...]
+        return logits
 
     # ------------------------------------------------------------------ encoder
 
