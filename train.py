@@ -86,10 +86,8 @@ def _spm_model_vocabulary(path: str, layers: list[recipes.Layer]) -> recipes.Lay
 
 
 def _setup_logging() -> None:
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s",
-                        force=True)
-    for noisy in ("absl", "jax", "datasets", "orbax", "tensorboardX"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    cli.setup_logging(logging.INFO, "%(levelname)s %(name)s: %(message)s",
+                      ("absl", "jax", "datasets", "orbax", "tensorboardX"))
 
 
 def main(argv: list[str] | None = None) -> int:

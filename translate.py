@@ -491,10 +491,9 @@ def save_attention_plot(model, tokenizer, translator, sentence: str, hypothesis,
 
 
 def _setup_logging(quiet: bool) -> None:
-    logging.basicConfig(level=logging.WARNING if quiet else logging.INFO,
-                        format="%(name)s: %(levelname)s: %(message)s", stream=sys.stderr)
-    for noisy in ("absl", "jax", "jax._src", "datasets", "orbax", "checkpoint", "data"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    cli.setup_logging(logging.WARNING if quiet else logging.INFO,
+                      "%(name)s: %(levelname)s: %(message)s",
+                      ("absl", "jax", "jax._src", "datasets", "orbax", "checkpoint", "data"))
 
 
 def enable_compilation_cache() -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import logging
 import os
 import sys
 from pathlib import Path
@@ -90,6 +91,31 @@ def guarded(prog: str, main: Callable[[], int]) -> int:
               f"{DEBUG_VARIABLE}=1 for the traceback, and report it if the cause is not yours",
               file=sys.stderr, flush=True)
         return EXIT_FAULT
+
+
+class _CurrentStderr(logging.StreamHandler):
+    """A handler writing to whatever sys.stderr is now, not to the stream of the first call
+    (main() runs many times in one process under tests and notebooks)."""
+
+    def __init__(self) -> None:
+        super().__init__(sys.stderr)
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value) -> None:
+        pass
+
+
+def setup_logging(level: int, fmt: str, quiet_loggers: tuple[str, ...]) -> None:
+    """The root logger at `level` with one handler on sys.stderr, replacing earlier set-ups."""
+    handler = _CurrentStderr()
+    handler.setFormatter(logging.Formatter(fmt))
+    logging.basicConfig(level=level, handlers=[handler], force=True)
+    for name in quiet_loggers:
+        logging.getLogger(name).setLevel(logging.WARNING)
 
 
 def writable_directory(path: Path, flag: str) -> None:

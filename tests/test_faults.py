@@ -125,6 +125,26 @@ def test_unexpected_errors_are_one_line_unless_debugging(tmp_path, capsys, monke
         train_cli.main([])
 
 
+def test_logging_follows_stderr_across_calls(monkeypatch):
+    """Each main() logs to the sys.stderr of its own call, at its own level: a stream closed
+    since an earlier call (a test's capture, a notebook cell) is never written to."""
+    import io
+    import logging
+
+    from nmt import cli
+
+    first, second = io.StringIO(), io.StringIO()
+    monkeypatch.setattr(sys, "stderr", first)
+    cli.setup_logging(logging.INFO, "%(message)s", ())
+    logging.getLogger("nmt.test").info("to the first")
+    first.close()
+    monkeypatch.setattr(sys, "stderr", second)
+    cli.setup_logging(logging.WARNING, "%(message)s", ())
+    logging.getLogger("nmt.test").info("hidden by the second call's level")
+    logging.getLogger("nmt.test").warning("to the second")
+    assert second.getvalue() == "to the second\n"
+
+
 # ----------------------------------------------------------------------------- translate.py
 
 
@@ -255,7 +275,7 @@ def test_a_second_trainer_on_a_run_directory_refuses(tmp_path, capsys):
     run.mkdir()
     with RunLock(run):
         status = train_cli.main(["--output-dir", str(run), "--max-steps", "1",
-                                 "--preset", "tiny", "--vocab-size", "100"])
+                                 "--preset", "tiny", "--vocab-size", "300"])
     line = _one_line(capsys.readouterr().err)
     assert status == 1 and f"{run} is in use by another trainer (pid {os.getpid()}" in line
     assert not (run / "checkpoints").exists()
