@@ -386,6 +386,20 @@ class Checkpointer:
 # ----------------------------------------------------------------------------- averaging
 
 
+def _read_only_manager(directory: Path) -> ocp.CheckpointManager:
+    """A manager that only restores; orbax's three warnings that it is read-only (which a user
+    would read as a permission problem) are kept out of the log."""
+    absl_log = logging.getLogger("absl")
+    level = absl_log.level
+    absl_log.setLevel(logging.ERROR)
+    try:
+        return ocp.CheckpointManager(directory,
+                                     options=ocp.CheckpointManagerOptions(read_only=True),
+                                     item_names=_ITEMS)
+    finally:
+        absl_log.setLevel(level)
+
+
 def average_checkpoints(run_dir: str | Path, last: int, config: ModelConfig
                         ) -> tuple[Any, list[int]]:
     """Mean of the parameters of the newest `last` complete checkpoints of `run_dir`, for a
@@ -408,9 +422,7 @@ def average_checkpoints(run_dir: str | Path, last: int, config: ModelConfig
     if not steps:
         raise CheckpointError(f"{run_dir / CHECKPOINTS_DIR}: every checkpoint is damaged.")
     _, params_like, _ = abstract_params(config)
-    manager = ocp.CheckpointManager(run_dir.absolute() / CHECKPOINTS_DIR,
-                                    options=ocp.CheckpointManagerOptions(read_only=True),
-                                    item_names=_ITEMS)
+    manager = _read_only_manager(run_dir.absolute() / CHECKPOINTS_DIR)
     total = None
     try:
         for step in steps:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 import re
 import shutil
 from pathlib import Path
@@ -119,11 +120,15 @@ def _assert_mean_of(mean, a, b) -> None:
         np.testing.assert_allclose(np.asarray(x), y, rtol=1e-6, atol=1e-7)
 
 
-def test_average_is_mean_of_last_n(tmp_path):
+def test_average_is_mean_of_last_n(tmp_path, caplog):
     states = _save_trained_states(tmp_path, [1, 2, 3])
-    mean, steps = checkpoint.average_checkpoints(tmp_path, 2, CONFIG)
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        mean, steps = checkpoint.average_checkpoints(tmp_path, 2, CONFIG)
     assert steps == [2, 3]
     _assert_mean_of(mean, states[1], states[2])
+    # restoring read-only is not a warning a user should have to interpret
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
 
 
 def test_average_of_fewer_checkpoints_than_asked_is_their_mean(tmp_path):
