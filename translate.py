@@ -25,8 +25,8 @@ With --nbest N each input line gives N lines, best first (fairseq/Marian style):
     INDEX<TAB>SCORE<TAB>TRANSLATION
 
 INDEX is the 0-based input line number (Moses/Marian convention), SCORE the search score
-(beam search: log-probability divided by the GNMT length penalty; greedy and sampling:
-log-probability).
+(beam search: log-probability divided by the length penalty, GNMT's unless
+--length-penalty power; greedy and sampling: log-probability).
 
 Search settings default to the model's stored SearchConfig; flags override them.
 

@@ -93,10 +93,12 @@ def test_beam_size_one_equals_greedy():
         assert (greedy.lengths > 1).any(), "degenerate model: every output is just EOS"
 
 
-def test_beam_search_best_equals_exhaustive_search_up_to_length_4():
+@pytest.mark.parametrize("penalty", ["gnmt", "power"])
+def test_beam_search_best_equals_exhaustive_search_up_to_length_4(penalty):
     # Vocabulary of 7: PAD, UNK, BOS, EOS and tokens 4..6, so 4 tokens may be produced
     # (UNK, 4, 5, 6) and every sequence of up to 4 tokens ending in EOS can be enumerated.
     vocab, alpha, limit = 7, 0.6, 4
+    power = penalty == "power"
     producible = [1, 4, 5, 6]
     rng = np.random.default_rng(1)
     non_trivial = 0
@@ -104,11 +106,12 @@ def test_beam_search_best_equals_exhaustive_search_up_to_length_4():
         model = sharp_model(vocab=vocab, seed=seed, sharpness=6.0)
         src = sources(rng, [5, 3], vocab)
         # 64 beams hold every live prefix (at most 4^3), so the search is exhaustive.
-        config = SearchConfig(beam_size=64, nbest=1, alpha=alpha, max_len_a=0, max_len_b=limit)
+        config = SearchConfig(beam_size=64, nbest=1, alpha=alpha, max_len_a=0, max_len_b=limit,
+                              length_penalty=penalty)
         result = search(model, src, config)
         candidates = [list(body) + [EOS] for n in range(limit)
                       for body in itertools.product(producible, repeat=n)]
-        penalties = np.array([float(length_penalty(jnp.array(len(c)), alpha))
+        penalties = np.array([float(length_penalty(jnp.array(len(c)), alpha, power))
                               for c in candidates])
         for row in range(src.shape[0]):
             scores = teacher_forced_logprobs(model, src[row], candidates) / penalties
@@ -127,6 +130,13 @@ def test_length_penalty_is_the_gnmt_formula():
     np.testing.assert_allclose(length_penalty(jnp.asarray(lengths), 0.6),
                                ((5.0 + lengths) / 6.0) ** 0.6, rtol=1e-6)
     np.testing.assert_allclose(length_penalty(jnp.asarray(lengths), 0.0), 1.0)
+
+
+def test_power_length_penalty_is_length_to_the_alpha():
+    """transformers' and CTranslate2's normaliser (SearchConfig.length_penalty = "power")."""
+    lengths = np.array([1, 2, 7, 30])
+    np.testing.assert_allclose(length_penalty(jnp.asarray(lengths), 1.3, power=True),
+                               lengths ** 1.3, rtol=1e-6)
 
 
 def constant_logits_model(logits: dict[int, float], vocab: int = 8) -> Transformer:

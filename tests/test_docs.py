@@ -89,7 +89,8 @@ def test_the_readme_shows_commands():
 
 
 @pytest.mark.parametrize("entry", [["train.py"], ["translate.py"], ["-m", "data.download"],
-                                   ["-m", "bench.train"], ["-m", "bench.decode"]])
+                                   ["-m", "bench.train"], ["-m", "bench.decode"],
+                                   ["-m", "nmt.convert"]])
 def test_entry_points_answer_help(entry):
     result = subprocess.run([sys.executable, *entry, "--help"], cwd=REPO, capture_output=True,
                             text=True, timeout=120)

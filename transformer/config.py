@@ -20,6 +20,8 @@ Positional = Literal["sinusoidal", "learned"]
 Activation = Literal["relu", "swish"]
 DType = Literal["float32", "bfloat16"]
 Schedule = Literal["noam", "inverse_sqrt"]
+LengthPenalty = Literal["gnmt", "power"]
+BeamRules = Literal["fairseq", "transformers"]
 
 
 def setting(default: Any, help: str, *, flag: str | None = None, derived: str | None = None
@@ -227,8 +229,20 @@ class SearchConfig(DictConfig):
     """
 
     beam_size: int = setting(4, "beam size", flag="--beam")
-    alpha: float = setting(0.6, "length penalty exponent: GNMT's ((5 + len) / 6) ** alpha "
-                                "(Wu et al. 2016); the paper used 0.6")
+    alpha: float = setting(0.6, "length penalty exponent; the paper used 0.6 (with GNMT's "
+                                "penalty)")
+    length_penalty: LengthPenalty = setting(
+        "gnmt", "what a finished hypothesis's log-probability is divided by: gnmt: "
+                "((5 + len) / 6) ** alpha (Wu et al. 2016); power: len ** alpha (transformers, "
+                "CTranslate2, Marian); len counts EOS")
+    beam_rules: BeamRules = setting(
+        "fairseq", "when hypotheses finish and search stops: fairseq: any of a step's 2k best "
+                   "candidates that ends with EOS finishes, an EOS forced at the length limit "
+                   "counts its log-probability, and a sentence stops when no live beam can "
+                   "beat its nbest-th finished one even at the limit; transformers: only EOS "
+                   "among the k best candidates finishes, a forced EOS adds 0, and a sentence "
+                   "stops when its best live beam, scored at its current length, does not beat "
+                   "the k-th finished one (transformers' generate; reproduces its outputs)")
     max_len_a: float = setting(1.0, "output limit a * source length + b tokens: a")
     max_len_b: int = setting(50, "output limit a * source length + b tokens: b")
     min_len: int = setting(0, "outputs have at least this many tokens, EOS included (EOS is "
@@ -244,6 +258,8 @@ class SearchConfig(DictConfig):
 
     def validate(self) -> None:
         _check_choice("SearchConfig.strategy", self.strategy, ("beam", "greedy", "sample"))
+        _check_choice("SearchConfig.length_penalty", self.length_penalty, ("gnmt", "power"))
+        _check_choice("SearchConfig.beam_rules", self.beam_rules, ("fairseq", "transformers"))
         if self.beam_size < 1:
             raise ValueError(f"SearchConfig.beam_size must be >= 1, got {self.beam_size}.")
         if self.nbest < 1:

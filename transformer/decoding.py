@@ -60,9 +60,11 @@ class SearchResult:
     lengths: np.ndarray
 
 
-def length_penalty(length: Array, alpha: float) -> Array:
-    """GNMT length penalty ((5 + length) / 6) ** alpha (Wu et al. 2016, Eq. 14)."""
-    return ((5.0 + length.astype(jnp.float32)) / 6.0) ** alpha
+def length_penalty(length: Array, alpha: float, power: bool = False) -> Array:
+    """GNMT's length penalty ((5 + length) / 6) ** alpha (Wu et al. 2016, Eq. 14), or with
+    `power` length ** alpha (transformers, CTranslate2, Marian). `length` counts EOS."""
+    length = length.astype(jnp.float32)
+    return length ** alpha if power else ((5.0 + length) / 6.0) ** alpha
 
 
 def top_k_over_vocab(scores: Array, k: int) -> tuple[Array, Array]:
@@ -142,7 +144,8 @@ def search_with_state(graphdef: nnx.GraphDef, state: nnx.State, src_ids: np.ndar
     if config.strategy == "beam":
         tokens, scores, lengths = _beam_search(
             graphdef, state, src, jnp.asarray(limits), static_len, config.beam_size,
-            config.nbest, float(config.alpha), config.min_len)
+            config.nbest, float(config.alpha), config.min_len, config.length_penalty == "power",
+            config.beam_rules == "transformers")
     else:
         sample = config.strategy == "sample"
         if sample and rng is None:
@@ -276,9 +279,9 @@ def _sample(logprobs: Array, temperature: float, top_k: int, rng: Array) -> Arra
 # ----------------------------------------------------------------------------- beam search
 
 
-@functools.partial(jax.jit, static_argnums=(0, 4, 5, 6, 7, 8))
+@functools.partial(jax.jit, static_argnums=(0, 4, 5, 6, 7, 8, 9, 10))
 def _beam_search(graphdef, state, src, limits, max_len: int, beam_size: int, nbest: int,
-                 alpha: float, min_len: int):
+                 alpha: float, min_len: int, power_penalty: bool, transformers_rules: bool):
     """Beam search; returns tokens [batch, nbest, max_len], scores and lengths [batch, nbest].
 
     Live ("alive") hypotheses and finished ones are kept apart: a hypothesis that produces EOS
@@ -288,13 +291,15 @@ def _beam_search(graphdef, state, src, limits, max_len: int, beam_size: int, nbe
     k non-EOS ones (`_advance_beams`). A sentence is done when its `nbest`-th finished score
     is at least the best score any live beam could still reach: log-probabilities only fall
     as a hypothesis grows, so with alpha >= 0 that bound is best_live_logprob /
-    length_penalty(limit).
+    length_penalty(limit). `transformers_rules` follows transformers' `generate` instead
+    (SearchConfig.beam_rules).
     """
     model, memory, src_mask = _encode(graphdef, state, src)
     config = model.config
     batch, k = src.shape[0], beam_size
     rules = _BeamRules(limits=limits, min_len=min_len, alpha=alpha, nbest=nbest,
-                       pad_id=config.pad_id, bos_id=config.bos_id, eos_id=config.eos_id)
+                       pad_id=config.pad_id, bos_id=config.bos_id, eos_id=config.eos_id,
+                       power_penalty=power_penalty, transformers_rules=transformers_rules)
     # The first position is decoded from BOS, the same for every beam: once per sentence
     # (batch rows, not batch * k), then every beam starts from that one cached position.
     cache = model.init_cache(memory, max_len, beam_size=1)
@@ -351,6 +356,11 @@ class _BeamRules:
     pad_id: int
     bos_id: int
     eos_id: int
+    power_penalty: bool = False       # length ** alpha instead of GNMT's penalty
+    transformers_rules: bool = False  # SearchConfig.beam_rules == "transformers"
+
+    def penalty(self, length: Array) -> Array:
+        return length_penalty(length, self.alpha, self.power_penalty)
 
 
 def _advance_beams(s: _BeamState, logits: Array, cache: SearchCache, rules: _BeamRules
@@ -367,8 +377,11 @@ def _advance_beams(s: _BeamState, logits: Array, cache: SearchCache, rules: _Bea
     per_row = min(2 * k, scores.shape[-1])
     row_score, row_token = top_k_over_vocab(scores, per_row)  # [rows, per_row]
     row_logprob = row_score - normalizer[:, None]
-    # A row at its output limit may only end: its one candidate is EOS.
+    # A row at its output limit may only end: its one candidate is EOS, scored with its
+    # log-probability (transformers' rules: with 0, as its forced EOS is).
     eos_logprob = scores[:, rules.eos_id] - normalizer
+    if rules.transformers_rules:
+        eos_logprob = jnp.zeros_like(eos_logprob)
     first = (jnp.arange(per_row) == 0)[None]
     row_logprob = jnp.where(at_limit[:, None],
                             jnp.where(first, eos_logprob[:, None], NEG_INF), row_logprob)
@@ -385,10 +398,13 @@ def _advance_beams(s: _BeamState, logits: Array, cache: SearchCache, rules: _Bea
     is_eos = token == rules.eos_id
     # A candidate of a dead beam (NEG_INF) must not enter either set.
     valid = top_logprob > NEG_INF / 2
+    # fairseq: any EOS of the 2k candidates finishes; transformers: only among the best k.
+    finishes = is_eos & valid
+    if rules.transformers_rules:
+        finishes = finishes & (jnp.arange(2 * k) < k)[None, :]
 
     # Finished set: the best k of the old finished and this step's EOS candidates.
-    eos_score = jnp.where(is_eos & valid, top_logprob / length_penalty(s.step + 1, rules.alpha),
-                          NEG_INF)
+    eos_score = jnp.where(finishes, top_logprob / rules.penalty(s.step + 1), NEG_INF)
     eos_score = jnp.where(s.done[:, None], NEG_INF, eos_score)  # done sentences are frozen
     finished_score, finished_tokens = _top_k_by(
         jnp.concatenate([s.finished_score, eos_score], axis=1),
@@ -399,8 +415,14 @@ def _advance_beams(s: _BeamState, logits: Array, cache: SearchCache, rules: _Bea
     alive_tokens = jnp.take_along_axis(top_tokens, order[:, :, None], axis=1)
     parent = jnp.take_along_axis(beam_index, order, axis=1)  # [batch, k]
 
-    best_possible = alive_logprob[:, 0] / length_penalty(rules.limits, rules.alpha)
-    can_improve = best_possible > finished_score[:, rules.nbest - 1]
+    if rules.transformers_rules:
+        # transformers' heuristic: the best live beam scored at its current length against
+        # the k-th finished hypothesis.
+        best_possible = alive_logprob[:, 0] / rules.penalty(s.step + 1)
+        can_improve = best_possible > finished_score[:, k - 1]
+    else:
+        best_possible = alive_logprob[:, 0] / rules.penalty(rules.limits)
+        can_improve = best_possible > finished_score[:, rules.nbest - 1]
     done = s.done | ~can_improve | (s.step + 1 >= rules.limits)
     return _BeamState(s.step + 1, cache.follow_parents(parent), alive_tokens, alive_logprob,
                       finished_tokens, finished_score, done)

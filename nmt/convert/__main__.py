@@ -1,0 +1,67 @@
+"""python -m nmt.convert: a trained model in transformers' MarianMT or CTranslate2 format.
+
+    python -m nmt.convert to-marian runs/NAME/averaged exported/marian
+    python -m nmt.convert to-ctranslate2 runs/NAME/averaged exported/ct2 --quantization int8
+
+MODEL is a model directory (runs/NAME/model, runs/NAME/averaged) or a run directory (its
+model/ is used). OUT must not exist or be empty; it is written whole or not at all.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Sequence
+
+from nmt import cli
+
+PROG = "python -m nmt.convert"
+
+
+def build_parser() -> cli.OneLineParser:
+    from nmt.convert.ctranslate2 import QUANTIZATIONS
+
+    parser = cli.OneLineParser(prog=PROG, description=__doc__.split("\n\n")[0],
+                               epilog=f"Set {cli.DEBUG_VARIABLE}=1 for a traceback on errors.")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
+                                     parser_class=cli.OneLineParser)
+    marian = commands.add_parser(
+        "to-marian", help="a MarianMTModel directory (config.json, model.safetensors, "
+                          "MarianTokenizer files) for transformers")
+    ct2 = commands.add_parser("to-ctranslate2", help="a CTranslate2 model directory")
+    for sub in (marian, ct2):
+        sub.add_argument("model", metavar="MODEL", help="model or run directory")
+        sub.add_argument("out", metavar="OUT", help="output directory (new or empty)")
+    ct2.add_argument("--quantization", default="float32", choices=QUANTIZATIONS,
+                     help="weight type of the exported model (default float32)")
+    return parser
+
+
+def _main(argv: Sequence[str] | None) -> int:
+    args = build_parser().parse_args(argv)
+    from nmt.convert.common import ConversionError
+    from transformer.model_dir import ModelDirError
+
+    try:
+        if args.command == "to-marian":
+            from nmt.convert.marian import export_marian
+            out = export_marian(args.model, args.out)
+        else:
+            from nmt.convert.ctranslate2 import export_ctranslate2
+            out = export_ctranslate2(args.model, args.out, args.quantization)
+    except ImportError as err:
+        raise cli.UsageError(f"{err.name or err} is not installed: the conversions need the "
+                             "export extra; pip install -e '.[export]'") from None
+    except ConversionError as err:
+        raise cli.UsageError(str(err)) from None
+    except ModelDirError as err:
+        raise cli.Fault(str(err)) from None
+    print(f"Wrote {out}", file=sys.stderr)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return cli.guarded(PROG, lambda: _main(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

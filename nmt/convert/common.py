@@ -1,0 +1,45 @@
+"""What every conversion shares: its error, and output written as a whole directory or nothing
+(into a temporary sibling, renamed at the end)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shutil
+from pathlib import Path
+from typing import Any, Iterator
+
+
+class ConversionError(ValueError):
+    """A model or directory that cannot be converted exactly; the message names the option or
+    file and what to do."""
+
+
+def check_output_dir(path: Path) -> None:
+    """Refuse an output path that is a file or a directory with something in it."""
+    if path.exists() and (not path.is_dir() or any(path.iterdir())):
+        what = "is a file" if not path.is_dir() else "exists and is not empty"
+        raise ConversionError(f"output {path} {what}; choose a new directory (or remove it).")
+
+
+@contextlib.contextmanager
+def staged_directory(path: str | Path) -> Iterator[Path]:
+    """Yield a temporary directory beside `path`; on success it becomes `path`, on any error
+    it is removed, so no half-written model is ever left behind."""
+    path = Path(path)
+    check_output_dir(path)
+    tmp = path.with_name(f".{path.name}.partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if path.exists():
+        path.rmdir()  # empty (checked above)
+    tmp.rename(path)
+
+
+def write_json(path: Path, value: Any) -> None:
+    path.write_text(json.dumps(value, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")

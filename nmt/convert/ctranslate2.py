@@ -1,0 +1,133 @@
+"""Our model directory -> a CTranslate2 model directory (float32, or quantized as CTranslate2
+offers: int8, int8_float32, int16, float16, bfloat16, ...).
+
+The weights are MarianMT's (`nmt.convert.marian.to_marian_state`: the residual stream in
+sines-then-cosines order, which is CTranslate2's positional layout too), laid into
+CTranslate2's `TransformerSpec` directly rather than through its MarianMT loader, which
+assumes Marian's own ids (PAD last, the decoder starting from a zero vector). Here the
+decoder starts from our BOS, EOS is added to every source (`add_source_eos`, as our
+training did), and LayerNorm keeps the model's own epsilon, so the export is exact.
+
+    import ctranslate2, sentencepiece
+    translator = ctranslate2.Translator("exported/ct2")
+    sp = sentencepiece.SentencePieceProcessor(model_file="exported/ct2/spm.model")
+    result = translator.translate_batch([sp.encode("A dog.", out_type=str)], beam_size=4)
+    print(sp.decode(result[0].hypotheses[0]))
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from nmt.convert.common import ConversionError, staged_directory
+from nmt.convert.marian import check_exportable, marian_positions, to_marian_state
+
+QUANTIZATIONS = ("float32", "int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16",
+                 "float16", "bfloat16")
+
+
+def _linear(spec, state: dict[str, np.ndarray], *names: str) -> None:
+    """Fill a LinearSpec with the named projections stacked along the output axis (one
+    fused product for query, key and value)."""
+    spec.weight = np.concatenate([state[f"{name}.weight"] for name in names], axis=0)
+    spec.bias = np.concatenate([state[f"{name}.bias"] for name in names], axis=0)
+
+
+def _norm(spec, state: dict[str, np.ndarray], name: str) -> None:
+    spec.gamma = state[f"{name}.weight"]
+    spec.beta = state[f"{name}.bias"]
+
+
+def _attention(spec, state, prefix: str, self_attention: bool) -> None:
+    q, k, v, out = (f"{prefix}.{p}_proj" for p in ("q", "k", "v", "out"))
+    if self_attention:
+        _linear(spec.linear[0], state, q, k, v)
+    else:
+        _linear(spec.linear[0], state, q)
+        _linear(spec.linear[1], state, k, v)
+    _linear(spec.linear[-1], state, out)
+
+
+def _feed_forward(spec, state, prefix: str) -> None:
+    _linear(spec.linear_0, state, f"{prefix}.fc1")
+    _linear(spec.linear_1, state, f"{prefix}.fc2")
+    _norm(spec.layer_norm, state, f"{prefix}.final_layer_norm")
+
+
+def build_spec(params: Any, config, tokenizer):
+    """A validated `ctranslate2.specs.TransformerSpec` holding our model."""
+    from ctranslate2.specs import common_spec, transformer_spec
+
+    check_exportable(config)
+    state = to_marian_state(params, config)
+    activation = {"relu": common_spec.Activation.RELU,
+                  "swish": common_spec.Activation.SWISH}[config.activation]
+    spec = transformer_spec.TransformerSpec.from_config(
+        (config.encoder_layers, config.decoder_layers), config.num_heads, pre_norm=False,
+        activation=activation)
+    positions = marian_positions(config.max_len, config.d_model)
+    if config.share_embeddings:
+        source = target = output = state["model.shared.weight"]
+    else:
+        source = state["model.encoder.embed_tokens.weight"]
+        target = state["model.decoder.embed_tokens.weight"]
+        output = state["lm_head.weight"]
+
+    encoder, decoder = spec.encoder, spec.decoder
+    encoder.embeddings[0].weight = source
+    decoder.embeddings.weight = target
+    for side in (encoder, decoder):
+        side.scale_embeddings = True  # sqrt(d_model)
+        side.position_encodings.encodings = positions
+    for i, layer in enumerate(encoder.layer):
+        prefix = f"model.encoder.layers.{i}"
+        _attention(layer.self_attention, state, f"{prefix}.self_attn", True)
+        _norm(layer.self_attention.layer_norm, state, f"{prefix}.self_attn_layer_norm")
+        _feed_forward(layer.ffn, state, prefix)
+    for i, layer in enumerate(decoder.layer):
+        prefix = f"model.decoder.layers.{i}"
+        _attention(layer.self_attention, state, f"{prefix}.self_attn", True)
+        _norm(layer.self_attention.layer_norm, state, f"{prefix}.self_attn_layer_norm")
+        _attention(layer.attention, state, f"{prefix}.encoder_attn", False)
+        _norm(layer.attention.layer_norm, state, f"{prefix}.encoder_attn_layer_norm")
+        _feed_forward(layer.ffn, state, prefix)
+    decoder.projection.weight = output
+    if config.output_bias:
+        decoder.projection.bias = state["final_logits_bias"].reshape(-1)
+
+    pieces = [tokenizer.processor.id_to_piece(i) for i in range(tokenizer.vocab_size)]
+    spec.register_source_vocabulary(pieces)
+    spec.register_target_vocabulary(pieces)
+    spec.config.unk_token = pieces[config.unk_id]
+    spec.config.bos_token = pieces[config.bos_id]
+    spec.config.eos_token = pieces[config.eos_id]
+    spec.config.decoder_start_token = pieces[config.bos_id]
+    spec.config.add_source_eos = True
+    spec.config.layer_norm_epsilon = config.layer_norm_epsilon
+    spec.validate()
+    return spec
+
+
+def export_ctranslate2(model_path: str | Path, out_dir: str | Path,
+                       quantization: str = "float32") -> Path:
+    """Write a model directory as a CTranslate2 model directory, with our `spm.model` beside
+    it for tokenizing. Everything or nothing is written."""
+    from flax import nnx
+
+    from transformer.model_dir import TOKENIZER_FILE, load_model, resolve_model_dir
+
+    if quantization not in QUANTIZATIONS:
+        raise ConversionError(f"quantization {quantization!r} is not one of CTranslate2's: "
+                              f"{', '.join(QUANTIZATIONS)}.")
+    model, tokenizer, values = load_model(model_path)
+    config = values["model"]
+    spec = build_spec(nnx.to_pure_dict(nnx.state(model, nnx.Param)), config, tokenizer)
+    spec.optimize(quantization=quantization)
+    with staged_directory(out_dir) as tmp:
+        spec.save(str(tmp))
+        shutil.copyfile(resolve_model_dir(model_path) / TOKENIZER_FILE, tmp / TOKENIZER_FILE)
+    return Path(out_dir)

@@ -1,0 +1,337 @@
+"""Our model directory <-> a Hugging Face MarianMT directory (transformers' `MarianMTModel`).
+
+MarianMT describes the same network as the paper's Transformer (post-norm, sinusoidal
+positions, embeddings scaled by sqrt(d_model), biases on every projection), so a conversion
+moves arrays and renames them. Two things differ:
+
+- **The positional table's layout.** Ours interleaves sine and cosine per frequency
+  (PE[pos, 2i] = sin, PE[pos, 2i+1] = cos, paper Sec. 3.5); MarianMT puts every sine first
+  and every cosine after, at the same frequencies. Coordinate j of MarianMT's residual
+  stream is coordinate `residual_permutation(d)[j]` of ours. Permuting, in every weight
+  that reads or writes the residual stream, the axis that touches it (embedding columns,
+  the inputs of query/key/value and of the first feed-forward layer, the outputs of the
+  attention output and second feed-forward layer, LayerNorm scales and biases) gives a
+  network that computes the same function: LayerNorm and the residual adds are symmetric in
+  the coordinates, and the product E x^T does not depend on their order. Permutations and
+  transposes are exact, so a round trip returns the same bits.
+- **LayerNorm epsilon.** MarianMT's layers use PyTorch's default 1e-5; ours is a setting
+  (1e-6 by default). It is recorded in config.json as `layer_norm_eps` (transformers keeps
+  unknown keys and ignores it), so an import restores it; in transformers a model trained
+  with 1e-6 computes logits that differ by about 1e-5.
+
+The arrays are numpy, float32. Weights in transformers' `nn.Linear` are [out, in]; ours
+(`Dense.kernel`) are [in, out].
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from nmt.convert.common import ConversionError, staged_directory, write_json
+from transformer.config import ModelConfig
+
+Params = dict[str, Any]  # nnx.to_pure_dict of a Transformer: nested dicts of arrays
+
+# MarianMT's LayerNorm epsilon (torch.nn.LayerNorm's default; not a setting there).
+MARIAN_LAYER_NORM_EPS = 1e-5
+
+# Our attention projections and MarianMT's names for them.
+_ATTENTION = {"query": "q_proj", "key": "k_proj", "value": "v_proj", "output": "out_proj"}
+# Our sub-layers of an encoder / decoder layer and MarianMT's names for them (attention,
+# its LayerNorm).
+_ENCODER_SUBLAYERS = {"self_attention": ("self_attn", "self_attn_layer_norm")}
+_DECODER_SUBLAYERS = {"self_attention": ("self_attn", "self_attn_layer_norm"),
+                      "cross_attention": ("encoder_attn", "encoder_attn_layer_norm")}
+_NORM_OF = {"self_attention": "self_attention_norm", "cross_attention": "cross_attention_norm"}
+
+
+def residual_permutation(d_model: int) -> np.ndarray:
+    """[d_model] int: MarianMT's coordinate j is our coordinate perm[j] (sines, then cosines)."""
+    if d_model % 2:
+        raise ConversionError(f"d_model {d_model} is odd: MarianMT's positional table needs an "
+                              "even model width.")
+    return np.concatenate([np.arange(0, d_model, 2), np.arange(1, d_model, 2)])
+
+
+def check_exportable(config: ModelConfig) -> None:
+    """Refuse options MarianMT has no form for, naming them (a silently different model
+    would be worse than none)."""
+    unsupported = {
+        "norm": (config.norm, "post", "MarianMT's layers are post-norm"),
+        "positional": (config.positional, "sinusoidal", "MarianMT's positions are sinusoidal"),
+    }
+    for name, (value, needed, why) in unsupported.items():
+        if value != needed:
+            raise ConversionError(f"model option {name}={value!r} cannot be exported: {why} "
+                                  f"(only {name}={needed!r} converts exactly).")
+    residual_permutation(config.d_model)
+
+
+# ----------------------------------------------------------------------------- ours -> MarianMT
+
+
+def to_marian_state(params: Params, config: ModelConfig) -> dict[str, np.ndarray]:
+    """Our parameters -> MarianMTModel's state dict (names as `save_pretrained` writes them).
+
+    Tied matrices appear once, as transformers saves them: with shared embeddings only
+    `model.shared.weight` (the encoder's, decoder's and output's table); otherwise the
+    encoder's, the decoder's and `lm_head.weight` apart.
+    """
+    check_exportable(config)
+    perm = residual_permutation(config.d_model)
+    out: dict[str, np.ndarray] = {}
+
+    def put(name: str, value: Any) -> None:
+        out[name] = np.ascontiguousarray(np.asarray(value, np.float32))
+
+    def reads(kernel):   # [d_model, n] reading the residual stream -> [n, d_model]
+        return np.asarray(kernel)[perm, :].T
+
+    def writes(kernel):  # [n, d_model] writing the residual stream -> [d_model, n]
+        return np.asarray(kernel)[:, perm].T
+
+    def attention(prefix: str, ours: Params) -> None:
+        for name, theirs in _ATTENTION.items():
+            layer = ours[name]
+            if name == "output":
+                put(f"{prefix}.{theirs}.weight", writes(layer["kernel"]))
+                put(f"{prefix}.{theirs}.bias", np.asarray(layer["bias"])[perm])
+            else:
+                put(f"{prefix}.{theirs}.weight", reads(layer["kernel"]))
+                put(f"{prefix}.{theirs}.bias", layer["bias"])
+
+    def norm(prefix: str, ours: Params) -> None:
+        put(f"{prefix}.weight", np.asarray(ours["norm"]["scale"])[perm])
+        put(f"{prefix}.bias", np.asarray(ours["norm"]["bias"])[perm])
+
+    def feed_forward(prefix: str, ours: Params) -> None:
+        put(f"{prefix}.fc1.weight", reads(ours["feed_forward"]["inner"]["kernel"]))
+        put(f"{prefix}.fc1.bias", ours["feed_forward"]["inner"]["bias"])
+        put(f"{prefix}.fc2.weight", writes(ours["feed_forward"]["outer"]["kernel"]))
+        put(f"{prefix}.fc2.bias", np.asarray(ours["feed_forward"]["outer"]["bias"])[perm])
+        norm(f"{prefix}.final_layer_norm", ours["feed_forward_norm"])
+
+    for side, sublayers in (("encoder", _ENCODER_SUBLAYERS), ("decoder", _DECODER_SUBLAYERS)):
+        layers = params[f"{side}_layers"]
+        for i in range(len(layers)):
+            ours, prefix = layers[i], f"model.{side}.layers.{i}"
+            for name, (attn, attn_norm) in sublayers.items():
+                attention(f"{prefix}.{attn}", ours[name])
+                norm(f"{prefix}.{attn_norm}", ours[_NORM_OF[name]])
+            feed_forward(prefix, ours)
+
+    source_table = np.asarray(params["src_embedding"]["table"]["embedding"])[:, perm]
+    if config.share_embeddings:
+        put("model.shared.weight", source_table)
+    else:
+        put("model.encoder.embed_tokens.weight", source_table)
+        put("model.decoder.embed_tokens.weight",
+            np.asarray(params["tgt_embedding"]["table"]["embedding"])[:, perm])
+        put("lm_head.weight", reads(params["output_projection"]["kernel"]))
+    bias = (np.asarray(params["output_bias"]) if config.output_bias
+            else np.zeros(config.vocab_size, np.float32))
+    put("final_logits_bias", bias[None, :])
+    for side in ("encoder", "decoder"):
+        put(f"model.{side}.embed_positions.weight", marian_positions(config.max_len,
+                                                                     config.d_model))
+    return out
+
+
+def marian_positions(max_len: int, d_model: int) -> np.ndarray:
+    """[max_len, d_model] MarianMT's sinusoidal table: sin(pos * w_i) in the first half,
+    cos(pos * w_i) in the second, w_i = 10000^(-2i / d_model); our table's columns in
+    `residual_permutation` order."""
+    from transformer.layers import sinusoidal_positions
+    return sinusoidal_positions(max_len, d_model)[:, residual_permutation(d_model)]
+
+
+# ----------------------------------------------------------------------------- MarianMT -> ours
+
+
+def from_marian_state(state: dict[str, np.ndarray], config: ModelConfig) -> Params:
+    """MarianMTModel's state dict -> our parameters (the inverse of `to_marian_state`).
+
+    Accepts what `save_pretrained` writes with tied tables once (`model.shared.weight`) or
+    spelled out under each name.
+    """
+    inverse = np.argsort(residual_permutation(config.d_model))
+
+    def get(name: str) -> np.ndarray:
+        if name not in state:
+            raise ConversionError(f"the weights have no {name!r}, which a MarianMT model "
+                                  f"with this config.json has.")
+        return np.asarray(state[name], np.float32)
+
+    def reads(name):   # [n, d_model] -> kernel [d_model, n]
+        return np.ascontiguousarray(get(name).T[inverse, :])
+
+    def writes(name):  # [d_model, n] -> kernel [n, d_model]
+        return np.ascontiguousarray(get(name).T[:, inverse])
+
+    def unpermuted(name):
+        return np.ascontiguousarray(get(name)[..., inverse])
+
+    def attention(prefix: str) -> Params:
+        ours = {}
+        for name, theirs in _ATTENTION.items():
+            if name == "output":
+                ours[name] = {"kernel": writes(f"{prefix}.{theirs}.weight"),
+                              "bias": unpermuted(f"{prefix}.{theirs}.bias")}
+            else:
+                ours[name] = {"kernel": reads(f"{prefix}.{theirs}.weight"),
+                              "bias": get(f"{prefix}.{theirs}.bias")}
+        return ours
+
+    def norm(prefix: str) -> Params:
+        return {"norm": {"scale": unpermuted(f"{prefix}.weight"),
+                         "bias": unpermuted(f"{prefix}.bias")}}
+
+    def layer(prefix: str, sublayers) -> Params:
+        ours: Params = {}
+        for name, (attn, attn_norm) in sublayers.items():
+            ours[name] = attention(f"{prefix}.{attn}")
+            ours[_NORM_OF[name]] = norm(f"{prefix}.{attn_norm}")
+        ours["feed_forward"] = {
+            "inner": {"kernel": reads(f"{prefix}.fc1.weight"), "bias": get(f"{prefix}.fc1.bias")},
+            "outer": {"kernel": writes(f"{prefix}.fc2.weight"),
+                      "bias": unpermuted(f"{prefix}.fc2.bias")}}
+        ours["feed_forward_norm"] = norm(f"{prefix}.final_layer_norm")
+        return ours
+
+    params: Params = {
+        "encoder_layers": {i: layer(f"model.encoder.layers.{i}", _ENCODER_SUBLAYERS)
+                           for i in range(config.encoder_layers)},
+        "decoder_layers": {i: layer(f"model.decoder.layers.{i}", _DECODER_SUBLAYERS)
+                           for i in range(config.decoder_layers)},
+    }
+    shared = "model.shared.weight"
+    source = "model.encoder.embed_tokens.weight"
+    if config.share_embeddings:
+        params["src_embedding"] = {"table": {"embedding": unpermuted(
+            shared if shared in state else source)}}
+    else:
+        params["src_embedding"] = {"table": {"embedding": unpermuted(source)}}
+        params["tgt_embedding"] = {"table": {"embedding": unpermuted(
+            "model.decoder.embed_tokens.weight")}}
+        params["output_projection"] = {"kernel": reads("lm_head.weight")}
+    if config.output_bias:
+        params["output_bias"] = get("final_logits_bias").reshape(-1)
+    return params
+
+
+# ----------------------------------------------------------------------------- directories
+
+
+def marian_config(config: ModelConfig) -> dict[str, Any]:
+    """config.json of a MarianMTModel with our model's dimensions and ids."""
+    check_exportable(config)
+    return {
+        "architectures": ["MarianMTModel"],
+        "model_type": "marian",
+        "vocab_size": config.vocab_size,
+        "decoder_vocab_size": config.vocab_size,
+        "d_model": config.d_model,
+        "encoder_layers": config.encoder_layers,
+        "decoder_layers": config.decoder_layers,
+        "encoder_attention_heads": config.num_heads,
+        "decoder_attention_heads": config.num_heads,
+        "encoder_ffn_dim": config.d_ff,
+        "decoder_ffn_dim": config.d_ff,
+        "activation_function": config.activation,
+        "dropout": config.dropout,
+        "attention_dropout": config.attention_dropout,
+        "activation_dropout": config.activation_dropout,
+        "encoder_layerdrop": 0.0,
+        "decoder_layerdrop": 0.0,
+        "max_position_embeddings": config.max_len,
+        "scale_embedding": True,
+        "share_encoder_decoder_embeddings": config.share_embeddings,
+        "tie_word_embeddings": config.share_embeddings,
+        "init_std": 0.02,
+        "is_encoder_decoder": True,
+        "use_cache": True,
+        "pad_token_id": config.pad_id,
+        "eos_token_id": config.eos_id,
+        "bos_token_id": config.bos_id,
+        "decoder_start_token_id": config.bos_id,
+        "forced_eos_token_id": config.eos_id,
+        "dtype": "float32",
+        # Not read by transformers (which uses 1e-5); an import restores the model's own.
+        "layer_norm_eps": config.layer_norm_epsilon,
+    }
+
+
+def generation_config(config: ModelConfig, search) -> dict[str, Any]:
+    """generation_config.json: our search defaults as far as `generate` has them. PAD and BOS
+    are never generated (as in our search); `length_penalty` divides the log-probability by
+    length ** alpha, not by GNMT's ((5 + length) / 6) ** alpha."""
+    return {
+        "decoder_start_token_id": config.bos_id,
+        "bos_token_id": config.bos_id,
+        "eos_token_id": config.eos_id,
+        "forced_eos_token_id": config.eos_id,
+        "pad_token_id": config.pad_id,
+        "bad_words_ids": [[config.pad_id], [config.bos_id]],
+        "num_beams": search.beam_size,
+        "length_penalty": search.alpha,
+        "max_length": config.max_len,
+    }
+
+
+def tokenizer_files(tokenizer, config: ModelConfig, languages: dict[str, str]
+                    ) -> dict[str, bytes | dict[str, Any]]:
+    """MarianTokenizer's files for our one joint SentencePiece model: the model as both
+    source.spm and target.spm, vocab.json mapping every piece to our id, and the config."""
+    processor = tokenizer.processor
+    vocab = {processor.id_to_piece(i): i for i in range(tokenizer.vocab_size)}
+    if len(vocab) != tokenizer.vocab_size:
+        raise ConversionError("the SentencePiece model has repeated pieces; MarianTokenizer's "
+                              "vocab.json cannot map them.")
+    names = {"pad_token": config.pad_id, "unk_token": config.unk_id, "eos_token": config.eos_id}
+    special = {name: processor.id_to_piece(i) for name, i in names.items()}
+    return {
+        "source.spm": tokenizer.model_bytes,
+        "target.spm": tokenizer.model_bytes,
+        "vocab.json": vocab,
+        "tokenizer_config.json": {
+            "tokenizer_class": "MarianTokenizer",
+            "source_lang": languages.get("source_lang"),
+            "target_lang": languages.get("target_lang"),
+            "separate_vocabs": False,
+            "model_max_length": config.max_len,
+            **special,
+        },
+        "special_tokens_map.json": special,
+    }
+
+
+def export_marian(model_path: str | Path, out_dir: str | Path) -> Path:
+    """Write a run's model directory (or a model directory) as a MarianMTModel directory that
+    `MarianMTModel.from_pretrained` and `MarianTokenizer.from_pretrained` load.
+
+    Raises ConversionError for a model MarianMT cannot express (pre-norm, learned positions)
+    or an unusable output directory; writes everything or nothing.
+    """
+    from flax import nnx
+    from safetensors.numpy import save_file
+
+    from transformer.model_dir import load_model
+
+    model, tokenizer, values = load_model(model_path)
+    config = values["model"]
+    check_exportable(config)
+    state = to_marian_state(nnx.to_pure_dict(nnx.state(model, nnx.Param)), config)
+    languages = {k: values[k] for k in ("source_lang", "target_lang") if k in values}
+    with staged_directory(out_dir) as tmp:
+        save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        write_json(tmp / "config.json", marian_config(config))
+        write_json(tmp / "generation_config.json", generation_config(config, values["search"]))
+        for name, content in tokenizer_files(tokenizer, config, languages).items():
+            if isinstance(content, bytes):
+                (tmp / name).write_bytes(content)
+            else:
+                write_json(tmp / name, content)
+    return Path(out_dir)
