@@ -109,10 +109,44 @@ class _CurrentStderr(logging.StreamHandler):
         pass
 
 
+class _NoLibraryTracebacks(logging.Filter):
+    """Drops the records of libraries (`names`) that carry an exception: orbax's background
+    threads log every failed write of a save with its traceback (dozens when the disk is
+    full), and the same failure reaches our code, which reports it in one line."""
+
+    def __init__(self, names: tuple[str, ...]):
+        super().__init__()
+        self.names = names
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        library = any(record.name == n or record.name.startswith(n + ".") for n in self.names)
+        return not (library and (record.exc_info or "Traceback" in record.getMessage()))
+
+
+def _quiet_closed_loop(default: Callable) -> Callable:
+    """An unraisable-exception hook that drops "Event loop is closed": after a failed save,
+    TensorStore's write callbacks keep arriving at orbax's closed event loop, each printing a
+    traceback Python then ignores (a hundred when the disk fills)."""
+
+    def hook(unraisable) -> None:
+        value = unraisable.exc_value
+        if isinstance(value, RuntimeError) and str(value) == "Event loop is closed":
+            return
+        default(unraisable)
+
+    return hook
+
+
 def setup_logging(level: int, fmt: str, quiet_loggers: tuple[str, ...]) -> None:
-    """The root logger at `level` with one handler on sys.stderr, replacing earlier set-ups."""
+    """The root logger at `level` with one handler on sys.stderr, replacing earlier set-ups.
+
+    `quiet_loggers` (libraries) log warnings and errors only, and without tracebacks unless
+    NMT_DEBUG is set; asyncio's, whose only tasks are orbax's writes, are among them."""
     handler = _CurrentStderr()
     handler.setFormatter(logging.Formatter(fmt))
+    if not debugging():
+        handler.addFilter(_NoLibraryTracebacks((*quiet_loggers, "asyncio")))
+        sys.unraisablehook = _quiet_closed_loop(sys.__unraisablehook__)
     logging.basicConfig(level=level, handlers=[handler], force=True)
     for name in quiet_loggers:
         logging.getLogger(name).setLevel(logging.WARNING)

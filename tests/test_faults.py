@@ -111,6 +111,64 @@ def test_train_output_dir_on_a_read_only_file_system(tmp_path, capsys):
         subprocess.run(["umount", str(readonly)], check=False)
 
 
+def test_disk_full_on_a_real_file_system_is_one_line_and_resumes(tmp_path, env):
+    """A 30 MB tmpfs holds one `compact` checkpoint (16 MB) but not two: orbax's background
+    writes fail by the dozen (each logged with its traceback, and TensorStore's callbacks
+    then hit orbax's closed event loop a hundred times); the user sees one line. With space
+    freed, the same command resumes and finishes."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=30m", "tmpfs", str(disk)],
+                      capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a small file system here")
+    argv = [sys.executable, "train.py", "--preset", "compact", "--vocab-size", "500",
+            "--batch-tokens", "512", "--save-every", "5", "--eval-every", "100",
+            "--eval-sentences", "0", "--no-progress", "--max-steps", "20",
+            "--output-dir", str(disk / "run")]
+    try:
+        full = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True,
+                              timeout=600)
+        assert full.returncode == 1
+        lines = [l for l in full.stderr.splitlines() if l.strip() and not l.startswith("INFO")]
+        assert lines == [lines[-1]] and "Traceback" not in full.stderr, full.stderr[-3000:]
+        assert lines[0].startswith("train.py: error: cannot write checkpoint step 10")
+        assert "checkpoint step 5" in lines[0] and "is intact" in lines[0]
+        assert sorted(p.name for p in (disk / "run" / "checkpoints").iterdir()) == ["5"]
+        subprocess.run(["mount", "-o", "remount,size=200m", str(disk)], check=True)
+        resumed = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True,
+                                 timeout=600)
+        assert resumed.returncode == 0, resumed.stderr[-3000:]
+        assert "resum" in resumed.stderr.lower() or "resum" in resumed.stdout.lower()
+        assert "20" in {p.name for p in (disk / "run" / "checkpoints").iterdir()}
+    finally:
+        subprocess.run(["umount", str(disk)], check=False)
+
+
+def test_library_tracebacks_are_not_logged_unless_debugging(monkeypatch, capsys):
+    import logging
+
+    from nmt import cli
+
+    monkeypatch.delenv(cli.DEBUG_VARIABLE, raising=False)
+    cli.setup_logging(logging.INFO, "%(levelname)s %(name)s: %(message)s", ("absl",))
+    try:
+        raise OSError(28, "No space left on device")
+    except OSError:
+        logging.getLogger("absl").error("write failed", exc_info=True)
+        logging.getLogger("asyncio").error("Task exception was never retrieved", exc_info=True)
+        logging.getLogger("nmt.trainer").error("ours", exc_info=True)
+    logging.getLogger("absl").error("no exception: kept")
+    err = capsys.readouterr().err
+    assert "write failed" not in err and "never retrieved" not in err
+    assert "ERROR nmt.trainer: ours" in err and "no exception: kept" in err
+
+    ignored = []
+    hook = cli._quiet_closed_loop(ignored.append)
+    for value in (RuntimeError("Event loop is closed"), RuntimeError("other")):
+        hook(type("Unraisable", (), {"exc_value": value})())
+    assert [str(u.exc_value) for u in ignored] == ["other"]
+
+
 def test_unexpected_errors_are_one_line_unless_debugging(tmp_path, capsys, monkeypatch):
     def broken(argv):
         raise KeyError("surprise")
