@@ -379,9 +379,8 @@ def _advance_beams(s: _BeamState, logits: Array, cache: SearchCache, rules: _Bea
     row_logprob = row_score - normalizer[:, None]
     # A row at its output limit may only end: its one candidate is EOS, scored with its
     # log-probability (transformers' rules: with 0, as its forced EOS is).
-    eos_logprob = scores[:, rules.eos_id] - normalizer
-    if rules.transformers_rules:
-        eos_logprob = jnp.zeros_like(eos_logprob)
+    eos_logprob = (jnp.zeros_like(normalizer) if rules.transformers_rules
+                   else scores[:, rules.eos_id] - normalizer)
     first = (jnp.arange(per_row) == 0)[None]
     row_logprob = jnp.where(at_limit[:, None],
                             jnp.where(first, eos_logprob[:, None], NEG_INF), row_logprob)

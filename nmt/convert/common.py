@@ -43,3 +43,14 @@ def staged_directory(path: str | Path) -> Iterator[Path]:
 
 def write_json(path: Path, value: Any) -> None:
     path.write_text(json.dumps(value, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def load_params(model_path):
+    """(parameters as nested dicts of arrays, tokenizer, config values) of a model directory,
+    checked whole by `load_model`."""
+    from flax import nnx
+
+    from transformer.model_dir import load_model
+
+    model, tokenizer, values = load_model(model_path)
+    return nnx.to_pure_dict(nnx.state(model, nnx.Param)), tokenizer, values

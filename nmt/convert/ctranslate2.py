@@ -17,14 +17,13 @@ training did), and LayerNorm keeps the model's own epsilon, so the export is exa
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from nmt.convert.common import ConversionError, staged_directory
-from nmt.convert.marian import check_exportable, marian_positions, to_marian_state
+from nmt.convert.common import ConversionError, load_params, staged_directory
+from nmt.convert.marian import marian_positions, to_marian_state
 
 QUANTIZATIONS = ("float32", "int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16",
                  "float16", "bfloat16")
@@ -62,8 +61,7 @@ def build_spec(params: Any, config, tokenizer):
     """A validated `ctranslate2.specs.TransformerSpec` holding our model."""
     from ctranslate2.specs import common_spec, transformer_spec
 
-    check_exportable(config)
-    state = to_marian_state(params, config)
+    state = to_marian_state(params, config)  # refuses what MarianMT's layout cannot hold
     activation = {"relu": common_spec.Activation.RELU,
                   "swish": common_spec.Activation.SWISH}[config.activation]
     spec = transformer_spec.TransformerSpec.from_config(
@@ -116,18 +114,13 @@ def export_ctranslate2(model_path: str | Path, out_dir: str | Path,
                        quantization: str = "float32") -> Path:
     """Write a model directory as a CTranslate2 model directory, with our `spm.model` beside
     it for tokenizing. Everything or nothing is written."""
-    from flax import nnx
-
-    from transformer.model_dir import TOKENIZER_FILE, load_model, resolve_model_dir
-
     if quantization not in QUANTIZATIONS:
         raise ConversionError(f"quantization {quantization!r} is not one of CTranslate2's: "
                               f"{', '.join(QUANTIZATIONS)}.")
-    model, tokenizer, values = load_model(model_path)
-    config = values["model"]
-    spec = build_spec(nnx.to_pure_dict(nnx.state(model, nnx.Param)), config, tokenizer)
+    params, tokenizer, values = load_params(model_path)
+    spec = build_spec(params, values["model"], tokenizer)
     spec.optimize(quantization=quantization)
     with staged_directory(out_dir) as tmp:
         spec.save(str(tmp))
-        shutil.copyfile(resolve_model_dir(model_path) / TOKENIZER_FILE, tmp / TOKENIZER_FILE)
+        tokenizer.save(tmp)  # spm.model, for tokenizing
     return Path(out_dir)

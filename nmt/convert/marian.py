@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from nmt.convert.common import ConversionError, staged_directory, write_json
+from nmt.convert.common import ConversionError, load_params, staged_directory, write_json
 from transformer.config import ModelConfig
 
 Params = dict[str, Any]  # nnx.to_pure_dict of a Transformer: nested dicts of arrays
@@ -315,15 +315,11 @@ def export_marian(model_path: str | Path, out_dir: str | Path) -> Path:
     Raises ConversionError for a model MarianMT cannot express (pre-norm, learned positions)
     or an unusable output directory; writes everything or nothing.
     """
-    from flax import nnx
     from safetensors.numpy import save_file
 
-    from transformer.model_dir import load_model
-
-    model, tokenizer, values = load_model(model_path)
+    params, tokenizer, values = load_params(model_path)
     config = values["model"]
-    check_exportable(config)
-    state = to_marian_state(nnx.to_pure_dict(nnx.state(model, nnx.Param)), config)
+    state = to_marian_state(params, config)
     languages = {k: values[k] for k in ("source_lang", "target_lang") if k in values}
     with staged_directory(out_dir) as tmp:
         save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
