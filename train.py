@@ -53,10 +53,50 @@ def resolve(argv: list[str] | None = None) -> tuple[RunConfig, argparse.Namespac
     if args.config:
         layers.append(recipes.read_recipe(args.config))
     layers.append(recipes.from_args(args))
-    spm_model = recipes.merge(*layers)["tokenizer"].get("spm_model", (None,))[0]
+    merged = recipes.merge(*layers)
+    spm_model = merged["tokenizer"].get("spm_model", (None,))[0]
+    init_from = merged["trainer"].get("init_from", (None,))[0]
+    if init_from and spm_model:
+        raise SettingsError(f"--init-from {init_from} brings its own tokenizer: drop "
+                            f"--spm-model {spm_model}.")
     if spm_model:
         layers.append(_spm_model_vocabulary(spm_model, layers))
+    if init_from:
+        layers.append(_init_from_architecture(init_from, layers))
     return recipes.build(*layers), args
+
+
+# The settings that shape a model's parameters: a fine-tuned model keeps its starting point's.
+ARCHITECTURE = ("d_model", "num_heads", "d_ff", "encoder_layers", "decoder_layers",
+                "activation", "norm", "positional", "max_len", "share_embeddings",
+                "output_bias", "layer_norm_epsilon")
+
+
+def _init_from_architecture(path: str, layers: list[recipes.Layer]) -> recipes.Layer:
+    """With --init-from, the model's architecture is that model's: a layer setting it. SettingsError if the directory is no model, or the recipe or flags ask for
+    another architecture."""
+    from transformer.model_dir import ModelDirError, read_model_config, resolve_model_dir
+
+    try:
+        config, _ = read_model_config(resolve_model_dir(path))
+    except ModelDirError as err:
+        raise SettingsError(f"--init-from: {err}") from None
+    origin = f"--init-from {path}"
+    asked = recipes.merge(*layers[1:])  # the defaults do not count
+    for name in ARCHITECTURE:
+        if name in asked["model"] and asked["model"][name][0] != getattr(config, name):
+            value, where = asked["model"][name]
+            raise SettingsError(
+                f"{where} conflicts with {origin}, whose model has {name} "
+                f"{getattr(config, name)!r}: a fine-tuned model keeps the architecture it "
+                f"starts from; drop {where}.")
+    if "vocab_size" in asked["tokenizer"] and (
+            asked["tokenizer"]["vocab_size"][0] != config.vocab_size):
+        raise SettingsError(f"--vocab-size {asked['tokenizer']['vocab_size'][0]}, but the model "
+                            f"of {origin} has {config.vocab_size} pieces; drop --vocab-size.")
+    layer = {section: {} for section in asked}
+    layer["model"] = {name: (getattr(config, name), origin) for name in ARCHITECTURE}
+    return layer  # the vocabulary is the model's tokenizer's (no tokenizer is trained)
 
 
 def _spm_model_vocabulary(path: str, layers: list[recipes.Layer]) -> recipes.Layer:
@@ -151,14 +191,14 @@ def _run(run: RunConfig, args: argparse.Namespace) -> int:
 
 def _average_only(run: RunConfig, run_dir) -> int:
     """Write averaged/ from the run's checkpoints, holding the run directory's lock."""
-    from data.tokenizer import MODEL_FILE, Tokenizer
+    from data.tokenizer import load_tokenizer
     from nmt import final_model, resume
     from nmt.run_lock import RunLock
 
     with RunLock(run_dir):
         saved = resume.saved_run(run_dir) or run  # the run's model, not today's flags
-        model_config = saved.model_for(Tokenizer.load(run_dir / MODEL_FILE))
-        out, steps = final_model.average(run_dir, saved, model_config, run_dir / MODEL_FILE,
+        tokenizer = load_tokenizer(run_dir)
+        out, steps = final_model.average(run_dir, saved, saved.model_for(tokenizer), tokenizer,
                                          run.trainer.average_last)
     print(f"Averaged checkpoints {steps} into {out}")
     print(f"Translate: python translate.py --model {out} \"...\"")

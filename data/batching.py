@@ -1,7 +1,7 @@
 """Length filtering, token-budget batches padded to fixed bucket shapes, resumable iteration.
 
 A batch is a dict of int32 numpy arrays, the contract with the model:
-  `src`     [B, S]  source ids + EOS, padded with PAD_ID
+  `src`     [B, S]  source ids + EOS, padded with the pad id (`Examples.ids`)
   `tgt_in`  [B, T]  BOS + target ids, padded
   `tgt_out` [B, T]  target ids + EOS, padded
 Rows that are all padding fill short batches; the loss gives them zero weight.
@@ -38,7 +38,7 @@ import numpy as np
 
 from data.config import DEFAULT_BUCKETS, BatchConfig, DataError
 from data.packing import PackedBatch, materialize_packed, pack_epoch
-from data.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from data.tokenizer import SpecialIds
 
 if TYPE_CHECKING:  # only for annotations: the batching itself needs no datasets
     import datasets
@@ -77,6 +77,7 @@ class Examples:
     tgt_values: np.ndarray
     tgt_offsets: np.ndarray
     index: np.ndarray  # [n] int64
+    ids: SpecialIds = SpecialIds()  # the pad, BOS and EOS that batches are built with
 
     def __len__(self) -> int:
         return len(self.index)
@@ -123,7 +124,7 @@ def _select(values: np.ndarray, offsets: np.ndarray, keep: np.ndarray
 
 
 def load_examples(encoded: datasets.Dataset, config: BatchConfig = BatchConfig(),
-                  name: str = "train") -> Examples:
+                  name: str = "train", ids: SpecialIds = SpecialIds()) -> Examples:
     """Read an encoded split (`src_ids`, `tgt_ids`) and filter it by length and length ratio.
 
     Logs how many pairs each filter dropped; raises `DataError` if none are left.
@@ -154,7 +155,8 @@ def load_examples(encoded: datasets.Dataset, config: BatchConfig = BatchConfig()
     if len(keep) < stats.total:
         src_values, src_offsets = _select(src_values, src_offsets, keep_mask)
         tgt_values, tgt_offsets = _select(tgt_values, tgt_offsets, keep_mask)
-    return Examples(src_values, src_offsets, tgt_values, tgt_offsets, keep.astype(np.int64))
+    return Examples(src_values, src_offsets, tgt_values, tgt_offsets, keep.astype(np.int64),
+                    ids)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -307,7 +309,7 @@ def plan_epoch(examples: Examples, config: BatchConfig, epoch: int, shuffle: boo
 
 
 def _gather(values: np.ndarray, offsets: np.ndarray, rows: np.ndarray, width: int,
-            bos: bool, eos: bool) -> np.ndarray:
+            bos: bool, eos: bool, ids: SpecialIds) -> np.ndarray:
     """[len(rows), width] int32: each row's ids, with BOS before and/or EOS after, padded.
 
     Rows equal to -1 become all padding (no BOS or EOS).
@@ -318,12 +320,12 @@ def _gather(values: np.ndarray, offsets: np.ndarray, rows: np.ndarray, width: in
     shift = int(bos)
     pos = np.arange(width)[None, :] - shift  # [1, width] position in the id list
     inside = (pos >= 0) & (pos < lengths[:, None])  # [b, width]
-    out = np.full((len(rows), width), PAD_ID, dtype=np.int32)
+    out = np.full((len(rows), width), ids.pad, dtype=np.int32)
     out[inside] = values[(offsets[safe][:, None] + pos)[inside]]
     if bos:
-        out[real, 0] = BOS_ID
+        out[real, 0] = ids.bos
     if eos:
-        out[np.flatnonzero(real), lengths[real] + shift] = EOS_ID
+        out[np.flatnonzero(real), lengths[real] + shift] = ids.eos
     return out
 
 
@@ -343,11 +345,11 @@ def materialize(examples: Examples, batch: PlannedBatch | PackedBatch, process_i
     rows = rows[process_index * local:(process_index + 1) * local]
     return {
         "src": _gather(examples.src_values, examples.src_offsets, rows, batch.src_len,
-                       bos=False, eos=True),
+                       bos=False, eos=True, ids=examples.ids),
         "tgt_in": _gather(examples.tgt_values, examples.tgt_offsets, rows, batch.tgt_len,
-                          bos=True, eos=False),
+                          bos=True, eos=False, ids=examples.ids),
         "tgt_out": _gather(examples.tgt_values, examples.tgt_offsets, rows, batch.tgt_len,
-                           bos=False, eos=True),
+                           bos=False, eos=True, ids=examples.ids),
     }
 
 
@@ -492,7 +494,8 @@ def plan_stats(examples: Examples, config: BatchConfig = BatchConfig(), epoch: i
 
 
 def inference_batches(ids: Sequence[Sequence[int]], batch_tokens: int = 4096,
-                      buckets: Sequence[int] = DEFAULT_BUCKETS, multiple_of: int = 1
+                      buckets: Sequence[int] = DEFAULT_BUCKETS, multiple_of: int = 1,
+                      special: SpecialIds = SpecialIds()
                       ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """Batch source id lists (no EOS) for translation, shortest first.
 
@@ -514,5 +517,5 @@ def inference_batches(ids: Sequence[Sequence[int]], batch_tokens: int = 4096,
         rows = max(multiple_of, rows - rows % multiple_of)
         end = min(start + rows, int(np.searchsorted(widths, width, side="right")))
         index = np.concatenate([order[start:end], np.full(rows - (end - start), -1)])
-        yield _gather(values, offsets, index, width, bos=False, eos=True), index
+        yield _gather(values, offsets, index, width, bos=False, eos=True, ids=special), index
         start = end

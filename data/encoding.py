@@ -11,11 +11,10 @@ import tempfile
 from pathlib import Path
 
 import datasets
-import sentencepiece as spm
 
 from data.config import DataError, TokenizerConfig, default_cache_dir
 from data.corpus import iter_text
-from data.tokenizer import MODEL_FILE, Tokenizer, train_tokenizer
+from data.tokenizer import load_tokenizer, tokenizer_present, train_tokenizer
 
 log = logging.getLogger("data")
 
@@ -31,31 +30,33 @@ _ENCODED_FEATURES = datasets.Features({
 
 def train_or_load_tokenizer(run_dir: str | Path, corpus: datasets.DatasetDict | datasets.Dataset,
                             config: TokenizerConfig = TokenizerConfig(),
-                            given: str | Path | None = None) -> Tokenizer:
-    """Reuse `run_dir/spm.model` if present (resume), else train on the train split and save.
+                            given: str | Path | None = None):
+    """Reuse the run directory's tokenizer if present (resume), else train one on the train
+    split and save it there (`spm.model`).
 
-    A reused model must have `config.vocab_size` pieces, or a `DataError` says so. With
-    `given` (default `config.spm_model`, train.py's --spm-model), that file is the tokenizer
-    instead: copied into `run_dir` on the first run, and required to be the same model on a
-    resumed one.
+    A reused joint model must have `config.vocab_size` pieces, or a `DataError` says so. With
+    `given` (default `config.spm_model`, train.py's --spm-model; the model directory of
+    --init-from), that tokenizer is used instead: copied into `run_dir` on the first run, and
+    required to be the same on a resumed one.
     """
-    path = Path(run_dir) / MODEL_FILE
-    given = given if given is not None else config.spm_model
+    run_dir = Path(run_dir)
     if given is not None:
-        return _use_given_tokenizer(path, Path(given))
-    if path.is_file():
-        tokenizer = Tokenizer.load(path)
+        return _use_given_tokenizer(run_dir, Path(given), "--init-from")
+    if config.spm_model is not None:
+        return _use_given_tokenizer(run_dir, Path(config.spm_model), "--spm-model")
+    if tokenizer_present(run_dir):
+        tokenizer = load_tokenizer(run_dir)
         if tokenizer.vocab_size != config.vocab_size:
             raise DataError(
-                f"{path} has {tokenizer.vocab_size} pieces but --vocab-size is "
+                f"{run_dir}'s tokenizer has {tokenizer.vocab_size} pieces but --vocab-size is "
                 f"{config.vocab_size}; use --vocab-size {tokenizer.vocab_size} to resume this "
                 "run, or a new run directory"
             )
-        log.info("reusing tokenizer %s (%d pieces)", path, tokenizer.vocab_size)
+        log.info("reusing the tokenizer in %s (%d pieces)", run_dir, tokenizer.vocab_size)
         return tokenizer
     train = corpus["train"] if isinstance(corpus, datasets.DatasetDict) else corpus
     tokenizer = train_tokenizer(iter_text(train), config)
-    tokenizer.save(run_dir)
+    path = tokenizer.save(run_dir)
     log.info(
         "trained %s tokenizer with %d pieces on %d of %d sentences (source and target); saved %s",
         config.model_type, tokenizer.vocab_size, min(config.max_sentences, 2 * len(train)),
@@ -64,21 +65,22 @@ def train_or_load_tokenizer(run_dir: str | Path, corpus: datasets.DatasetDict | 
     return tokenizer
 
 
-def _use_given_tokenizer(path: Path, given: Path) -> Tokenizer:
-    """The SentencePiece model `given`, saved as `path` (the run's spm.model) unless there."""
-    tokenizer = Tokenizer.load(given)
-    if path.is_file():
-        if Tokenizer.load(path).fingerprint != tokenizer.fingerprint:
+def _use_given_tokenizer(run_dir: Path, given: Path, flag: str):
+    """The tokenizer `given` by `flag` (a .model file or a model directory), saved into
+    `run_dir` unless already there."""
+    tokenizer = load_tokenizer(given)
+    if tokenizer_present(run_dir):
+        if load_tokenizer(run_dir).fingerprint != tokenizer.fingerprint:
             raise DataError(
-                f"{path} is not the SentencePiece model in --spm-model {given}: the run in "
-                f"{path.parent} started with another one, and its parameters only fit that one; "
-                "resume without --spm-model, or start a new --output-dir")
-        log.info("reusing tokenizer %s (%d pieces, the same as %s)", path,
+                f"{run_dir / next(iter(tokenizer.files()))} is not the tokenizer of {flag} "
+                f"{given}: the run in {run_dir} started with another one, and its parameters "
+                f"only fit that one; resume without {flag}, or start a new --output-dir")
+        log.info("reusing the tokenizer in %s (%d pieces, the same as %s)", run_dir,
                  tokenizer.vocab_size, given)
         return tokenizer
-    tokenizer.save(path.parent)
-    log.info("using SentencePiece model %s (%d pieces), copied to %s", given,
-             tokenizer.vocab_size, path)
+    tokenizer.save(run_dir)
+    log.info("using the tokenizer of %s (%d pieces), copied to %s", given,
+             tokenizer.vocab_size, run_dir)
     return tokenizer
 
 
@@ -87,20 +89,14 @@ def _use_given_tokenizer(path: Path, given: Path) -> Tokenizer:
 
 
 class _EncodeBatch:
-    """Picklable batch function for `Dataset.map`; each worker loads the model once."""
+    """Picklable batch function for `Dataset.map` (a tokenizer pickles as its files)."""
 
-    def __init__(self, model_bytes: bytes):
-        self.model_bytes = model_bytes
-        self._processor: spm.SentencePieceProcessor | None = None
-
-    def __getstate__(self) -> dict:
-        return {"model_bytes": self.model_bytes, "_processor": None}
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
 
     def __call__(self, batch: dict[str, list[str]]) -> dict[str, list]:
-        if self._processor is None:
-            self._processor = spm.SentencePieceProcessor(model_proto=self.model_bytes)
-        src = self._processor.encode(batch["source"], out_type=int)
-        tgt = self._processor.encode(batch["target"], out_type=int)
+        src = self.tokenizer.encode(batch["source"], "source")
+        tgt = self.tokenizer.encode(batch["target"], "target")
         return {
             "src_ids": src,
             "tgt_ids": tgt,
@@ -109,7 +105,7 @@ class _EncodeBatch:
         }
 
 
-def encode_split(split: datasets.Dataset, tokenizer: Tokenizer, cache_dir: str | Path | None = None,
+def encode_split(split: datasets.Dataset, tokenizer, cache_dir: str | Path | None = None,
                  num_proc: int | None = None) -> datasets.Dataset:
     """Encode one split to `src_ids`, `tgt_ids` (int32, no BOS/EOS), `src_len`, `tgt_len`.
 
@@ -128,7 +124,7 @@ def encode_split(split: datasets.Dataset, tokenizer: Tokenizer, cache_dir: str |
     if num_proc is None:
         num_proc = min(os.cpu_count() or 1, 8) if len(split) >= 50_000 else 1
     encoded = split.map(
-        _EncodeBatch(tokenizer.model_bytes),
+        _EncodeBatch(tokenizer),
         batched=True,
         batch_size=2000,
         num_proc=num_proc if num_proc > 1 else None,
@@ -148,7 +144,7 @@ def encode_split(split: datasets.Dataset, tokenizer: Tokenizer, cache_dir: str |
     return datasets.load_from_disk(str(target))
 
 
-def encode_corpus(corpus: datasets.DatasetDict, tokenizer: Tokenizer,
+def encode_corpus(corpus: datasets.DatasetDict, tokenizer,
                   cache_dir: str | Path | None = None, num_proc: int | None = None
                   ) -> datasets.DatasetDict:
     """`encode_split` for every split of `corpus`."""

@@ -26,7 +26,7 @@ import dataclasses
 import numpy as np
 
 from data.config import BatchConfig, DataError
-from data.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from data.tokenizer import SpecialIds
 
 # Rows open at once: more pack tighter, and each pair looks at every open row (figures in
 # docs/performance.md, "Batch shapes and padding").
@@ -98,9 +98,9 @@ def pack_epoch(src_len: np.ndarray, tgt_len: np.ndarray, config: BatchConfig, ep
 
 
 def _fill(values: np.ndarray, offsets: np.ndarray, rows: tuple[np.ndarray, ...], width: int,
-          bos: bool, eos: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+          bos: bool, eos: bool, ids: SpecialIds) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(ids, segments, positions), each [len(rows), width] int32, of one side of the pairs."""
-    ids = np.full((len(rows), width), PAD_ID, np.int32)
+    special, ids = ids, np.full((len(rows), width), ids.pad, np.int32)
     segments = np.zeros((len(rows), width), np.int32)
     positions = np.zeros((len(rows), width), np.int32)
     for r, pairs in enumerate(rows):
@@ -110,12 +110,12 @@ def _fill(values: np.ndarray, offsets: np.ndarray, rows: tuple[np.ndarray, ...],
             length = len(tokens) + 1  # with BOS in front or EOS behind
             span = slice(start, start + length)
             if bos:
-                ids[r, start] = BOS_ID
+                ids[r, start] = special.bos
                 ids[r, start + 1:start + length] = tokens
             else:
                 ids[r, start:start + length - 1] = tokens
                 if eos:
-                    ids[r, start + length - 1] = EOS_ID
+                    ids[r, start + length - 1] = special.eos
             segments[r, span] = segment
             positions[r, span] = np.arange(length)
             start += length
@@ -132,11 +132,13 @@ def materialize_packed(examples, batch: PackedBatch, process_index: int = 0,
     local = len(batch.rows) // process_count
     rows = batch.rows[process_index * local:(process_index + 1) * local]
     src, src_segments, src_positions = _fill(examples.src_values, examples.src_offsets, rows,
-                                             batch.width, bos=False, eos=True)
+                                             batch.width, bos=False, eos=True,
+                                             ids=examples.ids)
     tgt_in, tgt_segments, tgt_positions = _fill(examples.tgt_values, examples.tgt_offsets,
-                                                rows, batch.width, bos=True, eos=False)
+                                                rows, batch.width, bos=True, eos=False,
+                                                ids=examples.ids)
     tgt_out, _, _ = _fill(examples.tgt_values, examples.tgt_offsets, rows, batch.width,
-                          bos=False, eos=True)
+                          bos=False, eos=True, ids=examples.ids)
     return {"src": src, "tgt_in": tgt_in, "tgt_out": tgt_out,
             "src_segments": src_segments, "tgt_segments": tgt_segments,
             "src_positions": src_positions, "tgt_positions": tgt_positions}

@@ -1,25 +1,35 @@
-"""One joint SentencePiece model for source and target: loading, training, encoding text.
+"""Tokenizers: text <-> ids, with the special ids the model is built around.
 
-Id conventions shared with the model: pad=0, unk=1, bos=2, eos=3. The model is trained with
-`byte_fallback=True`, so any character outside the vocabulary becomes UTF-8 byte pieces
-instead of <unk>, and with SentencePiece's default `nmt_nfkc` normalization (NFKC plus
-whitespace clean-up), so `decode(encode(x)) == normalize(x)`, which equals `x` for most text.
+Two layouts, one interface (`encode`, `decode`, `pieces`, `special_ids`, `save`):
 
-`character_coverage` defaults to 0.9995: the rarest 0.05% of characters are left to byte
-fallback instead of taking whole vocabulary entries. That matters for Japanese, Chinese and
-Korean, whose thousands of characters would otherwise crowd a small vocabulary (SentencePiece's
-own advice), and costs Latin-script text nothing, since its rare characters are rare.
-Encoding whole corpora (with a disk cache) is `data.encoding`.
+- `Tokenizer`: one joint SentencePiece model for source and target (`spm.model`), trained
+  here. Ids are SentencePiece's, with this project's conventions pad=0, unk=1, bos=2, eos=3.
+  It is trained with `byte_fallback=True`, so any character outside the vocabulary becomes
+  UTF-8 byte pieces instead of <unk>, and with SentencePiece's default `nmt_nfkc`
+  normalization (NFKC plus whitespace clean-up), so `decode(encode(x)) == normalize(x)`,
+  which equals `x` for most text. `character_coverage` defaults to 0.9995: the rarest 0.05%
+  of characters are left to byte fallback instead of taking whole vocabulary entries. That
+  matters for Japanese, Chinese and Korean, whose thousands of characters would otherwise
+  crowd a small vocabulary (SentencePiece's own advice), and costs Latin-script text nothing.
+- `VocabTokenizer`: Marian's layout, which OPUS-MT models use: a source and a target
+  SentencePiece model that only split text into pieces, and `vocab.json`, one piece -> id
+  table for both sides. Ids: eos `</s>`, unk `<unk>` and pad `<pad>` as the table says (0, 1
+  and the last id in OPUS-MT models); there is no BOS: the decoder starts from pad.
+
+`load_tokenizer(directory)` reads whichever layout a model or run directory holds. Encoding
+whole corpora (with a disk cache) is `data.encoding`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import io
+import json
 import os
 import re
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Iterable, Literal, Sequence
 
 import numpy as np
 import sentencepiece as spm
@@ -28,30 +38,105 @@ from data.config import DataError, TokenizerConfig
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 MODEL_FILE = "spm.model"
+# Marian's files (the names MarianTokenizer reads).
+SOURCE_SPM, TARGET_SPM, VOCAB_FILE = "source.spm", "target.spm", "vocab.json"
+SPECIAL_TOKENS_FILE = "special_tokens_map.json"
+
+Side = Literal["source", "target"]
 
 
-class Tokenizer:
-    """A SentencePiece model with this project's id conventions."""
+@dataclasses.dataclass(frozen=True)
+class SpecialIds:
+    """The ids batches and search are built around. `bos` is the decoder's first input: BOS
+    here, the pad id in Marian's models (which have no BOS)."""
+
+    pad: int = PAD_ID
+    unk: int = UNK_ID
+    bos: int = BOS_ID
+    eos: int = EOS_ID
+
+    def as_model_fields(self) -> dict[str, int]:
+        """Named as ModelConfig names them."""
+        return {"pad_id": self.pad, "unk_id": self.unk, "bos_id": self.bos, "eos_id": self.eos}
+
+
+def _processor(model_bytes: bytes, file_name: str) -> spm.SentencePieceProcessor:
+    try:
+        return spm.SentencePieceProcessor(model_proto=model_bytes)
+    except RuntimeError:  # SentencePiece's "ParseFromArray" failure says nothing more
+        raise DataError(
+            f"not a SentencePiece model, or a damaged one (SentencePiece cannot parse it); "
+            f"restore the {file_name} saved with the run or model (its parameters only work "
+            "with the tokenizer they were trained with)"
+        ) from None
+
+
+class _Tokenizer:
+    """What both layouts share: files, fingerprints, pickling (for `datasets.map` workers)."""
+
+    ids: SpecialIds
+
+    def files(self) -> dict[str, bytes]:
+        """File name -> content: what `save` writes and `load_tokenizer` reads back."""
+        raise NotImplementedError
+
+    def save(self, directory: str | Path) -> Path:
+        """Write the tokenizer's files into `directory`; returns the first one's path
+        (`spm.model`, or `source.spm`)."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        for name, content in self.files().items():
+            (directory / name).write_bytes(content)
+        return directory / next(iter(self.files()))
+
+    @property
+    def fingerprint(self) -> str:
+        """md5 of the files: names the encoded-corpus cache entries of this tokenizer."""
+        return hashlib.md5(b"".join(self.files().values())).hexdigest()
+
+    @property
+    def sha256(self) -> str:
+        """sha256 of the files (of spm.model's bytes alone for a joint model), recorded with
+        checkpoints to refuse resuming with another tokenizer."""
+        return hashlib.sha256(b"".join(self.files().values())).hexdigest()
+
+    def special_ids(self) -> dict[str, int]:
+        """The ids of padding, unknown pieces, BOS and EOS, named as ModelConfig names them."""
+        return self.ids.as_model_fields()
+
+    def _strip_specials(self, row: Sequence[int]) -> list[int]:
+        """Ids up to the first EOS, with pad and BOS removed."""
+        out = []
+        for i in np.asarray(row).tolist():
+            if i == self.ids.eos:
+                break
+            if i not in (self.ids.pad, self.ids.bos):
+                out.append(i)
+        return out
+
+
+class Tokenizer(_Tokenizer):
+    """A joint SentencePiece model with this project's id conventions."""
 
     def __init__(self, model_bytes: bytes):
         self.model_bytes = model_bytes
-        try:
-            self.processor = spm.SentencePieceProcessor(model_proto=model_bytes)
-        except RuntimeError:  # SentencePiece's "ParseFromArray" failure says nothing more
+        self.processor = _processor(model_bytes, MODEL_FILE)
+        self.ids = SpecialIds()
+        found = (self.processor.pad_id(), self.processor.unk_id(), self.processor.bos_id(),
+                 self.processor.eos_id())
+        if found != (PAD_ID, UNK_ID, BOS_ID, EOS_ID):
             raise DataError(
-                "not a SentencePiece model, or a damaged one (SentencePiece cannot parse it); "
-                "restore the spm.model saved with the run or model (its parameters only work "
-                "with the tokenizer they were trained with)"
-            ) from None
-        ids = (self.processor.pad_id(), self.processor.unk_id(), self.processor.bos_id(),
-               self.processor.eos_id())
-        if ids != (PAD_ID, UNK_ID, BOS_ID, EOS_ID):
-            raise DataError(
-                f"SentencePiece model has pad/unk/bos/eos ids {ids}, this project needs "
+                f"SentencePiece model has pad/unk/bos/eos ids {found}, this project needs "
                 f"{(PAD_ID, UNK_ID, BOS_ID, EOS_ID)}; train one with spm_train --pad_id={PAD_ID} "
                 f"--unk_id={UNK_ID} --bos_id={BOS_ID} --eos_id={EOS_ID}, or let train.py "
                 "train one"
             )
+
+    def __getstate__(self) -> dict:
+        return {"model_bytes": self.model_bytes}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["model_bytes"])
 
     @classmethod
     def load(cls, path: str | Path) -> "Tokenizer":
@@ -66,35 +151,30 @@ class Tokenizer:
         except DataError as err:
             raise DataError(f"{path}: {err}") from None
 
-    def save(self, directory: str | Path) -> Path:
-        """Write the model as `directory/spm.model` and return that path."""
-        path = Path(directory) / MODEL_FILE
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(self.model_bytes)
-        return path
+    def files(self) -> dict[str, bytes]:
+        return {MODEL_FILE: self.model_bytes}
 
     @property
     def vocab_size(self) -> int:
         return self.processor.get_piece_size()
 
-    def special_ids(self) -> dict[str, int]:
-        """The ids of padding, unknown pieces, BOS and EOS, named as ModelConfig names them."""
-        return {"pad_id": PAD_ID, "unk_id": UNK_ID, "bos_id": BOS_ID, "eos_id": EOS_ID}
+    def vocabulary(self) -> list[str]:
+        """The piece of each id, in id order."""
+        return [self.processor.id_to_piece(i) for i in range(self.vocab_size)]
 
-    @property
-    def fingerprint(self) -> str:
-        """Hash of the model bytes: names the encoded-corpus cache entries of this model."""
-        return hashlib.md5(self.model_bytes).hexdigest()
+    def sentencepiece_models(self) -> tuple[bytes, bytes]:
+        """(source, target) SentencePiece models: the joint one twice."""
+        return self.model_bytes, self.model_bytes
 
-    def encode(self, texts: Sequence[str]) -> list[list[int]]:
-        """Token ids of each text, without BOS or EOS."""
+    def encode(self, texts: Sequence[str], side: Side = "source") -> list[list[int]]:
+        """Token ids of each text, without BOS or EOS (one model for both sides)."""
         return self.processor.encode(list(texts), out_type=int)
 
     def decode(self, ids: Iterable[Sequence[int]]) -> list[str]:
         """Text of each id row (list or numpy array), stopping at EOS, ignoring pad and BOS."""
-        return [self.processor.decode(_strip_specials(row)) for row in ids]
+        return [self.processor.decode(self._strip_specials(row)) for row in ids]
 
-    def pieces(self, ids: Sequence[int]) -> list[str]:
+    def pieces(self, ids: Sequence[int], side: Side = "source") -> list[str]:
         """The piece string of each id (for attention plots), specials included."""
         return [self.processor.id_to_piece(int(i)) for i in ids]
 
@@ -104,15 +184,139 @@ class Tokenizer:
         return self.processor.normalize(text).replace("\u2581", " ").removeprefix(" ")
 
 
-def _strip_specials(row: Sequence[int]) -> list[int]:
-    """Ids up to the first EOS, with pad and BOS removed."""
-    out = []
-    for i in np.asarray(row).tolist():
-        if i == EOS_ID:
-            break
-        if i not in (PAD_ID, BOS_ID):
-            out.append(i)
-    return out
+class VocabTokenizer(_Tokenizer):
+    """Marian's layout: source and target SentencePiece models that split text into pieces,
+    and one piece -> id table (`vocab.json`) for both sides.
+
+    As MarianTokenizer does: a piece missing from the table is <unk>; a language token such as
+    `>>fra<<` at the start of a source text is one piece (multilingual OPUS-MT models read the
+    target language from it); the decoder starts from the pad id.
+    """
+
+    def __init__(self, source_bytes: bytes, target_bytes: bytes, vocab: dict[str, int],
+                 special_tokens: dict[str, str] | None = None):
+        self.source_bytes, self.target_bytes = source_bytes, target_bytes
+        self.vocab = dict(vocab)
+        self.special_tokens = {"eos_token": "</s>", "unk_token": "<unk>", "pad_token": "<pad>",
+                               **(special_tokens or {})}
+        self.source = _named_processor(source_bytes, SOURCE_SPM)
+        self.target = _named_processor(target_bytes, TARGET_SPM)
+        ids = sorted(self.vocab.values())
+        if ids != list(range(len(ids))):
+            raise DataError(f"{VOCAB_FILE}: ids must be 0 .. {len(ids) - 1}, each once; it has "
+                            f"{len(set(ids))} distinct ids between {ids[0]} and {ids[-1]}")
+        self.id_to_piece = {i: piece for piece, i in self.vocab.items()}
+        special = {}
+        for name in ("eos_token", "unk_token", "pad_token"):
+            piece = self.special_tokens[name]
+            if piece not in self.vocab:
+                raise DataError(f"{VOCAB_FILE} has no {name} {piece!r}; add it, or name the "
+                                f"piece in {SPECIAL_TOKENS_FILE}")
+            special[name] = self.vocab[piece]
+        self.ids = SpecialIds(pad=special["pad_token"], unk=special["unk_token"],
+                              bos=special["pad_token"], eos=special["eos_token"])
+
+    def __getstate__(self) -> dict:
+        return {"args": (self.source_bytes, self.target_bytes, self.vocab, self.special_tokens)}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(*state["args"])
+
+    @classmethod
+    def load(cls, directory: str | Path) -> "VocabTokenizer":
+        """Read source.spm, target.spm, vocab.json (and special_tokens_map.json if there)."""
+        directory = Path(directory)
+        for name in (SOURCE_SPM, TARGET_SPM, VOCAB_FILE):
+            if not (directory / name).is_file():
+                raise DataError(f"{directory / name} is missing: a Marian-style tokenizer needs "
+                                f"{SOURCE_SPM}, {TARGET_SPM} and {VOCAB_FILE}")
+        vocab = _read_json(directory / VOCAB_FILE)
+        if not isinstance(vocab, dict) or not all(isinstance(i, int) for i in vocab.values()):
+            raise DataError(f"{directory / VOCAB_FILE} must map each piece to an integer id")
+        special = {}
+        if (directory / SPECIAL_TOKENS_FILE).is_file():
+            for name, value in _read_json(directory / SPECIAL_TOKENS_FILE).items():
+                if isinstance(value, dict):  # transformers' AddedToken form
+                    value = value.get("content")
+                if name in ("eos_token", "unk_token", "pad_token") and isinstance(value, str):
+                    special[name] = value
+        try:
+            return cls((directory / SOURCE_SPM).read_bytes(), (directory / TARGET_SPM).read_bytes(),
+                       vocab, special)
+        except DataError as err:
+            raise DataError(f"{directory}: {err}") from None
+
+    def files(self) -> dict[str, bytes]:
+        special = json.dumps(self.special_tokens, indent=2, sort_keys=True) + "\n"
+        return {SOURCE_SPM: self.source_bytes, TARGET_SPM: self.target_bytes,
+                VOCAB_FILE: (json.dumps(self.vocab, ensure_ascii=False, indent=1) + "\n").encode(),
+                SPECIAL_TOKENS_FILE: special.encode()}
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.vocab)
+
+    def vocabulary(self) -> list[str]:
+        return [self.id_to_piece[i] for i in range(self.vocab_size)]
+
+    def sentencepiece_models(self) -> tuple[bytes, bytes]:
+        return self.source_bytes, self.target_bytes
+
+    def encode(self, texts: Sequence[str], side: Side = "source") -> list[list[int]]:
+        """Token ids of each text, without EOS."""
+        processor = self.source if side == "source" else self.target
+        unk = self.ids.unk
+        out = []
+        for text in texts:
+            code = []
+            if side == "source" and text.startswith(">>") and "<<" in text:
+                end = text.index("<<") + 2
+                code, text = [text[:end]], text[end:]
+            out.append([self.vocab.get(piece, unk)
+                        for piece in code + processor.encode(text, out_type=str)])
+        return out
+
+    def decode(self, ids: Iterable[Sequence[int]]) -> list[str]:
+        """Text of each id row, stopping at EOS, ignoring pad; pieces joined by the target
+        model (as Marian and transformers' MarianTokenizer join them)."""
+        # A piece the target model lacks (the table holds both sides' pieces) comes back
+        # verbatim from decode_pieces: its word-boundary marks still need to become spaces.
+        return [self.target.decode_pieces(self.pieces(self._strip_specials(row), "target"))
+                .replace("\u2581", " ").strip() for row in ids]
+
+    def pieces(self, ids: Sequence[int], side: Side = "source") -> list[str]:
+        return [self.id_to_piece.get(int(i), self.special_tokens["unk_token"]) for i in ids]
+
+    def normalize(self, text: str) -> str:
+        return self.target.normalize(text).replace("\u2581", " ").removeprefix(" ")
+
+
+def _named_processor(model_bytes: bytes, name: str) -> spm.SentencePieceProcessor:
+    try:
+        return _processor(model_bytes, name)
+    except DataError as err:
+        raise DataError(f"{name}: {err}") from None
+
+
+def _read_json(path: Path):
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as err:
+        raise DataError(f"{path} is not valid JSON ({err})") from None
+
+
+def load_tokenizer(path: str | Path) -> Tokenizer | VocabTokenizer:
+    """The tokenizer in a model or run directory (either layout), or a `.model` file."""
+    path = Path(path)
+    if path.is_dir() and (path / VOCAB_FILE).is_file():
+        return VocabTokenizer.load(path)
+    return Tokenizer.load(path)
+
+
+def tokenizer_present(directory: str | Path) -> bool:
+    """Whether `directory` holds a tokenizer's files (either layout)."""
+    directory = Path(directory)
+    return (directory / MODEL_FILE).is_file() or (directory / VOCAB_FILE).is_file()
 
 
 def train_tokenizer(texts: Iterable[str], config: TokenizerConfig = TokenizerConfig()

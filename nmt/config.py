@@ -47,6 +47,10 @@ class TrainerConfig:
     output_dir: str | None = setting(
         None, "run directory (default runs/<corpus>-<src>-<tgt>-<preset>); resumes if it holds "
               "checkpoints")
+    init_from: str | None = setting(
+        None, "fine-tune: start from the parameters of this model directory (a run's model/ or "
+              "averaged/, or one imported with python -m nmt.convert from-marian), with its "
+              "architecture and its tokenizer; dropout and dtype come from this run's settings")
     max_steps: int | None = setting(None, "stop after this many updates")
     max_minutes: float | None = setting(
         None, f"stop after this much wall-clock time ({DEFAULT_MAX_MINUTES:g} when neither "

@@ -33,7 +33,7 @@ def languages(run: RunConfig) -> dict[str, str]:
 
 
 def export_best_or_last(run_dir: Path, run: RunConfig, model_config: ModelConfig,
-                        tokenizer_file: Path, book: Bookkeeping, saver: Checkpointer,
+                        tokenizer, book: Bookkeeping, saver: Checkpointer,
                         last_params: Any, last_step: int) -> Path:
     """Write model/: the parameters of the best step by the best metric, else of the last
     step. Every process calls it (restoring is collective); process 0 writes."""
@@ -47,19 +47,19 @@ def export_best_or_last(run_dir: Path, run: RunConfig, model_config: ModelConfig
     model_dir = run_dir / MODEL_DIR
     params = local_copy(params)
     if jax.process_index() == 0:
-        _export(model_dir, params, model_config, tokenizer_file, run.search,
+        _export(model_dir, params, model_config, tokenizer, run.search,
                      {**languages(run), **source})
     return model_dir
 
 
-def average(run_dir: Path, run: RunConfig, model_config: ModelConfig, tokenizer_file: Path,
+def average(run_dir: Path, run: RunConfig, model_config: ModelConfig, tokenizer,
             last: int) -> tuple[Path, list[int]]:
     """Write averaged/: the mean of the last `last` checkpoints (process 0 writes); returns
     the directory and the steps averaged."""
     params, steps = average_checkpoints(run_dir, last, model_config)
     out = run_dir / AVERAGED_DIR
     if jax.process_index() == 0:
-        _export(out, local_copy(params), model_config, tokenizer_file, run.search,
+        _export(out, local_copy(params), model_config, tokenizer, run.search,
                      {**languages(run), "averaged_steps": steps,
                       "chosen": f"mean of the last {len(steps)} checkpoints"})
     return out, steps

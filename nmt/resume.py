@@ -12,7 +12,7 @@ from pathlib import Path
 
 from data.batching import BatchIterator, Examples, plan_fingerprint
 from data.config import BatchConfig
-from data.tokenizer import MODEL_FILE
+from data.tokenizer import MODEL_FILE, tokenizer_present
 from nmt import recipes
 from nmt.bookkeeping import Bookkeeping
 from nmt.checkpoints import CHECKPOINTS_DIR, Checkpointer, complete_steps
@@ -43,7 +43,7 @@ def saved_run(run_dir: Path) -> RunConfig | None:
 def check_tokenizer_present(run_dir: Path) -> None:
     """A run with checkpoints must keep its spm.model: a new one, trained on resume, would not
     be the one the parameters were trained with."""
-    if (run_dir / MODEL_FILE).is_file() or not complete_steps(run_dir / CHECKPOINTS_DIR):
+    if tokenizer_present(run_dir) or not complete_steps(run_dir / CHECKPOINTS_DIR):
         return
     copy = run_dir / "model" / MODEL_FILE
     restore = (f"copy {copy} (the model's copy of it) back" if copy.is_file()
@@ -55,9 +55,17 @@ def check_tokenizer_present(run_dir: Path) -> None:
 
 def check_same_tokenizer(run_dir: Path, run: RunConfig, saved: RunConfig | None) -> None:
     """An existing spm.model is reused; fail if this run asks for a different one."""
-    if saved is None or not (run_dir / MODEL_FILE).is_file():
+    if saved is None or not tokenizer_present(run_dir):
         return
     path = run_dir / RUN_CONFIG_FILE
+    if saved.trainer.init_from and run.trainer.init_from != saved.trainer.init_from:
+        raise ResumeError(
+            f"the run in {run_dir} started from the model in --init-from "
+            f"{saved.trainer.init_from} (see {path}), this run asks for "
+            f"{run.trainer.init_from or 'none'}: pass --init-from {saved.trainer.init_from} to "
+            "resume it, or use a new --output-dir.")
+    if run.trainer.init_from:
+        return  # data.encoding checks that the run's tokenizer is the model's
     if saved.tokenizer.spm_model and not run.tokenizer.spm_model:
         raise ResumeError(
             f"the run in {run_dir} uses the SentencePiece model of --spm-model "

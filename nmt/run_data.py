@@ -13,15 +13,14 @@ from data.config import DEFAULT_BUCKETS, BatchConfig
 from data.corpus import load_corpus
 from data.encoding import encode_split, train_or_load_tokenizer
 from data.packing import fit_width
-from data.tokenizer import MODEL_FILE, Tokenizer
+from data.tokenizer import load_tokenizer
 from nmt.config import RunConfig
 from nmt.distributed import barrier
 
 
 @dataclasses.dataclass
 class Data:
-    tokenizer: Tokenizer
-    tokenizer_file: Path
+    tokenizer: object  # data.tokenizer.Tokenizer or VocabTokenizer, saved in the run directory
     train_examples: Examples
     valid_examples: Examples
     batch_config: BatchConfig  # training batches: accum x rows
@@ -75,18 +74,20 @@ def prepare_data(run: RunConfig, run_dir: Path, model_max_len: int) -> Data:
     # One process trains the tokenizer (SentencePiece training is multi-threaded and not
     # bit-reproducible); the others load the file it wrote to the shared run directory.
     if jax.process_index() == 0:
-        tokenizer = train_or_load_tokenizer(run_dir, corpus, run.tokenizer)
+        tokenizer = train_or_load_tokenizer(run_dir, corpus, run.tokenizer,
+                                            given=run.trainer.init_from)
     barrier("tokenizer")
     if jax.process_index() != 0:
-        tokenizer = Tokenizer.load(run_dir / MODEL_FILE)
+        tokenizer = load_tokenizer(run_dir)
     encoded = {name: encode_split(corpus[name], tokenizer) for name in ("train", "validation")}
     devices = jax.device_count()
     batch_config = train_batch_config(run, model_max_len, devices)
     valid_batch_config = eval_batch_config(run, model_max_len, devices)
     valid = corpus["validation"]
-    train_examples = load_examples(encoded["train"], batch_config, "train")
-    valid_examples = load_examples(encoded["validation"], valid_batch_config, "validation")
-    return Data(tokenizer=tokenizer, tokenizer_file=run_dir / MODEL_FILE,
+    train_examples = load_examples(encoded["train"], batch_config, "train", tokenizer.ids)
+    valid_examples = load_examples(encoded["validation"], valid_batch_config, "validation",
+                                   tokenizer.ids)
+    return Data(tokenizer=tokenizer,
                 train_examples=train_examples, valid_examples=valid_examples,
                 batch_config=fit_width(batch_config, train_examples.src_len,
                                        train_examples.tgt_len),

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import hashlib
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -38,6 +37,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from data.tokenizer import load_tokenizer
 from nmt import final_model, recipes, resume, scoring
 from nmt.bookkeeping import Bookkeeping
 from nmt.checkpoints import CHECKPOINTS_DIR, Checkpointer, SaveError, complete_steps
@@ -88,6 +88,26 @@ def train(run: RunConfig, workdir: str | Path | None = None) -> dict[str, Any]:
             return trainer.train_and_export()
 
 
+def initial_params(model_path: str, like: Any) -> Any:
+    """The parameters of the model directory `model_path`, placed as `like` (the freshly
+    initialised ones) is; TrainingError if their shapes differ."""
+    from flax import nnx
+
+    from transformer.model_dir import ModelDirError, load_model
+
+    try:
+        model, _, _ = load_model(model_path)
+    except ModelDirError as err:
+        raise TrainingError(f"--init-from: {err}") from None
+    loaded = nnx.state(model, nnx.Param)
+    if jax.tree.structure(loaded) != jax.tree.structure(like) or any(
+            a.shape != b.shape for a, b in zip(jax.tree.leaves(loaded), jax.tree.leaves(like))):
+        raise TrainingError(f"--init-from {model_path}: its parameters do not fit this run's "
+                            "model; the architecture settings must be the model's own.")
+    return jax.tree.map(lambda new, old: jax.device_put(new.astype(old.dtype), old.sharding),
+                        loaded, like)
+
+
 class Trainer:
     """One call of `train`: the state, the data, the bookkeeping, and the loop over them."""
 
@@ -101,7 +121,9 @@ class Trainer:
         self.mesh = make_mesh()
         # The tokenizer will have tokenizer.vocab_size pieces: the model is initialized (and
         # its initialization compiled) in the background while the data is prepared.
-        self.model_config = run.model_for_vocab(run.tokenizer.vocab_size)
+        self.model_config = (run.model_for(load_tokenizer(run.trainer.init_from))
+                             if run.trainer.init_from
+                             else run.model_for_vocab(run.tokenizer.vocab_size))
         with ThreadPoolExecutor(1) as pool:
             state = pool.submit(self._create_state)
             self.data = self._prepare_data()
@@ -151,7 +173,7 @@ class Trainer:
             raise TrainingError(str(err)) from None
         if run.model_for(data.tokenizer) != self.model_config:
             raise TrainingError(
-                f"{data.tokenizer_file} has {data.tokenizer.vocab_size} pieces but the run's "
+                f"the tokenizer in {run_dir} has {data.tokenizer.vocab_size} pieces but the run's "
                 f"vocabulary size (--vocab-size) is {self.model_config.vocab_size}; set "
                 f"--vocab-size {data.tokenizer.vocab_size}.")
         return data
@@ -160,6 +182,10 @@ class Trainer:
         with self.compile_log.labelled("init"):
             graphdef, _, state = create_train_state(self.model_config, self.run.train,
                                                     self.mesh)
+        init_from = self.run.trainer.init_from
+        if init_from and not complete_steps(self.run_dir / CHECKPOINTS_DIR):
+            state = state.replace(params=initial_params(init_from, state.params))
+            echo(f"Starting from the parameters of {init_from}.")
         step = AheadOfTime(make_train_step(graphdef, self.run.train, self.mesh),
                            self.compile_log, "train_step")
         return graphdef, state, step
@@ -191,16 +217,17 @@ class Trainer:
         return restored.step, self.book.fingerprint()
 
     def _check_tokenizer_unchanged(self) -> None:
-        """The checkpoint's model was trained with the spm.model it recorded: refuse another."""
-        sha256 = hashlib.sha256(self.data.tokenizer_file.read_bytes()).hexdigest()
+        """The checkpoint's model was trained with the tokenizer it recorded: refuse another."""
+        sha256 = self.data.tokenizer.sha256
         if self.book.tokenizer_sha256 not in (None, sha256):
             step = self.saved[0] if self.saved else "?"
             self.saver.close()
+            names = ", ".join(self.data.tokenizer.files())
             raise TrainingError(
-                f"{self.data.tokenizer_file} is not the SentencePiece model that checkpoint step "
-                f"{step} in {self.run_dir / CHECKPOINTS_DIR} was trained with (its SHA-256 "
-                f"differs from the one the checkpoint recorded); put the run's own spm.model "
-                f"back (the copy in {self.run_dir / 'model' / 'spm.model'}, if present), or "
+                f"{self.run_dir / next(iter(self.data.tokenizer.files()))} is not the tokenizer "
+                f"that checkpoint step {step} in {self.run_dir / CHECKPOINTS_DIR} was trained with "
+                f"(the SHA-256 of {names} differs from the one the checkpoint recorded); put the "
+                f"run's own files back (the copies in {self.run_dir / 'model'}, if present), or "
                 "use a new --output-dir.")
         self.book.tokenizer_sha256 = sha256
 
@@ -380,13 +407,13 @@ class Trainer:
     def finish(self, stopped: str) -> dict[str, Any]:
         """Export the model translate.py loads (and the average), close, print the summary."""
         run, book = self.run, self.book
-        tokenizer_file = self.data.tokenizer_file
+        tokenizer = self.data.tokenizer
         model_dir = final_model.export_best_or_last(
-            self.run_dir, run, self.model_config, tokenizer_file, book, self.saver,
+            self.run_dir, run, self.model_config, tokenizer, book, self.saver,
             self.state.params, self.step)
         if run.trainer.average_last:
             model_dir, steps = final_model.average(self.run_dir, run, self.model_config,
-                                                   tokenizer_file, run.trainer.average_last)
+                                                   tokenizer, run.trainer.average_last)
             echo(f"Averaged checkpoints {steps} into {model_dir}")
         barrier("exported")
         self._log_compilations()

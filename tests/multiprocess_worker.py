@@ -53,6 +53,7 @@ def make_packed_batch(step: int, rows: int = ROWS) -> dict[str, np.ndarray]:
     from types import SimpleNamespace
 
     from data.packing import PackedBatch, materialize_packed, pack_rows
+    from data.tokenizer import SpecialIds
 
     rng = np.random.default_rng(2000 + step)
     src_len = rng.integers(2, SRC_LEN // 2, 3 * rows)          # tokens + EOS
@@ -63,7 +64,7 @@ def make_packed_batch(step: int, rows: int = ROWS) -> dict[str, np.ndarray]:
         src_values=rng.integers(4, VOCAB, int(src_len.sum())).astype(np.int32),
         src_offsets=np.concatenate([[0], np.cumsum(src_len - 1)]),
         tgt_values=rng.integers(4, VOCAB, int(tgt_len.sum())).astype(np.int32),
-        tgt_offsets=np.concatenate([[0], np.cumsum(tgt_len - 1)]))
+        tgt_offsets=np.concatenate([[0], np.cumsum(tgt_len - 1)]), ids=SpecialIds())
     empty = [np.zeros(0, np.int64)] * (rows - len(packed))
     return materialize_packed(pairs, PackedBatch(SRC_LEN, tuple(packed + empty)))
 

@@ -207,12 +207,11 @@ def test_export_and_load_model(tmp_path):
 
     texts = [f"sentence number {i} with some words {i * 7}" for i in range(300)]
     tokenizer = train_tokenizer(texts, TokenizerConfig(vocab_size=300, model_type="bpe"))
-    spm_path = tokenizer.save(tmp_path)
     config = dataclasses.replace(CONFIG, vocab_size=tokenizer.vocab_size)
     mesh = make_mesh()
     _, _, state = create_train_state(config, TrainConfig(), mesh)
     exported = model_dir.export_model(tmp_path / "run" / "model", state.params, config,
-                                      spm_path, SearchConfig(beam_size=2),
+                                      tokenizer, SearchConfig(beam_size=2),
                                         {"source_lang": "en", "target_lang": "de"})
     model, loaded_tokenizer, values = model_dir.load_model(tmp_path / "run")
     assert exported == tmp_path / "run" / "model"

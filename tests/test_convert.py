@@ -112,7 +112,7 @@ def trained_dir(tmp_path_factory):
 
     directory = tmp_path_factory.mktemp("trained")
     tokenizer = train_tokenizer(sentences(400, seed=1), TokenizerConfig(vocab_size=300))
-    spm_file = tokenizer.save(directory)
+    tokenizer.save(directory)
     config = get_preset("tiny", vocab_size=tokenizer.vocab_size, d_model=48, num_heads=4,
                         d_ff=96, dropout=0.0, output_bias=True)
     train_config = TrainConfig(schedule="inverse_sqrt", peak_lr=3e-3, warmup_steps=50,
@@ -125,7 +125,7 @@ def trained_dir(tmp_path_factory):
         state, metrics = step(state, shard_batch(next(batches), mesh))
     assert float(metrics["loss"]) < 0.5, "the model did not learn to copy"
     params = nnx.state(nnx.merge(graphdef, jax.device_get(state.params), rest), nnx.Param)
-    export_model(directory / "model", params, config, spm_file, SEARCH,
+    export_model(directory / "model", params, config, tokenizer, SEARCH,
                  {"source_lang": "de", "target_lang": "de"})
     return directory / "model"
 
@@ -331,7 +331,7 @@ def prenorm_dir(tmp_path_factory):
     config = get_preset("tiny", vocab_size=tokenizer.vocab_size, norm="pre")
     model = Transformer(config, rngs=nnx.Rngs(0))
     export_model(directory / "model", nnx.state(model, nnx.Param), config,
-                 tokenizer.save(directory), SearchConfig())
+                 tokenizer, SearchConfig())
     return directory
 
 

@@ -505,12 +505,11 @@ def test_a_model_with_swish_and_an_output_bias_travels_through_its_directory(tmp
     from translate_model import sentences
 
     tokenizer = train_tokenizer(sentences(400, seed=1), TokenizerConfig(vocab_size=300))
-    spm = tokenizer.save(tmp_path)
     config = get_preset("tiny", vocab_size=tokenizer.vocab_size, activation="swish",
                         output_bias=True)
     model = Transformer(config, rngs=nnx.Rngs(0))
     model.output_bias[...] = jax.random.normal(jax.random.key(3), (config.vocab_size,))
-    export_model(tmp_path / "model", nnx.state(model, nnx.Param), config, spm)
+    export_model(tmp_path / "model", nnx.state(model, nnx.Param), config, tokenizer)
     loaded, _, values = load_model(tmp_path / "model")
     assert values["model"].activation == "swish" and values["model"].output_bias
     src, tgt = jnp.array([[5, 6, 7, 3]]), jnp.array([[2, 8, 9]])

@@ -173,7 +173,7 @@ def test_resume_refuses_a_missing_or_replaced_tokenizer(uninterrupted, corpus, t
     shutil.copyfile(tmp_path / "other" / "spm.model", out / "spm.model")
     assert train_cli.main(_args(corpus, out) + ["--no-progress"]) == 1
     line = capsys.readouterr().err.strip().splitlines()[-1]
-    assert f"{out / 'spm.model'} is not the SentencePiece model that checkpoint step 60" in line
+    assert f"{out / 'spm.model'} is not the tokenizer that checkpoint step 60" in line
 
 
 def test_the_printed_resume_command_trains_on_under_average_last(corpus, env, tmp_path,

@@ -412,8 +412,8 @@ def test_spm_model_is_the_tokenizer_and_must_stay_it_on_resume(corpus, cache, mo
 
     other = train_tokenizer(sentences(300, seed=4), TokenizerConfig(vocab_size=300)).save(
         tmp_path / "other")
-    with pytest.raises(DataError, match=rf"{run_dir / 'spm.model'} is not the SentencePiece "
-                                        rf"model in --spm-model {other}"):
+    with pytest.raises(DataError, match=rf"{run_dir / 'spm.model'} is not the tokenizer of "
+                                        rf"--spm-model {other}"):
         prepare_data(run.replace(tokenizer={"spm_model": str(other)}), run_dir, 64)
 
     # SentencePiece's own defaults (unk 0, bos 1, eos 2, no pad) cannot serve this model.

@@ -3,6 +3,7 @@
 import pytest
 from flax import nnx
 
+from data.tokenizer import SpecialIds
 from transformer.config import SearchConfig, get_preset
 from transformer.model import Transformer
 from transformer.translation import Translator
@@ -11,7 +12,9 @@ from transformer.translation import Translator
 class NumberTokenizer:
     """Sentences of integers (the token ids themselves); enough for Translator."""
 
-    def encode(self, sentences):
+    ids = SpecialIds()
+
+    def encode(self, sentences, side="source"):
         return [[int(word) for word in sentence.split()] for sentence in sentences]
 
     def decode(self, rows):

@@ -41,7 +41,7 @@ def make_model(directory: str | Path) -> Path:
 
     directory = Path(directory)
     tokenizer = train_tokenizer(sentences(400, seed=1), TokenizerConfig(vocab_size=300))
-    spm_file = tokenizer.save(directory)
+    tokenizer.save(directory)
     config = get_preset("tiny", vocab_size=tokenizer.vocab_size)
     model = Transformer(config, rngs=nnx.Rngs(0))
     # Scale the shared embedding up so that the untrained model's next-token distribution is
@@ -52,7 +52,7 @@ def make_model(directory: str | Path) -> Path:
     byte_rows = [i for i in range(tokenizer.vocab_size)
                  if tokenizer.processor.is_byte(i)]
     table[...] = (table[...] * 8.0).at[np.array(byte_rows)].set(0.0)
-    export_model(directory / "model", params, config, spm_file, SearchConfig(**SEARCH),
+    export_model(directory / "model", params, config, tokenizer, SearchConfig(**SEARCH),
                  extra={"source_lang": "de", "target_lang": "en"})
     return directory
 

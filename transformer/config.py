@@ -108,7 +108,8 @@ class ModelConfig(DictConfig):
               "(XLA); cudnn asks for cuDNN's fused kernel on NVIDIA GPUs (bfloat16 only)")
     pad_id: int = setting(0, "padding id", derived="the tokenizer")
     unk_id: int = setting(1, "unknown-piece id", derived="the tokenizer")
-    bos_id: int = setting(2, "beginning-of-sentence id", derived="the tokenizer")
+    bos_id: int = setting(2, "the decoder's first input: beginning-of-sentence (MarianMT models "
+                             "have no BOS and start from their pad id)", derived="the tokenizer")
     eos_id: int = setting(3, "end-of-sentence id", derived="the tokenizer")
 
     def __post_init__(self) -> None:
@@ -156,8 +157,12 @@ class ModelConfig(DictConfig):
             if not 0 <= value < self.vocab_size:
                 raise ValueError(
                     f"ModelConfig.{name} ({value}) must lie in [0, vocab_size={self.vocab_size}).")
-        if len(set(special.values())) != len(special):
-            raise ValueError(f"ModelConfig special token ids must be distinct, got {special}.")
+        # BOS may be the pad id (MarianMT's decoder starts from pad): it is never a target.
+        distinct = {name: value for name, value in special.items() if name != "bos_id"}
+        if (len(set(distinct.values())) != len(distinct)
+                or self.bos_id in (self.unk_id, self.eos_id)):
+            raise ValueError(f"ModelConfig special token ids must be distinct (bos_id may equal "
+                             f"pad_id), got {special}.")
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True)

@@ -3,7 +3,8 @@
     model/params.msgpack   parameters, flax.serialization msgpack of nnx.to_pure_dict (float32)
     model/config.json      {"model": ModelConfig, "search": SearchConfig, "tokenizer": ...,
                             and what the trainer recorded: languages, step, scores}
-    model/spm.model        the SentencePiece model
+    model/spm.model        the SentencePiece model (or, for a model imported from MarianMT,
+                           source.spm, target.spm and vocab.json: `data.tokenizer`)
 
     model, tokenizer, values = load_model("runs/NAME")   # a run directory uses its model/
 
@@ -24,14 +25,14 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx, serialization
 
-from data.tokenizer import Tokenizer
+from data.tokenizer import Tokenizer, VocabTokenizer, load_tokenizer, tokenizer_present
 from transformer.config import ModelConfig, SearchConfig
 from transformer.model import Transformer
 
 MODEL_DIR = "model"
 PARAMS_FILE = "params.msgpack"
 CONFIG_FILE = "config.json"
-TOKENIZER_FILE = "spm.model"
+TOKENIZER_FILE = "spm.model"  # of a model trained here; see data.tokenizer for the other layout
 
 
 class ModelDirError(RuntimeError):
@@ -61,9 +62,13 @@ def read_model_config(model_dir: str | Path) -> tuple[ModelConfig, dict[str, Any
 
 
 def export_model(model_dir: str | Path, params: Any, model_config: ModelConfig,
-                 tokenizer_file: str | Path, search_config: SearchConfig | None = None,
+                 tokenizer: Tokenizer | VocabTokenizer | str | Path,
+                 search_config: SearchConfig | None = None,
                  extra: dict[str, Any] | None = None) -> Path:
     """Write a self-contained model directory that `load_model` reads.
+
+    `tokenizer` is a tokenizer, or the path of one (`spm.model`, or a directory holding either
+    layout).
 
     Written into a temporary sibling and renamed, so a reader never sees a partial model.
     With several processes only one should call this (the parameters must be fully
@@ -77,10 +82,13 @@ def export_model(model_dir: str | Path, params: Any, model_config: ModelConfig,
         pure = jax.tree.map(lambda x: np.asarray(jax.device_get(x), np.float32),
                             nnx.to_pure_dict(params))
         (tmp / PARAMS_FILE).write_bytes(serialization.msgpack_serialize(pure))
-        shutil.copyfile(tokenizer_file, tmp / TOKENIZER_FILE)
+        if isinstance(tokenizer, (str, Path)):
+            tokenizer = load_tokenizer(tokenizer)
+        tokenizer.save(tmp)
+        files = list(tokenizer.files())
         config = {"model": model_config.to_dict(),
                   "search": dataclasses.asdict(search_config or SearchConfig()),
-                  "tokenizer": TOKENIZER_FILE, **(extra or {})}
+                  "tokenizer": files[0] if len(files) == 1 else files, **(extra or {})}
         (tmp / CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     except BaseException:  # disk full, say: the model already there stays as it was
         shutil.rmtree(tmp, ignore_errors=True)
@@ -94,10 +102,11 @@ def export_model(model_dir: str | Path, params: Any, model_config: ModelConfig,
     return model_dir
 
 
-def check_tokenizer(model_dir: Path, config: ModelConfig, tokenizer: Tokenizer) -> None:
-    """The SentencePiece model must be the one the parameters were trained with: same size,
-    same special ids (a different one would crash mid-translation or translate nonsense)."""
-    tok, conf = model_dir / TOKENIZER_FILE, model_dir / CONFIG_FILE
+def check_tokenizer(model_dir: Path, config: ModelConfig, tokenizer) -> None:
+    """The tokenizer must be the one the parameters were trained with: same size, same
+    special ids (a different one would crash mid-translation or translate nonsense)."""
+    conf = model_dir / CONFIG_FILE
+    tok = model_dir / next(iter(tokenizer.files()))
     if tokenizer.vocab_size != config.vocab_size:
         raise ModelDirError(
             f"{tok} has {tokenizer.vocab_size} pieces but {conf} describes a model with "
@@ -156,16 +165,19 @@ def load_model(path: str | Path, dtype: str | None = None
     """
 
     model_dir = resolve_model_dir(path)
-    for name, what in ((CONFIG_FILE, "model configuration"), (PARAMS_FILE, "parameters"),
-                       (TOKENIZER_FILE, "SentencePiece model")):
+    for name, what in ((CONFIG_FILE, "model configuration"), (PARAMS_FILE, "parameters")):
         if not (model_dir / name).is_file():
             raise ModelDirError(
                 f"{model_dir} is not a complete model directory: {name} ({what}) is missing; "
                 f"train with train.py, or write one with export_model.")
+    if not tokenizer_present(model_dir):
+        raise ModelDirError(
+            f"{model_dir} is not a complete model directory: {TOKENIZER_FILE} (SentencePiece "
+            "model) is missing; copy the run's spm.model into it, or export the model again.")
     model_config, values = read_model_config(model_dir)
     if dtype is not None:
         model_config = dataclasses.replace(model_config, dtype=dtype)
-    tokenizer = Tokenizer.load(model_dir / TOKENIZER_FILE)
+    tokenizer = load_tokenizer(model_dir)
     check_tokenizer(model_dir, model_config, tokenizer)
     graphdef, params, rest = abstract_params(model_config)
     try:

@@ -107,11 +107,12 @@ class Translator:
         if len(sources) != len(references):
             raise ValueError(f"{len(sources)} sources but {len(references)} references.")
         src_ids = self._encode(sources, first_line, where[0], truncate=False)
-        tgt_ids = [row + [self.model_config.eos_id]
-                   for row in self._encode(references, first_line, where[1], truncate=False)]
+        tgt_ids = [row + [self.model_config.eos_id] for row in
+                   self._encode(references, first_line, where[1], truncate=False, side="target")]
         out: list[tuple[float, int]] = [(0.0, 0)] * len(sources)
         budget = self._batch_budget(src_ids, per_token=1)
-        for src, index in inference_batches(src_ids, batch_tokens=budget, buckets=self.buckets):
+        for src, index in inference_batches(src_ids, batch_tokens=budget, buckets=self.buckets,
+                                            special=self.tokenizer.ids):
             real = index[index >= 0]
             tgt = self._pad_targets([tgt_ids[i] for i in real], rows=len(index))
             logprobs = reference_logprobs_with_state(self.graphdef, self.state, src, tgt)
@@ -129,10 +130,10 @@ class Translator:
         return pad_sources(targets, self.model_config.pad_id, batch_size=rows, width=width)
 
     def _encode(self, sentences: Sequence[str], first_line: int, source: str,
-                truncate: bool = True) -> list[list[int]]:
+                truncate: bool = True, side: str = "source") -> list[list[int]]:
         """Token ids; a sentence over the model's positions is truncated (with a warning), or
         with `truncate=False` refused (ValueError naming its line)."""
-        ids = self.tokenizer.encode(list(sentences))
+        ids = self.tokenizer.encode(list(sentences), side)
         limit = self.max_source_len - 1  # room for EOS
         self.truncated = [i for i, row in enumerate(ids) if len(row) > limit]
         if self.truncated and not truncate:
@@ -169,7 +170,8 @@ class Translator:
         if not ids:
             return
         budget = self._batch_budget(ids)
-        for src, index in inference_batches(ids, batch_tokens=budget, buckets=self.buckets):
+        for src, index in inference_batches(ids, batch_tokens=budget, buckets=self.buckets,
+                                            special=self.tokenizer.ids):
             rng = jax.random.fold_in(self.rng, self.batches_searched)
             self.batches_searched += 1
             result = search_with_state(self.graphdef, self.state, src, self.search, rng)

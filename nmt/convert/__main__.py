@@ -1,7 +1,12 @@
-"""python -m nmt.convert: a trained model in transformers' MarianMT or CTranslate2 format.
+"""python -m nmt.convert: models to and from transformers' MarianMT, and to CTranslate2.
 
     python -m nmt.convert to-marian runs/NAME/averaged exported/marian
     python -m nmt.convert to-ctranslate2 runs/NAME/averaged exported/ct2 --quantization int8
+    python -m nmt.convert from-marian opus-mt-en-de models/opus-mt-en-de
+
+from-marian reads a MarianMT directory (an OPUS-MT checkpoint as downloaded from the Hugging
+Face hub) and writes a model directory that translate.py loads and train.py --init-from
+fine-tunes.
 
 MODEL is a model directory (runs/NAME/model, runs/NAME/averaged) or a run directory (its
 model/ is used). OUT must not exist or be empty; it is written whole or not at all.
@@ -31,6 +36,10 @@ def build_parser() -> cli.OneLineParser:
     for sub in (marian, ct2):
         sub.add_argument("model", metavar="MODEL", help="model or run directory")
         sub.add_argument("out", metavar="OUT", help="output directory (new or empty)")
+    importer = commands.add_parser(
+        "from-marian", help="a model directory from a MarianMTModel directory (OPUS-MT)")
+    importer.add_argument("model", metavar="MARIAN_DIR", help="MarianMT model directory")
+    importer.add_argument("out", metavar="OUT", help="output directory (new or empty)")
     ct2.add_argument("--quantization", default="float32", choices=QUANTIZATIONS,
                      help="weight type of the exported model (default float32)")
     return parser
@@ -45,6 +54,9 @@ def _main(argv: Sequence[str] | None) -> int:
         if args.command == "to-marian":
             from nmt.convert.marian import export_marian
             out = export_marian(args.model, args.out)
+        elif args.command == "from-marian":
+            from nmt.convert.marian_import import import_marian
+            out = import_marian(args.model, args.out)
         else:
             from nmt.convert.ctranslate2 import export_ctranslate2
             out = export_ctranslate2(args.model, args.out, args.quantization)
@@ -56,6 +68,8 @@ def _main(argv: Sequence[str] | None) -> int:
     except ModelDirError as err:
         raise cli.Fault(str(err)) from None
     print(f"Wrote {out}", file=sys.stderr)
+    if args.command == "from-marian":
+        print(f"Translate: python translate.py --model {out} \"...\"", file=sys.stderr)
     return 0
 
 

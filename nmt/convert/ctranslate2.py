@@ -97,7 +97,7 @@ def build_spec(params: Any, config, tokenizer):
     if config.output_bias:
         decoder.projection.bias = state["final_logits_bias"].reshape(-1)
 
-    pieces = [tokenizer.processor.id_to_piece(i) for i in range(tokenizer.vocab_size)]
+    pieces = tokenizer.vocabulary()
     spec.register_source_vocabulary(pieces)
     spec.register_target_vocabulary(pieces)
     spec.config.unk_token = pieces[config.unk_id]
@@ -112,8 +112,9 @@ def build_spec(params: Any, config, tokenizer):
 
 def export_ctranslate2(model_path: str | Path, out_dir: str | Path,
                        quantization: str = "float32") -> Path:
-    """Write a model directory as a CTranslate2 model directory, with our `spm.model` beside
-    it for tokenizing. Everything or nothing is written."""
+    """Write a model directory as a CTranslate2 model directory, with the tokenizer's files
+    (`spm.model`, or an imported model's source.spm, target.spm and vocab.json) beside it for
+    tokenizing. Everything or nothing is written."""
     if quantization not in QUANTIZATIONS:
         raise ConversionError(f"quantization {quantization!r} is not one of CTranslate2's: "
                               f"{', '.join(QUANTIZATIONS)}.")
@@ -122,5 +123,5 @@ def export_ctranslate2(model_path: str | Path, out_dir: str | Path,
     spec.optimize(quantization=quantization)
     with staged_directory(out_dir) as tmp:
         spec.save(str(tmp))
-        tokenizer.save(tmp)  # spm.model, for tokenizing
+        tokenizer.save(tmp)  # for tokenizing
     return Path(out_dir)

@@ -216,7 +216,9 @@ def from_marian_state(state: dict[str, np.ndarray], config: ModelConfig) -> Para
         params["src_embedding"] = {"table": {"embedding": unpermuted(source)}}
         params["tgt_embedding"] = {"table": {"embedding": unpermuted(
             "model.decoder.embed_tokens.weight")}}
-        params["output_projection"] = {"kernel": reads("lm_head.weight")}
+        # A checkpoint whose output layer is tied to the decoder's table may leave it out.
+        output = "lm_head.weight" if "lm_head.weight" in state else "model.decoder.embed_tokens.weight"
+        params["output_projection"] = {"kernel": reads(output)}
     if config.output_bias:
         params["output_bias"] = get("final_logits_bias").reshape(-1)
     return params
@@ -283,18 +285,20 @@ def generation_config(config: ModelConfig, search) -> dict[str, Any]:
 
 def tokenizer_files(tokenizer, config: ModelConfig, languages: dict[str, str]
                     ) -> dict[str, bytes | dict[str, Any]]:
-    """MarianTokenizer's files for our one joint SentencePiece model: the model as both
-    source.spm and target.spm, vocab.json mapping every piece to our id, and the config."""
-    processor = tokenizer.processor
-    vocab = {processor.id_to_piece(i): i for i in range(tokenizer.vocab_size)}
+    """MarianTokenizer's files: source.spm and target.spm (our joint SentencePiece model
+    twice, or an imported model's own two), vocab.json mapping every piece to our id, and the
+    config."""
+    pieces = tokenizer.vocabulary()
+    vocab = {piece: i for i, piece in enumerate(pieces)}
     if len(vocab) != tokenizer.vocab_size:
         raise ConversionError("the SentencePiece model has repeated pieces; MarianTokenizer's "
                               "vocab.json cannot map them.")
     names = {"pad_token": config.pad_id, "unk_token": config.unk_id, "eos_token": config.eos_id}
-    special = {name: processor.id_to_piece(i) for name, i in names.items()}
+    special = {name: pieces[i] for name, i in names.items()}
+    source, target = tokenizer.sentencepiece_models()
     return {
-        "source.spm": tokenizer.model_bytes,
-        "target.spm": tokenizer.model_bytes,
+        "source.spm": source,
+        "target.spm": target,
         "vocab.json": vocab,
         "tokenizer_config.json": {
             "tokenizer_class": "MarianTokenizer",
