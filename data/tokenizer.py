@@ -41,6 +41,8 @@ MODEL_FILE = "spm.model"
 # Marian's files (the names MarianTokenizer reads).
 SOURCE_SPM, TARGET_SPM, VOCAB_FILE = "source.spm", "target.spm", "vocab.json"
 SPECIAL_TOKENS_FILE = "special_tokens_map.json"
+# Its entries read here; bos_token, when present, is the decoder's start (else the pad id).
+SPECIAL_TOKENS = ("eos_token", "unk_token", "pad_token", "bos_token")
 
 Side = Literal["source", "target"]
 
@@ -190,7 +192,8 @@ class VocabTokenizer(_Tokenizer):
 
     As MarianTokenizer does: a piece missing from the table is <unk>; a language token such as
     `>>fra<<` at the start of a source text is one piece (multilingual OPUS-MT models read the
-    target language from it); the decoder starts from the pad id.
+    target language from it); the decoder starts from the pad id (or from `bos_token` where
+    one is named, as in models exported from here).
     """
 
     def __init__(self, source_bytes: bytes, target_bytes: bytes, vocab: dict[str, int],
@@ -213,8 +216,12 @@ class VocabTokenizer(_Tokenizer):
                 raise DataError(f"{VOCAB_FILE} has no {name} {piece!r}; add it, or name the "
                                 f"piece in {SPECIAL_TOKENS_FILE}")
             special[name] = self.vocab[piece]
+        start = self.special_tokens.get("bos_token")  # the decoder's start, if not pad
+        if start is not None and start not in self.vocab:
+            raise DataError(f"{VOCAB_FILE} has no bos_token {start!r}")
         self.ids = SpecialIds(pad=special["pad_token"], unk=special["unk_token"],
-                              bos=special["pad_token"], eos=special["eos_token"])
+                              bos=self.vocab[start] if start else special["pad_token"],
+                              eos=special["eos_token"])
 
     def __getstate__(self) -> dict:
         return {"args": (self.source_bytes, self.target_bytes, self.vocab, self.special_tokens)}
@@ -238,7 +245,7 @@ class VocabTokenizer(_Tokenizer):
             for name, value in _read_json(directory / SPECIAL_TOKENS_FILE).items():
                 if isinstance(value, dict):  # transformers' AddedToken form
                     value = value.get("content")
-                if name in ("eos_token", "unk_token", "pad_token") and isinstance(value, str):
+                if name in SPECIAL_TOKENS and isinstance(value, str):
                     special[name] = value
         try:
             return cls((directory / SOURCE_SPM).read_bytes(), (directory / TARGET_SPM).read_bytes(),

@@ -153,6 +153,22 @@ def hf(marian_dir):
     return model, tokenizer
 
 
+def test_exported_directory_imports_back_to_the_same_model(trained_dir, marian_dir, tmp_path,
+                                                          test_sentences):
+    from nmt.convert.marian_import import import_marian
+
+    back = import_marian(marian_dir, tmp_path / "back")
+    assert (back / "params.msgpack").read_bytes() == (trained_dir / "params.msgpack").read_bytes()
+    model, tokenizer, values = load_model(back)
+    original = load_model(trained_dir)
+    assert values["model"] == original[2]["model"]
+    assert tokenizer.ids == original[1].ids  # the decoder still starts from BOS
+    assert tokenizer.encode(test_sentences) == original[1].encode(test_sentences)
+    tokens = lambda m, t: [h[0].tokens for h in Translator(m, t, SEARCH).translate_nbest(
+        test_sentences)]
+    assert tokens(model, tokenizer) == tokens(*original[:2])
+
+
 def test_marian_directory_has_what_transformers_reads(marian_dir):
     names = {p.name for p in marian_dir.iterdir()}
     assert {"config.json", "generation_config.json", "model.safetensors", "source.spm",

@@ -67,11 +67,10 @@ def lines(prefix: str, side: str) -> list[str]:
         return f.read().splitlines()
 
 
-@pytest.fixture(scope="module")
-def opus_dir(corpus, tmp_path_factory):
-    """A MarianMT directory as OPUS-MT publishes them, with random weights."""
-    directory = tmp_path_factory.mktemp("opus") / "opus-mt-en-de"
-    directory.mkdir()
+def make_opus_dir(directory, corpus, **config_overrides):
+    """A MarianMT directory as OPUS-MT publishes them, with random weights, saved by
+    transformers' own save_pretrained."""
+    directory.mkdir(parents=True)
     source = train_spm(lines(corpus["train"], "en"), 40)
     target = train_spm(lines(corpus["train"], "de"), 48)
     (directory / "source.spm").write_bytes(source)
@@ -79,12 +78,13 @@ def opus_dir(corpus, tmp_path_factory):
     vocab = marian_vocab(source, target)
     (directory / "vocab.json").write_text(json.dumps(vocab))
     pad = vocab["<pad>"]
-    config = transformers.MarianConfig(
-        vocab_size=len(vocab), decoder_vocab_size=len(vocab), d_model=24, encoder_layers=2,
-        decoder_layers=2, encoder_attention_heads=3, decoder_attention_heads=3,
-        encoder_ffn_dim=40, decoder_ffn_dim=40, activation_function="swish",
-        scale_embedding=True, max_position_embeddings=64, pad_token_id=pad, eos_token_id=0,
-        decoder_start_token_id=pad, forced_eos_token_id=0, init_std=0.3)
+    config = transformers.MarianConfig(**{
+        "vocab_size": len(vocab), "decoder_vocab_size": len(vocab), "d_model": 24,
+        "encoder_layers": 2, "decoder_layers": 2, "encoder_attention_heads": 3,
+        "decoder_attention_heads": 3, "encoder_ffn_dim": 40, "decoder_ffn_dim": 40,
+        "activation_function": "swish", "scale_embedding": True, "max_position_embeddings": 64,
+        "pad_token_id": pad, "eos_token_id": 0, "decoder_start_token_id": pad,
+        "forced_eos_token_id": 0, "init_std": 0.3, **config_overrides})
     torch.manual_seed(0)
     model = transformers.MarianMTModel(config).eval()
     with torch.no_grad():  # OPUS-MT's bias is all zeros; a random one shows a lost bias
@@ -93,10 +93,14 @@ def opus_dir(corpus, tmp_path_factory):
     model.save_pretrained(directory)
     tokenizer = transformers.MarianTokenizer(
         str(directory / "source.spm"), str(directory / "target.spm"),
-        str(directory / "vocab.json"),
-        source_lang="en", target_lang="de")
+        str(directory / "vocab.json"), source_lang="en", target_lang="de")
     tokenizer.save_pretrained(directory)
     return directory
+
+
+@pytest.fixture(scope="module")
+def opus_dir(corpus, tmp_path_factory):
+    return make_opus_dir(tmp_path_factory.mktemp("opus") / "opus-mt-en-de", corpus)
 
 
 @pytest.fixture(scope="module")
@@ -169,6 +173,42 @@ def test_teacher_forced_logits_equal_transformers(imported, hf, texts):
     mine = np.asarray(model(src["input_ids"].astype(np.int32), tgt_in))
     real = np.arange(width)[None, :] < np.array([len(t) for t in targets])[:, None]
     np.testing.assert_allclose(mine[real], theirs[real], atol=1e-4, rtol=0)
+
+
+def test_untied_embeddings_import_and_export_exactly(corpus, texts, tmp_path):
+    """Separate encoder and decoder tables, the output layer tied to the decoder's (and so
+    left out of the weights file)."""
+    from safetensors.numpy import load_file
+
+    directory = make_opus_dir(tmp_path / "untied", corpus,
+                              share_encoder_decoder_embeddings=False)
+    assert "lm_head.weight" not in load_file(str(directory / "model.safetensors"))
+    hf_model = transformers.MarianMTModel.from_pretrained(directory).eval()
+    imported = import_marian(directory, tmp_path / "ours")
+    model, tokenizer, values = load_model(imported)
+    assert not values["model"].share_embeddings
+    src = np.array([tokenizer.encode(texts[:1])[0] + [tokenizer.ids.eos]], np.int32)
+    tgt = np.array([[tokenizer.ids.bos] + tokenizer.encode(texts[1:2], "target")[0]], np.int32)
+    with torch.no_grad():
+        theirs = hf_model(input_ids=torch.tensor(src),
+                          decoder_input_ids=torch.tensor(tgt)).logits.numpy()
+    np.testing.assert_allclose(np.asarray(model(src, tgt)), theirs, atol=1e-4, rtol=0)
+    again = transformers.MarianMTModel.from_pretrained(
+        marian.export_marian(imported, tmp_path / "again")).eval()
+    with torch.no_grad():
+        np.testing.assert_array_equal(
+            again(input_ids=torch.tensor(src), decoder_input_ids=torch.tensor(tgt)).logits,
+            hf_model(input_ids=torch.tensor(src), decoder_input_ids=torch.tensor(tgt)).logits)
+
+
+def test_pytorch_bin_weights_import_as_safetensors_do(opus_dir, imported, tmp_path):
+    directory = tmp_path / "bin"
+    shutil.copytree(opus_dir, directory)
+    state = transformers.MarianMTModel.from_pretrained(opus_dir).state_dict()
+    torch.save(state, directory / "pytorch_model.bin")  # what older checkpoints hold
+    (directory / "model.safetensors").unlink()
+    from_bin = import_marian(directory, tmp_path / "ours")
+    assert (from_bin / "params.msgpack").read_bytes() == (imported / "params.msgpack").read_bytes()
 
 
 def generate(hf, texts: list[str], limit: int, beams: int) -> list[list[int]]:

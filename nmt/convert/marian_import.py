@@ -101,8 +101,9 @@ def read_weights(directory: Path) -> dict[str, np.ndarray]:
                           "download the model's weights into it.")
 
 
-def read_tokenizer(directory: Path):
-    """MarianTokenizer's files as a VocabTokenizer (special tokens as its configs name them)."""
+def read_tokenizer(directory: Path, decoder_start: int | None = None):
+    """MarianTokenizer's files as a VocabTokenizer (special tokens as its configs name them;
+    the decoder starts from `decoder_start`, by default the pad id)."""
     from data.config import DataError
     from data.tokenizer import SOURCE_SPM, TARGET_SPM, VOCAB_FILE, VocabTokenizer
 
@@ -121,6 +122,14 @@ def read_tokenizer(directory: Path):
                     special[key] = value
     try:
         vocab = json.loads((directory / VOCAB_FILE).read_text(encoding="utf-8"))
+        if decoder_start is not None and decoder_start != vocab.get(special.get("pad_token",
+                                                                                "<pad>")):
+            # A decoder that starts from its own token (BOS), as models exported from here do.
+            pieces = {i: piece for piece, i in vocab.items()}
+            if decoder_start not in pieces:
+                raise ConversionError(f"{directory / 'config.json'}: decoder_start_token_id "
+                                      f"{decoder_start} is not in {VOCAB_FILE}.")
+            special["bos_token"] = pieces[decoder_start]
         return VocabTokenizer((directory / SOURCE_SPM).read_bytes(),
                               (directory / TARGET_SPM).read_bytes(), vocab, special)
     except (ValueError, AttributeError) as err:
@@ -212,7 +221,7 @@ def import_marian(marian_dir: str | Path, out_dir: str | Path) -> Path:
                               "directory (config.json, weights, tokenizer files).")
     check_output_dir(out)
     raw = read_marian_config(directory)
-    tokenizer = read_tokenizer(directory)
+    tokenizer = read_tokenizer(directory, raw.get("decoder_start_token_id"))
     state = read_weights(directory)
     config = model_config(raw, state, tokenizer, directory)
     pure = from_marian_state(state, config)
