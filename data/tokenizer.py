@@ -73,8 +73,11 @@ def _processor(model_bytes: bytes, file_name: str) -> spm.SentencePieceProcessor
         ) from None
 
 
-class _Tokenizer:
-    """What both layouts share: files, fingerprints, pickling (for `datasets.map` workers)."""
+class TokenizerBase:
+    """What both layouts share: files, fingerprints, special ids. Each layout gives
+    `vocab_size`, `vocabulary()`, `encode(texts, side)`, `decode(rows)`, `pieces(ids, side)`,
+    `normalize(text)`, `sentencepiece_models()` and `files()`, and pickles as its files (for
+    `datasets.map` workers)."""
 
     ids: SpecialIds
 
@@ -117,7 +120,7 @@ class _Tokenizer:
         return out
 
 
-class Tokenizer(_Tokenizer):
+class Tokenizer(TokenizerBase):
     """A joint SentencePiece model with this project's id conventions."""
 
     def __init__(self, model_bytes: bytes):
@@ -186,7 +189,7 @@ class Tokenizer(_Tokenizer):
         return self.processor.normalize(text).replace("\u2581", " ").removeprefix(" ")
 
 
-class VocabTokenizer(_Tokenizer):
+class VocabTokenizer(TokenizerBase):
     """Marian's layout: source and target SentencePiece models that split text into pieces,
     and one piece -> id table (`vocab.json`) for both sides.
 
@@ -312,7 +315,7 @@ def _read_json(path: Path):
         raise DataError(f"{path} is not valid JSON ({err})") from None
 
 
-def load_tokenizer(path: str | Path) -> Tokenizer | VocabTokenizer:
+def load_tokenizer(path: str | Path) -> TokenizerBase:
     """The tokenizer in a model or run directory (either layout), or a `.model` file."""
     path = Path(path)
     if path.is_dir() and (path / VOCAB_FILE).is_file():

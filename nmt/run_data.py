@@ -13,14 +13,14 @@ from data.config import DEFAULT_BUCKETS, BatchConfig
 from data.corpus import load_corpus
 from data.encoding import encode_split, train_or_load_tokenizer
 from data.packing import fit_width
-from data.tokenizer import load_tokenizer
+from data.tokenizer import TokenizerBase, load_tokenizer
 from nmt.config import RunConfig
 from nmt.distributed import barrier
 
 
 @dataclasses.dataclass
 class Data:
-    tokenizer: object  # data.tokenizer.Tokenizer or VocabTokenizer, saved in the run directory
+    tokenizer: TokenizerBase  # saved in the run directory
     train_examples: Examples
     valid_examples: Examples
     batch_config: BatchConfig  # training batches: accum x rows

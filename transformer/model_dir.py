@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx, serialization
 
-from data.tokenizer import Tokenizer, VocabTokenizer, load_tokenizer, tokenizer_present
+from data.tokenizer import TokenizerBase, load_tokenizer, tokenizer_present
 from transformer.config import ModelConfig, SearchConfig
 from transformer.model import Transformer
 
@@ -62,7 +62,7 @@ def read_model_config(model_dir: str | Path) -> tuple[ModelConfig, dict[str, Any
 
 
 def export_model(model_dir: str | Path, params: Any, model_config: ModelConfig,
-                 tokenizer: Tokenizer | VocabTokenizer | str | Path,
+                 tokenizer: TokenizerBase | str | Path,
                  search_config: SearchConfig | None = None,
                  extra: dict[str, Any] | None = None) -> Path:
     """Write a self-contained model directory that `load_model` reads.
@@ -102,7 +102,7 @@ def export_model(model_dir: str | Path, params: Any, model_config: ModelConfig,
     return model_dir
 
 
-def check_tokenizer(model_dir: Path, config: ModelConfig, tokenizer) -> None:
+def check_tokenizer(model_dir: Path, config: ModelConfig, tokenizer: TokenizerBase) -> None:
     """The tokenizer must be the one the parameters were trained with: same size, same
     special ids (a different one would crash mid-translation or translate nonsense)."""
     conf = model_dir / CONFIG_FILE
