@@ -66,15 +66,10 @@ def resolve(argv: list[str] | None = None) -> tuple[RunConfig, argparse.Namespac
     return recipes.build(*layers), args
 
 
-# The settings that shape a model's parameters: a fine-tuned model keeps its starting point's.
-ARCHITECTURE = ("d_model", "num_heads", "d_ff", "encoder_layers", "decoder_layers",
-                "activation", "norm", "positional", "max_len", "share_embeddings",
-                "output_bias", "layer_norm_epsilon")
-
-
 def _init_from_architecture(path: str, layers: list[recipes.Layer]) -> recipes.Layer:
     """With --init-from, the model's architecture is that model's: a layer setting it. SettingsError if the directory is no model, or the recipe or flags ask for
     another architecture."""
+    from transformer.config import ARCHITECTURE
     from transformer.model_dir import ModelDirError, read_model_config, resolve_model_dir
 
     try:

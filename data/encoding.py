@@ -14,7 +14,7 @@ import datasets
 
 from data.config import DataError, TokenizerConfig, default_cache_dir
 from data.corpus import iter_text
-from data.tokenizer import load_tokenizer, tokenizer_present, train_tokenizer
+from data.tokenizer import TokenizerBase, load_tokenizer, tokenizer_present, train_tokenizer
 
 log = logging.getLogger("data")
 
@@ -30,14 +30,14 @@ _ENCODED_FEATURES = datasets.Features({
 
 def train_or_load_tokenizer(run_dir: str | Path, corpus: datasets.DatasetDict | datasets.Dataset,
                             config: TokenizerConfig = TokenizerConfig(),
-                            given: str | Path | None = None):
+                            given: str | Path | None = None) -> TokenizerBase:
     """Reuse the run directory's tokenizer if present (resume), else train one on the train
     split and save it there (`spm.model`).
 
     A reused joint model must have `config.vocab_size` pieces, or a `DataError` says so. With
-    `given` (default `config.spm_model`, train.py's --spm-model; the model directory of
-    --init-from), that tokenizer is used instead: copied into `run_dir` on the first run, and
-    required to be the same on a resumed one.
+    `given` (the model directory of --init-from) or else `config.spm_model` (--spm-model),
+    that tokenizer is used instead: copied into `run_dir` on the first run, and required to be
+    the same on a resumed one.
     """
     run_dir = Path(run_dir)
     if given is not None:
@@ -65,7 +65,7 @@ def train_or_load_tokenizer(run_dir: str | Path, corpus: datasets.DatasetDict | 
     return tokenizer
 
 
-def _use_given_tokenizer(run_dir: Path, given: Path, flag: str):
+def _use_given_tokenizer(run_dir: Path, given: Path, flag: str) -> TokenizerBase:
     """The tokenizer `given` by `flag` (a .model file or a model directory), saved into
     `run_dir` unless already there."""
     tokenizer = load_tokenizer(given)
@@ -91,7 +91,7 @@ def _use_given_tokenizer(run_dir: Path, given: Path, flag: str):
 class _EncodeBatch:
     """Picklable batch function for `Dataset.map` (a tokenizer pickles as its files)."""
 
-    def __init__(self, tokenizer):
+    def __init__(self, tokenizer: TokenizerBase):
         self.tokenizer = tokenizer
 
     def __call__(self, batch: dict[str, list[str]]) -> dict[str, list]:
@@ -105,7 +105,7 @@ class _EncodeBatch:
         }
 
 
-def encode_split(split: datasets.Dataset, tokenizer, cache_dir: str | Path | None = None,
+def encode_split(split: datasets.Dataset, tokenizer: TokenizerBase, cache_dir: str | Path | None = None,
                  num_proc: int | None = None) -> datasets.Dataset:
     """Encode one split to `src_ids`, `tgt_ids` (int32, no BOS/EOS), `src_len`, `tgt_len`.
 
@@ -144,7 +144,7 @@ def encode_split(split: datasets.Dataset, tokenizer, cache_dir: str | Path | Non
     return datasets.load_from_disk(str(target))
 
 
-def encode_corpus(corpus: datasets.DatasetDict, tokenizer,
+def encode_corpus(corpus: datasets.DatasetDict, tokenizer: TokenizerBase,
                   cache_dir: str | Path | None = None, num_proc: int | None = None
                   ) -> datasets.DatasetDict:
     """`encode_split` for every split of `corpus`."""

@@ -98,9 +98,10 @@ def pack_epoch(src_len: np.ndarray, tgt_len: np.ndarray, config: BatchConfig, ep
 
 
 def _fill(values: np.ndarray, offsets: np.ndarray, rows: tuple[np.ndarray, ...], width: int,
-          bos: bool, eos: bool, ids: SpecialIds) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+          bos: bool, eos: bool, special: SpecialIds
+          ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(ids, segments, positions), each [len(rows), width] int32, of one side of the pairs."""
-    special, ids = ids, np.full((len(rows), width), ids.pad, np.int32)
+    ids = np.full((len(rows), width), special.pad, np.int32)
     segments = np.zeros((len(rows), width), np.int32)
     positions = np.zeros((len(rows), width), np.int32)
     for r, pairs in enumerate(rows):
@@ -133,12 +134,12 @@ def materialize_packed(examples, batch: PackedBatch, process_index: int = 0,
     rows = batch.rows[process_index * local:(process_index + 1) * local]
     src, src_segments, src_positions = _fill(examples.src_values, examples.src_offsets, rows,
                                              batch.width, bos=False, eos=True,
-                                             ids=examples.ids)
+                                             special=examples.ids)
     tgt_in, tgt_segments, tgt_positions = _fill(examples.tgt_values, examples.tgt_offsets,
                                                 rows, batch.width, bos=True, eos=False,
-                                                ids=examples.ids)
+                                                special=examples.ids)
     tgt_out, _, _ = _fill(examples.tgt_values, examples.tgt_offsets, rows, batch.width,
-                          bos=False, eos=True, ids=examples.ids)
+                          bos=False, eos=True, special=examples.ids)
     return {"src": src, "tgt_in": tgt_in, "tgt_out": tgt_out,
             "src_segments": src_segments, "tgt_segments": tgt_segments,
             "src_positions": src_positions, "tgt_positions": tgt_positions}

@@ -233,8 +233,10 @@ class VocabTokenizer(TokenizerBase):
         self.__init__(*state["args"])
 
     @classmethod
-    def load(cls, directory: str | Path) -> "VocabTokenizer":
-        """Read source.spm, target.spm, vocab.json (and special_tokens_map.json if there)."""
+    def load(cls, directory: str | Path, special_tokens: dict[str, str] | None = None
+             ) -> "VocabTokenizer":
+        """Read source.spm, target.spm, vocab.json, and the special tokens of
+        special_tokens_map.json if there (or those given)."""
         directory = Path(directory)
         for name in (SOURCE_SPM, TARGET_SPM, VOCAB_FILE):
             if not (directory / name).is_file():
@@ -243,16 +245,11 @@ class VocabTokenizer(TokenizerBase):
         vocab = _read_json(directory / VOCAB_FILE)
         if not isinstance(vocab, dict) or not all(isinstance(i, int) for i in vocab.values()):
             raise DataError(f"{directory / VOCAB_FILE} must map each piece to an integer id")
-        special = {}
-        if (directory / SPECIAL_TOKENS_FILE).is_file():
-            for name, value in _read_json(directory / SPECIAL_TOKENS_FILE).items():
-                if isinstance(value, dict):  # transformers' AddedToken form
-                    value = value.get("content")
-                if name in SPECIAL_TOKENS and isinstance(value, str):
-                    special[name] = value
+        if special_tokens is None and (directory / SPECIAL_TOKENS_FILE).is_file():
+            special_tokens = read_special_tokens(directory / SPECIAL_TOKENS_FILE)
         try:
             return cls((directory / SOURCE_SPM).read_bytes(), (directory / TARGET_SPM).read_bytes(),
-                       vocab, special)
+                       vocab, special_tokens)
         except DataError as err:
             raise DataError(f"{directory}: {err}") from None
 
@@ -306,6 +303,18 @@ def _named_processor(model_bytes: bytes, name: str) -> spm.SentencePieceProcesso
         return _processor(model_bytes, name)
     except DataError as err:
         raise DataError(f"{name}: {err}") from None
+
+
+def read_special_tokens(path: Path) -> dict[str, str]:
+    """The special-token pieces a transformers tokenizer file (special_tokens_map.json,
+    tokenizer_config.json) names, as {"eos_token": "</s>", ...}."""
+    special = {}
+    for name, value in _read_json(path).items():
+        if isinstance(value, dict):  # transformers' AddedToken form
+            value = value.get("content")
+        if name in SPECIAL_TOKENS and isinstance(value, str):
+            special[name] = value
+    return special
 
 
 def _read_json(path: Path):

@@ -251,3 +251,20 @@ def test_packed_bfloat16_and_the_cudnn_path(monkeypatch):
     rows_, width = packed["src"].shape
     assert len(seen) == config.encoder_layers + 2 * config.decoder_layers
     assert all(shape == (rows_, 1, width, width) for shape in seen), seen
+
+
+def test_batches_use_the_tokenizers_ids():
+    """Marian's ids (EOS 0, pad last, the decoder starting from pad): packed and bucketed
+    batches alike are built with the examples' ids, not this project's 0/2/3."""
+    from data.tokenizer import SpecialIds
+
+    marian = SpecialIds(pad=9, unk=1, bos=9, eos=0)
+    pairs = dataclasses.replace(_pairs([[5, 6], [7]], [[4], [8, 5]]), ids=marian)
+    packed = materialize_packed(pairs, PackedBatch(8, (np.array([0, 1]),)))
+    np.testing.assert_array_equal(packed["src"], [[5, 6, 0, 7, 0, 9, 9, 9]])
+    np.testing.assert_array_equal(packed["tgt_in"], [[9, 4, 9, 8, 5, 9, 9, 9]])
+    np.testing.assert_array_equal(packed["tgt_out"], [[4, 0, 8, 5, 0, 9, 9, 9]])
+    padded = materialize(pairs, PlannedBatch(4, 4, np.array([0, 1])))
+    np.testing.assert_array_equal(padded["src"], [[5, 6, 0, 9], [7, 0, 9, 9]])
+    np.testing.assert_array_equal(padded["tgt_in"], [[9, 4, 9, 9], [9, 8, 5, 9]])
+    np.testing.assert_array_equal(padded["tgt_out"], [[4, 0, 9, 9], [8, 5, 0, 9]])

@@ -168,6 +168,13 @@ class ModelConfig(DictConfig):
         return json.dumps(self.to_dict(), indent=2, sort_keys=True)
 
 
+# The ModelConfig fields that define what the parameters compute, besides the vocabulary: a
+# model fine-tuned from another (train.py --init-from) keeps that model's.
+ARCHITECTURE = ("d_model", "num_heads", "d_ff", "encoder_layers", "decoder_layers",
+                "activation", "norm", "positional", "max_len", "share_embeddings",
+                "output_bias", "layer_norm_epsilon")
+
+
 @dataclasses.dataclass(frozen=True)
 class TrainConfig(DictConfig):
     """Optimisation hyper-parameters; defaults follow the paper (Sec. 5.3 and 5.4).

@@ -105,38 +105,25 @@ def read_tokenizer(directory: Path, decoder_start: int | None = None):
     """MarianTokenizer's files as a VocabTokenizer (special tokens as its configs name them;
     the decoder starts from `decoder_start`, by default the pad id)."""
     from data.config import DataError
-    from data.tokenizer import SOURCE_SPM, TARGET_SPM, VOCAB_FILE, VocabTokenizer
+    from data.tokenizer import VocabTokenizer, read_special_tokens
 
-    for name in (SOURCE_SPM, TARGET_SPM, VOCAB_FILE):
-        if not (directory / name).is_file():
-            raise ConversionError(f"{directory / name} is missing: a MarianMT model's tokenizer "
-                                  f"is {SOURCE_SPM}, {TARGET_SPM} and {VOCAB_FILE}; download "
-                                  "the tokenizer files with the model.")
     special: dict[str, str] = {}
     for name in ("tokenizer_config.json", "special_tokens_map.json"):
         if (directory / name).is_file():
-            for key, value in _read_json(directory / name, "").items():
-                if isinstance(value, dict):  # transformers' AddedToken form
-                    value = value.get("content")
-                if key in ("eos_token", "unk_token", "pad_token") and isinstance(value, str):
-                    special[key] = value
+            special.update(read_special_tokens(directory / name))
+    special.pop("bos_token", None)  # MarianMT's decoder start is config.json's to say
     try:
-        vocab = json.loads((directory / VOCAB_FILE).read_text(encoding="utf-8"))
-        if decoder_start is not None and decoder_start != vocab.get(special.get("pad_token",
-                                                                                "<pad>")):
-            # A decoder that starts from its own token (BOS), as models exported from here do.
-            pieces = {i: piece for piece, i in vocab.items()}
-            if decoder_start not in pieces:
-                raise ConversionError(f"{directory / 'config.json'}: decoder_start_token_id "
-                                      f"{decoder_start} is not in {VOCAB_FILE}.")
-            special["bos_token"] = pieces[decoder_start]
-        return VocabTokenizer((directory / SOURCE_SPM).read_bytes(),
-                              (directory / TARGET_SPM).read_bytes(), vocab, special)
-    except (ValueError, AttributeError) as err:
-        raise ConversionError(f"{directory / VOCAB_FILE}: not a piece -> id JSON object "
-                              f"({err}).") from None
+        tokenizer = VocabTokenizer.load(directory, special)
+        if decoder_start is None or decoder_start == tokenizer.ids.pad:
+            return tokenizer
+        # A decoder that starts from its own token (BOS), as models exported from here do.
+        if decoder_start not in tokenizer.id_to_piece:
+            raise ConversionError(f"{directory / 'config.json'}: decoder_start_token_id "
+                                  f"{decoder_start} is not in vocab.json.")
+        return VocabTokenizer(*tokenizer.sentencepiece_models(), tokenizer.vocab,
+                              {**special, "bos_token": tokenizer.id_to_piece[decoder_start]})
     except DataError as err:
-        raise ConversionError(f"{directory}: {err}") from None
+        raise ConversionError(f"{err}; download the tokenizer files with the model.") from None
 
 
 def model_config(config: dict[str, Any], state: dict[str, np.ndarray], tokenizer,
