@@ -56,6 +56,10 @@ class TrainerConfig:
         None, f"stop after this much wall-clock time ({DEFAULT_MAX_MINUTES:g} when neither "
               "--max-steps nor --max-epochs is given)")
     max_epochs: int | None = setting(None, "stop after this many passes over the training pairs")
+    written_for: Literal["cpu", "gpu", "tpu"] | None = setting(
+        None, "the platform whose speed the budget of steps and minutes was chosen for (cpu, "
+              "gpu or tpu): on another, training says so at start and, once its first steps are "
+              "timed, how long the budget takes there")
     early_stop_patience: int | None = setting(
         None, "stop after N validations without a better --best-metric score")
     eval_every: int = setting(1000, "validate every N steps")

@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import logging
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -46,6 +48,7 @@ from nmt.compilation import AheadOfTime, CompileLog, enable_compilation_cache
 from nmt.config import RunConfig
 from nmt.distributed import barrier, local_copy
 from nmt.metrics_log import MetricsWindow, MetricsWriteError, MetricsWriter
+from nmt.platform_check import BudgetForecast
 from nmt.run_data import prepare_data
 from nmt.run_lock import LOCK_FILE, RunLock
 from nmt.stopping import Limits, PausableClock, StopSignal
@@ -53,6 +56,8 @@ from nmt.summary import announcement, build_summary, echo, print_summary, progre
 from nmt.validation import Validator, describe
 from transformer.training import (batch_sharding, create_train_state, make_eval_step,
                                   make_mesh, make_train_step, shard_batch)
+
+log = logging.getLogger(__name__)
 
 
 class TrainingError(RuntimeError):
@@ -145,6 +150,8 @@ class Trainer:
                                self.state.params)
         self.batches = resume.batch_iterator(self.data.train_examples, self.data.batch_config,
                                              self.book, self.step)
+        self.forecast = BudgetForecast(run.trainer.written_for, jax.devices()[0].platform,
+                                       self.limits, self.batches.batches_per_epoch)
         self.writer = MetricsWriter(run_dir, self.step, self.is_main)
         self.window = MetricsWindow(self.book.window, self.step + 1, self._diverged,
                                     spike=run.trainer.loss_spike)
@@ -264,6 +271,9 @@ class Trainer:
                  f"--early-stop-patience is {self.run.trainer.early_stop_patience}; raise it to "
                  "train on.")
             stopped = "early_stop"
+        warning = self.forecast.at_start()
+        if warning and self.is_main and stopped is None:
+            log.warning(warning)
         self.bar = progress_bar(self.run.trainer, self.limits.total_steps(
             self.batches.batches_per_epoch), self.step) if self.is_main else None
         self.train_step.wait()
@@ -290,6 +300,7 @@ class Trainer:
             in_flight.append(metrics["loss"])
             if len(in_flight) > 2:
                 in_flight.popleft().block_until_ready()
+            self._forecast_budget(metrics["loss"])
             if self.step % trainer.log_every == 0:
                 self.log_window()
             if self.step % trainer.eval_every == 0 and self.validate():
@@ -319,6 +330,16 @@ class Trainer:
                 self.bar.set_description(f"ETA {int(left // 60)}:{int(left % 60):02d}",
                                          refresh=False)
         return metrics
+
+    def _forecast_budget(self, loss: jax.Array) -> None:
+        """Settings written for another platform: what their budget takes here, once."""
+        if not self.forecast.timing:
+            return
+        loss.block_until_ready()  # the steps timed are finished, not only queued
+        message = self.forecast.after_step(self.step, time.monotonic(),
+                                           self.train_step.seconds_compiling_in_calls)
+        if message and self.is_main:
+            log.warning(message)
 
     # ------------------------------------------------------------------------- records
 

@@ -63,8 +63,10 @@ def test_legacy_json_recipe_and_its_yaml_twin_are_the_same_run(monkeypatch):
                            recipes.read_recipe(REPO / "tests/data/legacy_multi30k_small.json"))
     twin = recipes.load(REPO / "configs/multi30k_small.yaml")
     assert twin.data.source, "the YAML recipe says where its corpus comes from"
-    # JSON recipes predate data.source, a note for people and not a training setting
-    assert legacy == dataclasses.replace(twin, data=dataclasses.replace(twin.data, source=None))
+    # JSON recipes predate data.source and trainer.written_for, notes rather than settings
+    assert legacy == dataclasses.replace(
+        twin, data=dataclasses.replace(twin.data, source=None),
+        trainer=dataclasses.replace(twin.trainer, written_for=None))
 
 
 def test_seeds_follow_the_train_seed():

@@ -1,0 +1,50 @@
+"""Every shipped recipe trains: its model, schedule, batching and checkpointing run two steps
+on a synthetic corpus (data, vocabulary and budget made tiny by flags), and a recipe written
+for another platform than this one says so before training."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import jax
+import pytest
+
+import train as train_cli
+from nmt import checkpoints as checkpoint
+from nmt import recipes
+from synthetic_corpus import write_corpus
+from transformer.model_dir import read_model_config
+
+REPO = Path(__file__).resolve().parents[1]
+RECIPES = sorted((REPO / "configs").glob("*.yaml"))
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> dict[str, str]:
+    root = tmp_path_factory.mktemp("corpus")
+    return {"train": write_corpus(root, 300, 0, "train"),
+            "valid": write_corpus(root, 20, 1, "valid")}
+
+
+@pytest.mark.parametrize("path", RECIPES, ids=lambda p: p.name)
+def test_recipe_runs_two_steps(path, corpus, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("FLAX_NMT_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "run"
+    tiny = ["--train-prefix", corpus["train"], "--valid-prefix", corpus["valid"],
+            "--test-prefix", corpus["valid"], "--src", "en", "--tgt", "de",
+            "--vocab-size", "320", "--batch-tokens", "512",
+            "--max-tokens-per-sentence", "32", "--max-steps", "2", "--eval-sentences", "0",
+            "--no-progress", "--output-dir", str(out)]
+    code = train_cli.main(["--config", str(path), *tiny])
+    err = capsys.readouterr().err
+    assert code == 0, err[-3000:]
+    recipe = recipes.load(path)
+    assert checkpoint.complete_steps(out / "checkpoints") == [2]
+    model, _ = read_model_config(out / "model")
+    assert (model.d_model, model.encoder_layers, model.decoder_layers, model.dropout) == (
+        recipe.model.d_model, recipe.model.encoder_layers, recipe.model.decoder_layers,
+        recipe.model.dropout)
+    platform = jax.devices()[0].platform
+    assert recipe.trainer.written_for is not None, f"{path.name}: say which platform it fits"
+    warned = err.count("WARNING nmt.trainer: these settings were written for")
+    assert warned == (recipe.trainer.written_for != platform), err[-3000:]
