@@ -67,8 +67,9 @@ def resolve(argv: list[str] | None = None) -> tuple[RunConfig, argparse.Namespac
 
 
 def _init_from_architecture(path: str, layers: list[recipes.Layer]) -> recipes.Layer:
-    """With --init-from, the model's architecture is that model's: a layer setting it. SettingsError if the directory is no model, or the recipe or flags ask for
-    another architecture."""
+    """With --init-from, the model's architecture is that model's: a layer setting it.
+    SettingsError if the directory is no model, or the recipe or flags ask for another
+    architecture."""
     from transformer.config import ARCHITECTURE
     from transformer.model_dir import ModelDirError, read_model_config, resolve_model_dir
 

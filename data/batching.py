@@ -309,7 +309,7 @@ def plan_epoch(examples: Examples, config: BatchConfig, epoch: int, shuffle: boo
 
 
 def _gather(values: np.ndarray, offsets: np.ndarray, rows: np.ndarray, width: int,
-            bos: bool, eos: bool, ids: SpecialIds) -> np.ndarray:
+            bos: bool, eos: bool, special: SpecialIds) -> np.ndarray:
     """[len(rows), width] int32: each row's ids, with BOS before and/or EOS after, padded.
 
     Rows equal to -1 become all padding (no BOS or EOS).
@@ -320,12 +320,12 @@ def _gather(values: np.ndarray, offsets: np.ndarray, rows: np.ndarray, width: in
     shift = int(bos)
     pos = np.arange(width)[None, :] - shift  # [1, width] position in the id list
     inside = (pos >= 0) & (pos < lengths[:, None])  # [b, width]
-    out = np.full((len(rows), width), ids.pad, dtype=np.int32)
+    out = np.full((len(rows), width), special.pad, dtype=np.int32)
     out[inside] = values[(offsets[safe][:, None] + pos)[inside]]
     if bos:
-        out[real, 0] = ids.bos
+        out[real, 0] = special.bos
     if eos:
-        out[np.flatnonzero(real), lengths[real] + shift] = ids.eos
+        out[np.flatnonzero(real), lengths[real] + shift] = special.eos
     return out
 
 
@@ -345,11 +345,11 @@ def materialize(examples: Examples, batch: PlannedBatch | PackedBatch, process_i
     rows = rows[process_index * local:(process_index + 1) * local]
     return {
         "src": _gather(examples.src_values, examples.src_offsets, rows, batch.src_len,
-                       bos=False, eos=True, ids=examples.ids),
+                       bos=False, eos=True, special=examples.ids),
         "tgt_in": _gather(examples.tgt_values, examples.tgt_offsets, rows, batch.tgt_len,
-                          bos=True, eos=False, ids=examples.ids),
+                          bos=True, eos=False, special=examples.ids),
         "tgt_out": _gather(examples.tgt_values, examples.tgt_offsets, rows, batch.tgt_len,
-                           bos=False, eos=True, ids=examples.ids),
+                           bos=False, eos=True, special=examples.ids),
     }
 
 
@@ -517,5 +517,5 @@ def inference_batches(ids: Sequence[Sequence[int]], batch_tokens: int = 4096,
         rows = max(multiple_of, rows - rows % multiple_of)
         end = min(start + rows, int(np.searchsorted(widths, width, side="right")))
         index = np.concatenate([order[start:end], np.full(rows - (end - start), -1)])
-        yield _gather(values, offsets, index, width, bos=False, eos=True, ids=special), index
+        yield _gather(values, offsets, index, width, bos=False, eos=True, special=special), index
         start = end

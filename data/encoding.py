@@ -105,7 +105,8 @@ class _EncodeBatch:
         }
 
 
-def encode_split(split: datasets.Dataset, tokenizer: TokenizerBase, cache_dir: str | Path | None = None,
+def encode_split(split: datasets.Dataset, tokenizer: TokenizerBase,
+                 cache_dir: str | Path | None = None,
                  num_proc: int | None = None) -> datasets.Dataset:
     """Encode one split to `src_ids`, `tgt_ids` (int32, no BOS/EOS), `src_len`, `tgt_len`.
 

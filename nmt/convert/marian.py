@@ -217,7 +217,8 @@ def from_marian_state(state: dict[str, np.ndarray], config: ModelConfig) -> Para
         params["tgt_embedding"] = {"table": {"embedding": unpermuted(
             "model.decoder.embed_tokens.weight")}}
         # A checkpoint whose output layer is tied to the decoder's table may leave it out.
-        output = "lm_head.weight" if "lm_head.weight" in state else "model.decoder.embed_tokens.weight"
+        output = ("lm_head.weight" if "lm_head.weight" in state
+                  else "model.decoder.embed_tokens.weight")
         params["output_projection"] = {"kernel": reads(output)}
     if config.output_bias:
         params["output_bias"] = get("final_logits_bias").reshape(-1)
