@@ -50,9 +50,9 @@ def main() -> None:
     import ctranslate2
 
     from nmt.convert.ctranslate2 import export_ctranslate2
-    from nmt.scoring import evaluate
-    from transformer.model_dir import load_model
-    from transformer.translation import Translator
+    from nmt.translation.scoring import evaluate
+    from nmt.models.model_dir import load_model
+    from nmt.models.translator import Translator
 
     sources = Path(f"{args.test_prefix}.{args.src}").read_text(encoding="utf-8").splitlines()
     references = Path(f"{args.test_prefix}.{args.tgt}").read_text(encoding="utf-8").splitlines()

@@ -29,7 +29,7 @@ from data.corpus import iter_text, read_prefix
 from data.encoding import encode_split
 from data.packing import fit_width
 from data.tokenizer import TokenizerConfig, train_tokenizer
-from nmt.host_memory import reuse_freed_host_memory
+from nmt.runtime.host_memory import reuse_freed_host_memory
 from transformer import training
 from transformer.config import PRESETS, get_preset
 

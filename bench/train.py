@@ -44,7 +44,7 @@ import numpy as np
 from bench import common
 from transformer import training
 from transformer.config import PRESETS, get_preset
-from nmt.host_memory import reuse_freed_host_memory
+from nmt.runtime.host_memory import reuse_freed_host_memory
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -1,10 +1,20 @@
-"""The application around the `transformer` library: training runs, their checkpoints and
-logs, evaluation with sacreBLEU, recipes and command lines.
+"""The application around the `transformer` library and the `data` pipeline, grouped by what
+it does (each subpackage's docstring says what it holds):
 
-    from nmt.trainer import train
-    from nmt import recipes
+    runtime      process plumbing: one-line errors, atomic files, several processes, caches
+    models       a trained model with its tokenizer: the model directory and the Translator
+    settings     a run's settings: RunConfig, recipes and train.py's flags
+    rundir       the run directory: checkpoints, resume, the final models, the lock
+    translation  translate.py: input and output, evaluation, scoring, attention plots
+    training     train.py: the loop and what runs in it
+    convert      models to and from transformers' MarianMT and CTranslate2
+
+Each imports only those above it in this list (tests/test_layering.py holds that).
+
+    from nmt.settings import recipes
+    from nmt.training.trainer import train
 
     summary = train(recipes.load("configs/multi30k_small.yaml"))
 
-Modules import what they need; importing this package loads nothing heavy.
+Modules import what they need; importing a package loads nothing heavy.
 """

@@ -13,8 +13,8 @@ import jax
 import numpy as np
 import pytest
 
-from nmt import checkpoints as checkpoint
-from transformer import model_dir
+from nmt.rundir import checkpoints as checkpoint
+from nmt.models import model_dir
 from transformer.config import SearchConfig, get_preset
 from transformer.training import (TrainConfig, create_train_state, make_mesh, make_optimizer,
                                   make_train_step)
@@ -253,8 +253,8 @@ _KILLED_DURING_SAVE = """
 import os, sys
 import numpy as np
 sys.path.insert(0, {repo!r})
-from nmt import checkpoints as checkpoint
-from transformer import model_dir
+from nmt.rundir import checkpoints as checkpoint
+from nmt.models import model_dir
 saver = checkpoint.Checkpointer({run!r}, keep_last=5)
 params = {{"w": np.ones((4, 4), np.float32)}}
 train = {{"step": np.array(1, np.int32), "opt_state": np.zeros(3, np.float32), "rng": np.zeros(2, np.uint32)}}

@@ -20,8 +20,8 @@ from nmt.convert.common import ConversionError
 from transformer.config import SearchConfig, TrainConfig, get_preset
 from transformer.layers import sinusoidal_positions
 from transformer.model import Transformer
-from transformer.model_dir import export_model, load_model
-from transformer.translation import Translator
+from nmt.models.model_dir import export_model, load_model
+from nmt.models.translator import Translator
 
 from translate_model import sentences
 

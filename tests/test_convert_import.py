@@ -22,8 +22,8 @@ from nmt.convert.marian_import import import_marian
 from nmt.convert.common import ConversionError
 from synthetic_corpus import write_corpus
 from transformer.config import SearchConfig
-from transformer.model_dir import load_model
-from transformer.translation import Translator
+from nmt.models.model_dir import load_model
+from nmt.models.translator import Translator
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")

@@ -109,7 +109,7 @@ def exported(tmp_path_factory):
 
 def test_translate_py_ensembles_models_of_one_tokenizer_only(exported, tmp_path, monkeypatch,
                                                              capsys):
-    import translate as translate_cli
+    from nmt.translation import command as translate_cli
 
     run = exported
     # A copy of the same model: the ensemble must translate exactly as the model alone.
@@ -160,9 +160,9 @@ def test_reference_logprobs_equal_one_pair_at_a_time_padding_and_all():
 
 def test_translate_py_score_prints_each_reference_logprob_in_order(exported, tmp_path,
                                                                    monkeypatch, capsys):
-    import translate as translate_cli
+    from nmt.translation import command as translate_cli
     from translate_model import sentences as corpus
-    from transformer.model_dir import load_model
+    from nmt.models.model_dir import load_model
     from transformer.decoding import pad_sources, reference_logprobs
 
     run = exported

@@ -22,10 +22,11 @@ import numpy as np
 import pytest
 
 import train as train_cli
-import translate as translate_cli
-from nmt import checkpoints as checkpoint
-from nmt.metrics_log import MetricsWindow
-from nmt.run_lock import LOCK_FILE, RunDirectoryInUse, RunLock
+from nmt.translation import command as translate_cli
+from nmt.runtime import files
+from nmt.rundir import checkpoints as checkpoint
+from nmt.training.metrics_log import MetricsWindow
+from nmt.rundir.lock import LOCK_FILE, RunDirectoryInUse, RunLock
 from translate_model import make_model, sentences
 
 REPO = Path(__file__).resolve().parents[1]
@@ -147,7 +148,7 @@ def test_disk_full_on_a_real_file_system_is_one_line_and_resumes(tmp_path, env):
 def test_library_tracebacks_are_not_logged_unless_debugging(monkeypatch, capsys):
     import logging
 
-    from nmt import cli
+    from nmt.runtime import cli
 
     monkeypatch.delenv(cli.DEBUG_VARIABLE, raising=False)
     cli.setup_logging(logging.INFO, "%(levelname)s %(name)s: %(message)s", ("absl",))
@@ -156,11 +157,11 @@ def test_library_tracebacks_are_not_logged_unless_debugging(monkeypatch, capsys)
     except OSError:
         logging.getLogger("absl").error("write failed", exc_info=True)
         logging.getLogger("asyncio").error("Task exception was never retrieved", exc_info=True)
-        logging.getLogger("nmt.trainer").error("ours", exc_info=True)
+        logging.getLogger("nmt.training.trainer").error("ours", exc_info=True)
     logging.getLogger("absl").error("no exception: kept")
     err = capsys.readouterr().err
     assert "write failed" not in err and "never retrieved" not in err
-    assert "ERROR nmt.trainer: ours" in err and "no exception: kept" in err
+    assert "ERROR nmt.training.trainer: ours" in err and "no exception: kept" in err
 
     ignored = []
     hook = cli._quiet_closed_loop(ignored.append)
@@ -189,7 +190,7 @@ def test_logging_follows_stderr_across_calls(monkeypatch):
     import io
     import logging
 
-    from nmt import cli
+    from nmt.runtime import cli
 
     first, second = io.StringIO(), io.StringIO()
     monkeypatch.setattr(sys, "stderr", first)
@@ -239,7 +240,7 @@ def test_translate_with_stdin_closed(run_dir, env):
 def test_a_model_directory_with_another_tokenizer_is_refused(run_dir, tmp_path, capsys,
                                                             monkeypatch):
     from data.tokenizer import TokenizerConfig, train_tokenizer
-    from transformer.model_dir import ModelDirError, load_model
+    from nmt.models.model_dir import ModelDirError, load_model
 
     model = tmp_path / "model"
     shutil.copytree(run_dir / "model", model)
@@ -257,7 +258,7 @@ def test_a_model_directory_with_another_tokenizer_is_refused(run_dir, tmp_path, 
 
 
 def test_parameters_of_another_shape_are_named(run_dir, tmp_path):
-    from transformer.model_dir import ModelDirError, load_model
+    from nmt.models.model_dir import ModelDirError, load_model
 
     model = tmp_path / "model"
     shutil.copytree(run_dir / "model", model)
@@ -284,7 +285,7 @@ def test_output_is_written_as_it_goes_and_replaces_out_only_when_done(run_dir, e
     source, out = tmp_path / "big.de", tmp_path / "out.en"
     source.write_text("".join(line + "\n" for line in sentences(4000, seed=3, max_words=6)))
     out.write_text("the earlier output\n")
-    partial = tmp_path / ("out.en" + translate_cli.PARTIAL_SUFFIX)
+    partial = tmp_path / ("out.en" + files.PARTIAL_SUFFIX)
     process = subprocess.Popen(
         [sys.executable, "translate.py", "--model", str(run_dir), "--greedy", "-q",
          "--input", str(source), "--output", str(out), "--chunk-lines", "50",
@@ -315,7 +316,7 @@ def test_run_lock_refuses_a_second_holder_and_not_a_dead_one(tmp_path):
                 pass
     # A holder killed with SIGKILL leaves its lock file, which must not block.
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; from nmt.run_lock import RunLock\n"
+        [sys.executable, "-c", "import sys, time; from nmt.rundir.lock import RunLock\n"
          "with RunLock(sys.argv[1]):\n print('held', flush=True); time.sleep(60)",
          str(tmp_path)], cwd=REPO, stdout=subprocess.PIPE, text=True)
     assert holder.stdout.readline().strip() == "held"
@@ -478,8 +479,8 @@ def test_a_recipe_whose_corpus_is_missing_says_where_to_get_it(tmp_path, capsys,
 
 
 def test_recipe_variables_need_a_value_or_a_default(tmp_path, monkeypatch):
-    from nmt import recipes
-    from nmt.config import SettingsError
+    from nmt.settings import recipes
+    from nmt.settings.config import SettingsError
 
     recipe = tmp_path / "r.yaml"
     recipe.write_text("data:\n  train_prefix: ${CORPUS_DIR}/train\n"

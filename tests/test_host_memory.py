@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from conftest import ROOT
-from nmt.host_memory import has_glibc_malloc
+from nmt.runtime.host_memory import has_glibc_malloc
 
 glibc_only = pytest.mark.skipif(not has_glibc_malloc(),
                                 reason="the malloc settings exist only in glibc")
@@ -22,7 +22,7 @@ glibc_only = pytest.mark.skipif(not has_glibc_malloc(),
 _PROBE = """
 import ctypes, json, resource, sys, threading
 sys.path.insert(0, {root!r})
-from nmt.host_memory import reuse_freed_host_memory
+from nmt.runtime.host_memory import reuse_freed_host_memory
 applied = reuse_freed_host_memory()
 libc = ctypes.CDLL(None)
 libc.malloc.restype = ctypes.c_void_p
@@ -72,7 +72,7 @@ def test_freed_big_blocks_are_reused_without_page_faults():
                                          ("JAX_PLATFORMS", "cuda,cpu"), ("JAX_PLATFORMS", "tpu")])
 def test_settings_stay_off_unless_asked_for_on_cpu(monkeypatch, name, value):
     # Safe in this process: each case returns before calling mallopt.
-    from nmt import host_memory
+    from nmt.runtime import host_memory
 
     monkeypatch.setattr(host_memory, "_applied", False)
     monkeypatch.setenv("NMT_KEEP_HOST_MEMORY", "1")
@@ -87,7 +87,7 @@ def test_settings_stay_off_unless_asked_for_on_cpu(monkeypatch, name, value):
 def test_train_py_applies_the_settings_first_and_refuses_a_bad_value(monkeypatch, capsys,
                                                                     tmp_path):
     import train
-    from nmt import host_memory
+    from nmt.runtime import host_memory
 
     calls = []
     monkeypatch.setattr(host_memory, "reuse_freed_host_memory", lambda: calls.append(1))

@@ -1,8 +1,11 @@
-"""The library stays a library: `transformer/` builds, trains a step, searches and loads a
-model without the application's dependencies, and `train.py --help` starts without JAX."""
+"""The layers stay layers. Our own imports run one way (`transformer` <- `data` <- `nmt` <-
+the scripts, and within `nmt` from plumbing up to the commands), with no cycle; the library
+builds, trains a step and searches, and a model directory loads and translates, without the
+training application's dependencies; `train.py --help` starts without JAX."""
 
 from __future__ import annotations
 
+import ast
 import json
 import subprocess
 import sys
@@ -11,15 +14,114 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 APPLICATION_ONLY = ("orbax", "sacrebleu", "tqdm", "tensorboardX", "matplotlib", "datasets")
 
+# Who may import whom. A module may import its own package and the layers listed for it;
+# `nmt`'s subpackages are ordered from process plumbing up to the commands.
+NMT_ORDER = ("runtime", "models", "settings", "rundir", "translation", "training", "convert")
+SCRIPTS = ("train", "translate")
+
+
+def _layer(module: str) -> tuple[int, int]:
+    """(top-level rank, rank within nmt) of a module of ours."""
+    parts = module.split(".")
+    if parts[0] == "transformer":
+        return 0, 0
+    if parts[0] == "data":
+        return 1, 0
+    if parts[0] == "nmt":
+        return 2, (NMT_ORDER.index(parts[1]) + 1 if len(parts) > 2 else 0)
+    return 3, 0  # train.py, translate.py
+
+
+def _may_import(importer: str, imported: str) -> bool:
+    if importer.startswith("data.") and imported.startswith("transformer."):
+        return imported == "transformer.config"  # data's settings use the library's `setting`
+    if importer.split(".")[:2] == imported.split(".")[:2]:
+        return True  # within one package
+    return _layer(imported) <= _layer(importer)
+
+
+def _our_modules() -> dict[str, Path]:
+    paths = [*REPO.glob("transformer/**/*.py"), *REPO.glob("data/**/*.py"),
+             *REPO.glob("nmt/**/*.py"), *(REPO / f"{name}.py" for name in SCRIPTS)]
+    modules = {}
+    for path in paths:
+        parts = path.relative_to(REPO).with_suffix("").parts
+        modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return modules
+
+
+def import_graph() -> dict[str, set[str]]:
+    """module -> the modules of ours it imports, function-local imports included."""
+    modules = _our_modules()
+    graph = {}
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        imported = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1]
+                                    + ([base] if base else []))
+                targets = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base
+                           for alias in node.names]
+            else:
+                continue
+            imported |= {target for target in targets if target in modules and target != name}
+        graph[name] = imported
+    return graph
+
+
+def test_the_import_graph_sees_function_local_imports():
+    graph = import_graph()
+    assert "nmt.training.trainer" in graph["nmt.training.command"]  # imported inside _run
+    assert graph["transformer.kernels"] == {"transformer.config"}
+
+
+def test_imports_run_one_way():
+    against = sorted(f"{importer} -> {imported}"
+                     for importer, targets in import_graph().items()
+                     for imported in targets if not _may_import(importer, imported))
+    assert not against, against
+
+
+def test_the_layer_rule_refuses_what_it_should():
+    assert not _may_import("transformer.model", "data.tokenizer")
+    assert not _may_import("data.batching", "transformer.model")
+    assert not _may_import("nmt.models.translator", "nmt.settings.config")
+    assert not _may_import("nmt.settings.recipes", "translate")
+    assert _may_import("nmt.training.trainer", "nmt.models.model_dir")
+
+
+def test_no_import_cycles():
+    graph = import_graph()
+    cycles, state = [], {}
+
+    def visit(module: str, path: list[str]) -> None:
+        state[module] = "open"
+        for imported in sorted(graph[module]):
+            if state.get(imported) == "open":
+                cycles.append(" -> ".join(path[path.index(imported):] + [imported]))
+            elif imported not in state:
+                visit(imported, path + [imported])
+        state[module] = "done"
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [module])
+    assert not cycles, cycles
+
 _USE_THE_LIBRARY = """
 import json, sys
 import numpy as np
-from transformer import cache, config, decoding, ensemble, kernels, layers, model, model_dir
-from transformer import training, translation
+from transformer import cache, config, decoding, ensemble, kernels, layers, model, training
+from nmt.models import model_dir, translator
 
 loaded, tokenizer, values = model_dir.load_model(sys.argv[1])
-translator = translation.Translator(loaded, tokenizer, values["search"])
-assert len(translator.translate(["Ein Mann liest."])) == 1
+searcher = translator.Translator(loaded, tokenizer, values["search"])
+assert len(searcher.translate(["Ein Mann liest."])) == 1
 train_config = config.TrainConfig(warmup_steps=2)
 mesh = training.make_mesh()
 graphdef, _, state = training.create_train_state(values["model"], train_config, mesh)

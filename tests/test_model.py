@@ -500,7 +500,7 @@ def test_output_bias_is_added_to_every_logit_and_only_there():
 
 def test_a_model_with_swish_and_an_output_bias_travels_through_its_directory(tmp_path):
     from data.tokenizer import TokenizerConfig, train_tokenizer
-    from transformer.model_dir import export_model, load_model
+    from nmt.models.model_dir import export_model, load_model
 
     from translate_model import sentences
 

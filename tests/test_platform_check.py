@@ -8,10 +8,10 @@ import logging
 import pytest
 
 import train as train_cli
-from nmt.config import TrainerConfig
-from nmt.platform_check import TIMED_STEPS, BudgetForecast
-from nmt.stopping import Limits
-from nmt.trainer import train
+from nmt.settings.config import TrainerConfig
+from nmt.training.platform_check import TIMED_STEPS, BudgetForecast
+from nmt.training.stopping import Limits
+from nmt.training.trainer import train
 from synthetic_corpus import write_corpus
 
 
@@ -32,7 +32,7 @@ def _time_steps(forecast: BudgetForecast, seconds_per_step: float, compile_at: d
 
 
 def test_gpu_settings_on_a_cpu_forecast_the_budget_from_timed_steps(monkeypatch):
-    monkeypatch.setattr("nmt.stopping.time.monotonic", lambda: 1000.0)  # 7 minutes left
+    monkeypatch.setattr("nmt.training.stopping.time.monotonic", lambda: 1000.0)  # 7 minutes left
     forecast = _forecast("gpu", "cpu", max_steps=8000, max_minutes=7)
     warning = forecast.at_start()
     assert "written for a GPU (trainer.written_for: gpu) and this run is on the CPU" in warning
@@ -83,9 +83,9 @@ def test_a_run_on_another_platform_warns_at_start_and_forecasts(tmp_path, caplog
         "--max-tokens-per-sentence", "16", "--max-steps", "14", "--eval-every", "100",
         "--eval-sentences", "0", "--no-progress", "--written-for", "tpu",
         "--output-dir", str(tmp_path / "run")])
-    with caplog.at_level(logging.WARNING, logger="nmt.trainer"):
+    with caplog.at_level(logging.WARNING, logger="nmt.training.trainer"):
         summary = train(run, tmp_path / "run")
-    said = [r.getMessage() for r in caplog.records if r.name == "nmt.trainer"]
+    said = [r.getMessage() for r in caplog.records if r.name == "nmt.training.trainer"]
     assert summary["steps"] == 14 and len(said) == 2, said
     assert "written for a TPU (trainer.written_for: tpu) and this run is on the CPU" in said[0]
     assert "(14 steps)" in said[0]

@@ -10,10 +10,10 @@ import jax
 import pytest
 
 import train as train_cli
-from nmt import checkpoints as checkpoint
-from nmt import recipes
+from nmt.rundir import checkpoints as checkpoint
+from nmt.settings import recipes
 from synthetic_corpus import write_corpus
-from transformer.model_dir import read_model_config
+from nmt.models.model_dir import read_model_config
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPES = sorted((REPO / "configs").glob("*.yaml"))
@@ -46,5 +46,5 @@ def test_recipe_runs_two_steps(path, corpus, tmp_path, monkeypatch, capsys):
         recipe.model.dropout)
     platform = jax.devices()[0].platform
     assert recipe.trainer.written_for is not None, f"{path.name}: say which platform it fits"
-    warned = err.count("WARNING nmt.trainer: these settings were written for")
+    warned = err.count("WARNING nmt.training.trainer: these settings were written for")
     assert warned == (recipe.trainer.written_for != platform), err[-3000:]

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from nmt import recipes
-from nmt.config import SECTIONS, RunConfig, SettingsError
+from nmt.settings import recipes
+from nmt.settings.config import SECTIONS, RunConfig, SettingsError
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -49,7 +49,7 @@ def test_flags_keep_their_names_and_map_to_sections():
 
 
 def test_yaml_round_trip(tmp_path):
-    run = RunConfig.from_flat(preset="tiny", dropout=0.25, clip_norm=1.0, buckets=(8, 16),
+    run = recipes.run_from_flat(preset="tiny", dropout=0.25, clip_norm=1.0, buckets=(8, 16),
                               train_prefix="data/train", max_minutes=3, best_metric="chrf")
     path = _recipe(tmp_path, recipes.dump(run))
     loaded = recipes.load(path, with_defaults=False)
@@ -70,7 +70,7 @@ def test_legacy_json_recipe_and_its_yaml_twin_are_the_same_run(monkeypatch):
 
 
 def test_seeds_follow_the_train_seed():
-    run = RunConfig.from_flat(seed=7)
+    run = recipes.run_from_flat(seed=7)
     assert (run.data.seed, run.tokenizer.seed, run.batching.seed) == (7, 7, 7)
 
 

@@ -1,9 +1,9 @@
-"""nmt.scoring: BLEU and chrF as the sacrebleu command computes them, tokenized for the target
+"""nmt.translation.scoring: BLEU and chrF as the sacrebleu command computes them, tokenized for the target
 language."""
 
 import pytest
 
-from nmt.scoring import MetricError, bleu_metric, bleu_tokenizer_for, evaluate
+from nmt.translation.scoring import MetricError, bleu_metric, bleu_tokenizer_for, evaluate
 
 
 @pytest.mark.parametrize("language, tokenizer", [

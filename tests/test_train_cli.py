@@ -20,13 +20,13 @@ import pytest
 import yaml
 
 import train as train_cli
-from nmt import checkpoints as checkpoint
-from nmt import recipes
-from nmt.config import SettingsError
-from nmt.trainer import TrainingError, train
+from nmt.rundir import checkpoints as checkpoint
+from nmt.settings import recipes
+from nmt.settings.config import SettingsError
+from nmt.training.trainer import TrainingError, train
 from synthetic_corpus import write_corpus
 from trainer_hooks import poison_parameters_before
-from transformer.model_dir import load_model
+from nmt.models.model_dir import load_model
 
 REPO = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="module")

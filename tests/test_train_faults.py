@@ -19,15 +19,15 @@ import sys
 import orbax.checkpoint as ocp
 import pytest
 
-import nmt.final_model
-import nmt.trainer
-import nmt.validation
+import nmt.rundir.final_model
+import nmt.training.trainer
+import nmt.training.validation
 import train as train_cli
-from nmt import checkpoints as checkpoint
-from nmt.trainer import train
+from nmt.rundir import checkpoints as checkpoint
+from nmt.training.trainer import train
 from test_train_cli import (REPO, _args, _comparable, _lines, _run, corpus, env,  # noqa: F401
                             uninterrupted)
-from transformer.model_dir import load_model
+from nmt.models.model_dir import load_model
 
 
 def _start_like(uninterrupted, out):
@@ -100,7 +100,7 @@ def test_disk_full_during_a_save_then_resume_continues_exactly(uninterrupted, co
 def test_sigterm_during_validation_saves_a_complete_checkpoint_that_resumes_exactly(
         uninterrupted, corpus, env, tmp_path, monkeypatch):
     out = _start_like(uninterrupted, tmp_path / "term")
-    real_scores = nmt.validation.Validator.scores
+    real_scores = nmt.training.validation.Validator.scores
     calls = []
 
     def scores(self, graphdef, params):
@@ -109,12 +109,12 @@ def test_sigterm_during_validation_saves_a_complete_checkpoint_that_resumes_exac
             os.kill(os.getpid(), signal.SIGTERM)
         return real_scores(self, graphdef, params)
 
-    monkeypatch.setattr(nmt.validation.Validator, "scores", scores)
+    monkeypatch.setattr(nmt.training.validation.Validator, "scores", scores)
     summary = train(_in_process(corpus, out, monkeypatch, env, 10**6), out)
     assert summary["stopped"] == "SIGTERM" and summary["steps"] == 40
     assert checkpoint.complete_steps(out / "checkpoints")[-1] == 40
     _no_partial_checkpoints(out)
-    monkeypatch.setattr(nmt.validation.Validator, "scores", real_scores)
+    monkeypatch.setattr(nmt.training.validation.Validator, "scores", real_scores)
     result = _run(_args(corpus, out), env)
     assert result.returncode == 0, result.stderr[-3000:]
     _assert_same_metrics(out, uninterrupted)
@@ -123,13 +123,13 @@ def test_sigterm_during_validation_saves_a_complete_checkpoint_that_resumes_exac
 def test_sigterm_during_averaging_leaves_a_complete_average(corpus, env, tmp_path,
                                                            monkeypatch):
     out = tmp_path / "avg"
-    real_average = nmt.final_model.average_checkpoints
+    real_average = nmt.rundir.final_model.average_checkpoints
 
     def average(*args, **kwargs):
         os.kill(os.getpid(), signal.SIGTERM)
         return real_average(*args, **kwargs)
 
-    monkeypatch.setattr(nmt.final_model, "average_checkpoints", average)
+    monkeypatch.setattr(nmt.rundir.final_model, "average_checkpoints", average)
     summary = train(_in_process(corpus, out, monkeypatch, env, 40, average_last=2), out)
     assert summary["steps"] == 40
     _, _, values = load_model(out / "averaged")
@@ -179,14 +179,14 @@ def test_resume_refuses_a_missing_or_replaced_tokenizer(uninterrupted, corpus, t
 def test_the_printed_resume_command_trains_on_under_average_last(corpus, env, tmp_path,
                                                                  monkeypatch, capsys):
     out = tmp_path / "resume"
-    real_step = nmt.trainer.Trainer._train_one_step
+    real_step = nmt.training.trainer.Trainer._train_one_step
 
     def step(self):
         if self.step == 25:
             os.kill(os.getpid(), signal.SIGTERM)
         return real_step(self)
 
-    monkeypatch.setattr(nmt.trainer.Trainer, "_train_one_step", step)
+    monkeypatch.setattr(nmt.training.trainer.Trainer, "_train_one_step", step)
     summary = train(_in_process(corpus, out, monkeypatch, env, 10**6, average_last=2), out)
     assert summary["stopped"] == "SIGTERM"
     command = re.search(r"python train\.py .*--resume", capsys.readouterr().out).group(0)

@@ -1,6 +1,6 @@
 """The trainer's bookkeeping: what a run saves, resumes from, logs and exports.
 
-`nmt.trainer.train` runs in this process on the tiny preset for a few steps. Validation BLEU is
+`nmt.training.trainer.train` runs in this process on the tiny preset for a few steps. Validation BLEU is
 scripted: the beam search is replaced by a stub and the scores come from a list, so each test
 decides which validation improves. Runs share one JAX compilation cache (FLAX_NMT_CACHE).
 """
@@ -16,18 +16,20 @@ from pathlib import Path
 
 import pytest
 
-import nmt.run_data
-from nmt import checkpoints as checkpoint
-from nmt import recipes, scoring, validation
-from nmt.config import RunConfig, SettingsError, TrainerConfig
-from nmt.metrics_log import METRICS_FILE, MetricsWriter
-from nmt.run_data import prepare_data
-from nmt.summary import print_summary, scoring_command
-from nmt.trainer import TrainingError, train
-from nmt.validation import Validator
+import nmt.training.run_data
+from nmt.rundir import checkpoints as checkpoint
+from nmt.settings import recipes
+from nmt.translation import scoring
+from nmt.training import validation
+from nmt.settings.config import RunConfig, SettingsError, TrainerConfig
+from nmt.training.metrics_log import METRICS_FILE, MetricsWriter
+from nmt.training.run_data import prepare_data
+from nmt.training.summary import print_summary, scoring_command
+from nmt.training.trainer import TrainingError, train
+from nmt.training.validation import Validator
 from synthetic_corpus import write_corpus
 from trainer_hooks import poison_parameters_before
-from transformer import model_dir
+from nmt.models import model_dir
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory) -> dict[str, str]:
@@ -84,7 +86,7 @@ def _run(corpus: dict[str, str], out: Path, **settings) -> dict:
                 "buckets": (16,), "max_tokens_per_sentence": 16, "warmup": 20, "log_every": 3,
                 "eval_every": 2, "eval_sentences": 2, "keep_last": 5, "progress": False,
                 "samples": 0, **settings}
-    return train(RunConfig.from_flat(**settings), out)
+    return train(recipes.run_from_flat(**settings), out)
 
 
 def _lines(run_dir: Path) -> list[dict]:
@@ -311,7 +313,7 @@ def _earlier_run(tmp_path: Path, **settings) -> Path:
     out = tmp_path / "run"
     out.mkdir()
     (out / model_dir.TOKENIZER_FILE).write_bytes(b"an earlier run's SentencePiece model")
-    (out / "config.yaml").write_text(recipes.dump(RunConfig.from_flat(preset="tiny",
+    (out / "config.yaml").write_text(recipes.dump(recipes.run_from_flat(preset="tiny",
                                                                       **settings)))
     return out
 
@@ -320,14 +322,14 @@ def test_resume_with_another_tokenizer_type_is_an_error(tmp_path):
     out = _earlier_run(tmp_path, tokenizer_type="unigram", vocab_size=320)
     with pytest.raises(TrainingError, match=r"spm.model was trained with --tokenizer-type "
                                             r"unigram .* asks for --tokenizer-type bpe"):
-        train(RunConfig.from_flat(preset="tiny", vocab_size=320, tokenizer_type="bpe"), out)
+        train(recipes.run_from_flat(preset="tiny", vocab_size=320, tokenizer_type="bpe"), out)
 
 
 def test_resume_of_a_run_with_spm_model_needs_the_flag_again(tmp_path):
     out = _earlier_run(tmp_path, spm_model="shared/spm.model", vocab_size=4000)
     with pytest.raises(TrainingError, match=r"uses the SentencePiece model of --spm-model "
                                             r"shared/spm.model .* pass that flag again"):
-        train(RunConfig.from_flat(preset="tiny"), out)
+        train(recipes.run_from_flat(preset="tiny"), out)
 
 
 def test_metrics_file_with_a_line_cut_short(tmp_path, caplog):
@@ -348,7 +350,7 @@ def test_validation_keeps_pairs_longer_than_the_training_limit(corpus, cache, mo
     """--max-tokens-per-sentence filters training pairs only; validation keeps every pair that
     fits the model (these validation sentences have 6-12 words, longer than 8 tokens)."""
     monkeypatch.setenv("FLAX_NMT_CACHE", str(cache))
-    run = RunConfig.from_flat(preset="tiny", train_prefix=corpus["train"],
+    run = recipes.run_from_flat(preset="tiny", train_prefix=corpus["train"],
                               valid_prefix=corpus["valid_long"], vocab_size=320,
                               max_tokens_per_sentence=8, buckets=(8,))
     data = prepare_data(run, tmp_path, model_max_len=64)
@@ -361,14 +363,14 @@ def test_test_split_is_not_encoded_but_scored_in_the_summary(corpus, cache, monk
                                                              tmp_path, capsys):
     monkeypatch.setenv("FLAX_NMT_CACHE", str(cache))
     encoded = []
-    encode_split = nmt.run_data.encode_split
+    encode_split = nmt.training.run_data.encode_split
 
     def recording(split, *args, **kwargs):
         encoded.append(len(split))
         return encode_split(split, *args, **kwargs)
 
-    monkeypatch.setattr(nmt.run_data, "encode_split", recording)
-    run = RunConfig.from_flat(preset="tiny", train_prefix=corpus["train"],
+    monkeypatch.setattr(nmt.training.run_data, "encode_split", recording)
+    run = recipes.run_from_flat(preset="tiny", train_prefix=corpus["train"],
                               valid_prefix=corpus["valid"], test_prefix=corpus["test"],
                               vocab_size=320, buckets=(16,), max_tokens_per_sentence=16)
     prepared = prepare_data(run, tmp_path, model_max_len=64)
@@ -402,7 +404,7 @@ def test_spm_model_is_the_tokenizer_and_must_stay_it_on_resume(corpus, cache, mo
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     # vocab_size 4000 (the default) does not apply: the given model has 300 pieces.
-    run = RunConfig.from_flat(preset="tiny", train_prefix=corpus["train"],
+    run = recipes.run_from_flat(preset="tiny", train_prefix=corpus["train"],
                               valid_prefix=corpus["valid"], spm_model=str(given), buckets=(16,),
                               max_tokens_per_sentence=16)
     data = prepare_data(run, run_dir, model_max_len=64)

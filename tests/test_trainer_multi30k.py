@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from transformer.model_dir import load_model
+from nmt.models.model_dir import load_model
 
 pytestmark = pytest.mark.long  # scheduled first (conftest.py)
 
@@ -56,7 +56,7 @@ def test_multi30k_train_then_translate(tmp_path):
         assert cli.returncode == 0, cli.stderr[-3000:]
         hyps = cli.stdout.splitlines()
     else:  # what translate.py does with the run directory
-        from transformer.translation import Translator
+        from nmt.models.translator import Translator
 
         model, tokenizer, values = load_model(out)
         hyps = Translator(model, tokenizer, values["search"]).translate(sources)

@@ -24,7 +24,8 @@ from types import SimpleNamespace
 
 import pytest
 
-import translate as translate_cli
+from nmt.translation import command as translate_cli
+from nmt.translation import evaluation, streams
 from data.config import DataError
 from data.lines import stream_chunks
 from translate_model import SEARCH, make_model, search_config, sentences
@@ -67,8 +68,8 @@ def expected(run_dir, env) -> list[str]:
     """
     code = (
         "import json, sys, translate\n"
-        "from transformer.model_dir import load_model\n"
-        "from transformer.translation import Translator\n"
+        "from nmt.models.model_dir import load_model\n"
+        "from nmt.models.translator import Translator\n"
         "translate.enable_compilation_cache()\n"
         "model, tokenizer, values = load_model(sys.argv[1])\n"
         "translator = Translator(model, tokenizer, values['search'], batch_tokens=64)\n"
@@ -161,7 +162,7 @@ def test_stream_chunks_name_the_line_with_invalid_utf8():
 def test_byte_order_mark_is_not_text(tmp_path):
     path = tmp_path / "bom.de"
     path.write_bytes("\ufeffEin Hund.\nZwei.\n".encode())
-    assert translate_cli.read_lines(path) == ["Ein Hund.", "Zwei."]
+    assert streams.read_lines(path) == ["Ein Hund.", "Zwei."]
     read_fd, write_fd = os.pipe()
     os.write(write_fd, "\ufeffEin Hund.\nZwei.\n".encode())
     os.close(write_fd)
@@ -181,12 +182,12 @@ def test_evaluation_keeps_every_pair_of_a_dataset_or_test_file(tmp_path):
     test = datasets.Dataset.from_dict({"de": sources, "en": [r or None for r in references]})
     datasets.DatasetDict({"test": test}).save_to_disk(str(tmp_path / "hf"))
     model_values = {"source_lang": "de", "target_lang": "en"}
-    by_dataset = translate_cli.evaluation_data(
+    by_dataset = evaluation.evaluation_data(
         _parse("--evaluate", "--dataset", str(tmp_path / "hf")), model_values)
     assert by_dataset == (sources, references, f"{tmp_path / 'hf'}[test] de->en")
     (tmp_path / "test.de").write_text("".join(s + "\n" for s in sources), encoding="utf-8")
     (tmp_path / "test.en").write_text("".join(r + "\n" for r in references), encoding="utf-8")
-    by_files = translate_cli.evaluation_data(
+    by_files = evaluation.evaluation_data(
         _parse("--evaluate", "--src-file", str(tmp_path / "test.de"), "--ref-file",
                str(tmp_path / "test.en")), {})
     assert by_files[:2] == by_dataset[:2]
@@ -199,11 +200,11 @@ def test_evaluation_keeps_every_pair_of_a_dataset_or_test_file(tmp_path):
         encoding="utf-8")
     test.to_parquet(str(tmp_path / "test.parquet"))
     for name in ("test.tsv", "test.jsonl", "test.parquet"):
-        by_test_file = translate_cli.evaluation_data(
+        by_test_file = evaluation.evaluation_data(
             _parse("--evaluate", "--test-file", str(tmp_path / name)), model_values)
         assert by_test_file == (sources, references, f"{tmp_path / name} de->en"), name
     with pytest.raises(translate_cli.UsageError, match="test.jsonl needs --src and --tgt"):
-        translate_cli.evaluation_data(
+        evaluation.evaluation_data(
             _parse("--evaluate", "--test-file", str(tmp_path / "test.jsonl")), {})
     with pytest.raises(translate_cli.UsageError, match="exactly one of"):
         translate_cli.check_args(_parse("--evaluate", "--test-file", "t.tsv", "--test-prefix",
@@ -229,7 +230,7 @@ def test_scores_are_printed_before_the_files_are_written(tmp_path):
                   "--hyp-file", str(hyp_file), "--quiet")
     out = io.StringIO()
     with pytest.raises(OSError):
-        translate_cli.run_evaluation(_fake_translator(), args, {}, out)
+        evaluation.run_evaluation(_fake_translator(), args, {}, out)
     assert out.getvalue().startswith("BLEU = 100.00 ")
 
 
@@ -247,7 +248,7 @@ def test_a_bleu_tokenizer_that_cannot_run_fails_before_translating(tmp_path, mon
     args = _parse("--evaluate", "--src-file", str(source), "--ref-file", str(reference))
     with pytest.raises(translate_cli.UsageError, match=r"ja-mecab \(sacreBLEU's choice for "
                                                        r"target language 'ja'\).*sacrebleu\[ja\]"):
-        translate_cli.run_evaluation(translator, args, {"target_lang": "ja"}, io.StringIO())
+        evaluation.run_evaluation(translator, args, {"target_lang": "ja"}, io.StringIO())
     for flags, message in ((["--score"], "does not apply with --score"),
                            (["Hello."], "only applies with --evaluate")):
         if flags == ["--score"]:
@@ -305,7 +306,7 @@ def test_damaged_model_file_is_named(run_dir, tmp_path, monkeypatch, damage):
 
 
 def test_small_calls_get_a_small_power_of_two_budget():
-    from transformer.translation import Translator
+    from nmt.models.translator import Translator
 
     def budget(search, rows: list[int], limit: int = 4096) -> int:
         fake = SimpleNamespace(search=search, batch_tokens=limit)

@@ -1,4 +1,4 @@
-"""transformer.translation.Translator: text in, text out, around search."""
+"""nmt.models.translator.Translator: text in, text out, around search."""
 
 import pytest
 from flax import nnx
@@ -6,7 +6,7 @@ from flax import nnx
 from data.tokenizer import SpecialIds
 from transformer.config import SearchConfig, get_preset
 from transformer.model import Transformer
-from transformer.translation import Translator
+from nmt.models.translator import Translator
 
 
 class NumberTokenizer:

@@ -5,13 +5,13 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-import nmt.trainer
+import nmt.training.trainer
 
 
 def poison_parameters_before(monkeypatch, step: int) -> None:
     """Make every parameter NaN just before update `step` (1-based), as a diverging run would
     make them: the trainer must notice at its next read-back and stop."""
-    train_one_step = nmt.trainer.Trainer._train_one_step
+    train_one_step = nmt.training.trainer.Trainer._train_one_step
 
     def poisoned(self):
         if self.step + 1 == step:
@@ -19,4 +19,4 @@ def poison_parameters_before(monkeypatch, step: int) -> None:
                 params=jax.tree.map(lambda x: x * jnp.nan, self.state.params))
         return train_one_step(self)
 
-    monkeypatch.setattr(nmt.trainer.Trainer, "_train_one_step", poisoned)
+    monkeypatch.setattr(nmt.training.trainer.Trainer, "_train_one_step", poisoned)

@@ -2,7 +2,7 @@
 
 `make_model(directory)` trains a 300-piece SentencePiece model on a synthetic corpus,
 initializes the `tiny` Transformer with a fixed seed and exports both with
-`transformer.model_dir.export_model`, as train.py would. The parameters are untrained: translations are
+`nmt.models.model_dir.export_model`, as train.py would. The parameters are untrained: translations are
 fixed gibberish, which is all the command-line tests need (order, counts, formats, errors).
 """
 
@@ -35,7 +35,7 @@ def make_model(directory: str | Path) -> Path:
     from flax import nnx
 
     from data.tokenizer import TokenizerConfig, train_tokenizer
-    from transformer.model_dir import export_model
+    from nmt.models.model_dir import export_model
     from transformer.config import SearchConfig, get_preset
     from transformer.model import Transformer
 

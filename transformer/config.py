@@ -6,7 +6,7 @@ Variants are derived with `dataclasses.replace`, never mutated:
 
 `validate()` runs in `__post_init__`, so an invalid config cannot exist. Each field is
 declared once, with its help text in the field's metadata (`setting`): train.py builds its
-flags and its recipe schema from these declarations (`nmt.recipes`).
+flags and its recipe schema from these declarations (`nmt.settings.recipes`).
 """
 
 from __future__ import annotations

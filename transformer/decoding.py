@@ -14,7 +14,7 @@ beam search needs (`transformer.cache.SearchCache`).
 It is split once (`nnx.split`) and the jitted functions take its state as an argument,
 so searching with new parameters (e.g. after a training step) does not recompile. A compiled
 shape is (batch, padded source length); the output length is derived from the padded source
-length. `transformer.translation.Translator` feeds search with batches from
+length. `nmt.models.translator.Translator` feeds search with batches from
 `data.batching.inference_batches`, whose source widths come from the fixed bucket list
 `data.batching.DEFAULT_BUCKETS` (22 lengths from 5 to 256, capped at the model's max_len),
 with a few power-of-two batch sizes per width (small calls get small batches), so the number

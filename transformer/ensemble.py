@@ -17,8 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -26,7 +25,6 @@ from flax import nnx
 
 from transformer.cache import EnsembleCache
 from transformer.model import Transformer
-from transformer.model_dir import ModelDirError, load_model, resolve_model_dir
 
 Array = jax.Array
 
@@ -91,29 +89,3 @@ class Ensemble(nnx.Module):
         """Teacher-forced log-probabilities float32 [batch, tgt_len, vocab] (scoring)."""
         memory = self.encode(src_ids)
         return self.decode(memory, self.source_mask(src_ids), tgt_in)[0]
-
-
-def load_models(paths: Sequence[str | Path], dtype: str | None = None
-                ) -> tuple[Transformer | Ensemble, Any, dict[str, Any]]:
-    """`model_dir.load_model` for one path; an `Ensemble` for several.
-
-    Returns (model, tokenizer, the first model's config dict). Raises ModelDirError naming
-    the directory whose SentencePiece model or vocabulary differs from the first one's.
-    """
-
-    model, tokenizer, values = load_model(paths[0], dtype=dtype)
-    if len(paths) == 1:
-        return model, tokenizer, values
-    models = [model]
-    for path in paths[1:]:
-        other, other_tokenizer, _ = load_model(path, dtype=dtype)
-        if other_tokenizer.fingerprint != tokenizer.fingerprint:
-            raise ModelDirError(
-                f"{resolve_model_dir(path)} has another SentencePiece model than "
-                f"{resolve_model_dir(paths[0])}; only models trained with the same spm.model "
-                "can be ensembled.")
-        models.append(other)
-    try:
-        return Ensemble(models), tokenizer, values
-    except ValueError as err:
-        raise ModelDirError(f"cannot ensemble {', '.join(map(str, paths))}: {err}") from None

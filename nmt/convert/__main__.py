@@ -17,7 +17,7 @@ from __future__ import annotations
 import sys
 from typing import Sequence
 
-from nmt import cli
+from nmt.runtime import cli
 
 PROG = "python -m nmt.convert"
 
@@ -48,7 +48,7 @@ def build_parser() -> cli.OneLineParser:
 def _main(argv: Sequence[str] | None) -> int:
     args = build_parser().parse_args(argv)
     from nmt.convert.common import ConversionError
-    from transformer.model_dir import ModelDirError
+    from nmt.models.model_dir import ModelDirError
 
     try:
         if args.command == "to-marian":

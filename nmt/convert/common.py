@@ -50,7 +50,7 @@ def load_params(model_path):
     checked whole by `load_model`."""
     from flax import nnx
 
-    from transformer.model_dir import load_model
+    from nmt.models.model_dir import load_model
 
     model, tokenizer, values = load_model(model_path)
     return nnx.to_pure_dict(nnx.state(model, nnx.Param)), tokenizer, values

@@ -200,7 +200,7 @@ def import_marian(marian_dir: str | Path, out_dir: str | Path) -> Path:
     """
     from flax import nnx
 
-    from transformer.model_dir import abstract_params, export_model
+    from nmt.models.model_dir import abstract_params, export_model
 
     directory, out = Path(marian_dir), Path(out_dir)
     if not directory.is_dir():

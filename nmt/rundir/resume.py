@@ -13,10 +13,10 @@ from pathlib import Path
 from data.batching import BatchIterator, Examples, plan_fingerprint
 from data.config import BatchConfig
 from data.tokenizer import MODEL_FILE, tokenizer_present
-from nmt import recipes
-from nmt.bookkeeping import Bookkeeping
-from nmt.checkpoints import CHECKPOINTS_DIR, Checkpointer, complete_steps
-from nmt.config import RunConfig, SettingsError
+from nmt.settings import recipes
+from nmt.rundir.bookkeeping import Bookkeeping
+from nmt.rundir.checkpoints import CHECKPOINTS_DIR, Checkpointer, complete_steps
+from nmt.settings.config import RunConfig, SettingsError
 from transformer.config import ModelConfig
 
 log = logging.getLogger("trainer")

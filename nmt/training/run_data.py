@@ -14,8 +14,8 @@ from data.corpus import load_corpus
 from data.encoding import encode_split, train_or_load_tokenizer
 from data.packing import fit_width
 from data.tokenizer import TokenizerBase, load_tokenizer
-from nmt.config import RunConfig
-from nmt.distributed import barrier
+from nmt.settings.config import RunConfig
+from nmt.runtime.distributed import barrier
 
 
 @dataclasses.dataclass

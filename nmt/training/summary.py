@@ -10,7 +10,7 @@ from typing import Any
 import jax
 from tqdm import tqdm
 
-from nmt.config import BEST_METRICS, RunConfig, TrainerConfig
+from nmt.settings.config import BEST_METRICS, RunConfig, TrainerConfig
 
 
 def echo(message: str) -> None:
@@ -40,7 +40,7 @@ def progress_bar(trainer: TrainerConfig, total: int | None, initial: int):
 
 def build_summary(run: RunConfig, run_dir: Path, model_dir: Path, steps: int, stopped: str,
                   book, minutes: float, valid_sources: list[str]) -> dict[str, Any]:
-    """What `nmt.trainer.train` returns and `print_summary` prints."""
+    """What `nmt.training.trainer.train` returns and `print_summary` prints."""
     example = valid_sources[0].replace('"', "'") if valid_sources else "Hello world!"
     summary = {
         "run_dir": str(run_dir), "model_dir": str(model_dir), "steps": steps,

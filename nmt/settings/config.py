@@ -9,10 +9,10 @@
     trainer    TrainerConfig                    (below: length, validation, checkpoints, logs)
 
 Each setting is declared once, in its dataclass; train.py's flags and the recipe schema
-(`nmt.recipes`) are derived from those declarations. Build one from a recipe with
-`nmt.recipes.load`, or from flag-style names with `RunConfig.from_flat`:
+(`nmt.settings.recipes`) are derived from those declarations. Build one from a recipe with
+`nmt.settings.recipes.load`, or from flag-style names with `nmt.settings.recipes.run_from_flat`:
 
-    run = RunConfig.from_flat(preset="tiny", train_prefix="data/train", max_steps=100)
+    run = recipes.run_from_flat(preset="tiny", train_prefix="data/train", max_steps=100)
 """
 
 from __future__ import annotations
@@ -33,6 +33,12 @@ DEFAULT_MAX_MINUTES = 4.0
 # Validation scores that can pick the best checkpoint (best_metric): name in the validation
 # results -> (name in messages, whether higher is better).
 BEST_METRICS = {"bleu": ("BLEU", True), "chrf": ("chrF", True), "ppl": ("perplexity", False)}
+
+
+# A layer of settings: {section: {name: (value, origin)}}, origin saying where the value was
+# given ("--dropout", "recipe.yaml line 4 (model.dropout)"), for error messages
+# (`nmt.settings.recipes`).
+Layer = dict[str, dict[str, tuple[Any, str]]]
 
 
 class SettingsError(ValueError):
@@ -161,15 +167,6 @@ class RunConfig:
         if self.preset not in PRESETS:
             raise SettingsError(f"--preset must be one of {', '.join(sorted(PRESETS))}, got "
                                 f"{self.preset!r}.")
-
-    @classmethod
-    def from_flat(cls, **values: Any) -> "RunConfig":
-        """A RunConfig from flag-style names (`preset`, `batch_tokens`, `warmup`, `beam`, ...),
-        each put in its section; unnamed settings take train.py's defaults
-        (`nmt.recipes.defaults`)."""
-        from nmt import recipes  # which imports this module
-
-        return recipes.build(recipes.defaults(), recipes.from_flat(values, "from_flat"))
 
     # ------------------------------------------------------------------ derived values
 

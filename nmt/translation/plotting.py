@@ -8,11 +8,17 @@ pyplot's global state.
 
 from __future__ import annotations
 
+import argparse
+import logging
 from pathlib import Path
 from typing import Sequence
 
 import jax.numpy as jnp
 import numpy as np
+
+from nmt.translation.errors import InputError, UsageError
+
+log = logging.getLogger("translate.py")
 
 
 def check_layer_and_head(config, layer: int, head: int | None) -> None:
@@ -75,3 +81,36 @@ def plot_attention(weights: np.ndarray, src_labels: Sequence[str], out_labels: S
     path = Path(path)
     figure.savefig(path, dpi=100)
     return path
+
+
+# ----------------------------------------------------------------------------- translate.py
+
+
+def save_attention_plot(model, tokenizer, translator, sentence: str, hypothesis,
+                        args: argparse.Namespace) -> None:
+    """Heatmap of the attention while the model, teacher-forced, reproduces `hypothesis`."""
+    config = model.config
+    src_ids = tokenizer.encode([sentence])[0][: translator.max_source_len - 1] + [config.eos_id]
+    out_ids = list(hypothesis.tokens) + [config.eos_id]
+    weights = cross_attention(model, src_ids, out_ids, args.attention_layer,
+                              args.attention_head)
+    layer = args.attention_layer % config.decoder_layers
+    heads = "mean over heads" if args.attention_head is None else f"head {args.attention_head}"
+    path = plot_attention(weights, tokenizer.pieces(src_ids), tokenizer.pieces(out_ids),
+                          args.plot_attention,
+                          title=f"encoder-decoder attention, decoder layer {layer}, {heads}")
+    log.info("attention plot written to %s", path)
+
+
+def check_plot_settings(model, args: argparse.Namespace) -> None:
+    """translate.py's plot flags for `model`: InputError without matplotlib, UsageError for a
+    layer or head the model does not have."""
+    try:
+        import matplotlib  # noqa: F401 - an optional dependency; say so before translating
+    except ImportError:
+        raise InputError("--plot-attention needs matplotlib: pip install matplotlib "
+                         "(or pip install -e '.[plot]').") from None
+    try:
+        check_layer_and_head(model.config, args.attention_layer, args.attention_head)
+    except ValueError as err:
+        raise UsageError(f"--attention-layer/--attention-head: {err}") from None

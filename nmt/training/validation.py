@@ -13,13 +13,13 @@ import numpy as np
 from flax import nnx
 
 from data.batching import eval_batches
-from nmt import scoring
-from nmt.compilation import AheadOfTime, CompileLog
-from nmt.distributed import local_copy
-from nmt.run_data import Data
+from nmt.translation import scoring
+from nmt.runtime.compilation import AheadOfTime, CompileLog
+from nmt.runtime.distributed import local_copy
+from nmt.training.run_data import Data
 from transformer.config import SearchConfig
 from transformer.training import shard_batch
-from transformer.translation import Translator
+from nmt.models.translator import Translator
 
 
 def search_widths(lengths: Sequence[int], max_len: int, step: int = 8) -> tuple[int, ...]:

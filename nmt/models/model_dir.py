@@ -9,7 +9,7 @@
     model, tokenizer, values = load_model("runs/NAME")   # a run directory uses its model/
 
 Training checkpoints (optimizer state, data position) are the application's business
-(`nmt.checkpoints`); this directory holds only what translating needs.
+(`nmt.rundir.checkpoints`); this directory holds only what translating needs.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import dataclasses
 import json
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -27,6 +27,7 @@ from flax import nnx, serialization
 
 from data.tokenizer import TokenizerBase, load_tokenizer, tokenizer_present
 from transformer.config import ModelConfig, SearchConfig
+from transformer.ensemble import Ensemble
 from transformer.model import Transformer
 
 MODEL_DIR = "model"
@@ -198,3 +199,28 @@ def load_model(path: str | Path, dtype: str | None = None
             f"{model_dir / CONFIG_FILE}: invalid 'search' settings ({type(err).__name__}: "
             f"{err}); restore the config.json written with the model.") from None
     return model, tokenizer, values
+
+
+def load_models(paths: Sequence[str | Path], dtype: str | None = None
+                ) -> tuple[Transformer | Ensemble, Any, dict[str, Any]]:
+    """`model_dir.load_model` for one path; an `Ensemble` for several.
+
+    Returns (model, tokenizer, the first model's config dict). Raises ModelDirError naming
+    the directory whose SentencePiece model or vocabulary differs from the first one's.
+    """
+    model, tokenizer, values = load_model(paths[0], dtype=dtype)
+    if len(paths) == 1:
+        return model, tokenizer, values
+    models = [model]
+    for path in paths[1:]:
+        other, other_tokenizer, _ = load_model(path, dtype=dtype)
+        if other_tokenizer.fingerprint != tokenizer.fingerprint:
+            raise ModelDirError(
+                f"{resolve_model_dir(path)} has another SentencePiece model than "
+                f"{resolve_model_dir(paths[0])}; only models trained with the same spm.model "
+                "can be ensembled.")
+        models.append(other)
+    try:
+        return Ensemble(models), tokenizer, values
+    except ValueError as err:
+        raise ModelDirError(f"cannot ensemble {', '.join(map(str, paths))}: {err}") from None

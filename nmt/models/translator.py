@@ -4,7 +4,7 @@
 tokenizer: it encodes, sorts by length into token-budget batches padded to fixed bucket
 widths (`data.batching.inference_batches`), runs `decoding.search_with_state`, and restores
 input order; `Translator.score` gives each reference's log-probability under the model
-instead (force decoding). Scoring translations (BLEU, chrF) is `nmt.scoring`.
+instead (force decoding). Scoring translations (BLEU, chrF) is `nmt.translation.scoring`.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ import dataclasses
 import json
 from typing import Any
 
-from nmt.config import BEST_METRICS
+from nmt.settings.config import BEST_METRICS
 
 
 @dataclasses.dataclass

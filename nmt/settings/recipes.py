@@ -1,6 +1,6 @@
 """Recipes and command-line flags, both derived from the settings' dataclass fields.
 
-A recipe is a YAML file with one section per dataclass of `nmt.config.RunConfig`:
+A recipe is a YAML file with one section per dataclass of `nmt.settings.config.RunConfig`:
 
     model:
       preset: small        # the preset the model section's other keys change
@@ -12,7 +12,7 @@ A recipe is a YAML file with one section per dataclass of `nmt.config.RunConfig`
 Keys are the fields' names; every flag of train.py is a field's name with dashes, unless the
 field names another (`--warmup` for train.warmup_steps). Flat JSON recipes keyed by flag
 names ({"batch-tokens": 4096}) load too. A run is built from layers, later ones winning:
-train.py's defaults (`nmt/defaults.yaml`), the recipe, the flags. Unknown sections and keys,
+train.py's defaults (`nmt/settings/defaults.yaml`), the recipe, the flags. Unknown sections and keys,
 wrong types and invalid values are `SettingsError`s naming the file, line and key (or flag).
 
 This module imports no JAX: `train.py --help` is quick.
@@ -34,7 +34,8 @@ from typing import Any, Iterable, Literal
 import yaml
 
 from data.config import DEFAULT_BUCKETS, DataError, check_buckets
-from nmt.config import SECTIONS, RunConfig, SettingsError
+from nmt.settings import derived
+from nmt.settings.config import SECTIONS, Layer, RunConfig, SettingsError
 from transformer.config import PRESETS, get_preset
 
 DEFAULTS_FILE = Path(__file__).with_name("defaults.yaml")
@@ -111,9 +112,6 @@ _DERIVED = {(section, f.name): f.metadata["derived"] for section, cls in SECTION
 
 # ----------------------------------------------------------------------------- layers
 
-# A layer of settings: {section: {name: (value, origin)}}, origin saying where the value was
-# given ("--dropout", "recipe.yaml line 4 (model.dropout)"), for error messages.
-Layer = dict[str, dict[str, tuple[Any, str]]]
 
 
 def _empty() -> Layer:
@@ -332,7 +330,7 @@ def _close_match(word: str, choices: Iterable[str]) -> str:
 
 
 def defaults() -> Layer:
-    """train.py's defaults (`nmt/defaults.yaml`)."""
+    """train.py's defaults (`nmt/settings/defaults.yaml`)."""
     return _read_yaml(DEFAULTS_FILE, DEFAULTS_FILE.read_text(encoding="utf-8"))
 
 
@@ -501,6 +499,20 @@ def dump(run: RunConfig) -> str:
     return head + body
 
 
+def resolve(defaults_layer: Layer, *layers: Layer) -> RunConfig:
+    """The RunConfig of `layers` over `defaults_layer`, with the settings that the files they
+    name imply (`nmt.settings.derived`: --init-from's architecture, --spm-model's vocabulary).
+    train.py's flags and `load` both build their settings here."""
+    implied = derived.implied_layers(merge(*layers))  # the defaults do not count
+    return build(defaults_layer, *layers, *implied)
+
+
 def load(path: str | Path, with_defaults: bool = True) -> RunConfig:
     """The RunConfig of a recipe file, over train.py's defaults unless told otherwise."""
-    return build(*(([defaults()] if with_defaults else []) + [read_recipe(path)]))
+    return resolve(defaults() if with_defaults else _empty(), read_recipe(path))
+
+
+def run_from_flat(**values: Any) -> RunConfig:
+    """A RunConfig from flag-style names (`preset`, `batch_tokens`, `warmup`, `beam`, ...),
+    each put in its section; unnamed settings take train.py's defaults (`defaults`)."""
+    return build(defaults(), from_flat(values, "from_flat"))

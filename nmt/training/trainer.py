@@ -1,10 +1,10 @@
 """The training loop: `train(run, workdir)`.
 
-    run = nmt.recipes.load("configs/multi30k_small.yaml")
+    run = nmt.settings.recipes.load("configs/multi30k_small.yaml")
     summary = train(run)
 
 One loop serves one CPU, every device of a host, and many hosts (call
-`nmt.distributed.initialize_distributed` first): batches are split over the mesh axis
+`nmt.runtime.distributed.initialize_distributed` first): batches are split over the mesh axis
 "data", every process reads its own rows of each global batch, checkpoints are written by all
 processes, and only process 0 prints, logs metrics and exports the model.
 
@@ -12,13 +12,13 @@ The run directory it leaves:
 
     config.yaml        every setting of the run (a recipe: `train.py --config` runs it again)
     spm.model          the SentencePiece model
-    checkpoints/<N>/   the last --keep-last checkpoints (nmt.checkpoints)
+    checkpoints/<N>/   the last --keep-last checkpoints (nmt.rundir.checkpoints)
     best/<N>/          parameters with the best validation score so far (--best-metric)
     model/             the model translate.py loads: the best step, else the last
     averaged/          with --average-last N: the mean of the last N checkpoints
     metrics.jsonl      one JSON object per log line ("train") and per validation ("eval")
     tb/                TensorBoard event files
-    .lock              held while a trainer runs here (nmt.run_lock): one trainer per run
+    .lock              held while a trainer runs here (nmt.rundir.lock): one trainer per run
 
 Exact resumption: a checkpoint holds everything the next step depends on (parameters,
 optimizer state, step, rng, the data position) and the per-step metrics of the unfinished
@@ -40,20 +40,22 @@ import jax
 import jax.numpy as jnp
 
 from data.tokenizer import load_tokenizer
-from nmt import final_model, recipes, resume, scoring
-from nmt.bookkeeping import Bookkeeping
-from nmt.checkpoints import CHECKPOINTS_DIR, Checkpointer, SaveError, complete_steps
+from nmt.rundir import final_model, resume
+from nmt.settings import recipes
+from nmt.translation import scoring
+from nmt.rundir.bookkeeping import Bookkeeping
+from nmt.rundir.checkpoints import CHECKPOINTS_DIR, Checkpointer, SaveError, complete_steps
 from data.packing import PACKED_KEYS
-from nmt.compilation import AheadOfTime, CompileLog, enable_compilation_cache
-from nmt.config import RunConfig
-from nmt.distributed import barrier, local_copy
-from nmt.metrics_log import MetricsWindow, MetricsWriteError, MetricsWriter
-from nmt.platform_check import BudgetForecast
-from nmt.run_data import prepare_data
-from nmt.run_lock import LOCK_FILE, RunLock
-from nmt.stopping import Limits, PausableClock, StopSignal
-from nmt.summary import announcement, build_summary, echo, print_summary, progress_bar
-from nmt.validation import Validator, describe
+from nmt.runtime.compilation import AheadOfTime, CompileLog, enable_compilation_cache
+from nmt.settings.config import RunConfig
+from nmt.runtime.distributed import barrier, local_copy
+from nmt.training.metrics_log import MetricsWindow, MetricsWriteError, MetricsWriter
+from nmt.training.platform_check import BudgetForecast
+from nmt.training.run_data import prepare_data
+from nmt.rundir.lock import LOCK_FILE, RunLock
+from nmt.training.stopping import Limits, PausableClock, StopSignal
+from nmt.training.summary import announcement, build_summary, echo, print_summary, progress_bar
+from nmt.training.validation import Validator, describe
 from transformer.training import (batch_sharding, create_train_state, make_eval_step,
                                   make_mesh, make_train_step, shard_batch)
 
@@ -98,7 +100,7 @@ def initial_params(model_path: str, like: Any) -> Any:
     initialised ones) is; TrainingError if their shapes differ."""
     from flax import nnx
 
-    from transformer.model_dir import ModelDirError, load_model
+    from nmt.models.model_dir import ModelDirError, load_model
 
     try:
         model, _, _ = load_model(model_path)

@@ -13,7 +13,7 @@ timed, how long the budget takes here and where the time limit will stop it:
 
 from __future__ import annotations
 
-from nmt.stopping import Limits
+from nmt.training.stopping import Limits
 
 TIMED_STEPS = 10
 

@@ -18,7 +18,7 @@ A run directory holds two kinds of saved state:
   step is saved with it), so the newest save is the best one.
 
 The exported model (`model/`, or `averaged/` from `--average-last`) is what translate.py
-loads: see `transformer.model_dir`.
+loads: see `nmt.models.model_dir`.
 """
 
 from __future__ import annotations
@@ -36,9 +36,9 @@ import jax
 import jax.numpy as jnp
 import orbax.checkpoint as ocp
 
-from nmt.distributed import barrier
+from nmt.runtime.distributed import barrier
 from transformer.config import ModelConfig
-from transformer.model_dir import abstract_params
+from nmt.models.model_dir import abstract_params
 
 log = logging.getLogger("checkpoint")
 

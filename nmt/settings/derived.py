@@ -1,0 +1,92 @@
+"""Settings that follow from files the settings name: the architecture of the model given by
+`trainer.init_from`, the vocabulary size of the SentencePiece model given by
+`tokenizer.spm_model`.
+
+`nmt.settings.recipes.resolve` applies them, so train.py's flags and `recipes.load` build the
+same settings. A layer is `{section: {name: (value, origin)}}` (`nmt.settings.recipes.Layer`);
+the functions here take the layers the user gave (train.py's defaults do not count) merged
+into one, and return the layers those files imply. The files are read only when named:
+SentencePiece and JAX load only then.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from nmt.settings.config import SECTIONS, Layer, SettingsError
+
+log = logging.getLogger("train.py")
+
+
+def implied_layers(asked: Layer) -> list[Layer]:
+    """The layers implied by `asked` (the user's settings merged): none, the vocabulary of
+    --spm-model, or the architecture of --init-from; SettingsError on a conflict."""
+    spm_model = asked["tokenizer"].get("spm_model", (None,))[0]
+    init_from = asked["trainer"].get("init_from", (None,))[0]
+    if init_from and spm_model:
+        raise SettingsError(f"--init-from {init_from} brings its own tokenizer: drop "
+                            f"--spm-model {spm_model}.")
+    if spm_model:
+        return [spm_model_vocabulary(spm_model, asked)]
+    if init_from:
+        return [init_from_architecture(init_from, asked)]
+    return []
+
+
+def _layer(section: str, values: dict[str, Any], origin: str) -> Layer:
+    layer: Layer = {name: {} for name in SECTIONS}
+    layer[section] = {name: (value, origin) for name, value in values.items()}
+    return layer
+
+
+def init_from_architecture(path: str, asked: Layer) -> Layer:
+    """With --init-from, the model's architecture is that model's: a layer setting it.
+    SettingsError if the directory is no model, or the recipe or flags ask for another
+    architecture or vocabulary size."""
+    from nmt.models.model_dir import ModelDirError, read_model_config, resolve_model_dir
+    from transformer.config import ARCHITECTURE
+
+    try:
+        config, _ = read_model_config(resolve_model_dir(path))
+    except ModelDirError as err:
+        raise SettingsError(f"--init-from: {err}") from None
+    origin = f"--init-from {path}"
+    for name in ARCHITECTURE:
+        if name in asked["model"] and asked["model"][name][0] != getattr(config, name):
+            value, where = asked["model"][name]
+            raise SettingsError(
+                f"{where} conflicts with {origin}, whose model has {name} "
+                f"{getattr(config, name)!r}: a fine-tuned model keeps the architecture it "
+                f"starts from; drop {where}.")
+    if "vocab_size" in asked["tokenizer"] and (
+            asked["tokenizer"]["vocab_size"][0] != config.vocab_size):
+        raise SettingsError(f"--vocab-size {asked['tokenizer']['vocab_size'][0]}, but the model "
+                            f"of {origin} has {config.vocab_size} pieces; drop --vocab-size.")
+    # The vocabulary is the model's tokenizer's: no tokenizer is trained.
+    return _layer("model", {name: getattr(config, name) for name in ARCHITECTURE}, origin)
+
+
+def spm_model_vocabulary(path: str, asked: Layer) -> Layer:
+    """With --spm-model, the run's vocabulary is that model's: a layer setting vocab_size to
+    its size. SettingsError if the file is no usable SentencePiece model or the recipe or
+    flags ask for another size; --tokenizer-type does not apply (a warning says so)."""
+    from data.config import DataError
+    from data.tokenizer import Tokenizer  # loads SentencePiece: only when a model is given
+
+    try:
+        pieces = Tokenizer.load(path).vocab_size
+    except DataError as err:
+        raise SettingsError(f"--spm-model: {err}") from None
+    tokenizer = asked["tokenizer"]
+    if "vocab_size" in tokenizer and tokenizer["vocab_size"][0] != pieces:
+        value, origin = tokenizer["vocab_size"]
+        where = "" if origin.startswith("--vocab-size") else f" (the size from {origin})"
+        raise SettingsError(
+            f"--vocab-size {value} but --spm-model {path} has {pieces} pieces{where}; drop "
+            f"--vocab-size (or set it to {pieces}), or train a new tokenizer without "
+            "--spm-model.")
+    if "model_type" in tokenizer:
+        log.warning("--tokenizer-type does not apply with --spm-model %s: no tokenizer is "
+                    "trained", path)
+    return _layer("tokenizer", {"vocab_size": pieces}, f"--spm-model {path} (vocab_size)")

@@ -1,0 +1,132 @@
+"""train.py's command line: its flags, the checks before training, and the exit status.
+
+Settings come from train.py's defaults, then the recipe, then the flags (`nmt.settings.recipes`).
+Every mistake or fault ends in one line, `train.py: error: ...` (exit 2 for bad flags, values
+and paths, 1 for faults while running); NMT_DEBUG=1 shows the traceback of an unexpected error.
+Nothing here imports JAX before the flags are checked: `train.py --help` answers at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+from nmt.runtime import cli
+from nmt.settings import recipes
+from nmt.settings.config import RunConfig, SettingsError
+
+PROG = "train.py"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = cli.OneLineParser(
+        prog=PROG, description="Train a Transformer (Vaswani et al. 2017) translation model.",
+        epilog="A recipe (--config) is a YAML file with one section per settings group below "
+               "(configs/ has examples), or a flat JSON object of flag names; flags given on "
+               "the command line override it. NMT_KEEP_HOST_MEMORY=1 in the environment keeps "
+               "XLA:CPU's per-step buffers mapped between steps (Linux, CPU runs): faster "
+               "steps, possibly gigabytes more memory (nmt/runtime/host_memory.py).")
+    parser.add_argument("--config", metavar="RECIPE",
+                        help="recipe file (.yaml, or .json), e.g. configs/multi30k_small.yaml")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue the run in --output-dir (an error if it has none); "
+                             "rerunning the same command without it resumes too")
+    parser.add_argument("--average-only", action="store_true",
+                        help="do not train: write averaged/, the mean of the last "
+                             "--average-last checkpoints of the run in --output-dir")
+    recipes.add_flags(parser, recipes.defaults())
+    multi = parser.add_argument_group("several processes (multi-host)")
+    multi.add_argument("--coordinator", help="address:port of process 0")
+    multi.add_argument("--num-processes", type=int)
+    multi.add_argument("--process-id", type=int)
+    return parser
+
+
+def resolve(argv: list[str] | None = None) -> tuple[RunConfig, argparse.Namespace]:
+    """The run's settings from train.py's defaults, the recipe and the flags, as
+    `recipes.resolve` builds them; SettingsError names the flag or the recipe's file, line
+    and key at fault."""
+    args = build_parser().parse_args(argv)
+    layers = [recipes.read_recipe(args.config)] if args.config else []
+    return recipes.resolve(recipes.defaults(), *layers, recipes.from_args(args)), args
+
+
+def _setup_logging() -> None:
+    cli.setup_logging(logging.INFO, "%(levelname)s %(name)s: %(message)s",
+                      ("absl", "jax", "datasets", "orbax", "tensorboardX"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    return cli.guarded(PROG, lambda: _main(argv))
+
+
+def _main(argv: list[str] | None) -> int:
+    try:
+        run, args = resolve(argv)
+    except SettingsError as err:
+        raise cli.UsageError(str(err)) from None
+    if args.average_only and not run.trainer.average_last:
+        raise cli.UsageError("--average-only needs --average-last N (how many checkpoints).")
+    cli.writable_directory(run.output_dir(), "--output-dir")
+    # Before anything touches JAX devices; and not before parsing: --help loads no JAX.
+    from nmt.runtime.distributed import initialize_distributed
+    from nmt.runtime.host_memory import reuse_freed_host_memory
+
+    try:
+        reuse_freed_host_memory()  # only with NMT_KEEP_HOST_MEMORY=1
+    except ValueError as err:
+        raise cli.UsageError(str(err)) from None
+    initialize_distributed(args.coordinator, args.num_processes, args.process_id)
+    _setup_logging()
+    return _run(run, args)
+
+
+def _run(run: RunConfig, args: argparse.Namespace) -> int:
+    # JAX, datasets and the trainer load only now: --help and bad flags answer at once.
+    import datasets
+
+    from data.config import DataError
+    from data.corpus import check_files
+    from nmt.rundir import resume
+    from nmt.rundir.checkpoints import CHECKPOINTS_DIR, CheckpointError, SaveError, complete_steps
+    from nmt.training.metrics_log import MetricsWriteError
+    from nmt.rundir.lock import RunDirectoryInUse
+    from nmt.translation.scoring import MetricError, bleu_settings
+    from nmt.training.trainer import TrainingError, train
+
+    datasets.disable_progress_bars()
+    run_dir = run.output_dir()
+    has_checkpoints = bool(complete_steps(run_dir / CHECKPOINTS_DIR))
+    if (args.resume or args.average_only) and not has_checkpoints:
+        flag = "--resume" if args.resume else "--average-only"
+        raise cli.UsageError(f"{flag}: {run_dir / CHECKPOINTS_DIR} holds no complete checkpoint"
+                             "; drop it to start a new run there.")
+    try:
+        if args.average_only:
+            return _average_only(run, run_dir)
+        check_files(run.data)  # a missing corpus, before any tokenizer or compilation
+        if run.trainer.eval_sentences:  # MeCab for a Japanese or Korean target, say
+            bleu_settings(run.data.tgt, run.trainer.bleu_tokenize)
+        train(run, run_dir)
+    except (TrainingError, SaveError, MetricsWriteError, RunDirectoryInUse) as err:
+        raise cli.Fault(str(err)) from None
+    except (DataError, CheckpointError, MetricError, resume.ResumeError) as err:
+        raise cli.UsageError(str(err)) from None
+    return 0
+
+
+def _average_only(run: RunConfig, run_dir) -> int:
+    """Write averaged/ from the run's checkpoints, holding the run directory's lock."""
+    from data.tokenizer import load_tokenizer
+    from nmt.rundir import final_model, resume
+    from nmt.rundir.lock import RunLock
+
+    with RunLock(run_dir):
+        saved = resume.saved_run(run_dir) or run  # the run's model, not today's flags
+        tokenizer = load_tokenizer(run_dir)
+        out, steps = final_model.average(run_dir, saved, saved.model_for(tokenizer), tokenizer,
+                                         run.trainer.average_last)
+    print(f"Averaged checkpoints {steps} into {out}")
+    print(f"Translate: python translate.py --model {out} \"...\"")
+    return 0
+

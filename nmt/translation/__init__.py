@@ -1,0 +1,3 @@
+"""Translating as translate.py does it: the command line (`command`), reading input and
+writing translations (`streams`), test sets, evaluation and force-decoding scores
+(`evaluation`, with sacreBLEU in `scoring`), attention heatmaps (`plotting`)."""

@@ -1,0 +1,325 @@
+"""translate.py's command line: `python translate.py --model runs/NAME [SENTENCE ...]`.
+
+Input, one translation per input line on stdout (or --output), in input order:
+
+    python translate.py --model runs/NAME "Ein Mann fährt Fahrrad."   # the arguments
+    cat test.de | python translate.py --model runs/NAME > test.hyp      # stdin
+    python translate.py --model runs/NAME --input test.de --output test.hyp
+
+Stdin is read as it arrives: every complete line already waiting (at most --chunk-lines,
+default 1000) is translated as one call, so a pipe from a file is batched as efficiently as
+--input, while a terminal or a slow producer gets each line translated as soon as it is
+entered. Output is flushed after every chunk. --input is checked whole before the model is
+loaded (an invalid line is reported at once), then read in chunks of --chunk-lines lines, so
+memory does not grow with the file; a progress bar shows the lines done.
+
+--output OUT is written as the translations come, into OUT.partial, which replaces OUT only
+when every line is done: an interrupted or failed run leaves the earlier OUT as it was.
+
+Within a call, `nmt.models.translator.Translator` sorts sentences by length into batches of
+at most --batch-tokens source tokens and restores input order. An empty line gives an empty
+line; a line longer than the model allows is truncated with a warning naming its line number.
+
+With --nbest N each input line gives N lines, best first (fairseq/Marian style):
+
+    INDEX<TAB>SCORE<TAB>TRANSLATION
+
+INDEX is the 0-based input line number (Moses/Marian convention), SCORE the search score
+(beam search: log-probability divided by the length penalty, GNMT's unless
+--length-penalty power; greedy and sampling: log-probability).
+
+Search settings default to the model's stored SearchConfig; flags override them.
+
+Several --model flags make an ensemble (`transformer.ensemble`): at every step the next-token
+probabilities of the models are averaged, as fairseq does. The models must have been trained
+with the same SentencePiece model; search settings and languages come from the first.
+
+    python translate.py --model runs/A --model runs/B --model runs/A/averaged < test.de
+
+    python translate.py --model runs/NAME --evaluate --src-file test.en --ref-file test.de
+
+prints sacreBLEU BLEU and chrF (detokenized, cased) with their signatures; the numbers equal
+`sacrebleu test.de -i HYP -m bleu chrf` on the hypotheses written with --hyp-file (except that
+a byte order mark starting a file is removed here, where sacreBLEU would score it as text).
+BLEU is tokenized as `sacrebleu -l SRC-TGT` would for the target language: zh for Chinese,
+ja-mecab for Japanese, ko-mecab for Korean (these two need `pip install -e '.[cjk]'`; region
+forms such as ja-JP count too), 13a for the others; --bleu-tokenize picks another (char, intl,
+none, ...).
+Every test pair counts, also one with an empty side. The test files and the output paths are
+checked before the model is loaded, and the scores are printed before --hyp-file and --report
+are written, so a bad path costs no translation time.
+
+    python translate.py --model runs/NAME --score --src-file test.en --ref-file test.de
+
+prints the log-probability (natural log, EOS included) the model gives each reference, one
+line per pair, without searching (force decoding, as fairseq's --score-reference or
+marian-scorer); --normalize divides by the reference's tokens. It takes the same test-set
+flags as --evaluate and works with ensembles.
+
+Everything but translations and scores goes to stderr. Exit status: 0 on success, 1 for a bad
+model directory or input (the message names the file and line), 2 for invalid flags; every
+error is one line, and NMT_DEBUG=1 shows the traceback of an unexpected one.
+This module parses and checks the flags, loads the model and hands the work on: reading and
+writing lines to `nmt.translation.streams`, test sets to `nmt.translation.evaluation`,
+translating to `nmt.models.translator`, the heatmap to `nmt.translation.plotting`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import logging
+import os
+import signal
+import sys
+import time
+from typing import Sequence
+
+from data.config import DataError
+from nmt.runtime import cli
+from nmt.runtime.files import AtomicOutput
+from nmt.settings import recipes
+from nmt.translation import evaluation, streams
+from nmt.translation.errors import InputError, UsageError
+
+log = logging.getLogger("translate.py")
+
+EXIT_ERROR, EXIT_USAGE = 1, 2
+DEFAULT_CHUNK_LINES = 1000
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = cli.OneLineParser(
+        prog="translate.py",
+        description="Translate sentences (arguments, stdin or a file) with a trained "
+                    "Transformer, or score a test set with sacreBLEU.",
+        epilog="Search flags default to the values stored with the model. --nbest output: "
+               "INDEX<TAB>SCORE<TAB>TRANSLATION, N lines per input line, best first, INDEX "
+               "0-based.")
+    parser.add_argument("sentences", nargs="*", metavar="SENTENCE",
+                        help="sentences to translate; without any, read --input or stdin")
+    parser.add_argument("--model", required=True, action="append",
+                        help="run directory (uses its model/) or a model directory; give it "
+                             "again for an ensemble, whose models average their next-token "
+                             "probabilities (they must share the SentencePiece model)")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"),
+                        help="compute dtype (default: the model's)")
+    io = parser.add_argument_group("input and output")
+    io.add_argument("--input", help="file to translate, one sentence per line (- = stdin)")
+    io.add_argument("--output", help="write translations here instead of stdout")
+    io.add_argument("--batch-tokens", type=int, default=4096,
+                    help="source tokens per batch, before dividing by the beam size "
+                         "(default 4096)")
+    io.add_argument("--chunk-lines", type=int, default=DEFAULT_CHUNK_LINES,
+                    help="stdin: translate at most this many waiting lines per call "
+                         f"(default {DEFAULT_CHUNK_LINES})")
+    io.add_argument("-q", "--quiet", action="store_true", help="no progress bar or information")
+
+    search = parser.add_argument_group("search (defaults: the model's stored settings)")
+    recipes.add_section_flags(search, "search", exclude=("strategy",),
+                              default_note="default: the model's")
+    strategy = search.add_mutually_exclusive_group()
+    strategy.add_argument("--greedy", action="store_true", help="greedy search")
+    strategy.add_argument("--sample", action="store_true",
+                          help="sample (see --temperature, --top-k, --seed)")
+    search.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+
+    plot = parser.add_argument_group("attention plot")
+    plot.add_argument("--plot-attention", metavar="FILE.png",
+                      help="save a heatmap of the encoder-decoder attention for the one "
+                           "SENTENCE given")
+    plot.add_argument("--attention-layer", type=int, default=-1,
+                      help="decoder layer, 0-based, negative from the end (default -1: last)")
+    plot.add_argument("--attention-head", type=int,
+                      help="one head, 0-based (default: mean over heads)")
+
+    ev = parser.add_argument_group("evaluation")
+    ev.add_argument("--evaluate", action="store_true",
+                    help="translate a test set and print BLEU and chrF")
+    ev.add_argument("--src-file", help="source sentences, one per line")
+    ev.add_argument("--ref-file", help="reference translations, aligned with --src-file")
+    ev.add_argument("--test-prefix", help="read PREFIX.SRC and PREFIX.TGT")
+    ev.add_argument("--test-file", help="pairs as .tsv, .jsonl or .parquet (every pair "
+                                        "scored, empty ones too)")
+    ev.add_argument("--src", help="source language code (default: the model's)")
+    ev.add_argument("--tgt", help="target language code (default: the model's)")
+    ev.add_argument("--dataset", help="Hugging Face dataset name or save_to_disk directory")
+    ev.add_argument("--dataset-config", help="its configuration, e.g. de-en")
+    ev.add_argument("--split", default="test", help="dataset split (default test)")
+    ev.add_argument("--hyp-file", help="write the hypotheses here")
+    ev.add_argument("--report", help="write scores, signatures and settings as JSON here")
+    ev.add_argument("--bleu-tokenize", metavar="NAME",
+                    help="sacreBLEU's BLEU tokenizer: 13a, intl, zh, ja-mecab, ko-mecab, char, "
+                         "none, spm, flores101, flores200 (default: zh, ja-mecab or ko-mecab "
+                         "for a Chinese, Japanese or Korean target, else 13a)")
+    ev.add_argument("--score", action="store_true",
+                    help="instead of translating, print log p(reference | source) of each pair "
+                         "of the test set flags (force decoding), one line per pair")
+    ev.add_argument("--normalize", action="store_true",
+                    help="--score: divide by the reference's tokens (EOS included)")
+    return parser
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """Flag combinations argparse cannot express; raises UsageError."""
+    for name in ("batch_tokens", "chunk_lines"):
+        if getattr(args, name) < 1:
+            raise UsageError(f"--{name.replace('_', '-')} must be >= 1, "
+                             f"got {getattr(args, name)}.")
+    if args.input is not None and args.sentences:
+        raise UsageError("give sentences as arguments or --input FILE, not both.")
+    if args.plot_attention and len(args.sentences) != 1:
+        raise UsageError("--plot-attention needs exactly one SENTENCE argument.")
+    if args.plot_attention and len(args.model) > 1:
+        raise UsageError("--plot-attention shows one model's attention; give one --model.")
+    if args.evaluate and args.score:
+        raise UsageError("--evaluate translates and --score does not: give one of them.")
+    if args.normalize and not args.score:
+        raise UsageError("--normalize only applies with --score.")
+    if args.score:
+        for flag in ("hyp_file", "report", "nbest", "plot_attention", "bleu_tokenize"):
+            if getattr(args, flag):
+                raise UsageError(f"--{flag.replace('_', '-')} does not apply with --score.")
+    mode = "--evaluate" if args.evaluate else "--score" if args.score else None
+    if mode:
+        if args.sentences or args.input is not None:
+            raise UsageError(f"{mode} reads --src-file/--ref-file, --test-prefix, "
+                             "--test-file or --dataset, not sentences or --input.")
+        sources = [bool(args.src_file or args.ref_file), bool(args.test_prefix),
+                   bool(args.test_file), bool(args.dataset)]
+        if sum(sources) != 1:
+            raise UsageError(f"{mode} needs exactly one of: --src-file with --ref-file, "
+                             "--test-prefix PREFIX, --test-file FILE, --dataset NAME.")
+        if sources[0] and not (args.src_file and args.ref_file):
+            raise UsageError(f"{mode} needs both --src-file and --ref-file.")
+    else:
+        for flag in ("src_file", "ref_file", "test_prefix", "test_file", "dataset", "hyp_file",
+                     "report"):
+            if getattr(args, flag):
+                raise UsageError(f"--{flag.replace('_', '-')} only applies with --evaluate "
+                                 "or --score.")
+        if args.bleu_tokenize:
+            raise UsageError("--bleu-tokenize only applies with --evaluate.")
+
+
+def search_config(stored, args: argparse.Namespace):
+    """The model's stored SearchConfig with the flags' overrides; ValueError if invalid."""
+    changes = {name: value for name, (value, _) in recipes.from_args(args)["search"].items()}
+    if args.greedy:
+        changes["strategy"] = "greedy"
+    elif args.sample:
+        changes["strategy"] = "sample"
+    elif args.beam is not None or args.nbest is not None:
+        changes["strategy"] = "beam"
+    strategy = changes.get("strategy", stored.strategy)
+    if strategy != "beam":
+        if args.nbest is not None and args.nbest > 1:
+            raise ValueError(f"--nbest {args.nbest} needs beam search; drop --greedy/--sample.")
+        changes.setdefault("nbest", 1)  # a stored n-best setting cannot apply
+    if strategy != "sample" and (args.temperature is not None or args.top_k is not None):
+        raise ValueError("--temperature and --top-k only apply with --sample.")
+    return dataclasses.replace(stored, **changes)
+
+
+def _setup_logging(quiet: bool) -> None:
+    cli.setup_logging(logging.WARNING if quiet else logging.INFO,
+                      "%(name)s: %(levelname)s: %(message)s",
+                      ("absl", "jax", "jax._src", "datasets", "orbax", "checkpoint", "data"))
+
+
+def enable_compilation_cache() -> None:
+    """JAX's persistent cache: translate.py starts often, and every compiled search shape
+    saves time on the next start."""
+    from nmt.runtime.compilation import enable_compilation_cache as enable
+
+    enable()
+
+
+def load(args: argparse.Namespace):
+    """(model, tokenizer, stored values, Translator) for the flags; InputError for a bad model
+    directory, UsageError for search settings the model cannot take."""
+    enable_compilation_cache()
+    # JAX loads only now: argument and path errors above answer at once.
+    from nmt.models.model_dir import ModelDirError, load_models
+    from nmt.models.translator import Translator
+
+    start = time.perf_counter()
+    try:
+        model, tokenizer, values = load_models(args.model, dtype=args.dtype)
+    except (ModelDirError, DataError) as err:
+        raise InputError(str(err)) from None
+    try:
+        search = search_config(values["search"], args)
+    except ValueError as err:
+        raise UsageError(f"invalid search settings (--beam, --nbest, ...): {err}") from None
+    if args.plot_attention:
+        from nmt.translation.plotting import check_plot_settings  # matplotlib, JAX
+
+        check_plot_settings(model, args)
+    try:
+        translator = Translator(model, tokenizer, search, batch_tokens=args.batch_tokens,
+                                seed=args.seed)
+    except ValueError as err:  # settings that only the loaded model can refuse (--top-k)
+        raise UsageError(f"invalid search settings for this model: {err}") from None
+    log.info("%s %s loaded in %.2f s; search: %s", "model" if len(args.model) == 1 else
+             "ensemble of", ", ".join(args.model), time.perf_counter() - start,
+             ", ".join(f"{k}={v}" for k, v in dataclasses.asdict(search).items()))
+    return model, tokenizer, values, translator
+
+
+def run(args: argparse.Namespace) -> int:
+    """Check the flags and files, load the model, then translate, evaluate or score."""
+    check_args(args)
+    # Check files before the slow model load, so a bad input or output path fails fast.
+    streams.check_output_paths(args)
+    reads_file = args.input not in (None, "-")
+    input_line_count = streams.count_valid_lines(args.input) if reads_file else None
+    if args.input in (None, "-") and not args.sentences and not (args.evaluate or args.score):
+        streams.check_stdin()
+    if not args.output and sys.stdout is None:
+        raise InputError("standard output is closed: give --output FILE, or redirect it.")
+    test_set = None
+    if (args.evaluate or args.score) and (args.src_file or (args.src and args.tgt)):
+        test_set = evaluation.evaluation_data(args, {})  # else the model's languages
+    model, tokenizer, values, translator = load(args)
+    # Checked before --output is opened: a missing MeCab must not cost the file its contents.
+    bleu = evaluation.bleu_settings(args, values) if args.evaluate else None
+    with contextlib.ExitStack() as stack:
+        out = sys.stdout
+        if args.output:
+            out = stack.enter_context(AtomicOutput(args.output))
+        if args.evaluate:
+            evaluation.run_evaluation(translator, args, values, out, test_set, bleu)
+        elif args.score:
+            evaluation.run_scoring(translator, args, values, out, test_set)
+        else:
+            streams.translate_input(translator, args, input_line_count, out, model, tokenizer)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """translate.py: its exit status (0, 1 for a fault, 2 for a mistake in the flags)."""
+    return cli.guarded("translate.py", lambda: _main(argv))
+
+
+def _main(argv: Sequence[str] | None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    _setup_logging(args.quiet)
+    if sys.stdout is not None and hasattr(sys.stdout, "reconfigure"):
+        sys.stdout.reconfigure(encoding="utf-8", newline="\n")
+    # SIGTERM unwinds like an error: --output's partial file is removed, OUT stays as it was.
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    try:
+        return run(args)
+    except DataError as err:
+        raise InputError(str(err)) from None
+    except BrokenPipeError:
+        # The reader went away (e.g. `| head`): stop quietly, as Unix filters do.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_ERROR
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+

@@ -1,0 +1,150 @@
+"""Evaluation and scoring of a test set: the pairs named by translate.py's flags, BLEU and
+chrF of the translations (`nmt.translation.scoring`), and log p(reference | source) of every
+pair (force decoding)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import math
+import time
+from pathlib import Path
+from typing import IO
+
+from data.config import DataError
+from nmt.runtime.files import write_text_atomically
+from nmt.translation import scoring
+from nmt.translation.errors import InputError, UsageError
+from nmt.translation.streams import one_line, progress_bar, read_lines, translate_lines
+
+log = logging.getLogger("translate.py")
+
+
+def languages(args: argparse.Namespace, values: dict) -> tuple[str | None, str | None]:
+    """(source, target) language codes: --src/--tgt, else those stored with the model."""
+    src = args.src or values.get("source_lang") or values.get("data", {}).get("src")
+    tgt = args.tgt or values.get("target_lang") or values.get("data", {}).get("tgt")
+    return src, tgt
+
+
+def bleu_settings(args: argparse.Namespace, values: dict) -> dict[str, str | None]:
+    """`nmt.translation.scoring.bleu_settings` for the target language; UsageError if the tokenizer is
+    unknown or cannot run here (MeCab missing)."""
+    try:
+        return scoring.bleu_settings(languages(args, values)[1], args.bleu_tokenize)
+    except scoring.MetricError as err:
+        raise UsageError(f"--bleu-tokenize: {err}" if args.bleu_tokenize else str(err)) from None
+
+
+def evaluation_data(args: argparse.Namespace, values: dict) -> tuple[list[str], list[str], str]:
+    """(sources, references, description) of the test set named by the flags."""
+    src, tgt = languages(args, values)
+    if args.src_file:
+        src_path, ref_path = args.src_file, args.ref_file
+    elif args.test_prefix:
+        if not (src and tgt):
+            raise UsageError("--test-prefix needs --src and --tgt (the model does not "
+                             "record its languages).")
+        src_path, ref_path = f"{args.test_prefix}.{src}", f"{args.test_prefix}.{tgt}"
+    elif args.test_file:
+        return _test_file(args.test_file, src, tgt)
+    else:
+        return _dataset_split(args, src, tgt)
+    sources, references = read_lines(src_path), read_lines(ref_path)
+    if len(sources) != len(references):
+        raise InputError(f"{src_path} has {len(sources)} lines but {ref_path} has "
+                         f"{len(references)}; line N of one must translate line N of the other.")
+    return sources, references, f"{src_path} -> {ref_path}"
+
+
+def _test_file(path: str, src: str | None, tgt: str | None
+               ) -> tuple[list[str], list[str], str]:
+    """Every pair of a .tsv, .jsonl or .parquet test file, kept as written."""
+    from data.corpus import read_file_texts  # loads `datasets`: only for these formats
+
+    if Path(path).suffix.lower() != ".tsv" and not (src and tgt):
+        raise UsageError(f"--test-file {path} needs --src and --tgt to pick its languages (the "
+                         "model does not record them).")
+    try:
+        sources, references = read_file_texts(path, src, tgt)
+    except DataError as err:
+        raise InputError(str(err)) from None
+    languages = f" {src}->{tgt}" if src and tgt else ""
+    return sources, references, f"{path}{languages}"
+
+
+def _dataset_split(args, src, tgt) -> tuple[list[str], list[str], str]:
+    """Every pair of --split, kept as it is: an empty source gives an empty hypothesis that
+    is scored against its reference, as with --src-file/--ref-file."""
+    from data.corpus import read_hf_split  # loads `datasets`: only for datasets
+
+    if not (src and tgt):
+        raise UsageError("--dataset needs --src and --tgt (the model does not record its "
+                         "languages).")
+    try:
+        sources, references, split = read_hf_split(args.dataset, args.dataset_config,
+                                                   args.split, src, tgt)
+    except DataError as err:
+        raise InputError(str(err)) from None
+    return sources, references, f"{args.dataset}[{split}] {src}->{tgt}"
+
+
+def run_evaluation(translator, args: argparse.Namespace, values: dict, out: IO[str],
+                   test_set: tuple[list[str], list[str], str] | None = None,
+                   bleu: dict[str, str | None] | None = None) -> dict:
+    """Translate the test set (`test_set` if already read, else `evaluation_data`), print
+    BLEU and chrF (`bleu`: `bleu_settings`, checked here unless given), then write
+    --hyp-file and --report."""
+    bleu = bleu or bleu_settings(args, values)  # before translating: MeCab may be missing
+    sources, references, description = test_set or evaluation_data(args, values)
+    log.info("evaluating on %s: %d sentences", description, len(sources))
+    start = time.perf_counter()
+    with progress_bar(len(sources), args.quiet) as bar:
+        results = translate_lines(translator, sources, args.src_file or description, 1,
+                                  progress=bar.update)
+    seconds = time.perf_counter() - start
+    # Scored exactly as the sacrebleu command reads the files: trailing whitespace removed.
+    hypotheses = [one_line(nbest[0].text).rstrip() for nbest in results]
+    scores = scoring.evaluate(hypotheses, [r.rstrip() for r in references], **bleu)
+    # Scores first: a file that cannot be written must not cost the evaluation.
+    out.write(f"{scores.bleu_details}\n"
+              f"chrF2 = {scores.chrf:.2f}\n"
+              f"BLEU signature: {scores.bleu_signature}\n"
+              f"chrF signature: {scores.chrf_signature}\n")
+    out.flush()
+    if args.hyp_file:
+        write_text_atomically(args.hyp_file, "".join(h + "\n" for h in hypotheses))
+    models = args.model[0] if len(args.model) == 1 else args.model  # a list: an ensemble
+    report = {**scores.to_dict(), "test_set": description, "sentences": len(sources),
+              "model": models, "search": dataclasses.asdict(translator.search),
+              "translate_seconds": round(seconds, 3), "hyp_file": args.hyp_file}
+    if args.report:
+        write_text_atomically(args.report,
+                              json.dumps(report, indent=2, ensure_ascii=False) + "\n")
+    log.info("translated %d sentences in %.2f s", len(sources), seconds)
+    return report
+
+
+def run_scoring(translator, args: argparse.Namespace, values: dict, out: IO[str],
+                test_set: tuple[list[str], list[str], str] | None = None) -> None:
+    """Print log p(reference | source) of every test pair, one line each, in order."""
+    sources, references, description = test_set or evaluation_data(args, values)
+    log.info("scoring the references of %s: %d pairs", description, len(sources))
+    where = (args.src_file or f"{description} source", args.ref_file or f"{description} reference")
+    with progress_bar(len(sources), args.quiet) as bar:
+        try:
+            scores = translator.score(sources, references, progress=bar.update, where=where)
+        except ValueError as err:  # a side too long to score without truncating it
+            raise InputError(str(err)) from None
+    out.write("".join(f"{logprob / tokens if args.normalize else logprob:.4f}\n"
+                      for logprob, tokens in scores))
+    out.flush()
+    tokens = sum(n for _, n in scores)
+    if tokens:
+        per_token = sum(logprob for logprob, _ in scores) / tokens
+        log.info("%d reference tokens (EOS included): %.4f nats per token, perplexity %.2f",
+                 tokens, per_token, math.exp(-per_token))
+
+
