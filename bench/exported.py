@@ -1,6 +1,6 @@
 """A trained model against its own exports: speed, BLEU and agreement on a real test set.
 
-    python -m bench.exported --model runs/NAME/averaged --test-prefix $MULTI30K/test2016 \\
+    python -m bench.exported --model runs/NAME/averaged --test-prefix data/multi30k/test2016 \\
         --src en --tgt de
 
 Exports the model to CTranslate2 (float32 and int8) and, when transformers and torch are
@@ -50,9 +50,9 @@ def main() -> None:
     import ctranslate2
 
     from nmt.convert.ctranslate2 import export_ctranslate2
-    from nmt.translation.scoring import evaluate
     from nmt.models.model_dir import load_model
     from nmt.models.translator import Translator
+    from nmt.translation.scoring import evaluate
 
     sources = Path(f"{args.test_prefix}.{args.src}").read_text(encoding="utf-8").splitlines()
     references = Path(f"{args.test_prefix}.{args.tgt}").read_text(encoding="utf-8").splitlines()

@@ -12,8 +12,9 @@
 #   recipe.json     the test2016 report (BLEU, chrF, signatures) and the run's time summary
 #   summary.jsonl   one line per step: its name, exit status and seconds
 #
-# --data DIR        Multi30k's folder (train.en/.de, valid.*, test2016.*; default
-#                   ../shared/data/multi30k, else shared/data/multi30k in the repository)
+# --data DIR        Multi30k's folder (train.en/.de, valid.*, test2016.*); default: the first
+#                   that holds it of $MULTI30K (the recipes' variable) and, in the repository,
+#                   data/multi30k, ../shared/data/multi30k and shared/data/multi30k
 # --wheels DIR      install missing Python packages from the wheels in DIR (no network)
 # --peers DIR       the peer benchmark scripts (default ../shared/tools/peers); the peers run
 #                   when torch and transformers import and DIR holds the scripts
@@ -90,7 +91,8 @@ or use --dry-run for a toy run on the $backend"
 fi
 
 if [ -z "$DATA" ]; then
-    for candidate in "$REPO/../shared/data/multi30k" "$REPO/shared/data/multi30k"; do
+    for candidate in "${MULTI30K:-}" "$REPO/data/multi30k" "$REPO/../shared/data/multi30k" \
+            "$REPO/shared/data/multi30k"; do
         [ -f "$candidate/train.en" ] && DATA="$candidate" && break
     done
 fi

@@ -1,7 +1,7 @@
 """How far the bfloat16 paths' gradients are from float32's, on one batch of real pairs.
 
     python -m bench.grad_precision --spm RUN/spm.model \\
-        --prefix ../shared/data/multi30k/train --src en --tgt de [--preset base]
+        --prefix data/multi30k/train --src en --tgt de [--preset base]
 
 Builds one batch from the first --rows pairs the trainer's filters keep at --width tokens
 (EOS or BOS included; length ratio at most 9) and, as the trainer lays batches out, takes the
@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from data.batching import PlannedBatch, load_examples, materialize
+from data.batching import PlannedBatch, batch_arrays, load_examples
 from data.config import BatchConfig, DataError
 from data.corpus import read_prefix
 from data.encoding import encode_split
@@ -52,7 +52,7 @@ def make_batch(encoded: datasets.Dataset, rows: int, width: int) -> dict[str, ja
         raise DataError(f"none of the {len(encoded)} pairs fits --width {width} tokens (EOS or "
                         "BOS included, length ratio at most 9); raise --width") from None
     picked = PlannedBatch(width, width, np.arange(min(rows, len(examples))))
-    return {name: jnp.asarray(ids) for name, ids in materialize(examples, picked).items()}
+    return {name: jnp.asarray(ids) for name, ids in batch_arrays(examples, picked).items()}
 
 
 def gradients(preset: str, vocab_size: int, batch: dict[str, jax.Array], dtype: str,

@@ -1,11 +1,12 @@
 """Train steps on real pairs, packed rows against bucketed batches of the same token budget:
 `python -m bench.layouts [--prefix PREFIX] [--preset small] [--steps 40]`.
 
-Reads aligned PREFIX.SRC / PREFIX.TGT (default: Multi30k's training pairs from
-../shared/data), trains a SentencePiece model on them, and plans an epoch of each layout with
-the trainer's own batching (`data.batching`, `data.packing`). Every batch shape is compiled
-first (reported, not timed); then the first --steps batches of the epoch run one after the
-other, timed from the first call to the last loss ready. Prints one JSON line per layout:
+Reads aligned PREFIX.SRC / PREFIX.TGT (default: Multi30k's training pairs, from $MULTI30K as
+the recipes read it, else data/multi30k), trains a SentencePiece model on them, and plans an
+epoch of each layout with the trainer's own batching (`data.batching`, `data.packing`). Every
+batch shape is compiled first (reported, not timed); then the first --steps batches of the
+epoch run one after the other, timed from the first call to the last loss ready. Prints one
+JSON line per layout:
 
   real_tgt_tokens_per_s  target tokens that are not padding / seconds of the timed steps
   padding_waste          padded positions / all positions of the timed batches (src + tgt)
@@ -16,14 +17,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
-from pathlib import Path
 
 import jax
 import numpy as np
 
 from bench import common
-from data.batching import epoch_plan, load_examples, materialize
+from data.batching import batch_arrays, load_examples, plan_batches
 from data.config import BatchConfig
 from data.corpus import iter_text, read_prefix
 from data.encoding import encode_split
@@ -33,7 +34,7 @@ from nmt.runtime.host_memory import reuse_freed_host_memory
 from transformer import training
 from transformer.config import PRESETS, get_preset
 
-MULTI30K = Path(__file__).resolve().parents[1].parent / "shared/data/multi30k/train"
+MULTI30K_TRAIN = os.environ.get("MULTI30K", "data/multi30k") + "/train"  # as the recipes
 
 
 def encoded_pairs(args):
@@ -47,19 +48,19 @@ def encoded_pairs(args):
 def measure(name: str, config: BatchConfig, examples, args, model_config) -> dict:
     if config.packing:
         config = fit_width(config, examples.src_len, examples.tgt_len)
-    plan = epoch_plan(examples, config, epoch=0)
+    plan = plan_batches(examples, config, epoch=0)
     mesh = training.make_mesh()
-    train_config = training.TrainConfig(warmup_steps=100)
-    graphdef, _, state = training.create_train_state(model_config, train_config, mesh)
-    step = training.make_train_step(graphdef, train_config, mesh)
-    batches = [training.shard_batch(materialize(examples, b), mesh)
+    optimizer_config = training.OptimizerConfig(warmup_steps=100)
+    graphdef, _, state = training.create_train_state(model_config, optimizer_config, mesh)
+    step = training.make_train_step(graphdef, optimizer_config, mesh)
+    batches = [training.shard_batch(batch_arrays(examples, b), mesh)
                for b in plan[:args.warmup + args.steps]]
     shapes = {}
     start = time.perf_counter()
     for b in plan:  # every shape of the epoch, as a run compiles them
-        key = tuple(sorted((k, v.shape) for k, v in materialize(examples, b).items()))
+        key = tuple(sorted((k, v.shape) for k, v in batch_arrays(examples, b).items()))
         if key not in shapes:
-            batch = training.shard_batch(materialize(examples, b), mesh)
+            batch = training.shard_batch(batch_arrays(examples, b), mesh)
             shapes[key] = step.lower(state, batch).compile()
     compile_s = time.perf_counter() - start
     for batch in batches[:args.warmup]:
@@ -90,7 +91,7 @@ def _run(programs, state, batch):
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--prefix", default=str(MULTI30K), help="aligned PREFIX.SRC/.TGT")
+    parser.add_argument("--prefix", default=MULTI30K_TRAIN, help="aligned PREFIX.SRC/.TGT")
     parser.add_argument("--src", default="en")
     parser.add_argument("--tgt", default="de")
     parser.add_argument("--preset", default="small", choices=sorted(PRESETS))

@@ -27,8 +27,8 @@ import optax
 
 from bench import common
 from bench.train import peer_args, random_batch
-from transformer.config import get_preset
 from nmt.runtime.host_memory import reuse_freed_host_memory
+from transformer.config import get_preset
 
 DROPOUT = 0.1
 LABEL_SMOOTHING = 0.1

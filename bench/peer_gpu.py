@@ -139,8 +139,8 @@ def time_generate(common, args, torch):
 
 def time_ctranslate2(common, args, torch):
     try:
-        import ctranslate2
         import ct2_decode  # the peers' converter (imports ctranslate2 too)
+        import ctranslate2
         cuda_devices = ctranslate2.get_cuda_device_count()
     except Exception as error:  # ImportError, or OSError for a missing CUDA library
         return [{"system": "ctranslate2", "unavailable": f"{type(error).__name__}: {error}"}]

@@ -1,18 +1,19 @@
 """Benchmark the data pipeline: `python -m bench.pipeline [--synthetic N] [--long-tail N]`.
 
-For Multi30k en-de (from ../shared/data) and, with `--synthetic N`, a made-up corpus of N
-pairs (`--long-tail N`: with a few very long sentences), prints one JSON line per corpus and
-batch layout: time to read, to train SentencePiece and to encode (uncached, then cached);
-then, for bucketed batches and for packed rows of each `--pack-widths` width, the padding
-waste and number of (B, S, T) shapes of an epoch's plan, and the batches/s and target
-tokens/s the training iterator delivers. The encoding cache goes to a temporary directory,
-so every run measures a cold encode.
+For Multi30k en-de (from $MULTI30K as the recipes read it, else data/multi30k) and, with
+`--synthetic N`, a made-up corpus of N pairs (`--long-tail N`: with a few very long
+sentences), prints one JSON line per corpus and batch layout: time to read, to train
+SentencePiece and to encode (uncached, then cached); then, for bucketed batches and for
+packed rows of each `--pack-widths` width, the padding waste and number of (B, S, T) shapes
+of an epoch's plan, and the batches/s and target tokens/s the training iterator delivers.
+The encoding cache goes to a temporary directory, so every run measures a cold encode.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -25,7 +26,7 @@ from data.corpus import iter_text, load_corpus
 from data.encoding import encode_corpus
 from data.tokenizer import train_tokenizer
 
-SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+MULTI30K = Path(os.environ.get("MULTI30K", "data/multi30k"))  # as the recipes read it
 
 
 def synthetic_prefix(directory: Path, n_pairs: int, seed: int = 0, long_tail: bool = False
@@ -145,14 +146,13 @@ def main(argv: list[str] | None = None) -> None:
     if too_narrow:
         parser.error(f"--pack-widths {too_narrow} narrower than --max-len {args.max_len}: "
                      "rows must hold the longest pair kept")
-    multi30k = SHARED_DATA / "multi30k"
-    if multi30k.is_dir():
-        spec = CorpusSpec(train_prefix=str(multi30k / "train"),
-                          valid_prefix=str(multi30k / "valid"))
+    if MULTI30K.is_dir():
+        spec = CorpusSpec(train_prefix=str(MULTI30K / "train"),
+                          valid_prefix=str(MULTI30K / "valid"))
         for record in bench_corpus("multi30k en-de", spec, args, {}):
             print(json.dumps(record), flush=True)
     else:
-        print(json.dumps({"corpus": "multi30k en-de", "skipped": f"{multi30k} not found"}))
+        print(json.dumps({"corpus": "multi30k en-de", "skipped": f"{MULTI30K} not found"}))
     for n_pairs, long_tail in ((args.synthetic, False), (args.long_tail, True)):
         if not n_pairs:
             continue

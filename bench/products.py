@@ -46,10 +46,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bench import common
-from bench import train as bench_train
-from transformer.config import PRESETS
+from bench import common, train as bench_train
 from nmt.runtime.host_memory import reuse_freed_host_memory
+from transformer.config import PRESETS
 
 HLO_DTYPES = {"f32": "float32", "bf16": "bfloat16", "f16": "float16", "f64": "float64",
               "s32": "int32", "s8": "int8"}

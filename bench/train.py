@@ -42,9 +42,9 @@ import jax
 import numpy as np
 
 from bench import common
+from nmt.runtime.host_memory import reuse_freed_host_memory
 from transformer import training
 from transformer.config import PRESETS, get_preset
-from nmt.runtime.host_memory import reuse_freed_host_memory
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -105,13 +105,13 @@ class OurStep:
     def __init__(self, args):
         self.args = args
         self.config = model_config(args)
-        self.train_config = training.TrainConfig(accum_steps=args.accum_steps)
+        self.optimizer_config = training.OptimizerConfig(accum_steps=args.accum_steps)
         self.mesh = training.make_mesh()
-        graphdef, _, self.state = training.create_train_state(self.config, self.train_config,
-                                                              self.mesh)
+        graphdef, _, self.state = training.create_train_state(self.config,
+                                                              self.optimizer_config, self.mesh)
         self.rows = args.batch * args.accum_steps
         self.rng = np.random.default_rng(1)
-        jitted = training.make_train_step(graphdef, self.train_config, self.mesh)
+        jitted = training.make_train_step(graphdef, self.optimizer_config, self.mesh)
         start = time.perf_counter()
         self.step = jitted.lower(self.state, self._batch()).compile()
         self.compile_s = time.perf_counter() - start

@@ -1,14 +1,21 @@
-"""Data pipeline: sentence pairs -> SentencePiece ids -> bucketed, resumable batches.
+"""Data pipeline: sentence pairs -> SentencePiece ids -> packed or bucketed, resumable batches.
 
-    corpus = corpus.load_corpus(corpus.CorpusSpec(train_prefix="data/train", src="en", tgt="de"))
-    tok = tokenizer.train_or_load_tokenizer(run_dir, corpus, tokenizer.TokenizerConfig())
-    encoded = tokenizer.encode_corpus(corpus, tok)            # cached on disk
-    config = batching.BatchConfig(batch_tokens=4096, num_devices=jax.device_count())
-    examples = batching.load_examples(encoded["train"], config)
-    batches = batching.BatchIterator(examples, config, state=saved_state)
+    spec = config.CorpusSpec(train_prefix="data/train", valid_prefix="data/valid",
+                             src="en", tgt="de")
+    pairs = corpus.load_corpus(spec)                          # splits of (source, target)
+    tok = encoding.train_or_load_tokenizer(run_dir, pairs, config.TokenizerConfig())
+    encoded = encoding.encode_corpus(pairs, tok)             # cached on disk
+    settings = config.BatchConfig(batch_tokens=4096, num_devices=jax.device_count())
+    examples = batching.load_examples(encoded["train"], settings, ids=tok.ids)
+    settings = packing.fit_width(settings, examples.src_len, examples.tgt_len)
+    batches = batching.BatchIterator(examples, settings, state=saved_state)
 
-Modules: `corpus` (reading pairs from every source), `tokenizer` (SentencePiece and encoding),
-`batching` (filters, bucket shapes, iteration). Counts are reported through the logger named
-"data"; bad input raises `corpus.DataError`. Submodules are not imported here, so importing
-one does not pull in the others' dependencies.
+Modules: `config` (the settings: CorpusSpec, TokenizerConfig, BatchConfig; `DataError`),
+`lines` (the one UTF-8 line reader), `corpus` (reading pairs from every source), `tokenizer`
+(SentencePiece models: text <-> ids), `encoding` (a run's tokenizer and the cached encoding of
+its splits), `batching` (length filters, each epoch's plan, resumable iteration, bucketed
+batches), `packing` (pairs laid end to end in rows of one width, the default layout), and
+`download` (`python -m data.download`: the corpora the recipes read). Counts are reported
+through the logger named "data"; bad input raises `DataError`. Submodules are not imported
+here, so importing one does not pull in the others' dependencies.
 """

@@ -21,8 +21,11 @@ epochs, so neither do the shapes: a few dozen on real corpora (`plan_stats` repo
 Order. Each epoch's plan (which pairs form which batch, and the order of batches) is a pure
 function of the data, the config, the seed and the epoch number, and is the same on every
 process. `BatchIterator.state` is `{"epoch": e, "position": p}`: the next batch is batch `p`
-of epoch `e`'s plan. Process `i` of `n` materializes only rows `[i*B/n, (i+1)*B/n)` of each
-global batch, ready for `jax.make_array_from_process_local_data`.
+of epoch `e`'s plan. Process `i` of `n` builds the arrays of only rows `[i*B/n, (i+1)*B/n)`
+of each global batch (`batch_arrays`), ready for `jax.make_array_from_process_local_data`.
+
+The plan of an epoch is `plan_batches`: packed rows (`data.packing.pack_epoch`) or, with
+packing off, the bucketed batches above (`bucket_epoch`).
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ from typing import TYPE_CHECKING, Iterator, Sequence
 import numpy as np
 
 from data.config import DEFAULT_BUCKETS, BatchConfig, DataError
-from data.packing import PackedBatch, materialize_packed, pack_epoch
+from data.packing import PackedBatch, pack_epoch, packed_arrays
 from data.tokenizer import SpecialIds
 
 if TYPE_CHECKING:  # only for annotations: the batching itself needs no datasets
@@ -187,12 +190,13 @@ def plan_fingerprint(plan: list[PlannedBatch] | list[PackedBatch]) -> str:
     return digest.hexdigest()[:16]
 
 
-def epoch_plan(examples: "Examples", config: BatchConfig, epoch: int, shuffle: bool = True
-               ) -> list[PlannedBatch] | list[PackedBatch]:
-    """One epoch's global batches: packed rows (`config.packing`) or bucketed ones."""
+def plan_batches(examples: "Examples", config: BatchConfig, epoch: int, shuffle: bool = True
+                 ) -> list[PlannedBatch] | list[PackedBatch]:
+    """One epoch's global batches, as the config lays them out: packed rows
+    (`config.packing`, `data.packing.pack_epoch`) or bucketed batches (`bucket_epoch`)."""
     if config.packing:
         return pack_epoch(examples.src_len, examples.tgt_len, config, epoch, shuffle)
-    return plan_epoch(examples, config, epoch, shuffle)
+    return bucket_epoch(examples, config, epoch, shuffle)
 
 
 def _next_cell(i: int, j: int, counts: np.ndarray) -> tuple[int, int] | None:
@@ -257,9 +261,9 @@ def _min_fill(counts: np.ndarray, buckets: np.ndarray, config: BatchConfig) -> f
     return math.inf
 
 
-def plan_epoch(examples: Examples, config: BatchConfig, epoch: int, shuffle: bool = True
-               ) -> list[PlannedBatch]:
-    """The global batches of one epoch, identical on every process.
+def bucket_epoch(examples: Examples, config: BatchConfig, epoch: int, shuffle: bool = True
+                 ) -> list[PlannedBatch]:
+    """The bucketed global batches of one epoch, identical on every process.
 
     A cell gets batches of its own when its pairs (with those carried into it) fill at least
     `min_fill` batches, else they move on; `min_fill` is 1 unless more is needed to keep the
@@ -305,7 +309,7 @@ def plan_epoch(examples: Examples, config: BatchConfig, epoch: int, shuffle: boo
 
 
 # ---------------------------------------------------------------------------------------------
-# Materializing batches
+# The arrays of planned batches
 
 
 def _gather(values: np.ndarray, offsets: np.ndarray, rows: np.ndarray, width: int,
@@ -329,12 +333,18 @@ def _gather(values: np.ndarray, offsets: np.ndarray, rows: np.ndarray, width: in
     return out
 
 
-def materialize(examples: Examples, batch: PlannedBatch | PackedBatch, process_index: int = 0,
-                process_count: int = 1) -> Batch:
-    """This process's rows of a planned batch as {src [B/P, S], tgt_in [B/P, T], tgt_out}
-    (and the segments and positions of a packed batch: `data.packing`)."""
+def batch_arrays(examples: Examples, batch: PlannedBatch | PackedBatch, process_index: int = 0,
+                 process_count: int = 1) -> Batch:
+    """This process's rows of a planned batch, bucketed (`bucketed_arrays`) or packed
+    (`data.packing.packed_arrays`)."""
     if isinstance(batch, PackedBatch):
-        return materialize_packed(examples, batch, process_index, process_count)
+        return packed_arrays(examples, batch, process_index, process_count)
+    return bucketed_arrays(examples, batch, process_index, process_count)
+
+
+def bucketed_arrays(examples: Examples, batch: PlannedBatch, process_index: int = 0,
+                    process_count: int = 1) -> Batch:
+    """This process's rows of a bucketed batch as {src [B/P, S], tgt_in [B/P, T], tgt_out}."""
     rows = batch.rows
     if len(rows) % process_count:
         raise DataError(
@@ -385,7 +395,7 @@ class BatchIterator:
         self.process_count = process_count
         state = state or {"epoch": 0, "position": 0}
         self._epoch, self._position = int(state["epoch"]), int(state["position"])
-        self._plan_epoch: int | None = None
+        self._planned_epoch: int | None = None
         self._plan: list[PlannedBatch] = []
         log.info("batches per epoch: %s", plan_stats(examples, config, self._epoch).summary())
 
@@ -405,9 +415,9 @@ class BatchIterator:
 
     def plan(self, epoch: int) -> list[PlannedBatch] | list[PackedBatch]:
         """The global batch plan of `epoch` (cached for the current epoch)."""
-        if self._plan_epoch != epoch:
-            self._plan = epoch_plan(self.examples, self.config, epoch)
-            self._plan_epoch = epoch
+        if self._planned_epoch != epoch:
+            self._plan = plan_batches(self.examples, self.config, epoch)
+            self._planned_epoch = epoch
         return self._plan
 
     def __iter__(self) -> "BatchIterator":
@@ -420,7 +430,7 @@ class BatchIterator:
             plan = self.plan(self._epoch)
         batch = plan[self._position]
         self._position += 1
-        return materialize(self.examples, batch, self.process_index, self.process_count)
+        return batch_arrays(self.examples, batch, self.process_index, self.process_count)
 
 
 def eval_batches(examples: Examples, config: BatchConfig = BatchConfig(),
@@ -429,8 +439,8 @@ def eval_batches(examples: Examples, config: BatchConfig = BatchConfig(),
     """Every pair once, in a fixed order (validation loss); this process's rows."""
     if process_index is None or process_count is None:
         process_index, process_count = _jax_process()
-    for batch in epoch_plan(examples, config, epoch=0, shuffle=False):
-        yield materialize(examples, batch, process_index, process_count)
+    for batch in plan_batches(examples, config, epoch=0, shuffle=False):
+        yield batch_arrays(examples, batch, process_index, process_count)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -465,7 +475,7 @@ class PlanStats:
 def plan_stats(examples: Examples, config: BatchConfig = BatchConfig(), epoch: int = 0
                ) -> PlanStats:
     """Count shapes, real tokens and padded positions of one epoch's plan."""
-    plan = epoch_plan(examples, config, epoch)
+    plan = plan_batches(examples, config, epoch)
     src_len, tgt_len = examples.src_len, examples.tgt_len
     shapes: Counter = Counter()
     real = positions = pad_rows = 0

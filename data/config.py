@@ -60,7 +60,7 @@ class CorpusSpec:
                                           "training pairs held out for validation")
     max_valid: int = setting(2000, "without a validation split: at most this many pairs held "
                                    "out for validation")
-    seed: int = setting(0, "seed of the held-out validation slice", derived="train.seed")
+    seed: int = setting(0, "seed of the held-out validation slice", derived="optimizer.seed")
     source: str | None = setting(
         None, "where to get the corpus, said when its files are missing (recipes set it)")
 
@@ -109,7 +109,7 @@ class TokenizerConfig:
     character_coverage: float = setting(
         0.9995, "share of the characters that get pieces of their own; the rarest fall back "
                 "to UTF-8 byte pieces")
-    seed: int = setting(0, "SentencePiece's sampling seed", derived="train.seed")
+    seed: int = setting(0, "SentencePiece's sampling seed", derived="optimizer.seed")
 
     def __post_init__(self) -> None:
         if self.model_type not in ("unigram", "bpe"):
@@ -136,7 +136,7 @@ class BatchConfig:
     fairseq do. `num_devices` is the global device count: every batch size is a multiple of
     it (and so of the process count). `max_shapes` bounds the distinct (B, S, T) shapes, and
     so the compilations of the train step: on large corpora, cells need more pairs before they
-    get a shape of their own (see `data.batching.plan_epoch`). With `packing`, buckets and
+    get a shape of their own (see `data.batching.bucket_epoch`). With `packing`, buckets and
     max_shapes do not apply: every batch is [batch_tokens // width rows, width]
     (`data.packing`).
     """
@@ -162,7 +162,7 @@ class BatchConfig:
     fitted_width: int | None = setting(None, "the longest pair kept, rounded up",
                                        derived="the corpus")
     num_devices: int = setting(1, "global device count", derived="the devices")
-    seed: int = setting(0, "seed of each epoch's batch order", derived="train.seed")
+    seed: int = setting(0, "seed of each epoch's batch order", derived="optimizer.seed")
 
     def __post_init__(self) -> None:
         check_buckets(self.buckets)

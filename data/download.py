@@ -2,7 +2,9 @@
 
 Writes DIR/{train,valid,TEST}.{src,tgt}, plain UTF-8 with one sentence per line, from the
 upstream repositories at fixed commits (the raw, cased files; decompressed and renamed only).
-Then point a recipe at DIR: `MULTI30K=DIR python train.py --config configs/multi30k_small.yaml`
+The recipes read data/multi30k and data/enja (from the repository root), so
+`python -m data.download multi30k data/multi30k` needs nothing more; another DIR is named by
+the recipes' variable: `MULTI30K=DIR python train.py --config configs/multi30k_small.yaml`
 (`ENJA=DIR` for configs/enja_small.yaml). Needs network; everything else in this project runs
 offline.
 """
@@ -16,7 +18,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-# name -> (base URL, {our file: upstream file}, the variable the recipes read)
+# name -> (base URL, {our file: upstream file}, the variable the recipes read, its default)
 CORPORA = {
     "multi30k": (
         "https://raw.githubusercontent.com/multi30k/dataset/"
@@ -25,19 +27,19 @@ CORPORA = {
          for ours, theirs in (("train", "train"), ("valid", "val"),
                               ("test2016", "test_2016_flickr"))
          for lang in ("en", "de", "fr")},
-        "MULTI30K"),
+        "MULTI30K", "data/multi30k"),
     "enja": (
         "https://raw.githubusercontent.com/odashi/small_parallel_enja/"
         "312408a11c5fbcbc09443bebb18121f7efdcd61e/",
         {f"{ours}.{lang}": f"{theirs}.{lang}"
          for ours, theirs in (("train", "train"), ("valid", "dev"), ("test", "test"))
          for lang in ("en", "ja")},
-        "ENJA"),
+        "ENJA", "data/enja"),
 }
 
 
 def download(name: str, directory: Path) -> None:
-    base, files, variable = CORPORA[name]
+    base, files, variable, default = CORPORA[name]
     directory.mkdir(parents=True, exist_ok=True)
     for ours, theirs in files.items():
         url = base + theirs
@@ -48,7 +50,10 @@ def download(name: str, directory: Path) -> None:
         (directory / ours).write_bytes(data)
         lines = data.count(b"\n")
         print(f"{directory / ours}: {lines} lines", flush=True)
-    print(f"Done. Use it with: {variable}={directory} python train.py --config configs/...")
+    if directory.resolve() == Path(default).resolve():
+        print("Done. The recipes read it from here: python train.py --config configs/...")
+    else:
+        print(f"Done. Use it with: {variable}={directory} python train.py --config configs/...")
 
 
 class _Parser(argparse.ArgumentParser):

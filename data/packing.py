@@ -13,10 +13,11 @@ every pair; the loss counts every target token once (`transformer.training`).
 
 Packing an epoch: the pairs in a seeded random order (seed, epoch) go one by one into the
 open row they fill best (the least room left on both sides after it), among a few open rows;
-when none has room, the fullest open row is closed and a new one opened. Rows are never split and hold whole pairs only. Batches take
-`rows` consecutive rows; the last batch of an epoch is completed with empty rows. The plan
-is a pure function of the data, the settings, the seed and the epoch, the same on every
-process, and each pair of the epoch is in exactly one row.
+when none has room, the fullest open row is closed and a new one opened. Rows are never
+split and hold whole pairs only. Batches take `rows` consecutive rows; the last batch of an
+epoch is completed with empty rows. The plan is a pure function of the data, the settings,
+the seed and the epoch, the same on every process, and each pair of the epoch is in exactly
+one row.
 """
 
 from __future__ import annotations
@@ -123,8 +124,8 @@ def _fill(values: np.ndarray, offsets: np.ndarray, rows: tuple[np.ndarray, ...],
     return ids, segments, positions
 
 
-def materialize_packed(examples, batch: PackedBatch, process_index: int = 0,
-                       process_count: int = 1) -> dict[str, np.ndarray]:
+def packed_arrays(examples, batch: PackedBatch, process_index: int = 0,
+                  process_count: int = 1) -> dict[str, np.ndarray]:
     """This process's rows of a packed batch, [rows / processes, width] each."""
     if len(batch.rows) % process_count:
         raise DataError(f"a batch of {len(batch.rows)} rows cannot be split over "

@@ -1,4 +1,9 @@
-"""Shared test set-up: the repository root on sys.path, the shared data folder, and the order.
+"""Shared test set-up: the repository root on sys.path, where the real corpora are, and the order.
+
+The recipes read their corpora from $MULTI30K and $ENJA (by default data/multi30k and data/enja,
+where `python -m data.download` puts them); the tests point those variables at the copies in
+../shared/data unless they are set already, so that the tests and the processes they start
+read the same folders. Tests that need a corpus skip when its folder is absent.
 
 The suite runs on two pytest-xdist workers, one file per worker at a time, in collection order
 (pyproject.toml: `-n 2 --dist loadfile --no-loadscope-reorder`). Tests marked `long` (minutes
@@ -7,11 +12,15 @@ that one worker starts them while the other works through the rest; scheduled la
 would leave a core idle for minutes.
 """
 
+import os
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = ROOT.parent / "shared" / "data"
+
+os.environ.setdefault("MULTI30K", str(SHARED_DATA / "multi30k"))
+os.environ.setdefault("ENJA", str(SHARED_DATA / "small_parallel_enja"))
 
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))

@@ -52,7 +52,7 @@ def make_packed_batch(step: int, rows: int = ROWS) -> dict[str, np.ndarray]:
     empty, and every pair's target shorter than its source, as TGT_LEN < SRC_LEN above."""
     from types import SimpleNamespace
 
-    from data.packing import PackedBatch, materialize_packed, pack_rows
+    from data.packing import PackedBatch, pack_rows, packed_arrays
     from data.tokenizer import SpecialIds
 
     rng = np.random.default_rng(2000 + step)
@@ -66,7 +66,7 @@ def make_packed_batch(step: int, rows: int = ROWS) -> dict[str, np.ndarray]:
         tgt_values=rng.integers(4, VOCAB, int(tgt_len.sum())).astype(np.int32),
         tgt_offsets=np.concatenate([[0], np.cumsum(tgt_len - 1)]), ids=SpecialIds())
     empty = [np.zeros(0, np.int64)] * (rows - len(packed))
-    return materialize_packed(pairs, PackedBatch(SRC_LEN, tuple(packed + empty)))
+    return packed_arrays(pairs, PackedBatch(SRC_LEN, tuple(packed + empty)))
 
 
 def run(num_steps: int = 3, dropout: float = 0.1, accum_steps: int = 1,
@@ -82,11 +82,12 @@ def run(num_steps: int = 3, dropout: float = 0.1, accum_steps: int = 1,
 
     model_config = get_preset("tiny", dropout=dropout, attention_dropout=dropout,
                               activation_dropout=dropout)
-    train_config = training.TrainConfig(schedule="inverse_sqrt", peak_lr=3e-3, warmup_steps=2,
-                                        accum_steps=accum_steps, clip_norm=1.0)
+    optimizer_config = training.OptimizerConfig(schedule="inverse_sqrt", peak_lr=3e-3,
+                                                warmup_steps=2, accum_steps=accum_steps,
+                                                clip_norm=1.0)
     mesh = training.make_mesh(devices)
-    graphdef, _, state = training.create_train_state(model_config, train_config, mesh)
-    train_step = training.make_train_step(graphdef, train_config, mesh)
+    graphdef, _, state = training.create_train_state(model_config, optimizer_config, mesh)
+    train_step = training.make_train_step(graphdef, optimizer_config, mesh)
 
     process, processes = jax.process_index(), jax.process_count()
     local_rows = ROWS // processes

@@ -13,11 +13,16 @@ import jax
 import numpy as np
 import pytest
 
-from nmt.rundir import checkpoints as checkpoint
 from nmt.models import model_dir
+from nmt.rundir import checkpoints as checkpoint
 from transformer.config import SearchConfig, get_preset
-from transformer.training import (TrainConfig, create_train_state, make_mesh, make_optimizer,
-                                  make_train_step)
+from transformer.training import (
+    OptimizerConfig,
+    create_train_state,
+    make_mesh,
+    make_optimizer,
+    make_train_step,
+)
 
 CONFIG = get_preset("tiny", vocab_size=67)
 
@@ -33,9 +38,9 @@ def _batch(seed: int, rows: int = 4, length: int = 7) -> dict[str, np.ndarray]:
 def _states() -> list:
     """Train states after 0, 1, 2 and 3 updates (compiled once for the whole module)."""
     mesh = make_mesh()
-    train_config = TrainConfig(warmup_steps=3)
-    graphdef, _, state = create_train_state(CONFIG, train_config, mesh)
-    step_fn = make_train_step(graphdef, train_config, mesh)
+    optimizer_config = OptimizerConfig(warmup_steps=3)
+    graphdef, _, state = create_train_state(CONFIG, optimizer_config, mesh)
+    step_fn = make_train_step(graphdef, optimizer_config, mesh)
     states = [jax.device_get(state)]
     for i in range(3):
         state, _ = step_fn(state, _batch(i))
@@ -177,7 +182,7 @@ def test_resumes_when_clipping_or_weight_decay_is_turned_on(tmp_path):
     saver.wait()
     saver.close()
     for changed in ({"clip_norm": 1.0}, {"weight_decay": 0.01}):
-        optimizer = make_optimizer(TrainConfig(warmup_steps=3, **changed), CONFIG.d_model)
+        optimizer = make_optimizer(OptimizerConfig(warmup_steps=3, **changed), CONFIG.d_model)
         train_like = {**train, "opt_state": jax.eval_shape(optimizer.init, params)}
         restored = checkpoint.Checkpointer(tmp_path).restore(params, train_like)
         assert restored is not None and restored.step == 2, changed
@@ -209,7 +214,7 @@ def test_export_and_load_model(tmp_path):
     tokenizer = train_tokenizer(texts, TokenizerConfig(vocab_size=300, model_type="bpe"))
     config = dataclasses.replace(CONFIG, vocab_size=tokenizer.vocab_size)
     mesh = make_mesh()
-    _, _, state = create_train_state(config, TrainConfig(), mesh)
+    _, _, state = create_train_state(config, OptimizerConfig(), mesh)
     exported = model_dir.export_model(tmp_path / "run" / "model", state.params, config,
                                       tokenizer, SearchConfig(beam_size=2),
                                         {"source_lang": "en", "target_lang": "de"})

@@ -17,12 +17,11 @@ from flax import nnx
 
 from nmt.convert import marian
 from nmt.convert.common import ConversionError
-from transformer.config import SearchConfig, TrainConfig, get_preset
-from transformer.layers import sinusoidal_positions
-from transformer.model import Transformer
 from nmt.models.model_dir import export_model, load_model
 from nmt.models.translator import Translator
-
+from transformer.config import OptimizerConfig, SearchConfig, get_preset
+from transformer.layers import sinusoidal_positions
+from transformer.model import Transformer
 from translate_model import sentences
 
 torch = pytest.importorskip("torch")
@@ -115,11 +114,11 @@ def trained_dir(tmp_path_factory):
     tokenizer.save(directory)
     config = get_preset("tiny", vocab_size=tokenizer.vocab_size, d_model=48, num_heads=4,
                         d_ff=96, dropout=0.0, output_bias=True)
-    train_config = TrainConfig(schedule="inverse_sqrt", peak_lr=3e-3, warmup_steps=50,
-                               label_smoothing=0.0)
+    optimizer_config = OptimizerConfig(schedule="inverse_sqrt", peak_lr=3e-3, warmup_steps=50,
+                                       label_smoothing=0.0)
     mesh = make_mesh()
-    graphdef, rest, state = create_train_state(config, train_config, mesh)
-    step = make_train_step(graphdef, train_config, mesh)
+    graphdef, rest, state = create_train_state(config, optimizer_config, mesh)
+    step = make_train_step(graphdef, optimizer_config, mesh)
     batches = copy_batches(tokenizer, np.random.default_rng(0), 32)
     for _ in range(400):
         state, metrics = step(state, shard_batch(next(batches), mesh))

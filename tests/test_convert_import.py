@@ -18,12 +18,12 @@ import pytest
 import sentencepiece as spm
 
 from nmt.convert import marian
-from nmt.convert.marian_import import import_marian
 from nmt.convert.common import ConversionError
-from synthetic_corpus import write_corpus
-from transformer.config import SearchConfig
+from nmt.convert.marian_import import import_marian
 from nmt.models.model_dir import load_model
 from nmt.models.translator import Translator
+from synthetic_corpus import write_corpus
+from transformer.config import SearchConfig
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")

@@ -2,6 +2,7 @@
 
 import json
 import logging
+import os
 from pathlib import Path
 
 import datasets
@@ -9,16 +10,21 @@ import numpy as np
 import pytest
 
 from data.batching import (
-    DEFAULT_BUCKETS, BatchConfig, BatchIterator, eval_batches, inference_batches, load_examples,
-    materialize, plan_epoch, plan_stats,
+    DEFAULT_BUCKETS,
+    BatchConfig,
+    BatchIterator,
+    batch_arrays,
+    bucket_epoch,
+    eval_batches,
+    inference_batches,
+    load_examples,
+    plan_stats,
 )
-from data.corpus import CorpusSpec, DataError, load_corpus
+from data.corpus import CorpusSpec, DataError, iter_text, load_corpus
 from data.encoding import encode_corpus
 from data.tokenizer import BOS_ID, EOS_ID, PAD_ID, TokenizerConfig, train_tokenizer
-from data.corpus import iter_text
 
-SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
-MULTI30K = SHARED_DATA / "multi30k"
+MULTI30K = Path(os.environ["MULTI30K"])  # conftest.py: the shared copy unless set
 BUCKETS = (4, 8, 12, 16, 24, 32, 48, 64)
 
 
@@ -51,11 +57,11 @@ def padded(ids: list[int], width: int) -> list[int]:
 def test_batches_respect_budget_buckets_and_contents(encoded):
     config = BatchConfig(packing=False, batch_tokens=512, max_len=64, buckets=BUCKETS, num_devices=4)
     examples = load_examples(encoded, config)
-    plan = plan_epoch(examples, config, epoch=0)
+    plan = bucket_epoch(examples, config, epoch=0)
     rows_of_shape: dict[tuple[int, int], int] = {}
     seen = []
     for planned in plan:
-        batch = materialize(examples, planned)
+        batch = batch_arrays(examples, planned)
         size, width_s = batch["src"].shape
         width_t = batch["tgt_in"].shape[1]
         assert batch["tgt_out"].shape == (size, width_t)
@@ -83,7 +89,7 @@ def test_no_batch_is_wider_than_max_len(encoded):
     config = BatchConfig(packing=False, batch_tokens=512, max_len=30, buckets=BUCKETS)
     assert config.used_buckets == (4, 8, 12, 16, 24, 30)
     examples = load_examples(encoded, config)
-    widths = {(b.src_len, b.tgt_len) for b in plan_epoch(examples, config, 0)}
+    widths = {(b.src_len, b.tgt_len) for b in bucket_epoch(examples, config, 0)}
     assert max(max(w) for w in widths) == 30
     assert all(s in config.used_buckets and t in config.used_buckets for s, t in widths)
 
@@ -95,7 +101,7 @@ def test_max_len_beyond_the_last_bucket_is_one_more_width(encoded):
     assert config.used_buckets == (4, 8, 16, 32, 37)
     examples = load_examples(encoded, config)
     assert int(max(examples.src_len.max(), examples.tgt_len.max())) > 32
-    plan = plan_epoch(examples, config, 0)
+    plan = bucket_epoch(examples, config, 0)
     assert sorted(int(k) for b in plan for k in b.rows if k >= 0) == list(range(len(examples)))
     assert {(b.src_len, b.tgt_len) for b in plan} <= {(s, t) for s in config.used_buckets
                                                        for t in config.used_buckets}
@@ -129,11 +135,11 @@ def test_plan_depends_on_seed_and_epoch_only(encoded):
     def rows(plan):
         return [b.rows.tolist() for b in plan]
 
-    epoch0 = rows(plan_epoch(examples, config, 0))
-    assert rows(plan_epoch(examples, config, 0)) == epoch0
-    assert rows(plan_epoch(examples, config, 1)) != epoch0
+    epoch0 = rows(bucket_epoch(examples, config, 0))
+    assert rows(bucket_epoch(examples, config, 0)) == epoch0
+    assert rows(bucket_epoch(examples, config, 1)) != epoch0
     other_seed = BatchConfig(packing=False, batch_tokens=512, max_len=64, buckets=BUCKETS, seed=1)
-    assert rows(plan_epoch(examples, other_seed, 0)) != epoch0
+    assert rows(bucket_epoch(examples, other_seed, 0)) != epoch0
 
 
 def take(iterator, n):
@@ -151,7 +157,7 @@ def assert_same_batches(a, b):
 def test_resumed_iterator_gives_the_same_batches(encoded):
     config = BatchConfig(packing=False, batch_tokens=1024, max_len=64, buckets=BUCKETS, num_devices=2)
     examples = load_examples(encoded, config)
-    per_epoch = len(plan_epoch(examples, config, 0))
+    per_epoch = len(bucket_epoch(examples, config, 0))
     original = BatchIterator(examples, config, process_index=0, process_count=1)
     states, batches = [], []
     for taken in range(2 * per_epoch + 5):  # crosses two epoch boundaries
@@ -171,14 +177,14 @@ def test_process_shards_are_disjoint_and_cover_the_global_batch(encoded):
     examples = load_examples(encoded, config)
     whole = BatchIterator(examples, config, process_index=0, process_count=1)
     shards = [BatchIterator(examples, config, process_index=p, process_count=2) for p in (0, 1)]
-    n = len(plan_epoch(examples, config, 0)) + 3
+    n = len(bucket_epoch(examples, config, 0)) + 3
     for global_batch, part0, part1 in zip(take(whole, n), take(shards[0], n), take(shards[1], n)):
         for key in global_batch:
             assert part0[key].shape[0] == part1[key].shape[0] == global_batch[key].shape[0] // 2
             np.testing.assert_array_equal(np.concatenate([part0[key], part1[key]]),
                                           global_batch[key])
     # Disjoint and covering, in terms of pairs: split every planned batch's rows.
-    for planned in plan_epoch(examples, config, 0):
+    for planned in bucket_epoch(examples, config, 0):
         half = len(planned.rows) // 2
         first, second = set(planned.rows[:half]) - {-1}, set(planned.rows[half:]) - {-1}
         assert not first & second and first | second == set(planned.rows) - {-1}

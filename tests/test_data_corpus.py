@@ -2,6 +2,7 @@
 
 import json
 import logging
+import os
 import struct
 from pathlib import Path
 
@@ -9,12 +10,18 @@ import datasets
 import pytest
 
 from data.corpus import (
-    CorpusSpec, DataError, hash_split, load_corpus, read_file, read_gettext_pairs, read_hf,
-    read_hf_split, read_prefix,
+    CorpusSpec,
+    DataError,
+    hash_split,
+    load_corpus,
+    read_file,
+    read_gettext_pairs,
+    read_hf,
+    read_hf_split,
+    read_prefix,
 )
 
-SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
-MULTI30K = SHARED_DATA / "multi30k"
+MULTI30K = Path(os.environ["MULTI30K"])  # conftest.py: the shared copy unless set
 
 PAIRS = [
     ("A dog runs.", "Ein Hund rennt."),

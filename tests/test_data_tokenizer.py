@@ -1,6 +1,7 @@
 """SentencePiece tokenizer: id conventions, round trips in several scripts, reuse, encoding cache."""
 
 import logging
+import os
 import unicodedata
 from pathlib import Path
 
@@ -10,11 +11,32 @@ import pytest
 
 from data.corpus import DataError, read_prefix
 from data.encoding import encode_corpus, encode_split, train_or_load_tokenizer
-from data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer, TokenizerConfig, train_tokenizer
+from data.tokenizer import (
+    BOS_ID,
+    EOS_ID,
+    PAD_ID,
+    UNK_ID,
+    Tokenizer,
+    TokenizerConfig,
+    train_tokenizer,
+)
 
-SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
-needs_shared = pytest.mark.skipif(not SHARED_DATA.is_dir(),
-                                  reason=f"{SHARED_DATA} not found (shared data absent)")
+# Multi30k and small_parallel_enja where the recipes read them (conftest.py: the shared copies
+# unless $MULTI30K and $ENJA are set); the Korean-English corpus, which no recipe reads, from
+# ../shared/data.
+CORPORA = {"multi30k": Path(os.environ["MULTI30K"]),
+           "small_parallel_enja": Path(os.environ["ENJA"]),
+           "korean-english": Path(__file__).resolve().parents[2] / "shared/data/korean-english"}
+MISSING = [str(path) for path in CORPORA.values() if not path.is_dir()]
+needs_shared = pytest.mark.skipif(bool(MISSING),
+                                  reason=f"{', '.join(MISSING)} not found (shared data absent)")
+
+
+def shared(prefix: str) -> Path:
+    """The path of "corpus/split" in the folder that holds that corpus."""
+    corpus, _, split = prefix.partition("/")
+    return CORPORA[corpus] / split
+
 
 SMALL_TEXT = [
     "The quick brown fox jumps over the lazy dog.",
@@ -44,15 +66,15 @@ def small_tokenizer() -> Tokenizer:
 @pytest.fixture(scope="module")
 def shared_tokenizer() -> Tokenizer:
     """Trained on a little of every shared corpus (en, de, ja, ko)."""
-    if not SHARED_DATA.is_dir():
-        pytest.skip(f"{SHARED_DATA} not found (shared data absent)")
+    if MISSING:
+        pytest.skip(f"{', '.join(MISSING)} not found (shared data absent)")
     texts = []
     for prefix, src, tgt, n in (
         ("multi30k/train", "en", "de", 3000),
         ("small_parallel_enja/train", "en", "ja", 3000),
         ("korean-english/news_dev", "ko", "en", 1000),
     ):
-        ds = read_prefix(SHARED_DATA / prefix, src, tgt).select(range(n))
+        ds = read_prefix(shared(prefix), src, tgt).select(range(n))
         texts += list(ds["source"]) + list(ds["target"])
     return train_tokenizer(texts, TokenizerConfig(vocab_size=2000, max_sentences=20000))
 
@@ -178,7 +200,7 @@ def test_encoding_with_worker_processes(small_tokenizer, tmp_path):
     ("multi30k/test2016", "de", "fr"),
 ])
 def test_round_trip_shared_corpora(shared_tokenizer, prefix, src, tgt):
-    ds = read_prefix(SHARED_DATA / prefix, src, tgt)
+    ds = read_prefix(shared(prefix), src, tgt)
     texts = list(ds["source"]) + list(ds["target"])
     ids = shared_tokenizer.encode(texts)
     assert not any(UNK_ID in row for row in ids)

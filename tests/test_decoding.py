@@ -11,8 +11,16 @@ import pytest
 from flax import nnx
 
 from transformer.config import SearchConfig, get_preset
-from transformer.decoding import (NEG_INF, hypotheses_to_lists, length_penalty, pad_sources,
-                                  search, top_k_over_vocab)
+from transformer.decoding import (
+    NEG_INF,
+    _beam_search,
+    _greedy_search,
+    hypotheses_to_lists,
+    length_penalty,
+    pad_sources,
+    search,
+    top_k_over_vocab,
+)
 from transformer.model import Transformer
 
 PAD, BOS, EOS = 0, 2, 3
@@ -253,6 +261,33 @@ def test_batched_search_equals_one_sentence_at_a_time():
         alone = [hypotheses_to_lists(search(model, batch[i : i + 1], config), EOS)[0]
                  for i in range(len(rows))]
         assert together == alone
+
+
+def test_only_settings_a_search_reads_compile_a_new_program():
+    # The compiled program is keyed on the settings it reads; others (sampling's in beam
+    # search, the beam's in greedy search, the length limit's a and b when the loop length
+    # stays) must reuse it, or translating with varied host-side settings recompiles.
+    model = sharp_model(vocab=32, seed=9)
+    src = sources(np.random.default_rng(8), [11, 5], 32)
+    beam = SearchConfig(beam_size=3, nbest=2, max_len_a=0, max_len_b=7)
+    greedy = dataclasses.replace(beam, strategy="greedy", nbest=1)
+
+    def new_programs(jitted, config: SearchConfig) -> int:
+        before = jitted._cache_size()
+        search(model, src, config)
+        return jitted._cache_size() - before
+
+    new_programs(_beam_search, beam)
+    new_programs(_greedy_search, greedy)
+    assert new_programs(_beam_search, beam) == 0
+    # 0.5 * 11 + 2: the same loop length (7), other per-sentence limits.
+    assert new_programs(_beam_search, dataclasses.replace(
+        beam, temperature=0.5, top_k=4, max_len_a=0.5, max_len_b=2)) == 0
+    assert new_programs(_beam_search, dataclasses.replace(beam, beam_size=4)) == 1
+    assert new_programs(_beam_search, dataclasses.replace(beam, beam_rules="transformers")) == 1
+    assert new_programs(_greedy_search, dataclasses.replace(
+        greedy, beam_size=6, alpha=0.1, length_penalty="power", temperature=0.5)) == 0
+    assert new_programs(_greedy_search, dataclasses.replace(greedy, min_len=2)) == 1
 
 
 def test_finished_sentences_do_not_change_when_others_continue():

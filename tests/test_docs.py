@@ -1,6 +1,7 @@
 """The README and docs/ are checked: relative links lead somewhere, every train.py and
 translate.py command they show parses with today's flags, each entry point answers --help,
-and the README's Python example runs on a tiny model."""
+the README's Python example runs on a tiny model, and design.md's layout lists every module
+of the tree and nothing that is not there."""
 
 from __future__ import annotations
 
@@ -107,3 +108,44 @@ def test_the_readme_python_example_runs(tmp_path):
     assert result.returncode == 0, result.stderr[-2000:]
     translations = eval(result.stdout.strip())  # the printed list of strings
     assert isinstance(translations, list) and len(translations) == 1
+
+
+def _layout() -> dict[str, str]:
+    """design.md's layout as {path: description}, a folder's path ending in "/": a line
+    indented two spaces more than a folder's line lies inside that folder."""
+    section = (REPO / "docs" / "design.md").read_text().split("\n## Layout", 1)[1]
+    block = re.search(r"```\n(.*?)```", section, flags=re.S).group(1)
+    listed, folders = {}, []
+    for line in block.splitlines():
+        indent = len(line) - len(line.lstrip(" "))
+        name, _, description = line.strip().partition(" ")
+        assert indent % 2 == 0 and indent // 2 <= len(folders), f"misplaced: {line!r}"
+        del folders[indent // 2:]
+        path = "".join(folders) + name
+        assert path not in listed, f"listed twice: {path}"
+        listed[path] = description.strip()
+        if name.endswith("/"):
+            folders.append(name)
+    return listed
+
+
+def _modules() -> set[str]:
+    """Every module of transformer/, data/ and nmt/ (a package as its folder, which stands for
+    its __init__.py), the scripts, and train.py's defaults."""
+    files = {path.relative_to(REPO).as_posix() for package in ("transformer", "data", "nmt")
+             for path in (REPO / package).rglob("*.py")}
+    return ({f.removesuffix("__init__.py") for f in files}
+            | {"train.py", "translate.py", "nmt/settings/defaults.yaml"})
+
+
+def test_the_design_layout_lists_every_module_with_what_it_does():
+    listed = _layout()
+    missing = sorted(_modules() - set(listed))
+    assert not missing, f"docs/design.md's layout lacks {missing}"
+    undescribed = sorted(path for path, description in listed.items() if not description)
+    assert not undescribed, f"docs/design.md's layout says nothing about {undescribed}"
+
+
+def test_the_design_layout_lists_nothing_that_is_not_there():
+    gone = sorted(path for path in _layout() if not (REPO / path).exists())
+    assert not gone, f"docs/design.md's layout lists {gone}, which the tree does not hold"

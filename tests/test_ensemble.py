@@ -11,9 +11,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from test_decoding import BOS, EOS, PAD, sharp_model, sources, teacher_forced_logits, token_logprobs
 
-from test_decoding import (BOS, EOS, PAD, sharp_model, sources, teacher_forced_logits,
-                           token_logprobs)
 from transformer.config import SearchConfig, get_preset
 from transformer.decoding import length_penalty, search
 from transformer.ensemble import Ensemble
@@ -160,10 +159,10 @@ def test_reference_logprobs_equal_one_pair_at_a_time_padding_and_all():
 
 def test_translate_py_score_prints_each_reference_logprob_in_order(exported, tmp_path,
                                                                    monkeypatch, capsys):
-    from nmt.translation import command as translate_cli
-    from translate_model import sentences as corpus
     from nmt.models.model_dir import load_model
+    from nmt.translation import command as translate_cli
     from transformer.decoding import pad_sources, reference_logprobs
+    from translate_model import sentences as corpus
 
     run = exported
     monkeypatch.setattr(translate_cli, "enable_compilation_cache", lambda: None)

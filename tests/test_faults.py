@@ -22,11 +22,12 @@ import numpy as np
 import pytest
 
 import train as train_cli
-from nmt.translation import command as translate_cli
-from nmt.runtime import files
 from nmt.rundir import checkpoints as checkpoint
-from nmt.training.metrics_log import MetricsWindow
 from nmt.rundir.lock import LOCK_FILE, RunDirectoryInUse, RunLock
+from nmt.runtime import files
+from nmt.training import command as train_command
+from nmt.training.metrics_log import MetricsWindow
+from nmt.translation import command as translate_cli
 from translate_model import make_model, sentences
 
 REPO = Path(__file__).resolve().parents[1]
@@ -174,7 +175,7 @@ def test_unexpected_errors_are_one_line_unless_debugging(tmp_path, capsys, monke
     def broken(argv):
         raise KeyError("surprise")
 
-    monkeypatch.setattr(train_cli, "_main", broken)
+    monkeypatch.setattr(train_command, "_main", broken)  # what train.py's main calls
     monkeypatch.delenv("NMT_DEBUG", raising=False)
     assert train_cli.main([]) == 1
     line = _one_line(capsys.readouterr().err)

@@ -10,8 +10,8 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import ROOT
+
 from nmt.runtime.host_memory import has_glibc_malloc
 
 glibc_only = pytest.mark.skipif(not has_glibc_malloc(),

@@ -122,10 +122,10 @@ from nmt.models import model_dir, translator
 loaded, tokenizer, values = model_dir.load_model(sys.argv[1])
 searcher = translator.Translator(loaded, tokenizer, values["search"])
 assert len(searcher.translate(["Ein Mann liest."])) == 1
-train_config = config.TrainConfig(warmup_steps=2)
+optimizer_config = config.OptimizerConfig(warmup_steps=2)
 mesh = training.make_mesh()
-graphdef, _, state = training.create_train_state(values["model"], train_config, mesh)
-step = training.make_train_step(graphdef, train_config, mesh)
+graphdef, _, state = training.create_train_state(values["model"], optimizer_config, mesh)
+step = training.make_train_step(graphdef, optimizer_config, mesh)
 batch = {k: np.full((2, 4), 5, np.int32) for k in ("src", "tgt_in", "tgt_out")}
 state, metrics = step(state, training.shard_batch(batch, mesh))
 loaded_modules = sorted({name.split(".")[0] for name in sys.modules})

@@ -9,8 +9,13 @@ from flax import nnx
 
 from transformer.config import SearchConfig, get_preset
 from transformer.decoding import hypotheses_to_lists, pad_sources, search
-from transformer.training import (TrainConfig, create_train_state, make_mesh, make_train_step,
-                                  shard_batch)
+from transformer.training import (
+    OptimizerConfig,
+    create_train_state,
+    make_mesh,
+    make_train_step,
+    shard_batch,
+)
 
 PAD, BOS, EOS = 0, 2, 3
 COPY, REVERSE = 4, 5  # the first source token says what to do with the rest
@@ -55,8 +60,8 @@ def trained_model():
                         dropout=0.0)
     mesh = make_mesh()
     rng = np.random.default_rng(0)
-    explore = TrainConfig(schedule="inverse_sqrt", peak_lr=3e-3, warmup_steps=60,
-                          label_smoothing=0.0)
+    explore = OptimizerConfig(schedule="inverse_sqrt", peak_lr=3e-3, warmup_steps=60,
+                              label_smoothing=0.0)
     graphdef, rest, state = create_train_state(config, explore, mesh)
     state, _ = train(state, make_train_step(graphdef, explore, mesh), mesh, rng, 600)
 

@@ -8,12 +8,19 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from transformer.config import PRESETS, ModelConfig, SearchConfig, get_preset
 from transformer.cache import DecoderCache
+from transformer.config import PRESETS, ModelConfig, SearchConfig, get_preset
 from transformer.kernels import dropout
-from transformer.layers import (AddNorm, FeedForward, MultiHeadAttention, PositionalEncoding,
-                                causal_mask, padding_mask,
-                                reference_attention, sinusoidal_positions)
+from transformer.layers import (
+    AddNorm,
+    FeedForward,
+    MultiHeadAttention,
+    PositionalEncoding,
+    causal_mask,
+    padding_mask,
+    reference_attention,
+    sinusoidal_positions,
+)
 from transformer.model import Transformer, count_parameters
 
 PAD = 0
@@ -501,7 +508,6 @@ def test_output_bias_is_added_to_every_logit_and_only_there():
 def test_a_model_with_swish_and_an_output_bias_travels_through_its_directory(tmp_path):
     from data.tokenizer import TokenizerConfig, train_tokenizer
     from nmt.models.model_dir import export_model, load_model
-
     from translate_model import sentences
 
     tokenizer = train_tokenizer(sentences(400, seed=1), TokenizerConfig(vocab_size=300))

@@ -11,10 +11,16 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from data.batching import (BatchIterator, Examples, PlannedBatch, epoch_plan, materialize,
-                           plan_stats)
+from data.batching import (
+    BatchIterator,
+    Examples,
+    PlannedBatch,
+    batch_arrays,
+    plan_batches,
+    plan_stats,
+)
 from data.config import BatchConfig, DataError
-from data.packing import PackedBatch, materialize_packed, pack_epoch, pack_rows
+from data.packing import PackedBatch, pack_epoch, pack_rows, packed_arrays
 from transformer.config import get_preset
 from transformer.layers import MultiHeadAttention, Packing
 from transformer.model import Transformer
@@ -45,7 +51,7 @@ def _random_pairs(n: int, seed: int, longest: int = 12, vocab: int = 64) -> Exam
 def test_a_hand_made_row_holds_ids_segments_and_positions():
     pairs = _pairs(src=[[11, 12], [13], [14, 15, 16]], tgt=[[21], [22, 23, 24], [25, 26]])
     batch = PackedBatch(width=10, rows=(np.array([0, 1]), np.array([2]), np.array([], int)))
-    out = materialize_packed(pairs, batch)
+    out = packed_arrays(pairs, batch)
     np.testing.assert_array_equal(out["src"], [[11, 12, EOS, 13, EOS, 0, 0, 0, 0, 0],
                                                [14, 15, 16, EOS, 0, 0, 0, 0, 0, 0],
                                                [0] * 10])
@@ -104,8 +110,8 @@ def test_processes_read_their_own_rows():
     pairs = _random_pairs(200, seed=4)
     config = BatchConfig(batch_tokens=256, max_len=16, num_devices=2)
     batch = pack_epoch(pairs.src_len, pairs.tgt_len, config, 0)[0]
-    whole = materialize(pairs, batch)
-    halves = [materialize(pairs, batch, process_index=i, process_count=2) for i in range(2)]
+    whole = batch_arrays(pairs, batch)
+    halves = [batch_arrays(pairs, batch, process_index=i, process_count=2) for i in range(2)]
     for key in whole:
         np.testing.assert_array_equal(np.concatenate([h[key] for h in halves]), whole[key])
 
@@ -132,9 +138,9 @@ def _model(seed: int = 0) -> Transformer:
 
 def _both_layouts(pairs, rows: tuple[np.ndarray, ...], width: int):
     """The same pairs packed in `rows`, and padded one pair per row."""
-    packed = materialize_packed(pairs, PackedBatch(width, rows))
+    packed = packed_arrays(pairs, PackedBatch(width, rows))
     order = np.concatenate(rows)
-    padded = materialize(pairs, PlannedBatch(width, width, order))
+    padded = batch_arrays(pairs, PlannedBatch(width, width, order))
     return {k: jnp.asarray(v) for k, v in packed.items()}, \
         {k: jnp.asarray(v) for k, v in padded.items()}, order
 
@@ -170,7 +176,7 @@ def test_each_pair_of_a_packed_row_gets_the_logits_it_gets_alone():
     for r, row in enumerate(rows):
         start = 0
         for pair in row:
-            alone = materialize(pairs, PlannedBatch(8, 8, np.array([pair])))
+            alone = batch_arrays(pairs, PlannedBatch(8, 8, np.array([pair])))
             own = model(jnp.asarray(alone["src"]), jnp.asarray(alone["tgt_in"]))
             length = int(pairs.tgt_len[pair])
             np.testing.assert_allclose(logits[r, start:start + length], own[0, :length],
@@ -204,7 +210,7 @@ def test_attention_never_crosses_pairs():
 
 def test_positions_restart_at_every_pair():
     pairs = _pairs(src=[[5, 6], [7]], tgt=[[8], [9, 10]])
-    packed = materialize_packed(pairs, PackedBatch(6, (np.array([0, 1]),)))
+    packed = packed_arrays(pairs, PackedBatch(6, (np.array([0, 1]),)))
     model = _model()
     table = np.asarray(model.positional(jnp.zeros((1, 6, model.config.d_model)),
                                         positions=jnp.asarray(packed["src_positions"])))[0]
@@ -216,7 +222,7 @@ def test_positions_restart_at_every_pair():
 def test_bucketed_batches_stay_available():
     pairs = _random_pairs(100, seed=8)
     config = dataclasses.replace(BatchConfig(batch_tokens=256, max_len=16), packing=False)
-    plan = epoch_plan(pairs, config, 0)
+    plan = plan_batches(pairs, config, 0)
     assert all(isinstance(batch, PlannedBatch) for batch in plan)
 
 
@@ -260,11 +266,11 @@ def test_batches_use_the_tokenizers_ids():
 
     marian = SpecialIds(pad=9, unk=1, bos=9, eos=0)
     pairs = dataclasses.replace(_pairs([[5, 6], [7]], [[4], [8, 5]]), ids=marian)
-    packed = materialize_packed(pairs, PackedBatch(8, (np.array([0, 1]),)))
+    packed = packed_arrays(pairs, PackedBatch(8, (np.array([0, 1]),)))
     np.testing.assert_array_equal(packed["src"], [[5, 6, 0, 7, 0, 9, 9, 9]])
     np.testing.assert_array_equal(packed["tgt_in"], [[9, 4, 9, 8, 5, 9, 9, 9]])
     np.testing.assert_array_equal(packed["tgt_out"], [[4, 0, 8, 5, 0, 9, 9, 9]])
-    padded = materialize(pairs, PlannedBatch(4, 4, np.array([0, 1])))
+    padded = batch_arrays(pairs, PlannedBatch(4, 4, np.array([0, 1])))
     np.testing.assert_array_equal(padded["src"], [[5, 6, 0, 9], [7, 0, 9, 9]])
     np.testing.assert_array_equal(padded["tgt_in"], [[9, 4, 9, 9], [9, 8, 5, 9]])
     np.testing.assert_array_equal(padded["tgt_out"], [[4, 0, 9, 9], [8, 5, 0, 9]])

@@ -10,10 +10,10 @@ import jax
 import pytest
 
 import train as train_cli
+from nmt.models.model_dir import read_model_config
 from nmt.rundir import checkpoints as checkpoint
 from nmt.settings import recipes
 from synthetic_corpus import write_corpus
-from nmt.models.model_dir import read_model_config
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPES = sorted((REPO / "configs").glob("*.yaml"))

@@ -8,9 +8,10 @@ import dataclasses
 from pathlib import Path
 
 import pytest
+import yaml
 
 from nmt.settings import recipes
-from nmt.settings.config import SECTIONS, RunConfig, SettingsError
+from nmt.settings.config import SECTIONS, SettingsError
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -42,7 +43,8 @@ def test_flags_keep_their_names_and_map_to_sections():
                               "--max-tokens-per-sentence", "40", "--tokenizer-type", "bpe",
                               "--no-share-embeddings", "--buckets", "8,16", "--preset", "tiny"])
     run = recipes.build(recipes.defaults(), recipes.from_args(args))
-    assert (run.train.warmup_steps, run.train.accum_steps, run.search.beam_size) == (30, 2, 6)
+    assert (run.optimizer.warmup_steps, run.optimizer.accum_steps, run.search.beam_size) == (
+        30, 2, 6)
     assert (run.batching.max_len, run.batching.buckets) == (40, (8, 16))
     assert run.tokenizer.model_type == "bpe" and run.model.share_embeddings is False
     assert run.preset == "tiny" and run.model.d_model == 24
@@ -52,7 +54,7 @@ def test_yaml_round_trip(tmp_path):
     run = recipes.run_from_flat(preset="tiny", dropout=0.25, clip_norm=1.0, buckets=(8, 16),
                               train_prefix="data/train", max_minutes=3, best_metric="chrf")
     path = _recipe(tmp_path, recipes.dump(run))
-    loaded = recipes.load(path, with_defaults=False)
+    loaded = recipes.load_saved(path)
     assert loaded == run
     assert recipes.dump(loaded) == path.read_text()
 
@@ -69,7 +71,29 @@ def test_legacy_json_recipe_and_its_yaml_twin_are_the_same_run(monkeypatch):
         trainer=dataclasses.replace(twin.trainer, written_for=None))
 
 
-def test_seeds_follow_the_train_seed():
+def test_the_former_train_section_loads_as_optimizer(tmp_path):
+    """Recipes and run directories written before the section was named `optimizer` call it
+    `train`: they load as before (a resumed run reads its config.yaml), and `dump` writes
+    today's name."""
+    from nmt.rundir import resume
+
+    run = recipes.run_from_flat(preset="tiny", warmup=30, peak_lr=5e-4, seed=3, accum=2)
+    today = recipes.dump(run)
+    assert "optimizer" in yaml.safe_load(today) and "train" not in yaml.safe_load(today)
+    written_then = today.replace("\noptimizer:", "\ntrain:")
+    assert "train" in yaml.safe_load(written_then)
+    (tmp_path / resume.RUN_CONFIG_FILE).write_text(written_then)
+    assert resume.saved_run(tmp_path) == run
+    old = recipes.load(_recipe(tmp_path, "train:\n  warmup_steps: 30\n  seed: 3\n"))
+    assert old == recipes.load(_recipe(tmp_path, "optimizer:\n  warmup_steps: 30\n  seed: 3\n"))
+    assert (old.optimizer.warmup_steps, old.batching.seed) == (30, 3)
+    with pytest.raises(SettingsError, match=r"recipe.yaml line 3: sections train and optimizer "
+                                            r"are one, optimizer \(train is its former name\); "
+                                            r"merge them into optimizer:"):
+        recipes.load(_recipe(tmp_path, "train:\n  seed: 1\noptimizer:\n  warmup_steps: 4\n"))
+
+
+def test_seeds_follow_the_optimizer_seed():
     run = recipes.run_from_flat(seed=7)
     assert (run.data.seed, run.tokenizer.seed, run.batching.seed) == (7, 7, 7)
 
@@ -80,17 +104,18 @@ def test_seeds_follow_the_train_seed():
     ("modle:\n  dropout: 0.1\n",
      r"recipe.yaml line 1: unknown section 'modle' \(did you mean 'model'\?\); sections are "
      r"model, tokenizer, data"),
-    ("train:\n  warmup_steps: '400'\n",
-     r"recipe.yaml line 2: train.warmup_steps must be an integer, got \"400\"; write 400 "
+    ("optimizer:\n  warmup_steps: '400'\n",
+     r"recipe.yaml line 2: optimizer.warmup_steps must be an integer, got \"400\"; write 400 "
      "without quotes"),
     ("model:\n  norm: middle\n", r"line 2: model.norm: 'middle' is not one of post, pre"),
     ("trainer:\n  max_minutes: [1, 2]\n", r"line 2: trainer.max_minutes must be a number"),
     ("model:\n  vocab_size: 300\n",
      r"line 2: model.vocab_size is not a setting: it comes from the tokenizer"),
-    ("train:\n  batch_tokens: 100\n", r"line 2: train.batch_tokens: unknown key; it belongs "
-                                      r"in batching:"),
-    ("train:\n  seed: 1\n  seed: 2\n", r"line 3: train.seed is given twice"),
-    ("train:\n  warmup_steps: 4\n   peak_lr: 1\n", r"recipe.yaml line 3 column \d+: not valid YAML"),
+    ("optimizer:\n  batch_tokens: 100\n", r"line 2: optimizer.batch_tokens: unknown key; it "
+                                          r"belongs in batching:"),
+    ("optimizer:\n  seed: 1\n  seed: 2\n", r"line 3: optimizer.seed is given twice"),
+    ("optimizer:\n  warmup_steps: 4\n   peak_lr: 1\n",
+     r"recipe.yaml line 3 column \d+: not valid YAML"),
     ("- a\n- b\n", r"recipe.yaml: expected sections"),
     ("model:\n  dropout: 1.5\n", r"ModelConfig.dropout must be in \[0, 1\), got 1.5 \(given by "
                                  r"\S*recipe.yaml line 2: model.dropout\)"),
@@ -102,8 +127,8 @@ def test_bad_recipes_name_file_line_and_key(tmp_path, text, message):
 
 
 def test_yaml_reads_scientific_numbers_as_numbers(tmp_path):
-    run = recipes.load(_recipe(tmp_path, "train:\n  adam_eps: 1e-9\n  peak_lr: 5e-4\n"))
-    assert (run.train.adam_eps, run.train.peak_lr) == (1e-9, 5e-4)
+    run = recipes.load(_recipe(tmp_path, "optimizer:\n  adam_eps: 1e-9\n  peak_lr: 5e-4\n"))
+    assert (run.optimizer.adam_eps, run.optimizer.peak_lr) == (1e-9, 5e-4)
 
 
 def test_an_invalid_flag_value_names_the_flag():

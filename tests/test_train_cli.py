@@ -20,13 +20,13 @@ import pytest
 import yaml
 
 import train as train_cli
+from nmt.models.model_dir import load_model
 from nmt.rundir import checkpoints as checkpoint
 from nmt.settings import recipes
 from nmt.settings.config import SettingsError
 from nmt.training.trainer import TrainingError, train
 from synthetic_corpus import write_corpus
 from trainer_hooks import poison_parameters_before
-from nmt.models.model_dir import load_model
 
 REPO = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="module")
@@ -87,8 +87,8 @@ def test_run_directory_layout(uninterrupted):
     out = uninterrupted
     for name in ("config.yaml", "spm.model", "metrics.jsonl", "checkpoints", "tb", "model"):
         assert (out / name).exists(), name
-    config = recipes.load(out / "config.yaml", with_defaults=False)
-    assert {"model", "train", "search", "data", "trainer"} <= set(
+    config = recipes.load_saved(out / "config.yaml")
+    assert {"model", "optimizer", "search", "data", "trainer"} <= set(
         yaml.safe_load((out / "config.yaml").read_text()))
     assert config.model.d_model == 24 and config.trainer.max_steps == 60
     assert checkpoint.complete_steps(out / "checkpoints") == [20, 40, 60]
@@ -206,9 +206,9 @@ def test_recipe_file_and_flag_precedence(tmp_path):
                                   "#": "comment"}))
     run, _ = train_cli.resolve(["--config", str(recipe), "--batch-tokens", "100"])
     assert (run.preset, run.model.d_model) == ("base", 512)
-    assert (run.batching.batch_tokens, run.train.warmup_steps) == (100, 4000)
+    assert (run.batching.batch_tokens, run.optimizer.warmup_steps) == (100, 4000)
     defaults, _ = train_cli.resolve([])
-    assert run.replace(batching={"batch_tokens": 2048}, train={"warmup_steps": 200}) == \
+    assert run.replace(batching={"batch_tokens": 2048}, optimizer={"warmup_steps": 200}) == \
         dataclasses.replace(defaults, preset="base", model=recipes.PRESETS["base"])
     recipe.write_text(json.dumps({"batch-size": 8000}))
     with pytest.raises(SettingsError, match="unknown setting 'batch-size'"):
@@ -330,8 +330,8 @@ def test_shipped_recipes_load_and_round_trip(path, tmp_path):
                if key != "preset")
     written = tmp_path / "config.yaml"
     written.write_text(recipes.dump(run))
-    assert recipes.load(written, with_defaults=False) == run
-    assert recipes.dump(recipes.load(written, with_defaults=False)) == written.read_text()
+    assert recipes.load_saved(written) == run
+    assert recipes.dump(recipes.load_saved(written)) == written.read_text()
 
 
 def test_no_argument_defaults():

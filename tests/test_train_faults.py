@@ -18,16 +18,15 @@ import sys
 
 import orbax.checkpoint as ocp
 import pytest
+from test_train_cli import REPO, _args, _comparable, _lines, _run, corpus, env, uninterrupted  # noqa: F401
 
 import nmt.rundir.final_model
 import nmt.training.trainer
 import nmt.training.validation
 import train as train_cli
+from nmt.models.model_dir import load_model
 from nmt.rundir import checkpoints as checkpoint
 from nmt.training.trainer import train
-from test_train_cli import (REPO, _args, _comparable, _lines, _run, corpus, env,  # noqa: F401
-                            uninterrupted)
-from nmt.models.model_dir import load_model
 
 
 def _start_like(uninterrupted, out):

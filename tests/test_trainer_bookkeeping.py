@@ -17,19 +17,20 @@ from pathlib import Path
 import pytest
 
 import nmt.training.run_data
+from nmt.models import model_dir
 from nmt.rundir import checkpoints as checkpoint
 from nmt.settings import recipes
-from nmt.translation import scoring
+from nmt.settings.config import SettingsError, TrainerConfig
 from nmt.training import validation
-from nmt.settings.config import RunConfig, SettingsError, TrainerConfig
 from nmt.training.metrics_log import METRICS_FILE, MetricsWriter
 from nmt.training.run_data import prepare_data
 from nmt.training.summary import print_summary, scoring_command
 from nmt.training.trainer import TrainingError, train
 from nmt.training.validation import Validator
+from nmt.translation import scoring
 from synthetic_corpus import write_corpus
 from trainer_hooks import poison_parameters_before
-from nmt.models import model_dir
+
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory) -> dict[str, str]:

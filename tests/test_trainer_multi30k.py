@@ -1,6 +1,7 @@
 """End to end on real data: train.py on 2,000 Multi30k pairs, then load the model and translate.
 
-Multi30k is read from ../shared/data/multi30k (see its README); the test is skipped when absent.
+Multi30k is read from $MULTI30K (tests/conftest.py: ../shared/data/multi30k unless set); the
+test is skipped when absent.
 It also runs the README's no-argument `python train.py` in full (about 5 minutes).
 """
 
@@ -19,7 +20,7 @@ from nmt.models.model_dir import load_model
 pytestmark = pytest.mark.long  # scheduled first (conftest.py)
 
 REPO = Path(__file__).resolve().parents[1]
-MULTI30K = REPO.parent / "shared/data/multi30k"
+MULTI30K = Path(os.environ["MULTI30K"])
 
 
 def _env(tmp_path: Path) -> dict[str, str]:

@@ -17,34 +17,34 @@ import pytest
 
 from transformer import training
 from transformer.config import get_preset
-from transformer.training import TrainConfig
+from transformer.training import OptimizerConfig
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(TESTS)
 sys.path.insert(0, TESTS)
 import multiprocess_worker as worker  # noqa: E402
 
-
 # ----------------------------------------------------------------------------- config
 
 
-def test_train_config_round_trips_and_validates():
-    config = TrainConfig(schedule="inverse_sqrt", clip_norm=1.0, accum_steps=2)
-    assert TrainConfig.from_dict(config.to_dict()) == config
+def test_optimizer_config_round_trips_and_validates():
+    config = OptimizerConfig(schedule="inverse_sqrt", clip_norm=1.0, accum_steps=2)
+    assert OptimizerConfig.from_dict(config.to_dict()) == config
     for field, value in [("schedule", "cosine"), ("warmup_steps", 0), ("accum_steps", 0),
                          ("label_smoothing", 1.0), ("clip_norm", 0.0), ("adam_b2", 1.0),
                          ("peak_lr", -1.0), ("weight_decay", -0.1)]:
         with pytest.raises(ValueError, match=field):
-            TrainConfig(**{field: value})
-    with pytest.raises(ValueError, match="Unknown TrainConfig fields"):
-        TrainConfig.from_dict({"lr": 1.0})
+            OptimizerConfig(**{field: value})
+    with pytest.raises(ValueError, match="Unknown OptimizerConfig fields"):
+        OptimizerConfig.from_dict({"lr": 1.0})
 
 
 # ----------------------------------------------------------------------------- schedule
 
 
 def test_noam_schedule_matches_the_paper_formula():
-    schedule = training.learning_rate_schedule(TrainConfig(warmup_steps=4000, lr_scale=2.0), 512)
+    schedule = training.learning_rate_schedule(OptimizerConfig(warmup_steps=4000, lr_scale=2.0),
+                                               512)
     for count in [0, 1, 999, 3999, 4000, 15999, 100_000]:
         s = count + 1  # the paper's step number of update `count`
         expected = 2.0 * 512 ** -0.5 * min(s ** -0.5, s * 4000 ** -1.5)
@@ -56,15 +56,15 @@ def test_noam_schedule_matches_the_paper_formula():
 
 def test_inverse_sqrt_schedule():
     schedule = training.learning_rate_schedule(
-        TrainConfig(schedule="inverse_sqrt", peak_lr=5e-4, warmup_steps=100), 512)
+        OptimizerConfig(schedule="inverse_sqrt", peak_lr=5e-4, warmup_steps=100), 512)
     for count, expected in [(0, 5e-6), (49, 2.5e-4), (99, 5e-4), (399, 2.5e-4),
                             (9999, 5e-5)]:
         assert float(schedule(count)) == pytest.approx(expected, rel=1e-6)
 
 
 def test_optimizer_clips_and_decays_matrices_only():
-    config = TrainConfig(schedule="inverse_sqrt", peak_lr=0.5, warmup_steps=1, clip_norm=1.0,
-                         weight_decay=0.1)
+    config = OptimizerConfig(schedule="inverse_sqrt", peak_lr=0.5, warmup_steps=1,
+                             clip_norm=1.0, weight_decay=0.1)
     optimizer = training.make_optimizer(config, d_model=8)
     params = {"kernel": jnp.full((2, 3), 2.0), "bias": jnp.full((3,), 2.0)}
     zero = jax.tree_util.tree_map(jnp.zeros_like, params)
@@ -91,7 +91,7 @@ def test_optimizer_clips_and_decays_matrices_only():
 def test_optimizer_state_is_the_same_tree_for_every_clip_and_decay():
     """A run resumes when --clip-norm or --weight-decay changes, and the numbers are optax's
     adam and adamw (after clip_by_global_norm when clipping)."""
-    base = TrainConfig(schedule="inverse_sqrt", peak_lr=0.1, warmup_steps=2)
+    base = OptimizerConfig(schedule="inverse_sqrt", peak_lr=0.1, warmup_steps=2)
     params = {"kernel": jnp.linspace(-1.0, 1.0, 6).reshape(2, 3), "bias": jnp.full((3,), 0.5)}
     grads = [jax.tree_util.tree_map(lambda p, i=i: jnp.sin(p * (i + 3)) * 10 ** i, params)
              for i in range(3)]
@@ -173,8 +173,8 @@ def test_padding_and_all_pad_rows_do_not_change_the_loss():
 def test_eval_step_ignores_all_pad_rows_and_longer_padding():
     """End to end through the model: appending padding columns and all-pad rows changes nothing."""
     mesh = training.make_mesh(jax.devices()[:1])
-    graphdef, static_state, state = training.create_train_state(get_preset("tiny"), TrainConfig(),
-                                                                mesh)
+    graphdef, static_state, state = training.create_train_state(get_preset("tiny"),
+                                                                OptimizerConfig(), mesh)
     assert not jax.tree_util.tree_leaves(static_state)
     eval_step = training.make_eval_step(graphdef, mesh)
     batch = worker.make_batch(0, rows=4)
@@ -186,12 +186,12 @@ def test_eval_step_ignores_all_pad_rows_and_longer_padding():
 
 
 def test_eval_step_smooths_the_loss_as_the_training_run_does():
-    """Guards make_eval_step's train_config: validation loss uses the run's label smoothing
-    (here none, so loss equals NLL), not TrainConfig()'s default 0.1."""
+    """Guards make_eval_step's optimizer_config: validation loss uses the run's label smoothing
+    (here none, so loss equals NLL), not OptimizerConfig()'s default 0.1."""
     mesh = training.make_mesh(jax.devices()[:1])
-    train_config = TrainConfig(label_smoothing=0.0)
-    graphdef, _, state = training.create_train_state(get_preset("tiny"), train_config, mesh)
-    sums = training.make_eval_step(graphdef, mesh, train_config)(state.params,
+    optimizer_config = OptimizerConfig(label_smoothing=0.0)
+    graphdef, _, state = training.create_train_state(get_preset("tiny"), optimizer_config, mesh)
+    sums = training.make_eval_step(graphdef, mesh, optimizer_config)(state.params,
                                                                  worker.make_batch(0, rows=4))
     assert float(sums["loss_sum"]) == pytest.approx(float(sums["nll_sum"]), rel=1e-6)
 
@@ -201,11 +201,11 @@ def test_eval_step_smooths_the_loss_as_the_training_run_does():
 
 def test_tiny_model_overfits_a_fixed_batch():
     model_config = get_preset("tiny", dropout=0.0)
-    train_config = TrainConfig(schedule="inverse_sqrt", peak_lr=3e-3, warmup_steps=30,
-                               label_smoothing=0.0)
+    optimizer_config = OptimizerConfig(schedule="inverse_sqrt", peak_lr=3e-3, warmup_steps=30,
+                                       label_smoothing=0.0)
     mesh = training.make_mesh(jax.devices()[:1])
-    graphdef, _, state = training.create_train_state(model_config, train_config, mesh)
-    train_step = training.make_train_step(graphdef, train_config, mesh)
+    graphdef, _, state = training.create_train_state(model_config, optimizer_config, mesh)
+    train_step = training.make_train_step(graphdef, optimizer_config, mesh)
     batch = training.shard_batch(worker.make_batch(0, packed=False), mesh)
     for _ in range(300):
         state, metrics = train_step(state, batch)
@@ -218,9 +218,9 @@ def test_tiny_model_overfits_a_fixed_batch():
 
 def test_state_is_donated_and_non_finite_loss_is_flagged():
     mesh = training.make_mesh(jax.devices()[:1])
-    train_config = TrainConfig()
-    graphdef, _, state = training.create_train_state(get_preset("tiny"), train_config, mesh)
-    train_step = training.make_train_step(graphdef, train_config, mesh)
+    optimizer_config = OptimizerConfig()
+    graphdef, _, state = training.create_train_state(get_preset("tiny"), optimizer_config, mesh)
+    train_step = training.make_train_step(graphdef, optimizer_config, mesh)
     batch = training.shard_batch(worker.make_batch(0), mesh)
     old_leaves = jax.tree_util.tree_leaves(state)
     state, metrics = train_step(state, batch)
@@ -236,10 +236,10 @@ def test_each_update_draws_new_dropout_masks():
     """Guards the dropout key fold_in(rng, step): from the same parameters, the updates of two
     different steps must see different masks (so different losses), and the same step the same."""
     mesh = training.make_mesh(jax.devices()[:1])
-    train_config = TrainConfig()
+    optimizer_config = OptimizerConfig()
     graphdef, _, state = training.create_train_state(get_preset("tiny", dropout=0.3),
-                                                     train_config, mesh)
-    train_step = training.make_train_step(graphdef, train_config, mesh)
+                                                     optimizer_config, mesh)
+    train_step = training.make_train_step(graphdef, optimizer_config, mesh)
     batch = training.shard_batch(worker.make_batch(0), mesh)
     losses = []
     for step in (0, 0, 1):

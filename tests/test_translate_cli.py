@@ -24,10 +24,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from nmt.translation import command as translate_cli
-from nmt.translation import evaluation, streams
 from data.config import DataError
 from data.lines import stream_chunks
+from nmt.translation import command as translate_cli, evaluation, streams
 from translate_model import SEARCH, make_model, search_config, sentences
 
 REPO = Path(__file__).resolve().parents[1]
@@ -67,10 +66,11 @@ def expected(run_dir, env) -> list[str]:
     process's JAX configuration untouched and lets the CLI runs start without compiling.
     """
     code = (
-        "import json, sys, translate\n"
+        "import json, sys\n"
+        "from nmt.translation.command import enable_compilation_cache\n"
         "from nmt.models.model_dir import load_model\n"
         "from nmt.models.translator import Translator\n"
-        "translate.enable_compilation_cache()\n"
+        "enable_compilation_cache()\n"
         "model, tokenizer, values = load_model(sys.argv[1])\n"
         "translator = Translator(model, tokenizer, values['search'], batch_tokens=64)\n"
         "lines = json.load(sys.stdin)\n"

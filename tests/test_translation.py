@@ -4,9 +4,9 @@ import pytest
 from flax import nnx
 
 from data.tokenizer import SpecialIds
+from nmt.models.translator import Translator
 from transformer.config import SearchConfig, get_preset
 from transformer.model import Transformer
-from nmt.models.translator import Translator
 
 
 class NumberTokenizer:

@@ -176,8 +176,10 @@ ARCHITECTURE = ("d_model", "num_heads", "d_ff", "encoder_layers", "decoder_layer
 
 
 @dataclasses.dataclass(frozen=True)
-class TrainConfig(DictConfig):
-    """Optimisation hyper-parameters; defaults follow the paper (Sec. 5.3 and 5.4).
+class OptimizerConfig(DictConfig):
+    """How the parameters are optimised: the learning-rate schedule, Adam, the label-smoothed
+    loss, gradient clipping and accumulation, weight decay, and the random seed of
+    initialisation and dropout. Defaults follow the paper (Sec. 5.3 and 5.4).
 
     schedule "noam":         lr(s) = lr_scale * d_model^-0.5 * min(s^-0.5, s * warmup^-1.5)
     schedule "inverse_sqrt": lr(s) = peak_lr * min(s / warmup, sqrt(warmup / s))
@@ -206,30 +208,32 @@ class TrainConfig(DictConfig):
         self.validate()
 
     def validate(self) -> None:
-        _check_choice("TrainConfig.schedule", self.schedule, ("noam", "inverse_sqrt"))
+        _check_choice("OptimizerConfig.schedule", self.schedule, ("noam", "inverse_sqrt"))
         if not isinstance(self.warmup_steps, int) or self.warmup_steps < 1:
-            raise ValueError(f"TrainConfig.warmup_steps must be an integer >= 1, "
+            raise ValueError(f"OptimizerConfig.warmup_steps must be an integer >= 1, "
                              f"got {self.warmup_steps!r}.")
         if not isinstance(self.accum_steps, int) or self.accum_steps < 1:
-            raise ValueError(f"TrainConfig.accum_steps must be an integer >= 1 (1 = no "
+            raise ValueError(f"OptimizerConfig.accum_steps must be an integer >= 1 (1 = no "
                              f"accumulation), got {self.accum_steps!r}.")
         for name in ("lr_scale", "peak_lr", "adam_eps"):
             if not getattr(self, name) > 0:
-                raise ValueError(f"TrainConfig.{name} must be > 0, got {getattr(self, name)!r}.")
+                raise ValueError(f"OptimizerConfig.{name} must be > 0, "
+                                 f"got {getattr(self, name)!r}.")
         for name in ("adam_b1", "adam_b2"):
             if not 0.0 <= getattr(self, name) < 1.0:
-                raise ValueError(f"TrainConfig.{name} must be in [0, 1), "
+                raise ValueError(f"OptimizerConfig.{name} must be in [0, 1), "
                                  f"got {getattr(self, name)!r}.")
         if not 0.0 <= self.label_smoothing < 1.0:
-            raise ValueError(f"TrainConfig.label_smoothing must be in [0, 1) (the paper uses "
-                             f"0.1), got {self.label_smoothing!r}.")
+            raise ValueError(f"OptimizerConfig.label_smoothing must be in [0, 1) (the paper "
+                             f"uses 0.1), got {self.label_smoothing!r}.")
         if self.clip_norm is not None and not self.clip_norm > 0:
-            raise ValueError(f"TrainConfig.clip_norm must be > 0, or None to disable clipping; "
-                             f"got {self.clip_norm!r}.")
+            raise ValueError(f"OptimizerConfig.clip_norm must be > 0, or None to disable "
+                             f"clipping; got {self.clip_norm!r}.")
         if not self.weight_decay >= 0:
-            raise ValueError(f"TrainConfig.weight_decay must be >= 0, got {self.weight_decay!r}.")
+            raise ValueError(f"OptimizerConfig.weight_decay must be >= 0, "
+                             f"got {self.weight_decay!r}.")
         if not isinstance(self.seed, int):
-            raise ValueError(f"TrainConfig.seed must be an integer, got {self.seed!r}.")
+            raise ValueError(f"OptimizerConfig.seed must be an integer, got {self.seed!r}.")
 
 
 @dataclasses.dataclass(frozen=True)

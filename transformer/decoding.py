@@ -12,9 +12,12 @@ The model is a `Transformer` or a `transformer.ensemble.Ensemble`, which decodes
 models in step and returns log-probabilities as logits; both give caches with the operations
 beam search needs (`transformer.cache.SearchCache`).
 It is split once (`nnx.split`) and the jitted functions take its state as an argument,
-so searching with new parameters (e.g. after a training step) does not recompile. A compiled
-shape is (batch, padded source length); the output length is derived from the padded source
-length. `nmt.models.translator.Translator` feeds search with batches from
+so searching with new parameters (e.g. after a training step) does not recompile. Besides the
+model's graph, a jitted search has one static argument, `_SearchProgram`: the `SearchConfig`
+with the settings its strategy never reads reset, and the output length. A new search option
+is one field of `SearchConfig`, read where it is needed. A compiled shape is (batch, padded
+source length); the output length is derived from the padded source length.
+`nmt.models.translator.Translator` feeds search with batches from
 `data.batching.inference_batches`, whose source widths come from the fixed bucket list
 `data.batching.DEFAULT_BUCKETS` (22 lengths from 5 to 256, capped at the model's max_len),
 with a few power-of-two batch sizes per width (small calls get small batches), so the number
@@ -33,7 +36,7 @@ import numpy as np
 from flax import nnx
 
 from transformer.cache import SearchCache
-from transformer.config import SearchConfig
+from transformer.config import ModelConfig, SearchConfig
 from transformer.model import Transformer
 
 if TYPE_CHECKING:
@@ -120,6 +123,36 @@ def output_limits(src_ids: np.ndarray, config: SearchConfig, pad_id: int, model_
     return np.minimum(limits, static), static
 
 
+# SearchConfig fields that a strategy's compiled program never reads. Its static argument holds
+# them at their defaults, so configs that differ only there share one compiled program. The
+# length limit's a and b reach every program as `limits` and `max_len` instead.
+_LENGTH_LIMIT_SETTINGS = ("max_len_a", "max_len_b")
+_BEAM_SETTINGS = ("beam_size", "nbest", "alpha", "length_penalty", "beam_rules")
+_SAMPLING_SETTINGS = ("temperature", "top_k")
+_UNREAD_SETTINGS = {
+    "beam": _LENGTH_LIMIT_SETTINGS + _SAMPLING_SETTINGS,
+    "greedy": _LENGTH_LIMIT_SETTINGS + _BEAM_SETTINGS + _SAMPLING_SETTINGS,
+    "sample": _LENGTH_LIMIT_SETTINGS + _BEAM_SETTINGS,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class _SearchProgram:
+    """The static argument of a jitted search: what its program depends on besides the model's
+    graph and the array shapes. It is part of jax's compile cache key, so it holds nothing the
+    program does not read."""
+
+    settings: SearchConfig  # with the fields in _UNREAD_SETTINGS[strategy] at their defaults
+    max_len: int            # output positions: the limit for a source of the padded width
+
+
+def _search_program(config: SearchConfig, max_len: int) -> _SearchProgram:
+    """`config`'s static argument, unread settings reset so that they cause no recompile."""
+    defaults = SearchConfig()
+    unread = {name: getattr(defaults, name) for name in _UNREAD_SETTINGS[config.strategy]}
+    return _SearchProgram(dataclasses.replace(config, **unread), max_len)
+
+
 # ----------------------------------------------------------------------------- public entry
 
 
@@ -139,21 +172,16 @@ def search_with_state(graphdef: nnx.GraphDef, state: nnx.State, src_ids: np.ndar
     """`search` for a model already split with `nnx.split` (what training loops hold)."""
     model_config = _model_config(graphdef, state)
     src_np = np.asarray(src_ids, dtype=np.int32)
-    limits, static_len = output_limits(src_np, config, model_config.pad_id, model_config.max_len)
-    src = jnp.asarray(src_np)
+    limits, max_len = output_limits(src_np, config, model_config.pad_id, model_config.max_len)
+    program = _search_program(config, max_len)
+    src, limits = jnp.asarray(src_np), jnp.asarray(limits)
     if config.strategy == "beam":
-        tokens, scores, lengths = _beam_search(
-            graphdef, state, src, jnp.asarray(limits), static_len, config.beam_size,
-            config.nbest, float(config.alpha), config.min_len, config.length_penalty == "power",
-            config.beam_rules == "transformers")
+        tokens, scores, lengths = _beam_search(graphdef, program, state, src, limits)
     else:
-        sample = config.strategy == "sample"
-        if sample and rng is None:
+        if config.strategy == "sample" and rng is None:
             raise ValueError("strategy='sample' needs an rng (jax.random.key(seed)).")
         tokens, scores, lengths = _greedy_search(
-            graphdef, state, src, jnp.asarray(limits), static_len, config.min_len, sample,
-            float(config.temperature), config.top_k,
-            rng if rng is not None else jax.random.key(0))
+            graphdef, program, state, src, limits, rng if rng is not None else jax.random.key(0))
         tokens, scores, lengths = tokens[:, None], scores[:, None], lengths[:, None]
     return SearchResult(np.asarray(tokens), np.asarray(scores), np.asarray(lengths))
 
@@ -178,21 +206,21 @@ def reference_logprobs_with_state(graphdef: nnx.GraphDef, state: nnx.State,
                                   src_ids: np.ndarray | Array, tgt_ids: np.ndarray | Array
                                   ) -> np.ndarray:
     """`reference_logprobs` for a model already split with `nnx.split`."""
-    config = _model_config(graphdef, state)
-    pad, bos = config.pad_id, config.bos_id
-    tgt = jnp.asarray(tgt_ids, jnp.int32)
-    tgt_in = jnp.concatenate([jnp.full((tgt.shape[0], 1), bos, jnp.int32), tgt[:, :-1]], axis=1)
     return np.asarray(_reference_logprobs(graphdef, state, jnp.asarray(src_ids, jnp.int32),
-                                          tgt_in, tgt, pad))
+                                          jnp.asarray(tgt_ids, jnp.int32)))
 
 
-@functools.partial(jax.jit, static_argnums=(0, 5))
-def _reference_logprobs(graphdef, state, src, tgt_in, tgt_out, pad_id: int):
+@functools.partial(jax.jit, static_argnums=0)
+def _reference_logprobs(graphdef, state, src, tgt):
+    """log p(tgt | src) [batch] of src [batch, src_len] and tgt [batch, tgt_len] (no BOS)."""
     model = nnx.merge(graphdef, state)
+    config = model.config
+    tgt_in = jnp.concatenate([jnp.full((tgt.shape[0], 1), config.bos_id, jnp.int32),
+                              tgt[:, :-1]], axis=1)
     # An ensemble returns log-probabilities already; log_softmax leaves them unchanged.
     logprobs = jax.nn.log_softmax(model(src, tgt_in), axis=-1)  # [batch, tgt_len, vocab]
-    picked = jnp.take_along_axis(logprobs, tgt_out[..., None], axis=-1)[..., 0]
-    return jnp.where(tgt_out != pad_id, picked, 0.0).sum(axis=1)
+    picked = jnp.take_along_axis(logprobs, tgt[..., None], axis=-1)[..., 0]
+    return jnp.where(tgt != config.pad_id, picked, 0.0).sum(axis=1)
 
 
 # ----------------------------------------------------------------------------- shared pieces
@@ -223,12 +251,13 @@ def _encode(graphdef, state, src):
 # ----------------------------------------------------------------------------- greedy / sampling
 
 
-@functools.partial(jax.jit, static_argnums=(0, 4, 5, 6, 7, 8))
-def _greedy_search(graphdef, state, src, limits, max_len: int, min_len: int, sample: bool,
-                   temperature: float, top_k: int, rng):
-    """Returns tokens [batch, max_len], log-probabilities [batch], lengths [batch]."""
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _greedy_search(graphdef, program: _SearchProgram, state, src, limits, rng):
+    """Greedy or sampling search of src [batch, src_len] with output limits [batch] (rng is
+    read when sampling); returns tokens [batch, max_len], log-probabilities [batch], lengths
+    [batch]."""
     model, memory, src_mask = _encode(graphdef, state, src)
-    config = model.config
+    config, settings, max_len = model.config, program.settings, program.max_len
     batch = src.shape[0]
 
     def cond(carry):
@@ -242,10 +271,10 @@ def _greedy_search(graphdef, state, src, limits, max_len: int, min_len: int, sam
         # only the chosen token's log-probability, so log_softmax is never materialised.
         normalizer = jax.nn.logsumexp(logits[:, 0], axis=-1)  # [batch]
         at_limit = step + 1 >= limits
-        scores = _allowed_scores(logits[:, 0], step, at_limit, min_len, config)
-        if sample:
-            next_token = _sample(scores - normalizer[:, None], temperature, top_k,
-                                 jax.random.fold_in(rng, step))
+        scores = _allowed_scores(logits[:, 0], step, at_limit, settings.min_len, config)
+        if settings.strategy == "sample":
+            next_token = _sample(scores - normalizer[:, None], float(settings.temperature),
+                                 settings.top_k, jax.random.fold_in(rng, step))
         else:
             next_token = top_k_over_vocab(scores, 1)[1][:, 0]
         next_token = jnp.where(at_limit, config.eos_id, next_token)
@@ -279,10 +308,10 @@ def _sample(logprobs: Array, temperature: float, top_k: int, rng: Array) -> Arra
 # ----------------------------------------------------------------------------- beam search
 
 
-@functools.partial(jax.jit, static_argnums=(0, 4, 5, 6, 7, 8, 9, 10))
-def _beam_search(graphdef, state, src, limits, max_len: int, beam_size: int, nbest: int,
-                 alpha: float, min_len: int, power_penalty: bool, transformers_rules: bool):
-    """Beam search; returns tokens [batch, nbest, max_len], scores and lengths [batch, nbest].
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _beam_search(graphdef, program: _SearchProgram, state, src, limits):
+    """Beam search of src [batch, src_len] with output limits [batch]; returns tokens
+    [batch, nbest, max_len], scores and lengths [batch, nbest].
 
     Live ("alive") hypotheses and finished ones are kept apart: a hypothesis that produces EOS
     moves to the finished set with score logprob / length_penalty and is never extended again.
@@ -291,15 +320,13 @@ def _beam_search(graphdef, state, src, limits, max_len: int, beam_size: int, nbe
     k non-EOS ones (`_advance_beams`). A sentence is done when its `nbest`-th finished score
     is at least the best score any live beam could still reach: log-probabilities only fall
     as a hypothesis grows, so with alpha >= 0 that bound is best_live_logprob /
-    length_penalty(limit). `transformers_rules` follows transformers' `generate` instead
+    length_penalty(limit). beam_rules="transformers" follows transformers' `generate` instead
     (SearchConfig.beam_rules).
     """
     model, memory, src_mask = _encode(graphdef, state, src)
-    config = model.config
-    batch, k = src.shape[0], beam_size
-    rules = _BeamRules(limits=limits, min_len=min_len, alpha=alpha, nbest=nbest,
-                       pad_id=config.pad_id, bos_id=config.bos_id, eos_id=config.eos_id,
-                       power_penalty=power_penalty, transformers_rules=transformers_rules)
+    config, max_len = model.config, program.max_len
+    batch, k = src.shape[0], program.settings.beam_size
+    rules = _BeamRules(limits=limits, settings=program.settings, model=config)
     # The first position is decoded from BOS, the same for every beam: once per sentence
     # (batch rows, not batch * k), then every beam starts from that one cached position.
     cache = model.init_cache(memory, max_len, beam_size=1)
@@ -328,6 +355,7 @@ def _beam_search(graphdef, state, src, limits, max_len: int, beam_size: int, nbe
 
     # Step 0's logits were computed above, once per sentence; the loop runs the rest.
     final = jax.lax.while_loop(cond, body, _advance_beams(start, first_logits, start.cache, rules))
+    nbest = program.settings.nbest
     tokens = final.finished_tokens[:, :nbest]
     lengths = (tokens != config.pad_id).sum(axis=2).astype(jnp.int32)
     return tokens, final.finished_score[:, :nbest], lengths
@@ -347,54 +375,27 @@ class _BeamState:
 
 @dataclasses.dataclass(frozen=True)
 class _BeamRules:
-    """What stays fixed during one beam search: limits [batch] and the search settings."""
+    """What stays fixed during one beam search."""
 
-    limits: Array
-    min_len: int
-    alpha: float
-    nbest: int
-    pad_id: int
-    bos_id: int
-    eos_id: int
-    power_penalty: bool = False       # length ** alpha instead of GNMT's penalty
-    transformers_rules: bool = False  # SearchConfig.beam_rules == "transformers"
+    limits: Array           # [batch], each sentence's output limit
+    settings: SearchConfig  # the search settings (beam size, penalty, rules, ...)
+    model: ModelConfig      # the model's pad, bos and eos ids
+
+    @property
+    def transformers_rules(self) -> bool:
+        return self.settings.beam_rules == "transformers"
 
     def penalty(self, length: Array) -> Array:
-        return length_penalty(length, self.alpha, self.power_penalty)
+        return length_penalty(length, float(self.settings.alpha),
+                              self.settings.length_penalty == "power")
 
 
 def _advance_beams(s: _BeamState, logits: Array, cache: SearchCache, rules: _BeamRules
                    ) -> _BeamState:
     """One search step given the step's logits [batch * k, vocab] and updated cache."""
-    batch, k = s.alive_logprob.shape
-    limits_k = jnp.repeat(rules.limits, k)  # [batch * k], beams of a sentence adjacent
-    normalizer = jax.nn.logsumexp(logits, axis=-1)  # [rows]
-    at_limit = s.step + 1 >= limits_k
-    scores = _allowed_scores(logits, s.step, at_limit, rules.min_len, rules)
-    # Each row's best 2k tokens hold every candidate the best 2k of the whole sentence can
-    # take (log p differs from the logit by a per-row constant), so the full [rows, vocab]
-    # log-probabilities are never formed.
-    per_row = min(2 * k, scores.shape[-1])
-    row_score, row_token = top_k_over_vocab(scores, per_row)  # [rows, per_row]
-    row_logprob = row_score - normalizer[:, None]
-    # A row at its output limit may only end: its one candidate is EOS, scored with its
-    # log-probability (transformers' rules: with 0, as its forced EOS is).
-    eos_logprob = (jnp.zeros_like(normalizer) if rules.transformers_rules
-                   else scores[:, rules.eos_id] - normalizer)
-    first = (jnp.arange(per_row) == 0)[None]
-    row_logprob = jnp.where(at_limit[:, None],
-                            jnp.where(first, eos_logprob[:, None], NEG_INF), row_logprob)
-    row_token = jnp.where(at_limit[:, None], rules.eos_id, row_token).astype(jnp.int32)
-    # [batch, k * per_row]: live beams extended by their best tokens.
-    candidates = (s.alive_logprob[:, :, None] + row_logprob.reshape(batch, k, per_row)
-                  ).reshape(batch, k * per_row)
-    top_logprob, top_index = jax.lax.top_k(candidates, 2 * k)  # [batch, 2k]
-    beam_index = top_index // per_row
-    token = jnp.take_along_axis(row_token.reshape(batch, k * per_row), top_index, axis=1)
-    top_tokens = jnp.take_along_axis(s.alive_tokens, beam_index[:, :, None], axis=1)
-    top_tokens = jax.lax.dynamic_update_slice_in_dim(
-        top_tokens, token[:, :, None], s.step, 2)  # [batch, 2k, max_len]
-    is_eos = token == rules.eos_id
+    k = s.alive_logprob.shape[1]
+    top_logprob, token, beam_index, top_tokens = _best_extensions(s, logits, rules)
+    is_eos = token == rules.model.eos_id
     # A candidate of a dead beam (NEG_INF) must not enter either set.
     valid = top_logprob > NEG_INF / 2
     # fairseq: any EOS of the 2k candidates finishes; transformers: only among the best k.
@@ -414,17 +415,65 @@ def _advance_beams(s: _BeamState, logits: Array, cache: SearchCache, rules: _Bea
     alive_tokens = jnp.take_along_axis(top_tokens, order[:, :, None], axis=1)
     parent = jnp.take_along_axis(beam_index, order, axis=1)  # [batch, k]
 
-    if rules.transformers_rules:
-        # transformers' heuristic: the best live beam scored at its current length against
-        # the k-th finished hypothesis.
-        best_possible = alive_logprob[:, 0] / rules.penalty(s.step + 1)
-        can_improve = best_possible > finished_score[:, k - 1]
-    else:
-        best_possible = alive_logprob[:, 0] / rules.penalty(rules.limits)
-        can_improve = best_possible > finished_score[:, rules.nbest - 1]
+    can_improve = _can_improve(alive_logprob[:, 0], finished_score, s.step, rules)
     done = s.done | ~can_improve | (s.step + 1 >= rules.limits)
     return _BeamState(s.step + 1, cache.follow_parents(parent), alive_tokens, alive_logprob,
                       finished_tokens, finished_score, done)
+
+
+def _best_extensions(s: _BeamState, logits: Array, rules: _BeamRules
+                     ) -> tuple[Array, Array, Array, Array]:
+    """A sentence's 2k best extensions of its live beams: the step's costliest part, on its own.
+
+    Found without forming log-probabilities over the vocabulary (see below).
+    logits [batch * k, vocab] -> log-probabilities [batch, 2k], tokens [batch, 2k], the beams
+    they extend [batch, 2k] and the extended hypotheses [batch, 2k, max_len].
+    """
+    batch, k = s.alive_logprob.shape
+    limits_k = jnp.repeat(rules.limits, k)  # [batch * k], beams of a sentence adjacent
+    normalizer = jax.nn.logsumexp(logits, axis=-1)  # [rows]
+    at_limit = s.step + 1 >= limits_k
+    scores = _allowed_scores(logits, s.step, at_limit, rules.settings.min_len, rules.model)
+    # Each row's best 2k tokens hold every candidate the best 2k of the whole sentence can
+    # take (log p differs from the logit by a per-row constant), so the full [rows, vocab]
+    # log-probabilities are never formed.
+    per_row = min(2 * k, scores.shape[-1])
+    row_score, row_token = top_k_over_vocab(scores, per_row)  # [rows, per_row]
+    row_logprob = row_score - normalizer[:, None]
+    # A row at its output limit may only end: its one candidate is EOS, scored with its
+    # log-probability (transformers' rules: with 0, as its forced EOS is).
+    eos_id = rules.model.eos_id
+    eos_logprob = (jnp.zeros_like(normalizer) if rules.transformers_rules
+                   else scores[:, eos_id] - normalizer)
+    first = (jnp.arange(per_row) == 0)[None]
+    row_logprob = jnp.where(at_limit[:, None],
+                            jnp.where(first, eos_logprob[:, None], NEG_INF), row_logprob)
+    row_token = jnp.where(at_limit[:, None], eos_id, row_token).astype(jnp.int32)
+    # [batch, k * per_row]: live beams extended by their best tokens.
+    candidates = (s.alive_logprob[:, :, None] + row_logprob.reshape(batch, k, per_row)
+                  ).reshape(batch, k * per_row)
+    top_logprob, top_index = jax.lax.top_k(candidates, 2 * k)  # [batch, 2k]
+    beam_index = top_index // per_row
+    token = jnp.take_along_axis(row_token.reshape(batch, k * per_row), top_index, axis=1)
+    top_tokens = jnp.take_along_axis(s.alive_tokens, beam_index[:, :, None], axis=1)
+    top_tokens = jax.lax.dynamic_update_slice_in_dim(
+        top_tokens, token[:, :, None], s.step, 2)  # [batch, 2k, max_len]
+    return top_logprob, token, beam_index, top_tokens
+
+
+def _can_improve(best_alive: Array, finished_score: Array, step: Array, rules: _BeamRules
+                 ) -> Array:
+    """The stopping rule on its own: where fairseq's and transformers' beam rules differ most.
+
+    best_alive [batch] (log-probability), finished_score [batch, k] -> may still win [batch].
+    """
+    if rules.transformers_rules:
+        # transformers' heuristic: the best live beam scored at its current length against
+        # the k-th finished hypothesis.
+        return best_alive / rules.penalty(step + 1) > finished_score[:, -1]
+    # fairseq's bound: log-probabilities only fall as a hypothesis grows, so a live beam at
+    # best ends at its limit with its current log-probability.
+    return best_alive / rules.penalty(rules.limits) > finished_score[:, rules.settings.nbest - 1]
 
 
 def _top_k_by(scores: Array, tokens: Array, k: int) -> tuple[Array, Array]:

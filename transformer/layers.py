@@ -18,15 +18,15 @@ from __future__ import annotations
 import functools
 import math
 
-import jax
 import flax.struct
+import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
 from transformer.cache import attention_over_own_slots
 from transformer.config import ModelConfig
-from transformer.kernels import Dense, activation_dtype, compute_dtype, dropout, over_rows, matmul
+from transformer.kernels import Dense, activation_dtype, compute_dtype, dropout, matmul, over_rows
 
 Array = jax.Array
 

@@ -24,8 +24,17 @@ from flax import nnx
 from transformer.cache import DecoderCache
 from transformer.config import ModelConfig
 from transformer.kernels import Dense, activation_dtype, compute_dtype, dropout
-from transformer.layers import (AddNorm, Embedding, FeedForward, MultiHeadAttention, Packing,
-                                PositionalEncoding, causal_mask, padding_mask, split_rng)
+from transformer.layers import (
+    AddNorm,
+    Embedding,
+    FeedForward,
+    MultiHeadAttention,
+    Packing,
+    PositionalEncoding,
+    causal_mask,
+    padding_mask,
+    split_rng,
+)
 
 Array = jax.Array
 

@@ -3,9 +3,9 @@
 One code path runs on 1 CPU, N local devices or several processes:
 
     mesh = make_mesh()                                        # axis "data" over jax.devices()
-    graphdef, static_state, state = create_train_state(model_config, train_config, mesh)
-    train_step = make_train_step(graphdef, train_config, mesh)
-    eval_step = make_eval_step(graphdef, mesh, train_config)
+    graphdef, static_state, state = create_train_state(model_config, optimizer_config, mesh)
+    train_step = make_train_step(graphdef, optimizer_config, mesh)
+    eval_step = make_eval_step(graphdef, mesh, optimizer_config)
     for local_batch in batches:                               # this process's rows, numpy
         state, metrics = train_step(state, shard_batch(local_batch, mesh))
 
@@ -40,7 +40,7 @@ import optax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from transformer.config import ModelConfig, TrainConfig
+from transformer.config import ModelConfig, OptimizerConfig
 from transformer.layers import Packing
 from transformer.model import Transformer
 
@@ -55,15 +55,15 @@ BATCH_KEYS = ("src", "tgt_in", "tgt_out")
 # ----------------------------------------------------------------------------- optimizer
 
 
-def learning_rate_schedule(train_config: TrainConfig, d_model: int) -> optax.Schedule:
+def learning_rate_schedule(optimizer_config: OptimizerConfig, d_model: int) -> optax.Schedule:
     """Learning rate as a function of optax's update count (0 for the first update).
 
     The paper numbers steps from 1, where count 0 would give lr 0 and waste the first update,
     so the formula is evaluated at s = count + 1.
     """
-    warmup = float(train_config.warmup_steps)
-    if train_config.schedule == "noam":
-        scale = train_config.lr_scale * d_model ** -0.5
+    warmup = float(optimizer_config.warmup_steps)
+    if optimizer_config.schedule == "noam":
+        scale = optimizer_config.lr_scale * d_model ** -0.5
 
         def noam(count):
             s = jnp.asarray(count, jnp.float32) + 1.0
@@ -71,7 +71,7 @@ def learning_rate_schedule(train_config: TrainConfig, d_model: int) -> optax.Sch
 
         return noam
 
-    peak = train_config.peak_lr
+    peak = optimizer_config.peak_lr
 
     def inverse_sqrt(count):
         s = jnp.asarray(count, jnp.float32) + 1.0
@@ -85,7 +85,7 @@ def _decay_mask(params: Any) -> Any:
     return jax.tree_util.tree_map(lambda p: p.ndim >= 2, params)
 
 
-def make_optimizer(train_config: TrainConfig, d_model: int) -> optax.GradientTransformation:
+def make_optimizer(optimizer_config: OptimizerConfig, d_model: int) -> optax.GradientTransformation:
     """Adam (b1, b2, eps from the config) with the schedule; optional clipping and decay.
 
     The chain is optax.adamw's (scale_by_adam, add_decayed_weights, scale_by_learning_rate;
@@ -93,8 +93,8 @@ def make_optimizer(train_config: TrainConfig, d_model: int) -> optax.GradientTra
     behind clip_by_global_norm or identity. Its state has the same structure for every
     clip_norm and weight_decay, so a run resumes when either is changed.
     """
-    schedule = learning_rate_schedule(train_config, d_model)
-    c = train_config
+    schedule = learning_rate_schedule(optimizer_config, d_model)
+    c = optimizer_config
     clip = optax.clip_by_global_norm(c.clip_norm) if c.clip_norm is not None else optax.identity()
     return optax.chain(
         clip,
@@ -199,9 +199,9 @@ def shard_batch(batch: dict[str, np.ndarray], mesh: Mesh) -> dict[str, Array]:
     return out
 
 
-def create_train_state(model_config: ModelConfig, train_config: TrainConfig,
+def create_train_state(model_config: ModelConfig, optimizer_config: OptimizerConfig,
                        mesh: Mesh | None = None) -> tuple[nnx.GraphDef, nnx.State, TrainState]:
-    """Initialise the model (seed `train_config.seed`) and optimizer, replicated over `mesh`.
+    """Initialise the model (seed `optimizer_config.seed`) and optimizer, replicated over `mesh`.
 
     Returns (graphdef, static_state, state). The model is split once as
     `nnx.split(model, nnx.Param, ...)`: graphdef is the static structure the steps merge the
@@ -213,10 +213,10 @@ def create_train_state(model_config: ModelConfig, train_config: TrainConfig,
     run computes identical parameters without moving them between hosts.
     """
     mesh = make_mesh() if mesh is None else mesh
-    optimizer = make_optimizer(train_config, model_config.d_model)
+    optimizer = make_optimizer(optimizer_config, model_config.d_model)
 
     def build() -> Transformer:
-        return Transformer(model_config, rngs=nnx.Rngs(params=train_config.seed))
+        return Transformer(model_config, rngs=nnx.Rngs(params=optimizer_config.seed))
 
     graphdef, _, abstract_rest = nnx.split(nnx.eval_shape(build), nnx.Param, ...)
     if jax.tree_util.tree_leaves(abstract_rest):
@@ -228,7 +228,7 @@ def create_train_state(model_config: ModelConfig, train_config: TrainConfig,
         _, params, rest = nnx.split(build(), nnx.Param, ...)
         state = TrainState(step=jnp.zeros((), jnp.int32), params=params,
                            opt_state=optimizer.init(params),
-                           rng=jax.random.PRNGKey(train_config.seed))
+                           rng=jax.random.PRNGKey(optimizer_config.seed))
         return state, rest
 
     state, static_state = jax.jit(init, out_shardings=replicated(mesh))()
@@ -261,7 +261,7 @@ def _micro_batches(batch: Batch, k: int) -> Batch:
     return {name: split(x) for name, x in batch.items()}
 
 
-def make_train_step(graphdef: nnx.GraphDef, train_config: TrainConfig, mesh: Mesh
+def make_train_step(graphdef: nnx.GraphDef, optimizer_config: OptimizerConfig, mesh: Mesh
                     ) -> Callable[[TrainState, Batch], tuple[TrainState, Metrics]]:
     """The jitted update `(state, batch) -> (state, metrics)`; `state` is donated.
 
@@ -277,7 +277,7 @@ def make_train_step(graphdef: nnx.GraphDef, train_config: TrainConfig, mesh: Mes
     norm finite; the update is applied regardless, so check it at log intervals and stop on
     False).
     """
-    c = train_config
+    c = optimizer_config
 
     def loss_and_sums(params, batch, rng, total_tokens):
         sums = _forward_sums(graphdef, params, batch, c.label_smoothing, rng)
@@ -340,15 +340,17 @@ def _accumulated_gradients(grad_fn, params, batch: Batch, rng: Array, denominato
     return grads, sums
 
 
-def make_eval_step(graphdef: nnx.GraphDef, mesh: Mesh, train_config: TrainConfig | None = None
+def make_eval_step(graphdef: nnx.GraphDef, mesh: Mesh,
+                   optimizer_config: OptimizerConfig | None = None
                    ) -> Callable[[nnx.State, Batch], Metrics]:
     """The jitted `(params, batch) -> sums` without dropout.
 
-    Returns float32 scalars loss_sum (label-smoothed with train_config.label_smoothing, default
-    TrainConfig()'s 0.1), nll_sum, correct and tokens; add them up over the validation set and
-    divide by the summed tokens at the end (perplexity = exp(nll_sum / tokens)).
+    Returns float32 scalars loss_sum (label-smoothed with optimizer_config.label_smoothing,
+    default OptimizerConfig()'s 0.1), nll_sum, correct and tokens; add them up over the
+    validation set and divide by the summed tokens at the end (perplexity =
+    exp(nll_sum / tokens)).
     """
-    label_smoothing = (train_config or TrainConfig()).label_smoothing
+    label_smoothing = (optimizer_config or OptimizerConfig()).label_smoothing
 
     def eval_step(params: nnx.State, batch: Batch) -> Metrics:
         return _forward_sums(graphdef, params, batch, label_smoothing, None)

@@ -1,13 +1,14 @@
 """What every conversion shares: its error, and output written as a whole directory or nothing
-(into a temporary sibling, renamed at the end)."""
+(`nmt.runtime.files.atomic_directory`)."""
 
 from __future__ import annotations
 
 import contextlib
 import json
-import shutil
 from pathlib import Path
 from typing import Any, Iterator
+
+from nmt.runtime.files import atomic_directory
 
 
 class ConversionError(ValueError):
@@ -24,21 +25,12 @@ def check_output_dir(path: Path) -> None:
 
 @contextlib.contextmanager
 def staged_directory(path: str | Path) -> Iterator[Path]:
-    """Yield a temporary directory beside `path`; on success it becomes `path`, on any error
-    it is removed, so no half-written model is ever left behind."""
+    """`atomic_directory` (`.NAME.partial`, renamed onto `path` on success) for an output that
+    must be new or empty, so that a conversion never overwrites anything."""
     path = Path(path)
     check_output_dir(path)
-    tmp = path.with_name(f".{path.name}.partial")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    try:
-        yield tmp
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    if path.exists():
-        path.rmdir()  # empty (checked above)
-    tmp.rename(path)
+    with atomic_directory(path) as staging:
+        yield staging
 
 
 def write_json(path: Path, value: Any) -> None:

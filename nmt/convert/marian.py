@@ -81,63 +81,79 @@ def to_marian_state(params: Params, config: ModelConfig) -> dict[str, np.ndarray
     encoder's, the decoder's and `lm_head.weight` apart.
     """
     check_exportable(config)
-    perm = residual_permutation(config.d_model)
-    out: dict[str, np.ndarray] = {}
-
-    def put(name: str, value: Any) -> None:
-        out[name] = np.ascontiguousarray(np.asarray(value, np.float32))
-
-    def reads(kernel):   # [d_model, n] reading the residual stream -> [n, d_model]
-        return np.asarray(kernel)[perm, :].T
-
-    def writes(kernel):  # [n, d_model] writing the residual stream -> [d_model, n]
-        return np.asarray(kernel)[:, perm].T
-
-    def attention(prefix: str, ours: Params) -> None:
-        for name, theirs in _ATTENTION.items():
-            layer = ours[name]
-            if name == "output":
-                put(f"{prefix}.{theirs}.weight", writes(layer["kernel"]))
-                put(f"{prefix}.{theirs}.bias", np.asarray(layer["bias"])[perm])
-            else:
-                put(f"{prefix}.{theirs}.weight", reads(layer["kernel"]))
-                put(f"{prefix}.{theirs}.bias", layer["bias"])
-
-    def norm(prefix: str, ours: Params) -> None:
-        put(f"{prefix}.weight", np.asarray(ours["norm"]["scale"])[perm])
-        put(f"{prefix}.bias", np.asarray(ours["norm"]["bias"])[perm])
-
-    def feed_forward(prefix: str, ours: Params) -> None:
-        put(f"{prefix}.fc1.weight", reads(ours["feed_forward"]["inner"]["kernel"]))
-        put(f"{prefix}.fc1.bias", ours["feed_forward"]["inner"]["bias"])
-        put(f"{prefix}.fc2.weight", writes(ours["feed_forward"]["outer"]["kernel"]))
-        put(f"{prefix}.fc2.bias", np.asarray(ours["feed_forward"]["outer"]["bias"])[perm])
-        norm(f"{prefix}.final_layer_norm", ours["feed_forward_norm"])
-
+    writer = _MarianWriter(residual_permutation(config.d_model))
     for side, sublayers in (("encoder", _ENCODER_SUBLAYERS), ("decoder", _DECODER_SUBLAYERS)):
         layers = params[f"{side}_layers"]
         for i in range(len(layers)):
-            ours, prefix = layers[i], f"model.{side}.layers.{i}"
-            for name, (attn, attn_norm) in sublayers.items():
-                attention(f"{prefix}.{attn}", ours[name])
-                norm(f"{prefix}.{attn_norm}", ours[_NORM_OF[name]])
-            feed_forward(prefix, ours)
-
-    source_table = np.asarray(params["src_embedding"]["table"]["embedding"])[:, perm]
-    if config.share_embeddings:
-        put("model.shared.weight", source_table)
-    else:
-        put("model.encoder.embed_tokens.weight", source_table)
-        put("model.decoder.embed_tokens.weight",
-            np.asarray(params["tgt_embedding"]["table"]["embedding"])[:, perm])
-        put("lm_head.weight", reads(params["output_projection"]["kernel"]))
-    bias = (np.asarray(params["output_bias"]) if config.output_bias
-            else np.zeros(config.vocab_size, np.float32))
-    put("final_logits_bias", bias[None, :])
+            writer.layer(f"model.{side}.layers.{i}", layers[i], sublayers)
+    writer.tables(params, config)
     for side in ("encoder", "decoder"):
-        put(f"model.{side}.embed_positions.weight", marian_positions(config.max_len,
-                                                                     config.d_model))
-    return out
+        writer.put(f"model.{side}.embed_positions.weight",
+                   marian_positions(config.max_len, config.d_model))
+    return writer.out
+
+
+class _MarianWriter:
+    """Collects MarianMT's tensors from ours, with the model dimension permuted into
+    MarianMT's order wherever a matrix reads or writes the residual stream."""
+
+    def __init__(self, perm: np.ndarray):
+        self.perm = perm
+        self.out: dict[str, np.ndarray] = {}
+
+    def put(self, name: str, value: Any) -> None:
+        self.out[name] = np.ascontiguousarray(np.asarray(value, np.float32))
+
+    def reads(self, kernel) -> np.ndarray:
+        """[d_model, n] reading the residual stream -> [n, d_model]."""
+        return np.asarray(kernel)[self.perm, :].T
+
+    def writes(self, kernel) -> np.ndarray:
+        """[n, d_model] writing the residual stream -> [d_model, n]."""
+        return np.asarray(kernel)[:, self.perm].T
+
+    def permuted(self, vector) -> np.ndarray:
+        return np.asarray(vector)[..., self.perm]
+
+    def attention(self, prefix: str, ours: Params) -> None:
+        for name, theirs in _ATTENTION.items():
+            layer = ours[name]
+            if name == "output":
+                self.put(f"{prefix}.{theirs}.weight", self.writes(layer["kernel"]))
+                self.put(f"{prefix}.{theirs}.bias", self.permuted(layer["bias"]))
+            else:
+                self.put(f"{prefix}.{theirs}.weight", self.reads(layer["kernel"]))
+                self.put(f"{prefix}.{theirs}.bias", layer["bias"])
+
+    def norm(self, prefix: str, ours: Params) -> None:
+        self.put(f"{prefix}.weight", self.permuted(ours["norm"]["scale"]))
+        self.put(f"{prefix}.bias", self.permuted(ours["norm"]["bias"]))
+
+    def layer(self, prefix: str, ours: Params, sublayers) -> None:
+        """One encoder or decoder layer: its attention sublayers, then the feed-forward."""
+        for name, (attn, attn_norm) in sublayers.items():
+            self.attention(f"{prefix}.{attn}", ours[name])
+            self.norm(f"{prefix}.{attn_norm}", ours[_NORM_OF[name]])
+        inner, outer = ours["feed_forward"]["inner"], ours["feed_forward"]["outer"]
+        self.put(f"{prefix}.fc1.weight", self.reads(inner["kernel"]))
+        self.put(f"{prefix}.fc1.bias", inner["bias"])
+        self.put(f"{prefix}.fc2.weight", self.writes(outer["kernel"]))
+        self.put(f"{prefix}.fc2.bias", self.permuted(outer["bias"]))
+        self.norm(f"{prefix}.final_layer_norm", ours["feed_forward_norm"])
+
+    def tables(self, params: Params, config: ModelConfig) -> None:
+        """The embedding tables, the output projection unless tied, and the logits' bias."""
+        source_table = self.permuted(params["src_embedding"]["table"]["embedding"])
+        if config.share_embeddings:
+            self.put("model.shared.weight", source_table)
+        else:
+            self.put("model.encoder.embed_tokens.weight", source_table)
+            self.put("model.decoder.embed_tokens.weight",
+                     self.permuted(params["tgt_embedding"]["table"]["embedding"]))
+            self.put("lm_head.weight", self.reads(params["output_projection"]["kernel"]))
+        bias = (np.asarray(params["output_bias"]) if config.output_bias
+                else np.zeros(config.vocab_size, np.float32))
+        self.put("final_logits_bias", bias[None, :])
 
 
 def marian_positions(max_len: int, d_model: int) -> np.ndarray:
@@ -157,72 +173,86 @@ def from_marian_state(state: dict[str, np.ndarray], config: ModelConfig) -> Para
     Accepts what `save_pretrained` writes with tied tables once (`model.shared.weight`) or
     spelled out under each name.
     """
-    inverse = np.argsort(residual_permutation(config.d_model))
+    reader = _MarianReader(state, np.argsort(residual_permutation(config.d_model)))
+    params: Params = {
+        "encoder_layers": {i: reader.layer(f"model.encoder.layers.{i}", _ENCODER_SUBLAYERS)
+                           for i in range(config.encoder_layers)},
+        "decoder_layers": {i: reader.layer(f"model.decoder.layers.{i}", _DECODER_SUBLAYERS)
+                           for i in range(config.decoder_layers)},
+        **reader.tables(config),
+    }
+    if config.output_bias:
+        params["output_bias"] = reader.get("final_logits_bias").reshape(-1)
+    return params
 
-    def get(name: str) -> np.ndarray:
-        if name not in state:
+
+class _MarianReader:
+    """Reads our parameters out of MarianMT's tensors, undoing the permutation of the model
+    dimension that `_MarianWriter` applies."""
+
+    def __init__(self, state: dict[str, np.ndarray], inverse: np.ndarray):
+        self.state = state
+        self.inverse = inverse
+
+    def get(self, name: str) -> np.ndarray:
+        if name not in self.state:
             raise ConversionError(f"the weights have no {name!r}, which a MarianMT model "
                                   f"with this config.json has.")
-        return np.asarray(state[name], np.float32)
+        return np.asarray(self.state[name], np.float32)
 
-    def reads(name):   # [n, d_model] -> kernel [d_model, n]
-        return np.ascontiguousarray(get(name).T[inverse, :])
+    def reads(self, name: str) -> np.ndarray:
+        """[n, d_model] -> kernel [d_model, n]."""
+        return np.ascontiguousarray(self.get(name).T[self.inverse, :])
 
-    def writes(name):  # [d_model, n] -> kernel [n, d_model]
-        return np.ascontiguousarray(get(name).T[:, inverse])
+    def writes(self, name: str) -> np.ndarray:
+        """[d_model, n] -> kernel [n, d_model]."""
+        return np.ascontiguousarray(self.get(name).T[:, self.inverse])
 
-    def unpermuted(name):
-        return np.ascontiguousarray(get(name)[..., inverse])
+    def unpermuted(self, name: str) -> np.ndarray:
+        return np.ascontiguousarray(self.get(name)[..., self.inverse])
 
-    def attention(prefix: str) -> Params:
+    def attention(self, prefix: str) -> Params:
         ours = {}
         for name, theirs in _ATTENTION.items():
             if name == "output":
-                ours[name] = {"kernel": writes(f"{prefix}.{theirs}.weight"),
-                              "bias": unpermuted(f"{prefix}.{theirs}.bias")}
+                ours[name] = {"kernel": self.writes(f"{prefix}.{theirs}.weight"),
+                              "bias": self.unpermuted(f"{prefix}.{theirs}.bias")}
             else:
-                ours[name] = {"kernel": reads(f"{prefix}.{theirs}.weight"),
-                              "bias": get(f"{prefix}.{theirs}.bias")}
+                ours[name] = {"kernel": self.reads(f"{prefix}.{theirs}.weight"),
+                              "bias": self.get(f"{prefix}.{theirs}.bias")}
         return ours
 
-    def norm(prefix: str) -> Params:
-        return {"norm": {"scale": unpermuted(f"{prefix}.weight"),
-                         "bias": unpermuted(f"{prefix}.bias")}}
+    def norm(self, prefix: str) -> Params:
+        return {"norm": {"scale": self.unpermuted(f"{prefix}.weight"),
+                         "bias": self.unpermuted(f"{prefix}.bias")}}
 
-    def layer(prefix: str, sublayers) -> Params:
+    def layer(self, prefix: str, sublayers) -> Params:
+        """One encoder or decoder layer: its attention sublayers, then the feed-forward."""
         ours: Params = {}
         for name, (attn, attn_norm) in sublayers.items():
-            ours[name] = attention(f"{prefix}.{attn}")
-            ours[_NORM_OF[name]] = norm(f"{prefix}.{attn_norm}")
+            ours[name] = self.attention(f"{prefix}.{attn}")
+            ours[_NORM_OF[name]] = self.norm(f"{prefix}.{attn_norm}")
         ours["feed_forward"] = {
-            "inner": {"kernel": reads(f"{prefix}.fc1.weight"), "bias": get(f"{prefix}.fc1.bias")},
-            "outer": {"kernel": writes(f"{prefix}.fc2.weight"),
-                      "bias": unpermuted(f"{prefix}.fc2.bias")}}
-        ours["feed_forward_norm"] = norm(f"{prefix}.final_layer_norm")
+            "inner": {"kernel": self.reads(f"{prefix}.fc1.weight"),
+                      "bias": self.get(f"{prefix}.fc1.bias")},
+            "outer": {"kernel": self.writes(f"{prefix}.fc2.weight"),
+                      "bias": self.unpermuted(f"{prefix}.fc2.bias")}}
+        ours["feed_forward_norm"] = self.norm(f"{prefix}.final_layer_norm")
         return ours
 
-    params: Params = {
-        "encoder_layers": {i: layer(f"model.encoder.layers.{i}", _ENCODER_SUBLAYERS)
-                           for i in range(config.encoder_layers)},
-        "decoder_layers": {i: layer(f"model.decoder.layers.{i}", _DECODER_SUBLAYERS)
-                           for i in range(config.decoder_layers)},
-    }
-    shared = "model.shared.weight"
-    source = "model.encoder.embed_tokens.weight"
-    if config.share_embeddings:
-        params["src_embedding"] = {"table": {"embedding": unpermuted(
-            shared if shared in state else source)}}
-    else:
-        params["src_embedding"] = {"table": {"embedding": unpermuted(source)}}
-        params["tgt_embedding"] = {"table": {"embedding": unpermuted(
-            "model.decoder.embed_tokens.weight")}}
+    def tables(self, config: ModelConfig) -> Params:
+        """The embedding tables and, unless tied, the output projection."""
+        shared, source = "model.shared.weight", "model.encoder.embed_tokens.weight"
+        if config.share_embeddings:
+            table = self.unpermuted(shared if shared in self.state else source)
+            return {"src_embedding": {"table": {"embedding": table}}}
         # A checkpoint whose output layer is tied to the decoder's table may leave it out.
-        output = ("lm_head.weight" if "lm_head.weight" in state
+        output = ("lm_head.weight" if "lm_head.weight" in self.state
                   else "model.decoder.embed_tokens.weight")
-        params["output_projection"] = {"kernel": reads(output)}
-    if config.output_bias:
-        params["output_bias"] = get("final_logits_bias").reshape(-1)
-    return params
+        return {"src_embedding": {"table": {"embedding": self.unpermuted(source)}},
+                "tgt_embedding": {"table": {"embedding": self.unpermuted(
+                    "model.decoder.embed_tokens.weight")}},
+                "output_projection": {"kernel": self.reads(output)}}
 
 
 # ----------------------------------------------------------------------------- directories

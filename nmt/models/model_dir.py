@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import shutil
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -26,6 +25,7 @@ import numpy as np
 from flax import nnx, serialization
 
 from data.tokenizer import TokenizerBase, load_tokenizer, tokenizer_present
+from nmt.runtime.files import atomic_directory
 from transformer.config import ModelConfig, SearchConfig
 from transformer.ensemble import Ensemble
 from transformer.model import Transformer
@@ -71,35 +71,24 @@ def export_model(model_dir: str | Path, params: Any, model_config: ModelConfig,
     `tokenizer` is a tokenizer, or the path of one (`spm.model`, or a directory holding either
     layout).
 
-    Written into a temporary sibling and renamed, so a reader never sees a partial model.
+    Written with `atomic_directory`, so a reader never sees a partial model and a failed
+    write (disk full, say) leaves the model already there as it was.
     With several processes only one should call this (the parameters must be fully
     addressable, e.g. replicated).
     """
     model_dir = Path(model_dir)
-    tmp = model_dir.with_name(model_dir.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    try:
-        tmp.mkdir(parents=True)
+    with atomic_directory(model_dir) as staging:
         pure = jax.tree.map(lambda x: np.asarray(jax.device_get(x), np.float32),
                             nnx.to_pure_dict(params))
-        (tmp / PARAMS_FILE).write_bytes(serialization.msgpack_serialize(pure))
+        (staging / PARAMS_FILE).write_bytes(serialization.msgpack_serialize(pure))
         if isinstance(tokenizer, (str, Path)):
             tokenizer = load_tokenizer(tokenizer)
-        tokenizer.save(tmp)
+        tokenizer.save(staging)
         files = list(tokenizer.files())
         config = {"model": model_config.to_dict(),
                   "search": dataclasses.asdict(search_config or SearchConfig()),
                   "tokenizer": files[0] if len(files) == 1 else files, **(extra or {})}
-        (tmp / CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-    except BaseException:  # disk full, say: the model already there stays as it was
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    old = model_dir.with_name(model_dir.name + ".old")
-    shutil.rmtree(old, ignore_errors=True)
-    if model_dir.exists():
-        model_dir.rename(old)
-    tmp.rename(model_dir)
-    shutil.rmtree(old, ignore_errors=True)
+        (staging / CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     return model_dir
 
 

@@ -43,8 +43,9 @@ class Translator:
     `data.config.DEFAULT_BUCKETS`, capped at the model's max_len) that holds them, and each
     width compiles search once: fewer buckets, fewer compilations, more padding. Sources
     longer than the model's positions allow are truncated to `max_source_len` tokens (EOS
-    included); `truncated` lists the indices of the last call that were. Sampling draws from `seed` and a count of the batches searched so far, so
-    repeated calls (translate.py calls once per chunk of stdin) never reuse random numbers.
+    included); `truncated` lists the indices of the last call that were. Sampling draws
+    from `seed` and a count of the batches searched so far, so repeated calls (translate.py
+    calls once per chunk of stdin) never reuse random numbers.
     """
 
     def __init__(self, model: Transformer | Ensemble, tokenizer, search: SearchConfig,

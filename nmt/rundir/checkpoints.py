@@ -36,9 +36,10 @@ import jax
 import jax.numpy as jnp
 import orbax.checkpoint as ocp
 
-from nmt.runtime.distributed import barrier
-from transformer.config import ModelConfig
 from nmt.models.model_dir import abstract_params
+from nmt.runtime.distributed import barrier
+from nmt.runtime.files import partial_path, write_atomically
+from transformer.config import ModelConfig
 
 log = logging.getLogger("checkpoint")
 
@@ -108,9 +109,7 @@ def write_checksums(step_dir: Path) -> None:
     """Record the SHA-256 of every file of a finalized step directory (atomically)."""
     lines = [f"{_sha256(path)}  {path.relative_to(step_dir).as_posix()}\n"
              for path in _files(step_dir)]
-    tmp = step_dir / (CHECKSUMS_FILE + ".tmp")
-    tmp.write_text("".join(lines))
-    tmp.replace(step_dir / CHECKSUMS_FILE)
+    write_atomically(step_dir / CHECKSUMS_FILE, "".join(lines))
 
 
 def damaged_file(step_dir: Path) -> str | None:
@@ -132,8 +131,8 @@ def damaged_file(step_dir: Path) -> str | None:
 
 
 def _files(directory: Path) -> list[Path]:
-    return sorted(p for p in directory.rglob("*")
-                  if p.is_file() and p.name not in (CHECKSUMS_FILE, CHECKSUMS_FILE + ".tmp"))
+    unlisted = (CHECKSUMS_FILE, partial_path(CHECKSUMS_FILE).name)
+    return sorted(p for p in directory.rglob("*") if p.is_file() and p.name not in unlisted)
 
 
 def _sha256(path: Path) -> str:

@@ -8,12 +8,12 @@ from typing import Any
 
 import jax
 
+from nmt.models.model_dir import MODEL_DIR, export_model
 from nmt.rundir.bookkeeping import Bookkeeping
 from nmt.rundir.checkpoints import AVERAGED_DIR, Checkpointer, SaveError, average_checkpoints
-from nmt.settings.config import RunConfig
 from nmt.runtime.distributed import local_copy
+from nmt.settings.config import RunConfig
 from transformer.config import ModelConfig
-from nmt.models.model_dir import MODEL_DIR, export_model
 
 
 def _export(model_dir: Path, *args, **kwargs) -> None:

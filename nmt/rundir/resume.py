@@ -13,9 +13,9 @@ from pathlib import Path
 from data.batching import BatchIterator, Examples, plan_fingerprint
 from data.config import BatchConfig
 from data.tokenizer import MODEL_FILE, tokenizer_present
-from nmt.settings import recipes
 from nmt.rundir.bookkeeping import Bookkeeping
 from nmt.rundir.checkpoints import CHECKPOINTS_DIR, Checkpointer, complete_steps
+from nmt.settings import recipes
 from nmt.settings.config import RunConfig, SettingsError
 from transformer.config import ModelConfig
 
@@ -34,7 +34,7 @@ def saved_run(run_dir: Path) -> RunConfig | None:
     if not path.is_file():
         return None
     try:
-        return recipes.load(path, with_defaults=False)
+        return recipes.load_saved(path)
     except SettingsError as err:
         raise ResumeError(f"{path} cannot be read ({err}); restore it, or use a new "
                           "--output-dir.") from None
@@ -85,12 +85,12 @@ def check_same_seed(run_dir: Path, run: RunConfig, saved: RunConfig | None) -> N
     """The seed fixes each epoch's batch order and the validation pairs held out of the
     training data: resuming with another would repeat and skip pairs mid-epoch and could move
     validation pairs into training."""
-    if saved is not None and saved.train.seed != run.train.seed:
+    if saved is not None and saved.optimizer.seed != run.optimizer.seed:
         raise ResumeError(
-            f"{run_dir} was trained with --seed {saved.train.seed} (see "
-            f"{run_dir / RUN_CONFIG_FILE}), this run asks for --seed {run.train.seed}: the seed "
-            "fixes the order of the training pairs and the validation pairs held out of them, "
-            f"so pass --seed {saved.train.seed} to resume, or use a new --output-dir.")
+            f"{run_dir} was trained with --seed {saved.optimizer.seed} (see "
+            f"{run_dir / RUN_CONFIG_FILE}), this run asks for --seed {run.optimizer.seed}: the "
+            "seed fixes the order of the training pairs and the validation pairs held out of "
+            f"them, so pass --seed {saved.optimizer.seed} to resume, or use a new --output-dir.")
 
 
 def check_same_model(run_dir: Path, model: ModelConfig, saved: RunConfig | None) -> None:

@@ -14,7 +14,6 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import multihost_utils
 
-
 _CLUSTER_ENV = ("JAX_COORDINATOR_ADDRESS", "COORDINATOR_ADDRESS", "MEGASCALE_COORDINATOR_ADDRESS")
 
 

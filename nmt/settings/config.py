@@ -1,12 +1,15 @@
 """Every setting of a training run: `RunConfig` nests one frozen dataclass per concern.
 
-    model      transformer.config.ModelConfig   (and the preset it starts from)
+    model      transformer.config.ModelConfig      (and the preset it starts from)
     tokenizer  data.config.TokenizerConfig
     data       data.config.CorpusSpec
     batching   data.config.BatchConfig
-    train      transformer.config.TrainConfig
-    search     transformer.config.SearchConfig  (validation, and stored with the model)
-    trainer    TrainerConfig                    (below: length, validation, checkpoints, logs)
+    optimizer  transformer.config.OptimizerConfig  (schedule, Adam, loss, accumulation, seed)
+    search     transformer.config.SearchConfig     (validation, and stored with the model)
+    trainer    TrainerConfig                       (below: length, validation, checkpoints, logs)
+
+Older recipes, and the config.yaml of older run directories, call the optimizer section
+`train`; `nmt.settings.recipes` reads it as `optimizer` (`RENAMED_SECTIONS`).
 
 Each setting is declared once, in its dataclass; train.py's flags and the recipe schema
 (`nmt.settings.recipes`) are derived from those declarations. Build one from a recipe with
@@ -23,8 +26,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 from data.config import BatchConfig, CorpusSpec, TokenizerConfig
-from transformer.config import (PRESETS, ModelConfig, SearchConfig, TrainConfig, get_preset,
-                                setting)
+from transformer.config import (
+    PRESETS,
+    ModelConfig,
+    OptimizerConfig,
+    SearchConfig,
+    get_preset,
+    setting,
+)
 
 # Default time budget when neither max_steps, max_minutes nor max_epochs is given: the
 # no-argument `python train.py` must finish in a few minutes on a 2-core CPU.
@@ -141,9 +150,12 @@ def _flag(name: str) -> str:
 # Sections of a recipe, in the order they are written: section name -> dataclass.
 SECTIONS: dict[str, type] = {
     "model": ModelConfig, "tokenizer": TokenizerConfig, "data": CorpusSpec,
-    "batching": BatchConfig, "train": TrainConfig, "search": SearchConfig,
+    "batching": BatchConfig, "optimizer": OptimizerConfig, "search": SearchConfig,
     "trainer": TrainerConfig,
 }
+# Sections' former names, still read in recipes and in run directories' config.yaml:
+# old name -> section.
+RENAMED_SECTIONS: dict[str, str] = {"train": "optimizer"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -159,7 +171,7 @@ class RunConfig:
     tokenizer: TokenizerConfig = TokenizerConfig()
     data: CorpusSpec = CorpusSpec()
     batching: BatchConfig = BatchConfig()
-    train: TrainConfig = TrainConfig()
+    optimizer: OptimizerConfig = OptimizerConfig()
     search: SearchConfig = SearchConfig()
     trainer: TrainerConfig = TrainerConfig()
 
@@ -209,8 +221,9 @@ class RunConfig:
         return Path(given) if given else self.default_output_dir()
 
     def seeded(self) -> "RunConfig":
-        """The config with train.seed copied to the sections that derive their seed from it."""
-        seed = self.train.seed
+        """The config with optimizer.seed copied to the sections that derive their seed from
+        it."""
+        seed = self.optimizer.seed
         return self.replace(data={"seed": seed}, tokenizer={"seed": seed},
                             batching={"seed": seed})
 

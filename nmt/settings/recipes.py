@@ -5,15 +5,18 @@ A recipe is a YAML file with one section per dataclass of `nmt.settings.config.R
     model:
       preset: small        # the preset the model section's other keys change
       dropout: 0.3
-    train:
+    optimizer:
       schedule: inverse_sqrt
       peak_lr: 1.0e-3
 
 Keys are the fields' names; every flag of train.py is a field's name with dashes, unless the
-field names another (`--warmup` for train.warmup_steps). Flat JSON recipes keyed by flag
+field names another (`--warmup` for optimizer.warmup_steps). A section's former name still
+loads (`train:` for `optimizer:`, `nmt.settings.config.RENAMED_SECTIONS`), so older recipes and
+run directories keep working; `dump` writes today's names. Flat JSON recipes keyed by flag
 names ({"batch-tokens": 4096}) load too. A run is built from layers, later ones winning:
-train.py's defaults (`nmt/settings/defaults.yaml`), the recipe, the flags. Unknown sections and keys,
-wrong types and invalid values are `SettingsError`s naming the file, line and key (or flag).
+train.py's defaults (`nmt/settings/defaults.yaml`), the recipe, the flags. Unknown sections
+and keys, wrong types and invalid values are `SettingsError`s naming the file, line and key
+(or flag).
 
 This module imports no JAX: `train.py --help` is quick.
 """
@@ -35,7 +38,7 @@ import yaml
 
 from data.config import DEFAULT_BUCKETS, DataError, check_buckets
 from nmt.settings import derived
-from nmt.settings.config import SECTIONS, Layer, RunConfig, SettingsError
+from nmt.settings.config import RENAMED_SECTIONS, SECTIONS, Layer, RunConfig, SettingsError
 from transformer.config import PRESETS, get_preset
 
 DEFAULTS_FILE = Path(__file__).with_name("defaults.yaml")
@@ -266,21 +269,29 @@ def _read_yaml(path: Path, text: str) -> Layer:
         return layer  # an empty file, or only comments
     if not isinstance(values, dict):
         raise SettingsError(f"{path}: expected sections ({', '.join(SECTIONS)}) of key: value")
+    written_as: dict[str, str] = {}  # section -> the name the file gives it
     for section_node, body_node in root.value:
-        section, line = section_node.value, section_node.start_mark.line + 1
+        written, line = section_node.value, section_node.start_mark.line + 1
+        section = RENAMED_SECTIONS.get(written, written)
         if section not in SECTIONS:
             close = _close_match(section, SECTIONS)
             raise SettingsError(f"{path} line {line}: unknown section {section!r}{close}; "
                                 f"sections are {', '.join(SECTIONS)}")
-        body = values[section]
+        first = written_as.setdefault(section, written)
+        if first != written:
+            former = written if written != section else first
+            raise SettingsError(f"{path} line {line}: sections {first} and {written} are one, "
+                                f"{section} ({former} is its former name); merge them into "
+                                f"{section}:")
+        body = values[written]
         if body is None:
             continue
         if not isinstance(body, dict):
-            raise SettingsError(f"{path} line {line}: section {section} must hold key: value "
+            raise SettingsError(f"{path} line {line}: section {written} must hold key: value "
                                 "lines")
         for key_node, _ in body_node.value:
             key, line = key_node.value, key_node.start_mark.line + 1
-            where = f"{path} line {line}: {section}.{key}"
+            where = f"{path} line {line}: {written}.{key}"
             if key in layer[section]:
                 raise SettingsError(f"{where} is given twice; keep one")
             layer[section][key] = (_yaml_value(section, key, body[key], where), where)
@@ -355,14 +366,13 @@ def build(*layers: Layer) -> RunConfig:
     merged = merge(*layers)
     model_values = dict(merged["model"])
     preset = model_values.pop(PRESET_KEY, ("small", "default"))[0]
-    train_values = {k: v for k, (v, _) in merged["train"].items()}
-    seed = train_values.get("seed", 0)
+    seed = merged["optimizer"].get("seed", (0, "default"))[0]
     sections = {}
     for section, cls in SECTIONS.items():
         values = {k: v for k, (v, _) in (model_values if section == "model"
                                          else merged[section]).items()}
         if section in ("data", "tokenizer", "batching"):
-            values["seed"] = seed  # derived from train.seed
+            values["seed"] = seed  # derived from optimizer.seed
         try:
             sections[section] = (get_preset(preset, **values) if section == "model"
                                  else cls(**values))
@@ -507,9 +517,15 @@ def resolve(defaults_layer: Layer, *layers: Layer) -> RunConfig:
     return build(defaults_layer, *layers, *implied)
 
 
-def load(path: str | Path, with_defaults: bool = True) -> RunConfig:
-    """The RunConfig of a recipe file, over train.py's defaults unless told otherwise."""
-    return resolve(defaults() if with_defaults else _empty(), read_recipe(path))
+def load(path: str | Path) -> RunConfig:
+    """The RunConfig of a recipe file over train.py's defaults, as `train.py --config` has it."""
+    return resolve(defaults(), read_recipe(path))
+
+
+def load_saved(path: str | Path) -> RunConfig:
+    """The RunConfig of a run's own config.yaml: every setting as the run resolved it, so
+    nothing is filled in from defaults or derived again from the files it names."""
+    return build(read_recipe(path))
 
 
 def run_from_flat(**values: Any) -> RunConfig:

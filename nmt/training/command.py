@@ -89,10 +89,10 @@ def _run(run: RunConfig, args: argparse.Namespace) -> int:
     from data.corpus import check_files
     from nmt.rundir import resume
     from nmt.rundir.checkpoints import CHECKPOINTS_DIR, CheckpointError, SaveError, complete_steps
-    from nmt.training.metrics_log import MetricsWriteError
     from nmt.rundir.lock import RunDirectoryInUse
-    from nmt.translation.scoring import MetricError, bleu_settings
+    from nmt.training.metrics_log import MetricsWriteError
     from nmt.training.trainer import TrainingError, train
+    from nmt.translation.scoring import MetricError, bleu_settings
 
     datasets.disable_progress_bars()
     run_dir = run.output_dir()

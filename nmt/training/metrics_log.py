@@ -15,6 +15,8 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
+from nmt.runtime.files import write_atomically
+
 log = logging.getLogger("trainer")
 
 METRICS_FILE = "metrics.jsonl"
@@ -52,12 +54,9 @@ class MetricsWriter:
                     continue
                 if step <= resume_step:
                     kept.append(line)
-            tmp = self.path.with_name(self.path.name + ".tmp")
             try:  # a full disk must not cost the lines already there
-                tmp.write_text("".join(line + "\n" for line in kept))
-                tmp.replace(self.path)
+                write_atomically(self.path, "".join(line + "\n" for line in kept))
             except OSError as err:
-                tmp.unlink(missing_ok=True)
                 raise MetricsWriteError(
                     f"cannot rewrite {self.path} for the resumed run: {err.strerror}; it is "
                     "unchanged: free some space, then run the same command again.") from err

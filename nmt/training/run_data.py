@@ -1,5 +1,6 @@
-"""A run's data, ready for the loop: the corpus read, the tokenizer trained (or reused), train
-and validation encoded and filtered, and the batch settings for this mesh."""
+"""A run's corpus, ready for the loop (`prepare_data` -> `PreparedCorpus`): read, the tokenizer
+trained (or reused), train and validation encoded and filtered, and the batch settings for
+this mesh."""
 
 from __future__ import annotations
 
@@ -14,12 +15,16 @@ from data.corpus import load_corpus
 from data.encoding import encode_split, train_or_load_tokenizer
 from data.packing import fit_width
 from data.tokenizer import TokenizerBase, load_tokenizer
-from nmt.settings.config import RunConfig
 from nmt.runtime.distributed import barrier
+from nmt.settings.config import RunConfig
 
 
 @dataclasses.dataclass
-class Data:
+class PreparedCorpus:
+    """The training corpus as the loop uses it: its tokenizer, the encoded and filtered train
+    and validation pairs, their batch settings, the validation text for BLEU, and how many
+    pairs each split held as read."""
+
     tokenizer: TokenizerBase  # saved in the run directory
     train_examples: Examples
     valid_examples: Examples
@@ -34,7 +39,7 @@ def train_batch_config(run: RunConfig, model_max_len: int, devices: int) -> Batc
     """The training batches of one update: with --accum K, K micro-batches of the same shape,
     so K times the rows and a multiple of K times the devices; no pair longer than the
     model's positions."""
-    accum = run.train.accum_steps
+    accum = run.optimizer.accum_steps
     batching = run.batching
     return dataclasses.replace(batching, batch_tokens=batching.batch_tokens * accum,
                                max_len=min(batching.max_len, model_max_len),
@@ -61,7 +66,7 @@ def eval_batch_config(run: RunConfig, model_max_len: int, devices: int) -> Batch
         num_devices=devices)
 
 
-def prepare_data(run: RunConfig, run_dir: Path, model_max_len: int) -> Data:
+def prepare_data(run: RunConfig, run_dir: Path, model_max_len: int) -> PreparedCorpus:
     """Read the corpus, train (or reuse) the tokenizer, encode and filter train and validation.
 
     A test split is read (load_corpus reads what the spec names) but not encoded: training
@@ -87,11 +92,13 @@ def prepare_data(run: RunConfig, run_dir: Path, model_max_len: int) -> Data:
     train_examples = load_examples(encoded["train"], batch_config, "train", tokenizer.ids)
     valid_examples = load_examples(encoded["validation"], valid_batch_config, "validation",
                                    tokenizer.ids)
-    return Data(tokenizer=tokenizer,
-                train_examples=train_examples, valid_examples=valid_examples,
-                batch_config=fit_width(batch_config, train_examples.src_len,
-                                       train_examples.tgt_len),
-                eval_batch_config=fit_width(valid_batch_config, valid_examples.src_len,
-                                            valid_examples.tgt_len),
-                valid_sources=list(valid["source"]), valid_targets=list(valid["target"]),
-                counts={name: len(split) for name, split in corpus.items()})
+    return PreparedCorpus(tokenizer=tokenizer,
+                          train_examples=train_examples, valid_examples=valid_examples,
+                          batch_config=fit_width(batch_config, train_examples.src_len,
+                                                 train_examples.tgt_len),
+                          eval_batch_config=fit_width(valid_batch_config,
+                                                      valid_examples.src_len,
+                                                      valid_examples.tgt_len),
+                          valid_sources=list(valid["source"]),
+                          valid_targets=list(valid["target"]),
+                          counts={name: len(split) for name, split in corpus.items()})

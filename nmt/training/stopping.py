@@ -14,8 +14,8 @@ from typing import Any
 
 import jax
 
-from nmt.settings.config import TrainerConfig
 from nmt.runtime.distributed import any_process
+from nmt.settings.config import TrainerConfig
 
 
 class PausableClock:

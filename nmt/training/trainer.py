@@ -30,40 +30,37 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 import logging
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 
-from data.tokenizer import load_tokenizer
 from nmt.rundir import final_model, resume
-from nmt.settings import recipes
-from nmt.translation import scoring
 from nmt.rundir.bookkeeping import Bookkeeping
-from nmt.rundir.checkpoints import CHECKPOINTS_DIR, Checkpointer, SaveError, complete_steps
-from data.packing import PACKED_KEYS
-from nmt.runtime.compilation import AheadOfTime, CompileLog, enable_compilation_cache
+from nmt.rundir.checkpoints import SaveError
+from nmt.rundir.lock import LOCK_FILE, RunLock
+from nmt.runtime.compilation import CompileLog, enable_compilation_cache
+from nmt.runtime.distributed import barrier
+from nmt.runtime.files import write_atomically
+from nmt.settings import recipes
 from nmt.settings.config import RunConfig
-from nmt.runtime.distributed import barrier, local_copy
+from nmt.training.errors import TrainingError, divergence
+from nmt.training.hooks import Hooks, Periodic
 from nmt.training.metrics_log import MetricsWindow, MetricsWriteError, MetricsWriter
 from nmt.training.platform_check import BudgetForecast
-from nmt.training.run_data import prepare_data
-from nmt.rundir.lock import LOCK_FILE, RunLock
+from nmt.training.progress import Progress
+from nmt.training.starting import prepare_start
 from nmt.training.stopping import Limits, PausableClock, StopSignal
-from nmt.training.summary import announcement, build_summary, echo, print_summary, progress_bar
-from nmt.training.validation import Validator, describe
-from transformer.training import (batch_sharding, create_train_state, make_eval_step,
-                                  make_mesh, make_train_step, shard_batch)
+from nmt.training.summary import announcement, build_summary, echo, print_summary
+from nmt.training.validation import describe
+from transformer.training import shard_batch
 
 log = logging.getLogger(__name__)
 
-
-class TrainingError(RuntimeError):
-    """Training cannot go on (diverged, bad settings); the message says what to do."""
+__all__ = ["Trainer", "TrainingError", "train"]
 
 
 def train(run: RunConfig, workdir: str | Path | None = None) -> dict[str, Any]:
@@ -95,150 +92,56 @@ def train(run: RunConfig, workdir: str | Path | None = None) -> dict[str, Any]:
             return trainer.train_and_export()
 
 
-def initial_params(model_path: str, like: Any) -> Any:
-    """The parameters of the model directory `model_path`, placed as `like` (the freshly
-    initialised ones) is; TrainingError if their shapes differ."""
-    from flax import nnx
-
-    from nmt.models.model_dir import ModelDirError, load_model
-
-    try:
-        model, _, _ = load_model(model_path)
-    except ModelDirError as err:
-        raise TrainingError(f"--init-from: {err}") from None
-    loaded = nnx.state(model, nnx.Param)
-    if jax.tree.structure(loaded) != jax.tree.structure(like) or any(
-            a.shape != b.shape for a, b in zip(jax.tree.leaves(loaded), jax.tree.leaves(like))):
-        raise TrainingError(f"--init-from {model_path}: its parameters do not fit this run's "
-                            "model; the architecture settings must be the model's own.")
-    return jax.tree.map(lambda new, old: jax.device_put(new.astype(old.dtype), old.sharding),
-                        loaded, like)
-
-
 class Trainer:
-    """One call of `train`: the state, the data, the bookkeeping, and the loop over them."""
+    """One call of `train`: the loop from where the run starts (nmt.training.starting), the
+    periodic work after its steps (nmt.training.hooks), and the export at the end."""
 
     def __init__(self, run: RunConfig, run_dir: Path, compile_log: CompileLog):
         self.run, self.run_dir, self.compile_log = run, run_dir, compile_log
         self.is_main = jax.process_index() == 0
         self.limits = Limits(run.trainer)
-        bleu = scoring.bleu_settings(run.data.tgt, run.trainer.bleu_tokenize) if (
-            run.trainer.eval_sentences) else {"target_language": run.data.tgt,
-                                              "bleu_tokenize": run.trainer.bleu_tokenize}
-        self.mesh = make_mesh()
-        # The tokenizer will have tokenizer.vocab_size pieces: the model is initialized (and
-        # its initialization compiled) in the background while the data is prepared.
-        self.model_config = (run.model_for(load_tokenizer(run.trainer.init_from))
-                             if run.trainer.init_from
-                             else run.model_for_vocab(run.tokenizer.vocab_size))
-        with ThreadPoolExecutor(1) as pool:
-            state = pool.submit(self._create_state)
-            self.data = self._prepare_data()
-            self.graphdef, self.state, self.train_step = state.result()
-        self._start_compiling_the_train_step()
-        self.saver = Checkpointer(run_dir, keep_last=run.trainer.keep_last,
-                                  async_save=run.trainer.async_checkpoints)
-        tokenizer_name = run.trainer.bleu_tokenize or scoring.bleu_tokenizer_for(run.data.tgt)
-        self.book = Bookkeeping(best_metric=run.trainer.best_metric or "bleu",
-                                bleu_tokenizer=tokenizer_name)
-        self.resumed_from: int | None = None
-        self.saved = self._restore()  # (step, bookkeeping) of the checkpoint on disk
-        self._check_tokenizer_unchanged()
-        self.step = int(local_copy(self.state.step))
+        start = prepare_start(run, run_dir, compile_log)
+        self.mesh, self.model_config, self.data = start.mesh, start.model_config, start.data
+        self.graphdef, self.state, self.train_step = start.graphdef, start.state, start.train_step
+        self.validator, self.saver, self.book = start.validator, start.saver, start.book
+        self.resumed_from, self.saved, self.step = start.resumed_from, start.saved, start.step
         # config.yaml is replaced only now: a resume that failed keeps the settings of the run.
         if self.is_main:
-            _write_atomically(run_dir / resume.RUN_CONFIG_FILE, recipes.dump(run))
-        resume.carry_over_best(self.book, run, tokenizer_name, self.saver, self.step,
+            write_atomically(run_dir / resume.RUN_CONFIG_FILE, recipes.dump(run))
+        resume.carry_over_best(self.book, run, start.bleu_tokenizer, self.saver, self.step,
                                self.state.params)
         self.batches = resume.batch_iterator(self.data.train_examples, self.data.batch_config,
                                              self.book, self.step)
         self.forecast = BudgetForecast(run.trainer.written_for, jax.devices()[0].platform,
                                        self.limits, self.batches.batches_per_epoch)
         self.writer = MetricsWriter(run_dir, self.step, self.is_main)
-        self.window = MetricsWindow(self.book.window, self.step + 1, self._diverged,
+        self.window = MetricsWindow(self.book.window, self.step + 1,
+                                    functools.partial(divergence, self.saver, self.resumed_from),
                                     spike=run.trainer.loss_spike)
         self.clock = PausableClock()  # of the log window: tokens/s leaves out eval and saving
-        self.validator = Validator(self.data, make_eval_step(self.graphdef, self.mesh, run.train),
-                                   self.mesh, run.search, run.trainer.eval_sentences,
-                                   run.trainer.samples, bleu, echo, compile_log)
         self.signals = StopSignal()
-        self.bar = None
+        self.progress = Progress()
         self.compilations_logged = 0
         self.step_seconds = 0.0  # in train steps, validation and saving left out
+        self.last_loss: jax.Array | None = None  # of the newest step, still on the device
+        self.hooks = self._periodic_work()
 
-    def _prepare_data(self):
-        """The run's data, after checking that the run directory holds a run these settings
-        can continue."""
-        run, run_dir = self.run, self.run_dir
-        saved = resume.saved_run(run_dir)
-        try:
-            resume.check_tokenizer_present(run_dir)
-            resume.check_same_tokenizer(run_dir, run, saved)
-            data = prepare_data(run, run_dir, run.model.max_len)
-            if complete_steps(run_dir / CHECKPOINTS_DIR):
-                resume.check_same_model(run_dir, self.model_config, saved)
-                resume.check_same_seed(run_dir, run, saved)
-        except resume.ResumeError as err:
-            raise TrainingError(str(err)) from None
-        if run.model_for(data.tokenizer) != self.model_config:
-            raise TrainingError(
-                f"the tokenizer in {run_dir} has {data.tokenizer.vocab_size} pieces but the run's "
-                f"vocabulary size (--vocab-size) is {self.model_config.vocab_size}; set "
-                f"--vocab-size {data.tokenizer.vocab_size}.")
-        return data
-
-    def _create_state(self):
-        with self.compile_log.labelled("init"):
-            graphdef, _, state = create_train_state(self.model_config, self.run.train,
-                                                    self.mesh)
-        init_from = self.run.trainer.init_from
-        if init_from and not complete_steps(self.run_dir / CHECKPOINTS_DIR):
-            state = state.replace(params=initial_params(init_from, state.params))
-            echo(f"Starting from the parameters of {init_from}.")
-        step = AheadOfTime(make_train_step(graphdef, self.run.train, self.mesh),
-                           self.compile_log, "train_step")
-        return graphdef, state, step
-
-    def _start_compiling_the_train_step(self) -> None:
-        """Packed batches have one shape: compile its step while the setup goes on."""
-        config = self.data.batch_config
-        if not config.packing:
-            return  # bucketed batches: each shape compiles at its first step
-        spec = {key: jax.ShapeDtypeStruct((config.rows_per_batch, config.width), jnp.int32,
-                                          sharding=batch_sharding(self.mesh))
-                for key in PACKED_KEYS}
-        self.train_step.start(self.state, spec)
-
-    def _restore(self) -> tuple[int, str] | None:
-        """Restore the latest checkpoint into the state and the bookkeeping."""
-        state = self.state
-        restored = self.saver.restore(state.params, {"step": state.step,
-                                                     "opt_state": state.opt_state,
-                                                     "rng": state.rng})
-        if restored is None:
-            return None
-        self.state = state.replace(params=restored.params, step=restored.train["step"],
-                                   opt_state=restored.train["opt_state"],
-                                   rng=restored.train["rng"])
-        self.book = Bookkeeping.from_json(restored.data)
-        self.resumed_from = restored.step
-        echo(f"Resuming {self.run_dir} from step {restored.step}.")
-        return restored.step, self.book.fingerprint()
-
-    def _check_tokenizer_unchanged(self) -> None:
-        """The checkpoint's model was trained with the tokenizer it recorded: refuse another."""
-        sha256 = self.data.tokenizer.sha256
-        if self.book.tokenizer_sha256 not in (None, sha256):
-            step = self.saved[0] if self.saved else "?"
-            self.saver.close()
-            names = ", ".join(self.data.tokenizer.files())
-            raise TrainingError(
-                f"{self.run_dir / next(iter(self.data.tokenizer.files()))} is not the tokenizer "
-                f"that checkpoint step {step} in {self.run_dir / CHECKPOINTS_DIR} was trained with "
-                f"(the SHA-256 of {names} differs from the one the checkpoint recorded); put the "
-                f"run's own files back (the copies in {self.run_dir / 'model'}, if present), or "
-                "use a new --output-dir.")
-        self.book.tokenizer_sha256 = sha256
+    def _periodic_work(self) -> Hooks:
+        """The work after a step, registered in the order it runs at a shared step: a step's
+        log line, then its validation, then its checkpoint; at stop, the closing ones."""
+        trainer = self.run.trainer
+        # After SIGINT/SIGTERM only the checkpoint: it keeps the unfinished log window, so the
+        # resumed run logs and validates exactly what an uninterrupted one would. A validation
+        # that stops early skips its step's save: the one at stop follows the closing log line.
+        return Hooks([
+            Periodic("forecast", 1, self._forecast_budget),
+            Periodic("log", trainer.log_every, self.log_window, at_stop=self.log_window),
+            Periodic("validate", trainer.eval_every, self.validate,
+                     at_stop=self._validate_unless_done),
+            Periodic("save", trainer.save_every or trainer.eval_every, self.save,
+                     at_stop=functools.partial(self.save, force_sync=True),
+                     when_interrupted=True),
+        ])
 
     # ------------------------------------------------------------------------- the loop
 
@@ -266,104 +169,63 @@ class Trainer:
         echo(announcement(self.run, self.state.params, self.model_config, self.data,
                           self.limits.describe(self.batches.batches_per_epoch), self.run_dir))
         stopped = None
-        if self.book.out_of_patience(self.run.trainer.early_stop_patience):
-            echo(f"Not training: this run stopped early at step {self.step}, "
-                 f"{self.book.bad_evals} validations after its best {self.book.metric_label} "
-                 f"({self.book.best_score:.2f} at step {self.book.best_step}), and "
-                 f"--early-stop-patience is {self.run.trainer.early_stop_patience}; raise it to "
-                 "train on.")
+        patience = self.run.trainer.early_stop_patience
+        if self.book.out_of_patience(patience):
+            echo(_out_of_patience(self.book, self.step, patience))
             stopped = "early_stop"
         warning = self.forecast.at_start()
         if warning and self.is_main and stopped is None:
             log.warning(warning)
-        self.bar = progress_bar(self.run.trainer, self.limits.total_steps(
-            self.batches.batches_per_epoch), self.step) if self.is_main else None
+        if self.is_main:
+            self.progress.open(self.run.trainer, self.limits.total_steps(
+                self.batches.batches_per_epoch), self.step)
         self.train_step.wait()
         self.clock.restart()
         try:
             stopped = self._steps(stopped)
         finally:
-            self._close_bar()
+            self.progress.close()
         self.saver.wait()
         return stopped
 
     def _steps(self, stopped: str | None) -> str:
-        trainer = self.run.trainer
+        """Steps, each followed by the periodic work due after it, then the work at stop."""
         in_flight: collections.deque = collections.deque()
-        signals = self.signals
         while stopped is None:
-            stopped = self.limits.reached(self.step, self.batches.epochs_completed, signals)
+            stopped = self.limits.reached(self.step, self.batches.epochs_completed, self.signals)
             if stopped is not None:
                 break
-            metrics = self._train_one_step()
+            self.last_loss = self._train_one_step()["loss"]
             # Let the host run at most two steps ahead of the device (waiting, not reading
             # values): the time budget and signals then act within a step or two, and
             # queued batches do not pile up in device memory.
-            in_flight.append(metrics["loss"])
+            in_flight.append(self.last_loss)
             if len(in_flight) > 2:
                 in_flight.popleft().block_until_ready()
-            self._forecast_budget(metrics["loss"])
-            if self.step % trainer.log_every == 0:
-                self.log_window()
-            if self.step % trainer.eval_every == 0 and self.validate():
-                stopped = "early_stop"  # saved below, with the closing log line
-                break
-            if self.step % (trainer.save_every or trainer.eval_every) == 0:
-                self.save()
-        if stopped not in ("SIGINT", "SIGTERM"):
-            # An interrupted run keeps its unfinished log window in the checkpoint, so
-            # the resumed run logs exactly what an uninterrupted one would.
-            self.log_window()
-            last = self.book.last_eval
-            if self.step > 0 and (last is None or last["step"] != self.step):
-                self.validate()
-        self.save(force_sync=True)
+            stopped = self.hooks.run_due(self.step)
+        self.hooks.run_at_stop(interrupted=stopped in ("SIGINT", "SIGTERM"))
         return stopped
 
     def _train_one_step(self) -> dict[str, jax.Array]:
+        """One update on the next batch; its metrics stay on the device."""
         batch = shard_batch(next(self.batches), self.mesh)
         self.state, metrics = self.train_step(self.state, batch)
         self.window.add(metrics)
         self.step += 1
-        if self.bar is not None:
-            self.bar.update(1)
-            left = self.limits.seconds_left()
-            if self.bar.total is None and left is not None:
-                self.bar.set_description(f"ETA {int(left // 60)}:{int(left % 60):02d}",
-                                         refresh=False)
+        self.progress.advance(self.limits.seconds_left())
         return metrics
 
-    def _forecast_budget(self, loss: jax.Array) -> None:
+    # ------------------------------------------------------------------------- periodic work
+
+    def _forecast_budget(self) -> None:
         """Settings written for another platform: what their budget takes here, once."""
         if not self.forecast.timing:
             return
-        loss.block_until_ready()  # the steps timed are finished, not only queued
+        self.last_loss.block_until_ready()  # the steps timed are finished, not only queued
         message = self.forecast.after_step(self.step, time.monotonic(),
                                            self.train_step.seconds_compiling_in_calls)
         if message and self.is_main:
             log.warning(message)
-
-    # ------------------------------------------------------------------------- records
-
-    def _diverged(self, bad_step: int, metrics: dict, why: str) -> TrainingError:
-        self.saver.wait()  # a save in flight holds an earlier, finite state
-        latest = self.saver.latest_step()
-        loss, norm = float(metrics["loss"]), float(metrics["grad_norm"])
-        what = (f"the loss or gradient norm became {loss}/{norm}" if why == "not finite"
-                else f"the loss jumped to {loss:.4g}, {why}")
-        if self.resumed_from is not None and bad_step == self.resumed_from + 1:
-            return TrainingError(
-                f"Training diverged at step {bad_step}, the first after resuming from "
-                f"checkpoint {self.resumed_from}: {what}. That checkpoint itself is the likely "
-                f"cause: move {self.saver.directory / str(self.resumed_from)} away and rerun "
-                "the same command to resume from the checkpoint before it.")
-        where = (f"the newest checkpoint is step {latest} in {self.saver.directory}"
-                 if latest is not None else "no checkpoint was saved yet")
-        return TrainingError(
-            f"Training diverged: {what} at step {bad_step} (learning rate "
-            f"{float(metrics['learning_rate']):.3g}); {where}. Lower --lr-scale/--peak-lr, "
-            "raise --warmup or set --clip-norm 1.0, then rerun (it resumes from that "
-            "checkpoint).")
 
     def log_window(self) -> None:
         """Write one "train" line for the steps since the last one, and a "compile" line for
@@ -375,12 +237,11 @@ class Trainer:
             return
         self.step_seconds += seconds
         self.writer.write("train", self.step, line)
-        if self.bar is not None:
-            self.bar.set_postfix(loss=f"{line['loss']:.3f}", lr=f"{line['lr']:.2e}",
-                                 tok_s=f"{line['tokens_per_s']:.0f}", refresh=False)
+        self.progress.show(line)
         self.clock.restart()
 
     def _log_compilations(self) -> None:
+        """A "compile" line for each program compiled since the last one written."""
         for record in self.compile_log.since(self.compilations_logged):
             self.writer.write("compile", self.step, record.to_dict())
             self.compilations_logged += 1
@@ -402,8 +263,8 @@ class Trainer:
                 self.saver.wait()
         self.saved = (self.step, current)
 
-    def validate(self) -> bool:
-        """Validate, log, track the best metric; True when early stopping says stop."""
+    def validate(self) -> str | None:
+        """Validate, log, track the best metric; "early_stop" when early stopping says stop."""
         self.window.read_back()
         with self.clock.paused():
             result = self.validator.scores(self.graphdef, self.state.params)
@@ -422,8 +283,15 @@ class Trainer:
                 text += f" (best {book.metric_label} {book.best_score:.2f} at step " \
                         f"{book.best_step})"
             echo(text)
-            return improved is not None and book.out_of_patience(
+            stop = improved is not None and book.out_of_patience(
                 self.run.trainer.early_stop_patience)
+            return "early_stop" if stop else None
+
+    def _validate_unless_done(self) -> None:
+        """The closing validation, unless this step was validated or none was trained."""
+        last = self.book.last_eval
+        if self.step > 0 and (last is None or last["step"] != self.step):
+            self.validate()
 
     # ------------------------------------------------------------------------- the end
 
@@ -460,7 +328,7 @@ class Trainer:
     def close(self, quietly: bool = False) -> None:
         """Wait for checkpoints in flight and release the files. `quietly`: after an error,
         which a failing save in flight must not replace."""
-        self._close_bar()
+        self.progress.close()
         try:
             self.saver.wait()
         except SaveError:
@@ -470,17 +338,9 @@ class Trainer:
             self.saver.close()
             self.writer.close()
 
-    def _close_bar(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
-            self.bar = None
 
-
-def _write_atomically(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        tmp.write_text(text)
-        tmp.replace(path)
-    except OSError:  # disk full, say: the file already there stays as it was
-        tmp.unlink(missing_ok=True)
-        raise
+def _out_of_patience(book: Bookkeeping, step: int, patience: int) -> str:
+    """Why a run that stopped early does not train on when started again."""
+    return (f"Not training: this run stopped early at step {step}, {book.bad_evals} "
+            f"validations after its best {book.metric_label} ({book.best_score:.2f} at step "
+            f"{book.best_step}), and --early-stop-patience is {patience}; raise it to train on.")

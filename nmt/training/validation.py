@@ -13,13 +13,13 @@ import numpy as np
 from flax import nnx
 
 from data.batching import eval_batches
-from nmt.translation import scoring
+from nmt.models.translator import Translator
 from nmt.runtime.compilation import AheadOfTime, CompileLog
 from nmt.runtime.distributed import local_copy
-from nmt.training.run_data import Data
+from nmt.training.run_data import PreparedCorpus
+from nmt.translation import scoring
 from transformer.config import SearchConfig
 from transformer.training import shard_batch
-from nmt.models.translator import Translator
 
 
 def search_widths(lengths: Sequence[int], max_len: int, step: int = 8) -> tuple[int, ...]:
@@ -42,9 +42,9 @@ class Validator:
     Translating the first `sentences` pairs pads their sources to at most two widths
     (`search_widths`), so validation compiles search at most twice."""
 
-    def __init__(self, data: Data, eval_step, mesh, search: SearchConfig, sentences: int,
-                 samples: int, bleu: dict[str, str | None], echo: Callable[[str], None],
-                 compile_log: CompileLog):
+    def __init__(self, data: PreparedCorpus, eval_step, mesh, search: SearchConfig,
+                 sentences: int, samples: int, bleu: dict[str, str | None],
+                 echo: Callable[[str], None], compile_log: CompileLog):
         self.data, self.eval_step, self.mesh = data, eval_step, mesh
         self.search, self.samples, self.bleu, self.echo = search, samples, bleu, echo
         self.compile_log = compile_log

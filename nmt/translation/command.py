@@ -78,7 +78,7 @@ from typing import Sequence
 
 from data.config import DataError
 from nmt.runtime import cli
-from nmt.runtime.files import AtomicOutput
+from nmt.runtime.files import atomic_file
 from nmt.settings import recipes
 from nmt.translation import evaluation, streams
 from nmt.translation.errors import InputError, UsageError
@@ -105,7 +105,14 @@ def build_parser() -> argparse.ArgumentParser:
                              "probabilities (they must share the SentencePiece model)")
     parser.add_argument("--dtype", choices=("float32", "bfloat16"),
                         help="compute dtype (default: the model's)")
-    io = parser.add_argument_group("input and output")
+    _add_input_output_flags(parser.add_argument_group("input and output"))
+    _add_search_flags(parser.add_argument_group("search (defaults: the model's stored settings)"))
+    _add_plot_flags(parser.add_argument_group("attention plot"))
+    _add_evaluation_flags(parser.add_argument_group("evaluation"))
+    return parser
+
+
+def _add_input_output_flags(io) -> None:
     io.add_argument("--input", help="file to translate, one sentence per line (- = stdin)")
     io.add_argument("--output", help="write translations here instead of stdout")
     io.add_argument("--batch-tokens", type=int, default=4096,
@@ -116,7 +123,9 @@ def build_parser() -> argparse.ArgumentParser:
                          f"(default {DEFAULT_CHUNK_LINES})")
     io.add_argument("-q", "--quiet", action="store_true", help="no progress bar or information")
 
-    search = parser.add_argument_group("search (defaults: the model's stored settings)")
+
+def _add_search_flags(search) -> None:
+    """SearchConfig's fields as flags (`nmt.settings.recipes`), and the strategy switches."""
     recipes.add_section_flags(search, "search", exclude=("strategy",),
                               default_note="default: the model's")
     strategy = search.add_mutually_exclusive_group()
@@ -125,7 +134,8 @@ def build_parser() -> argparse.ArgumentParser:
                           help="sample (see --temperature, --top-k, --seed)")
     search.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
 
-    plot = parser.add_argument_group("attention plot")
+
+def _add_plot_flags(plot) -> None:
     plot.add_argument("--plot-attention", metavar="FILE.png",
                       help="save a heatmap of the encoder-decoder attention for the one "
                            "SENTENCE given")
@@ -134,7 +144,8 @@ def build_parser() -> argparse.ArgumentParser:
     plot.add_argument("--attention-head", type=int,
                       help="one head, 0-based (default: mean over heads)")
 
-    ev = parser.add_argument_group("evaluation")
+
+def _add_evaluation_flags(ev) -> None:
     ev.add_argument("--evaluate", action="store_true",
                     help="translate a test set and print BLEU and chrF")
     ev.add_argument("--src-file", help="source sentences, one per line")
@@ -158,7 +169,6 @@ def build_parser() -> argparse.ArgumentParser:
                          "of the test set flags (force decoding), one line per pair")
     ev.add_argument("--normalize", action="store_true",
                     help="--score: divide by the reference's tokens (EOS included)")
-    return parser
 
 
 def check_args(args: argparse.Namespace) -> None:
@@ -288,7 +298,7 @@ def run(args: argparse.Namespace) -> int:
     with contextlib.ExitStack() as stack:
         out = sys.stdout
         if args.output:
-            out = stack.enter_context(AtomicOutput(args.output))
+            out = stack.enter_context(atomic_file(args.output))
         if args.evaluate:
             evaluation.run_evaluation(translator, args, values, out, test_set, bleu)
         elif args.score:

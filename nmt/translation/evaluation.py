@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import IO
 
 from data.config import DataError
-from nmt.runtime.files import write_text_atomically
+from nmt.runtime.files import write_atomically
 from nmt.translation import scoring
 from nmt.translation.errors import InputError, UsageError
 from nmt.translation.streams import one_line, progress_bar, read_lines, translate_lines
@@ -30,8 +30,8 @@ def languages(args: argparse.Namespace, values: dict) -> tuple[str | None, str |
 
 
 def bleu_settings(args: argparse.Namespace, values: dict) -> dict[str, str | None]:
-    """`nmt.translation.scoring.bleu_settings` for the target language; UsageError if the tokenizer is
-    unknown or cannot run here (MeCab missing)."""
+    """`nmt.translation.scoring.bleu_settings` for the target language; UsageError if the
+    tokenizer is unknown or cannot run here (MeCab missing)."""
     try:
         return scoring.bleu_settings(languages(args, values)[1], args.bleu_tokenize)
     except scoring.MetricError as err:
@@ -115,14 +115,13 @@ def run_evaluation(translator, args: argparse.Namespace, values: dict, out: IO[s
               f"chrF signature: {scores.chrf_signature}\n")
     out.flush()
     if args.hyp_file:
-        write_text_atomically(args.hyp_file, "".join(h + "\n" for h in hypotheses))
+        write_atomically(args.hyp_file, "".join(h + "\n" for h in hypotheses))
     models = args.model[0] if len(args.model) == 1 else args.model  # a list: an ensemble
     report = {**scores.to_dict(), "test_set": description, "sentences": len(sources),
               "model": models, "search": dataclasses.asdict(translator.search),
               "translate_seconds": round(seconds, 3), "hyp_file": args.hyp_file}
     if args.report:
-        write_text_atomically(args.report,
-                              json.dumps(report, indent=2, ensure_ascii=False) + "\n")
+        write_atomically(args.report, json.dumps(report, indent=2, ensure_ascii=False) + "\n")
     log.info("translated %d sentences in %.2f s", len(sources), seconds)
     return report
 

@@ -1,0 +1,201 @@
+"""Where a run starts: its data, and the model's state, restored from the run directory's
+newest checkpoint or freshly initialized, after checking that the directory holds a run these
+settings can continue.
+
+    start = prepare_start(run, run_dir, compile_log)
+    start.state, start.step, start.book      # what the loop goes on from
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from data.packing import PACKED_KEYS
+from data.tokenizer import load_tokenizer
+from nmt.rundir import resume
+from nmt.rundir.bookkeeping import Bookkeeping
+from nmt.rundir.checkpoints import CHECKPOINTS_DIR, Checkpointer, complete_steps
+from nmt.runtime.compilation import AheadOfTime, CompileLog
+from nmt.runtime.distributed import local_copy
+from nmt.settings.config import RunConfig
+from nmt.training.errors import TrainingError
+from nmt.training.run_data import PreparedCorpus, prepare_data
+from nmt.training.summary import echo
+from nmt.training.validation import Validator
+from nmt.translation import scoring
+from transformer.config import ModelConfig
+from transformer.training import (
+    batch_sharding,
+    create_train_state,
+    make_eval_step,
+    make_mesh,
+    make_train_step,
+)
+
+
+@dataclasses.dataclass
+class Start:
+    """What the loop starts from, built in one place so that the trainer only runs it.
+
+    saved: (step, bookkeeping fingerprint) of the checkpoint restored, None without one; a
+    save of the same step with the same bookkeeping is skipped.
+    """
+
+    mesh: jax.sharding.Mesh
+    model_config: ModelConfig
+    data: PreparedCorpus
+    graphdef: Any
+    state: Any
+    train_step: AheadOfTime
+    validator: Validator
+    saver: Checkpointer
+    book: Bookkeeping
+    bleu_tokenizer: str  # the tokenizer BLEU is scored with (--bleu-tokenize or the language's)
+    resumed_from: int | None
+    saved: tuple[int, str] | None
+
+    @property
+    def step(self) -> int:
+        """The step the state has reached: the checkpoint's, or 0."""
+        return int(local_copy(self.state.step))
+
+
+def prepare_start(run: RunConfig, run_dir: Path, compile_log: CompileLog) -> Start:
+    """The run's data, and its state restored from `run_dir` (or initialized); raises
+    TrainingError when `run_dir` holds a run with another model, tokenizer or seed."""
+    bleu = validation_bleu(run)  # before any work: a BLEU tokenizer that is missing fails
+    mesh = make_mesh()
+    # The tokenizer will have tokenizer.vocab_size pieces: the model is initialized (and its
+    # initialization compiled) in the background while the data is prepared.
+    model_config = (run.model_for(load_tokenizer(run.trainer.init_from))
+                    if run.trainer.init_from else run.model_for_vocab(run.tokenizer.vocab_size))
+    with ThreadPoolExecutor(1) as pool:
+        created = pool.submit(_create_state, run, run_dir, model_config, mesh, compile_log)
+        data = _prepare_data(run, run_dir, model_config)
+        graphdef, state, train_step = created.result()
+    _start_compiling_the_train_step(train_step, state, data, mesh)
+    saver = Checkpointer(run_dir, keep_last=run.trainer.keep_last,
+                         async_save=run.trainer.async_checkpoints)
+    bleu_tokenizer = run.trainer.bleu_tokenize or scoring.bleu_tokenizer_for(run.data.tgt)
+    book = Bookkeeping(best_metric=run.trainer.best_metric or "bleu",
+                       bleu_tokenizer=bleu_tokenizer)
+    state, book, resumed_from = _restore(saver, state, book, run_dir)
+    saved = (resumed_from, book.fingerprint()) if resumed_from is not None else None
+    _check_tokenizer_unchanged(book, data, saver, run_dir, resumed_from)
+    validator = Validator(data, make_eval_step(graphdef, mesh, run.optimizer), mesh, run.search,
+                          run.trainer.eval_sentences, run.trainer.samples, bleu, echo,
+                          compile_log)
+    return Start(mesh=mesh, model_config=model_config, data=data, graphdef=graphdef,
+                 state=state, train_step=train_step, validator=validator, saver=saver,
+                 book=book, bleu_tokenizer=bleu_tokenizer, resumed_from=resumed_from,
+                 saved=saved)
+
+
+def validation_bleu(run: RunConfig) -> dict[str, str | None]:
+    """The BLEU settings validation scores with, checked only when it translates sentences."""
+    if run.trainer.eval_sentences:
+        return scoring.bleu_settings(run.data.tgt, run.trainer.bleu_tokenize)
+    return {"target_language": run.data.tgt, "bleu_tokenize": run.trainer.bleu_tokenize}
+
+
+def initial_params(model_path: str, like: Any) -> Any:
+    """The parameters of the model directory `model_path`, placed as `like` (the freshly
+    initialised ones) is; TrainingError if their shapes differ."""
+    from flax import nnx
+
+    from nmt.models.model_dir import ModelDirError, load_model
+
+    try:
+        model, _, _ = load_model(model_path)
+    except ModelDirError as err:
+        raise TrainingError(f"--init-from: {err}") from None
+    loaded = nnx.state(model, nnx.Param)
+    if jax.tree.structure(loaded) != jax.tree.structure(like) or any(
+            a.shape != b.shape for a, b in zip(jax.tree.leaves(loaded), jax.tree.leaves(like))):
+        raise TrainingError(f"--init-from {model_path}: its parameters do not fit this run's "
+                            "model; the architecture settings must be the model's own.")
+    return jax.tree.map(lambda new, old: jax.device_put(new.astype(old.dtype), old.sharding),
+                        loaded, like)
+
+
+def _prepare_data(run: RunConfig, run_dir: Path, model_config: ModelConfig) -> PreparedCorpus:
+    """The run's data, after checking that the run directory holds a run these settings
+    can continue."""
+    saved = resume.saved_run(run_dir)
+    try:
+        resume.check_tokenizer_present(run_dir)
+        resume.check_same_tokenizer(run_dir, run, saved)
+        data = prepare_data(run, run_dir, run.model.max_len)
+        if complete_steps(run_dir / CHECKPOINTS_DIR):
+            resume.check_same_model(run_dir, model_config, saved)
+            resume.check_same_seed(run_dir, run, saved)
+    except resume.ResumeError as err:
+        raise TrainingError(str(err)) from None
+    if run.model_for(data.tokenizer) != model_config:
+        raise TrainingError(
+            f"the tokenizer in {run_dir} has {data.tokenizer.vocab_size} pieces but the run's "
+            f"vocabulary size (--vocab-size) is {model_config.vocab_size}; set "
+            f"--vocab-size {data.tokenizer.vocab_size}.")
+    return data
+
+
+def _create_state(run: RunConfig, run_dir: Path, model_config: ModelConfig, mesh,
+                  compile_log: CompileLog) -> tuple[Any, Any, AheadOfTime]:
+    """The initialized state (from --init-from's parameters on a fresh run) and its step."""
+    with compile_log.labelled("init"):
+        graphdef, _, state = create_train_state(model_config, run.optimizer, mesh)
+    init_from = run.trainer.init_from
+    if init_from and not complete_steps(run_dir / CHECKPOINTS_DIR):
+        state = state.replace(params=initial_params(init_from, state.params))
+        echo(f"Starting from the parameters of {init_from}.")
+    step = AheadOfTime(make_train_step(graphdef, run.optimizer, mesh), compile_log, "train_step")
+    return graphdef, state, step
+
+
+def _start_compiling_the_train_step(train_step: AheadOfTime, state: Any, data: PreparedCorpus,
+                                    mesh) -> None:
+    """Packed batches have one shape: compile its step while the setup goes on."""
+    config = data.batch_config
+    if not config.packing:
+        return  # bucketed batches: each shape compiles at its first step
+    spec = {key: jax.ShapeDtypeStruct((config.rows_per_batch, config.width), jnp.int32,
+                                      sharding=batch_sharding(mesh))
+            for key in PACKED_KEYS}
+    train_step.start(state, spec)
+
+
+def _restore(saver: Checkpointer, state: Any, book: Bookkeeping, run_dir: Path
+             ) -> tuple[Any, Bookkeeping, int | None]:
+    """The state and bookkeeping of the latest checkpoint, and its step; those given (and
+    None) when there is none."""
+    restored = saver.restore(state.params, {"step": state.step, "opt_state": state.opt_state,
+                                            "rng": state.rng})
+    if restored is None:
+        return state, book, None
+    state = state.replace(params=restored.params, step=restored.train["step"],
+                          opt_state=restored.train["opt_state"], rng=restored.train["rng"])
+    echo(f"Resuming {run_dir} from step {restored.step}.")
+    return state, Bookkeeping.from_json(restored.data), restored.step
+
+
+def _check_tokenizer_unchanged(book: Bookkeeping, data: PreparedCorpus, saver: Checkpointer,
+                               run_dir: Path, resumed_from: int | None) -> None:
+    """The checkpoint's model was trained with the tokenizer it recorded: refuse another."""
+    sha256 = data.tokenizer.sha256
+    if book.tokenizer_sha256 not in (None, sha256):
+        step = resumed_from if resumed_from is not None else "?"
+        saver.close()
+        names = ", ".join(data.tokenizer.files())
+        raise TrainingError(
+            f"{run_dir / next(iter(data.tokenizer.files()))} is not the tokenizer "
+            f"that checkpoint step {step} in {run_dir / CHECKPOINTS_DIR} was trained with "
+            f"(the SHA-256 of {names} differs from the one the checkpoint recorded); put the "
+            f"run's own files back (the copies in {run_dir / 'model'}, if present), or "
+            "use a new --output-dir.")
+    book.tokenizer_sha256 = sha256

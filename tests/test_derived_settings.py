@@ -1,0 +1,51 @@
+"""train.py's flags and `recipes.load` build the same settings, also where the settings name
+files that imply others: --init-from (the model's architecture) and --spm-model (its
+vocabulary size)."""
+
+from __future__ import annotations
+
+import pytest
+
+import train as train_cli
+from nmt.settings import recipes
+from nmt.settings.config import SettingsError
+from translate_model import make_model
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return make_model(tmp_path_factory.mktemp("init") / "run") / "model"
+
+
+def _recipe(tmp_path, text: str):
+    path = tmp_path / "recipe.yaml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_init_from_in_a_recipe_equals_the_flag(model_dir, tmp_path):
+    recipe = _recipe(tmp_path, f"trainer:\n  init_from: {model_dir}\n  max_steps: 7\n")
+    loaded = recipes.load(recipe)
+    by_recipe, _ = train_cli.resolve(["--config", str(recipe)])
+    by_flags, _ = train_cli.resolve(["--init-from", str(model_dir), "--max-steps", "7"])
+    assert loaded == by_recipe == by_flags
+    # The architecture is the model's (the tiny preset's), not train.py's default preset's.
+    assert (loaded.model.d_model, loaded.model.d_ff) == (24, 40)
+    assert loaded.model != recipes.run_from_flat().model
+
+
+def test_spm_model_in_a_recipe_equals_the_flag(model_dir, tmp_path):
+    spm = model_dir / "spm.model"
+    recipe = _recipe(tmp_path, f"tokenizer:\n  spm_model: {spm}\n")
+    loaded = recipes.load(recipe)
+    assert loaded == train_cli.resolve(["--config", str(recipe)])[0]
+    assert loaded == train_cli.resolve(["--spm-model", str(spm)])[0]
+    assert loaded.tokenizer.vocab_size == 300  # the model's pieces, not the default size
+
+
+def test_a_recipe_conflicting_with_init_from_is_refused_by_load_too(model_dir, tmp_path):
+    recipe = _recipe(tmp_path, f"model:\n  d_model: 64\ntrainer:\n  init_from: {model_dir}\n")
+    with pytest.raises(SettingsError, match="conflicts with --init-from"):
+        recipes.load(recipe)
+    with pytest.raises(SettingsError, match="conflicts with --init-from"):
+        train_cli.resolve(["--config", str(recipe)])
