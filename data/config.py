@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 from typing import Literal, Sequence
 
-from transformer.config import setting
+from transformer.config import check_finite_fields, setting
 
 DEFAULT_LOCALE_DIR = "/usr/share/locale"
 
@@ -26,6 +26,14 @@ DEFAULT_BUCKETS = (
 
 class DataError(ValueError):
     """Bad or missing input data; the message says what is wrong and what to do."""
+
+
+def _check_finite(config) -> None:
+    """DataError naming a float setting of `config` that is NaN or infinite."""
+    try:
+        check_finite_fields(config)
+    except ValueError as err:
+        raise DataError(str(err)) from None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,6 +73,7 @@ class CorpusSpec:
         None, "where to get the corpus, said when its files are missing (recipes set it)")
 
     def __post_init__(self) -> None:
+        _check_finite(self)
         sources = [name for name, value in (("--train-prefix", self.train_prefix),
                                             ("--train-file", self.train_file),
                                             ("--dataset", self.dataset)) if value]
@@ -112,6 +121,7 @@ class TokenizerConfig:
     seed: int = setting(0, "SentencePiece's sampling seed", derived="optimizer.seed")
 
     def __post_init__(self) -> None:
+        _check_finite(self)
         if self.model_type not in ("unigram", "bpe"):
             raise DataError(f"model_type must be 'unigram' or 'bpe', got {self.model_type!r}")
         if self.vocab_size < 300:
@@ -165,6 +175,7 @@ class BatchConfig:
     seed: int = setting(0, "seed of each epoch's batch order", derived="optimizer.seed")
 
     def __post_init__(self) -> None:
+        _check_finite(self)
         check_buckets(self.buckets)
         if self.max_shapes < 1:
             raise DataError(f"max_shapes must be >= 1, got {self.max_shapes}")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import shutil
 import sys
 import urllib.error
 import urllib.request
@@ -39,21 +40,61 @@ CORPORA = {
 
 
 def download(name: str, directory: Path) -> None:
-    base, files, variable, default = CORPORA[name]
-    directory.mkdir(parents=True, exist_ok=True)
+    """Fetch every file of corpus `name`, then write them into `directory`."""
+    write(name, directory, fetch(name))
+
+
+def fetch(name: str) -> dict[str, bytes]:
+    """Our file name -> its bytes, decompressed, for every file of corpus `name`."""
+    base, files, _, _ = CORPORA[name]
+    fetched = {}
     for ours, theirs in files.items():
-        url = base + theirs
-        with urllib.request.urlopen(url, timeout=60) as response:
+        with urllib.request.urlopen(base + theirs, timeout=60) as response:
             data = response.read()
-        if theirs.endswith(".gz"):
-            data = gzip.decompress(data)
-        (directory / ours).write_bytes(data)
-        lines = data.count(b"\n")
-        print(f"{directory / ours}: {lines} lines", flush=True)
+        fetched[ours] = gzip.decompress(data) if theirs.endswith(".gz") else data
+    return fetched
+
+
+def write(name: str, directory: Path, fetched: dict[str, bytes]) -> None:
+    """Write the files of corpus `name` into `directory`, created if needed; a failed write
+    leaves no directory that it created."""
+    _, _, variable, default = CORPORA[name]
+    created = _missing_directories(directory)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        for ours, data in fetched.items():
+            (directory / ours).write_bytes(data)
+            lines = data.count(b"\n")
+            print(f"{directory / ours}: {lines} lines", flush=True)
+    except BaseException:
+        if created:
+            shutil.rmtree(created[-1], ignore_errors=True)  # the outermost one it created
+        raise
     if directory.resolve() == Path(default).resolve():
         print("Done. The recipes read it from here: python train.py --config configs/...")
     else:
         print(f"Done. Use it with: {variable}={directory} python train.py --config configs/...")
+
+
+def _missing_directories(directory: Path) -> list[Path]:
+    """`directory` and those of its parents that do not exist yet, innermost first."""
+    missing = []
+    while not directory.exists() and directory != directory.parent:
+        missing.append(directory)
+        directory = directory.parent
+    return missing
+
+
+def _unusable(directory: Path) -> str | None:
+    """Why `directory` cannot receive the corpus, or None."""
+    existing = directory
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if existing == directory and not directory.is_dir():
+        return f"{directory}: exists and is not a directory; give a directory (new or existing)"
+    if not existing.is_dir():
+        return f"{directory}: {existing} is a file, not a directory; choose another path"
+    return None
 
 
 class _Parser(argparse.ArgumentParser):
@@ -67,13 +108,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("corpus", choices=sorted(CORPORA))
     parser.add_argument("directory", type=Path)
     args = parser.parse_args(argv)
+    problem = _unusable(args.directory)
+    if problem:
+        print(f"{parser.prog}: error: {problem}", file=sys.stderr)
+        return 2
     try:
-        download(args.corpus, args.directory)
+        fetched = fetch(args.corpus)  # all of it before anything is written
     except (urllib.error.URLError, TimeoutError, OSError) as err:
         reason = getattr(err, "reason", err)
-        print(f"python -m data.download: error: cannot fetch {args.corpus} ({reason}); this "
-              "needs network access to raw.githubusercontent.com: download the files listed in "
+        print(f"{parser.prog}: error: cannot fetch {args.corpus} ({reason}); this needs "
+              "network access to raw.githubusercontent.com: download the files listed in "
               "data/download.py on a machine that has it", file=sys.stderr)
+        return 1
+    try:
+        write(args.corpus, args.directory, fetched)
+    except OSError as err:
+        print(f"{parser.prog}: error: cannot write {err.filename or args.directory} "
+              f"({err.strerror or err}); free some space or choose another directory, and "
+              "run it again",
+              file=sys.stderr)
         return 1
     return 0
 

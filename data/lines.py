@@ -5,18 +5,29 @@ characters such as U+2028 or \\x1c that occur inside real sentences and break th
 two files. A "\\r" before the "\\n" is dropped, and so is a UTF-8 byte order mark starting the
 text (editors on Windows write one; it is not text). Invalid UTF-8 raises `DataError` naming
 the file, the line and the byte, and how to convert the file.
+
+A line longer than `MAX_LINE_BYTES` is a `DataError` naming its number: no sentence is that
+long, and such a "line" (a binary file, a file of NUL bytes, a text without line breaks)
+would otherwise be held in memory whole. Reading takes time linear in the bytes read, however
+long a line is.
+
+A path may name any readable file that is not a directory: a pipe (`<(command)`, a FIFO,
+/dev/stdin) is read once, as it comes.
 """
 
 from __future__ import annotations
 
 import os
 import select
+import stat
 from pathlib import Path
 from typing import Iterator
 
 from data.config import DataError
 
 BOM = "\ufeff"  # the UTF-8 byte order mark, as text
+MAX_LINE_BYTES = 4 << 20  # 4 MiB: a thousand times a long paragraph
+_READ_SIZE = 1 << 16
 _UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")
 
 
@@ -43,18 +54,40 @@ def decode_line(raw: bytes, where: str, line_no: int) -> str:
     return line.removeprefix(BOM) if line_no == 1 else line
 
 
-def iter_lines(path: str | Path, missing_hint: str = "check the path") -> Iterator[str]:
-    """The lines of a UTF-8 text file, streamed. `missing_hint` ends the error for a missing
-    file."""
+def _too_long(where: str, line_no: int, limit: int) -> DataError:
+    size = f"{limit} bytes" + (f" ({limit >> 20} MiB)" if limit >= 1 << 20 else "")
+    return DataError(
+        f"{where} line {line_no}: longer than {size} without a line break; give text with "
+        "one sentence per line (split that line), or check that this is the file you meant")
+
+
+def open_text(path: str | Path, missing_hint: str = "check the path"):
+    """`path` opened for reading bytes; DataError for a missing path, a directory or a file
+    that cannot be read. Pipes and devices are opened like files."""
     path = Path(path)
-    if not path.is_file():
+    if path.is_dir():
+        raise DataError(f"{path}: is a directory, not a text file; give a file")
+    if not path.exists():
         raise DataError(f"{path}: file not found; {missing_hint}")
     try:
-        handle = path.open("rb")
+        return path.open("rb")
     except OSError as err:
         raise DataError(f"{path}: cannot read ({err.strerror}).") from None
-    with handle:
-        for line_no, raw in enumerate(handle, start=1):  # binary files split on b"\n" only
+
+
+def iter_lines(path: str | Path, missing_hint: str = "check the path",
+               max_line_bytes: int = MAX_LINE_BYTES) -> Iterator[str]:
+    """The lines of a UTF-8 text file, streamed. `missing_hint` ends the error for a missing
+    file; a line longer than `max_line_bytes` is a DataError."""
+    with open_text(path, missing_hint) as handle:
+        line_no = 0
+        while True:
+            raw = handle.readline(max_line_bytes + 1)  # binary files split on b"\n" only
+            if not raw:
+                return
+            line_no += 1
+            if len(raw) > max_line_bytes and not raw.endswith(b"\n"):
+                raise _too_long(str(path), line_no, max_line_bytes)
             yield decode_line(raw, str(path), line_no)
 
 
@@ -64,9 +97,22 @@ def read_lines(path: str | Path) -> list[str]:
 
 
 def count_lines(path: str | Path) -> int:
-    """Number of lines as `iter_lines` sees them (a last line without "\\n" counts)."""
+    """Number of lines as `iter_lines` sees them (a last line without "\\n" counts), in
+    constant memory however long the lines."""
+    count, last = 0, b"\n"
     with Path(path).open("rb") as handle:
-        return sum(1 for _ in handle)
+        while block := handle.read(1 << 20):
+            count += block.count(b"\n")
+            last = block[-1:]
+    return count + (last != b"\n")
+
+
+def is_regular_file(path: str | Path) -> bool:
+    """True for a file that can be read twice (counted, then read): not a pipe or device."""
+    try:
+        return stat.S_ISREG(os.stat(path).st_mode)
+    except OSError:
+        return False
 
 
 def _readable_now(fd: int) -> bool:
@@ -76,32 +122,32 @@ def _readable_now(fd: int) -> bool:
         return True
 
 
-def stream_chunks(fd: int, max_lines: int, where: str = "<stdin>"
-                  ) -> Iterator[tuple[int, list[str]]]:
+def stream_chunks(fd: int, max_lines: int, where: str = "<stdin>",
+                  max_line_bytes: int = MAX_LINE_BYTES) -> Iterator[tuple[int, list[str]]]:
     """(number of the first line, lines) from file descriptor `fd`, in order.
 
     A chunk holds every complete line already available, at most `max_lines`; the reader
     blocks only while it has no line at all. So `cat file |` gives full chunks and a terminal
-    gives one line per chunk. A line with invalid UTF-8 raises DataError after the lines
-    before it have been yielded.
+    gives one line per chunk. A line with invalid UTF-8, or longer than `max_line_bytes`,
+    raises DataError after the lines before it have been yielded.
     """
     ready: list[bytes] = []  # complete lines read but not yet handed out
-    partial = b""
+    pending = _PendingLine(max_line_bytes)
     eof = False
     next_line = 1
     while True:
-        while len(ready) < max_lines and not eof and (not ready or _readable_now(fd)):
-            data = os.read(fd, 1 << 16)
+        while (len(ready) < max_lines and not eof and not pending.too_long
+               and (not ready or _readable_now(fd))):
+            data = os.read(fd, _READ_SIZE)
             if not data:
                 eof = True
-                if partial:
-                    ready.append(partial)
-                    partial = b""
+                if pending.size:
+                    ready.append(pending.take())
                 break
-            pieces = (partial + data).split(b"\n")
-            partial = pieces.pop()
-            ready.extend(pieces)
+            ready.extend(pending.split(data))
         if not ready:
+            if pending.too_long:
+                raise _too_long(where, next_line, max_line_bytes)
             return
         raw, ready = ready[:max_lines], ready[max_lines:]
         lines = []
@@ -114,3 +160,40 @@ def stream_chunks(fd: int, max_lines: int, where: str = "<stdin>"
                 raise
         yield next_line, lines
         next_line += len(lines)
+
+
+class _PendingLine:
+    """The start of a line whose end has not been read yet, kept as a list of pieces: joining
+    once when the line ends is linear in its length, where `partial + data` on every read
+    would copy it again and again."""
+
+    def __init__(self, max_bytes: int):
+        self.max_bytes = max_bytes
+        self.pieces: list[bytes] = []
+        self.size = 0
+
+    @property
+    def too_long(self) -> bool:
+        return self.size > self.max_bytes
+
+    def take(self) -> bytes:
+        line, self.pieces, self.size = b"".join(self.pieces), [], 0
+        return line
+
+    def split(self, data: bytes) -> list[bytes]:
+        """The lines that `data` completes (with their "\\n" removed); the rest is kept. A
+        line over the limit ends the split: it is an error, and what follows is not read."""
+        *complete, rest = data.split(b"\n")
+        lines = []
+        for piece in complete:
+            self._add(piece)
+            if self.too_long:
+                return lines
+            lines.append(self.take())
+        self._add(rest)
+        return lines
+
+    def _add(self, piece: bytes) -> None:
+        if piece:
+            self.pieces.append(piece)
+            self.size += len(piece)

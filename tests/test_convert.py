@@ -73,6 +73,15 @@ def test_round_trip_through_marian_is_bitwise(overrides):
                                       err_msg=jax.tree_util.keystr(path))
 
 
+@pytest.mark.parametrize("overrides", [{}, {"share_embeddings": False}], ids=["shared", "untied"])
+def test_marian_shapes_are_those_written(overrides):
+    model = random_model(**overrides)
+    state = marian.to_marian_state(params_of(model), model.config)
+    shapes = {name: tuple(d if isinstance(d, int) else getattr(model.config, d) for d in dims)
+              for name, dims in marian.marian_shapes(model.config).items()}
+    assert shapes == {name: value.shape for name, value in state.items()}
+
+
 @pytest.mark.parametrize("option, value", [("norm", "pre"), ("positional", "learned")])
 def test_options_marian_lacks_are_refused_by_name(option, value):
     config = get_preset("tiny", **{option: value})
@@ -262,7 +271,7 @@ def test_a_failed_export_leaves_no_directory(trained_dir, tmp_path, monkeypatch)
     def disk_full(*args, **kwargs):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr("safetensors.numpy.save_file", disk_full)
+    monkeypatch.setattr("safetensors.numpy.save", disk_full)
     with pytest.raises(OSError):
         marian.export_marian(trained_dir, tmp_path / "out")
     assert list(tmp_path.iterdir()) == []
@@ -368,7 +377,8 @@ def test_command_writes_a_model(command, trained_dir, tmp_path, capsys):
 @pytest.mark.parametrize("case, expected_code, named", [
     ("pre-norm model", 2, "norm='pre'"),
     ("output not empty", 2, "exists and is not empty"),
-    ("no model", 1, "config.json (model configuration) is missing"),
+    ("not a model", 2, "has neither config.json (a model directory) nor model/"),
+    ("incomplete model", 1, "params.msgpack (parameters) is missing"),
 ])
 def test_command_errors_are_one_line_and_write_nothing(case, expected_code, named,
                                                        prenorm_dir, trained_dir, tmp_path,
@@ -380,8 +390,10 @@ def test_command_errors_are_one_line_and_write_nothing(case, expected_code, name
         out.mkdir()
         (out / "notes.txt").write_text("mine")
     else:
-        model = tmp_path / "empty"
+        model = tmp_path / "model"
         model.mkdir()
+        if case == "incomplete model":
+            (model / "config.json").write_bytes((trained_dir / "config.json").read_bytes())
     code, err = convert(["to-ctranslate2", str(model), str(out)], capsys)
     assert code == expected_code
     assert len(err) == 1 and err[0].startswith("python -m nmt.convert: error: ")

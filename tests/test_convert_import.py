@@ -308,7 +308,7 @@ def test_fine_tuning_lowers_the_loss_and_exports_again(imported, corpus, tmp_pat
     code = train.main(["--train-prefix", corpus["train"], "--valid-prefix", corpus["valid"],
                        "--max-steps", "50", "--output-dir", str(out)])
     err = capsys.readouterr().err
-    assert code == 1 and f"pass --init-from {imported} to resume it" in err, err
+    assert code == 2 and f"pass --init-from {imported} to resume it" in err, err
 
 
 def test_init_from_refuses_another_architecture(imported, corpus, tmp_path, capsys):

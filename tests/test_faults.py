@@ -217,8 +217,8 @@ def _translate(argv: list, capsys) -> tuple[int, str]:
     (["--model", "{run}", "--nbest", "x", "Hallo."], 2, "'x'"),
     (["--model", "{tmp}/none", "Hallo."], 1, "{tmp}/none"),
     (["--model", "{run}", "--input", "{tmp}/none.txt"], 1, "{tmp}/none.txt"),
-    (["--model", "{run}", "--output", "{tmp}/no/out.txt", "Hallo."], 1, "{tmp}/no"),
-    (["--model", "{run}", "--output", "{tmp}", "Hallo."], 1, "is a directory"),
+    (["--model", "{run}", "--output", "{tmp}/no/out.txt", "Hallo."], 2, "{tmp}/no"),
+    (["--model", "{run}", "--output", "{tmp}", "Hallo."], 2, "is a directory"),
     (["--model", "{run}", "--chunk-lines", "0", "Hallo."], 2, "--chunk-lines"),
 ])
 def test_translate_bad_values_and_paths_are_one_line(argv, code, named, run_dir, tmp_path,

@@ -114,6 +114,26 @@ def test_a_full_disk_when_flushing_leaves_the_old_file_and_no_partial(mode, tmp_
     assert _names(tmp_path) == ["out.txt"]
 
 
+def test_a_full_disk_names_the_file_being_written(tmp_path, monkeypatch):
+    from nmt.runtime.cli import describe_os_error
+
+    out = tmp_path / "out.txt"
+    monkeypatch.setattr(files, "open", _open_on_a_full_disk, raising=False)
+    with pytest.raises(OSError) as info:
+        write_atomically(out, "new\n")
+    assert info.value.errno == errno.ENOSPC and info.value.filename == str(out)
+    assert describe_os_error(info.value).startswith(f"{out}: no space left")
+
+
+def test_a_file_gets_the_permissions_of_any_new_file(tmp_path):
+    previous = os.umask(0o022)
+    try:
+        write_atomically(tmp_path / "out.txt", "x")
+    finally:
+        os.umask(previous)
+    assert (tmp_path / "out.txt").stat().st_mode & 0o777 == 0o644
+
+
 def test_an_error_inside_is_not_replaced_by_the_full_disk_of_the_close(tmp_path, monkeypatch):
     monkeypatch.setattr(files, "open", _open_on_a_full_disk, raising=False)
     with pytest.raises(KeyboardInterrupt):

@@ -266,20 +266,21 @@ def test_bad_paths_fail_before_the_model_loads(tmp_path, monkeypatch):
     three.write_text("a\nb\nc\n")
     two.write_text("a\nb\n")
     evaluate = ["--evaluate", "--src-file", three, "--ref-file", three]
-    for argv, message in [
-        ([*evaluate, "--hyp-file", tmp_path / "missing" / "hyp.en"],
+    usage, fault = translate_cli.UsageError, translate_cli.InputError  # exit status 2, 1
+    for argv, error, message in [
+        ([*evaluate, "--hyp-file", tmp_path / "missing" / "hyp.en"], usage,
          f"--hyp-file {tmp_path / 'missing' / 'hyp.en'}: directory {tmp_path / 'missing'} "
          "does not exist"),
-        ([*evaluate, "--report", tmp_path], f"--report {tmp_path}: is a directory"),
-        (["--evaluate", "--src-file", three, "--ref-file", two],
+        ([*evaluate, "--report", tmp_path], usage, f"--report {tmp_path}: is a directory"),
+        (["--evaluate", "--src-file", three, "--ref-file", two], fault,
          f"{three} has 3 lines but {two} has 2"),
-        (["--evaluate", "--src-file", tmp_path / "none.de", "--ref-file", two],
+        (["--evaluate", "--src-file", tmp_path / "none.de", "--ref-file", two], fault,
          f"{tmp_path / 'none.de'}: file not found"),
-        (["--output", tmp_path / "missing" / "out.en", "Hallo."], "--output"),
+        (["--output", tmp_path / "missing" / "out.en", "Hallo."], usage, "--output"),
     ]:
         args = translate_cli.build_parser().parse_args(
             ["--model", str(tmp_path / "no-model"), *map(str, argv)])
-        with pytest.raises(translate_cli.InputError) as info:
+        with pytest.raises(error) as info:
             translate_cli.run(args)
         assert message in str(info.value)
 

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any, Literal
+import math
+import numbers
+from typing import Any, Literal, Mapping
 
 Norm = Literal["post", "pre"]
 Positional = Literal["sinusoidal", "learned"]
@@ -37,6 +39,23 @@ def setting(default: Any, help: str, *, flag: str | None = None, derived: str | 
     if isinstance(default, (list, dict, set)):
         raise TypeError("mutable defaults are not allowed; use a tuple")
     return dataclasses.field(default=default, metadata=metadata)
+
+
+def check_finite(owner: str, values: Mapping[str, Any]) -> None:
+    """ValueError naming the first number of `values` that is NaN or infinite: no setting
+    means anything with one (a NaN length penalty scores every hypothesis NaN, and search
+    then keeps empty ones), and comparisons such as `value < 0` let NaN through."""
+    for name, value in values.items():
+        real = isinstance(value, numbers.Real) and not isinstance(value, numbers.Integral)
+        if real and not math.isfinite(value):
+            raise ValueError(f"{owner}.{name} must be a finite number, got {value!r}.")
+
+
+def check_finite_fields(config: Any) -> None:
+    """`check_finite` over every field of a config dataclass; each one's `__post_init__`
+    calls it first."""
+    check_finite(type(config).__name__,
+                 {f.name: getattr(config, f.name) for f in dataclasses.fields(config)})
 
 
 def _check_choice(name: str, value: Any, choices: tuple[Any, ...]) -> None:
@@ -120,6 +139,7 @@ class ModelConfig(DictConfig):
         return self.d_model // self.num_heads
 
     def validate(self) -> None:
+        check_finite_fields(self)
         positive = ("vocab_size", "d_model", "num_heads", "d_ff", "encoder_layers",
                     "decoder_layers", "max_len")
         for name in positive:
@@ -208,6 +228,7 @@ class OptimizerConfig(DictConfig):
         self.validate()
 
     def validate(self) -> None:
+        check_finite_fields(self)
         _check_choice("OptimizerConfig.schedule", self.schedule, ("noam", "inverse_sqrt"))
         if not isinstance(self.warmup_steps, int) or self.warmup_steps < 1:
             raise ValueError(f"OptimizerConfig.warmup_steps must be an integer >= 1, "
@@ -273,6 +294,7 @@ class SearchConfig(DictConfig):
         self.validate()
 
     def validate(self) -> None:
+        check_finite_fields(self)
         _check_choice("SearchConfig.strategy", self.strategy, ("beam", "greedy", "sample"))
         _check_choice("SearchConfig.length_penalty", self.length_penalty, ("gnmt", "power"))
         _check_choice("SearchConfig.beam_rules", self.beam_rules, ("fairseq", "transformers"))

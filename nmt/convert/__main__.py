@@ -9,14 +9,18 @@ Face hub) and writes a model directory that translate.py loads and train.py --in
 fine-tunes.
 
 MODEL is a model directory (runs/NAME/model, runs/NAME/averaged) or a run directory (its
-model/ is used). OUT must not exist or be empty; it is written whole or not at all.
+model/ is used). OUT must not exist or be empty; it is written whole or not at all: after an
+error, Ctrl-C (exit status 130) or SIGTERM (143) nothing of it is left.
 """
 
 from __future__ import annotations
 
+import logging
 import sys
-from typing import Sequence
+from collections.abc import Sequence
+from pathlib import Path
 
+from nmt.convert.common import Terminated, interruptible
 from nmt.runtime import cli
 
 PROG = "python -m nmt.convert"
@@ -47,9 +51,10 @@ def build_parser() -> cli.OneLineParser:
 
 def _main(argv: Sequence[str] | None) -> int:
     args = build_parser().parse_args(argv)
-    from nmt.convert.common import ConversionError
+    from nmt.convert.common import ConversionError, check_interrupted
     from nmt.models.model_dir import ModelDirError
 
+    cli.writable_directory(Path(args.out), "OUT")
     try:
         if args.command == "to-marian":
             from nmt.convert.marian import export_marian
@@ -67,6 +72,7 @@ def _main(argv: Sequence[str] | None) -> int:
         raise cli.UsageError(str(err)) from None
     except ModelDirError as err:
         raise cli.Fault(str(err)) from None
+    check_interrupted()
     print(f"Wrote {out}", file=sys.stderr)
     if args.command == "from-marian":
         print(f"Translate: python translate.py --model {out} \"...\"", file=sys.stderr)
@@ -74,7 +80,22 @@ def _main(argv: Sequence[str] | None) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    return cli.guarded(PROG, lambda: _main(argv))
+    """The command's exit status: 0, 1 for a fault, 2 for a usage error, 130 after SIGINT and
+    143 after SIGTERM."""
+    warnings = logging.StreamHandler(sys.stderr)  # the importer's notes, one line each
+    warnings.setFormatter(logging.Formatter(f"{PROG}: warning: %(message)s"))
+    logger = logging.getLogger("nmt.convert")
+    logger.addHandler(warnings)
+    logger.propagate = False
+    try:
+        with interruptible():
+            return cli.guarded(PROG, lambda: _main(argv))
+    except Terminated as stop:
+        print(f"{PROG}: terminated", file=sys.stderr, flush=True)
+        return stop.code
+    finally:
+        logger.removeHandler(warnings)
+        logger.propagate = True
 
 
 if __name__ == "__main__":

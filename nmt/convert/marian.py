@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from nmt.convert.common import ConversionError, load_params, staged_directory, write_json
-from transformer.config import ModelConfig
+from transformer.config import ModelConfig, SearchConfig
 
 Params = dict[str, Any]  # nnx.to_pure_dict of a Transformer: nested dicts of arrays
 
@@ -154,6 +154,32 @@ class _MarianWriter:
         bias = (np.asarray(params["output_bias"]) if config.output_bias
                 else np.zeros(config.vocab_size, np.float32))
         self.put("final_logits_bias", bias[None, :])
+
+
+def marian_shapes(config: ModelConfig) -> dict[str, tuple[str | int, ...]]:
+    """The tensors `to_marian_state` writes for `config`, each with its shape spelled as the
+    ModelConfig fields that give it (fc1.weight: ("d_ff", "d_model")): what an import checks
+    a checkpoint against before reading it."""
+    d, ff, vocab = "d_model", "d_ff", "vocab_size"
+    tables = (["model.shared.weight"] if config.share_embeddings else
+              ["model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight",
+               "lm_head.weight"])
+    shapes: dict[str, tuple[str | int, ...]] = {name: (vocab, d) for name in tables}
+    shapes["final_logits_bias"] = (1, vocab)
+    for side, sublayers in (("encoder", _ENCODER_SUBLAYERS), ("decoder", _DECODER_SUBLAYERS)):
+        shapes[f"model.{side}.embed_positions.weight"] = ("max_len", d)
+        for i in range(getattr(config, f"{side}_layers")):
+            prefix = f"model.{side}.layers.{i}"
+            for attn, attn_norm in sublayers.values():
+                for projection in _ATTENTION.values():
+                    shapes[f"{prefix}.{attn}.{projection}.weight"] = (d, d)
+                    shapes[f"{prefix}.{attn}.{projection}.bias"] = (d,)
+                shapes.update({f"{prefix}.{attn_norm}.{p}": (d,) for p in ("weight", "bias")})
+            shapes.update({f"{prefix}.fc1.weight": (ff, d), f"{prefix}.fc1.bias": (ff,),
+                           f"{prefix}.fc2.weight": (d, ff), f"{prefix}.fc2.bias": (d,),
+                           f"{prefix}.final_layer_norm.weight": (d,),
+                           f"{prefix}.final_layer_norm.bias": (d,)})
+    return shapes
 
 
 def marian_positions(max_len: int, d_model: int) -> np.ndarray:
@@ -297,10 +323,15 @@ def marian_config(config: ModelConfig) -> dict[str, Any]:
     }
 
 
-def generation_config(config: ModelConfig, search) -> dict[str, Any]:
-    """generation_config.json: our search defaults as far as `generate` has them. PAD and BOS
-    are never generated (as in our search); `length_penalty` divides the log-probability by
-    length ** alpha, not by GNMT's ((5 + length) / 6) ** alpha."""
+# generation_config.json's field holding our search settings whole, which `generate` ignores
+# and an import reads back, so that a model goes through MarianMT and back searching as before.
+SEARCH_FIELD = "nmt_search"
+
+
+def generation_config(config: ModelConfig, search: SearchConfig) -> dict[str, Any]:
+    """generation_config.json: our search defaults as far as `generate` has them, and whole
+    under `SEARCH_FIELD`. PAD and BOS are never generated (as in our search); `length_penalty`
+    divides the log-probability by length ** alpha, not by GNMT's ((5 + length) / 6) ** alpha."""
     return {
         "decoder_start_token_id": config.bos_id,
         "bos_token_id": config.bos_id,
@@ -311,6 +342,7 @@ def generation_config(config: ModelConfig, search) -> dict[str, Any]:
         "num_beams": search.beam_size,
         "length_penalty": search.alpha,
         "max_length": config.max_len,
+        SEARCH_FIELD: search.to_dict(),
     }
 
 
@@ -350,14 +382,16 @@ def export_marian(model_path: str | Path, out_dir: str | Path) -> Path:
     Raises ConversionError for a model MarianMT cannot express (pre-norm, learned positions)
     or an unusable output directory; writes everything or nothing.
     """
-    from safetensors.numpy import save_file
+    from safetensors.numpy import save
 
     params, tokenizer, values = load_params(model_path)
     config = values["model"]
     state = to_marian_state(params, config)
     languages = {k: values[k] for k in ("source_lang", "target_lang") if k in values}
     with staged_directory(out_dir) as tmp:
-        save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        # Serialized here and written as the other files are: safetensors' save_file writes
+        # through a private temporary file (mode 0600), and its errors are not OSErrors.
+        (tmp / "model.safetensors").write_bytes(save(state, metadata={"format": "pt"}))
         write_json(tmp / "config.json", marian_config(config))
         write_json(tmp / "generation_config.json", generation_config(config, values["search"]))
         for name, content in tokenizer_files(tokenizer, config, languages).items():

@@ -10,27 +10,43 @@ What is read: `config.json` (model_type "marian"), the weights (`model.safetenso
 `generation_config.json`. The model keeps Marian's ids (`data.tokenizer.VocabTokenizer`), its
 activation, its output bias and its LayerNorm epsilon; its search settings are those of
 `generate` (beam size, len ** alpha length penalty, transformers' end-of-search rules), so that
-translate.py reproduces transformers' output for it.
+translate.py reproduces transformers' output for it, except for a model exported from here,
+whose generation_config.json carries its own (`nmt.convert.marian.SEARCH_FIELD`).
 
 What cannot be expressed is refused by name: separate source and target vocabularies
 (`target_vocab.json`, `separate_vocabs`), an activation other than relu or swish,
-unscaled embeddings, different encoder and decoder widths.
+unscaled embeddings, different encoder and decoder widths. Files that do not describe one
+model are refused too, before anything is written: a config.json without a dimension, weights
+of other shapes than config.json gives, weights it does not account for (layers beyond
+`encoder_layers`, say), SentencePiece models whose pieces vocab.json lacks.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import re
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from nmt.convert.common import ConversionError, check_output_dir
-from nmt.convert.marian import MARIAN_LAYER_NORM_EPS, from_marian_state
+from nmt.convert.common import ConversionError, check_output_dir, staged_directory
+from nmt.convert.marian import MARIAN_LAYER_NORM_EPS, SEARCH_FIELD, from_marian_state, marian_shapes
 from transformer.config import ModelConfig, SearchConfig
+
+log = logging.getLogger(__name__)
 
 _ACTIVATIONS = {"relu": "relu", "swish": "swish", "silu": "swish"}
 _WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+# What config.json must give: transformers would fill a missing one with a default that is
+# not the checkpoint's.
+_DIMENSIONS = ("d_model", "encoder_layers", "decoder_layers", "encoder_attention_heads",
+               "decoder_attention_heads", "encoder_ffn_dim", "decoder_ffn_dim")
+# OPUS-MT's vocab.json numbers the pieces of its training data, so a few pieces of its
+# SentencePiece models may be missing (they read as unknown, in Marian too); more than this
+# share means the files belong to different models.
+MAX_MISSING_PIECES = 0.01
 
 
 def _read_json(path: Path, what: str) -> dict[str, Any]:
@@ -53,6 +69,10 @@ def read_marian_config(directory: Path) -> dict[str, Any]:
     if config.get("model_type") != "marian":
         raise ConversionError(f"{path}: model_type is {config.get('model_type')!r}, not "
                               "'marian'; only MarianMT models (OPUS-MT) can be imported.")
+    for name in _DIMENSIONS:
+        if name not in config:
+            raise ConversionError(f"{path} has no {name!r}; add the value the weights were "
+                                  "trained with, or use the config.json that came with them.")
     checks = [
         (config.get("activation_function", "gelu") in _ACTIVATIONS, "activation_function",
          "our feed-forward layers have relu or swish"),
@@ -78,27 +98,39 @@ def read_marian_config(directory: Path) -> dict[str, Any]:
     return config
 
 
-def read_weights(directory: Path) -> dict[str, np.ndarray]:
-    """The state dict, from model.safetensors (or pytorch_model.bin, which needs torch)."""
-    if (directory / "model.safetensors").is_file():
-        from safetensors.numpy import load_file
-        try:
-            return load_file(str(directory / "model.safetensors"))
-        except Exception as err:  # noqa: BLE001 - safetensors' errors name no file
-            raise ConversionError(f"{directory / 'model.safetensors'} cannot be read ({err}); "
-                                  "download it again.") from None
-    if (directory / "pytorch_model.bin").is_file():
-        try:
-            import torch
-        except ImportError:
-            raise ConversionError(
-                f"{directory / 'pytorch_model.bin'} is a PyTorch file and torch is not "
-                "installed: pip install torch, or convert it to model.safetensors") from None
-        state = torch.load(directory / "pytorch_model.bin", map_location="cpu",
-                           weights_only=True)
-        return {name: value.float().numpy() for name, value in state.items()}
+def weights_file(directory: Path) -> Path:
+    """model.safetensors, else pytorch_model.bin."""
+    for name in _WEIGHT_FILES:
+        if (directory / name).is_file():
+            return directory / name
     raise ConversionError(f"{directory} has no weights ({' or '.join(_WEIGHT_FILES)}); "
                           "download the model's weights into it.")
+
+
+def read_weights(path: Path) -> dict[str, np.ndarray]:
+    """The state dict in model.safetensors (or pytorch_model.bin, which needs torch)."""
+    if path.suffix == ".safetensors":
+        from safetensors.numpy import load_file
+        try:
+            return load_file(str(path))
+        except Exception as err:  # noqa: BLE001 - safetensors' errors name no file
+            raise ConversionError(f"{path} cannot be read ({_one_line(err)}); download it "
+                                  "again.") from None
+    try:
+        import torch
+    except ImportError:
+        raise ConversionError(f"{path} is a PyTorch file and torch is not installed: pip "
+                              "install torch, or convert it to model.safetensors") from None
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # noqa: BLE001 - torch's errors name no file
+        raise ConversionError(f"{path} cannot be read ({_one_line(err)}); download it "
+                              "again.") from None
+    return {name: value.float().numpy() for name, value in state.items()}
+
+
+def _one_line(err: Exception) -> str:
+    return " ".join(str(err).split())[:300]
 
 
 def read_tokenizer(directory: Path, decoder_start: int | None = None):
@@ -126,6 +158,28 @@ def read_tokenizer(directory: Path, decoder_start: int | None = None):
         raise ConversionError(f"{err}; download the tokenizer files with the model.") from None
 
 
+def check_pieces(directory: Path, tokenizer) -> None:
+    """Refuse SentencePiece models more than MAX_MISSING_PIECES of whose pieces vocab.json
+    lacks (they belong to another model: its pieces would read as unknown); a warning counts
+    the few that OPUS-MT's own may lack."""
+    from data.tokenizer import SOURCE_SPM, TARGET_SPM
+
+    for name, processor in ((SOURCE_SPM, tokenizer.source), (TARGET_SPM, tokenizer.target)):
+        pieces = [processor.id_to_piece(i) for i in range(processor.get_piece_size())
+                  if not (processor.is_control(i) or processor.is_unknown(i))]
+        missing = [piece for piece in pieces if piece not in tokenizer.vocab]
+        if not missing:
+            continue
+        what = (f"{directory / name}: {len(missing)} of its {len(pieces)} pieces are not in "
+                f"vocab.json ({', '.join(map(repr, missing[:3]))}{', ...' * (len(missing) > 3)})")
+        if len(missing) > MAX_MISSING_PIECES * len(pieces):
+            raise ConversionError(
+                f"{what}, so they would read as unknown: the SentencePiece model and vocab.json "
+                f"belong to different models (at most {MAX_MISSING_PIECES:.0%} of its pieces may "
+                "be missing); use the tokenizer files that came with the weights.")
+        log.warning("%s; they read as unknown, as in Marian.", what)
+
+
 def model_config(config: dict[str, Any], state: dict[str, np.ndarray], tokenizer,
                  path: Path) -> ModelConfig:
     """Our ModelConfig of a MarianMT config.json, its weights and its tokenizer."""
@@ -146,7 +200,7 @@ def model_config(config: dict[str, Any], state: dict[str, np.ndarray], tokenizer
         raise ConversionError(f"{path / 'config.json'}: vocab_size is {config['vocab_size']} but "
                               f"vocab.json has {tokenizer.vocab_size} pieces.")
     bias = state.get("final_logits_bias")
-    try:
+    try:  # the dimensions are there (read_marian_config)
         return ModelConfig(
             vocab_size=tokenizer.vocab_size, d_model=config["d_model"],
             num_heads=config["encoder_attention_heads"], d_ff=config["encoder_ffn_dim"],
@@ -160,43 +214,137 @@ def model_config(config: dict[str, Any], state: dict[str, np.ndarray], tokenizer
             output_bias=bias is not None and bool(np.any(bias != 0)),
             layer_norm_epsilon=config.get("layer_norm_eps", MARIAN_LAYER_NORM_EPS),
             **ids.as_model_fields())
-    except KeyError as err:
-        raise ConversionError(f"{path / 'config.json'} has no {err.args[0]!r}.") from None
     except (ValueError, TypeError) as err:
         raise ConversionError(f"{path / 'config.json'}: {err}") from None
 
 
 def search_config(directory: Path) -> SearchConfig:
-    """generate's defaults of generation_config.json (else config.json) as search settings:
-    its beam size and len ** alpha penalty, and transformers' rules for when beams finish."""
+    """The imported model's search settings: those a model exported from here carries
+    (generation_config.json's SEARCH_FIELD), so that it searches as before; else `generate`'s
+    defaults of generation_config.json (or config.json): its beam size and len ** alpha
+    penalty, and transformers' rules for when beams finish."""
     path = directory / "generation_config.json"
-    values = _read_json(path, "") if path.is_file() else _read_json(directory / "config.json", "")
+    if not path.is_file():
+        path = directory / "config.json"
+    values = _read_json(path, "")
+    if SEARCH_FIELD in values:
+        return _exported_search(values, path)
     beams = int(values.get("num_beams") or 4)
     return SearchConfig(beam_size=beams, alpha=float(values.get("length_penalty", 1.0)),
                         length_penalty="power", beam_rules="transformers",
                         strategy="beam" if beams > 1 else "greedy")
 
 
-def _check_shapes(found: Any, expected: Any, directory: Path) -> None:
-    """Every weight has the shape config.json describes (a ConversionError names the first
-    that does not)."""
-    import jax
+def _exported_search(values: dict[str, Any], path: Path) -> SearchConfig:
+    """SEARCH_FIELD's settings, refused if invalid or if generate's own fields were edited
+    since (they would be ignored)."""
+    remove = f"or remove {SEARCH_FIELD} to import generate's settings instead"
+    try:
+        if not isinstance(values[SEARCH_FIELD], dict):
+            raise TypeError("not a JSON object")
+        search = SearchConfig.from_dict(values[SEARCH_FIELD])
+    except (ValueError, TypeError) as err:
+        raise ConversionError(f"{path}: {SEARCH_FIELD} holds no valid search settings ({err}); "
+                              f"correct it, {remove}.") from None
+    for name, ours in (("num_beams", search.beam_size), ("length_penalty", search.alpha)):
+        if name in values and values[name] != ours:
+            raise ConversionError(
+                f"{path}: {name} is {values[name]} but {SEARCH_FIELD} (the search settings the "
+                f"model was exported with) has {ours}; make them agree, {remove}.")
+    return search
 
-    shapes = {jax.tree_util.keystr(k): np.shape(v)
-              for k, v in jax.tree_util.tree_leaves_with_path(found)}
-    for key, leaf in jax.tree_util.tree_leaves_with_path(expected):
-        name = jax.tree_util.keystr(key)
-        if shapes.get(name) != tuple(leaf.shape):
-            raise ConversionError(f"{directory}: the weights give {name} the shape "
-                                  f"{shapes.get(name)} but config.json describes "
-                                  f"{tuple(leaf.shape)}; the files belong to different models.")
+
+_LAYER = re.compile(r"model\.(encoder|decoder)\.layers\.(\d+)\.")
+
+
+def check_weights(state: dict[str, np.ndarray], config: ModelConfig, weights: Path,
+                  directory: Path) -> None:
+    """Before anything is read: the weights hold as many layers as config.json says, every
+    tensor of that model with the shape config.json gives it, and nothing else (a repeated
+    copy of a tied embedding table must equal it). A ConversionError names the first tensor
+    that is not so and the config.json field it disagrees with."""
+    conf = directory / "config.json"
+    for side in ("encoder", "decoder"):
+        _check_layer_count(state, side, getattr(config, f"{side}_layers"), weights, conf)
+    shapes = marian_shapes(config)
+    optional = {"final_logits_bias", "model.encoder.embed_positions.weight",
+                "model.decoder.embed_positions.weight"}
+    copies: set[str] = set()
+    if config.share_embeddings:
+        table = ("model.shared.weight" if "model.shared.weight" in state
+                 else "model.encoder.embed_tokens.weight")
+        shapes = {table if name == "model.shared.weight" else name: dims
+                  for name, dims in shapes.items()}
+        copies = {"model.shared.weight", "model.encoder.embed_tokens.weight",
+                  "model.decoder.embed_tokens.weight", "lm_head.weight"} - {table}
+    else:
+        optional.add("lm_head.weight")  # an output tied to the decoder's table is left out
+    extra = sorted(set(state) - set(shapes) - copies)
+    if extra:
+        raise ConversionError(
+            f"{weights} has tensors that a MarianMT model of {conf} does not: "
+            f"{', '.join(extra[:3])}{', ...' * (len(extra) > 3)}; the files belong to "
+            "different models.")
+    for name, dims in shapes.items():
+        if name not in state and name not in optional:
+            raise ConversionError(f"{weights} has no {name}, which a MarianMT model of {conf} "
+                                  "has; the files belong to different models.")
+        if name in state:
+            _check_shape(name, np.shape(state[name]), dims, config, weights, conf)
+    for name in sorted(copies & set(state)):
+        same = (np.shape(state[name]) == np.shape(state[table])
+                and np.array_equal(state[name], state[table]))
+        if not same:
+            raise ConversionError(
+                f"{weights}: {name} differs from {table}, but {conf} ties them "
+                "(share_encoder_decoder_embeddings, tie_word_embeddings); a model whose tables "
+                "differ cannot be imported exactly with this config.json.")
+
+
+def _check_layer_count(state, side: str, layers: int, weights: Path, conf: Path) -> None:
+    found = 1 + max((int(m[2]) for m in map(_LAYER.match, state) if m and m[1] == side),
+                    default=-1)
+    if found == layers:
+        return
+    key = f"{side}_layers"
+    if found > layers:
+        extra = f"model.{side}.layers.{layers}.*"
+        if found - 1 > layers:
+            extra += f" to model.{side}.layers.{found - 1}.*"
+        what = f"{extra} are in {weights} but {conf} has {key} {layers}"
+    else:
+        what = (f"{conf} has {key} {layers} but {weights} has {found} {side} layers (no "
+                f"model.{side}.layers.{found}.*)")
+    raise ConversionError(f"{what}; set {key} to {found}, or use the config.json that came "
+                          "with the weights.")
+
+
+def _check_shape(name: str, shape: tuple, dims: tuple, config: ModelConfig, weights: Path,
+                 conf: Path) -> None:
+    """One tensor's shape against the one config.json gives (`dims`: ModelConfig fields)."""
+    shape = tuple(shape)
+    expected = tuple(d if isinstance(d, int) else getattr(config, d) for d in dims)
+    if shape == expected:
+        return
+    keys = {"d_model": "d_model", "vocab_size": "vocab_size",
+            "max_len": "max_position_embeddings",
+            "d_ff": "decoder_ffn_dim" if name.startswith("model.decoder") else "encoder_ffn_dim"}
+    if len(shape) == len(dims):
+        for dim, size, wanted in zip(dims, shape, expected):
+            if size != wanted and not isinstance(dim, int):
+                raise ConversionError(
+                    f"{weights}: {name} has shape {shape} but {conf}'s {keys[dim]} {wanted} "
+                    f"makes it {expected}; the weights have {keys[dim]} {size}: use the "
+                    "config.json that came with them.")
+    raise ConversionError(f"{weights}: {name} has shape {shape} but {conf} makes it "
+                          f"{expected}; the files belong to different models.")
 
 
 def import_marian(marian_dir: str | Path, out_dir: str | Path) -> Path:
     """Write the MarianMT model in `marian_dir` as our model directory `out_dir`.
 
-    Raises ConversionError naming the file or option that cannot be imported; writes
-    everything or nothing.
+    Raises ConversionError naming the file or option that cannot be imported; checks every
+    file before writing, and writes everything or nothing.
     """
     from flax import nnx
 
@@ -209,18 +357,22 @@ def import_marian(marian_dir: str | Path, out_dir: str | Path) -> Path:
     check_output_dir(out)
     raw = read_marian_config(directory)
     tokenizer = read_tokenizer(directory, raw.get("decoder_start_token_id"))
-    state = read_weights(directory)
+    check_pieces(directory, tokenizer)
+    weights = weights_file(directory)
+    state = read_weights(weights)
     config = model_config(raw, state, tokenizer, directory)
-    pure = from_marian_state(state, config)
+    check_weights(state, config, weights, directory)
+    search = search_config(directory)
     _, params, _ = abstract_params(config)
-    _check_shapes(pure, nnx.to_pure_dict(params), directory)
-    nnx.replace_by_pure_dict(params, pure)
+    nnx.replace_by_pure_dict(params, from_marian_state(state, config))
     languages = {key: raw[key] for key in ("source_lang", "target_lang") if key in raw}
     tok_config = directory / "tokenizer_config.json"
     if tok_config.is_file():
         languages.update({k: v for k, v in _read_json(tok_config, "").items()
                           if k in ("source_lang", "target_lang") and isinstance(v, str)})
-    if out.exists():
-        out.rmdir()  # empty (checked above); export_model writes it whole or not at all
-    return export_model(out, params, config, tokenizer, search_config(directory),
-                        {**languages, "imported_from": str(directory.resolve())})
+    # export_model writes its directory whole itself; inside our staging directory an
+    # interruption that a library swallowed still stops the import before it is published.
+    with staged_directory(out) as staging:
+        export_model(staging, params, config, tokenizer, search,
+                     {**languages, "imported_from": str(directory.resolve())})
+    return out

@@ -62,6 +62,46 @@ def read_model_config(model_dir: str | Path) -> tuple[ModelConfig, dict[str, Any
             "restore the config.json written with the model.") from None
 
 
+def read_search_config(model_dir: Path, values: dict[str, Any]) -> SearchConfig:
+    """The SearchConfig stored in `model_dir/config.json` (whose JSON is `values`), validated
+    as the declaration demands: a NaN alpha written by an older version is refused here, not
+    turned into empty translations."""
+    path = model_dir / CONFIG_FILE
+    stored = values.get("search", {})
+    try:
+        if not isinstance(stored, dict):
+            raise TypeError(f"expected an object of settings, got {stored!r}")
+        return SearchConfig.from_dict(stored)
+    except (ValueError, TypeError) as err:
+        raise ModelDirError(
+            f"{path}: invalid 'search' settings ({type(err).__name__}: {err}); correct that "
+            "value in the file (or restore the config.json written with the model), or "
+            "export the model again.") from None
+
+
+def check_not_transformers(model_dir: Path) -> None:
+    """ModelDirError pointing to the converter when `model_dir` holds a transformers model
+    (a config.json with a model_type, no params.msgpack) rather than one of ours."""
+    path = model_dir / CONFIG_FILE
+    if (model_dir / PARAMS_FILE).exists() or not path.is_file():
+        return
+    try:
+        model_type = json.loads(path.read_text()).get("model_type")
+    except (ValueError, OSError, AttributeError):  # not JSON, or not an object
+        return
+    if not isinstance(model_type, str):
+        return
+    if model_type == "marian":
+        raise ModelDirError(
+            f"{model_dir} is a transformers MarianMT model ({path}: model_type marian), not a "
+            f"model directory of this project; convert it with `python -m nmt.convert "
+            f"from-marian {model_dir} OUT` and pass OUT to --model.")
+    raise ModelDirError(
+        f"{model_dir} is a transformers model ({path}: model_type {model_type}), not a model "
+        "directory of this project; only MarianMT models can be converted (python -m "
+        "nmt.convert from-marian).")
+
+
 def export_model(model_dir: str | Path, params: Any, model_config: ModelConfig,
                  tokenizer: TokenizerBase | str | Path,
                  search_config: SearchConfig | None = None,
@@ -80,7 +120,7 @@ def export_model(model_dir: str | Path, params: Any, model_config: ModelConfig,
     with atomic_directory(model_dir) as staging:
         pure = jax.tree.map(lambda x: np.asarray(jax.device_get(x), np.float32),
                             nnx.to_pure_dict(params))
-        (staging / PARAMS_FILE).write_bytes(serialization.msgpack_serialize(pure))
+        _write(staging, model_dir, PARAMS_FILE, serialization.msgpack_serialize(pure))
         if isinstance(tokenizer, (str, Path)):
             tokenizer = load_tokenizer(tokenizer)
         tokenizer.save(staging)
@@ -88,8 +128,18 @@ def export_model(model_dir: str | Path, params: Any, model_config: ModelConfig,
         config = {"model": model_config.to_dict(),
                   "search": dataclasses.asdict(search_config or SearchConfig()),
                   "tokenizer": files[0] if len(files) == 1 else files, **(extra or {})}
-        (staging / CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+        text = json.dumps(config, indent=2, sort_keys=True) + "\n"
+        _write(staging, model_dir, CONFIG_FILE, text.encode("utf-8"))
     return model_dir
+
+
+def _write(staging: Path, model_dir: Path, name: str, data: bytes) -> None:
+    """Write `staging`/`name`; an OSError names the file as it would be, `model_dir`/`name`
+    (a full disk's error names no file of its own)."""
+    try:
+        (staging / name).write_bytes(data)
+    except OSError as err:
+        raise OSError(err.errno, err.strerror, str(model_dir / name)) from None
 
 
 def check_tokenizer(model_dir: Path, config: ModelConfig, tokenizer: TokenizerBase) -> None:
@@ -155,6 +205,7 @@ def load_model(path: str | Path, dtype: str | None = None
     """
 
     model_dir = resolve_model_dir(path)
+    check_not_transformers(model_dir)
     for name, what in ((CONFIG_FILE, "model configuration"), (PARAMS_FILE, "parameters")):
         if not (model_dir / name).is_file():
             raise ModelDirError(
@@ -165,6 +216,7 @@ def load_model(path: str | Path, dtype: str | None = None
             f"{model_dir} is not a complete model directory: {TOKENIZER_FILE} (SentencePiece "
             "model) is missing; copy the run's spm.model into it, or export the model again.")
     model_config, values = read_model_config(model_dir)
+    search = read_search_config(model_dir, values)  # before the slow part: a bad file fails fast
     if dtype is not None:
         model_config = dataclasses.replace(model_config, dtype=dtype)
     tokenizer = load_tokenizer(model_dir)
@@ -181,12 +233,7 @@ def load_model(path: str | Path, dtype: str | None = None
     model = nnx.merge(graphdef, params, rest)
     values = dict(values)
     values["model"] = model_config
-    try:
-        values["search"] = SearchConfig(**values.get("search", {}))
-    except (ValueError, TypeError) as err:
-        raise ModelDirError(
-            f"{model_dir / CONFIG_FILE}: invalid 'search' settings ({type(err).__name__}: "
-            f"{err}); restore the config.json written with the model.") from None
+    values["search"] = search
     return model, tokenizer, values
 
 

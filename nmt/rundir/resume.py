@@ -25,7 +25,13 @@ RUN_CONFIG_FILE = "config.yaml"  # the run's resolved settings, a recipe
 
 
 class ResumeError(RuntimeError):
-    """The run directory holds a run that these settings cannot continue."""
+    """The run directory holds a run that cannot be continued: its files are missing or
+    damaged (`SettingsMismatch`: these settings are not the run's)."""
+
+
+class SettingsMismatch(ResumeError):
+    """The run directory holds a run that these settings (another model, tokenizer, seed or
+    --init-from) cannot continue: a usage error."""
 
 
 def saved_run(run_dir: Path) -> RunConfig | None:
@@ -59,7 +65,7 @@ def check_same_tokenizer(run_dir: Path, run: RunConfig, saved: RunConfig | None)
         return
     path = run_dir / RUN_CONFIG_FILE
     if saved.trainer.init_from and run.trainer.init_from != saved.trainer.init_from:
-        raise ResumeError(
+        raise SettingsMismatch(
             f"the run in {run_dir} started from the model in --init-from "
             f"{saved.trainer.init_from} (see {path}), this run asks for "
             f"{run.trainer.init_from or 'none'}: pass --init-from {saved.trainer.init_from} to "
@@ -67,7 +73,7 @@ def check_same_tokenizer(run_dir: Path, run: RunConfig, saved: RunConfig | None)
     if run.trainer.init_from:
         return  # data.encoding checks that the run's tokenizer is the model's
     if saved.tokenizer.spm_model and not run.tokenizer.spm_model:
-        raise ResumeError(
+        raise SettingsMismatch(
             f"the run in {run_dir} uses the SentencePiece model of --spm-model "
             f"{saved.tokenizer.spm_model} (see {path}): pass that flag again to resume it.")
     if run.tokenizer.spm_model:
@@ -75,7 +81,7 @@ def check_same_tokenizer(run_dir: Path, run: RunConfig, saved: RunConfig | None)
     for name, flag in (("model_type", "--tokenizer-type"), ("vocab_size", "--vocab-size")):
         then, now = getattr(saved.tokenizer, name), getattr(run.tokenizer, name)
         if then != now:
-            raise ResumeError(
+            raise SettingsMismatch(
                 f"{run_dir / MODEL_FILE} was trained with {flag} {then} (see {path}), this run "
                 f"asks for {flag} {now}: pass {flag} {then} to resume with it, or use a new "
                 "--output-dir to train a new tokenizer.")
@@ -86,7 +92,7 @@ def check_same_seed(run_dir: Path, run: RunConfig, saved: RunConfig | None) -> N
     training data: resuming with another would repeat and skip pairs mid-epoch and could move
     validation pairs into training."""
     if saved is not None and saved.optimizer.seed != run.optimizer.seed:
-        raise ResumeError(
+        raise SettingsMismatch(
             f"{run_dir} was trained with --seed {saved.optimizer.seed} (see "
             f"{run_dir / RUN_CONFIG_FILE}), this run asks for --seed {run.optimizer.seed}: the "
             "seed fixes the order of the training pairs and the validation pairs held out of "
@@ -104,9 +110,9 @@ def check_same_model(run_dir: Path, model: ModelConfig, saved: RunConfig | None)
     if diff:
         changes = ", ".join(f"{k}: saved {getattr(then, k)!r}, now {getattr(model, k)!r}"
                             for k in diff)
-        raise ResumeError(f"{run_dir / RUN_CONFIG_FILE} was trained with a different model "
-                          f"({changes}); pass the same model flags to resume, or a new "
-                          "--output-dir.")
+        raise SettingsMismatch(f"{run_dir / RUN_CONFIG_FILE} was trained with a different "
+                               f"model ({changes}); pass the same model flags to resume, or a "
+                               "new --output-dir.")
 
 
 def batch_iterator(examples: Examples, config: BatchConfig, book: Bookkeeping, step: int

@@ -3,7 +3,8 @@
     PROG: error: WHAT (the value or path), what to do
 
 Exit status 2 for usage errors (a bad flag, value or path given by the user), 1 for faults
-met while running (disk full, damaged files), 130 after Ctrl-C. Set NMT_DEBUG=1 in the
+met while running (disk full, damaged files), 130 after Ctrl-C (SIGINT) and 143 after SIGTERM,
+also when the command saved its work before stopping. Set NMT_DEBUG=1 in the
 environment to get the traceback of an unexpected error instead of its one-line summary.
 """
 
@@ -18,6 +19,9 @@ from pathlib import Path
 from typing import Callable, NoReturn
 
 EXIT_FAULT, EXIT_USAGE, EXIT_INTERRUPTED = 1, 2, 130
+# A command that stopped on a signal after saving its work exits as the shell reports a
+# process killed by it: 128 + the signal's number.
+EXIT_SIGNALLED = {"SIGINT": EXIT_INTERRUPTED, "SIGTERM": 143}
 DEBUG_VARIABLE = "NMT_DEBUG"
 
 
@@ -148,8 +152,16 @@ def setup_logging(level: int, fmt: str, quiet_loggers: tuple[str, ...]) -> None:
         handler.addFilter(_NoLibraryTracebacks((*quiet_loggers, "asyncio")))
         sys.unraisablehook = _quiet_closed_loop(sys.__unraisablehook__)
     logging.basicConfig(level=level, handlers=[handler], force=True)
+    # An earlier set-up in this process (translate.py quiets `data`) must not mute this one's.
+    for name in _quieted - set(quiet_loggers):
+        logging.getLogger(name).setLevel(logging.NOTSET)
     for name in quiet_loggers:
         logging.getLogger(name).setLevel(logging.WARNING)
+    _quieted.clear()
+    _quieted.update(quiet_loggers)
+
+
+_quieted: set[str] = set()  # the loggers the last `setup_logging` set to warnings only
 
 
 def writable_directory(path: Path, flag: str) -> None:

@@ -1,24 +1,74 @@
 """Files and directories written whole or not at all: a reader never sees half of one, and any
 failure (an error, Ctrl-C, the SystemExit of a SIGTERM handler) leaves the earlier one as it
 was and no temporary beside it. The one way this project writes a file that must not be seen
-half-written."""
+half-written.
+
+Each writer of a file has its own temporary, `PATH.partial` (or `PATH.partial.1`, ... while
+another process writes the same path), held with an flock while it is written; the kernel
+releases that lock however its process ends, so the temporary of a process killed with
+SIGKILL is recognised and removed by the next writer of the same path. A writer publishes its
+file only if `PATH` is as it was when it began: a file that another process wrote there in the
+meantime is kept, and this writer's complete file is kept beside it (`ChangedMeanwhile`).
+"""
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
 import os
+import re
 import shutil
+import time
 from pathlib import Path
-from typing import IO, Iterator
+from typing import IO, Iterator, NamedTuple
+
+from nmt.runtime.cli import Fault
 
 PARTIAL_SUFFIX = ".partial"
+KEPT_SUFFIX = ".kept"
 _TEXT = {"encoding": "utf-8", "newline": "\n"}
+_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+_MAX_WRITERS = 100  # temporaries PATH.partial, PATH.partial.1, ... tried
+ABANDONED_AFTER = 60.0  # seconds: an unlocked temporary this old has lost its writer
 
 
-def partial_path(path: str | Path) -> Path:
-    """Where `atomic_file` writes `path` until it is complete: `PATH.partial`."""
+class ChangedMeanwhile(Fault):
+    """Another process wrote the destination while this one wrote its temporary."""
+
+
+class FileState(NamedTuple):
+    """What identifies one version of a file: replacing it or writing to it changes this."""
+
+    device: int
+    inode: int
+    size: int
+    mtime_ns: int
+
+
+def file_state(path: str | Path) -> FileState | None:
+    """The state of `path` now (of a symbolic link itself, not its target); None if absent."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    return FileState(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def partial_path(path: str | Path, number: int = 0) -> Path:
+    """Where `atomic_file` writes `path` until it is complete: `PATH.partial`, or with another
+    writer of the same path at work, `PATH.partial.NUMBER`."""
     path = Path(path)
-    return path.with_name(path.name + PARTIAL_SUFFIX)
+    return path.with_name(path.name + PARTIAL_SUFFIX + (f".{number}" if number else ""))
+
+
+def partial_paths(path: str | Path) -> list[Path]:
+    """The temporaries of `path` that exist now (being written, or left by a killed writer)."""
+    path = Path(path)
+    pattern = re.compile(re.escape(path.name + PARTIAL_SUFFIX) + r"(\.[0-9]+)?")
+    with contextlib.suppress(OSError):
+        return sorted(p for p in path.parent.iterdir() if pattern.fullmatch(p.name))
+    return []
 
 
 def staging_path(path: str | Path) -> Path:
@@ -27,35 +77,145 @@ def staging_path(path: str | Path) -> Path:
     return path.with_name(f".{path.name}{PARTIAL_SUFFIX}")
 
 
+def _lock(fd: int) -> bool:
+    """True when this process now holds the flock of `fd`; False while another does (or
+    where the file system has no flock: then only a file this process created is its own)."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return False
+    return True
+
+
+def _take_over(name: Path) -> int | None:
+    """An open descriptor of the temporary `name`, locked by this process, when its writer is
+    gone (killed: the kernel released its lock); None while a writer holds it. A file
+    modified within ABANDONED_AFTER seconds is left alone: its writer may have created it and
+    not yet locked it."""
+    try:
+        fd = os.open(name, os.O_WRONLY)
+    except OSError:
+        return None
+    try:
+        if _lock(fd):
+            st, named = os.fstat(fd), os.lstat(name)
+            if ((st.st_dev, st.st_ino) == (named.st_dev, named.st_ino)
+                    and time.time() - st.st_mtime > ABANDONED_AFTER):
+                return fd
+    except OSError:
+        pass
+    os.close(fd)
+    return None
+
+
+def _claim(path: Path) -> tuple[int, Path]:
+    """(open descriptor, name) of a temporary for `path` that this process alone writes,
+    locked: a new one, or an emptied one whose writer was killed."""
+    for number in range(_MAX_WRITERS):
+        candidate = partial_path(path, number)
+        try:
+            fd = os.open(candidate, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        except FileExistsError:
+            fd = _take_over(candidate)
+            if fd is None:
+                continue  # another writer's
+            os.ftruncate(fd, 0)
+            return fd, candidate
+        _lock(fd)  # for the next writer's look; ours by O_EXCL either way
+        return fd, candidate
+    raise Fault(f"{path}: {_MAX_WRITERS} other processes are writing it, or have left their "
+                f"temporaries {partial_path(path)}.N within the last minute; wait for them")
+
+
+def _remove_abandoned(path: Path, keep: Path) -> None:
+    """Remove the temporaries of `path` whose writers are gone (killed with SIGKILL)."""
+    for other in partial_paths(path):
+        if other != keep and (fd := _take_over(other)) is not None:
+            with contextlib.suppress(OSError):
+                other.unlink()
+            os.close(fd)
+
+
+def _keep_aside(partial: Path, path: Path) -> Path:
+    """Give the complete temporary a name of its own, `PATH.kept` (or `PATH.kept.N`), without
+    replacing anything there."""
+    for number in range(_MAX_WRITERS):
+        kept = path.with_name(path.name + KEPT_SUFFIX + (f".{number}" if number else ""))
+        try:
+            os.link(partial, kept)
+        except FileExistsError:
+            continue
+        except OSError:  # no hard links here: a rename, after looking
+            if kept.exists() or kept.is_symlink():
+                continue
+            os.rename(partial, kept)
+            return kept
+        partial.unlink()
+        return kept
+    return partial
+
+
+def _publish(partial: Path, path: Path, since: FileState | None) -> None:
+    """Rename the complete `partial` onto `path`, unless `path` changed since `since`."""
+    now = file_state(path)
+    if now != since:
+        kept = _keep_aside(partial, path)
+        raise ChangedMeanwhile(
+            f"{path} was written by another process while this one was writing it; that file "
+            f"is kept, and this run's complete output is in {kept}: compare the two and "
+            f"rename {kept} onto {path} if it is the one you want (or run one command at a "
+            "time per output file).")
+    os.replace(partial, path)
+
+
 @contextlib.contextmanager
-def atomic_file(path: str | Path, mode: str = "w") -> Iterator[IO]:
-    """An open file ("w": UTF-8 text with "\\n" line ends, "wb": bytes), written into
-    `partial_path(path)` and, when the block ends without error, synced to disk and renamed
-    onto `path`: even a crash leaves the old file or the whole new one."""
+def atomic_file(path: str | Path, mode: str = "w", since: FileState | None | str = "now"
+                ) -> Iterator[IO]:
+    """An open file ("w": UTF-8 text with "\\n" line ends, "wb": bytes), written into a
+    temporary of its own (`partial_path`) and, when the block ends without error, synced to
+    disk and renamed onto `path`: even a crash leaves the old file or the whole new one.
+
+    `since` is the `file_state` of `path` when the work began ("now": when this is called);
+    if `path` changed after it, the result is not renamed onto it but kept beside it, and
+    ChangedMeanwhile says where. (Between that last look and the rename another writer could
+    still slip in; the window is one system call wide.)"""
     if mode not in ("w", "wb"):
         raise ValueError(f"atomic_file writes with mode 'w' or 'wb', not {mode!r}")
     path = Path(path)
-    partial = partial_path(path)
-    handle = None
+    if since == "now":
+        since = file_state(path)
+    fd, partial = _claim(path)
+    _remove_abandoned(path, keep=partial)
+    handle, publishing = None, False
     try:
-        handle = open(partial, mode, **({} if mode == "wb" else _TEXT))
+        handle = open(fd, mode, **({} if mode == "wb" else _TEXT))
         yield handle
         handle.flush()
         os.fsync(handle.fileno())
-        handle.close()
-        os.replace(partial, path)
-    except BaseException:
-        if handle is not None:
-            with contextlib.suppress(OSError):  # a full disk again: the first error is the one
+        publishing = True
+        _publish(partial, path, since)  # while the lock is held: nobody takes it over
+    except BaseException as err:
+        if not (publishing and isinstance(err, ChangedMeanwhile)):  # else kept aside
+            with contextlib.suppress(OSError):
+                partial.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # a full disk again: the first error is the one
+            if handle is not None:
                 handle.close()
-        with contextlib.suppress(OSError):
-            partial.unlink(missing_ok=True)
+            else:
+                os.close(fd)
+        if isinstance(err, OSError) and not err.filename and err.errno in _FULL:
+            # A write or flush that found the disk full names no file: name the one written.
+            raise OSError(err.errno, err.strerror, str(path)) from err
         raise
+    with contextlib.suppress(OSError):  # synced and in place: closing cannot change that
+        handle.close()
 
 
-def write_atomically(path: str | Path, data: str | bytes) -> None:
-    """Replace `path` with `data` (text as UTF-8), whole or not at all."""
-    with atomic_file(path, "wb" if isinstance(data, bytes) else "w") as out:
+def write_atomically(path: str | Path, data: str | bytes,
+                     since: FileState | None | str = "now") -> None:
+    """Replace `path` with `data` (text as UTF-8), whole or not at all; `since` as for
+    `atomic_file`."""
+    with atomic_file(path, "wb" if isinstance(data, bytes) else "w", since) as out:
         out.write(data)
 
 

@@ -31,6 +31,7 @@ from transformer.config import (
     ModelConfig,
     OptimizerConfig,
     SearchConfig,
+    check_finite_fields,
     get_preset,
     setting,
 )
@@ -103,6 +104,10 @@ class TrainerConfig:
     progress: bool = setting(True, "show a progress bar on a terminal")
 
     def __post_init__(self) -> None:
+        try:
+            check_finite_fields(self)
+        except ValueError as err:
+            raise SettingsError(str(err)) from None
         for name in ("eval_every", "log_every", "keep_last"):
             if getattr(self, name) < 1:
                 raise SettingsError(f"--{_flag(name)} must be >= 1, got {getattr(self, name)}.")

@@ -14,9 +14,14 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from data.config import TokenizerConfig
 from nmt.settings.config import SECTIONS, Layer, SettingsError
+from transformer.config import ARCHITECTURE, PRESETS, ModelConfig
 
 log = logging.getLogger("train.py")
+
+PRESET_KEY = "preset"  # in the model section (as in nmt.settings.recipes)
+MODEL_IDS = ("vocab_size", "pad_id", "unk_id", "bos_id", "eos_id")  # the tokenizer's
 
 
 def implied_layers(asked: Layer) -> list[Layer]:
@@ -41,30 +46,69 @@ def _layer(section: str, values: dict[str, Any], origin: str) -> Layer:
 
 
 def init_from_architecture(path: str, asked: Layer) -> Layer:
-    """With --init-from, the model's architecture is that model's: a layer setting it.
-    SettingsError if the directory is no model, or the recipe or flags ask for another
-    architecture or vocabulary size."""
+    """With --init-from, the model's architecture, vocabulary and special ids are that
+    model's: a layer setting them (and the tokenizer's vocab_size, where TokenizerConfig can
+    hold the model's). SettingsError if the directory is no model, or the recipe or flags ask
+    for another architecture (a key, or a preset with another) or vocabulary size."""
     from nmt.models.model_dir import ModelDirError, read_model_config, resolve_model_dir
-    from transformer.config import ARCHITECTURE
 
     try:
         config, _ = read_model_config(resolve_model_dir(path))
     except ModelDirError as err:
         raise SettingsError(f"--init-from: {err}") from None
     origin = f"--init-from {path}"
-    for name in ARCHITECTURE:
-        if name in asked["model"] and asked["model"][name][0] != getattr(config, name):
-            value, where = asked["model"][name]
-            raise SettingsError(
-                f"{where} conflicts with {origin}, whose model has {name} "
-                f"{getattr(config, name)!r}: a fine-tuned model keeps the architecture it "
-                f"starts from; drop {where}.")
+    _check_architecture(config, asked, origin)
     if "vocab_size" in asked["tokenizer"] and (
             asked["tokenizer"]["vocab_size"][0] != config.vocab_size):
-        raise SettingsError(f"--vocab-size {asked['tokenizer']['vocab_size'][0]}, but the model "
-                            f"of {origin} has {config.vocab_size} pieces; drop --vocab-size.")
+        value, where = asked["tokenizer"]["vocab_size"]
+        raise SettingsError(f"{where} conflicts with {origin}, whose model has "
+                            f"{config.vocab_size} pieces, not {value}: a fine-tuned model keeps "
+                            f"its tokenizer; drop {where}.")
     # The vocabulary is the model's tokenizer's: no tokenizer is trained.
-    return _layer("model", {name: getattr(config, name) for name in ARCHITECTURE}, origin)
+    layer = _layer("model", {name: getattr(config, name) for name in (*ARCHITECTURE, *MODEL_IDS)},
+                   origin)
+    if _tokenizer_can_hold(config.vocab_size):  # Marian vocabularies may be smaller
+        layer["tokenizer"]["vocab_size"] = (config.vocab_size, f"{origin} (vocab_size)")
+    return layer
+
+
+def _check_architecture(config: ModelConfig, asked: Layer, origin: str) -> None:
+    """SettingsError unless the architecture asked for, the preset named (if any) with the
+    model keys given, is `config`'s."""
+    preset = asked["model"].get(PRESET_KEY)
+    for name in ARCHITECTURE:
+        own = getattr(config, name)
+        if name in asked["model"]:
+            value, where = asked["model"][name]
+            if value != own:
+                raise SettingsError(
+                    f"{where} conflicts with {origin}, whose model has {name} {own!r}: a "
+                    f"fine-tuned model keeps the architecture it starts from; drop {where}.")
+        elif preset is not None and getattr(PRESETS[preset[0]], name) != own:
+            name_of_preset, where = preset
+            same = preset_with_architecture(config)
+            instead = f"--preset {same} (that model's architecture), or " if same else ""
+            raise SettingsError(
+                f"{where} conflicts with {origin}, whose model has {name} {own!r} (preset "
+                f"{name_of_preset} has {getattr(PRESETS[name_of_preset], name)!r}): a "
+                f"fine-tuned model keeps the architecture it starts from; give {instead}drop "
+                f"{where} (dropout and dtype have flags of their own).")
+
+
+def preset_with_architecture(model: ModelConfig) -> str | None:
+    """The preset whose architecture is `model`'s, or None."""
+    return next((name for name, preset in PRESETS.items()
+                 if all(getattr(preset, key) == getattr(model, key) for key in ARCHITECTURE)),
+                None)
+
+
+def _tokenizer_can_hold(vocab_size: int) -> bool:
+    """Whether a TokenizerConfig takes `vocab_size` (it refuses sizes below its minimum)."""
+    try:
+        TokenizerConfig(vocab_size=vocab_size)
+    except ValueError:
+        return False
+    return True
 
 
 def spm_model_vocabulary(path: str, asked: Layer) -> Layer:

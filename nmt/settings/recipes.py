@@ -14,7 +14,8 @@ field names another (`--warmup` for optimizer.warmup_steps). A section's former 
 loads (`train:` for `optimizer:`, `nmt.settings.config.RENAMED_SECTIONS`), so older recipes and
 run directories keep working; `dump` writes today's names. Flat JSON recipes keyed by flag
 names ({"batch-tokens": 4096}) load too. A run is built from layers, later ones winning:
-train.py's defaults (`nmt/settings/defaults.yaml`), the recipe, the flags. Unknown sections
+train.py's defaults (`nmt/settings/defaults.yaml`), the recipe, the flags; a layer that names
+a split's source (`--train-file`) replaces the source earlier ones named. Unknown sections
 and keys, wrong types and invalid values are `SettingsError`s naming the file, line and key
 (or flag).
 
@@ -42,7 +43,7 @@ from nmt.settings.config import RENAMED_SECTIONS, SECTIONS, Layer, RunConfig, Se
 from transformer.config import PRESETS, get_preset
 
 DEFAULTS_FILE = Path(__file__).with_name("defaults.yaml")
-PRESET_KEY = "preset"  # in the model section: the preset its other keys change
+PRESET_KEY = derived.PRESET_KEY  # in the model section: the preset its other keys change
 
 
 # ----------------------------------------------------------------------------- fields
@@ -219,6 +220,9 @@ _Loader.add_implicit_resolver(
 def read_recipe(path: str | Path) -> Layer:
     """The settings of a recipe file: YAML with sections, or a flat JSON object of flags."""
     path = Path(path)
+    if path.is_dir():
+        raise SettingsError(f"--config {path}: is a directory; give a recipe file in it (.yaml "
+                            "or .json), e.g. configs/multi30k_small.yaml or a run's config.yaml")
     if not path.is_file():
         raise SettingsError(f"--config {path}: no such file")
     try:
@@ -226,9 +230,12 @@ def read_recipe(path: str | Path) -> Layer:
         text = path.read_text(encoding="utf-8-sig")
     except (OSError, UnicodeDecodeError) as err:
         raise SettingsError(f"--config {path}: cannot read it ({err})") from None
-    if path.suffix.lower() == ".json":
-        return _read_json(path, text)
-    return _read_yaml(path, text)
+    layer = _read_json(path, text) if path.suffix.lower() == ".json" else _read_yaml(path, text)
+    if not any(layer.values()):
+        raise SettingsError(f"--config {path}: the recipe sets nothing (it is empty, or holds "
+                            "only comments); write its settings in it, or drop --config to use "
+                            "train.py's defaults")
+    return layer
 
 
 def _read_json(path: Path, text: str) -> Layer:
@@ -304,11 +311,12 @@ _VARIABLE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 def expand_variables(text: str, where: str) -> str:
     """`${NAME}` and `${NAME:-default}` in a recipe's string value, from the environment: a
     recipe names where its data usually lies and a user points it elsewhere without editing
-    it (`MULTI30K=~/data/multi30k python train.py --config ...`)."""
+    it (`MULTI30K=~/data/multi30k python train.py --config ...`). As in the shell, the
+    default replaces a variable that is unset or empty."""
     def value(match: re.Match) -> str:
         name, default = match.group(1), match.group(2)
-        if name in os.environ:
-            return os.environ[name]
+        if os.environ.get(name) or (name in os.environ and default is None):
+            return os.environ[name]  # as in the shell: an empty NAME takes :-'s default
         if default is None:
             raise SettingsError(f"{where}: needs the environment variable {name} (or write "
                                 f"${{{name}:-DEFAULT}} in the recipe)")
@@ -348,13 +356,25 @@ def defaults() -> Layer:
 # ----------------------------------------------------------------------------- building
 
 
+# Keys of the data section that name one source of a split: a layer that gives one of them
+# replaces the source of earlier layers (a --train-file flag beside a recipe's train_prefix).
+SOURCE_KEYS = (("train_prefix", "train_file", "dataset", "builtin"),
+               ("valid_prefix", "valid_file"), ("test_prefix", "test_file"))
+
+
 def merge(*layers: Layer) -> Layer:
     """One layer of `layers`, later ones winning. A layer that names a preset starts the
-    model afresh: model keys of earlier layers do not carry over to another preset."""
+    model afresh: model keys of earlier layers do not carry over to another preset. A layer
+    that names a split's source (`SOURCE_KEYS`) drops the other sources of that split that
+    earlier layers named."""
     merged = _empty()
     for layer in layers:
         if PRESET_KEY in layer["model"]:
             merged["model"] = {}
+        for keys in SOURCE_KEYS:
+            if any(layer["data"].get(key, (None,))[0] for key in keys):
+                for key in keys:
+                    merged["data"].pop(key, None)
         for section, values in layer.items():
             merged[section].update(values)
     return merged
@@ -488,9 +508,11 @@ def given(layer: Layer, section: str, name: str) -> bool:
 
 def dump(run: RunConfig) -> str:
     """The recipe of `run` as YAML: `load` of it gives `run` back. The model section holds the
-    preset and the values that differ from it; every other section holds all its settings."""
+    preset and the values that differ from it; every other section holds all its settings,
+    but for the vocabulary size of a run with --init-from: it is the model's, derived again."""
     preset = PRESETS[run.preset]
     sections: dict[str, dict[str, Any]] = {}
+    notes: dict[str, str] = {}
     for section in SECTIONS:
         config = getattr(run, section)
         values = {}
@@ -500,11 +522,14 @@ def dump(run: RunConfig) -> str:
             value = getattr(config, field.name)
             if section == "model" and value == getattr(preset, field.name):
                 continue
+            if (section, field.name) == ("tokenizer", "vocab_size") and run.trainer.init_from:
+                notes[section] = "  # vocab_size: the model's, as trainer.init_from gives it\n"
+                continue
             values[field.name] = list(value) if isinstance(value, tuple) else value
         sections[section] = values
     head = ("# Every setting of this run; `python train.py --config THIS_FILE` runs it again.\n")
     body = "\n".join(yaml.safe_dump({section: values}, sort_keys=False, allow_unicode=True,
-                                    default_flow_style=None)
+                                    default_flow_style=None) + notes.get(section, "")
                      for section, values in sections.items())
     return head + body
 
@@ -513,8 +538,13 @@ def resolve(defaults_layer: Layer, *layers: Layer) -> RunConfig:
     """The RunConfig of `layers` over `defaults_layer`, with the settings that the files they
     name imply (`nmt.settings.derived`: --init-from's architecture, --spm-model's vocabulary).
     train.py's flags and `load` both build their settings here."""
-    implied = derived.implied_layers(merge(*layers))  # the defaults do not count
-    return build(defaults_layer, *layers, *implied)
+    asked = merge(*layers)  # the defaults do not count
+    run = build(defaults_layer, *layers, *derived.implied_layers(asked))
+    if run.trainer.init_from and PRESET_KEY not in asked["model"]:
+        # The run is named after the preset of the model's architecture, where one has it.
+        run = dataclasses.replace(
+            run, preset=derived.preset_with_architecture(run.model) or run.preset)
+    return run
 
 
 def load(path: str | Path) -> RunConfig:

@@ -3,6 +3,7 @@
 Settings come from train.py's defaults, then the recipe, then the flags (`nmt.settings.recipes`).
 Every mistake or fault ends in one line, `train.py: error: ...` (exit 2 for bad flags, values
 and paths, 1 for faults while running); NMT_DEBUG=1 shows the traceback of an unexpected error.
+A run stopped by SIGINT or SIGTERM saves, prints how to resume, and exits 130 or 143.
 Nothing here imports JAX before the flags are checked: `train.py --help` answers at once.
 """
 
@@ -90,6 +91,7 @@ def _run(run: RunConfig, args: argparse.Namespace) -> int:
     from nmt.rundir import resume
     from nmt.rundir.checkpoints import CHECKPOINTS_DIR, CheckpointError, SaveError, complete_steps
     from nmt.rundir.lock import RunDirectoryInUse
+    from nmt.training.errors import RunMismatch
     from nmt.training.metrics_log import MetricsWriteError
     from nmt.training.trainer import TrainingError, train
     from nmt.translation.scoring import MetricError, bleu_settings
@@ -107,12 +109,15 @@ def _run(run: RunConfig, args: argparse.Namespace) -> int:
         check_files(run.data)  # a missing corpus, before any tokenizer or compilation
         if run.trainer.eval_sentences:  # MeCab for a Japanese or Korean target, say
             bleu_settings(run.data.tgt, run.trainer.bleu_tokenize)
-        train(run, run_dir)
+        summary = train(run, run_dir)
+    except RunMismatch as err:  # the flags given do not fit the run in --output-dir
+        raise cli.UsageError(str(err)) from None
     except (TrainingError, SaveError, MetricsWriteError, RunDirectoryInUse) as err:
         raise cli.Fault(str(err)) from None
     except (DataError, CheckpointError, MetricError, resume.ResumeError) as err:
         raise cli.UsageError(str(err)) from None
-    return 0
+    # Saved and resumable, but not finished: `train.py ... && translate.py ...` stops here.
+    return cli.EXIT_SIGNALLED.get(summary["stopped"], 0)
 
 
 def _average_only(run: RunConfig, run_dir) -> int:

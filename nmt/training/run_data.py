@@ -30,7 +30,7 @@ class PreparedCorpus:
     valid_examples: Examples
     batch_config: BatchConfig  # training batches: accum x rows
     eval_batch_config: BatchConfig
-    valid_sources: list[str]
+    valid_sources: list[str]  # of the validation pairs kept (valid_examples), in order
     valid_targets: list[str]
     counts: dict[str, int]  # pairs per split, as read
 
@@ -50,10 +50,12 @@ def eval_batch_config(run: RunConfig, model_max_len: int, devices: int) -> Batch
     """Batching of the validation loss: every pair the model can take, whatever its length
     or length ratio (the training filters do not apply). Packed like training (one shape),
     or bucketed."""
+    # No pair of at most model_max_len tokens a side (EOS included) has a larger ratio.
+    any_ratio = float(model_max_len)
     if run.batching.packing:
         return dataclasses.replace(
             run.batching, batch_tokens=max(run.batching.batch_tokens, model_max_len * devices),
-            max_len=model_max_len, max_ratio=float("inf"), pack_width=None,
+            max_len=model_max_len, max_ratio=any_ratio, pack_width=None,
             num_devices=devices)
     buckets = [b for b in run.batching.buckets or DEFAULT_BUCKETS if b < model_max_len]
     # Widths past the training buckets double up to the model's limit: long validation pairs
@@ -62,12 +64,13 @@ def eval_batch_config(run: RunConfig, model_max_len: int, devices: int) -> Batch
         buckets.append(min(2 * buckets[-1], model_max_len) if buckets else model_max_len)
     return dataclasses.replace(
         run.batching, batch_tokens=max(run.batching.batch_tokens, model_max_len * devices),
-        max_len=model_max_len, max_ratio=float("inf"), buckets=tuple(buckets),
+        max_len=model_max_len, max_ratio=any_ratio, buckets=tuple(buckets),
         num_devices=devices)
 
 
 def prepare_data(run: RunConfig, run_dir: Path, model_max_len: int) -> PreparedCorpus:
-    """Read the corpus, train (or reuse) the tokenizer, encode and filter train and validation.
+    """Read the corpus, train (or reuse) the tokenizer, encode and filter train and validation
+    (validation's text for BLEU too).
 
     A test split is read (load_corpus reads what the spec names) but not encoded: training
     never uses it; the summary gives the translate.py command that scores it.
@@ -88,10 +91,11 @@ def prepare_data(run: RunConfig, run_dir: Path, model_max_len: int) -> PreparedC
     devices = jax.device_count()
     batch_config = train_batch_config(run, model_max_len, devices)
     valid_batch_config = eval_batch_config(run, model_max_len, devices)
-    valid = corpus["validation"]
     train_examples = load_examples(encoded["train"], batch_config, "train", tokenizer.ids)
     valid_examples = load_examples(encoded["validation"], valid_batch_config, "validation",
                                    tokenizer.ids)
+    # Validation translates the pairs it scores: none that the length filter dropped.
+    valid = corpus["validation"].select(valid_examples.index)
     return PreparedCorpus(tokenizer=tokenizer,
                           train_examples=train_examples, valid_examples=valid_examples,
                           batch_config=fit_width(batch_config, train_examples.src_len,

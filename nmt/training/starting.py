@@ -24,7 +24,7 @@ from nmt.rundir.checkpoints import CHECKPOINTS_DIR, Checkpointer, complete_steps
 from nmt.runtime.compilation import AheadOfTime, CompileLog
 from nmt.runtime.distributed import local_copy
 from nmt.settings.config import RunConfig
-from nmt.training.errors import TrainingError
+from nmt.training.errors import RunMismatch, TrainingError
 from nmt.training.run_data import PreparedCorpus, prepare_data
 from nmt.training.summary import echo
 from nmt.training.validation import Validator
@@ -68,7 +68,8 @@ class Start:
 
 def prepare_start(run: RunConfig, run_dir: Path, compile_log: CompileLog) -> Start:
     """The run's data, and its state restored from `run_dir` (or initialized); raises
-    TrainingError when `run_dir` holds a run with another model, tokenizer or seed."""
+    RunMismatch when `run_dir` holds a run with another model, tokenizer, seed or
+    --init-from, TrainingError when its files are missing or damaged."""
     bleu = validation_bleu(run)  # before any work: a BLEU tokenizer that is missing fails
     mesh = make_mesh()
     # The tokenizer will have tokenizer.vocab_size pieces: the model is initialized (and its
@@ -135,10 +136,12 @@ def _prepare_data(run: RunConfig, run_dir: Path, model_config: ModelConfig) -> P
         if complete_steps(run_dir / CHECKPOINTS_DIR):
             resume.check_same_model(run_dir, model_config, saved)
             resume.check_same_seed(run_dir, run, saved)
+    except resume.SettingsMismatch as err:
+        raise RunMismatch(str(err)) from None
     except resume.ResumeError as err:
         raise TrainingError(str(err)) from None
     if run.model_for(data.tokenizer) != model_config:
-        raise TrainingError(
+        raise RunMismatch(
             f"the tokenizer in {run_dir} has {data.tokenizer.vocab_size} pieces but the run's "
             f"vocabulary size (--vocab-size) is {model_config.vocab_size}; set "
             f"--vocab-size {data.tokenizer.vocab_size}.")

@@ -22,7 +22,8 @@ def echo(message: str) -> None:
 def announcement(run: RunConfig, params, model_config, data, budget: str, run_dir: Path) -> str:
     """The line that starts training: model, data, devices, budget."""
     n_params = sum(x.size for x in jax.tree.leaves(params))
-    return (f"Training {run.preset} ({n_params:,} parameters, vocabulary "
+    model = f"the model of {run.trainer.init_from}" if run.trainer.init_from else run.preset
+    return (f"Training {model} ({n_params:,} parameters, vocabulary "
             f"{model_config.vocab_size}) on {data.counts.get('train', 0)} pairs "
             f"({len(data.train_examples)} after length filtering), {jax.device_count()} "
             f"{jax.devices()[0].platform} device(s), {jax.process_count()} process(es); "

@@ -47,7 +47,7 @@ from nmt.runtime.distributed import barrier
 from nmt.runtime.files import write_atomically
 from nmt.settings import recipes
 from nmt.settings.config import RunConfig
-from nmt.training.errors import TrainingError, divergence
+from nmt.training.errors import TrainingError, divergence, out_of_memory
 from nmt.training.hooks import Hooks, Periodic
 from nmt.training.metrics_log import MetricsWindow, MetricsWriteError, MetricsWriter
 from nmt.training.platform_check import BudgetForecast
@@ -69,8 +69,9 @@ def train(run: RunConfig, workdir: str | Path | None = None) -> dict[str, Any]:
     Returns a summary: run_dir, model_dir, steps, stopped ("max_steps", "max_epochs",
     "max_minutes", "early_stop", "SIGINT"/"SIGTERM"), best_metric, best_score and best_step
     (None when no best was tracked), last_eval, minutes, translate_command, and test_command
-    when a test split was given. Raises TrainingError when the loss stops being finite or
-    `workdir` holds a run with another model, tokenizer or seed; SaveError or
+    when a test split was given. Raises TrainingError when the loss stops being finite,
+    memory runs out, or `workdir` holds a run with another model, tokenizer or seed
+    (RunMismatch, a TrainingError); SaveError or
     MetricsWriteError when a file cannot be written (the checkpoints before it stay intact);
     RunDirectoryInUse when another trainer runs in `workdir`.
     """
@@ -83,11 +84,14 @@ def train(run: RunConfig, workdir: str | Path | None = None) -> dict[str, Any]:
         with CompileLog().active() as compile_log:
             try:
                 trainer = Trainer(run, run_dir, compile_log)
-            except BaseException:  # missing data, say: a run that never started leaves none
-                if created:
+            except BaseException as err:  # missing data, say: a run that never started
+                if created:               # leaves none
                     with contextlib.suppress(OSError):  # not empty, or removed by another
                         (run_dir / LOCK_FILE).unlink()
                         run_dir.rmdir()
+                error = out_of_memory(err, run)
+                if error is not None:
+                    raise error from None
                 raise
             return trainer.train_and_export()
 
@@ -156,6 +160,12 @@ class Trainer:
         except (TrainingError, SaveError, MetricsWriteError):
             self.close(quietly=True)
             raise
+        except jax.errors.JaxRuntimeError as err:  # out of memory, where a shape first runs
+            self.close(quietly=True)
+            error = out_of_memory(err, self.run)
+            if error is None:
+                raise
+            raise error from None
         except KeyboardInterrupt:  # Ctrl-C twice: no more saving, but nothing left half-done
             self.close(quietly=True)
             last = self.saver.latest_step()

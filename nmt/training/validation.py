@@ -76,7 +76,8 @@ class Validator:
         t0 = time.monotonic()
         translator = Translator(model, data.tokenizer, self.search, buckets=self.widths)
         with self.compile_log.labelled(f"search [widths {','.join(map(str, self.widths))}]"):
-            hyps = translator.translate(sources)
+            hyps = [nbest[0].text for nbest in
+                    translator.translate_nbest(sources, source="validation set")]
         scores = scoring.evaluate(hyps, refs, **self.bleu)
         for src, ref, hyp in list(zip(sources, refs, hyps))[: self.samples]:
             self.echo(f"  SRC: {src}\n  REF: {ref}\n  HYP: {hyp}")

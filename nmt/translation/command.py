@@ -13,8 +13,14 @@ entered. Output is flushed after every chunk. --input is checked whole before th
 loaded (an invalid line is reported at once), then read in chunks of --chunk-lines lines, so
 memory does not grow with the file; a progress bar shows the lines done.
 
---output OUT is written as the translations come, into OUT.partial, which replaces OUT only
-when every line is done: an interrupted or failed run leaves the earlier OUT as it was.
+--input may be a pipe (`<(command)`, a FIFO, /dev/stdin): it is then read once, as stdin is,
+without the checking pass and the progress bar.
+
+--output OUT is written as the translations come, into a temporary of this run's own
+(`nmt.runtime.files.atomic_file`), which replaces OUT only when every line is done: an
+interrupted or failed run leaves the earlier OUT as it was, and if another run wrote OUT after
+this one started, OUT is kept and this run's output is left beside it (exit status 1). An
+output that is one of the input files is refused before anything is read.
 
 Within a call, `nmt.models.translator.Translator` sorts sentences by length into batches of
 at most --batch-tokens source tokens and restores input order. An empty line gives an empty
@@ -57,8 +63,9 @@ marian-scorer); --normalize divides by the reference's tokens. It takes the same
 flags as --evaluate and works with ensembles.
 
 Everything but translations and scores goes to stderr. Exit status: 0 on success, 1 for a bad
-model directory or input (the message names the file and line), 2 for invalid flags; every
-error is one line, and NMT_DEBUG=1 shows the traceback of an unexpected one.
+model directory or input (the message names the file and line), 2 for invalid flags, values
+(NaN and infinity, checked before the model loads) and output paths; every error is one line,
+and NMT_DEBUG=1 shows the traceback of an unexpected one.
 This module parses and checks the flags, loads the model and hands the work on: reading and
 writing lines to `nmt.translation.streams`, test sets to `nmt.translation.evaluation`,
 translating to `nmt.models.translator`, the heatmap to `nmt.translation.plotting`.
@@ -82,6 +89,7 @@ from nmt.runtime.files import atomic_file
 from nmt.settings import recipes
 from nmt.translation import evaluation, streams
 from nmt.translation.errors import InputError, UsageError
+from transformer.config import check_finite
 
 log = logging.getLogger("translate.py")
 
@@ -177,6 +185,12 @@ def check_args(args: argparse.Namespace) -> None:
         if getattr(args, name) < 1:
             raise UsageError(f"--{name.replace('_', '-')} must be >= 1, "
                              f"got {getattr(args, name)}.")
+    for name, (value, origin) in recipes.from_args(args)["search"].items():
+        try:  # the rest needs the model's stored settings; NaN and infinity need nothing
+            check_finite("SearchConfig", {name: value})
+        except ValueError as err:
+            raise UsageError(f"{origin}: {err} Give a finite number, or leave the flag out to "
+                             "use the model's setting.") from None
     if args.input is not None and args.sentences:
         raise UsageError("give sentences as arguments or --input FILE, not both.")
     if args.plot_attention and len(args.sentences) != 1:
@@ -282,7 +296,7 @@ def run(args: argparse.Namespace) -> int:
     """Check the flags and files, load the model, then translate, evaluate or score."""
     check_args(args)
     # Check files before the slow model load, so a bad input or output path fails fast.
-    streams.check_output_paths(args)
+    outputs_at_start = streams.check_output_paths(args)
     reads_file = args.input not in (None, "-")
     input_line_count = streams.count_valid_lines(args.input) if reads_file else None
     if args.input in (None, "-") and not args.sentences and not (args.evaluate or args.score):
@@ -298,9 +312,11 @@ def run(args: argparse.Namespace) -> int:
     with contextlib.ExitStack() as stack:
         out = sys.stdout
         if args.output:
-            out = stack.enter_context(atomic_file(args.output))
+            out = stack.enter_context(atomic_file(args.output,
+                                                  since=outputs_at_start["output"]))
         if args.evaluate:
-            evaluation.run_evaluation(translator, args, values, out, test_set, bleu)
+            evaluation.run_evaluation(translator, args, values, out, test_set, bleu,
+                                      outputs_at_start)
         elif args.score:
             evaluation.run_scoring(translator, args, values, out, test_set)
         else:

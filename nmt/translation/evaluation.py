@@ -14,10 +14,17 @@ from pathlib import Path
 from typing import IO
 
 from data.config import DataError
-from nmt.runtime.files import write_atomically
+from nmt.runtime.files import FileState, write_atomically
 from nmt.translation import scoring
 from nmt.translation.errors import InputError, UsageError
-from nmt.translation.streams import one_line, progress_bar, read_lines, translate_lines
+from nmt.translation.streams import (
+    OUTPUT_FLAGS,
+    check_not_an_input,
+    one_line,
+    progress_bar,
+    read_lines,
+    translate_lines,
+)
 
 log = logging.getLogger("translate.py")
 
@@ -52,6 +59,11 @@ def evaluation_data(args: argparse.Namespace, values: dict) -> tuple[list[str], 
         return _test_file(args.test_file, src, tgt)
     else:
         return _dataset_split(args, src, tgt)
+    if args.test_prefix:  # named only now; --src-file and --ref-file were checked earlier
+        for flag in OUTPUT_FLAGS:
+            if getattr(args, flag, None):
+                check_not_an_input(f"--{flag.replace('_', '-')}", getattr(args, flag),
+                                   [("--test-prefix's", src_path), ("--test-prefix's", ref_path)])
     sources, references = read_lines(src_path), read_lines(ref_path)
     if len(sources) != len(references):
         raise InputError(f"{src_path} has {len(sources)} lines but {ref_path} has "
@@ -93,10 +105,13 @@ def _dataset_split(args, src, tgt) -> tuple[list[str], list[str], str]:
 
 def run_evaluation(translator, args: argparse.Namespace, values: dict, out: IO[str],
                    test_set: tuple[list[str], list[str], str] | None = None,
-                   bleu: dict[str, str | None] | None = None) -> dict:
+                   bleu: dict[str, str | None] | None = None,
+                   outputs_at_start: dict[str, FileState | None] | None = None) -> dict:
     """Translate the test set (`test_set` if already read, else `evaluation_data`), print
     BLEU and chrF (`bleu`: `bleu_settings`, checked here unless given), then write
-    --hyp-file and --report."""
+    --hyp-file and --report (refused if another process wrote them after
+    `outputs_at_start`, `streams.check_output_paths`' states; unset: after translating)."""
+    since = outputs_at_start or {}
     bleu = bleu or bleu_settings(args, values)  # before translating: MeCab may be missing
     sources, references, description = test_set or evaluation_data(args, values)
     log.info("evaluating on %s: %d sentences", description, len(sources))
@@ -115,13 +130,15 @@ def run_evaluation(translator, args: argparse.Namespace, values: dict, out: IO[s
               f"chrF signature: {scores.chrf_signature}\n")
     out.flush()
     if args.hyp_file:
-        write_atomically(args.hyp_file, "".join(h + "\n" for h in hypotheses))
+        write_atomically(args.hyp_file, "".join(h + "\n" for h in hypotheses),
+                         since.get("hyp_file", "now"))
     models = args.model[0] if len(args.model) == 1 else args.model  # a list: an ensemble
     report = {**scores.to_dict(), "test_set": description, "sentences": len(sources),
               "model": models, "search": dataclasses.asdict(translator.search),
               "translate_seconds": round(seconds, 3), "hyp_file": args.hyp_file}
     if args.report:
-        write_atomically(args.report, json.dumps(report, indent=2, ensure_ascii=False) + "\n")
+        write_atomically(args.report, json.dumps(report, indent=2, ensure_ascii=False) + "\n",
+                         since.get("report", "now"))
     log.info("translated %d sentences in %.2f s", len(sources), seconds)
     return report
 

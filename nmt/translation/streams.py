@@ -15,8 +15,9 @@ from typing import IO, Callable, Sequence
 from tqdm import tqdm
 
 from data.config import DataError
-from data.lines import iter_lines, read_lines as read_text_lines, stream_chunks
-from nmt.translation.errors import InputError
+from data.lines import is_regular_file, iter_lines, read_lines as read_text_lines, stream_chunks
+from nmt.runtime.files import FileState, file_state
+from nmt.translation.errors import InputError, UsageError
 
 log = logging.getLogger("translate.py")
 
@@ -70,25 +71,70 @@ def progress_bar(total: int, quiet: bool):
                 dynamic_ncols=True)
 
 
-def check_output_paths(args: argparse.Namespace) -> None:
-    """InputError unless every output file can be created: a typo in --hyp-file must fail
-    before the model is loaded, not throw away a finished evaluation."""
-    for flag in ("output", "hyp_file", "report", "plot_attention"):
-        value = getattr(args, flag)
-        if not value:
-            continue
-        path, name = Path(value), "--" + flag.replace("_", "-")
+OUTPUT_FLAGS = ("output", "hyp_file", "report", "plot_attention")
+INPUT_FLAGS = ("input", "src_file", "ref_file", "test_file")
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _same_file(a: str | Path, b: str | Path) -> bool:
+    """Whether two paths name one file: by device and inode when both exist (another path, a
+    symbolic or hard link), else by their resolved paths."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return os.path.realpath(a) == os.path.realpath(b)
+
+
+def check_output_paths(args: argparse.Namespace) -> dict[str, FileState | None]:
+    """UsageError unless every output file can be created and is neither an input file nor
+    another output: a typo in --hyp-file must fail before the model is loaded, not throw
+    away a finished evaluation, and `--output` must never replace the text it translates.
+    Returns each output's `file_state` now: its writing compares against it at the end, so a
+    file another process wrote meanwhile is not replaced silently."""
+    states = {}
+    outputs = [(name, getattr(args, name)) for name in OUTPUT_FLAGS if getattr(args, name)]
+    inputs = [(_flag(name), getattr(args, name)) for name in INPUT_FLAGS
+              if getattr(args, name, None) not in (None, "-")]
+    for index, (flag, value) in enumerate(outputs):
+        path, name = Path(value), _flag(flag)
         if path.is_dir():
-            raise InputError(f"{name} {path}: is a directory; give a file name.")
+            raise UsageError(f"{name} {path}: is a directory; give a file name.")
         if not path.parent.is_dir():
-            raise InputError(f"{name} {path}: directory {path.parent} does not exist; create "
+            raise UsageError(f"{name} {path}: directory {path.parent} does not exist; create "
                              "it or choose another path.")
         if not os.access(path if path.exists() else path.parent, os.W_OK):
-            raise InputError(f"{name} {path}: not writable; choose another path.")
+            raise UsageError(f"{name} {path}: not writable; choose another path.")
+        check_not_an_input(name, path, inputs)
+        for earlier, other in outputs[:index]:
+            if _same_file(path, other):
+                raise UsageError(f"{name} {path}: is the same file as {_flag(earlier)} "
+                                 f"{other}; give each output its own path.")
+        states[flag] = file_state(path)
+    return states
 
 
-def count_valid_lines(path: str) -> int:
-    """The number of lines of --input, every one checked to be UTF-8 (in constant memory)."""
+def check_not_an_input(name: str, output: str | Path, inputs: list[tuple[str, str | Path]]
+                       ) -> None:
+    """UsageError when the output `output` (given by flag `name`) is one of the `inputs`
+    ((flag or description, path) of the files read)."""
+    for input_name, path in inputs:
+        if _same_file(output, path):
+            raise UsageError(
+                f"{name} {output}: is the same file as {input_name} {path}; writing it would "
+                "replace the text read from there; give another output path.")
+
+
+def count_valid_lines(path: str) -> int | None:
+    """The number of lines of --input, every one checked to be UTF-8 (in constant memory);
+    None for a pipe or device (`<(command)`, a FIFO, /dev/stdin), which can be read only
+    once: it is then checked as it is translated."""
+    if os.path.exists(path) and not os.path.isdir(path) and not is_regular_file(path):
+        if not os.access(path, os.R_OK):
+            raise InputError(f"{path}: cannot read (permission denied).")
+        return None
     try:
         return sum(1 for _ in iter_lines(path))
     except DataError as err:
@@ -107,14 +153,15 @@ def check_stdin() -> None:
 
 
 def file_chunks(path: str, chunk_lines: int):
-    """(first line number, lines) of a file, `chunk_lines` at a time."""
+    """(first line number, lines) of a file or pipe, `chunk_lines` at a time."""
     with open(path, "rb") as handle:
         yield from stream_chunks(handle.fileno(), chunk_lines, where=path)
 
 
 def translate_input(translator, args: argparse.Namespace, input_line_count: int | None,
                     out: IO[str], model, tokenizer) -> None:
-    """Translate the SENTENCE arguments, --input or stdin to `out`."""
+    """Translate the SENTENCE arguments, --input (`input_line_count` lines, None for a pipe)
+    or stdin to `out`."""
     nbest = args.nbest is not None
     start = time.perf_counter()
     if args.sentences:
@@ -127,8 +174,8 @@ def translate_input(translator, args: argparse.Namespace, input_line_count: int 
 
             save_attention_plot(model, tokenizer, translator, args.sentences[0],
                                 results[0][0], args)
-    elif input_line_count is not None:
-        with progress_bar(input_line_count, args.quiet) as bar:
+    elif args.input not in (None, "-"):
+        with progress_bar(input_line_count or 0, args.quiet) as bar:  # none for a pipe
             count = translate_chunks(translator, file_chunks(args.input, args.chunk_lines), out,
                                      args.input, nbest, progress=bar.update)
     else:

@@ -1,0 +1,367 @@
+"""`python -m nmt.convert` against mismatched files, signals, a full disk and the umask.
+
+A tiny model (tests/translate_model.py) and its MarianMT export stand for the model and the
+MarianMT directory a user converts; the export's files are spoiled one at a time. Every
+refusal is one line naming the file and the value at fault, and leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import errno
+import gc
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from nmt.convert import marian
+from nmt.convert.__main__ import main
+from nmt.models.model_dir import load_model
+from nmt.models.translator import Translator
+from translate_model import make_model, sentences
+
+pytest.importorskip("safetensors")
+
+REPO = Path(__file__).resolve().parents[1]
+ERROR = "python -m nmt.convert: error: "
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory) -> Path:
+    return make_model(tmp_path_factory.mktemp("run")) / "model"
+
+
+@pytest.fixture(scope="module")
+def exported(model, tmp_path_factory) -> Path:
+    """The model as a MarianMT directory (to-marian)."""
+    return marian.export_marian(model, tmp_path_factory.mktemp("hf") / "marian")
+
+
+def convert(argv: list, capsys) -> tuple[int, list[str]]:
+    code = main([str(a) for a in argv])
+    return code, capsys.readouterr().err.strip().splitlines()
+
+
+def spoiled(exported: Path, tmp_path: Path, **changes) -> Path:
+    """A copy of the MarianMT directory whose config.json has `changes` (None: key removed)."""
+    directory = tmp_path / "marian"
+    shutil.copytree(exported, directory)
+    config = json.loads((directory / "config.json").read_text())
+    for key, value in changes.items():
+        if value is None:
+            del config[key]
+        else:
+            config[key] = value
+    (directory / "config.json").write_text(json.dumps(config))
+    return directory
+
+
+def assert_refused(directory: Path, tmp_path: Path, capsys, *named: str) -> str:
+    """from-marian exits 2 with one line naming `named`, and writes nothing."""
+    code, err = convert(["from-marian", directory, tmp_path / "out"], capsys)
+    assert code == 2 and len(err) == 1, err
+    assert err[0].startswith(ERROR), err[0]
+    for text in named:
+        assert text in err[0], err[0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["marian"]
+    return err[0]
+
+
+# ----------------------------------------------------------------------------- import checks
+
+
+@pytest.mark.parametrize("changes, named", [
+    ({"encoder_layers": 1}, ["model.encoder.layers.1.* are in", "model.safetensors",
+                             "has encoder_layers 1", "set encoder_layers to 2"]),
+    ({"decoder_layers": 1}, ["model.decoder.layers.1.* are in", "has decoder_layers 1"]),
+    ({"decoder_layers": 3}, ["has decoder_layers 3 but", "has 2 decoder layers",
+                             "set decoder_layers to 2"]),
+], ids=["fewer encoder layers", "fewer decoder layers", "more decoder layers"])
+def test_layers_the_config_does_not_count_are_refused(changes, named, exported, tmp_path,
+                                                      capsys):
+    assert_refused(spoiled(exported, tmp_path, **changes), tmp_path, capsys, *named)
+
+
+def test_a_tensor_of_no_marian_model_is_refused(exported, tmp_path, capsys):
+    from safetensors.numpy import load_file, save_file
+
+    directory = spoiled(exported, tmp_path)
+    state = load_file(str(directory / "model.safetensors"))
+    state["model.encoder.adapter.weight"] = np.zeros((4, 4), np.float32)
+    save_file(state, str(directory / "model.safetensors"))
+    assert_refused(directory, tmp_path, capsys, "model.safetensors has tensors",
+                   "model.encoder.adapter.weight")
+
+
+@pytest.mark.parametrize("changes, named", [
+    ({"d_model": 48}, ["model.shared.weight has shape (300, 24)",
+                       "d_model 48 makes it (300, 48)", "the weights have d_model 24"]),
+    ({"encoder_ffn_dim": 32, "decoder_ffn_dim": 32},
+     ["model.encoder.layers.0.fc1.weight has shape (40, 24)", "encoder_ffn_dim 32"]),
+    ({"max_position_embeddings": 32}, ["embed_positions.weight has shape (64, 24)",
+                                       "max_position_embeddings 32"]),
+], ids=["d_model", "ffn", "positions"])
+def test_a_config_that_does_not_fit_the_weights_names_field_and_shape(changes, named, exported,
+                                                                      tmp_path, capsys):
+    assert_refused(spoiled(exported, tmp_path, **changes), tmp_path, capsys, *named)
+
+
+@pytest.mark.parametrize("key", ["encoder_ffn_dim", "decoder_attention_heads", "d_model"])
+def test_a_missing_dimension_is_named(key, exported, tmp_path, capsys):
+    assert_refused(spoiled(exported, tmp_path, **{key: None}), tmp_path, capsys,
+                   f"config.json has no '{key}'")
+
+
+def other_sentencepiece_model(size: int) -> bytes:
+    import io
+    import random
+
+    import sentencepiece as spm
+
+    rng = random.Random(3)
+    words = ["the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "zebras"]
+    texts = [" ".join(rng.choice(words) for _ in range(8)) for _ in range(500)]
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(texts), model_writer=model,
+                                   vocab_size=size, model_type="unigram", minloglevel=2)
+    return model.getvalue()
+
+
+def test_sentencepiece_models_of_another_vocabulary_are_refused(exported, tmp_path, capsys):
+    directory = spoiled(exported, tmp_path)
+    (directory / "target.spm").write_bytes(other_sentencepiece_model(40))
+    line = assert_refused(directory, tmp_path, capsys, "target.spm: ", "pieces are not in "
+                          "vocab.json", "belong to different models", "at most 1%")
+    assert "'▁" in line  # examples of the missing pieces
+
+
+def test_a_few_missing_pieces_are_counted_in_a_warning(exported, caplog):
+    """OPUS-MT's vocab.json may lack a few pieces of its SentencePiece models: up to 1% of
+    them is a warning, more an error."""
+    from types import SimpleNamespace
+
+    import sentencepiece as spm
+
+    from nmt.convert.common import ConversionError
+    from nmt.convert.marian_import import check_pieces
+
+    processor = spm.SentencePieceProcessor(model_proto=(exported / "source.spm").read_bytes())
+    vocab = json.loads((exported / "vocab.json").read_text())
+    pieces = [p for p in vocab if p not in ("<pad>", "<unk>", "<s>", "</s>")]
+    assert len(pieces) == 296
+    for missing in (2, 3):  # 1% of 296 pieces: 2.96
+        kept = {p: i for p, i in vocab.items() if p not in pieces[-missing:]}
+        tokenizer = SimpleNamespace(source=processor, target=processor, vocab=kept)
+        if missing == 2:
+            check_pieces(exported, tokenizer)
+            assert "source.spm: 2 of its 296 pieces are not in vocab.json" in caplog.text
+        else:
+            with pytest.raises(ConversionError, match="3 of its 296 pieces are not in"):
+                check_pieces(exported, tokenizer)
+
+
+# ----------------------------------------------------------------------------- search settings
+
+
+def test_a_round_trip_through_marian_searches_as_before(model, exported, tmp_path, capsys):
+    code, err = convert(["from-marian", exported, tmp_path / "back"], capsys)
+    assert code == 0, err
+    original, back = load_model(model), load_model(tmp_path / "back")
+    assert back[2]["search"] == original[2]["search"]
+    assert back[2]["search"].length_penalty == "gnmt"  # not transformers' power penalty
+    texts = sentences(30, seed=7)
+    outputs = [[h[0].tokens for h in Translator(m, tok, values["search"]).translate_nbest(texts)]
+               for m, tok, values in (original, back)]
+    assert outputs[0] == outputs[1]
+
+
+@pytest.mark.parametrize("edit, named", [
+    ({"num_beams": 6}, "num_beams is 6 but nmt_search"),
+    ({"nmt_search": {"beam_size": 0}}, "nmt_search holds no valid search settings"),
+    ({"nmt_search": {"beam": 4}}, "nmt_search holds no valid search settings"),
+])
+def test_edited_search_settings_are_not_ignored(edit, named, exported, tmp_path, capsys):
+    directory = spoiled(exported, tmp_path)
+    path = directory / "generation_config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), **edit}))
+    assert_refused(directory, tmp_path, capsys, "generation_config.json: ", named,
+                   "remove nmt_search")
+
+
+# ----------------------------------------------------------------------------- paths
+
+
+IMPORT_FIRST = ("is a transformers model (config.json: model_type marian), not a model directory "
+                "of this project; import a MarianMT model first: python -m nmt.convert "
+                "from-marian {} OUT.")
+
+
+def test_path_mistakes_are_usage_errors(model, exported, tmp_path, capsys):
+    (tmp_path / "file").write_text("x")
+    cases = [
+        (["to-marian", tmp_path / "missing", tmp_path / "out"], "MODEL", "does not exist"),
+        (["to-ctranslate2", tmp_path / "file", tmp_path / "out"], "MODEL", "is a file"),
+        (["to-marian", tmp_path, tmp_path / "out"], "MODEL", "has neither config.json"),
+        (["to-marian", exported, tmp_path / "out"], "MODEL", IMPORT_FIRST.format(exported)),
+        (["to-marian", model, tmp_path / "file" / "out"], "OUT", "is a file"),
+    ]
+    for argv, flag, named in cases:
+        code, err = convert(argv, capsys)
+        assert code == 2 and len(err) == 1, (argv, err)
+        assert err[0].startswith(f"{ERROR}{flag} ") and named in err[0], err[0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
+
+
+# ----------------------------------------------------------------------------- files written
+
+
+COMMANDS = ["to-marian", "to-ctranslate2", "from-marian"]
+
+
+def source_of(command: str, model: Path, exported: Path) -> Path:
+    if command == "to-ctranslate2":
+        pytest.importorskip("ctranslate2")
+    return exported if command == "from-marian" else model
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_written_files_follow_the_umask(command, model, exported, tmp_path, capsys):
+    source = source_of(command, model, exported)
+    previous = os.umask(0o022)
+    try:
+        code, err = convert([command, source, tmp_path / "out"], capsys)
+    finally:
+        os.umask(previous)
+    assert code == 0, err
+    modes = {p.name: p.stat().st_mode & 0o777 for p in (tmp_path / "out").iterdir()}
+    assert modes and all(mode == 0o644 for mode in modes.values()), modes
+    assert (tmp_path / "out").stat().st_mode & 0o777 == 0o755
+
+
+def run_command(argv: list, first: str = "") -> subprocess.Popen:
+    """`python -m nmt.convert ARGV` (after the Python statements `first`), with SIGINT not
+    ignored, as it would be if these tests ran as a background job."""
+    python = [sys.executable, "-m", "nmt.convert"]
+    if first:
+        code = (f"{first}; import runpy, sys; sys.argv[0] = 'nmt'; "
+                "runpy.run_module('nmt.convert', run_name='__main__', alter_sys=True)")
+        python = [sys.executable, "-c", code]
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # the child: SIG_DFL
+    try:
+        return subprocess.Popen([*python, *map(str, argv)], cwd=REPO, stderr=subprocess.PIPE,
+                                text=True, env={k: v for k, v in os.environ.items()
+                                                if k != "NMT_DEBUG"})
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_a_full_disk_names_the_file_and_keeps_the_old_output(command, model, exported,
+                                                             tmp_path):
+    """Writes beyond RLIMIT_FSIZE fail as on a full disk: an OSError that names no file."""
+    source = source_of(command, model, exported)
+    out = tmp_path / "out"
+    out.mkdir()  # the old (empty) output
+    process = run_command([command, source, out], first="import resource; resource.setrlimit("
+                          "resource.RLIMIT_FSIZE, (100_000, 100_000))")
+    err = process.communicate(timeout=300)[1].strip().splitlines()
+    assert process.returncode == 1 and len(err) == 1, err
+    # the file being written, as it would have been called in OUT
+    named = {"to-marian": out / "model.safetensors", "to-ctranslate2": out / "model.bin",
+             "from-marian": out / "params.msgpack"}[command]
+    assert err[0] == f"{ERROR}{named}: File too large", err[0]
+    assert [p.name for p in tmp_path.iterdir()] == ["out"] and not list(out.iterdir())
+
+
+def test_a_full_disk_is_said_so(model, tmp_path, capsys, monkeypatch):
+    real = Path.write_bytes
+
+    def disk_full(self, data):
+        if self.name == "model.safetensors":
+            real(self, data[: len(data) // 2])
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))  # as write(2) gives it
+        return real(self, data)
+
+    monkeypatch.setattr(Path, "write_bytes", disk_full)
+    code, err = convert(["to-marian", model, tmp_path / "out"], capsys)
+    line = (f"{ERROR}{tmp_path / 'out' / 'model.safetensors'}: no space left on the device; "
+            "free some space (or choose a directory on another disk) and run the same command "
+            "again")
+    assert code == 1 and err == [line]
+    assert list(tmp_path.iterdir()) == []
+
+
+# ----------------------------------------------------------------------------- interruptions
+
+
+def test_an_interruption_a_library_swallows_still_stops_the_export(model, tmp_path, capsys,
+                                                                   monkeypatch):
+    """Python prints, and forgets, an exception raised in a garbage collection callback (JAX
+    registers one): a Ctrl-C arriving there must still stop the command."""
+    real_config = marian.marian_config
+
+    def ctrl_c_during_collection(phase, info):
+        if phase == "start":
+            gc.callbacks.remove(ctrl_c_during_collection)
+            signal.raise_signal(signal.SIGINT)
+
+    def config_after_collection(config):
+        gc.callbacks.append(ctrl_c_during_collection)
+        gc.collect()
+        return real_config(config)
+
+    monkeypatch.setattr(marian, "marian_config", config_after_collection)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        code, err = convert(["to-marian", model, tmp_path / "out"], capsys)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert code == 130 and err[-1] == "python -m nmt.convert: interrupted", err
+    assert list(tmp_path.iterdir()) == []
+
+
+def tree(directory: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(directory)): p.read_bytes()
+            for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_a_signal_leaves_nothing_behind(command, model, exported, tmp_path):
+    """SIGINT and SIGTERM at a few points of a conversion (fractions of its duration here):
+    exit status 130 or 143 and nothing left, or, when the signal came after the output was
+    complete, that whole output."""
+    source = source_of(command, model, exported)
+    start = time.monotonic()
+    complete = run_command([command, source, tmp_path / "complete"])
+    complete.communicate(timeout=300)
+    duration = time.monotonic() - start
+    assert complete.returncode == 0
+    expected = tree(tmp_path / "complete")
+    interrupted = set()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        for fraction in (0.2, 0.5, 0.8):
+            parent = tmp_path / f"{signum}-{fraction}"
+            parent.mkdir()
+            process = run_command([command, source, parent / "out"])
+            time.sleep(fraction * duration)
+            process.send_signal(signum)
+            err = process.communicate(timeout=300)[1]
+            left = sorted(p.name for p in parent.iterdir())
+            assert left in ([], ["out"]), (signum, fraction, left, err)
+            if left:  # only a complete output, published before the signal was seen
+                assert tree(parent / "out") == expected
+            if f"Wrote {parent / 'out'}" in err:
+                assert process.returncode in (0, 128 + signum, -signum), err
+            else:
+                assert process.returncode == 128 + signum, (signum, fraction, err)
+                said = "interrupted" if signum == signal.SIGINT else "terminated"
+                assert err.strip().splitlines()[-1] == f"python -m nmt.convert: {said}", err
+                interrupted.add(signum)
+    assert interrupted == {signal.SIGINT, signal.SIGTERM}

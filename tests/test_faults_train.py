@@ -1,0 +1,302 @@
+"""train.py, its recipes and the corpus download under hostile input: each case ends correct or
+in one line naming what is wrong and what to do, with the exit status of the README's rule (2
+for bad flags, values and paths, 1 for faults while running, 130 and 143 after SIGINT and
+SIGTERM)."""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import urllib.error
+from pathlib import Path
+
+import jax
+import pytest
+
+import nmt.training.trainer
+import nmt.training.validation
+import train as train_cli
+from data import download
+from nmt.settings import recipes
+from nmt.settings.config import SettingsError
+from synthetic_corpus import write_corpus
+from translate_model import make_model
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory) -> Path:
+    """A tiny exported model (preset tiny's architecture, 300 pieces) to fine-tune."""
+    return make_model(tmp_path_factory.mktemp("init") / "run") / "model"
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> dict[str, str]:
+    root = tmp_path_factory.mktemp("corpus")
+    valid = write_corpus(root, 20, 1, "valid")
+    # Validation pair 6 is longer than the model's 64 positions.
+    for side, word in (("en", "red"), ("de", "RED")):
+        path = Path(f"{valid}.{side}")
+        lines = path.read_text().splitlines()
+        lines[5] = " ".join([word] * 90)
+        path.write_text("\n".join(lines) + "\n")
+    return {"train": write_corpus(root, 200, 0, "train"), "valid": valid}
+
+
+@pytest.fixture(autouse=True)
+def cache(tmp_path_factory, monkeypatch):
+    """One compilation and encoding cache for the module: only the first run compiles."""
+    monkeypatch.setenv("FLAX_NMT_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
+
+
+def _fine_tune(model, corpus, out, steps=2, *extra) -> list[str]:
+    return ["--init-from", str(model), "--train-prefix", corpus["train"],
+            "--valid-prefix", corpus["valid"], "--batch-tokens", "256",
+            "--max-tokens-per-sentence", "16", "--warmup", "2", "--max-steps", str(steps),
+            "--eval-every", "2", "--eval-sentences", "0", "--no-progress",
+            "--output-dir", str(out), *extra]
+
+
+def _error_line(capsys) -> str:
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("train.py: error:")]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def fine_tuned(model, corpus, tmp_path_factory) -> tuple[Path, list[str]]:
+    """A fine-tuning run of two steps, and its flags."""
+    out = tmp_path_factory.mktemp("runs") / "tuned"
+    args = _fine_tune(model, corpus, out)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("FLAX_NMT_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
+        assert train_cli.main(args) == 0
+    return out, args
+
+
+# ----------------------------------------------------------------------------- --init-from
+
+
+def test_a_preset_with_another_architecture_than_init_from_is_refused(model, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert train_cli.main(["--init-from", str(model), "--preset", "base",
+                           "--output-dir", str(out)]) == 2
+    line = _error_line(capsys)
+    assert f"--preset base conflicts with --init-from {model}" in line
+    assert "whose model has d_model 24 (preset base has 512)" in line
+    assert "give --preset tiny" in line and "drop --preset base" in line
+    assert not out.exists()
+    # The model's own preset may be named: it brings that preset's dropout.
+    run, _ = train_cli.resolve(["--init-from", str(model), "--preset", "tiny"])
+    assert run.preset == "tiny" and run.model.dropout == recipes.PRESETS["tiny"].dropout
+
+
+def test_a_fine_tuning_runs_config_reruns_it_exactly(fine_tuned, tmp_path):
+    out, args = fine_tuned
+    run, _ = train_cli.resolve(args)
+    # What the run used: the model's architecture, named by its preset, and its vocabulary.
+    assert (run.preset, run.tokenizer.vocab_size, run.model.vocab_size) == ("tiny", 300, 300)
+    assert recipes.load(out / "config.yaml") == run
+    again = tmp_path / "again"
+    assert train_cli.main(["--config", str(out / "config.yaml"), "--output-dir", str(again),
+                           "--max-steps", "3"]) == 0
+    assert recipes.load(again / "config.yaml") == run.replace(
+        trainer={"output_dir": str(again), "max_steps": 3})
+
+
+def test_a_marian_vocabulary_below_the_tokenizers_minimum_reloads(corpus, tmp_path):
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from test_convert_import import make_opus_dir
+
+    from nmt.convert.marian_import import import_marian
+
+    imported = import_marian(make_opus_dir(tmp_path / "opus", corpus), tmp_path / "imported")
+    run, _ = train_cli.resolve(["--init-from", str(imported), "--dropout", "0.2"])
+    assert run.model.vocab_size < 300 and run.model.activation == "swish"
+    saved = tmp_path / "config.yaml"
+    saved.write_text(recipes.dump(run))
+    assert recipes.load(saved) == run
+
+
+def test_settings_that_cannot_resume_a_fine_tuning_run_are_usage_errors(fine_tuned, corpus,
+                                                                       capsys):
+    _, args = fine_tuned
+    without = [a for a in args if a not in ("--init-from", args[1])]
+    assert train_cli.main([*without, "--max-steps", "4"]) == 2
+    assert "pass --init-from" in _error_line(capsys)
+    assert train_cli.main([*args, "--max-steps", "4", "--seed", "5"]) == 2
+    assert "pass --seed 0 to resume" in _error_line(capsys)
+
+
+# ----------------------------------------------------------------------------- while training
+
+
+def _kill_at_step(monkeypatch, step: int, signum: int) -> None:
+    real = nmt.training.trainer.Trainer._train_one_step
+
+    def train_one_step(self):
+        if self.step == step:
+            os.kill(os.getpid(), signum)
+        return real(self)
+
+    monkeypatch.setattr(nmt.training.trainer.Trainer, "_train_one_step", train_one_step)
+
+
+@pytest.mark.parametrize("signum, status", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_a_run_stopped_by_a_signal_saves_and_exits_as_the_shell_expects(
+        signum, status, model, corpus, tmp_path, monkeypatch, capsys):
+    out = tmp_path / "run"
+    _kill_at_step(monkeypatch, 1, signum)
+    assert train_cli.main(_fine_tune(model, corpus, out, 10**6)) == status
+    printed = capsys.readouterr().out
+    assert "checkpoint saved" in printed
+    assert f"--output-dir {out} --resume" in printed
+
+
+def test_out_of_memory_is_one_line_with_the_settings_to_lower(model, corpus, tmp_path,
+                                                               monkeypatch, capsys):
+    def exhausted(self):
+        raise jax.errors.JaxRuntimeError(
+            "RESOURCE_EXHAUSTED: Out of memory allocating 67301106816 bytes.")
+
+    monkeypatch.setattr(nmt.training.trainer.Trainer, "_train_one_step", exhausted)
+    assert train_cli.main(_fine_tune(model, corpus, tmp_path / "run", 5, "--no-packing")) == 1
+    line = _error_line(capsys)
+    assert "out of memory while training: XLA asked for 62.7 GiB (67301106816 bytes)" in line
+    assert "the host has" in line and "GiB free" in line
+    assert "--batch-tokens (now 256)" in line and "--max-tokens-per-sentence (now 16" in line
+    assert "--batch-tokens 128 --accum 2" in line
+
+    # Where the state is first made: one line too, and no run directory left.
+    def start(*args):
+        raise jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: Out of memory allocating 8 bytes.")
+
+    monkeypatch.setattr(nmt.training.trainer, "prepare_start", start)
+    assert train_cli.main(_fine_tune(model, corpus, tmp_path / "new")) == 1
+    assert "(8 bytes)" in _error_line(capsys)
+    assert not (tmp_path / "new").exists()
+
+
+def test_validation_translates_only_the_pairs_the_length_filter_kept(model, corpus, tmp_path,
+                                                                    monkeypatch, capsys):
+    translated = []
+    real = nmt.training.validation.Translator.translate_nbest
+
+    def translate_nbest(self, sentences, *args, **kwargs):
+        translated.extend(sentences)
+        return real(self, sentences, *args, **kwargs)
+
+    monkeypatch.setattr(nmt.training.validation.Translator, "translate_nbest", translate_nbest)
+    args = _fine_tune(model, corpus, tmp_path / "run", 1, "--eval-every", "1",
+                      "--eval-sentences", "20", "--samples", "0")
+    assert train_cli.main(args) == 0
+    err = capsys.readouterr().err
+    valid = Path(f"{corpus['valid']}.en").read_text().splitlines()
+    assert translated == valid[:5] + valid[6:]
+    assert "validation: kept 19 of 20 pairs" in err and "input line" not in err
+
+
+# ----------------------------------------------------------------------------- recipes
+
+
+def test_a_source_flag_replaces_the_recipes_source(tmp_path):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("data:\n  train_prefix: corpus/train\n  valid_prefix: corpus/valid\n")
+    run, _ = train_cli.resolve(["--config", str(recipe), "--train-file", "pairs.tsv",
+                                "--valid-file", "valid.tsv"])
+    assert (run.data.train_file, run.data.train_prefix) == ("pairs.tsv", None)
+    assert (run.data.valid_file, run.data.valid_prefix) == ("valid.tsv", None)
+    run, _ = train_cli.resolve(["--config", str(recipe), "--builtin"])
+    assert run.data.builtin and run.data.train_prefix is None
+    # Two sources in one layer are still one too many.
+    with pytest.raises(SettingsError, match="give one training source"):
+        train_cli.resolve(["--train-file", "a.tsv", "--dataset", "wmt14"])
+
+
+@pytest.mark.parametrize("name, text", [("empty.yaml", ""), ("comments.yaml", "# nothing\n"),
+                                        ("sections.yaml", "model:\ndata:\n"),
+                                        ("empty.json", '{"#": "a comment"}')])
+def test_an_empty_recipe_is_an_error(name, text, tmp_path, capsys):
+    recipe = tmp_path / name
+    recipe.write_text(text)
+    assert train_cli.main(["--config", str(recipe), "--output-dir", str(tmp_path / "r")]) == 2
+    line = _error_line(capsys)
+    assert f"--config {recipe}: the recipe sets nothing" in line
+    assert not (tmp_path / "r").exists()
+
+
+def test_a_recipe_directory_is_named_as_one(tmp_path, capsys):
+    assert train_cli.main(["--config", str(tmp_path)]) == 2
+    assert f"--config {tmp_path}: is a directory; give a recipe file" in _error_line(capsys)
+
+
+def test_an_empty_variable_takes_the_default_as_in_the_shell(monkeypatch):
+    monkeypatch.setenv("MULTI30K", "")
+    run = recipes.load(REPO / "configs/multi30k_cpu.yaml")
+    assert run.data.train_prefix == "data/multi30k/train"
+    assert recipes.expand_variables("${MULTI30K}/x", "here") == "/x"  # no default: as it is
+    monkeypatch.setenv("MULTI30K", "/mine")
+    assert recipes.load(REPO / "configs/multi30k_cpu.yaml").data.train_prefix == "/mine/train"
+
+
+# ----------------------------------------------------------------------------- downloads
+
+
+def _offline(monkeypatch) -> list:
+    calls = []
+
+    def urlopen(*args, **kwargs):
+        calls.append(args)
+        raise urllib.error.URLError("Temporary failure in name resolution")
+
+    monkeypatch.setattr(download.urllib.request, "urlopen", urlopen)
+    return calls
+
+
+def test_downloading_into_a_file_is_refused_before_any_fetch(tmp_path, capsys, monkeypatch):
+    calls = _offline(monkeypatch)
+    existing = tmp_path / "file"
+    existing.write_text("mine\n")
+    for path in (existing, existing / "sub"):
+        assert download.main(["multi30k", str(path)]) == 2
+        line = capsys.readouterr().err.strip()
+        assert line.startswith(f"python -m data.download: error: {path}: ")
+        assert "not a directory" in line and "\n" not in line
+    assert not calls and existing.read_text() == "mine\n"
+
+
+def test_a_failed_download_leaves_no_directory_behind(tmp_path, capsys, monkeypatch):
+    _offline(monkeypatch)
+    assert download.main(["multi30k", str(tmp_path / "new" / "m")]) == 1
+    assert "cannot fetch multi30k" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+    monkeypatch.setattr(download, "fetch", lambda name: {"train.en": b"a\n", "train.de": b"b\n"})
+    real_write = Path.write_bytes
+
+    def full(self, data):
+        if self.name == "train.de":
+            raise OSError(errno.ENOSPC, "No space left on device", str(self))
+        return real_write(self, data)
+
+    monkeypatch.setattr(Path, "write_bytes", full)
+    assert download.main(["multi30k", str(tmp_path / "new" / "m")]) == 1
+    err = capsys.readouterr().err
+    assert f"cannot write {tmp_path / 'new' / 'm' / 'train.de'} (No space left" in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_later_logging_set_up_unmutes_what_an_earlier_one_quieted():
+    import logging
+
+    from nmt.runtime import cli
+
+    cli.setup_logging(logging.INFO, "%(message)s", ("data", "jax"))  # as translate.py does
+    assert logging.getLogger("data").getEffectiveLevel() == logging.WARNING
+    cli.setup_logging(logging.INFO, "%(message)s", ("jax",))  # as train.py does
+    assert logging.getLogger("data").getEffectiveLevel() == logging.INFO
+    assert logging.getLogger("jax").getEffectiveLevel() == logging.WARNING
