@@ -28,20 +28,9 @@ from nmt.runtime import files
 from nmt.settings.config import SECTIONS
 from nmt.training import command as train_command
 from nmt.translation import command as translate_cli
-from translate_model import make_model, sentences
+from translate_model import sentences
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture(scope="module")
-def run_dir(tmp_path_factory) -> Path:
-    return make_model(tmp_path_factory.mktemp("run"))
-
-
-@pytest.fixture(scope="module")
-def env(tmp_path_factory) -> dict[str, str]:
-    cache = tmp_path_factory.mktemp("cache")
-    return {**os.environ, "FLAX_NMT_CACHE": str(cache), "PYTHONUNBUFFERED": "1"}
 
 
 def _main(main, argv: list, capsys) -> tuple[int, str]:

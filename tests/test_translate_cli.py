@@ -27,7 +27,7 @@ import pytest
 from data.config import DataError
 from data.lines import stream_chunks
 from nmt.translation import command as translate_cli, evaluation, streams
-from translate_model import SEARCH, make_model, search_config, sentences
+from translate_model import SEARCH, search_config, sentences
 
 REPO = Path(__file__).resolve().parents[1]
 LONG = " ".join(["fahrrad"] * 70)  # 70+ pieces, more than the tiny model's 63
@@ -44,17 +44,6 @@ def _lines() -> list[str]:
 
 
 LINES = _lines()
-
-
-@pytest.fixture(scope="module")
-def run_dir(tmp_path_factory) -> Path:
-    return make_model(tmp_path_factory.mktemp("run"))
-
-
-@pytest.fixture(scope="module")
-def env(tmp_path_factory) -> dict[str, str]:
-    cache = tmp_path_factory.mktemp("cache")
-    return {**os.environ, "FLAX_NMT_CACHE": str(cache), "PYTHONUNBUFFERED": "1"}
 
 
 @pytest.fixture(scope="module")
