@@ -8,9 +8,11 @@ defaults, then the recipe, then the flags; see `--help`. The command line lives 
 
 import sys
 
+from nmt.runtime.allocator import preload
 from nmt.training.command import build_parser, main, resolve
 
 __all__ = ["build_parser", "main", "resolve"]
 
 if __name__ == "__main__":
+    preload()  # runs this command again with mimalloc loaded (nmt/runtime/allocator.py)
     sys.exit(main())

@@ -10,9 +10,11 @@ See `--help` and docs/translating.md; the command line lives in `nmt.translation
 
 import sys
 
+from nmt.runtime.allocator import preload
 from nmt.translation.command import build_parser, main
 
 __all__ = ["build_parser", "main"]
 
 if __name__ == "__main__":
+    preload()  # runs this command again with mimalloc loaded (nmt/runtime/allocator.py)
     sys.exit(main())

@@ -32,6 +32,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from nmt.runtime import allocator
 from transformer.config import ModelConfig
 
 REPO = Path(__file__).resolve().parents[1]
@@ -164,7 +165,7 @@ def run_peer(script: str, args: list[str], timeout: float = 1800, many: bool = F
     command = peer_command(script, args, dtype, on_gpu())
     autocast = dtype if Path(command[1]).name == "peer_autocast.py" else None
     done = subprocess.run(command, capture_output=True, text=True, timeout=timeout,
-                          cwd=REPO, env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
+                          cwd=REPO, env=peer_environment())
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     if done.returncode != 0 or not lines:
         raise RuntimeError(f"{' '.join(command)} failed ({done.returncode}):\n"
@@ -174,6 +175,17 @@ def run_peer(script: str, args: list[str], timeout: float = 1800, many: bool = F
         for record in records:
             record["peer_autocast"] = autocast
     return records if many else records[-1]
+
+
+def peer_environment() -> dict[str, str]:
+    """This process's environment less the mimalloc our commands preload: a peer runs on the
+    malloc its own users get."""
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+    ours = allocator.loaded_library()
+    if ours is not None:
+        kept = [path for path in env.get("LD_PRELOAD", "").split() if Path(path) != ours]
+        env["LD_PRELOAD"] = " ".join(kept)
+    return env
 
 
 def emit(record: dict[str, Any]) -> None:
@@ -186,4 +198,4 @@ def environment() -> dict[str, Any]:
     device = jax.devices()[0]
     return {"jax": jax.__version__, "backend": device.platform,
             "device_kind": device.device_kind, "devices": jax.device_count(),
-            "python": sys.version.split()[0]}
+            "python": sys.version.split()[0], "allocator": allocator.status().allocator}

@@ -25,6 +25,7 @@ import numpy as np
 from flax import nnx
 
 from bench.common import emit, environment, on_gpu, run_peer
+from nmt.runtime import allocator
 from transformer.config import SearchConfig, get_preset
 from transformer.decoding import search_with_state
 from transformer.model import Transformer
@@ -128,4 +129,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    allocator.preload()  # as train.py and translate.py: mimalloc under XLA:CPU
     main()

@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 from bench.common import emit, environment
+from nmt.runtime import allocator
 
 
 def parse_args() -> argparse.Namespace:
@@ -129,4 +130,5 @@ def marian_greedy_agreement(args, sources, our_greedy, common, tmp: Path) -> Non
 
 
 if __name__ == "__main__":
+    allocator.preload()  # as train.py and translate.py: mimalloc under XLA:CPU
     main()

@@ -10,6 +10,8 @@
 #   decode.jsonl    bench.decode greedy and beam 4, bfloat16, against transformers' generate
 #   recipe.log      configs/multi30k_gpu.yaml trained, then scored on test2016
 #   recipe.json     the test2016 report (BLEU, chrF, signatures) and the run's time summary
+#   recipe_host.json  the training process on the host: user and system CPU seconds, page
+#                   faults, peak RSS (bench/host_usage.py): whether the host stalls on memory
 #   summary.jsonl   one line per step: its name, exit status and seconds
 #
 # --data DIR        Multi30k's folder (train.en/.de, valid.*, test2016.*); default: the first
@@ -171,7 +173,8 @@ if wants decode; then
 fi
 if wants recipe; then
     run_dir="$OUT_DIR/multi30k_gpu"
-    step recipe "$OUT_DIR/recipe.log" bash -c "\"$PYTHON\" train.py --config configs/multi30k_gpu.yaml \
+    step recipe "$OUT_DIR/recipe.log" bash -c "\"$PYTHON\" -m bench.host_usage \
+\"$OUT_DIR/recipe_host.json\" -- \"$PYTHON\" train.py --config configs/multi30k_gpu.yaml \
 --train-prefix \"$DATA/train\" --valid-prefix \"$DATA/valid\" --test-prefix \"$DATA/test2016\" \
 --output-dir \"$run_dir\" --no-progress ${RECIPE_FLAGS[*]} && \"$PYTHON\" translate.py \
 --model \"$run_dir/averaged\" --evaluate --test-prefix \"$DATA/test2016\" --src en --tgt de -q \

@@ -30,7 +30,7 @@ from data.corpus import iter_text, read_prefix
 from data.encoding import encode_split
 from data.packing import fit_width
 from data.tokenizer import TokenizerConfig, train_tokenizer
-from nmt.runtime.host_memory import reuse_freed_host_memory
+from nmt.runtime import allocator
 from transformer import training
 from transformer.config import PRESETS, get_preset
 
@@ -102,7 +102,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=common.positive_int, default=40)
     parser.add_argument("--warmup", type=common.non_negative_int, default=3)
     args = parser.parse_args(argv)
-    reuse_freed_host_memory()
     examples, tokenizer = encoded_pairs(args)
     model_config = get_preset(args.preset, vocab_size=tokenizer.vocab_size,
                               max_len=max(512, args.max_len))
@@ -113,4 +112,5 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
+    allocator.preload()  # as train.py and translate.py: mimalloc under XLA:CPU
     main()

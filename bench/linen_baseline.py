@@ -27,7 +27,7 @@ import optax
 
 from bench import common
 from bench.train import peer_args, random_batch
-from nmt.runtime.host_memory import reuse_freed_host_memory
+from nmt.runtime import allocator
 from transformer.config import get_preset
 
 DROPOUT = 0.1
@@ -139,7 +139,6 @@ def measure(args, config) -> dict:
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    reuse_freed_host_memory()  # NMT_KEEP_HOST_MEMORY=1, as for train.py
     config = get_preset(args.preset, vocab_size=args.vocab)
     ours = measure(args, config)
     common.emit(ours)
@@ -152,4 +151,5 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
+    allocator.preload()  # as train.py and translate.py: mimalloc under XLA:CPU
     main()

@@ -47,7 +47,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from bench import common, train as bench_train
-from nmt.runtime.host_memory import reuse_freed_host_memory
+from nmt.runtime import allocator
 from transformer.config import PRESETS
 
 HLO_DTYPES = {"f32": "float32", "bf16": "bfloat16", "f16": "float16", "f64": "float64",
@@ -195,7 +195,6 @@ def step_args(args: argparse.Namespace) -> argparse.Namespace:
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    keep_host_memory = reuse_freed_host_memory()  # NMT_KEEP_HOST_MEMORY=1, as bench.train
     train_args = step_args(args)
     ours = bench_train.OurStep(train_args)
     products = products_in_hlo(ours.step.as_text())
@@ -231,7 +230,7 @@ def main(argv=None) -> None:
                "step_s": round(step["step_s"], 4), "step_s_min": round(step["step_s_min"], 4),
                "products_share": round(products_net_s / step["step_s"], 3),
                "products_share_best": round(products_best_net_s / step["step_s_min"], 3),
-               "keep_host_memory": keep_host_memory, **common.environment()}
+               **common.environment()}
     if args.compare:
         peer = common.run_peer("hf_train_step.py",
                                bench_train.peer_args(train_args, ours.config),
@@ -245,4 +244,5 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
+    allocator.preload()  # as train.py and translate.py: mimalloc under XLA:CPU
     main()

@@ -16,9 +16,8 @@ the step until its loss is ready. After --warmup steps, the median of --steps st
                  CPU, with operands in --dtype.
   loadavg_1m     the machine's 1-minute load average: figures taken while other jobs
                  run are slower, the peer's (2 torch threads) more so than ours.
-  keep_host_memory  whether NMT_KEEP_HOST_MEMORY=1 kept XLA's step buffers mapped between
-                 steps (transformer/host_memory.py); the peer always runs with glibc's
-                 defaults.
+  allocator      mimalloc (the default, as for train.py) or system (NMT_ALLOCATOR=system);
+                 the peer runs on the C library's malloc, as its users do.
 
 With --compare, each of --rounds rounds times our step and then the peer's (one subprocess
 running hf_train_step.py with the same model and work flags, --threads 2), prints both lines
@@ -42,7 +41,7 @@ import jax
 import numpy as np
 
 from bench import common
-from nmt.runtime.host_memory import reuse_freed_host_memory
+from nmt.runtime import allocator
 from transformer import training
 from transformer.config import PRESETS, get_preset
 
@@ -151,7 +150,6 @@ def peer_args(args, config) -> list[str]:
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    keep_host_memory = reuse_freed_host_memory()  # NMT_KEEP_HOST_MEMORY=1, as for train.py
     ours = OurStep(args)
     flops = common.train_flops(ours.config, ours.rows, args.src_len, args.tgt_len)
     peak, peak_source = 0.0, ""
@@ -178,7 +176,7 @@ def main(argv=None) -> None:
             "peak_gflops": round(peak / 1e9, 1), "peak_source": peak_source,
             "mfu": round(flops / result["step_s"] / peak, 4),
             "peak_mem_bytes": memory, "peak_mem_source": memory_source,
-            "loadavg_1m": round(os.getloadavg()[0], 2), "keep_host_memory": keep_host_memory,
+            "loadavg_1m": round(os.getloadavg()[0], 2),
             **common.environment()}
         common.emit(ours_line)
         if args.compare:
@@ -206,4 +204,5 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
+    allocator.preload()  # as train.py and translate.py: mimalloc under XLA:CPU
     main()

@@ -49,6 +49,9 @@ def test_dry_run_does_every_step_and_writes_its_records(multi30k_like, tmp_path)
     assert decode
     report = json.loads((out / "recipe.json").read_text())
     assert report["sentences"] == 12 and "bleu" in report
+    host = json.loads((out / "recipe_host.json").read_text())
+    assert host["status"] == 0 and host["command"][1] == "train.py"
+    assert host["user_s"] > 0 and host["minor_faults"] > 0 and host["max_rss_mib"] > 0
 
 
 @pytest.mark.parametrize("args,named", [

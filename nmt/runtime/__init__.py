@@ -1,4 +1,4 @@
 """Process plumbing shared by the commands: one-line errors and exit statuses (`cli`), files
 written whole or not at all (`files`), several processes (`distributed`), JAX's persistent
-compilation cache and the compile record (`compilation`), XLA:CPU's host memory
-(`host_memory`). Imports nothing else of `nmt`."""
+compilation cache and the compile record (`compilation`), the malloc the commands run on
+(`allocator`). Imports nothing else of `nmt`."""

@@ -18,6 +18,8 @@ import sys
 from pathlib import Path
 from typing import Callable, NoReturn
 
+from nmt.runtime import allocator
+
 EXIT_FAULT, EXIT_USAGE, EXIT_INTERRUPTED = 1, 2, 130
 # A command that stopped on a signal after saving its work exits as the shell reports a
 # process killed by it: 128 + the signal's number.
@@ -162,6 +164,14 @@ def setup_logging(level: int, fmt: str, quiet_loggers: tuple[str, ...]) -> None:
 
 
 _quieted: set[str] = set()  # the loggers the last `setup_logging` set to warnings only
+
+
+def allocator_status() -> allocator.Status:
+    """The malloc in effect (nmt.runtime.allocator); UsageError for a bad NMT_ALLOCATOR."""
+    try:
+        return allocator.status()
+    except allocator.AllocatorError as err:
+        raise UsageError(str(err)) from None
 
 
 def writable_directory(path: Path, flag: str) -> None:

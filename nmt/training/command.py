@@ -24,9 +24,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog=PROG, description="Train a Transformer (Vaswani et al. 2017) translation model.",
         epilog="A recipe (--config) is a YAML file with one section per settings group below "
                "(configs/ has examples), or a flat JSON object of flag names; flags given on "
-               "the command line override it. NMT_KEEP_HOST_MEMORY=1 in the environment keeps "
-               "XLA:CPU's per-step buffers mapped between steps (Linux, CPU runs): faster "
-               "steps, possibly gigabytes more memory (nmt/runtime/host_memory.py).")
+               "the command line override it. On Linux train.py runs on mimalloc, which "
+               "keeps XLA:CPU's step buffers mapped between steps; NMT_ALLOCATOR=system in "
+               "the environment turns it off (nmt/runtime/allocator.py).")
     parser.add_argument("--config", metavar="RECIPE",
                         help="recipe file (.yaml, or .json), e.g. configs/multi30k_small.yaml")
     parser.add_argument("--resume", action="store_true",
@@ -71,12 +71,8 @@ def _main(argv: list[str] | None) -> int:
     cli.writable_directory(run.output_dir(), "--output-dir")
     # Before anything touches JAX devices; and not before parsing: --help loads no JAX.
     from nmt.runtime.distributed import initialize_distributed
-    from nmt.runtime.host_memory import reuse_freed_host_memory
 
-    try:
-        reuse_freed_host_memory()  # only with NMT_KEEP_HOST_MEMORY=1
-    except ValueError as err:
-        raise cli.UsageError(str(err)) from None
+    cli.allocator_status()  # a bad NMT_ALLOCATOR ends here; the trainer logs the line
     initialize_distributed(args.coordinator, args.num_processes, args.process_id)
     _setup_logging()
     return _run(run, args)

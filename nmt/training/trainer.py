@@ -42,6 +42,7 @@ from nmt.rundir import final_model, resume
 from nmt.rundir.bookkeeping import Bookkeeping
 from nmt.rundir.checkpoints import SaveError
 from nmt.rundir.lock import LOCK_FILE, RunLock
+from nmt.runtime import allocator
 from nmt.runtime.compilation import CompileLog, enable_compilation_cache
 from nmt.runtime.distributed import barrier
 from nmt.runtime.files import write_atomically
@@ -176,6 +177,7 @@ class Trainer:
 
     def loop(self) -> str:
         """Train until a limit, early stopping or a signal; returns why it stopped."""
+        log.info(allocator.status().line)
         echo(announcement(self.run, self.state.params, self.model_config, self.data,
                           self.limits.describe(self.batches.batches_per_epoch), self.run_dir))
         stopped = None

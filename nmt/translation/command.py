@@ -289,6 +289,7 @@ def load(args: argparse.Namespace):
     log.info("%s %s loaded in %.2f s; search: %s", "model" if len(args.model) == 1 else
              "ensemble of", ", ".join(args.model), time.perf_counter() - start,
              ", ".join(f"{k}={v}" for k, v in dataclasses.asdict(search).items()))
+    log.info(cli.allocator_status().line)
     return model, tokenizer, values, translator
 
 
@@ -332,6 +333,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    cli.allocator_status()  # a bad NMT_ALLOCATOR ends here; the line is logged with the model
     _setup_logging(args.quiet)
     if sys.stdout is not None and hasattr(sys.stdout, "reconfigure"):
         sys.stdout.reconfigure(encoding="utf-8", newline="\n")
