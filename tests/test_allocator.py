@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 from conftest import ROOT
+from test_train_cli import corpus  # noqa: F401 (the same synthetic corpus fixture)
 
 from nmt.runtime import allocator
-from synthetic_corpus import write_corpus
 
 needs_mimalloc = pytest.mark.skipif(
     allocator.library() is None and os.environ.get("CI") != "true",
@@ -73,13 +73,6 @@ def test_freed_big_blocks_are_reused_without_page_faults():
     assert ours["allocator"] == "mimalloc"
     assert ours["faults"][0] > 0, ours
     assert all(faults < 0.01 * pages for faults in ours["faults"][1:]), ours
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory) -> dict[str, str]:
-    root = tmp_path_factory.mktemp("corpus")
-    return {"train": write_corpus(root, 600, 0, "train"),
-            "valid": write_corpus(root, 40, 1, "valid")}
 
 
 def _train(corpus: dict[str, str], out: Path, env: dict[str, str], choice: str):

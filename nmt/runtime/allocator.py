@@ -112,6 +112,8 @@ def preload() -> None:
         # sys.orig_argv: the interpreter's options and `-m module` as well, as they were given.
         os.execv(sys.executable, sys.orig_argv)
     except OSError:  # this process goes on with the system's malloc; status() says so
+        pass
+    finally:  # reached only when execv did not replace the process
         os.environ.clear()
         os.environ.update(environment)
 
