@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from transformer.config import SearchConfig, get_preset
+from transformer.config import BEAM_RULES, SearchConfig, get_preset
 from transformer.decoding import (
     NEG_INF,
     _beam_search,
@@ -102,7 +102,7 @@ def test_beam_size_one_equals_greedy():
 
 
 @pytest.mark.parametrize("penalty", ["gnmt", "power"])
-def test_beam_search_best_equals_exhaustive_search_up_to_length_4(penalty):
+def test_exact_beam_search_best_equals_exhaustive_search_up_to_length_4(penalty):
     # Vocabulary of 7: PAD, UNK, BOS, EOS and tokens 4..6, so 4 tokens may be produced
     # (UNK, 4, 5, 6) and every sequence of up to 4 tokens ending in EOS can be enumerated.
     vocab, alpha, limit = 7, 0.6, 4
@@ -115,7 +115,7 @@ def test_beam_search_best_equals_exhaustive_search_up_to_length_4(penalty):
         src = sources(rng, [5, 3], vocab)
         # 64 beams hold every live prefix (at most 4^3), so the search is exhaustive.
         config = SearchConfig(beam_size=64, nbest=1, alpha=alpha, max_len_a=0, max_len_b=limit,
-                              length_penalty=penalty)
+                              length_penalty=penalty, beam_rules="exact")
         result = search(model, src, config)
         candidates = [list(body) + [EOS] for n in range(limit)
                       for body in itertools.product(producible, repeat=n)]
@@ -163,42 +163,120 @@ def constant_logits_model(logits: dict[int, float], vocab: int = 8) -> Transform
     return model
 
 
-def test_beam_search_goes_on_while_a_longer_hypothesis_can_still_win():
-    """Guards the stopping bound best_live_logprob / lp(limit): bounded with the live prefix's
-    current length instead, search stops after EOS wins the first step although the length
-    bonus makes a longer output better. Every step has p(EOS) = 0.5 and p(4) = 0.45, so
-    "4 x n, EOS" scores (n log 0.45 + log 0.5) / lp(n + 1), which alpha = 3 makes best at
-    the limit."""
+def longer_wins_model() -> tuple[Transformer, np.ndarray]:
+    """p(EOS) = 0.5 and p(4) = 0.45 at every step: "4 x n, EOS" scores
+    (n log 0.45 + log 0.5) / lp(n + 1), which alpha = 3 makes best at a limit of 12, while
+    EOS alone wins the first step. Returns the model and those 12 scores."""
     e_eos, e_four = 60.0, 54.0       # with 6 other ids at logit 0: p = 0.5, 0.45, 0.05 / 6
     model = constant_logits_model({EOS: float(np.log(e_eos)), 4: float(np.log(e_four))})
-    limit, alpha = 12, 3.0
-    config = SearchConfig(beam_size=2, alpha=alpha, max_len_a=0, max_len_b=limit)
+    n = np.arange(12)
+    return model, (n * np.log(0.45) + np.log(0.5)) / ((5.0 + n + 1) / 6.0) ** 3.0
+
+
+def test_exact_rule_goes_on_while_a_longer_hypothesis_can_still_win():
+    """Guards the exact rule's bound best_live_logprob / lp(limit): bounded with the live
+    prefix's current length instead, search stops after EOS wins the first step although the
+    length bonus makes a longer output better."""
+    model, scores = longer_wins_model()
+    config = SearchConfig(beam_size=2, alpha=3.0, max_len_a=0, max_len_b=12, beam_rules="exact")
     result = search(model, sources(np.random.default_rng(9), [4], 8), config)
-    n = np.arange(limit)
-    scores = (n * np.log(0.45) + np.log(0.5)) / ((5.0 + n + 1) / 6.0) ** alpha
     best = int(scores.argmax())
-    assert best == limit - 1 and scores[best] > scores[0]
+    assert best == 11 and scores[best] > scores[0]
     assert result.tokens[0, 0, : result.lengths[0, 0]].tolist() == [4] * best + [EOS]
     assert result.scores[0, 0] == pytest.approx(scores[best], abs=1e-4)
 
 
-def test_beam_scores_are_the_length_normalised_logprob_of_their_hypotheses():
+@pytest.mark.parametrize("rules", ["heuristic", "fairseq", "transformers"])
+def test_early_rules_stop_once_k_hypotheses_finished_where_exact_goes_on(rules):
+    """The documented difference: with k = 2, "EOS" and "4 EOS" finish at the first two
+    steps; the best live beam, "4 4", scored as if it ended now, (2 log 0.45) / lp(2), is
+    below both, so heuristic and transformers stop, and fairseq stops on the count alone.
+    They return EOS alone (score log 0.5), where exact finds "4 x 11, EOS" (previous test)."""
+    model, scores = longer_wins_model()
+    config = SearchConfig(beam_size=2, nbest=2, alpha=3.0, max_len_a=0, max_len_b=12,
+                          beam_rules=rules)
+    result = search(model, sources(np.random.default_rng(9), [4], 8), config)
+    assert hypotheses_to_lists(result, EOS)[0] == [[], [4]]
+    np.testing.assert_allclose(result.scores[0], scores[:2], atol=1e-4)
+    assert result.steps == 2
+
+
+@pytest.mark.parametrize("rules", BEAM_RULES)
+def test_every_rule_agrees_with_exact_where_the_best_hypothesis_finishes_first(rules):
+    """Without a length bonus (alpha = 0) log-probabilities only fall, so once EOS alone and
+    "4 EOS" are the two best finished hypotheses no live beam can pass them: every rule
+    returns exactly what exact search returns, n-best included."""
+    model, _ = longer_wins_model()
+    config = SearchConfig(beam_size=2, nbest=2, alpha=0.0, max_len_a=0, max_len_b=12)
+    src = sources(np.random.default_rng(9), [4, 7], 8)
+    exact = search(model, src, dataclasses.replace(config, beam_rules="exact"))
+    result = search(model, src, dataclasses.replace(config, beam_rules=rules))
+    assert hypotheses_to_lists(result, EOS) == [[[], [4]]] * 2
+    np.testing.assert_array_equal(result.tokens, exact.tokens)
+    np.testing.assert_allclose(result.scores, exact.scores, atol=1e-6)
+    np.testing.assert_allclose(result.scores[0], [np.log(0.5), np.log(0.45 * 0.5)], atol=1e-4)
+
+
+def test_the_default_rule_is_the_heuristic_and_exact_is_never_worse():
+    """exact returns the beam's best; the default may stop earlier, never with a better score
+    (a higher score would mean exact's bound stopped too soon). On sharp random models the
+    two agree on most sentences, and the heuristic never runs more steps."""
+    assert SearchConfig().beam_rules == "heuristic"
+    rng = np.random.default_rng(11)
+    same = total = 0
+    for seed in range(3):
+        model = sharp_model(seed=seed)
+        src = sources(rng, [9, 4, 7, 2, 12, 6], 64)
+        config = SearchConfig(beam_size=4, alpha=1.0, max_len_a=1.0, max_len_b=8)
+        heuristic = search(model, src, config)
+        exact = search(model, src, dataclasses.replace(config, beam_rules="exact"))
+        assert np.all(heuristic.scores[:, 0] <= exact.scores[:, 0] + 1e-5)
+        assert heuristic.steps <= exact.steps
+        same += int(np.sum(np.all(heuristic.tokens == exact.tokens, axis=(1, 2))))
+        total += src.shape[0]
+    assert same >= total // 2, f"only {same} of {total} sentences agree"
+
+
+@pytest.mark.parametrize("rules", BEAM_RULES)
+def test_nbest_lists_are_complete_sorted_and_scored_by_length_normalised_logprob(rules):
     model = sharp_model(seed=3)
     rng = np.random.default_rng(2)
     src = sources(rng, [8, 5, 3], 64)
-    config = SearchConfig(beam_size=5, nbest=5, alpha=0.6, max_len_b=7, max_len_a=0.5)
+    config = SearchConfig(beam_size=5, nbest=5, alpha=0.6, max_len_b=7, max_len_a=0.5,
+                          beam_rules=rules)
     result = search(model, src, config)
     for row in range(src.shape[0]):
         seen = set()
+        assert np.all(result.scores[row] > NEG_INF / 2), "an n-best slot is empty"
         assert np.all(np.diff(result.scores[row]) <= 1e-6), "n-best must be sorted best first"
         for rank in range(config.nbest):
             length = int(result.lengths[row, rank])
             hypothesis = result.tokens[row, rank, :length].tolist()
             assert tuple(hypothesis) not in seen, "n-best holds duplicates"
             seen.add(tuple(hypothesis))
-            expected = teacher_forced_logprob(model, src[row], hypothesis) / float(
-                length_penalty(jnp.array(length), config.alpha))
+            logprobs = token_logprobs(model, src[row], hypothesis)
+            if rules == "transformers" and length == result.limits[row]:
+                logprobs[-1] = 0.0  # its forced EOS adds 0
+            expected = logprobs.sum() / float(length_penalty(jnp.array(length), config.alpha))
             assert result.scores[row, rank] == pytest.approx(expected, abs=1e-4)
+
+
+@pytest.mark.parametrize("strategy", ["greedy", "beam"])
+def test_outputs_that_reach_the_limit_are_kept_and_flagged_and_pad_rows_end_at_once(strategy):
+    """EOS is the least likely token at every step, so every real sentence runs to its limit
+    a * source + b and ends there with a forced EOS; `reached_limit` flags exactly those.
+    Rows of PAD only (which fill a batch to its compiled shape) get limit 1 and must not keep
+    the loop running: the search takes as many steps as the longest real limit."""
+    model = constant_logits_model({EOS: -5.0, 4: 3.0, 5: 2.0})
+    src = pad_sources([[6, 7, EOS], [6, EOS]], PAD, batch_size=4, width=12)
+    config = SearchConfig(strategy=strategy, beam_size=2, max_len_a=1.0, max_len_b=2)
+    result = search(model, src, config)
+    np.testing.assert_array_equal(result.limits, [5, 4, 1, 1])
+    np.testing.assert_array_equal(result.lengths[:, 0], [5, 4, 1, 1])
+    np.testing.assert_array_equal(result.reached_limit(), [True, True, True, True])
+    assert hypotheses_to_lists(result, EOS)[:2] == [[[4, 4, 4, 4]], [[4, 4, 4]]]
+    assert result.steps == 5  # the longest real limit, not 14, the limit for the width
+
 
 
 @pytest.mark.parametrize("strategy, beam", [("greedy", 1), ("beam", 4), ("beam", 1)])
@@ -285,6 +363,7 @@ def test_only_settings_a_search_reads_compile_a_new_program():
         beam, temperature=0.5, top_k=4, max_len_a=0.5, max_len_b=2)) == 0
     assert new_programs(_beam_search, dataclasses.replace(beam, beam_size=4)) == 1
     assert new_programs(_beam_search, dataclasses.replace(beam, beam_rules="transformers")) == 1
+    assert new_programs(_beam_search, dataclasses.replace(beam, beam_rules="exact")) == 1
     assert new_programs(_greedy_search, dataclasses.replace(
         greedy, beam_size=6, alpha=0.1, length_penalty="power", temperature=0.5)) == 0
     assert new_programs(_greedy_search, dataclasses.replace(greedy, min_len=2)) == 1

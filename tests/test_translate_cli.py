@@ -424,6 +424,39 @@ def test_invalid_search_flags_exit_2(run_dir, env):
     assert "nbest" in stderr and "Traceback" not in stderr
 
 
+@pytest.mark.parametrize("flags, message", [
+    (["--beam", "0"], "--beam must be >= 1, got 0"),
+    (["--max-len-a", "0", "--max-len-b", "0"], "--max-len-b must be >= 1 when --max-len-a is 0"),
+    (["--max-len-a", "-1"], "--max-len-a must be >= 0, got -1.0"),
+    (["--beam-rules", "greedy"], "--beam-rules: invalid choice: 'greedy' (choose from "
+                                 "'heuristic', 'exact', 'fairseq', 'transformers')"),
+])
+def test_a_bad_beam_or_limit_is_one_line_naming_the_flag(run_dir, flags, message, monkeypatch,
+                                                          capsys):
+    monkeypatch.setattr(translate_cli, "enable_compilation_cache", lambda: None)
+    try:
+        code = translate_cli.main(["--model", str(run_dir), *flags, "Hallo."])
+    except SystemExit as exit:  # argparse's own checks (choices) exit from parse_args
+        code = exit.code
+    assert code == 2
+    stderr = capsys.readouterr().err.strip()
+    assert len(stderr.splitlines()) == 1 and message in stderr, stderr
+
+
+def test_translations_at_the_output_limit_are_kept_and_counted_once(run_dir, env):
+    """min_len 2 = the limit 0 * source + 2: every translation is one token and a forced EOS.
+    Each is written, and one warning at the end counts them with their line numbers."""
+    result = _run(["--model", run_dir, "--max-len-a", "0", "--max-len-b", "2", "--min-len", "2",
+                   "--input", "-"], env, input=_stdin(["Ein Mann.", "", "Der Hund läuft.",
+                                                       "Zwei Kinder spielen."]))
+    lines = _out_lines(result)
+    assert len(lines) == 4 and lines[1] == "" and all(lines[i] for i in (0, 2, 3))
+    warnings = [line for line in _text(result.stderr).splitlines() if "output limit" in line]
+    assert len(warnings) == 1, _text(result.stderr)
+    assert "3 translation(s) reached the output limit (0 x source tokens + 2" in warnings[0]
+    assert "line(s) 1, 3, 4;" in warnings[0]
+
+
 def test_top_k_beyond_the_vocabulary_is_a_usage_error(run_dir, monkeypatch):
     monkeypatch.setattr(translate_cli, "enable_compilation_cache", lambda: None)
     args = translate_cli.build_parser().parse_args(

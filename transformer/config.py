@@ -23,7 +23,8 @@ Activation = Literal["relu", "swish"]
 DType = Literal["float32", "bfloat16"]
 Schedule = Literal["noam", "inverse_sqrt"]
 LengthPenalty = Literal["gnmt", "power"]
-BeamRules = Literal["fairseq", "transformers"]
+BeamRules = Literal["heuristic", "exact", "fairseq", "transformers"]
+BEAM_RULES = ("heuristic", "exact", "fairseq", "transformers")
 
 
 def setting(default: Any, help: str, *, flag: str | None = None, derived: str | None = None
@@ -273,13 +274,16 @@ class SearchConfig(DictConfig):
                 "((5 + len) / 6) ** alpha (Wu et al. 2016); power: len ** alpha (transformers, "
                 "CTranslate2, Marian); len counts EOS")
     beam_rules: BeamRules = setting(
-        "fairseq", "when hypotheses finish and search stops: fairseq: any of a step's 2k best "
-                   "candidates that ends with EOS finishes, an EOS forced at the length limit "
-                   "counts its log-probability, and a sentence stops when no live beam can "
-                   "beat its nbest-th finished one even at the limit; transformers: only EOS "
-                   "among the k best candidates finishes, a forced EOS adds 0, and a sentence "
-                   "stops when its best live beam, scored at its current length, does not beat "
-                   "the k-th finished one (transformers' generate; reproduces its outputs)")
+        "heuristic", "when hypotheses finish and search stops: heuristic: an EOS among a "
+                     "step's k best candidates finishes, and a sentence stops once k have "
+                     "finished and its best live beam, scored as if it ended now, does not "
+                     "beat the k-th of them (transformers' test); exact: any EOS among the "
+                     "2k best finishes, and a sentence stops only when no live beam could beat "
+                     "its nbest-th finished one even at the length limit (the beam's best "
+                     "hypothesis, about 1.4x the steps); fairseq: an EOS among the k best "
+                     "finishes, and a sentence stops once k have finished (fairseq, Marian, "
+                     "CTranslate2); transformers: heuristic, but an EOS forced at the limit "
+                     "adds 0 (reproduces transformers' generate)")
     max_len_a: float = setting(1.0, "output limit a * source length + b tokens: a")
     max_len_b: int = setting(50, "output limit a * source length + b tokens: b")
     min_len: int = setting(0, "outputs have at least this many tokens, EOS included (EOS is "
@@ -297,7 +301,7 @@ class SearchConfig(DictConfig):
         check_finite_fields(self)
         _check_choice("SearchConfig.strategy", self.strategy, ("beam", "greedy", "sample"))
         _check_choice("SearchConfig.length_penalty", self.length_penalty, ("gnmt", "power"))
-        _check_choice("SearchConfig.beam_rules", self.beam_rules, ("fairseq", "transformers"))
+        _check_choice("SearchConfig.beam_rules", self.beam_rules, BEAM_RULES)
         if self.beam_size < 1:
             raise ValueError(f"SearchConfig.beam_size must be >= 1, got {self.beam_size}.")
         if self.nbest < 1:
@@ -311,13 +315,12 @@ class SearchConfig(DictConfig):
             raise ValueError(
                 f"SearchConfig.nbest ({self.nbest}) must be <= beam_size ({self.beam_size}); "
                 f"raise beam_size to at least {self.nbest} or lower nbest.")
-        if self.max_len_a < 0 or self.max_len_b < 0 or self.min_len < 0:
-            raise ValueError(
-                "SearchConfig lengths must be non-negative, got "
-                f"max_len_a={self.max_len_a}, max_len_b={self.max_len_b}, min_len={self.min_len}.")
-        if self.max_len_a == 0 and self.max_len_b == 0:
-            raise ValueError("SearchConfig.max_len_a and max_len_b are both 0: no output could "
-                             "be produced; set max_len_b >= 1.")
+        for name in ("max_len_a", "max_len_b", "min_len"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"SearchConfig.{name} must be >= 0, got {getattr(self, name)}.")
+        if self.max_len_a == 0 and self.max_len_b < 1:
+            raise ValueError("SearchConfig.max_len_b must be >= 1 when SearchConfig.max_len_a "
+                             f"is 0, got {self.max_len_b}: no output could be produced.")
         if self.alpha < 0:
             raise ValueError(f"SearchConfig.alpha must be >= 0, got {self.alpha}.")
         if self.temperature <= 0:

@@ -56,11 +56,21 @@ class SearchResult:
     scores:  float32 [batch, nbest]: log-probability divided by the length penalty (beam),
              or the plain log-probability (greedy, sampling; nbest = 1).
     lengths: int32 [batch, nbest], tokens up to and including EOS.
+    limits:  int32 [batch], each sentence's output limit (EOS included); a hypothesis as long
+             as its limit ended there because EOS was forced.
+    steps:   decoder steps the search ran: the batch's longest search, at most the limit for a
+             source of the padded width.
     """
 
     tokens: np.ndarray
     scores: np.ndarray
     lengths: np.ndarray
+    limits: np.ndarray
+    steps: int
+
+    def reached_limit(self) -> np.ndarray:
+        """bool [batch]: the best hypothesis ended at its output limit, by a forced EOS."""
+        return self.lengths[:, 0] >= self.limits
 
 
 def length_penalty(length: Array, alpha: float, power: bool = False) -> Array:
@@ -112,14 +122,17 @@ def pad_sources(sequences: Sequence[Sequence[int]], pad_id: int, batch_size: int
 
 def output_limits(src_ids: np.ndarray, config: SearchConfig, pad_id: int, model_max_len: int
                   ) -> tuple[np.ndarray, int]:
-    """Per-sentence output limits [batch] and the static loop length: the limit for a source
-    as long as the padded width, which bounds every sentence's limit.
+    """Per-sentence output limits [batch] (1 for a row of PAD only) and the static loop
+    length: the limit for a source as long as the padded width, which bounds every limit.
 
     The static length depends only on the padded source width, so it adds no compiled shapes.
     """
     src_lens = (src_ids != pad_id).sum(axis=1)
     limits = np.array([config.max_output_len(int(n), model_max_len) for n in src_lens], np.int32)
     static = config.max_output_len(src_ids.shape[1], model_max_len)
+    # A row of PAD only fills a batch to its compiled shape: it ends at its first position, so
+    # that it never keeps the loop running after every real sentence is done.
+    limits = np.where(src_lens == 0, 1, limits)
     return np.minimum(limits, static), static
 
 
@@ -174,16 +187,19 @@ def search_with_state(graphdef: nnx.GraphDef, state: nnx.State, src_ids: np.ndar
     src_np = np.asarray(src_ids, dtype=np.int32)
     limits, max_len = output_limits(src_np, config, model_config.pad_id, model_config.max_len)
     program = _search_program(config, max_len)
-    src, limits = jnp.asarray(src_np), jnp.asarray(limits)
+    src = jnp.asarray(src_np)
     if config.strategy == "beam":
-        tokens, scores, lengths = _beam_search(graphdef, program, state, src, limits)
+        tokens, scores, lengths, steps = _beam_search(graphdef, program, state, src,
+                                                      jnp.asarray(limits))
     else:
         if config.strategy == "sample" and rng is None:
             raise ValueError("strategy='sample' needs an rng (jax.random.key(seed)).")
-        tokens, scores, lengths = _greedy_search(
-            graphdef, program, state, src, limits, rng if rng is not None else jax.random.key(0))
+        tokens, scores, lengths, steps = _greedy_search(
+            graphdef, program, state, src, jnp.asarray(limits),
+            rng if rng is not None else jax.random.key(0))
         tokens, scores, lengths = tokens[:, None], scores[:, None], lengths[:, None]
-    return SearchResult(np.asarray(tokens), np.asarray(scores), np.asarray(lengths))
+    return SearchResult(np.asarray(tokens), np.asarray(scores), np.asarray(lengths), limits,
+                        int(steps))
 
 
 def _model_config(graphdef, state):
@@ -255,7 +271,7 @@ def _encode(graphdef, state, src):
 def _greedy_search(graphdef, program: _SearchProgram, state, src, limits, rng):
     """Greedy or sampling search of src [batch, src_len] with output limits [batch] (rng is
     read when sampling); returns tokens [batch, max_len], log-probabilities [batch], lengths
-    [batch]."""
+    [batch] and the steps run."""
     model, memory, src_mask = _encode(graphdef, state, src)
     config, settings, max_len = model.config, program.settings, program.max_len
     batch = src.shape[0]
@@ -288,9 +304,9 @@ def _greedy_search(graphdef, program: _SearchProgram, state, src, limits, rng):
     carry = (jnp.zeros((), jnp.int32), model.init_cache(memory, max_len),
              jnp.full((batch, max_len), config.pad_id, jnp.int32), jnp.zeros((batch,), jnp.float32),
              jnp.zeros((batch,), bool), jnp.full((batch,), config.bos_id, jnp.int32))
-    _, _, tokens, logprob_sum, _, _ = jax.lax.while_loop(cond, body, carry)
+    steps, _, tokens, logprob_sum, _, _ = jax.lax.while_loop(cond, body, carry)
     lengths = (tokens != config.pad_id).sum(axis=1).astype(jnp.int32)
-    return tokens, logprob_sum, lengths
+    return tokens, logprob_sum, lengths, steps
 
 
 def _sample(logprobs: Array, temperature: float, top_k: int, rng: Array) -> Array:
@@ -311,17 +327,14 @@ def _sample(logprobs: Array, temperature: float, top_k: int, rng: Array) -> Arra
 @functools.partial(jax.jit, static_argnums=(0, 1))
 def _beam_search(graphdef, program: _SearchProgram, state, src, limits):
     """Beam search of src [batch, src_len] with output limits [batch]; returns tokens
-    [batch, nbest, max_len], scores and lengths [batch, nbest].
+    [batch, nbest, max_len], scores and lengths [batch, nbest], and the steps run.
 
     Live ("alive") hypotheses and finished ones are kept apart: a hypothesis that produces EOS
     moves to the finished set with score logprob / length_penalty and is never extended again.
     Each step expands every live beam, takes the best 2k candidates (so at least k are not EOS),
-    moves the EOS ones into the finished set (keeping its best k) and continues with the best
-    k non-EOS ones (`_advance_beams`). A sentence is done when its `nbest`-th finished score
-    is at least the best score any live beam could still reach: log-probabilities only fall
-    as a hypothesis grows, so with alpha >= 0 that bound is best_live_logprob /
-    length_penalty(limit). beam_rules="transformers" follows transformers' `generate` instead
-    (SearchConfig.beam_rules).
+    moves the EOS ones that may finish into the finished set (keeping its best k) and continues
+    with the best k non-EOS ones (`_advance_beams`). When a sentence is done is
+    `SearchConfig.beam_rules` (`_can_improve`): by default once k hypotheses have finished.
     """
     model, memory, src_mask = _encode(graphdef, state, src)
     config, max_len = model.config, program.max_len
@@ -358,7 +371,7 @@ def _beam_search(graphdef, program: _SearchProgram, state, src, limits):
     nbest = program.settings.nbest
     tokens = final.finished_tokens[:, :nbest]
     lengths = (tokens != config.pad_id).sum(axis=2).astype(jnp.int32)
-    return tokens, final.finished_score[:, :nbest], lengths
+    return tokens, final.finished_score[:, :nbest], lengths, final.step
 
 
 @jax.tree_util.register_dataclass
@@ -385,6 +398,11 @@ class _BeamRules:
     def transformers_rules(self) -> bool:
         return self.settings.beam_rules == "transformers"
 
+    @property
+    def eos_among_best_k(self) -> bool:
+        """Only an EOS among a step's k best candidates finishes (every rule but exact)."""
+        return self.settings.beam_rules != "exact"
+
     def penalty(self, length: Array) -> Array:
         return length_penalty(length, float(self.settings.alpha),
                               self.settings.length_penalty == "power")
@@ -398,9 +416,9 @@ def _advance_beams(s: _BeamState, logits: Array, cache: SearchCache, rules: _Bea
     is_eos = token == rules.model.eos_id
     # A candidate of a dead beam (NEG_INF) must not enter either set.
     valid = top_logprob > NEG_INF / 2
-    # fairseq: any EOS of the 2k candidates finishes; transformers: only among the best k.
+    # exact: any EOS of the 2k candidates finishes; fairseq, transformers: only among the best k.
     finishes = is_eos & valid
-    if rules.transformers_rules:
+    if rules.eos_among_best_k:
         finishes = finishes & (jnp.arange(2 * k) < k)[None, :]
 
     # Finished set: the best k of the old finished and this step's EOS candidates.
@@ -463,17 +481,22 @@ def _best_extensions(s: _BeamState, logits: Array, rules: _BeamRules
 
 def _can_improve(best_alive: Array, finished_score: Array, step: Array, rules: _BeamRules
                  ) -> Array:
-    """The stopping rule on its own: where fairseq's and transformers' beam rules differ most.
+    """The stopping rule on its own: where the beam rules differ most.
 
     best_alive [batch] (log-probability), finished_score [batch, k] -> may still win [batch].
     """
-    if rules.transformers_rules:
-        # transformers' heuristic: the best live beam scored at its current length against
-        # the k-th finished hypothesis.
-        return best_alive / rules.penalty(step + 1) > finished_score[:, -1]
-    # fairseq's bound: log-probabilities only fall as a hypothesis grows, so a live beam at
-    # best ends at its limit with its current log-probability.
-    return best_alive / rules.penalty(rules.limits) > finished_score[:, rules.settings.nbest - 1]
+    rule = rules.settings.beam_rules
+    if rule == "exact":
+        # log-probabilities only fall as a hypothesis grows and the penalty only grows, so a
+        # live beam at best ends at its limit with its current log-probability.
+        return (best_alive / rules.penalty(rules.limits)
+                > finished_score[:, rules.settings.nbest - 1])
+    if rule == "fairseq":
+        # fairseq, Marian and CTranslate2 (patience 1): done once k hypotheses have finished.
+        return finished_score[:, -1] <= NEG_INF / 2
+    # heuristic and transformers (its generate with early_stopping=False): the best live beam,
+    # scored as if it ended now, against the k-th finished hypothesis. Exact when alpha = 0.
+    return best_alive / rules.penalty(step + 1) > finished_score[:, -1]
 
 
 def _top_k_by(scores: Array, tokens: Array, k: int) -> tuple[Array, Array]:

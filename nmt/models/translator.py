@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from typing import Callable, Iterator, Sequence
 
 import jax
@@ -25,6 +26,18 @@ from transformer.ensemble import Ensemble
 from transformer.model import Transformer
 
 log = logging.getLogger("translate")
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchStats:
+    """What one searched batch cost: for profiles (bench.search_rules) and padding checks."""
+
+    width: int      # padded source length (a bucket)
+    rows: int       # rows of the compiled shape
+    sentences: int  # rows holding a sentence; the rest are PAD
+    source_tokens: int  # real source tokens, EOS included
+    steps: int      # decoder steps the search ran
+    seconds: float  # search, from the call until the results are on the host
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,7 +56,10 @@ class Translator:
     `data.config.DEFAULT_BUCKETS`, capped at the model's max_len) that holds them, and each
     width compiles search once: fewer buckets, fewer compilations, more padding. Sources
     longer than the model's positions allow are truncated to `max_source_len` tokens (EOS
-    included); `truncated` lists the indices of the last call that were. Sampling draws
+    included); `truncated` lists the indices of the last call that were. A translation whose
+    search reached its output limit (`SearchConfig.max_output_len`, where EOS is forced) is
+    kept, and its line (counted as in truncation warnings) is added to `reached_limit`, over
+    every call, for the caller to report once. Sampling draws
     from `seed` and a count of the batches searched so far, so repeated calls (translate.py
     calls once per chunk of stdin) never reuse random numbers.
     """
@@ -66,6 +82,8 @@ class Translator:
         # No bucket is wider than the model's positions: sources are cut to max_len tokens.
         self.buckets = buckets_up_to(self.max_source_len, buckets or DEFAULT_BUCKETS)
         self.truncated: list[int] = []
+        self.reached_limit: list[int] = []
+        self.batch_stats: list[BatchStats] = []  # the last call's batches
 
     def translate(self, sentences: Sequence[str]) -> list[str]:
         """The best translation of each sentence, in input order."""
@@ -80,6 +98,7 @@ class Translator:
         warnings say "`source` line N" with N counted from `first_line`.
         """
         ids = self._encode(sentences, first_line, source)
+        self.batch_stats = []
         results: list[list[Hypothesis] | None] = [None] * len(sentences)
         empty = [i for i, sentence in enumerate(sentences) if not sentence.strip()]
         for i in empty:
@@ -87,9 +106,10 @@ class Translator:
         if progress is not None and empty:
             progress(len(empty))
         todo = [i for i, r in enumerate(results) if r is None]
-        for batch_index, hypotheses in self._search_batches([ids[i] for i in todo]):
+        for batch_index, hypotheses, at_limit in self._search_batches([ids[i] for i in todo]):
             for row, nbest in zip(batch_index, hypotheses):
                 results[todo[row]] = nbest
+            self.reached_limit.extend(sorted(first_line + todo[row] for row in at_limit))
             if progress is not None:
                 progress(len(batch_index))
         return results  # type: ignore[return-value]
@@ -166,8 +186,9 @@ class Translator:
         return max(budget // per_token, 1)  # inference_batches always makes one row
 
     def _search_batches(self, ids: list[list[int]]
-                        ) -> Iterator[tuple[np.ndarray, list[list[Hypothesis]]]]:
-        """Yields (indices into `ids`, n-best hypotheses of those rows) batch by batch."""
+                        ) -> Iterator[tuple[np.ndarray, list[list[Hypothesis]], np.ndarray]]:
+        """Yields (indices into `ids`, n-best hypotheses of those rows, the indices whose best
+        hypothesis reached its output limit) batch by batch."""
         if not ids:
             return
         budget = self._batch_budget(ids)
@@ -175,9 +196,15 @@ class Translator:
                                             special=self.tokenizer.ids):
             rng = jax.random.fold_in(self.rng, self.batches_searched)
             self.batches_searched += 1
+            start = time.perf_counter()
             result = search_with_state(self.graphdef, self.state, src, self.search, rng)
             real = index >= 0
-            yield index[real], [self._hypotheses(result, row) for row in np.flatnonzero(real)]
+            self.batch_stats.append(BatchStats(
+                width=src.shape[1], rows=src.shape[0], sentences=int(real.sum()),
+                source_tokens=int((src != self.model_config.pad_id).sum()), steps=result.steps,
+                seconds=time.perf_counter() - start))
+            yield (index[real], [self._hypotheses(result, row) for row in np.flatnonzero(real)],
+                   index[real & result.reached_limit()])
 
     def _hypotheses(self, result, row: int) -> list[Hypothesis]:
         eos = self.model_config.eos_id

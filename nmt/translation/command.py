@@ -246,6 +246,14 @@ def search_config(stored, args: argparse.Namespace):
     return dataclasses.replace(stored, **changes)
 
 
+def name_flags(message: str) -> str:
+    """A SearchConfig error with each `SearchConfig.field` named by its flag, e.g. --beam."""
+    for field in recipes.FIELDS:
+        if field.section == "search":
+            message = message.replace(f"SearchConfig.{field.name}", field.flag)
+    return message
+
+
 def _setup_logging(quiet: bool) -> None:
     cli.setup_logging(logging.WARNING if quiet else logging.INFO,
                       "%(name)s: %(levelname)s: %(message)s",
@@ -276,7 +284,7 @@ def load(args: argparse.Namespace):
     try:
         search = search_config(values["search"], args)
     except ValueError as err:
-        raise UsageError(f"invalid search settings (--beam, --nbest, ...): {err}") from None
+        raise UsageError(f"invalid search settings: {name_flags(str(err))}") from None
     if args.plot_attention:
         from nmt.translation.plotting import check_plot_settings  # matplotlib, JAX
 
@@ -322,7 +330,22 @@ def run(args: argparse.Namespace) -> int:
             evaluation.run_scoring(translator, args, values, out, test_set)
         else:
             streams.translate_input(translator, args, input_line_count, out, model, tokenizer)
+    warn_reached_limit(translator)
     return 0
+
+
+def warn_reached_limit(translator) -> None:
+    """One warning for every translation whose search reached its output limit: it is kept,
+    and ends where EOS was forced."""
+    lines = translator.reached_limit
+    if not lines:
+        return
+    search = translator.search
+    shown = ", ".join(str(n) for n in lines[:10]) + (", ..." if len(lines) > 10 else "")
+    log.warning("%d translation(s) reached the output limit (%g x source tokens + %d, at most "
+                "%d tokens with EOS) and end where EOS was forced there: line(s) %s; "
+                "--max-len-a and --max-len-b raise the limit", len(lines), search.max_len_a,
+                search.max_len_b, translator.model_config.max_len, shown)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
