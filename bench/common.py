@@ -188,6 +188,17 @@ def peer_environment() -> dict[str, str]:
     return env
 
 
+def user_environment() -> dict[str, str]:
+    """The environment a user's shell gives our commands: without the preload and the
+    re-execution mark this process has, so a command started from it loads mimalloc itself,
+    as it would from the shell, and that start-up is counted."""
+    env = peer_environment()
+    env.pop(allocator.REEXECUTED, None)
+    for name in allocator.SETTINGS:
+        env.pop(name, None)
+    return env
+
+
 def emit(record: dict[str, Any]) -> None:
     """One JSON line on stdout."""
     record.setdefault("machine", platform.machine())

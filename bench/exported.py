@@ -1,28 +1,66 @@
-"""A trained model against its own exports: speed, BLEU and agreement on a real test set.
+"""A trained model against its own CTranslate2 export: speed and BLEU on a real test set.
 
     python -m bench.exported --model runs/NAME/averaged --test-prefix data/multi30k/test2016 \\
-        --src en --tgt de
+        --src en --tgt de [--end-to-end]
+    python -m bench.exported ... --device cuda        # on a GPU: CTranslate2 float16, int8
 
-Exports the model to CTranslate2 (float32 and int8) and, when transformers and torch are
-installed, to MarianMT, into a temporary folder. Then, on the same sentences:
-- beam search (--beam, the model's alpha) with ours and with CTranslate2 float32 and int8:
-  sentences/s (after one warm-up pass, so compilation is not counted) and sacreBLEU/chrF;
-- greedy search with each: how many outputs are identical to ours token for token.
-CTranslate2 runs with --threads intra-op threads; its beam uses its own length penalty
-(length ** alpha), so its beam output may differ from ours by that convention. One JSON line
-per measurement on stdout.
+Exports the model to CTranslate2 into a temporary folder, then, on the same sentences:
+- beam search (--beam, the model's alpha and beam rules) and greedy search with ours and with
+  CTranslate2 at each --compute-types (default float32 and int8 on the CPU, float16 and
+  int8_float16 on a GPU): seconds and sentences/s after one warm-up pass (compilation not
+  counted), sacreBLEU BLEU and chrF beside each, and for greedy how many outputs are
+  identical to ours token for token;
+- with transformers and torch installed (CPU only), greedy agreement of transformers'
+  `generate` on the MarianMT export;
+- with --end-to-end, what a user waits for, each a new process, start to exit:
+  `translate.py --evaluate` on the test set with an empty and then a warm compilation cache,
+  against a script that loads the CTranslate2 export and does the same work (tokenize,
+  translate, detokenize, score); and one sentence from the shell (`echo ... | translate.py`,
+  warm cache) against CTranslate2 loading and translating that sentence.
+CTranslate2 runs with --threads intra-op threads and max_batch_size --batch-sentences; it
+divides by length ** alpha where ours uses the model's penalty (GNMT's unless stored
+otherwise), so beam outputs may differ by that convention. One JSON line per measurement.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
 
-from bench.common import emit, environment
+from bench.common import REPO, emit, environment, peer_environment, user_environment
 from nmt.runtime import allocator
+from transformer.config import BEAM_RULES
+
+COMPUTE_TYPES = {"cpu": ("float32", "int8"), "cuda": ("float16", "int8_float16")}
+SHELL_SENTENCE = "A man in a blue shirt is standing on a ladder cleaning windows."
+
+# The same work as translate.py --evaluate, for CTranslate2: load, tokenize, translate, score.
+CT2_SCRIPT = """
+import sys, time
+start = time.perf_counter()
+import ctranslate2, sacrebleu, sentencepiece
+model, source, reference, device, compute, threads, beam, alpha, batch, length = sys.argv[1:11]
+translator = ctranslate2.Translator(model, device=device, compute_type=compute,
+                                    inter_threads=1, intra_threads=int(threads))
+sp = sentencepiece.SentencePieceProcessor(model_file=model + "/spm.model")
+lines = open(source, encoding="utf-8").read().splitlines()
+suppress = [[sp.id_to_piece(sp.pad_id())], [sp.id_to_piece(sp.bos_id())]]
+results = translator.translate_batch(
+    [sp.encode(line, out_type=str) for line in lines], beam_size=int(beam),
+    length_penalty=float(alpha), max_batch_size=int(batch), suppress_sequences=suppress,
+    max_decoding_length=int(length))
+hypotheses = [sp.decode_pieces(r.hypotheses[0]) for r in results]
+if reference != "-":
+    refs = open(reference, encoding="utf-8").read().splitlines()
+    print(f"BLEU = {sacrebleu.corpus_bleu(hypotheses, [refs]).score:.2f}")
+else:
+    print(hypotheses[0])
+"""
 
 
 def parse_args() -> argparse.Namespace:
@@ -32,10 +70,22 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--src", required=True)
     parser.add_argument("--tgt", required=True)
     parser.add_argument("--beam", type=int, default=4)
+    parser.add_argument("--beam-rules", choices=BEAM_RULES,
+                        help="our beam rules (default: the model's)")
+    parser.add_argument("--max-len-a", type=float, help="our output limit a (default: the "
+                                                        "model's)")
+    parser.add_argument("--max-len-b", type=int, help="our output limit b (default: the model's)")
+    parser.add_argument("--device", choices=sorted(COMPUTE_TYPES), default="cpu",
+                        help="CTranslate2's device (ours runs on JAX's default device)")
+    parser.add_argument("--compute-types", nargs="+",
+                        help="CTranslate2 compute types (default: float32 int8 on cpu, "
+                             "float16 int8_float16 on cuda)")
     parser.add_argument("--threads", type=int, default=2, help="CTranslate2 threads")
     parser.add_argument("--batch-sentences", type=int, default=64,
                         help="CTranslate2 batch size (max_batch_size)")
     parser.add_argument("--limit", type=int, default=0, help="first N test pairs (0 = all)")
+    parser.add_argument("--end-to-end", action="store_true",
+                        help="also time translate.py and CTranslate2 as new processes")
     return parser.parse_args()
 
 
@@ -48,9 +98,6 @@ def timed(fn):
 
 def main() -> None:
     args = parse_args()
-    import ctranslate2
-
-    from nmt.convert.ctranslate2 import export_ctranslate2
     from nmt.models.model_dir import load_model
     from nmt.models.translator import Translator
     from nmt.translation.scoring import evaluate
@@ -60,49 +107,100 @@ def main() -> None:
     if args.limit:
         sources, references = sources[: args.limit], references[: args.limit]
     model, tokenizer, values = load_model(args.model)
-    search = dataclasses.replace(values["search"], strategy="beam", beam_size=args.beam, nbest=1)
-    common = {"model": str(args.model), "sentences": len(sources), "beam": args.beam,
-              "alpha": search.alpha, **environment()}
+    beam = dataclasses.replace(values["search"], strategy="beam", beam_size=args.beam, nbest=1,
+                               **search_overrides(args))
+    greedy = dataclasses.replace(beam, strategy="greedy", beam_size=1)
+    common = {"model": str(args.model), "sentences": len(sources), "alpha": beam.alpha,
+              **environment()}
 
-    def report(name: str, hypotheses: list[str], seconds: float) -> None:
+    def report(name: str, mode: str, hypotheses: list[str], seconds: float, **extra) -> None:
         scores = evaluate(hypotheses, references, target_language=args.tgt)
-        emit({"system": name, "seconds": round(seconds, 2),
+        emit({"system": name, "search": mode, "seconds": round(seconds, 2),
               "sentences_per_s": round(len(sources) / seconds, 1), "bleu": round(scores.bleu, 2),
-              "chrf": round(scores.chrf, 2), "bleu_signature": scores.bleu_signature, **common})
+              "chrf": round(scores.chrf, 2), **extra, "bleu_signature": scores.bleu_signature,
+              **common})
 
-    translator = Translator(model, tokenizer, search)
-    ours, seconds = timed(lambda: translator.translate(sources))
-    report("ours", ours, seconds)
-    greedy = Translator(model, tokenizer, dataclasses.replace(search, strategy="greedy",
-                                                               beam_size=1))
-    our_greedy = [h[0].tokens for h in greedy.translate_nbest(sources)]
+    ours = {}
+    for mode, search in ((f"beam {args.beam}", beam), ("greedy", greedy)):
+        translator = Translator(model, tokenizer, search)
+        nbest, seconds = timed(lambda: translator.translate_nbest(sources))
+        ours[mode] = [h[0].tokens for h in nbest]
+        report("ours", mode, [h[0].text for h in nbest], seconds, beam_rules=search.beam_rules,
+               max_len_a=search.max_len_a, max_len_b=search.max_len_b)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        exported = ctranslate2_export(args.model, Path(tmp))
+        if exported is None:
+            emit({"system": "ctranslate2", "skipped": "ctranslate2 is not installed", **common})
+        else:
+            compare_ctranslate2(args, exported, sources, tokenizer, values, ours, report)
+        if args.device == "cpu":
+            marian_greedy_agreement(args, sources, ours["greedy"], decoding_length(values),
+                                    common, Path(tmp))
+        if args.end_to_end:
+            end_to_end(args, exported, beam, values, common)
+
+
+def decoding_length(values) -> int:
+    """CTranslate2's max_decoding_length: 256, or what the model's positions allow after the
+    start token."""
+    return min(256, values["model"].max_len - 1)
+
+
+def search_overrides(args) -> dict:
+    """The SearchConfig fields our search flags set."""
+    given = {"beam_rules": args.beam_rules, "max_len_a": args.max_len_a,
+             "max_len_b": args.max_len_b}
+    return {name: value for name, value in given.items() if value is not None}
+
+
+def search_flags(args) -> list[str]:
+    """The same settings as translate.py flags."""
+    return [part for name, value in search_overrides(args).items()
+            for part in (f"--{name.replace('_', '-')}", str(value))]
+
+
+def ctranslate2_export(model_path: str, tmp: Path) -> Path | None:
+    try:
+        import ctranslate2  # noqa: F401
+    except ImportError:
+        return None
+    from nmt.convert.ctranslate2 import export_ctranslate2
+
+    return export_ctranslate2(model_path, tmp / "ct2", "float32")
+
+
+def compare_ctranslate2(args, exported: Path, sources, tokenizer, values, ours, report) -> None:
+    """CTranslate2 at each compute type (converted when loading): beam and greedy."""
+    import ctranslate2
+
     pieces = [tokenizer.pieces(ids) for ids in tokenizer.encode(sources)]
     suppress = [[tokenizer.processor.id_to_piece(values["model"].pad_id)],
                 [tokenizer.processor.id_to_piece(values["model"].bos_id)]]
+    alpha = values["search"].alpha
+    for compute in args.compute_types or COMPUTE_TYPES[args.device]:
+        ct2 = ctranslate2.Translator(str(exported), device=args.device, compute_type=compute,
+                                     inter_threads=1, intra_threads=args.threads)
 
-    with tempfile.TemporaryDirectory() as tmp:
-        for quantization in ("float32", "int8"):
-            out = export_ctranslate2(args.model, Path(tmp) / quantization, quantization)
-            ct2 = ctranslate2.Translator(str(out), device="cpu", inter_threads=1,
-                                         intra_threads=args.threads)
+        def run(beam: int):
+            results = ct2.translate_batch(
+                pieces, beam_size=beam, length_penalty=alpha, max_batch_size=args.batch_sentences,
+                suppress_sequences=suppress, max_decoding_length=decoding_length(values))
+            return [r.hypotheses[0] for r in results]
 
-            def run(beam: int):
-                results = ct2.translate_batch(
-                    pieces, beam_size=beam, length_penalty=search.alpha,
-                    max_batch_size=args.batch_sentences, suppress_sequences=suppress,
-                    max_decoding_length=256)
-                return [r.hypotheses[0] for r in results]
-
-            hypotheses, seconds = timed(lambda: run(args.beam))
-            report(f"ctranslate2 {quantization}",
-                   [tokenizer.processor.decode_pieces(h) for h in hypotheses], seconds)
-            same = sum(h == tokenizer.pieces(ids) for h, ids in zip(run(1), our_greedy))
-            emit({"system": f"ctranslate2 {quantization}", "greedy_identical": same,
-                  "of": len(sources), **common})
-        marian_greedy_agreement(args, sources, our_greedy, common, Path(tmp))
+        for mode, beam in ((f"beam {args.beam}", args.beam), ("greedy", 1)):
+            hypotheses, seconds = timed(lambda: run(beam))
+            extra = {}
+            if beam == 1:
+                extra["greedy_identical"] = sum(
+                    h == tokenizer.pieces(ids) for h, ids in zip(hypotheses, ours["greedy"]))
+            report(f"ctranslate2 {compute}", mode,
+                   [tokenizer.processor.decode_pieces(h) for h in hypotheses], seconds, **extra)
+        del ct2
 
 
-def marian_greedy_agreement(args, sources, our_greedy, common, tmp: Path) -> None:
+def marian_greedy_agreement(args, sources, our_greedy, max_new_tokens: int, common, tmp: Path
+                            ) -> None:
     """Greedy outputs of transformers' generate on the MarianMT export against ours."""
     try:
         import torch
@@ -120,13 +218,64 @@ def marian_greedy_agreement(args, sources, our_greedy, common, tmp: Path) -> Non
     for start in range(0, len(sources), 32):
         batch = tokenizer(sources[start:start + 32], return_tensors="pt", padding=True)
         with torch.no_grad():
-            generated = model.generate(**batch, num_beams=1, do_sample=False, max_new_tokens=256)
+            generated = model.generate(**batch, num_beams=1, do_sample=False, max_new_tokens=max_new_tokens)
         for row, ours in zip(generated.tolist(), our_greedy[start:start + 32]):
             ids = row[1:]
             eos = model.config.eos_token_id
             ids = ids[: ids.index(eos)] if eos in ids else ids
             same += ids == list(ours)
-    emit({"system": "transformers", "greedy_identical": same, "of": len(sources), **common})
+    emit({"system": "transformers", "search": "greedy", "greedy_identical": same,
+          "of": len(sources), **common})
+
+
+def wall(command: list[str], env: dict[str, str], stdin: str | None = None
+         ) -> tuple[float, str]:
+    """Seconds from process start to exit, and its last line of output; fails loudly."""
+    start = time.perf_counter()
+    result = subprocess.run(command, cwd=REPO, env=env, input=stdin, capture_output=True,
+                            text=True, timeout=1800)
+    seconds = time.perf_counter() - start
+    if result.returncode != 0:
+        raise SystemExit(f"{' '.join(command)} failed ({result.returncode}): "
+                         f"{result.stderr.strip().splitlines()[-1:]}")
+    return seconds, (result.stdout.strip().splitlines() or [""])[-1]
+
+
+def end_to_end(args, exported: Path | None, beam, values, common) -> None:
+    """translate.py as a user runs it, cold and warm, against CTranslate2 doing the same."""
+    source, reference = f"{args.test_prefix}.{args.src}", f"{args.test_prefix}.{args.tgt}"
+    with tempfile.TemporaryDirectory() as cache:
+        env = {**user_environment(), "FLAX_NMT_CACHE": cache}
+        evaluate = [sys.executable, "translate.py", "--model", str(args.model), "--evaluate",
+                    "--test-prefix", args.test_prefix, "--src", args.src, "--tgt", args.tgt,
+                    "--beam", str(args.beam), *search_flags(args), "-q"]
+        for cache_state in ("empty", "warm"):
+            seconds, line = wall(evaluate, env)
+            emit({"system": "ours", "end_to_end": f"translate.py --evaluate, {cache_state} "
+                  "compilation cache", "seconds": round(seconds, 2), "last_line": line, **common})
+        one = [sys.executable, "translate.py", "--model", str(args.model), "--beam",
+               str(args.beam), *search_flags(args), "-q"]
+        wall(one, env, stdin=SHELL_SENTENCE + "\n")  # its own shape: compiled and cached
+        seconds, line = wall(one, env, stdin=SHELL_SENTENCE + "\n")
+        emit({"system": "ours", "end_to_end": "one sentence from the shell, warm cache",
+              "seconds": round(seconds, 2), "output": line, **common})
+    if exported is None:
+        return
+    env = peer_environment()
+    for compute in args.compute_types or COMPUTE_TYPES[args.device]:
+        script = [sys.executable, "-c", CT2_SCRIPT, str(exported), source, reference,
+                  args.device, compute, str(args.threads), str(args.beam), str(beam.alpha),
+                  str(args.batch_sentences), str(decoding_length(values))]
+        seconds, line = wall(script, env)
+        emit({"system": f"ctranslate2 {compute}", "end_to_end": "load, tokenize, translate, "
+              "score the test set", "seconds": round(seconds, 2), "last_line": line, **common})
+        with tempfile.NamedTemporaryFile("w", suffix=".txt", encoding="utf-8") as one_line:
+            one_line.write(SHELL_SENTENCE + "\n")
+            one_line.flush()
+            script[4:6] = [one_line.name, "-"]
+            seconds, line = wall(script, env)
+        emit({"system": f"ctranslate2 {compute}", "end_to_end": "one sentence",
+              "seconds": round(seconds, 2), "output": line, **common})
 
 
 if __name__ == "__main__":

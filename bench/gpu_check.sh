@@ -12,6 +12,9 @@
 #   recipe.json     the test2016 report (BLEU, chrF, signatures) and the run's time summary
 #   recipe_host.json  the training process on the host: user and system CPU seconds, page
 #                   faults, peak RSS (bench/host_usage.py): whether the host stalls on memory
+#   exported.jsonl  the recipe's model translating test2016, beam 4 and greedy, against its
+#                   CTranslate2 export in float16 and int8_float16 on the same GPU, BLEU beside
+#                   each, and translate.py --evaluate end to end (bench/exported.py)
 #   summary.jsonl   one line per step: its name, exit status and seconds
 #
 # --data DIR        Multi30k's folder (train.en/.de, valid.*, test2016.*); default: the first
@@ -20,7 +23,8 @@
 # --wheels DIR      install missing Python packages from the wheels in DIR (no network)
 # --peers DIR       the peer benchmark scripts (default ../shared/tools/peers); the peers run
 #                   when torch and transformers import and DIR holds the scripts
-# --only LIST       comma-separated steps: env,tests,train,decode,recipe (default: all)
+# --only LIST       comma-separated steps: env,tests,train,decode,recipe,exported (default:
+#                   all; exported translates with the recipe step's model)
 # --dry-run         the same steps at toy sizes, on whatever device JAX has (the CPU in CI)
 #
 # Missing packages, a missing GPU (without --dry-run) or missing data stop it at once with one
@@ -33,7 +37,7 @@ OUT_DIR="${OUT:-$REPO/runs/gpu_check}"
 DATA=""
 WHEELS=""
 PEERS_DIR="${NMT_PEERS_DIR:-$REPO/../shared/tools/peers}"
-ONLY="env,tests,train,decode,recipe"
+ONLY="env,tests,train,decode,recipe,exported"
 DRY_RUN=0
 
 die() { echo "$PROG: error: $*" >&2; exit 2; }
@@ -46,13 +50,14 @@ while [ $# -gt 0 ]; do
         --peers) PEERS_DIR="${2:?--peers needs a folder}"; shift 2 ;;
         --only) ONLY="${2:?--only needs a list}"; shift 2 ;;
         --dry-run) DRY_RUN=1; shift ;;
-        -h|--help) sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,31p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) die "unknown argument '$1'; see $PROG --help" ;;
     esac
 done
 for step in ${ONLY//,/ }; do
-    case "$step" in env|tests|train|decode|recipe) ;;
-        *) die "--only: unknown step '$step'; the steps are env, tests, train, decode, recipe" ;;
+    case "$step" in env|tests|train|decode|recipe|exported) ;;
+        *) die "--only: unknown step '$step'; the steps are env, tests, train, decode, recipe, \
+exported" ;;
     esac
 done
 wants() { [[ ",$ONLY," == *",$1,"* ]]; }
@@ -98,7 +103,7 @@ if [ -z "$DATA" ]; then
         [ -f "$candidate/train.en" ] && DATA="$candidate" && break
     done
 fi
-if wants recipe; then
+if wants recipe || wants exported; then
     for f in train.en train.de valid.en valid.de test2016.en test2016.de; do
         [ -f "$DATA/$f" ] || die "--data '${DATA:-unset}': $f is missing; give Multi30k's folder \
 (see docs/training.md for where to get it) or leave out the recipe step with --only"
@@ -126,11 +131,13 @@ if [ "$DRY_RUN" = 1 ]; then
     RECIPE_FLAGS=(--preset tiny --max-steps 20 --max-minutes 5 --eval-every 10
         --eval-sentences 8 --batch-tokens 512 --vocab-size 320 --save-every 10)
     TESTS=(tests/test_packing.py -k "padded_row or cudnn")
+    EXPORTED=(--device cpu --limit 12)
 else
     # ~25k target tokens per step: 800 pairs x 32 tokens.
     PRESETS=(base big); BATCH=800; LEN=32; STEPS=20; DECODE=(--preset base --batch 64)
     RECIPE_FLAGS=()
     TESTS=(tests/test_mixed_precision.py tests/test_packing.py tests/test_model.py)
+    EXPORTED=(--device cuda --end-to-end)
 fi
 PEER=()
 if [ -f "$PEERS_DIR/hf_train_step.py" ] && "$PYTHON" -c "import torch, transformers" 2>/dev/null
@@ -162,23 +169,28 @@ fi
 if wants train; then
     : > "$OUT_DIR/train.jsonl"
     for preset in "${PRESETS[@]}"; do
-        step "train-$preset" "$OUT_DIR/train-$preset.log" bash -c "\"$PYTHON\" -m bench.train \
+        step "train-$preset" "$OUT_DIR/train-$preset.log" bash -c "set -o pipefail; \"$PYTHON\" -m bench.train \
 --preset $preset --dtype bfloat16 --batch $BATCH --src-len $LEN --tgt-len $LEN --steps $STEPS \
 ${PEER[*]} | tee -a \"$OUT_DIR/train.jsonl\""
     done
 fi
 if wants decode; then
-    step decode "$OUT_DIR/decode.log" bash -c "\"$PYTHON\" -m bench.decode ${DECODE[*]} \
+    step decode "$OUT_DIR/decode.log" bash -c "set -o pipefail; \"$PYTHON\" -m bench.decode ${DECODE[*]} \
 --dtype bfloat16 --beams 1 4 ${PEER[*]} | tee \"$OUT_DIR/decode.jsonl\""
 fi
 if wants recipe; then
     run_dir="$OUT_DIR/multi30k_gpu"
-    step recipe "$OUT_DIR/recipe.log" bash -c "\"$PYTHON\" -m bench.host_usage \
+    step recipe "$OUT_DIR/recipe.log" bash -c "set -o pipefail; \"$PYTHON\" -m bench.host_usage \
 \"$OUT_DIR/recipe_host.json\" -- \"$PYTHON\" train.py --config configs/multi30k_gpu.yaml \
 --train-prefix \"$DATA/train\" --valid-prefix \"$DATA/valid\" --test-prefix \"$DATA/test2016\" \
 --output-dir \"$run_dir\" --no-progress ${RECIPE_FLAGS[*]} && \"$PYTHON\" translate.py \
 --model \"$run_dir/averaged\" --evaluate --test-prefix \"$DATA/test2016\" --src en --tgt de -q \
 --report \"$OUT_DIR/recipe.json\""
+fi
+if wants exported; then
+    step exported "$OUT_DIR/exported.log" bash -c "set -o pipefail; \"$PYTHON\" -m bench.exported --model \
+\"$OUT_DIR/multi30k_gpu/averaged\" --test-prefix \"$DATA/test2016\" --src en --tgt de \
+${EXPORTED[*]} | tee \"$OUT_DIR/exported.jsonl\""
 fi
 echo "== done: $OUT_DIR/summary.jsonl"
 ! grep -q '"status": [1-9]' "$OUT_DIR/summary.jsonl"

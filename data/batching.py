@@ -512,6 +512,12 @@ def inference_batches(ids: Sequence[Sequence[int]], batch_tokens: int = 4096,
     Yields `(src, index)`: `src` [B, S] int32 (ids + EOS, padded to a bucket length),
     `index` [B] int64 the position of each row in `ids`, -1 for all-pad rows that keep B
     fixed per S. Write outputs back with `out[index[index >= 0]] = hyps[index >= 0]`.
+    B is `batch_tokens // S` (rounded down to `multiple_of`), one row count per width, so the
+    compiled shapes stay one per bucket. A batch takes the next B sentences in length order
+    even where they cross into the next bucket (it is then padded to that bucket, with the
+    row count of that width), so only the last batch has rows of PAD: a bucket's last
+    sentences share a batch with the next bucket's first rather than with empty rows, whose
+    search steps cost as much as a sentence's.
     Inputs longer than the last bucket get S rounded up to a multiple of 64 (one new shape).
     """
     lengths = np.array([len(x) + 1 for x in ids], dtype=np.int64)
@@ -520,12 +526,21 @@ def inference_batches(ids: Sequence[Sequence[int]], batch_tokens: int = 4096,
     values = np.fromiter((i for row in ids for i in row), dtype=np.int32, count=int(offsets[-1]))
     order = np.argsort(lengths, kind="stable")
     widths = np.array([_bucket_of(int(n), buckets) for n in lengths[order]], dtype=np.int64)
+
+    def rows_of(width: int) -> int:
+        rows = batch_tokens // width
+        return max(multiple_of, rows - rows % multiple_of)
+
     start = 0
     while start < len(order):
         width = int(widths[start])
-        rows = batch_tokens // width
-        rows = max(multiple_of, rows - rows % multiple_of)
-        end = min(start + rows, int(np.searchsorted(widths, width, side="right")))
+        rows = rows_of(width)
+        # Widen while the batch's last sentence needs a wider bucket; widths only grow and
+        # rows only shrink, so this ends (at worst with the one-row minimum).
+        while int(widths[min(start + rows, len(order)) - 1]) > width:
+            width = int(widths[min(start + rows, len(order)) - 1])
+            rows = rows_of(width)
+        end = min(start + rows, len(order))
         index = np.concatenate([order[start:end], np.full(rows - (end - start), -1)])
         yield _gather(values, offsets, index, width, bos=False, eos=True, special=special), index
         start = end

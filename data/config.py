@@ -22,6 +22,12 @@ DEFAULT_LOCALE_DIR = "/usr/share/locale"
 DEFAULT_BUCKETS = (
     5, 8, 11, 14, 17, 20, 23, 26, 30, 34, 40, 48, 56, 64, 80, 96, 112, 128, 160, 192, 224, 256,
 )
+# Source widths for translating. Coarser than training's: every width is one search program
+# to compile (or load from the cache) at about 2.5 s each on a 2-core CPU, more than the
+# padding costs, since a search step's work hardly depends on the source width (Multi30k
+# test2016, beam 4: 3 widths, 13.5 s to first output and 6.5 s per pass, against 8 widths of
+# DEFAULT_BUCKETS, 26.1 s and 6.5 s; docs/performance.md, "Translating").
+INFERENCE_BUCKETS = (16, 32, 48, 64, 96, 128, 192, 256)
 
 
 class DataError(ValueError):

@@ -152,7 +152,7 @@ def execv(monkeypatch):
     monkeypatch.setattr(allocator, "loaded_library", lambda: None)
     monkeypatch.setattr(allocator, "library", lambda: Path("/opt/lib/libmimalloc.so"))
     saved = dict(os.environ)  # preload() changes it before executing: restored afterwards
-    for name in ("NMT_ALLOCATOR", "LD_PRELOAD", "MIMALLOC_PURGE_DELAY", allocator._REEXECUTED):
+    for name in ("NMT_ALLOCATOR", "LD_PRELOAD", "MIMALLOC_PURGE_DELAY", allocator.REEXECUTED):
         os.environ.pop(name, None)
     yield calls
     os.environ.clear()
@@ -168,7 +168,7 @@ def test_preload_runs_the_same_command_again_with_the_library_first(execv, monke
     assert path == sys.executable and argv == sys.orig_argv
     assert environment["LD_PRELOAD"] == "/opt/lib/libmimalloc.so /usr/lib/libother.so"
     assert environment["MIMALLOC_PURGE_DELAY"] == "100"
-    assert environment[allocator._REEXECUTED] == "1"
+    assert environment[allocator.REEXECUTED] == "1"
 
 
 def test_preload_sets_mimallocs_purge_delay(execv):
@@ -179,7 +179,7 @@ def test_preload_sets_mimallocs_purge_delay(execv):
 
 
 @pytest.mark.parametrize("setting", [("NMT_ALLOCATOR", "system"), ("NMT_ALLOCATOR", "bad"),
-                                     (allocator._REEXECUTED, "1")])
+                                     (allocator.REEXECUTED, "1")])
 def test_preload_does_nothing_when_off_bad_or_done_once(execv, monkeypatch, setting):
     monkeypatch.setenv(*setting)
     allocator.preload()  # returns: a bad value is reported by the command

@@ -186,11 +186,11 @@ def test_exact_rule_goes_on_while_a_longer_hypothesis_can_still_win():
     assert result.scores[0, 0] == pytest.approx(scores[best], abs=1e-4)
 
 
-@pytest.mark.parametrize("rules", ["heuristic", "fairseq", "transformers"])
+@pytest.mark.parametrize("rules", ["heuristic", "k-finished", "transformers"])
 def test_early_rules_stop_once_k_hypotheses_finished_where_exact_goes_on(rules):
     """The documented difference: with k = 2, "EOS" and "4 EOS" finish at the first two
     steps; the best live beam, "4 4", scored as if it ended now, (2 log 0.45) / lp(2), is
-    below both, so heuristic and transformers stop, and fairseq stops on the count alone.
+    below both, so heuristic and transformers stop, and k-finished stops on the count alone.
     They return EOS alone (score log 0.5), where exact finds "4 x 11, EOS" (previous test)."""
     model, scores = longer_wins_model()
     config = SearchConfig(beam_size=2, nbest=2, alpha=3.0, max_len_a=0, max_len_b=12,
@@ -215,6 +215,14 @@ def test_every_rule_agrees_with_exact_where_the_best_hypothesis_finishes_first(r
     np.testing.assert_array_equal(result.tokens, exact.tokens)
     np.testing.assert_allclose(result.scores, exact.scores, atol=1e-6)
     np.testing.assert_allclose(result.scores[0], [np.log(0.5), np.log(0.45 * 0.5)], atol=1e-4)
+
+
+def test_stored_settings_with_the_former_name_of_exact_search_as_before():
+    """Models saved when exact search was called "fairseq" keep searching as they did."""
+    stored = SearchConfig().to_dict() | {"beam_rules": "fairseq"}
+    assert SearchConfig.from_dict(stored).beam_rules == "exact"
+    with pytest.raises(ValueError, match="beam_rules must be one of"):
+        SearchConfig(beam_rules="fairseq")
 
 
 def test_the_default_rule_is_the_heuristic_and_exact_is_never_worse():

@@ -202,7 +202,7 @@ def _translate(argv: list, capsys) -> tuple[int, str]:
 
 
 @pytest.mark.parametrize("argv,code,named", [
-    (["--model", "{run}", "--beam", "0", "Hallo."], 2, "beam_size"),
+    (["--model", "{run}", "--beam", "0", "Hallo."], 2, "--beam must be >= 1"),
     (["--model", "{run}", "--nbest", "x", "Hallo."], 2, "'x'"),
     (["--model", "{tmp}/none", "Hallo."], 1, "{tmp}/none"),
     (["--model", "{run}", "--input", "{tmp}/none.txt"], 1, "{tmp}/none.txt"),

@@ -38,7 +38,8 @@ def test_dry_run_does_every_step_and_writes_its_records(multi30k_like, tmp_path)
     result = _check("--dry-run", "--out", str(out), "--data", str(multi30k_like))
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
     summary = [json.loads(line) for line in (out / "summary.jsonl").read_text().splitlines()]
-    assert [s["step"] for s in summary] == ["env", "tests", "train-tiny", "decode", "recipe"]
+    assert [s["step"] for s in summary] == ["env", "tests", "train-tiny", "decode", "recipe",
+                                            "exported"]
     assert all(s["status"] == 0 for s in summary)
     assert json.loads((out / "env.json").read_text())["backend"] == "cpu"
     train = [json.loads(line) for line in (out / "train.jsonl").read_text().splitlines()
@@ -49,6 +50,11 @@ def test_dry_run_does_every_step_and_writes_its_records(multi30k_like, tmp_path)
     assert decode
     report = json.loads((out / "recipe.json").read_text())
     assert report["sentences"] == 12 and "bleu" in report
+    exported = [json.loads(line) for line in (out / "exported.jsonl").read_text().splitlines()
+                if line.startswith("{")]
+    searched = {(e["system"], e["search"]) for e in exported if "bleu" in e}
+    assert {("ours", "beam 4"), ("ours", "greedy"), ("ctranslate2 float32", "beam 4"),
+            ("ctranslate2 int8", "greedy")} <= searched, searched
     host = json.loads((out / "recipe_host.json").read_text())
     assert host["status"] == 0 and host["command"][1] == "train.py"
     assert host["user_s"] > 0 and host["minor_faults"] > 0 and host["max_rss_mib"] > 0

@@ -429,7 +429,7 @@ def test_invalid_search_flags_exit_2(run_dir, env):
     (["--max-len-a", "0", "--max-len-b", "0"], "--max-len-b must be >= 1 when --max-len-a is 0"),
     (["--max-len-a", "-1"], "--max-len-a must be >= 0, got -1.0"),
     (["--beam-rules", "greedy"], "--beam-rules: invalid choice: 'greedy' (choose from "
-                                 "'heuristic', 'exact', 'fairseq', 'transformers')"),
+                                 "'heuristic', 'exact', 'k-finished', 'transformers')"),
 ])
 def test_a_bad_beam_or_limit_is_one_line_naming_the_flag(run_dir, flags, message, monkeypatch,
                                                           capsys):

@@ -19,7 +19,7 @@ is one field of `SearchConfig`, read where it is needed. A compiled shape is (ba
 source length); the output length is derived from the padded source length.
 `nmt.models.translator.Translator` feeds search with batches from
 `data.batching.inference_batches`, whose source widths come from the fixed bucket list
-`data.batching.DEFAULT_BUCKETS` (22 lengths from 5 to 256, capped at the model's max_len),
+`data.config.INFERENCE_BUCKETS` (8 lengths from 16 to 256, capped at the model's max_len),
 with a few power-of-two batch sizes per width (small calls get small batches), so the number
 of compiled shapes stays bounded however many sentences are translated.
 """
@@ -416,7 +416,7 @@ def _advance_beams(s: _BeamState, logits: Array, cache: SearchCache, rules: _Bea
     is_eos = token == rules.model.eos_id
     # A candidate of a dead beam (NEG_INF) must not enter either set.
     valid = top_logprob > NEG_INF / 2
-    # exact: any EOS of the 2k candidates finishes; fairseq, transformers: only among the best k.
+    # exact: any EOS of the 2k candidates finishes; the other rules: only among the best k.
     finishes = is_eos & valid
     if rules.eos_among_best_k:
         finishes = finishes & (jnp.arange(2 * k) < k)[None, :]
@@ -491,7 +491,7 @@ def _can_improve(best_alive: Array, finished_score: Array, step: Array, rules: _
         # live beam at best ends at its limit with its current log-probability.
         return (best_alive / rules.penalty(rules.limits)
                 > finished_score[:, rules.settings.nbest - 1])
-    if rule == "fairseq":
+    if rule == "k-finished":
         # fairseq, Marian and CTranslate2 (patience 1): done once k hypotheses have finished.
         return finished_score[:, -1] <= NEG_INF / 2
     # heuristic and transformers (its generate with early_stopping=False): the best live beam,

@@ -19,7 +19,7 @@ import numpy as np
 from flax import nnx
 
 from data.batching import inference_batches
-from data.config import DEFAULT_BUCKETS, buckets_up_to
+from data.config import INFERENCE_BUCKETS, buckets_up_to
 from transformer.config import SearchConfig
 from transformer.decoding import pad_sources, reference_logprobs_with_state, search_with_state
 from transformer.ensemble import Ensemble
@@ -53,7 +53,7 @@ class Translator:
 
     `batch_tokens` bounds source tokens per batch (beam search multiplies the work by
     beam_size). Sources are padded to the smallest of `buckets` (default
-    `data.config.DEFAULT_BUCKETS`, capped at the model's max_len) that holds them, and each
+    `data.config.INFERENCE_BUCKETS`, capped at the model's max_len) that holds them, and each
     width compiles search once: fewer buckets, fewer compilations, more padding. Sources
     longer than the model's positions allow are truncated to `max_source_len` tokens (EOS
     included); `truncated` lists the indices of the last call that were. A translation whose
@@ -80,7 +80,7 @@ class Translator:
         self.batches_searched = 0  # folded into the rng: each batch of every call draws anew
         self.max_source_len = self.model_config.max_len
         # No bucket is wider than the model's positions: sources are cut to max_len tokens.
-        self.buckets = buckets_up_to(self.max_source_len, buckets or DEFAULT_BUCKETS)
+        self.buckets = buckets_up_to(self.max_source_len, buckets or INFERENCE_BUCKETS)
         self.truncated: list[int] = []
         self.reached_limit: list[int] = []
         self.batch_stats: list[BatchStats] = []  # the last call's batches
@@ -109,7 +109,7 @@ class Translator:
         for batch_index, hypotheses, at_limit in self._search_batches([ids[i] for i in todo]):
             for row, nbest in zip(batch_index, hypotheses):
                 results[todo[row]] = nbest
-            self.reached_limit.extend(sorted(first_line + todo[row] for row in at_limit))
+            self.reached_limit.extend(first_line + todo[row] for row in at_limit)
             if progress is not None:
                 progress(len(batch_index))
         return results  # type: ignore[return-value]

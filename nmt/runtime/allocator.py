@@ -37,7 +37,7 @@ SETTINGS = {"MIMALLOC_PURGE_DELAY": "10000"}
 INSTALL = "pip install cmeel-mimalloc"
 _RELATIVE_PATH = "cmeel.prefix/lib/libmimalloc.so"
 # Set in the environment of the re-executed command, so that it is not re-executed again.
-_REEXECUTED = "NMT_ALLOCATOR_REEXECUTED"
+REEXECUTED = "NMT_ALLOCATOR_REEXECUTED"
 _MAPS = Path("/proc/self/maps")
 
 
@@ -98,14 +98,14 @@ def preload() -> None:
     except AllocatorError:
         return
     path = library()
-    if not wanted or path is None or os.environ.get(_REEXECUTED) or loaded_library():
+    if not wanted or path is None or os.environ.get(REEXECUTED) or loaded_library():
         return
     environment = dict(os.environ)
     preloads = os.environ.get("LD_PRELOAD", "")
     os.environ["LD_PRELOAD"] = f"{path} {preloads}".strip()
     for name, value in SETTINGS.items():
         os.environ.setdefault(name, value)
-    os.environ[_REEXECUTED] = "1"
+    os.environ[REEXECUTED] = "1"
     sys.stdout.flush()
     sys.stderr.flush()
     try:

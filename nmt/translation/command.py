@@ -337,7 +337,7 @@ def run(args: argparse.Namespace) -> int:
 def warn_reached_limit(translator) -> None:
     """One warning for every translation whose search reached its output limit: it is kept,
     and ends where EOS was forced."""
-    lines = translator.reached_limit
+    lines = sorted(translator.reached_limit)
     if not lines:
         return
     search = translator.search

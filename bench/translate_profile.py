@@ -1,0 +1,118 @@
+"""Where the time of translating a test set goes: host work, encoder, search, compilation.
+
+    python -m bench.translate_profile --model runs/NAME/averaged \\
+        --test-prefix ../shared/data/multi30k/test2016 --src en --tgt de [--greedy]
+
+One process, as translate.py runs: loading the model, tokenizing, then the file twice through
+`Translator` (the first pass compiles each batch shape, or loads it from the persistent
+cache; the second runs compiled programs only). Prints one JSON line per batch of the second
+pass (source width, rows, sentences, padding, decoder steps, seconds) and a summary: seconds
+in imports, model load, tokenizing, the encoder alone (every batch encoded again by itself),
+search, detokenizing, and the first pass's extra seconds (compilation or cache loading).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import time
+from pathlib import Path
+
+START = time.perf_counter()
+
+from bench.common import emit, environment  # noqa: E402
+from nmt.runtime import allocator  # noqa: E402
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", required=True, help="model or run directory")
+    parser.add_argument("--test-prefix", required=True, help="PREFIX.SRC is translated")
+    parser.add_argument("--src", required=True)
+    parser.add_argument("--tgt", required=True)
+    parser.add_argument("--beam", type=int, help="beam size (default: the model's)")
+    parser.add_argument("--greedy", action="store_true")
+    parser.add_argument("--beam-rules", help="beam rules (default: the model's)")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"),
+                        help="compute dtype (default: the model's)")
+    parser.add_argument("--max-len-a", type=float, help="output limit a (default: the model's)")
+    parser.add_argument("--max-len-b", type=int, help="output limit b (default: the model's)")
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
+    import jax
+    from flax import nnx
+
+    from data.batching import inference_batches
+    from nmt.models.model_dir import load_model
+    from nmt.models.translator import Translator
+    from nmt.runtime.compilation import enable_compilation_cache
+
+    enable_compilation_cache()
+    imported = time.perf_counter()
+    model, tokenizer, values = load_model(args.model, dtype=args.dtype)
+    loaded = time.perf_counter()
+    changes = {"beam_size": args.beam, "max_len_a": args.max_len_a, "max_len_b": args.max_len_b,
+               "beam_rules": args.beam_rules}
+    search = dataclasses.replace(values["search"], nbest=1,
+                                 **{k: v for k, v in changes.items() if v is not None})
+    if args.greedy:
+        search = dataclasses.replace(search, strategy="greedy", beam_size=1)
+    translator = Translator(model, tokenizer, search)
+    sources = Path(f"{args.test_prefix}.{args.src}").read_text(encoding="utf-8").splitlines()
+
+    first_start = time.perf_counter()
+    translator.translate(sources)
+    first = time.perf_counter() - first_start
+    second_start = time.perf_counter()
+    translator.translate(sources)
+    second = time.perf_counter() - second_start
+    batches = translator.batch_stats
+
+    start = time.perf_counter()
+    ids = tokenizer.encode(sources, "source")
+    tokenize = time.perf_counter() - start
+    encoder = jax.jit(lambda graphdef, state, src: nnx.merge(graphdef, state).encode(src))
+    graphdef, state = nnx.split(model)
+    budget = translator._batch_budget(ids)
+    plan = list(inference_batches(ids, batch_tokens=budget, buckets=translator.buckets,
+                                  special=tokenizer.ids))
+    for src, _ in plan:
+        encoder(graphdef, state, src).block_until_ready()  # compile each shape
+    start = time.perf_counter()
+    for src, _ in plan:
+        encoder(graphdef, state, src).block_until_ready()
+    encode = time.perf_counter() - start
+    hypotheses = [[int(t) for t in range(20)]] * len(sources)
+    start = time.perf_counter()
+    tokenizer.decode(hypotheses)
+    detokenize = time.perf_counter() - start
+
+    common = {"model": str(args.model), "search": search.strategy, "beam": search.beam_size,
+              "beam_rules": search.beam_rules, "max_len_a": search.max_len_a,
+              "max_len_b": search.max_len_b, "dtype": str(model.config.dtype), **environment()}
+    for b in batches:
+        emit({"batch": dataclasses.asdict(b), "padding": round(1 - b.source_tokens /
+                                                                (b.rows * b.width), 3),
+              "empty_rows": b.rows - b.sentences, **common})
+    search_s = sum(b.seconds for b in batches)
+    cells = sum(b.rows * b.width for b in batches)
+    emit({"summary": {
+        "sentences": len(sources), "imports_s": round(imported - START, 2),
+        "model_load_s": round(loaded - imported, 2), "first_pass_s": round(first, 2),
+        "second_pass_s": round(second, 2), "compile_or_cache_s": round(first - second, 2),
+        "search_s": round(search_s, 2), "encoder_s": round(encode, 2),
+        "host_s": round(second - search_s, 2), "tokenize_s": round(tokenize, 3),
+        "detokenize_20_tokens_s": round(detokenize, 3), "batches": len(batches),
+        "shapes": len({(b.rows, b.width) for b in batches}),
+        "source_padding": round(1 - sum(b.source_tokens for b in batches) / cells, 3),
+        "decoder_steps": sum(b.steps for b in batches),
+        "row_steps": sum(b.steps * b.rows for b in batches),
+        "sentences_per_s": round(len(sources) / second, 1)}, **common})
+
+
+if __name__ == "__main__":
+    allocator.preload()  # as translate.py: mimalloc under XLA:CPU
+    main()
