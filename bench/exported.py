@@ -218,7 +218,8 @@ def marian_greedy_agreement(args, sources, our_greedy, max_new_tokens: int, comm
     for start in range(0, len(sources), 32):
         batch = tokenizer(sources[start:start + 32], return_tensors="pt", padding=True)
         with torch.no_grad():
-            generated = model.generate(**batch, num_beams=1, do_sample=False, max_new_tokens=max_new_tokens)
+            generated = model.generate(**batch, num_beams=1, do_sample=False,
+                                       max_new_tokens=max_new_tokens)
         for row, ours in zip(generated.tolist(), our_greedy[start:start + 32]):
             ids = row[1:]
             eos = model.config.eos_token_id

@@ -64,7 +64,8 @@ def main() -> None:
     model, tokenizer, values = load_model(args.model)
     stored = values["search"]
     changes = {"beam_size": args.beam, "alpha": args.alpha}
-    base = dataclasses.replace(stored, nbest=1, **{k: v for k, v in changes.items() if v is not None})
+    base = dataclasses.replace(stored, nbest=1,
+                               **{k: v for k, v in changes.items() if v is not None})
     if args.greedy:
         base = dataclasses.replace(base, strategy="greedy", beam_size=1)
     rules = ["greedy"] if args.greedy else args.rules

@@ -286,8 +286,8 @@ class SearchConfig(DictConfig):
                      "beat the k-th of them (transformers' test); exact: any EOS among the "
                      "2k best finishes, and a sentence stops only when no live beam could beat "
                      "its nbest-th finished one even at the length limit (the beam's best "
-                     "hypothesis, about 1.4x the steps); k-finished: an EOS among the k best "
-                     "finishes, and a sentence stops once k have finished (fairseq, Marian, "
+                     "hypothesis, 1.3 to 1.8 times the steps); k-finished: an EOS among the "
+                     "k best finishes, and a sentence stops once k have finished (fairseq, Marian, "
                      "CTranslate2); transformers: heuristic, but an EOS forced at the limit "
                      "adds 0 (reproduces transformers' generate)")
     max_len_a: float = setting(1.5, "output limit a * source length + b tokens: a")
