@@ -20,8 +20,8 @@ from pathlib import Path
 
 START = time.perf_counter()
 
-from bench.common import emit, environment  # noqa: E402
-from nmt.runtime import allocator  # noqa: E402
+from bench.common import emit, environment
+from nmt.runtime import allocator
 
 
 def parse_args() -> argparse.Namespace:
