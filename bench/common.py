@@ -94,6 +94,24 @@ def _int_at_least(text: str, least: int) -> int:
     return value
 
 
+def test_set_parser(description: str) -> argparse.ArgumentParser:
+    """A parser with the flags of the benchmarks that translate a real test set: the model,
+    PREFIX.SRC and PREFIX.TGT."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--model", required=True, help="model or run directory")
+    parser.add_argument("--test-prefix", required=True, help="PREFIX.SRC and PREFIX.TGT")
+    parser.add_argument("--src", required=True)
+    parser.add_argument("--tgt", required=True)
+    return parser
+
+
+def read_test_set(args: argparse.Namespace, limit: int = 0) -> tuple[list[str], list[str]]:
+    """(sources, references) of `test_set_parser`'s flags; the first `limit` pairs if > 0."""
+    sides = [Path(f"{args.test_prefix}.{lang}").read_text(encoding="utf-8").splitlines()
+             for lang in (args.src, args.tgt)]
+    return (sides[0][:limit], sides[1][:limit]) if limit else (sides[0], sides[1])
+
+
 def call_times(function, *args, reps: int) -> list[float]:
     """Seconds of `reps` calls of a jitted function, each until its result is ready, after
     two untimed calls (the first compiles)."""

@@ -32,7 +32,15 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.common import REPO, emit, environment, peer_environment, user_environment
+from bench.common import (
+    REPO,
+    emit,
+    environment,
+    peer_environment,
+    read_test_set,
+    test_set_parser,
+    user_environment,
+)
 from nmt.runtime import allocator
 from transformer.config import BEAM_RULES
 
@@ -64,11 +72,7 @@ else:
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", required=True, help="model or run directory")
-    parser.add_argument("--test-prefix", required=True, help="PREFIX.SRC and PREFIX.TGT")
-    parser.add_argument("--src", required=True)
-    parser.add_argument("--tgt", required=True)
+    parser = test_set_parser(__doc__.split("\n\n")[0])
     parser.add_argument("--beam", type=int, default=4)
     parser.add_argument("--beam-rules", choices=BEAM_RULES,
                         help="our beam rules (default: the model's)")
@@ -103,10 +107,7 @@ def main() -> None:
     from nmt.models.translator import Translator
     from nmt.translation.scoring import evaluate
 
-    sources = Path(f"{args.test_prefix}.{args.src}").read_text(encoding="utf-8").splitlines()
-    references = Path(f"{args.test_prefix}.{args.tgt}").read_text(encoding="utf-8").splitlines()
-    if args.limit:
-        sources, references = sources[: args.limit], references[: args.limit]
+    sources, references = read_test_set(args, args.limit)
     model, tokenizer, values = load_model(args.model)
     beam = dataclasses.replace(values["search"], strategy="beam", beam_size=args.beam, nbest=1,
                                **search_overrides(args))

@@ -18,19 +18,14 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import time
-from pathlib import Path
 
-from bench.common import emit, environment
+from bench.common import emit, environment, read_test_set, test_set_parser
 from nmt.runtime import allocator
 from transformer.config import BEAM_RULES
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", required=True, help="model or run directory")
-    parser.add_argument("--test-prefix", required=True, help="PREFIX.SRC and PREFIX.TGT")
-    parser.add_argument("--src", required=True)
-    parser.add_argument("--tgt", required=True)
+    parser = test_set_parser(__doc__.split("\n\n")[0])
     parser.add_argument("--rules", nargs="+", default=list(BEAM_RULES), choices=BEAM_RULES)
     parser.add_argument("--limits", nargs="+", default=[], metavar="A,B",
                         help="output limits a * source + b to try (default: the model's)")
@@ -59,8 +54,7 @@ def main() -> None:
     from nmt.translation.scoring import evaluate
 
     enable_compilation_cache()
-    sources = Path(f"{args.test_prefix}.{args.src}").read_text(encoding="utf-8").splitlines()
-    references = Path(f"{args.test_prefix}.{args.tgt}").read_text(encoding="utf-8").splitlines()
+    sources, references = read_test_set(args)
     model, tokenizer, values = load_model(args.model)
     stored = values["search"]
     changes = {"beam_size": args.beam, "alpha": args.alpha}

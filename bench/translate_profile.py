@@ -16,20 +16,15 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import time
-from pathlib import Path
 
 START = time.perf_counter()
 
-from bench.common import emit, environment
+from bench.common import emit, environment, read_test_set, test_set_parser
 from nmt.runtime import allocator
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", required=True, help="model or run directory")
-    parser.add_argument("--test-prefix", required=True, help="PREFIX.SRC is translated")
-    parser.add_argument("--src", required=True)
-    parser.add_argument("--tgt", required=True)
+    parser = test_set_parser(__doc__.split("\n\n")[0])
     parser.add_argument("--beam", type=int, help="beam size (default: the model's)")
     parser.add_argument("--greedy", action="store_true")
     parser.add_argument("--beam-rules", help="beam rules (default: the model's)")
@@ -61,7 +56,7 @@ def main() -> None:
     if args.greedy:
         search = dataclasses.replace(search, strategy="greedy", beam_size=1)
     translator = Translator(model, tokenizer, search)
-    sources = Path(f"{args.test_prefix}.{args.src}").read_text(encoding="utf-8").splitlines()
+    sources, _ = read_test_set(args)
 
     first_start = time.perf_counter()
     translator.translate(sources)
@@ -85,7 +80,7 @@ def main() -> None:
     for src, _ in plan:
         encoder(graphdef, state, src).block_until_ready()
     encode = time.perf_counter() - start
-    hypotheses = [[int(t) for t in range(20)]] * len(sources)
+    hypotheses = [list(range(4, 24))] * len(sources)  # 20 ordinary pieces per sentence
     start = time.perf_counter()
     tokenizer.decode(hypotheses)
     detokenize = time.perf_counter() - start
