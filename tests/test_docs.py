@@ -1,7 +1,7 @@
-"""The README and docs/ are checked: relative links lead somewhere, every train.py and
-translate.py command they show parses with today's flags, each entry point answers --help,
-the README's Python example runs on a tiny model, and design.md's layout lists every module
-of the tree and nothing that is not there."""
+"""The README and docs/ are checked: relative links lead somewhere, every train.py,
+translate.py and `python -m nmt.serving` command they show parses with today's flags, each
+entry point answers --help, the README's Python example runs on a tiny model, and design.md's
+layout lists every module of the tree and nothing that is not there."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import pytest
 
 import train as train_cli
 import translate as translate_cli
+from nmt.serving import command as serving_cli
 from translate_model import make_model
 
 REPO = Path(__file__).resolve().parents[1]
@@ -34,12 +35,13 @@ def _anchors(page: Path) -> set[str]:
 
 
 def _blocks(page: Path, language: str) -> list[str]:
-    return re.findall(rf"```{language}\n(.*?)```", page.read_text(), flags=re.S)
+    return re.findall(rf"```{language}\n(.*?)```", page.read_text(), flags=re.DOTALL)
 
 
 def _commands(page: Path) -> list[list[str]]:
-    """Every `python train.py ...` / `python translate.py ...` of the page's bash blocks, as
-    argv after the script, continuation lines joined, comments, pipes and redirections cut."""
+    """Every `python train.py`, `python translate.py` or `python -m nmt.serving` command of
+    the page's bash blocks, as argv after `python` (and -m), continuation lines joined,
+    comments, pipes and redirections cut."""
     out = []
     for block in _blocks(page, "bash"):
         for line in block.replace("\\\n", " ").splitlines():
@@ -57,6 +59,8 @@ def _commands(page: Path) -> list[list[str]]:
                     if len(words) >= 2 and words[0] == "python" and words[1] in (
                             "train.py", "translate.py"):
                         out.append(words[1:])
+                    elif words[:3] == ["python", "-m", "nmt.serving"]:
+                        out.append(words[2:])
                     words = []
                 elif token != "...":  # "and the rest of the flags" in the docs
                     words.append(token)
@@ -77,7 +81,8 @@ def test_relative_links_lead_somewhere(page):
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
 def test_every_shown_command_parses_with_todays_flags(page):
-    parsers = {"train.py": train_cli.build_parser(), "translate.py": translate_cli.build_parser()}
+    parsers = {"train.py": train_cli.build_parser(), "translate.py": translate_cli.build_parser(),
+               "nmt.serving": serving_cli.build_parser()}
     for argv in _commands(page):
         try:
             parsers[argv[0]].parse_args(argv[1:])
@@ -91,7 +96,7 @@ def test_the_readme_shows_commands():
 
 @pytest.mark.parametrize("entry", [["train.py"], ["translate.py"], ["-m", "data.download"],
                                    ["-m", "bench.train"], ["-m", "bench.decode"],
-                                   ["-m", "nmt.convert"]])
+                                   ["-m", "nmt.convert"], ["-m", "nmt.serving"]])
 def test_entry_points_answer_help(entry):
     result = subprocess.run([sys.executable, *entry, "--help"], cwd=REPO, capture_output=True,
                             text=True, timeout=120)
@@ -114,7 +119,7 @@ def _layout() -> dict[str, str]:
     """design.md's layout as {path: description}, a folder's path ending in "/": a line
     indented two spaces more than a folder's line lies inside that folder."""
     section = (REPO / "docs" / "design.md").read_text().split("\n## Layout", 1)[1]
-    block = re.search(r"```\n(.*?)```", section, flags=re.S).group(1)
+    block = re.search(r"```\n(.*?)```", section, flags=re.DOTALL).group(1)
     listed, folders = {}, []
     for line in block.splitlines():
         indent = len(line) - len(line.lstrip(" "))

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import logging
 import os
 import re
 import shutil
@@ -48,7 +49,12 @@ LINES = _lines()
 
 @pytest.fixture(scope="module")
 def expected(run_dir, env) -> list[str]:
-    """Each line of LINES translated alone (one `Translator.translate` call per line) with the
+    """Each line of LINES translated alone (`translate_alone`)."""
+    return translate_alone(run_dir, env, LINES)
+
+
+def translate_alone(run_dir: Path, env: dict[str, str], lines: list[str]) -> list[str]:
+    """Each line translated alone (one `Translator.translate` call per line) with the
     model's stored search settings and --batch-tokens 64, the batch shapes the CLI tests use.
 
     Computed in a subprocess that fills the shared compilation cache, which keeps this
@@ -65,7 +71,7 @@ def expected(run_dir, env) -> list[str]:
         "lines = json.load(sys.stdin)\n"
         "print(json.dumps([translator.translate([line])[0] for line in lines]))\n")
     result = subprocess.run([sys.executable, "-c", code, str(run_dir)], cwd=REPO, env=env,
-                            input=json.dumps(LINES), capture_output=True, text=True, timeout=300)
+                            input=json.dumps(lines), capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout)
 
@@ -206,6 +212,52 @@ def _fake_translator():
         return [[SimpleNamespace(text=line.upper(), score=0.0)] for line in lines]
 
     return SimpleNamespace(translate_nbest=translate_nbest, search=search_config())
+
+
+def test_split_sentences_is_refused_where_it_cannot_give_one_line_per_line():
+    for flags in (["--nbest", "2"], ["--plot-attention", "a.png", "Hallo."],
+                  ["--evaluate", "--src-file", "a", "--ref-file", "b"],
+                  ["--score", "--test-prefix", "t"]):
+        with pytest.raises(translate_cli.UsageError,
+                           match=f"--split-sentences .* does not apply with {flags[0]}"):
+            translate_cli.check_args(_parse("--split-sentences", *flags))
+    translate_cli.check_args(_parse("--split-sentences", "Hallo. Tschüss."))
+
+
+def test_split_lines_are_translated_in_one_call_and_warnings_name_lines(caplog):
+    """All sentences of a chunk go to one translate_nbest call; truncation warnings and the
+    output-limit list name input lines, not places in that call."""
+    calls = []
+
+    def translate_nbest(sentences, progress=None, first_line=1, source=""):
+        calls.append(list(sentences))
+        translator.truncated = [i for i, s in enumerate(sentences) if s.startswith("Long")]
+        translator.reached_limit += [first_line + i for i, s in enumerate(sentences)
+                                     if "limit" in s]
+        for i in translator.truncated:  # as Translator warns: counting sentences
+            logging.getLogger("translate").warning("%s line %d: truncated", source,
+                                                   first_line + i)
+        return [[SimpleNamespace(text=s.upper(), score=0.0)] for s in sentences]
+
+    def encode(texts, side):
+        return [[7] * 100 for _ in texts]
+
+    translator = SimpleNamespace(translate_nbest=translate_nbest, truncated=[],
+                                 reached_limit=[3], max_source_len=64,
+                                 tokenizer=SimpleNamespace(encode=encode))
+    lines = [" One. Two!\t", "", "Long one. At the limit.", "  ", "A limit. Long too."]
+    done = []
+    with caplog.at_level(logging.INFO):
+        out = streams.translate_paragraphs(translator, lines, "in.de", 11, "en", done.append)
+    assert out == [" ONE. TWO!\t", "", "LONG ONE. AT THE LIMIT.", "  ", "A LIMIT. LONG TOO."]
+    assert calls == [["One.", "Two!", "Long one.", "At the limit.", "A limit.", "Long too."]]
+    assert done == [5]
+    assert translator.reached_limit == [3, 13, 15]  # the earlier chunk's line 3 stays
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert warnings == [f"in.de line {n}: a sentence of 100 tokens, more than the model's 63; "
+                        "truncated to 63 tokens" for n in (13, 15)]
+    assert streams.translate_paragraphs(translator, ["", " "], "in.de", 1, "en") == ["", " "]
+    assert len(calls) == 1  # blank lines need no call
 
 
 def test_scores_are_printed_before_the_files_are_written(tmp_path):
@@ -369,6 +421,27 @@ def test_input_and_output_files(run_dir, env, expected, tmp_path):
     assert re.findall(r"line (\d+): .*truncated", stderr) == [str(LONG_LINE)]
     assert f"{source} line {LONG_LINE}" in stderr
     assert f"{len(LINES)}/{len(LINES)}" in stderr  # the progress bar finished
+
+
+def test_split_sentences_translate_each_sentence_and_keep_each_line(run_dir, env):
+    """--split-sentences: one output line per input line, each the translations of its
+    sentences (each as if translated alone) in the line's own whitespace."""
+    sentences = ["Ein Mann fährt Fahrrad.", "Eine Frau liest das Buch!",
+                 "Der Hund läuft im Park.", "Zwei Kinder spielen am Strand.",
+                 "Die Katze schläft auf dem Sofa.", LONG + ".", "Der Hund läuft."]
+    alone = translate_alone(run_dir, env, sentences)
+    s = sentences
+    lines = [f"  {s[0]} {s[1]}  ", "", f"{s[2]}\t{s[3]}", "   ", s[4], f"{s[5]} {s[6]}"]
+    t = [text.strip() for text in alone]
+    expected = [f"  {t[0]} {t[1]}  ", "", f"{t[2]}\t{t[3]}", "   ", t[4], f"{t[5]} {t[6]}"]
+    result = _run(["--model", run_dir, *BATCH, "--chunk-lines", 4, "--split-sentences"], env,
+                  input=_stdin(lines))
+    assert _out_lines(result) == expected
+    stderr = _text(result.stderr)
+    assert re.findall(r"<stdin> line (\d+): .*truncated", stderr) == ["6"], stderr
+    arguments = _run(["--model", run_dir, *BATCH, "--split-sentences", "--quiet", lines[0],
+                      lines[2]], env)
+    assert _out_lines(arguments) == [expected[0], expected[2]]
 
 
 def test_nbest_format_and_count(run_dir, env, expected):

@@ -58,3 +58,25 @@ def test_top_k_beyond_the_vocabulary_is_refused_with_the_size():
     search = SearchConfig(strategy="sample", top_k=65)
     with pytest.raises(ValueError, match="top_k 65.*64 tokens"):
         Translator(tiny_model(), NumberTokenizer(), search)
+
+
+@pytest.mark.parametrize("strategy", ["beam", "greedy"])
+def test_every_batch_shape_searched_is_one_of_search_shapes(strategy):
+    """The server compiles `search_shapes()` before it takes requests: any call, of any size
+    and lengths, must search only those shapes, or a request would pay for a compilation."""
+    import random
+
+    translator = Translator(tiny_model(), NumberTokenizer(),
+                            SearchConfig(strategy=strategy, beam_size=3, max_len_b=2),
+                            batch_tokens=256)
+    shapes = set(translator.search_shapes())
+    rng = random.Random(0)
+    seen = set()
+    for count in (1, 2, 3, 7, 20, 61):
+        sentences = [" ".join(str(rng.randrange(4, 60)) for _ in range(rng.randrange(1, 62)))
+                     for _ in range(count)]
+        translator.translate(sentences)
+        seen |= {(stats.rows, stats.width) for stats in translator.batch_stats}
+    assert seen <= shapes, seen - shapes
+    assert len(seen) >= 4  # the calls did meet several shapes
+    assert len(shapes) == len(set(shapes))

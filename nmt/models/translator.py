@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from typing import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import jax
 import numpy as np
@@ -184,6 +184,32 @@ class Translator:
         needed = per_token * sum(len(row) + 1 for row in ids)
         budget = min(self.batch_tokens, 1 << max(needed - 1, 1).bit_length())
         return max(budget // per_token, 1)  # inference_batches always makes one row
+
+    def search_shapes(self) -> list[tuple[int, int]]:
+        """Every (rows, width) batch shape translate calls can search, narrowest first.
+
+        Widths are the buckets; each width has one row count per power-of-two budget that
+        `_batch_budget` can pick, so a long-running caller (the server) can compile them all
+        before it takes requests.
+        """
+        per_token = self.search.beam_size if self.search.strategy == "beam" else 1
+        budgets = {min(self.batch_tokens, 1 << k)
+                   for k in range(1, self.batch_tokens.bit_length() + 1)}
+        shapes = {(max(max(budget // per_token, 1) // width, 1), width)
+                  for budget in budgets for width in self.buckets}
+        return sorted(shapes, key=lambda shape: (shape[1], shape[0]))
+
+    def warm_up(self, progress: Callable[[int, int], None] | None = None) -> None:
+        """Compile the search for every shape of `search_shapes`; `progress(done, total)`
+        after each."""
+        shapes = self.search_shapes()
+        pad = self.model_config.pad_id
+        for done, (rows, width) in enumerate(shapes, 1):
+            src = np.full((rows, width), pad, np.int32)
+            src[:, 0] = self.model_config.eos_id  # a row of EOS alone: a real, empty source
+            search_with_state(self.graphdef, self.state, src, self.search, self.rng)
+            if progress is not None:
+                progress(done, len(shapes))
 
     def _search_batches(self, ids: list[list[int]]
                         ) -> Iterator[tuple[np.ndarray, list[list[Hypothesis]], np.ndarray]]:

@@ -34,6 +34,14 @@ INDEX is the 0-based input line number (Moses/Marian convention), SCORE the sear
 (beam search: log-probability divided by the length penalty, GNMT's unless
 --length-penalty power; greedy and sampling: log-probability).
 
+With --split-sentences each input line is a paragraph of any length: it is cut into sentences
+(`nmt.translation.paragraphs`: sentencex's rules for the language of --src, else the model's
+source language, else English), the sentences of a chunk are translated in one call, and each
+line is joined back from their translations with its whitespace as it was: still one output
+line per input line. Truncation and output-limit warnings name the input line. It gives one
+translation per line, so it does not combine with --nbest (nor --evaluate, --score or
+--plot-attention).
+
 Search settings default to the model's stored SearchConfig; flags override them.
 
 Several --model flags make an ensemble (`transformer.ensemble`): at every step the next-token
@@ -114,7 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--dtype", choices=("float32", "bfloat16"),
                         help="compute dtype (default: the model's)")
     _add_input_output_flags(parser.add_argument_group("input and output"))
-    _add_search_flags(parser.add_argument_group("search (defaults: the model's stored settings)"))
+    add_search_flags(parser.add_argument_group("search (defaults: the model's stored settings)"))
     _add_plot_flags(parser.add_argument_group("attention plot"))
     _add_evaluation_flags(parser.add_argument_group("evaluation"))
     return parser
@@ -129,10 +137,14 @@ def _add_input_output_flags(io) -> None:
     io.add_argument("--chunk-lines", type=int, default=DEFAULT_CHUNK_LINES,
                     help="stdin: translate at most this many waiting lines per call "
                          f"(default {DEFAULT_CHUNK_LINES})")
+    io.add_argument("--split-sentences", action="store_true",
+                    help="treat each input line as a paragraph: translate its sentences (split "
+                         "with sentencex for the source language: --src, else the model's, "
+                         "else en) and join them back into one output line, whitespace kept")
     io.add_argument("-q", "--quiet", action="store_true", help="no progress bar or information")
 
 
-def _add_search_flags(search) -> None:
+def add_search_flags(search) -> None:
     """SearchConfig's fields as flags (`nmt.settings.recipes`), and the strategy switches."""
     recipes.add_section_flags(search, "search", exclude=("strategy",),
                               default_note="default: the model's")
@@ -197,6 +209,11 @@ def check_args(args: argparse.Namespace) -> None:
         raise UsageError("--plot-attention needs exactly one SENTENCE argument.")
     if args.plot_attention and len(args.model) > 1:
         raise UsageError("--plot-attention shows one model's attention; give one --model.")
+    if args.split_sentences:
+        for flag in ("nbest", "evaluate", "score", "plot_attention"):
+            if getattr(args, flag):
+                raise UsageError(f"--split-sentences gives one translation per input line and "
+                                 f"does not apply with --{flag.replace('_', '-')}.")
     if args.evaluate and args.score:
         raise UsageError("--evaluate translates and --score does not: give one of them.")
     if args.normalize and not args.score:
@@ -329,22 +346,34 @@ def run(args: argparse.Namespace) -> int:
         elif args.score:
             evaluation.run_scoring(translator, args, values, out, test_set)
         else:
-            streams.translate_input(translator, args, input_line_count, out, model, tokenizer)
+            streams.translate_input(translator, args, input_line_count, out, model, tokenizer,
+                                    split_language(args, values))
     warn_reached_limit(translator)
     return 0
+
+
+def split_language(args: argparse.Namespace, values: dict) -> str | None:
+    """The language --split-sentences splits lines for: --src, the model's source language,
+    else en (English rules also suit most languages written with spaces and ".!?")."""
+    if not args.split_sentences:
+        return None
+    language = evaluation.languages(args, values)[0] or "en"
+    log.info("--split-sentences: lines are split into sentences for language %r", language)
+    return language
 
 
 def warn_reached_limit(translator) -> None:
     """One warning for every translation whose search reached its output limit: it is kept,
     and ends where EOS was forced."""
-    lines = sorted(translator.reached_limit)
-    if not lines:
+    count = len(translator.reached_limit)
+    if not count:
         return
+    lines = sorted(set(translator.reached_limit))  # --split-sentences: a line's sentences
     search = translator.search
     shown = ", ".join(str(n) for n in lines[:10]) + (", ..." if len(lines) > 10 else "")
     log.warning("%d translation(s) reached the output limit (%g x source tokens + %d, at most "
                 "%d tokens with EOS) and end where EOS was forced there: line(s) %s; "
-                "--max-len-a and --max-len-b raise the limit", len(lines), search.max_len_a,
+                "--max-len-a and --max-len-b raise the limit", count, search.max_len_a,
                 search.max_len_b, translator.model_config.max_len, shown)
 
 

@@ -1,0 +1,221 @@
+"""The server under load: `python -m bench.serve --model runs/NAME --test-prefix P --src S
+--tgt T`.
+
+Starts `python -m nmt.serving` on 127.0.0.1, lets 1, 8, 32 and 128 concurrent clients send the
+test set's sentences for --seconds each (LibreTranslate's POST /translate, one sentence per
+request, keep-alive connections), and prints sentences per second, p50/p95/p99 latency and
+errors per client count; then the same with batching across requests switched off
+(--no-batch-across-requests), and the batch ceiling: the whole test set translated as one
+call, as translate.py --input does, warm (no start-up). The server's RSS is read at the end of
+every load; --memory-minutes N runs one more load (32 clients) for N minutes and compares the
+RSS after the first minute with the RSS at the end.
+
+The clients run in this process (asyncio, raw HTTP/1.1) and share the machine's cores with the
+server, as they would with a front end on the same host.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import re
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from bench.common import positive_int, read_test_set, test_set_parser
+from transformer.config import BEAM_RULES
+
+SEARCH_FLAGS = ("beam_rules", "max_len_a", "max_len_b")
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+class ServerProcess:
+    """`python -m nmt.serving` on a free port, ready (its /health answered 200)."""
+
+    def __init__(self, args: list[str], start_timeout: float = 900):
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "nmt.serving", "--port", "0", *args], cwd=REPO,
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        self.port: int | None = None
+        self.log: list[str] = []
+        listening = threading.Event()
+
+        def drain():
+            for line in self.process.stderr:
+                self.log.append(line)
+                found = re.search(r"listening on http://[\d.]+:(\d+)", line)
+                if found:
+                    self.port = int(found.group(1))
+                    listening.set()
+
+        threading.Thread(target=drain, daemon=True).start()
+        started = time.monotonic()
+        deadline = started + start_timeout
+        while not (listening.is_set() and "ready:" in "".join(self.log[-3:])):
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                self.process.kill()
+                raise RuntimeError("the server did not start:\n" + "".join(self.log[-20:]))
+            time.sleep(0.5)
+        self.ready_seconds = time.monotonic() - started
+
+    def rss_mib(self) -> float:
+        status = Path(f"/proc/{self.process.pid}/status").read_text()
+        return int(re.search(r"VmRSS:\s+(\d+) kB", status).group(1)) / 1024
+
+    def stop(self) -> int:
+        self.process.terminate()
+        return self.process.wait(120)
+
+
+async def _client(port: int, sentences: list[str], start: int, stop_at: float,
+                  source: str, target: str, latencies: list[float], errors: list[str]) -> None:
+    """One keep-alive connection sending one sentence per request until `stop_at`."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    n = start
+    try:
+        while time.monotonic() < stop_at:
+            body = json.dumps({"q": sentences[n % len(sentences)], "source": source,
+                               "target": target}).encode()
+            n += 1
+            began = time.monotonic()
+            writer.write(b"POST /translate HTTP/1.1\r\nHost: bench\r\nContent-Type: "
+                         b"application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+            status_line = await reader.readline()
+            length = 0
+            while (line := await reader.readline()) not in (b"\r\n", b""):
+                if line.lower().startswith(b"content-length:"):
+                    length = int(line.split(b":")[1])
+            answer = await reader.readexactly(length)
+            if b" 200 " not in status_line:
+                errors.append(status_line.decode().strip() + " " + answer.decode()[:200])
+            else:
+                latencies.append(time.monotonic() - began)
+    finally:
+        writer.close()
+
+
+def load(port: int, sentences: list[str], clients: int, seconds: float, source: str,
+         target: str) -> dict:
+    """`clients` concurrent clients for `seconds`: throughput, latency, errors."""
+    latencies: list[float] = []
+    errors: list[str] = []
+
+    async def run():
+        stop_at = time.monotonic() + seconds
+        await asyncio.gather(*(
+            _client(port, sentences, i * 997, stop_at, source, target, latencies, errors)
+            for i in range(clients)))
+
+    start = time.monotonic()
+    asyncio.run(run())
+    elapsed = time.monotonic() - start
+    cuts = statistics.quantiles(latencies, n=100) if len(latencies) >= 2 else [float("nan")] * 99
+    return {"clients": clients, "sentences": len(latencies),
+            "sent_per_s": len(latencies) / elapsed, "p50_ms": 1000 * cuts[49],
+            "p95_ms": 1000 * cuts[94], "p99_ms": 1000 * cuts[98], "errors": len(errors),
+            "first_error": errors[0] if errors else None}
+
+
+def batch_ceiling(args: argparse.Namespace, sentences: list[str]) -> dict:
+    """The test set as one Translator call (what translate.py --input runs), warm."""
+    from nmt.models.model_dir import load_model
+    from nmt.models.translator import Translator
+    from nmt.runtime.compilation import enable_compilation_cache
+
+    enable_compilation_cache()
+    model, tokenizer, values = load_model(args.model)
+    search = dataclasses.replace(values["search"], **{
+        name: getattr(args, name) for name in SEARCH_FLAGS if getattr(args, name) is not None})
+    translator = Translator(model, tokenizer, search, batch_tokens=args.batch_tokens)
+    translator.translate(sentences)  # compiles
+    start = time.perf_counter()
+    translator.translate(sentences)
+    seconds = time.perf_counter() - start
+    return {"sentences": len(sentences), "seconds": seconds,
+            "sent_per_s": len(sentences) / seconds}
+
+
+def main(argv=None) -> int:
+    parser = test_set_parser(__doc__.splitlines()[0])
+    parser.add_argument("--clients", default="1,8,32,128",
+                        help="concurrent client counts (default 1,8,32,128)")
+    parser.add_argument("--seconds", type=positive_int, default=60,
+                        help="load per client count (default 60)")
+    parser.add_argument("--modes", default="batched,unbatched,ceiling",
+                        help="what to measure: batched, unbatched, ceiling (default all)")
+    parser.add_argument("--batch-tokens", type=positive_int, default=4096)
+    parser.add_argument("--memory-minutes", type=positive_int, default=0,
+                        help="then load the batched server with 32 clients this long and "
+                             "compare its RSS after 1 minute with the RSS at the end")
+    parser.add_argument("--beam-rules", choices=BEAM_RULES,
+                        help="beam rules (default: the model's)")
+    parser.add_argument("--max-len-a", type=float, help="output limit a (default: the model's)")
+    parser.add_argument("--max-len-b", type=int, help="output limit b (default: the model's)")
+    parser.add_argument("--json", help="write the figures here too")
+    args = parser.parse_args(argv)
+    sentences, _ = read_test_set(args)
+    sentences = [s for s in sentences if s.strip()]
+    counts = [int(c) for c in args.clients.split(",")]
+    modes = args.modes.split(",")
+    report: dict = {"model": args.model, "test_set": args.test_prefix, "seconds": args.seconds}
+    for mode in ("batched", "unbatched"):
+        if mode not in modes:
+            continue
+        flags = ["--model", args.model, "--batch-tokens", str(args.batch_tokens)]
+        for name in SEARCH_FLAGS:
+            if getattr(args, name) is not None:
+                flags += ["--" + name.replace("_", "-"), str(getattr(args, name))]
+        if mode == "unbatched":
+            flags.append("--no-batch-across-requests")
+        server = ServerProcess(flags)
+        print(f"{mode}: ready {server.ready_seconds:.0f} s after start (loading, compiling "
+              "every search shape)", flush=True)
+        report[f"{mode}_ready_seconds"] = server.ready_seconds
+        rows = []
+        try:
+            for clients in counts:
+                row = load(server.port, sentences, clients, args.seconds, args.src, args.tgt)
+                row["rss_mib"] = server.rss_mib()
+                rows.append(row)
+                print(f"{mode:9s} {clients:4d} clients: {row['sent_per_s']:7.1f} sent/s  "
+                      f"p50 {row['p50_ms']:7.1f} ms  p95 {row['p95_ms']:7.1f} ms  "
+                      f"p99 {row['p99_ms']:7.1f} ms  errors {row['errors']}  "
+                      f"RSS {row['rss_mib']:.0f} MiB", flush=True)
+            if mode == "batched" and args.memory_minutes:
+                report["memory"] = memory_check(server, sentences, args)
+        finally:
+            print(f"{mode}: server exit status {server.stop()}", flush=True)
+        report[mode] = rows
+    if "ceiling" in modes:
+        report["ceiling"] = batch_ceiling(args, sentences)
+        print(f"ceiling: {report['ceiling']['sent_per_s']:.1f} sent/s "
+              f"({report['ceiling']['sentences']} sentences in one call)", flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
+    return 0
+
+
+def memory_check(server: ServerProcess, sentences: list[str], args) -> dict:
+    """RSS after one minute of 32 clients and after `memory_minutes`."""
+    first = load(server.port, sentences, 32, 60, args.src, args.tgt)
+    after_one = server.rss_mib()
+    rest = load(server.port, sentences, 32, 60 * (args.memory_minutes - 1), args.src, args.tgt)
+    at_end = server.rss_mib()
+    result = {"rss_after_1_min_mib": after_one, "rss_at_end_mib": at_end,
+              "minutes": args.memory_minutes, "errors": first["errors"] + rest["errors"],
+              "change": at_end / after_one - 1}
+    print(f"memory: RSS {after_one:.0f} MiB after 1 minute, {at_end:.0f} MiB after "
+          f"{args.memory_minutes} ({100 * result['change']:+.1f}%), errors {result['errors']}",
+          flush=True)
+    return result
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""The translation server: `python -m nmt.serving --model runs/NAME` (docs/serving.md)."""

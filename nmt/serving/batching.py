@@ -1,0 +1,149 @@
+"""Batching across requests: the sentences of concurrent requests searched as one batch.
+
+Each served model has one `Batcher`. A request hands it its sentences and awaits their
+translations; the batcher's task takes the oldest waiting request, adds every request that
+arrives within `max_wait` seconds, up to `batch_tokens` source tokens (a full search batch),
+and runs one `Translator.translate_nbest` call on all their sentences in the search thread,
+off the event loop. While that search runs, new requests queue up and form the next batch,
+so under load batches fill without waiting. The queue is bounded in sentences: a request that
+would overflow it is refused at once (`QueueFull`), never held in memory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import dataclasses
+import time
+from collections.abc import Callable, Sequence
+
+from nmt.models.translator import Hypothesis, Translator
+
+
+class QueueFull(Exception):
+    """The batcher's queue has no room for a request's sentences."""
+
+
+@dataclasses.dataclass
+class _Job:
+    """One request's sentences, waiting for (or being) searched."""
+
+    sentences: Sequence[str]
+    tokens: int
+    future: asyncio.Future  # -> list[list[Hypothesis]], one n-best list per sentence
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchRecord:
+    """What one search call held: for the metrics."""
+
+    requests: int
+    sentences: int
+    seconds: float
+
+
+class Batcher:
+    """Gathers requests for one model into search calls run by `executor` (one thread).
+
+    `batch_tokens`: source tokens (EOS included) gathered for one call at most, unless one
+    request alone has more; `max_wait`: seconds the oldest request waits for others;
+    `across_requests=False` searches every request on its own (for comparison).
+    `max_queue`: sentences waiting at most. `on_batch` is told of every search call.
+    """
+
+    def __init__(self, translator: Translator, executor: concurrent.futures.Executor,
+                 batch_tokens: int, max_wait: float, max_queue: int,
+                 across_requests: bool = True,
+                 on_batch: Callable[[BatchRecord], None] | None = None):
+        self.translator = translator
+        self.executor = executor
+        self.batch_tokens = batch_tokens
+        self.max_wait = max_wait
+        self.max_queue = max_queue
+        self.across_requests = across_requests
+        self.on_batch = on_batch
+        self.queued_sentences = 0
+        self._queue: asyncio.Queue[_Job] = asyncio.Queue()
+        self._held: _Job | None = None  # taken from the queue, but for the next batch
+        self._task: asyncio.Task | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def translate(self, sentences: Sequence[str]) -> list[list[Hypothesis]]:
+        """The n-best lists of `sentences`, in order; QueueFull if there is no room.
+
+        Cancelling the wait (a request's timeout) drops the sentences if their search has
+        not started."""
+        if not sentences:
+            return []
+        if self.queued_sentences + len(sentences) > self.max_queue:
+            raise QueueFull(f"{self.queued_sentences} sentences are waiting; the queue holds "
+                            f"{self.max_queue}")
+        tokens = sum(len(row) + 1 for row in self.translator.tokenizer.encode(list(sentences)))
+        job = _Job(sentences, tokens, asyncio.get_running_loop().create_future())
+        self.queued_sentences += len(sentences)
+        self._queue.put_nowait(job)
+        return await job.future
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            jobs = await self._gather()
+            self.queued_sentences -= sum(len(job.sentences) for job in jobs)
+            jobs = [job for job in jobs if not job.future.done()]  # timed out while waiting
+            if not jobs:
+                continue
+            sentences = [s for job in jobs for s in job.sentences]
+            start = time.perf_counter()
+            try:
+                results = await loop.run_in_executor(
+                    self.executor, self.translator.translate_nbest, sentences)
+            except Exception as err:  # noqa: BLE001 - every waiting request gets the error
+                for job in jobs:
+                    if not job.future.done():
+                        job.future.set_exception(err)
+                continue
+            if self.on_batch is not None:
+                self.on_batch(BatchRecord(len(jobs), len(sentences),
+                                          time.perf_counter() - start))
+            offset = 0
+            for job in jobs:
+                if not job.future.done():
+                    job.future.set_result(results[offset:offset + len(job.sentences)])
+                offset += len(job.sentences)
+
+    async def _gather(self) -> list[_Job]:
+        """The next batch: the oldest job, then what arrives within max_wait, up to the token
+        budget (a job that would pass it is held for the next batch)."""
+        first = self._held if self._held is not None else await self._queue.get()
+        self._held = None
+        jobs, tokens = [first], first.tokens
+        if not self.across_requests:
+            return jobs
+        deadline = time.monotonic() + self.max_wait
+        while tokens < self.batch_tokens:
+            try:
+                job = self._queue.get_nowait()
+            except asyncio.QueueEmpty:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                try:
+                    job = await asyncio.wait_for(self._queue.get(), remaining)
+                except TimeoutError:
+                    break
+            if tokens + job.tokens > self.batch_tokens:
+                self._held = job
+                break
+            jobs.append(job)
+            tokens += job.tokens
+        return jobs
+

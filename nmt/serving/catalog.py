@@ -1,0 +1,90 @@
+"""The models one server holds, one per language pair, and how a request finds its model."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+from nmt.models.translator import Translator
+from nmt.serving.batching import Batcher
+from nmt.serving.errors import RequestError
+
+# Names for GET /languages (LibreTranslate lists {"code", "name", "targets"}); a code not
+# here is named by itself.
+LANGUAGE_NAMES = {
+    "ar": "Arabic", "bg": "Bulgarian", "ca": "Catalan", "cs": "Czech", "da": "Danish",
+    "de": "German", "el": "Greek", "en": "English", "es": "Spanish", "et": "Estonian",
+    "eu": "Basque", "fa": "Persian", "fi": "Finnish", "fr": "French", "ga": "Irish",
+    "he": "Hebrew", "hi": "Hindi", "hr": "Croatian", "hu": "Hungarian", "id": "Indonesian",
+    "is": "Icelandic", "it": "Italian", "ja": "Japanese", "ko": "Korean", "lt": "Lithuanian",
+    "lv": "Latvian", "nb": "Norwegian Bokmål", "nl": "Dutch", "pl": "Polish",
+    "pt": "Portuguese", "ro": "Romanian", "ru": "Russian", "sk": "Slovak", "sl": "Slovenian",
+    "sq": "Albanian", "sr": "Serbian", "sv": "Swedish", "th": "Thai", "tr": "Turkish",
+    "uk": "Ukrainian", "vi": "Vietnamese", "zh": "Chinese",
+}
+
+
+@dataclasses.dataclass
+class ServedModel:
+    """A loaded model and its batcher, serving one language pair."""
+
+    id: int  # OpenNMT-py's model id: its position among the --model flags
+    source: str
+    target: str
+    path: str
+    translator: Translator
+    batcher: Batcher | None = None  # made once the event loop runs
+
+    @property
+    def pair(self) -> str:
+        return f"{self.source}-{self.target}"
+
+
+class Catalog:
+    """Served models by language pair (LibreTranslate) and by id (OpenNMT-py)."""
+
+    def __init__(self, models: Sequence[ServedModel]):
+        self.models = list(models)
+        self._by_pair = {(m.source, m.target): m for m in self.models}
+
+    def pairs(self) -> str:
+        return ", ".join(m.pair for m in self.models)
+
+    def find(self, source: str, target: str) -> ServedModel:
+        """The model for source -> target; source "auto" picks the one source served for
+        `target`. RequestError (400) naming the pairs served otherwise."""
+        if source == "auto":
+            sources = [m.source for m in self.models if m.target == target]
+            if len(sources) == 1:
+                source = sources[0]
+        model = self._by_pair.get((source, target))
+        if model is None:
+            raise RequestError(400, f"no model for {source}->{target}: this server translates "
+                                    f"{self.pairs()}")
+        return model
+
+    def by_id(self, model_id) -> ServedModel:
+        """The model with OpenNMT-py id `model_id`; the only one when it is None."""
+        if model_id is None and len(self.models) == 1:
+            return self.models[0]
+        for model in self.models:
+            if model_id == model.id:
+                return model
+        ids = ", ".join(f"{m.id} ({m.pair})" for m in self.models)
+        raise RequestError(400, f"no model with id {model_id!r}: the ids served are {ids}")
+
+    def languages(self) -> list[dict]:
+        """LibreTranslate's GET /languages: each source with the targets it translates to."""
+        out: dict[str, dict] = {}
+        for m in self.models:
+            entry = out.setdefault(m.source, {"code": m.source,
+                                              "name": language_name(m.source), "targets": []})
+            entry["targets"].append(m.target)
+        for m in self.models:  # a language served only as a target is listed too
+            out.setdefault(m.target, {"code": m.target, "name": language_name(m.target),
+                                      "targets": []})
+        return list(out.values())
+
+
+def language_name(code: str) -> str:
+    return LANGUAGE_NAMES.get(code.split("-")[0].split("_")[0].lower(), code)

@@ -1,0 +1,313 @@
+"""The server's command line: `python -m nmt.serving --model runs/NAME [--model ...]`.
+
+    python -m nmt.serving --model runs/en-de --model runs/en-fr --port 5000
+    curl -s localhost:5000/translate -H 'Content-Type: application/json' \\
+         -d '{"q": "A man rides a bike.", "source": "en", "target": "de"}'
+
+Each --model serves one language pair, the languages train.py recorded with it, or those
+given as `--model SRC:TGT=PATH`. Search settings are translate.py's flags, applied to every
+model, so the server translates exactly as translate.py does with the same flags. The models
+load (a bad directory ends the command with one line), the server starts listening, and
+every search shape is compiled before /health answers 200 (`Translator.warm_up`); requests
+before then get 503 with Retry-After. SIGTERM or Ctrl-C stops accepting connections, answers
+every request already accepted, and exits 0.
+
+A separate command rather than a translate.py mode: in translate.py repeated --model flags
+make an ensemble, here they are the pairs served, and a server has settings of its own
+(address, limits, keys, batching) that mean nothing to a one-off translation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import concurrent.futures
+import contextlib
+import dataclasses
+import logging
+import signal
+import threading
+import time
+from collections.abc import Sequence
+
+import uvicorn
+
+from data.config import DataError, check_buckets
+from nmt.runtime import cli
+from nmt.serving.limits import Limits, read_api_keys
+from nmt.translation.command import (
+    add_search_flags,
+    enable_compilation_cache,
+    name_flags,
+    search_config,
+)
+from nmt.translation.errors import InputError, UsageError
+
+log = logging.getLogger("nmt.serving")
+PROG = "python -m nmt.serving"
+DEFAULTS = Limits()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = cli.OneLineParser(
+        prog=PROG, description="Serve trained models over HTTP: LibreTranslate's and "
+                               "OpenNMT-py's APIs, a page to try them, /health and /metrics.")
+    parser.add_argument("--model", required=True, action="append", metavar="[SRC:TGT=]PATH",
+                        help="a run or model directory, serving the languages it was trained "
+                             "on (or SRC:TGT); once per language pair")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"),
+                        help="compute dtype (default: the model's)")
+    server = parser.add_argument_group("server")
+    server.add_argument("--host", default="127.0.0.1",
+                        help="address to listen on (default 127.0.0.1: this machine only; "
+                             "0.0.0.0 for every interface)")
+    server.add_argument("--port", type=int, default=5000,
+                        help="port (default 5000; 0 picks a free one, printed at start)")
+    server.add_argument("--api-keys", metavar="FILE",
+                        help="require one of the keys in FILE (one per line) with every "
+                             "translation request, as api_key or 'Authorization: Bearer KEY'")
+    server.add_argument("--access-log", action="store_true", help="log every request")
+    server.add_argument("-q", "--quiet", action="store_true", help="warnings and errors only")
+    batching = parser.add_argument_group("batching")
+    batching.add_argument("--batch-tokens", type=int, default=4096,
+                          help="source tokens per search batch, before dividing by the beam "
+                               "size (default 4096), as translate.py")
+    batching.add_argument("--batch-wait-ms", type=float, default=5.0,
+                          help="how long the oldest request waits for others to share its "
+                               "search (default 5 ms)")
+    batching.add_argument("--batch-across-requests", default=True,
+                          action=argparse.BooleanOptionalAction,
+                          help="search the sentences of concurrent requests together "
+                               "(default on; off: each request on its own)")
+    batching.add_argument("--buckets", type=_int_list, metavar="WIDTHS",
+                          help="source widths compiled, e.g. 16,32,64 (default: "
+                               "16,32,48,64,96,128,192,256 up to the model's positions)")
+    limits = parser.add_argument_group("limits")
+    limits.add_argument("--max-body-bytes", type=int, default=DEFAULTS.max_body_bytes,
+                        help=f"request body (default {DEFAULTS.max_body_bytes}); 413 above")
+    limits.add_argument("--char-limit", type=int, default=DEFAULTS.max_characters,
+                        help=f"characters per request (default {DEFAULTS.max_characters}); "
+                             "413 above")
+    limits.add_argument("--max-sentences", type=int, default=DEFAULTS.max_sentences,
+                        help=f"sentences per request (default {DEFAULTS.max_sentences}); 413 "
+                             "above")
+    limits.add_argument("--queue-sentences", type=int, default=DEFAULTS.max_queue,
+                        help=f"sentences waiting per model (default {DEFAULTS.max_queue}); "
+                             "503 with Retry-After above")
+    limits.add_argument("--timeout", type=float, default=DEFAULTS.timeout,
+                        help=f"seconds from request to answer (default {DEFAULTS.timeout:g}); "
+                             "504 after")
+    limits.add_argument("--body-timeout", type=float, default=DEFAULTS.body_timeout,
+                        help="seconds to receive a request's body (default "
+                             f"{DEFAULTS.body_timeout:g}); 408 after")
+    add_search_flags(parser.add_argument_group("search (defaults: each model's stored "
+                                               "settings)"))
+    return parser
+
+
+def _int_list(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected integers such as 16,32,64, got {text!r}")
+
+
+def check_args(args: argparse.Namespace) -> None:
+    for name in ("batch_tokens", "max_body_bytes", "char_limit", "max_sentences",
+                 "queue_sentences"):
+        if getattr(args, name) < 1:
+            raise UsageError(f"--{name.replace('_', '-')} must be >= 1, got "
+                             f"{getattr(args, name)}.")
+    for name in ("timeout", "body_timeout"):
+        if not getattr(args, name) > 0:
+            raise UsageError(f"--{name.replace('_', '-')} must be > 0 seconds, got "
+                             f"{getattr(args, name)}.")
+    if not 0 <= args.batch_wait_ms <= 1000:
+        raise UsageError(f"--batch-wait-ms must be 0 to 1000, got {args.batch_wait_ms}.")
+    if not 0 <= args.port <= 65535:
+        raise UsageError(f"--port must be 0 to 65535, got {args.port}.")
+    if args.buckets is not None:
+        try:
+            check_buckets(args.buckets)
+        except DataError as err:
+            raise UsageError(str(err)) from None
+
+
+def parse_model_flag(value: str) -> tuple[str | None, str | None, str]:
+    """(source, target, path) of `--model [SRC:TGT=]PATH`."""
+    head, sep, path = value.partition("=")
+    if sep and ":" in head and "/" not in head:
+        source, _, target = head.partition(":")
+        if not source or not target:
+            raise UsageError(f"--model {value}: write the pair as SRC:TGT=PATH, e.g. "
+                             "en:de=runs/en-de")
+        return source, target, path
+    return None, None, value
+
+
+def load_served_models(args: argparse.Namespace):
+    """A ServedModel per --model, loaded and checked (InputError, UsageError)."""
+    from nmt.models.model_dir import ModelDirError, load_models
+    from nmt.models.translator import Translator
+    from nmt.serving.catalog import ServedModel
+
+    served, seen = [], {}
+    for index, flag in enumerate(args.model):
+        source, target, path = parse_model_flag(flag)
+        start = time.perf_counter()
+        try:
+            model, tokenizer, values = load_models([path], dtype=args.dtype)
+        except (ModelDirError, DataError) as err:
+            raise InputError(str(err)) from None
+        source = source or values.get("source_lang")
+        target = target or values.get("target_lang")
+        if not (source and target):
+            raise UsageError(f"--model {flag}: the model does not record its languages; "
+                             f"give them as --model SRC:TGT={path}")
+        if (source, target) in seen:
+            raise UsageError(f"--model {flag} and --model {seen[source, target]} both serve "
+                             f"{source}->{target}; give one model per language pair")
+        seen[source, target] = flag
+        try:
+            search = search_config(values["search"], args)
+            translator = Translator(model, tokenizer, search, batch_tokens=args.batch_tokens,
+                                    seed=args.seed, buckets=args.buckets)
+        except ValueError as err:
+            raise UsageError(f"--model {flag}: invalid search settings: "
+                             f"{name_flags(str(err))}") from None
+        log.info("%s->%s: %s loaded in %.2f s; search: %s", source, target, path,
+                 time.perf_counter() - start,
+                 ", ".join(f"{k}={v}" for k, v in dataclasses.asdict(search).items()))
+        served.append(ServedModel(index, source, target, path, translator))
+    return served
+
+
+class _Stopping(Exception):
+    """Raised inside the warm-up when the server is told to stop."""
+
+
+def warm_up(models, service, stopping: threading.Event) -> None:
+    """Compile every model's search shapes (in the search thread), then mark ready."""
+    for model in models:
+        def progress(done: int, total: int, pair=model.pair) -> None:
+            service.status = f"compiling {pair} search {done}/{total}"
+            if done == total or done % 10 == 0:
+                log.info("%s: search compiled for %d of %d batch shapes", pair, done, total)
+            if stopping.is_set():
+                raise _Stopping
+
+        start = time.perf_counter()
+        model.translator.warm_up(progress)
+        log.info("%s: search compiled in %.1f s", model.pair, time.perf_counter() - start)
+
+
+def make_lifespan(service, args: argparse.Namespace, server_holder: list):
+    """Start each model's batcher and the warm-up; at shutdown, stop them."""
+    from nmt.serving.batching import Batcher
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        loop = asyncio.get_running_loop()
+        executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="search")
+        stopping = threading.Event()
+        for model in service.catalog.models:
+            translator = model.translator
+            per_token = translator.search.beam_size if translator.search.strategy == "beam" else 1
+            model.batcher = Batcher(
+                translator, executor, batch_tokens=max(args.batch_tokens // per_token, 1),
+                max_wait=args.batch_wait_ms / 1000, max_queue=args.queue_sentences,
+                across_requests=args.batch_across_requests,
+                on_batch=lambda batch, pair=model.pair: service.metrics.observe_batch(pair,
+                                                                                     batch))
+            service.metrics.track_queue(model.pair,
+                                        lambda batcher=model.batcher: batcher.queued_sentences)
+            model.batcher.start()
+        warming = loop.run_in_executor(executor, warm_up, service.catalog.models, service,
+                                       stopping)
+        warming.add_done_callback(lambda done: _warmed(done, service, server_holder))
+        try:
+            yield
+        finally:
+            stopping.set()
+            for model in service.catalog.models:
+                await model.batcher.stop()
+            executor.shutdown(wait=True, cancel_futures=True)
+
+    return lifespan
+
+
+def _warmed(done: asyncio.Future, service, server_holder: list) -> None:
+    if done.cancelled() or isinstance(done.exception(), _Stopping):
+        return
+    if done.exception() is not None:
+        err = done.exception()
+        log.error("compiling the search failed: %s: %s", type(err).__name__, err)
+        service.status = "failed"
+        server_holder[0].should_exit = True
+        return
+    service.ready = True
+    service.status = "ok"
+    log.info("ready: %s", ", ".join(m.pair for m in service.catalog.models))
+
+
+def run(args: argparse.Namespace) -> int:
+    from nmt.serving.app import build_app
+    from nmt.serving.catalog import Catalog
+    from nmt.serving.metrics import Metrics
+    from nmt.serving.service import Service
+
+    check_args(args)
+    try:
+        keys = read_api_keys(args.api_keys) if args.api_keys else None
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+    limits = Limits(max_body_bytes=args.max_body_bytes, max_characters=args.char_limit,
+                    max_sentences=args.max_sentences, max_queue=args.queue_sentences,
+                    timeout=args.timeout, body_timeout=args.body_timeout)
+    enable_compilation_cache()
+    service = Service(Catalog(load_served_models(args)), limits, Metrics(), keys)
+    log.info(cli.allocator_status().line)
+    server_holder: list = []
+    app = build_app(service, make_lifespan(service, args, server_holder))
+    server = _Server(uvicorn.Config(
+        app, host=args.host, port=args.port, log_config=None, access_log=args.access_log,
+        timeout_graceful_shutdown=int(limits.timeout) + 5, lifespan="on"))
+    server_holder.append(server)
+    signalled = []
+    # uvicorn raises the signal it caught again once it has shut down; these handlers take it,
+    # so that a requested stop exits 0 rather than dying of the signal.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda signum, frame: signalled.append(signum))
+    server.run()
+    if service.status == "failed":
+        return cli.EXIT_FAULT
+    if not server.started:
+        raise InputError(f"could not listen on {args.host}:{args.port} (see the error above); "
+                         "choose another --port or stop what uses it")
+    return 0
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's Server, saying where it listens once it does (the port --port 0 picked)."""
+
+    async def startup(self, sockets=None):
+        await super().startup(sockets)
+        for server in getattr(self, "servers", []):
+            for sock in server.sockets:
+                host, port = sock.getsockname()[:2]
+                log.info("listening on http://%s:%d", host, port)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The server: its exit status (0 after a requested stop, 1 for a fault, 2 for a mistake
+    in the flags)."""
+    return cli.guarded(PROG, lambda: _main(argv))
+
+
+def _main(argv: Sequence[str] | None) -> int:
+    args = build_parser().parse_args(argv)
+    cli.allocator_status()
+    cli.setup_logging(logging.WARNING if args.quiet else logging.INFO,
+                      "%(name)s: %(levelname)s: %(message)s",
+                      ("absl", "jax", "jax._src", "orbax", "data"))
+    return run(args)

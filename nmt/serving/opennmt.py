@@ -1,0 +1,68 @@
+"""OpenNMT-py's REST API, under /translator: POST /translate, GET /models, GET /health.
+
+    POST /translator/translate  [{"src": "A sentence.", "id": 0}, ...]
+    -> [[{"src": ..., "tgt": ..., "n_best": N, "pred_score": ...}, ...], ...]
+
+The outer list has one list per n-best rank, each in input order, as OpenNMT-py answers.
+Each src is translated as one segment (OpenNMT-py does not split sentences); `id` picks the
+model (its position among the server's --model flags), and may be left out when one is served.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+
+from nmt.serving.errors import RequestError
+from nmt.serving.params import api_key, parse_json
+from nmt.serving.service import Service
+
+
+def _items(body: bytes) -> list[dict]:
+    items = parse_json(body)
+    if not isinstance(items, list) or not items:
+        raise RequestError(400, 'the request body must be a non-empty JSON list such as '
+                                '[{"src": "A sentence.", "id": 0}]')
+    for n, item in enumerate(items):
+        if not isinstance(item, dict) or not isinstance(item.get("src"), str):
+            raise RequestError(400, f"item {n} of the request has no src string: each item is "
+                                    '{"src": "text", "id": MODEL_ID}')
+    return items
+
+
+async def translate(request: Request) -> JSONResponse:
+    service: Service = request.app.state.service
+    service.check_key(api_key(request))
+    items = _items(await request.body())
+    models = [service.catalog.by_id(item.get("id")) for item in items]
+    service.limits.check_text(sum(len(item["src"]) for item in items), len(items))
+    groups: dict[int, list[int]] = {}
+    for n, model in enumerate(models):
+        groups.setdefault(model.id, []).append(n)
+    answers = await asyncio.gather(*(
+        service.translate(models[rows[0]], [items[n]["src"] for n in rows])
+        for rows in groups.values()))
+    hypotheses: list = [None] * len(items)
+    for rows, nbest_lists in zip(groups.values(), answers):
+        for n, nbest in zip(rows, nbest_lists):
+            hypotheses[n] = nbest
+    ranks = max(len(nbest) for nbest in hypotheses)
+    return JSONResponse([
+        [{"src": item["src"], "tgt": nbest[rank].text, "n_best": len(nbest),
+          "pred_score": nbest[rank].score}
+         for item, nbest in zip(items, hypotheses) if rank < len(nbest)]
+        for rank in range(ranks)])
+
+
+async def models(request: Request) -> JSONResponse:
+    service: Service = request.app.state.service
+    return JSONResponse([{"model_id": m.id, "source": m.source, "target": m.target,
+                          "path": m.path, "loaded": service.ready}
+                         for m in service.catalog.models])
+
+
+async def health(request: Request) -> JSONResponse:
+    ready = request.app.state.service.ready
+    return JSONResponse({"status": "ok" if ready else "loading"}, 200 if ready else 503)

@@ -1,0 +1,352 @@
+"""Paragraphs in, sentences out, and back: text and HTML cut into the sentences a model
+translates, then rebuilt around their translations with everything else as it was.
+
+    document = split_text("  Dr. Smith came.  He left.\r\n\r\nBye!\n", "en")
+    document.sentences                 # ["Dr. Smith came.", "He left.", "Bye!"]
+    document.join(translations)        # one translation per sentence, in order
+
+A `Document` is the sentences and the exact text between them (`between`: before the first,
+between each two, after the last), so `join` puts each translation where its sentence was and
+keeps all the rest byte for byte: leading and trailing whitespace, the spaces after each
+sentence, tabs, single and double line breaks, "\\r\\n"; `join(document.sentences)` gives the
+input back. A translation is written as one stretch of a line: its own line breaks become
+spaces and its edges are stripped, so it cannot change the layout around it.
+
+Plain text is cut at line breaks first ("\\n", "\\r\\n", a lone "\\r"; U+2028 and the like
+stay inside lines, as in `data.lines`): a line is a paragraph and no sentence spans two.
+Each line is then split by sentencex (Wikimedia's segmenter, rules for about 300 languages).
+Its language codes are lower-case MediaWiki codes, and a code it does not know (`xx`, but
+also `de-DE` or `DE`) silently gets English rules, so a code is reduced to its lower-case
+base first (`pt-BR` -> `pt`, `zh_Hant` -> `zh`); an unknown base still gets English rules,
+which suit most languages written with spaces and ".!?".
+
+HTML (`split_html`) keeps every tag, attribute, comment, doctype, CDATA section and
+processing instruction as it was (attribute values such as alt or title are not translated)
+and translates the text between them: each run of text is unescaped (`html.unescape`), split
+into sentences, and each translation escaped again (`html.escape`, quote=False) when joined;
+the whitespace around sentences is copied from the markup as written (`&nbsp;` stays
+`&nbsp;`). Kept verbatim, untranslated:
+- the contents of <script> and <style>: code, not text, and not markup either (`a<b` is no
+  tag there), so they are skipped up to their end tag without being scanned;
+- <template> elements and every element marked translate="no" (HTML's own way of saying "do
+  not translate": mark <code> or <pre> that holds code so), with everything inside them.
+Elsewhere line breaks in HTML text are spaces, so a sentence wrapped over two source lines
+stays one sentence (and comes back on one line); only inside <pre>, <textarea> and <listing>,
+where they show, is text cut into lines as plain text is. Markup that is not well formed
+loses nothing: a "<" that does not open a tag ("a < b", "x <3", a tag never closed) is text,
+a quote that never closes is a character of its tag, and an unclosed comment runs to the end,
+as browsers read it. Each run of text between two
+tags is translated on its own: "Hello <b>world</b>." gives the sentences "Hello", "world"
+and ".".
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import html
+import re
+from collections.abc import Callable, Iterator, Sequence
+
+from sentencex import segment
+
+# Line breaks: "\n", "\r\n" and a lone "\r"; not U+2028 and the like (data.lines says why).
+_LINE = re.compile(r"[^\r\n]+")
+_LINE_BREAK = re.compile(r"\r\n?|\n")
+# sentencex 1.0.32 panics on a capital letter, a non-ASCII space and "." ("D\xa0.") and on
+# a few more such cases (it slices bytes as if every space were one byte): it is shown a
+# copy with these spaces made " ", which has the same characters and so the same offsets.
+_NON_ASCII_SPACE = re.compile(r"[^\S\x00-\x7f]")
+
+# A tag: "<" or "</" and a letter; it ends at the first ">" outside quoted attribute values,
+# and a quote opens a value only after "=", as browsers read tags.
+_TAG_NAME = re.compile(r"</?([A-Za-z][^\s/>]*)")
+_TAG_STOP = re.compile(r""">|=(?=\s*["'])""")
+_QUOTED_VALUE = re.compile(r"""=\s*(?:"[^"]*"|'[^']*')""")
+_ATTRIBUTE = re.compile(r"""([^\s"'>/=]+)(?:\s*=\s*(?:"([^"]*)"|'([^']*)'|([^\s>]+)))?""")
+# html.unescape's own pattern (html._charref): every match is replaced on its own.
+_CHARREF = re.compile(r"&(#[0-9]+;?|#[xX][0-9a-fA-F]+;?|[^\t\n\f <&#;]{1,32};?)")
+
+RAW_TEXT = ("script", "style")  # contents skipped unscanned up to the end tag
+VERBATIM = ("template",)  # elements kept whole, as if marked translate="no"
+LINED = ("pre", "textarea", "listing")  # elements whose line breaks show
+_VOID = frozenset(("area", "base", "br", "col", "embed", "hr", "img", "input", "link",
+                   "meta", "param", "source", "track", "wbr"))
+
+
+@dataclasses.dataclass(frozen=True)
+class Document:
+    """Sentences to translate and the text around them; `join` puts translations in their
+    place.
+
+    sentences: the pieces to translate, in order: stripped and non-empty; in plain text (and
+        HTML's <pre>) none spans two lines.
+    between: len(sentences) + 1 strings kept as they are: before the first sentence, between
+        each two, after the last.
+    markup: the text is HTML; translations are escaped when joined.
+    """
+
+    sentences: list[str]
+    between: list[str]
+    markup: bool = False
+
+    def __post_init__(self):
+        if len(self.between) != len(self.sentences) + 1:
+            raise ValueError(f"{len(self.sentences)} sentences need {len(self.sentences) + 1} "
+                             f"stretches between them, got {len(self.between)}.")
+
+    def join(self, translations: Sequence[str]) -> str:
+        """The text with translations[i] in place of sentences[i]; ValueError unless there
+        is one translation per sentence."""
+        if isinstance(translations, str) or len(translations) != len(self.sentences):
+            count = "a string" if isinstance(translations, str) else len(translations)
+            raise ValueError(f"{count} translations for {len(self.sentences)} sentences; give "
+                             "a list with one translation per sentence, in order.")
+        parts = [self.between[0]]
+        for translation, after in zip(translations, self.between[1:]):
+            parts += [self._in_place(translation), after]
+        return "".join(parts)
+
+    def _in_place(self, translation: str) -> str:
+        """A translation as a stretch of one line, escaped in markup."""
+        text = _LINE_BREAK.sub(" ", translation).strip()
+        return html.escape(text, quote=False) if self.markup else text
+
+
+class _Builder:
+    """A Document under construction: text to keep and sentences to translate, in order."""
+
+    def __init__(self):
+        self.sentences: list[str] = []
+        self.between: list[list[str]] = [[]]
+
+    def keep(self, text: str) -> None:
+        self.between[-1].append(text)
+
+    def translate(self, sentence: str) -> None:
+        self.sentences.append(sentence)
+        self.between.append([])
+
+    def add(self, spans: Iterator[tuple[int, int]], end: int,
+            sentence: Callable[[int, int], str], kept: Callable[[int, int], str]) -> None:
+        """Text [0, end) with its sentence `spans`: sentence(a, b) and kept(a, b) give the
+        text of [a, b) to translate and to keep."""
+        position = 0
+        for start, stop in spans:
+            self.keep(kept(position, start))
+            self.translate(sentence(start, stop))
+            position = stop
+        self.keep(kept(position, end))
+
+    def document(self, markup: bool = False) -> Document:
+        return Document(self.sentences, ["".join(parts) for parts in self.between], markup)
+
+
+def segmenter_language(language: str) -> str:
+    """The code sentencex is given for `language`: its lower-case base (pt-BR -> pt), since
+    sentencex gives English rules to any code it does not know, region forms included."""
+    return re.split(r"[-_]", language.strip().lower(), maxsplit=1)[0]
+
+
+def split_text(text: str, language: str) -> Document:
+    """`text` cut into lines, and each line into sentences with sentencex's rules for
+    `language` (a code such as "de" or "pt-BR"; unknown ones get English rules)."""
+    builder = _Builder()
+    builder.add(sentence_spans(text, segmenter_language(language)), len(text),
+                lambda a, b: text[a:b], lambda a, b: text[a:b])
+    return builder.document()
+
+
+def sentence_spans(text: str, language: str, by_line: bool = True
+                   ) -> Iterator[tuple[int, int]]:
+    """(start, end) of each sentence of `text`, stripped and in order; `language` is a
+    sentencex code. By line, no sentence spans a line break; else sentencex reads line
+    breaks as spaces (a blank line still ends a sentence)."""
+    lines = ((m.start(), m.group()) for m in _LINE.finditer(text)) if by_line else [(0, text)]
+    for offset, line in lines:
+        for length in _segment_lengths(line, language):
+            piece = text[offset:offset + length]
+            core = piece.strip()
+            if core:
+                start = offset + len(piece) - len(piece.lstrip())
+                yield start, start + len(core)
+            offset += length
+
+
+def _segment_lengths(line: str, language: str) -> list[int]:
+    """The lengths of sentencex's segments of `line` (each with its trailing whitespace); the
+    whole line as one segment where sentencex fails, so that no text is ever lost."""
+    shown = _NON_ASCII_SPACE.sub(" ", line)
+    try:
+        segments = list(segment(language, shown))
+    except BaseException as err:  # a Rust panic is a BaseException; nothing else is caught
+        if type(err).__name__ != "PanicException":
+            raise
+        return [len(line)]
+    if "".join(segments) != shown:
+        return [len(line)]
+    return [len(piece) for piece in segments if piece]
+
+
+def split_html(markup: str, language: str) -> Document:
+    """The text of HTML `markup` cut into sentences (see the module's docstring for what is
+    kept verbatim); join gives the markup with tags and attributes as they were."""
+    code = segmenter_language(language)
+    builder = _Builder()
+    for piece, translate, by_line in _runs(markup):
+        if translate:
+            _add_html_text(builder, piece, code, by_line)
+        else:
+            builder.keep(piece)
+    return builder.document(markup=True)
+
+
+def _add_html_text(builder: _Builder, raw: str, language: str, by_line: bool) -> None:
+    """A run of HTML text: sentences unescaped, the text around them as written."""
+    plain, where = unescape_with_offsets(raw)
+    builder.add(sentence_spans(plain, language, by_line), len(plain),
+                lambda a, b: plain[a:b], lambda a, b: raw[where[a]:where[b]])
+
+
+def unescape_with_offsets(raw: str) -> tuple[str, list[int]]:
+    """(html.unescape(raw), where): where[i] is the offset in `raw` of the text that gave
+    character i of the result (len(result) + 1 entries, the last len(raw)).
+
+    A character reference maps its characters to where it starts; what html.unescape copies
+    as it was (an unknown name, the letters after a legacy one as in "&ampx") maps one to
+    one, so whitespace next to a reference is copied as written.
+    """
+    plain, where, position = [], [], 0
+    for match in _CHARREF.finditer(raw):
+        _copy(raw, position, match.start(), plain, where)
+        token, text = match.group(), html.unescape(match.group())
+        # "&#59;" -> ";": a reference gives at least one character of its own.
+        same = len(text) if text == token else min(_common_suffix(token, text), len(text) - 1)
+        plain.append(text[:len(text) - same])
+        where += [match.start()] * (len(text) - same)
+        _copy(raw, match.end() - same, match.end(), plain, where)
+        position = match.end()
+    _copy(raw, position, len(raw), plain, where)
+    return "".join(plain), where + [len(raw)]
+
+
+def _copy(raw: str, start: int, end: int, plain: list[str], where: list[int]) -> None:
+    plain.append(raw[start:end])
+    where += range(start, end)
+
+
+def _common_suffix(a: str, b: str) -> int:
+    n = 0
+    while n < min(len(a), len(b)) and a[-1 - n] == b[-1 - n]:
+        n += 1
+    return n
+
+
+def _runs(markup: str) -> Iterator[tuple[str, bool, bool]]:
+    """(piece, translate it, cut it into lines) for consecutive pieces of `markup`."""
+    hidden, depth, lined = None, 0, 0  # the verbatim element open, its nesting, <pre> depth
+    for piece, is_text, tag in _pieces(markup):
+        yield piece, is_text and hidden is None, lined > 0
+        if tag is None:
+            continue
+        closing, name, attributes = tag
+        self_closing = attributes.rstrip().endswith("/")
+        if name in LINED and not self_closing:
+            lined = max(lined - 1, 0) if closing else lined + 1
+        if hidden is None:
+            if not closing and not self_closing and _kept_whole(name, attributes):
+                hidden, depth = name, 1
+        elif name == hidden and not self_closing:
+            depth += -1 if closing else 1
+            hidden = hidden if depth else None
+
+
+def _kept_whole(name: str, attributes: str) -> bool:
+    """Whether the element a start tag opens is kept verbatim with all it holds."""
+    if name in _VOID:
+        return False
+    return name in VERBATIM or _attributes(attributes).get("translate", "").lower() == "no"
+
+
+def _attributes(text: str) -> dict[str, str]:
+    """A start tag's attributes (the text after its name): name (lower case) -> value."""
+    found: dict[str, str] = {}
+    for match in _ATTRIBUTE.finditer(text):
+        value = next((v for v in match.group(2, 3, 4) if v is not None), "")
+        found.setdefault(match.group(1).lower(), value.strip())
+    return found
+
+
+def _pieces(markup: str) -> Iterator[tuple[str, bool, tuple[bool, str, str] | None]]:
+    """(piece, is text, (closing, lower-case name, attributes) of a tag or None) for the
+    consecutive pieces of `markup`: text, tags, other markup, raw text elements' contents."""
+    ends = _TagEnds(markup)
+    text_start = position = 0
+    while (start := markup.find("<", position)) != -1:
+        found = _markup_at(markup, start, ends)
+        if found is None:  # a "<" that opens nothing is text
+            position = start + 1
+            continue
+        end, tag = found
+        if start > text_start:
+            yield markup[text_start:start], True, None
+        yield markup[start:end], False, tag
+        if tag and not tag[0] and tag[1] in RAW_TEXT:
+            close = _raw_text_end(tag[1]).search(markup, end)
+            stop = close.start() if close else len(markup)
+            if stop > end:
+                yield markup[end:stop], False, None
+            end = stop
+        position = text_start = end
+    if text_start < len(markup):
+        yield markup[text_start:], True, None
+
+
+def _markup_at(markup: str, start: int, ends: _TagEnds
+               ) -> tuple[int, tuple[bool, str, str] | None] | None:
+    """(end, the tag's closing, name and attributes or None) of the markup starting at the
+    "<" at `start`, or None where that "<" opens nothing (it is text)."""
+    for opening, closing in (("<!--", "-->"), ("<![CDATA[", "]]>")):
+        if markup.startswith(opening, start):  # unclosed, it runs to the end
+            end = markup.find(closing, start + len(opening))
+            return (end + len(closing) if end != -1 else len(markup)), None
+    if markup.startswith(("<!", "<?"), start):  # <!DOCTYPE html>, <?xml ... ?>
+        end = ends.next_gt(start)
+        return (end + 1, None) if end is not None else None
+    name = _TAG_NAME.match(markup, start)
+    end = ends.after(name.end()) if name else None
+    if end is None:
+        return None
+    return end + 1, (markup[start + 1] == "/", name.group(1).lower(), markup[name.end():end])
+
+
+class _TagEnds:
+    """Where tags end, found for the whole markup in one pass from its end: a scan from each
+    "<" would make many that open nothing ("a <b" repeated, no ">") cost quadratic time."""
+
+    def __init__(self, markup: str):
+        self.markup = markup
+        self.stops = [match.start() for match in _TAG_STOP.finditer(markup)]
+        self.ends: list[int | None] = [None] * len(self.stops)
+        for k in reversed(range(len(self.stops))):
+            stop = self.stops[k]
+            if markup[stop] == ">":
+                self.ends[k] = stop
+            else:  # a quoted value is skipped whole; an unclosed quote is a character
+                value = _QUOTED_VALUE.match(markup, stop)
+                self.ends[k] = self.after(value.end() if value else stop + 1)
+        self.last_gt = markup.rfind(">")
+
+    def after(self, position: int) -> int | None:
+        """The ">" ending a tag whose attributes start at `position`, or None."""
+        k = bisect.bisect_left(self.stops, position)
+        return self.ends[k] if k < len(self.stops) else None
+
+    def next_gt(self, position: int) -> int | None:
+        """The first ">" from `position` on, or None."""
+        return self.markup.find(">", position) if position < self.last_gt else None
+
+
+def _raw_text_end(name: str) -> re.Pattern:
+    """Where a raw text element's contents end: its end tag, in any case."""
+    return re.compile(rf"</{name}(?=[\s/>]|\Z)", re.IGNORECASE)

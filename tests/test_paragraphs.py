@@ -1,0 +1,336 @@
+"""Sentences out of text and HTML, and translations back in their place
+(`nmt.translation.paragraphs`): nothing but the sentences may change.
+
+Round trips with the identity translation must give the input back exactly; a marker per
+sentence shows where each translation lands; HTML keeps every tag and attribute as written.
+Random texts come from a seeded generator of tricky pieces (hypothesis is not a dependency).
+"""
+
+from __future__ import annotations
+
+import html
+import random
+import re
+import time
+
+import pytest
+
+from nmt.translation import paragraphs
+from nmt.translation.paragraphs import (
+    Document,
+    segmenter_language,
+    split_html,
+    split_text,
+    unescape_with_offsets,
+)
+
+TRICKY_TEXTS = [
+    "",
+    " ",
+    "\n",
+    "\r\n\r\n",
+    " \t \n  \r\n ",
+    "One sentence.",
+    "  Leading and trailing.  ",
+    "Two spaces.  Between sentences!  And three?   Yes.",
+    "Tab\tinside. And\tafter.\tEnd.",
+    "Windows lines.\r\nSecond line.\r\n",
+    "Old Mac lines.\rSecond.\rThird",
+    "Paragraph one. Still one.\n\nParagraph two.\n\n\nThree, after two blank lines.\n",
+    "A line without a stop\nand its continuation.",
+    "Dr. Smith met Mr. Jones at 5 p.m. today. They talked.",
+    "e.g. this, i.e. that. Fine.",
+    "Am 3. Oktober feiern wir. Das ist z. B. gut. Hr. Meier kommt.",
+    "こんにちは。元気ですか？はい、元気です！\n日本語。",
+    "Non-breaking\xa0space. Ideographic\u3000space。Thin\u2009space.",
+    "D\xa0. A\u3000. Z\u2028.",  # sentencex panics on these unless given plain spaces
+    "Line\u2028separator stays inside. \x0bVertical tab.\x0cForm feed.",
+    "...",
+    " . ! ? ",
+    "Ellipsis… and «quotes». (Parenthesis.) \"Quoted.\" Done",
+    "Emoji 😀. Next 🚀!",
+    "\ufeffByte order mark. Then text.",
+]
+
+
+def _round_trip(document: Document) -> str:
+    return document.join(document.sentences)
+
+
+def _marked(document: Document) -> str:
+    """The document with sentence i replaced by a marker naming i."""
+    return document.join([f"\x00{i}\x00" for i in range(len(document.sentences))])
+
+
+def _unmarked(document: Document, marked: str, escape=lambda sentence: sentence) -> str:
+    """`marked` with each marker replaced by its sentence (escaped) again."""
+    return re.sub("\x00(\\d+)\x00", lambda m: escape(document.sentences[int(m.group(1))]),
+                  marked)
+
+
+@pytest.mark.parametrize("text", TRICKY_TEXTS)
+def test_identity_translation_gives_the_text_back(text):
+    for language in ("en", "de", "ja", "xx"):
+        document = split_text(text, language)
+        assert _round_trip(document) == text
+        for sentence in document.sentences:
+            assert sentence and sentence == sentence.strip()
+            assert "\n" not in sentence and "\r" not in sentence
+
+
+def _random_text(rng: random.Random) -> str:
+    pieces = ["Dr. Smith", "went home", ".", "!", "?", "。", "！", " ", "  ", "\t", "\n",
+              "\r\n", "\r", "\n\n", "\xa0", "\u3000", "z. B.", "Äpfel", "é", "😀", "a", "B",
+              "i.e.", "...", "«", "»", '"', "(", ")", "3.", "\x0b", "\u2028", "\x85"]
+    return "".join(rng.choice(pieces) for _ in range(rng.randint(0, 30)))
+
+
+def test_random_texts_round_trip_and_translations_land_in_place():
+    rng = random.Random(1234)
+    for _ in range(2000):
+        text = _random_text(rng)
+        language = rng.choice(["en", "de", "ja", "fr", "zh", "xx", "pt-BR"])
+        document = split_text(text, language)
+        assert _round_trip(document) == text, (text, language)
+        # Each marker, replaced by its sentence again, gives the text: every translation
+        # lands exactly where its own sentence was.
+        marked = _marked(document)
+        assert _unmarked(document, marked) == text
+        assert marked.count("\x00") == 2 * len(document.sentences)
+        for sentence in document.sentences:
+            assert sentence == sentence.strip() and not re.search(r"[\r\n]", sentence)
+
+
+def test_sentences_in_order_and_whitespace_in_between():
+    text = "  Dr. Smith went home.  He was tired!\tThen?\r\n\r\nNew paragraph. \n"
+    document = split_text(text, "en")
+    assert document.sentences == ["Dr. Smith went home.", "He was tired!", "Then?",
+                                  "New paragraph."]
+    assert document.between == ["  ", "  ", "\t", "\r\n\r\n", " \n"]
+    assert document.join(["A", "B", "C", "D"]) == "  A  B\tC\r\n\r\nD \n"
+    upper = document.join([s.upper() for s in document.sentences])
+    assert upper == "  DR. SMITH WENT HOME.  HE WAS TIRED!\tTHEN?\r\n\r\nNEW PARAGRAPH. \n"
+
+
+def test_a_sentence_never_spans_a_line():
+    document = split_text("This line has no stop\nand this one ends. Here", "en")
+    assert document.sentences == ["This line has no stop", "and this one ends.", "Here"]
+
+
+def test_languages_use_their_rules():
+    german = "Am 3. Oktober feiern wir. Das ist z. B. gut."
+    assert split_text(german, "de").sentences == ["Am 3. Oktober feiern wir.",
+                                                  "Das ist z. B. gut."]
+    for code in ("de-DE", "DE", "de_AT", " de "):  # sentencex alone gives these English rules
+        assert split_text(german, code).sentences == split_text(german, "de").sentences, code
+    assert split_text("こんにちは。元気ですか？はい。", "ja").sentences == [
+        "こんにちは。", "元気ですか？", "はい。"]
+    assert split_text("你好。再見！", "zh-Hant").sentences == ["你好。", "再見！"]
+    # An unknown code gets English rules rather than an error.
+    assert split_text("Dr. Smith came. He left.", "xx").sentences == ["Dr. Smith came.",
+                                                                      "He left."]
+    assert [segmenter_language(c) for c in ("pt-BR", "zh_Hant", "EN", "xx", "")] == [
+        "pt", "zh", "en", "xx", ""]
+
+
+def test_whitespace_only_text_has_no_sentences():
+    for text in ("", "   ", "\t\r\n \n", "\xa0\u3000"):
+        document = split_text(text, "en")
+        assert document.sentences == [] and document.join([]) == text
+
+
+def test_join_needs_one_translation_per_sentence():
+    document = split_text("One. Two.", "en")
+    with pytest.raises(ValueError, match="1 translations for 2 sentences"):
+        document.join(["Eins."])
+    with pytest.raises(ValueError, match="3 translations for 2 sentences"):
+        document.join(["a", "b", "c"])
+    with pytest.raises(ValueError, match="a string"):
+        document.join("ab")  # two characters are not two translations
+    with pytest.raises(ValueError, match="0 translations for 2"):
+        document.join([])
+
+
+def test_a_translation_cannot_break_the_layout():
+    document = split_text("One. Two.\nThree.", "en")
+    joined = document.join(["Eins\nund\r\nzwei.", "  Zwei.\n", "Drei.\r"])
+    assert joined == "Eins und zwei. Zwei.\nDrei."  # "\r\n" is one break, one space
+    assert joined.count("\n") == 1
+
+
+def test_a_segmenter_panic_loses_no_text(monkeypatch):
+    """sentencex's Rust panics derive from BaseException: the line stays one sentence."""
+    class PanicException(BaseException):
+        pass
+
+    def panic(language, text):
+        raise PanicException("byte index is not a char boundary")
+
+    monkeypatch.setattr(paragraphs, "segment", panic)
+    document = split_text(" First. Second.\nThird. ", "en")
+    assert document.sentences == ["First. Second.", "Third."]
+    assert _round_trip(document) == " First. Second.\nThird. "
+
+    def interrupted(language, text):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(paragraphs, "segment", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        split_text("One. Two.", "en")
+
+
+def test_non_ascii_spaces_do_not_crash_the_segmenter(capfd):
+    """sentencex 1.0.32 panics on "D\xa0." (and prints a Rust backtrace): it is shown plain
+    spaces, so the line is still split, and quietly."""
+    document = split_text("Plan D\xa0. Then we go.\u3000Fine.", "en")
+    assert document.sentences == ["Plan D\xa0.", "Then we go.", "Fine."]
+    assert document.between == ["", " ", "\u3000", ""]
+    assert capfd.readouterr().err == ""
+
+
+def test_segments_that_do_not_add_up_are_not_trusted(monkeypatch):
+    monkeypatch.setattr(paragraphs, "segment", lambda language, text: ["One.", "Two."])
+    document = split_text("One. Two.", "en")  # the space is missing from the segments
+    assert document.sentences == ["One. Two."]
+
+
+# ----------------------------------------------------------------------------- HTML
+
+PAGE = ("<!DOCTYPE html>\n<html lang=\"en\"><head><title>A title. Here</title>"
+        "<style>p > b { color: red; } /* a. b */</style></head>\n"
+        "<body>\n  <p class=\"a>b\" data-x='1'>Hello <b>world</b>. Bye!</p>"
+        "<!-- c. d --><script>var a = \"x. y\"; if (a<b) {}</script>\n"
+        "  <p>Fish &amp; chips. 1 &lt; 2!</p><br/><img alt=\"Not. Text.\" src=x>"
+        "<![CDATA[ raw. text ]]><?php echo 'x. y'; ?>\n</body></html>\n")
+
+
+def test_html_identity_gives_the_markup_back():
+    document = split_html(PAGE, "en")
+    assert document.sentences == ["A title.", "Here", "Hello", "world", ".", "Bye!",
+                                  "Fish & chips.", "1 < 2!"]
+    assert _round_trip(document) == PAGE
+
+
+def test_html_tags_attributes_and_code_are_kept_byte_for_byte():
+    markup = ("<p class=\"a>b\" data-x='1'>Hello <b>world</b>. Bye!</p><!-- c -->"
+              "<script>var a = \"x. y\";</script>")
+    document = split_html(markup, "en")
+    assert document.sentences == ["Hello", "world", ".", "Bye!"]
+    assert document.join(["Hallo", "Welt", ".", "Tschüss!"]) == (
+        "<p class=\"a>b\" data-x='1'>Hallo <b>Welt</b>. Tschüss!</p><!-- c -->"
+        "<script>var a = \"x. y\";</script>")
+    upper = split_html(PAGE, "en")
+    translated = upper.join([s.upper() for s in upper.sentences])
+    tags = re.compile(r"<[^>]*>")
+    assert tags.findall(translated) == tags.findall(PAGE)
+    assert "var a = \"x. y\"; if (a<b) {}" in translated  # script untouched
+    assert "p > b { color: red; } /* a. b */" in translated  # style untouched
+    assert "<!-- c. d -->" in translated and "<![CDATA[ raw. text ]]>" in translated
+    assert "FISH &amp; CHIPS. 1 &lt; 2!" in translated
+
+
+def test_html_entities_are_text_and_translations_are_escaped():
+    document = split_html("<p>Fish &amp; chips &lt;3. A&nbsp;&nbsp;B&#44;&#x20;c.</p>", "en")
+    assert document.sentences == ["Fish & chips <3.", "A\xa0\xa0B, c."]
+    assert document.join(["<b>&</b>", "x > y"]) == ("<p>&lt;b&gt;&amp;&lt;/b&gt; "
+                                                    "x &gt; y</p>")
+    # Whitespace around sentences is copied as it was written, references included.
+    document = split_html("<td>&nbsp;Yes.&#32;&nbsp;No.&nbsp;</td><td>&nbsp;</td>", "en")
+    assert document.sentences == ["Yes.", "No."]
+    assert document.join(["Ja.", "Nein."]) == "<td>&nbsp;Ja.&#32;&nbsp;Nein.&nbsp;</td>" \
+                                              "<td>&nbsp;</td>"
+
+
+def test_unescape_maps_every_character_to_where_it_was_written():
+    raw = "a&amp;b &nbsp;&#59;&ampx &unknown; &#x1F600;\u3000c"
+    plain, where = unescape_with_offsets(raw)
+    assert plain == "a&b \xa0;&x &unknown; 😀\u3000c"
+    assert len(where) == len(plain) + 1 and where[-1] == len(raw)
+    assert where == sorted(where)
+    for i, char in enumerate(plain):
+        if char in "abcx u\u3000":  # written as themselves
+            assert raw[where[i]] == char, i
+
+
+def test_html_whitespace_runs_are_kept_and_translate_nothing():
+    markup = "<ul>\n  <li> </li>\r\n\t<li>&#10;&nbsp;</li>\n</ul>"
+    document = split_html(markup, "en")
+    assert document.sentences == [] and document.join([]) == markup
+
+
+def test_html_lines_matter_only_where_they_show():
+    document = split_html("<p>A sentence wrapped\n   over two lines. Next.</p>"
+                          "<pre>first line\nsecond line. X</pre><p>After\npre.</p>", "en")
+    assert document.sentences == ["A sentence wrapped\n   over two lines.", "Next.",
+                                  "first line", "second line.", "X", "After\npre."]
+    # A wrapped sentence comes back on one line; <pre> keeps its lines.
+    assert document.join(document.sentences) == (
+        "<p>A sentence wrapped    over two lines. Next.</p>"
+        "<pre>first line\nsecond line. X</pre><p>After pre.</p>")
+
+
+def test_html_verbatim_elements():
+    markup = ("<p>Translate me.</p><code translate=\"no\">f(). <code>g().</code> h().</code>"
+              "<p>And me.</p><template><p>Not me.</p></template><div translate=no>No. "
+              "<img translate=\"no\" src=x>Still no.</div><span>Yes.</span>"
+              "<img translate=\"no\"> After a void element.<br translate=\"no\"/> More.")
+    document = split_html(markup, "en")
+    assert document.sentences == ["Translate me.", "And me.", "Yes.",
+                                  "After a void element.", "More."]
+    assert _round_trip(document) == markup
+
+
+def test_html_malformed_markup_keeps_its_text():
+    for markup, sentences in [
+        ("If 1 < 2 holds. Then it is true.", ["If 1 < 2 holds.", "Then it is true."]),
+        ("x <3 y. <p>z.</p>", ["x <3 y.", "z."]),
+        ("Open <b tag never closed. Text.", ["Open <b tag never closed.", "Text."]),
+        ("<p title=\"unclosed>Text. More.", ["Text.", "More."]),  # the quote is a character
+        ("<a '>'c. D.", ["'c.", "D."]),  # a quote opens a value only after "="
+        ("<a b='>'c. D.", ["<a b='>'c.", "D."]),  # ... as here: a tag never closed
+        ("< p>Spaced. </ p>", ["< p>Spaced.", "</ p>"]),
+        ("Before. <!-- never closed. Text", ["Before."]),
+        ("Text <script>never closed. x", ["Text"]),
+        ("<<b>>Double.", ["<", ">Double."]),
+        ("<", ["<"]),
+        ("&", ["&"]),
+    ]:
+        document = split_html(markup, "en")
+        assert document.sentences == sentences, markup
+        identity = document.join(document.sentences)
+        # Nothing is lost: unescaped again, the output reads as the input did.
+        assert identity.replace("&lt;", "<").replace("&gt;", ">").replace("&amp;", "&") \
+            == markup, markup
+
+
+def escape(sentence: str) -> str:
+    return html.escape(re.sub(r"\r\n?|\n", " ", sentence), quote=False)
+
+
+def test_many_lone_angle_brackets_take_linear_time():
+    """A "<" that opens nothing must not cost a scan to the end of the markup each."""
+    for markup in ("a <b " * 40000, "<a x='>' " * 25000, "<!x " * 50000, "<a '" * 50000,
+                   "<p x=\"" * 40000):
+        start = time.perf_counter()
+        document = split_html(markup, "en")
+        assert time.perf_counter() - start < 10, markup[:20]  # quadratic: minutes
+        assert document.join(document.sentences).replace("&lt;", "<").replace(
+            "&gt;", ">") == markup
+
+
+def test_random_markup_round_trips():
+    rng = random.Random(99)
+    pieces = ["<p>", "</p>", "<b class='x>y'>", "</b>", "<br/>", "<!-- a. b -->", " ", "\n",
+              "Dr. Smith came.", " He left! ", "Why?", "&amp;", "&nbsp;", "&#32;", "\xa0",
+              "<script>a<b. c</script>", "<pre>", "</pre>", "<code translate=no>", "</code>",
+              "x", "。", "<!DOCTYPE html>", "\r\n", "\t"]
+    for _ in range(1000):
+        markup = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 25)))
+        document = split_html(markup, rng.choice(["en", "ja", "xx"]))
+        # Every marker, back to its sentence escaped, gives the identity translation:
+        # nothing moved, nothing lost.
+        expected = document.join(document.sentences)
+        assert _unmarked(document, _marked(document), escape) == expected
+        if not re.search(r"&(amp|nbsp|#32);", markup) and "\n" not in markup \
+                and "\r" not in markup:
+            assert expected == markup, markup

@@ -1,0 +1,455 @@
+"""The translation server, tested as its users meet it: a real `python -m nmt.serving`
+process on 127.0.0.1 and a free port, spoken to over HTTP by our requests, by LibreTranslate
+clients written elsewhere (libretranslatepy, deep-translator) and by a browser.
+
+The model is the tiny untrained one of tests/translate_model.py: its translations are fixed
+gibberish, but deterministic, so every answer can be compared with translate.py's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from serving_process import REPO, Server
+
+from translate_model import sentences
+
+KEY = "test-key-1"
+SERVER_FLAGS = ["--buckets", "16,32", "--batch-tokens", "256", "--body-timeout", "2",
+                "--max-sentences", "200", "--char-limit", "30000"]
+POOL = sentences(40, seed=7)
+
+
+def translate_py(run_dir: Path, lines: list[str], env, *flags) -> list[str]:
+    """translate.py's translations of `lines`, one per line."""
+    result = subprocess.run([sys.executable, "translate.py", "--model", str(run_dir), "-q",
+                             *flags], input="\n".join(lines) + "\n", cwd=REPO, env=env,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    return result.stdout.split("\n")[:-1]
+
+
+@pytest.fixture(scope="module")
+def keys_file(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("keys") / "keys.txt"
+    path.write_text(f"# keys of this server\n{KEY}\nsecond-key  # a comment\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def server(run_dir, env, keys_file):
+    server = Server.start(["--model", run_dir, "--api-keys", keys_file, *SERVER_FLAGS], env)
+    yield server
+    assert server.stop() == 0, "".join(server.log)
+
+
+@pytest.fixture(scope="module")
+def translations(run_dir, env) -> dict[str, str]:
+    """translate.py's translation of every sentence of POOL, as it writes it."""
+    return dict(zip(POOL, translate_py(run_dir, POOL, env)))
+
+
+@pytest.fixture(scope="module")
+def expected(translations) -> dict[str, str]:
+    """The same, as a text of LibreTranslate's comes back: a sentence's translation is set in
+    its place without spaces at its edges (the untrained model can start one with a space)."""
+    return {source: text.strip() for source, text in translations.items()}
+
+
+def libre(server: Server, payload: dict, key: str | None = KEY) -> tuple[int, dict]:
+    if key is not None:
+        payload = {**payload, "api_key": key}
+    return server.post_json("/translate", payload)
+
+
+# ----------------------------------------------------------------------------- the two APIs
+
+
+def test_libretranslate_gives_translate_py_translations(server, expected):
+    for sentence in POOL[:8]:
+        status, answer = libre(server, {"q": sentence, "source": "de", "target": "en"})
+        assert status == 200, answer
+        assert answer == {"translatedText": expected[sentence]}
+    status, answer = libre(server, {"q": POOL, "source": "de", "target": "en"})
+    assert status == 200
+    assert answer["translatedText"] == [expected[s] for s in POOL]  # a list keeps its order
+
+
+def test_libretranslate_forms_and_query_strings(server, expected):
+    """Clients send a urlencoded form (libretranslatepy), a multipart form (LibreTranslate's
+    own page) or query parameters (deep-translator)."""
+    from urllib.parse import urlencode
+
+    sentence = POOL[3]
+    fields = {"q": sentence, "source": "de", "target": "en", "api_key": KEY}
+    form = urlencode(fields)
+    status, _, body = server.request("POST", "/translate", form, {
+        "Content-Type": "application/x-www-form-urlencoded"})
+    assert (status, json.loads(body)) == (200, {"translatedText": expected[sentence]})
+    status, _, body = server.request("POST", "/translate?" + form)
+    assert (status, json.loads(body)) == (200, {"translatedText": expected[sentence]})
+    boundary = "b0undary"
+    multipart = "".join(f'--{boundary}\r\nContent-Disposition: form-data; name="{name}"\r\n\r\n'
+                        f"{value}\r\n" for name, value in fields.items()) + f"--{boundary}--\r\n"
+    status, _, body = server.request("POST", "/translate", multipart, {
+        "Content-Type": f"multipart/form-data; boundary={boundary}"})
+    assert (status, json.loads(body)) == (200, {"translatedText": expected[sentence]})
+
+
+def test_opennmt_gives_translate_py_translations(server, translations):
+    items = [{"src": s, "id": 0} for s in POOL[:10]]
+    status, answer = server.post_json("/translator/translate", items,
+                                      headers={"Authorization": f"Bearer {KEY}"})
+    assert status == 200, answer
+    assert len(answer) == 1  # one list per n-best rank
+    assert [r["src"] for r in answer[0]] == POOL[:10]
+    assert [r["tgt"] for r in answer[0]] == [translations[s] for s in POOL[:10]]
+    assert all(r["n_best"] == 1 and isinstance(r["pred_score"], float) for r in answer[0])
+    status, models = server.post_json("/translator/translate", [{"src": POOL[0], "id": 7}],
+                                      headers={"Authorization": f"Bearer {KEY}"})
+    assert status == 400 and "0 (de-en)" in models["error"]
+    status, _, body = server.request("GET", "/translator/models")
+    assert status == 200 and json.loads(body)[0]["model_id"] == 0
+
+
+def test_languages_health_and_metrics(server):
+    status, _, body = server.request("GET", "/languages")
+    assert status == 200
+    assert json.loads(body)[0] == {"code": "de", "name": "German", "targets": ["en"]}
+    status, _, body = server.request("GET", "/health")
+    assert (status, json.loads(body)) == (200, {"status": "ok", "models": ["de-en"]})
+    from prometheus_client.parser import text_string_to_metric_families
+
+    status, headers, body = server.request("GET", "/metrics")
+    assert status == 200 and headers["content-type"].startswith("text/plain")
+    names = {family.name for family in text_string_to_metric_families(body.decode())}
+    assert {"nmt_requests", "nmt_request_errors", "nmt_request_seconds", "nmt_batch_sentences",
+            "nmt_batch_requests", "nmt_queue_sentences"} <= names
+
+
+# ----------------------------------------------------------------------------- documents
+
+
+def test_paragraphs_are_split_translated_and_joined_with_their_whitespace(server, expected):
+    a, b, c = POOL[10:13]
+    text = f"  {a}  {b}\n\n\t{c}\r\n"
+    status, answer = libre(server, {"q": text, "source": "de", "target": "en"})
+    assert status == 200, answer
+    assert answer["translatedText"] == f"  {expected[a]}  {expected[b]}\n\n\t{expected[c]}\r\n"
+
+
+def test_html_keeps_every_tag_and_attribute(server, expected):
+    a, b = POOL[14:16]
+    markup = (f'<div class="x" data-note=\'a > b\'><p id=p1>{a}</p><!-- not translated -->'
+              f'<a href="/x?y=1&amp;z=2" title="kept">{b}</a><br/>'
+              '<script>var s = "Ein Mann.";</script></div>')
+    status, answer = libre(server, {"q": markup, "source": "de", "target": "en",
+                                    "format": "html"})
+    assert status == 200, answer
+    tags = re.compile(r"<[^>]*>|<!--.*?-->")
+    out = answer["translatedText"]
+    assert tags.findall(out) == tags.findall(markup)
+    assert f"<p id=p1>{expected[a]}</p>" in out
+    assert f'title="kept">{expected[b]}</a>' in out
+    assert '<script>var s = "Ein Mann.";</script>' in out
+
+
+# ----------------------------------------------------------------------------- bad input
+
+
+def _raw(server: Server, data: bytes, wait: float = 10) -> bytes:
+    """Send raw bytes and read what comes back until the server closes (bounded)."""
+    with socket.create_connection(("127.0.0.1", server.port), timeout=wait) as sock:
+        sock.sendall(data)
+        chunks = []
+        while True:
+            chunk = sock.recv(65536)
+            if not chunk:
+                return b"".join(chunks)
+            chunks.append(chunk)
+
+
+BAD_REQUESTS = [
+    ("malformed JSON", b'{"q": "Hallo", "source": ', 400, "malformed JSON"),
+    ("not an object", b'["Hallo"]', 400, "must be a JSON object"),
+    ("missing q", {"source": "de", "target": "en"}, 400, "missing q parameter"),
+    ("empty q", {"q": "", "source": "de", "target": "en"}, 400, "missing q parameter"),
+    ("q of numbers", {"q": [1, 2], "source": "de", "target": "en"}, 400, "list of strings"),
+    ("unknown pair", {"q": "Hallo.", "source": "fr", "target": "en"}, 400,
+     "no model for fr->en: this server translates de-en"),
+    ("missing target", {"q": "Hallo.", "source": "de"}, 400, "missing target parameter"),
+    ("unknown format", {"q": "Hallo.", "source": "de", "target": "en", "format": "pdf"}, 400,
+     "format 'pdf'"),
+    ("invalid UTF-8", b'{"q": "Hallo \xff\xfe", "source": "de", "target": "en"}', 400,
+     "not valid UTF-8: byte 0xff at offset 13"),
+    ("10,000 sentences", {"q": ["Ja."] * 10_000, "source": "de", "target": "en"}, 413,
+     "10000 sentences, more than this server's limit of 200 (--max-sentences)"),
+    ("too many characters", {"q": "Ein Mann. " * 4000, "source": "de", "target": "en"}, 413,
+     "40000 characters, more than this server's limit of 30000 (--char-limit)"),
+    ("alternatives", {"q": "Hallo.", "source": "de", "target": "en", "alternatives": 2}, 400,
+     "0 to 0 alternatives"),
+]
+
+
+@pytest.mark.parametrize("payload, status, message",
+                         [case[1:] for case in BAD_REQUESTS], ids=[c[0] for c in BAD_REQUESTS])
+def test_bad_requests_get_their_status_and_one_line(server, payload, status, message):
+    if isinstance(payload, dict):
+        payload = {**payload, "api_key": KEY}
+    got, headers, body = server.request("POST", "/translate", payload,
+                                        {"Content-Type": "application/json"})
+    answer = json.loads(body)
+    assert got == status, answer
+    assert message in answer["error"] and "\n" not in answer["error"]
+
+
+def test_bodies_over_the_limit_get_413(server):
+    """Declared too large: refused before a byte of it is read. Chunked (no length given):
+    refused once the limit is passed."""
+    answer = _raw(server, b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                          b"application/json\r\nContent-Length: 10000000\r\n\r\n")
+    assert answer.startswith(b"HTTP/1.1 413")
+    assert b"limit of 1048576 bytes (--max-body-bytes)" in answer
+    chunk = b"x" * 65536
+    chunked = b"".join(b"%x\r\n%s\r\n" % (len(chunk), chunk) for _ in range(17))
+    answer = _raw(server, b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                          b"application/json\r\nTransfer-Encoding: chunked\r\n\r\n" + chunked)
+    assert answer.startswith(b"HTTP/1.1 413")
+
+
+def test_api_keys(server):
+    request = {"q": "Hallo.", "source": "de", "target": "en"}
+    status, answer = libre(server, request, key=None)
+    assert status == 403 and "needs an API key" in answer["error"]
+    status, answer = libre(server, request, key="wrong")
+    assert (status, answer) == (403, {"error": "Invalid API key"})
+    assert libre(server, request, key="second-key")[0] == 200
+    status, _ = server.post_json("/translator/translate", [{"src": "Hallo."}])
+    assert status == 403
+
+
+def test_a_slow_client_gets_408_and_others_are_served(server, expected):
+    started = time.monotonic()
+    slow = threading.Thread(target=lambda: result.append(_raw(server, (
+        b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: 500\r\n\r\n{\"q\": \"Hal"))))
+    result: list[bytes] = []
+    slow.start()
+    status, answer = libre(server, {"q": POOL[0], "source": "de", "target": "en"})
+    assert (status, answer) == (200, {"translatedText": expected[POOL[0]]})
+    slow.join(30)
+    assert result and result[0].startswith(b"HTTP/1.1 408")
+    assert b"did not arrive within 2 s (--body-timeout)" in result[0]
+    assert time.monotonic() - started < 30
+
+
+def test_unknown_paths_and_methods(server):
+    status, _, body = server.request("GET", "/nowhere")
+    assert status == 404 and "GET /nowhere" in json.loads(body)["error"]
+    status, _, body = server.request("GET", "/translate")
+    assert status == 405
+
+
+# ----------------------------------------------------------------------------- clients
+
+
+def test_libretranslatepy_translates_through_the_server(server, expected):
+    from libretranslatepy import LibreTranslateAPI
+
+    client = LibreTranslateAPI(server.url, api_key=KEY)
+    assert client.translate(POOL[5], "de", "en") == expected[POOL[5]]
+    assert {"code": "de", "name": "German", "targets": ["en"]} in client.languages()
+
+
+def test_deep_translator_translates_through_the_server(server, expected):
+    from deep_translator import LibreTranslator
+
+    client = LibreTranslator(source="de", target="en", api_key=KEY, custom_url=server.url + "/")
+    assert client.translate(POOL[6]) == expected[POOL[6]]
+    assert client.translate_batch(POOL[7:9]) == [expected[s] for s in POOL[7:9]]
+
+
+def _histogram_counts(server: Server, name: str) -> tuple[float, float]:
+    """(observations of `name`, those <= 1) from /metrics."""
+    text = server.request("GET", "/metrics")[2].decode()
+    total = re.search(rf"^{name}_count{{[^}}]*}} (\S+)$", text, re.MULTILINE)
+    ones = re.search(rf'^{name}_bucket{{le="1.0"[^}}]*}} (\S+)$', text, re.MULTILINE)
+    if total is None:  # no search yet
+        return 0.0, 0.0
+    return float(total.group(1)), float(ones.group(1))
+
+
+def test_32_concurrent_clients_get_their_own_translations(server, expected):
+    """Each client sends its own sentences several times; every answer must be its own, and
+    the search must have seen batches holding several requests."""
+    before_total, before_single = _histogram_counts(server, "nmt_batch_requests")
+    failures: list[str] = []
+
+    def client(n: int) -> None:
+        mine = [POOL[(n + i) % len(POOL)] for i in range(1 + n % 3)]
+        for _ in range(4):
+            payload = {"q": mine if n % 2 else mine[0], "source": "de", "target": "en"}
+            status, answer = libre(server, payload)
+            want = [expected[s] for s in mine] if n % 2 else expected[mine[0]]
+            if status != 200 or answer["translatedText"] != want:
+                failures.append(f"client {n}: {status} {answer}")
+
+    threads = [threading.Thread(target=client, args=(n,)) for n in range(32)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert not failures, failures[:3]
+    total, single = _histogram_counts(server, "nmt_batch_requests")
+    assert total - before_total > 0
+    assert (total - before_total) - (single - before_single) > 0, "no batch held 2+ requests"
+    assert total - before_total < 32 * 4  # fewer searches than requests
+
+
+# ----------------------------------------------------------------------------- stopping
+
+
+@pytest.fixture(scope="module")
+def strict_server(run_dir, env):
+    """A server whose first request waits a second for company, with a half-second timeout
+    and room for 20 waiting sentences."""
+    server = Server.start(["--model", run_dir, "--buckets", "16,32", "--batch-tokens", "256",
+                           "--timeout", "0.5", "--batch-wait-ms", "1000",
+                           "--queue-sentences", "20"], env)
+    yield server
+    assert server.stop() == 0, "".join(server.log)
+
+
+def test_timeout_and_full_queue(strict_server):
+    status, headers, body = strict_server.request(
+        "POST", "/translate", {"q": "Hallo.", "source": "de", "target": "en"})
+    assert status == 504 and "0.5 s (--timeout)" in json.loads(body)["error"]
+    status, headers, body = strict_server.request(
+        "POST", "/translate", {"q": ["Ja."] * 21, "source": "de", "target": "en"})
+    assert status == 503 and headers["retry-after"] == "1"
+    assert "the queue holds 20" in json.loads(body)["error"]
+
+
+def test_sigterm_answers_every_accepted_request_and_exits_0(run_dir, env, expected):
+    """SIGTERM comes while 8 or more requests wait in the queue (each batch waits up to half a
+    second for company): every request the server accepted gets its translations, a request
+    that came too late is refused, and the server exits 0 after the last answer."""
+    server = Server.start(["--model", run_dir, "--buckets", "16,32", "--batch-tokens", "256",
+                           "--batch-wait-ms", "500"], env)
+    answers: list[tuple[int, object, int]] = []
+    refused: list[str] = []
+
+    def client(n: int) -> None:
+        try:
+            answers.append((*server.post_json("/translate", {
+                "q": POOL[n: n + 5], "source": "de", "target": "en"}), n))
+        except ConnectionError as err:  # connected after the server stopped listening
+            refused.append(str(err))
+
+    threads = [threading.Thread(target=client, args=(n,)) for n in range(16)]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + 30
+    while not _metric_lines(server, 40) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert _metric_lines(server, 40), "the requests never queued up"
+    status = server.stop()
+    for thread in threads:
+        thread.join(60)
+    assert status == 0, "".join(server.log)
+    assert len(answers) >= 8 and len(answers) + len(refused) == 16, refused
+    for code, answer, n in answers:
+        assert code == 200, answer
+        assert answer["translatedText"] == [expected[s] for s in POOL[n: n + 5]]
+
+
+def _metric_lines(server: Server, queued: int) -> str:
+    """The /metrics lines saying that `queued` sentences or more are waiting."""
+    text = server.request("GET", "/metrics")[2].decode()
+    found = re.search(r'^nmt_queue_sentences{pair="de-en"} (\S+)$', text, re.MULTILINE)
+    return found.group(0) if found and float(found.group(1)) >= queued else ""
+
+
+# ----------------------------------------------------------------------------- start-up
+
+
+def test_bad_flags_and_models_end_in_one_line(run_dir, env, tmp_path):
+    def serve(*args) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "nmt.serving", *map(str, args)],
+                              cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+
+    result = serve("--model", tmp_path / "missing")
+    assert result.returncode == 1 and "does not exist" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    result = serve("--model", run_dir, "--api-keys", tmp_path / "nokeys.txt")
+    assert result.returncode == 2 and "--api-keys" in result.stderr
+    result = serve("--model", run_dir, "--model", run_dir)
+    assert result.returncode == 2 and "both serve de->en" in result.stderr
+    result = serve("--model", run_dir, "--timeout", "0")
+    assert result.returncode == 2 and "--timeout must be > 0" in result.stderr
+
+
+# ----------------------------------------------------------------------------- the page
+
+CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
+
+
+@pytest.fixture
+def browser():
+    """Headless Chromium from the system packages (.ci/run installs them)."""
+    if not (CHROMIUM.exists() and CHROMEDRIVER.exists()):
+        if os.environ.get("CI") == "true":
+            pytest.fail("CI has no /usr/bin/chromium or /usr/bin/chromedriver: .ci/run installs "
+                        "Debian's chromium and chromium-driver")
+        pytest.skip("needs Debian's chromium and chromium-driver (apt-get install chromium "
+                    "chromium-driver)")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = str(CHROMIUM)
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                 "--no-first-run", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--window-size=1100,700"):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=options)
+    driver.set_page_load_timeout(30)
+    yield driver
+    driver.quit()
+
+
+def test_the_page_translates_in_a_browser(server, expected, browser, tmp_path):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as shown
+    from selenium.webdriver.support.ui import Select, WebDriverWait
+
+    browser.get(server.url + "/")
+    wait = WebDriverWait(browser, 30)
+    wait.until(lambda driver: Select(driver.find_element(By.ID, "pair")).options)
+    assert Select(browser.find_element(By.ID, "pair")).first_selected_option.text == "de → en"
+    key = wait.until(shown.visibility_of_element_located((By.ID, "api-key")))
+    key.send_keys(KEY)
+    sentence = POOL[9]
+    browser.find_element(By.ID, "source-text").send_keys(sentence)
+    browser.find_element(By.ID, "translate-button").click()
+    wait.until(lambda driver: driver.find_element(By.ID, "translation").text)
+    assert browser.find_element(By.ID, "translation").text == expected[sentence]
+    assert browser.find_element(By.ID, "error").text == ""
+    key.clear()
+    key.send_keys("wrong")
+    browser.find_element(By.ID, "translate-button").click()
+    wait.until(lambda driver: driver.find_element(By.ID, "error").text)
+    assert browser.find_element(By.ID, "error").text == "Invalid API key"
+    assert browser.get_screenshot_as_file(str(tmp_path / "page.png"))
+    requests_made = browser.execute_script(
+        "return performance.getEntriesByType('resource').map(entry => entry.name)")
+    assert all(url.startswith(server.url) for url in requests_made), requests_made
