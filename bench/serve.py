@@ -21,6 +21,7 @@ import asyncio
 import dataclasses
 import json
 import re
+import shlex
 import statistics
 import subprocess
 import sys
@@ -29,6 +30,7 @@ import time
 from pathlib import Path
 
 from bench.common import positive_int, read_test_set, test_set_parser
+from nmt.runtime import allocator
 from transformer.config import BEAM_RULES
 
 SEARCH_FLAGS = ("beam_rules", "max_len_a", "max_len_b")
@@ -133,16 +135,17 @@ def batch_ceiling(args: argparse.Namespace, sentences: list[str]) -> dict:
     model, tokenizer, values = load_model(args.model)
     search = dataclasses.replace(values["search"], **{
         name: getattr(args, name) for name in SEARCH_FLAGS if getattr(args, name) is not None})
-    translator = Translator(model, tokenizer, search, batch_tokens=args.batch_tokens)
+    translator = Translator(model, tokenizer, search, batch_tokens=args.ceiling_batch_tokens)
     translator.translate(sentences)  # compiles
     start = time.perf_counter()
     translator.translate(sentences)
     seconds = time.perf_counter() - start
-    return {"sentences": len(sentences), "seconds": seconds,
-            "sent_per_s": len(sentences) / seconds}
+    return {"sentences": len(sentences), "seconds": seconds, "batch_tokens":
+            args.ceiling_batch_tokens, "sent_per_s": len(sentences) / seconds}
 
 
 def main(argv=None) -> int:
+    allocator.preload()  # as translate.py and the server: mimalloc under XLA:CPU
     parser = test_set_parser(__doc__.splitlines()[0])
     parser.add_argument("--clients", default="1,8,32,128",
                         help="concurrent client counts (default 1,8,32,128)")
@@ -150,7 +153,10 @@ def main(argv=None) -> int:
                         help="load per client count (default 60)")
     parser.add_argument("--modes", default="batched,unbatched,ceiling",
                         help="what to measure: batched, unbatched, ceiling (default all)")
-    parser.add_argument("--batch-tokens", type=positive_int, default=4096)
+    parser.add_argument("--batch-tokens", type=positive_int,
+                        help="the server's --batch-tokens (default: the server's)")
+    parser.add_argument("--ceiling-batch-tokens", type=positive_int, default=4096,
+                        help="the ceiling's --batch-tokens (default 4096, translate.py's)")
     parser.add_argument("--memory-minutes", type=positive_int, default=0,
                         help="then load the batched server with 32 clients this long and "
                              "compare its RSS after 1 minute with the RSS at the end")
@@ -158,6 +164,9 @@ def main(argv=None) -> int:
                         help="beam rules (default: the model's)")
     parser.add_argument("--max-len-a", type=float, help="output limit a (default: the model's)")
     parser.add_argument("--max-len-b", type=int, help="output limit b (default: the model's)")
+    parser.add_argument("--server-args", default="",
+                        help="more flags for the server, e.g. '--buckets 32,64 "
+                             "--batch-wait-ms 2' (and --buckets for the ceiling)")
     parser.add_argument("--json", help="write the figures here too")
     args = parser.parse_args(argv)
     sentences, _ = read_test_set(args)
@@ -168,12 +177,15 @@ def main(argv=None) -> int:
     for mode in ("batched", "unbatched"):
         if mode not in modes:
             continue
-        flags = ["--model", args.model, "--batch-tokens", str(args.batch_tokens)]
+        flags = ["--model", args.model]
+        if args.batch_tokens is not None:
+            flags += ["--batch-tokens", str(args.batch_tokens)]
         for name in SEARCH_FLAGS:
             if getattr(args, name) is not None:
                 flags += ["--" + name.replace("_", "-"), str(getattr(args, name))]
         if mode == "unbatched":
             flags.append("--no-batch-across-requests")
+        flags += shlex.split(args.server_args)
         server = ServerProcess(flags)
         print(f"{mode}: ready {server.ready_seconds:.0f} s after start (loading, compiling "
               "every search shape)", flush=True)

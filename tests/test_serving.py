@@ -340,11 +340,12 @@ def test_timeout_and_full_queue(strict_server):
 
 
 def test_sigterm_answers_every_accepted_request_and_exits_0(run_dir, env, expected):
-    """SIGTERM comes while 8 or more requests wait in the queue (each batch waits up to half a
-    second for company): every request the server accepted gets its translations, a request
+    """SIGTERM comes while 8 or more requests wait in the queue (one search at a time, of two
+    requests or so, each waiting up to half a second for company): every request the server accepted gets its translations, a request
     that came too late is refused, and the server exits 0 after the last answer."""
     server = Server.start(["--model", run_dir, "--buckets", "16,32", "--batch-tokens", "256",
-                           "--batch-wait-ms", "500"], env)
+                           "--batch-wait-ms", "500", "--gather-tokens", "100", "--searches", "1"],
+                          env)
     answers: list[tuple[int, object, int]] = []
     refused: list[str] = []
 
@@ -453,3 +454,35 @@ def test_the_page_translates_in_a_browser(server, expected, browser, tmp_path):
     requests_made = browser.execute_script(
         "return performance.getEntriesByType('resource').map(entry => entry.name)")
     assert all(url.startswith(server.url) for url in requests_made), requests_made
+
+
+# ----------------------------------------------------------------------------- before ready
+
+
+def test_before_its_search_is_compiled_the_server_answers_503_with_retry_after():
+    """In-process (Starlette's test client): a service whose warm-up has not finished."""
+    from types import SimpleNamespace
+
+    from starlette.testclient import TestClient
+
+    from nmt.serving.app import build_app
+    from nmt.serving.catalog import Catalog, ServedModel
+    from nmt.serving.limits import Limits
+    from nmt.serving.metrics import Metrics
+    from nmt.serving.service import Service
+
+    translator = SimpleNamespace(search=SimpleNamespace(nbest=1))
+    catalog = Catalog([ServedModel(0, "de", "en", "runs/x", translator)])
+    service = Service(catalog, Limits(), Metrics(), status="compiling de-en search 3/12")
+    client = TestClient(build_app(service))
+    health = client.get("/health")
+    assert health.status_code == 503
+    assert health.json() == {"status": "compiling de-en search 3/12", "models": ["de-en"]}
+    assert client.get("/translator/health").status_code == 503
+    answer = client.post("/translate", json={"q": "Hallo.", "source": "de", "target": "en"})
+    assert answer.status_code == 503 and answer.headers["retry-after"] == "1"
+    assert "starting (compiling de-en search 3/12)" in answer.json()["error"]
+    answer = client.post("/translator/translate", json=[{"src": "Hallo.", "id": 0}])
+    assert answer.status_code == 503 and answer.json()["status"] == "error"
+    assert client.get("/languages").status_code == 200  # what needs no model answers at once
+    assert client.get("/").status_code == 200

@@ -9,6 +9,7 @@ instead (force decoding). Scoring translations (BLEU, chrF) is `nmt.translation.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import logging
 import time
@@ -84,6 +85,15 @@ class Translator:
         self.truncated: list[int] = []
         self.reached_limit: list[int] = []
         self.batch_stats: list[BatchStats] = []  # the last call's batches
+
+    def replica(self, stream: int) -> "Translator":
+        """A Translator sharing this one's model, tokenizer and settings, with records and
+        random numbers of its own (`stream` is folded into the seed): for another thread."""
+        other = copy.copy(self)
+        other.rng = jax.random.fold_in(self.rng, stream)
+        other.batches_searched = 0
+        other.truncated, other.reached_limit, other.batch_stats = [], [], []
+        return other
 
     def translate(self, sentences: Sequence[str]) -> list[str]:
         """The best translation of each sentence, in input order."""

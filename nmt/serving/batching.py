@@ -2,11 +2,12 @@
 
 Each served model has one `Batcher`. A request hands it its sentences and awaits their
 translations; the batcher's task takes the oldest waiting request, adds every request that
-arrives within `max_wait` seconds, up to `batch_tokens` source tokens (a full search batch),
-and runs one `Translator.translate_nbest` call on all their sentences in the search thread,
-off the event loop. While that search runs, new requests queue up and form the next batch,
-so under load batches fill without waiting. The queue is bounded in sentences: a request that
-would overflow it is refused at once (`QueueFull`), never held in memory.
+arrives within `max_wait` seconds of it, up to `gather_tokens` source tokens, and runs one
+`Translator.translate_nbest` call on all their sentences in the search thread, off the event
+loop (the call sorts them by length into search batches). While that call runs, new requests
+queue up and form the next one, so under load calls fill without waiting. The queue is
+bounded in sentences: a request that would overflow it is refused at once (`QueueFull`),
+never held in memory.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ class _Job:
     sentences: Sequence[str]
     tokens: int
     future: asyncio.Future  # -> list[list[Hypothesis]], one n-best list per sentence
+    arrived: float = dataclasses.field(default_factory=time.monotonic)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,38 +46,43 @@ class BatchRecord:
 
 
 class Batcher:
-    """Gathers requests for one model into search calls run by `executor` (one thread).
+    """Gathers requests for one model into search calls run by `executor`.
 
-    `batch_tokens`: source tokens (EOS included) gathered for one call at most, unless one
+    `gather_tokens`: source tokens (EOS included) gathered for one call at most, unless one
     request alone has more; `max_wait`: seconds the oldest request waits for others;
-    `across_requests=False` searches every request on its own (for comparison).
+    `searches`: calls run at once (each on a replica of the translator; the executor needs as
+    many threads), so that a CPU's cores are all busy even with batches too small to spread
+    over them; `across_requests=False` searches every request on its own (for comparison).
     `max_queue`: sentences waiting at most. `on_batch` is told of every search call.
     """
 
     def __init__(self, translator: Translator, executor: concurrent.futures.Executor,
-                 batch_tokens: int, max_wait: float, max_queue: int,
+                 gather_tokens: int, max_wait: float, max_queue: int, searches: int = 1,
                  across_requests: bool = True,
                  on_batch: Callable[[BatchRecord], None] | None = None):
         self.translator = translator
         self.executor = executor
-        self.batch_tokens = batch_tokens
+        self.gather_tokens = gather_tokens
         self.max_wait = max_wait
         self.max_queue = max_queue
         self.across_requests = across_requests
         self.on_batch = on_batch
         self.queued_sentences = 0
+        self._idle = [translator] + [translator.replica(n) for n in range(1, searches)]
         self._queue: asyncio.Queue[_Job] = asyncio.Queue()
         self._held: _Job | None = None  # taken from the queue, but for the next batch
         self._task: asyncio.Task | None = None
+        self._searches: set[asyncio.Task] = set()
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run())
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        for task in [self._task, *self._searches]:
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
 
     async def translate(self, sentences: Sequence[str]) -> list[list[Hypothesis]]:
         """The n-best lists of `sentences`, in order; QueueFull if there is no room.
@@ -94,42 +101,58 @@ class Batcher:
         return await job.future
 
     async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
+        """Gather a call whenever a translator is idle, and start its search."""
+        free = asyncio.Event()
         while True:
+            while not self._idle:
+                free.clear()
+                await free.wait()
             jobs = await self._gather()
             self.queued_sentences -= sum(len(job.sentences) for job in jobs)
             jobs = [job for job in jobs if not job.future.done()]  # timed out while waiting
             if not jobs:
                 continue
-            sentences = [s for job in jobs for s in job.sentences]
-            start = time.perf_counter()
-            try:
-                results = await loop.run_in_executor(
-                    self.executor, self.translator.translate_nbest, sentences)
-            except Exception as err:  # noqa: BLE001 - every waiting request gets the error
-                for job in jobs:
-                    if not job.future.done():
-                        job.future.set_exception(err)
-                continue
-            if self.on_batch is not None:
-                self.on_batch(BatchRecord(len(jobs), len(sentences),
-                                          time.perf_counter() - start))
-            offset = 0
+            task = asyncio.get_running_loop().create_task(
+                self._search(self._idle.pop(), jobs, free))
+            self._searches.add(task)
+            task.add_done_callback(self._searches.discard)
+
+    async def _search(self, translator: Translator, jobs: list[_Job], free: asyncio.Event
+                      ) -> None:
+        """One call for `jobs`' sentences; each job gets its own translations, or the error."""
+        sentences = [s for job in jobs for s in job.sentences]
+        start = time.perf_counter()
+        try:
+            results = await asyncio.get_running_loop().run_in_executor(
+                self.executor, translator.translate_nbest, sentences)
+        except Exception as err:  # noqa: BLE001 - every waiting request gets the error
             for job in jobs:
                 if not job.future.done():
-                    job.future.set_result(results[offset:offset + len(job.sentences)])
-                offset += len(job.sentences)
+                    job.future.set_exception(err)
+            return
+        finally:
+            self._idle.append(translator)
+            free.set()
+        if self.on_batch is not None:
+            self.on_batch(BatchRecord(len(jobs), len(sentences), time.perf_counter() - start))
+        offset = 0
+        for job in jobs:
+            if not job.future.done():
+                job.future.set_result(results[offset:offset + len(job.sentences)])
+            offset += len(job.sentences)
 
     async def _gather(self) -> list[_Job]:
-        """The next batch: the oldest job, then what arrives within max_wait, up to the token
-        budget (a job that would pass it is held for the next batch)."""
+        """The next batch: the oldest job, and the others that arrive until max_wait after it
+        did, up to the token budget (a job that would pass it is held for the next batch).
+        Under load the oldest job arrived during the last search, so nothing more is waited
+        for: the batch is what queued meanwhile."""
         first = self._held if self._held is not None else await self._queue.get()
         self._held = None
         jobs, tokens = [first], first.tokens
         if not self.across_requests:
             return jobs
-        deadline = time.monotonic() + self.max_wait
-        while tokens < self.batch_tokens:
+        deadline = first.arrived + self.max_wait
+        while tokens < self.gather_tokens:
             try:
                 job = self._queue.get_nowait()
             except asyncio.QueueEmpty:
@@ -140,7 +163,7 @@ class Batcher:
                     job = await asyncio.wait_for(self._queue.get(), remaining)
                 except TimeoutError:
                     break
-            if tokens + job.tokens > self.batch_tokens:
+            if tokens + job.tokens > self.gather_tokens:
                 self._held = job
                 break
             jobs.append(job)

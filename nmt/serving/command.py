@@ -46,6 +46,10 @@ from nmt.translation.errors import InputError, UsageError
 log = logging.getLogger("nmt.serving")
 PROG = "python -m nmt.serving"
 DEFAULTS = Limits()
+# A CPU's search step costs about as much per row at any batch size, so a gathered call is cut
+# into small batches of similar lengths, none waiting for a longer sentence (docs/serving.md);
+# an accelerator's step costs little more for more rows, so it takes translate.py's budget.
+CPU_BATCH_TOKENS, ACCELERATOR_BATCH_TOKENS = 512, 4096
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -69,9 +73,18 @@ def build_parser() -> argparse.ArgumentParser:
     server.add_argument("--access-log", action="store_true", help="log every request")
     server.add_argument("-q", "--quiet", action="store_true", help="warnings and errors only")
     batching = parser.add_argument_group("batching")
-    batching.add_argument("--batch-tokens", type=int, default=4096,
+    batching.add_argument("--batch-tokens", type=int,
                           help="source tokens per search batch, before dividing by the beam "
-                               "size (default 4096), as translate.py")
+                               f"size (default {CPU_BATCH_TOKENS} on a CPU, where batches of "
+                               "similar lengths serve faster than large ones, "
+                               f"{ACCELERATOR_BATCH_TOKENS} on a GPU or TPU, as translate.py)")
+    batching.add_argument("--gather-tokens", type=int, default=2048,
+                          help="source tokens of waiting requests searched in one call at most "
+                               "(default 2048); the call is cut into batches of --batch-tokens, "
+                               "sentences of similar length together")
+    batching.add_argument("--searches", type=int,
+                          help="search calls run at once (default 2 on a CPU, where one small "
+                               "batch keeps only part of the cores busy; 1 on a GPU or TPU)")
     batching.add_argument("--batch-wait-ms", type=float, default=5.0,
                           help="how long the oldest request waits for others to share its "
                                "search (default 5 ms)")
@@ -113,9 +126,9 @@ def _int_list(text: str) -> tuple[int, ...]:
 
 
 def check_args(args: argparse.Namespace) -> None:
-    for name in ("batch_tokens", "max_body_bytes", "char_limit", "max_sentences",
-                 "queue_sentences"):
-        if getattr(args, name) < 1:
+    for name in ("batch_tokens", "gather_tokens", "searches", "max_body_bytes", "char_limit",
+                 "max_sentences", "queue_sentences"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
             raise UsageError(f"--{name.replace('_', '-')} must be >= 1, got "
                              f"{getattr(args, name)}.")
     for name in ("timeout", "body_timeout"):
@@ -147,10 +160,17 @@ def parse_model_flag(value: str) -> tuple[str | None, str | None, str]:
 
 def load_served_models(args: argparse.Namespace):
     """A ServedModel per --model, loaded and checked (InputError, UsageError)."""
+    import jax
+
     from nmt.models.model_dir import ModelDirError, load_models
     from nmt.models.translator import Translator
     from nmt.serving.catalog import ServedModel
 
+    on_cpu = jax.default_backend() == "cpu"
+    if args.batch_tokens is None:
+        args.batch_tokens = CPU_BATCH_TOKENS if on_cpu else ACCELERATOR_BATCH_TOKENS
+    if args.searches is None:
+        args.searches = 2 if on_cpu else 1
     served, seen = [], {}
     for index, flag in enumerate(args.model):
         source, target, path = parse_model_flag(flag)
@@ -208,13 +228,13 @@ def make_lifespan(service, args: argparse.Namespace, server_holder: list):
     @contextlib.asynccontextmanager
     async def lifespan(app):
         loop = asyncio.get_running_loop()
-        executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="search")
+        executor = concurrent.futures.ThreadPoolExecutor(args.searches,
+                                                         thread_name_prefix="search")
         stopping = threading.Event()
         for model in service.catalog.models:
-            translator = model.translator
-            per_token = translator.search.beam_size if translator.search.strategy == "beam" else 1
             model.batcher = Batcher(
-                translator, executor, batch_tokens=max(args.batch_tokens // per_token, 1),
+                model.translator, executor, gather_tokens=args.gather_tokens,
+                searches=args.searches,
                 max_wait=args.batch_wait_ms / 1000, max_queue=args.queue_sentences,
                 across_requests=args.batch_across_requests,
                 on_batch=lambda batch, pair=model.pair: service.metrics.observe_batch(pair,
