@@ -15,6 +15,8 @@
 #   exported.jsonl  the recipe's model translating test2016, beam 4 and greedy, against its
 #                   CTranslate2 export in float16 and int8_float16 on the same GPU, BLEU beside
 #                   each, and translate.py --evaluate end to end (bench/exported.py)
+#   serve.json      that model behind python -m nmt.serving: 1, 8 and 32 clients for 20 s each,
+#                   batched and not, against the batch ceiling (bench/serve.py)
 #   summary.jsonl   one line per step: its name, exit status and seconds
 #
 # --data DIR        Multi30k's folder (train.en/.de, valid.*, test2016.*); default: the first
@@ -23,8 +25,8 @@
 # --wheels DIR      install missing Python packages from the wheels in DIR (no network)
 # --peers DIR       the peer benchmark scripts (default ../shared/tools/peers); the peers run
 #                   when torch and transformers import and DIR holds the scripts
-# --only LIST       comma-separated steps: env,tests,train,decode,recipe,exported (default:
-#                   all; exported translates with the recipe step's model)
+# --only LIST       comma-separated steps: env,tests,train,decode,recipe,exported,serve
+#                   (default: all; exported and serve use the recipe step's model)
 # --dry-run         the same steps at toy sizes, on whatever device JAX has (the CPU in CI)
 #
 # Missing packages, a missing GPU (without --dry-run) or missing data stop it at once with one
@@ -37,7 +39,7 @@ OUT_DIR="${OUT:-$REPO/runs/gpu_check}"
 DATA=""
 WHEELS=""
 PEERS_DIR="${NMT_PEERS_DIR:-$REPO/../shared/tools/peers}"
-ONLY="env,tests,train,decode,recipe,exported"
+ONLY="env,tests,train,decode,recipe,exported,serve"
 DRY_RUN=0
 
 die() { echo "$PROG: error: $*" >&2; exit 2; }
@@ -50,14 +52,14 @@ while [ $# -gt 0 ]; do
         --peers) PEERS_DIR="${2:?--peers needs a folder}"; shift 2 ;;
         --only) ONLY="${2:?--only needs a list}"; shift 2 ;;
         --dry-run) DRY_RUN=1; shift ;;
-        -h|--help) sed -n '2,31p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,33p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) die "unknown argument '$1'; see $PROG --help" ;;
     esac
 done
 for step in ${ONLY//,/ }; do
-    case "$step" in env|tests|train|decode|recipe|exported) ;;
+    case "$step" in env|tests|train|decode|recipe|exported|serve) ;;
         *) die "--only: unknown step '$step'; the steps are env, tests, train, decode, recipe, \
-exported" ;;
+exported, serve" ;;
     esac
 done
 wants() { [[ ",$ONLY," == *",$1,"* ]]; }
@@ -79,10 +81,12 @@ if [ -n "$WHEELS" ]; then
     fi
 fi
 export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
-missing=$("$PYTHON" - <<'EOF'
-import importlib.util
+missing=$(NMT_CHECK_SERVE="$(wants serve && echo 1)" "$PYTHON" - <<'EOF'
+import importlib.util, os
 need = ["jax", "flax", "optax", "orbax", "sentencepiece", "sacrebleu", "datasets", "yaml", "tqdm",
         "tensorboardX", "pytest", "xdist"]
+if os.environ.get("NMT_CHECK_SERVE"):  # the serve step: pip install -e '.[serve]'
+    need += ["uvicorn", "starlette", "multipart", "prometheus_client", "sentencex"]
 print(" ".join(n for n in need if importlib.util.find_spec(n) is None))
 EOF
 )
@@ -103,7 +107,7 @@ if [ -z "$DATA" ]; then
         [ -f "$candidate/train.en" ] && DATA="$candidate" && break
     done
 fi
-if wants recipe || wants exported; then
+if wants recipe || wants exported || wants serve; then
     for f in train.en train.de valid.en valid.de test2016.en test2016.de; do
         [ -f "$DATA/$f" ] || die "--data '${DATA:-unset}': $f is missing; give Multi30k's folder \
 (see docs/training.md for where to get it) or leave out the recipe step with --only"
@@ -132,12 +136,15 @@ if [ "$DRY_RUN" = 1 ]; then
         --eval-sentences 8 --batch-tokens 512 --vocab-size 320 --save-every 10)
     TESTS=(tests/test_packing.py -k "padded_row or cudnn")
     EXPORTED=(--device cpu --limit 12)
+    SERVE=(--clients 2 --seconds 2 --modes batched,ceiling --ceiling-batch-tokens 256
+        --server-args "--buckets 16 --batch-tokens 64")
 else
     # ~25k target tokens per step: 800 pairs x 32 tokens.
     PRESETS=(base big); BATCH=800; LEN=32; STEPS=20; DECODE=(--preset base --batch 64)
     RECIPE_FLAGS=()
     TESTS=(tests/test_mixed_precision.py tests/test_packing.py tests/test_model.py)
     EXPORTED=(--device cuda --end-to-end)
+    SERVE=(--clients 1,8,32 --seconds 20)
 fi
 PEER=()
 if [ -f "$PEERS_DIR/hf_train_step.py" ] && "$PYTHON" -c "import torch, transformers" 2>/dev/null
@@ -191,6 +198,11 @@ if wants exported; then
     step exported "$OUT_DIR/exported.log" bash -c "set -o pipefail; \"$PYTHON\" -m bench.exported --model \
 \"$OUT_DIR/multi30k_gpu/averaged\" --test-prefix \"$DATA/test2016\" --src en --tgt de \
 ${EXPORTED[*]} | tee \"$OUT_DIR/exported.jsonl\""
+fi
+if wants serve; then
+    step serve "$OUT_DIR/serve.log" "$PYTHON" -m bench.serve --model \
+"$OUT_DIR/multi30k_gpu/averaged" --test-prefix "$DATA/test2016" --src en --tgt de \
+"${SERVE[@]}" --json "$OUT_DIR/serve.json"
 fi
 echo "== done: $OUT_DIR/summary.jsonl"
 ! grep -q '"status": [1-9]' "$OUT_DIR/summary.jsonl"

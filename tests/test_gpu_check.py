@@ -39,7 +39,7 @@ def test_dry_run_does_every_step_and_writes_its_records(multi30k_like, tmp_path)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
     summary = [json.loads(line) for line in (out / "summary.jsonl").read_text().splitlines()]
     assert [s["step"] for s in summary] == ["env", "tests", "train-tiny", "decode", "recipe",
-                                            "exported"]
+                                            "exported", "serve"]
     assert all(s["status"] == 0 for s in summary)
     assert json.loads((out / "env.json").read_text())["backend"] == "cpu"
     train = [json.loads(line) for line in (out / "train.jsonl").read_text().splitlines()
@@ -55,6 +55,9 @@ def test_dry_run_does_every_step_and_writes_its_records(multi30k_like, tmp_path)
     searched = {(e["system"], e["search"]) for e in exported if "bleu" in e}
     assert {("ours", "beam 4"), ("ours", "greedy"), ("ctranslate2 float32", "beam 4"),
             ("ctranslate2 int8", "greedy")} <= searched, searched
+    serve = json.loads((out / "serve.json").read_text())
+    assert serve["batched"][0]["clients"] == 2 and serve["batched"][0]["errors"] == 0
+    assert serve["batched"][0]["sentences"] > 0 and serve["ceiling"]["sent_per_s"] > 0
     host = json.loads((out / "recipe_host.json").read_text())
     assert host["status"] == 0 and host["command"][1] == "train.py"
     assert host["user_s"] > 0 and host["minor_faults"] > 0 and host["max_rss_mib"] > 0

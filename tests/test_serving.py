@@ -341,8 +341,9 @@ def test_timeout_and_full_queue(strict_server):
 
 def test_sigterm_answers_every_accepted_request_and_exits_0(run_dir, env, expected):
     """SIGTERM comes while 8 or more requests wait in the queue (one search at a time, of two
-    requests or so, each waiting up to half a second for company): every request the server accepted gets its translations, a request
-    that came too late is refused, and the server exits 0 after the last answer."""
+    requests or so, each waiting up to half a second for company): every request the server
+    accepted gets its translations, a request that came too late is refused, and the server
+    exits 0 after the last answer."""
     server = Server.start(["--model", run_dir, "--buckets", "16,32", "--batch-tokens", "256",
                            "--batch-wait-ms", "500", "--gather-tokens", "100", "--searches", "1"],
                           env)

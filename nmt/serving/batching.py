@@ -3,9 +3,10 @@
 Each served model has one `Batcher`. A request hands it its sentences and awaits their
 translations; the batcher's task takes the oldest waiting request, adds every request that
 arrives within `max_wait` seconds of it, up to `gather_tokens` source tokens, and runs one
-`Translator.translate_nbest` call on all their sentences in the search thread, off the event
+`Translator.translate_nbest` call on all their sentences in a search thread, off the event
 loop (the call sorts them by length into search batches). While that call runs, new requests
-queue up and form the next one, so under load calls fill without waiting. The queue is
+queue up and form the next one (run beside it when `searches` > 1), so under load calls fill
+without waiting. The queue is
 bounded in sentences: a request that would overflow it is refused at once (`QueueFull`),
 never held in memory.
 """

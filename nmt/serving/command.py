@@ -207,7 +207,7 @@ class _Stopping(Exception):
 
 
 def warm_up(models, service, stopping: threading.Event) -> None:
-    """Compile every model's search shapes (in the search thread), then mark ready."""
+    """Compile every model's search shapes (in a search thread), then mark ready."""
     for model in models:
         def progress(done: int, total: int, pair=model.pair) -> None:
             service.status = f"compiling {pair} search {done}/{total}"
