@@ -24,7 +24,9 @@ from serving_process import REPO, Server
 from translate_model import sentences
 
 KEY = "test-key-1"
-SERVER_FLAGS = ["--buckets", "16,32", "--batch-tokens", "256", "--body-timeout", "2",
+# Few search shapes (widths 16 and 64, one or two rows): each costs seconds to compile.
+SHAPES = ["--buckets", "16", "--batch-tokens", "128"]
+SERVER_FLAGS = [*SHAPES, "--body-timeout", "2",
                 "--max-sentences", "200", "--char-limit", "30000"]
 POOL = sentences(40, seed=7)
 
@@ -103,6 +105,9 @@ def test_libretranslate_forms_and_query_strings(server, expected):
     status, _, body = server.request("POST", "/translate", multipart, {
         "Content-Type": f"multipart/form-data; boundary={boundary}"})
     assert (status, json.loads(body)) == (200, {"translatedText": expected[sentence]})
+    status, _, body = server.request("POST", "/translate", multipart, {
+        "Content-Type": "multipart/form-data"})  # no boundary
+    assert status == 400 and "malformed multipart form" in json.loads(body)["error"]
 
 
 def test_opennmt_gives_translate_py_translations(server, translations):
@@ -322,7 +327,7 @@ def test_32_concurrent_clients_get_their_own_translations(server, expected):
 def strict_server(run_dir, env):
     """A server whose first request waits a second for company, with a half-second timeout
     and room for 20 waiting sentences."""
-    server = Server.start(["--model", run_dir, "--buckets", "16,32", "--batch-tokens", "256",
+    server = Server.start(["--model", run_dir, *SHAPES,
                            "--timeout", "0.5", "--batch-wait-ms", "1000",
                            "--queue-sentences", "20"], env)
     yield server
@@ -344,7 +349,7 @@ def test_sigterm_answers_every_accepted_request_and_exits_0(run_dir, env, expect
     requests or so, each waiting up to half a second for company): every request the server
     accepted gets its translations, a request that came too late is refused, and the server
     exits 0 after the last answer."""
-    server = Server.start(["--model", run_dir, "--buckets", "16,32", "--batch-tokens", "256",
+    server = Server.start(["--model", run_dir, *SHAPES,
                            "--batch-wait-ms", "500", "--gather-tokens", "100", "--searches", "1"],
                           env)
     answers: list[tuple[int, object, int]] = []

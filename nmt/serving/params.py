@@ -8,6 +8,8 @@ import json
 from typing import Any
 from urllib.parse import parse_qsl
 
+from starlette.exceptions import HTTPException
+from starlette.formparsers import MultiPartException
 from starlette.requests import Request
 
 from nmt.serving.errors import RequestError
@@ -63,13 +65,7 @@ async def request_params(request: Request) -> dict[str, Any]:
             _add(form, key, value)
         params.update(form)
     elif kind == "multipart/form-data":
-        form = {}
-        async with request.form() as multipart:
-            for key, value in multipart.multi_items():
-                if not isinstance(value, str):
-                    raise RequestError(400, f"form field {key!r} is a file; send text fields")
-                _add(form, key, value)
-        params.update(form)
+        params.update(await _multipart(request))
     else:  # JSON, whatever the content type says (curl -d sends a form type by default)
         values = parse_json(body)
         if not isinstance(values, dict):
@@ -77,6 +73,21 @@ async def request_params(request: Request) -> dict[str, Any]:
                                     '{"q": "text", "source": "en", "target": "de"}')
         params.update(values)
     return params
+
+
+async def _multipart(request: Request) -> dict[str, Any]:
+    form: dict[str, Any] = {}
+    try:
+        async with request.form() as multipart:
+            for key, value in multipart.multi_items():
+                if not isinstance(value, str):
+                    raise RequestError(400, f"form field {key!r} is a file; send text fields")
+                _add(form, key, value)
+    except MultiPartException as err:
+        raise RequestError(400, f"malformed multipart form: {err.message}") from None
+    except HTTPException as err:  # what Starlette makes of MultiPartException inside an app
+        raise RequestError(400, f"malformed multipart form: {err.detail}") from None
+    return form
 
 
 def api_key(request: Request, params: dict[str, Any] | None = None) -> str | None:
