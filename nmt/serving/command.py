@@ -46,6 +46,16 @@ from nmt.translation.errors import InputError, UsageError
 log = logging.getLogger("nmt.serving")
 PROG = "python -m nmt.serving"
 DEFAULTS = Limits()
+# (flag, Limits field, what it bounds, the answer past it): one row per limit.
+LIMIT_FLAGS = (
+    ("--max-body-bytes", "max_body_bytes", "request body", "413 above"),
+    ("--char-limit", "max_characters", "characters per request", "413 above"),
+    ("--max-sentences", "max_sentences", "sentences per request", "413 above"),
+    ("--queue-sentences", "max_queue", "sentences waiting per model",
+     "503 with Retry-After above"),
+    ("--timeout", "timeout", "seconds from request to answer", "504 after"),
+    ("--body-timeout", "body_timeout", "seconds to receive a request's body", "408 after"),
+)
 # A CPU's search step costs about as much per row at any batch size, so a gathered call is cut
 # into small batches of similar lengths, none waiting for a longer sentence (docs/serving.md);
 # an accelerator's step costs little more for more rows, so it takes translate.py's budget.
@@ -96,23 +106,13 @@ def build_parser() -> argparse.ArgumentParser:
                           help="source widths compiled, e.g. 16,32,64 (default: "
                                "16,32,48,64,96,128,192,256 up to the model's positions)")
     limits = parser.add_argument_group("limits")
-    limits.add_argument("--max-body-bytes", type=int, default=DEFAULTS.max_body_bytes,
-                        help=f"request body (default {DEFAULTS.max_body_bytes}); 413 above")
-    limits.add_argument("--char-limit", type=int, default=DEFAULTS.max_characters,
-                        help=f"characters per request (default {DEFAULTS.max_characters}); "
-                             "413 above")
-    limits.add_argument("--max-sentences", type=int, default=DEFAULTS.max_sentences,
-                        help=f"sentences per request (default {DEFAULTS.max_sentences}); 413 "
-                             "above")
-    limits.add_argument("--queue-sentences", type=int, default=DEFAULTS.max_queue,
-                        help=f"sentences waiting per model (default {DEFAULTS.max_queue}); "
-                             "503 with Retry-After above")
-    limits.add_argument("--timeout", type=float, default=DEFAULTS.timeout,
-                        help=f"seconds from request to answer (default {DEFAULTS.timeout:g}); "
-                             "504 after")
-    limits.add_argument("--body-timeout", type=float, default=DEFAULTS.body_timeout,
-                        help="seconds to receive a request's body (default "
-                             f"{DEFAULTS.body_timeout:g}); 408 after")
+    for flag, field, what, answer in LIMIT_FLAGS:
+        default = getattr(DEFAULTS, field)
+        seconds = isinstance(default, float)
+        limits.add_argument(flag, dest=field, type=type(default), default=default,
+                            metavar="SECONDS" if seconds else "N",
+                            help=f"{what} (default {default:{'g' if seconds else 'd'}}); "
+                                 f"{answer}")
     add_search_flags(parser.add_argument_group("search (defaults: each model's stored "
                                                "settings)"))
     return parser
@@ -126,15 +126,18 @@ def _int_list(text: str) -> tuple[int, ...]:
 
 
 def check_args(args: argparse.Namespace) -> None:
-    for name in ("batch_tokens", "gather_tokens", "searches", "max_body_bytes", "char_limit",
-                 "max_sentences", "queue_sentences"):
-        if getattr(args, name) is not None and getattr(args, name) < 1:
-            raise UsageError(f"--{name.replace('_', '-')} must be >= 1, got "
-                             f"{getattr(args, name)}.")
-    for name in ("timeout", "body_timeout"):
-        if not getattr(args, name) > 0:
-            raise UsageError(f"--{name.replace('_', '-')} must be > 0 seconds, got "
-                             f"{getattr(args, name)}.")
+    counts = [("--batch-tokens", args.batch_tokens), ("--gather-tokens", args.gather_tokens),
+              ("--searches", args.searches)]
+    for flag, field, _, _ in LIMIT_FLAGS:
+        value = getattr(args, field)
+        if isinstance(value, float):
+            if not value > 0:
+                raise UsageError(f"{flag} must be > 0 seconds, got {value}.")
+        else:
+            counts.append((flag, value))
+    for flag, value in counts:
+        if value is not None and value < 1:
+            raise UsageError(f"{flag} must be >= 1, got {value}.")
     if not 0 <= args.batch_wait_ms <= 1000:
         raise UsageError(f"--batch-wait-ms must be 0 to 1000, got {args.batch_wait_ms}.")
     if not 0 <= args.port <= 65535:
@@ -235,7 +238,7 @@ def make_lifespan(service, args: argparse.Namespace, server_holder: list):
             model.batcher = Batcher(
                 model.translator, executor, gather_tokens=args.gather_tokens,
                 searches=args.searches,
-                max_wait=args.batch_wait_ms / 1000, max_queue=args.queue_sentences,
+                max_wait=args.batch_wait_ms / 1000, max_queue=args.max_queue,
                 across_requests=args.batch_across_requests,
                 on_batch=lambda batch, pair=model.pair: service.metrics.observe_batch(pair,
                                                                                      batch))
@@ -281,9 +284,7 @@ def run(args: argparse.Namespace) -> int:
         keys = read_api_keys(args.api_keys) if args.api_keys else None
     except ValueError as err:
         raise UsageError(str(err)) from None
-    limits = Limits(max_body_bytes=args.max_body_bytes, max_characters=args.char_limit,
-                    max_sentences=args.max_sentences, max_queue=args.queue_sentences,
-                    timeout=args.timeout, body_timeout=args.body_timeout)
+    limits = Limits(**{field: getattr(args, field) for _, field, _, _ in LIMIT_FLAGS})
     enable_compilation_cache()
     service = Service(Catalog(load_served_models(args)), limits, Metrics(), keys)
     log.info(cli.allocator_status().line)
@@ -293,11 +294,10 @@ def run(args: argparse.Namespace) -> int:
         app, host=args.host, port=args.port, log_config=None, access_log=args.access_log,
         timeout_graceful_shutdown=int(limits.timeout) + 5, lifespan="on"))
     server_holder.append(server)
-    signalled = []
     # uvicorn raises the signal it caught again once it has shut down; these handlers take it,
     # so that a requested stop exits 0 rather than dying of the signal.
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda signum, frame: signalled.append(signum))
+        signal.signal(sig, lambda signum, frame: None)
     server.run()
     if service.status == "failed":
         return cli.EXIT_FAULT
