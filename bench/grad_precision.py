@@ -23,7 +23,6 @@ import argparse
 import json
 from typing import Any
 
-import datasets
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -33,6 +32,7 @@ from data.batching import PlannedBatch, batch_arrays, load_examples
 from data.config import BatchConfig, DataError
 from data.corpus import read_prefix
 from data.encoding import encode_split
+from data.store import TokenStore
 from data.tokenizer import Tokenizer
 from transformer.config import get_preset
 from transformer.model import Transformer
@@ -41,9 +41,9 @@ from transformer.training import _forward_sums
 SETTINGS = (("bfloat16", "float32"), ("bfloat16", "bfloat16"))  # (products, activations)
 
 
-def make_batch(encoded: datasets.Dataset, rows: int, width: int) -> dict[str, jax.Array]:
+def make_batch(encoded: TokenStore, rows: int, width: int) -> dict[str, jax.Array]:
     """src / tgt_in / tgt_out int32 [rows', width]: the first `rows` pairs of an encoded split
-    (`src_ids`, `tgt_ids`) that the trainer's filters keep at --max-tokens-per-sentence
+    that the trainer's filters keep at --max-tokens-per-sentence
     `width`, laid out as the trainer's batches are (EOS after the source, BOS before the
     target input, EOS after the target output, 0 pads)."""
     try:

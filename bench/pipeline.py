@@ -1,4 +1,5 @@
-"""Benchmark the data pipeline: `python -m bench.pipeline [--synthetic N] [--long-tail N]`.
+"""Benchmark the data pipeline: `python -m bench.pipeline [--synthetic N] [--long-tail N]
+[--scale N ...]`.
 
 For Multi30k en-de (from $MULTI30K as the recipes read it, else data/multi30k) and, with
 `--synthetic N`, a made-up corpus of N pairs (`--long-tail N`: with a few very long
@@ -7,26 +8,43 @@ SentencePiece and to encode (uncached, then cached); then, for bucketed batches 
 packed rows of each `--pack-widths` width, the padding waste and number of (B, S, T) shapes
 of an epoch's plan, and the batches/s and target tokens/s the training iterator delivers.
 The encoding cache goes to a temporary directory, so every run measures a cold encode.
+
+`--scale N` (repeatable, e.g. `--scale 4500000 --scale 36000000`) measures the pipeline at
+the paper's corpus sizes: N pairs recombined from real sentences (one to three Multi30k
+en-de or English-Japanese pairs end to end, seeded), then `train.py --max-steps 10` twice,
+cold (an empty cache) and cached: the seconds to the first train step and the peak memory of
+the trainer and its worker processes; and the real target tokens/s that the training
+iterator draws from the memory-mapped token store.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
+import psutil
 
 from data.batching import BatchIterator, load_examples, plan_stats
 from data.config import BatchConfig, CorpusSpec, TokenizerConfig
 from data.corpus import iter_text, load_corpus
 from data.encoding import encode_corpus
+from data.lines import count_lines
+from data.packing import fit_width
+from data.store import TokenStore, store_bytes
 from data.tokenizer import train_tokenizer
 
 MULTI30K = Path(os.environ.get("MULTI30K", "data/multi30k"))  # as the recipes read it
+SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+# Tokens/s one H100 trains on with the `base` model (the README's results, bench.train).
+H100_BASE_TOKENS_PER_S = 536_000
 
 
 def synthetic_prefix(directory: Path, n_pairs: int, seed: int = 0, long_tail: bool = False
@@ -122,6 +140,146 @@ def bench_corpus(name: str, spec: CorpusSpec, args: argparse.Namespace, extra: d
     return records
 
 
+# ---------------------------------------------------------------------------------------------
+# The paper's corpus sizes
+
+
+def _real_pairs() -> list[tuple[str, str]]:
+    """The Multi30k en-de and English-Japanese training pairs (target German or Japanese)."""
+    pairs = []
+    for corpus, tgt in (("multi30k", "de"), ("small_parallel_enja", "ja")):
+        en = (SHARED / corpus / "train.en").read_text(encoding="utf-8").splitlines()
+        other = (SHARED / corpus / f"train.{tgt}").read_text(encoding="utf-8").splitlines()
+        pairs += list(zip(en, other, strict=True))
+    return pairs
+
+
+def recombined_prefix(directory: Path, n_pairs: int, seed: int) -> Path:
+    """Write PREFIX.en / PREFIX.xx: `n_pairs` pairs, each one to three real pairs end to end
+    (drawn with a generator seeded with `seed`), and return PREFIX (kept from an earlier
+    run in the same directory)."""
+    pool = _real_pairs()
+    en = np.array([p[0] for p in pool], dtype=object)
+    xx = np.array([p[1] for p in pool], dtype=object)
+    rng = np.random.default_rng(seed)
+    prefix = directory / f"recombined-{n_pairs}-{seed}"
+    if Path(f"{prefix}.xx").is_file() and count_lines(f"{prefix}.xx") == n_pairs:
+        return prefix  # written before in this --scale-dir: the same pairs
+    with open(f"{prefix}.en", "w", encoding="utf-8") as src, \
+            open(f"{prefix}.xx", "w", encoding="utf-8") as tgt:
+        for start in range(0, n_pairs, 100_000):
+            count = min(100_000, n_pairs - start)
+            picks = rng.integers(0, len(pool), (count, 3))
+            parts = rng.integers(1, 4, count)
+            for row, k in zip(picks, parts):
+                src.write(" ".join(en[row[:k]]) + "\n")
+                tgt.write(" ".join(xx[row[:k]]) + "\n")
+    return prefix
+
+
+def _tree_pss(process: psutil.Process) -> int:
+    """Proportional set size of `process` and its descendants (the encoding workers): pages
+    they share, such as a memory-mapped file, count once in all, not once per process."""
+    total = 0
+    for member in [process, *process.children(recursive=True)]:
+        with contextlib.suppress(psutil.Error):
+            total += member.memory_full_info().pss
+    return total
+
+
+def anonymous_bytes(pid: int | str = "self") -> int:
+    """Anonymous memory of a process (its heap, not pages of mapped files, which the kernel
+    can drop and read again): what the data in memory costs."""
+    with open(f"/proc/{pid}/smaps_rollup") as rollup:
+        for line in rollup:
+            if line.startswith("Anonymous:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def first_step(train: Path, valid: Path, run_dir: Path, cache: Path, args) -> dict:
+    """Run `train.py --max-steps 10` on the corpus; the seconds until its first train step is
+    logged; the peak resident memory of the trainer process and the peak proportional memory
+    of it with its workers (sampled every 0.5 s)."""
+    command = [sys.executable, "train.py", "--train-prefix", str(train), "--valid-prefix",
+               str(valid), "--src", "en", "--tgt", "xx", "--preset", "tiny",
+               "--vocab-size", str(args.vocab_size), "--tokenizer-sentences",
+               str(args.max_sentences), "--max-steps", "10", "--log-every", "1",
+               "--eval-every", "10", "--eval-sentences", "8", "--samples", "0",
+               "--no-progress", "--output-dir", str(run_dir)]
+    env = {**os.environ, "FLAX_NMT_CACHE": str(cache)}
+    log_path = run_dir.with_suffix(".log")
+    start = time.perf_counter()
+    with open(log_path, "w") as log_file:
+        child = subprocess.Popen(command, env=env, stdout=log_file, stderr=subprocess.STDOUT,
+                                 cwd=Path(__file__).resolve().parents[1])
+        process = psutil.Process(child.pid)
+        peak = main_peak = anonymous_peak = 0
+        first = None
+        while child.poll() is None:
+            peak = max(peak, _tree_pss(process))
+            with contextlib.suppress(psutil.Error, OSError):
+                main_peak = max(main_peak, process.memory_info().rss)
+                anonymous_peak = max(anonymous_peak, anonymous_bytes(child.pid))
+            if first is None and _has_train_line(run_dir / "metrics.jsonl"):
+                first = time.perf_counter() - start
+            time.sleep(0.5)
+    if child.returncode:
+        raise SystemExit(f"train.py failed (exit {child.returncode}); see {log_path}")
+    return {"first_step_s": round(first, 1) if first else None,
+            "total_s": round(time.perf_counter() - start, 1),
+            "peak_trainer_rss_mib": round(main_peak / 2**20),
+            "peak_trainer_anonymous_mib": round(anonymous_peak / 2**20),
+            "peak_pss_with_workers_mib": round(peak / 2**20),
+            "log": str(log_path)}
+
+
+def _has_train_line(path: Path) -> bool:
+    try:
+        return '"kind": "train"' in path.read_text()
+    except OSError:
+        return False
+
+
+def store_rate(cache: Path, max_batches: int) -> dict:
+    """Real target tokens/s of the training iterator over the largest token store in
+    `cache`, packed as train.py packs by default."""
+    stores = sorted((cache / "encoded").iterdir(), key=store_bytes)
+    examples = load_examples(TokenStore.open(stores[-1]), BatchConfig(max_len=64))
+    config = fit_width(BatchConfig(max_len=64), examples.src_len, examples.tgt_len)
+    rss_before, anonymous_before = psutil.Process().memory_info().rss, anonymous_bytes()
+    rate, with_plan_s = timed(iterate, examples, config, max_batches)
+    # The iterator runs on one core (the loader thread).
+    needed = 2 * H100_BASE_TOKENS_PER_S / rate["tgt_tokens_per_s"]
+    return {"pairs": len(examples), "examples_mib": round(
+                (examples.index.nbytes + examples.src_len.nbytes + examples.tgt_len.nbytes)
+                / 2**20),
+            # RSS counts the store's pages that the batches touched; anonymous memory does not.
+            "iterator_rss_growth_mib": round((psutil.Process().memory_info().rss - rss_before)
+                                             / 2**20),
+            "iterator_anonymous_growth_mib": round((anonymous_bytes() - anonymous_before)
+                                                   / 2**20),
+            "plan_and_iterate_s": round(with_plan_s, 1), **rate,
+            "cores_for_2x_h100_base": round(needed, 1)}
+
+
+def bench_scale(n_pairs: int, args: argparse.Namespace, directory: Path) -> dict:
+    """Time to the first train step, cold and cached, and memory, on `n_pairs` pairs."""
+    train, make_s = timed(recombined_prefix, directory, n_pairs, seed=0)
+    valid = recombined_prefix(directory, 2000, seed=1)
+    cache = directory / f"cache-{n_pairs}"
+    record = {"corpus": f"recombined {n_pairs}", "generate_s": round(make_s, 1),
+              "text_mib": round(sum(Path(f"{train}.{s}").stat().st_size
+                                    for s in ("en", "xx")) / 2**20)}
+    record["cold"] = first_step(train, valid, directory / f"run-{n_pairs}-cold", cache, args)
+    record["cached"] = first_step(train, valid, directory / f"run-{n_pairs}-cached", cache,
+                                  args)
+    record["cache_mib"] = round(sum(f.stat().st_size for f in cache.rglob("*")
+                                    if f.is_file()) / 2**20)
+    record["iterator"] = store_rate(cache, args.max_batches)
+    return record
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--synthetic", type=int, default=0,
@@ -140,8 +298,21 @@ def main(argv: list[str] | None = None) -> None:
                                                 "(each at least --max-len keeps pairs whole)")
     parser.add_argument("--max-batches", type=int, default=2000,
                         help="time at most this many batches")
+    parser.add_argument("--scale", type=int, action="append", default=[],
+                        help="also time train.py to its first step on N recombined real "
+                             "pairs, cold and cached (repeatable)")
+    parser.add_argument("--scale-dir", type=Path, default=None,
+                        help="where --scale writes its corpora, caches and runs (default: a "
+                             "temporary directory, removed after)")
     args = parser.parse_args(argv)
 
+    for n_pairs in args.scale:
+        with contextlib.ExitStack() as stack:
+            directory = args.scale_dir or Path(stack.enter_context(tempfile.TemporaryDirectory()))
+            directory.mkdir(parents=True, exist_ok=True)
+            print(json.dumps(bench_scale(n_pairs, args, directory)), flush=True)
+    if args.scale:
+        return
     too_narrow = [w for w in args.pack_widths if w < args.max_len]
     if too_narrow:
         parser.error(f"--pack-widths {too_narrow} narrower than --max-len {args.max_len}: "

@@ -41,6 +41,7 @@ import numpy as np
 
 from data.config import DEFAULT_BUCKETS, BatchConfig, DataError
 from data.packing import PackedBatch, pack_epoch, packed_arrays
+from data.store import Ragged, TokenStore
 from data.tokenizer import SpecialIds
 
 if TYPE_CHECKING:  # only for annotations: the batching itself needs no datasets
@@ -64,36 +65,37 @@ def _bucket_of(length: int, buckets: Sequence[int]) -> int:
 
 
 # ---------------------------------------------------------------------------------------------
-# Examples: encoded pairs as flat arrays
+# Examples: the pairs kept, as lengths and rows of the token store
 
 
 @dataclasses.dataclass(frozen=True)
 class Examples:
-    """Encoded pairs kept after filtering, as flat arrays (no Python objects per pair).
+    """The encoded pairs kept after filtering: their lengths, and where their ids are.
 
-    Pair k has source ids `src_values[src_offsets[k]:src_offsets[k+1]]` (no EOS), target
-    likewise; `index[k]` is its row in the encoded dataset.
+    Pair k is row `index[k]` of `store` (memory-mapped for a corpus on disk); only the
+    lengths and the index are in memory, 16 bytes a pair, whatever the length of the pairs.
+    Plans are made from the lengths alone; batches gather their ids from the store.
     """
 
-    src_values: np.ndarray  # [total source tokens] int32
-    src_offsets: np.ndarray  # [n + 1] int64
-    tgt_values: np.ndarray
-    tgt_offsets: np.ndarray
-    index: np.ndarray  # [n] int64
+    store: TokenStore
+    index: np.ndarray  # [n] int64 rows of `store`
+    src_len: np.ndarray  # [n] int32 source lengths including EOS
+    tgt_len: np.ndarray  # [n] int32 target lengths including BOS (tgt_in) or EOS (tgt_out)
     ids: SpecialIds = SpecialIds()  # the pad, BOS and EOS that batches are built with
 
     def __len__(self) -> int:
         return len(self.index)
 
-    @property
-    def src_len(self) -> np.ndarray:
-        """[n] source lengths including EOS."""
-        return np.diff(self.src_offsets) + 1
+    @classmethod
+    def of_store(cls, store: TokenStore, ids: SpecialIds = SpecialIds()) -> "Examples":
+        """Every pair of `store`, none filtered."""
+        return cls(store, np.arange(len(store), dtype=np.int64), store.src.lengths() + 1,
+                   store.tgt.lengths() + 1, ids)
 
-    @property
-    def tgt_len(self) -> np.ndarray:
-        """[n] target lengths including BOS (tgt_in) or EOS (tgt_out)."""
-        return np.diff(self.tgt_offsets) + 1
+    def store_rows(self, positions: np.ndarray) -> np.ndarray:
+        """[k] rows of the store of pairs at `positions`; -1 (an all-pad row) stays -1."""
+        positions = np.asarray(positions, np.int64)
+        return np.where(positions >= 0, self.index[np.maximum(positions, 0)], -1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,8 +106,8 @@ class FilterStats:
     kept: int
 
 
-def _flat_ids(encoded: datasets.Dataset, column: str) -> tuple[np.ndarray, np.ndarray]:
-    """(values, offsets) of a list-of-ids column, read chunk by chunk from Arrow."""
+def _flat_ids(encoded: datasets.Dataset, column: str) -> Ragged:
+    """A list-of-ids column read whole into memory, chunk by chunk from Arrow."""
     values, lengths = [], []
     for chunk in encoded.data.column(column).chunks:
         values.append(chunk.flatten().to_numpy(zero_copy_only=False).astype(np.int32, copy=False))
@@ -114,34 +116,30 @@ def _flat_ids(encoded: datasets.Dataset, column: str) -> tuple[np.ndarray, np.nd
     if lengths:
         np.cumsum(np.concatenate(lengths), out=offsets[1:])
     flat = np.concatenate(values) if values else np.zeros(0, np.int32)
-    return flat, offsets
+    return Ragged(flat, offsets)
 
 
-def _select(values: np.ndarray, offsets: np.ndarray, keep: np.ndarray
-            ) -> tuple[np.ndarray, np.ndarray]:
-    """Keep the rows where `keep` [n] is True of a (values, offsets) ragged array."""
-    lengths = np.diff(offsets)
-    new_offsets = np.zeros(int(keep.sum()) + 1, dtype=np.int64)
-    np.cumsum(lengths[keep], out=new_offsets[1:])
-    return values[np.repeat(keep, lengths)], new_offsets
-
-
-def load_examples(encoded: datasets.Dataset, config: BatchConfig = BatchConfig(),
-                  name: str = "train", ids: SpecialIds = SpecialIds()) -> Examples:
-    """Read an encoded split (`src_ids`, `tgt_ids`) and filter it by length and length ratio.
-
-    Logs how many pairs each filter dropped; raises `DataError` if none are left.
-    """
+def store_in_memory(encoded: datasets.Dataset) -> TokenStore:
+    """The `src_ids` and `tgt_ids` of an encoded dataset as a store in memory."""
     if encoded._indices is not None:  # a select/shuffle view: lay the rows out in order first
         encoded = encoded.flatten_indices()
-    src_values, src_offsets = _flat_ids(encoded, "src_ids")
-    tgt_values, tgt_offsets = _flat_ids(encoded, "tgt_ids")
-    src_len, tgt_len = np.diff(src_offsets) + 1, np.diff(tgt_offsets) + 1
+    return TokenStore(_flat_ids(encoded, "src_ids"), _flat_ids(encoded, "tgt_ids"))
+
+
+def load_examples(encoded: TokenStore | datasets.Dataset, config: BatchConfig = BatchConfig(),
+                  name: str = "train", ids: SpecialIds = SpecialIds()) -> Examples:
+    """The pairs of an encoded split (a token store, or a dataset with `src_ids` and
+    `tgt_ids`, read into memory) that pass the length and length-ratio filters.
+
+    Reads only the offsets of a store. Logs how many pairs each filter dropped; raises
+    `DataError` if none are left.
+    """
+    store = encoded if isinstance(encoded, TokenStore) else store_in_memory(encoded)
+    src_len, tgt_len = store.src.lengths() + 1, store.tgt.lengths() + 1
     too_long = (src_len > config.max_len) | (tgt_len > config.max_len)
     ratio = np.maximum(src_len, tgt_len) / np.minimum(src_len, tgt_len)
     bad_ratio = ~too_long & (ratio > config.max_ratio)
-    keep_mask = ~too_long & ~bad_ratio
-    keep = np.flatnonzero(keep_mask)
+    keep = np.flatnonzero(~too_long & ~bad_ratio)
     stats = FilterStats(len(src_len), int(too_long.sum()), int(bad_ratio.sum()), len(keep))
     log.info(
         "%s: kept %d of %d pairs; dropped %d longer than %d tokens, %d with length ratio > %g",
@@ -156,10 +154,8 @@ def load_examples(encoded: datasets.Dataset, config: BatchConfig = BatchConfig()
             "--max-tokens-per-sentence (and --max-len) or check the data"
         )
     if len(keep) < stats.total:
-        src_values, src_offsets = _select(src_values, src_offsets, keep_mask)
-        tgt_values, tgt_offsets = _select(tgt_values, tgt_offsets, keep_mask)
-    return Examples(src_values, src_offsets, tgt_values, tgt_offsets, keep.astype(np.int64),
-                    ids)
+        src_len, tgt_len = src_len[keep], tgt_len[keep]
+    return Examples(store, keep.astype(np.int64), src_len, tgt_len, ids)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -175,14 +171,25 @@ class PlannedBatch:
     rows: np.ndarray  # [B] int64 positions in Examples, or -1
 
 
+def _rows_with_counts(batch: PackedBatch) -> np.ndarray:
+    """[rows + pairs] int64: each row's pair count, then its pairs, row after row."""
+    counts = batch.counts
+    heads = batch.ends - counts + np.arange(batch.num_rows)  # where each row's count goes
+    out = np.empty(batch.num_rows + len(batch.pairs), np.int64)
+    is_pair = np.ones(len(out), bool)
+    is_pair[heads] = False
+    out[heads] = counts
+    out[is_pair] = batch.pairs
+    return out
+
+
 def plan_fingerprint(plan: list[PlannedBatch] | list[PackedBatch]) -> str:
     """A digest of a plan's shapes and rows: equal plans, equal fingerprints."""
     digest = hashlib.sha256()
     for batch in plan:
         if isinstance(batch, PackedBatch):
-            digest.update(np.array([-1, batch.width, len(batch.rows)], np.int64).tobytes())
-            for row in batch.rows:
-                digest.update(np.array([len(row)], np.int64).tobytes() + row.tobytes())
+            digest.update(np.array([-1, batch.width, batch.num_rows], np.int64).tobytes())
+            digest.update(_rows_with_counts(batch).tobytes())
             continue
         digest.update(np.array([batch.src_len, batch.tgt_len, len(batch.rows)],
                                np.int64).tobytes())
@@ -312,20 +319,21 @@ def bucket_epoch(examples: Examples, config: BatchConfig, epoch: int, shuffle: b
 # The arrays of planned batches
 
 
-def _gather(values: np.ndarray, offsets: np.ndarray, rows: np.ndarray, width: int,
-            bos: bool, eos: bool, special: SpecialIds) -> np.ndarray:
+def _gather(ragged: Ragged, rows: np.ndarray, width: int, bos: bool, eos: bool,
+            special: SpecialIds) -> np.ndarray:
     """[len(rows), width] int32: each row's ids, with BOS before and/or EOS after, padded.
 
-    Rows equal to -1 become all padding (no BOS or EOS).
+    `rows` are rows of `ragged`; -1 becomes all padding (no BOS or EOS).
     """
     real = rows >= 0
     safe = np.where(real, rows, 0)
-    lengths = np.where(real, offsets[safe + 1] - offsets[safe], 0)  # [b]
+    starts = ragged.offsets[safe]  # [b]
+    lengths = np.where(real, ragged.offsets[safe + 1] - starts, 0)  # [b]
     shift = int(bos)
     pos = np.arange(width)[None, :] - shift  # [1, width] position in the id list
     inside = (pos >= 0) & (pos < lengths[:, None])  # [b, width]
     out = np.full((len(rows), width), special.pad, dtype=np.int32)
-    out[inside] = values[(offsets[safe][:, None] + pos)[inside]]
+    out[inside] = ragged.values[(starts[:, None] + pos)[inside]]
     if bos:
         out[real, 0] = special.bos
     if eos:
@@ -352,14 +360,12 @@ def bucketed_arrays(examples: Examples, batch: PlannedBatch, process_index: int 
             "num_devices to a multiple of the process count"
         )
     local = len(rows) // process_count
-    rows = rows[process_index * local:(process_index + 1) * local]
+    rows = examples.store_rows(rows[process_index * local:(process_index + 1) * local])
+    store, special = examples.store, examples.ids
     return {
-        "src": _gather(examples.src_values, examples.src_offsets, rows, batch.src_len,
-                       bos=False, eos=True, special=examples.ids),
-        "tgt_in": _gather(examples.tgt_values, examples.tgt_offsets, rows, batch.tgt_len,
-                          bos=True, eos=False, special=examples.ids),
-        "tgt_out": _gather(examples.tgt_values, examples.tgt_offsets, rows, batch.tgt_len,
-                           bos=False, eos=True, special=examples.ids),
+        "src": _gather(store.src, rows, batch.src_len, bos=False, eos=True, special=special),
+        "tgt_in": _gather(store.tgt, rows, batch.tgt_len, bos=True, eos=False, special=special),
+        "tgt_out": _gather(store.tgt, rows, batch.tgt_len, bos=False, eos=True, special=special),
     }
 
 
@@ -397,7 +403,8 @@ class BatchIterator:
         self._epoch, self._position = int(state["epoch"]), int(state["position"])
         self._planned_epoch: int | None = None
         self._plan: list[PlannedBatch] = []
-        log.info("batches per epoch: %s", plan_stats(examples, config, self._epoch).summary())
+        log.info("batches per epoch: %s",
+                 plan_stats(examples, config, plan=self.plan(self._epoch)).summary())
 
     @property
     def state(self) -> dict:
@@ -472,18 +479,20 @@ class PlanStats:
         )
 
 
-def plan_stats(examples: Examples, config: BatchConfig = BatchConfig(), epoch: int = 0
-               ) -> PlanStats:
-    """Count shapes, real tokens and padded positions of one epoch's plan."""
-    plan = plan_batches(examples, config, epoch)
+def plan_stats(examples: Examples, config: BatchConfig = BatchConfig(), epoch: int = 0,
+               plan: list[PlannedBatch] | list[PackedBatch] | None = None) -> PlanStats:
+    """Count shapes, real tokens and padded positions of one epoch's plan (`plan`, when it
+    has been made already)."""
+    if plan is None:
+        plan = plan_batches(examples, config, epoch)
     src_len, tgt_len = examples.src_len, examples.tgt_len
     shapes: Counter = Counter()
     real = positions = pad_rows = 0
     for batch in plan:
         if isinstance(batch, PackedBatch):
-            pairs = np.concatenate(batch.rows)
-            shape = (len(batch.rows), batch.width, batch.width)
-            pad_rows += sum(1 for row in batch.rows if not len(row))
+            pairs = batch.pairs
+            shape = (batch.num_rows, batch.width, batch.width)
+            pad_rows += int((batch.counts == 0).sum())
         else:
             pairs = batch.rows[batch.rows >= 0]
             shape = (len(batch.rows), batch.src_len, batch.tgt_len)
@@ -524,6 +533,7 @@ def inference_batches(ids: Sequence[Sequence[int]], batch_tokens: int = 4096,
     offsets = np.zeros(len(ids) + 1, dtype=np.int64)
     np.cumsum(lengths - 1, out=offsets[1:])
     values = np.fromiter((i for row in ids for i in row), dtype=np.int32, count=int(offsets[-1]))
+    ragged = Ragged(values, offsets)
     order = np.argsort(lengths, kind="stable")
     widths = np.array([_bucket_of(int(n), buckets) for n in lengths[order]], dtype=np.int64)
 
@@ -542,5 +552,5 @@ def inference_batches(ids: Sequence[Sequence[int]], batch_tokens: int = 4096,
             rows = rows_of(width)
         end = min(start + rows, len(order))
         index = np.concatenate([order[start:end], np.full(rows - (end - start), -1)])
-        yield _gather(values, offsets, index, width, bos=False, eos=True, special=special), index
+        yield _gather(ragged, index, width, bos=False, eos=True, special=special), index
         start = end

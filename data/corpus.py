@@ -34,8 +34,9 @@ from typing import Iterable, Iterator
 
 import datasets
 
+from data.arrow_text import cached_pairs, file_digest
 from data.config import DEFAULT_LOCALE_DIR, CorpusSpec, DataError
-from data.lines import count_lines, iter_lines
+from data.lines import count_lines, is_regular_file, iter_lines
 
 log = logging.getLogger("data")
 
@@ -63,28 +64,7 @@ def pairs_to_dataset(sources: list[str], targets: list[str], origin: str) -> dat
 
     Both sides are stripped of surrounding whitespace. Raises `DataError` if nothing is left.
     """
-    src_clean, tgt_clean = [], []
-    empty_src = empty_tgt = 0
-    for s, t in zip(sources, targets, strict=True):
-        s, t = s.strip(), t.strip()
-        empty_src += not s
-        empty_tgt += not t
-        if s and t:
-            src_clean.append(s)
-            tgt_clean.append(t)
-    dropped = len(sources) - len(src_clean)
-    if dropped:
-        log.info(
-            "%s: dropped %d of %d pairs with an empty side (%d empty source, %d empty target)",
-            origin, dropped, len(sources), empty_src, empty_tgt,
-        )
-    if not src_clean:
-        raise DataError(
-            f"{origin}: no sentence pairs ({len(sources)} read, {dropped} with an empty side); "
-            "check the path and the language codes"
-        )
-    log.info("%s: %d pairs", origin, len(src_clean))
-    return datasets.Dataset.from_dict({"source": src_clean, "target": tgt_clean})
+    return cached_pairs(zip(sources, targets, strict=True), origin, key=None)
 
 
 def check_files(spec: CorpusSpec) -> None:
@@ -102,8 +82,15 @@ def check_files(spec: CorpusSpec) -> None:
             raise DataError(f"{path}: file not found; {where}")
 
 
+def _files_pairs(paths: list[Path], how: str, origin: str,
+                 pairs: Iterator[tuple[str, str]]) -> datasets.Dataset:
+    """The pairs that reading the files `paths` gives, through the cache (`cached_pairs`)."""
+    size = sum(path.stat().st_size for path in paths if is_regular_file(path))
+    return cached_pairs(pairs, origin, file_digest(paths, how), input_bytes=size)
+
+
 def read_prefix(prefix: str | Path, src: str, tgt: str) -> datasets.Dataset:
-    """Read `prefix.src` and `prefix.tgt`, two files aligned line by line.
+    """Read `prefix.src` and `prefix.tgt`, two files aligned line by line, streamed.
 
     Raises `DataError` for a missing file, invalid UTF-8 (file and line), different line counts
     (both files and both counts) or no pairs at all.
@@ -115,13 +102,15 @@ def read_prefix(prefix: str | Path, src: str, tgt: str) -> datasets.Dataset:
                 f"{path}: file not found; --train/valid/test-prefix {prefix} with --src {src} "
                 f"--tgt {tgt} reads {src_path} and {tgt_path}"
             )
-    sources, targets = [], []
+    return _files_pairs([src_path, tgt_path], "prefix", f"{prefix}.{{{src},{tgt}}}",
+                        _aligned_lines(src_path, tgt_path))
+
+
+def _aligned_lines(src_path: Path, tgt_path: Path) -> Iterator[tuple[str, str]]:
     for s, t in zip_longest(iter_lines(src_path), iter_lines(tgt_path)):
         if s is None or t is None:
             raise _line_count_error(src_path, tgt_path)
-        sources.append(s)
-        targets.append(t)
-    return pairs_to_dataset(sources, targets, origin=f"{prefix}.{{{src},{tgt}}}")
+        yield s, t
 
 
 def _line_count_error(src_path: Path, tgt_path: Path) -> DataError:
@@ -132,10 +121,9 @@ def _line_count_error(src_path: Path, tgt_path: Path) -> DataError:
     )
 
 
-def _tsv_texts(path: Path) -> tuple[list[str], list[str]]:
+def _tsv_pairs(path: Path) -> Iterator[tuple[str, str]]:
     """`source<TAB>target` lines as they are; a blank line is an empty pair. A line with
     other than exactly one TAB is an error."""
-    sources, targets = [], []
     for line_no, line in enumerate(iter_lines(path), start=1):
         fields = line.split("\t")
         if len(fields) != 2:
@@ -147,15 +135,14 @@ def _tsv_texts(path: Path) -> tuple[list[str], list[str]]:
                     f"found {len(fields)}; remove the stray TABs or use aligned text files "
                     "with --train-prefix, --valid-prefix or --test-prefix"
                 )
-        sources.append(fields[0])
-        targets.append(fields[1])
-    return sources, targets
+        yield fields[0], fields[1]
 
 
 def read_tsv(path: str | Path) -> datasets.Dataset:
     """Read `source<TAB>target` lines; blank lines and pairs with an empty side are dropped
     and counted."""
-    return pairs_to_dataset(*_tsv_texts(Path(path)), origin=str(path))
+    path = Path(path)
+    return _files_pairs([path], "tsv", str(path), _tsv_pairs(path))
 
 
 def _pick_pair(inner, src: str, tgt: str, where: str) -> tuple[str, str]:
@@ -175,9 +162,8 @@ def _pick_pair(inner, src: str, tgt: str, where: str) -> tuple[str, str]:
     return pair
 
 
-def _jsonl_texts(path: Path, src: str, tgt: str) -> tuple[list[str], list[str]]:
+def _jsonl_pairs(path: Path, src: str, tgt: str) -> Iterator[tuple[str, str]]:
     """One pair per JSON object, flat or under a `translation` key; blank lines skipped."""
-    sources, targets = [], []
     for line_no, line in enumerate(iter_lines(path), start=1):
         if not line.strip():
             continue
@@ -188,39 +174,35 @@ def _jsonl_texts(path: Path, src: str, tgt: str) -> tuple[list[str], list[str]]:
         if not isinstance(record, dict):
             raise DataError(f"{path} line {line_no}: expected a JSON object, got {line[:60]!r}")
         inner = record.get("translation", record)  # flat, or nested under "translation"
-        s, t = _pick_pair(inner, src, tgt, where=f"{path} line {line_no}")
-        sources.append(s)
-        targets.append(t)
-    return sources, targets
+        yield _pick_pair(inner, src, tgt, where=f"{path} line {line_no}")
 
 
 def read_jsonl(path: str | Path, src: str, tgt: str) -> datasets.Dataset:
     """Read JSON Lines with one object per pair, flat or under a `translation` key."""
-    return pairs_to_dataset(*_jsonl_texts(Path(path), src, tgt), origin=str(path))
+    path = Path(path)
+    return _files_pairs([path], f"jsonl|{src}|{tgt}", str(path), _jsonl_pairs(path, src, tgt))
 
 
-def _column_texts(values: Iterable, column: str, origin: str) -> list[str]:
-    """One dataset column as strings; a missing value (null) becomes "", an empty side.
+def _column_text(text, row: int, column: str, origin: str) -> str:
+    """One dataset value as a string; a missing value (null) becomes "", an empty side.
 
-    Raises `DataError` naming the row and column of the first value that is not a string.
+    Raises `DataError` naming the row and column of a value that is not a string.
     """
-    texts = []
-    for row, text in enumerate(values):
-        if text is None:
-            text = ""
-        elif not isinstance(text, str):
-            raise DataError(
-                f"{origin} row {row} (0-based), column {column!r}: expected a string, got "
-                f"{type(text).__name__} {text!r}; store the sentences as text, or set --src/--tgt "
-                "to the text columns"
-            )
-        texts.append(text)
-    return texts
+    if text is None:
+        return ""
+    if not isinstance(text, str):
+        raise DataError(
+            f"{origin} row {row} (0-based), column {column!r}: expected a string, got "
+            f"{type(text).__name__} {text!r}; store the sentences as text, or set --src/--tgt "
+            "to the text columns"
+        )
+    return text
 
 
-def _hf_texts(ds: datasets.Dataset, src: str, tgt: str, origin: str
-              ) -> tuple[list[str], list[str]]:
-    """(sources, targets) of a Hugging Face split, every row kept and nothing stripped.
+def _hf_pairs(ds: datasets.Dataset, src: str, tgt: str, origin: str,
+              batch_size: int = 10_000) -> Iterator[tuple[str, str]]:
+    """(source, target) of each row of a Hugging Face split, every row kept and nothing
+    stripped, read batch by batch.
 
     Reads the standard `translation` column (dicts keyed by language), else columns named
     `src` and `tgt`, else columns already named `source` and `target`. A missing (null) value
@@ -236,27 +218,43 @@ def _hf_texts(ds: datasets.Dataset, src: str, tgt: str, origin: str
                 f"{origin}: expected languages {src!r} and {tgt!r} in the translation column, "
                 f"found {sorted(languages)}; set --src/--tgt to languages the dataset has"
             )
-        sources, targets = [], []
-        for row, pair in enumerate(ds["translation"]):
-            s, t = _pick_pair(pair, src, tgt, f"{origin} row {row} (0-based), column 'translation'")
-            sources.append(s)
-            targets.append(t)
-        return sources, targets
+        row = 0
+        for batch in ds.select_columns(["translation"]).iter(batch_size=batch_size):
+            for pair in batch["translation"]:
+                yield _pick_pair(pair, src, tgt,
+                                 f"{origin} row {row} (0-based), column 'translation'")
+                row += 1
+        return
     for src_column, tgt_column in ((src, tgt), ("source", "target")):
         if src_column in columns and tgt_column in columns:
-            return (_column_texts(ds[src_column], src_column, origin),
-                    _column_texts(ds[tgt_column], tgt_column, origin))
+            row = 0
+            for batch in ds.select_columns([src_column, tgt_column]).iter(batch_size):
+                for s, t in zip(batch[src_column], batch[tgt_column]):
+                    yield (_column_text(s, row, src_column, origin),
+                           _column_text(t, row, tgt_column, origin))
+                    row += 1
+            return
     raise DataError(
         f"{origin}: expected a 'translation' column or columns {src!r} and {tgt!r}, "
         f"found columns {columns}; set --src/--tgt to match the dataset"
     )
 
 
+def _hf_texts(ds: datasets.Dataset, src: str, tgt: str, origin: str
+              ) -> tuple[list[str], list[str]]:
+    """(sources, targets) of a Hugging Face split as lists (`_hf_pairs`): for test sets."""
+    pairs = list(_hf_pairs(ds, src, tgt, origin))
+    return [s for s, _ in pairs], [t for _, t in pairs]
+
+
 def from_hf_dataset(ds: datasets.Dataset, src: str, tgt: str, origin: str) -> datasets.Dataset:
-    """Convert a Hugging Face split to `source`/`target` columns (see `_hf_texts`), stripped,
-    with pairs that have an empty or missing side dropped and counted."""
-    sources, targets = _hf_texts(ds, src, tgt, origin)
-    return pairs_to_dataset(sources, targets, origin=origin)
+    """Convert a Hugging Face split to `source`/`target` columns (see `_hf_pairs`), stripped,
+    with pairs that have an empty or missing side dropped and counted, streamed into the
+    cache."""
+    key = hashlib.blake2b(f"hf|{ds._fingerprint}|{src}|{tgt}".encode(),
+                          digest_size=16).hexdigest()
+    return cached_pairs(_hf_pairs(ds, src, tgt, origin), origin, key,
+                        input_bytes=ds.data.nbytes)
 
 
 def _first_line(err: Exception) -> str:
@@ -265,47 +263,54 @@ def _first_line(err: Exception) -> str:
     return text.splitlines()[0] if text else type(err).__name__
 
 
-def _parquet_texts(path: Path, src: str, tgt: str) -> tuple[list[str], list[str]]:
-    """Every row of a parquet file with a `translation` column or one column per language."""
+def _open_parquet(path: Path) -> datasets.Dataset:
     if not path.is_file():
         raise DataError(f"{path}: file not found; check the path")
     try:
-        ds = datasets.Dataset.from_parquet(str(path))
+        return datasets.Dataset.from_parquet(str(path))
     except Exception as err:  # noqa: BLE001 - pyarrow and datasets raise many kinds
         raise DataError(
             f"{path}: not a readable parquet file ({_first_line(err)}); check the file, or "
             "give the pairs as .tsv or .jsonl"
         ) from None
-    return _hf_texts(ds, src, tgt, origin=str(path))
 
 
 def read_parquet(path: str | Path, src: str, tgt: str) -> datasets.Dataset:
     """Read a parquet file with a `translation` column or one column per language."""
-    return pairs_to_dataset(*_parquet_texts(Path(path), src, tgt), origin=str(path))
-
-
-def read_file_texts(path: str | Path, src: str, tgt: str) -> tuple[list[str], list[str]]:
-    """(sources, targets) of one `.tsv`, `.jsonl`/`.json` or `.parquet` file, chosen by its
-    suffix, with every pair kept as written: nothing stripped, empty sides kept (a blank .tsv
-    line is an empty pair). For scoring, where dropping a pair would change the score."""
     path = Path(path)
+    return _files_pairs([path], f"parquet|{src}|{tgt}", str(path),
+                        _hf_pairs(_open_parquet(path), src, tgt, origin=str(path)))
+
+
+def _file_pairs(path: Path, src: str, tgt: str) -> Iterator[tuple[str, str]]:
+    """The pairs of one `.tsv`, `.jsonl`/`.json` or `.parquet` file, chosen by its suffix."""
     suffix = path.suffix.lower()
     if suffix == ".tsv":
-        return _tsv_texts(path)
+        return _tsv_pairs(path)
     if suffix in (".jsonl", ".json"):
-        return _jsonl_texts(path, src, tgt)
+        return _jsonl_pairs(path, src, tgt)
     if suffix == ".parquet":
-        return _parquet_texts(path, src, tgt)
+        return _hf_pairs(_open_parquet(path), src, tgt, origin=str(path))
     raise DataError(
         f"{path}: unknown file type {suffix!r}; use .tsv, .jsonl or .parquet, or "
         "aligned text files with --train-prefix, --valid-prefix or --test-prefix"
     )
 
 
+def read_file_texts(path: str | Path, src: str, tgt: str) -> tuple[list[str], list[str]]:
+    """(sources, targets) of one `.tsv`, `.jsonl`/`.json` or `.parquet` file, chosen by its
+    suffix, with every pair kept as written: nothing stripped, empty sides kept (a blank .tsv
+    line is an empty pair). For scoring, where dropping a pair would change the score."""
+    pairs = list(_file_pairs(Path(path), src, tgt))
+    return [s for s, _ in pairs], [t for _, t in pairs]
+
+
 def read_file(path: str | Path, src: str, tgt: str) -> datasets.Dataset:
     """Read one `.tsv`, `.jsonl`/`.json` or `.parquet` file, chosen by its suffix, for
-    training: sides stripped, pairs with an empty side dropped and counted."""
-    return pairs_to_dataset(*read_file_texts(path, src, tgt), origin=str(path))
+    training, streamed: sides stripped, pairs with an empty side dropped and counted."""
+    path = Path(path)
+    pairs = _file_pairs(path, src, tgt)  # checks the suffix before anything is read
+    return _files_pairs([path], f"{path.suffix.lower()}|{src}|{tgt}", str(path), pairs)
 
 
 def _load_hf(name: str, config: str | None) -> datasets.DatasetDict:

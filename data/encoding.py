@@ -3,29 +3,43 @@ encoded, with a disk cache of encoded splits."""
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import hashlib
 import logging
 import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Callable, Iterator
 
 import datasets
+import multiprocess
+import numpy as np
+import pyarrow as pa
+import sentencepiece as spm
 
 from data.config import DataError, TokenizerConfig, default_cache_dir
 from data.corpus import iter_text
-from data.tokenizer import TokenizerBase, load_tokenizer, tokenizer_present, train_tokenizer
+from data.disk import ENCODED_BYTES_PER_TEXT_BYTE, check_free_space
+from data.store import TokenStore, is_store, join_stores, write_store
+from data.tokenizer import (
+    Tokenizer,
+    TokenizerBase,
+    load_tokenizer,
+    tokenizer_present,
+    train_tokenizer,
+)
 
 log = logging.getLogger("data")
 
-# Bump when the encoded columns change, so old cache entries are not reused.
-_ENCODING_VERSION = "1"
+# Bump when the encoded layout changes, so old cache entries are not reused.
+_ENCODING_VERSION = "2"  # 2: token stores (data.store)
 _ENCODED_FEATURES = datasets.Features({
     "src_ids": datasets.List(datasets.Value("int32")),
     "tgt_ids": datasets.List(datasets.Value("int32")),
-    "src_len": datasets.Value("int32"),
-    "tgt_len": datasets.Value("int32"),
 })
+
 
 
 def train_or_load_tokenizer(run_dir: str | Path, corpus: datasets.DatasetDict | datasets.Dataset,
@@ -55,14 +69,73 @@ def train_or_load_tokenizer(run_dir: str | Path, corpus: datasets.DatasetDict | 
         log.info("reusing the tokenizer in %s (%d pieces)", run_dir, tokenizer.vocab_size)
         return tokenizer
     train = corpus["train"] if isinstance(corpus, datasets.DatasetDict) else corpus
-    tokenizer = train_tokenizer(iter_text(train), config)
+    trained_before = _tokenizer_cache_path(train, config)
+    if trained_before.is_file():
+        tokenizer = Tokenizer(trained_before.read_bytes())
+        log.info("reusing the tokenizer trained before on the same text with the same settings "
+                 "(%s); saved %s", trained_before, tokenizer.save(run_dir))
+        return tokenizer
+    rows = sample_rows(len(train), config.max_sentences // 2, config.seed)
+    tokenizer = train_tokenizer(sample_text(train, rows), config)
     path = tokenizer.save(run_dir)
+    write_atomically(trained_before, tokenizer.model_bytes)
     log.info(
-        "trained %s tokenizer with %d pieces on %d of %d sentences (source and target); saved %s",
-        config.model_type, tokenizer.vocab_size, min(config.max_sentences, 2 * len(train)),
+        "trained %s tokenizer with %d pieces on %s of %d sentences (source and target); "
+        "saved %s", config.model_type, tokenizer.vocab_size,
+        "all" if rows is None else f"a sample (seed {config.seed}) of {2 * len(rows)}",
         2 * len(train), path,
     )
     return tokenizer
+
+
+def _tokenizer_cache_path(train: datasets.Dataset, config: TokenizerConfig) -> Path:
+    """Where the tokenizer trained on `train` with `config` is kept for the next run on the
+    same data: training it takes a minute on a large corpus, and is not bit-reproducible."""
+    settings = dataclasses.replace(config, spm_model=None)
+    key = hashlib.md5(f"{train._fingerprint}|{settings}|{spm.__version__}".encode()).hexdigest()
+    return default_cache_dir() / "tokenizers" / f"{key}.model"
+
+
+def write_atomically(path: Path, content: bytes) -> None:
+    """Write `path` through a temporary file beside it: readers see all of it or none."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}-", dir=path.parent)
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(content)
+    os.replace(tmp, path)
+
+
+def sample_rows(rows: int, pairs: int, seed: int) -> np.ndarray | None:
+    """A seeded random choice of at most `pairs` of `rows` rows, sorted; None for all."""
+    if rows <= pairs:
+        return None
+    return np.sort(np.random.default_rng(seed).choice(rows, size=max(pairs, 1), replace=False))
+
+
+def sample_text(split: datasets.Dataset, rows: np.ndarray | None) -> Iterator[str]:
+    """Source and target of the `rows` of `split` (all if None): the tokenizer's training
+    text, read in time that hardly grows with the corpus. A split that is its Arrow files
+    is streamed from them, so that the pages read do not stay resident."""
+    if rows is None:
+        yield from iter_text(split)
+        return
+    files = [f["filename"] for f in split.cache_files]
+    if len(files) != 1 or split._indices is not None or _stream_rows(files[0]) != len(split):
+        yield from iter_text(split.select(rows))
+        return
+    start = 0
+    with pa.OSFile(files[0]) as source:
+        for batch in pa.ipc.open_stream(source):
+            wanted = rows[np.searchsorted(rows, start):np.searchsorted(rows, start + len(batch))]
+            picked = batch.take(pa.array(wanted - start))
+            yield from picked.column("source").to_pylist()
+            yield from picked.column("target").to_pylist()
+            start += len(batch)
+
+
+def _stream_rows(path: str) -> int:
+    with pa.memory_map(path) as source:
+        return sum(batch.num_rows for batch in pa.ipc.open_stream(source))
 
 
 def _use_given_tokenizer(run_dir: Path, given: Path, flag: str) -> TokenizerBase:
@@ -85,7 +158,7 @@ def _use_given_tokenizer(run_dir: Path, given: Path, flag: str) -> TokenizerBase
 
 
 # ---------------------------------------------------------------------------------------------
-# Encoding a corpus, cached on disk
+# Encoding a corpus, cached on disk as token stores
 
 
 class _EncodeBatch:
@@ -95,60 +168,157 @@ class _EncodeBatch:
         self.tokenizer = tokenizer
 
     def __call__(self, batch: dict[str, list[str]]) -> dict[str, list]:
-        src = self.tokenizer.encode(batch["source"], "source")
-        tgt = self.tokenizer.encode(batch["target"], "target")
-        return {
-            "src_ids": src,
-            "tgt_ids": tgt,
-            "src_len": [len(ids) for ids in src],
-            "tgt_len": [len(ids) for ids in tgt],
-        }
+        return {"src_ids": self.tokenizer.encode(batch["source"], "source"),
+                "tgt_ids": self.tokenizer.encode(batch["target"], "target")}
+
+
+def encoding_key(split: datasets.Dataset, tokenizer: TokenizerBase) -> str:
+    """The cache key of `split` encoded by `tokenizer`: the split's datasets fingerprint
+    (content-based for our text caches and in-memory data), the tokenizer's model bytes and
+    the store layout."""
+    return hashlib.md5(
+        f"{split._fingerprint}|{tokenizer.fingerprint}|{_ENCODING_VERSION}".encode()
+    ).hexdigest()
+
+
+def default_workers(rows: int) -> int:
+    """Every core of this process for a large split; one for a small one, where starting
+    worker processes costs more than they save."""
+    return len(os.sched_getaffinity(0)) if rows >= 50_000 else 1
+
+
+def _store_path(split: datasets.Dataset, tokenizer: TokenizerBase,
+                cache_dir: str | Path | None) -> Path:
+    cache_root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    return cache_root / "encoded" / encoding_key(split, tokenizer)
+
+
+@contextlib.contextmanager
+def _spawned_workers():
+    """`Dataset.map`'s worker processes started fresh, not forked: a fork of a process in
+    which JAX's threads run can deadlock, and copies its memory."""
+    method = multiprocess.get_start_method(allow_none=True)
+    multiprocess.set_start_method("spawn", force=True)
+    try:
+        yield
+    finally:
+        multiprocess.set_start_method(method, force=True)
+
+
+def _encode_to(target: Path, split: datasets.Dataset, tokenizer: TokenizerBase,
+               num_proc: int | None) -> None:
+    """Encode `split` with `num_proc` worker processes into a store at `target`, through a
+    temporary directory beside it: a store there is always complete."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    check_free_space(target.parent, ENCODED_BYTES_PER_TEXT_BYTE * split.data.nbytes,
+                     f"encoding {len(split)} pairs")
+    num_proc = default_workers(len(split)) if num_proc is None else num_proc
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    try:
+        with _spawned_workers():
+            encoded = split.map(
+                _EncodeBatch(tokenizer), batched=True, batch_size=2000,
+                num_proc=num_proc if num_proc > 1 else None, remove_columns=split.column_names,
+                features=_ENCODED_FEATURES, cache_file_name=str(tmp / "map" / "encoded.arrow"),
+                new_fingerprint=f"{target.name}-{len(split)}", desc="encoding")
+        write_store(tmp, [encoded])
+        del encoded
+        shutil.rmtree(tmp / "map")
+        tmp.rename(target)
+    except OSError:
+        if not is_store(target):
+            raise
+    finally:  # another process finished the same entry first (theirs is identical), or failed
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def encode_split(split: datasets.Dataset, tokenizer: TokenizerBase,
                  cache_dir: str | Path | None = None,
-                 num_proc: int | None = None) -> datasets.Dataset:
-    """Encode one split to `src_ids`, `tgt_ids` (int32, no BOS/EOS), `src_len`, `tgt_len`.
+                 num_proc: int | None = None) -> TokenStore:
+    """Encode one split to a token store (`data.store`): int32 ids without BOS or EOS.
 
-    The result is saved under `cache_dir/encoded/KEY`, KEY a hash of the split's datasets
-    fingerprint (content-based for in-memory data, file-based for loaded data) and of the
-    tokenizer model bytes, and loaded from there (memory-mapped) on later runs.
+    The store is saved under `cache_dir/encoded/KEY` (`encoding_key`) and opened from there,
+    memory-mapped, on later runs. `num_proc` worker processes encode (default: every core
+    for 50,000 pairs or more).
     """
-    cache_root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    key = hashlib.md5(
-        f"{split._fingerprint}|{tokenizer.fingerprint}|{_ENCODING_VERSION}".encode()
-    ).hexdigest()
-    target = cache_root / "encoded" / key
-    if (target / "dataset_info.json").is_file():
+    target = _store_path(split, tokenizer, cache_dir)
+    if is_store(target):
         log.info("encoded split loaded from cache %s", target)
-        return datasets.load_from_disk(str(target))
-    if num_proc is None:
-        num_proc = min(os.cpu_count() or 1, 8) if len(split) >= 50_000 else 1
-    encoded = split.map(
-        _EncodeBatch(tokenizer),
-        batched=True,
-        batch_size=2000,
-        num_proc=num_proc if num_proc > 1 else None,
-        remove_columns=split.column_names,
-        features=_ENCODED_FEATURES,
-        new_fingerprint=key,
-        desc="encoding",
-    )
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=target.parent))
-    encoded.save_to_disk(str(tmp))
-    try:
-        tmp.rename(target)
-    except OSError:  # another process finished the same entry first; theirs is identical
-        shutil.rmtree(tmp, ignore_errors=True)
+        return TokenStore.open(target)
+    _encode_to(target, split, tokenizer, num_proc)
     log.info("encoded %d pairs, cached in %s", len(split), target)
-    return datasets.load_from_disk(str(target))
+    return TokenStore.open(target)
+
+
+def share_bounds(rows: int, shares: int) -> list[tuple[int, int]]:
+    """[start, end) of each of `shares` consecutive shares of `rows` rows, sizes within one."""
+    edges = [rows * k // shares for k in range(shares + 1)]
+    return list(zip(edges[:-1], edges[1:]))
+
+
+def encode_shared(split: datasets.Dataset, tokenizer: TokenizerBase, process_index: int,
+                  process_count: int, barrier: Callable[[str], None],
+                  cache_dir: str | Path | None = None,
+                  num_proc: int | None = None) -> TokenStore:
+    """`encode_split` with the work shared by the processes of a run.
+
+    Each process encodes its share of consecutive rows (`share_bounds`) into the cache;
+    process 0 then joins the shares into the split's store, which every process opens. On a
+    cache that the processes do not share (a local disk per host), each one finds the
+    others' work missing and does it itself, as if alone. Every process must call this, with
+    the same split: `barrier(name)` waits for all of them.
+    """
+    if process_count == 1:
+        return encode_split(split, tokenizer, cache_dir, num_proc)
+    target = _store_path(split, tokenizer, cache_dir)
+    parts = target.with_name(f"{target.name}.parts")
+    bounds = share_bounds(len(split), process_count)
+    names = [parts / f"{k}-of-{process_count}" for k in range(process_count)]
+    if not is_store(target):
+        _encode_share(split, tokenizer, bounds, process_index, names[process_index], num_proc)
+    barrier("encoded shares")
+    if process_index == 0 and not is_store(target):
+        for k, name in enumerate(names):
+            if not is_store(name):
+                log.warning("share %d of %s is not in the cache: the processes do not share "
+                            "%s; encoding it here (put the cache on a shared filesystem, "
+                            "FLAX_NMT_CACHE, to share the work)", k, target.name,
+                            target.parent)
+                _encode_share(split, tokenizer, bounds, k, name, num_proc)
+        _join(target, names)
+        shutil.rmtree(parts, ignore_errors=True)
+    barrier("encoded")
+    if not is_store(target):
+        log.warning("%s is not in this process's cache (not shared with process 0); encoding "
+                    "the whole split here", target)
+        return encode_split(split, tokenizer, cache_dir, num_proc)
+    log.info("encoded split loaded from cache %s", target)
+    return TokenStore.open(target)
+
+
+def _encode_share(split: datasets.Dataset, tokenizer: TokenizerBase,
+                  bounds: list[tuple[int, int]], share: int, target: Path,
+                  num_proc: int | None) -> None:
+    start, end = bounds[share]
+    log.info("encoding rows [%d, %d) of %d: share %d of %d", start, end, len(split), share,
+             len(bounds))
+    _encode_to(target, split.select(range(start, end)), tokenizer, num_proc)
+
+
+def _join(target: Path, parts: list[Path]) -> None:
+    """Join the stores `parts` into `target`, through a temporary directory beside it."""
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    try:
+        rows = join_stores(tmp, parts)
+        tmp.rename(target)
+        log.info("joined %d shares (%d pairs) into %s", len(parts), rows, target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def encode_corpus(corpus: datasets.DatasetDict, tokenizer: TokenizerBase,
                   cache_dir: str | Path | None = None, num_proc: int | None = None
-                  ) -> datasets.DatasetDict:
+                  ) -> dict[str, TokenStore]:
     """`encode_split` for every split of `corpus`."""
-    return datasets.DatasetDict({
-        name: encode_split(split, tokenizer, cache_dir, num_proc) for name, split in corpus.items()
-    })
+    return {name: encode_split(split, tokenizer, cache_dir, num_proc)
+            for name, split in corpus.items()}

@@ -50,23 +50,22 @@ def make_batch(step: int, rows: int = ROWS, packed: bool = True) -> dict[str, np
 def make_packed_batch(step: int, rows: int = ROWS) -> dict[str, np.ndarray]:
     """`rows` packed rows of width SRC_LEN holding random pairs (`data.packing`); the last row
     empty, and every pair's target shorter than its source, as TGT_LEN < SRC_LEN above."""
-    from types import SimpleNamespace
-
+    from data.batching import Examples
     from data.packing import PackedBatch, pack_rows, packed_arrays
-    from data.tokenizer import SpecialIds
+    from data.store import Ragged, TokenStore
 
     rng = np.random.default_rng(2000 + step)
     src_len = rng.integers(2, SRC_LEN // 2, 3 * rows)          # tokens + EOS
     tgt_len = rng.integers(2, SRC_LEN // 2, 3 * rows)          # BOS + tokens
     order = np.arange(3 * rows)
     packed = pack_rows(src_len, tgt_len, order, SRC_LEN)[:rows - 1]
-    pairs = SimpleNamespace(
-        src_values=rng.integers(4, VOCAB, int(src_len.sum())).astype(np.int32),
-        src_offsets=np.concatenate([[0], np.cumsum(src_len - 1)]),
-        tgt_values=rng.integers(4, VOCAB, int(tgt_len.sum())).astype(np.int32),
-        tgt_offsets=np.concatenate([[0], np.cumsum(tgt_len - 1)]), ids=SpecialIds())
+    src = Ragged(rng.integers(4, VOCAB, int(src_len.sum())).astype(np.int32),
+                 np.concatenate([[0], np.cumsum(src_len - 1)]))
+    tgt = Ragged(rng.integers(4, VOCAB, int(tgt_len.sum())).astype(np.int32),
+                 np.concatenate([[0], np.cumsum(tgt_len - 1)]))
+    pairs = Examples.of_store(TokenStore(src, tgt))
     empty = [np.zeros(0, np.int64)] * (rows - len(packed))
-    return packed_arrays(pairs, PackedBatch(SRC_LEN, tuple(packed + empty)))
+    return packed_arrays(pairs, PackedBatch.of_rows(SRC_LEN, packed + empty))
 
 
 def run(num_steps: int = 3, dropout: float = 0.1, accum_steps: int = 1,

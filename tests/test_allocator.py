@@ -90,7 +90,8 @@ def _results(run_dir: Path) -> list[dict]:
     """metrics.jsonl less what depends on the clock (compile records, speed, time)."""
     lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     return [{k: v for k, v in line.items() if k not in ("tokens_per_s", "elapsed_s",
-                                                          "translate_s")}
+                                                          "translate_s", "data_wait_s",
+                                                          "loader_queue")}
             for line in lines if line["kind"] not in ("compile", "summary")]
 
 
@@ -126,8 +127,9 @@ def test_translate_py_runs_on_mimalloc_unless_turned_off(run_dir, env):
 @pytest.mark.parametrize("script", ["train.py", "translate.py"])
 def test_a_bad_value_is_one_line_naming_the_choices(script, env):
     flags = ["--model", "none"] if script == "translate.py" else []
-    done = subprocess.run([sys.executable, script, *flags], cwd=ROOT, env={**env, "NMT_ALLOCATOR": "jemalloc"},
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run([sys.executable, script, *flags], cwd=ROOT,
+                          env={**env, "NMT_ALLOCATOR": "jemalloc"}, capture_output=True,
+                          text=True, timeout=120)
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [
         f"{script}: error: NMT_ALLOCATOR='jemalloc': expected one of mimalloc, system "

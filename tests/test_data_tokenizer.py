@@ -9,6 +9,7 @@ import datasets
 import numpy as np
 import pytest
 
+import data.encoding
 from data.corpus import DataError, read_prefix
 from data.encoding import encode_corpus, encode_split, train_or_load_tokenizer
 from data.tokenizer import (
@@ -165,10 +166,10 @@ def test_encoding_columns_and_cache(small_tokenizer, tmp_path, monkeypatch, capl
     split = datasets.Dataset.from_dict({"source": SMALL_TEXT[:6], "target": SMALL_TEXT[6:12]})
     encoded = encode_corpus(datasets.DatasetDict({"train": split}), small_tokenizer,
                             cache_dir=tmp_path)["train"]
-    assert encoded.column_names == ["src_ids", "tgt_ids", "src_len", "tgt_len"]
-    assert list(encoded["src_ids"]) == small_tokenizer.encode(SMALL_TEXT[:6])
-    assert list(encoded["tgt_len"]) == [len(x) for x in small_tokenizer.encode(SMALL_TEXT[6:12])]
-    assert encoded.features["src_ids"].feature.dtype == "int32"
+    assert encoded.src.to_lists() == small_tokenizer.encode(SMALL_TEXT[:6])
+    assert encoded.tgt.lengths().tolist() == [
+        len(x) for x in small_tokenizer.encode(SMALL_TEXT[6:12])]
+    assert encoded.src.values.dtype == np.int32 and isinstance(encoded.src.values, np.memmap)
 
     def no_map(*args, **kwargs):
         raise AssertionError("the cached encoding should be loaded")
@@ -179,7 +180,7 @@ def test_encoding_columns_and_cache(small_tokenizer, tmp_path, monkeypatch, capl
     with caplog.at_level(logging.INFO, logger="data"):
         cached = encode_split(same, small_tokenizer, cache_dir=tmp_path)
     assert "loaded from cache" in caplog.text
-    assert list(cached["src_ids"]) == list(encoded["src_ids"])
+    assert cached.src.to_lists() == encoded.src.to_lists()
     # Different text, or another tokenizer, must not hit that entry.
     other = datasets.Dataset.from_dict({"source": SMALL_TEXT[1:7], "target": SMALL_TEXT[6:12]})
     with pytest.raises(AssertionError, match="cached encoding"):
@@ -189,7 +190,8 @@ def test_encoding_columns_and_cache(small_tokenizer, tmp_path, monkeypatch, capl
 def test_encoding_with_worker_processes(small_tokenizer, tmp_path):
     split = datasets.Dataset.from_dict({"source": SMALL_TEXT, "target": SMALL_TEXT})
     encoded = encode_split(split, small_tokenizer, cache_dir=tmp_path, num_proc=2)
-    assert list(encoded["src_ids"]) == small_tokenizer.encode(SMALL_TEXT)
+    assert encoded.src.to_lists() == small_tokenizer.encode(SMALL_TEXT)
+    assert encoded.tgt.to_lists() == small_tokenizer.encode(SMALL_TEXT)
 
 
 @needs_shared
@@ -209,3 +211,27 @@ def test_round_trip_shared_corpora(shared_tokenizer, prefix, src, tgt):
     exact = [(d, t) for d, t in zip(decoded, texts) if is_normalization_stable(t)]
     assert len(exact) > 0.9 * len(texts)
     assert all(d == t for d, t in exact)
+
+
+def test_a_second_run_on_the_same_text_reuses_the_trained_tokenizer(tmp_path, monkeypatch,
+                                                                      caplog):
+    monkeypatch.setenv("FLAX_NMT_CACHE", str(tmp_path / "cache"))
+    corpus = datasets.Dataset.from_dict({"source": SMALL_TEXT, "target": SMALL_TEXT})
+    config = TokenizerConfig(vocab_size=350)
+    first = train_or_load_tokenizer(tmp_path / "run1", corpus, config)
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("trained again")
+
+    monkeypatch.setattr(data.encoding, "train_tokenizer", no_training)
+    with caplog.at_level(logging.INFO, logger="data"):
+        second = train_or_load_tokenizer(tmp_path / "run2", corpus, config)
+    assert "reusing the tokenizer trained before on the same text" in caplog.text
+    assert second.fingerprint == first.fingerprint
+    assert (tmp_path / "run2" / "spm.model").read_bytes() == first.model_bytes
+    # Other settings, or other text, train anew.
+    with pytest.raises(AssertionError, match="trained again"):
+        train_or_load_tokenizer(tmp_path / "run3", corpus, TokenizerConfig(vocab_size=360))
+    other = datasets.Dataset.from_dict({"source": SMALL_TEXT[1:], "target": SMALL_TEXT[1:]})
+    with pytest.raises(AssertionError, match="trained again"):
+        train_or_load_tokenizer(tmp_path / "run4", other, config)

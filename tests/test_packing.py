@@ -21,6 +21,7 @@ from data.batching import (
 )
 from data.config import BatchConfig, DataError
 from data.packing import PackedBatch, pack_epoch, pack_rows, packed_arrays
+from data.store import TokenStore
 from transformer.config import get_preset
 from transformer.layers import MultiHeadAttention, Packing
 from transformer.model import Transformer
@@ -31,11 +32,7 @@ BOS, EOS, PAD = 2, 3, 0
 
 def _pairs(src: list[list[int]], tgt: list[list[int]]) -> Examples:
     """Encoded pairs (ids without EOS or BOS) as the batching reads them."""
-    def flat(rows):
-        offsets = np.concatenate([[0], np.cumsum([len(r) for r in rows])]).astype(np.int64)
-        return np.asarray([t for r in rows for t in r], np.int32), offsets
-
-    return Examples(*flat(src), *flat(tgt), index=np.arange(len(src), dtype=np.int64))
+    return Examples.of_store(TokenStore.from_lists(src, tgt))
 
 
 def _random_pairs(n: int, seed: int, longest: int = 12, vocab: int = 64) -> Examples:
@@ -50,7 +47,7 @@ def _random_pairs(n: int, seed: int, longest: int = 12, vocab: int = 64) -> Exam
 
 def test_a_hand_made_row_holds_ids_segments_and_positions():
     pairs = _pairs(src=[[11, 12], [13], [14, 15, 16]], tgt=[[21], [22, 23, 24], [25, 26]])
-    batch = PackedBatch(width=10, rows=(np.array([0, 1]), np.array([2]), np.array([], int)))
+    batch = PackedBatch.of_rows(10, (np.array([0, 1]), np.array([2]), np.array([], int)))
     out = packed_arrays(pairs, batch)
     np.testing.assert_array_equal(out["src"], [[11, 12, EOS, 13, EOS, 0, 0, 0, 0, 0],
                                                [14, 15, 16, EOS, 0, 0, 0, 0, 0, 0],
@@ -138,7 +135,7 @@ def _model(seed: int = 0) -> Transformer:
 
 def _both_layouts(pairs, rows: tuple[np.ndarray, ...], width: int):
     """The same pairs packed in `rows`, and padded one pair per row."""
-    packed = packed_arrays(pairs, PackedBatch(width, rows))
+    packed = packed_arrays(pairs, PackedBatch.of_rows(width, rows))
     order = np.concatenate(rows)
     padded = batch_arrays(pairs, PlannedBatch(width, width, order))
     return {k: jnp.asarray(v) for k, v in packed.items()}, \
@@ -210,7 +207,7 @@ def test_attention_never_crosses_pairs():
 
 def test_positions_restart_at_every_pair():
     pairs = _pairs(src=[[5, 6], [7]], tgt=[[8], [9, 10]])
-    packed = packed_arrays(pairs, PackedBatch(6, (np.array([0, 1]),)))
+    packed = packed_arrays(pairs, PackedBatch.of_rows(6, (np.array([0, 1]),)))
     model = _model()
     table = np.asarray(model.positional(jnp.zeros((1, 6, model.config.d_model)),
                                         positions=jnp.asarray(packed["src_positions"])))[0]
@@ -266,7 +263,7 @@ def test_batches_use_the_tokenizers_ids():
 
     marian = SpecialIds(pad=9, unk=1, bos=9, eos=0)
     pairs = dataclasses.replace(_pairs([[5, 6], [7]], [[4], [8, 5]]), ids=marian)
-    packed = packed_arrays(pairs, PackedBatch(8, (np.array([0, 1]),)))
+    packed = packed_arrays(pairs, PackedBatch.of_rows(8, (np.array([0, 1]),)))
     np.testing.assert_array_equal(packed["src"], [[5, 6, 0, 7, 0, 9, 9, 9]])
     np.testing.assert_array_equal(packed["tgt_in"], [[9, 4, 9, 8, 5, 9, 9, 9]])
     np.testing.assert_array_equal(packed["tgt_out"], [[4, 0, 8, 5, 0, 9, 9, 9]])

@@ -68,7 +68,7 @@ def _lines(run_dir: Path) -> list[dict]:
     return [line for line in _all_lines(run_dir) if line["kind"] not in ("compile", "summary")]
 
 
-_WALL_CLOCK = ("tokens_per_s", "elapsed_s", "translate_s")
+_WALL_CLOCK = ("tokens_per_s", "elapsed_s", "translate_s", "data_wait_s", "loader_queue")
 
 
 def _comparable(line: dict) -> dict:
@@ -354,16 +354,17 @@ def test_two_devices_with_accumulation(corpus, env, tmp_path):
     assert [line["step"] for line in _lines(out) if line["kind"] == "eval"] == [10]
 
 
-@pytest.mark.skipif(not os.environ.get("NMT_SLOW_TESTS"),
-                    reason="two JAX processes on one machine, ~1 minute; set NMT_SLOW_TESTS=1")
 def test_two_processes(corpus, env, tmp_path):
-    """Two processes (jax.distributed over localhost) share one run directory."""
+    """Two processes (jax.distributed over localhost) share one run directory, the reading
+    of the corpus and its encoding."""
     import socket
 
     with socket.socket() as s:
         s.bind(("localhost", 0))
         port = s.getsockname()[1]
     out = tmp_path / "mp"
+    # A corpus of its own, so that the encoding is not in the module's cache already.
+    corpus = {**corpus, "train": write_corpus(tmp_path, 600, 7, "train")}
     args = _args(corpus, out, max_steps=10, eval_every=10) + [
         "--coordinator", f"localhost:{port}", "--num-processes", "2"]
     procs = [subprocess.Popen([sys.executable, "train.py", *args, "--process-id", str(i)],
@@ -373,6 +374,11 @@ def test_two_processes(corpus, env, tmp_path):
     for p, (stdout, stderr) in zip(procs, outputs):
         assert p.returncode == 0, stderr[-3000:]
     assert "2 process(es)" in outputs[0][0]
+    # Each process encoded its own half of the training pairs, and only that.
+    shares = [re.findall(r"encoding rows \[(\d+), (\d+)\) of 600: share (\d) of 2", stderr)
+              for _, stderr in outputs]
+    assert shares == [[("0", "300", "0")], [("300", "600", "1")]], [
+        stderr[-2000:] for _, stderr in outputs]
     assert checkpoint.complete_steps(out / "checkpoints") == [10]
     load_model(out)
 

@@ -1,8 +1,9 @@
 """The trainer's bookkeeping: what a run saves, resumes from, logs and exports.
 
-`nmt.training.trainer.train` runs in this process on the tiny preset for a few steps. Validation BLEU is
-scripted: the beam search is replaced by a stub and the scores come from a list, so each test
-decides which validation improves. Runs share one JAX compilation cache (FLAX_NMT_CACHE).
+`nmt.training.trainer.train` runs in this process on the tiny preset for a few steps.
+Validation BLEU is scripted: the beam search is replaced by a stub and the scores come from a
+list, so each test decides which validation improves. Runs share one JAX compilation cache
+(FLAX_NMT_CACHE).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import shutil
+import threading
 import time
 import types
 from pathlib import Path
@@ -21,7 +23,7 @@ from nmt.models import model_dir
 from nmt.rundir import checkpoints as checkpoint
 from nmt.settings import recipes
 from nmt.settings.config import SettingsError, TrainerConfig
-from nmt.training import validation
+from nmt.training import loader, validation
 from nmt.training.metrics_log import METRICS_FILE, MetricsWriter
 from nmt.training.run_data import prepare_data
 from nmt.training.summary import print_summary, scoring_command
@@ -140,6 +142,8 @@ def test_best_step_has_a_checkpoint_and_is_the_one_exported(corpus, bleus, tmp_p
         poison_parameters_before(patched, step=7)
         with pytest.raises(TrainingError, match="newest checkpoint is step 6"):
             _run(corpus, out, max_steps=8, save_every=4)
+    # The error left no thread reading batches ahead.
+    assert not [t for t in threading.enumerate() if t.name == loader.THREAD_NAME]
     # A new best BLEU writes the checkpoint of its step too, whatever --save-every says: the
     # diverged run resumes from step 6, whose bookkeeping records best/6.
     assert checkpoint.complete_steps(out / checkpoint.CHECKPOINTS_DIR) == [2, 4, 6]
@@ -367,13 +371,13 @@ def test_test_split_is_not_encoded_but_scored_in_the_summary(corpus, cache, monk
                                                              tmp_path, capsys):
     monkeypatch.setenv("FLAX_NMT_CACHE", str(cache))
     encoded = []
-    encode_split = nmt.training.run_data.encode_split
+    encode_shared = nmt.training.run_data.encode_shared
 
     def recording(split, *args, **kwargs):
         encoded.append(len(split))
-        return encode_split(split, *args, **kwargs)
+        return encode_shared(split, *args, **kwargs)
 
-    monkeypatch.setattr(nmt.training.run_data, "encode_split", recording)
+    monkeypatch.setattr(nmt.training.run_data, "encode_shared", recording)
     run = recipes.run_from_flat(preset="tiny", train_prefix=corpus["train"],
                               valid_prefix=corpus["valid"], test_prefix=corpus["test"],
                               vocab_size=320, buckets=(16,), max_tokens_per_sentence=16)

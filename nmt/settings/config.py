@@ -97,6 +97,9 @@ class TrainerConfig:
         None, "at the end of training, write averaged/: the mean of the last N checkpoints "
               "(train.py --average-only averages an existing run without training)")
     log_every: int = setting(50, "log metrics every N steps")
+    loader_depth: int = setting(
+        4, "training batches kept ready ahead of the train step, built on a thread (the log "
+           "lines' data_wait_s: how long the steps still waited for data)")
     loss_spike: float = setting(
         10.0, "stop, as for a NaN loss, when a step's loss exceeds this many times the median "
               "loss of the previous 50 steps (0 = never)")
@@ -108,7 +111,7 @@ class TrainerConfig:
             check_finite_fields(self)
         except ValueError as err:
             raise SettingsError(str(err)) from None
-        for name in ("eval_every", "log_every", "keep_last"):
+        for name in ("eval_every", "log_every", "keep_last", "loader_depth"):
             if getattr(self, name) < 1:
                 raise SettingsError(f"--{_flag(name)} must be >= 1, got {getattr(self, name)}.")
         for name in ("max_steps", "max_epochs", "average_last", "early_stop_patience",

@@ -7,12 +7,13 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+import datasets
 import jax
 
 from data.batching import Examples, load_examples
-from data.config import DEFAULT_BUCKETS, BatchConfig
+from data.config import DEFAULT_BUCKETS, BatchConfig, CorpusSpec
 from data.corpus import load_corpus
-from data.encoding import encode_split, train_or_load_tokenizer
+from data.encoding import encode_shared, train_or_load_tokenizer
 from data.packing import fit_width
 from data.tokenizer import TokenizerBase, load_tokenizer
 from nmt.runtime.distributed import barrier
@@ -68,6 +69,18 @@ def eval_batch_config(run: RunConfig, model_max_len: int, devices: int) -> Batch
         num_devices=devices)
 
 
+def read_shared(spec: CorpusSpec) -> datasets.DatasetDict:
+    """The corpus, read by process 0 into the cache that the others then open (or, on a
+    cache they do not share, read themselves): the text is read once, and the encoding,
+    the work that takes time, is shared (`data.encoding.encode_shared`)."""
+    if jax.process_index() == 0:
+        corpus = load_corpus(spec)
+    barrier("corpus read")
+    if jax.process_index() != 0:
+        corpus = load_corpus(spec)
+    return corpus
+
+
 def prepare_data(run: RunConfig, run_dir: Path, model_max_len: int) -> PreparedCorpus:
     """Read the corpus, train (or reuse) the tokenizer, encode and filter train and validation
     (validation's text for BLEU too).
@@ -75,7 +88,7 @@ def prepare_data(run: RunConfig, run_dir: Path, model_max_len: int) -> PreparedC
     A test split is read (load_corpus reads what the spec names) but not encoded: training
     never uses it; the summary gives the translate.py command that scores it.
     """
-    corpus = load_corpus(run.data)
+    corpus = read_shared(run.data)
     limit = run.data.max_train_pairs
     if limit is not None and len(corpus["train"]) > limit:
         corpus["train"] = corpus["train"].select(range(limit))
@@ -87,7 +100,9 @@ def prepare_data(run: RunConfig, run_dir: Path, model_max_len: int) -> PreparedC
     barrier("tokenizer")
     if jax.process_index() != 0:
         tokenizer = load_tokenizer(run_dir)
-    encoded = {name: encode_split(corpus[name], tokenizer) for name in ("train", "validation")}
+    encoded = {name: encode_shared(corpus[name], tokenizer, jax.process_index(),
+                                   jax.process_count(), barrier)
+               for name in ("train", "validation")}
     devices = jax.device_count()
     batch_config = train_batch_config(run, model_max_len, devices)
     valid_batch_config = eval_batch_config(run, model_max_len, devices)

@@ -87,7 +87,8 @@ def print_summary(summary: dict[str, Any], run_dir: Path) -> None:
         lines.append(f"Compiled {time_spent['compiled']} programs and read "
                      f"{time_spent['cache_hits']} from the compilation cache in "
                      f"{time_spent['compile_s']:.1f} s; train steps took "
-                     f"{time_spent['steps_s']:.1f} s.")
+                     f"{time_spent['steps_s']:.1f} s, {time_spent['data_wait_s']:.1f} s of "
+                     f"it waiting for data.")
     if summary["stopped"] in ("SIGINT", "SIGTERM"):
         lines.append(f"Interrupted; checkpoint saved. Resume with the same command, or: "
                      f"{resume_command(run_dir)}")

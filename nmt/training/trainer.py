@@ -50,6 +50,7 @@ from nmt.settings import recipes
 from nmt.settings.config import RunConfig
 from nmt.training.errors import TrainingError, divergence, out_of_memory
 from nmt.training.hooks import Hooks, Periodic
+from nmt.training.loader import BatchLoader
 from nmt.training.metrics_log import MetricsWindow, MetricsWriteError, MetricsWriter
 from nmt.training.platform_check import BudgetForecast
 from nmt.training.progress import Progress
@@ -115,8 +116,9 @@ class Trainer:
             write_atomically(run_dir / resume.RUN_CONFIG_FILE, recipes.dump(run))
         resume.carry_over_best(self.book, run, start.bleu_tokenizer, self.saver, self.step,
                                self.state.params)
-        self.batches = resume.batch_iterator(self.data.train_examples, self.data.batch_config,
-                                             self.book, self.step)
+        self.batches = BatchLoader(resume.batch_iterator(self.data.train_examples,
+                                                         self.data.batch_config, self.book,
+                                                         self.step), run.trainer.loader_depth)
         self.forecast = BudgetForecast(run.trainer.written_for, jax.devices()[0].platform,
                                        self.limits, self.batches.batches_per_epoch)
         self.writer = MetricsWriter(run_dir, self.step, self.is_main)
@@ -191,11 +193,13 @@ class Trainer:
         if self.is_main:
             self.progress.open(self.run.trainer, self.limits.total_steps(
                 self.batches.batches_per_epoch), self.step)
-        self.train_step.wait()
-        self.clock.restart()
+        self.batches.start()  # the first batches are built while the train step compiles
         try:
+            self.train_step.wait()
+            self.clock.restart()
             stopped = self._steps(stopped)
-        finally:
+        finally:  # an error, Ctrl-C or the end: no thread left reading batches
+            self.batches.close()
             self.progress.close()
         self.saver.wait()
         return stopped
@@ -248,6 +252,7 @@ class Trainer:
         if line is None:
             return
         self.step_seconds += seconds
+        line.update(self.batches.window())  # data_wait_s and loader_queue of these steps
         self.writer.write("train", self.step, line)
         self.progress.show(line)
         self.clock.restart()
@@ -330,12 +335,14 @@ class Trainer:
         return summary
 
     def _time_spent(self) -> dict[str, Any]:
-        """Seconds compiling (every program of this process) and in train steps (their
-        compilations left out), and how many programs were compiled or read from the
-        cache."""
+        """Seconds compiling (every program of this process), in train steps (their
+        compilations left out) and waiting for data within them, and how many programs were
+        compiled or read from the cache."""
         compiled = self.compile_log.summary()
         in_steps = self.train_step.seconds_compiling_in_calls
-        return {**compiled, "steps_s": round(max(self.step_seconds - in_steps, 0.0), 1)}
+        return {**compiled, "steps_s": round(max(self.step_seconds - in_steps, 0.0), 1),
+                "data_wait_s": round(self.batches.wait_seconds, 1),
+                "loader_depth": self.batches.depth}
 
     def close(self, quietly: bool = False) -> None:
         """Wait for checkpoints in flight and release the files. `quietly`: after an error,

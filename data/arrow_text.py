@@ -1,0 +1,151 @@
+"""Sentence pairs streamed into an Arrow file in the cache, and read back memory-mapped.
+
+However large the corpus, at most `CHUNK_PAIRS` pairs are Python strings at a time: pairs
+are stripped, those with an empty side dropped (and counted), and the rest written to
+`CACHE/text/KEY.arrow` one record batch at a time. KEY is a digest of the input's content
+(the files' bytes, or a dataset's fingerprint) and of how it was read, so a second run with
+the same data opens the file in constant time, and the dataset's fingerprint (the key of
+its encoding) stays content-based. Input that cannot be read twice (a pipe) is keyed by a
+digest of the pairs it gave.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import tempfile
+from pathlib import Path
+from typing import Iterable, Iterator
+
+import datasets
+import pyarrow as pa
+
+from data.config import DataError, default_cache_dir
+from data.disk import ENCODED_BYTES_PER_TEXT_BYTE, TEXT_BYTES_PER_TEXT_BYTE, check_free_space
+from data.lines import is_regular_file
+
+log = logging.getLogger("data")
+
+CHUNK_PAIRS = 50_000
+_VERSION = "1"
+_SCHEMA = pa.schema([("source", pa.string()), ("target", pa.string())])
+_DIGEST_BLOCK = 8 << 20
+
+
+def file_digest(paths: Iterable[str | Path], how: str) -> str | None:
+    """A digest of the bytes of `paths` and of `how` they are read; None when one is not a
+    regular file (a pipe can be read only once)."""
+    digest = hashlib.blake2b(f"{_VERSION}|{how}".encode(), digest_size=16)
+    for path in paths:
+        if not is_regular_file(path):
+            return None
+        with open(path, "rb") as handle:
+            while block := handle.read(_DIGEST_BLOCK):
+                digest.update(block)
+        digest.update(b"\0end of file\0")
+    return digest.hexdigest()
+
+
+def _text_dir(cache_dir: str | Path | None) -> Path:
+    return (Path(cache_dir) if cache_dir is not None else default_cache_dir()) / "text"
+
+
+def open_pairs(path: Path, key: str) -> datasets.Dataset:
+    """The `source`/`target` dataset in Arrow file `path`, memory-mapped."""
+    table = datasets.table.MemoryMappedTable.from_file(str(path))
+    return datasets.Dataset(table, fingerprint=key)
+
+
+class _Counts:
+    """Pairs read, kept, and dropped for an empty side."""
+
+    def __init__(self):
+        self.read = self.kept = self.empty_src = self.empty_tgt = 0
+
+    def log(self, origin: str, cached: Path | None = None) -> None:
+        """The counts, as the first reading found them when read from `cached`."""
+        dropped = self.read - self.kept
+        if dropped:
+            log.info("%s: dropped %d of %d pairs with an empty side (%d empty source, %d "
+                     "empty target)", origin, dropped, self.read, self.empty_src,
+                     self.empty_tgt)
+        if cached is None:
+            log.info("%s: %d pairs", origin, self.kept)
+        else:
+            log.info("%s: %d pairs, read before (cache %s)", origin, self.kept, cached)
+
+    def to_json(self) -> dict:
+        return dict(vars(self))
+
+    @classmethod
+    def from_json(cls, values: dict) -> "_Counts":
+        counts = cls()
+        for name in vars(counts):
+            setattr(counts, name, values[name])
+        return counts
+
+
+def _write(pairs: Iterable[tuple[str, str]], path: Path, digest) -> _Counts:
+    """Write the stripped pairs with two non-empty sides to Arrow file `path`, chunk by
+    chunk; `digest` sees each pair kept."""
+    counts = _Counts()
+    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, _SCHEMA) as writer:
+        sources: list[str] = []
+        targets: list[str] = []
+        for source, target in pairs:
+            counts.read += 1
+            source, target = source.strip(), target.strip()
+            counts.empty_src += not source
+            counts.empty_tgt += not target
+            if source and target:
+                sources.append(source)
+                targets.append(target)
+                if digest is not None:
+                    digest.update(f"{len(source)}:{source}{len(target)}:{target}".encode())
+                if len(sources) == CHUNK_PAIRS:
+                    writer.write_batch(pa.record_batch([sources, targets], schema=_SCHEMA))
+                    counts.kept += len(sources)
+                    sources, targets = [], []
+        if sources or not counts.kept:
+            writer.write_batch(pa.record_batch([sources, targets], schema=_SCHEMA))
+            counts.kept += len(sources)
+    return counts
+
+
+def cached_pairs(pairs: Iterator[tuple[str, str]], origin: str, key: str | None,
+                 input_bytes: int = 0, cache_dir: str | Path | None = None
+                 ) -> datasets.Dataset:
+    """The pairs of `pairs` as a memory-mapped `source`/`target` dataset, from the cache
+    when `key` (a digest of the input, `file_digest`) is there, else streamed into it.
+
+    `input_bytes` (the size of the input, 0 if unknown) checks the disk before reading: the
+    text and its encoding must fit. Raises `DataError` when no pair has two non-empty sides.
+    """
+    directory = _text_dir(cache_dir)
+    if key is not None and (directory / f"{key}.json").is_file():
+        counts = _Counts.from_json(json.loads((directory / f"{key}.json").read_text()))
+        counts.log(origin, cached=directory / f"{key}.arrow")
+        return open_pairs(directory / f"{key}.arrow", key)
+    check_free_space(directory, (TEXT_BYTES_PER_TEXT_BYTE + ENCODED_BYTES_PER_TEXT_BYTE)
+                     * input_bytes, f"reading and encoding {origin}")
+    directory.mkdir(parents=True, exist_ok=True)
+    fd, name = tempfile.mkstemp(prefix=".reading-", suffix=".arrow", dir=directory)
+    os.close(fd)
+    tmp = Path(name)
+    try:
+        digest = hashlib.blake2b(f"{_VERSION}|pairs".encode(), digest_size=16)
+        counts = _write(pairs, tmp, digest if key is None else None)
+        counts.log(origin)
+        if not counts.kept:
+            raise DataError(
+                f"{origin}: no sentence pairs ({counts.read} read, {counts.read} with an "
+                "empty side); check the path and the language codes")
+        key = key or digest.hexdigest()
+        os.replace(tmp, directory / f"{key}.arrow")
+        (directory / f"{key}.json").write_text(json.dumps(
+            {"origin": origin, **counts.to_json()}) + "\n")
+    finally:
+        tmp.unlink(missing_ok=True)
+    return open_pairs(directory / f"{key}.arrow", key)

@@ -1,0 +1,294 @@
+"""The token store: memory-mapped batches equal in-memory ones, resumption, shares that join
+into the whole, bounded memory, and streamed reading into the cache."""
+
+import json
+import logging
+import os
+import re
+import socket
+import subprocess
+import sys
+import tracemalloc
+from pathlib import Path
+
+import datasets
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from data import arrow_text, disk
+from data.batching import BatchConfig, BatchIterator, batch_arrays, load_examples, plan_batches
+from data.config import CorpusSpec, DataError
+from data.corpus import load_corpus, read_prefix
+from data.encoding import sample_rows, sample_text, share_bounds
+from data.packing import fit_width
+from data.store import TokenStore, join_stores, write_store
+from data.tokenizer import TokenizerConfig, train_tokenizer
+
+WORKER = Path(__file__).with_name("data_share_worker.py")
+
+LAYOUTS = {
+    "packed": BatchConfig(batch_tokens=256, max_len=40, max_ratio=3.0, num_devices=2),
+    "bucketed": BatchConfig(packing=False, batch_tokens=256, max_len=40, max_ratio=3.0,
+                            buckets=(8, 16, 24, 32, 40), num_devices=2),
+}
+
+
+def random_encoded(n: int, seed: int = 0, longest: int = 45) -> datasets.Dataset:
+    """n pairs of random ids, some too long or too unequal for the filters, written to Arrow
+    in record batches of 64 rows (many chunks, as a corpus on disk has)."""
+    rng = np.random.default_rng(seed)
+    src = [rng.integers(4, 97, k).tolist() for k in rng.integers(1, longest, n)]
+    tgt = [rng.integers(4, 97, k).tolist() for k in rng.integers(1, longest, n)]
+    ids = pa.list_(pa.int32())
+    table = pa.table({"src_ids": pa.array(src, ids), "tgt_ids": pa.array(tgt, ids)})
+    chunked = pa.Table.from_batches(table.to_batches(max_chunksize=64))
+    return datasets.Dataset(datasets.table.InMemoryTable(chunked))
+
+
+@pytest.fixture(scope="module")
+def encoded() -> datasets.Dataset:
+    return random_encoded(700)
+
+
+@pytest.fixture(scope="module")
+def store(encoded, tmp_path_factory) -> TokenStore:
+    path = tmp_path_factory.mktemp("store")
+    write_store(path, [encoded])
+    return TokenStore.open(path)
+
+
+def _batches(examples, config, epochs=2, process_index=0, process_count=1):
+    config = fit_width(config, examples.src_len, examples.tgt_len)
+    for epoch in range(epochs):
+        for batch in plan_batches(examples, config, epoch):
+            yield batch_arrays(examples, batch, process_index, process_count)
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+def test_memory_mapped_batches_equal_in_memory_ones(encoded, store, layout):
+    config = LAYOUTS[layout]
+    assert isinstance(store.src.values, np.memmap) and isinstance(store.tgt.offsets, np.memmap)
+    in_memory = load_examples(encoded, config)
+    mapped = load_examples(store, config)
+    assert 0 < len(mapped) < len(encoded)  # the filters dropped some
+    np.testing.assert_array_equal(mapped.index, in_memory.index)
+    count = 0
+    for ours, reference in zip(_batches(mapped, config), _batches(in_memory, config),
+                               strict=True):
+        assert ours.keys() == reference.keys()
+        for key in ours:
+            np.testing.assert_array_equal(ours[key], reference[key], err_msg=key)
+        count += 1
+    assert count > 4
+    # Each process's rows, as two processes would build them.
+    halves = [list(_batches(mapped, config, 1, p, 2)) for p in range(2)]
+    for whole, first, second in zip(_batches(mapped, config, 1), *halves, strict=True):
+        for key in whole:
+            np.testing.assert_array_equal(whole[key],
+                                          np.concatenate([first[key], second[key]]))
+
+
+def test_batch_rows_hold_the_pairs_ids(encoded, store):
+    """A bucketed row is its pair's ids + EOS, read from the right row of the store."""
+    config = LAYOUTS["bucketed"]
+    examples = load_examples(store, config)
+    batch = plan_batches(examples, config, 0)[0]
+    arrays = batch_arrays(examples, batch)
+    for row, position in zip(arrays["src"], batch.rows):
+        if position < 0:
+            assert not row.any()
+            continue
+        ids = encoded[int(examples.index[position])]["src_ids"]
+        assert row[:len(ids)].tolist() == ids and row[len(ids)] == examples.ids.eos
+
+
+def test_resume_mid_epoch_from_the_store(store):
+    config = LAYOUTS["packed"]
+    examples = load_examples(store, config)
+    config = fit_width(config, examples.src_len, examples.tgt_len)
+    first = BatchIterator(examples, config, process_index=0, process_count=1)
+    per_epoch = first.batches_per_epoch
+    for _ in range(per_epoch + 3):  # into the second epoch
+        next(first)
+    resumed = BatchIterator(examples, config, state=first.state, process_index=0,
+                            process_count=1)
+    for _ in range(per_epoch):
+        ours, theirs = next(resumed), next(first)
+        for key in ours:
+            np.testing.assert_array_equal(ours[key], theirs[key])
+
+
+def test_shares_are_disjoint_and_join_into_the_whole(encoded, store, tmp_path):
+    bounds = share_bounds(len(encoded), 3)
+    assert bounds[0][0] == 0 and bounds[-1][1] == len(encoded)
+    assert all(a[1] == b[0] for a, b in zip(bounds, bounds[1:]))
+    assert max(e - s for s, e in bounds) - min(e - s for s, e in bounds) <= 1
+    parts = []
+    for k, (start, end) in enumerate(bounds):
+        write_store(tmp_path / f"part{k}", [encoded.select(range(start, end))])
+        parts.append(tmp_path / f"part{k}")
+    join_stores(tmp_path / "joined", parts)
+    joined = TokenStore.open(tmp_path / "joined")
+    for side in ("src", "tgt"):
+        np.testing.assert_array_equal(getattr(joined, side).values, getattr(store, side).values)
+        np.testing.assert_array_equal(getattr(joined, side).offsets,
+                                      getattr(store, side).offsets)
+
+
+def _examples_peak_bytes(path) -> tuple[int, int]:
+    """(peak bytes allocated while the examples of store `path` are loaded and an epoch
+    planned, bytes of the store's ids)."""
+    store = TokenStore.open(path)
+    config = BatchConfig(packing=False, batch_tokens=512, max_len=40, max_ratio=3.0,
+                         buckets=(8, 16, 24, 32, 40))
+    tracemalloc.start()
+    try:
+        examples = load_examples(store, config)
+        plan_batches(examples, config, 0)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    return peak, store.src.values.nbytes + store.tgt.values.nbytes
+
+
+def test_memory_per_pair_stays_bounded(tmp_path):
+    """Loading and planning read the lengths, never the ids: the memory they take per pair
+    is the same for a corpus ten times larger, and well under the ids' size."""
+    per_pair = {}
+    for n in (2_000, 20_000):
+        write_store(tmp_path / str(n), [random_encoded(n, seed=n)])
+        peak, ids_bytes = _examples_peak_bytes(tmp_path / str(n))
+        assert peak < ids_bytes / 2, (n, peak, ids_bytes)
+        per_pair[n] = peak / n
+    assert per_pair[20_000] < 1.5 * per_pair[2_000], per_pair
+
+
+# ----------------------------------------------------------------------------- reading
+
+
+def _write_prefix(tmp_path, n: int, bad_line: int | None = None) -> str:
+    tmp_path.mkdir(exist_ok=True)
+    src = [f"sentence number {k} ." for k in range(n)]
+    tgt = [f"Satz Nummer {k} ." if k % 10 else "  " for k in range(n)]  # every 10th empty
+    (tmp_path / "c.en").write_text("\n".join(src) + "\n")
+    data = ("\n".join(tgt) + "\n").encode()
+    if bad_line is not None:
+        lines = data.split(b"\n")
+        lines[bad_line - 1] += b"\xff"
+        data = b"\n".join(lines)
+    (tmp_path / "c.de").write_bytes(data)
+    return str(tmp_path / "c")
+
+
+def test_reading_streams_chunks_into_the_cache(tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv("FLAX_NMT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(arrow_text, "CHUNK_PAIRS", 7)
+    prefix = _write_prefix(tmp_path, 100)
+    with caplog.at_level(logging.INFO, logger="data"):
+        pairs = read_prefix(prefix, "en", "de")
+    assert "dropped 10 of 100 pairs with an empty side" in caplog.text
+    assert len(pairs) == 90 and pairs[0] == {"source": "sentence number 1 .",
+                                             "target": "Satz Nummer 1 ."}
+    assert len(pairs.data.to_batches()) == 13  # 90 pairs in chunks of 7
+    assert pairs.cache_files  # memory-mapped from the cache, not built in memory
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="data"):
+        again = read_prefix(prefix, "en", "de")
+    assert "90 pairs, read before" in caplog.text
+    assert again._fingerprint == pairs._fingerprint and again["target"] == pairs["target"]
+    # Other content is another entry.
+    (tmp_path / "c.de").write_text((tmp_path / "c.de").read_text().replace("Satz", "Zeile"))
+    assert read_prefix(prefix, "en", "de")[0]["target"] == "Zeile Nummer 1 ."
+
+
+def test_invalid_utf8_deep_in_a_file_names_it_and_leaves_nothing(tmp_path, monkeypatch):
+    monkeypatch.setenv("FLAX_NMT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(arrow_text, "CHUNK_PAIRS", 7)
+    prefix = _write_prefix(tmp_path, 300, bad_line=257)
+    with pytest.raises(DataError, match=r"c\.de line 257: invalid UTF-8 \(byte 0xff"):
+        read_prefix(prefix, "en", "de")
+    assert not list((tmp_path / "cache" / "text").iterdir())  # no half-written entry
+
+
+def test_a_corpus_larger_than_the_free_disk_stops_before_reading(tmp_path, monkeypatch):
+    monkeypatch.setenv("FLAX_NMT_CACHE", str(tmp_path / "cache"))
+    prefix = _write_prefix(tmp_path, 1000)
+
+    class Usage:
+        free = 10_000  # bytes
+
+    monkeypatch.setattr(disk.shutil, "disk_usage", lambda path: Usage)
+    read = []
+    monkeypatch.setattr(arrow_text, "_write", lambda *args: read.append(args))
+    with pytest.raises(DataError) as error:
+        load_corpus(CorpusSpec(train_prefix=prefix, src="en", tgt="de"))
+    message = str(error.value)
+    assert "\n" not in message and not read
+    assert f"needs about 0.0 GiB in {tmp_path / 'cache' / 'text'} but only 0.0 GiB is free" \
+        in message
+
+
+# ----------------------------------------------------------------------------- two processes
+
+
+def test_two_processes_read_once_and_encode_disjoint_shares(tmp_path):
+    """Process 0 reads the text into the shared cache and process 1 opens it; each encodes
+    its own rows, and both open the one store their shares join into."""
+    prefix = _write_prefix(tmp_path, 500)
+    valid = _write_prefix(tmp_path / "valid", 30)
+    texts = load_corpus_texts(prefix)
+    tokenizer = train_tokenizer(texts["source"] + texts["target"],
+                                TokenizerConfig(vocab_size=320))
+    tokenizer.save(tmp_path / "tok")
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "FLAX_NMT_CACHE": str(tmp_path / "cache"), "JAX_PLATFORMS": "cpu"}
+    workers = [subprocess.Popen(
+        [sys.executable, str(WORKER), "--port", str(port), "--process-id", str(k), "--prefix",
+         prefix, "--valid-prefix", valid, "--tokenizer", str(tmp_path / "tok"),
+         "--out", str(tmp_path / f"out{k}.json")],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for k in range(2)]
+    logs = []
+    for worker in workers:
+        _, stderr = worker.communicate(timeout=240)
+        assert worker.returncode == 0, stderr[-3000:]
+        logs.append(stderr)
+    shares = [re.findall(r"encoding rows \[(\d+), (\d+)\) of (\d+): share (\d) of 2", log)
+              for log in logs]
+    # Each process encoded one share, and only its own.
+    assert [[int(share) for *_, share in found] for found in shares] == [[0], [1]], logs
+    (a0, b0, n0, _), = shares[0]
+    (a1, b1, n1, _), = shares[1]
+    assert int(n0) == int(n1) == len(texts["source"]) == 450
+    assert (int(a0), int(b0), int(b1)) == (0, int(a1), 450) and 0 < int(a1) < 450
+    # The text was read once: process 1 found process 0's copy in the cache.
+    assert "c.{en,de}: 450 pairs\n" in logs[0] and "read before" not in logs[0]
+    assert "c.{en,de}: 450 pairs, read before" in logs[1]
+    expected = {"src": tokenizer.encode(texts["source"]), "tgt": tokenizer.encode(texts["target"])}
+    for k in range(2):
+        assert json.loads((tmp_path / f"out{k}.json").read_text()) == expected
+
+
+def load_corpus_texts(prefix: str) -> dict[str, list[str]]:
+    """The pairs reading keeps (both sides non-empty), as lists."""
+    src = Path(f"{prefix}.en").read_text().splitlines()
+    tgt = Path(f"{prefix}.de").read_text().splitlines()
+    kept = [(s.strip(), t.strip()) for s, t in zip(src, tgt) if s.strip() and t.strip()]
+    return {"source": [s for s, _ in kept], "target": [t for _, t in kept]}
+
+
+def test_the_tokenizer_sample_streamed_from_the_cache_is_the_seeded_rows(tmp_path, monkeypatch):
+    monkeypatch.setenv("FLAX_NMT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(arrow_text, "CHUNK_PAIRS", 7)
+    pairs = read_prefix(_write_prefix(tmp_path, 100), "en", "de")
+    rows = sample_rows(len(pairs), 20, seed=3)
+    assert len(rows) == 20 and rows.tolist() == sorted(set(rows.tolist()))
+    assert rows.tolist() == sample_rows(len(pairs), 20, seed=3).tolist()
+    assert rows.tolist() != sample_rows(len(pairs), 20, seed=4).tolist()
+    assert len(pairs.cache_files) == 1  # one Arrow file: the sample is streamed from it
+    streamed = list(sample_text(pairs, rows))
+    chosen = pairs.select(rows)
+    assert sorted(streamed) == sorted(list(chosen["source"]) + list(chosen["target"]))
+    assert sample_rows(len(pairs), 500, seed=3) is None  # all of a small corpus
