@@ -177,14 +177,17 @@ def recombined_prefix(directory: Path, n_pairs: int, seed: int) -> Path:
     return prefix
 
 
-def _tree_pss(process: psutil.Process) -> int:
-    """Proportional set size of `process` and its descendants (the encoding workers): pages
-    they share, such as a memory-mapped file, count once in all, not once per process."""
-    total = 0
+def _tree_memory(process: psutil.Process) -> tuple[int, int]:
+    """(proportional set size, anonymous bytes) of `process` and its descendants (the
+    encoding workers). In the first, pages they share, such as a memory-mapped file, count
+    once in all; the second leaves out mapped files, which the kernel can drop and read
+    again."""
+    pss = anonymous = 0
     for member in [process, *process.children(recursive=True)]:
-        with contextlib.suppress(psutil.Error):
-            total += member.memory_full_info().pss
-    return total
+        with contextlib.suppress(psutil.Error, OSError):
+            pss += member.memory_full_info().pss
+            anonymous += anonymous_bytes(member.pid)
+    return pss, anonymous
 
 
 def anonymous_bytes(pid: int | str = "self") -> int:
@@ -214,10 +217,11 @@ def first_step(train: Path, valid: Path, run_dir: Path, cache: Path, args) -> di
         child = subprocess.Popen(command, env=env, stdout=log_file, stderr=subprocess.STDOUT,
                                  cwd=Path(__file__).resolve().parents[1])
         process = psutil.Process(child.pid)
-        peak = main_peak = anonymous_peak = 0
+        peak = main_peak = anonymous_peak = tree_anonymous_peak = 0
         first = None
         while child.poll() is None:
-            peak = max(peak, _tree_pss(process))
+            pss, anonymous = _tree_memory(process)
+            peak, tree_anonymous_peak = max(peak, pss), max(tree_anonymous_peak, anonymous)
             with contextlib.suppress(psutil.Error, OSError):
                 main_peak = max(main_peak, process.memory_info().rss)
                 anonymous_peak = max(anonymous_peak, anonymous_bytes(child.pid))
@@ -231,6 +235,7 @@ def first_step(train: Path, valid: Path, run_dir: Path, cache: Path, args) -> di
             "peak_trainer_rss_mib": round(main_peak / 2**20),
             "peak_trainer_anonymous_mib": round(anonymous_peak / 2**20),
             "peak_pss_with_workers_mib": round(peak / 2**20),
+            "peak_anonymous_with_workers_mib": round(tree_anonymous_peak / 2**20),
             "log": str(log_path)}
 
 

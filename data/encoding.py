@@ -9,6 +9,7 @@ import hashlib
 import logging
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 from typing import Callable, Iterator
@@ -35,6 +36,8 @@ log = logging.getLogger("data")
 
 # Bump when the encoded layout changes, so old cache entries are not reused.
 _ENCODING_VERSION = "2"  # 2: token stores (data.store)
+# Pairs encoded by one set of worker processes (`_encoded_rounds`): about 0.8 GB of text.
+ENCODE_ROUND_PAIRS = 4_000_000
 _ENCODED_FEATURES = datasets.Features({
     "src_ids": datasets.List(datasets.Value("int32")),
     "tgt_ids": datasets.List(datasets.Value("int32")),
@@ -193,10 +196,22 @@ def _store_path(split: datasets.Dataset, tokenizer: TokenizerBase,
     return cache_root / "encoded" / encoding_key(split, tokenizer)
 
 
+def _jax_running() -> bool:
+    """Whether this process has started JAX's runtime (and its threads); JAX is not
+    imported to find out."""
+    bridge = sys.modules.get("jax._src.xla_bridge")
+    started = getattr(bridge, "backends_are_initialized", None)
+    return bool(started and started())
+
+
 @contextlib.contextmanager
-def _spawned_workers():
-    """`Dataset.map`'s worker processes started fresh, not forked: a fork of a process in
-    which JAX's threads run can deadlock, and copies its memory."""
+def _safe_workers():
+    """`Dataset.map`'s worker processes started fresh (spawned) where JAX runs: a fork of a
+    process in which JAX's threads run can deadlock. Elsewhere they are forked, which needs
+    no `if __name__ == "__main__":` guard in the calling script."""
+    if not _jax_running():
+        yield
+        return
     method = multiprocess.get_start_method(allow_none=True)
     multiprocess.set_start_method("spawn", force=True)
     try:
@@ -215,21 +230,34 @@ def _encode_to(target: Path, split: datasets.Dataset, tokenizer: TokenizerBase,
     num_proc = default_workers(len(split)) if num_proc is None else num_proc
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
     try:
-        with _spawned_workers():
-            encoded = split.map(
-                _EncodeBatch(tokenizer), batched=True, batch_size=2000,
-                num_proc=num_proc if num_proc > 1 else None, remove_columns=split.column_names,
-                features=_ENCODED_FEATURES, cache_file_name=str(tmp / "map" / "encoded.arrow"),
-                new_fingerprint=f"{target.name}-{len(split)}", desc="encoding")
-        write_store(tmp, [encoded])
-        del encoded
-        shutil.rmtree(tmp / "map")
+        write_store(tmp, _encoded_rounds(split, tokenizer, num_proc, tmp))
         tmp.rename(target)
     except OSError:
         if not is_store(target):
             raise
     finally:  # another process finished the same entry first (theirs is identical), or failed
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _encoded_rounds(split: datasets.Dataset, tokenizer: TokenizerBase, num_proc: int,
+                    work: Path) -> Iterator[datasets.Dataset]:
+    """`split` encoded `ENCODE_ROUND_PAIRS` rows at a time, each round by fresh worker
+    processes whose Arrow files are removed once the next round is asked for. A worker keeps
+    every page of text it has read resident until it exits, so rounds bound the workers'
+    memory, and the disk the encoding needs beyond the store, whatever the corpus size."""
+    for start in range(0, len(split), ENCODE_ROUND_PAIRS):
+        end = min(start + ENCODE_ROUND_PAIRS, len(split))
+        directory = work / f"map-{start}"
+        with _safe_workers():
+            encoded = split.select(range(start, end)).map(
+                _EncodeBatch(tokenizer), batched=True, batch_size=2000,
+                num_proc=num_proc if num_proc > 1 else None, remove_columns=split.column_names,
+                features=_ENCODED_FEATURES, cache_file_name=str(directory / "encoded.arrow"),
+                new_fingerprint=f"{work.name}-{start}",
+                desc=f"encoding pairs {start}-{end} of {len(split)}")
+        yield encoded
+        del encoded
+        shutil.rmtree(directory)
 
 
 def encode_split(split: datasets.Dataset, tokenizer: TokenizerBase,

@@ -187,11 +187,17 @@ def test_encoding_columns_and_cache(small_tokenizer, tmp_path, monkeypatch, capl
         encode_split(other, small_tokenizer, cache_dir=tmp_path)
 
 
-def test_encoding_with_worker_processes(small_tokenizer, tmp_path):
-    split = datasets.Dataset.from_dict({"source": SMALL_TEXT, "target": SMALL_TEXT})
+def test_encoding_with_worker_processes_in_rounds(small_tokenizer, tmp_path, monkeypatch):
+    """Two workers, 40 pairs a round: the rounds' stores join in order, and their Arrow
+    files are gone."""
+    monkeypatch.setattr(data.encoding, "ENCODE_ROUND_PAIRS", 40)
+    split = datasets.Dataset.from_dict({"source": SMALL_TEXT, "target": SMALL_TEXT[::-1]})
+    assert len(split) > 3 * 40
     encoded = encode_split(split, small_tokenizer, cache_dir=tmp_path, num_proc=2)
+    assert sorted(p.name for p in encoded.path.iterdir()) == [
+        "src.ids", "src.offsets", "store.json", "tgt.ids", "tgt.offsets"]
     assert encoded.src.to_lists() == small_tokenizer.encode(SMALL_TEXT)
-    assert encoded.tgt.to_lists() == small_tokenizer.encode(SMALL_TEXT)
+    assert encoded.tgt.to_lists() == small_tokenizer.encode(SMALL_TEXT[::-1])
 
 
 @needs_shared
