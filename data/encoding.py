@@ -253,7 +253,7 @@ def _encoded_rounds(split: datasets.Dataset, tokenizer: TokenizerBase, num_proc:
                 _EncodeBatch(tokenizer), batched=True, batch_size=2000,
                 num_proc=num_proc if num_proc > 1 else None, remove_columns=split.column_names,
                 features=_ENCODED_FEATURES, cache_file_name=str(directory / "encoded.arrow"),
-                new_fingerprint=f"{work.name}-{start}",
+                new_fingerprint=hashlib.md5(f"{work.name}-{start}".encode()).hexdigest(),
                 desc=f"encoding pairs {start}-{end} of {len(split)}")
         yield encoded
         del encoded
