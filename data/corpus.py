@@ -59,14 +59,6 @@ _HELP_LOCAL = (
 # Pairs -> Dataset
 
 
-def pairs_to_dataset(sources: list[str], targets: list[str], origin: str) -> datasets.Dataset:
-    """Build a `source`/`target` dataset, dropping (and reporting) pairs with an empty side.
-
-    Both sides are stripped of surrounding whitespace. Raises `DataError` if nothing is left.
-    """
-    return cached_pairs(zip(sources, targets, strict=True), origin, key=None)
-
-
 def check_files(spec: CorpusSpec) -> None:
     """DataError naming the first file of `spec` that does not exist, and where to get the
     corpus (`spec.source`): before any tokenizer is trained or step compiled."""

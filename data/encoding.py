@@ -23,7 +23,7 @@ import sentencepiece as spm
 from data.config import DataError, TokenizerConfig, default_cache_dir
 from data.corpus import iter_text
 from data.disk import ENCODED_BYTES_PER_TEXT_BYTE, check_free_space
-from data.store import TokenStore, is_store, join_stores, write_store
+from data.store import TokenStore, arrow_file_rows, is_store, join_stores, write_store
 from data.tokenizer import (
     Tokenizer,
     TokenizerBase,
@@ -123,7 +123,7 @@ def sample_text(split: datasets.Dataset, rows: np.ndarray | None) -> Iterator[st
         yield from iter_text(split)
         return
     files = [f["filename"] for f in split.cache_files]
-    if len(files) != 1 or split._indices is not None or _stream_rows(files[0]) != len(split):
+    if len(files) != 1 or split._indices is not None or arrow_file_rows(files[0]) != len(split):
         yield from iter_text(split.select(rows))
         return
     start = 0
@@ -134,11 +134,6 @@ def sample_text(split: datasets.Dataset, rows: np.ndarray | None) -> Iterator[st
             yield from picked.column("source").to_pylist()
             yield from picked.column("target").to_pylist()
             start += len(batch)
-
-
-def _stream_rows(path: str) -> int:
-    with pa.memory_map(path) as source:
-        return sum(batch.num_rows for batch in pa.ipc.open_stream(source))
 
 
 def _use_given_tokenizer(run_dir: Path, given: Path, flag: str) -> TokenizerBase:

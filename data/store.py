@@ -145,7 +145,8 @@ def _record_batches(table) -> Iterator:
     by batch, not memory-mapped: mapped, every page read would stay in this process's
     resident memory until the end, as much as the whole encoded corpus."""
     files = [f["filename"] for f in getattr(table, "cache_files", [])]
-    if files and getattr(table, "_indices", None) is None and _rows_in(files) == len(table):
+    if files and getattr(table, "_indices", None) is None and sum(
+            arrow_file_rows(name) for name in files) == len(table):
         for name in files:
             with pa.OSFile(name) as source:
                 yield from pa.ipc.open_stream(source)
@@ -153,13 +154,10 @@ def _record_batches(table) -> Iterator:
     yield from getattr(table, "data", table).to_batches()
 
 
-def _rows_in(files: list[str]) -> int:
-    """Rows of the Arrow stream files `files`, read from their batch headers."""
-    rows = 0
-    for name in files:
-        with pa.memory_map(name) as source:
-            rows += sum(batch.num_rows for batch in pa.ipc.open_stream(source))
-    return rows
+def arrow_file_rows(path: str) -> int:
+    """Rows of an Arrow stream file, read from its batch headers."""
+    with pa.memory_map(path) as source:
+        return sum(batch.num_rows for batch in pa.ipc.open_stream(source))
 
 
 def _list_values(lists) -> np.ndarray:
