@@ -17,7 +17,9 @@ Exports the model to CTranslate2 into a temporary folder, then, on the same sent
   against a script that loads the CTranslate2 export and does the same work (tokenize,
   translate, detokenize, score); and one sentence from the shell (`echo ... | translate.py`,
   warm cache) against CTranslate2 loading and translating that sentence.
-CTranslate2 runs with --threads intra-op threads and max_batch_size --batch-sentences; it
+Ours searches --searches batches at once (translate.py's default unless given); CTranslate2
+runs with max_batch_size --batch-sentences and --threads threads, once per --inter-threads N
+(N batches at once, each on --threads / N threads); it
 divides by length ** alpha where ours uses the model's penalty (GNMT's unless stored
 otherwise), so beam outputs may differ by that convention. One JSON line per measurement.
 """
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import subprocess
 import sys
 import tempfile
@@ -85,6 +88,11 @@ def parse_args() -> argparse.Namespace:
                         help="CTranslate2 compute types (default: float32 int8 on cpu, "
                              "float16 int8_float16 on cuda)")
     parser.add_argument("--threads", type=int, default=2, help="CTranslate2 threads")
+    parser.add_argument("--inter-threads", type=int, nargs="+", default=[1, 2],
+                        help="CTranslate2 batches translated at once, each on --threads / N "
+                             "threads (default: 1 and 2, each measured)")
+    parser.add_argument("--searches", type=int,
+                        help="our batches searched at once (default: translate.py's)")
     parser.add_argument("--batch-sentences", type=int, default=64,
                         help="CTranslate2 batch size (max_batch_size)")
     parser.add_argument("--limit", type=int, default=0, help="first N test pairs (0 = all)")
@@ -104,7 +112,7 @@ def timed(fn, *args):
 def main() -> None:
     args = parse_args()
     from nmt.models.model_dir import load_model
-    from nmt.models.translator import Translator
+    from nmt.models.translator import Translator, default_searches
     from nmt.translation.scoring import evaluate
 
     sources, references = read_test_set(args, args.limit)
@@ -124,11 +132,14 @@ def main() -> None:
 
     ours = {}
     for mode, search in ((f"beam {args.beam}", beam), ("greedy", greedy)):
-        translator = Translator(model, tokenizer, search)
+        searches = args.searches or default_searches()
+        # compact_after=0: a long job's steady state, where every batch compacts (the warm-up
+        # pass compiles the programs at fewer rows).
+        translator = Translator(model, tokenizer, search, searches=searches, compact_after=0)
         nbest, seconds = timed(translator.translate_nbest, sources)
         ours[mode] = [h[0].tokens for h in nbest]
         report("ours", mode, [h[0].text for h in nbest], seconds, beam_rules=search.beam_rules,
-               max_len_a=search.max_len_a, max_len_b=search.max_len_b)
+               max_len_a=search.max_len_a, max_len_b=search.max_len_b, searches=searches)
 
     with tempfile.TemporaryDirectory() as tmp:
         exported = ctranslate2_export(args.model, Path(tmp))
@@ -180,9 +191,11 @@ def compare_ctranslate2(args, exported: Path, sources, tokenizer, values, ours, 
     suppress = [[tokenizer.processor.id_to_piece(values["model"].pad_id)],
                 [tokenizer.processor.id_to_piece(values["model"].bos_id)]]
     alpha = values["search"].alpha
-    for compute in args.compute_types or COMPUTE_TYPES[args.device]:
+    layouts = [(inter, max(args.threads // inter, 1)) for inter in args.inter_threads]
+    for compute, (inter, intra) in itertools.product(
+            args.compute_types or COMPUTE_TYPES[args.device], layouts):
         ct2 = ctranslate2.Translator(str(exported), device=args.device, compute_type=compute,
-                                     inter_threads=1, intra_threads=args.threads)
+                                     inter_threads=inter, intra_threads=intra)
 
         def run(beam: int, ct2=ct2):
             results = ct2.translate_batch(
@@ -197,7 +210,8 @@ def compare_ctranslate2(args, exported: Path, sources, tokenizer, values, ours, 
                 extra["greedy_identical"] = sum(
                     h == tokenizer.pieces(ids) for h, ids in zip(hypotheses, ours["greedy"]))
             report(f"ctranslate2 {compute}", mode,
-                   [tokenizer.processor.decode_pieces(h) for h in hypotheses], seconds, **extra)
+                   [tokenizer.processor.decode_pieces(h) for h in hypotheses], seconds,
+                   inter_threads=inter, intra_threads=intra, **extra)
 
 
 def marian_greedy_agreement(args, sources, our_greedy, max_new_tokens: int, common, tmp: Path

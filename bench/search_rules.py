@@ -7,9 +7,10 @@
 Translates the same sentences with every --rules value (SearchConfig.beam_rules) and every
 --limits pair a,b (output limit a * source tokens + b), the model's other search settings
 (beam, alpha) unless flags say otherwise, and prints one JSON line for each: sacreBLEU BLEU
-and chrF, decoder steps summed over batches, row-steps (rows x steps: the work the search
-did, PAD rows included), seconds and sentences/s after a warm-up pass (compilation not
-counted), and how many translations reached their output limit. Steps and BLEU do not depend
+and chrF, decoder steps summed over batches, row-steps (rows decoded, summed over steps: the
+work the search did, finished and PAD rows included until they leave the batch), seconds
+and sentences/s after a warm-up pass (compilation not counted), and how many translations
+reached their output limit. Steps and BLEU do not depend
 on the machine; seconds do, so run nothing else beside it.
 """
 
@@ -82,7 +83,7 @@ def main() -> None:
                   "beam": search.beam_size, "alpha": search.alpha,
                   "bleu": round(scores.bleu, 2), "chrf": round(scores.chrf, 2),
                   "steps": sum(b.steps for b in stats),
-                  "row_steps": sum(b.steps * b.rows for b in stats),
+                  "row_steps": sum(b.row_steps for b in stats),
                   "batches": len(stats), "reached_limit": len(translator.reached_limit),
                   "seconds": round(seconds, 2),
                   "sentences_per_s": round(len(sources) / seconds, 1),

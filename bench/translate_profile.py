@@ -104,7 +104,7 @@ def main() -> None:
         "shapes": len({(b.rows, b.width) for b in batches}),
         "source_padding": round(1 - sum(b.source_tokens for b in batches) / cells, 3),
         "decoder_steps": sum(b.steps for b in batches),
-        "row_steps": sum(b.steps * b.rows for b in batches),
+        "row_steps": sum(b.row_steps for b in batches),
         "sentences_per_s": round(len(sources) / second, 1)}, **common})
 
 

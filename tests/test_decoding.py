@@ -13,8 +13,8 @@ from flax import nnx
 from transformer.config import BEAM_RULES, SearchConfig, get_preset
 from transformer.decoding import (
     NEG_INF,
-    _beam_search,
-    _greedy_search,
+    _beam_resume,
+    _greedy_resume,
     hypotheses_to_lists,
     length_penalty,
     pad_sources,
@@ -360,21 +360,21 @@ def test_only_settings_a_search_reads_compile_a_new_program():
 
     def new_programs(jitted, config: SearchConfig) -> int:
         before = jitted._cache_size()
-        search(model, src, config)
+        search(model, src, config, compact=False)  # one batch shape: one program per config
         return jitted._cache_size() - before
 
-    new_programs(_beam_search, beam)
-    new_programs(_greedy_search, greedy)
-    assert new_programs(_beam_search, beam) == 0
+    new_programs(_beam_resume, beam)
+    new_programs(_greedy_resume, greedy)
+    assert new_programs(_beam_resume, beam) == 0
     # 0.5 * 11 + 2: the same loop length (7), other per-sentence limits.
-    assert new_programs(_beam_search, dataclasses.replace(
+    assert new_programs(_beam_resume, dataclasses.replace(
         beam, temperature=0.5, top_k=4, max_len_a=0.5, max_len_b=2)) == 0
-    assert new_programs(_beam_search, dataclasses.replace(beam, beam_size=4)) == 1
-    assert new_programs(_beam_search, dataclasses.replace(beam, beam_rules="transformers")) == 1
-    assert new_programs(_beam_search, dataclasses.replace(beam, beam_rules="exact")) == 1
-    assert new_programs(_greedy_search, dataclasses.replace(
+    assert new_programs(_beam_resume, dataclasses.replace(beam, beam_size=4)) == 1
+    assert new_programs(_beam_resume, dataclasses.replace(beam, beam_rules="transformers")) == 1
+    assert new_programs(_beam_resume, dataclasses.replace(beam, beam_rules="exact")) == 1
+    assert new_programs(_greedy_resume, dataclasses.replace(
         greedy, beam_size=6, alpha=0.1, length_penalty="power", temperature=0.5)) == 0
-    assert new_programs(_greedy_search, dataclasses.replace(greedy, min_len=2)) == 1
+    assert new_programs(_greedy_resume, dataclasses.replace(greedy, min_len=2)) == 1
 
 
 def test_finished_sentences_do_not_change_when_others_continue():
@@ -390,6 +390,49 @@ def test_finished_sentences_do_not_change_when_others_continue():
     assert np.all(with_long.tokens[0, :, width:] == PAD)
     np.testing.assert_array_equal(with_long.tokens[0, :, :width], alone.tokens[0])
     np.testing.assert_allclose(with_long.scores[0], alone.scores[0], atol=1e-5)
+
+
+def halving_row_steps(rows: int, ends: np.ndarray) -> int:
+    """Row-steps of a search that halves its rows whenever at most half still search, given
+    the step after which each sentence is done (the policy of `_search_in_stages`)."""
+    alive = list(ends)
+    width, step, total = rows, 0, 0
+    while alive:
+        stop_at = width // 2 if width > 1 else 0
+        while sum(end > step for end in alive) > stop_at:
+            step += 1
+            total += width
+        alive = [end for end in alive if end > step]
+        while width // 2 >= len(alive) and width > 1:
+            width //= 2
+    return total
+
+
+COMPACTED_CONFIGS = [SearchConfig(strategy="greedy"),
+                     SearchConfig(beam_size=3, nbest=3, max_len_a=1.0, max_len_b=1)] + [
+    SearchConfig(beam_size=4, nbest=2, alpha=1.0, beam_rules=rules)
+    for rules in ("exact", "k-finished", "transformers")]
+
+
+@pytest.mark.parametrize("config", COMPACTED_CONFIGS,
+                         ids=lambda c: f"{c.strategy}-{c.beam_rules}-{c.max_len_b}")
+def test_leaving_finished_sentences_behind_changes_no_hypothesis(config):
+    """Finished sentences leave the batch (8 rows -> 4 -> 2 -> 1 here): every hypothesis,
+    score and length stays what searching the whole batch to the end gives, and only the
+    work shrinks. A row gathered from the wrong sentence, or a finished sentence's outputs
+    read after it left, changes the hypotheses."""
+    model = sharp_model(seed=3)
+    src = sources(np.random.default_rng(4), [2, 14, 5, 3, 9, 2, 12, 4], 64)
+    compacted = search(model, src, config)
+    whole = search(model, src, config, compact=False)
+    np.testing.assert_array_equal(compacted.tokens, whole.tokens)
+    np.testing.assert_array_equal(compacted.lengths, whole.lengths)
+    np.testing.assert_allclose(compacted.scores, whole.scores, rtol=1e-5, atol=1e-5)
+    assert compacted.steps == whole.steps
+    assert whole.row_steps == len(src) * whole.steps
+    assert compacted.row_steps < whole.row_steps
+    if config.strategy == "greedy":  # a greedy sentence is done after as many steps as tokens
+        assert compacted.row_steps == halving_row_steps(len(src), compacted.lengths[:, 0])
 
 
 def test_sampling_with_top_k_1_is_greedy_and_sampling_is_seeded():

@@ -68,7 +68,7 @@ def test_every_batch_shape_searched_is_one_of_search_shapes(strategy):
 
     translator = Translator(tiny_model(), NumberTokenizer(),
                             SearchConfig(strategy=strategy, beam_size=3, max_len_b=2),
-                            batch_tokens=256)
+                            batch_tokens=256, compact_after=0)
     shapes = set(translator.search_shapes())
     rng = random.Random(0)
     seen = set()
@@ -76,7 +76,52 @@ def test_every_batch_shape_searched_is_one_of_search_shapes(strategy):
         sentences = [" ".join(str(rng.randrange(4, 60)) for _ in range(rng.randrange(1, 62)))
                      for _ in range(count)]
         translator.translate(sentences)
-        seen |= {(stats.rows, stats.width) for stats in translator.batch_stats}
+        seen |= {(rows, stats.width) for stats in translator.batch_stats
+                 for rows in stats.stage_rows}
     assert seen <= shapes, seen - shapes
     assert len(seen) >= 4  # the calls did meet several shapes
+    assert any(len(stats.stage_rows) > 1 for stats in translator.batch_stats)  # and compacted
     assert len(shapes) == len(set(shapes))
+
+
+@pytest.mark.parametrize("strategy", ["beam", "greedy"])
+def test_batches_searched_at_once_give_the_same_translations_in_order(strategy):
+    """Two search threads: the same hypotheses, progress and batch records, in input order,
+    as one thread, over a call of many batches of several widths."""
+    import random
+
+    rng = random.Random(1)
+    sentences = [" ".join(str(rng.randrange(4, 60)) for _ in range(rng.randrange(1, 40)))
+                 for _ in range(50)]
+    results = []
+    for searches in (1, 2):
+        translator = Translator(tiny_model(), NumberTokenizer(),
+                                SearchConfig(strategy=strategy, beam_size=3, max_len_b=2),
+                                batch_tokens=256, searches=searches, compact_after=3)
+        done = []
+        nbest = translator.translate_nbest(sentences, progress=done.append)
+        batches = [(b.rows, b.width, b.sentences, b.steps) for b in translator.batch_stats]
+        results.append((nbest, done, batches))
+    assert len(results[0][2]) >= 5  # several batches were in flight at once
+    assert results[1] == results[0]
+
+
+def test_a_width_compacts_once_enough_of_its_batches_were_searched():
+    """Compacting compiles programs at fewer rows, which pays only over many batches: the
+    first `compact_after` batches of a width (counted over calls) search whole, later ones
+    leave finished sentences behind; after `warm_up` every batch compacts."""
+    import random
+
+    rng = random.Random(2)
+    sentences = [" ".join(str(rng.randrange(4, 60)) for _ in range(rng.randrange(1, 15)))
+                 for _ in range(24)]  # one width (16), 4 sentences a batch at 64 tokens
+    translator = Translator(tiny_model(), NumberTokenizer(), SearchConfig(strategy="greedy"),
+                            batch_tokens=64, compact_after=3)
+    stages = []
+    for call in (sentences[:8], sentences[8:]):  # two batches, then four
+        translator.translate(call)
+        stages += [len(stats.stage_rows) for stats in translator.batch_stats]
+    assert translator.batches_per_width == {16: 6}
+    assert stages[:3] == [1, 1, 1] and max(stages[3:]) > 1, stages
+    translator.warm_up()
+    assert translator.compact_after == 0

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -60,6 +60,10 @@ class SearchResult:
              as its limit ended there because EOS was forced.
     steps:   decoder steps the search ran: the batch's longest search, at most the limit for a
              source of the padded width.
+    row_steps: the work those steps did, rows (sentences) decoded summed over the steps: less
+             than batch * steps where finished sentences were left behind.
+    stage_rows: the rows of each stage of the search, the batch's first (see
+             `_search_in_stages`).
     """
 
     tokens: np.ndarray
@@ -67,6 +71,8 @@ class SearchResult:
     lengths: np.ndarray
     limits: np.ndarray
     steps: int
+    row_steps: int
+    stage_rows: tuple[int, ...]
 
     def reached_limit(self) -> np.ndarray:
         """bool [batch]: the best hypothesis ended at its output limit, by a forced EOS."""
@@ -170,36 +176,62 @@ def _search_program(config: SearchConfig, max_len: int) -> _SearchProgram:
 
 
 def search(model: Transformer | Ensemble, src_ids: np.ndarray | Array, config: SearchConfig,
-           rng: Array | None = None) -> SearchResult:
+           rng: Array | None = None, compact: bool = True) -> SearchResult:
     """Translate a padded batch of source ids [batch, src_len] (EOS included, PAD after).
 
     `config.strategy` picks greedy, sampling or beam search; beam search with beam_size 1 is
-    run as beam search (use strategy="greedy" for greedy).
+    run as beam search (use strategy="greedy" for greedy). `compact`: see `search_with_state`.
     """
     graphdef, state = nnx.split(model)
-    return search_with_state(graphdef, state, src_ids, config, rng)
+    return search_with_state(graphdef, state, src_ids, config, rng, compact)
 
 
 def search_with_state(graphdef: nnx.GraphDef, state: nnx.State, src_ids: np.ndarray | Array,
-                      config: SearchConfig, rng: Array | None = None) -> SearchResult:
-    """`search` for a model already split with `nnx.split` (what training loops hold)."""
+                      config: SearchConfig, rng: Array | None = None, compact: bool = True
+                      ) -> SearchResult:
+    """`search` for a model already split with `nnx.split` (what training loops hold).
+
+    With `compact` (the default), the search leaves finished sentences behind as it goes
+    (`_search_in_stages`); without, every row computes until the batch's last sentence ends.
+    The hypotheses are the same either way.
+    """
+    model_config = _model_config(graphdef, state)
+    src_np = np.asarray(src_ids, dtype=np.int32)
+    limits, max_len = output_limits(src_np, config, model_config.pad_id, model_config.max_len)
+    if config.strategy == "sample" and rng is None:
+        raise ValueError("strategy='sample' needs an rng (jax.random.key(seed)).")
+    rng = rng if rng is not None else jax.random.key(0)
+    program = _search_program(config, max_len)
+    strategy = _BEAM if config.strategy == "beam" else _GREEDY
+    batch, searched = strategy.start(graphdef, program, state, jnp.asarray(src_np),
+                                     jnp.asarray(limits), rng)
+    return _search_in_stages(strategy, graphdef, program, state, batch, searched, rng, compact,
+                             model_config.pad_id, limits)
+
+
+def compile_search(graphdef: nnx.GraphDef, state: nnx.State, src_ids: np.ndarray,
+                   config: SearchConfig) -> None:
+    """Compile (or load from the compilation cache) every program a search of this batch
+    shape [batch, src_len] can run: its start, and its loop and compaction at each halving
+    of the rows. For servers, before they take requests."""
     model_config = _model_config(graphdef, state)
     src_np = np.asarray(src_ids, dtype=np.int32)
     limits, max_len = output_limits(src_np, config, model_config.pad_id, model_config.max_len)
     program = _search_program(config, max_len)
-    src = jnp.asarray(src_np)
-    if config.strategy == "beam":
-        tokens, scores, lengths, steps = _beam_search(graphdef, program, state, src,
-                                                      jnp.asarray(limits))
-    else:
-        if config.strategy == "sample" and rng is None:
-            raise ValueError("strategy='sample' needs an rng (jax.random.key(seed)).")
-        tokens, scores, lengths, steps = _greedy_search(
-            graphdef, program, state, src, jnp.asarray(limits),
-            rng if rng is not None else jax.random.key(0))
-        tokens, scores, lengths = tokens[:, None], scores[:, None], lengths[:, None]
-    return SearchResult(np.asarray(tokens), np.asarray(scores), np.asarray(lengths), limits,
-                        int(steps))
+    strategy = _BEAM if config.strategy == "beam" else _GREEDY
+    rng = jax.random.key(0)
+    sentences, searched = strategy.start(graphdef, program, state, jnp.asarray(src_np),
+                                         jnp.asarray(limits), rng)
+    rows = len(src_np)
+    while True:
+        # stop_at = rows: the loop is compiled, and runs no step.
+        searched = strategy.resume(graphdef, program, state, sentences, searched,
+                                   jnp.asarray(rows, jnp.int32), rng)
+        if rows == 1:
+            break
+        rows //= 2
+        sentences, searched = _compact(sentences, searched, jnp.arange(rows, dtype=jnp.int32))
+    jax.block_until_ready(searched)
 
 
 def _model_config(graphdef, state):
@@ -258,55 +290,170 @@ def _allowed_scores(logits: Array, step: Array, at_limit: Array, min_len: int, c
     return jnp.where(banned, NEG_INF, logits)
 
 
-def _encode(graphdef, state, src):
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class _Sentences:
+    """What a search reads of each sentence and never changes: it moves with the sentence's
+    row when the batch is compacted."""
+
+    memory: Array | tuple[Array, ...]  # [batch, src_len, d_model] (one per ensemble member)
+    src_mask: Array                    # [batch, 1, 1, src_len]
+    limits: Array                      # [batch], each sentence's output limit
+
+
+def _encode(graphdef, state, src, limits) -> tuple[Transformer | Ensemble, _Sentences]:
     model = nnx.merge(graphdef, state)
-    memory = model.encode(src)
-    return model, memory, model.source_mask(src)
+    return model, _Sentences(model.encode(src), model.source_mask(src), limits)
+
+
+def _searching(max_len: int, stop_at: Array):
+    """The search loops' condition: positions are left and more than `stop_at` sentences
+    (rows whose `done` is False) are still searching."""
+    def cond(s) -> Array:
+        return (s.step < max_len) & ((~s.done).sum() > stop_at)
+    return cond
+
+
+# ----------------------------------------------------------------------------- compaction
+
+
+@dataclasses.dataclass(frozen=True)
+class _Strategy:
+    """A search as the stages see it: jitted `start` (encode, the state before the loop) and
+    `resume` (steps until done or few enough sentences search), and host `outputs`."""
+
+    start: Callable
+    resume: Callable
+    outputs: Callable  # (state, pad_id, nbest) -> host tokens, scores, lengths per row
+
+
+def _search_in_stages(strategy: _Strategy, graphdef, program: _SearchProgram, state,
+                      sentences: _Sentences, searched, rng: Array, compact: bool, pad: int,
+                      limits: np.ndarray) -> SearchResult:
+    """Run a started search to its end, leaving finished sentences behind on the way.
+
+    A batch's sentences end at different steps, and a finished sentence's row costs as much
+    to decode as a searching one. So the loop stops once at most half of its rows still
+    search; their rows are gathered into a batch of half the rows (or a quarter, ...: the row
+    counts `Translator` also uses for smaller calls, so no new shapes), the finished ones are
+    copied out, and the loop resumes. Filler rows of a compacted batch repeat a finished
+    sentence, frozen.
+    """
+    nbest = program.settings.nbest if program.settings.strategy == "beam" else 1
+    max_len = program.max_len
+    rows = int(sentences.limits.shape[0])
+    tokens = np.full((rows, nbest, max_len), pad, np.int32)
+    scores = np.zeros((rows, nbest), np.float32)
+    lengths = np.zeros((rows, nbest), np.int32)
+    sentence_of_row = np.arange(rows)  # -1: a filler row, or a sentence already copied out
+    step, row_steps, stage_rows = 0, 0, []
+    while True:
+        width = len(sentence_of_row)
+        stage_rows.append(width)
+        stop_at = width // 2 if compact and width > 1 else 0
+        searched = strategy.resume(graphdef, program, state, sentences, searched,
+                                   jnp.asarray(stop_at, jnp.int32), rng)
+        done, new_step = (np.asarray(x) for x in jax.device_get((searched.done, searched.step)))
+        row_steps += width * (int(new_step) - step)
+        step = int(new_step)
+        finished = done | (step >= max_len)
+        leaving = np.flatnonzero(finished & (sentence_of_row >= 0))
+        if len(leaving):
+            out_tokens, out_scores, out_lengths = strategy.outputs(searched, pad, nbest)
+            where = sentence_of_row[leaving]
+            tokens[where], scores[where] = out_tokens[leaving], out_scores[leaving]
+            lengths[where] = out_lengths[leaving]
+            sentence_of_row[leaving] = -1
+        staying = np.flatnonzero(~finished)
+        if not len(staying):
+            return SearchResult(tokens, scores, lengths, limits, step, row_steps,
+                                tuple(stage_rows))
+        # The smallest halving of the rows that holds the sentences still searching.
+        new_width = width
+        while new_width // 2 >= len(staying):
+            new_width //= 2
+        filler = np.flatnonzero(finished)[0]
+        keep = np.concatenate([staying, np.full(new_width - len(staying), filler)])
+        sentences, searched = _compact(sentences, searched, jnp.asarray(keep, jnp.int32))
+        sentence_of_row = np.concatenate(
+            [sentence_of_row[staying], np.full(new_width - len(staying), -1)])
+
+
+@jax.jit
+def _compact(sentences: _Sentences, searched, keep: Array):
+    """The rows `keep` [new_batch] of every per-sentence array (scalars such as the step and
+    the cache's index are shared by all rows and stay)."""
+    def take(x: Array) -> Array:
+        return x[keep] if x.ndim else x
+    return jax.tree.map(take, sentences), jax.tree.map(take, searched)
 
 
 # ----------------------------------------------------------------------------- greedy / sampling
 
 
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class _GreedyState:
+    step: Array
+    cache: SearchCache
+    tokens: Array        # [batch, max_len], PAD after EOS
+    logprob_sum: Array   # [batch]
+    done: Array          # [batch], EOS produced
+    last: Array          # [batch], the token decoded next
+
+
 @functools.partial(jax.jit, static_argnums=(0, 1))
-def _greedy_search(graphdef, program: _SearchProgram, state, src, limits, rng):
-    """Greedy or sampling search of src [batch, src_len] with output limits [batch] (rng is
-    read when sampling); returns tokens [batch, max_len], log-probabilities [batch], lengths
-    [batch] and the steps run."""
-    model, memory, src_mask = _encode(graphdef, state, src)
-    config, settings, max_len = model.config, program.settings, program.max_len
-    batch = src.shape[0]
+def _greedy_start(graphdef, program: _SearchProgram, state, src, limits, rng
+                  ) -> tuple[_Sentences, _GreedyState]:
+    """Encode src [batch, src_len]; the search state before the first step."""
+    del rng  # drawn from at every step (`_greedy_resume`)
+    model, sentences = _encode(graphdef, state, src, limits)
+    config, batch, max_len = model.config, src.shape[0], program.max_len
+    return sentences, _GreedyState(
+        step=jnp.zeros((), jnp.int32), cache=model.init_cache(sentences.memory, max_len),
+        tokens=jnp.full((batch, max_len), config.pad_id, jnp.int32),
+        logprob_sum=jnp.zeros((batch,), jnp.float32), done=jnp.zeros((batch,), bool),
+        last=jnp.full((batch,), config.bos_id, jnp.int32))
 
-    def cond(carry):
-        step, _, _, _, finished, _ = carry
-        return (step < max_len) & ~jnp.all(finished)
 
-    def body(carry):
-        step, cache, tokens, logprob_sum, finished, last = carry
-        logits, cache = model.decode(memory, src_mask, last[:, None], cache)
+@functools.partial(jax.jit, static_argnums=(0, 1), donate_argnums=4)
+def _greedy_resume(graphdef, program: _SearchProgram, state, sentences: _Sentences,
+                   s: _GreedyState, stop_at: Array, rng: Array) -> _GreedyState:
+    """Greedy or sampling steps (rng is read when sampling) until every sentence is done, the
+    output positions run out, or no more than `stop_at` sentences are still searching."""
+    model = nnx.merge(graphdef, state)
+    config, settings = model.config, program.settings
+
+    def body(s: _GreedyState) -> _GreedyState:
+        logits, cache = model.decode(sentences.memory, sentences.src_mask, s.last[:, None],
+                                     s.cache)
         # log p = logit - logsumexp(logits): the choice needs only the logits, the score
         # only the chosen token's log-probability, so log_softmax is never materialised.
         normalizer = jax.nn.logsumexp(logits[:, 0], axis=-1)  # [batch]
-        at_limit = step + 1 >= limits
-        scores = _allowed_scores(logits[:, 0], step, at_limit, settings.min_len, config)
+        at_limit = s.step + 1 >= sentences.limits
+        scores = _allowed_scores(logits[:, 0], s.step, at_limit, settings.min_len, config)
         if settings.strategy == "sample":
             next_token = _sample(scores - normalizer[:, None], float(settings.temperature),
-                                 settings.top_k, jax.random.fold_in(rng, step))
+                                 settings.top_k, jax.random.fold_in(rng, s.step))
         else:
             next_token = top_k_over_vocab(scores, 1)[1][:, 0]
         next_token = jnp.where(at_limit, config.eos_id, next_token)
         chosen = jnp.take_along_axis(scores, next_token[:, None], axis=-1)[:, 0] - normalizer
-        next_token = jnp.where(finished, config.pad_id, next_token)
-        logprob_sum = logprob_sum + jnp.where(finished, 0.0, chosen)
-        tokens = jax.lax.dynamic_update_slice_in_dim(tokens, next_token[:, None], step, 1)
-        finished = finished | (next_token == config.eos_id)
-        return step + 1, cache, tokens, logprob_sum, finished, next_token
+        next_token = jnp.where(s.done, config.pad_id, next_token)
+        tokens = jax.lax.dynamic_update_slice_in_dim(s.tokens, next_token[:, None], s.step, 1)
+        return _GreedyState(s.step + 1, cache, tokens,
+                            s.logprob_sum + jnp.where(s.done, 0.0, chosen),
+                            s.done | (next_token == config.eos_id), next_token)
 
-    carry = (jnp.zeros((), jnp.int32), model.init_cache(memory, max_len),
-             jnp.full((batch, max_len), config.pad_id, jnp.int32), jnp.zeros((batch,), jnp.float32),
-             jnp.zeros((batch,), bool), jnp.full((batch,), config.bos_id, jnp.int32))
-    steps, _, tokens, logprob_sum, _, _ = jax.lax.while_loop(cond, body, carry)
-    lengths = (tokens != config.pad_id).sum(axis=1).astype(jnp.int32)
-    return tokens, logprob_sum, lengths, steps
+    return jax.lax.while_loop(_searching(program.max_len, stop_at), body, s)
+
+
+def _greedy_outputs(s: _GreedyState, pad_id: int, nbest: int
+                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Host copies of tokens [batch, 1, max_len], log-probabilities and lengths [batch, 1]."""
+    tokens, scores = (np.asarray(x) for x in jax.device_get((s.tokens, s.logprob_sum)))
+    return (tokens[:, None], scores[:, None],
+            (tokens != pad_id).sum(axis=1).astype(np.int32)[:, None])
 
 
 def _sample(logprobs: Array, temperature: float, top_k: int, rng: Array) -> Array:
@@ -325,9 +472,10 @@ def _sample(logprobs: Array, temperature: float, top_k: int, rng: Array) -> Arra
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1))
-def _beam_search(graphdef, program: _SearchProgram, state, src, limits):
-    """Beam search of src [batch, src_len] with output limits [batch]; returns tokens
-    [batch, nbest, max_len], scores and lengths [batch, nbest], and the steps run.
+def _beam_start(graphdef, program: _SearchProgram, state, src, limits, rng
+                ) -> tuple[_Sentences, _BeamState]:
+    """Encode src [batch, src_len] and take the first beam step: the state `_beam_resume`
+    continues.
 
     Live ("alive") hypotheses and finished ones are kept apart: a hypothesis that produces EOS
     moves to the finished set with score logprob / length_penalty and is never extended again.
@@ -336,17 +484,17 @@ def _beam_search(graphdef, program: _SearchProgram, state, src, limits):
     with the best k non-EOS ones (`_advance_beams`). When a sentence is done is
     `SearchConfig.beam_rules` (`_can_improve`): by default once k hypotheses have finished.
     """
-    model, memory, src_mask = _encode(graphdef, state, src)
+    del rng  # beam search draws nothing
+    model, sentences = _encode(graphdef, state, src, limits)
     config, max_len = model.config, program.max_len
     batch, k = src.shape[0], program.settings.beam_size
     rules = _BeamRules(limits=limits, settings=program.settings, model=config)
     # The first position is decoded from BOS, the same for every beam: once per sentence
     # (batch rows, not batch * k), then every beam starts from that one cached position.
-    cache = model.init_cache(memory, max_len, beam_size=1)
+    cache = model.init_cache(sentences.memory, max_len, beam_size=1)
     bos = jnp.full((batch, 1), config.bos_id, jnp.int32)
-    first_logits, cache = model.decode(memory, src_mask, bos, cache)
+    first_logits, cache = model.decode(sentences.memory, sentences.src_mask, bos, cache)
     first_logits = jnp.repeat(first_logits[:, 0], k, axis=0)  # [batch * k, vocab]
-
     start = _BeamState(
         step=jnp.zeros((), jnp.int32),
         cache=cache.expand_to_beams(k),
@@ -357,21 +505,34 @@ def _beam_search(graphdef, program: _SearchProgram, state, src, limits):
         finished_score=jnp.full((batch, k), NEG_INF, jnp.float32),
         done=jnp.zeros((batch,), bool),
     )
+    return sentences, _advance_beams(start, first_logits, start.cache, rules)
 
-    def cond(s: _BeamState):
-        return (s.step < max_len) & ~jnp.all(s.done)
+
+@functools.partial(jax.jit, static_argnums=(0, 1), donate_argnums=4)
+def _beam_resume(graphdef, program: _SearchProgram, state, sentences: _Sentences,
+                 s: _BeamState, stop_at: Array, rng: Array) -> _BeamState:
+    """Beam steps until every sentence is done, the output positions run out, or no more than
+    `stop_at` sentences are still searching."""
+    del rng
+    model = nnx.merge(graphdef, state)
+    batch, k = s.alive_logprob.shape
+    rules = _BeamRules(limits=sentences.limits, settings=program.settings, model=model.config)
 
     def body(s: _BeamState) -> _BeamState:
         last = s.alive_tokens[:, :, s.step - 1].reshape(batch * k, 1)
-        logits, cache = model.decode(memory, src_mask, last, s.cache)
+        logits, cache = model.decode(sentences.memory, sentences.src_mask, last, s.cache)
         return _advance_beams(s, logits[:, 0], cache, rules)
 
-    # Step 0's logits were computed above, once per sentence; the loop runs the rest.
-    final = jax.lax.while_loop(cond, body, _advance_beams(start, first_logits, start.cache, rules))
-    nbest = program.settings.nbest
-    tokens = final.finished_tokens[:, :nbest]
-    lengths = (tokens != config.pad_id).sum(axis=2).astype(jnp.int32)
-    return tokens, final.finished_score[:, :nbest], lengths, final.step
+    return jax.lax.while_loop(_searching(program.max_len, stop_at), body, s)
+
+
+def _beam_outputs(s: _BeamState, pad_id: int, nbest: int
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Host copies of the n best finished hypotheses: tokens [batch, nbest, max_len], scores
+    and lengths [batch, nbest]."""
+    tokens, scores = jax.device_get((s.finished_tokens, s.finished_score))
+    tokens, scores = np.asarray(tokens)[:, :nbest], np.asarray(scores)[:, :nbest]
+    return tokens, scores, (tokens != pad_id).sum(axis=2).astype(np.int32)
 
 
 @jax.tree_util.register_dataclass
@@ -503,6 +664,10 @@ def _top_k_by(scores: Array, tokens: Array, k: int) -> tuple[Array, Array]:
     """The k best (score, tokens) rows per sentence: scores [batch, n], tokens [batch, n, len]."""
     best, order = jax.lax.top_k(scores, k)
     return best, jnp.take_along_axis(tokens, order[:, :, None], axis=1)
+
+
+_GREEDY = _Strategy(_greedy_start, _greedy_resume, _greedy_outputs)
+_BEAM = _Strategy(_beam_start, _beam_resume, _beam_outputs)
 
 
 def hypotheses_to_lists(result: SearchResult, eos_id: int) -> list[list[list[int]]]:

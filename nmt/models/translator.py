@@ -9,6 +9,8 @@ instead (force decoding). Scoring translations (BLEU, chrF) is `nmt.translation.
 
 from __future__ import annotations
 
+import collections
+import concurrent.futures
 import copy
 import dataclasses
 import logging
@@ -22,11 +24,30 @@ from flax import nnx
 from data.batching import inference_batches
 from data.config import INFERENCE_BUCKETS, buckets_up_to
 from transformer.config import SearchConfig
-from transformer.decoding import pad_sources, reference_logprobs_with_state, search_with_state
+from transformer.decoding import (
+    compile_search,
+    pad_sources,
+    reference_logprobs_with_state,
+    search_with_state,
+)
 from transformer.ensemble import Ensemble
 from transformer.model import Transformer
 
 log = logging.getLogger("translate")
+
+
+# A width's search programs at fewer rows (`decoding.search_with_state`'s `compact`) cost a
+# compilation (about a second each on a CPU) or a load from the compilation cache (a quarter
+# of that); each batch they serve saves a third of its search. So a translator compacts the
+# batches of a width once it has searched this many of them: long jobs, not a test set's
+# handful. A server compiles every shape first (`warm_up`) and compacts from the start.
+COMPACT_AFTER_BATCHES = 16
+
+
+def default_searches() -> int:
+    """Batches searched at once unless told otherwise: 2 on a CPU, where one search's small
+    matrix products keep only part of the cores busy; 1 on a GPU or TPU."""
+    return 2 if jax.default_backend() == "cpu" else 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,6 +59,8 @@ class BatchStats:
     sentences: int  # rows holding a sentence; the rest are PAD
     source_tokens: int  # real source tokens, EOS included
     steps: int      # decoder steps the search ran
+    row_steps: int  # rows decoded, summed over those steps (finished sentences leave)
+    stage_rows: tuple[int, ...]  # rows of each stage of the search: `rows`, then fewer
     seconds: float  # search, from the call until the results are on the host
 
 
@@ -60,14 +83,18 @@ class Translator:
     included); `truncated` lists the indices of the last call that were. A translation whose
     search reached its output limit (`SearchConfig.max_output_len`, where EOS is forced) is
     kept, and its line (counted as in truncation warnings) is added to `reached_limit`, over
-    every call, for the caller to report once. Sampling draws
+    every call, for the caller to report once. `searches` batches are searched at once, each
+    on its own thread (`default_searches`); results come back in order. Once `compact_after`
+    batches of a width have been searched (over every call), the next ones leave their
+    finished sentences behind as they go (see `COMPACT_AFTER_BATCHES`). Sampling draws
     from `seed` and a count of the batches searched so far, so repeated calls (translate.py
     calls once per chunk of stdin) never reuse random numbers.
     """
 
     def __init__(self, model: Transformer | Ensemble, tokenizer, search: SearchConfig,
                  batch_tokens: int = 4096, seed: int = 0,
-                 buckets: Sequence[int] | None = None):
+                 buckets: Sequence[int] | None = None, searches: int = 1,
+                 compact_after: int = COMPACT_AFTER_BATCHES):
         vocab = model.config.vocab_size
         if search.strategy == "sample" and search.top_k > vocab:
             raise ValueError(f"top_k {search.top_k} is larger than the model's vocabulary "
@@ -77,6 +104,9 @@ class Translator:
         self.tokenizer = tokenizer
         self.search = search
         self.batch_tokens = batch_tokens
+        self.searches = searches
+        self.compact_after = compact_after
+        self.batches_per_width: collections.Counter[int] = collections.Counter()
         self.rng = jax.random.key(seed)
         self.batches_searched = 0  # folded into the rng: each batch of every call draws anew
         self.max_source_len = self.model_config.max_len
@@ -92,6 +122,7 @@ class Translator:
         other = copy.copy(self)
         other.rng = jax.random.fold_in(self.rng, stream)
         other.batches_searched = 0
+        other.batches_per_width = collections.Counter()
         other.truncated, other.reached_limit, other.batch_stats = [], [], []
         return other
 
@@ -200,7 +231,8 @@ class Translator:
 
         Widths are the buckets; each width has one row count per power-of-two budget that
         `_batch_budget` can pick, so a long-running caller (the server) can compile them all
-        before it takes requests.
+        before it takes requests. A search that leaves finished sentences behind halves its
+        rows, which gives the row count of half the budget: no other shapes.
         """
         per_token = self.search.beam_size if self.search.strategy == "beam" else 1
         budgets = {min(self.batch_tokens, 1 << k)
@@ -210,37 +242,69 @@ class Translator:
         return sorted(shapes, key=lambda shape: (shape[1], shape[0]))
 
     def warm_up(self, progress: Callable[[int, int], None] | None = None) -> None:
-        """Compile the search for every shape of `search_shapes`; `progress(done, total)`
-        after each."""
+        """Compile the search for every shape of `search_shapes` (`compile_search`);
+        `progress(done, total)` after each."""
         shapes = self.search_shapes()
         pad = self.model_config.pad_id
         for done, (rows, width) in enumerate(shapes, 1):
             src = np.full((rows, width), pad, np.int32)
             src[:, 0] = self.model_config.eos_id  # a row of EOS alone: a real, empty source
-            search_with_state(self.graphdef, self.state, src, self.search, self.rng)
+            compile_search(self.graphdef, self.state, src, self.search)
             if progress is not None:
                 progress(done, len(shapes))
+        self.compact_after = 0  # every program compaction needs is compiled
 
     def _search_batches(self, ids: list[list[int]]
                         ) -> Iterator[tuple[np.ndarray, list[list[Hypothesis]], np.ndarray]]:
         """Yields (indices into `ids`, n-best hypotheses of those rows, the indices whose best
-        hypothesis reached its output limit) batch by batch."""
+        hypothesis reached its output limit) batch by batch, in order, with `searches` batches
+        in flight (one more waits, so no thread idles while the host yields)."""
         if not ids:
             return
         budget = self._batch_budget(ids)
-        for src, index in inference_batches(ids, batch_tokens=budget, buckets=self.buckets,
-                                            special=self.tokenizer.ids):
-            rng = jax.random.fold_in(self.rng, self.batches_searched)
-            self.batches_searched += 1
-            start = time.perf_counter()
-            result = search_with_state(self.graphdef, self.state, src, self.search, rng)
-            real = index >= 0
-            self.batch_stats.append(BatchStats(
-                width=src.shape[1], rows=src.shape[0], sentences=int(real.sum()),
-                source_tokens=int((src != self.model_config.pad_id).sum()), steps=result.steps,
-                seconds=time.perf_counter() - start))
-            yield (index[real], [self._hypotheses(result, row) for row in np.flatnonzero(real)],
-                   index[real & result.reached_limit()])
+        batches = inference_batches(ids, batch_tokens=budget, buckets=self.buckets,
+                                    special=self.tokenizer.ids)
+        if self.searches == 1:
+            for src, index in batches:
+                yield self._record(*self._search_one(src, index, *self._next_settings(src)))
+            return
+        with concurrent.futures.ThreadPoolExecutor(self.searches,
+                                                   thread_name_prefix="search") as pool:
+            pending: collections.deque[concurrent.futures.Future] = collections.deque()
+            for src, index in batches:
+                pending.append(pool.submit(self._search_one, src, index,
+                                           *self._next_settings(src)))
+                if len(pending) > self.searches:
+                    yield self._record(*pending.popleft().result())
+            while pending:
+                yield self._record(*pending.popleft().result())
+
+    def _next_settings(self, src: np.ndarray) -> tuple[jax.Array, bool]:
+        """The next batch's random key (each batch its own, in the order batches are made)
+        and whether it compacts."""
+        self.batches_searched += 1
+        width = src.shape[1]
+        self.batches_per_width[width] += 1
+        return (jax.random.fold_in(self.rng, self.batches_searched - 1),
+                self.batches_per_width[width] > self.compact_after)
+
+    def _search_one(self, src: np.ndarray, index: np.ndarray, rng: jax.Array, compact: bool
+                    ) -> tuple[BatchStats, tuple[np.ndarray, list[list[Hypothesis]], np.ndarray]]:
+        """Search one batch (any thread): its cost and what `_search_batches` yields for it."""
+        start = time.perf_counter()
+        result = search_with_state(self.graphdef, self.state, src, self.search, rng, compact)
+        real = index >= 0
+        stats = BatchStats(
+            width=src.shape[1], rows=src.shape[0], sentences=int(real.sum()),
+            source_tokens=int((src != self.model_config.pad_id).sum()), steps=result.steps,
+            row_steps=result.row_steps, stage_rows=result.stage_rows,
+            seconds=time.perf_counter() - start)
+        return stats, (index[real], [self._hypotheses(result, row) for row in np.flatnonzero(real)],
+                       index[real & result.reached_limit()])
+
+    def _record(self, stats: BatchStats, found):
+        self.batch_stats.append(stats)
+        return found
 
     def _hypotheses(self, result, row: int) -> list[Hypothesis]:
         eos = self.model_config.eos_id

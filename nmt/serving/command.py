@@ -166,14 +166,14 @@ def load_served_models(args: argparse.Namespace):
     import jax
 
     from nmt.models.model_dir import ModelDirError, load_models
-    from nmt.models.translator import Translator
+    from nmt.models.translator import Translator, default_searches
     from nmt.serving.catalog import ServedModel
 
     on_cpu = jax.default_backend() == "cpu"
     if args.batch_tokens is None:
         args.batch_tokens = CPU_BATCH_TOKENS if on_cpu else ACCELERATOR_BATCH_TOKENS
     if args.searches is None:
-        args.searches = 2 if on_cpu else 1
+        args.searches = default_searches()
     served, seen = [], {}
     for index, flag in enumerate(args.model):
         source, target, path = parse_model_flag(flag)

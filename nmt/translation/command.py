@@ -134,6 +134,10 @@ def _add_input_output_flags(io) -> None:
     io.add_argument("--batch-tokens", type=int, default=4096,
                     help="source tokens per batch, before dividing by the beam size "
                          "(default 4096)")
+    io.add_argument("--searches", type=int,
+                    help="batches searched at once, each on its own thread (default 2 on a "
+                         "CPU, where one batch keeps only part of the cores busy; 1 on a GPU "
+                         "or TPU)")
     io.add_argument("--chunk-lines", type=int, default=DEFAULT_CHUNK_LINES,
                     help="stdin: translate at most this many waiting lines per call "
                          f"(default {DEFAULT_CHUNK_LINES})")
@@ -193,8 +197,8 @@ def _add_evaluation_flags(ev) -> None:
 
 def check_args(args: argparse.Namespace) -> None:
     """Flag combinations argparse cannot express; raises UsageError."""
-    for name in ("batch_tokens", "chunk_lines"):
-        if getattr(args, name) < 1:
+    for name in ("batch_tokens", "chunk_lines", "searches"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
             raise UsageError(f"--{name.replace('_', '-')} must be >= 1, "
                              f"got {getattr(args, name)}.")
     for name, (value, origin) in recipes.from_args(args)["search"].items():
@@ -291,7 +295,7 @@ def load(args: argparse.Namespace):
     enable_compilation_cache()
     # JAX loads only now: argument and path errors above answer at once.
     from nmt.models.model_dir import ModelDirError, load_models
-    from nmt.models.translator import Translator
+    from nmt.models.translator import Translator, default_searches
 
     start = time.perf_counter()
     try:
@@ -308,7 +312,7 @@ def load(args: argparse.Namespace):
         check_plot_settings(model, args)
     try:
         translator = Translator(model, tokenizer, search, batch_tokens=args.batch_tokens,
-                                seed=args.seed)
+                                seed=args.seed, searches=args.searches or default_searches())
     except ValueError as err:  # settings that only the loaded model can refuse (--top-k)
         raise UsageError(f"invalid search settings for this model: {err}") from None
     log.info("%s %s loaded in %.2f s; search: %s", "model" if len(args.model) == 1 else
