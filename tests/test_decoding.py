@@ -360,7 +360,7 @@ def test_only_settings_a_search_reads_compile_a_new_program():
 
     def new_programs(jitted, config: SearchConfig) -> int:
         before = jitted._cache_size()
-        search(model, src, config, compact=False)  # one batch shape: one program per config
+        search(model, src, config)  # whole, one batch shape: one program per config
         return jitted._cache_size() - before
 
     new_programs(_beam_resume, beam)
@@ -423,8 +423,8 @@ def test_leaving_finished_sentences_behind_changes_no_hypothesis(config):
     read after it left, changes the hypotheses."""
     model = sharp_model(seed=3)
     src = sources(np.random.default_rng(4), [2, 14, 5, 3, 9, 2, 12, 4], 64)
-    compacted = search(model, src, config)
-    whole = search(model, src, config, compact=False)
+    compacted = search(model, src, config, compact=True)
+    whole = search(model, src, config)
     np.testing.assert_array_equal(compacted.tokens, whole.tokens)
     np.testing.assert_array_equal(compacted.lengths, whole.lengths)
     np.testing.assert_allclose(compacted.scores, whole.scores, rtol=1e-5, atol=1e-5)

@@ -501,6 +501,7 @@ def test_invalid_search_flags_exit_2(run_dir, env):
     (["--beam", "0"], "--beam must be >= 1, got 0"),
     (["--max-len-a", "0", "--max-len-b", "0"], "--max-len-b must be >= 1 when --max-len-a is 0"),
     (["--max-len-a", "-1"], "--max-len-a must be >= 0, got -1.0"),
+    (["--searches", "0"], "--searches must be >= 1, got 0"),
     (["--beam-rules", "greedy"], "--beam-rules: invalid choice: 'greedy' (choose from "
                                  "'heuristic', 'exact', 'k-finished', 'transformers')"),
 ])

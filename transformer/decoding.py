@@ -3,10 +3,12 @@ decoding of given references (`reference_logprobs`).
 
 Every search starts from BOS, runs the decoder on one new position per step (keys and values
 of earlier positions come from the cache), and loops with `lax.while_loop` over static shapes
-until every sentence has ended or reached its length limit. Each sentence has its own limit
-`max_len_a * source_length + max_len_b` (EOS included); at that position EOS is forced, as
-fairseq does, so every output ends with EOS. PAD and BOS are never produced. After EOS a
-sequence is padded with PAD.
+until every sentence has ended or reached its length limit. A search is two jitted programs,
+its start (encoder, first step) and its loop, so that the loop can stop early and resume on
+fewer rows once most sentences are done (`compact`, `_search_in_stages`). Each sentence has
+its own limit `max_len_a * source_length + max_len_b` (EOS included); at that position EOS is
+forced, as fairseq does, so every output ends with EOS. PAD and BOS are never produced.
+After EOS a sequence is padded with PAD.
 
 The model is a `Transformer` or a `transformer.ensemble.Ensemble`, which decodes several
 models in step and returns log-probabilities as logits; both give caches with the operations
@@ -176,7 +178,7 @@ def _search_program(config: SearchConfig, max_len: int) -> _SearchProgram:
 
 
 def search(model: Transformer | Ensemble, src_ids: np.ndarray | Array, config: SearchConfig,
-           rng: Array | None = None, compact: bool = True) -> SearchResult:
+           rng: Array | None = None, compact: bool = False) -> SearchResult:
     """Translate a padded batch of source ids [batch, src_len] (EOS included, PAD after).
 
     `config.strategy` picks greedy, sampling or beam search; beam search with beam_size 1 is
@@ -187,13 +189,15 @@ def search(model: Transformer | Ensemble, src_ids: np.ndarray | Array, config: S
 
 
 def search_with_state(graphdef: nnx.GraphDef, state: nnx.State, src_ids: np.ndarray | Array,
-                      config: SearchConfig, rng: Array | None = None, compact: bool = True
+                      config: SearchConfig, rng: Array | None = None, compact: bool = False
                       ) -> SearchResult:
     """`search` for a model already split with `nnx.split` (what training loops hold).
 
-    With `compact` (the default), the search leaves finished sentences behind as it goes
-    (`_search_in_stages`); without, every row computes until the batch's last sentence ends.
-    The hypotheses are the same either way.
+    With `compact`, the search leaves finished sentences behind as it goes
+    (`_search_in_stages`): a third less work on real text, for a few more programs to compile
+    (one per row count), which pays over many batches of a shape (`nmt.models.translator`
+    decides). Without, every row computes until the batch's last sentence ends. The
+    hypotheses are the same either way.
     """
     model_config = _model_config(graphdef, state)
     src_np = np.asarray(src_ids, dtype=np.int32)
