@@ -72,7 +72,7 @@ def test_every_batch_shape_searched_is_one_of_search_shapes(strategy):
     shapes = set(translator.search_shapes())
     rng = random.Random(0)
     seen = set()
-    for count in (1, 2, 3, 7, 20, 61):
+    for count in (1, 3, 9, 40):
         sentences = [" ".join(str(rng.randrange(4, 60)) for _ in range(rng.randrange(1, 62)))
                      for _ in range(count)]
         translator.translate(sentences)
