@@ -193,8 +193,10 @@ def load_served_models(args: argparse.Namespace):
         seen[source, target] = flag
         try:
             search = search_config(values["search"], args)
+            # compact_after=0: the warm-up compiles every program compaction needs, so every
+            # batch leaves its finished sentences behind from the first request on.
             translator = Translator(model, tokenizer, search, batch_tokens=args.batch_tokens,
-                                    seed=args.seed, buckets=args.buckets)
+                                    seed=args.seed, buckets=args.buckets, compact_after=0)
         except ValueError as err:
             raise UsageError(f"--model {flag}: invalid search settings: "
                              f"{name_flags(str(err))}") from None
