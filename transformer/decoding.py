@@ -352,13 +352,13 @@ def _search_in_stages(strategy: _Strategy, graphdef, program: _SearchProgram, st
     sentence_of_row = np.arange(rows)  # -1: a filler row, or a sentence already copied out
     step, row_steps, stage_rows = 0, 0, []
     while True:
-        width = len(sentence_of_row)
-        stage_rows.append(width)
-        stop_at = width // 2 if compact and width > 1 else 0
+        batch_rows = len(sentence_of_row)
+        stage_rows.append(batch_rows)
+        stop_at = batch_rows // 2 if compact and batch_rows > 1 else 0
         searched = strategy.resume(graphdef, program, state, sentences, searched,
                                    jnp.asarray(stop_at, jnp.int32), rng)
         done, new_step = (np.asarray(x) for x in jax.device_get((searched.done, searched.step)))
-        row_steps += width * (int(new_step) - step)
+        row_steps += batch_rows * (int(new_step) - step)
         step = int(new_step)
         finished = done | (step >= max_len)
         leaving = np.flatnonzero(finished & (sentence_of_row >= 0))
@@ -373,14 +373,14 @@ def _search_in_stages(strategy: _Strategy, graphdef, program: _SearchProgram, st
             return SearchResult(tokens, scores, lengths, limits, step, row_steps,
                                 tuple(stage_rows))
         # The smallest halving of the rows that holds the sentences still searching.
-        new_width = width
-        while new_width // 2 >= len(staying):
-            new_width //= 2
+        new_rows = batch_rows
+        while new_rows // 2 >= len(staying):
+            new_rows //= 2
         filler = np.flatnonzero(finished)[0]
-        keep = np.concatenate([staying, np.full(new_width - len(staying), filler)])
+        keep = np.concatenate([staying, np.full(new_rows - len(staying), filler)])
         sentences, searched = _compact(sentences, searched, jnp.asarray(keep, jnp.int32))
         sentence_of_row = np.concatenate(
-            [sentence_of_row[staying], np.full(new_width - len(staying), -1)])
+            [sentence_of_row[staying], np.full(new_rows - len(staying), -1)])
 
 
 @jax.jit
