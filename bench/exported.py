@@ -131,8 +131,8 @@ def main() -> None:
               **common})
 
     ours = {}
+    searches = args.searches or default_searches()
     for mode, search in ((f"beam {args.beam}", beam), ("greedy", greedy)):
-        searches = args.searches or default_searches()
         # compact_after=0: a long job's steady state, where every batch compacts (the warm-up
         # pass compiles the programs at fewer rows).
         translator = Translator(model, tokenizer, search, searches=searches, compact_after=0)

@@ -199,18 +199,11 @@ def search_with_state(graphdef: nnx.GraphDef, state: nnx.State, src_ids: np.ndar
     decides). Without, every row computes until the batch's last sentence ends. The
     hypotheses are the same either way.
     """
-    model_config = _model_config(graphdef, state)
-    src_np = np.asarray(src_ids, dtype=np.int32)
-    limits, max_len = output_limits(src_np, config, model_config.pad_id, model_config.max_len)
     if config.strategy == "sample" and rng is None:
         raise ValueError("strategy='sample' needs an rng (jax.random.key(seed)).")
     rng = rng if rng is not None else jax.random.key(0)
-    program = _search_program(config, max_len)
-    strategy = _BEAM if config.strategy == "beam" else _GREEDY
-    batch, searched = strategy.start(graphdef, program, state, jnp.asarray(src_np),
-                                     jnp.asarray(limits), rng)
-    return _search_in_stages(strategy, graphdef, program, state, batch, searched, rng, compact,
-                             model_config.pad_id, limits)
+    started = _start(graphdef, state, src_ids, config, rng)
+    return _search_in_stages(started, graphdef, state, rng, compact)
 
 
 def compile_search(graphdef: nnx.GraphDef, state: nnx.State, src_ids: np.ndarray,
@@ -218,15 +211,11 @@ def compile_search(graphdef: nnx.GraphDef, state: nnx.State, src_ids: np.ndarray
     """Compile (or load from the compilation cache) every program a search of this batch
     shape [batch, src_len] can run: its start, and its loop and compaction at each halving
     of the rows. For servers, before they take requests."""
-    model_config = _model_config(graphdef, state)
-    src_np = np.asarray(src_ids, dtype=np.int32)
-    limits, max_len = output_limits(src_np, config, model_config.pad_id, model_config.max_len)
-    program = _search_program(config, max_len)
-    strategy = _BEAM if config.strategy == "beam" else _GREEDY
     rng = jax.random.key(0)
-    sentences, searched = strategy.start(graphdef, program, state, jnp.asarray(src_np),
-                                         jnp.asarray(limits), rng)
-    rows = len(src_np)
+    started = _start(graphdef, state, src_ids, config, rng)
+    strategy, program, sentences, searched = (started.strategy, started.program,
+                                              started.sentences, started.searched)
+    rows = len(started.limits)
     while True:
         # stop_at = rows: the loop is compiled, and runs no step.
         searched = strategy.resume(graphdef, program, state, sentences, searched,
@@ -236,6 +225,30 @@ def compile_search(graphdef: nnx.GraphDef, state: nnx.State, src_ids: np.ndarray
         rows //= 2
         sentences, searched = _compact(sentences, searched, jnp.arange(rows, dtype=jnp.int32))
     jax.block_until_ready(searched)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Started:
+    """A search after its start program: what its stages continue from."""
+
+    strategy: "_Strategy"
+    program: _SearchProgram
+    sentences: "_Sentences"
+    searched: "_GreedyState | _BeamState"
+    limits: np.ndarray  # [batch], each sentence's output limit
+    pad_id: int
+
+
+def _start(graphdef, state, src_ids, config: SearchConfig, rng: Array) -> _Started:
+    """Output limits, the static program, and the strategy's start program run on src_ids."""
+    model_config = _model_config(graphdef, state)
+    src_np = np.asarray(src_ids, dtype=np.int32)
+    limits, max_len = output_limits(src_np, config, model_config.pad_id, model_config.max_len)
+    program = _search_program(config, max_len)
+    strategy = _BEAM if config.strategy == "beam" else _GREEDY
+    sentences, searched = strategy.start(graphdef, program, state, jnp.asarray(src_np),
+                                         jnp.asarray(limits), rng)
+    return _Started(strategy, program, sentences, searched, limits, model_config.pad_id)
 
 
 def _model_config(graphdef, state):
@@ -331,9 +344,8 @@ class _Strategy:
     outputs: Callable  # (state, pad_id, nbest) -> host tokens, scores, lengths per row
 
 
-def _search_in_stages(strategy: _Strategy, graphdef, program: _SearchProgram, state,
-                      sentences: _Sentences, searched, rng: Array, compact: bool, pad: int,
-                      limits: np.ndarray) -> SearchResult:
+def _search_in_stages(started: _Started, graphdef, state, rng: Array, compact: bool
+                      ) -> SearchResult:
     """Run a started search to its end, leaving finished sentences behind on the way.
 
     A batch's sentences end at different steps, and a finished sentence's row costs as much
@@ -343,9 +355,12 @@ def _search_in_stages(strategy: _Strategy, graphdef, program: _SearchProgram, st
     copied out, and the loop resumes. Filler rows of a compacted batch repeat a finished
     sentence, frozen.
     """
+    strategy, program, sentences, searched = (started.strategy, started.program,
+                                              started.sentences, started.searched)
+    limits, pad = started.limits, started.pad_id
     nbest = program.settings.nbest if program.settings.strategy == "beam" else 1
     max_len = program.max_len
-    rows = int(sentences.limits.shape[0])
+    rows = len(limits)
     tokens = np.full((rows, nbest, max_len), pad, np.int32)
     scores = np.zeros((rows, nbest), np.float32)
     lengths = np.zeros((rows, nbest), np.int32)
