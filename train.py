@@ -6,13 +6,17 @@ defaults, then the recipe, then the flags; see `--help`. The command line lives 
 `nmt.training.command`, the loop in `nmt.training.trainer`.
 """
 
-import sys
-
 from nmt.runtime.allocator import preload
-from nmt.training.command import build_parser, main, resolve
+
+if __name__ == "__main__":
+    # Runs this command again with mimalloc loaded (nmt/runtime/allocator.py), before the
+    # imports below are paid for twice.
+    preload()
+
+from nmt.runtime.cli import exit_quickly  # noqa: E402
+from nmt.training.command import build_parser, main, resolve  # noqa: E402
 
 __all__ = ["build_parser", "main", "resolve"]
 
 if __name__ == "__main__":
-    preload()  # runs this command again with mimalloc loaded (nmt/runtime/allocator.py)
-    sys.exit(main())
+    exit_quickly(main())

@@ -8,13 +8,17 @@
 See `--help` and docs/translating.md; the command line lives in `nmt.translation.command`.
 """
 
-import sys
-
 from nmt.runtime.allocator import preload
-from nmt.translation.command import build_parser, main
+
+if __name__ == "__main__":
+    # Runs this command again with mimalloc loaded (nmt/runtime/allocator.py), before the
+    # imports below are paid for twice.
+    preload()
+
+from nmt.runtime.cli import exit_quickly  # noqa: E402
+from nmt.translation.command import build_parser, main  # noqa: E402
 
 __all__ = ["build_parser", "main"]
 
 if __name__ == "__main__":
-    preload()  # runs this command again with mimalloc loaded (nmt/runtime/allocator.py)
-    sys.exit(main())
+    exit_quickly(main())

@@ -234,6 +234,31 @@ def test_export_and_load_model(tmp_path):
         model_dir.load_model(tmp_path / "nowhere")
 
 
+def test_abstract_model_is_the_model_eval_shape_builds_and_tracers_keep_their_probe():
+    """The fast abstract build gives what a plain `nnx.eval_shape` gives, and leaves JAX's
+    tracers as they were."""
+    import jax.core
+    from flax import nnx
+
+    from transformer.model import Transformer
+
+    config = get_preset("tiny", vocab_size=67, share_embeddings=False)
+    probe = jax.core.Tracer.__dict__["sharding"]
+    graphdef, params, rest = model_dir.abstract_params(config)
+    assert jax.core.Tracer.__dict__["sharding"] is probe
+    plain = nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0)))
+    plain_graphdef, plain_params, plain_rest = nnx.split(plain, nnx.Param, ...)
+    assert graphdef == plain_graphdef
+    assert jax.tree.structure(params) == jax.tree.structure(plain_params)
+    assert ([(p.shape, p.dtype) for p in jax.tree.leaves(params)]
+            == [(p.shape, p.dtype) for p in jax.tree.leaves(plain_params)])
+    assert jax.tree.structure(rest) == jax.tree.structure(plain_rest)
+
+    def probed(x):
+        return getattr(x, "sharding", "none")
+    assert jax.jit(lambda x: (probed(x) == "none", x))(np.ones(2))[0]  # the probe still answers
+
+
 def test_saving_a_step_again_replaces_it(tmp_path):
     """After resuming from an earlier step, the run reaches (and saves) the same steps again."""
     params0, train0 = _split(_trained_state(0))

@@ -219,11 +219,11 @@ def compile_search(graphdef: nnx.GraphDef, state: nnx.State, src_ids: np.ndarray
     while True:
         # stop_at = rows: the loop is compiled, and runs no step.
         searched = strategy.resume(graphdef, program, state, sentences, searched,
-                                   jnp.asarray(rows, jnp.int32), rng)
+                                   np.int32(rows), rng)
         if rows == 1:
             break
         rows //= 2
-        sentences, searched = _compact(sentences, searched, jnp.arange(rows, dtype=jnp.int32))
+        sentences, searched = _compact(sentences, searched, np.arange(rows, dtype=np.int32))
     jax.block_until_ready(searched)
 
 
@@ -246,8 +246,7 @@ def _start(graphdef, state, src_ids, config: SearchConfig, rng: Array) -> _Start
     limits, max_len = output_limits(src_np, config, model_config.pad_id, model_config.max_len)
     program = _search_program(config, max_len)
     strategy = _BEAM if config.strategy == "beam" else _GREEDY
-    sentences, searched = strategy.start(graphdef, program, state, jnp.asarray(src_np),
-                                         jnp.asarray(limits), rng)
+    sentences, searched = strategy.start(graphdef, program, state, src_np, limits, rng)
     return _Started(strategy, program, sentences, searched, limits, model_config.pad_id)
 
 
@@ -371,7 +370,7 @@ def _search_in_stages(started: _Started, graphdef, state, rng: Array, compact: b
         stage_rows.append(batch_rows)
         stop_at = batch_rows // 2 if compact and batch_rows > 1 else 0
         searched = strategy.resume(graphdef, program, state, sentences, searched,
-                                   jnp.asarray(stop_at, jnp.int32), rng)
+                                   np.int32(stop_at), rng)
         done, new_step = (np.asarray(x) for x in jax.device_get((searched.done, searched.step)))
         row_steps += batch_rows * (int(new_step) - step)
         step = int(new_step)
@@ -393,7 +392,7 @@ def _search_in_stages(started: _Started, graphdef, state, rng: Array, compact: b
             new_rows //= 2
         filler = np.flatnonzero(finished)[0]
         keep = np.concatenate([staying, np.full(new_rows - len(staying), filler)])
-        sentences, searched = _compact(sentences, searched, jnp.asarray(keep, jnp.int32))
+        sentences, searched = _compact(sentences, searched, keep.astype(np.int32))
         sentence_of_row = np.concatenate(
             [sentence_of_row[staying], np.full(new_rows - len(staying), -1)])
 

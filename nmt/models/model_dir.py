@@ -14,13 +14,14 @@ Training checkpoints (optimizer state, data position) are the application's busi
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import jax
-import jax.numpy as jnp
+import jax.core
 import numpy as np
 from flax import nnx, serialization
 
@@ -42,8 +43,35 @@ class ModelDirError(RuntimeError):
 
 def abstract_params(config: ModelConfig) -> tuple[nnx.GraphDef, Any, Any]:
     """(graphdef, params as ShapeDtypeStructs, other state) of a Transformer, nothing allocated."""
-    abstract_model = nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0)))
+    with _quiet_sharding_probes():
+        abstract_model = nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0)))
     return nnx.split(abstract_model, nnx.Param, ...)
+
+
+@contextlib.contextmanager
+def _quiet_sharding_probes() -> Iterator[None]:
+    """Make `getattr(tracer, "sharding", None)` cheap while a model is built abstractly.
+
+    flax's Variable probes `value.sharding` at every update, the random generator's counter
+    included (twice per parameter). On a tracer JAX answers with an AttributeError whose
+    message walks every equation traced so far, which makes building a model quadratic in its
+    size: 0.4 s of every translate.py start for the `compact` model, 0.1 s without the message
+    (jax-ml/jax pull request 40041 describes the problem). The probe's outcome is the same.
+    """
+    tracer = getattr(jax.core, "Tracer", None)
+    probe = getattr(tracer, "__dict__", {}).get("sharding")
+    if not isinstance(probe, property):  # another JAX: leave it alone
+        yield
+        return
+
+    def no_sharding(self):
+        raise AttributeError("a tracer has no sharding")
+
+    tracer.sharding = property(no_sharding)
+    try:
+        yield
+    finally:
+        tracer.sharding = probe
 
 
 def read_model_config(model_dir: str | Path) -> tuple[ModelConfig, dict[str, Any]]:
@@ -229,7 +257,7 @@ def load_model(path: str | Path, dtype: str | None = None
                             "export the model again.") from err
     check_shapes(model_dir, params, pure)
     nnx.replace_by_pure_dict(params, pure)
-    params = jax.tree.map(jnp.asarray, params)
+    params = jax.device_put(params)  # one transfer, where jnp.asarray runs a program per shape
     model = nnx.merge(graphdef, params, rest)
     values = dict(values)
     values["model"] = model_config

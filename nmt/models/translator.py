@@ -280,13 +280,15 @@ class Translator:
                 yield self._record(*pending.popleft().result())
 
     def _next_settings(self, src: np.ndarray) -> tuple[jax.Array, bool]:
-        """The next batch's random key (each batch its own, in the order batches are made)
-        and whether it compacts."""
+        """The next batch's random key and whether it compacts. Sampling gets a key of each
+        batch's own, in the order batches are made; greedy and beam search draw nothing and
+        get the seed's key as it is (folding would cost them a program to load)."""
         self.batches_searched += 1
         width = src.shape[1]
         self.batches_per_width[width] += 1
-        return (jax.random.fold_in(self.rng, self.batches_searched - 1),
-                self.batches_per_width[width] > self.compact_after)
+        rng = (jax.random.fold_in(self.rng, self.batches_searched - 1)
+               if self.search.strategy == "sample" else self.rng)
+        return rng, self.batches_per_width[width] > self.compact_after
 
     def _search_one(self, src: np.ndarray, index: np.ndarray, rng: jax.Array, compact: bool
                     ) -> tuple[BatchStats, tuple[np.ndarray, list[list[Hypothesis]], np.ndarray]]:

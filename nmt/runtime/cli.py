@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import gc
 import logging
 import os
 import sys
@@ -97,6 +98,14 @@ def guarded(prog: str, main: Callable[[], int]) -> int:
               f"{DEBUG_VARIABLE}=1 for the traceback, and report it if the cause is not yours",
               file=sys.stderr, flush=True)
         return EXIT_FAULT
+
+
+def exit_quickly(code: int) -> NoReturn:
+    """sys.exit(code), without the garbage collector's last passes over every object JAX
+    made (0.2 s of a translate.py run). Nothing waits on them: files are closed by then, and
+    atexit handlers and logging's flush still run."""
+    gc.freeze()
+    sys.exit(code)
 
 
 class _CurrentStderr(logging.StreamHandler):
