@@ -16,6 +16,7 @@ from transformer.layers import (
     FeedForward,
     MultiHeadAttention,
     PositionalEncoding,
+    cache_prefixes,
     causal_mask,
     padding_mask,
     reference_attention,
@@ -416,6 +417,33 @@ def test_one_beam_cache_expanded_to_beams_continues_every_beam_exactly():
     np.testing.assert_allclose(step_logits[:, 0], full[:, -1], atol=1e-5)
     with pytest.raises(ValueError, match="one-beam"):
         cache.expand_to_beams(beam)
+
+
+def test_beam_steps_on_both_sides_of_each_attention_prefix_equal_teacher_forcing():
+    """Beam self-attention over the cache runs over the shortest of a few fixed prefixes
+    (16, 32, max_len positions) that holds every written position: each step, just before
+    and just after every boundary, must still see its whole history."""
+    model = make_model()
+    rng = np.random.default_rng(11)
+    batch, beam, max_len = 2, 2, 40
+    assert cache_prefixes(max_len) == (16, 32, 40)
+    src = random_batch(rng, batch, 5, 64, lengths=[5, 4])
+    memory, src_mask = model.encode(src), model.source_mask(src)
+    tokens = random_batch(rng, batch * beam, max_len, 64)     # row b*beam + j: beam j of b
+    full, _ = model.decode(jnp.repeat(memory, beam, axis=0), jnp.repeat(src_mask, beam, axis=0),
+                           tokens)
+    graphdef, state = nnx.split(model)
+
+    @jax.jit
+    def step(ids, cache):
+        return nnx.merge(graphdef, state).decode(memory, src_mask, ids, cache)
+
+    cache = model.init_cache(memory, max_len=max_len, beam_size=beam)
+    for t in range(max_len):
+        logits, cache = step(tokens[:, t:t + 1], cache)
+        if t in (0, 14, 15, 16, 30, 31, 32, 39):
+            np.testing.assert_allclose(logits[:, 0], full[:, t], atol=1e-5,
+                                       err_msg=f"position {t}")
 
 
 def test_dropout_is_active_only_with_an_rng():

@@ -193,6 +193,18 @@ class PositionalEncoding(nnx.Module):
         return x + rows[None].astype(x.dtype)
 
 
+def cache_prefixes(max_len: int) -> tuple[int, ...]:
+    """The position counts that cached self-attention in beam search runs over, shortest
+    first: powers of two from 16 below max_len, then max_len. A step reads at most twice the
+    positions written (16 at the first steps); each count is one more branch to compile."""
+    lengths = []
+    n = 16
+    while n < max_len:
+        lengths.append(n)
+        n *= 2
+    return (*lengths, max_len)
+
+
 class MultiHeadAttention(nnx.Module):
     """Multi-head scaled dot-product attention (paper Sec. 3.2.2).
 
@@ -261,7 +273,7 @@ class MultiHeadAttention(nnx.Module):
         return self.output(context), weights
 
     def attend_cached(self, query: Array, key: Array, value: Array, mask: Array,
-                      beam_slot: Array | None = None) -> Array:
+                      beam_slot: Array | None = None, written: Array | None = None) -> Array:
         """Attention of a few new query positions over cached, heads-major keys and values.
 
         query [rows, q_len, heads, head_dim]; key [batch, heads, head_dim, k_len]; value
@@ -270,15 +282,39 @@ class MultiHeadAttention(nnx.Module):
         Returns [rows, q_len, d_model].
 
         Cross-attention: k_len is the source length, mask [batch, 1, 1, k_len].
-        Self-attention in beam search (`beam_slot` int32 [batch, group, max_len] given): the
-        key axis holds max_len * group slots (position t of beam j at t * group + j), and
-        beam i reads position t from the slot of beam beam_slot[b, i, t], the beam that
-        computed it (see `transformer.cache`); mask [1, 1, q_len, max_len] is over positions.
+        Self-attention over the decoder's cache: the key axis holds max_len * group slots
+        (position t of beam j at t * group + j; group = 1 outside beam search) and mask
+        [1, 1, q_len, max_len] is over positions. In beam search (`beam_slot` int32
+        [batch, group, max_len] given), beam i reads position t from the slot of beam
+        beam_slot[b, i, t], the beam that computed it (see `transformer.cache`), and
+        `written` (int32 scalar, the positions written so far, new ones included) lets the
+        products skip the cache's unwritten end: they run over the shortest of a few fixed
+        prefixes (`cache_prefixes`) that holds every written position. Every beam's query
+        meets every beam's slots there, so the whole cache would cost beam times a position's
+        work for every position at every step; greedy search gains nothing measurable.
 
         Heads-major keys and values make both products plain batched matrix products over
         (batch, head), with no copy of the cache at any step; keys are stored transposed for
         XLA:CPU's product (docs/design.md, "Kernels").
         """
+        if written is None or beam_slot is None:
+            return self._attend_cached_slots(query, key, value, mask, beam_slot)
+        max_len = mask.shape[-1]
+        lengths = cache_prefixes(max_len)
+        group = key.shape[-1] // max_len
+
+        def over_prefix(length: int, query, key, value, mask, beam_slot):
+            slots = length * group
+            return self._attend_cached_slots(query, key[..., :slots], value[:, :, :slots],
+                                             mask[..., :length], beam_slot[..., :length])
+
+        branches = [functools.partial(over_prefix, n) for n in lengths]
+        which = jnp.searchsorted(jnp.asarray(lengths, jnp.int32), written)
+        return jax.lax.switch(which, branches, query, key, value, mask, beam_slot)
+
+    def _attend_cached_slots(self, query: Array, key: Array, value: Array, mask: Array,
+                             beam_slot: Array | None) -> Array:
+        """`attend_cached` over every slot of key and value."""
         rows, q_len = query.shape[:2]
         batch = key.shape[0]
         group = rows // batch

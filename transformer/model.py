@@ -97,7 +97,7 @@ class DecoderLayer(nnx.Module):
 
     def step(self, x: Array, self_kv: tuple[Array, Array], self_mask: Array,
              beam_slot: Array | None, cross_kv: tuple[Array, Array], src_mask: Array,
-             rng: Array | None) -> Array:
+             rng: Array | None, written: Array | None = None) -> Array:
         """The layer for new positions over cached keys/values (incremental decoding).
 
         x [rows, new_len, d_model] with rows = batch * beam; self_kv: the cache with this step
@@ -105,13 +105,16 @@ class DecoderLayer(nnx.Module):
         [batch, heads, max_len * beam, head_dim]; self_mask [1, 1, new_len, max_len];
         beam_slot [batch, beam, max_len] (None when beam = 1); cross_kv: keys
         [batch, heads, head_dim, src_len] and values [batch, heads, src_len, head_dim];
-        src_mask [batch, 1, 1, src_len]. Attention dropout is not applied on this path.
+        src_mask [batch, 1, 1, src_len]; written: the positions in the cache, this step's
+        included, so that attention skips the rest (`MultiHeadAttention.attend_cached`).
+        Attention dropout is not applied on this path.
         """
         rngs = split_rng(rng, 6)
 
         def attend_self(h):
             query = self.self_attention.project_query(h)
-            return self.self_attention.attend_cached(query, *self_kv, self_mask, beam_slot)
+            return self.self_attention.attend_cached(query, *self_kv, self_mask, beam_slot,
+                                                     written)
 
         def attend_cross(h):
             query = self.cross_attention.project_query(h)
@@ -284,7 +287,8 @@ class Transformer(nnx.Module):
             new_values.append(value)
             cross_kv = (cache.cross_key[i], cache.cross_value[i])
             x = layer.step(x, (key, value), self_mask,
-                           beam_slot if cache.beam > 1 else None, cross_kv, src_mask, layer_rng)
+                           beam_slot if cache.beam > 1 else None, cross_kv, src_mask, layer_rng,
+                           written=cache.index + tgt_len)
         cache = cache.advance(new_keys, new_values, beam_slot, tgt_len)
         return self._logits(self._final_norm(x)), cache, []
 

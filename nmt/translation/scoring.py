@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
-import sacrebleu
+if TYPE_CHECKING:
+    import sacrebleu
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,7 +32,6 @@ class Scores:
 # would score each of their sentences as one or a few "words"), and 13a for every other language.
 _BLEU_TOKENIZER_FOR_LANGUAGE = {"zh": "zh", "ja": "ja-mecab", "ko": "ko-mecab"}
 _PIP_EXTRA_FOR_TOKENIZER = {"ja-mecab": "ja", "ko-mecab": "ko"}  # pip install 'sacrebleu[ja]'
-BLEU_TOKENIZERS = tuple(sacrebleu.BLEU.TOKENIZERS)
 
 
 class MetricError(ValueError):
@@ -51,10 +51,12 @@ def bleu_metric(target_language: str | None = None, tokenize: str | None = None
     """sacreBLEU's BLEU (cased, detokenized input) with `tokenize`, or by default the tokenizer
     `bleu_tokenizer_for(target_language)`. MetricError if that tokenizer is unknown or cannot
     be set up (Japanese and Korean need MeCab: `pip install 'sacrebleu[ja]'` / `[ko]`)."""
+    import sacrebleu  # here, not at the top: translating one line need not wait for it
+
     name = tokenize or bleu_tokenizer_for(target_language)
-    if name not in BLEU_TOKENIZERS:
+    if name not in sacrebleu.BLEU.TOKENIZERS:
         raise MetricError(f"unknown BLEU tokenizer {name!r}; choose one of "
-                          f"{', '.join(BLEU_TOKENIZERS)}.")
+                          f"{', '.join(sacrebleu.BLEU.TOKENIZERS)}.")
     try:
         return sacrebleu.BLEU(tokenize=name)
     except (AssertionError, ImportError, OSError, RuntimeError) as err:
@@ -89,6 +91,8 @@ def evaluate(hypotheses: Sequence[str], references: Sequence[str],
     if len(hypotheses) != len(references):
         raise ValueError(f"{len(hypotheses)} hypotheses but {len(references)} references; "
                          "the source and reference files must have the same number of lines.")
+    import sacrebleu
+
     bleu, chrf = bleu_metric(target_language, bleu_tokenize), sacrebleu.CHRF()
     bleu_score = bleu.corpus_score(list(hypotheses), [list(references)])
     chrf_score = chrf.corpus_score(list(hypotheses), [list(references)])
