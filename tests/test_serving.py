@@ -499,18 +499,18 @@ def test_a_served_model_compacts_every_batch_and_warm_up_compiles_what_that_need
     """The server compiles before it serves, so its searches leave finished sentences behind
     from the first batch (a translator on its own waits for 16 of a width); after `warm_up`,
     a call that compacts compiles nothing new."""
+    from nmt.runtime.compilation import CompileLog
     from nmt.serving import command
-    from transformer import decoding
 
     args = command.build_parser().parse_args(["--model", str(run_dir), "--buckets", "16"])
     command.check_args(args)
     translator = command.load_served_models(args)[0].translator
     assert translator.compact_after == 0
-    translator.warm_up()
-    programs = (decoding._beam_start, decoding._beam_resume, decoding._greedy_start,
-                decoding._greedy_resume, decoding._compact)
-    before = [program._cache_size() for program in programs]
+    with CompileLog().active() as warming:
+        translator.warm_up()
+    assert warming.records  # the log hears compilations (of every program, from any thread)
     words = "ein Mann mit einem roten Hut geht mit zwei kleinen Hunden durch den Park".split()
-    translator.translate([" ".join(words[:n]) + " ." for n in (1, 2, 3, 5, 8, 10, 12, 14)])
+    with CompileLog().active() as serving:
+        translator.translate([" ".join(words[:n]) + " ." for n in (1, 2, 3, 5, 8, 10, 12, 14)])
     assert any(len(stats.stage_rows) > 1 for stats in translator.batch_stats)
-    assert [program._cache_size() for program in programs] == before
+    assert serving.records == []

@@ -206,25 +206,29 @@ def search_with_state(graphdef: nnx.GraphDef, state: nnx.State, src_ids: np.ndar
     return _search_in_stages(started, graphdef, state, rng, compact)
 
 
-def compile_search(graphdef: nnx.GraphDef, state: nnx.State, src_ids: np.ndarray,
-                   config: SearchConfig) -> None:
-    """Compile (or load from the compilation cache) every program a search of this batch
-    shape [batch, src_len] can run: its start, and its loop and compaction at each halving
-    of the rows. For servers, before they take requests."""
+def compile_search(graphdef: nnx.GraphDef, state: nnx.State, batch_shape: tuple[int, int],
+                   config: SearchConfig, halvings: bool = True) -> None:
+    """Compile (or load from the compilation cache) the programs a search of a batch of
+    `batch_shape` (rows, padded source length) runs, without running them: its start and its
+    loop, and with `halvings` the loop and compaction at every halving of the rows
+    (`compact`). Thread-safe: a later search of that shape finds them compiled."""
+    rows, width = batch_shape
+    strategy, program = _planned(config, width, _model_config(graphdef, state).max_len)
     rng = jax.random.key(0)
-    started = _start(graphdef, state, src_ids, config, rng)
-    strategy, program, sentences, searched = (started.strategy, started.program,
-                                              started.sentences, started.searched)
-    rows = len(started.limits)
+    int32 = functools.partial(jax.ShapeDtypeStruct, dtype=jnp.int32)
+    start = strategy.start.trace(graphdef, program, state, int32((rows, width)), int32((rows,)),
+                                 rng)
+    start.lower().compile()
+    sentences, searched = start.out_info
     while True:
-        # stop_at = rows: the loop is compiled, and runs no step.
-        searched = strategy.resume(graphdef, program, state, sentences, searched,
-                                   np.int32(rows), rng)
-        if rows == 1:
-            break
+        strategy.resume.trace(graphdef, program, state, sentences, searched, int32(()),
+                              rng).lower().compile()
+        if not halvings or rows == 1:
+            return
         rows //= 2
-        sentences, searched = _compact(sentences, searched, np.arange(rows, dtype=np.int32))
-    jax.block_until_ready(searched)
+        compacted = _compact.trace(sentences, searched, int32((rows,)))
+        compacted.lower().compile()
+        sentences, searched = compacted.out_info
 
 
 @dataclasses.dataclass(frozen=True)
@@ -243,11 +247,18 @@ def _start(graphdef, state, src_ids, config: SearchConfig, rng: Array) -> _Start
     """Output limits, the static program, and the strategy's start program run on src_ids."""
     model_config = _model_config(graphdef, state)
     src_np = np.asarray(src_ids, dtype=np.int32)
-    limits, max_len = output_limits(src_np, config, model_config.pad_id, model_config.max_len)
-    program = _search_program(config, max_len)
-    strategy = _BEAM if config.strategy == "beam" else _GREEDY
+    limits, _ = output_limits(src_np, config, model_config.pad_id, model_config.max_len)
+    strategy, program = _planned(config, src_np.shape[1], model_config.max_len)
     sentences, searched = strategy.start(graphdef, program, state, src_np, limits, rng)
     return _Started(strategy, program, sentences, searched, limits, model_config.pad_id)
+
+
+def _planned(config: SearchConfig, width: int, model_max_len: int
+             ) -> tuple["_Strategy", _SearchProgram]:
+    """The strategy and static program of a search over sources padded to `width`: output
+    positions for the limit of a source that long (`output_limits`' static length)."""
+    program = _search_program(config, config.max_output_len(width, model_max_len))
+    return (_BEAM if config.strategy == "beam" else _GREEDY), program
 
 
 def _model_config(graphdef, state):

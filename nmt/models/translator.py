@@ -115,6 +115,9 @@ class Translator:
         self.truncated: list[int] = []
         self.reached_limit: list[int] = []
         self.batch_stats: list[BatchStats] = []  # the last call's batches
+        # ((rows, width), with every halving) of the search programs compiled so far; shared
+        # with replicas, which search with the same programs.
+        self.compiled_shapes: set[tuple[tuple[int, int], bool]] = set()
 
     def replica(self, stream: int) -> "Translator":
         """A Translator sharing this one's model, tokenizer and settings, with records and
@@ -245,11 +248,8 @@ class Translator:
         """Compile the search for every shape of `search_shapes` (`compile_search`);
         `progress(done, total)` after each."""
         shapes = self.search_shapes()
-        pad = self.model_config.pad_id
-        for done, (rows, width) in enumerate(shapes, 1):
-            src = np.full((rows, width), pad, np.int32)
-            src[:, 0] = self.model_config.eos_id  # a row of EOS alone: a real, empty source
-            compile_search(self.graphdef, self.state, src, self.search)
+        for done, shape in enumerate(shapes, 1):
+            self._compile(shape, halvings=True)
             if progress is not None:
                 progress(done, len(shapes))
         self.compact_after = 0  # every program compaction needs is compiled
@@ -258,26 +258,54 @@ class Translator:
                         ) -> Iterator[tuple[np.ndarray, list[list[Hypothesis]], np.ndarray]]:
         """Yields (indices into `ids`, n-best hypotheses of those rows, the indices whose best
         hypothesis reached its output limit) batch by batch, in order, with `searches` batches
-        in flight (one more waits, so no thread idles while the host yields)."""
+        in flight (one more waits, so no thread idles while the host yields). The programs of
+        each batch shape are compiled ahead on a thread of their own (`_compile_ahead`), so
+        that loading the next width's programs overlaps the search of the batches before."""
         if not ids:
             return
         budget = self._batch_budget(ids)
-        batches = inference_batches(ids, batch_tokens=budget, buckets=self.buckets,
-                                    special=self.tokenizer.ids)
-        if self.searches == 1:
-            for src, index in batches:
-                yield self._record(*self._search_one(src, index, *self._next_settings(src)))
-            return
-        with concurrent.futures.ThreadPoolExecutor(self.searches,
-                                                   thread_name_prefix="search") as pool:
-            pending: collections.deque[concurrent.futures.Future] = collections.deque()
-            for src, index in batches:
-                pending.append(pool.submit(self._search_one, src, index,
-                                           *self._next_settings(src)))
-                if len(pending) > self.searches:
+        batches = [(src, index, *self._next_settings(src)) for src, index in
+                   inference_batches(ids, batch_tokens=budget, buckets=self.buckets,
+                                     special=self.tokenizer.ids)]
+        with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="compile") as compiler:
+            compiled = self._compile_ahead(compiler, batches)
+            if self.searches == 1:
+                for src, index, rng, compact in batches:
+                    compiled[src.shape].result()
+                    yield self._record(*self._search_one(src, index, rng, compact))
+                return
+            with concurrent.futures.ThreadPoolExecutor(self.searches,
+                                                       thread_name_prefix="search") as pool:
+                pending: collections.deque[concurrent.futures.Future] = collections.deque()
+                for src, index, rng, compact in batches:
+                    compiled[src.shape].result()
+                    pending.append(pool.submit(self._search_one, src, index, rng, compact))
+                    if len(pending) > self.searches:
+                        yield self._record(*pending.popleft().result())
+                while pending:
                     yield self._record(*pending.popleft().result())
-            while pending:
-                yield self._record(*pending.popleft().result())
+
+    def _compile_ahead(self, compiler: concurrent.futures.Executor, batches: list
+                       ) -> dict[tuple[int, int], concurrent.futures.Future]:
+        """Futures, one per batch shape (rows, width) of `batches`, done once that shape's
+        programs are compiled (`compile_search`, with every halving where a batch of the shape
+        compacts), queued in the order the shapes first come. A shape compiled before, by
+        this translator or one sharing its records (`replica`), is done at once."""
+        compacts: dict[tuple[int, int], bool] = {}
+        for src, _, _, compact in batches:
+            compacts[src.shape] = compacts.get(src.shape, False) or compact
+        futures = {}
+        for shape, halvings in compacts.items():
+            if (shape, halvings) in self.compiled_shapes or (shape, True) in self.compiled_shapes:
+                futures[shape] = concurrent.futures.Future()
+                futures[shape].set_result(None)
+            else:
+                futures[shape] = compiler.submit(self._compile, shape, halvings)
+        return futures
+
+    def _compile(self, shape: tuple[int, int], halvings: bool) -> None:
+        compile_search(self.graphdef, self.state, shape, self.search, halvings)
+        self.compiled_shapes.add((shape, halvings))
 
     def _next_settings(self, src: np.ndarray) -> tuple[jax.Array, bool]:
         """The next batch's random key and whether it compacts. Sampling gets a key of each
