@@ -125,3 +125,50 @@ def test_a_width_compacts_once_enough_of_its_batches_were_searched():
     assert stages[:3] == [1, 1, 1] and max(stages[3:]) > 1, stages
     translator.warm_up()
     assert translator.compact_after == 0
+
+
+def test_each_batch_shape_is_compiled_ahead_once_and_a_failed_search_waits_for_no_more():
+    """The programs of a call's batch shapes are compiled on a thread of their own in the
+    order the shapes come, each once over calls; when a search fails, the shapes still
+    queued are dropped, not compiled before the error reaches the caller."""
+    import random
+    import threading
+
+    rng = random.Random(3)
+    sentences = [" ".join(str(rng.randrange(4, 60)) for _ in range(n)) for n in
+                 (3, 5, 10, 14, 20, 25, 40, 45, 60)]  # widths 16, 32, 48, 64
+    translator = Translator(tiny_model(), NumberTokenizer(), SearchConfig(strategy="greedy"),
+                            batch_tokens=64, searches=1)
+    compiled, threads = [], set()
+    original = Translator._compile
+
+    def recording(self, shape, halvings):
+        compiled.append(shape)
+        threads.add(threading.current_thread().name)
+        original(self, shape, halvings)
+
+    translator._compile = recording.__get__(translator)
+    first = translator.translate(sentences)
+    shapes = [(stats.rows, stats.width) for stats in translator.batch_stats]
+    assert compiled == list(dict.fromkeys(shapes)) and len(compiled) >= 4
+    assert all(name.startswith("compile") for name in threads)
+    assert translator.translate(sentences) == first and len(compiled) == len(set(shapes))
+
+    fresh = Translator(tiny_model(), NumberTokenizer(), SearchConfig(strategy="greedy"),
+                       batch_tokens=64, searches=1)
+    started, release = [], threading.Event()
+
+    def slow(self, shape, halvings):
+        started.append(shape)
+        if len(started) > 1:
+            release.wait(5)  # the second shape compiles while the first batch fails
+
+    def failing(self, *args):
+        raise RuntimeError("search failed")
+
+    fresh._compile = slow.__get__(fresh)
+    fresh._search_one = failing.__get__(fresh)
+    with pytest.raises(RuntimeError, match="search failed"):
+        fresh.translate(sentences)
+    release.set()
+    assert len(started) <= 2  # the rest were cancelled

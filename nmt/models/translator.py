@@ -267,7 +267,8 @@ class Translator:
         batches = [(src, index, *self._next_settings(src)) for src, index in
                    inference_batches(ids, batch_tokens=budget, buckets=self.buckets,
                                      special=self.tokenizer.ids)]
-        with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="compile") as compiler:
+        compiler = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="compile")
+        try:
             compiled = self._compile_ahead(compiler, batches)
             if self.searches == 1:
                 for src, index, rng, compact in batches:
@@ -284,6 +285,9 @@ class Translator:
                         yield self._record(*pending.popleft().result())
                 while pending:
                     yield self._record(*pending.popleft().result())
+        finally:
+            # After an error or Ctrl-C, shapes not yet compiled are not waited for.
+            compiler.shutdown(wait=False, cancel_futures=True)
 
     def _compile_ahead(self, compiler: concurrent.futures.Executor, batches: list
                        ) -> dict[tuple[int, int], concurrent.futures.Future]:
