@@ -287,7 +287,8 @@ from nmt.rundir import checkpoints as checkpoint
 from nmt.models import model_dir
 saver = checkpoint.Checkpointer({run!r}, keep_last=5)
 params = {{"w": np.ones((4, 4), np.float32)}}
-train = {{"step": np.array(1, np.int32), "opt_state": np.zeros(3, np.float32), "rng": np.zeros(2, np.uint32)}}
+train = {{"step": np.array(1, np.int32), "opt_state": np.zeros(3, np.float32),
+         "rng": np.zeros(2, np.uint32)}}
 saver.save(1, params, train, {{"ok": True}})
 saver.wait()
 big = {{"w": np.ones((4, 4), np.float32), "pad": np.ones((64, 1024, 1024), np.float32)}}

@@ -151,7 +151,8 @@ def test_positional_encoding_adds_the_table_from_position_zero():
 def _numpy_layer_norm(x: np.ndarray, norm, eps: float) -> np.ndarray:
     mean = x.mean(-1, keepdims=True)
     var = x.var(-1, keepdims=True)
-    return (x - mean) / np.sqrt(var + eps) * np.asarray(norm.scale[...]) + np.asarray(norm.bias[...])
+    scale, bias = np.asarray(norm.scale[...]), np.asarray(norm.bias[...])
+    return (x - mean) / np.sqrt(var + eps) * scale + bias
 
 
 def test_multi_head_attention_follows_the_paper_formula():
