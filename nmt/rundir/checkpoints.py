@@ -170,6 +170,12 @@ def _clear_step(manager: ocp.CheckpointManager, directory: Path, step: int) -> N
     barrier(f"clear {directory} {step}")
 
 
+def _remove_partial_saves(directory: Path) -> None:
+    """Remove the unfinished `<step>.orbax-checkpoint-tmp*` directories of a failed save."""
+    for partial in directory.glob("*.orbax-checkpoint-tmp*"):
+        shutil.rmtree(partial, ignore_errors=True)
+
+
 def _brief(err: Exception, limit: int = 300) -> str:
     """The start of an error message: orbax's can list every path of a tree."""
     text = str(err).strip().rstrip(".") or type(err).__name__
@@ -207,6 +213,7 @@ class Checkpointer:
                 cleanup_tmp_directories=True, create=True),
             item_names=("params", "data"))
         self._pending: tuple[Path, int] | None = None  # the save in flight
+        self._failed = False  # a save failed: its partial files go again at close
 
     # ------------------------------------------------------------------ saving
 
@@ -243,8 +250,8 @@ class Checkpointer:
             raise SaveError(self._failure(failed_dir, failed_step, err)) from err
 
     def _failure(self, directory: Path, step: int, err: Exception) -> str:
-        for partial in directory.glob("*.orbax-checkpoint-tmp*"):  # free the space it took
-            shutil.rmtree(partial, ignore_errors=True)
+        self._failed = True
+        _remove_partial_saves(directory)  # free the space it took
         steps = self.steps()
         if steps:
             last = self.directory / str(steps[-1])
@@ -298,12 +305,16 @@ class Checkpointer:
             self._seal()
 
     def close(self) -> None:
-        """Release orbax's threads; after a failed save, without a second error."""
+        """Release orbax's threads; after a failed save, without a second error, and with
+        whatever its writers still put on disk after the failure was reported removed."""
         for manager in (self._last, self._best):
             try:
                 manager.close()
             except Exception as err:  # noqa: BLE001 - already reported by the save
                 log.debug("closing %s: %s", manager.directory, err)
+        if self._failed:
+            for directory in (self.directory, self.best_directory):
+                _remove_partial_saves(directory)
 
     # ------------------------------------------------------------------ restoring
 
