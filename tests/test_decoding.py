@@ -13,8 +13,7 @@ from flax import nnx
 from transformer.config import BEAM_RULES, SearchConfig, get_preset
 from transformer.decoding import (
     NEG_INF,
-    _beam_resume,
-    _greedy_resume,
+    _programs,
     hypotheses_to_lists,
     length_penalty,
     pad_sources,
@@ -357,6 +356,9 @@ def test_only_settings_a_search_reads_compile_a_new_program():
     src = sources(np.random.default_rng(8), [11, 5], 32)
     beam = SearchConfig(beam_size=3, nbest=2, max_len_a=0, max_len_b=7)
     greedy = dataclasses.replace(beam, strategy="greedy", nbest=1)
+
+    strategies = _programs(*nnx.split(model)).strategies
+    _beam_resume, _greedy_resume = strategies["beam"].resume, strategies["greedy"].resume
 
     def new_programs(jitted, config: SearchConfig) -> int:
         before = jitted._cache_size()

@@ -14,8 +14,10 @@ The model is a `Transformer` or a `transformer.ensemble.Ensemble`, which decodes
 models in step and returns log-probabilities as logits; both give caches with the operations
 beam search needs (`transformer.cache.SearchCache`).
 It is split once (`nnx.split`) and the jitted functions take its state as an argument,
-so searching with new parameters (e.g. after a training step) does not recompile. Besides the
-model's graph, a jitted search has one static argument, `_SearchProgram`: the `SearchConfig`
+so searching with new parameters (e.g. after a training step) does not recompile. The
+model's graph is closed over, one set of jitted programs per graph (`_Programs`): jit hashes
+its static arguments at every call, and a graph's hash walks the whole model. A jitted search
+has one static argument, `_SearchProgram`: the `SearchConfig`
 with the settings its strategy never reads reset, and the output length. A new search option
 is one field of `SearchConfig`, read where it is needed. A compiled shape is (batch, padded
 source length); the output length is derived from the padded source length.
@@ -28,8 +30,10 @@ of compiled shapes stays bounded however many sentences are translated.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
+import threading
 from typing import TYPE_CHECKING, Callable, Sequence
 
 import jax
@@ -202,8 +206,8 @@ def search_with_state(graphdef: nnx.GraphDef, state: nnx.State, src_ids: np.ndar
     if config.strategy == "sample" and rng is None:
         raise ValueError("strategy='sample' needs an rng (jax.random.key(seed)).")
     rng = rng if rng is not None else jax.random.key(0)
-    started = _start(graphdef, state, src_ids, config, rng)
-    return _search_in_stages(started, graphdef, state, rng, compact)
+    started = _start(_programs(graphdef, state), state, src_ids, config, rng)
+    return _search_in_stages(started, state, rng, compact)
 
 
 def compile_search(graphdef: nnx.GraphDef, state: nnx.State, batch_shape: tuple[int, int],
@@ -213,15 +217,15 @@ def compile_search(graphdef: nnx.GraphDef, state: nnx.State, batch_shape: tuple[
     loop, and with `halvings` the loop and compaction at every halving of the rows
     (`compact`). Thread-safe: a later search of that shape finds them compiled."""
     rows, width = batch_shape
-    strategy, program = _planned(config, width, _model_config(graphdef, state).max_len)
+    programs = _programs(graphdef, state)
+    strategy, program = programs.planned(config, width)
     rng = jax.random.key(0)
     int32 = functools.partial(jax.ShapeDtypeStruct, dtype=jnp.int32)
-    start = strategy.start.trace(graphdef, program, state, int32((rows, width)), int32((rows,)),
-                                 rng)
+    start = strategy.start.trace(program, state, int32((rows, width)), int32((rows,)), rng)
     start.lower().compile()
     sentences, searched = start.out_info
     while True:
-        strategy.resume.trace(graphdef, program, state, sentences, searched, int32(()),
+        strategy.resume.trace(program, state, sentences, searched, int32(()),
                               rng).lower().compile()
         if not halvings or rows == 1:
             return
@@ -243,26 +247,81 @@ class _Started:
     pad_id: int
 
 
-def _start(graphdef, state, src_ids, config: SearchConfig, rng: Array) -> _Started:
+def _start(programs: "_Programs", state, src_ids, config: SearchConfig, rng: Array
+           ) -> _Started:
     """Output limits, the static program, and the strategy's start program run on src_ids."""
-    model_config = _model_config(graphdef, state)
+    model_config = programs.model_config
     src_np = np.asarray(src_ids, dtype=np.int32)
     limits, _ = output_limits(src_np, config, model_config.pad_id, model_config.max_len)
-    strategy, program = _planned(config, src_np.shape[1], model_config.max_len)
-    sentences, searched = strategy.start(graphdef, program, state, src_np, limits, rng)
+    strategy, program = programs.planned(config, src_np.shape[1])
+    sentences, searched = strategy.start(program, state, src_np, limits, rng)
     return _Started(strategy, program, sentences, searched, limits, model_config.pad_id)
 
 
-def _planned(config: SearchConfig, width: int, model_max_len: int
-             ) -> tuple["_Strategy", _SearchProgram]:
-    """The strategy and static program of a search over sources padded to `width`: output
-    positions for the limit of a source that long (`output_limits`' static length)."""
-    program = _search_program(config, config.max_output_len(width, model_max_len))
-    return (_BEAM if config.strategy == "beam" else _GREEDY), program
+class _Programs:
+    """The jitted search and scoring programs of one model graph, the graph closed over.
+
+    jit hashes its static arguments at every call, and hashing a GraphDef walks every node of
+    the model (a third of a small batch's search time was spent so, and as much again merging
+    the model to read its config). With the graph closed over, a call hashes only the small
+    `_SearchProgram`. Equal graphs share one `_Programs` (`_programs`), and so their compiled
+    programs, as they shared jit's cache entries when the graph was a static argument.
+    """
+
+    def __init__(self, graphdef: nnx.GraphDef, state: nnx.State):
+        self.graphdef = graphdef
+        self.model_config: ModelConfig = nnx.merge(graphdef, state).config
+        self.strategies = {
+            name: _Strategy(
+                start=_jit_with_graph(strategy.start, graphdef, static_argnums=0),
+                resume=_jit_with_graph(strategy.resume, graphdef, static_argnums=0,
+                                       donate_argnums=3),  # the search state
+                outputs=strategy.outputs)
+            for name, strategy in (("beam", _BEAM), ("greedy", _GREEDY))}
+        self.reference_logprobs = _jit_with_graph(_reference_logprobs, graphdef)
+
+    def planned(self, config: SearchConfig, width: int) -> tuple["_Strategy", _SearchProgram]:
+        """The jitted strategy and static program of a search over sources padded to
+        `width`: output positions for the limit of a source that long (`output_limits`'
+        static length)."""
+        program = _search_program(config, config.max_output_len(width,
+                                                                 self.model_config.max_len))
+        return self.strategies["beam" if config.strategy == "beam" else "greedy"], program
 
 
-def _model_config(graphdef, state):
-    return nnx.merge(graphdef, state).config
+def _jit_with_graph(fn: Callable, graphdef: nnx.GraphDef, **jit_options) -> Callable:
+    """jax.jit of `fn(graphdef, *args)` as a function of args, named as fn (compile logs
+    and the compilation cache's file names say which program it is)."""
+    def with_graph(*args):
+        return fn(graphdef, *args)
+    with_graph.__name__ = with_graph.__qualname__ = fn.__name__
+    return jax.jit(with_graph, **jit_options)
+
+
+# Graphs seen lately, by identity (a dict lookup per call) and by equality (a reloaded model
+# finds its compiled programs); a process that loads many models keeps the newest few.
+_PROGRAMS_KEPT = 32
+_programs_by_id: collections.OrderedDict[int, tuple[nnx.GraphDef, _Programs]] = \
+    collections.OrderedDict()
+_programs_by_graph: collections.OrderedDict[nnx.GraphDef, _Programs] = collections.OrderedDict()
+_programs_lock = threading.Lock()
+
+
+def _programs(graphdef: nnx.GraphDef, state: nnx.State) -> _Programs:
+    """The `_Programs` of `graphdef` (made on first use; any thread)."""
+    seen = _programs_by_id.get(id(graphdef))
+    if seen is not None and seen[0] is graphdef:
+        return seen[1]
+    with _programs_lock:
+        programs = _programs_by_graph.get(graphdef)
+        if programs is None:
+            programs = _programs_by_graph[graphdef] = _Programs(graphdef, state)
+        _programs_by_graph.move_to_end(graphdef)
+        _programs_by_id[id(graphdef)] = (graphdef, programs)
+        for kept in (_programs_by_id, _programs_by_graph):
+            while len(kept) > _PROGRAMS_KEPT:
+                kept.popitem(last=False)
+    return programs
 
 
 def reference_logprobs(model: Transformer | Ensemble, src_ids: np.ndarray | Array,
@@ -281,11 +340,11 @@ def reference_logprobs_with_state(graphdef: nnx.GraphDef, state: nnx.State,
                                   src_ids: np.ndarray | Array, tgt_ids: np.ndarray | Array
                                   ) -> np.ndarray:
     """`reference_logprobs` for a model already split with `nnx.split`."""
-    return np.asarray(_reference_logprobs(graphdef, state, jnp.asarray(src_ids, jnp.int32),
-                                          jnp.asarray(tgt_ids, jnp.int32)))
+    score = _programs(graphdef, state).reference_logprobs
+    return np.asarray(score(state, jnp.asarray(src_ids, jnp.int32),
+                            jnp.asarray(tgt_ids, jnp.int32)))
 
 
-@functools.partial(jax.jit, static_argnums=0)
 def _reference_logprobs(graphdef, state, src, tgt):
     """log p(tgt | src) [batch] of src [batch, src_len] and tgt [batch, tgt_len] (no BOS)."""
     model = nnx.merge(graphdef, state)
@@ -346,16 +405,16 @@ def _searching(max_len: int, stop_at: Array):
 
 @dataclasses.dataclass(frozen=True)
 class _Strategy:
-    """A search as the stages see it: jitted `start` (encode, the state before the loop) and
-    `resume` (steps until done or few enough sentences search), and host `outputs`."""
+    """A search as the stages see it: `start` (encode, the state before the loop) and
+    `resume` (steps until done or few enough sentences search), jitted per graph by
+    `_Programs`, and host `outputs`."""
 
     start: Callable
     resume: Callable
     outputs: Callable  # (state, pad_id, nbest) -> host tokens, scores, lengths per row
 
 
-def _search_in_stages(started: _Started, graphdef, state, rng: Array, compact: bool
-                      ) -> SearchResult:
+def _search_in_stages(started: _Started, state, rng: Array, compact: bool) -> SearchResult:
     """Run a started search to its end, leaving finished sentences behind on the way.
 
     A batch's sentences end at different steps, and a finished sentence's row costs as much
@@ -380,8 +439,7 @@ def _search_in_stages(started: _Started, graphdef, state, rng: Array, compact: b
         batch_rows = len(sentence_of_row)
         stage_rows.append(batch_rows)
         stop_at = batch_rows // 2 if compact and batch_rows > 1 else 0
-        searched = strategy.resume(graphdef, program, state, sentences, searched,
-                                   np.int32(stop_at), rng)
+        searched = strategy.resume(program, state, sentences, searched, np.int32(stop_at), rng)
         done, new_step = (np.asarray(x) for x in jax.device_get((searched.done, searched.step)))
         row_steps += batch_rows * (int(new_step) - step)
         step = int(new_step)
@@ -431,7 +489,6 @@ class _GreedyState:
     last: Array          # [batch], the token decoded next
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1))
 def _greedy_start(graphdef, program: _SearchProgram, state, src, limits, rng
                   ) -> tuple[_Sentences, _GreedyState]:
     """Encode src [batch, src_len]; the search state before the first step."""
@@ -445,7 +502,6 @@ def _greedy_start(graphdef, program: _SearchProgram, state, src, limits, rng
         last=jnp.full((batch,), config.bos_id, jnp.int32))
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1), donate_argnums=4)
 def _greedy_resume(graphdef, program: _SearchProgram, state, sentences: _Sentences,
                    s: _GreedyState, stop_at: Array, rng: Array) -> _GreedyState:
     """Greedy or sampling steps (rng is read when sampling) until every sentence is done, the
@@ -500,7 +556,6 @@ def _sample(logprobs: Array, temperature: float, top_k: int, rng: Array) -> Arra
 # ----------------------------------------------------------------------------- beam search
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1))
 def _beam_start(graphdef, program: _SearchProgram, state, src, limits, rng
                 ) -> tuple[_Sentences, _BeamState]:
     """Encode src [batch, src_len] and take the first beam step: the state `_beam_resume`
@@ -537,7 +592,6 @@ def _beam_start(graphdef, program: _SearchProgram, state, src, limits, rng
     return sentences, _advance_beams(start, first_logits, start.cache, rules)
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1), donate_argnums=4)
 def _beam_resume(graphdef, program: _SearchProgram, state, sentences: _Sentences,
                  s: _BeamState, stop_at: Array, rng: Array) -> _BeamState:
     """Beam steps until every sentence is done, the output positions run out, or no more than
