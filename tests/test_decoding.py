@@ -18,6 +18,7 @@ from transformer.decoding import (
     length_penalty,
     pad_sources,
     search,
+    search_with_state,
     top_k_over_vocab,
 )
 from transformer.model import Transformer
@@ -377,6 +378,28 @@ def test_only_settings_a_search_reads_compile_a_new_program():
     assert new_programs(_greedy_resume, dataclasses.replace(
         greedy, beam_size=6, alpha=0.1, length_penalty="power", temperature=0.5)) == 0
     assert new_programs(_greedy_resume, dataclasses.replace(greedy, min_len=2)) == 1
+
+
+def test_a_search_call_neither_hashes_nor_rebuilds_the_model_graph(monkeypatch):
+    # jit hashes static arguments at every call, and a graph's hash walks the whole model;
+    # with the graph closed over (decoding._Programs), a warm search of a split model must
+    # not hash it or merge it again (40% of a server's search time when it did).
+    model = sharp_model(vocab=32, seed=4)
+    graphdef, state = nnx.split(model)
+    src = sources(np.random.default_rng(2), [9, 4, 6, 2], 32)
+    calls = []
+    graph_type, merge = type(graphdef), nnx.merge
+    graph_hash = graph_type.__hash__
+    for config in (SearchConfig(beam_size=3, nbest=2), SearchConfig(strategy="greedy")):
+        for compact in (False, True):
+            warm = search_with_state(graphdef, state, src, config, compact=compact)
+            with monkeypatch.context() as patch:
+                patch.setattr(graph_type, "__hash__",
+                              lambda self: calls.append("hash") or graph_hash(self))
+                patch.setattr(nnx, "merge", lambda *a, **k: calls.append("merge") or merge(*a, **k))
+                again = search_with_state(graphdef, state, src, config, compact=compact)
+            assert calls == [], (config.strategy, compact, calls)
+            assert hypotheses_to_lists(again, EOS) == hypotheses_to_lists(warm, EOS)
 
 
 def test_finished_sentences_do_not_change_when_others_continue():
