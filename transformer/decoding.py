@@ -269,7 +269,6 @@ class _Programs:
     """
 
     def __init__(self, graphdef: nnx.GraphDef, state: nnx.State):
-        self.graphdef = graphdef
         self.model_config: ModelConfig = nnx.merge(graphdef, state).config
         self.strategies = {
             name: _Strategy(
