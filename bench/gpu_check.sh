@@ -2,6 +2,7 @@
 # Every GPU measurement in one call, written under one folder:
 #
 #   bash bench/gpu_check.sh [--out DIR] [--data DIR] [--wheels DIR] [--only LIST] [--dry-run]
+#                           [--presets LIST] [--recipe-minutes N] [--serve-seconds N]
 #
 #   env.json        versions, devices, nvidia-smi
 #   tests.log       the tests that matter on a GPU (cuDNN attention, bfloat16, packed rows)
@@ -27,6 +28,10 @@
 #                   when torch and transformers import and DIR holds the scripts
 # --only LIST       comma-separated steps: env,tests,train,decode,recipe,exported,serve
 #                   (default: all; exported and serve use the recipe step's model)
+# --presets LIST    the train step's model presets, comma-separated (default: base,big)
+# --recipe-minutes N  the recipe's training budget in minutes (default: the recipe's own, 7),
+#                   to fit a short lease; its BLEU is then that of a shorter run
+# --serve-seconds N how long each client count of the serve step sends (default: 20)
 # --dry-run         the same steps at toy sizes, on whatever device JAX has (the CPU in CI)
 #
 # Missing packages, a missing GPU (without --dry-run) or missing data stop it at once with one
@@ -41,6 +46,9 @@ WHEELS=""
 PEERS_DIR="${NMT_PEERS_DIR:-$REPO/../shared/tools/peers}"
 ONLY="env,tests,train,decode,recipe,exported,serve"
 DRY_RUN=0
+PRESET_LIST=""
+RECIPE_MINUTES=""
+SERVE_SECONDS=20
 
 die() { echo "$PROG: error: $*" >&2; exit 2; }
 
@@ -51,8 +59,11 @@ while [ $# -gt 0 ]; do
         --wheels) WHEELS="${2:?--wheels needs a folder}"; shift 2 ;;
         --peers) PEERS_DIR="${2:?--peers needs a folder}"; shift 2 ;;
         --only) ONLY="${2:?--only needs a list}"; shift 2 ;;
+        --presets) PRESET_LIST="${2:?--presets needs a list}"; shift 2 ;;
+        --recipe-minutes) RECIPE_MINUTES="${2:?--recipe-minutes needs a number}"; shift 2 ;;
+        --serve-seconds) SERVE_SECONDS="${2:?--serve-seconds needs a number}"; shift 2 ;;
         --dry-run) DRY_RUN=1; shift ;;
-        -h|--help) sed -n '2,33p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,38p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) die "unknown argument '$1'; see $PROG --help" ;;
     esac
 done
@@ -63,6 +74,11 @@ exported, serve" ;;
     esac
 done
 wants() { [[ ",$ONLY," == *",$1,"* ]]; }
+positive() { [[ "$2" =~ ^[0-9]+([.][0-9]+)?$ ]] && [[ ! "$2" =~ ^0*([.]0*)?$ ]] \
+    || die "$1 '$2': give a positive number"; }
+[ -z "$RECIPE_MINUTES" ] || positive --recipe-minutes "$RECIPE_MINUTES"
+[[ "$SERVE_SECONDS" =~ ^0*[1-9][0-9]*$ ]] \
+    || die "--serve-seconds '$SERVE_SECONDS': give a whole number of seconds, 1 or more"
 
 cd "$REPO" || exit 2
 mkdir -p "$OUT_DIR" || die "--out $OUT_DIR: cannot create it; choose a writable folder"
@@ -144,8 +160,16 @@ else
     RECIPE_FLAGS=()
     TESTS=(tests/test_mixed_precision.py tests/test_packing.py tests/test_model.py)
     EXPORTED=(--device cuda --end-to-end)
-    SERVE=(--clients 1,8,32 --seconds 20)
+    SERVE=(--clients 1,8,32 --seconds "$SERVE_SECONDS")
 fi
+[ -z "$PRESET_LIST" ] || PRESETS=(${PRESET_LIST//,/ })
+for preset in "${PRESETS[@]}"; do
+    case "$preset" in tiny|compact|small|base|big) ;;
+        *) die "--presets: unknown preset '$preset'; the presets are tiny, compact, small, base, \
+big" ;;
+    esac
+done
+[ -z "$RECIPE_MINUTES" ] || RECIPE_FLAGS+=(--max-minutes "$RECIPE_MINUTES")
 PEER=()
 if [ -f "$PEERS_DIR/hf_train_step.py" ] && "$PYTHON" -c "import torch, transformers" 2>/dev/null
 then

@@ -68,6 +68,9 @@ def test_dry_run_does_every_step_and_writes_its_records(multi30k_like, tmp_path)
     (["--dry-run", "--only", "everything"], "unknown step 'everything'"),
     (["--dry-run", "--only", "recipe", "--data", "/nonexistent"], "train.en is missing"),
     (["--bogus"], "unknown argument '--bogus'"),
+    (["--dry-run", "--recipe-minutes", "0"], "--recipe-minutes '0': give a positive number"),
+    (["--dry-run", "--serve-seconds", "2.5"], "--serve-seconds '2.5': give a whole number"),
+    (["--dry-run", "--only", "train", "--presets", "tiny,huge"], "unknown preset 'huge'"),
 ])
 def test_what_it_cannot_do_is_one_line(args, named, tmp_path):
     result = _check(*args, "--out", str(tmp_path / "out"))

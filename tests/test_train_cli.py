@@ -174,9 +174,16 @@ def test_sigterm_then_resume_logs_the_same_metrics(uninterrupted, corpus, env, t
 
 
 def test_average_only_averages_without_training(uninterrupted, env):
+    # The run warms up for 20 steps: an average from step 20 on is told that it reaches
+    # into the warm-up, one from step 40 on is not.
+    result = _run(["--average-only", "--average-last", "3", "--output-dir", str(uninterrupted)],
+                  env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "start at step 20, within the 20-step learning-rate warm-up" in result.stderr
     result = _run(["--average-only", "--average-last", "2", "--output-dir", str(uninterrupted)],
                   env)
     assert result.returncode == 0, result.stderr[-3000:]
+    assert "warm-up" not in result.stderr
     averaged = uninterrupted / "averaged"
     _, _, values = load_model(averaged)
     assert values["averaged_steps"] == [40, 60]

@@ -127,6 +127,38 @@ def test_a_width_compacts_once_enough_of_its_batches_were_searched():
     assert translator.compact_after == 0
 
 
+def test_where_compaction_does_not_pay_no_batch_compacts_and_warm_up_compiles_no_halvings(
+        monkeypatch):
+    """On a GPU or TPU a loop program costs seconds to compile and fewer rows save little:
+    there a translator, even one told to compact from the start, searches every batch whole,
+    and `warm_up` compiles each shape's start and loop only, which is all its calls need."""
+    import random
+
+    from nmt.models import translator as translator_module
+    from nmt.runtime.compilation import CompileLog
+
+    monkeypatch.setattr(translator_module, "compaction_pays", lambda: False)
+    rng = random.Random(4)
+    sentences = [" ".join(str(rng.randrange(4, 60)) for _ in range(rng.randrange(1, 15)))
+                 for _ in range(24)]
+    # A model no other test builds, so that its programs are compiled here, not found.
+    translator = Translator(tiny_model(max_len=40), NumberTokenizer(),
+                            SearchConfig(strategy="greedy", max_len_b=3), batch_tokens=64,
+                            buckets=(16,), compact_after=0)
+    assert translator.compact_after is None
+    with CompileLog().active() as warming:
+        translator.warm_up()
+    functions = [record.function for record in warming.records]
+    assert not any("_compact" in name for name in functions), functions
+    resumes = [name for name in functions if "resume" in name]
+    assert len(resumes) == len(translator.search_shapes()), functions
+    with CompileLog().active() as translating:
+        translator.translate(sentences)
+    assert translating.records == []
+    assert len(translator.batch_stats) == 6
+    assert all(stats.stage_rows == (stats.rows,) for stats in translator.batch_stats)
+
+
 def test_each_batch_shape_is_compiled_ahead_once_and_a_failed_search_waits_for_no_more():
     """The programs of a call's batch shapes are compiled on a thread of their own in the
     order the shapes come, each once over calls; when a search fails, the shapes still

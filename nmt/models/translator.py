@@ -44,6 +44,13 @@ log = logging.getLogger("translate")
 COMPACT_AFTER_BATCHES = 16
 
 
+def compaction_pays() -> bool:
+    """Whether batches should leave finished sentences behind on this backend: on a CPU, where
+    a step costs in proportion to its rows; not on a GPU or TPU, where a loop program takes
+    5-25 s to compile (docs/performance.md) and a step over fewer rows saves little."""
+    return jax.default_backend() == "cpu"
+
+
 def default_searches() -> int:
     """Batches searched at once unless told otherwise: 2 on a CPU, where one search's small
     matrix products keep only part of the cores busy; 1 on a GPU or TPU."""
@@ -86,7 +93,8 @@ class Translator:
     every call, for the caller to report once. `searches` batches are searched at once, each
     on its own thread (`default_searches`); results come back in order. Once `compact_after`
     batches of a width have been searched (over every call), the next ones leave their
-    finished sentences behind as they go (see `COMPACT_AFTER_BATCHES`). Sampling draws
+    finished sentences behind as they go (see `COMPACT_AFTER_BATCHES`); None, or a backend
+    where that does not pay (`compaction_pays`), searches every batch whole. Sampling draws
     from `seed` and a count of the batches searched so far, so repeated calls (translate.py
     calls once per chunk of stdin) never reuse random numbers.
     """
@@ -94,7 +102,7 @@ class Translator:
     def __init__(self, model: Transformer | Ensemble, tokenizer, search: SearchConfig,
                  batch_tokens: int = 4096, seed: int = 0,
                  buckets: Sequence[int] | None = None, searches: int = 1,
-                 compact_after: int = COMPACT_AFTER_BATCHES):
+                 compact_after: int | None = COMPACT_AFTER_BATCHES):
         vocab = model.config.vocab_size
         if search.strategy == "sample" and search.top_k > vocab:
             raise ValueError(f"top_k {search.top_k} is larger than the model's vocabulary "
@@ -105,7 +113,7 @@ class Translator:
         self.search = search
         self.batch_tokens = batch_tokens
         self.searches = searches
-        self.compact_after = compact_after
+        self.compact_after = compact_after if compaction_pays() else None
         self.batches_per_width: collections.Counter[int] = collections.Counter()
         self.rng = jax.random.key(seed)
         self.batches_searched = 0  # folded into the rng: each batch of every call draws anew
@@ -245,14 +253,17 @@ class Translator:
         return sorted(shapes, key=lambda shape: (shape[1], shape[0]))
 
     def warm_up(self, progress: Callable[[int, int], None] | None = None) -> None:
-        """Compile the search for every shape of `search_shapes` (`compile_search`);
+        """Compile the search for every shape of `search_shapes` (`compile_search`), with
+        the programs compaction needs unless this translator never compacts;
         `progress(done, total)` after each."""
         shapes = self.search_shapes()
+        compacts = self.compact_after is not None
         for done, shape in enumerate(shapes, 1):
-            self._compile(shape, halvings=True)
+            self._compile(shape, halvings=compacts)
             if progress is not None:
                 progress(done, len(shapes))
-        self.compact_after = 0  # every program compaction needs is compiled
+        if compacts:
+            self.compact_after = 0  # every program compaction needs is compiled
 
     def _search_batches(self, ids: list[list[int]]
                         ) -> Iterator[tuple[np.ndarray, list[list[Hypothesis]], np.ndarray]]:
@@ -320,7 +331,9 @@ class Translator:
         self.batches_per_width[width] += 1
         rng = (jax.random.fold_in(self.rng, self.batches_searched - 1)
                if self.search.strategy == "sample" else self.rng)
-        return rng, self.batches_per_width[width] > self.compact_after
+        compacts = (self.compact_after is not None
+                    and self.batches_per_width[width] > self.compact_after)
+        return rng, compacts
 
     def _search_one(self, src: np.ndarray, index: np.ndarray, rng: jax.Array, compact: bool
                     ) -> tuple[BatchStats, tuple[np.ndarray, list[list[Hypothesis]], np.ndarray]]:

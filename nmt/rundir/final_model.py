@@ -3,6 +3,7 @@ averaged/ (the mean of the last checkpoints)."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,8 @@ from nmt.rundir.checkpoints import AVERAGED_DIR, Checkpointer, SaveError, averag
 from nmt.runtime.distributed import local_copy
 from nmt.settings.config import RunConfig
 from transformer.config import ModelConfig
+
+log = logging.getLogger(__name__)
 
 
 def _export(model_dir: Path, *args, **kwargs) -> None:
@@ -57,9 +60,25 @@ def average(run_dir: Path, run: RunConfig, model_config: ModelConfig, tokenizer,
     """Write averaged/: the mean of the last `last` checkpoints (process 0 writes); returns
     the directory and the steps averaged."""
     params, steps = average_checkpoints(run_dir, last, model_config)
+    warning = warm_up_in_average(steps, run)
+    if warning and jax.process_index() == 0:
+        log.warning(warning)
     out = run_dir / AVERAGED_DIR
     if jax.process_index() == 0:
         _export(out, local_copy(params), model_config, tokenizer, run.search,
                      {**languages(run), "averaged_steps": steps,
                       "chosen": f"mean of the last {len(steps)} checkpoints"})
     return out, steps
+
+
+def warm_up_in_average(steps: list[int], run: RunConfig) -> str | None:
+    """Why an average may translate worse than model/: it reaches back into the learning-rate
+    warm-up (a run stopped early by its time budget, say), where the weights are far from
+    those it ended with. None when it does not."""
+    warmup = run.optimizer.warmup_steps
+    if not steps or steps[0] > warmup:
+        return None
+    return (f"the averaged checkpoints start at step {steps[0]}, within the {warmup}-step "
+            f"learning-rate warm-up: {AVERAGED_DIR}/ may translate worse than {MODEL_DIR}/; "
+            f"compare them on the validation set, or average fewer (train.py --average-only "
+            f"--average-last N with the same --output-dir)")

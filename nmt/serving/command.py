@@ -194,7 +194,8 @@ def load_served_models(args: argparse.Namespace):
         try:
             search = search_config(values["search"], args)
             # compact_after=0: the warm-up compiles every program compaction needs, so every
-            # batch leaves its finished sentences behind from the first request on.
+            # batch leaves its finished sentences behind from the first request on (on a CPU;
+            # on a GPU or TPU no batch compacts, `compaction_pays`).
             translator = Translator(model, tokenizer, search, batch_tokens=args.batch_tokens,
                                     seed=args.seed, buckets=args.buckets, compact_after=0)
         except ValueError as err:
