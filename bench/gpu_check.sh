@@ -152,7 +152,7 @@ if [ "$DRY_RUN" = 1 ]; then
         --eval-sentences 8 --batch-tokens 512 --vocab-size 320 --save-every 10)
     TESTS=(tests/test_packing.py -k "padded_row or cudnn")
     EXPORTED=(--device cpu --limit 12 --inter-threads 1)
-    SERVE=(--clients 2 --seconds 2 --modes batched,ceiling --ceiling-batch-tokens 256
+    SERVE=(--clients 2 --seconds 2 --modes batched,ceiling,calls --ceiling-batch-tokens 256
         --server-args "--buckets 16 --batch-tokens 64")
 else
     # ~25k target tokens per step: 800 pairs x 32 tokens.

@@ -6,7 +6,10 @@ test set's sentences for --seconds each (LibreTranslate's POST /translate, one s
 request, keep-alive connections), and prints sentences per second, p50/p95/p99 latency and
 errors per client count; then the same with batching across requests switched off
 (--no-batch-across-requests), and the batch ceiling: the whole test set translated as one
-call, as translate.py --input does, warm (no start-up). The server's RSS is read at the end of
+call, as translate.py --input does, warm (no start-up). With --modes ...,calls: the most a
+server could give with that many sentences in flight, were HTTP and queueing free: the
+server's translators (--batch-tokens, its default --searches), warm, each fed calls of
+clients / searches sentences of the test set at once. The server's RSS is read at the end of
 every load; --memory-minutes N runs one more load (32 clients) for N minutes and compares the
 RSS after the first minute with the RSS at the end.
 
@@ -147,6 +150,53 @@ def batch_ceiling(args: argparse.Namespace, sentences: list[str]) -> dict:
             args.ceiling_batch_tokens, "sent_per_s": len(sentences) / seconds}
 
 
+def call_ceilings(args: argparse.Namespace, sentences: list[str], counts: list[int]
+                  ) -> list[dict]:
+    """For each client count N: the server's translators (N at most), warm, each translating
+    the test set's sentences in calls of N / searches (as many as N clients keep in flight),
+    all at once."""
+    import concurrent.futures
+
+    from nmt.models.model_dir import load_model
+    from nmt.models.translator import Translator, default_searches
+    from nmt.runtime.compilation import enable_compilation_cache
+    from nmt.serving.command import ACCELERATOR_BATCH_TOKENS, CPU_BATCH_TOKENS
+
+    enable_compilation_cache()
+    model, tokenizer, values = load_model(args.model)
+    search = dataclasses.replace(values["search"], **{
+        name: getattr(args, name) for name in SEARCH_FLAGS if getattr(args, name) is not None})
+    default_tokens = CPU_BATCH_TOKENS if on_cpu() else ACCELERATOR_BATCH_TOKENS
+    first = Translator(model, tokenizer, search, batch_tokens=args.batch_tokens or default_tokens,
+                       compact_after=0)
+    first.warm_up()  # as the server does before it is ready
+    translators = [first] + [first.replica(n) for n in range(1, default_searches())]
+    rows = []
+    with concurrent.futures.ThreadPoolExecutor(len(translators)) as pool:
+        for clients in counts:
+            at_once = min(clients, len(translators))
+            size = clients // at_once
+            calls = [sentences[i:i + size] for i in range(0, len(sentences), size)]
+
+            def work(k: int) -> None:
+                for call in calls[k::at_once]:
+                    translators[k].translate_nbest(call)
+
+            start = time.perf_counter()
+            list(pool.map(work, range(at_once)))
+            seconds = time.perf_counter() - start
+            rows.append({"clients": clients, "sentences_per_call": size,
+                         "searches": at_once, "sentences": len(sentences),
+                         "seconds": seconds, "sent_per_s": len(sentences) / seconds})
+    return rows
+
+
+def on_cpu() -> bool:
+    import jax
+
+    return jax.default_backend() == "cpu"
+
+
 def main(argv=None) -> int:
     allocator.preload()  # as translate.py and the server: mimalloc under XLA:CPU
     parser = test_set_parser(__doc__.splitlines()[0])
@@ -155,7 +205,8 @@ def main(argv=None) -> int:
     parser.add_argument("--seconds", type=positive_int, default=60,
                         help="load per client count (default 60)")
     parser.add_argument("--modes", default="batched,unbatched,ceiling",
-                        help="what to measure: batched, unbatched, ceiling (default all)")
+                        help="what to measure: batched, unbatched, ceiling, calls (default: "
+                             "the first three)")
     parser.add_argument("--batch-tokens", type=positive_int,
                         help="the server's --batch-tokens (default: the server's)")
     parser.add_argument("--ceiling-batch-tokens", type=positive_int, default=4096,
@@ -176,6 +227,10 @@ def main(argv=None) -> int:
     sentences = [s for s in sentences if s.strip()]
     counts = [int(c) for c in args.clients.split(",")]
     modes = args.modes.split(",")
+    unknown = set(modes) - {"batched", "unbatched", "ceiling", "calls"}
+    if unknown:
+        parser.error(f"--modes: unknown mode(s) {', '.join(sorted(unknown))}; the modes are "
+                     "batched, unbatched, ceiling and calls")
     report: dict = {"model": args.model, "test_set": args.test_prefix, "seconds": args.seconds}
     for mode in ("batched", "unbatched"):
         if mode not in modes:
@@ -212,6 +267,12 @@ def main(argv=None) -> int:
         report["ceiling"] = batch_ceiling(args, sentences)
         print(f"ceiling: {report['ceiling']['sent_per_s']:.1f} sent/s "
               f"({report['ceiling']['sentences']} sentences in one call)", flush=True)
+    if "calls" in modes:
+        report["calls"] = call_ceilings(args, sentences, counts)
+        for row in report["calls"]:
+            print(f"calls     {row['clients']:4d} clients: {row['sent_per_s']:7.1f} sent/s  "
+                  f"({row['searches']} at once, {row['sentences_per_call']} sentences each, "
+                  "no HTTP)", flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
     return 0

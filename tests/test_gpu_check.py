@@ -58,6 +58,8 @@ def test_dry_run_does_every_step_and_writes_its_records(multi30k_like, tmp_path)
     serve = json.loads((out / "serve.json").read_text())
     assert serve["batched"][0]["clients"] == 2 and serve["batched"][0]["errors"] == 0
     assert serve["batched"][0]["sentences"] > 0 and serve["ceiling"]["sent_per_s"] > 0
+    calls = serve["calls"][0]
+    assert calls["clients"] == 2 and calls["sentences"] == 12 and calls["sent_per_s"] > 0
     host = json.loads((out / "recipe_host.json").read_text())
     assert host["status"] == 0 and host["command"][1] == "train.py"
     assert host["user_s"] > 0 and host["minor_faults"] > 0 and host["max_rss_mib"] > 0

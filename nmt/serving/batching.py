@@ -1,8 +1,9 @@
 """Batching across requests: the sentences of concurrent requests searched as one batch.
 
 Each served model has one `Batcher`. A request hands it its sentences and awaits their
-translations; the batcher's task takes the oldest waiting request, adds every request that
-arrives within `max_wait` seconds of it, up to `gather_tokens` source tokens, and runs one
+translations; the batcher's task takes the oldest waiting request, adds every request waiting
+or arriving within `max_wait` seconds of it (none by default), up to `gather_tokens` source
+tokens, and runs one
 `Translator.translate_nbest` call on all their sentences in a search thread, off the event
 loop (the call sorts them by length into search batches). While that call runs, new requests
 queue up and form the next one (run beside it when `searches` > 1), so under load calls fill

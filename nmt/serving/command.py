@@ -95,9 +95,10 @@ def build_parser() -> argparse.ArgumentParser:
     batching.add_argument("--searches", type=int,
                           help="search calls run at once (default 2 on a CPU, where one small "
                                "batch keeps only part of the cores busy; 1 on a GPU or TPU)")
-    batching.add_argument("--batch-wait-ms", type=float, default=5.0,
+    batching.add_argument("--batch-wait-ms", type=float, default=0.0,
                           help="how long the oldest request waits for others to share its "
-                               "search (default 5 ms)")
+                               "search (default 0: a call takes the requests that queued while "
+                               "the searches before it ran; under load that fills it)")
     batching.add_argument("--batch-across-requests", default=True,
                           action=argparse.BooleanOptionalAction,
                           help="search the sentences of concurrent requests together "
