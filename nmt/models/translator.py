@@ -46,8 +46,9 @@ COMPACT_AFTER_BATCHES = 16
 
 def compaction_pays() -> bool:
     """Whether batches should leave finished sentences behind on this backend: on a CPU, where
-    a step costs in proportion to its rows; not on a GPU or TPU, where a loop program takes
-    5-25 s to compile (docs/performance.md) and a step over fewer rows saves little."""
+    a step costs in proportion to its rows and a program compiles in about a second; not on a
+    GPU or TPU, where each halving's loop program took 6-23 s to compile (one H100,
+    docs/performance.md)."""
     return jax.default_backend() == "cpu"
 
 
