@@ -128,6 +128,23 @@ def load(port: int, sentences: list[str], clients: int, seconds: float, source: 
             "first_error": errors[0] if errors else None}
 
 
+def server_flag(args: argparse.Namespace, flag: str) -> str | None:
+    """The value of `flag` in --server-args, if given there (the ceilings follow the server's
+    --buckets and --batch-tokens)."""
+    flags = shlex.split(args.server_args)
+    for i, given in enumerate(flags):
+        if given == flag and i + 1 < len(flags):
+            return flags[i + 1]
+        if given.startswith(flag + "="):
+            return given.split("=", 1)[1]
+    return None
+
+
+def server_buckets(args: argparse.Namespace) -> list[int] | None:
+    widths = server_flag(args, "--buckets")
+    return [int(width) for width in widths.split(",")] if widths else None
+
+
 def batch_ceiling(args: argparse.Namespace, sentences: list[str]) -> dict:
     """The test set as one Translator call with translate.py's settings (its searches at
     once), warm: every program the timed call runs, the compacting ones included, is
@@ -141,7 +158,8 @@ def batch_ceiling(args: argparse.Namespace, sentences: list[str]) -> dict:
     search = dataclasses.replace(values["search"], **{
         name: getattr(args, name) for name in SEARCH_FLAGS if getattr(args, name) is not None})
     translator = Translator(model, tokenizer, search, batch_tokens=args.ceiling_batch_tokens,
-                            searches=default_searches(), compact_after=0)
+                            buckets=server_buckets(args), searches=default_searches(),
+                            compact_after=0)
     translator.translate(sentences)  # compiles
     start = time.perf_counter()
     translator.translate(sentences)
@@ -166,9 +184,10 @@ def call_ceilings(args: argparse.Namespace, sentences: list[str], counts: list[i
     model, tokenizer, values = load_model(args.model)
     search = dataclasses.replace(values["search"], **{
         name: getattr(args, name) for name in SEARCH_FLAGS if getattr(args, name) is not None})
-    default_tokens = CPU_BATCH_TOKENS if on_cpu() else ACCELERATOR_BATCH_TOKENS
-    first = Translator(model, tokenizer, search, batch_tokens=args.batch_tokens or default_tokens,
-                       compact_after=0)
+    batch_tokens = (args.batch_tokens or int(server_flag(args, "--batch-tokens") or 0)
+                    or (CPU_BATCH_TOKENS if on_cpu() else ACCELERATOR_BATCH_TOKENS))
+    first = Translator(model, tokenizer, search, batch_tokens=batch_tokens,
+                       buckets=server_buckets(args), compact_after=0)
     first.warm_up()  # as the server does before it is ready
     translators = [first] + [first.replica(n) for n in range(1, default_searches())]
     rows = []
