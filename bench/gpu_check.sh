@@ -163,11 +163,10 @@ else
     SERVE=(--clients 1,8,32 --seconds "$SERVE_SECONDS")
 fi
 [ -z "$PRESET_LIST" ] || PRESETS=(${PRESET_LIST//,/ })
+known=$("$PYTHON" -c "from transformer.config import PRESETS; print(' '.join(PRESETS))")
 for preset in "${PRESETS[@]}"; do
-    case "$preset" in tiny|compact|small|base|big) ;;
-        *) die "--presets: unknown preset '$preset'; the presets are tiny, compact, small, base, \
-big" ;;
-    esac
+    [[ " $known " == *" $preset "* ]] \
+        || die "--presets: unknown preset '$preset'; the presets are ${known// /, }"
 done
 [ -z "$RECIPE_MINUTES" ] || RECIPE_FLAGS+=(--max-minutes "$RECIPE_MINUTES")
 PEER=()

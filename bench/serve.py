@@ -8,7 +8,7 @@ errors per client count; then the same with batching across requests switched of
 (--no-batch-across-requests), and the batch ceiling: the whole test set translated as one
 call, as translate.py --input does, warm (no start-up). With --modes ...,calls: the most a
 server could give with that many sentences in flight, were HTTP and queueing free: the
-server's translators (--batch-tokens, its default --searches), warm, each fed calls of
+server's translators (its --batch-tokens, --buckets and --searches), warm, each fed calls of
 clients / searches sentences of the test set at once. The server's RSS is read at the end of
 every load; --memory-minutes N runs one more load (32 clients) for N minutes and compares the
 RSS after the first minute with the RSS at the end.
@@ -128,37 +128,40 @@ def load(port: int, sentences: list[str], clients: int, seconds: float, source: 
             "first_error": errors[0] if errors else None}
 
 
-def server_flag(args: argparse.Namespace, flag: str) -> str | None:
-    """The value of `flag` in --server-args, if given there (the ceilings follow the server's
-    --buckets and --batch-tokens)."""
-    flags = shlex.split(args.server_args)
-    for i, given in enumerate(flags):
-        if given == flag and i + 1 < len(flags):
-            return flags[i + 1]
-        if given.startswith(flag + "="):
-            return given.split("=", 1)[1]
-    return None
+def server_settings(args: argparse.Namespace) -> argparse.Namespace:
+    """The server's own flags as it reads them (--batch-tokens and --server-args on top of its
+    defaults for this backend): the ceilings search with the same batches, widths and threads."""
+    from nmt.serving import command
+
+    flags = ["--model", args.model, *shlex.split(args.server_args)]
+    if args.batch_tokens is not None:
+        flags += ["--batch-tokens", str(args.batch_tokens)]
+    settings = command.build_parser().parse_args(flags)
+    command.apply_backend_defaults(settings)
+    return settings
 
 
-def server_buckets(args: argparse.Namespace) -> list[int] | None:
-    widths = server_flag(args, "--buckets")
-    return [int(width) for width in widths.split(",")] if widths else None
-
-
-def batch_ceiling(args: argparse.Namespace, sentences: list[str]) -> dict:
-    """The test set as one Translator call with translate.py's settings (its searches at
-    once), warm: every program the timed call runs, the compacting ones included, is
-    compiled by an untimed call first."""
+def model_and_search(args: argparse.Namespace):
+    """The model, its tokenizer and its search settings with this command's overrides."""
     from nmt.models.model_dir import load_model
-    from nmt.models.translator import Translator, default_searches
     from nmt.runtime.compilation import enable_compilation_cache
 
     enable_compilation_cache()
     model, tokenizer, values = load_model(args.model)
     search = dataclasses.replace(values["search"], **{
         name: getattr(args, name) for name in SEARCH_FLAGS if getattr(args, name) is not None})
+    return model, tokenizer, search
+
+
+def batch_ceiling(args: argparse.Namespace, sentences: list[str]) -> dict:
+    """The test set as one Translator call with translate.py's settings (its searches at
+    once), warm: every program the timed call runs, the compacting ones included, is
+    compiled by an untimed call first."""
+    from nmt.models.translator import Translator, default_searches
+
+    model, tokenizer, search = model_and_search(args)
     translator = Translator(model, tokenizer, search, batch_tokens=args.ceiling_batch_tokens,
-                            buckets=server_buckets(args), searches=default_searches(),
+                            buckets=server_settings(args).buckets, searches=default_searches(),
                             compact_after=0)
     translator.translate(sentences)  # compiles
     start = time.perf_counter()
@@ -175,21 +178,14 @@ def call_ceilings(args: argparse.Namespace, sentences: list[str], counts: list[i
     all at once."""
     import concurrent.futures
 
-    from nmt.models.model_dir import load_model
-    from nmt.models.translator import Translator, default_searches
-    from nmt.runtime.compilation import enable_compilation_cache
-    from nmt.serving.command import ACCELERATOR_BATCH_TOKENS, CPU_BATCH_TOKENS
+    from nmt.models.translator import Translator
 
-    enable_compilation_cache()
-    model, tokenizer, values = load_model(args.model)
-    search = dataclasses.replace(values["search"], **{
-        name: getattr(args, name) for name in SEARCH_FLAGS if getattr(args, name) is not None})
-    batch_tokens = (args.batch_tokens or int(server_flag(args, "--batch-tokens") or 0)
-                    or (CPU_BATCH_TOKENS if on_cpu() else ACCELERATOR_BATCH_TOKENS))
-    first = Translator(model, tokenizer, search, batch_tokens=batch_tokens,
-                       buckets=server_buckets(args), compact_after=0)
+    model, tokenizer, search = model_and_search(args)
+    settings = server_settings(args)
+    first = Translator(model, tokenizer, search, batch_tokens=settings.batch_tokens,
+                       buckets=settings.buckets, compact_after=0)
     first.warm_up()  # as the server does before it is ready
-    translators = [first] + [first.replica(n) for n in range(1, default_searches())]
+    translators = [first] + [first.replica(n) for n in range(1, settings.searches)]
     rows = []
     with concurrent.futures.ThreadPoolExecutor(len(translators)) as pool:
         for clients in counts:
@@ -208,12 +204,6 @@ def call_ceilings(args: argparse.Namespace, sentences: list[str], counts: list[i
                          "searches": at_once, "sentences": len(sentences),
                          "seconds": seconds, "sent_per_s": len(sentences) / seconds})
     return rows
-
-
-def on_cpu() -> bool:
-    import jax
-
-    return jax.default_backend() == "cpu"
 
 
 def main(argv=None) -> int:

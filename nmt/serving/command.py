@@ -162,19 +162,27 @@ def parse_model_flag(value: str) -> tuple[str | None, str | None, str]:
     return None, None, value
 
 
-def load_served_models(args: argparse.Namespace):
-    """A ServedModel per --model, loaded and checked (InputError, UsageError)."""
+def apply_backend_defaults(args: argparse.Namespace) -> None:
+    """Fill in --batch-tokens and --searches where not given: their defaults depend on whether
+    JAX runs on a CPU."""
     import jax
 
-    from nmt.models.model_dir import ModelDirError, load_models
-    from nmt.models.translator import Translator, default_searches
-    from nmt.serving.catalog import ServedModel
+    from nmt.models.translator import default_searches
 
-    on_cpu = jax.default_backend() == "cpu"
     if args.batch_tokens is None:
-        args.batch_tokens = CPU_BATCH_TOKENS if on_cpu else ACCELERATOR_BATCH_TOKENS
+        args.batch_tokens = (CPU_BATCH_TOKENS if jax.default_backend() == "cpu"
+                             else ACCELERATOR_BATCH_TOKENS)
     if args.searches is None:
         args.searches = default_searches()
+
+
+def load_served_models(args: argparse.Namespace):
+    """A ServedModel per --model, loaded and checked (InputError, UsageError)."""
+    from nmt.models.model_dir import ModelDirError, load_models
+    from nmt.models.translator import Translator
+    from nmt.serving.catalog import ServedModel
+
+    apply_backend_defaults(args)
     served, seen = [], {}
     for index, flag in enumerate(args.model):
         source, target, path = parse_model_flag(flag)
