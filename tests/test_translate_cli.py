@@ -347,11 +347,11 @@ def test_damaged_model_file_is_named(run_dir, tmp_path, monkeypatch, damage):
     assert "\n" not in message and ("bogus" in message if damage == "search setting" else True)
 
 
-def test_small_calls_get_a_small_power_of_two_budget():
+def test_small_calls_get_a_small_power_of_two_budget_where_rows_cost_time():
     from nmt.models.translator import Translator
 
-    def budget(search, rows: list[int], limit: int = 4096) -> int:
-        fake = SimpleNamespace(search=search, batch_tokens=limit)
+    def budget(search, rows: list[int], limit: int = 4096, fit: bool = True) -> int:
+        fake = SimpleNamespace(search=search, batch_tokens=limit, fit_small_calls=fit)
         return Translator._batch_budget(fake, [[5] * n for n in rows])
 
     beam4 = search_config(beam_size=4)
@@ -360,6 +360,9 @@ def test_small_calls_get_a_small_power_of_two_budget():
     assert budget(beam4, [63, 63]) == 128  # 512 beam tokens
     assert budget(beam4, [3] * 1000) == 1024  # never above the user's 4096 / beam 4
     assert budget(search_config(strategy="greedy", nbest=1), [3]) == 4
+    # On a GPU or TPU every call gets the whole budget: one batch shape per width.
+    assert budget(beam4, [3], fit=False) == 1024
+    assert budget(search_config(strategy="greedy", nbest=1), [3], fit=False) == 4096
 
 
 # ----------------------------------------------------------------------------- subprocesses

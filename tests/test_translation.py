@@ -127,17 +127,18 @@ def test_a_width_compacts_once_enough_of_its_batches_were_searched():
     assert translator.compact_after == 0
 
 
-def test_where_compaction_does_not_pay_no_batch_compacts_and_warm_up_compiles_no_halvings(
+def test_where_rows_cost_little_batches_keep_one_shape_per_width_and_never_compact(
         monkeypatch):
     """On a GPU or TPU a loop program costs seconds to compile and fewer rows save little:
-    there a translator, even one told to compact from the start, searches every batch whole,
-    and `warm_up` compiles each shape's start and loop only, which is all its calls need."""
+    there a translator, even one told to compact from the start, searches every batch of a
+    width whole and with the same rows, small calls included, and `warm_up` compiles one
+    start and one loop program per width, which is all its calls need."""
     import random
 
     from nmt.models import translator as translator_module
     from nmt.runtime.compilation import CompileLog
 
-    monkeypatch.setattr(translator_module, "compaction_pays", lambda: False)
+    monkeypatch.setattr(translator_module, "rows_cost_time", lambda: False)
     rng = random.Random(4)
     sentences = [" ".join(str(rng.randrange(4, 60)) for _ in range(rng.randrange(1, 15)))
                  for _ in range(24)]
@@ -146,6 +147,8 @@ def test_where_compaction_does_not_pay_no_batch_compacts_and_warm_up_compiles_no
                             SearchConfig(strategy="greedy", max_len_b=3), batch_tokens=64,
                             buckets=(16,), compact_after=0)
     assert translator.compact_after is None
+    # One row count per width (64 tokens // width): 16, and the model's 40 positions.
+    assert translator.search_shapes() == [(4, 16), (1, 40)]
     with CompileLog().active() as warming:
         translator.warm_up()
     functions = [record.function for record in warming.records]
@@ -157,6 +160,10 @@ def test_where_compaction_does_not_pay_no_batch_compacts_and_warm_up_compiles_no
     assert translating.records == []
     assert len(translator.batch_stats) == 6
     assert all(stats.stage_rows == (stats.rows,) for stats in translator.batch_stats)
+    with CompileLog().active() as one_sentence:
+        translator.translate(sentences[:1])
+    assert one_sentence.records == []
+    assert [(stats.rows, stats.sentences) for stats in translator.batch_stats] == [(4, 1)]
 
 
 def test_each_batch_shape_is_compiled_ahead_once_and_a_failed_search_waits_for_no_more():

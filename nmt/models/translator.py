@@ -44,11 +44,13 @@ log = logging.getLogger("translate")
 COMPACT_AFTER_BATCHES = 16
 
 
-def compaction_pays() -> bool:
-    """Whether batches should leave finished sentences behind on this backend: on a CPU, where
-    a step costs in proportion to its rows and a program compiles in about a second; not on a
-    GPU or TPU, where each halving's loop program took 6-23 s to compile (one H100,
-    docs/performance.md)."""
+def rows_cost_time() -> bool:
+    """Whether a search step's time grows with its rows, which decides how a translator shapes
+    its batches: on a CPU it does, and a program compiles in about a second, so small calls
+    get small batches and finished sentences leave theirs (compaction); on a GPU or TPU a
+    decoder step of a few hundred rows is bound by its kernel launches while each program took
+    6-23 s to compile (one H100, docs/performance.md), so every batch of a width keeps one
+    shape."""
     return jax.default_backend() == "cpu"
 
 
@@ -86,7 +88,9 @@ class Translator:
     `batch_tokens` bounds source tokens per batch (beam search multiplies the work by
     beam_size). Sources are padded to the smallest of `buckets` (default
     `data.config.INFERENCE_BUCKETS`, capped at the model's max_len) that holds them, and each
-    width compiles search once: fewer buckets, fewer compilations, more padding. Sources
+    width compiles search once per row count: fewer buckets, fewer compilations, more padding.
+    Where rows cost time (`rows_cost_time`, a CPU) a small call gets fewer rows; elsewhere
+    every batch of a width has the full budget's rows. Sources
     longer than the model's positions allow are truncated to `max_source_len` tokens (EOS
     included); `truncated` lists the indices of the last call that were. A translation whose
     search reached its output limit (`SearchConfig.max_output_len`, where EOS is forced) is
@@ -95,7 +99,7 @@ class Translator:
     on its own thread (`default_searches`); results come back in order. Once `compact_after`
     batches of a width have been searched (over every call), the next ones leave their
     finished sentences behind as they go (see `COMPACT_AFTER_BATCHES`); None, or a backend
-    where that does not pay (`compaction_pays`), searches every batch whole. Sampling draws
+    where rows cost little (`rows_cost_time`), searches every batch whole. Sampling draws
     from `seed` and a count of the batches searched so far, so repeated calls (translate.py
     calls once per chunk of stdin) never reuse random numbers.
     """
@@ -114,7 +118,10 @@ class Translator:
         self.search = search
         self.batch_tokens = batch_tokens
         self.searches = searches
-        self.compact_after = compact_after if compaction_pays() else None
+        # Where rows cost little, batches keep the full budget's rows and never compact:
+        # one search shape per width.
+        self.fit_small_calls = rows_cost_time()
+        self.compact_after = compact_after if self.fit_small_calls else None
         self.batches_per_width: collections.Counter[int] = collections.Counter()
         self.rng = jax.random.key(seed)
         self.batches_searched = 0  # folded into the rng: each batch of every call draws anew
@@ -226,29 +233,35 @@ class Translator:
         """Source tokens per batch for this call.
 
         Batches have a fixed number of rows per source width, so a lone sentence under the full
-        budget would be searched alongside dozens of all-padding rows. A small call gets the next
-        power of two above what it needs instead; powers of two keep the number of compiled
-        shapes small (at most log2(batch_tokens / 64) + 1 row counts per width). Beam search
-        does beam_size times the work per source token, so its budget is divided by beam_size
-        (`per_token` gives another factor).
+        budget would be searched alongside dozens of all-padding rows. Where rows cost time
+        (`fit_small_calls`), a small call gets the next power of two above what it needs
+        instead; powers of two keep the number of compiled shapes small (at most
+        log2(batch_tokens / 64) + 1 row counts per width). Elsewhere every call gets the full
+        budget. Beam search does beam_size times the work per source token, so its budget is
+        divided by beam_size (`per_token` gives another factor).
         """
         if per_token is None:
             per_token = self.search.beam_size if self.search.strategy == "beam" else 1
         needed = per_token * sum(len(row) + 1 for row in ids)
-        budget = min(self.batch_tokens, 1 << max(needed - 1, 1).bit_length())
+        budget = self.batch_tokens
+        if self.fit_small_calls:
+            budget = min(budget, 1 << max(needed - 1, 1).bit_length())
         return max(budget // per_token, 1)  # inference_batches always makes one row
 
     def search_shapes(self) -> list[tuple[int, int]]:
         """Every (rows, width) batch shape translate calls can search, narrowest first.
 
-        Widths are the buckets; each width has one row count per power-of-two budget that
-        `_batch_budget` can pick, so a long-running caller (the server) can compile them all
-        before it takes requests. A search that leaves finished sentences behind halves its
-        rows, which gives the row count of half the budget: no other shapes.
+        Widths are the buckets; each width has one row count per budget that `_batch_budget`
+        can pick (one where small calls keep the full budget), so a long-running caller (the
+        server) can compile them all before it takes requests. A search that leaves finished
+        sentences behind halves its rows, which gives the row count of half the budget: no
+        other shapes.
         """
         per_token = self.search.beam_size if self.search.strategy == "beam" else 1
-        budgets = {min(self.batch_tokens, 1 << k)
-                   for k in range(1, self.batch_tokens.bit_length() + 1)}
+        budgets = {self.batch_tokens}
+        if self.fit_small_calls:
+            budgets |= {min(self.batch_tokens, 1 << k)
+                        for k in range(1, self.batch_tokens.bit_length() + 1)}
         shapes = {(max(max(budget // per_token, 1) // width, 1), width)
                   for budget in budgets for width in self.buckets}
         return sorted(shapes, key=lambda shape: (shape[1], shape[0]))

@@ -204,7 +204,7 @@ def load_served_models(args: argparse.Namespace):
             search = search_config(values["search"], args)
             # compact_after=0: the warm-up compiles every program compaction needs, so every
             # batch leaves its finished sentences behind from the first request on (on a CPU;
-            # on a GPU or TPU no batch compacts, `compaction_pays`).
+            # on a GPU or TPU no batch compacts, `rows_cost_time`).
             translator = Translator(model, tokenizer, search, batch_tokens=args.batch_tokens,
                                     seed=args.seed, buckets=args.buckets, compact_after=0)
         except ValueError as err:
