@@ -48,10 +48,15 @@ def rows_cost_time() -> bool:
     """Whether a search step's time grows with its rows, which decides how a translator shapes
     its batches: on a CPU it does, and a program compiles in about a second, so small calls
     get small batches and finished sentences leave theirs (compaction); on a GPU or TPU a
-    decoder step of a few hundred rows is bound by its kernel launches while each program took
-    6-23 s to compile (one H100, docs/performance.md), so every batch of a width keeps one
-    shape."""
+    decoder step of a few hundred rows should cost little more than one of a few (its kernel
+    launches dominate; not yet timed) while each program took 6-23 s to compile (one H100,
+    docs/performance.md), so every batch of a width keeps one shape."""
     return jax.default_backend() == "cpu"
+
+
+def rows_per_source(search: SearchConfig) -> int:
+    """Decoder rows each source sentence takes in a search: beam_size for beam search, else 1."""
+    return search.beam_size if search.strategy == "beam" else 1
 
 
 def default_searches() -> int:
@@ -241,7 +246,7 @@ class Translator:
         divided by beam_size (`per_token` gives another factor).
         """
         if per_token is None:
-            per_token = self.search.beam_size if self.search.strategy == "beam" else 1
+            per_token = rows_per_source(self.search)
         needed = per_token * sum(len(row) + 1 for row in ids)
         budget = self.batch_tokens
         if self.fit_small_calls:
@@ -257,7 +262,7 @@ class Translator:
         sentences behind halves its rows, which gives the row count of half the budget: no
         other shapes.
         """
-        per_token = self.search.beam_size if self.search.strategy == "beam" else 1
+        per_token = rows_per_source(self.search)
         budgets = {self.batch_tokens}
         if self.fit_small_calls:
             budgets |= {min(self.batch_tokens, 1 << k)
