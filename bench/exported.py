@@ -5,7 +5,8 @@
     python -m bench.exported ... --device cuda        # on a GPU: CTranslate2 float16, int8
 
 Exports the model to CTranslate2 into a temporary folder, then, on the same sentences:
-- beam search (--beam, the model's alpha and beam rules) and greedy search with ours and with
+- beam search (--beam, the model's alpha and beam rules) and greedy search with ours (at each
+  of --dtypes, the products' operands: float32 and bfloat16 by default) and with
   CTranslate2 at each --compute-types (default float32 and int8 on the CPU, float16 and
   int8_float16 on a GPU): seconds and sentences/s after one warm-up pass (compilation not
   counted), sacreBLEU BLEU and chrF beside each, and for greedy how many outputs are
@@ -91,6 +92,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--inter-threads", type=int, nargs="+", default=[1, 2],
                         help="CTranslate2 batches translated at once, each on --threads / N "
                              "threads (default: 1 and 2, each measured)")
+    parser.add_argument("--dtypes", nargs="+", choices=("float32", "bfloat16"),
+                        default=["float32", "bfloat16"],
+                        help="our compute dtypes (translate.py --dtype), each measured")
     parser.add_argument("--searches", type=int,
                         help="our batches searched at once (default: translate.py's)")
     parser.add_argument("--batch-sentences", type=int, default=64,
@@ -116,7 +120,7 @@ def main() -> None:
     from nmt.translation.scoring import evaluate
 
     sources, references = read_test_set(args, args.limit)
-    model, tokenizer, values = load_model(args.model)
+    _, tokenizer, values = load_model(args.model)
     beam = dataclasses.replace(values["search"], strategy="beam", beam_size=args.beam, nbest=1,
                                **search_overrides(args))
     greedy = dataclasses.replace(beam, strategy="greedy", beam_size=1)
@@ -132,14 +136,18 @@ def main() -> None:
 
     ours = {}
     searches = args.searches or default_searches()
-    for mode, search in ((f"beam {args.beam}", beam), ("greedy", greedy)):
-        # compact_after=0: a long job's steady state, where every batch compacts (the warm-up
-        # pass compiles the programs at fewer rows).
-        translator = Translator(model, tokenizer, search, searches=searches, compact_after=0)
-        nbest, seconds = timed(translator.translate_nbest, sources)
-        ours[mode] = [h[0].tokens for h in nbest]
-        report("ours", mode, [h[0].text for h in nbest], seconds, beam_rules=search.beam_rules,
-               max_len_a=search.max_len_a, max_len_b=search.max_len_b, searches=searches)
+    for dtype in args.dtypes:
+        model, _, _ = load_model(args.model, dtype=dtype)
+        for mode, search in ((f"beam {args.beam}", beam), ("greedy", greedy)):
+            # compact_after=0: a long job's steady state, where every batch compacts (the
+            # warm-up pass compiles the programs at fewer rows).
+            translator = Translator(model, tokenizer, search, searches=searches,
+                                    compact_after=0)
+            nbest, seconds = timed(translator.translate_nbest, sources)
+            ours.setdefault(mode, [h[0].tokens for h in nbest])  # the first dtype's
+            report(f"ours {dtype}", mode, [h[0].text for h in nbest], seconds,
+                   beam_rules=search.beam_rules, max_len_a=search.max_len_a,
+                   max_len_b=search.max_len_b, searches=searches)
 
     with tempfile.TemporaryDirectory() as tmp:
         exported = ctranslate2_export(args.model, Path(tmp))
@@ -260,21 +268,23 @@ def wall(command: list[str], env: dict[str, str], stdin: str | None = None
 def end_to_end(args, exported: Path | None, beam, values, common) -> None:
     """translate.py as a user runs it, cold and warm, against CTranslate2 doing the same."""
     source, reference = f"{args.test_prefix}.{args.src}", f"{args.test_prefix}.{args.tgt}"
-    with tempfile.TemporaryDirectory() as cache:
-        env = {**user_environment(), "FLAX_NMT_CACHE": cache}
-        evaluate = [sys.executable, "translate.py", "--model", str(args.model), "--evaluate",
-                    "--test-prefix", args.test_prefix, "--src", args.src, "--tgt", args.tgt,
-                    "--beam", str(args.beam), *search_flags(args), "-q"]
-        for cache_state in ("empty", "warm"):
-            seconds, line = wall(evaluate, env)
-            emit({"system": "ours", "end_to_end": f"translate.py --evaluate, {cache_state} "
-                  "compilation cache", "seconds": round(seconds, 2), "last_line": line, **common})
-        one = [sys.executable, "translate.py", "--model", str(args.model), "--beam",
-               str(args.beam), *search_flags(args), "-q"]
-        wall(one, env, stdin=SHELL_SENTENCE + "\n")  # its own shape: compiled and cached
-        seconds, line = wall(one, env, stdin=SHELL_SENTENCE + "\n")
-        emit({"system": "ours", "end_to_end": "one sentence from the shell, warm cache",
-              "seconds": round(seconds, 2), "output": line, **common})
+    for dtype in args.dtypes:
+        with tempfile.TemporaryDirectory() as cache:
+            env = {**user_environment(), "FLAX_NMT_CACHE": cache}
+            flags = ["--beam", str(args.beam), *search_flags(args), "--dtype", dtype, "-q"]
+            evaluate = [sys.executable, "translate.py", "--model", str(args.model),
+                        "--evaluate", "--test-prefix", args.test_prefix, "--src", args.src,
+                        "--tgt", args.tgt, *flags]
+            for cache_state in ("empty", "warm"):
+                seconds, line = wall(evaluate, env)
+                emit({"system": f"ours {dtype}", "end_to_end": f"translate.py --evaluate, "
+                      f"{cache_state} compilation cache", "seconds": round(seconds, 2),
+                      "last_line": line, **common})
+            one = [sys.executable, "translate.py", "--model", str(args.model), *flags]
+            wall(one, env, stdin=SHELL_SENTENCE + "\n")  # its own shape: compiled and cached
+            seconds, line = wall(one, env, stdin=SHELL_SENTENCE + "\n")
+            emit({"system": f"ours {dtype}", "end_to_end": "one sentence from the shell, warm "
+                  "cache", "seconds": round(seconds, 2), "output": line, **common})
     if exported is None:
         return
     env = peer_environment()
