@@ -13,6 +13,8 @@ from flax import nnx
 from transformer.config import BEAM_RULES, SearchConfig, get_preset
 from transformer.decoding import (
     NEG_INF,
+    _allowed_scores,
+    _best_allowed,
     _programs,
     hypotheses_to_lists,
     length_penalty,
@@ -498,6 +500,30 @@ def test_pad_sources_pads_every_row_to_the_longest():
     np.testing.assert_array_equal(padded, [[5, EOS, 0, 0], [6, 7, 8, EOS], [0, 0, 0, 0]])
     with pytest.raises(ValueError, match="batch_size"):
         pad_sources([[5], [6], [7]], PAD, batch_size=2)
+
+
+@pytest.mark.parametrize("n, k", [(8000, 8), (8000, 1), (1000, 8), (7, 4), (5, 2)])
+@pytest.mark.parametrize("min_len", [0, 3])
+def test_best_allowed_equals_top_k_of_the_masked_vocabulary(n, k, min_len):
+    """The search takes the k best allowed tokens from the k + 3 best of all: the same
+    values and tokens as a top-k over logits with PAD, BOS (and EOS before min_len) masked,
+    ties, rows at their limit, banned tokens among the best and vocabularies smaller than
+    k + 3 included."""
+    config = get_preset("tiny", vocab_size=n)
+    rng = np.random.default_rng(n + k + min_len)
+    for low, high in [(0, 4), (-1000, 1000)]:
+        logits = rng.integers(low, high, size=(10, n)).astype(np.float32)
+        logits[0, [PAD, BOS, EOS]] = 1e6             # every banned token beats the rest
+        logits[1] = 7.0                              # nothing but ties
+        at_limit = jnp.asarray(rng.random(10) < 0.3)
+        for step in (0, 1, 5):
+            step = jnp.int32(step)
+            masked = _allowed_scores(jnp.asarray(logits), step, at_limit, min_len, config)
+            want_values, want_tokens = jax.lax.top_k(masked, k)
+            values, tokens = jax.jit(_best_allowed, static_argnums=(1, 4, 5))(
+                jnp.asarray(logits), k, step, at_limit, min_len, config)
+            np.testing.assert_array_equal(values, want_values)
+            np.testing.assert_array_equal(tokens, want_tokens)
 
 
 @pytest.mark.parametrize("n, k", [(8000, 8), (8000, 1), (4096, 8), (2056, 2), (1000, 8), (37, 3)])

@@ -359,20 +359,56 @@ def _reference_logprobs(graphdef, state, src, tgt):
 # ----------------------------------------------------------------------------- shared pieces
 
 
-def _allowed_scores(logits: Array, step: Array, at_limit: Array, min_len: int, config
-                    ) -> Array:
-    """logits [rows, vocab] with PAD and BOS banned, and EOS banned before min_len.
+def _banned_ids(min_len: int, config) -> tuple[int, ...]:
+    """The tokens a search may never produce at some step: PAD, BOS, and EOS while min_len
+    forbids it."""
+    ids = [config.pad_id, config.bos_id] + ([config.eos_id] if min_len > 0 else [])
+    return tuple(dict.fromkeys(ids))
+
+
+def _is_banned(token: Array, step: Array, at_limit: Array, min_len: int, config) -> Array:
+    """bool, token's shape [rows, ...]: `token` may not be produced at `step`.
 
     at_limit [rows]: rows whose output limit is this step may end whatever min_len says (the
-    caller then lets them produce nothing but EOS). One elementwise pass over [rows, vocab]:
-    edits of single columns (`.at[:, id].set`) looked cheaper, but each made XLA copy the
-    whole array, three copies at every step of the search loop.
+    caller then lets them produce nothing but EOS).
     """
     eos_allowed = at_limit | (step + 1 >= min_len)
+    eos_allowed = eos_allowed.reshape(eos_allowed.shape + (1,) * (token.ndim - 1))
+    return ((token == config.pad_id) | (token == config.bos_id)
+            | ((token == config.eos_id) & ~eos_allowed))
+
+
+def _allowed_scores(logits: Array, step: Array, at_limit: Array, min_len: int, config
+                    ) -> Array:
+    """logits [rows, vocab] with PAD and BOS banned, and EOS banned before min_len (sampling
+    draws from all of them; the searches take `_best_allowed`). One elementwise pass:
+    edits of single columns (`.at[:, id].set`) each made XLA copy the whole array."""
     column = jnp.arange(logits.shape[-1])[None, :]
-    banned = ((column == config.pad_id) | (column == config.bos_id)
-              | ((column == config.eos_id) & ~eos_allowed[:, None]))
-    return jnp.where(banned, NEG_INF, logits)
+    return jnp.where(_is_banned(column, step, at_limit, min_len, config), NEG_INF, logits)
+
+
+def _best_allowed(logits: Array, k: int, step: Array, at_limit: Array, min_len: int, config
+                  ) -> tuple[Array, Array]:
+    """`top_k_over_vocab(_allowed_scores(logits, ...), k)` without the pass over the vocabulary.
+
+    logits [rows, vocab] -> (values [rows, k], int32 tokens [rows, k]), ties and banned
+    entries included as there. At most `len(_banned_ids)` tokens are banned, so the k best
+    allowed ones are among the k + that many best of all: only those are masked and ranked
+    again. Saves writing and re-reading a [rows, vocab] array at every step (a few percent of
+    a beam step on a CPU).
+    """
+    vocab = logits.shape[-1]
+    wide = min(k + len(_banned_ids(min_len, config)), vocab)
+    values, tokens = top_k_over_vocab(logits, wide)
+    values = jnp.where(_is_banned(tokens, step, at_limit, min_len, config), NEG_INF, values)
+    if wide == vocab:
+        # Every token is a candidate: rank banned ones by id, as a masked top-k over the
+        # vocabulary does for its equal NEG_INF entries.
+        order = jnp.argsort(tokens, axis=-1)
+        values = jnp.take_along_axis(values, order, axis=-1)
+        tokens = jnp.take_along_axis(tokens, order, axis=-1)
+    values, order = jax.lax.top_k(values, k)
+    return values, jnp.take_along_axis(tokens, order, axis=-1)
 
 
 @jax.tree_util.register_dataclass
@@ -515,14 +551,18 @@ def _greedy_resume(graphdef, program: _SearchProgram, state, sentences: _Sentenc
         # only the chosen token's log-probability, so log_softmax is never materialised.
         normalizer = jax.nn.logsumexp(logits[:, 0], axis=-1)  # [batch]
         at_limit = s.step + 1 >= sentences.limits
-        scores = _allowed_scores(logits[:, 0], s.step, at_limit, settings.min_len, config)
         if settings.strategy == "sample":
+            scores = _allowed_scores(logits[:, 0], s.step, at_limit, settings.min_len, config)
             next_token = _sample(scores - normalizer[:, None], float(settings.temperature),
                                  settings.top_k, jax.random.fold_in(rng, s.step))
+            score = jnp.take_along_axis(scores, next_token[:, None], axis=-1)[:, 0]
         else:
-            next_token = top_k_over_vocab(scores, 1)[1][:, 0]
+            score, next_token = (x[:, 0] for x in _best_allowed(
+                logits[:, 0], 1, s.step, at_limit, settings.min_len, config))
+        # At its limit a row ends, with EOS's logit (always allowed there).
         next_token = jnp.where(at_limit, config.eos_id, next_token)
-        chosen = jnp.take_along_axis(scores, next_token[:, None], axis=-1)[:, 0] - normalizer
+        score = jnp.where(at_limit, logits[:, 0, config.eos_id], score)
+        chosen = score - normalizer
         next_token = jnp.where(s.done, config.pad_id, next_token)
         tokens = jax.lax.dynamic_update_slice_in_dim(s.tokens, next_token[:, None], s.step, 1)
         return _GreedyState(s.step + 1, cache, tokens,
@@ -694,18 +734,18 @@ def _best_extensions(s: _BeamState, logits: Array, rules: _BeamRules
     limits_k = jnp.repeat(rules.limits, k)  # [batch * k], beams of a sentence adjacent
     normalizer = jax.nn.logsumexp(logits, axis=-1)  # [rows]
     at_limit = s.step + 1 >= limits_k
-    scores = _allowed_scores(logits, s.step, at_limit, rules.settings.min_len, rules.model)
     # Each row's best 2k tokens hold every candidate the best 2k of the whole sentence can
     # take (log p differs from the logit by a per-row constant), so the full [rows, vocab]
     # log-probabilities are never formed.
-    per_row = min(2 * k, scores.shape[-1])
-    row_score, row_token = top_k_over_vocab(scores, per_row)  # [rows, per_row]
+    per_row = min(2 * k, logits.shape[-1])
+    row_score, row_token = _best_allowed(logits, per_row, s.step, at_limit,
+                                         rules.settings.min_len, rules.model)
     row_logprob = row_score - normalizer[:, None]
     # A row at its output limit may only end: its one candidate is EOS, scored with its
     # log-probability (transformers' rules: with 0, as its forced EOS is).
     eos_id = rules.model.eos_id
     eos_logprob = (jnp.zeros_like(normalizer) if rules.transformers_rules
-                   else scores[:, eos_id] - normalizer)
+                   else logits[:, eos_id] - normalizer)
     first = (jnp.arange(per_row) == 0)[None]
     row_logprob = jnp.where(at_limit[:, None],
                             jnp.where(first, eos_logprob[:, None], NEG_INF), row_logprob)
