@@ -211,3 +211,38 @@ def test_each_batch_shape_is_compiled_ahead_once_and_a_failed_search_waits_for_n
         fresh.translate(sentences)
     release.set()
     assert len(started) <= 2  # the rest were cancelled
+
+
+def test_bfloat16_products_translate_a_peaked_model_as_float32_does():
+    """translate.py --dtype bfloat16: the search loop's products take bfloat16 operands (where
+    its speed comes from) and a model with clear preferences translates as in float32."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from transformer.decoding import _programs
+
+    full = tiny_model()
+    low = Transformer(get_preset("tiny", vocab_size=64, dtype="bfloat16"), rngs=nnx.Rngs(1))
+    nnx.update(low, nnx.state(full))  # the same parameters (stored in float32 either way)
+    rng = np.random.default_rng(3)
+    sentences = [" ".join(str(t) for t in rng.integers(4, 64, size=rng.integers(2, 12)))
+                 for _ in range(24)]
+    search = SearchConfig(beam_size=3, max_len_b=6)
+    want = Translator(full, NumberTokenizer(), search).translate(sentences)
+    got = Translator(low, NumberTokenizer(), search).translate(sentences)
+    assert sum(a == b for a, b in zip(want, got)) >= 22, list(zip(want, got))
+
+    graphdef, state = nnx.split(low)
+    strategy, program = _programs(graphdef, state).planned(search, 16)
+    int32 = lambda shape: jax.ShapeDtypeStruct(shape, jnp.int32)  # noqa: E731
+    start = strategy.start.trace(program, state, int32((4, 16)), int32((4,)), jax.random.key(0))
+    sentences_info, searched_info = start.out_info
+    loop = strategy.resume.trace(program, state, sentences_info, searched_info, int32(()),
+                                 jax.random.key(0)).lower().as_text()
+    products = [line for line in loop.splitlines() if "stablehlo.dot_general" in line]
+    low_precision = [line for line in products if "xbf16>" in line.split("->")[0]]
+    # Each decoder layer's 8 projection and FFN products, and the output projection over the
+    # 64-token vocabulary into float32 logits.
+    assert len(low_precision) >= 8 * low.config.decoder_layers + 1, products
+    assert any(line.split("->")[-1].strip().endswith("x64xf32>") for line in low_precision)
