@@ -53,7 +53,8 @@ def test_dry_run_does_every_step_and_writes_its_records(multi30k_like, tmp_path)
     exported = [json.loads(line) for line in (out / "exported.jsonl").read_text().splitlines()
                 if line.startswith("{")]
     searched = {(e["system"], e["search"]) for e in exported if "bleu" in e}
-    assert {("ours", "beam 4"), ("ours", "greedy"), ("ctranslate2 float32", "beam 4"),
+    assert {("ours float32", "beam 4"), ("ours float32", "greedy"), ("ours bfloat16", "beam 4"),
+            ("ours bfloat16", "greedy"), ("ctranslate2 float32", "beam 4"),
             ("ctranslate2 int8", "greedy")} <= searched, searched
     serve = json.loads((out / "serve.json").read_text())
     assert serve["batched"][0]["clients"] == 2 and serve["batched"][0]["errors"] == 0
