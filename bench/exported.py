@@ -120,7 +120,8 @@ def main() -> None:
     from nmt.translation.scoring import evaluate
 
     sources, references = read_test_set(args, args.limit)
-    _, tokenizer, values = load_model(args.model)
+    models = {dtype: load_model(args.model, dtype=dtype) for dtype in args.dtypes}
+    _, tokenizer, values = models[args.dtypes[0]]
     beam = dataclasses.replace(values["search"], strategy="beam", beam_size=args.beam, nbest=1,
                                **search_overrides(args))
     greedy = dataclasses.replace(beam, strategy="greedy", beam_size=1)
@@ -136,8 +137,7 @@ def main() -> None:
 
     ours = {}
     searches = args.searches or default_searches()
-    for dtype in args.dtypes:
-        model, _, _ = load_model(args.model, dtype=dtype)
+    for dtype, (model, _, _) in models.items():
         for mode, search in ((f"beam {args.beam}", beam), ("greedy", greedy)):
             # compact_after=0: a long job's steady state, where every batch compacts (the
             # warm-up pass compiles the programs at fewer rows).
