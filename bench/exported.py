@@ -51,7 +51,8 @@ from transformer.config import BEAM_RULES
 COMPUTE_TYPES = {"cpu": ("float32", "int8"), "cuda": ("float16", "int8_float16")}
 SHELL_SENTENCE = "A man in a blue shirt is standing on a ladder cleaning windows."
 
-# The same work as translate.py --evaluate, for CTranslate2: load, tokenize, translate, score.
+# The same work as translate.py --evaluate, for CTranslate2: load, tokenize, translate, score
+# (BLEU and chrF).
 CT2_SCRIPT = """
 import sys, time
 start = time.perf_counter()
@@ -70,6 +71,7 @@ hypotheses = [sp.decode_pieces(r.hypotheses[0]) for r in results]
 if reference != "-":
     refs = open(reference, encoding="utf-8").read().splitlines()
     print(f"BLEU = {sacrebleu.corpus_bleu(hypotheses, [refs]).score:.2f}")
+    print(f"chrF2 = {sacrebleu.corpus_chrf(hypotheses, [refs]).score:.2f}")  # as translate.py
 else:
     print(hypotheses[0])
 """

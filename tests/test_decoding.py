@@ -364,9 +364,9 @@ def test_only_settings_a_search_reads_compile_a_new_program():
     _beam_resume, _greedy_resume = strategies["beam"].resume, strategies["greedy"].resume
 
     def new_programs(jitted, config: SearchConfig) -> int:
-        before = jitted._cache_size()
+        before = jitted.programs()
         search(model, src, config)  # whole, one batch shape: one program per config
-        return jitted._cache_size() - before
+        return jitted.programs() - before
 
     new_programs(_beam_resume, beam)
     new_programs(_greedy_resume, greedy)

@@ -376,9 +376,16 @@ def test_arguments_and_compilation_cache(run_dir, tmp_path):
     assert len(first) == 3 and first[1] == "" and first[0] and first[2]
     entries = sorted(p.name for p in (cache / "jax").iterdir())
     assert any(name.startswith("jit__beam_resume") for name in entries), entries
-    # The second start finds every compiled function in the cache and adds nothing.
-    assert _out_lines(_run(args, env)) == first
+    programs = sorted(p.name for p in (cache / "programs").iterdir())
+    assert {name.split("-")[0] for name in programs} == {"_beam_start", "_beam_resume"}
+    # The second start loads the search's programs whole (JAX_LOG_COMPILES reports every
+    # trace: none of them), and adds nothing to either cache.
+    second = _run(args, {**env, "JAX_LOG_COMPILES": "1"})
+    assert _out_lines(second) == first
+    traced = re.findall(r"Finished tracing (\w+)", _text(second.stderr))
+    assert traced and not [name for name in traced if name.startswith("_beam")], traced
     assert sorted(p.name for p in (cache / "jax").iterdir()) == entries
+    assert sorted(p.name for p in (cache / "programs").iterdir()) == programs
 
 
 def test_stdin_keeps_order_across_batches_and_chunks(run_dir, env, expected):

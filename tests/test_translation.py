@@ -236,10 +236,11 @@ def test_bfloat16_products_translate_a_peaked_model_as_float32_does():
     graphdef, state = nnx.split(low)
     strategy, program = _programs(graphdef, state).planned(search, 16)
     int32 = lambda shape: jax.ShapeDtypeStruct(shape, jnp.int32)  # noqa: E731
-    start = strategy.start.trace(program, state, int32((4, 16)), int32((4,)), jax.random.key(0))
+    start = strategy.start.jitted.trace(program, state, int32((4, 16)), int32((4,)),
+                                        jax.random.key(0))
     sentences_info, searched_info = start.out_info
-    loop = strategy.resume.trace(program, state, sentences_info, searched_info, int32(()),
-                                 jax.random.key(0)).lower().as_text()
+    loop = strategy.resume.jitted.trace(program, state, sentences_info, searched_info,
+                                        int32(()), jax.random.key(0)).lower().as_text()
     products = [line for line in loop.splitlines() if "stablehlo.dot_general" in line]
     low_precision = [line for line in products if "xbf16>" in line.split("->")[0]]
     # Each decoder layer's 8 projection and FFN products, and the output projection over the

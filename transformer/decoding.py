@@ -44,6 +44,7 @@ from flax import nnx
 from transformer.cache import SearchCache
 from transformer.config import ModelConfig, SearchConfig
 from transformer.model import Transformer
+from transformer.stored import StoredJit, stable_repr
 
 if TYPE_CHECKING:
     from transformer.ensemble import Ensemble
@@ -221,18 +222,22 @@ def compile_search(graphdef: nnx.GraphDef, state: nnx.State, batch_shape: tuple[
     strategy, program = programs.planned(config, width)
     rng = jax.random.key(0)
     int32 = functools.partial(jax.ShapeDtypeStruct, dtype=jnp.int32)
-    start = strategy.start.trace(program, state, int32((rows, width)), int32((rows,)), rng)
-    start.lower().compile()
-    sentences, searched = start.out_info
+    start = strategy.start.compile(program, state, int32((rows, width)), int32((rows,)), rng)
+    sentences, searched = _shapes_of(start.out_info)
     while True:
-        strategy.resume.trace(program, state, sentences, searched, int32(()),
-                              rng).lower().compile()
+        strategy.resume.compile(program, state, sentences, searched, int32(()), rng)
         if not halvings or rows == 1:
             return
         rows //= 2
-        compacted = _compact.trace(sentences, searched, int32((rows,)))
-        compacted.lower().compile()
-        sentences, searched = compacted.out_info
+        compacted = _compact.compile(sentences, searched, int32((rows,)))
+        sentences, searched = _shapes_of(compacted.out_info)
+
+
+def _shapes_of(out_info):
+    """A program's outputs as plain shapes and dtypes, as the arrays a search passes on
+    present them (without the executable's placement, which would key another program)."""
+    return jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, weak_type=x.weak_type), out_info)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -272,9 +277,9 @@ class _Programs:
         self.model_config: ModelConfig = nnx.merge(graphdef, state).config
         self.strategies = {
             name: _Strategy(
-                start=_jit_with_graph(strategy.start, graphdef, static_argnums=0),
-                resume=_jit_with_graph(strategy.resume, graphdef, static_argnums=0,
-                                       donate_argnums=3),  # the search state
+                start=_jit_with_graph(strategy.start, graphdef, static_args=1),
+                resume=_jit_with_graph(strategy.resume, graphdef, static_args=1,
+                                       donate_argnums=(3,)),  # the search state
                 outputs=strategy.outputs)
             for name, strategy in (("beam", _BEAM), ("greedy", _GREEDY))}
         self.reference_logprobs = _jit_with_graph(_reference_logprobs, graphdef)
@@ -288,13 +293,14 @@ class _Programs:
         return self.strategies["beam" if config.strategy == "beam" else "greedy"], program
 
 
-def _jit_with_graph(fn: Callable, graphdef: nnx.GraphDef, **jit_options) -> Callable:
+def _jit_with_graph(fn: Callable, graphdef: nnx.GraphDef, **jit_options) -> StoredJit:
     """jax.jit of `fn(graphdef, *args)` as a function of args, named as fn (compile logs
-    and the compilation cache's file names say which program it is)."""
+    and the compilation cache's file names say which program it is), its compiled programs
+    kept on disk where `transformer.stored` is told where."""
     def with_graph(*args):
         return fn(graphdef, *args)
     with_graph.__name__ = with_graph.__qualname__ = fn.__name__
-    return jax.jit(with_graph, **jit_options)
+    return StoredJit(with_graph, identity=lambda: stable_repr(graphdef), **jit_options)
 
 
 # Graphs seen lately, by identity (a dict lookup per call) and by equality (a reloaded model
@@ -501,13 +507,15 @@ def _search_in_stages(started: _Started, state, rng: Array, compact: bool) -> Se
             [sentence_of_row[staying], np.full(new_rows - len(staying), -1)])
 
 
-@jax.jit
-def _compact(sentences: _Sentences, searched, keep: Array):
+def _compact_rows(sentences: _Sentences, searched, keep: Array):
     """The rows `keep` [new_batch] of every per-sentence array (scalars such as the step and
     the cache's index are shared by all rows and stay)."""
     def take(x: Array) -> Array:
         return x[keep] if x.ndim else x
     return jax.tree.map(take, sentences), jax.tree.map(take, searched)
+
+
+_compact = StoredJit(_compact_rows)
 
 
 # ----------------------------------------------------------------------------- greedy / sampling

@@ -21,6 +21,7 @@ import jax
 from jax import monitoring
 
 from data.config import default_cache_dir
+from transformer import stored
 
 # The phases of one compilation, in the order JAX reports them (jax._src.dispatch).
 _TRACE = "/jax/core/compile/jaxpr_trace_duration"
@@ -29,13 +30,17 @@ _COMPILE = "/jax/core/compile/backend_compile_duration"
 _CACHE_HIT = "/jax/compilation_cache/cache_hits"
 
 
-def enable_compilation_cache(directory: str | Path | None = None) -> None:
+def enable_compilation_cache(directory: str | Path | None = None,
+                             programs: str | Path | None = None) -> None:
     """Keep every compiled program in `directory` (default: the project's cache directory,
-    `$FLAX_NMT_CACHE/jax`): a rerun, a resume or the next translate.py skips compiling."""
+    `$FLAX_NMT_CACHE/jax`): a rerun, a resume or the next translate.py skips compiling. The
+    search programs are also kept whole in `programs` (default `$FLAX_NMT_CACHE/programs`,
+    `transformer.stored`), so the next translate.py skips tracing them too."""
     directory = default_cache_dir() / "jax" if directory is None else directory
     jax.config.update("jax_compilation_cache_dir", str(directory))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    stored.keep_programs_in(default_cache_dir() / "programs" if programs is None else programs)
 
 
 @dataclasses.dataclass(frozen=True)

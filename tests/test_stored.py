@@ -1,0 +1,141 @@
+"""Compiled programs kept on disk (transformer.stored): what is stored, what loads, what not.
+
+Each test's function multiplies by a constant drawn for this run, so that its program is new
+to JAX's persistent compilation cache too (a program that cache serves is not stored; one
+test checks that).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from transformer import stored
+
+
+@pytest.fixture
+def store(tmp_path):
+    """Programs stored in a fresh directory for one test, then as before."""
+    before = stored._directory
+    stored.keep_programs_in(tmp_path / "programs")
+    yield tmp_path / "programs"
+    stored._directory = before
+
+
+def _salt() -> float:
+    return float(int.from_bytes(os.urandom(3), "little") + 1)
+
+
+def _stored_jit(salt: float, traces: list, identity: str = "model A") -> stored.StoredJit:
+    """A StoredJit of a new function of (static factor, x) that records each trace: what a
+    new process has (jax.jit's own caches know a function by its identity)."""
+    def scaled(factor, x):
+        traces.append(x.shape)
+        return x * factor * salt + 1
+
+    return stored.StoredJit(scaled, identity=lambda: identity, static_args=1)
+
+
+def test_a_program_stored_by_one_process_loads_in_the_next_without_tracing(store):
+    traces: list = []
+    salt = _salt()
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    first = _stored_jit(salt, traces)
+    np.testing.assert_allclose(first(2.0, x), x * 2.0 * salt + 1, rtol=1e-6)
+    files = sorted(p.name for p in store.iterdir())
+    assert len(files) == 1 and files[0].startswith("scaled-") and files[0].endswith(".exe")
+    assert traces == [(2, 3)]
+
+    second = _stored_jit(salt, traces)  # nothing in memory: what a new process has
+    np.testing.assert_allclose(second(2.0, x), x * 2.0 * salt + 1, rtol=1e-6)
+    assert traces == [(2, 3)]  # loaded, not traced
+    assert sorted(p.name for p in store.iterdir()) == files
+
+
+def test_each_shape_static_argument_and_identity_is_its_own_program(store):
+    traces: list = []
+    salt = _salt()
+    x = np.ones((2, 3), np.float32)
+    _stored_jit(salt, traces)(2.0, x)
+    _stored_jit(salt, traces)(2.0, np.ones((4, 3), np.float32))  # another shape
+    _stored_jit(salt, traces)(3.0, x)  # another static argument
+    _stored_jit(salt, traces)(2.0, x.astype(np.int32))  # another dtype
+    other_model = _stored_jit(salt, traces, identity="model B")  # e.g. another graph
+    np.testing.assert_allclose(other_model(2.0, x), x * 2.0 * salt + 1, rtol=1e-6)
+    assert len(traces) == 5
+    assert len(list(store.iterdir())) == 5
+    _stored_jit(salt, traces)(3.0, x)  # found
+    assert len(traces) == 5
+
+
+def test_a_damaged_file_is_removed_and_the_program_compiled_again(store, caplog):
+    traces: list = []
+    salt = _salt()
+    x = np.ones((2, 2), np.float32)
+    _stored_jit(salt, traces)(2.0, x)
+    (path,) = store.iterdir()
+    path.write_bytes(path.read_bytes()[:1000])  # truncated, as by a full disk
+    with caplog.at_level(logging.WARNING, logger="transformer.stored"):
+        out = _stored_jit(salt, traces)(2.0, x)
+    np.testing.assert_allclose(out, x * 2.0 * salt + 1, rtol=1e-6)
+    assert len(traces) == 2
+    (record,) = caplog.records
+    assert str(path) in record.getMessage() and "compiling the program again" in \
+        record.getMessage()
+
+
+def test_a_program_served_by_the_compilation_cache_is_not_stored(store):
+    """XLA:CPU writes an executable that its cache served without some of its kernels: such
+    a file would load and then fail to run."""
+    def served(x):
+        # What JAX reports when its persistent cache serves a compilation (same thread).
+        jax.monitoring.record_event("/jax/compilation_cache/cache_hits")
+        return x + 1
+
+    out = stored.StoredJit(served)(np.ones(3, np.float32))
+    np.testing.assert_array_equal(out, 2.0)
+    assert not store.exists() or not list(store.iterdir())
+
+
+def test_without_a_directory_it_is_jax_jit(store):
+    traces: list = []
+    salt = _salt()
+    x = jnp.ones((2, 2), jnp.float32)
+    stored.keep_programs_in(None)
+    jitted = _stored_jit(salt, traces)
+    np.testing.assert_allclose(jitted(2.0, x), x * 2.0 * salt + 1, rtol=1e-6)
+    assert jitted.programs() == 1 and not store.exists()
+
+
+def test_arguments_on_another_device_or_sharded_take_jax_jit():
+    """A stored executable runs on the default device; training's replicated parameters
+    (a mesh of devices) are searched by jit as before."""
+    class Placed:
+        def __init__(self, devices):
+            self.sharding = type("Sharding", (), {"device_set": set(devices)})()
+
+    default = jax.devices()[0]
+    assert stored._single_device([np.ones(2), jnp.ones(2), 3, Placed([default])])
+    assert not stored._single_device([jnp.ones(2), Placed(["another device"])])
+    assert not stored._single_device([Placed([default, "another device"])])
+
+
+def test_donated_arguments_stay_donated(store):
+    """The search loop donates its state; a stored executable must not copy it instead."""
+    salt = float(int.from_bytes(os.urandom(3), "little") + 1)
+
+    def step(state):
+        return state + salt
+
+    stepping = stored.StoredJit(step, donate_argnums=(0,))
+    state = jnp.zeros(4, jnp.float32)
+    new = stepping(state)
+    assert state.is_deleted() and np.all(np.asarray(new) == salt)
+    assert len(list(store.iterdir())) == 1
+    again = stored.StoredJit(step, donate_argnums=(0,))(new)  # loaded from the file
+    assert new.is_deleted() and np.all(np.asarray(again) == 2 * salt)

@@ -1,0 +1,234 @@
+"""Compiled programs kept on disk, so that a new process loads a search instead of tracing it.
+
+JAX's persistent compilation cache skips the compiling, but its key is the lowered program,
+so a new process still traces and lowers every program to look it up: for a search of a
+small model on a CPU that is most of what a cached program costs (docs/performance.md). A
+`StoredJit` keys each compiled executable by what the program is made of, known without
+tracing it: the source of this package, the versions of jax, jaxlib and flax, the backend and
+CPU, JAX's tracing settings, the function and its closed-over identity (the model's graph),
+its static arguments and its arguments' tree, shapes and dtypes. Any of them changing is
+another file; a file that cannot be loaded is removed and its program compiled again.
+
+Off unless `keep_programs_in(directory)` is called (translate.py, train.py and the server
+call it with their compilation cache). Only single-device arguments are stored: sharded ones
+take jax.jit as before. Loading an executable runs its code, so the directory must be as
+trusted as the compilation cache beside it.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import os
+import pickle
+import re
+import tempfile
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import jax
+
+log = logging.getLogger("transformer.stored")
+
+_directory: Path | None = None
+_ADDRESS = re.compile(r" at 0x[0-9a-f]+")  # object addresses in reprs: new in every process
+
+
+def keep_programs_in(directory: str | Path | None) -> None:
+    """Store compiled programs in `directory` (created when first written); None: keep them
+    only in memory, as jax.jit does."""
+    global _directory
+    _directory = None if directory is None else Path(directory)
+
+
+def stable_repr(value) -> str:
+    """repr(value) without object addresses: the same in every process."""
+    return _ADDRESS.sub("", repr(value))
+
+
+@functools.cache
+def _environment() -> str:
+    """What every stored program depends on besides its own function and arguments."""
+    import flax
+    import jaxlib
+    from jax._src import config as jax_config  # tracing settings (x64, matmul precision, ...)
+
+    source = hashlib.sha256()
+    for path in sorted(Path(__file__).parent.glob("*.py")):
+        source.update(path.name.encode() + path.read_bytes())
+    device = jax.devices()[0]
+    parts = [source.hexdigest(), jax.__version__, jaxlib.__version__, flax.__version__,
+             device.platform, device.client.platform_version, device.device_kind,
+             os.environ.get("XLA_FLAGS", ""), stable_repr(jax_config.trace_context()),
+             _cpu()]
+    return "\n".join(parts)
+
+
+def _cpu() -> str:
+    """The host CPU's model and features: an executable compiled for one CPU may use
+    instructions another lacks."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        import platform
+        return platform.processor() or platform.machine()
+    wanted = [line for line in text.splitlines()
+              if line.startswith(("model name", "flags", "Features"))]
+    return "\n".join(dict.fromkeys(wanted))  # one line of each kind: every core repeats them
+
+
+def _leaf_signature(leaf) -> tuple:
+    """(shape, dtype, weak type) of an argument leaf: an array, a ShapeDtypeStruct or a
+    Python number."""
+    if isinstance(leaf, (bool, int, float)):
+        return (), type(leaf).__name__, True
+    return (tuple(leaf.shape), str(leaf.dtype), bool(getattr(leaf, "weak_type", False)))
+
+
+def _single_device(leaves) -> bool:
+    """Whether every leaf is on JAX's default device (or on none yet): a stored executable
+    runs there, so arguments placed elsewhere or sharded take jit."""
+    default = jax.local_devices()[0]
+    for leaf in leaves:
+        sharding = getattr(leaf, "sharding", None)
+        if sharding is not None and sharding.device_set != {default}:
+            return False
+    return True
+
+
+class StoredJit:
+    """jax.jit of `fn` whose compiled programs are also kept on disk (`keep_programs_in`).
+
+    The first `static_args` positional arguments are static (hashable, with a repr that says
+    what they are); `identity` gives the text of what `fn` closes over (e.g. the model's
+    graph) for the disk key, called once and only where programs are stored. Calls with the
+    same static arguments and argument shapes run one executable, loaded from disk or
+    compiled (and stored) once per process. Thread-safe.
+    """
+
+    def __init__(self, fn: Callable, *, identity: Callable[[], str] | None = None,
+                 static_args: int = 0, donate_argnums: tuple[int, ...] = ()):
+        self.name = fn.__name__
+        self._identity = identity
+        self.static_args = static_args
+        self.jitted = jax.jit(fn, static_argnums=tuple(range(static_args)),
+                              donate_argnums=donate_argnums)
+        # key -> executable, or None where this key takes jit (not storable, or a stored
+        # file that failed).
+        self._compiled: dict[tuple, jax.stages.Compiled | None] = {}
+        self._loaded: set[tuple] = set()  # keys whose executable came from disk
+        self._locks: dict[tuple, threading.Lock] = {}  # one per key: shapes compile in parallel
+        self._lock = threading.Lock()
+
+    @functools.cached_property
+    def identity(self) -> str:
+        return self._identity() if self._identity is not None else ""
+
+    def programs(self) -> int:
+        """How many programs this function has compiled or loaded in this process."""
+        stored = sum(compiled is not None for compiled in self._compiled.values())
+        return self.jitted._cache_size() + stored
+
+    def __call__(self, *args):
+        key = self._key(args)
+        compiled = None if key is None else self._executable(key, args)
+        if compiled is None:
+            return self.jitted(*args)
+        try:
+            return compiled(*args[self.static_args:])
+        except jax.errors.JaxRuntimeError as error:
+            if key not in self._loaded:
+                raise
+            # A stored executable that loads but cannot run (a backend's serialization
+            # fault): forget it and compile the program as jit would.
+            path = self._path(key)
+            log.warning("the stored program %s failed (%s); compiling it again", path, error)
+            path.unlink(missing_ok=True)
+            self._compiled[key] = None
+            return self.jitted(*args)
+
+    def compile(self, *args) -> jax.stages.Compiled:
+        """The executable for these arguments (arrays or jax.ShapeDtypeStruct), from memory,
+        disk or a compilation, for a later call with arguments of the same shapes."""
+        key = self._key(args)
+        compiled = None if key is None else self._executable(key, args)
+        return compiled if compiled is not None else self.jitted.trace(*args).lower().compile()
+
+    def _key(self, args: tuple) -> tuple | None:
+        """What selects an executable: the static arguments and the others' tree, shapes and
+        dtypes; None where programs are not stored (no directory, or arguments on several
+        devices)."""
+        if _directory is None:
+            return None
+        static, dynamic = args[:self.static_args], args[self.static_args:]
+        leaves, tree = jax.tree.flatten(dynamic)
+        if not _single_device(leaves):
+            return None
+        return static, tree, tuple(_leaf_signature(leaf) for leaf in leaves)
+
+    def _executable(self, key: tuple, args: tuple) -> jax.stages.Compiled | None:
+        if key in self._compiled:
+            return self._compiled[key]
+        with self._lock:
+            key_lock = self._locks.setdefault(key, threading.Lock())
+        with key_lock:  # one thread compiles a shape; the others wait for its result
+            if key not in self._compiled:
+                self._compiled[key] = self._load_or_compile(args, key)
+        return self._compiled[key]
+
+    def _path(self, key: tuple) -> Path:
+        static, tree, signature = key
+        text = "\n".join([_environment(), self.name, self.identity, stable_repr(static),
+                          stable_repr(tree), repr(signature)])
+        return _directory / f"{self.name}-{hashlib.sha256(text.encode()).hexdigest()[:40]}.exe"
+
+    def _load_or_compile(self, args: tuple, key: tuple) -> jax.stages.Compiled:
+        from jax.experimental import serialize_executable
+
+        path = self._path(key)
+        if path.exists():
+            try:
+                payload, in_tree, out_tree = pickle.loads(path.read_bytes())
+                compiled = serialize_executable.deserialize_and_load(
+                    payload, in_tree, out_tree, execution_devices=jax.local_devices()[:1])
+                self._loaded.add(key)
+                return compiled
+            except Exception as error:  # a truncated or foreign file: compile it again
+                log.warning("could not load the stored program %s (%s: %s); removed it and "
+                            "compiling the program again", path, type(error).__name__, error)
+                path.unlink(missing_ok=True)
+        _compilation.served_by_cache = False
+        compiled = self.jitted.trace(*args).lower().compile()
+        # An executable that JAX's persistent cache served is not stored: XLA:CPU writes
+        # such a one without some of its kernels. It is stored after a real compilation.
+        if not _compilation.served_by_cache:
+            try:
+                payload, in_tree, out_tree = serialize_executable.serialize(compiled)
+                _write_atomically(path, pickle.dumps((payload, in_tree, out_tree)))
+            except Exception as error:  # a full disk, or a backend that cannot serialize
+                log.debug("did not store %s: %s", path, error)
+        return compiled
+
+
+# Per thread: whether the compilation it ran last was served by JAX's persistent cache.
+_compilation = threading.local()
+
+
+def _on_event(event: str, **_) -> None:
+    if event == "/jax/compilation_cache/cache_hits":
+        _compilation.served_by_cache = True
+
+
+jax.monitoring.register_event_listener(_on_event)
+
+
+def _write_atomically(path: Path, data: bytes) -> None:
+    """Write `data` to `path` so that a reader sees the whole file or none (processes may
+    share the directory)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile(dir=path.parent, prefix=path.name, suffix=".tmp",
+                                     delete=False) as out:
+        out.write(data)
+    os.replace(out.name, path)
