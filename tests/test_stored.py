@@ -139,3 +139,29 @@ def test_donated_arguments_stay_donated(store):
     assert len(list(store.iterdir())) == 1
     again = stored.StoredJit(step, donate_argnums=(0,))(new)  # loaded from the file
     assert new.is_deleted() and np.all(np.asarray(again) == 2 * salt)
+
+
+def test_a_stored_program_that_fails_to_run_is_removed_and_compiled_again(store, monkeypatch,
+                                                                         caplog):
+    """As XLA:CPU's executables re-serialized after a cache hit did ("Function ... not
+    found" at their first run): the call still answers, by a program compiled anew."""
+    from jax.experimental import serialize_executable
+
+    traces: list = []
+    salt = _salt()
+    x = np.ones((3,), np.float32)
+    _stored_jit(salt, traces)(2.0, x)
+    (path,) = store.iterdir()
+
+    def broken(*_):
+        raise jax.errors.JaxRuntimeError("INTERNAL: Function wrapped_iota.4 not found")
+
+    monkeypatch.setattr(serialize_executable, "deserialize_and_load", lambda *_, **__: broken)
+    with caplog.at_level(logging.WARNING, logger="transformer.stored"):
+        jitted = _stored_jit(salt, traces)
+        np.testing.assert_allclose(jitted(2.0, x), x * 2.0 * salt + 1, rtol=1e-6)
+        np.testing.assert_allclose(jitted(2.0, x), x * 2.0 * salt + 1, rtol=1e-6)
+    assert len(traces) == 2  # compiled again once, then jit's own program
+    assert not path.exists()
+    (record,) = caplog.records
+    assert str(path) in record.getMessage() and "wrapped_iota" in record.getMessage()
