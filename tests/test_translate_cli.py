@@ -386,6 +386,16 @@ def test_arguments_and_compilation_cache(run_dir, tmp_path):
     assert traced and not [name for name in traced if name.startswith("_beam")], traced
     assert sorted(p.name for p in (cache / "jax").iterdir()) == entries
     assert sorted(p.name for p in (cache / "programs").iterdir()) == programs
+    # With the stored programs gone (as after an upgrade) JAX's cache serves them, and they
+    # are compiled again to be stored: what XLA:CPU writes of a served one fails to run.
+    shutil.rmtree(cache / "programs")
+    assert _out_lines(_run(args, env)) == first
+    assert sorted(p.name for p in (cache / "programs").iterdir()) == programs
+    fourth = _run(args, {**env, "JAX_LOG_COMPILES": "1"})
+    assert _out_lines(fourth) == first
+    assert not [name for name in re.findall(r"Finished tracing (\w+)", _text(fourth.stderr))
+                if name.startswith("_beam")]
+    assert sorted(p.name for p in (cache / "jax").iterdir()) == entries
 
 
 def test_stdin_keeps_order_across_batches_and_chunks(run_dir, env, expected):

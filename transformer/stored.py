@@ -113,12 +113,13 @@ class StoredJit:
         self.name = fn.__name__
         self._identity = identity
         self.static_args = static_args
+        self.donate_argnums = donate_argnums
         self.jitted = jax.jit(fn, static_argnums=tuple(range(static_args)),
                               donate_argnums=donate_argnums)
         # key -> executable, or None where this key takes jit (not storable, or a stored
         # file that failed).
         self._compiled: dict[tuple, jax.stages.Compiled | None] = {}
-        self._loaded: set[tuple] = set()  # keys whose executable came from disk
+        self._unproven: set[tuple] = set()  # keys loaded from disk and not yet run
         self._locks: dict[tuple, threading.Lock] = {}  # one per key: shapes compile in parallel
         self._lock = threading.Lock()
 
@@ -136,17 +137,25 @@ class StoredJit:
         compiled = None if key is None else self._executable(key, args)
         if compiled is None:
             return self.jitted(*args)
-        try:
+        if key not in self._unproven:
             return compiled(*args[self.static_args:])
+        # The first run of a loaded executable, on copies of what it donates (the arguments
+        # are still whole if it fails), waited for: its faults surface here, not later.
+        dynamic = [jax.tree.map(_copy, arg) if i in self.donate_argnums else arg
+                   for i, arg in enumerate(args) if i >= self.static_args]
+        try:
+            out = jax.block_until_ready(compiled(*dynamic))
+            self._unproven.discard(key)
+            return out
         except jax.errors.JaxRuntimeError as error:
-            if key not in self._loaded:
-                raise
             # A stored executable that loads but cannot run (a backend's serialization
             # fault): forget it and compile the program as jit would.
             path = self._path(key)
-            log.warning("the stored program %s failed (%s); compiling it again", path, error)
+            log.warning("the stored program %s failed (%s); removed it and compiling the "
+                        "program again", path, error)
             path.unlink(missing_ok=True)
             self._compiled[key] = None
+            self._unproven.discard(key)
             return self.jitted(*args)
 
     def compile(self, *args) -> jax.stages.Compiled:
@@ -193,23 +202,48 @@ class StoredJit:
                 payload, in_tree, out_tree = pickle.loads(path.read_bytes())
                 compiled = serialize_executable.deserialize_and_load(
                     payload, in_tree, out_tree, execution_devices=jax.local_devices()[:1])
-                self._loaded.add(key)
+                self._unproven.add(key)
                 return compiled
             except Exception as error:  # a truncated or foreign file: compile it again
                 log.warning("could not load the stored program %s (%s: %s); removed it and "
                             "compiling the program again", path, type(error).__name__, error)
                 path.unlink(missing_ok=True)
+        lowered = self.jitted.trace(*args).lower()
         _compilation.served_by_cache = False
-        compiled = self.jitted.trace(*args).lower().compile()
-        # An executable that JAX's persistent cache served is not stored: XLA:CPU writes
-        # such a one without some of its kernels. It is stored after a real compilation.
-        if not _compilation.served_by_cache:
-            try:
-                payload, in_tree, out_tree = serialize_executable.serialize(compiled)
-                _write_atomically(path, pickle.dumps((payload, in_tree, out_tree)))
-            except Exception as error:  # a full disk, or a backend that cannot serialize
-                log.debug("did not store %s: %s", path, error)
+        compiled = lowered.compile()
+        if _compilation.served_by_cache:
+            # XLA:CPU writes an executable that JAX's persistent cache served without some
+            # of its kernels (it loads, then fails to run): store a real compilation.
+            if not _writable(path.parent):
+                return compiled
+            compiled = _compile_afresh(lowered)
+        try:
+            payload, in_tree, out_tree = serialize_executable.serialize(compiled)
+            _write_atomically(path, pickle.dumps((payload, in_tree, out_tree)))
+        except Exception as error:  # a full disk, or a backend that cannot serialize
+            log.debug("did not store %s: %s", path, error)
         return compiled
+
+
+def _compile_afresh(lowered: jax.stages.Lowered) -> jax.stages.Compiled:
+    """`lowered` compiled by XLA, not read from JAX's persistent cache (nor written to it).
+
+    A debug option that only changes how buffer assignments print gives the program another
+    cache key, which nothing writes, so the lookup misses; the compiled code is the same.
+    """
+    from jax._src import config as jax_config
+
+    with jax_config.persistent_cache_min_compile_time_secs(float("inf")):  # this thread only
+        return lowered.compile(compiler_options={"xla_debug_buffer_assignment_show_max": 16})
+
+
+def _writable(directory: Path) -> bool:
+    """Whether programs can be stored in `directory` (made if missing)."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return False
+    return os.access(directory, os.W_OK)
 
 
 # Per thread: whether the compilation it ran last was served by JAX's persistent cache.
@@ -222,6 +256,11 @@ def _on_event(event: str, **_) -> None:
 
 
 jax.monitoring.register_event_listener(_on_event)
+
+
+def _copy(leaf):
+    """A copy of an array in new buffers (a transfer, not a compiled program)."""
+    return jax.device_put(leaf, may_alias=False)
 
 
 def _write_atomically(path: Path, data: bytes) -> None:
