@@ -17,7 +17,8 @@ Exports the model to CTranslate2 into a temporary folder, then, on the same sent
   `translate.py --evaluate` on the test set with an empty and then a warm compilation cache,
   against a script that loads the CTranslate2 export and does the same work (tokenize,
   translate, detokenize, score); and one sentence from the shell (`echo ... | translate.py`,
-  warm cache) against CTranslate2 loading and translating that sentence.
+  warm cache) against CTranslate2 loading and translating that sentence. Warm runs are
+  repeated (--repeats) and their median reported beside each run's seconds.
 Ours searches --searches batches at once (translate.py's default unless given); CTranslate2
 runs with max_batch_size --batch-sentences and --threads threads, once per --inter-threads N
 (N batches at once, each on --threads / N threads); it
@@ -104,6 +105,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--limit", type=int, default=0, help="first N test pairs (0 = all)")
     parser.add_argument("--end-to-end", action="store_true",
                         help="also time translate.py and CTranslate2 as new processes")
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="runs of each warm end-to-end command (the median is reported)")
     return parser.parse_args()
 
 
@@ -267,6 +270,16 @@ def wall(command: list[str], env: dict[str, str], stdin: str | None = None
     return seconds, (result.stdout.strip().splitlines() or [""])[-1]
 
 
+def repeated(times: int, command: list[str], env: dict[str, str], stdin: str | None = None
+             ) -> dict:
+    """`wall` run `times` times: the median seconds, every run's, and the last output line
+    (a new process's time on a small machine moves by tens of percent between runs)."""
+    runs = [wall(command, env, stdin) for _ in range(times)]
+    seconds = sorted(round(s, 2) for s, _ in runs)
+    return {"seconds": seconds[len(seconds) // 2], "runs": [round(s, 2) for s, _ in runs],
+            "last_line": runs[-1][1]}
+
+
 def end_to_end(args, exported: Path | None, beam, values, common) -> None:
     """translate.py as a user runs it, cold and warm, against CTranslate2 doing the same."""
     source, reference = f"{args.test_prefix}.{args.src}", f"{args.test_prefix}.{args.tgt}"
@@ -277,16 +290,17 @@ def end_to_end(args, exported: Path | None, beam, values, common) -> None:
             evaluate = [sys.executable, "translate.py", "--model", str(args.model),
                         "--evaluate", "--test-prefix", args.test_prefix, "--src", args.src,
                         "--tgt", args.tgt, *flags]
-            for cache_state in ("empty", "warm"):
-                seconds, line = wall(evaluate, env)
-                emit({"system": f"ours {dtype}", "end_to_end": f"translate.py --evaluate, "
-                      f"{cache_state} compilation cache", "seconds": round(seconds, 2),
-                      "last_line": line, **common})
+            seconds, line = wall(evaluate, env)
+            emit({"system": f"ours {dtype}", "end_to_end": "translate.py --evaluate, empty "
+                  "compilation cache", "seconds": round(seconds, 2), "last_line": line,
+                  **common})
+            emit({"system": f"ours {dtype}", "end_to_end": "translate.py --evaluate, warm "
+                  "compilation cache", **repeated(args.repeats, evaluate, env), **common})
             one = [sys.executable, "translate.py", "--model", str(args.model), *flags]
             wall(one, env, stdin=SHELL_SENTENCE + "\n")  # its own shape: compiled and cached
-            seconds, line = wall(one, env, stdin=SHELL_SENTENCE + "\n")
             emit({"system": f"ours {dtype}", "end_to_end": "one sentence from the shell, warm "
-                  "cache", "seconds": round(seconds, 2), "output": line, **common})
+                  "cache", **repeated(args.repeats, one, env, stdin=SHELL_SENTENCE + "\n"),
+                  **common})
     if exported is None:
         return
     env = peer_environment()
@@ -294,16 +308,14 @@ def end_to_end(args, exported: Path | None, beam, values, common) -> None:
         script = [sys.executable, "-c", CT2_SCRIPT, str(exported), source, reference,
                   args.device, compute, str(args.threads), str(args.beam), str(beam.alpha),
                   str(args.batch_sentences), str(decoding_length(values))]
-        seconds, line = wall(script, env)
         emit({"system": f"ctranslate2 {compute}", "end_to_end": "load, tokenize, translate, "
-              "score the test set", "seconds": round(seconds, 2), "last_line": line, **common})
+              "score the test set", **repeated(args.repeats, script, env), **common})
         with tempfile.NamedTemporaryFile("w", suffix=".txt", encoding="utf-8") as one_line:
             one_line.write(SHELL_SENTENCE + "\n")
             one_line.flush()
             script[4:6] = [one_line.name, "-"]
-            seconds, line = wall(script, env)
-        emit({"system": f"ctranslate2 {compute}", "end_to_end": "one sentence",
-              "seconds": round(seconds, 2), "output": line, **common})
+            emit({"system": f"ctranslate2 {compute}", "end_to_end": "one sentence",
+                  **repeated(args.repeats, script, env), **common})
 
 
 if __name__ == "__main__":
