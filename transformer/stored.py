@@ -58,7 +58,7 @@ def _environment() -> str:
     source = hashlib.sha256()
     for path in sorted(Path(__file__).parent.glob("*.py")):
         source.update(path.name.encode() + path.read_bytes())
-    device = jax.devices()[0]
+    device = jax.local_devices()[0]
     parts = [source.hexdigest(), jax.__version__, jaxlib.__version__, flax.__version__,
              device.platform, device.client.platform_version, device.device_kind,
              os.environ.get("XLA_FLAGS", ""), stable_repr(jax_config.trace_context()),
@@ -84,7 +84,9 @@ def _leaf_signature(leaf) -> tuple:
     Python number."""
     if isinstance(leaf, (bool, int, float)):
         return (), type(leaf).__name__, True
-    return (tuple(leaf.shape), str(leaf.dtype), bool(getattr(leaf, "weak_type", False)))
+    # Once per argument leaf per call (the state's ~170): no conversions, which cost more
+    # than jit's own dispatch.
+    return leaf.shape, leaf.dtype, getattr(leaf, "weak_type", False)
 
 
 def _single_device(leaves) -> bool:
@@ -133,8 +135,7 @@ class StoredJit:
         return self.jitted._cache_size() + stored
 
     def __call__(self, *args):
-        key = self._key(args)
-        compiled = None if key is None else self._executable(key, args)
+        key, compiled = self._lookup(args)
         if compiled is None:
             return self.jitted(*args)
         if key not in self._unproven:
@@ -161,9 +162,13 @@ class StoredJit:
     def compile(self, *args) -> jax.stages.Compiled:
         """The executable for these arguments (arrays or jax.ShapeDtypeStruct), from memory,
         disk or a compilation, for a later call with arguments of the same shapes."""
-        key = self._key(args)
-        compiled = None if key is None else self._executable(key, args)
+        _, compiled = self._lookup(args)
         return compiled if compiled is not None else self.jitted.trace(*args).lower().compile()
+
+    def _lookup(self, args: tuple) -> tuple[tuple | None, jax.stages.Compiled | None]:
+        """(key, executable) for these arguments; the executable is None where jit runs them."""
+        key = self._key(args)
+        return key, None if key is None else self._executable(key, args)
 
     def _key(self, args: tuple) -> tuple | None:
         """What selects an executable: the static arguments and the others' tree, shapes and
