@@ -36,6 +36,17 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: item.get_closest_marker("long") is None)  # stable
 
 
+@pytest.fixture(autouse=True)
+def _programs_stored_only_where_a_test_asks():
+    """A test that runs the trainer or translate.py's set-up in this process turns on the
+    stored search programs (transformer.stored) for the rest of the worker's life; turned
+    off again after each test, so that the next one compiles as it expects."""
+    yield
+    stored = sys.modules.get("transformer.stored")
+    if stored is not None:
+        stored.keep_programs_in(None)
+
+
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory) -> Path:
     """A tiny exported model (tests/translate_model.py) for the translate.py tests."""
