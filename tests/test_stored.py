@@ -21,10 +21,10 @@ from transformer import stored
 @pytest.fixture
 def store(tmp_path):
     """Programs stored in a fresh directory for one test, then as before."""
-    before = stored._directory
+    before = stored._directory, stored._max_bytes
     stored.keep_programs_in(tmp_path / "programs")
     yield tmp_path / "programs"
-    stored._directory = before
+    stored._directory, stored._max_bytes = before
 
 
 def _salt() -> float:
@@ -184,3 +184,27 @@ def test_a_stored_program_that_fails_to_run_is_removed_and_compiled_again(store,
     assert not path.exists()
     (record,) = caplog.records
     assert str(path) in record.getMessage() and "wrapped_iota" in record.getMessage()
+
+
+def test_the_directory_keeps_under_its_size_the_programs_used_last(store):
+    """A load touches its file; a write prunes the least recently used beyond the bound."""
+    traces: list = []
+    salt = _salt()
+    x = np.ones((2, 3), np.float32)
+    _stored_jit(salt, traces)(1.0, x)
+    _stored_jit(salt, traces)(2.0, x)
+    first, second = sorted(store.iterdir(), key=lambda p: p.stat().st_mtime_ns)
+    size = first.stat().st_size
+    os.utime(first, (1_000, 1_000))  # both used long ago, the first program longest ago
+    os.utime(second, (2_000, 2_000))
+    _stored_jit(salt, traces)(1.0, x)  # a new process loads the first program: now the newest
+    assert first.stat().st_mtime > second.stat().st_mtime
+    assert len(traces) == 2  # loaded, not traced
+
+    stored.keep_programs_in(store, max_bytes=int(2.5 * size))
+    _stored_jit(salt, traces)(3.0, x)  # a third program is written: only two fit
+    kept = set(store.iterdir())
+    assert len(kept) == 2 and first in kept and second not in kept
+
+    with pytest.raises(ValueError, match="max_bytes"):
+        stored.keep_programs_in(store, max_bytes=0)

@@ -62,6 +62,21 @@ def test_inverse_sqrt_schedule():
         assert float(schedule(count)) == pytest.approx(expected, rel=1e-6)
 
 
+def test_linear_schedule_warms_up_then_reaches_zero_at_decay_steps_and_stays_there():
+    schedule = training.learning_rate_schedule(
+        OptimizerConfig(schedule="linear", peak_lr=3e-3, warmup_steps=100, decay_steps=500), 128)
+    # count c makes update s = c + 1: peak at s = 100, half way down at s = 300, 0 at s = 500.
+    for count, expected in [(0, 3e-5), (49, 1.5e-3), (99, 3e-3), (299, 1.5e-3), (498, 7.5e-6),
+                            (499, 0.0), (10_000, 0.0)]:
+        assert float(schedule(count)) == pytest.approx(expected, rel=1e-5, abs=1e-12)
+
+
+@pytest.mark.parametrize("decay_steps", [None, 100, 50, 2.5])
+def test_linear_schedule_needs_decay_steps_past_the_warm_up(decay_steps):
+    with pytest.raises(ValueError, match=r"decay_steps .*--decay-steps"):
+        OptimizerConfig(schedule="linear", warmup_steps=100, decay_steps=decay_steps)
+
+
 def test_optimizer_clips_and_decays_matrices_only():
     config = OptimizerConfig(schedule="inverse_sqrt", peak_lr=0.5, warmup_steps=1,
                              clip_norm=1.0, weight_decay=0.1)

@@ -21,7 +21,8 @@ Norm = Literal["post", "pre"]
 Positional = Literal["sinusoidal", "learned"]
 Activation = Literal["relu", "swish"]
 DType = Literal["float32", "bfloat16"]
-Schedule = Literal["noam", "inverse_sqrt"]
+Schedule = Literal["noam", "inverse_sqrt", "linear"]
+SCHEDULES = ("noam", "inverse_sqrt", "linear")
 LengthPenalty = Literal["gnmt", "power"]
 BeamRules = Literal["heuristic", "exact", "k-finished", "transformers"]
 BEAM_RULES = ("heuristic", "exact", "k-finished", "transformers")
@@ -206,13 +207,20 @@ class OptimizerConfig(DictConfig):
 
     schedule "noam":         lr(s) = lr_scale * d_model^-0.5 * min(s^-0.5, s * warmup^-1.5)
     schedule "inverse_sqrt": lr(s) = peak_lr * min(s / warmup, sqrt(warmup / s))
+    schedule "linear":       lr(s) = peak_lr * min(s / warmup, (decay - s) / (decay - warmup)),
+                             and 0 from s = decay on (decay = decay_steps)
     where s = 1, 2, ... is the number of the update being made (the first update uses s = 1).
     """
 
-    schedule: Schedule = setting("noam", "learning-rate schedule: noam (paper) or inverse_sqrt")
+    schedule: Schedule = setting(
+        "noam", "learning-rate schedule: noam (paper), inverse_sqrt, or linear (to zero at "
+                "decay_steps)")
     warmup_steps: int = setting(4000, "warm-up steps", flag="--warmup")
     lr_scale: float = setting(1.0, "noam: multiplier of d_model^-0.5 * min(...)")
-    peak_lr: float = setting(1e-3, "inverse_sqrt: learning rate after warm-up")
+    peak_lr: float = setting(1e-3, "inverse_sqrt, linear: learning rate after warm-up")
+    decay_steps: int | None = setting(
+        None, "linear: the update at which the learning rate reaches zero (runs may stop "
+              "earlier, e.g. at max_minutes)")
     adam_b1: float = setting(0.9, "Adam beta1")
     adam_b2: float = setting(0.98, "Adam beta2")
     adam_eps: float = setting(1e-9, "Adam epsilon")
@@ -232,10 +240,15 @@ class OptimizerConfig(DictConfig):
 
     def validate(self) -> None:
         check_finite_fields(self)
-        _check_choice("OptimizerConfig.schedule", self.schedule, ("noam", "inverse_sqrt"))
+        _check_choice("OptimizerConfig.schedule", self.schedule, SCHEDULES)
         if not isinstance(self.warmup_steps, int) or self.warmup_steps < 1:
             raise ValueError(f"OptimizerConfig.warmup_steps must be an integer >= 1, "
                              f"got {self.warmup_steps!r}.")
+        if self.schedule == "linear" and not (
+                isinstance(self.decay_steps, int) and self.decay_steps > self.warmup_steps):
+            raise ValueError(f"OptimizerConfig.decay_steps must be an integer above "
+                             f"warmup_steps ({self.warmup_steps}) with schedule linear "
+                             f"(--decay-steps N), got {self.decay_steps!r}.")
         if not isinstance(self.accum_steps, int) or self.accum_steps < 1:
             raise ValueError(f"OptimizerConfig.accum_steps must be an integer >= 1 (1 = no "
                              f"accumulation), got {self.accum_steps!r}.")

@@ -11,8 +11,9 @@ another file; a file that cannot be loaded is removed and its program compiled a
 
 Off unless `keep_programs_in(directory)` is called (translate.py, train.py and the server
 call it with their compilation cache). Only single-device arguments are stored: sharded ones
-take jax.jit as before. Loading an executable runs its code, so the directory must be as
-trusted as the compilation cache beside it.
+take jax.jit as before. The directory is kept under a size (1 GiB by default): after each
+write, the programs least recently loaded or written go first. Loading an executable runs
+its code, so the directory must be as trusted as the compilation cache beside it.
 """
 
 from __future__ import annotations
@@ -33,14 +34,18 @@ import jax
 log = logging.getLogger("transformer.stored")
 
 _directory: Path | None = None
+_max_bytes = 1 << 30
 _ADDRESS = re.compile(r" at 0x[0-9a-f]+")  # object addresses in reprs: new in every process
 
 
-def keep_programs_in(directory: str | Path | None) -> None:
-    """Store compiled programs in `directory` (created when first written); None: keep them
-    only in memory, as jax.jit does."""
-    global _directory
+def keep_programs_in(directory: str | Path | None, max_bytes: int = 1 << 30) -> None:
+    """Store compiled programs in `directory` (created when first written), holding at most
+    `max_bytes` of them; None: keep them only in memory, as jax.jit does."""
+    global _directory, _max_bytes
+    if not max_bytes > 0:
+        raise ValueError(f"keep_programs_in: max_bytes must be > 0, got {max_bytes!r}.")
     _directory = None if directory is None else Path(directory)
+    _max_bytes = max_bytes
 
 
 def stable_repr(value) -> str:
@@ -207,6 +212,7 @@ class StoredJit:
                 payload, in_tree, out_tree = pickle.loads(path.read_bytes())
                 compiled = serialize_executable.deserialize_and_load(
                     payload, in_tree, out_tree, execution_devices=jax.local_devices()[:1])
+                _touch(path)  # recently used: the last to be pruned
                 self._unproven.add(key)
                 return compiled
             except Exception as error:  # a truncated or foreign file: compile it again
@@ -227,6 +233,8 @@ class StoredJit:
             _write_atomically(path, pickle.dumps((payload, in_tree, out_tree)))
         except Exception as error:  # a full disk, or a backend that cannot serialize
             log.debug("did not store %s: %s", path, error)
+        else:
+            prune(path.parent, _max_bytes)
         return compiled
 
 
@@ -266,6 +274,37 @@ jax.monitoring.register_event_listener(_on_event)
 def _copy(leaf):
     """A copy of an array in new buffers (a transfer, not a compiled program)."""
     return jax.device_put(leaf, may_alias=False)
+
+
+def _touch(path: Path) -> None:
+    try:
+        os.utime(path)
+    except OSError:  # a read-only directory, or removed meanwhile by another process
+        pass
+
+
+def prune(directory: Path, max_bytes: int) -> list[Path]:
+    """Remove the least recently used programs (oldest modification time; a load touches its
+    file) until those left in `directory` take at most `max_bytes`; returns the removed."""
+    files = []
+    for path in directory.glob("*.exe"):
+        try:
+            info = path.stat()
+        except OSError:  # removed meanwhile by another process
+            continue
+        files.append((info.st_mtime, info.st_size, path))
+    total = sum(size for _, size, _ in files)
+    removed = []
+    for _, size, path in sorted(files, key=lambda item: item[0]):
+        if total <= max_bytes:
+            break
+        path.unlink(missing_ok=True)
+        total -= size
+        removed.append(path)
+    if removed:
+        log.info("removed %d stored programs least recently used from %s, keeping it under "
+                 "%d MiB", len(removed), directory, max_bytes >> 20)
+    return removed
 
 
 def _write_atomically(path: Path, data: bytes) -> None:

@@ -72,6 +72,14 @@ def learning_rate_schedule(optimizer_config: OptimizerConfig, d_model: int) -> o
         return noam
 
     peak = optimizer_config.peak_lr
+    if optimizer_config.schedule == "linear":
+        decay = float(optimizer_config.decay_steps)
+
+        def linear(count):
+            s = jnp.asarray(count, jnp.float32) + 1.0
+            return peak * jnp.maximum(jnp.minimum(s / warmup, (decay - s) / (decay - warmup)), 0.0)
+
+        return linear
 
     def inverse_sqrt(count):
         s = jnp.asarray(count, jnp.float32) + 1.0
