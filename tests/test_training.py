@@ -71,10 +71,12 @@ def test_linear_schedule_warms_up_then_reaches_zero_at_decay_steps_and_stays_the
         assert float(schedule(count)) == pytest.approx(expected, rel=1e-5, abs=1e-12)
 
 
-@pytest.mark.parametrize("decay_steps", [None, 100, 50, 2.5])
+@pytest.mark.parametrize("decay_steps", [100, 50, 2.5])
 def test_linear_schedule_needs_decay_steps_past_the_warm_up(decay_steps):
-    with pytest.raises(ValueError, match=r"decay_steps .*--decay-steps"):
+    with pytest.raises(ValueError, match=r"decay_steps \(--decay-steps\) must be .* above"):
         OptimizerConfig(schedule="linear", warmup_steps=100, decay_steps=decay_steps)
+    with pytest.raises(ValueError, match="needs OptimizerConfig.decay_steps"):  # unfitted
+        training.learning_rate_schedule(OptimizerConfig(schedule="linear"), 128)
 
 
 def test_optimizer_clips_and_decays_matrices_only():

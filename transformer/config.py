@@ -219,8 +219,8 @@ class OptimizerConfig(DictConfig):
     lr_scale: float = setting(1.0, "noam: multiplier of d_model^-0.5 * min(...)")
     peak_lr: float = setting(1e-3, "inverse_sqrt, linear: learning rate after warm-up")
     decay_steps: int | None = setting(
-        None, "linear: the update at which the learning rate reaches zero (runs may stop "
-              "earlier, e.g. at max_minutes)")
+        None, "linear: the update at which the learning rate reaches zero (unset: train.py "
+              "fits it to --max-steps or --max-minutes)")
     adam_b1: float = setting(0.9, "Adam beta1")
     adam_b2: float = setting(0.98, "Adam beta2")
     adam_eps: float = setting(1e-9, "Adam epsilon")
@@ -244,11 +244,11 @@ class OptimizerConfig(DictConfig):
         if not isinstance(self.warmup_steps, int) or self.warmup_steps < 1:
             raise ValueError(f"OptimizerConfig.warmup_steps must be an integer >= 1, "
                              f"got {self.warmup_steps!r}.")
-        if self.schedule == "linear" and not (
+        if self.decay_steps is not None and not (
                 isinstance(self.decay_steps, int) and self.decay_steps > self.warmup_steps):
-            raise ValueError(f"OptimizerConfig.decay_steps must be an integer above "
-                             f"warmup_steps ({self.warmup_steps}) with schedule linear "
-                             f"(--decay-steps N), got {self.decay_steps!r}.")
+            raise ValueError(f"OptimizerConfig.decay_steps (--decay-steps) must be an integer "
+                             f"above warmup_steps ({self.warmup_steps}), or unset, got "
+                             f"{self.decay_steps!r}.")
         if not isinstance(self.accum_steps, int) or self.accum_steps < 1:
             raise ValueError(f"OptimizerConfig.accum_steps must be an integer >= 1 (1 = no "
                              f"accumulation), got {self.accum_steps!r}.")

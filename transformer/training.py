@@ -73,6 +73,9 @@ def learning_rate_schedule(optimizer_config: OptimizerConfig, d_model: int) -> o
 
     peak = optimizer_config.peak_lr
     if optimizer_config.schedule == "linear":
+        if optimizer_config.decay_steps is None:
+            raise ValueError("the linear schedule needs OptimizerConfig.decay_steps, the update "
+                             "at which it reaches zero (train.py fits it to the run's limit)")
         decay = float(optimizer_config.decay_steps)
 
         def linear(count):

@@ -3,10 +3,11 @@
 Why: XLA:CPU allocates one buffer for all of a program's temporaries at every execution (for a
 train step, often over a gigabyte) from its worker threads, and frees it when the execution
 ends. glibc's malloc serves a block that large with a fresh mmap and hands it back with
-munmap, so every step faults all its pages in again, in the kernel. XLA has no option to keep the buffer, and glibc's thresholds
-cannot cover it (its worker-thread arenas map blocks over 64 MiB regardless). mimalloc keeps
-freed memory mapped for `MIMALLOC_PURGE_DELAY` ms before handing it back, so the next step
-reuses it. Measurements: docs/performance.md, "Host memory on CPU".
+munmap, so every step faults all its pages in again, in the kernel. XLA has no option to keep
+the buffer, and glibc's thresholds cannot cover it (its worker-thread arenas map blocks over
+64 MiB regardless). mimalloc keeps freed memory mapped for `MIMALLOC_PURGE_DELAY` ms before
+handing it back, so the next step reuses it. Measurements: docs/performance.md, "Host memory
+on CPU".
 
 How: an allocator can only replace malloc from the start of a process, so `preload()` (first
 thing in the scripts, before JAX is imported) re-executes the same command with the library

@@ -174,6 +174,10 @@ class AheadOfTime:
         self._thread = threading.Thread(target=compile_program, name=label, daemon=True)
         self._thread.start()
 
+    def ready(self) -> bool:
+        """Whether the background compilation has ended (`wait` then returns at once)."""
+        return self._thread is None or not self._thread.is_alive()
+
     def wait(self) -> None:
         """Until the background compilation is done; its error, if it failed."""
         if self._thread is not None:

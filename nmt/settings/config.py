@@ -187,6 +187,24 @@ class RunConfig:
         if self.preset not in PRESETS:
             raise SettingsError(f"--preset must be one of {', '.join(sorted(PRESETS))}, got "
                                 f"{self.preset!r}.")
+        self._check_schedule_end()
+
+    def _check_schedule_end(self) -> None:
+        """A linear schedule without --decay-steps ends at the run's limit of steps or
+        minutes (nmt.training.schedule_fit): one of them must be there to end at."""
+        optimizer = self.optimizer
+        if optimizer.schedule != "linear" or optimizer.decay_steps is not None:
+            return
+        max_steps, max_minutes = self.trainer.limits()
+        if max_steps is None and max_minutes is None:
+            raise SettingsError("--schedule linear ends at --decay-steps N, or else at "
+                                "--max-steps or --max-minutes; with only --max-epochs, set "
+                                "--decay-steps (the start of training prints the steps of an "
+                                "epoch).")
+        if max_minutes is None and max_steps <= optimizer.warmup_steps:
+            raise SettingsError(f"--schedule linear ends at --max-steps {max_steps}, which must "
+                                f"be above --warmup {optimizer.warmup_steps}; raise it or set "
+                                f"--decay-steps.")
 
     # ------------------------------------------------------------------ derived values
 

@@ -24,12 +24,13 @@ from nmt.rundir.checkpoints import CHECKPOINTS_DIR, Checkpointer, complete_steps
 from nmt.runtime.compilation import AheadOfTime, CompileLog
 from nmt.runtime.distributed import local_copy
 from nmt.settings.config import RunConfig
+from nmt.training import schedule_fit
 from nmt.training.errors import RunMismatch, TrainingError
 from nmt.training.run_data import PreparedCorpus, prepare_data
 from nmt.training.summary import echo
 from nmt.training.validation import Validator
 from nmt.translation import scoring
-from transformer.config import ModelConfig
+from transformer.config import ModelConfig, OptimizerConfig
 from transformer.training import (
     batch_sharding,
     create_train_state,
@@ -80,7 +81,7 @@ def prepare_start(run: RunConfig, run_dir: Path, compile_log: CompileLog) -> Sta
         created = pool.submit(_create_state, run, run_dir, model_config, mesh, compile_log)
         data = _prepare_data(run, run_dir, model_config)
         graphdef, state, train_step = created.result()
-    _start_compiling_the_train_step(train_step, state, data, mesh)
+    start_compiling_the_train_step(train_step, state, data, mesh)
     saver = Checkpointer(run_dir, keep_last=run.trainer.keep_last,
                          async_save=run.trainer.async_checkpoints)
     bleu_tokenizer = run.trainer.bleu_tokenize or scoring.bleu_tokenizer_for(run.data.tgt)
@@ -151,26 +152,35 @@ def _prepare_data(run: RunConfig, run_dir: Path, model_config: ModelConfig) -> P
 def _create_state(run: RunConfig, run_dir: Path, model_config: ModelConfig, mesh,
                   compile_log: CompileLog) -> tuple[Any, Any, AheadOfTime]:
     """The initialized state (from --init-from's parameters on a fresh run) and its step."""
+    optimizer = schedule_fit.for_compiling(run.optimizer)
     with compile_log.labelled("init"):
-        graphdef, _, state = create_train_state(model_config, run.optimizer, mesh)
+        graphdef, _, state = create_train_state(model_config, optimizer, mesh)
     init_from = run.trainer.init_from
     if init_from and not complete_steps(run_dir / CHECKPOINTS_DIR):
         state = state.replace(params=initial_params(init_from, state.params))
         echo(f"Starting from the parameters of {init_from}.")
-    step = AheadOfTime(make_train_step(graphdef, run.optimizer, mesh), compile_log, "train_step")
+    step = train_step_for(graphdef, optimizer, mesh, compile_log)
     return graphdef, state, step
 
 
-def _start_compiling_the_train_step(train_step: AheadOfTime, state: Any, data: PreparedCorpus,
-                                    mesh) -> None:
-    """Packed batches have one shape: compile its step while the setup goes on."""
+def train_step_for(graphdef, optimizer: OptimizerConfig, mesh, compile_log: CompileLog
+                   ) -> AheadOfTime:
+    return AheadOfTime(make_train_step(graphdef, optimizer, mesh), compile_log, "train_step")
+
+
+def start_compiling_the_train_step(train_step: AheadOfTime, state: Any, data: PreparedCorpus,
+                                   mesh) -> None:
+    """Packed batches have one shape: compile its step while other work goes on."""
     config = data.batch_config
     if not config.packing:
         return  # bucketed batches: each shape compiles at its first step
     spec = {key: jax.ShapeDtypeStruct((config.rows_per_batch, config.width), jnp.int32,
                                       sharding=batch_sharding(mesh))
             for key in PACKED_KEYS}
-    train_step.start(state, spec)
+    # Shapes only: the steps running meanwhile donate (delete) the state's buffers.
+    state_spec = jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state)
+    train_step.start(state_spec, spec)
 
 
 def _restore(saver: Checkpointer, state: Any, book: Bookkeeping, run_dir: Path

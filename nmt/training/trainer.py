@@ -40,7 +40,7 @@ import jax
 
 from nmt.rundir import final_model, resume
 from nmt.rundir.bookkeeping import Bookkeeping
-from nmt.rundir.checkpoints import SaveError
+from nmt.rundir.checkpoints import CHECKPOINTS_DIR, SaveError, complete_steps
 from nmt.rundir.lock import LOCK_FILE, RunLock
 from nmt.runtime import allocator
 from nmt.runtime.compilation import CompileLog, enable_compilation_cache
@@ -48,13 +48,18 @@ from nmt.runtime.distributed import barrier
 from nmt.runtime.files import write_atomically
 from nmt.settings import recipes
 from nmt.settings.config import RunConfig
+from nmt.training import schedule_fit
 from nmt.training.errors import TrainingError, divergence, out_of_memory
 from nmt.training.hooks import Hooks, Periodic
 from nmt.training.loader import BatchLoader
 from nmt.training.metrics_log import MetricsWindow, MetricsWriteError, MetricsWriter
 from nmt.training.platform_check import BudgetForecast
 from nmt.training.progress import Progress
-from nmt.training.starting import prepare_start
+from nmt.training.starting import (
+    prepare_start,
+    start_compiling_the_train_step,
+    train_step_for,
+)
 from nmt.training.stopping import Limits, PausableClock, StopSignal
 from nmt.training.summary import announcement, build_summary, echo, print_summary
 from nmt.training.validation import describe
@@ -103,6 +108,7 @@ class Trainer:
     periodic work after its steps (nmt.training.hooks), and the export at the end."""
 
     def __init__(self, run: RunConfig, run_dir: Path, compile_log: CompileLog):
+        run = schedule_fit.resolve(run, _resumed_run(run_dir))
         self.run, self.run_dir, self.compile_log = run, run_dir, compile_log
         self.is_main = jax.process_index() == 0
         self.limits = Limits(run.trainer)
@@ -131,6 +137,10 @@ class Trainer:
         self.compilations_logged = 0
         self.step_seconds = 0.0  # in train steps, validation and saving left out
         self.last_loss: jax.Array | None = None  # of the newest step, still on the device
+        self.end_fit = (schedule_fit.EndFit(self.step, run.optimizer.warmup_steps,
+                                            self.limits.max_steps)
+                        if schedule_fit.needs_fit(run.optimizer) else None)
+        self.fitted_step = None  # the train step compiled for the fitted end, until it runs
         self.hooks = self._periodic_work()
 
     def _periodic_work(self) -> Hooks:
@@ -141,6 +151,7 @@ class Trainer:
         # resumed run logs and validates exactly what an uninterrupted one would. A validation
         # that stops early skips its step's save: the one at stop follows the closing log line.
         return Hooks([
+            Periodic("schedule", 1, self._fit_schedule),
             Periodic("forecast", 1, self._forecast_budget),
             Periodic("log", trainer.log_every, self.log_window, at_stop=self.log_window),
             Periodic("validate", trainer.eval_every, self.validate,
@@ -232,6 +243,34 @@ class Trainer:
         return metrics
 
     # ------------------------------------------------------------------------- periodic work
+
+    def _fit_schedule(self) -> None:
+        """A linear schedule without an end: fix it from the steps timed (once), then run the
+        step compiled for it from the last update of the warm-up on (schedule_fit)."""
+        if self.fitted_step is not None:
+            if self.step >= self.run.optimizer.warmup_steps or self.fitted_step.ready():
+                self.fitted_step.wait()
+                self.fitted_step.seconds_compiling_in_calls += \
+                    self.train_step.seconds_compiling_in_calls
+                self.train_step, self.fitted_step = self.fitted_step, None
+            return
+        fit = self.end_fit
+        if fit is None or not fit.wants_clock(self.step):
+            return
+        self.last_loss.block_until_ready()  # the steps timed are finished, not only queued
+        end = fit.after_step(self.step, time.monotonic(), self.limits.seconds_left())
+        if end is None:
+            return
+        self.end_fit = None
+        self.run = schedule_fit.with_end(self.run, end)
+        if self.is_main:
+            write_atomically(self.run_dir / resume.RUN_CONFIG_FILE, recipes.dump(self.run))
+            log.info("learning rate: linear to zero at step %d, fitted to the %g-minute budget "
+                     "at %.3g s a step (recorded in %s)", end, self.limits.max_minutes,
+                     fit.step_seconds, self.run_dir / resume.RUN_CONFIG_FILE)
+        self.fitted_step = train_step_for(self.graphdef, self.run.optimizer, self.mesh,
+                                          self.compile_log)
+        start_compiling_the_train_step(self.fitted_step, self.state, self.data, self.mesh)
 
     def _forecast_budget(self) -> None:
         """Settings written for another platform: what their budget takes here, once."""
@@ -356,6 +395,16 @@ class Trainer:
         finally:
             self.saver.close()
             self.writer.close()
+
+
+def _resumed_run(run_dir: Path) -> RunConfig | None:
+    """The settings of the run being resumed in `run_dir`; None for a new run."""
+    if not complete_steps(run_dir / CHECKPOINTS_DIR):
+        return None
+    try:
+        return resume.saved_run(run_dir)
+    except resume.ResumeError as err:
+        raise TrainingError(str(err)) from None
 
 
 def _out_of_patience(book: Bookkeeping, step: int, patience: int) -> str:

@@ -1,0 +1,94 @@
+"""The end of a linear learning-rate schedule, fitted to the run's limit of steps or minutes.
+
+`--schedule linear` without `--decay-steps` reaches zero where the run stops. A limit of steps
+gives that step at once. A limit of minutes gives it only once steps have been timed: the
+warm-up does not depend on the end, so the run starts with an end far away
+(`UNFITTED`), times steps of the warm-up, fixes the end from the time left, and runs the
+step compiled for that end from the last update of the warm-up on. The run is then the
+linear schedule to that step, exactly when the warm-up is longer than the timed steps;
+config.yaml records the step, and a resume goes on to the same one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+import jax
+import numpy as np
+from jax.experimental import multihost_utils
+
+from nmt.settings.config import RunConfig
+from transformer.config import OptimizerConfig
+
+log = logging.getLogger(__name__)
+
+UNFITTED = 1_000_000_000  # the end compiled before the fit: the warm-up is the same for any
+TIMED_STEPS = 20          # steps timed for the fit (fewer when the warm-up is shorter)
+RESERVE = 0.03            # of the time left, kept for validation, checkpoints and the export
+
+
+def needs_fit(optimizer: OptimizerConfig) -> bool:
+    return optimizer.schedule == "linear" and optimizer.decay_steps is None
+
+
+def with_end(run: RunConfig, decay_steps: int) -> RunConfig:
+    return run.replace(optimizer={"decay_steps": decay_steps})
+
+
+def for_compiling(optimizer: OptimizerConfig) -> OptimizerConfig:
+    """The optimizer to compile before the end is known (its warm-up is the fitted one's)."""
+    if not needs_fit(optimizer):
+        return optimizer
+    return dataclasses.replace(optimizer, decay_steps=max(UNFITTED, optimizer.warmup_steps + 1))
+
+
+def resolve(run: RunConfig, saved: RunConfig | None) -> RunConfig:
+    """`run` with the schedule's end set where it is known before any step: the end the run
+    being resumed fitted (`saved`, its config.yaml), or a limit of steps without one of
+    minutes. Unchanged where the clock decides (fitted by `EndFit`)."""
+    if not needs_fit(run.optimizer):
+        return run
+    before = saved.optimizer if saved is not None else None
+    if (before is not None and before.schedule == "linear" and before.decay_steps is not None
+            and before.warmup_steps == run.optimizer.warmup_steps):
+        log.info("learning rate: linear to zero at step %d, the end this run fitted before",
+                 before.decay_steps)
+        return with_end(run, before.decay_steps)
+    max_steps, max_minutes = run.trainer.limits()
+    if max_minutes is None and max_steps is not None:
+        return with_end(run, max_steps)
+    return run
+
+
+class EndFit:
+    """Times steps of the warm-up and fixes the step where the learning rate reaches zero:
+    the last step the time left allows (less `RESERVE`), or the limit of steps if sooner."""
+
+    def __init__(self, first_step: int, warmup_steps: int, max_steps: int | None):
+        self.warmup_steps, self.max_steps = warmup_steps, max_steps
+        # Timing starts after the first step of this process, which may wait for compiling.
+        self.timed_from = first_step + 1
+        self.fit_at = max(min(first_step + 1 + TIMED_STEPS, warmup_steps - 1),
+                          self.timed_from + 1)
+        self._start: float | None = None
+        self.step_seconds: float | None = None
+
+    def wants_clock(self, step: int) -> bool:
+        """Whether `after_step` needs the time after this step (the device waited for)."""
+        return step in (self.timed_from, self.fit_at)
+
+    def after_step(self, step: int, now: float, seconds_left: float) -> int | None:
+        """The end, at the step the fit is made; None before and after it."""
+        if step == self.timed_from:
+            self._start = now
+            return None
+        if step != self.fit_at or self._start is None:
+            return None
+        self.step_seconds = (now - self._start) / (step - self.timed_from)
+        reach = step + int(seconds_left * (1 - RESERVE) / max(self.step_seconds, 1e-9))
+        end = reach if self.max_steps is None else min(reach, self.max_steps)
+        end = max(end, self.warmup_steps + 1, step + 1)
+        if jax.process_count() > 1:  # one schedule for all: process 0's clock
+            end = int(multihost_utils.broadcast_one_to_all(np.int64(end)))
+        return end
