@@ -92,24 +92,25 @@ def _trainer_hooks(ran: list, **settings) -> Hooks:
     """The hooks the trainer registers for `settings`, on a stand-in for the trainer whose
     periodic work appends (method, keyword arguments) to `ran`."""
     trainer = types.SimpleNamespace(run=types.SimpleNamespace(trainer=TrainerConfig(**settings)))
-    for name in ("_forecast_budget", "log_window", "validate", "_validate_unless_done", "save"):
+    for name in ("_fit_schedule", "_forecast_budget", "log_window", "validate",
+                 "_validate_unless_done", "save"):
         setattr(trainer, name, lambda name=name, **kwargs: ran.append((name, kwargs)))
     return Trainer._periodic_work(trainer)
 
 
-def test_the_trainer_forecasts_logs_validates_then_saves():
-    """At a step that is a multiple of every interval: the forecast, the log line, the
-    validation, the checkpoint; at stop the closing log line, validation and a synchronous
+def test_the_trainer_fits_the_schedule_forecasts_logs_validates_then_saves():
+    """At a step that is a multiple of every interval: the schedule's fit (before the log line
+    shows its learning rate), the forecast, the log line, the validation, the checkpoint; at stop the closing log line, validation and a synchronous
     save, and after a signal only the save."""
     ran: list = []
     hooks = _trainer_hooks(ran, log_every=3, eval_every=4, save_every=6)
-    assert hooks.names == ["forecast", "log", "validate", "save"]
-    assert [hook.every for hook in hooks] == [1, 3, 4, 6]
+    assert hooks.names == ["schedule", "forecast", "log", "validate", "save"]
+    assert [hook.every for hook in hooks] == [1, 1, 3, 4, 6]
     assert [hook.every for hook in _trainer_hooks(ran, eval_every=5)][-1] == 5  # save_every
     for step in (11, 12):
         hooks.run_due(step)
-    assert [name for name, _ in ran] == ["_forecast_budget", "_forecast_budget", "log_window",
-                                         "validate", "save"]
+    assert [name for name, _ in ran] == ["_fit_schedule", "_forecast_budget", "_fit_schedule",
+                                         "_forecast_budget", "log_window", "validate", "save"]
     ran.clear()
     hooks.run_at_stop(interrupted=False)
     assert ran == [("log_window", {}), ("_validate_unless_done", {}),
