@@ -99,9 +99,9 @@ def _trainer_hooks(ran: list, **settings) -> Hooks:
 
 
 def test_the_trainer_fits_the_schedule_forecasts_logs_validates_then_saves():
-    """At a step that is a multiple of every interval: the schedule's fit (before the log line
-    shows its learning rate), the forecast, the log line, the validation, the checkpoint; at stop the closing log line, validation and a synchronous
-    save, and after a signal only the save."""
+    """At a step that is a multiple of every interval: the schedule's fit, the forecast, the
+    log line, the validation, the checkpoint; at stop the closing log line, validation and a
+    synchronous save, and after a signal only the save."""
     ran: list = []
     hooks = _trainer_hooks(ran, log_every=3, eval_every=4, save_every=6)
     assert hooks.names == ["schedule", "forecast", "log", "validate", "save"]
