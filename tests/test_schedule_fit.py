@@ -19,22 +19,25 @@ from synthetic_corpus import write_corpus
 
 def test_the_end_is_the_last_step_the_time_left_allows():
     fit = schedule_fit.EndFit(first_step=0, warmup_steps=400, max_steps=None)
-    assert fit.fit_at == 1 + schedule_fit.TIMED_STEPS  # timing starts after the first step
-    assert [step for step in range(30) if fit.wants_clock(step)] == [1, fit.fit_at]
-    assert fit.after_step(1, now=100.0, seconds_left=1000.0) is None
-    end = fit.after_step(fit.fit_at, now=110.0, seconds_left=990.0)  # 0.5 s a step
+    # Timed from an eighth into the warm-up, fitted a tenth before its end.
+    assert [step for step in range(400) if fit.wants_clock(step)] == [50, 360]
+    assert fit.after_step(50, now=100.0, seconds_left=1000.0) is None
+    assert fit.after_step(100, now=110.0, seconds_left=990.0) is None  # not yet
+    end = fit.after_step(360, now=255.0, seconds_left=845.0)  # 0.5 s a step
     assert fit.step_seconds == pytest.approx(0.5)
-    assert end == fit.fit_at + int(990 * (1 - schedule_fit.RESERVE) / 0.5)
+    assert end == 360 + int(845 * (1 - schedule_fit.RESERVE) / 0.5)
 
     capped = schedule_fit.EndFit(first_step=0, warmup_steps=400, max_steps=1000)
-    capped.after_step(1, 100.0, 1000.0)
-    assert capped.after_step(capped.fit_at, 110.0, 990.0) == 1000  # the limit of steps first
+    capped.after_step(50, 100.0, 1000.0)
+    assert capped.after_step(360, 255.0, 845.0) == 1000  # the limit of steps first
 
     # A resumed run times its own steps; a short warm-up is timed over what it leaves.
     resumed = schedule_fit.EndFit(first_step=300, warmup_steps=310, max_steps=None)
     assert (resumed.timed_from, resumed.fit_at) == (301, 309)
     resumed.after_step(301, 0.0, 100.0)
     assert resumed.after_step(309, 0.0, 100.0) > 309  # never before the fit (or the warm-up)
+    past = schedule_fit.EndFit(first_step=500, warmup_steps=400, max_steps=None)
+    assert (past.timed_from, past.fit_at) == (501, 502)
 
 
 def test_what_is_known_before_any_step_is_set_at_once():
@@ -82,6 +85,7 @@ def test_a_run_on_a_time_budget_follows_the_linear_schedule_to_the_fitted_end(
     assert isinstance(end, int) and end > warmup
     assert f"linear to zero at step {end}, fitted to the 0.3-minute budget" in caplog.text
     lines = _lines(out)
+    assert summary["stopped"] in ("max_minutes", "decay_steps")
     assert summary["steps"] > warmup + 5, f"{summary['steps']} steps: too few to cross the warm-up"
     # Every update, before and after the program compiled for the end took over (by the end
     # of the warm-up), used the schedule to that end.
@@ -89,13 +93,15 @@ def test_a_run_on_a_time_budget_follows_the_linear_schedule_to_the_fitted_end(
         assert line["lr"] == pytest.approx(_expected_lr(line["step"], peak, warmup, end),
                                            rel=1e-5, abs=1e-12), line["step"]
 
-    # Resumed with a limit of steps: the end fitted before stays.
-    more = summary["steps"] + 3
+    # Resumed with a limit of steps past the end: the end fitted before stays, and the run
+    # stops there (a learning rate of zero learns nothing).
     with caplog.at_level(logging.INFO, logger="nmt.training.schedule_fit"):
-        train(recipes.run_from_flat(**settings, max_steps=more), out)
+        resumed = train(recipes.run_from_flat(**settings, max_steps=end + 5), out)
     assert f"linear to zero at step {end}, the end this run fitted before" in caplog.text
-    resumed = [line for line in _lines(out) if line["step"] > summary["steps"]]
-    assert [line["step"] for line in resumed] == list(range(summary["steps"] + 1, more + 1))
-    for line in resumed:
+    assert (resumed["stopped"], resumed["steps"]) == ("decay_steps", end)
+    lines = _lines(out)
+    assert [line["step"] for line in lines] == list(range(1, end + 1))
+    for line in lines:
         assert line["lr"] == pytest.approx(_expected_lr(line["step"], peak, warmup, end),
                                            rel=1e-5, abs=1e-12)
+    assert lines[-1]["lr"] == 0.0

@@ -1,11 +1,11 @@
 """The end of a linear learning-rate schedule, fitted to the run's limit of steps or minutes.
 
-`--schedule linear` without `--decay-steps` reaches zero where the run stops. A limit of steps
-gives that step at once. A limit of minutes gives it only once steps have been timed: the
-warm-up does not depend on the end, so the run starts with an end far away
-(`UNFITTED`), times steps of the warm-up, fixes the end from the time left, and runs the
-step compiled for that end from the last update of the warm-up on. The run is then the
-linear schedule to that step, exactly when the warm-up is longer than the timed steps;
+`--schedule linear` without `--decay-steps` reaches zero where the run stops, and the run stops
+there (nothing is learnt at a learning rate of zero). A limit of steps gives that step at once.
+A limit of minutes gives it only once steps have been timed: the warm-up does not depend on
+the end, so the run starts with an end far away (`UNFITTED`), times steps of the warm-up,
+fixes the end from the time left, and runs the step compiled for that end from the last
+update of the warm-up on. The run is then the linear schedule to that step, exactly;
 config.yaml records the step, and a resume goes on to the same one.
 """
 
@@ -24,7 +24,6 @@ from transformer.config import OptimizerConfig
 log = logging.getLogger(__name__)
 
 UNFITTED = 1_000_000_000  # the end compiled before the fit: the warm-up is the same for any
-TIMED_STEPS = 20          # steps timed for the fit (fewer when the warm-up is shorter)
 RESERVE = 0.03            # of the time left, kept for validation, checkpoints and the export
 
 
@@ -63,14 +62,18 @@ def resolve(run: RunConfig, saved: RunConfig | None) -> RunConfig:
 
 class EndFit:
     """Times steps of the warm-up and fixes the step where the learning rate reaches zero:
-    the last step the time left allows (less `RESERVE`), or the limit of steps if sooner."""
+    the last step the time left allows (less `RESERVE`), or the limit of steps if sooner.
+
+    The first eighth of the warm-up left is not timed (its steps are slower: memory being
+    mapped, caches filling); the fit comes a tenth before the warm-up's end, leaving those
+    steps for compiling the step with the end.
+    """
 
     def __init__(self, first_step: int, warmup_steps: int, max_steps: int | None):
         self.warmup_steps, self.max_steps = warmup_steps, max_steps
-        # Timing starts after the first step of this process, which may wait for compiling.
-        self.timed_from = first_step + 1
-        self.fit_at = max(min(first_step + 1 + TIMED_STEPS, warmup_steps - 1),
-                          self.timed_from + 1)
+        span = max(warmup_steps - first_step, 0)
+        self.timed_from = first_step + max(1, span // 8)
+        self.fit_at = max(warmup_steps - max(1, span // 10), self.timed_from + 1)
         self._start: float | None = None
         self.step_seconds: float | None = None
 

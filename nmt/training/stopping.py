@@ -103,14 +103,17 @@ class Limits:
         self.started = time.monotonic()
         self.max_steps, self.max_minutes = trainer.limits()
         self.max_epochs = trainer.max_epochs
+        self.schedule_end: int | None = None  # a linear schedule's zero: nothing to learn after
         self.deadline = (self.started + self.max_minutes * 60
                          if self.max_minutes is not None else None)
 
     def reached(self, step: int, epochs_completed: int, signals: StopSignal) -> str | None:
-        """Why to stop before the next step ("max_steps", "max_epochs", "max_minutes",
-        "SIGINT", "SIGTERM"), or None."""
+        """Why to stop before the next step ("max_steps", "decay_steps", "max_epochs",
+        "max_minutes", "SIGINT", "SIGTERM"), or None."""
         if self.max_steps is not None and step >= self.max_steps:
             return "max_steps"
+        if self.schedule_end is not None and step >= self.schedule_end:
+            return "decay_steps"
         if self.max_epochs is not None and epochs_completed >= self.max_epochs:
             return "max_epochs"
         if jax.process_count() > 1 and step % 10:
@@ -140,7 +143,7 @@ class Limits:
 
     def total_steps(self, batches_per_epoch: int) -> int | None:
         """The step at which a limit of steps or epochs stops the run (None: the clock does)."""
-        limits = [self.max_steps] if self.max_steps is not None else []
+        limits = [n for n in (self.max_steps, self.schedule_end) if n is not None]
         if self.max_epochs is not None:
             limits.append(self.max_epochs * batches_per_epoch)
         return min(limits, default=None)

@@ -73,8 +73,9 @@ __all__ = ["Trainer", "TrainingError", "train"]
 def train(run: RunConfig, workdir: str | Path | None = None) -> dict[str, Any]:
     """Train (or resume) a model in `workdir` (default: the run's output directory).
 
-    Returns a summary: run_dir, model_dir, steps, stopped ("max_steps", "max_epochs",
-    "max_minutes", "early_stop", "SIGINT"/"SIGTERM"), best_metric, best_score and best_step
+    Returns a summary: run_dir, model_dir, steps, stopped ("max_steps", "decay_steps" (a
+    linear schedule's zero), "max_epochs", "max_minutes", "early_stop", "SIGINT"/"SIGTERM"),
+    best_metric, best_score and best_step
     (None when no best was tracked), last_eval, minutes, translate_command, and test_command
     when a test split was given. Raises TrainingError when the loss stops being finite,
     memory runs out, or `workdir` holds a run with another model, tokenizer or seed
@@ -112,6 +113,8 @@ class Trainer:
         self.run, self.run_dir, self.compile_log = run, run_dir, compile_log
         self.is_main = jax.process_index() == 0
         self.limits = Limits(run.trainer)
+        if run.optimizer.schedule == "linear":
+            self.limits.schedule_end = run.optimizer.decay_steps  # None until fitted
         start = prepare_start(run, run_dir, compile_log)
         self.mesh, self.model_config, self.data = start.mesh, start.model_config, start.data
         self.graphdef, self.state, self.train_step = start.graphdef, start.state, start.train_step
@@ -263,6 +266,7 @@ class Trainer:
             return
         self.end_fit = None
         self.run = schedule_fit.with_end(self.run, end)
+        self.limits.schedule_end = end
         if self.is_main:
             write_atomically(self.run_dir / resume.RUN_CONFIG_FILE, recipes.dump(self.run))
             log.info("learning rate: linear to zero at step %d, fitted to the %g-minute budget "
