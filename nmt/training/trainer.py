@@ -251,15 +251,11 @@ class Trainer:
         """A linear schedule without an end: fix it from the steps timed (once), then run the
         step compiled for it from the last update of the warm-up on (schedule_fit)."""
         if self.fitted_step is not None:
-            if self.step >= self.run.optimizer.warmup_steps or self.fitted_step.ready():
-                self.fitted_step.wait()
-                self.fitted_step.seconds_compiling_in_calls += \
-                    self.train_step.seconds_compiling_in_calls
-                self.train_step, self.fitted_step = self.fitted_step, None
-            return
-        fit = self.end_fit
-        if fit is None or not fit.wants_clock(self.step):
-            return
+            self._switch_to_the_fitted_step()
+        elif self.end_fit is not None and self.end_fit.wants_clock(self.step):
+            self._fit_the_end(self.end_fit)
+
+    def _fit_the_end(self, fit: schedule_fit.EndFit) -> None:
         self.last_loss.block_until_ready()  # the steps timed are finished, not only queued
         end = fit.after_step(self.step, time.monotonic(), self.limits.seconds_left())
         if end is None:
@@ -275,6 +271,14 @@ class Trainer:
         self.fitted_step = train_step_for(self.graphdef, self.run.optimizer, self.mesh,
                                           self.compile_log)
         start_compiling_the_train_step(self.fitted_step, self.state, self.data, self.mesh)
+
+    def _switch_to_the_fitted_step(self) -> None:
+        """Once compiled, and at the latest before the first update whose rate the end sets."""
+        if self.step < self.run.optimizer.warmup_steps and not self.fitted_step.ready():
+            return
+        self.fitted_step.wait()
+        self.fitted_step.seconds_compiling_in_calls += self.train_step.seconds_compiling_in_calls
+        self.train_step, self.fitted_step = self.fitted_step, None
 
     def _forecast_budget(self) -> None:
         """Settings written for another platform: what their budget takes here, once."""
