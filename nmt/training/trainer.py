@@ -265,9 +265,10 @@ class Trainer:
         self.limits.schedule_end = end
         if self.is_main:
             write_atomically(self.run_dir / resume.RUN_CONFIG_FILE, recipes.dump(self.run))
-            log.info("learning rate: linear to zero at step %d, fitted to the %g-minute budget "
-                     "at %.3g s a step (recorded in %s)", end, self.limits.max_minutes,
-                     fit.step_seconds, self.run_dir / resume.RUN_CONFIG_FILE)
+            log.info("learning rate: linear to zero at step %d, the last the run's limits allow "
+                     "(%g minutes at %.3g s a step; recorded in %s)", end,
+                     self.limits.max_minutes, fit.step_seconds,
+                     self.run_dir / resume.RUN_CONFIG_FILE)
         self.fitted_step = train_step_for(self.graphdef, self.run.optimizer, self.mesh,
                                           self.compile_log)
         start_compiling_the_train_step(self.fitted_step, self.state, self.data, self.mesh)
