@@ -26,10 +26,10 @@ os.environ.setdefault("ENJA", str(SHARED_DATA / "small_parallel_enja"))
 
 # The suite's models are tiny, so compiling their programs, not running them, is most of its
 # time, and LLVM's optimisation passes much of that. At level 0 a test file compiles about a
-# third faster; the programs are the same (XLA's own passes and fast-math, off by default, do
-# not depend on the level), only their machine code is less tuned. Set in the environment
-# before JAX is imported, so that the processes the tests start inherit it; a level given in
-# $XLA_FLAGS already is kept.
+# third faster; the level tunes LLVM's machine code, not what the programs compute (fast-math
+# stays off), and the suite passes alike at either level. Set in the environment before JAX
+# is imported, so that the processes the tests start inherit it; a level given in $XLA_FLAGS
+# already is kept.
 _OPT_LEVEL = "--xla_backend_optimization_level"
 if _OPT_LEVEL not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_OPT_LEVEL}=0".strip()
