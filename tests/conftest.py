@@ -25,13 +25,12 @@ os.environ.setdefault("MULTI30K", str(SHARED_DATA / "multi30k"))
 os.environ.setdefault("ENJA", str(SHARED_DATA / "small_parallel_enja"))
 
 # The suite's models are tiny, so compiling their programs, not running them, is most of its
-# time (XLA's backend compile was 74% of tests/test_decoding.py). Two settings of XLA's CPU
-# compiler halve that: LLVM optimisation level 0, and the older elemental emitters for fused
-# loops instead of the MLIR fusion emitters (`xla_cpu_use_fusion_emitters`, 2x on its own).
-# Neither changes what a program computes (fast-math stays off); both make the machine code
-# slower, which tiny models do not feel, so the product keeps XLA's defaults. Set in the
-# environment before JAX is imported, so that the processes the tests start inherit them; a
-# setting given in $XLA_FLAGS already is kept.
+# time. Two settings of XLA's CPU compiler make that much cheaper (docs/contributing.md): LLVM
+# optimisation level 0, and the elemental emitters for fused loops instead of the MLIR fusion
+# emitters. Neither changes what a program computes (fast-math stays off); both make the
+# machine code slower, which tiny models do not feel, so the product keeps XLA's defaults. Set
+# in the environment before JAX is imported, so that the processes the tests start inherit
+# them; a setting given in $XLA_FLAGS already is kept.
 _TEST_COMPILER_FLAGS = {"--xla_backend_optimization_level": "0",
                         "--xla_cpu_use_fusion_emitters": "false"}
 for _flag, _value in _TEST_COMPILER_FLAGS.items():
