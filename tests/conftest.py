@@ -31,9 +31,10 @@ os.environ.setdefault("ENJA", str(SHARED_DATA / "small_parallel_enja"))
 # machine code slower, which tiny models do not feel, so the product keeps XLA's defaults. Set
 # in the environment before JAX is imported, so that the processes the tests start inherit
 # them; a setting given in $XLA_FLAGS already is kept.
-_TEST_COMPILER_FLAGS = {"--xla_backend_optimization_level": "0",
-                        "--xla_cpu_use_fusion_emitters": "false"}
-for _flag, _value in _TEST_COMPILER_FLAGS.items():
+USER_XLA_FLAGS = os.environ.get("XLA_FLAGS", "")  # for the test that runs as users do
+TEST_COMPILER_FLAGS = {"--xla_backend_optimization_level": "0",
+                       "--xla_cpu_use_fusion_emitters": "false"}
+for _flag, _value in TEST_COMPILER_FLAGS.items():
     if _flag not in os.environ.get("XLA_FLAGS", ""):
         os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_flag}={_value}".strip()
 
