@@ -13,6 +13,7 @@ would leave a core idle for minutes.
 """
 
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -30,16 +31,40 @@ os.environ.setdefault("ENJA", str(SHARED_DATA / "small_parallel_enja"))
 # emitters. Neither changes what a program computes (fast-math stays off); both make the
 # machine code slower, which tiny models do not feel, so the product keeps XLA's defaults. Set
 # in the environment before JAX is imported, so that the processes the tests start inherit
-# them; a setting given in $XLA_FLAGS already is kept.
-USER_XLA_FLAGS = os.environ.get("XLA_FLAGS", "")  # for the test that runs as users do
-TEST_COMPILER_FLAGS = {"--xla_backend_optimization_level": "0",
-                       "--xla_cpu_use_fusion_emitters": "false"}
-for _flag, _value in TEST_COMPILER_FLAGS.items():
-    if _flag not in os.environ.get("XLA_FLAGS", ""):
-        os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_flag}={_value}".strip()
+# them; a setting given in $XLA_FLAGS already is kept, and settings a jaxlib does not know are
+# left out (pytest's header says which were used).
+TEST_COMPILER_FLAGS = "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false"
+# What the processes of a user's machine run with, kept for the pytest-xdist workers (which
+# inherit this environment) and for the test that runs as users do.
+os.environ.setdefault("NMT_TESTS_USER_XLA_FLAGS", os.environ.get("XLA_FLAGS", ""))
+USER_XLA_FLAGS = os.environ["NMT_TESTS_USER_XLA_FLAGS"]
+
+
+def _xla_accepts(flags: str) -> bool:
+    """Whether this jaxlib's XLA knows these flags: an unknown one aborts every process."""
+    probe = subprocess.run([sys.executable, "-c", "import jax; jax.devices()"],
+                           env={**os.environ, "XLA_FLAGS": flags, "JAX_PLATFORMS": "cpu"},
+                           capture_output=True, timeout=300)
+    return probe.returncode == 0
+
+
+_given = {flag.split("=")[0] for flag in os.environ.get("XLA_FLAGS", "").split()}
+_missing = [flag for flag in TEST_COMPILER_FLAGS.split() if flag.split("=")[0] not in _given]
+COMPILER_NOTE = f"XLA_FLAGS: {os.environ.get('XLA_FLAGS', '')!r}"
+if _missing:
+    _flags = " ".join([os.environ.get("XLA_FLAGS", ""), *_missing]).strip()
+    if _xla_accepts(_flags):
+        os.environ["XLA_FLAGS"] = _flags
+        COMPILER_NOTE = f"XLA_FLAGS: {_flags!r}"
+    else:
+        COMPILER_NOTE += f" (XLA does not start with {' '.join(_missing)} added: not used)"
 
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+
+
+def pytest_report_header(config):
+    return COMPILER_NOTE
 
 
 def pytest_configure(config):
