@@ -33,11 +33,17 @@ os.environ.setdefault("ENJA", str(SHARED_DATA / "small_parallel_enja"))
 # in the environment before JAX is imported, so that the processes the tests start inherit
 # them. A setting given in $XLA_FLAGS already is kept; on another platform than the CPU, or
 # with a jaxlib that does not know them, they are left out (pytest's header says so).
-TEST_COMPILER_FLAGS = "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false"
+# Each setting: (the tests' value, XLA's default).
+TEST_COMPILER_SETTINGS = {"xla_backend_optimization_level": (0, 3),
+                          "xla_cpu_use_fusion_emitters": (False, True)}
 # What the processes of a user's machine run with, kept for the pytest-xdist workers (which
 # inherit this environment) and for the test that runs as users do.
 os.environ.setdefault("NMT_TESTS_USER_XLA_FLAGS", os.environ.get("XLA_FLAGS", ""))
 USER_XLA_FLAGS = os.environ["NMT_TESTS_USER_XLA_FLAGS"]
+
+
+def _names(flags: str) -> set[str]:
+    return {flag.split("=")[0].lstrip("-") for flag in flags.split()}
 
 
 def _backend_with(flags: str) -> str | None:
@@ -50,19 +56,25 @@ def _backend_with(flags: str) -> str | None:
     return words[-1] if probe.returncode == 0 and words else None
 
 
-_given = {flag.split("=")[0] for flag in os.environ.get("XLA_FLAGS", "").split()}
-_missing = [flag for flag in TEST_COMPILER_FLAGS.split() if flag.split("=")[0] not in _given]
-COMPILER_NOTE = f"XLA_FLAGS: {os.environ.get('XLA_FLAGS', '')!r}"
+_missing = [f"--{name}={str(value).lower()}"
+            for name, (value, _) in TEST_COMPILER_SETTINGS.items()
+            if name not in _names(os.environ.get("XLA_FLAGS", ""))]
+COMPILER_NOTE = ""
 if _missing:
     _flags = " ".join([os.environ.get("XLA_FLAGS", ""), *_missing]).strip()
     _backend = _backend_with(_flags)
     if _backend == "cpu":
         os.environ["XLA_FLAGS"] = _flags
-        COMPILER_NOTE = f"XLA_FLAGS: {_flags!r}"
     else:  # measured on the CPU only; elsewhere the tests compile as users' processes do
-        COMPILER_NOTE += (f" ({' '.join(_missing)} not used: JAX "
-                          + (f"runs on {_backend}" if _backend else "does not start with them")
-                          + ")")
+        COMPILER_NOTE = (f" ({' '.join(_missing)} not used: JAX "
+                         + (f"runs on {_backend}" if _backend else "does not start with them")
+                         + ")")
+COMPILER_NOTE = f"XLA_FLAGS: {os.environ.get('XLA_FLAGS', '')!r}{COMPILER_NOTE}"
+# XLA's own values of the settings set here, as compiler options: for a test that runs more
+# than it compiles (tests/test_learning.py).
+XLA_DEFAULT_OPTIONS = {
+    name: default for name, (_, default) in TEST_COMPILER_SETTINGS.items()
+    if name in _names(os.environ.get("XLA_FLAGS", "")) - _names(USER_XLA_FLAGS)}
 
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))

@@ -1,11 +1,11 @@
 """A tiny Transformer learns copy-and-reverse and search decodes held-out inputs exactly."""
 
 import dataclasses
-import os
 
 import jax
 import numpy as np
 import pytest
+from conftest import XLA_DEFAULT_OPTIONS
 from flax import nnx
 
 from transformer.config import SearchConfig, get_preset
@@ -46,10 +46,7 @@ def train(state, step, mesh, rng: np.random.Generator, updates: int):
     # Compiled with XLA's default settings, not the suite's faster-compiling ones
     # (tests/conftest.py): 900 updates make this fixture's time running, not compiling.
     first = shard_batch(train_batch(rng, 64), mesh)
-    defaults = {"xla_backend_optimization_level": 3}
-    if "--xla_cpu_use_fusion_emitters" in os.environ.get("XLA_FLAGS", ""):
-        defaults["xla_cpu_use_fusion_emitters"] = True
-    step = step.lower(state, first).compile(compiler_options=defaults)
+    step = step.lower(state, first).compile(compiler_options=XLA_DEFAULT_OPTIONS)
     state, metrics = step(state, first)
     for _ in range(updates - 1):
         state, metrics = step(state, shard_batch(train_batch(rng, 64), mesh))
