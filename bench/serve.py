@@ -33,6 +33,7 @@ import time
 from pathlib import Path
 
 from bench.common import positive_int, read_test_set, test_set_parser
+from data.config import INFERENCE_BATCH_TOKENS
 from nmt.runtime import allocator
 from transformer.config import BEAM_RULES
 
@@ -218,8 +219,10 @@ def main(argv=None) -> int:
                              "the first three)")
     parser.add_argument("--batch-tokens", type=positive_int,
                         help="the server's --batch-tokens (default: the server's)")
-    parser.add_argument("--ceiling-batch-tokens", type=positive_int, default=4096,
-                        help="the ceiling's --batch-tokens (default 4096, translate.py's)")
+    parser.add_argument("--ceiling-batch-tokens", type=positive_int,
+                        default=INFERENCE_BATCH_TOKENS,
+                        help=f"the ceiling's --batch-tokens (default {INFERENCE_BATCH_TOKENS}, "
+                             "translate.py's)")
     parser.add_argument("--memory-minutes", type=positive_int, default=0,
                         help="then load the batched server with 32 clients this long and "
                              "compare its RSS after 1 minute with the RSS at the end")

@@ -28,6 +28,9 @@ DEFAULT_BUCKETS = (
 # test2016, beam 4: 3 widths, 13.5 s to first output and 6.5 s per pass, against 8 widths of
 # DEFAULT_BUCKETS, 26.1 s and 6.5 s; docs/performance.md, "Translating").
 INFERENCE_BUCKETS = (16, 32, 48, 64, 96, 128, 192, 256)
+# Source tokens per translation batch before dividing by the beam size: translate.py's
+# default, and validation's during training, so that both compile the same search programs.
+INFERENCE_BATCH_TOKENS = 4096
 
 
 class DataError(ValueError):

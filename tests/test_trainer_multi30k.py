@@ -25,7 +25,8 @@ MULTI30K = Path(os.environ["MULTI30K"])
 
 
 def _env(tmp_path: Path) -> dict[str, str]:
-    cache = os.environ.get("FLAX_NMT_CACHE") or str(tmp_path / "cache")
+    """The commands' environment, with a cache of this test's own: what it stores is counted."""
+    cache = str(tmp_path / "cache")
     return {**os.environ, "FLAX_NMT_CACHE": cache, "PYTHONUNBUFFERED": "1"}
 
 
@@ -65,6 +66,28 @@ def test_multi30k_train_then_translate(tmp_path):
     assert len(hyps) == 5 and any(h.strip() for h in hyps)
     _, _, values = load_model(out)
     assert values["source_lang"] == "en" and values["target_lang"] == "de"
+    if (REPO / "translate.py").is_file():
+        _evaluate_the_validated_sentences(out, tmp_path, evals[-1])
+
+
+def _evaluate_the_validated_sentences(out: Path, tmp_path: Path, last_eval: dict) -> None:
+    """translate.py --evaluate on the sentences validation translated gives validation's BLEU,
+    and loads the search programs validation stored: it compiles none of its own."""
+    prefix = tmp_path / "validated"
+    for lang in ("en", "de"):
+        lines = (MULTI30K / f"valid.{lang}").read_text().splitlines()[:last_eval["sentences"]]
+        Path(f"{prefix}.{lang}").write_text("\n".join(lines) + "\n")
+    programs = Path(_env(tmp_path)["FLAX_NMT_CACHE"]) / "programs"
+    stored = {path.name for path in programs.iterdir()}
+    assert any(name.startswith("_beam_resume") for name in stored), stored
+    report = tmp_path / "report.json"
+    cli = subprocess.run([sys.executable, "translate.py", "--model", str(out), "--evaluate",
+                          "--test-prefix", str(prefix), "--src", "en", "--tgt", "de",
+                          "--report", str(report)],
+                         cwd=REPO, env=_env(tmp_path), capture_output=True, text=True, timeout=300)
+    assert cli.returncode == 0, cli.stderr[-3000:]
+    assert json.loads(report.read_text())["bleu"] == pytest.approx(last_eval["bleu"], abs=1e-6)
+    assert {path.name for path in programs.iterdir()} == stored
 
 
 def test_no_argument_command(tmp_path):

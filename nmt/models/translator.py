@@ -22,7 +22,7 @@ import numpy as np
 from flax import nnx
 
 from data.batching import inference_batches
-from data.config import INFERENCE_BUCKETS, buckets_up_to
+from data.config import INFERENCE_BATCH_TOKENS, INFERENCE_BUCKETS, buckets_up_to
 from transformer.config import SearchConfig
 from transformer.decoding import (
     compile_search,
@@ -110,7 +110,7 @@ class Translator:
     """
 
     def __init__(self, model: Transformer | Ensemble, tokenizer, search: SearchConfig,
-                 batch_tokens: int = 4096, seed: int = 0,
+                 batch_tokens: int = INFERENCE_BATCH_TOKENS, seed: int = 0,
                  buckets: Sequence[int] | None = None, searches: int = 1,
                  compact_after: int | None = COMPACT_AFTER_BATCHES):
         vocab = model.config.vocab_size

@@ -32,7 +32,7 @@ from collections.abc import Sequence
 
 import uvicorn
 
-from data.config import DataError, check_buckets
+from data.config import INFERENCE_BATCH_TOKENS, DataError, check_buckets
 from nmt.runtime import cli
 from nmt.serving.limits import Limits, read_api_keys
 from nmt.translation.command import (
@@ -59,7 +59,7 @@ LIMIT_FLAGS = (
 # A CPU's search step costs about as much per row at any batch size, so a gathered call is cut
 # into small batches of similar lengths, none waiting for a longer sentence (docs/serving.md);
 # an accelerator's step costs little more for more rows, so it takes translate.py's budget.
-CPU_BATCH_TOKENS, ACCELERATOR_BATCH_TOKENS = 512, 4096
+CPU_BATCH_TOKENS, ACCELERATOR_BATCH_TOKENS = 512, INFERENCE_BATCH_TOKENS
 
 
 def build_parser() -> argparse.ArgumentParser:

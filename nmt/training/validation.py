@@ -5,15 +5,14 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 
 from data.batching import eval_batches
-from nmt.models.translator import Translator
+from nmt.models.translator import Translator, default_searches
 from nmt.runtime.compilation import AheadOfTime, CompileLog
 from nmt.runtime.distributed import local_copy
 from nmt.training.run_data import PreparedCorpus
@@ -22,25 +21,13 @@ from transformer.config import SearchConfig
 from transformer.training import shard_batch
 
 
-def search_widths(lengths: Sequence[int], max_len: int, step: int = 8) -> tuple[int, ...]:
-    """At most two source widths for sentences of `lengths` tokens (EOS included): the longest
-    rounded up to a multiple of `step` (at most max_len), and a narrower one when it saves
-    padding, the one that pads least. Each width compiles search once."""
-    lengths = np.minimum(np.asarray(lengths), max_len)
-    widest = min(-(-int(lengths.max()) // step) * step, max_len)
-    best, least = (widest,), len(lengths) * widest
-    for narrow in range(step, widest, step):
-        padded = int(np.where(lengths <= narrow, narrow, widest).sum())
-        if padded < least:
-            best, least = (narrow, widest), padded
-    return best
-
-
 class Validator:
     """Scores parameters on the validation split; `echo` prints the sample translations.
 
-    Translating the first `sentences` pairs pads their sources to at most two widths
-    (`search_widths`), so validation compiles search at most twice."""
+    The first `sentences` pairs are translated with translate.py's own settings (source
+    widths, batch budget, searches at once), so the search programs validation compiles and
+    stores are those `translate.py --evaluate` loads next on this machine: its first run after
+    training compiles nothing for the widths validation met (docs/translating.md)."""
 
     def __init__(self, data: PreparedCorpus, eval_step, mesh, search: SearchConfig,
                  sentences: int, samples: int, bleu: dict[str, str | None],
@@ -49,9 +36,6 @@ class Validator:
         self.search, self.samples, self.bleu, self.echo = search, samples, bleu, echo
         self.compile_log = compile_log
         self.sentences = min(sentences, len(data.valid_sources))
-        lengths = [len(ids) + 1 for ids in
-                   data.tokenizer.encode(data.valid_sources[:self.sentences])]
-        self.widths = search_widths(lengths, data.eval_batch_config.max_len) if lengths else ()
 
     def scores(self, graphdef: nnx.GraphDef, params: nnx.State) -> dict[str, Any]:
         """loss, nll, ppl and accuracy per validation token; bleu, chrf, sentences and
@@ -74,8 +58,8 @@ class Validator:
         data, n = self.data, self.sentences
         sources, refs = data.valid_sources[:n], data.valid_targets[:n]
         t0 = time.monotonic()
-        translator = Translator(model, data.tokenizer, self.search, buckets=self.widths)
-        with self.compile_log.labelled(f"search [widths {','.join(map(str, self.widths))}]"):
+        translator = Translator(model, data.tokenizer, self.search, searches=default_searches())
+        with self.compile_log.labelled(f"search [{n} validation sentences]"):
             hyps = [nbest[0].text for nbest in
                     translator.translate_nbest(sources, source="validation set")]
         scores = scoring.evaluate(hyps, refs, **self.bleu)

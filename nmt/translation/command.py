@@ -91,7 +91,7 @@ import sys
 import time
 from typing import Sequence
 
-from data.config import DataError
+from data.config import INFERENCE_BATCH_TOKENS, DataError
 from nmt.runtime import cli
 from nmt.runtime.files import atomic_file
 from nmt.settings import recipes
@@ -131,9 +131,9 @@ def build_parser() -> argparse.ArgumentParser:
 def _add_input_output_flags(io) -> None:
     io.add_argument("--input", help="file to translate, one sentence per line (- = stdin)")
     io.add_argument("--output", help="write translations here instead of stdout")
-    io.add_argument("--batch-tokens", type=int, default=4096,
+    io.add_argument("--batch-tokens", type=int, default=INFERENCE_BATCH_TOKENS,
                     help="source tokens per batch, before dividing by the beam size "
-                         "(default 4096)")
+                         f"(default {INFERENCE_BATCH_TOKENS})")
     io.add_argument("--searches", type=int,
                     help="batches searched at once, each on its own thread (default 2 on a "
                          "CPU, where one batch keeps only part of the cores busy; 1 on a GPU "
