@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
+import logging
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
@@ -26,10 +28,13 @@ import numpy as np
 from flax import nnx, serialization
 
 from data.tokenizer import TokenizerBase, load_tokenizer, tokenizer_present
+from nmt.runtime.cpu_features import bfloat16_warning
 from nmt.runtime.files import atomic_directory
 from transformer.config import ModelConfig, SearchConfig
 from transformer.ensemble import Ensemble
 from transformer.model import Transformer
+
+log = logging.getLogger(__name__)
 
 MODEL_DIR = "model"
 PARAMS_FILE = "params.msgpack"
@@ -247,6 +252,7 @@ def load_model(path: str | Path, dtype: str | None = None
     search = read_search_config(model_dir, values)  # before the slow part: a bad file fails fast
     if dtype is not None:
         model_config = dataclasses.replace(model_config, dtype=dtype)
+    _warn_once(bfloat16_warning(jax.devices()[0].platform, model_config.dtype))
     tokenizer = load_tokenizer(model_dir)
     check_tokenizer(model_dir, model_config, tokenizer)
     graphdef, params, rest = abstract_params(model_config)
@@ -263,6 +269,13 @@ def load_model(path: str | Path, dtype: str | None = None
     values["model"] = model_config
     values["search"] = search
     return model, tokenizer, values
+
+
+@functools.cache
+def _warn_once(message: str | None) -> None:
+    """Log `message` (if any) once per process, however many models are loaded."""
+    if message is not None:
+        log.warning(message)
 
 
 def load_models(paths: Sequence[str | Path], dtype: str | None = None

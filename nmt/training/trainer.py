@@ -44,6 +44,7 @@ from nmt.rundir.checkpoints import CHECKPOINTS_DIR, SaveError, complete_steps
 from nmt.rundir.lock import LOCK_FILE, RunLock
 from nmt.runtime import allocator
 from nmt.runtime.compilation import CompileLog, enable_compilation_cache
+from nmt.runtime.cpu_features import bfloat16_warning
 from nmt.runtime.distributed import barrier
 from nmt.runtime.files import write_atomically
 from nmt.settings import recipes
@@ -194,6 +195,8 @@ class Trainer:
     def loop(self) -> str:
         """Train until a limit, early stopping or a signal; returns why it stopped."""
         log.info(allocator.status().line)
+        if warning := bfloat16_warning(jax.devices()[0].platform, self.model_config.dtype):
+            log.warning(warning)
         echo(announcement(self.run, self.state.params, self.model_config, self.data,
                           self.limits.describe(self.batches.batches_per_epoch), self.run_dir))
         stopped = None
