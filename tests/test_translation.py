@@ -213,6 +213,72 @@ def test_each_batch_shape_is_compiled_ahead_once_and_a_failed_search_waits_for_n
     assert len(started) <= 2  # the rest were cancelled
 
 
+def test_compile_threads_use_the_cores_except_beside_a_search_on_a_cpu(monkeypatch):
+    """Compiling shapes in parallel pays where the cores are idle (a server's warm-up, a
+    search on a GPU); beside a search on a CPU the search needs them."""
+    from nmt.models import translator as translator_module
+
+    monkeypatch.setattr(translator_module.os, "sched_getaffinity", lambda pid: set(range(16)))
+    for cpu in (True, False):
+        monkeypatch.setattr(translator_module, "rows_cost_time", lambda cpu=cpu: cpu)
+        assert translator_module.compile_threads(9, searching=False) == 8
+        assert translator_module.compile_threads(3, searching=False) == 3
+        assert translator_module.compile_threads(0, searching=False) == 1
+        assert translator_module.compile_threads(9, searching=True) == (1 if cpu else 8)
+    monkeypatch.setattr(translator_module.os, "sched_getaffinity", lambda pid: {0, 1})
+    assert translator_module.compile_threads(9, searching=False) == 2
+
+
+def test_warm_up_compiles_shapes_in_parallel_each_once_and_stops_when_told(monkeypatch):
+    """A server's warm-up compiles its shapes on several threads at once (a GPU's loop
+    programs take 15-22 s each), every shape once, reporting each; an exception from the
+    progress callback (the server stopping) leaves the shapes not yet started uncompiled."""
+    import threading
+    import time
+
+    from nmt.models import translator as translator_module
+
+    monkeypatch.setattr(translator_module.os, "sched_getaffinity", lambda pid: {0, 1})
+    translator = Translator(tiny_model(), NumberTokenizer(), SearchConfig(strategy="greedy"),
+                            batch_tokens=64)
+    shapes = translator.search_shapes()
+    assert len(shapes) >= 4
+    together = threading.Barrier(2, timeout=10)  # broken unless two compile at once
+    compiled, lock = [], threading.Lock()
+
+    def compile_in_pairs(self, shape, halvings):
+        if len(compiled) < 2:
+            together.wait()
+        with lock:
+            compiled.append(shape)
+
+    monkeypatch.setattr(Translator, "_compile", compile_in_pairs)
+    reports = []
+    translator.warm_up(lambda done, total: reports.append((done, total)))
+    assert sorted(compiled) == sorted(shapes)
+    assert reports == [(done, len(shapes)) for done in range(1, len(shapes) + 1)]
+
+    started, release = [], threading.Event()
+
+    def slow_after_the_first(self, shape, halvings):
+        with lock:
+            started.append(shape)
+            first = len(started) == 1
+        if not first:
+            release.wait(5)
+
+    def stop(done, total):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Translator, "_compile", slow_after_the_first)
+    with pytest.raises(KeyboardInterrupt):
+        translator.warm_up(stop)
+    release.set()
+    time.sleep(0.3)
+    # The first, the one running beside it, perhaps one more taken up meanwhile; no more.
+    assert 2 <= len(started) <= 3 < len(shapes)
+
+
 def test_bfloat16_products_translate_a_peaked_model_as_float32_does():
     """translate.py --dtype bfloat16: the search loop's products take bfloat16 operands (where
     its speed comes from) and a model with clear preferences translates as in float32."""

@@ -14,6 +14,7 @@ import concurrent.futures
 import copy
 import dataclasses
 import logging
+import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 
@@ -52,6 +53,15 @@ def rows_cost_time() -> bool:
     launches dominate; not yet timed) while each program took 6-23 s to compile (one H100,
     docs/performance.md), so every batch of a width keeps one shape."""
     return jax.default_backend() == "cpu"
+
+
+def compile_threads(programs: int, *, searching: bool) -> int:
+    """Threads that compile search programs at once (each shape's programs compile on one
+    thread; XLA leaves the others free): as many as there are cores, up to 8 and `programs`,
+    except beside a search on a CPU, which needs the cores itself (`searching`)."""
+    if searching and rows_cost_time():
+        return 1
+    return max(1, min(programs, 8, len(os.sched_getaffinity(0))))
 
 
 def rows_per_source(search: SearchConfig) -> int:
@@ -273,14 +283,21 @@ class Translator:
 
     def warm_up(self, progress: Callable[[int, int], None] | None = None) -> None:
         """Compile the search for every shape of `search_shapes` (`compile_search`), with
-        the programs compaction needs unless this translator never compacts;
-        `progress(done, total)` after each."""
+        the programs compaction needs unless this translator never compacts, several shapes
+        at once (`compile_threads`); `progress(done, total)` after each. An exception from
+        `progress` stops the shapes not yet started."""
         shapes = self.search_shapes()
         compacts = self.compact_after is not None
-        for done, shape in enumerate(shapes, 1):
-            self._compile(shape, halvings=compacts)
-            if progress is not None:
-                progress(done, len(shapes))
+        pool = concurrent.futures.ThreadPoolExecutor(
+            compile_threads(len(shapes), searching=False), thread_name_prefix="compile")
+        try:
+            futures = [pool.submit(self._compile, shape, compacts) for shape in shapes]
+            for done, future in enumerate(concurrent.futures.as_completed(futures), 1):
+                future.result()
+                if progress is not None:
+                    progress(done, len(shapes))
+        finally:
+            pool.shutdown(wait=False, cancel_futures=True)
         if compacts:
             self.compact_after = 0  # every program compaction needs is compiled
 
@@ -289,15 +306,18 @@ class Translator:
         """Yields (indices into `ids`, n-best hypotheses of those rows, the indices whose best
         hypothesis reached its output limit) batch by batch, in order, with `searches` batches
         in flight (one more waits, so no thread idles while the host yields). The programs of
-        each batch shape are compiled ahead on a thread of their own (`_compile_ahead`), so
-        that loading the next width's programs overlaps the search of the batches before."""
+        each batch shape are compiled ahead on threads of their own (`_compile_ahead`,
+        `compile_threads`), so that loading the next width's programs overlaps the search of
+        the batches before."""
         if not ids:
             return
         budget = self._batch_budget(ids)
         batches = [(src, index, *self._next_settings(src)) for src, index in
                    inference_batches(ids, batch_tokens=budget, buckets=self.buckets,
                                      special=self.tokenizer.ids)]
-        compiler = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="compile")
+        shapes = len({src.shape for src, *_ in batches})
+        compiler = concurrent.futures.ThreadPoolExecutor(
+            compile_threads(shapes, searching=True), thread_name_prefix="compile")
         try:
             compiled = self._compile_ahead(compiler, batches)
             if self.searches == 1:
