@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -64,6 +65,25 @@ def test_dry_run_does_every_step_and_writes_its_records(multi30k_like, tmp_path)
     host = json.loads((out / "recipe_host.json").read_text())
     assert host["status"] == 0 and host["command"][1] == "train.py"
     assert host["user_s"] > 0 and host["minor_faults"] > 0 and host["max_rss_mib"] > 0
+    with tarfile.open(out / "gpu_check.tgz") as bundle:
+        bundled = {Path(name).as_posix().removeprefix("./") for name in bundle.getnames()}
+    assert {"summary.jsonl", "env.json", "train.jsonl", "recipe.json", "serve.json",
+            "recipe_host.json", "tests.log"} <= bundled, bundled
+    assert not any(name.endswith((".msgpack", ".model")) for name in bundled), bundled
+
+
+def test_steps_past_the_deadline_are_skipped_and_recorded(tmp_path):
+    """A call cut short still hands back what it has: each step that would start past
+    --deadline is recorded with status 124, the exit status says the check is incomplete,
+    and the bundle holds the records."""
+    out = tmp_path / "out"
+    result = _check("--dry-run", "--only", "env,tests", "--deadline", "1", "--out", str(out))
+    assert result.returncode == 1, result.stdout[-2000:] + result.stderr[-2000:]
+    summary = [json.loads(line) for line in (out / "summary.jsonl").read_text().splitlines()]
+    assert [(s["step"], s["status"]) for s in summary] == [("env", 124), ("tests", 124)]
+    assert "skipped, the --deadline of 1 s has passed" in result.stdout
+    with tarfile.open(out / "gpu_check.tgz") as bundle:
+        assert "./summary.jsonl" in bundle.getnames()
 
 
 @pytest.mark.parametrize("args,named", [
@@ -73,6 +93,7 @@ def test_dry_run_does_every_step_and_writes_its_records(multi30k_like, tmp_path)
     (["--bogus"], "unknown argument '--bogus'"),
     (["--dry-run", "--recipe-minutes", "0"], "--recipe-minutes '0': give a positive number"),
     (["--dry-run", "--serve-seconds", "2.5"], "--serve-seconds '2.5': give a whole number"),
+    (["--dry-run", "--deadline", "soon"], "--deadline 'soon': give a whole number of seconds"),
     (["--dry-run", "--only", "train", "--presets", "tiny,huge"], "unknown preset 'huge'"),
 ])
 def test_what_it_cannot_do_is_one_line(args, named, tmp_path):
