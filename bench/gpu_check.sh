@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Every GPU measurement in one call, written under one folder. With the defaults the whole
-# check takes about 8.5 minutes on one H100 or H200, so it fits a 10-minute call:
+# check should take about 8.5 minutes on one H100 or H200 (the sum of its steps, each timed
+# on an H200 on 2026-11-27 or an H100 the day before), so it fits a 10-minute call:
 #
 #   bash bench/gpu_check.sh [--out DIR] [--data DIR] [--wheels DIR] [--only LIST] [--dry-run]
 #                           [--presets LIST] [--recipe-minutes N] [--serve-seconds N]
@@ -73,7 +74,7 @@ while [ $# -gt 0 ]; do
         --serve-seconds) SERVE_SECONDS="${2:?--serve-seconds needs a number}"; shift 2 ;;
         --deadline) DEADLINE="${2:?--deadline needs a number of seconds}"; shift 2 ;;
         --dry-run) DRY_RUN=1; shift ;;
-        -h|--help) sed -n '2,47p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,48p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) die "unknown argument '$1'; see $PROG --help" ;;
     esac
 done
