@@ -74,7 +74,7 @@ while [ $# -gt 0 ]; do
         --serve-seconds) SERVE_SECONDS="${2:?--serve-seconds needs a number}"; shift 2 ;;
         --deadline) DEADLINE="${2:?--deadline needs a number of seconds}"; shift 2 ;;
         --dry-run) DRY_RUN=1; shift ;;
-        -h|--help) sed -n '2,48p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,47p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) die "unknown argument '$1'; see $PROG --help" ;;
     esac
 done
