@@ -61,7 +61,9 @@ def compile_threads(programs: int, *, searching: bool) -> int:
     except beside a search on a CPU, which needs the cores itself (`searching`)."""
     if searching and rows_cost_time():
         return 1
-    return max(1, min(programs, 8, len(os.sched_getaffinity(0))))
+    cores = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")  # Linux
+             else os.cpu_count() or 1)
+    return max(1, min(programs, 8, cores))
 
 
 def rows_per_source(search: SearchConfig) -> int:
