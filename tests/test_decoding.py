@@ -382,6 +382,28 @@ def test_only_settings_a_search_reads_compile_a_new_program():
     assert new_programs(_greedy_resume, dataclasses.replace(greedy, min_len=2)) == 1
 
 
+def test_the_beam_start_program_encodes_and_decodes_nothing():
+    # Each batch shape compiles a start and a loop program before its first search; the first
+    # beam step runs in the loop like every other, so the start is the encoder alone (a third
+    # of its compilation when it also decoded the first position). A start with a decoder
+    # step would hold logits over the vocabulary.
+    vocab = 37
+    model = sharp_model(vocab=vocab, seed=5)
+    graphdef, state = nnx.split(model)
+    src = sources(np.random.default_rng(5), [11, 5], vocab)
+    config = SearchConfig(beam_size=3, max_len_a=0, max_len_b=7)
+    programs = _programs(graphdef, state)
+    strategy, program = programs.planned(config, src.shape[1])
+    limits = np.full((len(src),), 7, np.int32)
+    text = strategy.start.jitted.trace(program, state, src, limits, jax.random.key(0)
+                                       ).lower().as_text()
+    assert f"x{vocab}xf32>" not in text
+    # The loop program does hold them: the check above would see a decoder step.
+    assert f"x{vocab}xf32>" in strategy.resume.jitted.trace(
+        program, state, *strategy.start(program, state, src, limits, jax.random.key(0)),
+        np.int32(0), jax.random.key(0)).lower().as_text()
+
+
 def test_a_search_call_neither_hashes_nor_rebuilds_the_model_graph(monkeypatch):
     # jit hashes static arguments at every call, and a graph's hash walks the whole model;
     # with the graph closed over (decoding._Programs), a warm search of a split model must

@@ -392,19 +392,19 @@ def test_beam_cache_follows_parents_without_copying_keys():
                            atol=1e-3)
 
 
-def test_one_beam_cache_expanded_to_beams_continues_every_beam_exactly():
-    """Beam search decodes the shared first positions once per sentence, then expands the
-    cache: each beam, fed its own tokens from there, must get teacher forcing's logits."""
+def test_beams_that_start_alike_then_part_and_follow_parents_continue_exactly():
+    """Beam search decodes the first positions in every beam's own slots, the same tokens in
+    each, then the beams part and take new parents: each beam, fed its own tokens, must get
+    teacher forcing's logits of its own history."""
     model = make_model()
     rng = np.random.default_rng(10)
     batch, beam = 2, 3
     src = random_batch(rng, batch, 5, 64, lengths=[5, 4])
     memory, src_mask = model.encode(src), model.source_mask(src)
     shared = random_batch(rng, batch, 2, 64)                      # positions 0, 1 of every beam
-    cache = model.init_cache(memory, max_len=6, beam_size=1)
-    _, cache = model.decode(memory, src_mask, shared, cache)
-    cache = cache.expand_to_beams(beam)
+    cache = model.init_cache(memory, max_len=6, beam_size=beam)
     assert cache.self_key[0].shape[-1] == 6 * beam
+    _, cache = model.decode(memory, src_mask, jnp.repeat(shared, beam, axis=0), cache)
     own = random_batch(rng, batch * beam, 3, 64)                  # then each beam its own
     for t in range(2):
         _, cache = model.decode(memory, src_mask, own[:, t:t + 1], cache)
@@ -416,8 +416,6 @@ def test_one_beam_cache_expanded_to_beams_continues_every_beam_exactly():
     full, _ = model.decode(jnp.repeat(memory, beam, axis=0), jnp.repeat(src_mask, beam, axis=0),
                            histories)
     np.testing.assert_allclose(step_logits[:, 0], full[:, -1], atol=1e-5)
-    with pytest.raises(ValueError, match="one-beam"):
-        cache.expand_to_beams(beam)
 
 
 def test_beam_steps_on_both_sides_of_each_attention_prefix_equal_teacher_forcing():

@@ -11,7 +11,7 @@ parent p, only `beam_slot` changes: beam_slot[b, i, t] names the beam whose slot
 position t of beam i, and `attention_over_own_slots` reads each beam's history from there.
 
 An ensemble decodes with one `DecoderCache` per model, held in an `EnsembleCache`. Both have
-the two operations search needs, `expand_to_beams` and `follow_parents` (`SearchCache`).
+the operation search needs, `follow_parents` (`SearchCache`).
 """
 
 from __future__ import annotations
@@ -27,9 +27,6 @@ Array = jax.Array
 
 class SearchCache(Protocol):
     """What beam search does with a cache, whatever model (or ensemble) made it."""
-
-    def expand_to_beams(self, beam: int) -> "SearchCache":
-        """A one-beam cache as a `beam`-beam cache whose beams share its history."""
 
     def follow_parents(self, parent: Array) -> "SearchCache":
         """Give each beam its parent's history; parent int32 [batch, beam]."""
@@ -120,30 +117,6 @@ class DecoderCache:
         return self.replace(index=self.index + q_len, self_key=tuple(keys),
                             self_value=tuple(values), beam_slot=beam_slot)
 
-    def expand_to_beams(self, beam: int) -> "DecoderCache":
-        """A one-beam cache [batch rows] as a `beam`-beam cache whose beams share its history.
-
-        Beam search decodes the first position (from BOS, the same for every beam) once per
-        sentence and then expands: the positions < index already computed stay in beam 0's
-        slots (slot t * beam) and every beam reads them there (beam_slot 0), so nothing is
-        copied k times. Cross-attention keys and values are per sentence already.
-        """
-        batch, one_beam, max_len = self.beam_slot.shape
-        if one_beam != 1:
-            raise ValueError(f"expand_to_beams needs a one-beam cache, got {one_beam} beams.")
-
-        def spread(x: Array, axis: int) -> Array:
-            # position t -> slot t * beam (beam 0's slot); other beams' slots zero until written.
-            x = jnp.expand_dims(x, axis + 1)
-            widths = [(0, 0)] * x.ndim
-            widths[axis + 1] = (0, beam - 1)
-            x = jnp.pad(x, widths)
-            return x.reshape(x.shape[:axis] + (max_len * beam,) + x.shape[axis + 2:])
-
-        return self.replace(self_key=tuple(spread(k, 3) for k in self.self_key),
-                            self_value=tuple(spread(v, 2) for v in self.self_value),
-                            beam_slot=jnp.zeros((batch, beam, max_len), jnp.int32))
-
     def follow_parents(self, parent: Array) -> "DecoderCache":
         """Give each beam its parent's history; parent int32 [batch, beam].
 
@@ -159,9 +132,6 @@ class EnsembleCache:
     """The caches of an ensemble's models, one `DecoderCache` each, moved in step."""
 
     members: tuple[DecoderCache, ...]
-
-    def expand_to_beams(self, beam: int) -> "EnsembleCache":
-        return EnsembleCache(tuple(c.expand_to_beams(beam) for c in self.members))
 
     def follow_parents(self, parent: Array) -> "EnsembleCache":
         return EnsembleCache(tuple(c.follow_parents(parent) for c in self.members))

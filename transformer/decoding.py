@@ -605,8 +605,9 @@ def _sample(logprobs: Array, temperature: float, top_k: int, rng: Array) -> Arra
 
 def _beam_start(graphdef, program: _SearchProgram, state, src, limits, rng
                 ) -> tuple[_Sentences, _BeamState]:
-    """Encode src [batch, src_len] and take the first beam step: the state `_beam_resume`
-    continues.
+    """Encode src [batch, src_len]: the state before the first beam step, which
+    `_beam_resume` takes from BOS like every other (the start program stays an encoder, a
+    third of the compilation it took when it decoded the first position itself).
 
     Live ("alive") hypotheses and finished ones are kept apart: a hypothesis that produces EOS
     moves to the finished set with score logprob / length_penalty and is never extended again.
@@ -619,16 +620,9 @@ def _beam_start(graphdef, program: _SearchProgram, state, src, limits, rng
     model, sentences = _encode(graphdef, state, src, limits)
     config, max_len = model.config, program.max_len
     batch, k = src.shape[0], program.settings.beam_size
-    rules = _BeamRules(limits=limits, settings=program.settings, model=config)
-    # The first position is decoded from BOS, the same for every beam: once per sentence
-    # (batch rows, not batch * k), then every beam starts from that one cached position.
-    cache = model.init_cache(sentences.memory, max_len, beam_size=1)
-    bos = jnp.full((batch, 1), config.bos_id, jnp.int32)
-    first_logits, cache = model.decode(sentences.memory, sentences.src_mask, bos, cache)
-    first_logits = jnp.repeat(first_logits[:, 0], k, axis=0)  # [batch * k, vocab]
-    start = _BeamState(
+    return sentences, _BeamState(
         step=jnp.zeros((), jnp.int32),
-        cache=cache.expand_to_beams(k),
+        cache=model.init_cache(sentences.memory, max_len, beam_size=k),
         alive_tokens=jnp.full((batch, k, max_len), config.pad_id, jnp.int32),
         # Only beam 0 is live at the start, so the first expansion does not repeat itself k times.
         alive_logprob=jnp.tile(jnp.array([0.0] + [NEG_INF] * (k - 1), jnp.float32), (batch, 1)),
@@ -636,7 +630,6 @@ def _beam_start(graphdef, program: _SearchProgram, state, src, limits, rng
         finished_score=jnp.full((batch, k), NEG_INF, jnp.float32),
         done=jnp.zeros((batch,), bool),
     )
-    return sentences, _advance_beams(start, first_logits, start.cache, rules)
 
 
 def _beam_resume(graphdef, program: _SearchProgram, state, sentences: _Sentences,
@@ -649,7 +642,9 @@ def _beam_resume(graphdef, program: _SearchProgram, state, sentences: _Sentences
     rules = _BeamRules(limits=sentences.limits, settings=program.settings, model=model.config)
 
     def body(s: _BeamState) -> _BeamState:
-        last = s.alive_tokens[:, :, s.step - 1].reshape(batch * k, 1)
+        previous = jax.lax.dynamic_index_in_dim(s.alive_tokens, jnp.maximum(s.step - 1, 0), 2,
+                                                keepdims=False)
+        last = jnp.where(s.step == 0, model.config.bos_id, previous).reshape(batch * k, 1)
         logits, cache = model.decode(sentences.memory, sentences.src_mask, last, s.cache)
         return _advance_beams(s, logits[:, 0], cache, rules)
 
