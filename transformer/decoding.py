@@ -642,9 +642,9 @@ def _beam_resume(graphdef, program: _SearchProgram, state, sentences: _Sentences
     rules = _BeamRules(limits=sentences.limits, settings=program.settings, model=model.config)
 
     def body(s: _BeamState) -> _BeamState:
-        previous = jax.lax.dynamic_index_in_dim(s.alive_tokens, jnp.maximum(s.step - 1, 0), 2,
-                                                keepdims=False)
-        last = jnp.where(s.step == 0, model.config.bos_id, previous).reshape(batch * k, 1)
+        # The first step decodes BOS (index -1 then reads a PAD slot, never used).
+        last = jnp.where(s.step == 0, model.config.bos_id, s.alive_tokens[:, :, s.step - 1])
+        last = last.reshape(batch * k, 1)
         logits, cache = model.decode(sentences.memory, sentences.src_mask, last, s.cache)
         return _advance_beams(s, logits[:, 0], cache, rules)
 
