@@ -158,8 +158,8 @@ def main() -> None:
         exported = ctranslate2_export(args.model, Path(tmp))
         if exported is None:
             emit({"system": "ctranslate2", "skipped": "ctranslate2 is not installed", **common})
-        else:
-            compare_ctranslate2(args, exported, sources, tokenizer, values, ours, report)
+        elif not compare_ctranslate2(args, exported, sources, tokenizer, values, ours, report):
+            exported = None  # it cannot run on this device: nothing to time end to end either
         if args.device == "cpu":
             marian_greedy_agreement(args, sources, ours["greedy"], decoding_length(values),
                                     common, Path(tmp))
@@ -196,9 +196,14 @@ def ctranslate2_export(model_path: str, tmp: Path) -> Path | None:
     return export_ctranslate2(model_path, tmp / "ct2", "float32")
 
 
-def compare_ctranslate2(args, exported: Path, sources, tokenizer, values, ours, report) -> None:
-    """CTranslate2 at each compute type (converted when loading): beam and greedy."""
+def compare_ctranslate2(args, exported: Path, sources, tokenizer, values, ours, report) -> bool:
+    """CTranslate2 at each compute type (converted when loading): beam and greedy. False, after
+    one 'unavailable' record, when this build cannot run on the device (a CUDA 12 build on a
+    CUDA 13 machine fails at its first call, not at import)."""
     import ctranslate2
+
+    if args.device == "cuda" and not ctranslate2_runs_on_cuda(exported):
+        return False
 
     pieces = [tokenizer.pieces(ids) for ids in tokenizer.encode(sources)]
     suppress = [[tokenizer.processor.id_to_piece(values["model"].pad_id)],
@@ -225,6 +230,21 @@ def compare_ctranslate2(args, exported: Path, sources, tokenizer, values, ours, 
             report(f"ctranslate2 {compute}", mode,
                    [tokenizer.processor.decode_pieces(h) for h in hypotheses], seconds,
                    inter_threads=inter, intra_threads=intra, **extra)
+    return True
+
+
+def ctranslate2_runs_on_cuda(exported: Path) -> bool:
+    """Whether CTranslate2 translates one sentence on the GPU; if not, one record says why."""
+    import ctranslate2
+
+    try:
+        ct2 = ctranslate2.Translator(str(exported), device="cuda")
+        ct2.translate_batch([["▁"]], max_decoding_length=2)
+    except (RuntimeError, OSError, ValueError) as error:  # e.g. libcublas.so.12 not found
+        emit({"system": "ctranslate2", "ctranslate2": ctranslate2.__version__,
+              "unavailable": f"{type(error).__name__}: {error}", **environment()})
+        return False
+    return True
 
 
 def marian_greedy_agreement(args, sources, our_greedy, max_new_tokens: int, common, tmp: Path

@@ -1,6 +1,7 @@
 """How the benchmarks call the peers: the command per device and dtype, and peer_gpu.py's
 command line (its timing needs a GPU and torch, so it is not run here)."""
 
+import json
 import sys
 from pathlib import Path
 
@@ -48,3 +49,30 @@ def test_peer_gpu_takes_the_peers_flags_and_a_dtype(monkeypatch):
     assert peers.model_config(args).d_model == 256
     with pytest.raises(SystemExit):
         peer_gpu.parse_args(["train", "--peers-dir", str(common.PEERS), "--dtype", "int8"])
+
+
+def test_a_ctranslate2_that_cannot_run_on_the_gpu_is_recorded_as_unavailable(
+        monkeypatch, capsys, tmp_path):
+    """A CUDA 12 build of CTranslate2 on a CUDA 13 machine imports, then fails at its first
+    call: bench.exported records why and times nothing of it, instead of dying mid-run."""
+    ctranslate2 = pytest.importorskip("ctranslate2")
+    from types import SimpleNamespace
+
+    from bench import exported
+
+    class BrokenCudaTranslator:
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def translate_batch(self, *args, **kwargs):
+            raise RuntimeError("Library libcublas.so.12 is not found or cannot be loaded")
+
+    monkeypatch.setattr(ctranslate2, "Translator", BrokenCudaTranslator)
+    reported = []
+    usable = exported.compare_ctranslate2(
+        SimpleNamespace(device="cuda"), tmp_path, sources=["a"], tokenizer=None, values=None,
+        ours={}, report=lambda *args, **kwargs: reported.append(args))
+    assert usable is False and reported == []
+    records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r["system"] for r in records] == ["ctranslate2"]
+    assert "libcublas.so.12" in records[0]["unavailable"]
