@@ -244,10 +244,16 @@ def test_warm_up_compiles_shapes_in_parallel_each_once_and_stops_when_told(monke
     shapes = translator.search_shapes()
     assert len(shapes) >= 4
     together = threading.Barrier(2, timeout=10)  # broken unless two compile at once
-    compiled, lock = [], threading.Lock()
+    compiled, entered, lock = [], [], threading.Lock()
 
     def compile_in_pairs(self, shape, halvings):
-        if len(compiled) < 2:
+        # The first two shapes to start (counted as they enter, not as they finish: a
+        # thread done with the first can start the third before the second is recorded)
+        # must be compiling at the same time.
+        with lock:
+            entered.append(shape)
+            among_first_two = len(entered) <= 2
+        if among_first_two:
             together.wait()
         with lock:
             compiled.append(shape)
