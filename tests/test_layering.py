@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 APPLICATION_ONLY = ("orbax", "sacrebleu", "tqdm", "tensorboardX", "matplotlib", "datasets")
 
@@ -158,3 +160,28 @@ def test_train_py_help_imports_no_jax():
                             text=True, timeout=120)
     assert "--warmup N" in result.stdout and "--max-tokens-per-sentence N" in result.stdout
     assert result.stderr.strip().endswith("NO JAX"), result.stderr[-2000:]
+
+
+_WRITE_METRICS = """
+import json, sys
+from pathlib import Path
+
+import pytest
+from nmt.training.metrics_log import MetricsWriter
+writer = MetricsWriter(Path(sys.argv[1]), resume_step=0, enabled=True)
+writer.write("train", 1, {"loss": 2.5})
+loaded_torch = "torch" in sys.modules
+import torch  # still importable afterwards
+print(json.dumps([loaded_torch, writer.tb is not None, torch.tensor([1.0]).sum().item()]))
+"""
+
+
+def test_the_metrics_writer_leaves_torch_unloaded_and_importable(tmp_path):
+    """tensorboardX imports torch when it is installed (2 s at every start of train.py); the
+    writer imports it without, and torch stays importable for whoever needs it later."""
+    pytest.importorskip("torch")
+    result = subprocess.run([sys.executable, "-c", _WRITE_METRICS, str(tmp_path)], cwd=REPO,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads(result.stdout.splitlines()[-1]) == [False, True, 1.0]
+    assert list((tmp_path / "tb").glob("events.out.tfevents.*"))
