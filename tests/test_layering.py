@@ -165,8 +165,6 @@ def test_train_py_help_imports_no_jax():
 _WRITE_METRICS = """
 import json, sys
 from pathlib import Path
-
-import pytest
 from nmt.training.metrics_log import MetricsWriter
 writer = MetricsWriter(Path(sys.argv[1]), resume_step=0, enabled=True)
 writer.write("train", 1, {"loss": 2.5})

@@ -81,8 +81,8 @@ class MetricsWriter:
                     f"cannot rewrite {self.path} for the resumed run: {err.strerror}; it is "
                     "unchanged: free some space, then run the same command again.") from err
         try:
-            SummaryWriter = _summary_writer_class()
-            self.tb = SummaryWriter(str(run_dir / TB_DIR), purge_step=resume_step + 1)
+            writer_class = _summary_writer_class()
+            self.tb = writer_class(str(run_dir / TB_DIR), purge_step=resume_step + 1)
         except ImportError:  # TensorBoard output is optional
             log.warning("tensorboardX is not installed; writing metrics.jsonl only")
 
