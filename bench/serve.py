@@ -30,6 +30,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
 from bench.common import positive_int, read_test_set, test_set_parser
@@ -107,9 +108,22 @@ async def _client(port: int, sentences: list[str], start: int, stop_at: float,
         writer.close()
 
 
+def _search_calls(port: int) -> tuple[float, float]:
+    """(search calls, sentences in them) so far, from the server's /metrics."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30).read().decode()
+    totals = {"count": 0.0, "sum": 0.0}
+    for line in text.splitlines():
+        found = re.match(r"nmt_batch_sentences_(count|sum)\{.*\} (\S+)$", line)
+        if found:
+            totals[found.group(1)] += float(found.group(2))
+    return totals["count"], totals["sum"]
+
+
 def load(port: int, sentences: list[str], clients: int, seconds: float, source: str,
          target: str) -> dict:
-    """`clients` concurrent clients for `seconds`: throughput, latency, errors."""
+    """`clients` concurrent clients for `seconds`: throughput, latency, errors, and the
+    sentences per search call the server made of them."""
+    calls_before, searched_before = _search_calls(port)
     latencies: list[float] = []
     errors: list[str] = []
 
@@ -123,7 +137,10 @@ def load(port: int, sentences: list[str], clients: int, seconds: float, source: 
     asyncio.run(run())
     elapsed = time.monotonic() - start
     cuts = statistics.quantiles(latencies, n=100) if len(latencies) >= 2 else [float("nan")] * 99
-    return {"clients": clients, "sentences": len(latencies),
+    calls, searched = (after - before for after, before in
+                       zip(_search_calls(port), (calls_before, searched_before)))
+    return {"clients": clients, "sentences_per_call": searched / calls if calls else 0.0,
+            "sentences": len(latencies),
             "sent_per_s": len(latencies) / elapsed, "p50_ms": 1000 * cuts[49],
             "p95_ms": 1000 * cuts[94], "p99_ms": 1000 * cuts[98], "errors": len(errors),
             "first_error": errors[0] if errors else None}
@@ -269,7 +286,8 @@ def main(argv=None) -> int:
                 print(f"{mode:9s} {clients:4d} clients: {row['sent_per_s']:7.1f} sent/s  "
                       f"p50 {row['p50_ms']:7.1f} ms  p95 {row['p95_ms']:7.1f} ms  "
                       f"p99 {row['p99_ms']:7.1f} ms  errors {row['errors']}  "
-                      f"RSS {row['rss_mib']:.0f} MiB", flush=True)
+                      f"RSS {row['rss_mib']:.0f} MiB  "
+                      f"{row['sentences_per_call']:.1f} sentences per search call", flush=True)
             if mode == "batched" and args.memory_minutes:
                 report["memory"] = memory_check(server, sentences, args)
         finally:

@@ -530,10 +530,7 @@ def inference_batches(ids: Sequence[Sequence[int]], batch_tokens: int = 4096,
     Inputs longer than the last bucket get S rounded up to a multiple of 64 (one new shape).
     """
     lengths = np.array([len(x) + 1 for x in ids], dtype=np.int64)
-    offsets = np.zeros(len(ids) + 1, dtype=np.int64)
-    np.cumsum(lengths - 1, out=offsets[1:])
-    values = np.fromiter((i for row in ids for i in row), dtype=np.int32, count=int(offsets[-1]))
-    ragged = Ragged(values, offsets)
+    ragged = _ragged(ids)
     order = np.argsort(lengths, kind="stable")
     widths = np.array([_bucket_of(int(n), buckets) for n in lengths[order]], dtype=np.int64)
 
@@ -554,3 +551,29 @@ def inference_batches(ids: Sequence[Sequence[int]], batch_tokens: int = 4096,
         index = np.concatenate([order[start:end], np.full(rows - (end - start), -1)])
         yield _gather(ragged, index, width, bos=False, eos=True, special=special), index
         start = end
+
+
+def source_width(ids: Sequence[Sequence[int]], buckets: Sequence[int] = DEFAULT_BUCKETS) -> int:
+    """The width one batch of all of `ids` (no EOS) is padded to: the bucket of the longest
+    with its EOS (beyond the last bucket, the next multiple of 64, as in inference_batches)."""
+    return _bucket_of(max(len(x) for x in ids) + 1, buckets)
+
+
+def single_batch(ids: Sequence[Sequence[int]], rows: int, width: int,
+                 special: SpecialIds = SpecialIds()) -> tuple[np.ndarray, np.ndarray]:
+    """All of `ids` (no EOS) as one batch, in input order: `(src, index)` as inference_batches
+    yields them, src [rows, width] (rows >= len(ids); the rows after them all PAD, index -1)
+    and width at least `source_width(ids)`."""
+    if rows < len(ids) or width < max(len(x) for x in ids) + 1:
+        raise ValueError(f"{len(ids)} sentences of up to {max(len(x) for x in ids)} tokens + EOS "
+                         f"do not fit a batch of {rows} rows of width {width}")
+    index = np.concatenate([np.arange(len(ids)), np.full(rows - len(ids), -1)])
+    return _gather(_ragged(ids), index, width, bos=False, eos=True, special=special), index
+
+
+def _ragged(ids: Sequence[Sequence[int]]) -> Ragged:
+    """Id lists as one Ragged array."""
+    offsets = np.zeros(len(ids) + 1, dtype=np.int64)
+    np.cumsum([len(x) for x in ids], out=offsets[1:])
+    values = np.fromiter((i for row in ids for i in row), dtype=np.int32, count=int(offsets[-1]))
+    return Ragged(values, offsets)

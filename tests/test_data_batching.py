@@ -19,6 +19,8 @@ from data.batching import (
     inference_batches,
     load_examples,
     plan_stats,
+    single_batch,
+    source_width,
 )
 from data.corpus import CorpusSpec, DataError, iter_text, load_corpus
 from data.encoding import encode_corpus
@@ -248,6 +250,21 @@ def test_eval_batches_give_every_pair_once(encoded):
     src_tokens = sum(int((b["src"] != PAD_ID).sum()) for b in
                      eval_batches(examples, config, process_index=0, process_count=1))
     assert src_tokens == int(examples.src_len.sum())
+
+
+def test_a_single_batch_keeps_input_order_ends_each_row_with_eos_and_pads_the_rest():
+    ids = [[5, 6, 7], [8] * 20, [], [9, 10]]
+    width = source_width(ids, BUCKETS)
+    assert width == 24  # the longest, 20 tokens + EOS, in its bucket
+    src, index = single_batch(ids, rows=8, width=width)
+    assert src.shape == (8, 24) and index.tolist() == [0, 1, 2, 3, -1, -1, -1, -1]
+    for row, tokens in zip(src, ids):
+        assert row.tolist() == tokens + [EOS_ID] + [PAD_ID] * (23 - len(tokens))
+    assert not src[4:].any()
+    with pytest.raises(ValueError, match="4 sentences of up to 20 tokens"):
+        single_batch(ids, rows=3, width=24)
+    with pytest.raises(ValueError, match="do not fit a batch of 8 rows of width 16"):
+        single_batch(ids, rows=8, width=16)
 
 
 def test_inference_batches_restore_input_order():

@@ -85,6 +85,27 @@ def test_every_batch_shape_searched_is_one_of_search_shapes(strategy):
 
 
 @pytest.mark.parametrize("strategy", ["beam", "greedy"])
+def test_a_call_that_fits_one_batch_is_searched_as_one(strategy):
+    """Where rows cost time, a small call of several widths is one batch at its longest
+    sentence's width (with the fewest rows of that width's compiled shapes that hold it), not a
+    batch per width; each sentence gets the translation it gets alone. A call too large for
+    one batch is still cut by width."""
+    search = SearchConfig(strategy=strategy, beam_size=3, max_len_b=2)
+    translator = Translator(tiny_model(), NumberTokenizer(), search, batch_tokens=512)
+    short, long = "5 6 7", " ".join(["9"] * 20)  # widths 16 and 32
+    sentences = [long, short, short.replace("5", "8")]
+    found = translator.translate(sentences)
+    ((rows, width, count),) = [(b.rows, b.width, b.sentences) for b in translator.batch_stats]
+    assert (width, count) == (32, 3) and (rows, width) in translator.search_shapes()
+    assert rows == min(r for r, w in translator.search_shapes() if w == 32 and r >= 3)
+    assert found == [translator.translate([sentence])[0] for sentence in sentences]
+
+    many = [short] * 30 + [long] * 3
+    translator.translate(many)
+    assert sorted({b.width for b in translator.batch_stats}) == [16, 32]
+
+
+@pytest.mark.parametrize("strategy", ["beam", "greedy"])
 def test_batches_searched_at_once_give_the_same_translations_in_order(strategy):
     """Two search threads: the same hypotheses, progress and batch records, in input order,
     as one thread, over a call of many batches of several widths."""

@@ -3,11 +3,12 @@
 Each served model has one `Batcher`. A request hands it its sentences and awaits their
 translations; the batcher's task takes the oldest waiting request, adds every request waiting
 or arriving within `max_wait` seconds of it (none by default), up to `gather_tokens` source
-tokens, and runs one
+tokens and up to the call's share of the load (`Batcher._share`), waiting up to `refill_wait`
+for that share, and runs one
 `Translator.translate_nbest` call on all their sentences in a search thread, off the event
-loop (the call sorts them by length into search batches). While that call runs, new requests
-queue up and form the next one (run beside it when `searches` > 1), so under load calls fill
-without waiting. The queue is
+loop (the call searches them as one batch, or sorts them by length into several). While that
+call runs, new requests queue up and form the next one (run beside it when `searches` > 1),
+so under load calls fill without waiting. The queue is
 bounded in sentences: a request that would overflow it is refused at once (`QueueFull`),
 never held in memory.
 """
@@ -54,23 +55,31 @@ class Batcher:
     request alone has more; `max_wait`: seconds the oldest request waits for others;
     `searches`: calls run at once (each on a replica of the translator; the executor needs as
     many threads), so that a CPU's cores are all busy even with batches too small to spread
-    over them; `across_requests=False` searches every request on its own (for comparison).
+    over them; `refill_wait`: seconds a call short of its share waits for it (`_gather`);
+    `across_requests=False` searches every request on its own (for comparison).
     `max_queue`: sentences waiting at most. `on_batch` is told of every search call.
     """
 
     def __init__(self, translator: Translator, executor: concurrent.futures.Executor,
                  gather_tokens: int, max_wait: float, max_queue: int, searches: int = 1,
-                 across_requests: bool = True,
+                 across_requests: bool = True, refill_wait: float = 0.0,
                  on_batch: Callable[[BatchRecord], None] | None = None):
         self.translator = translator
         self.executor = executor
         self.gather_tokens = gather_tokens
         self.max_wait = max_wait
+        self.refill_wait = refill_wait
         self.max_queue = max_queue
         self.across_requests = across_requests
         self.on_batch = on_batch
         self.queued_sentences = 0
         self._idle = [translator] + [translator.replica(n) for n in range(1, searches)]
+        # What `_share` counts as the load in flight besides the queue: the sentences of the
+        # calls searching (by translator id), and those answered whose clients have not sent
+        # as many new ones yet.
+        self._searching: dict[int, int] = {}
+        self._returning = 0
+        self.searches = searches
         self._queue: asyncio.Queue[_Job] = asyncio.Queue()
         self._held: _Job | None = None  # taken from the queue, but for the next batch
         self._task: asyncio.Task | None = None
@@ -99,6 +108,7 @@ class Batcher:
         tokens = sum(len(row) + 1 for row in self.translator.tokenizer.encode(list(sentences)))
         job = _Job(sentences, tokens, asyncio.get_running_loop().create_future())
         self.queued_sentences += len(sentences)
+        self._returning = max(0, self._returning - len(sentences))
         self._queue.put_nowait(job)
         return await job.future
 
@@ -114,8 +124,9 @@ class Batcher:
             jobs = [job for job in jobs if not job.future.done()]  # timed out while waiting
             if not jobs:
                 continue
-            task = asyncio.get_running_loop().create_task(
-                self._search(self._idle.pop(), jobs, free))
+            translator = self._idle.pop()
+            self._searching[id(translator)] = sum(len(job.sentences) for job in jobs)
+            task = asyncio.get_running_loop().create_task(self._search(translator, jobs, free))
             self._searches.add(task)
             task.add_done_callback(self._searches.discard)
 
@@ -133,6 +144,7 @@ class Batcher:
                     job.future.set_exception(err)
             return
         finally:
+            del self._searching[id(translator)]
             self._idle.append(translator)
             free.set()
         if self.on_batch is not None:
@@ -141,34 +153,54 @@ class Batcher:
         for job in jobs:
             if not job.future.done():
                 job.future.set_result(results[offset:offset + len(job.sentences)])
+                self._returning += len(job.sentences)
             offset += len(job.sentences)
 
     async def _gather(self) -> list[_Job]:
-        """The next batch: the oldest job, and the others that arrive until max_wait after it
-        did, up to the token budget (a job that would pass it is held for the next batch).
-        Under load the oldest job arrived during the last search, so nothing more is waited
-        for: the batch is what queued meanwhile."""
+        """The next call: the oldest job, and the others that arrive until max_wait after it
+        did, up to the token budget (a job that would pass it is held for the next call), and
+        its share of the load (`_share`), leaving the rest for the other searches.
+
+        Clients send their next requests a moment after their answers, so while the call holds
+        less than its share it waits for them, up to `refill_wait` from its first job; if they
+        do not come, they are no longer counted. Taking only what queued at once, a load of N
+        clients had settled into calls of N / (2 * searches) sentences, or into one call of
+        nearly N beside calls of a few."""
         first = self._held if self._held is not None else await self._queue.get()
         self._held = None
         jobs, tokens = [first], first.tokens
         if not self.across_requests:
             return jobs
-        deadline = first.arrived + self.max_wait
+        sentences, refill_until = len(first.sentences), time.monotonic() + self.refill_wait
         while tokens < self.gather_tokens:
+            share = self._share()
+            if sentences >= share and not self._queue.empty() and self.searches > 1:
+                break  # the rest is the next search's
             try:
                 job = self._queue.get_nowait()
             except asyncio.QueueEmpty:
+                deadline = first.arrived + self.max_wait
+                if sentences < share:
+                    deadline = max(deadline, refill_until)
                 remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    break
                 try:
+                    if remaining <= 0:
+                        raise TimeoutError
                     job = await asyncio.wait_for(self._queue.get(), remaining)
                 except TimeoutError:
+                    if sentences < share:
+                        self._returning = 0  # the clients that did not come back have left
                     break
             if tokens + job.tokens > self.gather_tokens:
                 self._held = job
                 break
             jobs.append(job)
             tokens += job.tokens
+            sentences += len(job.sentences)
         return jobs
 
+    def _share(self) -> int:
+        """Sentences a call should hold: the load in flight (searching, queued, or answered
+        and about to come back) over the searches."""
+        in_flight = sum(self._searching.values()) + self.queued_sentences + self._returning
+        return -(-in_flight // self.searches)

@@ -56,10 +56,11 @@ LIMIT_FLAGS = (
     ("--timeout", "timeout", "seconds from request to answer", "504 after"),
     ("--body-timeout", "body_timeout", "seconds to receive a request's body", "408 after"),
 )
-# A CPU's search step costs about as much per row at any batch size, so a gathered call is cut
-# into small batches of similar lengths, none waiting for a longer sentence (docs/serving.md);
-# an accelerator's step costs little more for more rows, so it takes translate.py's budget.
-CPU_BATCH_TOKENS, ACCELERATOR_BATCH_TOKENS = 512, INFERENCE_BATCH_TOKENS
+# On a CPU a call that fits one batch is searched as one (`Translator._call_batches`): half
+# translate.py's budget holds the calls of 32 clients' sentences at two searches, and
+# compiles fewer shapes than the whole budget, for the same speed (docs/serving.md). An
+# accelerator's step costs little more for more rows, so it takes translate.py's budget.
+CPU_BATCH_TOKENS, ACCELERATOR_BATCH_TOKENS = 2048, INFERENCE_BATCH_TOKENS
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -85,8 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
     batching = parser.add_argument_group("batching")
     batching.add_argument("--batch-tokens", type=int,
                           help="source tokens per search batch, before dividing by the beam "
-                               f"size (default {CPU_BATCH_TOKENS} on a CPU, where batches of "
-                               "similar lengths serve faster than large ones, "
+                               f"size (default {CPU_BATCH_TOKENS} on a CPU, where a call "
+                               "that fits one batch is searched as one, "
                                f"{ACCELERATOR_BATCH_TOKENS} on a GPU or TPU, as translate.py)")
     batching.add_argument("--gather-tokens", type=int, default=2048,
                           help="source tokens of waiting requests searched in one call at most "
@@ -99,6 +100,10 @@ def build_parser() -> argparse.ArgumentParser:
                           help="how long the oldest request waits for others to share its "
                                "search (default 0: a call takes the requests that queued while "
                                "the searches before it ran; under load that fills it)")
+    batching.add_argument("--refill-wait-ms", type=float, default=10.0,
+                          help="how long a search call short of its share of the load waits "
+                               "for the next requests of the clients its last call answered "
+                               "(default 10)")
     batching.add_argument("--batch-across-requests", default=True,
                           action=argparse.BooleanOptionalAction,
                           help="search the sentences of concurrent requests together "
@@ -141,6 +146,8 @@ def check_args(args: argparse.Namespace) -> None:
             raise UsageError(f"{flag} must be >= 1, got {value}.")
     if not 0 <= args.batch_wait_ms <= 1000:
         raise UsageError(f"--batch-wait-ms must be 0 to 1000, got {args.batch_wait_ms}.")
+    if not 0 <= args.refill_wait_ms <= 1000:
+        raise UsageError(f"--refill-wait-ms must be 0 to 1000, got {args.refill_wait_ms}.")
     if not 0 <= args.port <= 65535:
         raise UsageError(f"--port must be 0 to 65535, got {args.port}.")
     if args.buckets is not None:
@@ -251,6 +258,7 @@ def make_lifespan(service, args: argparse.Namespace, server_holder: list):
                 model.translator, executor, gather_tokens=args.gather_tokens,
                 searches=args.searches,
                 max_wait=args.batch_wait_ms / 1000, max_queue=args.max_queue,
+                refill_wait=args.refill_wait_ms / 1000,
                 across_requests=args.batch_across_requests,
                 on_batch=lambda batch, pair=model.pair: service.metrics.observe_batch(pair,
                                                                                      batch))

@@ -1,0 +1,78 @@
+"""nmt.serving.batching.Batcher: how the sentences of concurrent requests become search calls."""
+
+import asyncio
+import concurrent.futures
+import time
+
+from nmt.models.translator import Hypothesis
+from nmt.serving.batching import Batcher
+
+SEARCH_SECONDS = 0.03
+
+
+class SleepingTranslator:
+    """Answers each sentence with itself after SEARCH_SECONDS, as a search call would take."""
+
+    class tokenizer:
+        @staticmethod
+        def encode(sentences):
+            return [sentence.split() for sentence in sentences]
+
+    def replica(self, stream):
+        return SleepingTranslator()
+
+    def translate_nbest(self, sentences):
+        time.sleep(SEARCH_SECONDS)
+        return [[Hypothesis(sentence, 0.0, ())] for sentence in sentences]
+
+
+def run_clients(clients: int, rounds: int, refill_wait: float, searches: int = 2):
+    """`clients` clients, each sending one sentence, and its next 1 to `clients` ms after its
+    answer (client n: n + 1 ms), `rounds` times. Returns (sentences per search call, whether
+    each answer matched its request, seconds per request)."""
+    calls, matched, seconds = [], [], []
+
+    async def main():
+        executor = concurrent.futures.ThreadPoolExecutor(searches)
+        batcher = Batcher(SleepingTranslator(), executor, gather_tokens=10_000, max_wait=0.0,
+                          max_queue=10_000, searches=searches, refill_wait=refill_wait,
+                          on_batch=lambda record: calls.append(record.sentences))
+        batcher.start()
+
+        async def client(n: int):
+            for k in range(rounds):
+                sentence = f"client {n} sentence {k}"
+                start = time.monotonic()
+                (answer,) = await batcher.translate([sentence])
+                seconds.append(time.monotonic() - start)
+                matched.append(answer[0].text == sentence)
+                await asyncio.sleep(0.001 * (n + 1))  # the answer's way, the next request's
+
+        try:
+            await asyncio.gather(*(client(n) for n in range(clients)))
+        finally:
+            await batcher.stop()
+            executor.shutdown()
+
+    asyncio.run(main())
+    return calls, all(matched) and len(matched) == clients * rounds, seconds
+
+
+def test_calls_settle_to_an_even_share_of_the_clients():
+    """Eight clients and two searches: once the first calls are past, every call holds four
+    sentences. Taking only what had queued at once, calls start with the clients that came
+    back first, and the rest wait for the next call."""
+    calls, matched, _ = run_clients(clients=8, rounds=12, refill_wait=1.0)
+    assert matched
+    assert calls[4:] and set(calls[4:]) == {4}, calls
+
+    calls, matched, _ = run_clients(clients=8, rounds=12, refill_wait=0.0)
+    assert matched
+    assert min(calls[4:]) < 4, calls  # what the wait is for
+
+
+def test_a_lone_client_never_waits_for_company():
+    """One client: its share is its own sentence, so no call waits `refill_wait`."""
+    calls, matched, seconds = run_clients(clients=1, rounds=5, refill_wait=1.0)
+    assert matched and calls == [1] * 5
+    assert max(seconds) < 0.5, seconds
