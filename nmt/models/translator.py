@@ -291,10 +291,10 @@ class Translator:
 
         Where rows cost time, a call that fits one batch at its longest sentence's width is
         searched as that one batch. Split by width, a call of 16 test2016 sentences became three
-        batches of five, each a whole search; a decoder step over five rows costs nearly what
-        one over sixteen does, so one batch translates such calls a third faster (a server's,
-        or a few lines from the shell). Its row count is one `_row_counts` already has: no new
-        programs to compile. Larger calls are sorted by length into batches of the budget.
+        batches of five, each a whole search, and a decoder step over five rows costs nearly
+        what one over sixteen does (a server's calls, or a few lines from the shell;
+        docs/performance.md). Its row count is one `_row_counts` already has: no new programs
+        to compile. Larger calls are sorted by length into batches of the budget.
         """
         if self.fit_small_calls:
             width = source_width(ids, self.buckets)
