@@ -10,20 +10,27 @@ from nmt.serving.batching import Batcher
 SEARCH_SECONDS = 0.03
 
 
+ENCODED: list[str] = []  # every sentence the fake tokenizer was given
+
+
 class SleepingTranslator:
-    """Answers each sentence with itself after SEARCH_SECONDS, as a search call would take."""
+    """Answers each sentence with its token ids joined back, after SEARCH_SECONDS, as a search
+    call would take: an answer equal to its request shows that the ids the batcher encoded
+    travelled with their sentence."""
 
     class tokenizer:
         @staticmethod
         def encode(sentences):
+            ENCODED.extend(sentences)
             return [sentence.split() for sentence in sentences]
 
     def replica(self, stream):
         return SleepingTranslator()
 
-    def translate_nbest(self, sentences):
+    def translate_nbest(self, sentences, ids):
+        assert len(ids) == len(sentences)
         time.sleep(SEARCH_SECONDS)
-        return [[Hypothesis(sentence, 0.0, ())] for sentence in sentences]
+        return [[Hypothesis(" ".join(row), 0.0, ())] for row in ids]
 
 
 def run_clients(clients: int, rounds: int, refill_wait: float, searches: int = 2):
@@ -69,6 +76,16 @@ def test_calls_settle_to_an_even_share_of_the_clients():
     calls, matched, _ = run_clients(clients=8, rounds=12, refill_wait=0.0)
     assert matched
     assert min(calls[4:]) < 4, calls  # what the wait is for
+
+
+def test_each_sentence_is_encoded_once_and_searched_with_its_own_ids():
+    """The batcher counts a request's tokens with its ids and hands the search those same
+    ids: no sentence is encoded twice, and none gets another's ids."""
+    ENCODED.clear()
+    _, matched, _ = run_clients(clients=8, rounds=6, refill_wait=0.01)
+    assert matched
+    assert sorted(ENCODED) == sorted(f"client {n} sentence {k}" for n in range(8)
+                                     for k in range(6))
 
 
 def test_a_lone_client_never_waits_for_company():

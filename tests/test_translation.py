@@ -105,6 +105,21 @@ def test_a_call_that_fits_one_batch_is_searched_as_one(strategy):
     assert sorted({b.width for b in translator.batch_stats}) == [16, 32]
 
 
+def test_ids_the_caller_encoded_are_searched_as_the_sentences_would_be():
+    """A caller that has the sentences' ids (the server, which counts tokens with them) gets
+    the hypotheses of the sentences; a long source is still cut to the model's positions, and
+    ids that do not match the sentences in number are refused."""
+    translator = Translator(tiny_model(max_len=50), NumberTokenizer(),
+                            SearchConfig(beam_size=2, max_len_b=3))
+    sentences = ["5 6 7", "", " ".join(["7"] * 60), "9 8"]
+    ids = translator.tokenizer.encode(sentences)
+    given = translator.translate_nbest(sentences, ids=ids)
+    assert translator.truncated == [2]
+    assert given == translator.translate_nbest(sentences)
+    with pytest.raises(ValueError, match="3 rows of token ids for 4 sentences"):
+        translator.translate_nbest(sentences, ids=ids[:3])
+
+
 @pytest.mark.parametrize("strategy", ["beam", "greedy"])
 def test_batches_searched_at_once_give_the_same_translations_in_order(strategy):
     """Two search threads: the same hypotheses, progress and batch records, in input order,

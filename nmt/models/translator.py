@@ -168,13 +168,20 @@ class Translator:
 
     def translate_nbest(self, sentences: Sequence[str],
                         progress: Callable[[int], None] | None = None, first_line: int = 1,
-                        source: str = "input") -> list[list[Hypothesis]]:
+                        source: str = "input", ids: Sequence[Sequence[int]] | None = None
+                        ) -> list[list[Hypothesis]]:
         """`search.nbest` hypotheses per sentence, best first; an empty line gives [""].
 
         `progress(n)` is told of every n sentences done, empty ones included. Truncation
-        warnings say "`source` line N" with N counted from `first_line`.
+        warnings say "`source` line N" with N counted from `first_line`. `ids`: the sentences'
+        source token ids (`tokenizer.encode(sentences)`), where the caller has them already, so
+        that they are not encoded twice (the server counts a request's tokens with them).
         """
-        ids = self._encode(sentences, first_line, source)
+        if ids is None:
+            ids = self.tokenizer.encode(list(sentences))
+        elif len(ids) != len(sentences):
+            raise ValueError(f"{len(ids)} rows of token ids for {len(sentences)} sentences")
+        ids = self._truncate([list(row) for row in ids], first_line, source)
         self.batch_stats = []
         results: list[list[Hypothesis] | None] = [None] * len(sentences)
         empty = [i for i, sentence in enumerate(sentences) if not sentence.strip()]
@@ -231,7 +238,14 @@ class Translator:
                 truncate: bool = True, side: str = "source") -> list[list[int]]:
         """Token ids; a sentence over the model's positions is truncated (with a warning), or
         with `truncate=False` refused (ValueError naming its line)."""
-        ids = self.tokenizer.encode(list(sentences), side)
+        return self._truncate(self.tokenizer.encode(list(sentences), side), first_line, source,
+                              truncate)
+
+    def _truncate(self, ids: list[list[int]], first_line: int, source: str,
+                  truncate: bool = True) -> list[list[int]]:
+        """`ids` with every row over the model's positions cut to fit (each with a warning),
+        or with `truncate=False` refused (ValueError naming its line); `truncated` lists
+        them."""
         limit = self.max_source_len - 1  # room for EOS
         self.truncated = [i for i, row in enumerate(ids) if len(row) > limit]
         if self.truncated and not truncate:

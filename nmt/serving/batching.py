@@ -19,6 +19,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import dataclasses
+import functools
 import time
 from collections.abc import Callable, Sequence
 
@@ -34,7 +35,8 @@ class _Job:
     """One request's sentences, waiting for (or being) searched."""
 
     sentences: Sequence[str]
-    tokens: int
+    ids: list[list[int]]  # their source token ids, encoded once, when the request came
+    tokens: int  # EOS included
     future: asyncio.Future  # -> list[list[Hypothesis]], one n-best list per sentence
     arrived: float = dataclasses.field(default_factory=time.monotonic)
 
@@ -105,8 +107,9 @@ class Batcher:
         if self.queued_sentences + len(sentences) > self.max_queue:
             raise QueueFull(f"{self.queued_sentences} sentences are waiting; the queue holds "
                             f"{self.max_queue}")
-        tokens = sum(len(row) + 1 for row in self.translator.tokenizer.encode(list(sentences)))
-        job = _Job(sentences, tokens, asyncio.get_running_loop().create_future())
+        ids = self.translator.tokenizer.encode(list(sentences))
+        job = _Job(sentences, ids, sum(len(row) + 1 for row in ids),
+                   asyncio.get_running_loop().create_future())
         self.queued_sentences += len(sentences)
         self._returning = max(0, self._returning - len(sentences))
         self._queue.put_nowait(job)
@@ -134,10 +137,12 @@ class Batcher:
                       ) -> None:
         """One call for `jobs`' sentences; each job gets its own translations, or the error."""
         sentences = [s for job in jobs for s in job.sentences]
+        ids = [row for job in jobs for row in job.ids]
         start = time.perf_counter()
         try:
             results = await asyncio.get_running_loop().run_in_executor(
-                self.executor, translator.translate_nbest, sentences)
+                self.executor, functools.partial(translator.translate_nbest, sentences,
+                                                 ids=ids))
         except Exception as err:  # noqa: BLE001 - every waiting request gets the error
             for job in jobs:
                 if not job.future.done():
