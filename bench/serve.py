@@ -11,7 +11,10 @@ server could give with that many sentences in flight, were HTTP and queueing fre
 server's translators (its --batch-tokens, --buckets and --searches), warm, each fed calls of
 clients / searches sentences of the test set at once. The server's RSS is read at the end of
 every load; --memory-minutes N runs one more load (32 clients) for N minutes and compares the
-RSS after the first minute with the RSS at the end.
+RSS after the first minute with the RSS at the end. With --rounds N, the batched server's loads
+and the ceiling's pass alternate N times (the ceiling's translator is loaded in this process
+first, and idles while the server is loaded), and the medians are reported with each round's
+ratio of the server to the ceiling: a machine whose speed moves between minutes moves both.
 
 The clients run in this process (asyncio, raw HTTP/1.1) and share the machine's cores with the
 server, as they would with a front end on the same host.
@@ -171,22 +174,28 @@ def model_and_search(args: argparse.Namespace):
     return model, tokenizer, search
 
 
-def batch_ceiling(args: argparse.Namespace, sentences: list[str]) -> dict:
+class BatchCeiling:
     """The test set as one Translator call with translate.py's settings (its searches at
-    once), warm: every program the timed call runs, the compacting ones included, is
-    compiled by an untimed call first."""
-    from nmt.models.translator import Translator, default_searches
+    once), warm: every program a timed pass runs, the compacting ones included, is compiled by
+    an untimed pass first."""
 
-    model, tokenizer, search = model_and_search(args)
-    translator = Translator(model, tokenizer, search, batch_tokens=args.ceiling_batch_tokens,
-                            buckets=server_settings(args).buckets, searches=default_searches(),
-                            compact_after=0)
-    translator.translate(sentences)  # compiles
-    start = time.perf_counter()
-    translator.translate(sentences)
-    seconds = time.perf_counter() - start
-    return {"sentences": len(sentences), "seconds": seconds, "batch_tokens":
-            args.ceiling_batch_tokens, "sent_per_s": len(sentences) / seconds}
+    def __init__(self, args: argparse.Namespace, sentences: list[str]):
+        from nmt.models.translator import Translator, default_searches
+
+        model, tokenizer, search = model_and_search(args)
+        self.translator = Translator(
+            model, tokenizer, search, batch_tokens=args.ceiling_batch_tokens,
+            buckets=server_settings(args).buckets, searches=default_searches(), compact_after=0)
+        self.sentences = sentences
+        self.batch_tokens = args.ceiling_batch_tokens
+        self.translator.translate(sentences)  # compiles
+
+    def timed_pass(self) -> dict:
+        start = time.perf_counter()
+        self.translator.translate(self.sentences)
+        seconds = time.perf_counter() - start
+        return {"sentences": len(self.sentences), "seconds": seconds,
+                "batch_tokens": self.batch_tokens, "sent_per_s": len(self.sentences) / seconds}
 
 
 def call_ceilings(args: argparse.Namespace, sentences: list[str], counts: list[int]
@@ -240,6 +249,9 @@ def main(argv=None) -> int:
                         default=INFERENCE_BATCH_TOKENS,
                         help=f"the ceiling's --batch-tokens (default {INFERENCE_BATCH_TOKENS}, "
                              "translate.py's)")
+    parser.add_argument("--rounds", type=positive_int, default=1,
+                        help="alternate the batched server's loads and the ceiling's pass this "
+                             "many times, and report medians (default 1: each once)")
     parser.add_argument("--memory-minutes", type=positive_int, default=0,
                         help="then load the batched server with 32 clients this long and "
                              "compare its RSS after 1 minute with the RSS at the end")
@@ -260,7 +272,17 @@ def main(argv=None) -> int:
     if unknown:
         parser.error(f"--modes: unknown mode(s) {', '.join(sorted(unknown))}; the modes are "
                      "batched, unbatched, ceiling and calls")
-    report: dict = {"model": args.model, "test_set": args.test_prefix, "seconds": args.seconds}
+    report: dict = {"model": args.model, "test_set": args.test_prefix, "seconds": args.seconds,
+                    "rounds": args.rounds}
+    # Loaded first, so that with --rounds its passes can alternate with the server's loads.
+    ceiling = BatchCeiling(args, sentences) if "ceiling" in modes else None
+    passes: list[dict] = []
+
+    def ceiling_pass() -> None:
+        passes.append(ceiling.timed_pass())
+        print(f"ceiling: {passes[-1]['sent_per_s']:.1f} sent/s "
+              f"({len(sentences)} sentences in one call)", flush=True)
+
     for mode in ("batched", "unbatched"):
         if mode not in modes:
             continue
@@ -278,25 +300,33 @@ def main(argv=None) -> int:
               "every search shape)", flush=True)
         report[f"{mode}_ready_seconds"] = server.ready_seconds
         rows = []
+        rounds = args.rounds if mode == "batched" else 1
         try:
-            for clients in counts:
-                row = load(server.port, sentences, clients, args.seconds, args.src, args.tgt)
-                row["rss_mib"] = server.rss_mib()
-                rows.append(row)
-                print(f"{mode:9s} {clients:4d} clients: {row['sent_per_s']:7.1f} sent/s  "
-                      f"p50 {row['p50_ms']:7.1f} ms  p95 {row['p95_ms']:7.1f} ms  "
-                      f"p99 {row['p99_ms']:7.1f} ms  errors {row['errors']}  "
-                      f"RSS {row['rss_mib']:.0f} MiB  "
-                      f"{row['sentences_per_call']:.1f} sentences per search call", flush=True)
+            for round_ in range(rounds):
+                for clients in counts:
+                    row = load(server.port, sentences, clients, args.seconds, args.src,
+                               args.tgt)
+                    row.update(rss_mib=server.rss_mib(), round=round_)
+                    rows.append(row)
+                    print(f"{mode:9s} {clients:4d} clients: {row['sent_per_s']:7.1f} sent/s  "
+                          f"p50 {row['p50_ms']:7.1f} ms  p95 {row['p95_ms']:7.1f} ms  "
+                          f"p99 {row['p99_ms']:7.1f} ms  errors {row['errors']}  "
+                          f"RSS {row['rss_mib']:.0f} MiB  {row['sentences_per_call']:.1f} "
+                          "sentences per search call", flush=True)
+                if ceiling is not None and rounds > 1:
+                    ceiling_pass()  # while the server idles
             if mode == "batched" and args.memory_minutes:
                 report["memory"] = memory_check(server, sentences, args)
         finally:
             print(f"{mode}: server exit status {server.stop()}", flush=True)
         report[mode] = rows
-    if "ceiling" in modes:
-        report["ceiling"] = batch_ceiling(args, sentences)
-        print(f"ceiling: {report['ceiling']['sent_per_s']:.1f} sent/s "
-              f"({report['ceiling']['sentences']} sentences in one call)", flush=True)
+    if ceiling is not None:
+        if not passes:
+            ceiling_pass()
+        report["ceiling"] = {**passes[0], "sent_per_s": statistics.median(
+            p["sent_per_s"] for p in passes), "passes": [p["sent_per_s"] for p in passes]}
+        if len(passes) > 1 and "batched" in report:
+            report["against_ceiling"] = against_ceiling(report["batched"], passes, counts)
     if "calls" in modes:
         report["calls"] = call_ceilings(args, sentences, counts)
         for row in report["calls"]:
@@ -306,6 +336,21 @@ def main(argv=None) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
     return 0
+
+
+def against_ceiling(rows: list[dict], passes: list[dict], counts: list[int]) -> list[dict]:
+    """Per client count: the median sentences/s of the rounds, and the median over rounds of
+    the load's sentences/s over the ceiling pass that followed it."""
+    summary = []
+    for clients in counts:
+        loads = [row["sent_per_s"] for row in rows if row["clients"] == clients]
+        ratios = [load / ceiling["sent_per_s"] for load, ceiling in zip(loads, passes)]
+        summary.append({"clients": clients, "sent_per_s": statistics.median(loads),
+                        "ratio": statistics.median(ratios), "ratios": ratios})
+        print(f"batched   {clients:4d} clients over {len(loads)} rounds: median "
+              f"{summary[-1]['sent_per_s']:.1f} sent/s, {summary[-1]['ratio']:.2f} of the "
+              f"ceiling (rounds: {', '.join(f'{r:.2f}' for r in ratios)})", flush=True)
+    return summary
 
 
 def memory_check(server: ServerProcess, sentences: list[str], args) -> dict:
