@@ -12,9 +12,10 @@ server's translators (its --batch-tokens, --buckets and --searches), warm, each 
 clients / searches sentences of the test set at once. The server's RSS is read at the end of
 every load; --memory-minutes N runs one more load (32 clients) for N minutes and compares the
 RSS after the first minute with the RSS at the end. With --rounds N, the batched server's loads
-and the ceiling's pass alternate N times (the ceiling's translator is loaded in this process
-first, and idles while the server is loaded), and the medians are reported with each round's
-ratio of the server to the ceiling: a machine whose speed moves between minutes moves both.
+and the ceiling's pass alternate N times (the ceiling's translator is then loaded in this
+process first, and idles while the server is loaded), and the medians are reported with each
+round's ratio of the server to the ceiling: a machine whose speed moves between minutes moves
+both.
 
 The clients run in this process (asyncio, raw HTTP/1.1) and share the machine's cores with the
 server, as they would with a front end on the same host.
@@ -26,6 +27,7 @@ import argparse
 import asyncio
 import dataclasses
 import json
+import os
 import re
 import shlex
 import statistics
@@ -274,8 +276,14 @@ def main(argv=None) -> int:
                      "batched, unbatched, ceiling and calls")
     report: dict = {"model": args.model, "test_set": args.test_prefix, "seconds": args.seconds,
                     "rounds": args.rounds}
-    # Loaded first, so that with --rounds its passes can alternate with the server's loads.
-    ceiling = BatchCeiling(args, sentences) if "ceiling" in modes else None
+    # With --rounds the ceiling's translator is loaded first, so that its passes can alternate
+    # with the server's loads; on a GPU both processes then hold the device, so neither may
+    # take most of its memory up front (JAX's default). Otherwise it is loaded at the end,
+    # once the servers have stopped.
+    alternate = "ceiling" in modes and "batched" in modes and args.rounds > 1
+    if alternate:
+        os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"  # inherited by the server
+    ceiling = BatchCeiling(args, sentences) if alternate else None
     passes: list[dict] = []
 
     def ceiling_pass() -> None:
@@ -313,15 +321,16 @@ def main(argv=None) -> int:
                           f"p99 {row['p99_ms']:7.1f} ms  errors {row['errors']}  "
                           f"RSS {row['rss_mib']:.0f} MiB  {row['sentences_per_call']:.1f} "
                           "sentences per search call", flush=True)
-                if ceiling is not None and rounds > 1:
+                if alternate:
                     ceiling_pass()  # while the server idles
             if mode == "batched" and args.memory_minutes:
                 report["memory"] = memory_check(server, sentences, args)
         finally:
             print(f"{mode}: server exit status {server.stop()}", flush=True)
         report[mode] = rows
-    if ceiling is not None:
+    if "ceiling" in modes:
         if not passes:
+            ceiling = BatchCeiling(args, sentences)
             ceiling_pass()
         report["ceiling"] = {**passes[0], "sent_per_s": statistics.median(
             p["sent_per_s"] for p in passes), "passes": [p["sent_per_s"] for p in passes]}
