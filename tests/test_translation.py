@@ -107,8 +107,9 @@ def test_a_call_that_fits_one_batch_is_searched_as_one(strategy):
 
 def test_ids_the_caller_encoded_are_searched_as_the_sentences_would_be():
     """A caller that has the sentences' ids (the server, which counts tokens with them) gets
-    the hypotheses of the sentences; a long source is still cut to the model's positions, and
-    ids that do not match the sentences in number are refused."""
+    the hypotheses of the sentences, searched from those ids without encoding again; a long
+    source is still cut to the model's positions, and ids that do not match the sentences in
+    number are refused."""
     translator = Translator(tiny_model(max_len=50), NumberTokenizer(),
                             SearchConfig(beam_size=2, max_len_b=3))
     sentences = ["5 6 7", "", " ".join(["7"] * 60), "9 8"]
@@ -116,6 +117,9 @@ def test_ids_the_caller_encoded_are_searched_as_the_sentences_would_be():
     given = translator.translate_nbest(sentences, ids=ids)
     assert translator.truncated == [2]
     assert given == translator.translate_nbest(sentences)
+    # The ids are what is searched: another sentence's ids give that sentence's hypotheses.
+    swapped = translator.translate_nbest(["5 6 7"], ids=translator.tokenizer.encode(["9 8"]))
+    assert swapped == translator.translate_nbest(["9 8"]) != translator.translate_nbest(["5 6 7"])
     with pytest.raises(ValueError, match="3 rows of token ids for 4 sentences"):
         translator.translate_nbest(sentences, ids=ids[:3])
 
