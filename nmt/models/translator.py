@@ -178,10 +178,11 @@ class Translator:
         that they are not encoded twice (the server counts a request's tokens with them).
         """
         if ids is None:
-            ids = self.tokenizer.encode(list(sentences))
+            ids = self._encode(sentences, first_line, source)
         elif len(ids) != len(sentences):
             raise ValueError(f"{len(ids)} rows of token ids for {len(sentences)} sentences")
-        ids = self._truncate([list(row) for row in ids], first_line, source)
+        else:
+            ids = self._truncate(list(ids), first_line, source)  # the caller's list unchanged
         self.batch_stats = []
         results: list[list[Hypothesis] | None] = [None] * len(sentences)
         empty = [i for i, sentence in enumerate(sentences) if not sentence.strip()]

@@ -181,21 +181,14 @@ class Batcher:
             share = self._share()
             if sentences >= share and not self._queue.empty() and self.searches > 1:
                 break  # the rest is the next search's
-            try:
-                job = self._queue.get_nowait()
-            except asyncio.QueueEmpty:
-                deadline = first.arrived + self.max_wait
+            deadline = first.arrived + self.max_wait
+            if sentences < share:
+                deadline = max(deadline, refill_until)
+            job = await self._next_job(deadline)
+            if job is None:
                 if sentences < share:
-                    deadline = max(deadline, refill_until)
-                remaining = deadline - time.monotonic()
-                try:
-                    if remaining <= 0:
-                        raise TimeoutError
-                    job = await asyncio.wait_for(self._queue.get(), remaining)
-                except TimeoutError:
-                    if sentences < share:
-                        self._returning = 0  # the clients that did not come back have left
-                    break
+                    self._returning = 0  # the clients that did not come back have left
+                break
             if tokens + job.tokens > self.gather_tokens:
                 self._held = job
                 break
@@ -203,6 +196,19 @@ class Batcher:
             tokens += job.tokens
             sentences += len(job.sentences)
         return jobs
+
+    async def _next_job(self, deadline: float) -> _Job | None:
+        """The next queued job, waiting for one until `deadline` (time.monotonic); None if
+        none came by then."""
+        if not self._queue.empty():
+            return self._queue.get_nowait()
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return None
+        try:
+            return await asyncio.wait_for(self._queue.get(), remaining)
+        except TimeoutError:
+            return None
 
     def _share(self) -> int:
         """Sentences a call should hold: the load in flight (searching, queued, or answered
