@@ -9,9 +9,11 @@ errors per client count; then the same with batching across requests switched of
 call, as translate.py --input does, warm (no start-up). With --modes ...,calls: the most a
 server could give with that many sentences in flight, were HTTP and queueing free: the
 server's translators (its --batch-tokens, --buckets and --searches), warm, each fed calls of
-clients / searches sentences of the test set at once. The server's RSS is read at the end of
-every load; --memory-minutes N runs one more load (32 clients) for N minutes and compares the
-RSS after the first minute with the RSS at the end. With --rounds N, the batched server's loads
+clients / searches sentences of the test set at once; ...,sorted-calls: the same with the
+test set sorted by source length, so that each call holds sentences of about one length (what
+mixing lengths in a call costs). The server's RSS is read at the end of every load;
+--memory-minutes N runs one more load (32 clients) for N minutes and compares the RSS after
+the first minute with the RSS at the end. With --rounds N, the batched server's loads
 and the ceiling's pass alternate N times (the ceiling's translator is then loaded in this
 process first, and idles while the server is loaded), and the medians are reported with each
 round's ratio of the server to the ceiling: a machine whose speed moves between minutes moves
@@ -200,16 +202,21 @@ class BatchCeiling:
                 "batch_tokens": self.batch_tokens, "sent_per_s": len(self.sentences) / seconds}
 
 
-def call_ceilings(args: argparse.Namespace, sentences: list[str], counts: list[int]
-                  ) -> list[dict]:
+def call_ceilings(args: argparse.Namespace, sentences: list[str], counts: list[int],
+                  by_length: bool = False) -> list[dict]:
     """For each client count N: the server's translators (N at most), warm, each translating
     the test set's sentences in calls of N / searches (as many as N clients keep in flight),
-    all at once."""
+    all at once. `by_length`: the sentences sorted by source length first, so that each call
+    holds sentences of about one length, as no server's calls can (its clients choose what
+    comes in): what mixing lengths in a call costs."""
     import concurrent.futures
 
     from nmt.models.translator import Translator
 
     model, tokenizer, search = model_and_search(args)
+    if by_length:
+        lengths = [len(row) for row in tokenizer.encode(sentences)]
+        sentences = [sentences[i] for i in sorted(range(len(sentences)), key=lengths.__getitem__)]
     settings = server_settings(args)
     first = Translator(model, tokenizer, search, batch_tokens=settings.batch_tokens,
                        buckets=settings.buckets, compact_after=0)
@@ -243,8 +250,8 @@ def main(argv=None) -> int:
     parser.add_argument("--seconds", type=positive_int, default=60,
                         help="load per client count (default 60)")
     parser.add_argument("--modes", default="batched,unbatched,ceiling",
-                        help="what to measure: batched, unbatched, ceiling, calls (default: "
-                             "the first three)")
+                        help="what to measure: batched, unbatched, ceiling, calls, "
+                             "sorted-calls (default: the first three)")
     parser.add_argument("--batch-tokens", type=positive_int,
                         help="the server's --batch-tokens (default: the server's)")
     parser.add_argument("--ceiling-batch-tokens", type=positive_int,
@@ -270,10 +277,10 @@ def main(argv=None) -> int:
     sentences = [s for s in sentences if s.strip()]
     counts = [int(c) for c in args.clients.split(",")]
     modes = args.modes.split(",")
-    unknown = set(modes) - {"batched", "unbatched", "ceiling", "calls"}
+    unknown = set(modes) - {"batched", "unbatched", "ceiling", "calls", "sorted-calls"}
     if unknown:
         parser.error(f"--modes: unknown mode(s) {', '.join(sorted(unknown))}; the modes are "
-                     "batched, unbatched, ceiling and calls")
+                     "batched, unbatched, ceiling, calls and sorted-calls")
     report: dict = {"model": args.model, "test_set": args.test_prefix, "seconds": args.seconds,
                     "rounds": args.rounds}
     # With --rounds the ceiling's translator is loaded first, so that its passes can alternate
@@ -336,10 +343,12 @@ def main(argv=None) -> int:
             p["sent_per_s"] for p in passes), "passes": [p["sent_per_s"] for p in passes]}
         if len(passes) > 1 and "batched" in report:
             report["against_ceiling"] = against_ceiling(report["batched"], passes, counts)
-    if "calls" in modes:
-        report["calls"] = call_ceilings(args, sentences, counts)
-        for row in report["calls"]:
-            print(f"calls     {row['clients']:4d} clients: {row['sent_per_s']:7.1f} sent/s  "
+    for mode in ("calls", "sorted-calls"):
+        if mode not in modes:
+            continue
+        report[mode] = call_ceilings(args, sentences, counts, by_length=(mode == "sorted-calls"))
+        for row in report[mode]:
+            print(f"{mode:12s} {row['clients']:4d} clients: {row['sent_per_s']:7.1f} sent/s  "
                   f"({row['searches']} at once, {row['sentences_per_call']} sentences each, "
                   "no HTTP)", flush=True)
     if args.json:
