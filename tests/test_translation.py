@@ -105,6 +105,22 @@ def test_a_call_that_fits_one_batch_is_searched_as_one(strategy):
     assert sorted({b.width for b in translator.batch_stats}) == [16, 32]
 
 
+def test_a_call_of_a_power_of_two_sentences_fits_one_batch_at_a_width_the_budget_divides_unevenly():
+    """512 source tokens per batch (2,048 over beam 4) give width 48 ten rows; a call of 16
+    whose longest sentence needs width 48 (a server's share of 32 clients) is still one
+    search, of 16 rows, not two: the width's largest row count is rounded up to a power of
+    two, and that shape is among those the server compiles before it is ready."""
+    search = SearchConfig(beam_size=4, max_len_b=2)
+    translator = Translator(tiny_model(), NumberTokenizer(), search, batch_tokens=2048)
+    assert {10, 16} <= {rows for rows, width in translator.search_shapes() if width == 48}
+    long = " ".join(["9"] * 40)  # 40 tokens + EOS: width 48
+    sentences = [long] + [" ".join(str(4 + (i + j) % 50) for j in range(3 + i % 9))
+                          for i in range(15)]
+    found = translator.translate(sentences)
+    assert [(b.rows, b.width, b.sentences) for b in translator.batch_stats] == [(16, 48, 16)]
+    assert found[:2] == [translator.translate([sentence])[0] for sentence in sentences[:2]]
+
+
 def test_ids_the_caller_encoded_are_searched_as_the_sentences_would_be():
     """A caller that has the sentences' ids (the server, which counts tokens with them) gets
     the hypotheses of the sentences, searched from those ids without encoding again; a long
