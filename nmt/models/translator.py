@@ -302,14 +302,16 @@ class Translator:
         than 2x, and only for calls that fit it.
         """
         per_token = rows_per_source(self.search)
-        budgets = {self.batch_tokens}
-        if self.fit_small_calls:
-            budgets |= {min(self.batch_tokens, 1 << k)
-                        for k in range(1, self.batch_tokens.bit_length() + 1)}
-        counts = {max(max(budget // per_token, 1) // width, 1) for budget in budgets}
-        if self.fit_small_calls:
-            counts.add(1 << (max(counts) - 1).bit_length())
-        return counts
+
+        def rows_at(budget: int) -> int:
+            return max(max(budget // per_token, 1) // width, 1)
+
+        if not self.fit_small_calls:
+            return {rows_at(self.batch_tokens)}
+        counts = {rows_at(min(self.batch_tokens, 1 << k))
+                  for k in range(1, self.batch_tokens.bit_length() + 1)}
+        counts.add(rows_at(self.batch_tokens))
+        return counts | {1 << (rows_at(self.batch_tokens) - 1).bit_length()}
 
     def _call_batches(self, ids: list[list[int]]) -> list[tuple[np.ndarray, np.ndarray]]:
         """A call's batches, `(src, index)` as `inference_batches` makes them.
