@@ -346,6 +346,9 @@ def test_cached_step_by_step_logits_equal_teacher_forced_logits(overrides):
         memory, src_mask, token, cache))
     graphdef, state = nnx.split(model)
     cache = model.init_cache(memory, max_len=12)
+    config = model.config  # one query per key row: keys positions-major, as values
+    assert cache.self_key[0].shape == cache.self_value[0].shape == (
+        3, config.num_heads, 12, config.head_dim)
     stepwise = []
     for t in range(tgt.shape[1]):
         logits, cache = step(state, tgt[:, t:t + 1], cache)

@@ -38,11 +38,13 @@ class DecoderCache:
 
     index:       int32 scalar, the position the next decoded token will occupy.
     self_key:    per layer [batch, heads, head_dim, max_len * beam]: beam j's keys of
-                 positions t < index at slot t * beam + j (keys are kept transposed).
+                 positions t < index at slot t * beam + j, kept transposed when beam > 1
+                 (`keys_transposed`); [batch, heads, max_len, head_dim] when beam = 1.
     self_value:  per layer [batch, heads, max_len * beam, head_dim], slots as for keys.
     beam_slot:   int32 [batch, beam, max_len]: position t of beam i is in beam
                  beam_slot[b, i, t]'s slots.
-    cross_key:   per layer [batch, heads, head_dim, src_len], encoder output projected once.
+    cross_key:   per layer [batch, heads, head_dim, src_len], encoder output projected once
+                 ([batch, heads, src_len, head_dim] when beam = 1).
     cross_value: per layer [batch, heads, src_len, head_dim]
     The decoder's rows are batch * beam, beams of a sentence adjacent; beam = 1 outside beam
     search. Heads-major, so attention over the cache needs no transpose (see
@@ -62,12 +64,14 @@ class DecoderCache:
         """An empty cache for `max_len` positions of `beam` beams per sentence.
 
         `cross` holds each layer's cross-attention (keys, values) in the cache's layouts:
-        keys [batch, heads, head_dim, src_len], values [batch, heads, src_len, head_dim].
-        Every beam starts on its own slots.
+        keys [batch, heads, head_dim, src_len] (`keys_transposed(beam)`, else [batch, heads,
+        src_len, head_dim]), values [batch, heads, src_len, head_dim]. Every beam starts on
+        its own slots.
         """
         batch = cross[0][0].shape[0]
         slots = max_len * beam
-        key_shape = (batch, num_heads, head_dim, slots)
+        key_shape = ((batch, num_heads, head_dim, slots) if keys_transposed(beam)
+                     else (batch, num_heads, slots, head_dim))
         value_shape = (batch, num_heads, slots, head_dim)
         return cls(index=jnp.zeros((), jnp.int32),
                    self_key=tuple(jnp.zeros(key_shape, dtype) for _ in cross),
@@ -103,11 +107,13 @@ class DecoderCache:
         """Layer `layer`'s cached keys and values with the new positions written into each
         beam's own slots (in place under jit).
 
-        key [batch * beam, heads, head_dim, q_len], value [batch * beam, heads, q_len,
+        key [batch * beam, heads, head_dim, q_len] (`keys_transposed(beam)`, else
+        [batch * beam, heads, q_len, head_dim]), value [batch * beam, heads, q_len,
         head_dim]: the new positions index .. index+q_len-1, row b*beam + j for beam j of
         sentence b. Returns the whole (keys, values) of the layer.
         """
-        return (_write_slots(self.self_key[layer], key, self.beam, self.index, axis=3),
+        key_axis = 3 if keys_transposed(self.beam) else 2
+        return (_write_slots(self.self_key[layer], key, self.beam, self.index, axis=key_axis),
                 _write_slots(self.self_value[layer], value, self.beam, self.index, axis=2))
 
     def advance(self, keys: Sequence[Array], values: Sequence[Array], beam_slot: Array,
@@ -135,6 +141,18 @@ class EnsembleCache:
 
     def follow_parents(self, parent: Array) -> "EnsembleCache":
         return EnsembleCache(tuple(c.follow_parents(parent) for c in self.members))
+
+
+def keys_transposed(group: int) -> bool:
+    """Whether cached keys are stored [..., head_dim, slots] for `group` queries per key row.
+
+    With a beam's queries sharing each key row, the scores are a small matrix product per
+    (sentence, head), which XLA:CPU runs several times faster with the keys transposed. With
+    one query per row (greedy search) they are a matrix-vector product, faster over
+    [..., slots, head_dim], where each step's write is also one contiguous run per head
+    instead of a strided one (docs/design.md, "Kernels").
+    """
+    return group > 1
 
 
 def own_slots(batch: int, beam: int, length: int) -> Array:

@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from transformer.cache import attention_over_own_slots
+from transformer.cache import attention_over_own_slots, keys_transposed
 from transformer.config import ModelConfig
 from transformer.kernels import Dense, activation_dtype, compute_dtype, dropout, matmul, over_rows
 
@@ -240,11 +240,14 @@ class MultiHeadAttention(nnx.Module):
         """[batch, k_len, d_model] -> keys and values, each [batch, k_len, heads, head_dim]."""
         return self._split_heads(self.key(x)), self._split_heads(self.value(x))
 
-    def project_key_value_for_cache(self, x: Array) -> tuple[Array, Array]:
-        """[batch, k_len, d_model] -> keys [batch, heads, head_dim, k_len] (transposed) and
-        values [batch, heads, k_len, head_dim]: the layouts `attend_cached` reads."""
+    def project_key_value_for_cache(self, x: Array, group: int) -> tuple[Array, Array]:
+        """[batch, k_len, d_model] -> keys [batch, heads, head_dim, k_len] (transposed, for
+        `group` > 1 queries per row; else [batch, heads, k_len, head_dim]) and values
+        [batch, heads, k_len, head_dim]: the layouts `attend_cached` reads
+        (`transformer.cache.keys_transposed`)."""
         key, value = self.project_key_value(x)
-        return key.transpose(0, 2, 3, 1), value.transpose(0, 2, 1, 3)
+        key_order = (0, 2, 3, 1) if keys_transposed(group) else (0, 2, 1, 3)
+        return key.transpose(key_order), value.transpose(0, 2, 1, 3)
 
     def attend(self, query: Array, key: Array, value: Array, mask: Array | None,
                rng: Array | None = None, return_weights: bool = False
@@ -276,10 +279,11 @@ class MultiHeadAttention(nnx.Module):
                       beam_slot: Array | None = None, written: Array | None = None) -> Array:
         """Attention of a few new query positions over cached, heads-major keys and values.
 
-        query [rows, q_len, heads, head_dim]; key [batch, heads, head_dim, k_len]; value
-        [batch, heads, k_len, head_dim], where rows = batch * group: consecutive query rows
-        (the beams of one sentence) share a key/value row and are folded into the query axis.
-        Returns [rows, q_len, d_model].
+        query [rows, q_len, heads, head_dim]; key [batch, heads, head_dim, k_len] (group > 1)
+        or [batch, heads, k_len, head_dim] (group = 1, `transformer.cache.keys_transposed`);
+        value [batch, heads, k_len, head_dim], where rows = batch * group: consecutive query
+        rows (the beams of one sentence) share a key/value row and are folded into the query
+        axis. Returns [rows, q_len, d_model].
 
         Cross-attention: k_len is the source length, mask [batch, 1, 1, k_len].
         Self-attention over the decoder's cache: the key axis holds max_len * group slots
@@ -294,8 +298,8 @@ class MultiHeadAttention(nnx.Module):
         work for every position at every step; greedy search gains nothing measurable.
 
         Heads-major keys and values make both products plain batched matrix products over
-        (batch, head), with no copy of the cache at any step; keys are stored transposed for
-        XLA:CPU's product (docs/design.md, "Kernels").
+        (batch, head), with no copy of the cache at any step; keys are stored in the layout
+        XLA:CPU's product reads fastest for the group (docs/design.md, "Kernels").
         """
         if written is None or beam_slot is None:
             return self._attend_cached_slots(query, key, value, mask, beam_slot)
@@ -320,7 +324,8 @@ class MultiHeadAttention(nnx.Module):
         group = rows // batch
         query = query.reshape(batch, group * q_len, self.num_heads, self.head_dim)
         query = query.transpose(0, 2, 1, 3)  # [batch, heads, group * q_len, head_dim]
-        scores = jnp.einsum("bhqd,bhdk->bhqk", query, key,
+        scores = jnp.einsum("bhqd,bhdk->bhqk" if keys_transposed(group) else "bhqd,bhkd->bhqk",
+                            query, key,
                             preferred_element_type=jnp.float32) / math.sqrt(self.head_dim)
         if beam_slot is None:
             scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)

@@ -104,7 +104,8 @@ class DecoderLayer(nnx.Module):
         written, keys [batch, heads, head_dim, max_len * beam] and values
         [batch, heads, max_len * beam, head_dim]; self_mask [1, 1, new_len, max_len];
         beam_slot [batch, beam, max_len] (None when beam = 1); cross_kv: keys
-        [batch, heads, head_dim, src_len] and values [batch, heads, src_len, head_dim];
+        [batch, heads, head_dim, src_len] and values [batch, heads, src_len, head_dim]; with
+        beam = 1 keys are [..., positions, head_dim] (`transformer.cache.keys_transposed`);
         src_mask [batch, 1, 1, src_len]; written: the positions in the cache, this step's
         included, so that attention skips the rest (`MultiHeadAttention.attend_cached`).
         Attention dropout is not applied on this path.
@@ -219,7 +220,7 @@ class Transformer(nnx.Module):
             raise ValueError(f"a cache of {max_len} target positions is longer than the "
                              f"model's max_len {config.max_len}; decode at most "
                              f"{config.max_len} tokens.")
-        cross = [layer.cross_attention.project_key_value_for_cache(memory)
+        cross = [layer.cross_attention.project_key_value_for_cache(memory, beam_size)
                  for layer in self.decoder_layers]
         return DecoderCache.create(cross, max_len, beam_size, config.num_heads,
                                    config.head_dim, activation_dtype(config))
@@ -282,7 +283,8 @@ class Transformer(nnx.Module):
         new_keys, new_values = [], []
         for i, (layer, layer_rng) in enumerate(zip(self.decoder_layers, rngs)):
             h = layer.self_attention_input(x)
-            key, value = cache.write(i, *layer.self_attention.project_key_value_for_cache(h))
+            key, value = cache.write(
+                i, *layer.self_attention.project_key_value_for_cache(h, cache.beam))
             new_keys.append(key)
             new_values.append(value)
             cross_kv = (cache.cross_key[i], cache.cross_value[i])
