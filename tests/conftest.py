@@ -12,9 +12,12 @@ that one worker starts them while the other works through the rest; scheduled la
 would leave a core idle for minutes.
 """
 
+import atexit
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -24,6 +27,14 @@ SHARED_DATA = ROOT.parent / "shared" / "data"
 
 os.environ.setdefault("MULTI30K", str(SHARED_DATA / "multi30k"))
 os.environ.setdefault("ENJA", str(SHARED_DATA / "small_parallel_enja"))
+
+# What the tests compile and encode goes to one new folder per run (shared by the
+# pytest-xdist workers, which inherit this environment), never to the user's cache
+# (~/.cache/flax-nmt): a rerun then compiles what a clean machine compiles, and a user's cache
+# gains none of the tests' thousands of tiny programs. Set $FLAX_NMT_CACHE to keep one.
+if not os.environ.get("FLAX_NMT_CACHE"):
+    os.environ["FLAX_NMT_CACHE"] = tempfile.mkdtemp(prefix="flax-nmt-tests-")
+    atexit.register(shutil.rmtree, os.environ["FLAX_NMT_CACHE"], ignore_errors=True)
 
 # The suite's models are tiny, so compiling their programs, not running them, is most of its
 # time. Two settings of XLA's CPU compiler make that much cheaper (docs/contributing.md): LLVM
