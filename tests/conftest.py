@@ -81,11 +81,17 @@ if _missing:
                          + (f"runs on {_backend}" if _backend else "does not start with them")
                          + ")")
 COMPILER_NOTE = f"XLA_FLAGS: {os.environ.get('XLA_FLAGS', '')!r}{COMPILER_NOTE}"
-# XLA's own values of the settings set here, as compiler options: for a test that runs more
-# than it compiles (tests/test_learning.py).
+# XLA's own values of the settings set here, as compiler options (`compiled_to_run`).
 XLA_DEFAULT_OPTIONS = {
     name: default for name, (_, default) in TEST_COMPILER_SETTINGS.items()
     if name in _names(os.environ.get("XLA_FLAGS", "")) - _names(USER_XLA_FLAGS)}
+
+
+def compiled_to_run(jitted, *args):
+    """`jitted` compiled for `args` with XLA's default settings, not the suite's cheap ones:
+    for a program a test runs hundreds of times, whose running then costs more than its
+    compiling (tests/test_learning.py, tests/test_convert.py)."""
+    return jitted.lower(*args).compile(compiler_options=XLA_DEFAULT_OPTIONS)
 
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))

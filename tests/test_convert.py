@@ -13,7 +13,7 @@ import json
 import jax
 import numpy as np
 import pytest
-from conftest import XLA_DEFAULT_OPTIONS
+from conftest import compiled_to_run
 from flax import nnx
 
 from nmt.convert import marian
@@ -131,9 +131,7 @@ def trained_dir(tmp_path_factory):
     step = make_train_step(graphdef, optimizer_config, mesh)
     batches = copy_batches(tokenizer, np.random.default_rng(0), 32)
     first = shard_batch(next(batches), mesh)
-    # XLA's default settings, not the suite's faster-compiling ones: 400 updates of one
-    # program make this fixture's time running, not compiling (tests/conftest.py).
-    step = step.lower(state, first).compile(compiler_options=XLA_DEFAULT_OPTIONS)
+    step = compiled_to_run(step, state, first)  # 400 updates: running, not compiling
     state, metrics = step(state, first)
     for _ in range(399):
         state, metrics = step(state, shard_batch(next(batches), mesh))

@@ -5,7 +5,7 @@ import dataclasses
 import jax
 import numpy as np
 import pytest
-from conftest import XLA_DEFAULT_OPTIONS
+from conftest import compiled_to_run
 from flax import nnx
 
 from transformer.config import SearchConfig, get_preset
@@ -43,10 +43,8 @@ def train_batch(rng: np.random.Generator, rows: int, width: int = 10) -> dict[st
 
 
 def train(state, step, mesh, rng: np.random.Generator, updates: int):
-    # Compiled with XLA's default settings, not the suite's faster-compiling ones
-    # (tests/conftest.py): 900 updates make this fixture's time running, not compiling.
     first = shard_batch(train_batch(rng, 64), mesh)
-    step = step.lower(state, first).compile(compiler_options=XLA_DEFAULT_OPTIONS)
+    step = compiled_to_run(step, state, first)  # 900 updates: running, not compiling
     state, metrics = step(state, first)
     for _ in range(updates - 1):
         state, metrics = step(state, shard_batch(train_batch(rng, 64), mesh))
