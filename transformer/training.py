@@ -220,30 +220,42 @@ def create_train_state(model_config: ModelConfig, optimizer_config: OptimizerCon
     (dropout randomness is explicit and positions are constants) and is checked to be so,
     because the steps rebuild the model from graphdef and params alone.
 
-    Initialisation runs under jit with replicated outputs, so every process of a multi-host
-    run computes identical parameters without moving them between hosts.
+    The model is built op by op on this process's first device, not as one jitted program:
+    op by op, XLA compiles one small program per distinct initializer shape, where the whole
+    initialisation as one program cost seconds of compiling at every start
+    (docs/performance.md, "Starting train.py"). Every process computes the same values from
+    the same seed, so each places its own copy on its devices (`_replicate`) without moving
+    parameters between hosts.
     """
     mesh = make_mesh() if mesh is None else mesh
     optimizer = make_optimizer(optimizer_config, model_config.d_model)
-
-    def build() -> Transformer:
-        return Transformer(model_config, rngs=nnx.Rngs(params=optimizer_config.seed))
-
-    graphdef, _, abstract_rest = nnx.split(nnx.eval_shape(build), nnx.Param, ...)
-    if jax.tree_util.tree_leaves(abstract_rest):
+    model = Transformer(model_config, rngs=nnx.Rngs(params=optimizer_config.seed))
+    graphdef, params, static_state = nnx.split(model, nnx.Param, ...)
+    if jax.tree_util.tree_leaves(static_state):
         raise ValueError("create_train_state: the model has non-Param state "
-                         f"{abstract_rest}; the train step only carries parameters. Make it "
+                         f"{static_state}; the train step only carries parameters. Make it "
                          "a constant or an explicit argument, or extend TrainState.")
+    state = TrainState(step=jnp.zeros((), jnp.int32), params=params,
+                       opt_state=optimizer.init(params),
+                       rng=jax.random.PRNGKey(optimizer_config.seed))
+    return graphdef, static_state, _replicate(state, replicated(mesh))
 
-    def init() -> tuple[TrainState, nnx.State]:
-        _, params, rest = nnx.split(build(), nnx.Param, ...)
-        state = TrainState(step=jnp.zeros((), jnp.int32), params=params,
-                           opt_state=optimizer.init(params),
-                           rng=jax.random.PRNGKey(optimizer_config.seed))
-        return state, rest
 
-    state, static_state = jax.jit(init, out_shardings=replicated(mesh))()
-    return graphdef, static_state, state
+def _replicate(tree: Any, sharding: NamedSharding) -> Any:
+    """`tree`'s arrays, identical on every process, as global arrays with `sharding`.
+
+    One process: a copy between its devices. Several: each process fills its own devices
+    from its host copy (`jax.device_put` would first check, leaf by leaf, that every process
+    holds the same values, one collective per array).
+    """
+    if sharding.is_fully_addressable:
+        return jax.device_put(tree, sharding)
+
+    def place(x: Array) -> Array:
+        host = np.asarray(x)
+        return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
+
+    return jax.tree.map(place, tree)
 
 
 # ----------------------------------------------------------------------------- steps
