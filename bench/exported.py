@@ -122,8 +122,10 @@ def main() -> None:
     args = parse_args()
     from nmt.models.model_dir import load_model
     from nmt.models.translator import Translator, default_searches
+    from nmt.runtime.compilation import enable_compilation_cache
     from nmt.translation.scoring import evaluate
 
+    enable_compilation_cache()  # as translate.py: programs it compiled before are read back
     sources, references = read_test_set(args, args.limit)
     models = {dtype: load_model(args.model, dtype=dtype) for dtype in args.dtypes}
     _, tokenizer, values = models[args.dtypes[0]]
