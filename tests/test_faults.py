@@ -113,9 +113,9 @@ def test_disk_full_on_a_real_file_system_is_one_line_and_resumes(tmp_path, env):
                       capture_output=True).returncode != 0:
         pytest.skip("cannot mount a small file system here")
     argv = [sys.executable, "train.py", "--preset", "compact", "--vocab-size", "500",
-            "--batch-tokens", "512", "--save-every", "5", "--eval-every", "100",
-            "--eval-sentences", "0", "--no-progress", "--max-steps", "20",
-            "--output-dir", str(disk / "run")]
+            "--max-train-pairs", "2000", "--batch-tokens", "512", "--save-every", "5",
+            "--eval-every", "100", "--eval-sentences", "0", "--no-progress",
+            "--max-steps", "20", "--output-dir", str(disk / "run")]
     try:
         full = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True,
                               timeout=600)
