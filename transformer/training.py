@@ -224,8 +224,8 @@ def create_train_state(model_config: ModelConfig, optimizer_config: OptimizerCon
     op by op, XLA compiles one small program per distinct initializer shape, where the whole
     initialisation as one program cost seconds of compiling at every start
     (docs/performance.md, "Starting train.py"). Every process computes the same values from
-    the same seed, so each places its own copy on its devices (`_replicate`) without moving
-    parameters between hosts.
+    the same seed, so each places its own copy on its devices (`place_replicated`) without
+    moving parameters between hosts.
     """
     mesh = make_mesh() if mesh is None else mesh
     optimizer = make_optimizer(optimizer_config, model_config.d_model)
@@ -238,10 +238,10 @@ def create_train_state(model_config: ModelConfig, optimizer_config: OptimizerCon
     state = TrainState(step=jnp.zeros((), jnp.int32), params=params,
                        opt_state=optimizer.init(params),
                        rng=jax.random.PRNGKey(optimizer_config.seed))
-    return graphdef, static_state, _replicate(state, replicated(mesh))
+    return graphdef, static_state, place_replicated(state, replicated(mesh))
 
 
-def _replicate(tree: Any, sharding: NamedSharding) -> Any:
+def place_replicated(tree: Any, sharding: NamedSharding) -> Any:
     """`tree`'s arrays, identical on every process, as global arrays with `sharding`.
 
     One process: a copy between its devices. Several: each process fills its own devices

@@ -37,6 +37,7 @@ from transformer.training import (
     make_eval_step,
     make_mesh,
     make_train_step,
+    place_replicated,
 )
 
 
@@ -122,7 +123,8 @@ def initial_params(model_path: str, like: Any) -> Any:
             a.shape != b.shape for a, b in zip(jax.tree.leaves(loaded), jax.tree.leaves(like))):
         raise TrainingError(f"--init-from {model_path}: its parameters do not fit this run's "
                             "model; the architecture settings must be the model's own.")
-    return jax.tree.map(lambda new, old: jax.device_put(new.astype(old.dtype), old.sharding),
+    # Every process read the same file: each fills its own devices from its copy.
+    return jax.tree.map(lambda new, old: place_replicated(new.astype(old.dtype), old.sharding),
                         loaded, like)
 
 
