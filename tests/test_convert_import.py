@@ -271,6 +271,26 @@ def test_greedy_equals_ctranslate2_on_the_imported_model(imported, texts, tmp_pa
 # ----------------------------------------------------------------------------- fine-tuning
 
 
+def test_init_from_starts_from_the_models_parameters_placed_as_fresh_ones(imported):
+    """train.py --init-from: the run's first parameters are the model directory's, with the
+    sharding and dtype the freshly initialised ones have."""
+    import jax
+    from flax import nnx
+
+    from nmt.training.starting import initial_params
+    from transformer.training import OptimizerConfig, create_train_state
+
+    model, _, values = load_model(imported)
+    _, _, state = create_train_state(values["model"], OptimizerConfig(seed=1))
+    placed = initial_params(str(imported), state.params)
+    expected = jax.tree.leaves(nnx.state(model, nnx.Param))
+    fresh = jax.tree.leaves(state.params)
+    assert len(jax.tree.leaves(placed)) == len(expected) == len(fresh)
+    for got, want, like in zip(jax.tree.leaves(placed), expected, fresh):
+        assert got.sharding == like.sharding and got.dtype == like.dtype
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
 def test_fine_tuning_lowers_the_loss_and_exports_again(imported, corpus, tmp_path, capsys):
     import train
 
