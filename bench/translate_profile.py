@@ -1,7 +1,7 @@
 """Where the time of translating a test set goes: host work, encoder, search, compilation.
 
     python -m bench.translate_profile --model runs/NAME/averaged \\
-        --test-prefix ../shared/data/multi30k/test2016 --src en --tgt de [--greedy]
+        --test-prefix ../shared/data/multi30k/test2016 --src en --tgt de [--greedy] [--ops]
 
 One process, as translate.py runs: loading the model, tokenizing, then the file twice through
 `Translator` (the first pass compiles each batch shape, or loads it from the persistent
@@ -10,11 +10,15 @@ programs only). Prints one JSON line per batch of the second
 pass (source width, rows, sentences, padding, decoder steps, seconds) and a summary: seconds
 in imports, model load, tokenizing, the encoder alone (every batch encoded again by itself),
 search, detokenizing, and the first pass's extra seconds (compilation or cache loading).
+With --ops, a third pass (another replica) runs under the profiler and one more line says
+where the search loop's time goes per decoder step, by kind of XLA operation
+(`bench.op_times`).
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import dataclasses
 import time
 
@@ -33,6 +37,8 @@ def parse_args() -> argparse.Namespace:
                         help="compute dtype (default: the model's)")
     parser.add_argument("--max-len-a", type=float, help="output limit a (default: the model's)")
     parser.add_argument("--max-len-b", type=int, help="output limit b (default: the model's)")
+    parser.add_argument("--ops", action="store_true",
+                        help="also profile a third pass: the search loop's time by operation")
     return parser.parse_args()
 
 
@@ -111,6 +117,33 @@ def main() -> None:
         "decoder_steps": sum(b.steps for b in batches),
         "row_steps": sum(b.row_steps for b in batches),
         "sentences_per_s": round(len(sources) / second, 1)}, **common})
+    if args.ops:
+        emit({"ops": loop_op_times(translator.replica(2), sources), **common})
+
+
+def loop_op_times(translator, sources: list[str]) -> dict:
+    """One more pass of `translator` under the profiler: milliseconds per decoder step of the
+    search loop programs (`*_resume`), in all and by kind of operation, and the seconds of
+    every program the pass ran. Kinds, not operations: each batch shape is a program of its
+    own, and XLA numbers the operations of each afresh."""
+    from bench.op_times import by_kind, traced_op_times
+
+    start = time.perf_counter()
+    programs = traced_op_times(lambda: translator.translate(sources))
+    traced = time.perf_counter() - start
+    steps = sum(b.steps for b in translator.batch_stats)
+    loop = collections.Counter()
+    for name, ops in programs.items():
+        if name.endswith("_resume"):
+            loop.update(ops)
+    per_step = sum(loop.values()) * 1e3 / steps
+    return {
+        "traced_pass_s": round(traced, 2), "decoder_steps": steps,
+        "program_s": {name: round(sum(ops.values()), 3) for name, ops in sorted(programs.items())},
+        "loop_ms_per_step": round(per_step, 3),
+        "loop_kinds": {name: {"ms_per_step": round(seconds * 1e3 / steps, 3),
+                              "share": round(seconds * 1e3 / steps / per_step, 3)}
+                       for name, seconds in by_kind(loop).items()}}
 
 
 if __name__ == "__main__":
