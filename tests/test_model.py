@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from transformer.cache import DecoderCache
+from transformer.cache import BLOCK, DecoderCache
 from transformer.config import PRESETS, ModelConfig, SearchConfig, get_preset
 from transformer.kernels import dropout
 from transformer.layers import (
@@ -107,12 +107,14 @@ def test_masks_match_literal_matrices():
                                   [[True, True, False], [True, False, False]])
     np.testing.assert_array_equal(causal_mask(3)[0, 0],
                                   [[1, 0, 0], [1, 1, 0], [1, 1, 1]])
-    # Queries at absolute positions 2 and 3 over a cache of 5 positions.
+    # Queries at absolute positions 2 and 3 over a cache made for 5 positions, which holds
+    # one block of 16.
     kv = (jnp.zeros((1, 1, 1, 3)), jnp.zeros((1, 1, 3, 1)))
     cache = DecoderCache.create([kv], max_len=5, beam=1, num_heads=1, head_dim=1,
                                 dtype=jnp.float32).replace(index=jnp.array(2))
+    assert cache.max_len == BLOCK == 16
     np.testing.assert_array_equal(cache.causal_mask(2)[0, 0],
-                                  [[1, 1, 1, 0, 0], [1, 1, 1, 1, 0]])
+                                  [[1, 1, 1] + [0] * 13, [1, 1, 1, 1] + [0] * 12])
 
 
 def test_sinusoidal_positions_follow_the_formula():
@@ -348,7 +350,7 @@ def test_cached_step_by_step_logits_equal_teacher_forced_logits(overrides):
     cache = model.init_cache(memory, max_len=12)
     config = model.config  # one query per key row: keys positions-major, as values
     assert cache.self_key[0].shape == cache.self_value[0].shape == (
-        3, config.num_heads, 12, config.head_dim)
+        1, 3, config.num_heads, BLOCK, config.head_dim)  # [blocks, batch, heads, slots, hd]
     stepwise = []
     for t in range(tgt.shape[1]):
         logits, cache = step(state, tgt[:, t:t + 1], cache)
@@ -357,16 +359,22 @@ def test_cached_step_by_step_logits_equal_teacher_forced_logits(overrides):
     assert int(cache.index) == tgt.shape[1]
 
 
-def test_cache_prefill_of_several_positions_equals_teacher_forcing():
+@pytest.mark.parametrize("beam", [1, 2])
+def test_cache_prefill_of_several_positions_equals_teacher_forcing(beam):
+    """Several positions written at once, the second call across the cache's first block
+    boundary (positions 13-18 of blocks of 16)."""
     model = make_model()
     rng = np.random.default_rng(6)
-    src, tgt = random_batch(rng, 2, 5, 64), random_batch(rng, 2, 6, 64)
+    src, tgt = random_batch(rng, 2, 5, 64), random_batch(rng, 2 * beam, 20, 64)
     memory, src_mask = model.encode(src), model.source_mask(src)
-    full, _ = model.decode(memory, src_mask, tgt)
-    cache = model.init_cache(memory, max_len=6)
-    first, cache = model.decode(memory, src_mask, tgt[:, :4], cache)
-    rest, _ = model.decode(memory, src_mask, tgt[:, 4:], cache)
-    np.testing.assert_allclose(jnp.concatenate([first, rest], 1), full, atol=1e-5)
+    full, _ = model.decode(jnp.repeat(memory, beam, axis=0), jnp.repeat(src_mask, beam, axis=0),
+                           tgt)
+    cache = model.init_cache(memory, max_len=20, beam_size=beam)
+    pieces = []
+    for start, end in ((0, 13), (13, 19), (19, 20)):
+        logits, cache = model.decode(memory, src_mask, tgt[:, start:end], cache)
+        pieces.append(logits)
+    np.testing.assert_allclose(jnp.concatenate(pieces, 1), full, atol=1e-5)
 
 
 def test_beam_cache_follows_parents_without_copying_keys():
@@ -406,7 +414,8 @@ def test_beams_that_start_alike_then_part_and_follow_parents_continue_exactly():
     memory, src_mask = model.encode(src), model.source_mask(src)
     shared = random_batch(rng, batch, 2, 64)                      # positions 0, 1 of every beam
     cache = model.init_cache(memory, max_len=6, beam_size=beam)
-    assert cache.self_key[0].shape[-1] == 6 * beam
+    assert cache.self_key[0].shape == (1, batch, model.config.num_heads,
+                                       model.config.head_dim, BLOCK * beam)
     _, cache = model.decode(memory, src_mask, jnp.repeat(shared, beam, axis=0), cache)
     own = random_batch(rng, batch * beam, 3, 64)                  # then each beam its own
     for t in range(2):
@@ -423,12 +432,13 @@ def test_beams_that_start_alike_then_part_and_follow_parents_continue_exactly():
 
 def test_beam_steps_on_both_sides_of_each_attention_prefix_equal_teacher_forcing():
     """Beam self-attention over the cache runs over the shortest of a few fixed prefixes
-    (16, 32, max_len positions) that holds every written position: each step, just before
-    and just after every boundary, must still see its whole history."""
+    (16, 32, then all 48 positions of the cache's three blocks) that holds every written
+    position: each step, just before and just after every boundary, must still see its
+    whole history."""
     model = make_model()
     rng = np.random.default_rng(11)
     batch, beam, max_len = 2, 2, 40
-    assert cache_prefixes(max_len) == (16, 32, 40)
+    assert cache_prefixes(max_len) == (16, 32, 48)
     src = random_batch(rng, batch, 5, 64, lengths=[5, 4])
     memory, src_mask = model.encode(src), model.source_mask(src)
     tokens = random_batch(rng, batch * beam, max_len, 64)     # row b*beam + j: beam j of b

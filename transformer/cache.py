@@ -10,8 +10,14 @@ writes every beam's new position into its own slots. When beam search gives beam
 parent p, only `beam_slot` changes: beam_slot[b, i, t] names the beam whose slot holds
 position t of beam i, and `attention_over_own_slots` reads each beam's history from there.
 
+The slots are held in blocks of `BLOCK` positions on the arrays' leading axis, so that the
+first n blocks, the prefix attention reads at an early step, are one contiguous piece of
+memory that XLA's products read where it lies. With the batch axis leading, such a prefix
+was strided, and XLA copied it out for the products at every step, in every layer (a sixth
+of a beam step on a CPU, docs/performance.md).
+
 An ensemble decodes with one `DecoderCache` per model, held in an `EnsembleCache`. Both have
-the operation search needs, `follow_parents` (`SearchCache`).
+the operations search needs, `follow_parents` and `take_rows` (`SearchCache`).
 """
 
 from __future__ import annotations
@@ -24,6 +30,14 @@ import jax.numpy as jnp
 
 Array = jax.Array
 
+# Positions per block of the self-attention cache; the shortest prefix attention reads.
+BLOCK = 16
+
+
+def capacity(max_len: int) -> int:
+    """The positions a cache made for `max_len` holds: whole blocks."""
+    return -(-max_len // BLOCK) * BLOCK
+
 
 class SearchCache(Protocol):
     """What beam search does with a cache, whatever model (or ensemble) made it."""
@@ -31,24 +45,29 @@ class SearchCache(Protocol):
     def follow_parents(self, parent: Array) -> "SearchCache":
         """Give each beam its parent's history; parent int32 [batch, beam]."""
 
+    def take_rows(self, keep: Array) -> "SearchCache":
+        """The cache of the sentences `keep` (int32 [new_batch]), in that order."""
+
 
 @flax.struct.dataclass
 class DecoderCache:
     """Decoder state for incremental decoding: one array per decoder layer in each tuple.
 
     index:       int32 scalar, the position the next decoded token will occupy.
-    self_key:    per layer [batch, heads, head_dim, max_len * beam]: beam j's keys of
-                 positions t < index at slot t * beam + j, kept transposed when beam > 1
-                 (`keys_transposed`); [batch, heads, max_len, head_dim] when beam = 1.
-    self_value:  per layer [batch, heads, max_len * beam, head_dim], slots as for keys.
-    beam_slot:   int32 [batch, beam, max_len]: position t of beam i is in beam
+    self_key:    per layer [blocks, batch, heads, head_dim, BLOCK * beam]: beam j's keys of
+                 positions t < index in block t // BLOCK at slot (t % BLOCK) * beam + j,
+                 kept transposed when beam > 1 (`keys_transposed`); [blocks, batch, heads,
+                 BLOCK, head_dim] when beam = 1. The blocks end to end are the slots
+                 t * beam + j of `capacity(max_len)` positions.
+    self_value:  per layer [blocks, batch, heads, BLOCK * beam, head_dim], slots as for keys.
+    beam_slot:   int32 [batch, beam, capacity]: position t of beam i is in beam
                  beam_slot[b, i, t]'s slots.
     cross_key:   per layer [batch, heads, head_dim, src_len], encoder output projected once
                  ([batch, heads, src_len, head_dim] when beam = 1).
     cross_value: per layer [batch, heads, src_len, head_dim]
     The decoder's rows are batch * beam, beams of a sentence adjacent; beam = 1 outside beam
     search. Heads-major, so attention over the cache needs no transpose (see
-    `transformer.layers.MultiHeadAttention.attend_cached`).
+    `transformer.layers.MultiHeadAttention.attend_over_cache` and `attend_cached`).
     """
 
     index: Array
@@ -61,7 +80,8 @@ class DecoderCache:
     @classmethod
     def create(cls, cross: Sequence[tuple[Array, Array]], max_len: int, beam: int,
                num_heads: int, head_dim: int, dtype) -> "DecoderCache":
-        """An empty cache for `max_len` positions of `beam` beams per sentence.
+        """An empty cache for `max_len` positions (rounded up to whole blocks, `capacity`)
+        of `beam` beams per sentence.
 
         `cross` holds each layer's cross-attention (keys, values) in the cache's layouts:
         keys [batch, heads, head_dim, src_len] (`keys_transposed(beam)`, else [batch, heads,
@@ -69,14 +89,14 @@ class DecoderCache:
         its own slots.
         """
         batch = cross[0][0].shape[0]
-        slots = max_len * beam
-        key_shape = ((batch, num_heads, head_dim, slots) if keys_transposed(beam)
-                     else (batch, num_heads, slots, head_dim))
-        value_shape = (batch, num_heads, slots, head_dim)
+        blocks, slots = capacity(max_len) // BLOCK, BLOCK * beam
+        key_shape = ((blocks, batch, num_heads, head_dim, slots) if keys_transposed(beam)
+                     else (blocks, batch, num_heads, slots, head_dim))
+        value_shape = (blocks, batch, num_heads, slots, head_dim)
         return cls(index=jnp.zeros((), jnp.int32),
                    self_key=tuple(jnp.zeros(key_shape, dtype) for _ in cross),
                    self_value=tuple(jnp.zeros(value_shape, dtype) for _ in cross),
-                   beam_slot=own_slots(batch, beam, max_len),
+                   beam_slot=own_slots(batch, beam, capacity(max_len)),
                    cross_key=tuple(k for k, _ in cross),
                    cross_value=tuple(v for _, v in cross))
 
@@ -86,6 +106,7 @@ class DecoderCache:
 
     @property
     def max_len(self) -> int:
+        """The positions the cache holds: `capacity` of the max_len it was made for."""
         return self.beam_slot.shape[2]
 
     def causal_mask(self, q_len: int) -> Array:
@@ -112,9 +133,9 @@ class DecoderCache:
         head_dim]: the new positions index .. index+q_len-1, row b*beam + j for beam j of
         sentence b. Returns the whole (keys, values) of the layer.
         """
-        key_axis = 3 if keys_transposed(self.beam) else 2
+        key_axis = 4 if keys_transposed(self.beam) else 3
         return (_write_slots(self.self_key[layer], key, self.beam, self.index, axis=key_axis),
-                _write_slots(self.self_value[layer], value, self.beam, self.index, axis=2))
+                _write_slots(self.self_value[layer], value, self.beam, self.index, axis=3))
 
     def advance(self, keys: Sequence[Array], values: Sequence[Array], beam_slot: Array,
                 q_len: int) -> "DecoderCache":
@@ -132,6 +153,14 @@ class DecoderCache:
         return self.replace(
             beam_slot=jnp.take_along_axis(self.beam_slot, parent[:, :, None], axis=1))
 
+    def take_rows(self, keep: Array) -> "DecoderCache":
+        """The cache of the sentences `keep` (int32 [new_batch]), in that order."""
+        return self.replace(self_key=tuple(k[:, keep] for k in self.self_key),
+                            self_value=tuple(v[:, keep] for v in self.self_value),
+                            beam_slot=self.beam_slot[keep],
+                            cross_key=tuple(k[keep] for k in self.cross_key),
+                            cross_value=tuple(v[keep] for v in self.cross_value))
+
 
 @flax.struct.dataclass
 class EnsembleCache:
@@ -141,6 +170,9 @@ class EnsembleCache:
 
     def follow_parents(self, parent: Array) -> "EnsembleCache":
         return EnsembleCache(tuple(c.follow_parents(parent) for c in self.members))
+
+    def take_rows(self, keep: Array) -> "EnsembleCache":
+        return EnsembleCache(tuple(c.take_rows(keep) for c in self.members))
 
 
 def keys_transposed(group: int) -> bool:
@@ -164,16 +196,24 @@ def own_slots(batch: int, beam: int, length: int) -> Array:
 def _write_slots(cached: Array, new: Array, beam: int, offset: Array, axis: int) -> Array:
     """Store new positions in each beam's own slots of one cache array.
 
-    cached [batch, ...] with its slot axis `axis` of size max_len * beam (beam j's position t
-    at slot t * beam + j, so one position of all beams is one contiguous run); new
-    [batch * beam, ...] with the same axes but new_len positions on `axis`.
+    cached [blocks, batch, ...] with its slot axis `axis` of size BLOCK * beam (beam j's
+    position t in block t // BLOCK at slot (t % BLOCK) * beam + j, so one position of all
+    beams is one contiguous run); new [batch * beam, ...] with the same axes after the
+    block axis, but new_len positions on its slot axis (axis - 1). Each new position is one
+    update in place of the block it falls in.
     """
-    batch, slots = cached.shape[0], cached.shape[axis]
+    batch, slots = cached.shape[1], cached.shape[axis]
     new = new.reshape(batch, beam, *new.shape[1:])
     # [batch, beam, ..., new_len, ...] -> [batch, ..., new_len, beam, ...]
-    new = jnp.moveaxis(new, 1, axis + 1)
+    new = jnp.moveaxis(new, 1, axis)
     split = cached.shape[:axis] + (slots // beam, beam) + cached.shape[axis + 1:]
-    cached = jax.lax.dynamic_update_slice_in_dim(cached.reshape(split), new, offset, axis)
+    cached = cached.reshape(split)
+    for i in range(new.shape[axis - 1]):
+        position = offset + i
+        start = [position // BLOCK] + [0] * (len(split) - 1)
+        start[axis] = position % BLOCK
+        update = jax.lax.slice_in_dim(new, i, i + 1, axis=axis - 1)[None]
+        cached = jax.lax.dynamic_update_slice(cached, update, start)
     return cached.reshape(cached.shape[:axis] + (slots,) + cached.shape[axis + 2:])
 
 

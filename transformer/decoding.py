@@ -508,11 +508,15 @@ def _search_in_stages(started: _Started, state, rng: Array, compact: bool) -> Se
 
 
 def _compact_rows(sentences: _Sentences, searched, keep: Array):
-    """The rows `keep` [new_batch] of every per-sentence array (scalars such as the step and
-    the cache's index are shared by all rows and stay)."""
-    def take(x: Array) -> Array:
+    """The rows `keep` [new_batch] of every per-sentence array (scalars such as the step are
+    shared by all rows and stay; the cache takes its own rows, `SearchCache.take_rows`)."""
+    def take(x):
+        if hasattr(x, "take_rows"):
+            return x.take_rows(keep)
         return x[keep] if x.ndim else x
-    return jax.tree.map(take, sentences), jax.tree.map(take, searched)
+    is_cache = lambda x: hasattr(x, "take_rows")  # noqa: E731
+    return (jax.tree.map(take, sentences, is_leaf=is_cache),
+            jax.tree.map(take, searched, is_leaf=is_cache))
 
 
 _compact = StoredJit(_compact_rows)

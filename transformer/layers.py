@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from transformer.cache import attention_over_own_slots, keys_transposed
+from transformer.cache import BLOCK, attention_over_own_slots, capacity, keys_transposed
 from transformer.config import ModelConfig
 from transformer.kernels import Dense, activation_dtype, compute_dtype, dropout, matmul, over_rows
 
@@ -195,14 +195,16 @@ class PositionalEncoding(nnx.Module):
 
 def cache_prefixes(max_len: int) -> tuple[int, ...]:
     """The position counts that cached self-attention in beam search runs over, shortest
-    first: powers of two from 16 below max_len, then max_len. A step reads at most twice the
-    positions written (16 at the first steps); each count is one more branch to compile."""
+    first: powers of two from one cache block (16 positions) below the cache's capacity, then
+    the capacity (`transformer.cache.capacity(max_len)`): whole blocks each. A step reads at
+    most twice the positions written (16 at the first steps); each count is one more branch
+    to compile."""
     lengths = []
-    n = 16
-    while n < max_len:
+    n = BLOCK
+    while n < capacity(max_len):
         lengths.append(n)
         n *= 2
-    return (*lengths, max_len)
+    return (*lengths, capacity(max_len))
 
 
 class MultiHeadAttention(nnx.Module):
@@ -275,64 +277,95 @@ class MultiHeadAttention(nnx.Module):
         context = context.reshape(batch, q_len, self.num_heads * self.head_dim)
         return self.output(context), weights
 
-    def attend_cached(self, query: Array, key: Array, value: Array, mask: Array,
-                      beam_slot: Array | None = None, written: Array | None = None) -> Array:
-        """Attention of a few new query positions over cached, heads-major keys and values.
+    def attend_cached(self, query: Array, key: Array, value: Array, mask: Array) -> Array:
+        """Encoder-decoder attention of a few new query positions over the source's keys and
+        values, projected once per sentence (`project_key_value_for_cache`).
 
-        query [rows, q_len, heads, head_dim]; key [batch, heads, head_dim, k_len] (group > 1)
-        or [batch, heads, k_len, head_dim] (group = 1, `transformer.cache.keys_transposed`);
-        value [batch, heads, k_len, head_dim], where rows = batch * group: consecutive query
-        rows (the beams of one sentence) share a key/value row and are folded into the query
-        axis. Returns [rows, q_len, d_model].
-
-        Cross-attention: k_len is the source length, mask [batch, 1, 1, k_len].
-        Self-attention over the decoder's cache: the key axis holds max_len * group slots
-        (position t of beam j at t * group + j; group = 1 outside beam search) and mask
-        [1, 1, q_len, max_len] is over positions. In beam search (`beam_slot` int32
-        [batch, group, max_len] given), beam i reads position t from the slot of beam
-        beam_slot[b, i, t], the beam that computed it (see `transformer.cache`), and
-        `written` (int32 scalar, the positions written so far, new ones included) lets the
-        products skip the cache's unwritten end: they run over the shortest of a few fixed
-        prefixes (`cache_prefixes`) that holds every written position. Every beam's query
-        meets every beam's slots there, so the whole cache would cost beam times a position's
-        work for every position at every step; greedy search gains nothing measurable.
-
-        Heads-major keys and values make both products plain batched matrix products over
-        (batch, head), with no copy of the cache at any step; keys are stored in the layout
-        XLA:CPU's product reads fastest for the group (docs/design.md, "Kernels").
+        query [rows, q_len, heads, head_dim]; key [batch, heads, head_dim, src_len] (group > 1)
+        or [batch, heads, src_len, head_dim] (group = 1, `transformer.cache.keys_transposed`);
+        value [batch, heads, src_len, head_dim]; mask [batch, 1, 1, src_len]; rows = batch *
+        group: consecutive query rows (the beams of one sentence) share a key/value row and
+        are folded into the query axis. Returns [rows, q_len, d_model].
         """
-        if written is None or beam_slot is None:
-            return self._attend_cached_slots(query, key, value, mask, beam_slot)
-        max_len = mask.shape[-1]
-        lengths = cache_prefixes(max_len)
-        group = key.shape[-1] // max_len
+        rows, q_len = query.shape[:2]
+        batch = key.shape[0]
+        group = rows // batch
+        query = self._queries_by_sentence(query, batch)
+        scores = jnp.einsum("bhqd,bhdk->bhqk" if keys_transposed(group) else "bhqd,bhkd->bhqk",
+                            query, key,
+                            preferred_element_type=jnp.float32) / math.sqrt(self.head_dim)
+        weights = jax.nn.softmax(jnp.where(mask, scores, jnp.finfo(jnp.float32).min), axis=-1)
+        context = jnp.einsum("bhqk,bhkd->bhqd", weights.astype(value.dtype), value)
+        return self._context_out(context, rows, q_len)
+
+    def attend_over_cache(self, query: Array, key: Array, value: Array, mask: Array,
+                          beam_slot: Array | None = None, written: Array | None = None
+                          ) -> Array:
+        """Self-attention of a few new query positions over the decoder's cache
+        (`transformer.cache.DecoderCache`), their own keys and values written in it.
+
+        query [rows, q_len, heads, head_dim]; key [blocks, batch, heads, head_dim, slots]
+        (group > 1) or [blocks, batch, heads, slots, head_dim] (group = 1); value [blocks,
+        batch, heads, slots, head_dim], with slots = BLOCK * group (position t of beam j at
+        slot (t % BLOCK) * group + j of block t // BLOCK); rows = batch * group; mask
+        [1, 1, q_len, positions] over the cache's positions. Returns [rows, q_len, d_model].
+
+        In beam search (`beam_slot` int32 [batch, group, positions] given), beam i reads
+        position t from the slot of beam beam_slot[b, i, t], the beam that computed it (see
+        `transformer.cache`). `written` (int32 scalar, the positions written so far, new ones
+        included) lets the products skip the cache's unwritten end: they run over the
+        shortest of a few fixed prefixes (`cache_prefixes`) that holds every written position,
+        its leading blocks, one contiguous piece of each array. Every beam's query meets
+        every beam's slots, so in beam search the whole cache would cost beam times a
+        position's work for every position at every step; greedy search reads less memory.
+        """
+        if written is None:
+            return self._attend_blocks(query, key, value, mask, beam_slot)
+        lengths = cache_prefixes(mask.shape[-1])
 
         def over_prefix(length: int, query, key, value, mask, beam_slot):
-            slots = length * group
-            return self._attend_cached_slots(query, key[..., :slots], value[:, :, :slots],
-                                             mask[..., :length], beam_slot[..., :length])
+            blocks = length // BLOCK
+            return self._attend_blocks(query, key[:blocks], value[:blocks], mask[..., :length],
+                                       None if beam_slot is None else beam_slot[..., :length])
 
         branches = [functools.partial(over_prefix, n) for n in lengths]
         which = jnp.searchsorted(jnp.asarray(lengths, jnp.int32), written)
         return jax.lax.switch(which, branches, query, key, value, mask, beam_slot)
 
-    def _attend_cached_slots(self, query: Array, key: Array, value: Array, mask: Array,
-                             beam_slot: Array | None) -> Array:
-        """`attend_cached` over every slot of key and value."""
+    def _attend_blocks(self, query: Array, key: Array, value: Array, mask: Array,
+                       beam_slot: Array | None) -> Array:
+        """`attend_over_cache` over every block of key and value: one batched product per
+        block, so each block is read where it lies; the scores of all blocks meet in one
+        softmax (slot order: block after block, which is position order)."""
         rows, q_len = query.shape[:2]
-        batch = key.shape[0]
+        blocks, batch = key.shape[:2]
         group = rows // batch
-        query = query.reshape(batch, group * q_len, self.num_heads, self.head_dim)
-        query = query.transpose(0, 2, 1, 3)  # [batch, heads, group * q_len, head_dim]
-        scores = jnp.einsum("bhqd,bhdk->bhqk" if keys_transposed(group) else "bhqd,bhkd->bhqk",
-                            query, key,
-                            preferred_element_type=jnp.float32) / math.sqrt(self.head_dim)
+        query = self._queries_by_sentence(query, batch)  # [batch, heads, group * q_len, hd]
+        query = jnp.broadcast_to(query[None], (blocks, *query.shape))
+        scores = jnp.einsum(
+            "nbhqd,nbhdk->nbhqk" if keys_transposed(group) else "nbhqd,nbhkd->nbhqk", query, key,
+            preferred_element_type=jnp.float32) / math.sqrt(self.head_dim)
+        slots = scores.shape[-1]
+        scores = jnp.moveaxis(scores, 0, 3).reshape(*scores.shape[1:4], blocks * slots)
         if beam_slot is None:
             scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
             weights = jax.nn.softmax(scores, axis=-1)
         else:
             weights = attention_over_own_slots(scores, beam_slot, mask, q_len)
-        context = jnp.einsum("bhqk,bhkd->bhqd", weights.astype(value.dtype), value)
+        weights = jnp.moveaxis(weights.reshape(*weights.shape[:3], blocks, slots), 3, 0)
+        context = jnp.einsum("nbhqk,nbhkd->nbhqd", weights.astype(value.dtype), value).sum(0)
+        return self._context_out(context, rows, q_len)
+
+    def _queries_by_sentence(self, query: Array, batch: int) -> Array:
+        """[rows, q_len, heads, head_dim] -> [batch, heads, group * q_len, head_dim]: the
+        queries of a sentence's rows (its beams) side by side."""
+        rows, q_len = query.shape[:2]
+        query = query.reshape(batch, rows // batch * q_len, self.num_heads, self.head_dim)
+        return query.transpose(0, 2, 1, 3)
+
+    def _context_out(self, context: Array, rows: int, q_len: int) -> Array:
+        """[batch, heads, group * q_len, head_dim] -> the output projection, [rows, q_len,
+        d_model]."""
         context = context.transpose(0, 2, 1, 3).reshape(rows, q_len, self.num_heads * self.head_dim)
         return self.output(context)
 

@@ -100,22 +100,22 @@ class DecoderLayer(nnx.Module):
              rng: Array | None, written: Array | None = None) -> Array:
         """The layer for new positions over cached keys/values (incremental decoding).
 
-        x [rows, new_len, d_model] with rows = batch * beam; self_kv: the cache with this step
-        written, keys [batch, heads, head_dim, max_len * beam] and values
-        [batch, heads, max_len * beam, head_dim]; self_mask [1, 1, new_len, max_len];
-        beam_slot [batch, beam, max_len] (None when beam = 1); cross_kv: keys
+        x [rows, new_len, d_model] with rows = batch * beam; self_kv: the cache's keys and
+        values of this layer with this step written, in blocks of positions
+        (`transformer.cache.DecoderCache`); self_mask [1, 1, new_len, positions];
+        beam_slot [batch, beam, positions] (None when beam = 1); cross_kv: keys
         [batch, heads, head_dim, src_len] and values [batch, heads, src_len, head_dim]; with
         beam = 1 keys are [..., positions, head_dim] (`transformer.cache.keys_transposed`);
         src_mask [batch, 1, 1, src_len]; written: the positions in the cache, this step's
-        included, so that attention skips the rest (`MultiHeadAttention.attend_cached`).
+        included, so that attention skips the rest (`MultiHeadAttention.attend_over_cache`).
         Attention dropout is not applied on this path.
         """
         rngs = split_rng(rng, 6)
 
         def attend_self(h):
             query = self.self_attention.project_query(h)
-            return self.self_attention.attend_cached(query, *self_kv, self_mask, beam_slot,
-                                                     written)
+            return self.self_attention.attend_over_cache(query, *self_kv, self_mask, beam_slot,
+                                                         written)
 
         def attend_cross(h):
             query = self.cross_attention.project_query(h)
