@@ -430,14 +430,15 @@ def test_beams_that_start_alike_then_part_and_follow_parents_continue_exactly():
     np.testing.assert_allclose(step_logits[:, 0], full[:, -1], atol=1e-5)
 
 
-def test_beam_steps_on_both_sides_of_each_attention_prefix_equal_teacher_forcing():
-    """Beam self-attention over the cache runs over the shortest of a few fixed prefixes
-    (16, 32, then all 48 positions of the cache's three blocks) that holds every written
-    position: each step, just before and just after every boundary, must still see its
-    whole history."""
+@pytest.mark.parametrize("beam", [1, 2])
+def test_steps_on_both_sides_of_each_attention_prefix_equal_teacher_forcing(beam):
+    """Self-attention over the cache runs over the shortest of a few fixed prefixes (16, 32,
+    then all 48 positions of the cache's three blocks) that holds every written position:
+    each step, just before and just after every boundary, must still see its whole history,
+    in beam search (beam 2) and greedy search (beam 1)."""
     model = make_model()
     rng = np.random.default_rng(11)
-    batch, beam, max_len = 2, 2, 40
+    batch, max_len = 2, 40
     assert cache_prefixes(max_len) == (16, 32, 48)
     src = random_batch(rng, batch, 5, 64, lengths=[5, 4])
     memory, src_mask = model.encode(src), model.source_mask(src)

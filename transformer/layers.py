@@ -194,7 +194,7 @@ class PositionalEncoding(nnx.Module):
 
 
 def cache_prefixes(max_len: int) -> tuple[int, ...]:
-    """The position counts that cached self-attention in beam search runs over, shortest
+    """The position counts that self-attention over the decoder's cache runs over, shortest
     first: powers of two from one cache block (16 positions) below the cache's capacity, then
     the capacity (`transformer.cache.capacity(max_len)`): whole blocks each. A step reads at
     most twice the positions written (16 at the first steps); each count is one more branch
