@@ -245,8 +245,8 @@ class MultiHeadAttention(nnx.Module):
     def project_key_value_for_cache(self, x: Array, group: int) -> tuple[Array, Array]:
         """[batch, k_len, d_model] -> keys [batch, heads, head_dim, k_len] (transposed, for
         `group` > 1 queries per row; else [batch, heads, k_len, head_dim]) and values
-        [batch, heads, k_len, head_dim]: the layouts `attend_cached` reads
-        (`transformer.cache.keys_transposed`)."""
+        [batch, heads, k_len, head_dim]: the layouts `attend_cached` reads and the decoder's
+        cache stores (`transformer.cache.keys_transposed`, `DecoderCache.write`)."""
         key, value = self.project_key_value(x)
         key_order = (0, 2, 3, 1) if keys_transposed(group) else (0, 2, 1, 3)
         return key.transpose(key_order), value.transpose(0, 2, 1, 3)
