@@ -511,12 +511,14 @@ def _compact_rows(sentences: _Sentences, searched, keep: Array):
     """The rows `keep` [new_batch] of every per-sentence array (scalars such as the step are
     shared by all rows and stay; the cache takes its own rows, `SearchCache.take_rows`)."""
     def take(x):
-        if hasattr(x, "take_rows"):
+        if _is_cache(x):
             return x.take_rows(keep)
         return x[keep] if x.ndim else x
-    is_cache = lambda x: hasattr(x, "take_rows")  # noqa: E731
-    return (jax.tree.map(take, sentences, is_leaf=is_cache),
-            jax.tree.map(take, searched, is_leaf=is_cache))
+    return jax.tree.map(take, sentences), jax.tree.map(take, searched, is_leaf=_is_cache)
+
+
+def _is_cache(x) -> bool:
+    return hasattr(x, "take_rows")
 
 
 _compact = StoredJit(_compact_rows)

@@ -299,8 +299,7 @@ class MultiHeadAttention(nnx.Module):
         return self._context_out(context, rows, q_len)
 
     def attend_over_cache(self, query: Array, key: Array, value: Array, mask: Array,
-                          beam_slot: Array | None = None, written: Array | None = None
-                          ) -> Array:
+                          beam_slot: Array | None, written: Array) -> Array:
         """Self-attention of a few new query positions over the decoder's cache
         (`transformer.cache.DecoderCache`), their own keys and values written in it.
 
@@ -319,8 +318,6 @@ class MultiHeadAttention(nnx.Module):
         every beam's slots, so in beam search the whole cache would cost beam times a
         position's work for every position at every step; greedy search reads less memory.
         """
-        if written is None:
-            return self._attend_blocks(query, key, value, mask, beam_slot)
         lengths = cache_prefixes(mask.shape[-1])
 
         def over_prefix(length: int, query, key, value, mask, beam_slot):

@@ -97,7 +97,7 @@ class DecoderLayer(nnx.Module):
 
     def step(self, x: Array, self_kv: tuple[Array, Array], self_mask: Array,
              beam_slot: Array | None, cross_kv: tuple[Array, Array], src_mask: Array,
-             rng: Array | None, written: Array | None = None) -> Array:
+             rng: Array | None, written: Array) -> Array:
         """The layer for new positions over cached keys/values (incremental decoding).
 
         x [rows, new_len, d_model] with rows = batch * beam; self_kv: the cache's keys and
