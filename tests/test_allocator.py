@@ -104,7 +104,7 @@ def test_train_py_runs_on_mimalloc_and_gives_the_same_metrics_without_it(corpus,
     assert system.returncode == 0, system.stderr[-3000:]
     # The line is read from the process's own memory map: the library is loaded.
     assert f"host memory: mimalloc ({allocator.library()}" in ours.stderr
-    assert "MIMALLOC_PURGE_DELAY=10000" in ours.stderr
+    assert "MIMALLOC_PURGE_DELAY=10000, transparent huge pages off" in ours.stderr
     assert "host memory: the C library's malloc (NMT_ALLOCATOR=system)" in system.stderr
     assert "mimalloc (" not in system.stderr
     metrics = _results(tmp_path / "mimalloc")
@@ -154,7 +154,7 @@ def execv(monkeypatch):
     monkeypatch.setattr(allocator, "loaded_library", lambda: None)
     monkeypatch.setattr(allocator, "library", lambda: Path("/opt/lib/libmimalloc.so"))
     saved = dict(os.environ)  # preload() changes it before executing: restored afterwards
-    for name in ("NMT_ALLOCATOR", "LD_PRELOAD", "MIMALLOC_PURGE_DELAY", allocator.REEXECUTED):
+    for name in ("NMT_ALLOCATOR", "LD_PRELOAD", *allocator.SETTINGS, allocator.REEXECUTED):
         os.environ.pop(name, None)
     yield calls
     os.environ.clear()
@@ -173,11 +173,22 @@ def test_preload_runs_the_same_command_again_with_the_library_first(execv, monke
     assert environment[allocator.REEXECUTED] == "1"
 
 
-def test_preload_sets_mimallocs_purge_delay(execv):
+def test_preload_sets_mimallocs_purge_delay_and_turns_huge_pages_off(execv):
     with pytest.raises(_Executed):
         allocator.preload()
     assert execv[0][2]["MIMALLOC_PURGE_DELAY"] == "10000"
+    assert execv[0][2]["MIMALLOC_ALLOW_THP"] == "0"
     assert execv[0][2]["LD_PRELOAD"] == "/opt/lib/libmimalloc.so"
+
+
+@pytest.mark.parametrize("text, expected", [("Name:\tpython\nTHP_enabled:\t0\n", "off"),
+                                            ("THP_enabled:\t1\nThreads:\t4\n", "on"),
+                                            ("Name:\tpython\n", "unknown")])
+def test_huge_pages_are_read_from_the_process_status(monkeypatch, tmp_path, text, expected):
+    status = tmp_path / "status"
+    status.write_text(text)
+    monkeypatch.setattr(allocator, "_STATUS", status)
+    assert allocator.huge_pages() == expected
 
 
 @pytest.mark.parametrize("setting", [("NMT_ALLOCATOR", "system"), ("NMT_ALLOCATOR", "bad"),

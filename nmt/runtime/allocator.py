@@ -6,8 +6,9 @@ ends. glibc's malloc serves a block that large with a fresh mmap and hands it ba
 munmap, so every step faults all its pages in again, in the kernel. XLA has no option to keep
 the buffer, and glibc's thresholds cannot cover it (its worker-thread arenas map blocks over
 64 MiB regardless). mimalloc keeps freed memory mapped for `MIMALLOC_PURGE_DELAY` ms before
-handing it back, so the next step reuses it. Measurements: docs/performance.md, "Host memory
-on CPU".
+handing it back, so the next step reuses it; and it runs without transparent huge pages,
+whose first touch costs the kernel more than the faults saved. Measurements:
+docs/performance.md, "Host memory on CPU".
 
 How: an allocator can only replace malloc from the start of a process, so `preload()` (first
 thing in the scripts, before JAX is imported) re-executes the same command with the library
@@ -30,16 +31,22 @@ from pathlib import Path
 ENV_VAR = "NMT_ALLOCATOR"
 CHOICES = ("mimalloc", "system")
 DEFAULT = "mimalloc"
-# mimalloc's own setting, kept where the user has set it: hand freed memory back to the system
-# after 10 s unused. Shorter delays (its default is 10 ms) let the step buffer be handed back
-# and faulted in again between steps; never (-1) lets the memory that validation and
-# checkpoints fragment pile up (a new step buffer after every validation).
-SETTINGS = {"MIMALLOC_PURGE_DELAY": "10000"}
+# mimalloc's own settings, each kept where the user has set it:
+# - MIMALLOC_PURGE_DELAY: hand freed memory back to the system after 10 s unused. Shorter
+#   delays (its default is 10 ms) let the step buffer be handed back and faulted in again
+#   between steps; never (-1) lets the memory that validation and checkpoints fragment pile up
+#   (a new step buffer after every validation).
+# - MIMALLOC_ALLOW_THP: no transparent huge pages for the process. mimalloc asks the kernel for
+#   them by default, and the kernel then compacts and zeroes 2 MiB at a time on first touch:
+#   as much system time as the page faults this module avoids (docs/performance.md, "Host
+#   memory on CPU").
+SETTINGS = {"MIMALLOC_PURGE_DELAY": "10000", "MIMALLOC_ALLOW_THP": "0"}
 INSTALL = "pip install cmeel-mimalloc"
 _RELATIVE_PATH = "cmeel.prefix/lib/libmimalloc.so"
 # Set in the environment of the re-executed command, so that it is not re-executed again.
 REEXECUTED = "NMT_ALLOCATOR_REEXECUTED"
 _MAPS = Path("/proc/self/maps")
+_STATUS = Path("/proc/self/status")
 
 
 class AllocatorError(ValueError):
@@ -88,6 +95,21 @@ def loaded_library() -> Path | None:
     return None
 
 
+def huge_pages() -> str:
+    """"on" or "off": whether the kernel may back this process's memory with transparent huge
+    pages (THP_enabled in /proc/self/status, which mimalloc clears when MIMALLOC_ALLOW_THP=0);
+    "unknown" where the kernel does not say."""
+    try:
+        status = _STATUS.read_text()
+    except OSError:
+        return "unknown"
+    for line in status.splitlines():
+        name, _, value = line.partition(":")
+        if name == "THP_enabled":
+            return {"1": "on", "0": "off"}.get(value.strip(), "unknown")
+    return "unknown"
+
+
 def preload() -> None:
     """Re-execute this command with mimalloc preloaded, if it is wanted, installed and not
     loaded yet; otherwise return and let `status()` say why. Call it before importing JAX.
@@ -126,7 +148,8 @@ def status() -> Status:
     if loaded is not None:
         purge = os.environ.get("MIMALLOC_PURGE_DELAY", "(mimalloc's default)")
         return Status("mimalloc", f"host memory: mimalloc ({loaded}, MIMALLOC_PURGE_DELAY="
-                                  f"{purge}); {ENV_VAR}=system turns it off")
+                                  f"{purge}, transparent huge pages {huge_pages()}); "
+                                  f"{ENV_VAR}=system turns it off")
     if wanted == "system":
         return Status("system", f"host memory: the C library's malloc ({ENV_VAR}=system)")
     if platform.system() != "Linux":
