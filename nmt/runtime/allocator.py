@@ -37,9 +37,9 @@ DEFAULT = "mimalloc"
 #   between steps; never (-1) lets the memory that validation and checkpoints fragment pile up
 #   (a new step buffer after every validation).
 # - MIMALLOC_ALLOW_THP: no transparent huge pages for the process. mimalloc asks the kernel for
-#   them by default, and the kernel then compacts and zeroes 2 MiB at a time on first touch:
-#   as much system time as the page faults this module avoids (docs/performance.md, "Host
-#   memory on CPU").
+#   them by default, and the kernel then compacts and zeroes 2 MiB at a time on first touch,
+#   which cost a translate.py run twice the system time of glibc's malloc; training steps
+#   are as fast without them (docs/performance.md, "Host memory on CPU").
 SETTINGS = {"MIMALLOC_PURGE_DELAY": "10000", "MIMALLOC_ALLOW_THP": "0"}
 INSTALL = "pip install cmeel-mimalloc"
 _RELATIVE_PATH = "cmeel.prefix/lib/libmimalloc.so"
