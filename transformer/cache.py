@@ -89,14 +89,15 @@ class DecoderCache:
         its own slots.
         """
         batch = cross[0][0].shape[0]
-        blocks, slots = capacity(max_len) // BLOCK, BLOCK * beam
+        positions = capacity(max_len)
+        blocks, slots = positions // BLOCK, BLOCK * beam
         key_shape = ((blocks, batch, num_heads, head_dim, slots) if keys_transposed(beam)
                      else (blocks, batch, num_heads, slots, head_dim))
         value_shape = (blocks, batch, num_heads, slots, head_dim)
         return cls(index=jnp.zeros((), jnp.int32),
                    self_key=tuple(jnp.zeros(key_shape, dtype) for _ in cross),
                    self_value=tuple(jnp.zeros(value_shape, dtype) for _ in cross),
-                   beam_slot=own_slots(batch, beam, capacity(max_len)),
+                   beam_slot=own_slots(batch, beam, positions),
                    cross_key=tuple(k for k, _ in cross),
                    cross_value=tuple(v for _, v in cross))
 

@@ -199,12 +199,13 @@ def cache_prefixes(max_len: int) -> tuple[int, ...]:
     the capacity (`transformer.cache.capacity(max_len)`): whole blocks each. A step reads at
     most twice the positions written (16 at the first steps); each count is one more branch
     to compile."""
+    positions = capacity(max_len)
     lengths = []
     n = BLOCK
-    while n < capacity(max_len):
+    while n < positions:
         lengths.append(n)
         n *= 2
-    return (*lengths, capacity(max_len))
+    return (*lengths, positions)
 
 
 class MultiHeadAttention(nnx.Module):
