@@ -43,7 +43,7 @@ def translate_py(run_dir: Path, lines: list[str], env, *flags) -> list[str]:
 @pytest.fixture(scope="module")
 def keys_file(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("keys") / "keys.txt"
-    path.write_text(f"# keys of this server\n{KEY}\nsecond-key  # a comment\n")
+    path.write_text(f"# keys of this server\n{KEY}\nsecond-key\n")
     return path
 
 
@@ -197,7 +197,7 @@ BAD_REQUESTS = [
     ("invalid UTF-8", b'{"q": "Hallo \xff\xfe", "source": "de", "target": "en"}', 400,
      "not valid UTF-8: byte 0xff at offset 13"),
     ("10,000 sentences", {"q": ["Ja."] * 10_000, "source": "de", "target": "en"}, 413,
-     "10000 sentences, more than this server's limit of 200 (--max-sentences)"),
+     "10000 texts, more than this server's limit of 200 sentences (--max-sentences"),
     ("too many characters", {"q": "Ein Mann. " * 4000, "source": "de", "target": "en"}, 413,
      "40000 characters, more than this server's limit of 30000 (--char-limit)"),
     ("alternatives", {"q": "Hallo.", "source": "de", "target": "en", "alternatives": 2}, 400,
@@ -338,10 +338,22 @@ def test_timeout_and_full_queue(strict_server):
     status, headers, body = strict_server.request(
         "POST", "/translate", {"q": "Hallo.", "source": "de", "target": "en"})
     assert status == 504 and "0.5 s (--timeout)" in json.loads(body)["error"]
+    # A request waiting for company holds 15 of the queue's 20 places until its call is
+    # gathered (a second after it came): 10 more sentences are refused for now, with
+    # Retry-After; 21 could never fit, and are refused for good.
+    waiting = threading.Thread(target=strict_server.request, args=(
+        "POST", "/translate", {"q": ["Ja."] * 15, "source": "de", "target": "en"}))
+    waiting.start()
+    time.sleep(0.2)
     status, headers, body = strict_server.request(
-        "POST", "/translate", {"q": ["Ja."] * 21, "source": "de", "target": "en"})
+        "POST", "/translate", {"q": ["Ja."] * 10, "source": "de", "target": "en"})
+    waiting.join(30)
     assert status == 503 and headers["retry-after"] == "1"
     assert "the queue holds 20" in json.loads(body)["error"]
+    status, headers, body = strict_server.request(
+        "POST", "/translate", {"q": ["Ja."] * 21, "source": "de", "target": "en"})
+    assert status == 413 and "retry-after" not in headers
+    assert "(20, --queue-sentences)" in json.loads(body)["error"]
 
 
 def test_sigterm_answers_every_accepted_request_and_exits_0(run_dir, env, expected):
@@ -402,7 +414,7 @@ def test_bad_flags_and_models_end_in_one_line(run_dir, env, tmp_path):
     result = serve("--model", run_dir, "--model", run_dir)
     assert result.returncode == 2 and "both serve de->en" in result.stderr
     result = serve("--model", run_dir, "--timeout", "0")
-    assert result.returncode == 2 and "--timeout must be > 0" in result.stderr
+    assert result.returncode == 2 and "--timeout must be more than 0" in result.stderr
 
 
 # ----------------------------------------------------------------------------- the page
@@ -428,6 +440,7 @@ def browser():
                  "--no-first-run", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--window-size=1100,700"):
         options.add_argument(flag)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})  # the page's console
     driver = webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=options)
     driver.set_page_load_timeout(30)
     yield driver
@@ -460,6 +473,28 @@ def test_the_page_translates_in_a_browser(server, expected, browser, tmp_path):
     requests_made = browser.execute_script(
         "return performance.getEntriesByType('resource').map(entry => entry.name)")
     assert all(url.startswith(server.url) for url in requests_made), requests_made
+    console = [entry["message"] for entry in browser.get_log("browser")]
+    assert not [line for line in console if "Content Security Policy" in line], console
+
+
+def test_the_page_shows_a_settings_error_instead_of_throwing(server, browser):
+    """With /frontend/settings out of reach, the page says so, and Translate says why it
+    cannot translate, with nothing thrown uncaught."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    browser.execute_cdp_cmd("Network.enable", {})
+    browser.execute_cdp_cmd("Network.setBlockedURLs", {"urls": ["*/frontend/settings"]})
+    browser.get(server.url + "/")
+    wait = WebDriverWait(browser, 30)
+    error = lambda driver: driver.find_element(By.ID, "error").text  # noqa: E731
+    wait.until(error)
+    assert error(browser).startswith("cannot read the server's settings: ")
+    browser.find_element(By.ID, "source-text").send_keys(POOL[0])
+    browser.find_element(By.ID, "translate-button").click()
+    wait.until(lambda driver: "no language pair" in error(driver))
+    console = [entry["message"] for entry in browser.get_log("browser")]
+    assert not [line for line in console if "Uncaught" in line], console
 
 
 # ----------------------------------------------------------------------------- before ready

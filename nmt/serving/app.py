@@ -8,13 +8,20 @@
     GET  /health                 200 once every model is loaded and its search compiled, else 503
     GET  /metrics                Prometheus' text format
 
-Layers, outermost first: `RequestMetrics` (every answer counted and timed, refusals too),
-`BodyReader` (the body under its limits), then Starlette's routing.
+Layers, outermost first: `RequestMetrics` (every answer counted and timed, refusals too, and
+requests whose client left before its answer), `FaultGuard` (an unexpected exception answered
+500 in one line), `BodyReader` (the body under its limits), then Starlette's routing.
 """
 
 from __future__ import annotations
 
+import base64
+import functools
+import hashlib
+import logging
+import re
 import time
+import traceback
 from importlib import resources
 
 from starlette.applications import Starlette
@@ -24,12 +31,41 @@ from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
 from nmt.serving import libretranslate, opennmt
-from nmt.serving.errors import RequestError
+from nmt.serving.errors import ClientGone, RequestError, send_error, shown
 from nmt.serving.limits import BodyReader
 from nmt.serving.service import Service
 
+log = logging.getLogger("nmt.serving")
+
+
+@functools.cache
+def page() -> str:
+    return resources.files("nmt.serving").joinpath("page/index.html").read_text("utf-8")
+
+
+@functools.cache
+def page_headers() -> dict[str, str]:
+    """The page's security headers: it runs its own inline script and style (allowed by their
+    SHA-256, so that nothing else inline runs), talks to this server only, and is shown in no
+    other site's frame."""
+    def hashes(tag: str) -> str:
+        blocks = re.findall(rf"<{tag}>(.*?)</{tag}>", page(), re.DOTALL)
+        return " ".join("'sha256-" + base64.b64encode(hashlib.sha256(block.encode()).digest())
+                        .decode() + "'" for block in blocks)
+
+    policy = (f"default-src 'none'; script-src {hashes('script')}; style-src {hashes('style')}; "
+              "connect-src 'self'; img-src 'self'; base-uri 'none'; form-action 'none'; "
+              "frame-ancestors 'none'")
+    return {"Content-Security-Policy": policy, "X-Frame-Options": "DENY",
+            "X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer"}
+
+
+async def index(request: Request) -> HTMLResponse:
+    return HTMLResponse(page(), headers=page_headers())
+
+
 ROUTES = [
-    Route("/", lambda request: HTMLResponse(page()), methods=["GET"]),
+    Route("/", index, methods=["GET"]),
     Route("/translate", libretranslate.translate, methods=["POST"]),
     Route("/languages", libretranslate.languages, methods=["GET", "POST"]),
     Route("/frontend/settings", libretranslate.frontend_settings, methods=["GET"]),
@@ -38,10 +74,6 @@ ROUTES = [
     Route("/translator/health", opennmt.health, methods=["GET"]),
 ]
 PATHS = frozenset(route.path for route in ROUTES) | {"/health", "/metrics"}
-
-
-def page() -> str:
-    return resources.files("nmt.serving").joinpath("page/index.html").read_text("utf-8")
 
 
 async def health(request: Request) -> JSONResponse:
@@ -66,12 +98,44 @@ async def request_error(request: Request, err: Exception) -> JSONResponse:
 
 async def http_error(request: Request, err: Exception) -> JSONResponse:
     assert isinstance(err, HTTPException)
-    return JSONResponse({"error": f"{err.detail}: {request.method} {request.url.path}"},
+    path = request.url.path
+    path = path if len(path) <= 100 and path.isprintable() else shown(path, 100)
+    return JSONResponse({"error": f"{err.detail}: {request.method} {path}"},
                         err.status_code, headers=err.headers)
 
 
-async def unexpected_error(request: Request, err: Exception) -> JSONResponse:
-    return JSONResponse({"error": f"translation failed: {type(err).__name__}: {err}"}, 500)
+class FaultGuard:
+    """ASGI middleware: an exception no route handled is answered 500 with `Connection: close`
+    and logged in one line (its traceback at debug level), instead of reaching uvicorn, which
+    logs a traceback and drops a keep-alive connection without saying so; a client that left
+    (`ClientGone`) is sent nothing."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        started = False
+
+        async def send_tracked(message):
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_tracked)
+        except ClientGone:
+            return
+        except Exception as err:  # noqa: BLE001 - the last line of defence
+            where = traceback.extract_tb(err.__traceback__)[-1]
+            log.error("%s %s answered 500: %s: %s (%s, line %d)", scope["method"], scope["path"],
+                      type(err).__name__, " ".join(str(err).split())[:200], where.filename,
+                      where.lineno)
+            log.debug("the traceback of that 500", exc_info=err)
+            if not started:
+                await send_error(send, 500, f"the server failed on this request "
+                                            f"({type(err).__name__}); its log says where")
 
 
 class RequestMetrics:
@@ -84,7 +148,7 @@ class RequestMetrics:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        start, status = time.perf_counter(), 500
+        start, status = time.perf_counter(), None
 
         async def send_status(message):
             nonlocal status
@@ -96,16 +160,20 @@ class RequestMetrics:
             await self.app(scope, receive, send_status)
         finally:
             endpoint = scope["path"] if scope["path"] in PATHS else "other"
-            self.service.metrics.observe_request(endpoint, status, time.perf_counter() - start)
+            if status is None:  # the client left before its answer
+                self.service.metrics.observe_abort(endpoint)
+            else:
+                self.service.metrics.observe_request(endpoint, status,
+                                                     time.perf_counter() - start)
 
 
 def build_app(service: Service, lifespan=None) -> Starlette:
     routes = ROUTES + [Route("/health", health, methods=["GET"]),
                        Route("/metrics", metrics, methods=["GET"])]
     app = Starlette(routes=routes, lifespan=lifespan,
-                    exception_handlers={RequestError: request_error, HTTPException: http_error,
-                                        Exception: unexpected_error})
+                    exception_handlers={RequestError: request_error, HTTPException: http_error})
     app.state.service = service
     app.add_middleware(BodyReader, limits=service.limits)
+    app.add_middleware(FaultGuard)
     app.add_middleware(RequestMetrics, service=service)
     return app

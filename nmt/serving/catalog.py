@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 from nmt.models.translator import Translator
 from nmt.serving.batching import Batcher
-from nmt.serving.errors import RequestError
+from nmt.serving.errors import RequestError, shown
 
 # Names for GET /languages (LibreTranslate lists {"code", "name", "targets"}); a code not
 # here is named by itself.
@@ -59,19 +59,20 @@ class Catalog:
                 source = sources[0]
         model = self._by_pair.get((source, target))
         if model is None:
-            raise RequestError(400, f"no model for {source}->{target}: this server translates "
-                                    f"{self.pairs()}")
+            raise RequestError(400, f"no model for {_code(source)}->{_code(target)}: this "
+                                    f"server translates {self.pairs()}")
         return model
 
-    def by_id(self, model_id) -> ServedModel:
+    def by_id(self, model_id: object) -> ServedModel:
         """The model with OpenNMT-py id `model_id`; the only one when it is None."""
         if model_id is None and len(self.models) == 1:
             return self.models[0]
-        for model in self.models:
-            if model_id == model.id:
-                return model
+        if isinstance(model_id, int) and not isinstance(model_id, bool):
+            for model in self.models:
+                if model_id == model.id:
+                    return model
         ids = ", ".join(f"{m.id} ({m.pair})" for m in self.models)
-        raise RequestError(400, f"no model with id {model_id!r}: the ids served are {ids}")
+        raise RequestError(400, f"no model with id {shown(model_id)}: the ids served are {ids}")
 
     def languages(self) -> list[dict]:
         """LibreTranslate's GET /languages: each source with the targets it translates to."""
@@ -84,6 +85,11 @@ class Catalog:
             out.setdefault(m.target, {"code": m.target, "name": language_name(m.target),
                                       "targets": []})
         return list(out.values())
+
+
+def _code(text: str) -> str:
+    """A language code as an error message quotes it: as it is if short and printable."""
+    return text if len(text) <= 20 and text.isprintable() else shown(text)
 
 
 def language_name(code: str) -> str:

@@ -6,11 +6,15 @@
 
 Each --model serves one language pair, the languages train.py recorded with it, or those
 given as `--model SRC:TGT=PATH`. Search settings are translate.py's flags, applied to every
-model, so the server translates exactly as translate.py does with the same flags. The models
-load (a bad directory ends the command with one line), the server starts listening, and
-every search shape is compiled before /health answers 200 (`Translator.warm_up`); requests
-before then get 503 with Retry-After. SIGTERM or Ctrl-C stops accepting connections, answers
-every request already accepted, and exits 0.
+model, so the server translates exactly as translate.py does with the same flags. The flags
+are checked against the server's bounds, the address is bound (a port in use ends the
+command before any model loads), the models load (a bad directory ends the command with one
+line), the server starts listening, and every search shape is compiled before /health
+answers 200 (`Translator.warm_up`); requests before then get 503 with Retry-After. SIGTERM or
+Ctrl-C stops accepting connections, answers every request already accepted, and exits 0.
+Exit status: 0 after a requested stop, 1 for a fault (a model that cannot be read, a port in
+use, a failed warm-up), 2 for a mistake in the flags (a value past its bound, an address not
+of this machine).
 
 A separate command rather than a translate.py mode: in translate.py repeated --model flags
 make an ensemble, here they are the pairs served, and a server has settings of its own
@@ -52,10 +56,20 @@ LIMIT_FLAGS = (
     ("--char-limit", "max_characters", "characters per request", "413 above"),
     ("--max-sentences", "max_sentences", "sentences per request", "413 above"),
     ("--queue-sentences", "max_queue", "sentences waiting per model",
-     "503 with Retry-After above"),
+     "503 with Retry-After while full, 413 for a request larger than it"),
     ("--timeout", "timeout", "seconds from request to answer", "504 after"),
+    ("--header-timeout", "header_timeout", "seconds to receive a request's line and headers, "
+     "from its first byte (or the connection's start)", "408 and the connection closed after"),
     ("--body-timeout", "body_timeout", "seconds to receive a request's body", "408 after"),
 )
+# What an operator may ask of one server, each bound named where a flag passes it: past them a
+# setting does not serve requests but stalls them (a beam of 1,000 decodes 1,000 rows for each
+# sentence, and a search cannot be cancelled once it runs), or has start-up compile for
+# minutes.
+MAX_SECONDS = 3600.0   # --timeout, --header-timeout, --body-timeout
+MAX_BEAM = 64          # --beam (a beam of N decodes N rows per sentence)
+MAX_BATCH_TOKENS = 65_536  # --batch-tokens and --gather-tokens: 16x translate.py's batch
+MAX_SHAPES = 128       # search shapes compiled per model before the server is ready
 # On a CPU a call that fits one batch is searched as one (`Translator._call_batches`): half
 # translate.py's budget holds the calls of 32 clients' sentences at two searches, and
 # compiles fewer shapes than the whole budget, for the same speed (docs/serving.md). An
@@ -79,8 +93,9 @@ def build_parser() -> argparse.ArgumentParser:
     server.add_argument("--port", type=int, default=5000,
                         help="port (default 5000; 0 picks a free one, printed at start)")
     server.add_argument("--api-keys", metavar="FILE",
-                        help="require one of the keys in FILE (one per line) with every "
-                             "translation request, as api_key or 'Authorization: Bearer KEY'")
+                        help="require one of the keys in FILE with every translation "
+                             "request, as api_key or 'Authorization: Bearer KEY' (one key per "
+                             "line, read whole; a line starting with # is a comment)")
     server.add_argument("--access-log", action="store_true", help="log every request")
     server.add_argument("-q", "--quiet", action="store_true", help="warnings and errors only")
     batching = parser.add_argument_group("batching")
@@ -88,11 +103,13 @@ def build_parser() -> argparse.ArgumentParser:
                           help="source tokens per search batch, before dividing by the beam "
                                f"size (default {CPU_BATCH_TOKENS} on a CPU, where a call "
                                "that fits one batch is searched as one, "
-                               f"{ACCELERATOR_BATCH_TOKENS} on a GPU or TPU, as translate.py)")
+                               f"{ACCELERATOR_BATCH_TOKENS} on a GPU or TPU, as translate.py; "
+                               f"at most {MAX_BATCH_TOKENS})")
     batching.add_argument("--gather-tokens", type=int, default=2048,
                           help="source tokens of waiting requests searched in one call at most "
-                               "(default 2048); the call is cut into batches of --batch-tokens, "
-                               "sentences of similar length together")
+                               f"(default 2048, at most {MAX_BATCH_TOKENS}); the call is cut "
+                               "into batches of --batch-tokens, sentences of similar length "
+                               "together")
     batching.add_argument("--searches", type=int,
                           help="search calls run at once (default 2 on a CPU, where one small "
                                "batch keeps only part of the cores busy; 1 on a GPU or TPU)")
@@ -137,13 +154,18 @@ def check_args(args: argparse.Namespace) -> None:
     for flag, field, _, _ in LIMIT_FLAGS:
         value = getattr(args, field)
         if isinstance(value, float):
-            if not value > 0:
-                raise UsageError(f"{flag} must be > 0 seconds, got {value}.")
+            if not 0 < value <= MAX_SECONDS:
+                raise UsageError(f"{flag} must be more than 0 and at most {MAX_SECONDS:g} "
+                                 f"seconds, got {value}.")
         else:
             counts.append((flag, value))
     for flag, value in counts:
         if value is not None and value < 1:
             raise UsageError(f"{flag} must be >= 1, got {value}.")
+    for flag, value in counts[:2]:
+        if value is not None and value > MAX_BATCH_TOKENS:
+            raise UsageError(f"{flag} {value}: this server searches at most {MAX_BATCH_TOKENS} "
+                             "source tokens at once; give that or less.")
     if not 0 <= args.batch_wait_ms <= 1000:
         raise UsageError(f"--batch-wait-ms must be 0 to 1000, got {args.batch_wait_ms}.")
     if not 0 <= args.refill_wait_ms <= 1000:
@@ -198,8 +220,11 @@ def load_served_models(args: argparse.Namespace):
             model, tokenizer, values = load_models([path], dtype=args.dtype)
         except (ModelDirError, DataError) as err:
             raise InputError(str(err)) from None
-        source = source or values.get("source_lang")
-        target = target or values.get("target_lang")
+        recorded = (values.get("source_lang"), values.get("target_lang"))
+        if source and all(recorded) and (source, target) != recorded:
+            log.warning("--model %s: the model was trained for %s->%s (recorded with it); "
+                        "serving it as %s->%s, as asked", flag, *recorded, source, target)
+        source, target = source or recorded[0], target or recorded[1]
         if not (source and target):
             raise UsageError(f"--model {flag}: the model does not record its languages; "
                              f"give them as --model SRC:TGT={path}")
@@ -217,11 +242,32 @@ def load_served_models(args: argparse.Namespace):
         except ValueError as err:
             raise UsageError(f"--model {flag}: invalid search settings: "
                              f"{name_flags(str(err))}") from None
-        log.info("%s->%s: %s loaded in %.2f s; search: %s", source, target, path,
-                 time.perf_counter() - start,
-                 ", ".join(f"{k}={v}" for k, v in dataclasses.asdict(search).items()))
+        check_bounds(flag, translator, args)
+        log.info("%s->%s: %s loaded in %.2f s; search: %s; %d search shapes to compile "
+                 "(at most %d)", source, target, path, time.perf_counter() - start,
+                 ", ".join(f"{k}={v}" for k, v in dataclasses.asdict(search).items()),
+                 len(translator.search_shapes()), MAX_SHAPES)
         served.append(ServedModel(index, source, target, path, translator))
     return served
+
+
+def check_bounds(flag: str, translator, args: argparse.Namespace) -> None:
+    """UsageError naming the bound a model's search passes: its beam (MAX_BEAM), or the
+    search shapes its buckets and batch size make it compile (MAX_SHAPES)."""
+    from nmt.models.translator import rows_per_source
+
+    beam = rows_per_source(translator.search)
+    if beam > MAX_BEAM:
+        origin = "--beam" if args.beam is not None else "the model's stored beam size"
+        raise UsageError(f"--model {flag}: {origin} {beam}: this server searches with a beam "
+                         f"of at most {MAX_BEAM} (each beam is a row of every sentence's "
+                         f"search); give --beam {MAX_BEAM} or less")
+    shapes = len(translator.search_shapes())
+    if shapes > MAX_SHAPES:
+        raise UsageError(f"--model {flag}: --batch-tokens {args.batch_tokens} and the buckets "
+                         f"{','.join(map(str, translator.buckets))} make {shapes} search shapes "
+                         f"to compile, more than this server's {MAX_SHAPES}; give a smaller "
+                         "--batch-tokens or fewer --buckets")
 
 
 class _Stopping(Exception):
@@ -297,34 +343,50 @@ def run(args: argparse.Namespace) -> int:
     from nmt.serving.app import build_app
     from nmt.serving.catalog import Catalog
     from nmt.serving.metrics import Metrics
+    from nmt.serving.protocol import listening_socket, with_header_timeout
     from nmt.serving.service import Service
 
     check_args(args)
-    try:
-        keys = read_api_keys(args.api_keys) if args.api_keys else None
-    except ValueError as err:
-        raise UsageError(str(err)) from None
+    keys = read_keys(args.api_keys)
     limits = Limits(**{field: getattr(args, field) for _, field, _, _ in LIMIT_FLAGS})
+    sock = listening_socket(args.host, args.port)  # before the models: a port in use ends it
     enable_compilation_cache()
     service = Service(Catalog(load_served_models(args)), limits, Metrics(), keys)
     log.info(cli.allocator_status().line)
     server_holder: list = []
     app = build_app(service, make_lifespan(service, args, server_holder))
     server = _Server(uvicorn.Config(
-        app, host=args.host, port=args.port, log_config=None, access_log=args.access_log,
-        timeout_graceful_shutdown=int(limits.timeout) + 5, lifespan="on"))
+        app, log_config=None, access_log=args.access_log, lifespan="on", ws="none",
+        http=with_header_timeout(limits.header_timeout),
+        timeout_graceful_shutdown=int(limits.timeout) + 5))
     server_holder.append(server)
     # uvicorn raises the signal it caught again once it has shut down; these handlers take it,
     # so that a requested stop exits 0 rather than dying of the signal.
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, frame: None)
-    server.run()
+    server.run(sockets=[sock])
     if service.status == "failed":
         return cli.EXIT_FAULT
     if not server.started:
-        raise InputError(f"could not listen on {args.host}:{args.port} (see the error above); "
-                         "choose another --port or stop what uses it")
+        raise InputError(f"could not serve on {args.host}:{args.port} (see the error above)")
     return 0
+
+
+def read_keys(path: str | None) -> frozenset[str] | None:
+    """The keys of --api-keys (None without the flag); UsageError for a path that is empty,
+    unreadable or holds none."""
+    if path is None:
+        return None
+    try:
+        keys = read_api_keys(path)
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+    for key in keys:
+        if " #" in key or "\t#" in key:
+            log.warning("--api-keys %s: a key holds ' #'; keys are read whole, so it is part of "
+                        "the key (a comment is a line of its own, starting with #)", path)
+            break
+    return keys
 
 
 class _Server(uvicorn.Server):
@@ -340,7 +402,7 @@ class _Server(uvicorn.Server):
 
 def main(argv: Sequence[str] | None = None) -> int:
     """The server: its exit status (0 after a requested stop, 1 for a fault, 2 for a mistake
-    in the flags)."""
+    in the flags; the module's docstring lists them)."""
     return cli.guarded(PROG, lambda: _main(argv))
 
 

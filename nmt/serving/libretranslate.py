@@ -16,9 +16,9 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
-from nmt.serving.errors import RequestError
+from nmt.serving.errors import RequestError, shown
 from nmt.serving.params import api_key, request_params
-from nmt.serving.service import Service
+from nmt.serving.service import Service, unless_client_leaves
 from nmt.translation.paragraphs import split_html, split_text
 
 FORMATS = {"text": split_text, "html": split_html}
@@ -41,40 +41,48 @@ def _text_param(params: dict[str, Any], name: str, default: str | None = None) -
     if value is None or value == "":
         raise RequestError(400, f"Invalid request: missing {name} parameter")
     if not isinstance(value, str):
-        raise RequestError(400, f"Invalid request: {name} must be a string, got {value!r}")
+        raise RequestError(400, f"Invalid request: {name} must be a string, got {shown(value)}")
     return value
 
 
 def _alternatives(params: dict[str, Any], nbest: int) -> int:
-    value = params.get("alternatives", 0)
-    try:
-        count = int(value)
-    except (TypeError, ValueError):
+    """How many alternatives: an integer, or a string of ASCII digits (a form field)."""
+    given = params.get("alternatives", 0)
+    count = given
+    if isinstance(given, str) and given.strip().isascii() and given.strip().isdigit():
+        digits = given.strip()
+        count = int(digits) if len(digits) <= 9 else nbest  # past every nbest: refused below
+    elif isinstance(given, float) and given.is_integer():
+        count = int(given)
+    if not isinstance(count, int) or isinstance(count, bool):
         raise RequestError(400, f"Invalid request: alternatives must be an integer, got "
-                                f"{value!r}") from None
+                                f"{shown(given)}")
     if not 0 <= count < nbest:
-        raise RequestError(400, f"Invalid request: alternatives {count}: this model's search "
-                                f"keeps {nbest} hypotheses, so 0 to {nbest - 1} alternatives")
+        raise RequestError(400, f"Invalid request: alternatives {shown(given)}: this model's "
+                                f"search keeps {nbest} hypotheses, so 0 to {nbest - 1} "
+                                "alternatives")
     return count
 
 
 async def translate(request: Request) -> JSONResponse:
     service: Service = request.app.state.service
-    params = await request_params(request)
+    params = await request_params(request, service.limits)
     service.check_key(api_key(request, params))
     texts, is_list = _texts(params)
     source = _text_param(params, "source")
     target = _text_param(params, "target")
     form = _text_param(params, "format", "text")
     if form not in FORMATS:
-        raise RequestError(400, f"Invalid request: format {form!r}: use text or html")
+        raise RequestError(400, f"Invalid request: format {shown(form)}: use text or html")
     model = service.catalog.find(source, target)
     alternatives = _alternatives(params, model.translator.search.nbest)
-    service.limits.check_text(sum(map(len, texts)), 0)
+    # Every text counts as one sentence at least, an empty one too: 260,000 empty texts are
+    # 260,000 documents to split and join.
+    service.limits.check_texts(sum(map(len, texts)), len(texts))
     documents = [FORMATS[form](text, model.source) for text in texts]
     sentences = [sentence for document in documents for sentence in document.sentences]
-    service.limits.check_text(0, len(sentences))
-    hypotheses = await service.translate(model, sentences)
+    service.limits.check_sentences(sum(max(1, len(d.sentences)) for d in documents))
+    hypotheses = await unless_client_leaves(request, service.translate(model, sentences))
     results, offset = [], 0
     for document in documents:
         nbest = hypotheses[offset:offset + len(document.sentences)]

@@ -1,19 +1,19 @@
 """What one request may ask of the server, API keys, and the request body read under limits.
 
-`BodyReader` is the outermost layer of the application (raw ASGI): it reads each request's
-body before anything else sees it, refusing a body over `max_body_bytes` (413, at once when
-Content-Length says so) and a client that has not sent its whole body within `body_timeout`
-seconds (408), so that a slow or huge upload holds neither memory nor a search.
+`BodyReader` is the application's first layer to read a request (raw ASGI; only the metrics
+and the fault guard wrap it): it reads each request's body before anything else sees it,
+refusing a body over `max_body_bytes` (413, at once when Content-Length says so) and a client
+that has not sent its whole body within `body_timeout` seconds (408), so that a slow or huge
+upload holds neither memory nor a search.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 from pathlib import Path
 
-from nmt.serving.errors import RequestError
+from nmt.serving.errors import RequestError, send_error
 
 
 @dataclasses.dataclass(frozen=True)
@@ -23,26 +23,48 @@ class Limits:
     max_sentences: int = 1_000       # sentences of one request, after splitting
     max_queue: int = 4_096           # sentences waiting for a search, per model
     timeout: float = 30.0            # seconds from request to answer
+    header_timeout: float = 10.0     # seconds to receive a request's line and headers
     body_timeout: float = 10.0       # seconds to receive a request's body
 
-    def check_text(self, characters: int, sentences: int) -> None:
-        """RequestError 413 naming the limit a request passes."""
+    def check_texts(self, characters: int, texts: int) -> None:
+        """RequestError 413 naming the limit a request passes before its texts are split:
+        each text counts as one sentence at least, an empty one too."""
         if characters > self.max_characters:
             raise RequestError(413, f"the request has {characters} characters, more than this "
                                     f"server's limit of {self.max_characters} (--char-limit)")
+        if texts > self.max_sentences:
+            raise RequestError(413, f"the request has {texts} texts, more than this server's "
+                                    f"limit of {self.max_sentences} sentences (--max-sentences; "
+                                    "each text counts as one at least)")
+
+    def check_sentences(self, sentences: int) -> None:
+        """RequestError 413 if a request has more sentences than it may."""
         if sentences > self.max_sentences:
             raise RequestError(413, f"the request has {sentences} sentences, more than this "
                                     f"server's limit of {self.max_sentences} (--max-sentences)")
 
+    def check_queue(self, sentences: int) -> None:
+        """RequestError 413 if `sentences` for one model could never fit its queue: a 503
+        would have the client retry forever."""
+        if sentences > self.max_queue:
+            raise RequestError(413, f"the request has {sentences} sentences for one model, more "
+                                    f"than this server queues for it ({self.max_queue}, "
+                                    "--queue-sentences); send fewer at a time")
+
 
 def read_api_keys(path: str | Path) -> frozenset[str]:
-    """The keys in `path`, one per line ('#' starts a comment); ValueError naming the file
-    if it cannot be read or holds none."""
+    """The keys in `path`, one per line, each read whole (a '#' inside a key is part of it;
+    a line starting with '#' is a comment), a UTF-8 byte order mark dropped; ValueError naming
+    the file if the path is empty, the file cannot be read, or it holds no key."""
+    if not str(path).strip():
+        raise ValueError("--api-keys was given an empty path; give the file of keys, or leave "
+                         "the flag out to serve without keys")
     try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
+        lines = Path(path).read_text(encoding="utf-8-sig").splitlines()
     except (OSError, UnicodeDecodeError) as err:
         raise ValueError(f"--api-keys {path}: cannot be read ({err})") from None
-    keys = frozenset(line.split("#", 1)[0].strip() for line in lines) - {""}
+    keys = frozenset(line.strip() for line in lines
+                     if line.strip() and not line.lstrip().startswith("#"))
     if not keys:
         raise ValueError(f"--api-keys {path}: holds no key; write one key per line")
     return keys
@@ -69,10 +91,10 @@ class BodyReader:
                 raise _TooLarge
             body = await asyncio.wait_for(self._read(receive, limit), self.limits.body_timeout)
         except _TooLarge:
-            return await _error(send, 413, f"the request body is larger than this server's "
+            return await send_error(send, 413, f"the request body is larger than this server's "
                                            f"limit of {limit} bytes (--max-body-bytes)")
         except TimeoutError:
-            return await _error(send, 408, f"the request body did not arrive within "
+            return await send_error(send, 408, f"the request body did not arrive within "
                                            f"{self.limits.body_timeout:g} s (--body-timeout)")
         except _Disconnected:
             return None
@@ -116,11 +138,3 @@ def _content_length(scope) -> int | None:
                 return None
     return None
 
-
-async def _error(send, status: int, message: str) -> None:
-    body = json.dumps({"error": message}).encode()
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"),
-                            (b"content-length", str(len(body)).encode()),
-                            (b"connection", b"close")]})
-    await send({"type": "http.response.body", "body": body})

@@ -21,7 +21,8 @@ disable_created_metrics()  # the *_created series say when the server started, m
 
 
 class Metrics:
-    """Requests by endpoint and status, latency, search batches and queue depth."""
+    """Requests by endpoint and status, those aborted by their clients, latency, search
+    batches and queue depth."""
 
     content_type = CONTENT_TYPE_LATEST
 
@@ -31,6 +32,9 @@ class Metrics:
                                 ("endpoint", "code"), registry=self.registry)
         self.errors = Counter("nmt_request_errors", "HTTP requests answered with an error",
                               ("code",), registry=self.registry)
+        self.aborts = Counter("nmt_requests_aborted", "requests whose client closed the "
+                              "connection before the answer", ("endpoint",),
+                              registry=self.registry)
         self.latency = Histogram("nmt_request_seconds", "time from request to answer",
                                  ("endpoint",), buckets=LATENCY_BUCKETS, registry=self.registry)
         self.batch_sentences = Histogram("nmt_batch_sentences", "sentences per search call",
@@ -49,6 +53,10 @@ class Metrics:
         if code >= 400:
             self.errors.labels(str(code)).inc()
         self.latency.labels(endpoint).observe(seconds)
+
+    def observe_abort(self, endpoint: str) -> None:
+        """A request left unanswered because its client went away: no error of the server's."""
+        self.aborts.labels(endpoint).inc()
 
     def observe_batch(self, pair: str, batch: BatchRecord) -> None:
         self.batch_sentences.labels(pair).observe(batch.sentences)

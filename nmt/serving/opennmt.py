@@ -16,15 +16,17 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 
 from nmt.serving.errors import RequestError
+from nmt.serving.limits import Limits
 from nmt.serving.params import api_key, parse_json
-from nmt.serving.service import Service
+from nmt.serving.service import Service, unless_client_leaves
 
 
-def _items(body: bytes) -> list[dict]:
+def _items(body: bytes, limits: Limits) -> list[dict]:
     items = parse_json(body)
     if not isinstance(items, list) or not items:
         raise RequestError(400, 'the request body must be a non-empty JSON list such as '
                                 '[{"src": "A sentence.", "id": 0}]')
+    limits.check_sentences(len(items))
     for n, item in enumerate(items):
         if not isinstance(item, dict) or not isinstance(item.get("src"), str):
             raise RequestError(400, f"item {n} of the request has no src string: each item is "
@@ -35,15 +37,15 @@ def _items(body: bytes) -> list[dict]:
 async def translate(request: Request) -> JSONResponse:
     service: Service = request.app.state.service
     service.check_key(api_key(request))
-    items = _items(await request.body())
+    items = _items(await request.body(), service.limits)
+    service.limits.check_texts(sum(len(item["src"]) for item in items), len(items))
     models = [service.catalog.by_id(item.get("id")) for item in items]
-    service.limits.check_text(sum(len(item["src"]) for item in items), len(items))
     groups: dict[int, list[int]] = {}
     for n, model in enumerate(models):
         groups.setdefault(model.id, []).append(n)
-    answers = await asyncio.gather(*(
+    answers = await unless_client_leaves(request, asyncio.gather(*(
         service.translate(models[rows[0]], [items[n]["src"] for n in rows])
-        for rows in groups.values()))
+        for rows in groups.values())))
     hypotheses: list = [None] * len(items)
     for rows, nbest_lists in zip(groups.values(), answers):
         for n, nbest in zip(rows, nbest_lists):

@@ -1,10 +1,13 @@
 """A request's parameters from its query string and body (JSON, form or multipart), decoded
-strictly: invalid UTF-8 or malformed JSON is refused with the place it goes wrong, never
-replaced by U+FFFD."""
+strictly: invalid UTF-8, malformed JSON, a lone UTF-16 surrogate or a body nested past what
+the parser can follow is refused with what goes wrong, never replaced by U+FFFD or left to
+fail later. Parsing is linear in the body's size, and a form with more fields than a request
+can use is refused before it is parsed."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from typing import Any
 from urllib.parse import parse_qsl
 
@@ -12,7 +15,12 @@ from starlette.exceptions import HTTPException
 from starlette.formparsers import MultiPartException
 from starlette.requests import Request
 
-from nmt.serving.errors import RequestError
+from nmt.serving.errors import RequestError, shown
+from nmt.serving.limits import Limits
+
+# Form fields a request may have besides its texts (source, target, format, alternatives,
+# api_key, and a few a client may add).
+OTHER_FIELDS = 16
 
 
 def decode(data: bytes, what: str) -> str:
@@ -24,14 +32,44 @@ def decode(data: bytes, what: str) -> str:
 
 
 def parse_json(body: bytes) -> Any:
+    """The JSON value of `body`; RequestError 400 for anything that is not JSON text."""
     try:
-        return json.loads(decode(body, "request body"))
+        value = json.loads(decode(body, "request body"))
     except json.JSONDecodeError as err:
         raise RequestError(400, f"malformed JSON in the request body: {err.msg} (line "
                                 f"{err.lineno}, column {err.colno})") from None
+    except RecursionError:
+        raise RequestError(400, "the request body nests lists or objects too deeply for this "
+                                "server; a request needs two levels at most") from None
+    except ValueError as err:  # an integer of more digits than Python converts
+        raise RequestError(400, f"the request body holds a number this server cannot read "
+                                f"({' '.join(str(err).split()[:8])}...)") from None
+    _check_whole_characters(value)
+    return value
 
 
-def _pairs(text: str, what: str) -> list[tuple[str, str]]:
+def _check_whole_characters(value: Any) -> None:
+    """RequestError 400 if a string of `value` holds half of a UTF-16 surrogate pair: JSON's
+    \\uD800-\\uDFFF escapes decode to such halves, which are no character and no UTF-8."""
+    try:
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError as err:
+        half = ord(err.object[err.start])
+        raise RequestError(400, f"a string of the request body holds \\u{half:04x}, half of a "
+                                "UTF-16 surrogate pair without its other half; send whole "
+                                "characters") from None
+    except RecursionError:
+        raise RequestError(400, "the request body nests lists or objects too deeply for this "
+                                "server; a request needs two levels at most") from None
+
+
+def _pairs(text: str, what: str, limits: Limits) -> list[tuple[str, str]]:
+    fields = text.count("&") + 1
+    most = limits.max_sentences + OTHER_FIELDS
+    if fields > most:
+        raise RequestError(413, f"the {what} has {fields} fields, more than this server's "
+                                f"limit of {most} ({limits.max_sentences} texts, --max-sentences, "
+                                f"and {OTHER_FIELDS} others)")
     try:
         return parse_qsl(text, keep_blank_values=True, encoding="utf-8", errors="strict")
     except UnicodeDecodeError as err:
@@ -39,33 +77,34 @@ def _pairs(text: str, what: str) -> list[tuple[str, str]]:
                                 f"({err.reason}); send UTF-8 text") from None
 
 
-def _add(params: dict[str, Any], key: str, value: Any) -> None:
-    """A repeated key collects its values in a list (several q fields: a list of texts)."""
-    if key in params:
-        previous = params[key]
-        params[key] = [*previous, value] if isinstance(previous, list) else [previous, value]
-    else:
-        params[key] = value
+def _collect(pairs: Iterable[tuple[str, str]]) -> dict[str, str | list[str]]:
+    """Fields by name; a repeated name collects its values in a list (several q fields: a
+    list of texts), appended in place, so that N repeats cost N steps."""
+    params: dict[str, str | list[str]] = {}
+    for key, value in pairs:
+        previous = params.get(key)
+        if previous is None:
+            params[key] = value
+        elif isinstance(previous, list):
+            previous.append(value)
+        else:
+            params[key] = [previous, value]
+    return params
 
 
-async def request_params(request: Request) -> dict[str, Any]:
+async def request_params(request: Request, limits: Limits) -> dict[str, Any]:
     """The query string's parameters, overridden by those of the body: a JSON object, an
     urlencoded or a multipart form (LibreTranslate's clients send each of these)."""
-    params: dict[str, Any] = {}
-    query = request.scope.get("query_string", b"")
-    for key, value in _pairs(query.decode("latin-1"), "query string"):
-        _add(params, key, value)
+    query = request.scope.get("query_string", b"").decode("latin-1")
+    params: dict[str, Any] = _collect(_pairs(query, "query string", limits)) if query else {}
     body = await request.body()
     if not body.strip():
         return params
     kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if kind == "application/x-www-form-urlencoded":
-        form: dict[str, Any] = {}
-        for key, value in _pairs(decode(body, "request body"), "request body"):
-            _add(form, key, value)
-        params.update(form)
+        params.update(_collect(_pairs(decode(body, "request body"), "request body", limits)))
     elif kind == "multipart/form-data":
-        params.update(await _multipart(request))
+        params.update(await _multipart(request, limits))
     else:  # JSON, whatever the content type says (curl -d sends a form type by default)
         values = parse_json(body)
         if not isinstance(values, dict):
@@ -75,26 +114,33 @@ async def request_params(request: Request) -> dict[str, Any]:
     return params
 
 
-async def _multipart(request: Request) -> dict[str, Any]:
-    form: dict[str, Any] = {}
+async def _multipart(request: Request, limits: Limits) -> dict[str, Any]:
+    fields: list[tuple[str, str]] = []
     try:
-        async with request.form() as multipart:
+        async with request.form(max_fields=limits.max_sentences + OTHER_FIELDS) as multipart:
             for key, value in multipart.multi_items():
                 if not isinstance(value, str):
-                    raise RequestError(400, f"form field {key!r} is a file; send text fields")
-                _add(form, key, value)
+                    raise RequestError(400, f"form field {shown(key)} is a file; send text "
+                                            "fields")
+                fields.append((key, value))
     except MultiPartException as err:
         raise RequestError(400, f"malformed multipart form: {err.message}") from None
     except HTTPException as err:  # what Starlette makes of MultiPartException inside an app
         raise RequestError(400, f"malformed multipart form: {err.detail}") from None
-    return form
+    return _collect(fields)
 
 
 def api_key(request: Request, params: dict[str, Any] | None = None) -> str | None:
-    """The key sent as the api_key parameter or as `Authorization: Bearer KEY`."""
-    if params and params.get("api_key"):
-        return params["api_key"]
+    """The key sent as the api_key parameter or as `Authorization: Bearer KEY`; RequestError
+    400 if api_key is not one string."""
+    key = params.get("api_key") if params else request.query_params.get("api_key")
+    if key is not None and key != "":
+        if not isinstance(key, str):
+            raise RequestError(400, f"Invalid request: api_key must be one string, got "
+                                    f"{shown(key)}")
+        return key
     header = request.headers.get("authorization", "")
     if header.lower().startswith("bearer "):
         return header[7:].strip()
-    return request.query_params.get("api_key")
+    return None
+

@@ -1,0 +1,111 @@
+"""The server's HTTP connections: uvicorn's h11 protocol, with a deadline for each request's
+line and headers, and the listening socket, bound before the models load.
+
+uvicorn times out a connection that idles between requests (keep-alive), but not one that
+sends its headers a byte at a time, or nothing at all after connecting: a few hundred such
+connections would hold every file descriptor. `HeaderDeadline` answers 408 and closes a
+connection whose request line and headers have not all arrived `header_timeout` seconds after
+it opened, or after the first byte of a request that follows another; the body then has its
+own deadline (`limits.BodyReader`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import json
+import socket
+
+import h11
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from nmt.translation.errors import InputError, UsageError
+
+
+class HeaderDeadline(H11Protocol):
+    """uvicorn's h11 protocol, closing connections slow to send a request's headers."""
+
+    header_timeout = 10.0  # seconds; `with_header_timeout` makes a class with another
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        self._header_timer: asyncio.TimerHandle | None = None
+        super().connection_made(transport)
+        self._watch_headers()
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        self._watch_headers()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._stop_timer()
+        super().connection_lost(exc)
+
+    def _waiting_for_headers(self) -> bool:
+        """Whether a request has begun (or the connection just opened) without its headers:
+        h11 says IDLE of the client until a request's headers are complete."""
+        return self.conn.their_state is h11.IDLE and not self.transport.is_closing()
+
+    def _watch_headers(self) -> None:
+        if not self._waiting_for_headers():
+            self._stop_timer()
+        elif self._header_timer is None:
+            self._header_timer = self.loop.call_later(self.header_timeout, self._headers_late)
+
+    def _stop_timer(self) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+
+    def _headers_late(self) -> None:
+        self._header_timer = None
+        if not self._waiting_for_headers():
+            return
+        body = json.dumps({"error": f"the request's headers did not arrive within "
+                                    f"{self.header_timeout:g} s (--header-timeout)"}).encode()
+        # Written as it is: h11 sends a response only after a request's headers.
+        self.transport.write(b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json"
+                             b"\r\ncontent-length: %d\r\nconnection: close\r\n\r\n%s"
+                             % (len(body), body))
+        self.transport.close()
+
+
+def with_header_timeout(seconds: float) -> type[HeaderDeadline]:
+    """`HeaderDeadline` with a deadline of `seconds` (uvicorn makes one per connection)."""
+    return type("HeaderDeadline", (HeaderDeadline,), {"header_timeout": seconds})
+
+
+def listening_socket(host: str, port: int) -> socket.socket:
+    """A socket bound to `host`:`port` for the server to listen on, bound before the models
+    load, so that a port in use or an address not of this machine ends the command at once:
+    UsageError (exit status 2) for the address, InputError (1) for the port."""
+    if not host.strip():
+        raise UsageError("--host is empty, which would listen on every interface unasked; "
+                         "give 0.0.0.0 (or ::) for that, or an address such as 127.0.0.1")
+    try:
+        found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (socket.gaierror, UnicodeError) as err:
+        raise UsageError(f"--host {host}: not an address this machine can listen on "
+                         f"({getattr(err, 'strerror', None) or err}); give an IP address "
+                         "such as 127.0.0.1, 0.0.0.0 or ::1, or a name that resolves to one"
+                         ) from None
+    # A name with both (localhost): its IPv4 address, which clients try first or after ::1.
+    family, kind, proto, _, address = min(found, key=lambda info: info[0] != socket.AF_INET)
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(address)
+    except OSError as err:
+        sock.close()
+        where = f"{host}:{port}"
+        if err.errno == errno.EADDRINUSE:
+            raise InputError(f"cannot listen on {where}: the port is in use; choose another "
+                             "--port (0 picks a free one) or stop what uses it") from None
+        if err.errno == errno.EADDRNOTAVAIL:
+            raise UsageError(f"--host {host}: not an address of this machine; give one of its "
+                             "addresses, 127.0.0.1, or 0.0.0.0 for every interface") from None
+        if err.errno == errno.EACCES:
+            raise InputError(f"cannot listen on {where}: permission denied (ports below 1024 "
+                             "need privileges); choose --port 1024 or above") from None
+        raise InputError(f"cannot listen on {where}: {err.strerror}") from None
+    sock.set_inheritable(True)
+    return sock

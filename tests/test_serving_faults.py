@@ -1,0 +1,507 @@
+"""The translation server against a hostile client: bodies built to stall it, values of every
+JSON type where another is expected, clients that leave or dawdle, and flags that would make it
+serve nothing. Each request gets a 4xx naming its limit or its fault, in one line, on a
+connection that stays usable; the server stays live after each (/health); a flag that cannot
+serve ends the command in one line before the model loads.
+
+The server is a real `python -m nmt.serving` process on 127.0.0.1 (tests/serving_process.py)
+serving the tiny untrained model of tests/translate_model.py.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import re
+import socket
+import time
+
+import pytest
+from serving_process import Server
+
+from translate_model import sentences
+
+SHAPES = ["--buckets", "16", "--batch-tokens", "128"]
+KEYS = "\ufeffbom-first-key\n# a comment line\np#ssw0rd-long-secret\n"
+KEY = "p#ssw0rd-long-secret"
+QUEUE = 8
+PAIR = {"source": "de", "target": "en"}
+
+
+@pytest.fixture(scope="module")
+def guarded(run_dir, env, tmp_path_factory):
+    """A server with keys, a queue of 8 sentences and a one-second deadline for headers."""
+    keys = tmp_path_factory.mktemp("keys") / "keys.txt"
+    keys.write_text(KEYS, encoding="utf-8")
+    server = Server.start(["--model", run_dir, *SHAPES, "--api-keys", keys,
+                           "--queue-sentences", QUEUE, "--max-sentences", 200,
+                           "--header-timeout", 1, "--body-timeout", 2], env)
+    yield server
+    assert server.stop() == 0, "".join(server.log)
+
+
+def http_request(method: str, path: str, body: bytes = b"", content_type: str =
+                 "application/json", headers: str = "") -> bytes:
+    return (f"{method} {path} HTTP/1.1\r\nHost: test\r\nContent-Type: {content_type}\r\n"
+            f"Content-Length: {len(body)}\r\n{headers}\r\n").encode() + body
+
+
+def exchange(server: Server, data: bytes, answers: int, wait: float = 30
+             ) -> list[tuple[int, dict[str, str], bytes]]:
+    """Send `data` (one or several pipelined requests) on one connection and read `answers`
+    responses, or as many as come before the server closes it."""
+    out = []
+    with socket.create_connection(("127.0.0.1", server.port), timeout=wait) as sock:
+        sock.sendall(data)
+        stream = sock.makefile("rb")
+        for _ in range(answers):
+            status_line = stream.readline()
+            if not status_line:
+                break
+            headers = {}
+            while (line := stream.readline()) not in (b"\r\n", b""):
+                name, _, value = line.decode().partition(":")
+                headers[name.strip().lower()] = value.strip()
+            out.append((int(status_line.split()[1]), headers,
+                        stream.read(int(headers.get("content-length", 0)))))
+    return out
+
+
+def post(server: Server, path: str, body: bytes | dict | list, wait: float = 30,
+         content_type: str = "application/json", headers: str = "") -> tuple[int, dict]:
+    if not isinstance(body, bytes):
+        body = json.dumps(body).encode()
+    [(status, _, answer)] = exchange(
+        server, http_request("POST", path, body, content_type, headers), 1, wait)
+    return status, json.loads(answer)
+
+
+BEARER = f"Authorization: Bearer {KEY}\r\n"
+
+
+def metric(server: Server, name: str, labels: str = "") -> float:
+    """The value of one series of /metrics (0 if the server has not made it yet)."""
+    text = server.request("GET", "/metrics")[2].decode()
+    found = re.search(rf"^{re.escape(name)}(?:{{{re.escape(labels)}}})? (\S+)$", text,
+                      re.MULTILINE)
+    return float(found.group(1)) if found else 0.0
+
+
+def assert_live(server: Server) -> None:
+    status, _, body = server.request("GET", "/health", timeout=10)
+    assert status == 200, body
+
+
+# ----------------------------------------------------------------------------- bodies
+
+
+def test_349000_form_fields_are_refused_at_once_and_the_server_stays_live(guarded):
+    """Repeated fields once cost quadratic time: 349,000 `q=&` fields (1 MiB) held the event
+    loop for two minutes, with or without a key. Now the fields are counted before the form is
+    parsed, and parsing is linear."""
+    for key in (f"api_key={KEY}&", ""):
+        body = f"source=de&target=en&{key}".encode() + b"q=&" * 349_000
+        began = time.monotonic()
+        status, answer = post(guarded, "/translate", body, wait=20,
+                              content_type="application/x-www-form-urlencoded")
+        assert status == 413, answer
+        assert "fields, more than this server's limit" in answer["error"]
+        assert "--max-sentences" in answer["error"]
+        assert time.monotonic() - began < 10
+        assert_live(guarded)
+
+
+def test_form_parsing_is_linear_in_the_fields():
+    """The parser alone, past any limit: 349,000 repeats of one field in well under a second
+    (the quadratic one took 84 s on this machine)."""
+    from nmt.serving.params import _collect
+
+    began = time.perf_counter()
+    params = _collect([("q", "")] * 349_000 + [("source", "de")])
+    assert time.perf_counter() - began < 2
+    assert params["q"] == [""] * 349_000 and params["source"] == "de"
+
+
+def test_empty_texts_count_against_the_sentence_limit(guarded):
+    status, answer = post(guarded, "/translate", {"q": [""] * 260_000, **PAIR, "api_key": KEY})
+    assert status == 413, answer
+    assert "260000 texts, more than this server's limit of 200 sentences" in answer["error"]
+    status, answer = post(guarded, "/translator/translate", [{"src": ""}] * 5_000,
+                          headers=BEARER)
+    assert status == 413, answer
+    assert "5000 sentences, more than this server's limit of 200" in answer["error"]
+    status, answer = post(guarded, "/translate", {"q": ["", " ", ""], **PAIR, "api_key": KEY})
+    assert (status, answer) == (200, {"translatedText": ["", " ", ""]})
+
+
+FAULTY_BODIES = [
+    ("an integer of 5,001 digits", "/translate",
+     b'{"q": "Hallo.", "source": "de", "target": "en", "api_key": "%s", "alternatives": 1%s}'
+     % (KEY.encode(), b"0" * 5000), "cannot read"),
+    ("q nested 100,000 lists deep", "/translate",
+     b'{"q": ' + b"[" * 100_000 + b"]" * 100_000 + b', "source": "de", "target": "en"}',
+     "nests lists or objects too deeply"),
+    ("a lone surrogate in q", "/translate",
+     b'{"q": "Ein \\ud800 Mann.", "source": "de", "target": "en"}', "\\ud800, half of"),
+    ("a lone surrogate in source", "/translate",
+     b'{"q": "Ein Mann.", "source": "\\udfff", "target": "en"}', "\\udfff, half of"),
+    ("a lone surrogate in html", "/translate",
+     b'{"q": "<p>Ein \\ud834</p>", "format": "html", "source": "de", "target": "en"}',
+     "\\ud834, half of"),
+    ("a lone surrogate in an OpenNMT src", "/translator/translate",
+     b'[{"src": "Ein Mann \\ud800.", "id": 0}]', "\\ud800, half of"),
+    ("alternatives 1e400", "/translate",
+     b'{"q": "Hallo.", "source": "de", "target": "en", "api_key": "%s", "alternatives": 1e400}'
+     % KEY.encode(), "alternatives must be an integer"),
+    ("api_key a list", "/translate",
+     b'{"q": "Hallo.", "source": "de", "target": "en", "api_key": ["a", "b"]}',
+     "api_key must be one string, got a list of 2"),
+    ("api_key an object", "/translate",
+     b'{"q": "Hallo.", "source": "de", "target": "en", "api_key": {"k": 1}}',
+     "api_key must be one string, got an object"),
+]
+
+
+@pytest.mark.parametrize("path, body, message", [case[1:] for case in FAULTY_BODIES],
+                         ids=[case[0] for case in FAULTY_BODIES])
+def test_bodies_that_once_ended_in_a_500_get_400_on_a_connection_that_stays_open(
+        guarded, path, body, message):
+    """Each is answered 400 in one line, and the request pipelined behind it on the same
+    keep-alive connection is answered too (a 500 used to drop the connection)."""
+    follow = http_request("GET", "/health")
+    answers = exchange(guarded, http_request("POST", path, body, headers=BEARER) + follow, 2)
+    assert len(answers) == 2, answers
+    (status, headers, answer), (next_status, _, _) = answers
+    error = json.loads(answer)["error"]
+    assert status == 400, error
+    assert message in error and "\n" not in error
+    assert headers.get("connection") != "close"
+    assert next_status == 200
+
+
+def test_a_repeated_api_key_field_is_refused(guarded):
+    body = f"q=Hallo.&source=de&target=en&api_key={KEY}&api_key=other".encode()
+    status, answer = post(guarded, "/translate", body,
+                          content_type="application/x-www-form-urlencoded")
+    assert status == 400 and "api_key must be one string" in answer["error"]
+
+
+def test_a_500_closes_its_connection_and_is_logged_in_one_line(caplog):
+    """A fault no one foresaw (here a search that raises): 500 with `Connection: close` and a
+    one-line error, one log line naming the exception and where; no traceback at INFO."""
+    from types import SimpleNamespace
+
+    from starlette.testclient import TestClient
+
+    from nmt.serving.app import build_app
+    from nmt.serving.catalog import Catalog, ServedModel
+    from nmt.serving.limits import Limits
+    from nmt.serving.metrics import Metrics
+    from nmt.serving.service import Service
+
+    async def broken_search(sentences):
+        raise ZeroDivisionError("a bug")
+
+    translator = SimpleNamespace(search=SimpleNamespace(nbest=1))
+    model = ServedModel(0, "de", "en", "runs/x", translator,
+                        batcher=SimpleNamespace(translate=broken_search))
+    service = Service(Catalog([model]), Limits(), Metrics(), ready=True)
+    client = TestClient(build_app(service))
+    with caplog.at_level(logging.INFO, logger="nmt.serving"):
+        answer = client.post("/translate", json={"q": "Hallo.", **PAIR})
+    assert answer.status_code == 500
+    assert answer.headers["connection"] == "close"
+    assert answer.json() == {"error": "the server failed on this request (ZeroDivisionError); "
+                                      "its log says where"}
+    [record] = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert "POST /translate answered 500: ZeroDivisionError: a bug" in record.getMessage()
+    assert "test_serving_faults.py" in record.getMessage() and record.exc_info is None
+    assert 'nmt_request_errors_total{code="500"} 1.0' in service.metrics.exposition().decode()
+
+
+# ----------------------------------------------------------------------------- keys
+
+
+def test_keys_are_read_whole_and_a_bom_is_dropped(guarded):
+    request = {"q": "Hallo.", **PAIR}
+    assert post(guarded, "/translate", {**request, "api_key": KEY})[0] == 200
+    assert post(guarded, "/translate", {**request, "api_key": "bom-first-key"})[0] == 200
+    for cut in ("p", "\ufeffbom-first-key", "# a comment line"):
+        status, answer = post(guarded, "/translate", {**request, "api_key": cut})
+        assert (status, answer) == (403, {"error": "Invalid API key"}), cut
+
+
+def test_read_api_keys(tmp_path):
+    from nmt.serving.limits import read_api_keys
+
+    path = tmp_path / "keys.txt"
+    path.write_bytes(b"\xef\xbb\xbfk1\r\n  # comment\n\nk#2 # not a comment\n")
+    assert read_api_keys(path) == {"k1", "k#2 # not a comment"}
+    with pytest.raises(ValueError, match="empty path"):
+        read_api_keys("")
+    path.write_text("# only a comment\n")
+    with pytest.raises(ValueError, match="holds no key"):
+        read_api_keys(path)
+
+
+# ----------------------------------------------------------------------------- the queue
+
+
+def test_a_request_larger_than_the_queue_gets_413_not_503(guarded):
+    text = " ".join(sentences(QUEUE + 1, seed=3))
+    status, answer = post(guarded, "/translate", {"q": text, **PAIR, "api_key": KEY})
+    assert status == 413, answer
+    assert f"more than this server queues for it ({QUEUE}, --queue-sentences)" in answer["error"]
+    status, answer = post(guarded, "/translate", {"q": " ".join(sentences(QUEUE, seed=3)),
+                                                  **PAIR, "api_key": KEY})
+    assert status == 200, answer
+
+
+# ----------------------------------------------------------------------------- clients
+
+
+def test_clients_that_close_mid_body_are_counted_as_aborts_not_500s(guarded):
+    errors_before = metric(guarded, "nmt_request_errors_total", 'code="500"')
+    aborts_before = metric(guarded, "nmt_requests_aborted_total", 'endpoint="/translate"')
+    for _ in range(50):
+        with socket.create_connection(("127.0.0.1", guarded.port), timeout=10) as sock:
+            sock.sendall(b"POST /translate HTTP/1.1\r\nHost: test\r\nContent-Type: "
+                         b'application/json\r\nContent-Length: 100\r\n\r\n{"q": "Hal')
+    deadline = time.monotonic() + 20
+    while (metric(guarded, "nmt_requests_aborted_total", 'endpoint="/translate"')
+           < aborts_before + 50 and time.monotonic() < deadline):
+        time.sleep(0.1)
+    assert metric(guarded, "nmt_requests_aborted_total",
+                  'endpoint="/translate"') == aborts_before + 50
+    assert metric(guarded, "nmt_request_errors_total", 'code="500"') == errors_before
+
+
+def test_slow_headers_get_408_and_the_connection_closed(guarded):
+    began = time.monotonic()
+    with socket.create_connection(("127.0.0.1", guarded.port), timeout=15) as sock:
+        sock.sendall(b"POST /translate HTTP/1.1\r\nHost: te")
+        answer = sock.recv(65536)
+        assert sock.recv(65536) == b""  # closed
+    assert answer.startswith(b"HTTP/1.1 408")
+    assert b"did not arrive within 1 s (--header-timeout)" in answer
+    assert time.monotonic() - began < 5
+    with socket.create_connection(("127.0.0.1", guarded.port), timeout=15) as sock:
+        assert sock.recv(65536).startswith(b"HTTP/1.1 408")  # nothing sent at all
+    assert_live(guarded)
+
+
+def test_a_request_whose_client_left_is_not_searched(run_dir, env):
+    """The request waits a second for company; its client leaves after a fifth of that: the
+    server searches nothing, and counts the request as aborted."""
+    server = Server.start(["--model", run_dir, *SHAPES, "--batch-wait-ms", "1000"], env)
+    try:
+        calls = metric(server, "nmt_batch_sentences_count", 'pair="de-en"')
+        with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+            sock.sendall(http_request("POST", "/translate", json.dumps(
+                {"q": "Ein Mann.", **PAIR}).encode()))
+            time.sleep(0.2)
+        time.sleep(2)
+        assert metric(server, "nmt_batch_sentences_count", 'pair="de-en"') == calls
+        assert metric(server, "nmt_requests_aborted_total", 'endpoint="/translate"') == 1
+        status, answer = server.post_json("/translate", {"q": "Ein Mann.", **PAIR})
+        assert status == 200, answer  # a client that stays is answered
+        assert metric(server, "nmt_batch_sentences_count", 'pair="de-en"') == calls + 1
+    finally:
+        assert server.stop() == 0, "".join(server.log)
+
+
+# ----------------------------------------------------------------------------- a fuzz
+
+
+def _value(rng: random.Random, depth: int = 0):
+    """A random JSON value: every type, strings with what breaks text handling."""
+    kinds = ["str", "int", "float", "bool", "null", "list", "object"]
+    kind = rng.choice(kinds if depth < 4 else kinds[:5])
+    if kind == "str":
+        return rng.choice(["", " ", "Ein Mann.", "de", "en", "html", "text", "\x00", "\u2028",
+                           "<p>Ein <b>Mann</b>.</p>", "<", "&amp;", "\ufeff", "\U0001f600",
+                           "a" * rng.randint(1, 3000), "Ein Mann. " * rng.randint(1, 40),
+                           "\n\n\t", "\\ud800", "%ff", "auto"])
+    if kind == "int":
+        return rng.choice([0, 1, -1, 2, 7, 10**rng.randint(1, 30), -(2**63)])
+    if kind == "float":
+        return rng.choice([0.0, 1.0, 0.5, -1.5, 1e300, -1e-300])
+    if kind == "bool":
+        return rng.random() < 0.5
+    if kind == "null":
+        return None
+    if kind == "list":
+        return [_value(rng, depth + 1) for _ in range(rng.randint(0, 5))]
+    return {rng.choice(["q", "src", "id", "x"]): _value(rng, depth + 1)
+            for _ in range(rng.randint(0, 3))}
+
+
+def _body(rng: random.Random) -> tuple[str, bytes, str]:
+    """(path, body, content type) of a random request."""
+    fields = ["q", "source", "target", "format", "alternatives", "api_key", "extra"]
+    shape = rng.choice(["libre", "libre", "opennmt", "form", "multipart", "raw"])
+    if shape == "libre":
+        params = {"q": "Ein Mann.", **PAIR, "api_key": KEY}
+        for _ in range(rng.randint(1, 3)):
+            params[rng.choice(fields)] = _value(rng)
+        text = json.dumps(params, ensure_ascii=rng.random() < 0.5)
+        text = text.replace('"\\\\ud800"', '"\\ud800"')  # a lone surrogate, escaped
+        return "/translate", _encoded(rng, text), "application/json"
+    if shape == "opennmt":
+        items = [rng.choice([{"src": "Ein Mann.", "id": 0}, {"src": _value(rng)},
+                             {"src": "Ein Mann.", "id": _value(rng)}, _value(rng)])
+                 for _ in range(rng.randint(0, 4))]
+        return "/translator/translate", _encoded(rng, json.dumps(items)), "application/json"
+    if shape == "form":
+        values = ["", "de", "en", "x", "%ff", "%ed%a0%80", "%", "Ein+Mann.", KEY]
+        pairs = [f"{rng.choice(fields)}={rng.choice(values)}" for _ in range(rng.randint(0, 12))]
+        return ("/translate", "&".join(pairs).encode(),
+                rng.choice(["application/x-www-form-urlencoded", "text/plain"]))
+    if shape == "multipart":
+        boundary = "b0undary"
+        values = ["de", "en", "", KEY, "Ein Mann."]
+        parts = "".join(f'--{boundary}\r\nContent-Disposition: form-data; name="'
+                        f'{rng.choice(fields)}"\r\n\r\n{rng.choice(values)}\r\n'
+                        for _ in range(rng.randint(0, 6)))
+        end = rng.choice([f"--{boundary}--\r\n", "", "--"])
+        return ("/translate", (parts + end).encode(),
+                f"multipart/form-data; boundary={boundary}")
+    raw = rng.choice([b"", b"null", b"[]", b"{}", b'"q"', b"1e400", b"NaN", b"{" * 5000,
+                      b"[" * 5000, b'[{"src": ' + b"[" * 900 + b"]" * 900 + b"}]",
+                      b'{"q": "\xff"}', b"\xef\xbb\xbf{}", b'{"q": "a", "q": ["b"]}',
+                      "{\"q\": \"Ein Mann.\"}".encode("utf-16")])
+    return rng.choice(["/translate", "/translator/translate"]), raw, "application/json"
+
+
+def _encoded(rng: random.Random, text: str) -> bytes:
+    """`text` as UTF-8 mostly; sometimes UTF-16, Latin-1 or with a byte order mark."""
+    how = rng.random()
+    if how < 0.8:
+        return text.encode("utf-8", "surrogatepass")
+    if how < 0.9:
+        return text.encode("utf-16", "surrogatepass")
+    if how < 0.95:
+        return text.encode("latin-1", "replace")
+    return b"\xef\xbb\xbf" + text.encode("utf-8", "surrogatepass")
+
+
+def test_a_fuzz_of_request_bodies_gets_no_5xx(guarded):
+    """Random JSON shapes, types, depths, repeated fields and encodings, 300 requests (at most
+    90 s): none is answered 5xx or left unanswered, and /health answers after each."""
+    rng = random.Random(20261203)
+    deadline = time.monotonic() + 90
+    statuses: dict[int, int] = {}
+    for n in range(300):
+        if time.monotonic() > deadline:
+            break
+        path, body, kind = _body(rng)
+        headers = BEARER if rng.random() < 0.8 else ""
+        answers = exchange(guarded, http_request("POST", path, body, kind, headers), 1)
+        assert answers, f"request {n} got no answer: {path} {body[:200]!r}"
+        status, _, answer = answers[0]
+        assert status < 500, f"request {n}: {status} {answer[:300]!r} for {body[:300]!r}"
+        error = json.loads(answer).get("error", "") if status >= 400 else ""
+        assert "\n" not in error
+        statuses[status] = statuses.get(status, 0) + 1
+        assert_live(guarded)
+    assert sum(statuses.values()) >= 100, statuses
+    assert statuses.get(200, 0) > 0 and statuses.get(400, 0) > 0, statuses
+
+
+# ----------------------------------------------------------------------------- flags
+
+
+def _serve(argv: list[str], capsys, monkeypatch) -> tuple[int, str]:
+    """`python -m nmt.serving ARGV` in this process, failing if it gets to load a model."""
+    from nmt.serving import command
+
+    def no_model(args):
+        raise AssertionError("the model was loaded before the flags were refused")
+
+    monkeypatch.setattr(command, "load_served_models", no_model)
+    code = command.main(argv)
+    return code, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--api-keys", ""], "--api-keys was given an empty path"),
+    (["--host", ""], "--host is empty"),
+    (["--host", "bad.invalid"], "--host bad.invalid: not an address this machine can listen on"),
+    (["--host", "192.0.2.1"], "--host 192.0.2.1: not an address of this machine"),
+    (["--timeout", "inf"], "--timeout must be more than 0 and at most 3600 seconds, got inf"),
+    (["--header-timeout", "nan"], "--header-timeout must be more than 0"),
+    (["--batch-tokens", "1000000000"], "--batch-tokens 1000000000: this server searches at "
+                                       "most 65536"),
+    (["--gather-tokens", "100000"], "--gather-tokens 100000"),
+], ids=["empty keys path", "empty host", "bad host", "other host", "timeout inf",
+        "header timeout nan", "batch tokens", "gather tokens"])
+def test_flags_that_cannot_serve_end_in_one_line_before_the_model_loads(
+        run_dir, flags, message, capsys, monkeypatch):
+    code, err = _serve(["--model", str(run_dir), "--port", "0", *flags], capsys, monkeypatch)
+    assert code == 2, err
+    assert message in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_a_port_in_use_ends_in_one_line_before_the_model_loads(run_dir, capsys, monkeypatch):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        code, err = _serve(["--model", str(run_dir), "--port", str(port)], capsys, monkeypatch)
+    assert code == 1, err
+    assert f"cannot listen on 127.0.0.1:{port}: the port is in use" in err
+    assert len(err.strip().splitlines()) == 1, err
+
+
+def test_search_bounds_are_named_when_a_model_passes_them(run_dir):
+    from nmt.serving import command
+    from nmt.translation.errors import UsageError
+
+    def load(*flags):
+        args = command.build_parser().parse_args(["--model", str(run_dir), *flags])
+        command.check_args(args)
+        return command.load_served_models(args)
+
+    with pytest.raises(UsageError, match="--beam 1000: this server searches with a beam of at "
+                                         "most 64"):
+        load("--beam", "1000")
+    buckets = ",".join(map(str, range(8, 65)))
+    with pytest.raises(UsageError, match=r"make \d+ search shapes to compile, more than this "
+                                         r"server's 128"):
+        load("--batch-tokens", "65536", "--buckets", buckets)
+    assert load("--beam", "64", "--buckets", "16")  # at the bound
+
+
+def test_languages_given_against_the_models_record_are_warned_of(run_dir, caplog):
+    from nmt.serving import command
+
+    for pair, warned in (("fr:en", True), ("de:en", False)):
+        args = command.build_parser().parse_args(["--model", f"{pair}={run_dir}",
+                                                  "--buckets", "16"])
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="nmt.serving"):
+            [model] = command.load_served_models(args)
+        assert model.pair == pair.replace(":", "-")
+        warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+        assert bool(warnings) == warned, warnings
+        if warned:
+            assert "trained for de->en (recorded with it); serving it as fr->en" in warnings[0]
+
+
+# ----------------------------------------------------------------------------- the page
+
+
+def test_the_page_has_a_content_security_policy_that_allows_its_own_script(guarded):
+    import base64
+    import hashlib
+
+    status, headers, page = guarded.request("GET", "/")
+    assert status == 200
+    policy = headers["content-security-policy"]
+    assert headers["x-frame-options"] == "DENY"
+    assert "default-src 'none'" in policy and "frame-ancestors 'none'" in policy
+    script = re.search(rb"<script>(.*?)</script>", page, re.DOTALL).group(1)
+    digest = base64.b64encode(hashlib.sha256(script).digest()).decode()
+    assert f"script-src 'sha256-{digest}'" in policy
+    assert "unsafe-inline" not in policy
