@@ -505,3 +505,14 @@ def test_the_page_has_a_content_security_policy_that_allows_its_own_script(guard
     digest = base64.b64encode(hashlib.sha256(script).digest()).decode()
     assert f"script-src 'sha256-{digest}'" in policy
     assert "unsafe-inline" not in policy
+
+
+def test_the_hostile_benchs_bodies_fit_the_default_body_limit():
+    """bench.serve_hostile times what a server does with each body, so each must pass the
+    1 MiB limit rather than be refused unread."""
+    from bench.serve_hostile import bodies
+    from nmt.serving.limits import Limits
+
+    sizes = {name: len(body) for name, (_, body) in bodies("de", "en").items()}
+    assert all(size <= Limits().max_body_bytes for size in sizes.values()), sizes
+    assert sizes["form-fields"] > 0.99 * Limits().max_body_bytes

@@ -78,7 +78,8 @@ async def translate(request: Request) -> JSONResponse:
     alternatives = _alternatives(params, model.translator.search.nbest)
     # Every text counts as one sentence at least, an empty one too: 260,000 empty texts are
     # 260,000 documents to split and join.
-    service.limits.check_texts(sum(map(len, texts)), len(texts))
+    service.limits.check_characters(sum(map(len, texts)))
+    service.limits.check_texts(len(texts))
     documents = [FORMATS[form](text, model.source) for text in texts]
     sentences = [sentence for document in documents for sentence in document.sentences]
     service.limits.check_sentences(sum(max(1, len(d.sentences)) for d in documents))

@@ -26,12 +26,15 @@ class Limits:
     header_timeout: float = 10.0     # seconds to receive a request's line and headers
     body_timeout: float = 10.0       # seconds to receive a request's body
 
-    def check_texts(self, characters: int, texts: int) -> None:
-        """RequestError 413 naming the limit a request passes before its texts are split:
-        each text counts as one sentence at least, an empty one too."""
+    def check_characters(self, characters: int) -> None:
+        """RequestError 413 if a request's texts have more characters than it may."""
         if characters > self.max_characters:
             raise RequestError(413, f"the request has {characters} characters, more than this "
                                     f"server's limit of {self.max_characters} (--char-limit)")
+
+    def check_texts(self, texts: int) -> None:
+        """RequestError 413 if a request has more texts than it may have sentences: checked
+        before they are split, each counting as one sentence at least, an empty one too."""
         if texts > self.max_sentences:
             raise RequestError(413, f"the request has {texts} texts, more than this server's "
                                     f"limit of {self.max_sentences} sentences (--max-sentences; "

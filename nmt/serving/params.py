@@ -21,6 +21,8 @@ from nmt.serving.limits import Limits
 # Form fields a request may have besides its texts (source, target, format, alternatives,
 # api_key, and a few a client may add).
 OTHER_FIELDS = 16
+TOO_DEEP = ("the request body nests lists or objects too deeply for this server; a request "
+            "needs two levels at most")
 
 
 def decode(data: bytes, what: str) -> str:
@@ -39,8 +41,7 @@ def parse_json(body: bytes) -> Any:
         raise RequestError(400, f"malformed JSON in the request body: {err.msg} (line "
                                 f"{err.lineno}, column {err.colno})") from None
     except RecursionError:
-        raise RequestError(400, "the request body nests lists or objects too deeply for this "
-                                "server; a request needs two levels at most") from None
+        raise RequestError(400, TOO_DEEP) from None
     except ValueError as err:  # an integer of more digits than Python converts
         raise RequestError(400, f"the request body holds a number this server cannot read "
                                 f"({' '.join(str(err).split()[:8])}...)") from None
@@ -59,8 +60,7 @@ def _check_whole_characters(value: Any) -> None:
                                 "UTF-16 surrogate pair without its other half; send whole "
                                 "characters") from None
     except RecursionError:
-        raise RequestError(400, "the request body nests lists or objects too deeply for this "
-                                "server; a request needs two levels at most") from None
+        raise RequestError(400, TOO_DEEP) from None
 
 
 def _pairs(text: str, what: str, limits: Limits) -> list[tuple[str, str]]:
