@@ -130,13 +130,6 @@ def _tsv_pairs(path: Path) -> Iterator[tuple[str, str]]:
         yield fields[0], fields[1]
 
 
-def read_tsv(path: str | Path) -> datasets.Dataset:
-    """Read `source<TAB>target` lines; blank lines and pairs with an empty side are dropped
-    and counted."""
-    path = Path(path)
-    return _files_pairs([path], "tsv", str(path), _tsv_pairs(path))
-
-
 def _pick_pair(inner, src: str, tgt: str, where: str) -> tuple[str, str]:
     """Return (source, target) from a `{src: .., tgt: ..}` dict."""
     if not isinstance(inner, dict) or src not in inner or tgt not in inner:
@@ -167,12 +160,6 @@ def _jsonl_pairs(path: Path, src: str, tgt: str) -> Iterator[tuple[str, str]]:
             raise DataError(f"{path} line {line_no}: expected a JSON object, got {line[:60]!r}")
         inner = record.get("translation", record)  # flat, or nested under "translation"
         yield _pick_pair(inner, src, tgt, where=f"{path} line {line_no}")
-
-
-def read_jsonl(path: str | Path, src: str, tgt: str) -> datasets.Dataset:
-    """Read JSON Lines with one object per pair, flat or under a `translation` key."""
-    path = Path(path)
-    return _files_pairs([path], f"jsonl|{src}|{tgt}", str(path), _jsonl_pairs(path, src, tgt))
 
 
 def _column_text(text, row: int, column: str, origin: str) -> str:
@@ -265,13 +252,6 @@ def _open_parquet(path: Path) -> datasets.Dataset:
             f"{path}: not a readable parquet file ({_first_line(err)}); check the file, or "
             "give the pairs as .tsv or .jsonl"
         ) from None
-
-
-def read_parquet(path: str | Path, src: str, tgt: str) -> datasets.Dataset:
-    """Read a parquet file with a `translation` column or one column per language."""
-    path = Path(path)
-    return _files_pairs([path], f"parquet|{src}|{tgt}", str(path),
-                        _hf_pairs(_open_parquet(path), src, tgt, origin=str(path)))
 
 
 def _file_pairs(path: Path, src: str, tgt: str) -> Iterator[tuple[str, str]]:

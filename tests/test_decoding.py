@@ -65,14 +65,10 @@ def token_logprobs(model: Transformer, src_row: np.ndarray, hypothesis: list[int
     return logprobs[np.arange(len(hypothesis)), hypothesis]
 
 
-def teacher_forced_logprob(model: Transformer, src_row: np.ndarray, hypothesis: list[int]) -> float:
-    """Sum of log p(token) of `hypothesis` (EOS included) under the model, PAD/BOS excluded."""
-    return float(token_logprobs(model, src_row, hypothesis).sum())
-
-
 def teacher_forced_logprobs(model: Transformer, src_row: np.ndarray,
                             hypotheses: list[list[int]]) -> np.ndarray:
-    """`teacher_forced_logprob` of many hypotheses of one source, in one batched pass.
+    """The summed log p(token) of each of many hypotheses of one source (EOS included, BOS
+    and PAD excluded), in one batched pass.
 
     Hypotheses are padded at the end; the causal mask keeps the padding out of the
     positions that are summed.

@@ -49,7 +49,6 @@ Batch = dict[str, Array]
 Metrics = dict[str, Array]
 
 DATA_AXIS = "data"
-BATCH_KEYS = ("src", "tgt_in", "tgt_out")
 
 
 # ----------------------------------------------------------------------------- optimizer

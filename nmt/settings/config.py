@@ -32,7 +32,6 @@ from transformer.config import (
     OptimizerConfig,
     SearchConfig,
     check_finite_fields,
-    get_preset,
     setting,
 )
 
@@ -245,18 +244,3 @@ class RunConfig:
         """The run directory: trainer.output_dir, else `default_output_dir()`."""
         given = self.trainer.output_dir
         return Path(given) if given else self.default_output_dir()
-
-    def seeded(self) -> "RunConfig":
-        """The config with optimizer.seed copied to the sections that derive their seed from
-        it."""
-        seed = self.optimizer.seed
-        return self.replace(data={"seed": seed}, tokenizer={"seed": seed},
-                            batching={"seed": seed})
-
-
-def check_model_overrides(preset: str, overrides: dict[str, Any]) -> ModelConfig:
-    """The preset with `overrides` applied; the error names the preset."""
-    try:
-        return get_preset(preset, **overrides)
-    except ValueError as err:
-        raise SettingsError(f"model settings on preset {preset!r}: {err}") from None

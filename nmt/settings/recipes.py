@@ -498,11 +498,6 @@ def from_args(args: argparse.Namespace) -> Layer:
     return layer
 
 
-def given(layer: Layer, section: str, name: str) -> bool:
-    """Whether `layer` sets section.name."""
-    return name in layer[section]
-
-
 # ----------------------------------------------------------------------------- writing
 
 
