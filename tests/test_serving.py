@@ -508,13 +508,13 @@ def test_before_its_search_is_compiled_the_server_answers_503_with_retry_after()
 
     from nmt.serving.app import build_app
     from nmt.serving.catalog import Catalog, ServedModel
-    from nmt.serving.limits import Limits
+    from nmt.serving.limits import ServerLimits
     from nmt.serving.metrics import Metrics
     from nmt.serving.service import Service
 
     translator = SimpleNamespace(search=SimpleNamespace(nbest=1))
     catalog = Catalog([ServedModel(0, "de", "en", "runs/x", translator)])
-    service = Service(catalog, Limits(), Metrics(), status="compiling de-en search 3/12")
+    service = Service(catalog, ServerLimits(), Metrics(), status="compiling de-en search 3/12")
     client = TestClient(build_app(service))
     health = client.get("/health")
     assert health.status_code == 503

@@ -196,7 +196,7 @@ def test_a_500_closes_its_connection_and_is_logged_in_one_line(caplog):
 
     from nmt.serving.app import build_app
     from nmt.serving.catalog import Catalog, ServedModel
-    from nmt.serving.limits import Limits
+    from nmt.serving.limits import ServerLimits
     from nmt.serving.metrics import Metrics
     from nmt.serving.service import Service
 
@@ -206,7 +206,7 @@ def test_a_500_closes_its_connection_and_is_logged_in_one_line(caplog):
     translator = SimpleNamespace(search=SimpleNamespace(nbest=1))
     model = ServedModel(0, "de", "en", "runs/x", translator,
                         batcher=SimpleNamespace(translate=broken_search))
-    service = Service(Catalog([model]), Limits(), Metrics(), ready=True)
+    service = Service(Catalog([model]), ServerLimits(), Metrics(), ready=True)
     client = TestClient(build_app(service))
     with caplog.at_level(logging.INFO, logger="nmt.serving"):
         answer = client.post("/translate", json={"q": "Hallo.", **PAIR})
@@ -455,8 +455,8 @@ def test_a_port_in_use_ends_in_one_line_before_the_model_loads(run_dir, capsys, 
 
 
 def test_search_bounds_are_named_when_a_model_passes_them(run_dir):
+    from nmt.runtime.cli import UsageError
     from nmt.serving import command
-    from nmt.translation.errors import UsageError
 
     def load(*flags):
         args = command.build_parser().parse_args(["--model", str(run_dir), *flags])
@@ -511,8 +511,8 @@ def test_the_hostile_benchs_bodies_fit_the_default_body_limit():
     """bench.serve_hostile times what a server does with each body, so each must pass the
     1 MiB limit rather than be refused unread."""
     from bench.serve_hostile import bodies
-    from nmt.serving.limits import Limits
+    from nmt.serving.limits import ServerLimits
 
     sizes = {name: len(body) for name, (_, body) in bodies("de", "en").items()}
-    assert all(size <= Limits().max_body_bytes for size in sizes.values()), sizes
-    assert sizes["form-fields"] > 0.99 * Limits().max_body_bytes
+    assert all(size <= ServerLimits().max_body_bytes for size in sizes.values()), sizes
+    assert sizes["form-fields"] > 0.99 * ServerLimits().max_body_bytes

@@ -64,19 +64,9 @@ async def index(request: Request) -> HTMLResponse:
     return HTMLResponse(page(), headers=page_headers())
 
 
-ROUTES = [
-    Route("/", index, methods=["GET"]),
-    Route("/translate", libretranslate.translate, methods=["POST"]),
-    Route("/languages", libretranslate.languages, methods=["GET", "POST"]),
-    Route("/frontend/settings", libretranslate.frontend_settings, methods=["GET"]),
-    Route("/translator/translate", opennmt.translate, methods=["POST"]),
-    Route("/translator/models", opennmt.models, methods=["GET"]),
-    Route("/translator/health", opennmt.health, methods=["GET"]),
-]
-PATHS = frozenset(route.path for route in ROUTES) | {"/health", "/metrics"}
-
-
 async def health(request: Request) -> JSONResponse:
+    """GET /health and OpenNMT-py's GET /translator/health: {"status": "ok", ...} once ready
+    (what OpenNMT-py's clients look for), else 503 with what it is doing."""
     service: Service = request.app.state.service
     body = {"status": "ok" if service.ready else service.status,
             "models": [m.pair for m in service.catalog.models]}
@@ -86,6 +76,20 @@ async def health(request: Request) -> JSONResponse:
 async def metrics(request: Request) -> Response:
     service: Service = request.app.state.service
     return Response(service.metrics.exposition(), media_type=service.metrics.content_type)
+
+
+ROUTES = [
+    Route("/", index, methods=["GET"]),
+    Route("/translate", libretranslate.translate, methods=["POST"]),
+    Route("/languages", libretranslate.languages, methods=["GET", "POST"]),
+    Route("/frontend/settings", libretranslate.frontend_settings, methods=["GET"]),
+    Route("/translator/translate", opennmt.translate, methods=["POST"]),
+    Route("/translator/models", opennmt.models, methods=["GET"]),
+    Route("/translator/health", health, methods=["GET"]),
+    Route("/health", health, methods=["GET"]),
+    Route("/metrics", metrics, methods=["GET"]),
+]
+PATHS = frozenset(route.path for route in ROUTES)
 
 
 async def request_error(request: Request, err: Exception) -> JSONResponse:
@@ -168,9 +172,7 @@ class RequestMetrics:
 
 
 def build_app(service: Service, lifespan=None) -> Starlette:
-    routes = ROUTES + [Route("/health", health, methods=["GET"]),
-                       Route("/metrics", metrics, methods=["GET"])]
-    app = Starlette(routes=routes, lifespan=lifespan,
+    app = Starlette(routes=ROUTES, lifespan=lifespan,
                     exception_handlers={RequestError: request_error, HTTPException: http_error})
     app.state.service = service
     app.add_middleware(BodyReader, limits=service.limits)

@@ -38,19 +38,20 @@ import uvicorn
 
 from data.config import INFERENCE_BATCH_TOKENS, DataError, check_buckets
 from nmt.runtime import cli
-from nmt.serving.limits import Limits, read_api_keys
+from nmt.runtime.cli import UsageError
+from nmt.serving.limits import ServerLimits, read_api_keys
 from nmt.translation.command import (
     add_search_flags,
     enable_compilation_cache,
     name_flags,
     search_config,
 )
-from nmt.translation.errors import InputError, UsageError
+from nmt.translation.errors import InputError
 
 log = logging.getLogger("nmt.serving")
 PROG = "python -m nmt.serving"
-DEFAULTS = Limits()
-# (flag, Limits field, what it bounds, the answer past it): one row per limit.
+DEFAULTS = ServerLimits()
+# (flag, ServerLimits field, what it bounds, the answer past it): one row per limit.
 LIMIT_FLAGS = (
     ("--max-body-bytes", "max_body_bytes", "request body", "413 above"),
     ("--char-limit", "max_characters", "characters per request", "413 above"),
@@ -348,7 +349,7 @@ def run(args: argparse.Namespace) -> int:
 
     check_args(args)
     keys = read_keys(args.api_keys)
-    limits = Limits(**{field: getattr(args, field) for _, field, _, _ in LIMIT_FLAGS})
+    limits = ServerLimits(**{field: getattr(args, field) for _, field, _, _ in LIMIT_FLAGS})
     sock = listening_socket(args.host, args.port)  # before the models: a port in use ends it
     enable_compilation_cache()
     service = Service(Catalog(load_served_models(args)), limits, Metrics(), keys)

@@ -17,7 +17,7 @@ from nmt.serving.errors import RequestError, send_error
 
 
 @dataclasses.dataclass(frozen=True)
-class Limits:
+class ServerLimits:
     max_body_bytes: int = 1 << 20    # request body
     max_characters: int = 20_000     # text of one request, all of q together
     max_sentences: int = 1_000       # sentences of one request, after splitting
@@ -80,7 +80,7 @@ class _TooLarge(Exception):
 class BodyReader:
     """ASGI middleware: the body read whole under the limits, then replayed to `app`."""
 
-    def __init__(self, app, limits: Limits):
+    def __init__(self, app, limits: ServerLimits):
         self.app = app
         self.limits = limits
 

@@ -1,4 +1,5 @@
-"""OpenNMT-py's REST API, under /translator: POST /translate, GET /models, GET /health.
+"""OpenNMT-py's REST API, under /translator: POST /translate, GET /models (and GET /health,
+the server's own `app.health`).
 
     POST /translator/translate  [{"src": "A sentence.", "id": 0}, ...]
     -> [[{"src": ..., "tgt": ..., "n_best": N, "pred_score": ...}, ...], ...]
@@ -16,12 +17,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 
 from nmt.serving.errors import RequestError
-from nmt.serving.limits import Limits
+from nmt.serving.limits import ServerLimits
 from nmt.serving.params import api_key, parse_json
 from nmt.serving.service import Service, unless_client_leaves
 
 
-def _items(body: bytes, limits: Limits) -> list[dict]:
+def _items(body: bytes, limits: ServerLimits) -> list[dict]:
     items = parse_json(body)
     if not isinstance(items, list) or not items:
         raise RequestError(400, 'the request body must be a non-empty JSON list such as '
@@ -64,7 +65,3 @@ async def models(request: Request) -> JSONResponse:
                           "path": m.path, "loaded": service.ready}
                          for m in service.catalog.models])
 
-
-async def health(request: Request) -> JSONResponse:
-    ready = request.app.state.service.ready
-    return JSONResponse({"status": "ok" if ready else "loading"}, 200 if ready else 503)

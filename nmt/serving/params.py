@@ -16,7 +16,7 @@ from starlette.formparsers import MultiPartException
 from starlette.requests import Request
 
 from nmt.serving.errors import RequestError, shown
-from nmt.serving.limits import Limits
+from nmt.serving.limits import ServerLimits
 
 # Form fields a request may have besides its texts (source, target, format, alternatives,
 # api_key, and a few a client may add).
@@ -63,7 +63,7 @@ def _check_whole_characters(value: Any) -> None:
         raise RequestError(400, TOO_DEEP) from None
 
 
-def _pairs(text: str, what: str, limits: Limits) -> list[tuple[str, str]]:
+def _pairs(text: str, what: str, limits: ServerLimits) -> list[tuple[str, str]]:
     fields = text.count("&") + 1
     most = limits.max_sentences + OTHER_FIELDS
     if fields > most:
@@ -92,7 +92,7 @@ def _collect(pairs: Iterable[tuple[str, str]]) -> dict[str, str | list[str]]:
     return params
 
 
-async def request_params(request: Request, limits: Limits) -> dict[str, Any]:
+async def request_params(request: Request, limits: ServerLimits) -> dict[str, Any]:
     """The query string's parameters, overridden by those of the body: a JSON object, an
     urlencoded or a multipart form (LibreTranslate's clients send each of these)."""
     query = request.scope.get("query_string", b"").decode("latin-1")
@@ -114,7 +114,7 @@ async def request_params(request: Request, limits: Limits) -> dict[str, Any]:
     return params
 
 
-async def _multipart(request: Request, limits: Limits) -> dict[str, Any]:
+async def _multipart(request: Request, limits: ServerLimits) -> dict[str, Any]:
     fields: list[tuple[str, str]] = []
     try:
         async with request.form(max_fields=limits.max_sentences + OTHER_FIELDS) as multipart:

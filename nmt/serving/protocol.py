@@ -19,7 +19,8 @@ import socket
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from nmt.translation.errors import InputError, UsageError
+from nmt.runtime.cli import UsageError
+from nmt.translation.errors import InputError
 
 
 class HeaderDeadline(H11Protocol):

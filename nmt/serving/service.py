@@ -15,7 +15,7 @@ from nmt.models.translator import Hypothesis
 from nmt.serving.batching import QueueFull
 from nmt.serving.catalog import Catalog, ServedModel
 from nmt.serving.errors import ClientGone, RequestError
-from nmt.serving.limits import Limits
+from nmt.serving.limits import ServerLimits
 from nmt.serving.metrics import Metrics
 
 RETRY_AFTER_SECONDS = 1
@@ -25,7 +25,7 @@ T = TypeVar("T")
 @dataclasses.dataclass
 class Service:
     catalog: Catalog
-    limits: Limits
+    limits: ServerLimits
     metrics: Metrics
     api_keys: frozenset[str] | None = None  # None: no key needed
     ready: bool = False  # models loaded and every search shape compiled

@@ -93,10 +93,11 @@ from typing import Sequence
 
 from data.config import INFERENCE_BATCH_TOKENS, DataError
 from nmt.runtime import cli
+from nmt.runtime.cli import UsageError
 from nmt.runtime.files import atomic_file
 from nmt.settings import recipes
 from nmt.translation import evaluation, streams
-from nmt.translation.errors import InputError, UsageError
+from nmt.translation.errors import InputError
 from transformer.config import check_finite
 
 log = logging.getLogger("translate.py")

@@ -1,10 +1,7 @@
-"""translate.py's two kinds of error, each ending in one line (`nmt.runtime.cli`)."""
+"""What translate.py and the server raise for input they cannot read, beside the usage errors
+of every command (`nmt.runtime.cli.UsageError`); each ends in one line."""
 
 from nmt.runtime import cli
-
-
-class UsageError(cli.UsageError):
-    """Invalid flags or flag combination (exit status 2)."""
 
 
 class InputError(cli.Fault):

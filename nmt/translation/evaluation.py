@@ -14,9 +14,10 @@ from pathlib import Path
 from typing import IO
 
 from data.config import DataError
+from nmt.runtime.cli import UsageError
 from nmt.runtime.files import FileState, write_atomically
 from nmt.translation import scoring
-from nmt.translation.errors import InputError, UsageError
+from nmt.translation.errors import InputError
 from nmt.translation.streams import (
     OUTPUT_FLAGS,
     check_not_an_input,

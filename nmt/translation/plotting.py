@@ -16,7 +16,8 @@ from typing import Sequence
 import jax.numpy as jnp
 import numpy as np
 
-from nmt.translation.errors import InputError, UsageError
+from nmt.runtime.cli import UsageError
+from nmt.translation.errors import InputError
 
 log = logging.getLogger("translate.py")
 

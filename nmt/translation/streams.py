@@ -16,8 +16,9 @@ from tqdm import tqdm
 
 from data.config import DataError
 from data.lines import is_regular_file, iter_lines, read_lines as read_text_lines, stream_chunks
+from nmt.runtime.cli import UsageError
 from nmt.runtime.files import FileState, file_state
-from nmt.translation.errors import InputError, UsageError
+from nmt.translation.errors import InputError
 
 log = logging.getLogger("translate.py")
 
