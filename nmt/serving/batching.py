@@ -167,10 +167,9 @@ class Batcher:
         its share of the load (`_share`), leaving the rest for the other searches.
 
         Clients send their next requests a moment after their answers, so while the call holds
-        less than its share it waits for them, up to `refill_wait` from its first job; if they
-        do not come, they are no longer counted. Taking only what queued at once, a load of N
-        clients had settled into calls of N / (2 * searches) sentences, or into one call of
-        nearly N beside calls of a few."""
+        less than its share it waits for them, up to `refill_wait` from its first job (without
+        that wait, calls settle into small ones: docs/serving.md); if they do not come, they
+        are no longer counted."""
         first = self._held if self._held is not None else await self._queue.get()
         self._held = None
         jobs, tokens = [first], first.tokens

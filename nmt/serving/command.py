@@ -290,8 +290,9 @@ def warm_up(models, service, stopping: threading.Event) -> None:
         log.info("%s: search compiled in %.1f s", model.pair, time.perf_counter() - start)
 
 
-def make_lifespan(service, args: argparse.Namespace, server_holder: list):
-    """Start each model's batcher and the warm-up; at shutdown, stop them."""
+def make_lifespan(service, args: argparse.Namespace):
+    """Start each model's batcher and the warm-up; at shutdown, stop them. A failed warm-up
+    stops the server (`app.state.server`, set once it is made)."""
     from nmt.serving.batching import Batcher
 
     @contextlib.asynccontextmanager
@@ -314,7 +315,7 @@ def make_lifespan(service, args: argparse.Namespace, server_holder: list):
             model.batcher.start()
         warming = loop.run_in_executor(executor, warm_up, service.catalog.models, service,
                                        stopping)
-        warming.add_done_callback(lambda done: _warmed(done, service, server_holder))
+        warming.add_done_callback(lambda done: _warmed(done, service, app.state.server))
         try:
             yield
         finally:
@@ -326,14 +327,14 @@ def make_lifespan(service, args: argparse.Namespace, server_holder: list):
     return lifespan
 
 
-def _warmed(done: asyncio.Future, service, server_holder: list) -> None:
+def _warmed(done: asyncio.Future, service, server: uvicorn.Server) -> None:
     if done.cancelled() or isinstance(done.exception(), _Stopping):
         return
     if done.exception() is not None:
         err = done.exception()
         log.error("compiling the search failed: %s: %s", type(err).__name__, err)
         service.status = "failed"
-        server_holder[0].should_exit = True
+        server.should_exit = True
         return
     service.ready = True
     service.status = "ok"
@@ -354,13 +355,12 @@ def run(args: argparse.Namespace) -> int:
     enable_compilation_cache()
     service = Service(Catalog(load_served_models(args)), limits, Metrics(), keys)
     log.info(cli.allocator_status().line)
-    server_holder: list = []
-    app = build_app(service, make_lifespan(service, args, server_holder))
+    app = build_app(service, make_lifespan(service, args))
     server = _Server(uvicorn.Config(
         app, log_config=None, access_log=args.access_log, lifespan="on", ws="none",
         http=with_header_timeout(limits.header_timeout),
         timeout_graceful_shutdown=int(limits.timeout) + 5))
-    server_holder.append(server)
+    app.state.server = server
     # uvicorn raises the signal it caught again once it has shut down; these handlers take it,
     # so that a requested stop exits 0 rather than dying of the signal.
     for sig in (signal.SIGTERM, signal.SIGINT):

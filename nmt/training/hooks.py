@@ -13,7 +13,10 @@ which comes before its checkpoint), so exact resumption depends on it.
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator
+
+if TYPE_CHECKING:
+    from nmt.training.stopping import StopReason
 
 
 @dataclasses.dataclass(frozen=True)
@@ -22,7 +25,7 @@ class Periodic:
 
     name:     what it is called in messages and tests
     every:    `action` runs after every step that is a multiple of `every`
-    action:   the work; returns why training must stop (say "early_stop"), or None to go on
+    action:   the work; returns why training must stop (a `StopReason`), or None to go on
     at_stop:  the work once more when training stops (None: nothing)
     when_interrupted: whether `at_stop` runs also when SIGINT/SIGTERM stopped training (an
               interrupted run that is resumed must write what an uninterrupted one would)
@@ -30,7 +33,7 @@ class Periodic:
 
     name: str
     every: int
-    action: Callable[[], str | None]
+    action: Callable[[], StopReason | None]
     at_stop: Callable[[], object] | None = None
     when_interrupted: bool = False
 
@@ -67,7 +70,7 @@ class Hooks:
         """The hooks' names in the order they run."""
         return [hook.name for hook in self._hooks]
 
-    def run_due(self, step: int) -> str | None:
+    def run_due(self, step: int) -> StopReason | None:
         """Run the work due after `step` in order. The first one that says to stop ends the
         step's work (the rest is left to `run_at_stop`); returns its reason, or None."""
         for hook in self._hooks:

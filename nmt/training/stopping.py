@@ -7,6 +7,7 @@ they stop at the same step.
 from __future__ import annotations
 
 import contextlib
+import enum
 import signal
 import sys
 import time
@@ -16,6 +17,23 @@ import jax
 
 from nmt.runtime.distributed import any_process
 from nmt.settings.config import TrainerConfig
+
+
+class StopReason(enum.StrEnum):
+    """Why training stopped: its value is what the summary records and the last lines say."""
+
+    MAX_STEPS = "max_steps"
+    DECAY_STEPS = "decay_steps"  # a linear schedule's zero: nothing to learn after it
+    MAX_EPOCHS = "max_epochs"
+    MAX_MINUTES = "max_minutes"
+    EARLY_STOP = "early_stop"
+    SIGINT = "SIGINT"
+    SIGTERM = "SIGTERM"
+
+    @property
+    def interrupted(self) -> bool:
+        """Whether a signal stopped the run (it saves, and a resumed run goes on)."""
+        return self in (StopReason.SIGINT, StopReason.SIGTERM)
 
 
 class PausableClock:
@@ -52,7 +70,7 @@ class StopSignal:
     """
 
     def __init__(self):
-        self.received: str | None = None
+        self.received: StopReason | None = None
         self._previous: dict[int, Any] = {}
         self._critical = 0
         self._abort_pending = False
@@ -74,7 +92,7 @@ class StopSignal:
                 return
             raise KeyboardInterrupt
         if self.received is None:
-            self.received = signal.Signals(signum).name
+            self.received = StopReason(signal.Signals(signum).name)
             print(f"\n{self.received} received: finishing the current step and saving "
                   "(press Ctrl-C again to abort without saving).", file=sys.stderr, flush=True)
 
@@ -107,21 +125,21 @@ class Limits:
         self.deadline = (self.started + self.max_minutes * 60
                          if self.max_minutes is not None else None)
 
-    def reached(self, step: int, epochs_completed: int, signals: StopSignal) -> str | None:
-        """Why to stop before the next step ("max_steps", "decay_steps", "max_epochs",
-        "max_minutes", "SIGINT", "SIGTERM"), or None."""
+    def reached(self, step: int, epochs_completed: int, signals: StopSignal
+                ) -> StopReason | None:
+        """Why to stop before the next step, or None."""
         if self.max_steps is not None and step >= self.max_steps:
-            return "max_steps"
+            return StopReason.MAX_STEPS
         if self.schedule_end is not None and step >= self.schedule_end:
-            return "decay_steps"
+            return StopReason.DECAY_STEPS
         if self.max_epochs is not None and epochs_completed >= self.max_epochs:
-            return "max_epochs"
+            return StopReason.MAX_EPOCHS
         if jax.process_count() > 1 and step % 10:
             return None
         want = signals.received is not None or (self.deadline is not None
                                                 and time.monotonic() >= self.deadline)
         if any_process(want):
-            return signals.received or "max_minutes"
+            return signals.received or StopReason.MAX_MINUTES
         return None
 
     def seconds_left(self) -> float | None:

@@ -11,6 +11,7 @@ import jax
 from tqdm import tqdm
 
 from nmt.settings.config import BEST_METRICS, RunConfig, TrainerConfig
+from nmt.training.stopping import StopReason
 
 
 def echo(message: str) -> None:
@@ -39,7 +40,7 @@ def progress_bar(trainer: TrainerConfig, total: int | None, initial: int):
                 smoothing=0.1)
 
 
-def build_summary(run: RunConfig, run_dir: Path, model_dir: Path, steps: int, stopped: str,
+def build_summary(run: RunConfig, run_dir: Path, model_dir: Path, steps: int, stopped: StopReason,
                   book, minutes: float, valid_sources: list[str]) -> dict[str, Any]:
     """What `nmt.training.trainer.train` returns and `print_summary` prints."""
     example = valid_sources[0].replace('"', "'") if valid_sources else "Hello world!"
@@ -89,7 +90,7 @@ def print_summary(summary: dict[str, Any], run_dir: Path) -> None:
                      f"{time_spent['compile_s']:.1f} s; train steps took "
                      f"{time_spent['steps_s']:.1f} s, {time_spent['data_wait_s']:.1f} s of "
                      f"it waiting for data.")
-    if summary["stopped"] in ("SIGINT", "SIGTERM"):
+    if StopReason(summary["stopped"]).interrupted:
         lines.append(f"Interrupted; checkpoint saved. Resume with the same command, or: "
                      f"{resume_command(run_dir)}")
     lines.append(f"Model: {summary['model_dir']}")

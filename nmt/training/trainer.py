@@ -61,7 +61,7 @@ from nmt.training.starting import (
     start_compiling_the_train_step,
     train_step_for,
 )
-from nmt.training.stopping import Limits, PausableClock, StopSignal
+from nmt.training.stopping import Limits, PausableClock, StopReason, StopSignal
 from nmt.training.summary import announcement, build_summary, echo, print_summary
 from nmt.training.validation import describe
 from transformer.training import shard_batch
@@ -74,8 +74,7 @@ __all__ = ["Trainer", "TrainingError", "train"]
 def train(run: RunConfig, workdir: str | Path | None = None) -> dict[str, Any]:
     """Train (or resume) a model in `workdir` (default: the run's output directory).
 
-    Returns a summary: run_dir, model_dir, steps, stopped ("max_steps", "decay_steps" (a
-    linear schedule's zero), "max_epochs", "max_minutes", "early_stop", "SIGINT"/"SIGTERM"),
+    Returns a summary: run_dir, model_dir, steps, stopped (a `StopReason`),
     best_metric, best_score and best_step
     (None when no best was tracked), last_eval, minutes, translate_command, and test_command
     when a test split was given. Raises TrainingError when the loss stops being finite,
@@ -192,7 +191,7 @@ class Trainer:
                     "from it." if last is not None else "no checkpoint was saved."))
             raise
 
-    def loop(self) -> str:
+    def loop(self) -> StopReason:
         """Train until a limit, early stopping or a signal; returns why it stopped."""
         log.info(allocator.status().line)
         if warning := bfloat16_warning(jax.devices()[0].platform, self.model_config.dtype):
@@ -203,7 +202,7 @@ class Trainer:
         patience = self.run.trainer.early_stop_patience
         if self.book.out_of_patience(patience):
             echo(_out_of_patience(self.book, self.step, patience))
-            stopped = "early_stop"
+            stopped = StopReason.EARLY_STOP
         warning = self.forecast.at_start()
         if warning and self.is_main and stopped is None:
             log.warning(warning)
@@ -221,7 +220,7 @@ class Trainer:
         self.saver.wait()
         return stopped
 
-    def _steps(self, stopped: str | None) -> str:
+    def _steps(self, stopped: StopReason | None) -> StopReason:
         """Steps, each followed by the periodic work due after it, then the work at stop."""
         in_flight: collections.deque = collections.deque()
         while stopped is None:
@@ -236,7 +235,7 @@ class Trainer:
             if len(in_flight) > 2:
                 in_flight.popleft().block_until_ready()
             stopped = self.hooks.run_due(self.step)
-        self.hooks.run_at_stop(interrupted=stopped in ("SIGINT", "SIGTERM"))
+        self.hooks.run_at_stop(interrupted=stopped.interrupted)
         return stopped
 
     def _train_one_step(self) -> dict[str, jax.Array]:
@@ -331,8 +330,8 @@ class Trainer:
                 self.saver.wait()
         self.saved = (self.step, current)
 
-    def validate(self) -> str | None:
-        """Validate, log, track the best metric; "early_stop" when early stopping says stop."""
+    def validate(self) -> StopReason | None:
+        """Validate, log, track the best metric; EARLY_STOP when early stopping says stop."""
         self.window.read_back()
         with self.clock.paused():
             result = self.validator.scores(self.graphdef, self.state.params)
@@ -353,7 +352,7 @@ class Trainer:
             echo(text)
             stop = improved is not None and book.out_of_patience(
                 self.run.trainer.early_stop_patience)
-            return "early_stop" if stop else None
+            return StopReason.EARLY_STOP if stop else None
 
     def _validate_unless_done(self) -> None:
         """The closing validation, unless this step was validated or none was trained."""
@@ -363,7 +362,7 @@ class Trainer:
 
     # ------------------------------------------------------------------------- the end
 
-    def finish(self, stopped: str) -> dict[str, Any]:
+    def finish(self, stopped: StopReason) -> dict[str, Any]:
         """Export the model translate.py loads (and the average), close, print the summary."""
         run, book = self.run, self.book
         tokenizer = self.data.tokenizer
