@@ -516,3 +516,26 @@ def test_the_hostile_benchs_bodies_fit_the_default_body_limit():
     sizes = {name: len(body) for name, (_, body) in bodies("de", "en").items()}
     assert all(size <= ServerLimits().max_body_bytes for size in sizes.values()), sizes
     assert sizes["form-fields"] > 0.99 * ServerLimits().max_body_bytes
+
+
+def test_without_the_serve_extra_the_command_says_what_to_install(tmp_path):
+    """`pip install -e .` alone has no uvicorn: one line naming the extra, not a traceback."""
+    import subprocess
+    import sys
+
+    from serving_process import REPO
+
+    (tmp_path / "sitecustomize.py").write_text(
+        "import sys\n"
+        "class _NoUvicorn:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] == 'uvicorn':\n"
+        "            raise ModuleNotFoundError(f'No module named {name!r}', name=name)\n"
+        "sys.meta_path.insert(0, _NoUvicorn())\n")
+    result = subprocess.run([sys.executable, "-m", "nmt.serving", "--model", "runs/x"],
+                            cwd=REPO, env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin"},
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.strip() == (
+        "python -m nmt.serving: error: the server needs the serve extra (uvicorn is not "
+        "installed): pip install -e '.[serve]'")

@@ -3,7 +3,18 @@
 import sys
 
 from nmt.runtime.allocator import preload
-from nmt.serving.command import main
+
+# What the serve extra installs (pyproject.toml), by the module name an import fails on.
+SERVE_EXTRA = {"uvicorn", "starlette", "multipart", "python_multipart", "prometheus_client"}
+
+try:
+    from nmt.serving.command import main
+except ModuleNotFoundError as err:
+    if err.name is None or err.name.split(".")[0] not in SERVE_EXTRA:
+        raise
+    print(f"python -m nmt.serving: error: the server needs the serve extra ({err.name} is not "
+          "installed): pip install -e '.[serve]'", file=sys.stderr)
+    sys.exit(1)
 
 if __name__ == "__main__":
     preload()  # runs this command again with mimalloc loaded (nmt/runtime/allocator.py)

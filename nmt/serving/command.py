@@ -163,7 +163,8 @@ def check_args(args: argparse.Namespace) -> None:
     for flag, value in counts:
         if value is not None and value < 1:
             raise UsageError(f"{flag} must be >= 1, got {value}.")
-    for flag, value in counts[:2]:
+    for flag, value in (("--batch-tokens", args.batch_tokens),
+                        ("--gather-tokens", args.gather_tokens)):
         if value is not None and value > MAX_BATCH_TOKENS:
             raise UsageError(f"{flag} {value}: this server searches at most {MAX_BATCH_TOKENS} "
                              "source tokens at once; give that or less.")
@@ -243,18 +244,18 @@ def load_served_models(args: argparse.Namespace):
         except ValueError as err:
             raise UsageError(f"--model {flag}: invalid search settings: "
                              f"{name_flags(str(err))}") from None
-        check_bounds(flag, translator, args)
+        shapes = check_bounds(flag, translator, args)
         log.info("%s->%s: %s loaded in %.2f s; search: %s; %d search shapes to compile "
                  "(at most %d)", source, target, path, time.perf_counter() - start,
                  ", ".join(f"{k}={v}" for k, v in dataclasses.asdict(search).items()),
-                 len(translator.search_shapes()), MAX_SHAPES)
+                 shapes, MAX_SHAPES)
         served.append(ServedModel(index, source, target, path, translator))
     return served
 
 
-def check_bounds(flag: str, translator, args: argparse.Namespace) -> None:
-    """UsageError naming the bound a model's search passes: its beam (MAX_BEAM), or the
-    search shapes its buckets and batch size make it compile (MAX_SHAPES)."""
+def check_bounds(flag: str, translator, args: argparse.Namespace) -> int:
+    """The number of search shapes the model compiles; UsageError naming the bound its search
+    passes: its beam (MAX_BEAM), or those shapes (MAX_SHAPES)."""
     from nmt.models.translator import rows_per_source
 
     beam = rows_per_source(translator.search)
@@ -269,6 +270,7 @@ def check_bounds(flag: str, translator, args: argparse.Namespace) -> None:
                          f"{','.join(map(str, translator.buckets))} make {shapes} search shapes "
                          f"to compile, more than this server's {MAX_SHAPES}; give a smaller "
                          "--batch-tokens or fewer --buckets")
+    return shapes
 
 
 class _Stopping(Exception):
@@ -382,11 +384,9 @@ def read_keys(path: str | None) -> frozenset[str] | None:
         keys = read_api_keys(path)
     except ValueError as err:
         raise UsageError(str(err)) from None
-    for key in keys:
-        if " #" in key or "\t#" in key:
-            log.warning("--api-keys %s: a key holds ' #'; keys are read whole, so it is part of "
-                        "the key (a comment is a line of its own, starting with #)", path)
-            break
+    if any(" #" in key or "\t#" in key for key in keys):
+        log.warning("--api-keys %s: a key holds ' #'; keys are read whole, so it is part of "
+                    "the key (a comment is a line of its own, starting with #)", path)
     return keys
 
 

@@ -32,11 +32,16 @@ def shown(value: Any, width: int = 40) -> str:
     return text if len(text) <= width else text[:width - 3] + "..."
 
 
+def error_body(message: str) -> bytes:
+    """Every error's body: {"error": message} as JSON."""
+    return json.dumps({"error": message}).encode()
+
+
 async def send_error(send, status: int, message: str) -> None:
     """Answer {"error": message} on raw ASGI and close the connection: for answers given
     outside the routes (the body's limits, a fault), after which the connection's state is
     not worth keeping."""
-    body = json.dumps({"error": message}).encode()
+    body = error_body(message)
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"),
                             (b"content-length", str(len(body)).encode()),

@@ -48,9 +48,8 @@ def _text_param(params: dict[str, Any], name: str, default: str | None = None) -
 def _alternatives(params: dict[str, Any], nbest: int) -> int:
     """How many alternatives: an integer, or a string of ASCII digits (a form field)."""
     given = params.get("alternatives", 0)
-    count = given
-    if isinstance(given, str) and given.strip().isascii() and given.strip().isdigit():
-        digits = given.strip()
+    count, digits = given, given.strip() if isinstance(given, str) else ""
+    if digits.isascii() and digits.isdigit():
         count = int(digits) if len(digits) <= 9 else nbest  # past every nbest: refused below
     elif isinstance(given, float) and given.is_integer():
         count = int(given)

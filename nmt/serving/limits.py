@@ -94,11 +94,13 @@ class BodyReader:
                 raise _TooLarge
             body = await asyncio.wait_for(self._read(receive, limit), self.limits.body_timeout)
         except _TooLarge:
-            return await send_error(send, 413, f"the request body is larger than this server's "
-                                           f"limit of {limit} bytes (--max-body-bytes)")
+            return await send_error(send, 413, f"the request body is larger than this "
+                                               f"server's limit of {limit} bytes "
+                                               "(--max-body-bytes)")
         except TimeoutError:
             return await send_error(send, 408, f"the request body did not arrive within "
-                                           f"{self.limits.body_timeout:g} s (--body-timeout)")
+                                               f"{self.limits.body_timeout:g} s "
+                                               "(--body-timeout)")
         except _Disconnected:
             return None
         replayed = False

@@ -143,4 +143,3 @@ def api_key(request: Request, params: dict[str, Any] | None = None) -> str | Non
     if header.lower().startswith("bearer "):
         return header[7:].strip()
     return None
-

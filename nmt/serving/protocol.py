@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import json
 import socket
 
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from nmt.runtime.cli import UsageError
+from nmt.serving.errors import error_body
 from nmt.translation.errors import InputError
 
 
@@ -61,8 +61,8 @@ class HeaderDeadline(H11Protocol):
         self._header_timer = None
         if not self._waiting_for_headers():
             return
-        body = json.dumps({"error": f"the request's headers did not arrive within "
-                                    f"{self.header_timeout:g} s (--header-timeout)"}).encode()
+        body = error_body(f"the request's headers did not arrive within "
+                          f"{self.header_timeout:g} s (--header-timeout)")
         # Written as it is: h11 sends a response only after a request's headers.
         self.transport.write(b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json"
                              b"\r\ncontent-length: %d\r\nconnection: close\r\n\r\n%s"
