@@ -15,9 +15,8 @@ import hashlib
 import json
 import logging
 import os
-import tempfile
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import BinaryIO, Iterable, Iterator
 
 import datasets
 import pyarrow as pa
@@ -25,6 +24,7 @@ import pyarrow as pa
 from data.config import DataError, default_cache_dir
 from data.disk import ENCODED_BYTES_PER_TEXT_BYTE, TEXT_BYTES_PER_TEXT_BYTE, check_free_space
 from data.lines import is_regular_file
+from transformer.atomic_files import atomic_file, write_atomically
 
 log = logging.getLogger("data")
 
@@ -87,11 +87,11 @@ class _Counts:
         return counts
 
 
-def _write(pairs: Iterable[tuple[str, str]], path: Path, digest) -> _Counts:
-    """Write the stripped pairs with two non-empty sides to Arrow file `path`, chunk by
-    chunk; `digest` sees each pair kept."""
+def _write(pairs: Iterable[tuple[str, str]], sink: BinaryIO, digest) -> _Counts:
+    """Write the stripped pairs with two non-empty sides to `sink` as an Arrow stream, chunk
+    by chunk; `digest` sees each pair kept."""
     counts = _Counts()
-    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, _SCHEMA) as writer:
+    with pa.ipc.new_stream(sink, _SCHEMA) as writer:
         sources: list[str] = []
         targets: list[str] = []
         for source, target in pairs:
@@ -131,21 +131,20 @@ def cached_pairs(pairs: Iterator[tuple[str, str]], origin: str, key: str | None,
     check_free_space(directory, (TEXT_BYTES_PER_TEXT_BYTE + ENCODED_BYTES_PER_TEXT_BYTE)
                      * input_bytes, f"reading and encoding {origin}")
     directory.mkdir(parents=True, exist_ok=True)
-    fd, name = tempfile.mkstemp(prefix=".reading-", suffix=".arrow", dir=directory)
-    os.close(fd)
-    tmp = Path(name)
-    try:
-        digest = hashlib.blake2b(f"{_VERSION}|pairs".encode(), digest_size=16)
-        counts = _write(pairs, tmp, digest if key is None else None)
+    digest = hashlib.blake2b(f"{_VERSION}|pairs".encode(), digest_size=16)
+
+    def publish(written: Path, path: Path) -> None:
+        # Input read once is named by a digest of its pairs, known only once they are written.
+        os.replace(written, path if key else directory / f"{digest.hexdigest()}.arrow")
+
+    with atomic_file(directory / f"{key or 'stream'}.arrow", publish=publish) as sink:
+        counts = _write(pairs, sink, digest if key is None else None)
         counts.log(origin)
         if not counts.kept:
             raise DataError(
                 f"{origin}: no sentence pairs ({counts.read} read, {counts.read} with an "
                 "empty side); check the path and the language codes")
-        key = key or digest.hexdigest()
-        os.replace(tmp, directory / f"{key}.arrow")
-        (directory / f"{key}.json").write_text(json.dumps(
-            {"origin": origin, **counts.to_json()}) + "\n")
-    finally:
-        tmp.unlink(missing_ok=True)
+    key = key or digest.hexdigest()
+    write_atomically(directory / f"{key}.json", json.dumps({"origin": origin, **counts.to_json()})
+                     + "\n")
     return open_pairs(directory / f"{key}.arrow", key)

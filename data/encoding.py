@@ -31,6 +31,7 @@ from data.tokenizer import (
     tokenizer_present,
     train_tokenizer,
 )
+from transformer.atomic_files import write_atomically
 
 log = logging.getLogger("data")
 
@@ -81,6 +82,7 @@ def train_or_load_tokenizer(run_dir: str | Path, corpus: datasets.DatasetDict | 
     rows = sample_rows(len(train), config.max_sentences // 2, config.seed)
     tokenizer = train_tokenizer(sample_text(train, rows), config)
     path = tokenizer.save(run_dir)
+    trained_before.parent.mkdir(parents=True, exist_ok=True)
     write_atomically(trained_before, tokenizer.model_bytes)
     log.info(
         "trained %s tokenizer with %d pieces on %s of %d sentences (source and target); "
@@ -97,15 +99,6 @@ def _tokenizer_cache_path(train: datasets.Dataset, config: TokenizerConfig) -> P
     settings = dataclasses.replace(config, spm_model=None)
     key = hashlib.md5(f"{train._fingerprint}|{settings}|{spm.__version__}".encode()).hexdigest()
     return default_cache_dir() / "tokenizers" / f"{key}.model"
-
-
-def write_atomically(path: Path, content: bytes) -> None:
-    """Write `path` through a temporary file beside it: readers see all of it or none."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}-", dir=path.parent)
-    with os.fdopen(fd, "wb") as handle:
-        handle.write(content)
-    os.replace(tmp, path)
 
 
 def sample_rows(rows: int, pairs: int, seed: int) -> np.ndarray | None:

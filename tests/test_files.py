@@ -15,6 +15,7 @@ import pytest
 
 from nmt.runtime import files
 from nmt.runtime.files import atomic_directory, atomic_file, write_atomically
+from transformer import atomic_files
 
 
 class Boom(Exception):
@@ -106,7 +107,7 @@ def test_a_full_disk_when_flushing_leaves_the_old_file_and_no_partial(mode, tmp_
                                                                      monkeypatch):
     out = tmp_path / "out.txt"
     out.write_text("old\n")
-    monkeypatch.setattr(files, "open", _open_on_a_full_disk, raising=False)
+    monkeypatch.setattr(atomic_files, "open", _open_on_a_full_disk, raising=False)
     with pytest.raises(OSError) as info:
         write_atomically(out, "new\n" if mode == "w" else b"new\n")
     assert info.value.errno == errno.ENOSPC
@@ -118,7 +119,7 @@ def test_a_full_disk_names_the_file_being_written(tmp_path, monkeypatch):
     from nmt.runtime.cli import describe_os_error
 
     out = tmp_path / "out.txt"
-    monkeypatch.setattr(files, "open", _open_on_a_full_disk, raising=False)
+    monkeypatch.setattr(atomic_files, "open", _open_on_a_full_disk, raising=False)
     with pytest.raises(OSError) as info:
         write_atomically(out, "new\n")
     assert info.value.errno == errno.ENOSPC and info.value.filename == str(out)
@@ -135,7 +136,7 @@ def test_a_file_gets_the_permissions_of_any_new_file(tmp_path):
 
 
 def test_an_error_inside_is_not_replaced_by_the_full_disk_of_the_close(tmp_path, monkeypatch):
-    monkeypatch.setattr(files, "open", _open_on_a_full_disk, raising=False)
+    monkeypatch.setattr(atomic_files, "open", _open_on_a_full_disk, raising=False)
     with pytest.raises(KeyboardInterrupt):
         with atomic_file(tmp_path / "out.txt") as handle:
             handle.write("half")

@@ -35,9 +35,14 @@ def _layer(module: str) -> tuple[int, int]:
     return 3, 0  # train.py, translate.py
 
 
+# What `data` may take from the library: neither imports JAX. `config` holds the `setting`
+# that data's settings use; `atomic_files` is the one way to write a file whole.
+DATA_USES = ("transformer.config", "transformer.atomic_files")
+
+
 def _may_import(importer: str, imported: str) -> bool:
     if importer.startswith("data.") and imported.startswith("transformer."):
-        return imported == "transformer.config"  # data's settings use the library's `setting`
+        return imported in DATA_USES
     if importer.split(".")[:2] == imported.split(".")[:2]:
         return True  # within one package
     return _layer(imported) <= _layer(importer)
@@ -93,9 +98,17 @@ def test_imports_run_one_way():
 def test_the_layer_rule_refuses_what_it_should():
     assert not _may_import("transformer.model", "data.tokenizer")
     assert not _may_import("data.batching", "transformer.model")
+    assert not _may_import("data.encoding", "transformer.stored")
     assert not _may_import("nmt.models.translator", "nmt.settings.config")
     assert not _may_import("nmt.settings.recipes", "translate")
     assert _may_import("nmt.training.trainer", "nmt.models.model_dir")
+
+
+def test_what_data_takes_from_the_library_loads_no_jax():
+    code = f"import sys, {', '.join(DATA_USES)}\nprint('jax' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
+                            text=True, timeout=120)
+    assert result.stdout.strip() == "False", result.stderr[-2000:]
 
 
 def test_no_import_cycles():

@@ -24,12 +24,13 @@ import logging
 import os
 import pickle
 import re
-import tempfile
 import threading
 from collections.abc import Callable
 from pathlib import Path
 
 import jax
+
+from transformer.atomic_files import write_atomically
 
 log = logging.getLogger("transformer.stored")
 
@@ -61,8 +62,9 @@ def _environment() -> str:
     from jax._src import config as jax_config  # tracing settings (x64, matmul precision, ...)
 
     source = hashlib.sha256()
-    for path in sorted(Path(__file__).parent.glob("*.py")):
-        source.update(path.name.encode() + path.read_bytes())
+    package = Path(__file__).parent
+    for path in sorted(package.rglob("*.py")):
+        source.update(path.relative_to(package).as_posix().encode() + path.read_bytes())
     device = jax.local_devices()[0]
     parts = [source.hexdigest(), jax.__version__, jaxlib.__version__, flax.__version__,
              device.platform, device.client.platform_version, device.device_kind,
@@ -230,7 +232,9 @@ class StoredJit:
             compiled = _compile_afresh(lowered)
         try:
             payload, in_tree, out_tree = serialize_executable.serialize(compiled)
-            _write_atomically(path, pickle.dumps((payload, in_tree, out_tree)))
+            path.parent.mkdir(parents=True, exist_ok=True)
+            # Whole or not at all: other processes may load from this directory meanwhile.
+            write_atomically(path, pickle.dumps((payload, in_tree, out_tree)))
         except Exception as error:  # a full disk, or a backend that cannot serialize
             log.debug("did not store %s: %s", path, error)
         else:
@@ -305,13 +309,3 @@ def prune(directory: Path, max_bytes: int) -> list[Path]:
         log.info("removed %d stored programs least recently used from %s, keeping it under "
                  "%d MiB", len(removed), directory, max_bytes >> 20)
     return removed
-
-
-def _write_atomically(path: Path, data: bytes) -> None:
-    """Write `data` to `path` so that a reader sees the whole file or none (processes may
-    share the directory)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile(dir=path.parent, prefix=path.name, suffix=".tmp",
-                                     delete=False) as out:
-        out.write(data)
-    os.replace(out.name, path)

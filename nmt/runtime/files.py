@@ -1,7 +1,8 @@
 """Files and directories written whole or not at all: a reader never sees half of one, and any
 failure (an error, Ctrl-C, the SystemExit of a SIGTERM handler) leaves the earlier one as it
-was and no temporary beside it. The one way this project writes a file that must not be seen
-half-written.
+was and no temporary beside it. Files are written by `transformer.atomic_files`, the one way
+this project writes a file that must not be seen half-written; this module adds what the
+application needs around it.
 
 Each writer of a file has its own temporary, `PATH.partial` (or `PATH.partial.1`, ... while
 another process writes the same path), held with an flock while it is written; the kernel
@@ -14,7 +15,6 @@ meantime is kept, and this writer's complete file is kept beside it (`ChangedMea
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
 import os
 import re
@@ -24,11 +24,10 @@ from pathlib import Path
 from typing import IO, Iterator, NamedTuple
 
 from nmt.runtime.cli import Fault
+from transformer import atomic_files
 
 PARTIAL_SUFFIX = ".partial"
 KEPT_SUFFIX = ".kept"
-_TEXT = {"encoding": "utf-8", "newline": "\n"}
-_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 _MAX_WRITERS = 100  # temporaries PATH.partial, PATH.partial.1, ... tried
 ABANDONED_AFTER = 60.0  # seconds: an unlocked temporary this old has lost its writer
 
@@ -155,60 +154,43 @@ def _keep_aside(partial: Path, path: Path) -> Path:
     return partial
 
 
-def _publish(partial: Path, path: Path, since: FileState | None) -> None:
-    """Rename the complete `partial` onto `path`, unless `path` changed since `since`."""
-    now = file_state(path)
-    if now != since:
-        kept = _keep_aside(partial, path)
-        raise ChangedMeanwhile(
-            f"{path} was written by another process while this one was writing it; that file "
-            f"is kept, and this run's complete output is in {kept}: compare the two and "
-            f"rename {kept} onto {path} if it is the one you want (or run one command at a "
-            "time per output file).")
-    os.replace(partial, path)
-
-
 @contextlib.contextmanager
 def atomic_file(path: str | Path, mode: str = "w", since: FileState | None | str = "now"
                 ) -> Iterator[IO]:
     """An open file ("w": UTF-8 text with "\\n" line ends, "wb": bytes), written into a
     temporary of its own (`partial_path`) and, when the block ends without error, synced to
-    disk and renamed onto `path`: even a crash leaves the old file or the whole new one.
+    disk and renamed onto `path` (`transformer.atomic_files.atomic_file`): even a crash leaves
+    the old file or the whole new one.
 
     `since` is the `file_state` of `path` when the work began ("now": when this is called);
     if `path` changed after it, the result is not renamed onto it but kept beside it, and
     ChangedMeanwhile says where. (Between that last look and the rename another writer could
     still slip in; the window is one system call wide.)"""
-    if mode not in ("w", "wb"):
-        raise ValueError(f"atomic_file writes with mode 'w' or 'wb', not {mode!r}")
     path = Path(path)
     if since == "now":
         since = file_state(path)
-    fd, partial = _claim(path)
-    _remove_abandoned(path, keep=partial)
-    handle, publishing = None, False
-    try:
-        handle = open(fd, mode, **({} if mode == "wb" else _TEXT))
+    kept: list[Path] = []
+
+    def claim(path: Path) -> tuple[int, Path]:
+        fd, partial = _claim(path)
+        _remove_abandoned(path, keep=partial)
+        return fd, partial
+
+    def publish(partial: Path, path: Path) -> None:
+        # Called while the temporary is open, its lock held: nobody takes it over.
+        if file_state(path) == since:
+            os.replace(partial, path)
+        else:
+            kept.append(_keep_aside(partial, path))
+
+    with atomic_files.atomic_file(path, mode, temporary=claim, publish=publish) as handle:
         yield handle
-        handle.flush()
-        os.fsync(handle.fileno())
-        publishing = True
-        _publish(partial, path, since)  # while the lock is held: nobody takes it over
-    except BaseException as err:
-        if not (publishing and isinstance(err, ChangedMeanwhile)):  # else kept aside
-            with contextlib.suppress(OSError):
-                partial.unlink(missing_ok=True)
-        with contextlib.suppress(OSError):  # a full disk again: the first error is the one
-            if handle is not None:
-                handle.close()
-            else:
-                os.close(fd)
-        if isinstance(err, OSError) and not err.filename and err.errno in _FULL:
-            # A write or flush that found the disk full names no file: name the one written.
-            raise OSError(err.errno, err.strerror, str(path)) from err
-        raise
-    with contextlib.suppress(OSError):  # synced and in place: closing cannot change that
-        handle.close()
+    if kept:
+        raise ChangedMeanwhile(
+            f"{path} was written by another process while this one was writing it; that file "
+            f"is kept, and this run's complete output is in {kept[0]}: compare the two and "
+            f"rename {kept[0]} onto {path} if it is the one you want (or run one command at a "
+            "time per output file).")
 
 
 def write_atomically(path: str | Path, data: str | bytes,

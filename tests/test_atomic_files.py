@@ -1,0 +1,163 @@
+"""transformer.atomic_files: the one way a file is written whole. After any failure the file
+is the old one and no temporary is left; a written file is fsynced before its rename and its
+directory after; the data cache writes through it."""
+
+from __future__ import annotations
+
+import errno
+import os
+from pathlib import Path
+
+import pytest
+
+from transformer.atomic_files import atomic_file, write_atomically
+
+
+class Boom(Exception):
+    pass
+
+
+def _names(directory: Path) -> list[str]:
+    return sorted(p.name for p in directory.iterdir())
+
+
+def _record_syncs_and_renames(monkeypatch) -> list[tuple[str, int]]:
+    """Record ("fsync", inode) and ("replace", inode of the file renamed) in order."""
+    events: list[tuple[str, int]] = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd):
+        events.append(("fsync", os.fstat(fd).st_ino))
+        real_fsync(fd)
+
+    def replace(source, target):
+        events.append(("replace", os.stat(source).st_ino))
+        real_replace(source, target)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    return events
+
+
+@pytest.mark.parametrize("old", [b"old\n", None], ids=["replacing", "new"])
+def test_a_writer_that_raises_leaves_the_old_file_and_no_temporary(old, tmp_path):
+    out = tmp_path / "out.bin"
+    if old is not None:
+        out.write_bytes(old)
+    with pytest.raises(Boom):
+        with atomic_file(out, "wb") as handle:
+            handle.write(b"half of the new")
+            handle.flush()
+            raise Boom
+    assert (out.read_bytes() if out.exists() else None) == old
+    assert _names(tmp_path) == ([] if old is None else ["out.bin"])
+
+
+def test_the_file_is_synced_before_its_rename_and_the_directory_after(tmp_path, monkeypatch):
+    out = tmp_path / "out.txt"
+    out.write_text("old\n")
+    events = _record_syncs_and_renames(monkeypatch)
+    write_atomically(out, "new\n")
+    monkeypatch.undo()
+    written, directory = out.stat().st_ino, tmp_path.stat().st_ino
+    assert events == [("fsync", written), ("replace", written), ("fsync", directory)]
+    assert out.read_text() == "new\n" and _names(tmp_path) == ["out.txt"]
+
+
+@pytest.mark.parametrize("step", ["file", "directory"])
+def test_a_failed_sync_leaves_old_or_new_and_no_temporary(step, tmp_path, monkeypatch):
+    out = tmp_path / "out.txt"
+    out.write_text("old\n")
+    real_fsync = os.fsync
+
+    def fsync(fd):
+        if os.path.isdir(f"/proc/self/fd/{fd}") == (step == "directory"):
+            raise OSError(errno.EIO, "Input/output error")
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    with pytest.raises(OSError, match="Input/output error"):
+        write_atomically(out, "new\n")
+    # A failed directory sync comes after the rename: the new file is in place, unsynced.
+    assert out.read_text() == ("old\n" if step == "file" else "new\n")
+    assert _names(tmp_path) == ["out.txt"]
+
+
+def test_a_directory_that_cannot_be_synced_is_not_an_error(tmp_path, monkeypatch):
+    real_fsync = os.fsync
+
+    def fsync(fd):
+        if os.path.isdir(f"/proc/self/fd/{fd}"):
+            raise OSError(errno.EINVAL, "Invalid argument")
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    write_atomically(tmp_path / "out.txt", "new\n")
+    assert (tmp_path / "out.txt").read_text() == "new\n"
+
+
+def test_a_full_disk_names_the_file_and_leaves_the_old_one(tmp_path, monkeypatch):
+    out = tmp_path / "out.bin"
+    out.write_bytes(b"old")
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(OSError) as info:
+        write_atomically(out, b"new")
+    assert info.value.errno == errno.ENOSPC and info.value.filename == str(out)
+    assert out.read_bytes() == b"old" and _names(tmp_path) == ["out.bin"]
+
+
+def test_text_is_utf8_with_newlines_and_files_get_the_usual_permissions(tmp_path):
+    previous = os.umask(0o022)
+    try:
+        write_atomically(tmp_path / "a.txt", "café\n")
+        write_atomically(tmp_path / "b.bin", b"\x00\xff")
+    finally:
+        os.umask(previous)
+    assert (tmp_path / "a.txt").read_bytes() == "café\n".encode()
+    assert (tmp_path / "b.bin").read_bytes() == b"\x00\xff"
+    assert {(tmp_path / name).stat().st_mode & 0o777 for name in ("a.txt", "b.bin")} == {0o644}
+
+
+def test_a_failed_publish_removes_the_temporary(tmp_path):
+    def refuse(written: Path, path: Path) -> None:
+        raise Boom
+
+    with pytest.raises(Boom):
+        with atomic_file(tmp_path / "out.txt", "w", publish=refuse) as handle:
+            handle.write("new\n")
+    assert _names(tmp_path) == []
+
+
+def test_only_w_and_wb_are_accepted(tmp_path):
+    with pytest.raises(ValueError, match="mode 'w' or 'wb', not 'a'"):
+        with atomic_file(tmp_path / "out.txt", "a"):
+            pass
+    assert _names(tmp_path) == []
+
+
+# ----------------------------------------------------------------------------- users
+
+
+def test_the_text_cache_names_input_read_once_by_its_pairs(tmp_path):
+    from data.arrow_text import cached_pairs
+
+    pairs = [("a man", "ein Mann"), ("  ", "leer"), ("a dog", "ein Hund")]
+    ds = cached_pairs(iter(pairs), "a pipe", key=None, cache_dir=tmp_path)
+    assert ds["source"] == ["a man", "a dog"]
+    files = _names(tmp_path / "text")
+    assert files == [f"{ds._fingerprint}.arrow", f"{ds._fingerprint}.json"]
+    again = cached_pairs(iter(pairs), "a pipe", key=None, cache_dir=tmp_path)
+    assert again._fingerprint == ds._fingerprint and _names(tmp_path / "text") == files
+
+
+def test_the_text_cache_keeps_nothing_of_input_without_pairs(tmp_path):
+    from data.arrow_text import cached_pairs
+    from data.config import DataError
+
+    with pytest.raises(DataError, match="no sentence pairs"):
+        cached_pairs(iter([("", "x")]), "empty", key="k", cache_dir=tmp_path)
+    assert _names(tmp_path / "text") == []
