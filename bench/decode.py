@@ -27,8 +27,8 @@ from flax import nnx
 from bench.common import emit, environment, on_gpu, run_peer
 from nmt.runtime import allocator
 from transformer.config import SearchConfig, get_preset
-from transformer.decoding import search_with_state
 from transformer.model import Transformer
+from transformer.search import search_with_state
 
 
 def parse_args() -> argparse.Namespace:

@@ -72,19 +72,19 @@ def main() -> None:
                 search = dataclasses.replace(search, max_len_a=limit[0], max_len_b=limit[1])
             translator = Translator(model, tokenizer, search)
             translator.translate(sources)  # warm-up: compilation
-            translator.reached_limit = []
             start = time.perf_counter()
-            hypotheses = translator.translate(sources)
+            done = translator.translate_all(sources)
             seconds = time.perf_counter() - start
+            hypotheses = [nbest[0].text for nbest in done.nbest]
             scores = evaluate(hypotheses, references, target_language=args.tgt,
                               bleu_tokenize=args.bleu_tokenize)
-            stats = translator.batch_stats
+            stats = done.batches
             emit({"rules": rule, "max_len_a": search.max_len_a, "max_len_b": search.max_len_b,
                   "beam": search.beam_size, "alpha": search.alpha,
                   "bleu": round(scores.bleu, 2), "chrf": round(scores.chrf, 2),
                   "steps": sum(b.steps for b in stats),
                   "row_steps": sum(b.row_steps for b in stats),
-                  "batches": len(stats), "reached_limit": len(translator.reached_limit),
+                  "batches": len(stats), "reached_limit": len(done.reached_limit),
                   "seconds": round(seconds, 2),
                   "sentences_per_s": round(len(sources) / seconds, 1),
                   "search_seconds": round(sum(b.seconds for b in stats), 2),

@@ -8,10 +8,10 @@ errors per client count; then the same with batching across requests switched of
 (--no-batch-across-requests), and the batch ceiling: the whole test set translated as one
 call, as translate.py --input does, warm (no start-up). With --modes ...,calls: the most a
 server could give with that many sentences in flight, were HTTP and queueing free: the
-server's translators (its --batch-tokens, --buckets and --searches), warm, each fed calls of
-clients / searches sentences of the test set at once; ...,sorted-calls: the same with the
-test set sorted by source length, so that each call holds sentences of about one length (what
-mixing lengths in a call costs). The server's RSS is read at the end of every load;
+server's translator (its --batch-tokens, --buckets and --searches), warm, on threads each
+fed calls of clients / searches sentences of the test set at once; ...,sorted-calls: the same
+with the test set sorted by source length, so that each call holds sentences of about one
+length (what mixing lengths in a call costs). The server's RSS is read at the end of every load;
 --memory-minutes N runs one more load (32 clients) for N minutes and compares the RSS after
 the first minute with the RSS at the end. With --rounds N, the batched server's loads
 and the ceiling's pass alternate N times (the ceiling's translator is then loaded in this
@@ -204,11 +204,11 @@ class BatchCeiling:
 
 def call_ceilings(args: argparse.Namespace, sentences: list[str], counts: list[int],
                   by_length: bool = False) -> list[dict]:
-    """For each client count N: the server's translators (N at most), warm, each translating
-    the test set's sentences in calls of N / searches (as many as N clients keep in flight),
-    all at once. `by_length`: the sentences sorted by source length first, so that each call
-    holds sentences of about one length, as no server's calls can (its clients choose what
-    comes in): what mixing lengths in a call costs."""
+    """For each client count N: the server's translator, warm, on N threads at most, each
+    translating the test set's sentences in calls of N / searches (as many as N clients keep
+    in flight), all at once. `by_length`: the sentences sorted by source length first, so
+    that each call holds sentences of about one length, as no server's calls can (its clients
+    choose what comes in): what mixing lengths in a call costs."""
     import concurrent.futures
 
     from nmt.models.translator import Translator
@@ -218,20 +218,19 @@ def call_ceilings(args: argparse.Namespace, sentences: list[str], counts: list[i
         lengths = [len(row) for row in tokenizer.encode(sentences)]
         sentences = [sentences[i] for i in sorted(range(len(sentences)), key=lengths.__getitem__)]
     settings = server_settings(args)
-    first = Translator(model, tokenizer, search, batch_tokens=settings.batch_tokens,
-                       buckets=settings.buckets, compact_after=0)
-    first.warm_up()  # as the server does before it is ready
-    translators = [first] + [first.replica(n) for n in range(1, settings.searches)]
+    translator = Translator(model, tokenizer, search, batch_tokens=settings.batch_tokens,
+                            buckets=settings.buckets, compact_after=0)
+    translator.warm_up()  # as the server does before it is ready
     rows = []
-    with concurrent.futures.ThreadPoolExecutor(len(translators)) as pool:
+    with concurrent.futures.ThreadPoolExecutor(settings.searches) as pool:
         for clients in counts:
-            at_once = min(clients, len(translators))
+            at_once = min(clients, settings.searches)
             size = clients // at_once
             calls = [sentences[i:i + size] for i in range(0, len(sentences), size)]
 
             def work(k: int) -> None:
                 for call in calls[k::at_once]:
-                    translators[k].translate_nbest(call)
+                    translator.translate_nbest(call)
 
             start = time.perf_counter()
             list(pool.map(work, range(at_once)))

@@ -47,7 +47,6 @@ def main() -> None:
     import jax
     from flax import nnx
 
-    from data.batching import inference_batches
     from nmt.models.model_dir import load_model
     from nmt.models.translator import Translator
     from nmt.runtime.compilation import enable_compilation_cache
@@ -69,22 +68,19 @@ def main() -> None:
     translator.translate(sources)
     first = time.perf_counter() - first_start
     # A translator compacts a width from its 17th batch on, counted over every call, so a
-    # second call of the same translator would compile compaction's programs; a replica
-    # counts afresh and searches as the first pass did, with its programs compiled.
-    warm = translator.replica(1)
+    # second call of the same translator would compile compaction's programs; a new one
+    # counts afresh and searches as the first pass did, with the programs compiled (they
+    # are kept per model graph).
     second_start = time.perf_counter()
-    warm.translate(sources)
+    batches = Translator(model, tokenizer, search).translate_all(sources).batches
     second = time.perf_counter() - second_start
-    batches = warm.batch_stats
 
     start = time.perf_counter()
     ids = tokenizer.encode(sources, "source")
     tokenize = time.perf_counter() - start
     encoder = jax.jit(lambda graphdef, state, src: nnx.merge(graphdef, state).encode(src))
     graphdef, state = nnx.split(model)
-    budget = translator._batch_budget(ids)
-    plan = list(inference_batches(ids, batch_tokens=budget, buckets=translator.buckets,
-                                  special=tokenizer.ids))
+    plan = translator.plan.call_batches(ids, tokenizer.ids)
     for src, _ in plan:
         encoder(graphdef, state, src).block_until_ready()  # compile each shape
     start = time.perf_counter()
@@ -118,7 +114,7 @@ def main() -> None:
         "row_steps": sum(b.row_steps for b in batches),
         "sentences_per_s": round(len(sources) / second, 1)}, **common})
     if args.ops:
-        emit({"ops": loop_op_times(translator.replica(2), sources), **common})
+        emit({"ops": loop_op_times(Translator(model, tokenizer, search), sources), **common})
 
 
 def loop_op_times(translator, sources: list[str]) -> dict:
@@ -129,9 +125,10 @@ def loop_op_times(translator, sources: list[str]) -> dict:
     from bench.op_times import by_kind, traced_op_times
 
     start = time.perf_counter()
-    programs = traced_op_times(lambda: translator.translate(sources))
+    done = []
+    programs = traced_op_times(lambda: done.append(translator.translate_all(sources)))
     traced = time.perf_counter() - start
-    steps = sum(b.steps for b in translator.batch_stats)
+    steps = sum(b.steps for b in done[0].batches)
     loop = collections.Counter()
     for name, ops in programs.items():
         if name.endswith("_resume"):

@@ -38,9 +38,6 @@ class _Translator:
     def warm_up(self):
         pass
 
-    def replica(self, stream):
-        return self
-
     def translate_nbest(self, sentences):
         _Translator.calls.append(list(sentences))
         return [[None]] * len(sentences)

@@ -11,21 +11,25 @@ import pytest
 from flax import nnx
 
 from transformer.config import BEAM_RULES, SearchConfig, get_preset
-from transformer.decoding import (
+from transformer.search import (
     NEG_INF,
-    _allowed_scores,
-    _best_allowed,
-    _programs,
-    hypotheses_to_lists,
     length_penalty,
     pad_sources,
     search,
     search_with_state,
     top_k_over_vocab,
 )
+from transformer.search.programs import programs_for
+from transformer.search.tokens import allowed_scores, best_allowed
 from transformer.model import Transformer
+from transformer.strategies import plan_search
 
 PAD, BOS, EOS = 0, 2, 3
+
+
+def token_lists(result) -> list[list[list[int]]]:
+    """[batch][nbest] hypotheses as token lists without EOS and padding."""
+    return [result.token_ids(row, EOS) for row in range(len(result.tokens))]
 
 
 def sharp_model(vocab: int = 64, seed: int = 0, sharpness: float = 4.0) -> Transformer:
@@ -194,7 +198,7 @@ def test_early_rules_stop_once_k_hypotheses_finished_where_exact_goes_on(rules):
     config = SearchConfig(beam_size=2, nbest=2, alpha=3.0, max_len_a=0, max_len_b=12,
                           beam_rules=rules)
     result = search(model, sources(np.random.default_rng(9), [4], 8), config)
-    assert hypotheses_to_lists(result, EOS)[0] == [[], [4]]
+    assert token_lists(result)[0] == [[], [4]]
     np.testing.assert_allclose(result.scores[0], scores[:2], atol=1e-4)
     assert result.steps == 2
 
@@ -209,7 +213,7 @@ def test_every_rule_agrees_with_exact_where_the_best_hypothesis_finishes_first(r
     src = sources(np.random.default_rng(9), [4, 7], 8)
     exact = search(model, src, dataclasses.replace(config, beam_rules="exact"))
     result = search(model, src, dataclasses.replace(config, beam_rules=rules))
-    assert hypotheses_to_lists(result, EOS) == [[[], [4]]] * 2
+    assert token_lists(result) == [[[], [4]]] * 2
     np.testing.assert_array_equal(result.tokens, exact.tokens)
     np.testing.assert_allclose(result.scores, exact.scores, atol=1e-6)
     np.testing.assert_allclose(result.scores[0], [np.log(0.5), np.log(0.45 * 0.5)], atol=1e-4)
@@ -280,7 +284,7 @@ def test_outputs_that_reach_the_limit_are_kept_and_flagged_and_pad_rows_end_at_o
     np.testing.assert_array_equal(result.limits, [5, 4, 1, 1])
     np.testing.assert_array_equal(result.lengths[:, 0], [5, 4, 1, 1])
     np.testing.assert_array_equal(result.reached_limit(), [True, True, True, True])
-    assert hypotheses_to_lists(result, EOS)[:2] == [[[4, 4, 4, 4]], [[4, 4, 4]]]
+    assert token_lists(result)[:2] == [[[4, 4, 4, 4]], [[4, 4, 4]]]
     assert result.steps == 5  # the longest real limit, not 14, the limit for the width
 
 
@@ -339,10 +343,10 @@ def test_batched_search_equals_one_sentence_at_a_time():
     rows = [list(rng.integers(4, 64, size=n - 1)) + [EOS] for n in (11, 3, 7, 5, 14)]
     batch = pad_sources(rows, PAD)
     for config in (SearchConfig(strategy="greedy"), SearchConfig(beam_size=4, nbest=2)):
-        together = hypotheses_to_lists(search(model, batch, config), EOS)
+        together = token_lists(search(model, batch, config))
         # Each row alone, at the batch's width: one compiled shape (padding invariance has
         # its own tests in test_model.py).
-        alone = [hypotheses_to_lists(search(model, batch[i : i + 1], config), EOS)[0]
+        alone = [token_lists(search(model, batch[i : i + 1], config))[0]
                  for i in range(len(rows))]
         assert together == alone
 
@@ -356,26 +360,27 @@ def test_only_settings_a_search_reads_compile_a_new_program():
     beam = SearchConfig(beam_size=3, nbest=2, max_len_a=0, max_len_b=7)
     greedy = dataclasses.replace(beam, strategy="greedy", nbest=1)
 
-    strategies = _programs(*nnx.split(model)).strategies
-    _beam_resume, _greedy_resume = strategies["beam"].resume, strategies["greedy"].resume
+    programs = programs_for(*nnx.split(model))
+    beam_resume = programs.loop(plan_search(beam)).resume
+    greedy_resume = programs.loop(plan_search(greedy)).resume
 
     def new_programs(jitted, config: SearchConfig) -> int:
         before = jitted.programs()
         search(model, src, config)  # whole, one batch shape: one program per config
         return jitted.programs() - before
 
-    new_programs(_beam_resume, beam)
-    new_programs(_greedy_resume, greedy)
-    assert new_programs(_beam_resume, beam) == 0
+    new_programs(beam_resume, beam)
+    new_programs(greedy_resume, greedy)
+    assert new_programs(beam_resume, beam) == 0
     # 0.5 * 11 + 2: the same loop length (7), other per-sentence limits.
-    assert new_programs(_beam_resume, dataclasses.replace(
+    assert new_programs(beam_resume, dataclasses.replace(
         beam, temperature=0.5, top_k=4, max_len_a=0.5, max_len_b=2)) == 0
-    assert new_programs(_beam_resume, dataclasses.replace(beam, beam_size=4)) == 1
-    assert new_programs(_beam_resume, dataclasses.replace(beam, beam_rules="transformers")) == 1
-    assert new_programs(_beam_resume, dataclasses.replace(beam, beam_rules="exact")) == 1
-    assert new_programs(_greedy_resume, dataclasses.replace(
+    assert new_programs(beam_resume, dataclasses.replace(beam, beam_size=4)) == 1
+    assert new_programs(beam_resume, dataclasses.replace(beam, beam_rules="transformers")) == 1
+    assert new_programs(beam_resume, dataclasses.replace(beam, beam_rules="exact")) == 1
+    assert new_programs(greedy_resume, dataclasses.replace(
         greedy, beam_size=6, alpha=0.1, length_penalty="power", temperature=0.5)) == 0
-    assert new_programs(_greedy_resume, dataclasses.replace(greedy, min_len=2)) == 1
+    assert new_programs(greedy_resume, dataclasses.replace(greedy, min_len=2)) == 1
 
 
 def test_the_beam_start_program_encodes_and_decodes_nothing():
@@ -388,21 +393,20 @@ def test_the_beam_start_program_encodes_and_decodes_nothing():
     graphdef, state = nnx.split(model)
     src = sources(np.random.default_rng(5), [11, 5], vocab)
     config = SearchConfig(beam_size=3, max_len_a=0, max_len_b=7)
-    programs = _programs(graphdef, state)
-    strategy, program = programs.planned(config, src.shape[1])
+    strategy = plan_search(config)
+    loop = programs_for(graphdef, state).loop(strategy)
     limits = np.full((len(src),), 7, np.int32)
-    text = strategy.start.jitted.trace(program, state, src, limits, jax.random.key(0)
-                                       ).lower().as_text()
+    text = loop.start.jitted.trace(strategy, 7, state, src, limits).lower().as_text()
     assert f"x{vocab}xf32>" not in text
     # The loop program does hold them: the check above would see a decoder step.
-    assert f"x{vocab}xf32>" in strategy.resume.jitted.trace(
-        program, state, *strategy.start(program, state, src, limits, jax.random.key(0)),
+    assert f"x{vocab}xf32>" in loop.resume.jitted.trace(
+        strategy, 7, state, *loop.start(strategy, 7, state, src, limits),
         np.int32(0), jax.random.key(0)).lower().as_text()
 
 
 def test_a_search_call_neither_hashes_nor_rebuilds_the_model_graph(monkeypatch):
     # jit hashes static arguments at every call, and a graph's hash walks the whole model;
-    # with the graph closed over (decoding._Programs), a warm search of a split model must
+    # with the graph closed over (search.programs.GraphPrograms), a warm search of a split model must
     # not hash it or merge it again (40% of a server's search time when it did).
     model = sharp_model(vocab=32, seed=4)
     graphdef, state = nnx.split(model)
@@ -419,7 +423,7 @@ def test_a_search_call_neither_hashes_nor_rebuilds_the_model_graph(monkeypatch):
                 patch.setattr(nnx, "merge", lambda *a, **k: calls.append("merge") or merge(*a, **k))
                 again = search_with_state(graphdef, state, src, config, compact=compact)
             assert calls == [], (config.strategy, compact, calls)
-            assert hypotheses_to_lists(again, EOS) == hypotheses_to_lists(warm, EOS)
+            assert token_lists(again) == token_lists(warm)
 
 
 def test_finished_sentences_do_not_change_when_others_continue():
@@ -536,9 +540,9 @@ def test_best_allowed_equals_top_k_of_the_masked_vocabulary(n, k, min_len):
         at_limit = jnp.asarray(rng.random(10) < 0.3)
         for step in (0, 1, 5):
             step = jnp.int32(step)
-            masked = _allowed_scores(jnp.asarray(logits), step, at_limit, min_len, config)
+            masked = allowed_scores(jnp.asarray(logits), step, at_limit, min_len, config)
             want_values, want_tokens = jax.lax.top_k(masked, k)
-            values, tokens = jax.jit(_best_allowed, static_argnums=(1, 4, 5))(
+            values, tokens = jax.jit(best_allowed, static_argnums=(1, 4, 5))(
                 jnp.asarray(logits), k, step, at_limit, min_len, config)
             np.testing.assert_array_equal(values, want_values)
             np.testing.assert_array_equal(tokens, want_tokens)

@@ -14,7 +14,7 @@ from flax import nnx
 from test_decoding import BOS, EOS, PAD, sharp_model, sources, teacher_forced_logits, token_logprobs
 
 from transformer.config import SearchConfig, get_preset
-from transformer.decoding import length_penalty, search
+from transformer.search import length_penalty, search
 from transformer.ensemble import Ensemble
 from transformer.model import Transformer
 
@@ -138,7 +138,7 @@ def test_translate_py_ensembles_models_of_one_tokenizer_only(exported, tmp_path,
 
 
 def test_reference_logprobs_equal_one_pair_at_a_time_padding_and_all():
-    from transformer.decoding import pad_sources, reference_logprobs
+    from transformer.search import pad_sources, reference_logprobs
 
     rng = np.random.default_rng(4)
     model = sharp_model(seed=6)
@@ -161,7 +161,7 @@ def test_translate_py_score_prints_each_reference_logprob_in_order(exported, tmp
                                                                    monkeypatch, capsys):
     from nmt.models.model_dir import load_model
     from nmt.translation import command as translate_cli
-    from transformer.decoding import pad_sources, reference_logprobs
+    from transformer.search import pad_sources, reference_logprobs
     from translate_model import sentences as corpus
 
     run = exported

@@ -132,7 +132,7 @@ def test_no_import_cycles():
 _USE_THE_LIBRARY = """
 import json, sys
 import numpy as np
-from transformer import cache, config, decoding, ensemble, kernels, layers, model, training
+from transformer import cache, config, ensemble, kernels, layers, model, search, training
 from nmt.models import model_dir, translator
 
 loaded, tokenizer, values = model_dir.load_model(sys.argv[1])

@@ -9,7 +9,7 @@ from conftest import compiled_to_run
 from flax import nnx
 
 from transformer.config import SearchConfig, get_preset
-from transformer.decoding import hypotheses_to_lists, pad_sources, search
+from transformer.search import pad_sources, search
 from transformer.training import (
     OptimizerConfig,
     create_train_state,
@@ -85,7 +85,8 @@ def test_trained_model_decodes_held_out_inputs_exactly(trained_model, search_con
     rng = np.random.default_rng(12345)  # not the training stream
     pairs = [task_example(rng) for _ in range(40)]
     src = pad_sources([source + [EOS] for source, _ in pairs], PAD)
-    outputs = hypotheses_to_lists(search(trained_model, src, search_config), EOS)
+    result = search(trained_model, src, search_config)
+    outputs = [result.token_ids(row, EOS) for row in range(len(pairs))]
     wrong = [(source, target, out[0]) for (source, target), out in zip(pairs, outputs)
              if out[0] != target]
     assert not wrong, f"{len(wrong)} of {len(pairs)} wrong, e.g. {wrong[:3]}"
@@ -96,5 +97,6 @@ def test_sampling_at_low_temperature_also_solves_the_task(trained_model):
     pairs = [task_example(rng) for _ in range(16)]
     src = pad_sources([source + [EOS] for source, _ in pairs], PAD)
     config = dataclasses.replace(SearchConfig(strategy="sample"), temperature=0.05)
-    outputs = hypotheses_to_lists(search(trained_model, src, config, rng=jax.random.key(0)), EOS)
+    result = search(trained_model, src, config, rng=jax.random.key(0))
+    outputs = [result.token_ids(row, EOS) for row in range(len(pairs))]
     assert [out[0] for out in outputs] == [target for _, target in pairs]

@@ -546,6 +546,7 @@ def test_a_served_model_compacts_every_batch_and_warm_up_compiles_what_that_need
     assert warming.records  # the log hears compilations (of every program, from any thread)
     words = "ein Mann mit einem roten Hut geht mit zwei kleinen Hunden durch den Park".split()
     with CompileLog().active() as serving:
-        translator.translate([" ".join(words[:n]) + " ." for n in (1, 2, 3, 5, 8, 10, 12, 14)])
-    assert any(len(stats.stage_rows) > 1 for stats in translator.batch_stats)
+        done = translator.translate_all([" ".join(words[:n]) + " ."
+                                         for n in (1, 2, 3, 5, 8, 10, 12, 14)])
+    assert any(len(stats.stage_rows) > 1 for stats in done.batches)
     assert serving.records == []

@@ -24,9 +24,6 @@ class SleepingTranslator:
             ENCODED.extend(sentences)
             return [sentence.split() for sentence in sentences]
 
-    def replica(self, stream):
-        return SleepingTranslator()
-
     def translate_nbest(self, sentences, ids):
         assert len(ids) == len(sentences)
         time.sleep(SEARCH_SECONDS)

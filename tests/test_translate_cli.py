@@ -208,10 +208,11 @@ def test_evaluation_keeps_every_pair_of_a_dataset_or_test_file(tmp_path):
 
 def _fake_translator():
     """Translates by upper-casing, with the interface run_evaluation uses."""
-    def translate_nbest(lines, progress=None, first_line=1, source=""):
-        return [[SimpleNamespace(text=line.upper(), score=0.0)] for line in lines]
+    def translate_all(lines, progress=None, first_line=1, source=""):
+        return SimpleNamespace(nbest=[[SimpleNamespace(text=line.upper(), score=0.0)]
+                                      for line in lines], reached_limit=[])
 
-    return SimpleNamespace(translate_nbest=translate_nbest, search=search_config())
+    return SimpleNamespace(translate_all=translate_all, search=search_config())
 
 
 def test_split_sentences_is_refused_where_it_cannot_give_one_line_per_line():
@@ -224,39 +225,30 @@ def test_split_sentences_is_refused_where_it_cannot_give_one_line_per_line():
     translate_cli.check_args(_parse("--split-sentences", "Hallo. Tschüss."))
 
 
-def test_split_lines_are_translated_in_one_call_and_warnings_name_lines(caplog):
-    """All sentences of a chunk go to one translate_nbest call; truncation warnings and the
-    output-limit list name input lines, not places in that call."""
+def test_split_lines_are_translated_in_one_call_and_records_name_lines():
+    """All sentences of a chunk go to one call, told the input line of each sentence, so
+    that its truncation warnings and output-limit records name input lines, not places in
+    that call."""
     calls = []
 
-    def translate_nbest(sentences, progress=None, first_line=1, source=""):
-        calls.append(list(sentences))
-        translator.truncated = [i for i, s in enumerate(sentences) if s.startswith("Long")]
-        translator.reached_limit += [first_line + i for i, s in enumerate(sentences)
-                                     if "limit" in s]
-        for i in translator.truncated:  # as Translator warns: counting sentences
-            logging.getLogger("translate").warning("%s line %d: truncated", source,
-                                                   first_line + i)
-        return [[SimpleNamespace(text=s.upper(), score=0.0)] for s in sentences]
+    def translate_all(sentences, progress=None, first_line=1, source="", line_numbers=None):
+        calls.append((list(sentences), list(line_numbers), source))
+        return SimpleNamespace(
+            nbest=[[SimpleNamespace(text=s.upper(), score=0.0)] for s in sentences],
+            reached_limit=[n for n, s in zip(line_numbers, sentences) if "limit" in s])
 
-    def encode(texts, side):
-        return [[7] * 100 for _ in texts]
-
-    translator = SimpleNamespace(translate_nbest=translate_nbest, truncated=[],
-                                 reached_limit=[3], max_source_len=64,
-                                 tokenizer=SimpleNamespace(encode=encode))
+    translator = SimpleNamespace(translate_all=translate_all)
     lines = [" One. Two!\t", "", "Long one. At the limit.", "  ", "A limit. Long too."]
     done = []
-    with caplog.at_level(logging.INFO):
-        out = streams.translate_paragraphs(translator, lines, "in.de", 11, "en", done.append)
+    out, reached = streams.translate_paragraphs(translator, lines, "in.de", 11, "en",
+                                                done.append)
     assert out == [" ONE. TWO!\t", "", "LONG ONE. AT THE LIMIT.", "  ", "A LIMIT. LONG TOO."]
-    assert calls == [["One.", "Two!", "Long one.", "At the limit.", "A limit.", "Long too."]]
+    assert calls == [(["One.", "Two!", "Long one.", "At the limit.", "A limit.", "Long too."],
+                      [11, 11, 13, 13, 15, 15], "in.de")]
     assert done == [5]
-    assert translator.reached_limit == [3, 13, 15]  # the earlier chunk's line 3 stays
-    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
-    assert warnings == [f"in.de line {n}: a sentence of 100 tokens, more than the model's 63; "
-                        "truncated to 63 tokens" for n in (13, 15)]
-    assert streams.translate_paragraphs(translator, ["", " "], "in.de", 1, "en") == ["", " "]
+    assert reached == [13, 15]
+    assert streams.translate_paragraphs(translator, ["", " "], "in.de", 1, "en") == (
+        ["", " "], [])
     assert len(calls) == 1  # blank lines need no call
 
 
@@ -282,10 +274,10 @@ def test_a_bleu_tokenizer_that_cannot_run_fails_before_translating(tmp_path, mon
     source.write_text("a cat .\n", encoding="utf-8")
     reference.write_text("猫 。\n", encoding="utf-8")
 
-    def translate_nbest(*args, **kwargs):
+    def translate_all(*args, **kwargs):
         raise AssertionError("BLEU's tokenizer must be checked before translating")
 
-    translator = SimpleNamespace(translate_nbest=translate_nbest, search=search_config())
+    translator = SimpleNamespace(translate_all=translate_all, search=search_config())
     args = _parse("--evaluate", "--src-file", str(source), "--ref-file", str(reference))
     with pytest.raises(translate_cli.UsageError, match=r"ja-mecab \(sacreBLEU's choice for "
                                                        r"target language 'ja'\).*sacrebleu\[ja\]"):
@@ -345,24 +337,6 @@ def test_damaged_model_file_is_named(run_dir, tmp_path, monkeypatch, damage):
     message = str(info.value)
     assert str(model / ("spm.model" if damage == "spm.model" else "config.json")) in message
     assert "\n" not in message and ("bogus" in message if damage == "search setting" else True)
-
-
-def test_small_calls_get_a_small_power_of_two_budget_where_rows_cost_time():
-    from nmt.models.translator import Translator
-
-    def budget(search, rows: list[int], limit: int = 4096, fit: bool = True) -> int:
-        fake = SimpleNamespace(search=search, batch_tokens=limit, fit_small_calls=fit)
-        return Translator._batch_budget(fake, [[5] * n for n in rows])
-
-    beam4 = search_config(beam_size=4)
-    assert budget(beam4, [3]) == 4  # (3 + EOS) * beam 4 = 16 beam tokens -> 4 source tokens
-    assert budget(beam4, [4]) == 8  # 20 beam tokens round up to 32
-    assert budget(beam4, [63, 63]) == 128  # 512 beam tokens
-    assert budget(beam4, [3] * 1000) == 1024  # never above the user's 4096 / beam 4
-    assert budget(search_config(strategy="greedy", nbest=1), [3]) == 4
-    # On a GPU or TPU every call gets the whole budget: one batch shape per width.
-    assert budget(beam4, [3], fit=False) == 1024
-    assert budget(search_config(strategy="greedy", nbest=1), [3], fit=False) == 4096
 
 
 # ----------------------------------------------------------------------------- subprocesses

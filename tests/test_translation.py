@@ -35,9 +35,9 @@ def test_a_source_cut_to_the_model_length_is_never_padded_past_it(max_len):
     translator = Translator(tiny_model(max_len=max_len),
                             NumberTokenizer(), SearchConfig(beam_size=2, max_len_b=3))
     long_source = " ".join(["7"] * (max_len + 10))
-    hypotheses = translator.translate([long_source, "5 6 7"])
-    assert len(hypotheses) == 2
-    assert translator.truncated == [0]
+    done = translator.translate_all([long_source, "5 6 7"])
+    assert len(done.nbest) == 2
+    assert done.truncated == [1]  # line numbers, from 1
     assert max(translator.buckets) == max_len
 
 
@@ -75,12 +75,11 @@ def test_every_batch_shape_searched_is_one_of_search_shapes(strategy):
     for count in (1, 3, 9, 40):
         sentences = [" ".join(str(rng.randrange(4, 60)) for _ in range(rng.randrange(1, 62)))
                      for _ in range(count)]
-        translator.translate(sentences)
-        seen |= {(rows, stats.width) for stats in translator.batch_stats
-                 for rows in stats.stage_rows}
+        batches = translator.translate_all(sentences).batches
+        seen |= {(rows, stats.width) for stats in batches for rows in stats.stage_rows}
     assert seen <= shapes, seen - shapes
     assert len(seen) >= 4  # the calls did meet several shapes
-    assert any(len(stats.stage_rows) > 1 for stats in translator.batch_stats)  # and compacted
+    assert any(len(stats.stage_rows) > 1 for stats in batches)  # and compacted
     assert len(shapes) == len(set(shapes))
 
 
@@ -94,15 +93,15 @@ def test_a_call_that_fits_one_batch_is_searched_as_one(strategy):
     translator = Translator(tiny_model(), NumberTokenizer(), search, batch_tokens=512)
     short, long = "5 6 7", " ".join(["9"] * 20)  # widths 16 and 32
     sentences = [long, short, short.replace("5", "8")]
-    found = translator.translate(sentences)
-    ((rows, width, count),) = [(b.rows, b.width, b.sentences) for b in translator.batch_stats]
+    done = translator.translate_all(sentences)
+    found = [nbest[0].text for nbest in done.nbest]
+    ((rows, width, count),) = [(b.rows, b.width, b.sentences) for b in done.batches]
     assert (width, count) == (32, 3) and (rows, width) in translator.search_shapes()
     assert rows == min(r for r, w in translator.search_shapes() if w == 32 and r >= 3)
     assert found == [translator.translate([sentence])[0] for sentence in sentences]
 
     many = [short] * 30 + [long] * 3
-    translator.translate(many)
-    assert sorted({b.width for b in translator.batch_stats}) == [16, 32]
+    assert sorted({b.width for b in translator.translate_all(many).batches}) == [16, 32]
 
 
 def test_a_call_of_a_power_of_two_sentences_fits_one_batch_at_a_width_the_budget_divides_unevenly():
@@ -116,8 +115,9 @@ def test_a_call_of_a_power_of_two_sentences_fits_one_batch_at_a_width_the_budget
     long = " ".join(["9"] * 40)  # 40 tokens + EOS: width 48
     sentences = [long] + [" ".join(str(4 + (i + j) % 50) for j in range(3 + i % 9))
                           for i in range(15)]
-    found = translator.translate(sentences)
-    assert [(b.rows, b.width, b.sentences) for b in translator.batch_stats] == [(16, 48, 16)]
+    done = translator.translate_all(sentences)
+    found = [nbest[0].text for nbest in done.nbest]
+    assert [(b.rows, b.width, b.sentences) for b in done.batches] == [(16, 48, 16)]
     assert found[:2] == [translator.translate([sentence])[0] for sentence in sentences[:2]]
 
 
@@ -130,9 +130,10 @@ def test_ids_the_caller_encoded_are_searched_as_the_sentences_would_be():
                             SearchConfig(beam_size=2, max_len_b=3))
     sentences = ["5 6 7", "", " ".join(["7"] * 60), "9 8"]
     ids = translator.tokenizer.encode(sentences)
-    given = translator.translate_nbest(sentences, ids=ids)
-    assert translator.truncated == [2]
-    assert given == translator.translate_nbest(sentences)
+    given = translator.translate_all(sentences, ids=ids)
+    assert given.truncated == [3]
+    assert ids[2] == [7] * 60  # the caller's ids are not cut
+    assert given.nbest == translator.translate_nbest(sentences)
     # The ids are what is searched: another sentence's ids give that sentence's hypotheses.
     swapped = translator.translate_nbest(["5 6 7"], ids=translator.tokenizer.encode(["9 8"]))
     assert swapped == translator.translate_nbest(["9 8"]) != translator.translate_nbest(["5 6 7"])
@@ -155,11 +156,37 @@ def test_batches_searched_at_once_give_the_same_translations_in_order(strategy):
                                 SearchConfig(strategy=strategy, beam_size=3, max_len_b=2),
                                 batch_tokens=256, searches=searches, compact_after=3)
         done = []
-        nbest = translator.translate_nbest(sentences, progress=done.append)
-        batches = [(b.rows, b.width, b.sentences, b.steps) for b in translator.batch_stats]
-        results.append((nbest, done, batches))
+        call = translator.translate_all(sentences, progress=done.append)
+        batches = [(b.rows, b.width, b.sentences, b.steps) for b in call.batches]
+        results.append((call.nbest, done, batches))
     assert len(results[0][2]) >= 5  # several batches were in flight at once
     assert results[1] == results[0]
+
+
+def test_threads_share_one_translator_and_each_call_returns_its_own_records():
+    """No copies per thread: calls from two threads at once each get the hypotheses,
+    truncation and output-limit records of their own sentences, as each call alone does."""
+    import concurrent.futures
+
+    translator = Translator(tiny_model(max_len=50), NumberTokenizer(),
+                            SearchConfig(beam_size=2, max_len_a=0, max_len_b=3),
+                            batch_tokens=64, compact_after=None)
+    calls = [[" ".join(["7"] * 60), "5 6", "9"],
+             ["11 12 13 14", " ".join(["8"] * 55), "", "4 5"],
+             ["20 21", "30 31 32 33 34 35"]]
+
+    def records(done):
+        return done.nbest, done.truncated, done.reached_limit, len(done.batches)
+
+    alone = [records(translator.translate_all(call, first_line=10 * i))
+             for i, call in enumerate(calls)]
+    assert alone[0][1] == [0] and alone[1][1] == [11]  # lines from each call's first_line
+    assert any(reached for _, _, reached, _ in alone)
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        for _ in range(3):
+            futures = [pool.submit(translator.translate_all, call, first_line=10 * i)
+                       for i, call in enumerate(calls)]
+            assert [records(future.result()) for future in futures] == alone
 
 
 def test_a_width_compacts_once_enough_of_its_batches_were_searched():
@@ -175,9 +202,8 @@ def test_a_width_compacts_once_enough_of_its_batches_were_searched():
                             batch_tokens=64, compact_after=3)
     stages = []
     for call in (sentences[:8], sentences[8:]):  # two batches, then four
-        translator.translate(call)
-        stages += [len(stats.stage_rows) for stats in translator.batch_stats]
-    assert translator.batches_per_width == {16: 6}
+        stages += [len(stats.stage_rows) for stats in translator.translate_all(call).batches]
+    assert len(stages) == 6
     assert stages[:3] == [1, 1, 1] and max(stages[3:]) > 1, stages
     translator.warm_up()
     assert translator.compact_after == 0
@@ -194,7 +220,7 @@ def test_where_rows_cost_little_batches_keep_one_shape_per_width_and_never_compa
     from nmt.models import translator as translator_module
     from nmt.runtime.compilation import CompileLog
 
-    monkeypatch.setattr(translator_module, "rows_cost_time", lambda: False)
+    monkeypatch.setattr(translator_module, "cpu_backend", lambda: False)
     rng = random.Random(4)
     sentences = [" ".join(str(rng.randrange(4, 60)) for _ in range(rng.randrange(1, 15)))
                  for _ in range(24)]
@@ -212,14 +238,14 @@ def test_where_rows_cost_little_batches_keep_one_shape_per_width_and_never_compa
     resumes = [name for name in functions if "resume" in name]
     assert len(resumes) == len(translator.search_shapes()), functions
     with CompileLog().active() as translating:
-        translator.translate(sentences)
+        batches = translator.translate_all(sentences).batches
     assert translating.records == []
-    assert len(translator.batch_stats) == 6
-    assert all(stats.stage_rows == (stats.rows,) for stats in translator.batch_stats)
+    assert len(batches) == 6
+    assert all(stats.stage_rows == (stats.rows,) for stats in batches)
     with CompileLog().active() as one_sentence:
-        translator.translate(sentences[:1])
+        batches = translator.translate_all(sentences[:1]).batches
     assert one_sentence.records == []
-    assert [(stats.rows, stats.sentences) for stats in translator.batch_stats] == [(4, 1)]
+    assert [(stats.rows, stats.sentences) for stats in batches] == [(4, 1)]
 
 
 def test_each_batch_shape_is_compiled_ahead_once_and_a_failed_search_waits_for_no_more():
@@ -243,8 +269,9 @@ def test_each_batch_shape_is_compiled_ahead_once_and_a_failed_search_waits_for_n
         original(self, shape, halvings)
 
     translator._compile = recording.__get__(translator)
-    first = translator.translate(sentences)
-    shapes = [(stats.rows, stats.width) for stats in translator.batch_stats]
+    done = translator.translate_all(sentences)
+    first = [nbest[0].text for nbest in done.nbest]
+    shapes = [(stats.rows, stats.width) for stats in done.batches]
     assert compiled == list(dict.fromkeys(shapes)) and len(compiled) >= 4
     assert all(name.startswith("compile") for name in threads)
     assert translator.translate(sentences) == first and len(compiled) == len(set(shapes))
@@ -276,7 +303,7 @@ def test_compile_threads_use_the_cores_except_beside_a_search_on_a_cpu(monkeypat
 
     monkeypatch.setattr(translator_module.os, "sched_getaffinity", lambda pid: set(range(16)))
     for cpu in (True, False):
-        monkeypatch.setattr(translator_module, "rows_cost_time", lambda cpu=cpu: cpu)
+        monkeypatch.setattr(translator_module, "cpu_backend", lambda cpu=cpu: cpu)
         assert translator_module.compile_threads(9, searching=False) == 8
         assert translator_module.compile_threads(3, searching=False) == 3
         assert translator_module.compile_threads(0, searching=False) == 1
@@ -348,7 +375,8 @@ def test_bfloat16_products_translate_a_peaked_model_as_float32_does():
     import jax.numpy as jnp
     import numpy as np
 
-    from transformer.decoding import _programs
+    from transformer.search.programs import programs_for
+    from transformer.strategies import plan_search
 
     full = tiny_model()
     low = Transformer(get_preset("tiny", vocab_size=64, dtype="bfloat16"), rngs=nnx.Rngs(1))
@@ -362,13 +390,15 @@ def test_bfloat16_products_translate_a_peaked_model_as_float32_does():
     assert sum(a == b for a, b in zip(want, got)) >= 22, list(zip(want, got))
 
     graphdef, state = nnx.split(low)
-    strategy, program = _programs(graphdef, state).planned(search, 16)
+    strategy = plan_search(search)
+    compiled = programs_for(graphdef, state).loop(strategy)
+    max_len = search.max_output_len(16, low.config.max_len)
     int32 = lambda shape: jax.ShapeDtypeStruct(shape, jnp.int32)  # noqa: E731
-    start = strategy.start.jitted.trace(program, state, int32((4, 16)), int32((4,)),
-                                        jax.random.key(0))
+    start = compiled.start.jitted.trace(strategy, max_len, state, int32((4, 16)), int32((4,)))
     sentences_info, searched_info = start.out_info
-    loop = strategy.resume.jitted.trace(program, state, sentences_info, searched_info,
-                                        int32(()), jax.random.key(0)).lower().as_text()
+    loop = compiled.resume.jitted.trace(strategy, max_len, state, sentences_info,
+                                        searched_info, int32(()),
+                                        jax.random.key(0)).lower().as_text()
     products = [line for line in loop.splitlines() if "stablehlo.dot_general" in line]
     low_precision = [line for line in products if "xbf16>" in line.split("->")[0]]
     # Each decoder layer's 8 projection and FFN products, and the output projection over the

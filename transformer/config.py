@@ -17,6 +17,8 @@ import math
 import numbers
 from typing import Any, Literal, Mapping
 
+from transformer.strategies import plan_search
+
 Norm = Literal["post", "pre"]
 Positional = Literal["sinusoidal", "learned"]
 Activation = Literal["relu", "swish"]
@@ -333,11 +335,7 @@ class SearchConfig(DictConfig):
             raise ValueError(f"SearchConfig.beam_size must be >= 1, got {self.beam_size}.")
         if self.nbest < 1:
             raise ValueError(f"SearchConfig.nbest must be >= 1, got {self.nbest}.")
-        if self.nbest > 1 and self.strategy != "beam":
-            raise ValueError(
-                f"SearchConfig.nbest ({self.nbest}) needs beam search; strategy "
-                f"{self.strategy!r} gives one hypothesis per sentence. Use strategy='beam' "
-                "or nbest=1.")
+        plan_search(self)  # settings that cannot go together
         if self.nbest > self.beam_size:
             raise ValueError(
                 f"SearchConfig.nbest ({self.nbest}) must be <= beam_size ({self.beam_size}); "

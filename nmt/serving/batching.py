@@ -55,8 +55,8 @@ class Batcher:
 
     `gather_tokens`: source tokens (EOS included) gathered for one call at most, unless one
     request alone has more; `max_wait`: seconds the oldest request waits for others;
-    `searches`: calls run at once (each on a replica of the translator; the executor needs as
-    many threads), so that a CPU's cores are all busy even with batches too small to spread
+    `searches`: calls run at once (threads share the translator; the executor needs as many
+    threads), so that a CPU's cores are all busy even with batches too small to spread
     over them; `refill_wait`: seconds a call short of its share waits for it (`_gather`);
     `across_requests=False` searches every request on its own (for comparison).
     `max_queue`: sentences waiting at most. `on_batch` is told of every search call.
@@ -75,9 +75,9 @@ class Batcher:
         self.across_requests = across_requests
         self.on_batch = on_batch
         self.queued_sentences = 0
-        self._idle = [translator] + [translator.replica(n) for n in range(1, searches)]
+        self._idle = list(range(searches))  # the search slots free for a call
         # What `_share` counts as the load in flight besides the queue: the sentences of the
-        # calls searching (by translator id), and those answered whose clients have not sent
+        # calls searching (by slot), and those answered whose clients have not sent
         # as many new ones yet.
         self._searching: dict[int, int] = {}
         self._returning = 0
@@ -116,7 +116,7 @@ class Batcher:
         return await job.future
 
     async def _run(self) -> None:
-        """Gather a call whenever a translator is idle, and start its search."""
+        """Gather a call whenever a search slot is free, and start its search."""
         free = asyncio.Event()
         while True:
             while not self._idle:
@@ -127,21 +127,20 @@ class Batcher:
             jobs = [job for job in jobs if not job.future.done()]  # timed out while waiting
             if not jobs:
                 continue
-            translator = self._idle.pop()
-            self._searching[id(translator)] = sum(len(job.sentences) for job in jobs)
-            task = asyncio.get_running_loop().create_task(self._search(translator, jobs, free))
+            slot = self._idle.pop()
+            self._searching[slot] = sum(len(job.sentences) for job in jobs)
+            task = asyncio.get_running_loop().create_task(self._search(slot, jobs, free))
             self._searches.add(task)
             task.add_done_callback(self._searches.discard)
 
-    async def _search(self, translator: Translator, jobs: list[_Job], free: asyncio.Event
-                      ) -> None:
+    async def _search(self, slot: int, jobs: list[_Job], free: asyncio.Event) -> None:
         """One call for `jobs`' sentences; each job gets its own translations, or the error."""
         sentences = [s for job in jobs for s in job.sentences]
         ids = [row for job in jobs for row in job.ids]
         start = time.perf_counter()
         try:
             results = await asyncio.get_running_loop().run_in_executor(
-                self.executor, functools.partial(translator.translate_nbest, sentences,
+                self.executor, functools.partial(self.translator.translate_nbest, sentences,
                                                  ids=ids))
         except Exception as err:  # noqa: BLE001 - every waiting request gets the error
             for job in jobs:
@@ -149,8 +148,8 @@ class Batcher:
                     job.future.set_exception(err)
             return
         finally:
-            del self._searching[id(translator)]
-            self._idle.append(translator)
+            del self._searching[slot]
+            self._idle.append(slot)
             free.set()
         if self.on_batch is not None:
             self.on_batch(BatchRecord(len(jobs), len(sentences), time.perf_counter() - start))

@@ -238,7 +238,7 @@ def load_served_models(args: argparse.Namespace):
             search = search_config(values["search"], args)
             # compact_after=0: the warm-up compiles every program compaction needs, so every
             # batch leaves its finished sentences behind from the first request on (on a CPU;
-            # on a GPU or TPU no batch compacts, `rows_cost_time`).
+            # on a GPU or TPU no batch compacts, `BatchPlan.on_cpu`).
             translator = Translator(model, tokenizer, search, batch_tokens=args.batch_tokens,
                                     seed=args.seed, buckets=args.buckets, compact_after=0)
         except ValueError as err:
@@ -256,9 +256,7 @@ def load_served_models(args: argparse.Namespace):
 def check_bounds(flag: str, translator, args: argparse.Namespace) -> int:
     """The number of search shapes the model compiles; UsageError naming the bound its search
     passes: its beam (MAX_BEAM), or those shapes (MAX_SHAPES)."""
-    from nmt.models.translator import rows_per_source
-
-    beam = rows_per_source(translator.search)
+    beam = translator.strategy.rows_per_sentence
     if beam > MAX_BEAM:
         origin = "--beam" if args.beam is not None else "the model's stored beam size"
         raise UsageError(f"--model {flag}: {origin} {beam}: this server searches with a beam "

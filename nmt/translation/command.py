@@ -99,6 +99,7 @@ from nmt.settings import recipes
 from nmt.translation import evaluation, streams
 from nmt.translation.errors import InputError
 from transformer.config import check_finite
+from transformer.strategies import Beam, Sample, strategy_kind
 
 log = logging.getLogger("translate.py")
 
@@ -258,12 +259,12 @@ def search_config(stored, args: argparse.Namespace):
         changes["strategy"] = "sample"
     elif args.beam is not None or args.nbest is not None:
         changes["strategy"] = "beam"
-    strategy = changes.get("strategy", stored.strategy)
-    if strategy != "beam":
+    kind = strategy_kind(changes.get("strategy", stored.strategy))
+    if kind is not Beam:
         if args.nbest is not None and args.nbest > 1:
             raise ValueError(f"--nbest {args.nbest} needs beam search; drop --greedy/--sample.")
         changes.setdefault("nbest", 1)  # a stored n-best setting cannot apply
-    if strategy != "sample" and (args.temperature is not None or args.top_k is not None):
+    if kind is not Sample and (args.temperature is not None or args.top_k is not None):
         raise ValueError("--temperature and --top-k only apply with --sample.")
     return dataclasses.replace(stored, **changes)
 
@@ -345,15 +346,17 @@ def run(args: argparse.Namespace) -> int:
         if args.output:
             out = stack.enter_context(atomic_file(args.output,
                                                   since=outputs_at_start["output"]))
+        reached_limit = []
         if args.evaluate:
-            evaluation.run_evaluation(translator, args, values, out, test_set, bleu,
-                                      outputs_at_start)
+            _, reached_limit = evaluation.run_evaluation(translator, args, values, out,
+                                                         test_set, bleu, outputs_at_start)
         elif args.score:
             evaluation.run_scoring(translator, args, values, out, test_set)
         else:
-            streams.translate_input(translator, args, input_line_count, out, model, tokenizer,
-                                    split_language(args, values))
-    warn_reached_limit(translator)
+            reached_limit = streams.translate_input(translator, args, input_line_count, out,
+                                                    model, tokenizer,
+                                                    split_language(args, values))
+    warn_reached_limit(translator, reached_limit)
     return 0
 
 
@@ -367,18 +370,18 @@ def split_language(args: argparse.Namespace, values: dict) -> str | None:
     return language
 
 
-def warn_reached_limit(translator) -> None:
-    """One warning for every translation whose search reached its output limit: it is kept,
-    and ends where EOS was forced."""
-    count = len(translator.reached_limit)
-    if not count:
+def warn_reached_limit(translator, lines: list[int]) -> None:
+    """One warning for every translation whose search reached its output limit (`lines`,
+    one per translation): it is kept, and ends where EOS was forced."""
+    if not lines:
         return
-    lines = sorted(set(translator.reached_limit))  # --split-sentences: a line's sentences
+    shown_lines = sorted(set(lines))  # --split-sentences: a line's sentences
     search = translator.search
-    shown = ", ".join(str(n) for n in lines[:10]) + (", ..." if len(lines) > 10 else "")
+    shown = ", ".join(str(n) for n in shown_lines[:10]) + (", ..." if len(shown_lines) > 10
+                                                            else "")
     log.warning("%d translation(s) reached the output limit (%g x source tokens + %d, at most "
                 "%d tokens with EOS) and end where EOS was forced there: line(s) %s; "
-                "--max-len-a and --max-len-b raise the limit", count, search.max_len_a,
+                "--max-len-a and --max-len-b raise the limit", len(lines), search.max_len_a,
                 search.max_len_b, translator.model_config.max_len, shown)
 
 

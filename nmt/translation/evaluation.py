@@ -107,22 +107,24 @@ def _dataset_split(args, src, tgt) -> tuple[list[str], list[str], str]:
 def run_evaluation(translator, args: argparse.Namespace, values: dict, out: IO[str],
                    test_set: tuple[list[str], list[str], str] | None = None,
                    bleu: dict[str, str | None] | None = None,
-                   outputs_at_start: dict[str, FileState | None] | None = None) -> dict:
+                   outputs_at_start: dict[str, FileState | None] | None = None
+                   ) -> tuple[dict, list[int]]:
     """Translate the test set (`test_set` if already read, else `evaluation_data`), print
     BLEU and chrF (`bleu`: `bleu_settings`, checked here unless given), then write
     --hyp-file and --report (refused if another process wrote them after
-    `outputs_at_start`, `streams.check_output_paths`' states; unset: after translating)."""
+    `outputs_at_start`, `streams.check_output_paths`' states; unset: after translating).
+    Returns the report, and the lines whose translation reached the output limit."""
     since = outputs_at_start or {}
     bleu = bleu or bleu_settings(args, values)  # before translating: MeCab may be missing
     sources, references, description = test_set or evaluation_data(args, values)
     log.info("evaluating on %s: %d sentences", description, len(sources))
     start = time.perf_counter()
     with progress_bar(len(sources), args.quiet) as bar:
-        results = translate_lines(translator, sources, args.src_file or description, 1,
-                                  progress=bar.update)
+        done = translate_lines(translator, sources, args.src_file or description, 1,
+                               progress=bar.update)
     seconds = time.perf_counter() - start
     # Scored exactly as the sacrebleu command reads the files: trailing whitespace removed.
-    hypotheses = [one_line(nbest[0].text).rstrip() for nbest in results]
+    hypotheses = [one_line(nbest[0].text).rstrip() for nbest in done.nbest]
     scores = scoring.evaluate(hypotheses, [r.rstrip() for r in references], **bleu)
     # Scores first: a file that cannot be written must not cost the evaluation.
     out.write(f"{scores.bleu_details}\n"
@@ -141,7 +143,7 @@ def run_evaluation(translator, args: argparse.Namespace, values: dict, out: IO[s
         write_atomically(args.report, json.dumps(report, indent=2, ensure_ascii=False) + "\n",
                          since.get("report", "now"))
     log.info("translated %d sentences in %.2f s", len(sources), seconds)
-    return report
+    return report, done.reached_limit
 
 
 def run_scoring(translator, args: argparse.Namespace, values: dict, out: IO[str],

@@ -50,85 +50,67 @@ def format_hypotheses(results, first_index: int, nbest: bool) -> str:
 
 def translate_lines(translator, lines: Sequence[str], where: str, first_line: int,
                     progress: Callable[[int], None] | None = None):
-    """n-best lists for `lines`; warnings name `where` and the line numbers from `first_line`."""
-    return translator.translate_nbest(lines, progress=progress, first_line=first_line,
-                                      source=where)
+    """`Translations` of `lines`; warnings name `where` and the line numbers from
+    `first_line`."""
+    return translator.translate_all(lines, progress=progress, first_line=first_line,
+                                    source=where)
 
 
 def translate_paragraphs(translator, lines: Sequence[str], where: str, first_line: int,
                          language: str, progress: Callable[[int], None] | None = None
-                         ) -> list[str]:
+                         ) -> tuple[list[str], list[int]]:
     """Each line translated as a paragraph: cut into sentences for `language`
     (`nmt.translation.paragraphs.split_text`), the sentences of all lines searched in one call,
-    and each line joined back around its translations with its whitespace as it was."""
+    and each line joined back around its translations with its whitespace as it was. Also
+    the lines with a translation that reached the output limit."""
     from nmt.translation.paragraphs import split_text  # sentencex: only this flag needs it
 
     documents = [split_text(line, language) for line in lines]
     sentences = [sentence for document in documents for sentence in document.sentences]
     line_of = [first_line + i for i, document in enumerate(documents)
                for _ in document.sentences]
-    translations = _translate_sentences(translator, sentences, line_of, where)
+    if sentences:  # not blank lines only
+        done = translator.translate_all(sentences, source=where, line_numbers=line_of)
+        translations, reached_limit = [nbest[0].text for nbest in done.nbest], done.reached_limit
+    else:
+        translations, reached_limit = [], []
     joined, start = [], 0
     for document in documents:
         joined.append(document.join(translations[start:start + len(document.sentences)]))
         start += len(document.sentences)
     if progress is not None:
         progress(len(lines))
-    return joined
-
-
-def _translate_sentences(translator, sentences: list[str], line_of: list[int], where: str
-                         ) -> list[str]:
-    """The best translation of each sentence, in one call; warnings and
-    `translator.reached_limit` name the line each came from (`line_of`), not its place in
-    the call: the translator's own truncation warnings (its only ones) would count sentences,
-    so they are held back during the call and given here instead."""
-    if not sentences:  # blank lines only
-        return []
-    from nmt.models import translator as translator_module  # loaded: there is a translator
-
-    def hold_warnings(record) -> bool:
-        return record.levelno < logging.WARNING
-
-    already = len(translator.reached_limit)
-    translator_module.log.addFilter(hold_warnings)
-    try:
-        results = translator.translate_nbest(sentences, first_line=0, source=where)
-    finally:
-        translator_module.log.removeFilter(hold_warnings)
-    limit = translator.max_source_len - 1  # room for EOS
-    for i in translator.truncated:
-        tokens = len(translator.tokenizer.encode([sentences[i]], "source")[0])
-        log.warning("%s line %d: a sentence of %d tokens, more than the model's %d; truncated "
-                    "to %d tokens", where, line_of[i], tokens, limit, limit)
-    translator.reached_limit[already:] = [line_of[i] for i in translator.reached_limit[already:]]
-    return [nbest[0].text for nbest in results]
+    return joined, reached_limit
 
 
 def output_text(translator, lines: Sequence[str], where: str, first_line: int, nbest: bool,
                 progress: Callable[[int], None] | None = None,
-                split_language: str | None = None) -> str:
+                split_language: str | None = None) -> tuple[str, list[int]]:
     """The output lines for `lines` (from line number `first_line` of `where`): n-best lists,
-    translations, or with `split_language` each line translated sentence by sentence."""
+    translations, or with `split_language` each line translated sentence by sentence; and
+    the lines whose translation reached the output limit."""
     if split_language is not None:
-        translations = translate_paragraphs(translator, lines, where, first_line,
-                                            split_language, progress)
-        return "".join(one_line(text) + "\n" for text in translations)
-    results = translate_lines(translator, lines, where, first_line, progress)
-    return format_hypotheses(results, first_line - 1, nbest)
+        translations, reached_limit = translate_paragraphs(translator, lines, where, first_line,
+                                                           split_language, progress)
+        return "".join(one_line(text) + "\n" for text in translations), reached_limit
+    done = translate_lines(translator, lines, where, first_line, progress)
+    return format_hypotheses(done.nbest, first_line - 1, nbest), done.reached_limit
 
 
 def translate_chunks(translator, chunks, out: IO[str], where: str, nbest: bool,
                      progress: Callable[[int], None] | None = None,
-                     split_language: str | None = None) -> int:
-    """Translate (first line number, lines) chunks, writing and flushing each; returns lines."""
-    total = 0
+                     split_language: str | None = None) -> tuple[int, list[int]]:
+    """Translate (first line number, lines) chunks, writing and flushing each; returns the
+    lines translated, and those whose translation reached the output limit."""
+    total, reached_limit = 0, []
     for first_line, lines in chunks:
-        out.write(output_text(translator, lines, where, first_line, nbest, progress,
-                              split_language))
+        text, reached = output_text(translator, lines, where, first_line, nbest, progress,
+                                    split_language)
+        out.write(text)
         out.flush()
         total += len(lines)
-    return total
+        reached_limit += reached
+    return total, reached_limit
 
 
 def progress_bar(total: int, quiet: bool):
@@ -224,33 +206,34 @@ def file_chunks(path: str, chunk_lines: int):
 
 
 def translate_input(translator, args: argparse.Namespace, input_line_count: int | None,
-                    out: IO[str], model, tokenizer, split_language: str | None = None) -> None:
+                    out: IO[str], model, tokenizer, split_language: str | None = None
+                    ) -> list[int]:
     """Translate the SENTENCE arguments, --input (`input_line_count` lines, None for a pipe)
     or stdin to `out`; with `split_language` (--split-sentences), each line sentence by
-    sentence."""
+    sentence. Returns the lines whose translation reached the output limit."""
     nbest = args.nbest is not None
     start = time.perf_counter()
     if args.plot_attention:
-        results = translate_lines(translator, args.sentences, "argument", 1)
-        out.write(format_hypotheses(results, 0, nbest))
+        done = translate_lines(translator, args.sentences, "argument", 1)
+        out.write(format_hypotheses(done.nbest, 0, nbest))
         out.flush()
-        count = len(args.sentences)
+        count, reached_limit = len(args.sentences), done.reached_limit
         from nmt.translation.plotting import save_attention_plot  # JAX
 
-        save_attention_plot(model, tokenizer, translator, args.sentences[0], results[0][0],
+        save_attention_plot(model, tokenizer, translator, args.sentences[0], done.nbest[0][0],
                             args)
     elif args.sentences:
-        count = translate_chunks(translator, [(1, args.sentences)], out, "argument", nbest,
-                                 split_language=split_language)
+        count, reached_limit = translate_chunks(translator, [(1, args.sentences)], out,
+                                                "argument", nbest, split_language=split_language)
     elif args.input not in (None, "-"):
         with progress_bar(input_line_count or 0, args.quiet) as bar:  # none for a pipe
-            count = translate_chunks(translator, file_chunks(args.input, args.chunk_lines), out,
-                                     args.input, nbest, bar.update, split_language)
+            count, reached_limit = translate_chunks(
+                translator, file_chunks(args.input, args.chunk_lines), out, args.input, nbest,
+                bar.update, split_language)
     else:
         chunks = stream_chunks(sys.stdin.fileno(), args.chunk_lines)
-        count = translate_chunks(translator, chunks, out, "<stdin>", nbest,
-                                 split_language=split_language)
+        count, reached_limit = translate_chunks(translator, chunks, out, "<stdin>", nbest,
+                                                split_language=split_language)
     seconds = time.perf_counter() - start
     log.info("translated %d line%s in %.3f s", count, "" if count == 1 else "s", seconds)
-
-
+    return reached_limit

@@ -1,0 +1,129 @@
+"""Searching a padded batch: output limits, the strategy's start program, then its loop in
+stages (`compaction`); and compiling a batch shape's programs ahead of its first search."""
+
+from __future__ import annotations
+
+import functools
+from typing import TYPE_CHECKING, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from transformer.config import SearchConfig
+from transformer.model import Transformer
+from transformer.search.compaction import compact_rows, run_in_stages
+from transformer.search.programs import programs_for
+from transformer.search.result import SearchResult
+from transformer.strategies import plan_search
+
+if TYPE_CHECKING:
+    from transformer.ensemble import Ensemble
+
+Array = jax.Array
+
+
+def search(model: Transformer | Ensemble, src_ids: np.ndarray | Array, config: SearchConfig,
+           rng: Array | None = None, compact: bool = False) -> SearchResult:
+    """Translate a padded batch of source ids [batch, src_len] (EOS included, PAD after).
+
+    `config` names the strategy (`transformer.strategies.plan_search`); beam search with
+    beam_size 1 is run as beam search (greedy search is strategy="greedy"). `compact`: see
+    `search_with_state`.
+    """
+    graphdef, state = nnx.split(model)
+    return search_with_state(graphdef, state, src_ids, config, rng, compact)
+
+
+def search_with_state(graphdef: nnx.GraphDef, state: nnx.State, src_ids: np.ndarray | Array,
+                      config: SearchConfig, rng: Array | None = None, compact: bool = False
+                      ) -> SearchResult:
+    """`search` for a model already split with `nnx.split` (what training loops hold).
+
+    With `compact`, the search leaves finished sentences behind as it goes
+    (`transformer.search.compaction`): less work on real text, for a few more programs to
+    compile (one per row count), which pays over many batches of a shape
+    (`nmt.models.translator` decides). Without, every row computes until the batch's last
+    sentence ends. The hypotheses are the same either way.
+    """
+    strategy = _planned(config)
+    if strategy.draws and rng is None:
+        raise ValueError("strategy='sample' needs an rng (jax.random.key(seed)).")
+    rng = rng if rng is not None else jax.random.key(0)
+    programs = programs_for(graphdef, state)
+    model_config = programs.model_config
+    strategy.check_vocabulary(model_config.vocab_size)
+    src = np.asarray(src_ids, dtype=np.int32)
+    limits, max_len = output_limits(src, config, model_config.pad_id, model_config.max_len)
+    loop = programs.loop(strategy)
+    sources, searched = loop.start(strategy, max_len, state, src, limits)
+    return run_in_stages(loop, strategy, max_len, state, sources, searched, limits,
+                         model_config.pad_id, rng, compact)
+
+
+def compile_search(graphdef: nnx.GraphDef, state: nnx.State, batch_shape: tuple[int, int],
+                   config: SearchConfig, halvings: bool = True) -> None:
+    """Compile (or load from the compilation cache) the programs a search of a batch of
+    `batch_shape` (rows, padded source length) runs, without running them: its start and its
+    loop, and with `halvings` the loop and compaction at every halving of the rows
+    (`compact`). Thread-safe: a later search of that shape finds them compiled."""
+    rows, width = batch_shape
+    programs = programs_for(graphdef, state)
+    strategy = _planned(config)
+    loop = programs.loop(strategy)
+    max_len = config.max_output_len(width, programs.model_config.max_len)
+    int32 = functools.partial(jax.ShapeDtypeStruct, dtype=jnp.int32)
+    start = loop.start.compile(strategy, max_len, state, int32((rows, width)), int32((rows,)))
+    sources, searched = _shapes_of(start.out_info)
+    while True:
+        loop.resume.compile(strategy, max_len, state, sources, searched, int32(()),
+                            jax.random.key(0))
+        if not halvings or rows == 1:
+            return
+        rows //= 2
+        compacted = compact_rows.compile(sources, searched, int32((rows,)))
+        sources, searched = _shapes_of(compacted.out_info)
+
+
+@functools.lru_cache(maxsize=64)
+def _planned(config: SearchConfig):
+    """`plan_search`, once per settings: every batch of a call searches with the same."""
+    return plan_search(config)
+
+
+def _shapes_of(out_info):
+    """A program's outputs as plain shapes and dtypes, as the arrays a search passes on
+    present them (without the executable's placement, which would key another program)."""
+    return jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, weak_type=x.weak_type), out_info)
+
+
+def output_limits(src_ids: np.ndarray, config: SearchConfig, pad_id: int, model_max_len: int
+                  ) -> tuple[np.ndarray, int]:
+    """Per-sentence output limits [batch] (1 for a row of PAD only) and the static loop
+    length: the limit for a source as long as the padded width, which bounds every limit.
+
+    The static length depends only on the padded source width, so it adds no compiled shapes.
+    """
+    src_lens = (src_ids != pad_id).sum(axis=1)
+    limits = np.array([config.max_output_len(int(n), model_max_len) for n in src_lens], np.int32)
+    static = config.max_output_len(src_ids.shape[1], model_max_len)
+    # A row of PAD only fills a batch to its compiled shape: it ends at its first position, so
+    # that it never keeps the loop running after every real sentence is done.
+    limits = np.where(src_lens == 0, 1, limits)
+    return np.minimum(limits, static), static
+
+
+def pad_sources(sequences: Sequence[Sequence[int]], pad_id: int, batch_size: int | None = None,
+                width: int | None = None) -> np.ndarray:
+    """Pad token-id lists (EOS included) to [batch_size or len(sequences), width or longest
+    length]."""
+    rows = batch_size or len(sequences)
+    if rows < len(sequences):
+        raise ValueError(f"batch_size {rows} is smaller than the {len(sequences)} sequences given.")
+    width = width or max((len(s) for s in sequences), default=1)
+    out = np.full((rows, width), pad_id, dtype=np.int32)
+    for i, seq in enumerate(sequences):
+        out[i, : len(seq)] = seq
+    return out
