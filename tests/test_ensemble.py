@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from test_decoding import BOS, EOS, PAD, sharp_model, sources, teacher_forced_logits, token_logprobs
+from test_search import BOS, EOS, PAD, sharp_model, sources, teacher_forced_logits, token_logprobs
 
 from transformer.config import SearchConfig, get_preset
 from transformer.search import length_penalty, search

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import io
 import json
-import logging
 import os
 import re
 import shutil

@@ -8,7 +8,7 @@ own decoder cache, and the ensemble's distribution is the mean of the models' pr
 
 (fairseq's rule; Marian instead adds weighted log-probabilities). The models must share the
 SentencePiece model, hence the vocabulary and the special-token ids; their sizes, depths and
-dtypes may differ. `Ensemble` has the interface `transformer.decoding` searches over
+dtypes may differ. `Ensemble` has the interface `transformer.search` searches over
 (`config`, `encode`, `source_mask`, `init_cache`, `decode`); its cache is an
 `transformer.cache.EnsembleCache` of the models' caches.
 """

@@ -12,7 +12,7 @@ earlier positions from the cache and the encoder's projected keys and values, wh
 
 Why NNX rather than Linen: NNX is Flax's recommended API for new code, and its modules are
 plain Python objects whose state we split once (`nnx.split`) and pass to pure, jitted
-functions (see transformer/training.py and transformer/decoding.py).
+functions (see transformer/training.py and transformer/search/).
 """
 
 from __future__ import annotations

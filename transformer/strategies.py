@@ -12,10 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from typing import TYPE_CHECKING, Union
-
-if TYPE_CHECKING:
-    from transformer.config import SearchConfig
+from typing import Union
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,8 +110,9 @@ def strategy_kind(name: str) -> type[Strategy]:
     return _KINDS[name]
 
 
-def plan_search(config: SearchConfig) -> Strategy:
-    """The strategy `config` describes: the one place its strategy and rule names are read.
+def plan_search(config) -> Strategy:
+    """The strategy a `transformer.config.SearchConfig` describes: the one place its strategy
+    and rule names are read (config.py calls it to validate, so it is not imported here).
 
     ValueError where the settings cannot go together (n-best lists need beam search).
     """

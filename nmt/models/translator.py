@@ -119,15 +119,14 @@ class Translator:
 
     `batch_tokens` bounds source tokens per batch (beam search multiplies the work by
     beam_size); `buckets` (default `data.config.INFERENCE_BUCKETS`, capped at the model's
-    max_len) are the padded widths. How a call is cut into batches is its `BatchPlan`.
-    Sources longer than the model's positions allow are truncated to `max_source_len`
-    tokens (EOS included), with a warning. `searches` batches are searched at once, each on
-    its own thread (`default_searches`); results come back in order. Once `compact_after`
-    batches of a width have been searched (over every call), the next ones leave their
-    finished sentences behind as they go (see `COMPACT_AFTER_BATCHES`); None, or a backend
-    other than a CPU, searches every batch whole. Sampling draws from `seed` and a count of
-    the batches searched so far, so repeated calls never reuse random numbers. Several
-    threads may call one translator at once.
+    max_len) are the padded widths; how a call is cut into batches is its `BatchPlan`.
+    Sources longer than the model's positions are truncated to `max_source_len` tokens (EOS
+    included), with a warning. `searches` batches are searched at once, each on its own
+    thread (`default_searches`). Once `compact_after` batches of a width have been searched
+    (over every call), the next ones leave their finished sentences behind as they go
+    (`COMPACT_AFTER_BATCHES`); None, or a backend other than a CPU, searches every batch
+    whole. Sampling draws from `seed` and a count of the batches searched so far, so calls
+    never reuse random numbers. Several threads may call one translator at once.
     """
 
     def __init__(self, model: Transformer | Ensemble, tokenizer, search: SearchConfig,
@@ -221,29 +220,24 @@ class Translator:
         """
         if len(sources) != len(references):
             raise ValueError(f"{len(sources)} sources but {len(references)} references.")
-        src_ids = self._refuse_long(self.tokenizer.encode(list(sources), "source"),
-                                    first_line, where[0])
-        tgt_ids = [row + [self.model_config.eos_id] for row in self._refuse_long(
-            self.tokenizer.encode(list(references), "target"), first_line, where[1])]
+        limit = self.max_source_len - 1  # room for EOS
+        src_ids = _refuse_long(self.tokenizer.encode(list(sources), "source"), limit,
+                               first_line, where[0])
+        tgt_ids = [row + [self.model_config.eos_id] for row in _refuse_long(
+            self.tokenizer.encode(list(references), "target"), limit, first_line, where[1])]
         out: list[tuple[float, int]] = [(0.0, 0)] * len(sources)
         budget = self.plan.budget(src_ids, per_token=1)
         for src, index in inference_batches(src_ids, batch_tokens=budget, buckets=self.buckets,
                                             special=self.tokenizer.ids):
             real = index[index >= 0]
-            tgt = self._pad_targets([tgt_ids[i] for i in real], rows=len(index))
+            tgt = _pad_targets([tgt_ids[i] for i in real], len(index), self.buckets,
+                               self.model_config.pad_id)
             logprobs = reference_logprobs_with_state(self.graphdef, self.state, src, tgt)
             for row, i in enumerate(real):
                 out[i] = (float(logprobs[row]), len(tgt_ids[i]))
             if progress is not None:
                 progress(len(real))
         return out
-
-    def _pad_targets(self, targets: list[list[int]], rows: int) -> np.ndarray:
-        """[rows, bucket] int32: the targets (EOS included) padded to the smallest bucket that
-        holds the longest, so that scoring compiles one shape per bucket pair."""
-        longest = max(len(t) for t in targets)
-        width = next(b for b in self.buckets if b >= longest)
-        return pad_sources(targets, self.model_config.pad_id, batch_size=rows, width=width)
 
     def _truncate(self, ids: list[list[int]], line_numbers: Sequence[int], source: str
                   ) -> tuple[list[list[int]], list[int]]:
@@ -257,20 +251,6 @@ class Translator:
                         limit)
             ids[i] = ids[i][:limit]
         return ids, truncated
-
-    def _refuse_long(self, ids: list[list[int]], first_line: int, source: str
-                     ) -> list[list[int]]:
-        """`ids`, or a ValueError naming the first row over the model's positions: its
-        log-probability cannot be computed without scoring another text."""
-        limit = self.max_source_len - 1  # room for EOS
-        for i, row in enumerate(ids):
-            if len(row) > limit:
-                raise ValueError(
-                    f"{source} line {first_line + i}: {len(row)} tokens, more than the "
-                    f"model's {limit} (+ EOS); its log-probability cannot be computed without "
-                    f"truncating it, which would score another text: leave the pair out of "
-                    f"the test set")
-        return ids
 
     def warm_up(self, progress: Callable[[int, int], None] | None = None) -> None:
         """Compile the search for every shape of `search_shapes` (`compile_search`), with
@@ -383,3 +363,25 @@ class Translator:
                        for ids, score in zip(result.token_ids(row, eos), result.scores[row])]
                       for row in np.flatnonzero(real)]
         return stats, index[real], hypotheses, index[real & result.reached_limit()]
+
+
+def _refuse_long(ids: list[list[int]], limit: int, first_line: int, source: str
+                 ) -> list[list[int]]:
+    """`ids`, or a ValueError naming the first row over `limit` tokens: its log-probability
+    cannot be computed without scoring another text."""
+    for i, row in enumerate(ids):
+        if len(row) > limit:
+            raise ValueError(
+                f"{source} line {first_line + i}: {len(row)} tokens, more than the model's "
+                f"{limit} (+ EOS); its log-probability cannot be computed without truncating "
+                f"it, which would score another text: leave the pair out of the test set")
+    return ids
+
+
+def _pad_targets(targets: list[list[int]], rows: int, buckets: Sequence[int], pad_id: int
+                 ) -> np.ndarray:
+    """[rows, bucket] int32: the targets (EOS included) padded to the smallest bucket that
+    holds the longest, so that scoring compiles one shape per bucket pair."""
+    longest = max(len(t) for t in targets)
+    width = next(b for b in buckets if b >= longest)
+    return pad_sources(targets, pad_id, batch_size=rows, width=width)

@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from transformer.cache import SearchCache
 from transformer.search.step import StepFn, while_searching
 from transformer.search.tokens import NEG_INF, best_allowed
 from transformer.strategies import Beam, Stopping
@@ -28,7 +29,7 @@ Array = jax.Array
 @dataclasses.dataclass
 class BeamState:
     step: Array             # [], output positions written
-    cache: object           # the decoder's cache, batch * k rows (`transformer.search.step`)
+    cache: SearchCache      # the decoder's, batch * k rows (a scripted step's own in tests)
     alive_tokens: Array     # [batch, k, max_len]
     alive_logprob: Array    # [batch, k]
     finished_tokens: Array  # [batch, k, max_len]

@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from transformer.cache import SearchCache
 from transformer.search.step import StepFn, while_searching
 from transformer.search.tokens import NEG_INF, allowed_scores, best_allowed
 from transformer.strategies import Greedy, Sample
@@ -25,7 +26,7 @@ Array = jax.Array
 @dataclasses.dataclass
 class GreedyState:
     step: Array          # [], output positions written
-    cache: object        # the decoder's cache (`transformer.search.step`)
+    cache: SearchCache   # the decoder's (a scripted step's own in tests)
     tokens: Array        # [batch, max_len], PAD after EOS
     logprob_sum: Array   # [batch]
     done: Array          # [batch], EOS produced

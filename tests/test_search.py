@@ -11,6 +11,7 @@ import pytest
 from flax import nnx
 
 from transformer.config import BEAM_RULES, SearchConfig, get_preset
+from transformer.model import Transformer
 from transformer.search import (
     NEG_INF,
     length_penalty,
@@ -21,7 +22,6 @@ from transformer.search import (
 )
 from transformer.search.programs import programs_for
 from transformer.search.tokens import allowed_scores, best_allowed
-from transformer.model import Transformer
 from transformer.strategies import plan_search
 
 PAD, BOS, EOS = 0, 2, 3
@@ -406,8 +406,8 @@ def test_the_beam_start_program_encodes_and_decodes_nothing():
 
 def test_a_search_call_neither_hashes_nor_rebuilds_the_model_graph(monkeypatch):
     # jit hashes static arguments at every call, and a graph's hash walks the whole model;
-    # with the graph closed over (search.programs.GraphPrograms), a warm search of a split model must
-    # not hash it or merge it again (40% of a server's search time when it did).
+    # with the graph closed over (search.programs.GraphPrograms), a warm search of a split
+    # model must not hash it or merge it again (40% of a server's search time when it did).
     model = sharp_model(vocab=32, seed=4)
     graphdef, state = nnx.split(model)
     src = sources(np.random.default_rng(2), [9, 4, 6, 2], 32)
