@@ -22,10 +22,10 @@ Array = jax.Array
 
 
 def run_in_stages(loop, strategy: Strategy, max_len: int, state, sources: EncodedSources,
-                  searched, limits: np.ndarray, pad_id: int, rng: Array, compact: bool
+                  loop_state, limits: np.ndarray, pad_id: int, rng: Array, compact: bool
                   ) -> SearchResult:
-    """The search's result, from the state its start program left (`searched`); limits
-    [batch]: each sentence's output limit, as `sources` holds it on the device.
+    """The search's result, from the loop state its start program left; limits [batch]:
+    each sentence's output limit, as `sources` holds it on the device.
 
     `loop` is the strategy's compiled loop (`transformer.search.programs.Loop`): its
     `resume` runs steps, its `outputs` copies hypotheses to the host.
@@ -40,15 +40,16 @@ def run_in_stages(loop, strategy: Strategy, max_len: int, state, sources: Encode
         batch_rows = len(sentence_of_row)
         stage_rows.append(batch_rows)
         stop_at = batch_rows // 2 if compact and batch_rows > 1 else 0
-        searched = loop.resume(strategy, max_len, state, sources, searched, np.int32(stop_at),
-                               rng)
-        done, new_step = (np.asarray(x) for x in jax.device_get((searched.done, searched.step)))
+        loop_state = loop.resume(strategy, max_len, state, sources, loop_state,
+                                 np.int32(stop_at), rng)
+        done, new_step = (np.asarray(x)
+                          for x in jax.device_get((loop_state.done, loop_state.step)))
         row_steps += batch_rows * (int(new_step) - step)
         step = int(new_step)
         finished = done | (step >= max_len)
         leaving = np.flatnonzero(finished & (sentence_of_row >= 0))
         if len(leaving):
-            out_tokens, out_scores, out_lengths = loop.outputs(searched, pad_id, nbest)
+            out_tokens, out_scores, out_lengths = loop.outputs(loop_state, pad_id, nbest)
             where = sentence_of_row[leaving]
             tokens[where], scores[where] = out_tokens[leaving], out_scores[leaving]
             lengths[where] = out_lengths[leaving]
@@ -60,7 +61,7 @@ def run_in_stages(loop, strategy: Strategy, max_len: int, state, sources: Encode
         new_rows = smallest_halving(batch_rows, len(staying))
         filler = np.flatnonzero(finished)[0]
         keep = np.concatenate([staying, np.full(new_rows - len(staying), filler)])
-        sources, searched = compact_rows(sources, searched, keep.astype(np.int32))
+        sources, loop_state = compact_rows(sources, loop_state, keep.astype(np.int32))
         sentence_of_row = np.concatenate(
             [sentence_of_row[staying], np.full(new_rows - len(staying), -1)])
 
@@ -72,14 +73,14 @@ def smallest_halving(rows: int, needed: int) -> int:
     return rows
 
 
-def _take_rows(sources: EncodedSources, searched, keep: Array):
+def _take_rows(sources: EncodedSources, loop_state, keep: Array):
     """The rows `keep` [new_batch] of every per-sentence array (scalars such as the step are
     shared by all rows and stay; the cache takes its own rows, `SearchCache.take_rows`)."""
     def take(x):
         if _is_cache(x):
             return x.take_rows(keep)
         return x[keep] if x.ndim else x
-    return jax.tree.map(take, sources), jax.tree.map(take, searched, is_leaf=_is_cache)
+    return jax.tree.map(take, sources), jax.tree.map(take, loop_state, is_leaf=_is_cache)
 
 
 def _is_cache(x) -> bool:

@@ -1,12 +1,12 @@
 """The compiled search programs of a model graph, made once per graph, the graph closed over.
 
 jit hashes its static arguments at every call, and hashing a GraphDef walks every node of the
-model (a third of a small batch's search time when the graph was a static argument, and as
-much again merging the model to read its config). So each graph gets its own jitted
-functions (`GraphPrograms`), which take the model's state as an argument and have two small
-static arguments: the strategy (`transformer.strategies`) and the output positions. Searching
-with new parameters (after a training step) compiles nothing; equal graphs (a model loaded
-again) share one `GraphPrograms` and so their compiled programs.
+model, as merging the model to read its config does: too slow for every small batch. So each
+graph gets its own jitted functions (`GraphPrograms`), which take the model's state as an
+argument and have two small static arguments: the strategy (`transformer.strategies`) and
+the output positions. Searching with new parameters (after a training step) compiles
+nothing; equal graphs (a model loaded again) share one `GraphPrograms` and so their compiled
+programs.
 """
 
 from __future__ import annotations
@@ -89,27 +89,27 @@ def _greedy_start(graphdef, strategy: Greedy | Sample, max_len: int, state, src,
     return sources, greedy_state(cache, src.shape[0], max_len, model.config)
 
 
-def _greedy_resume(graphdef, strategy: Greedy | Sample, max_len: int, state, sources, searched,
-                   stop_at, rng):
+def _greedy_resume(graphdef, strategy: Greedy | Sample, max_len: int, state, sources,
+                   loop_state, stop_at, rng):
     model = nnx.merge(graphdef, state)
-    return greedy_steps(model_step(model, sources), searched, strategy, model.config,
+    return greedy_steps(model_step(model, sources), loop_state, strategy, model.config,
                         sources.limits, max_len, stop_at, rng)
 
 
 def _beam_start(graphdef, strategy: Beam, max_len: int, state, src, limits):
     # The start is an encoder only: the first step, from BOS, runs in the loop like every
-    # other (a third of the compilation the start took when it decoded that step itself).
+    # other, so no decoder step is compiled twice.
     model = nnx.merge(graphdef, state)
     sources = encode_sources(model, src, limits)
     cache = model.init_cache(sources.memory, max_len, beam_size=strategy.size)
     return sources, beam_state(cache, src.shape[0], strategy.size, max_len, model.config)
 
 
-def _beam_resume(graphdef, strategy: Beam, max_len: int, state, sources, searched, stop_at,
+def _beam_resume(graphdef, strategy: Beam, max_len: int, state, sources, loop_state, stop_at,
                  rng):
     del rng  # beam search draws nothing
     model = nnx.merge(graphdef, state)
-    return beam_steps(model_step(model, sources), searched, strategy, model.config,
+    return beam_steps(model_step(model, sources), loop_state, strategy, model.config,
                       sources.limits, max_len, stop_at)
 
 

@@ -57,8 +57,8 @@ def search_with_state(graphdef: nnx.GraphDef, state: nnx.State, src_ids: np.ndar
     src = np.asarray(src_ids, dtype=np.int32)
     limits, max_len = output_limits(src, config, model_config.pad_id, model_config.max_len)
     loop = programs.loop(strategy)
-    sources, searched = loop.start(strategy, max_len, state, src, limits)
-    return run_in_stages(loop, strategy, max_len, state, sources, searched, limits,
+    sources, loop_state = loop.start(strategy, max_len, state, src, limits)
+    return run_in_stages(loop, strategy, max_len, state, sources, loop_state, limits,
                          model_config.pad_id, rng, compact)
 
 
@@ -75,15 +75,15 @@ def compile_search(graphdef: nnx.GraphDef, state: nnx.State, batch_shape: tuple[
     max_len = config.max_output_len(width, programs.model_config.max_len)
     int32 = functools.partial(jax.ShapeDtypeStruct, dtype=jnp.int32)
     start = loop.start.compile(strategy, max_len, state, int32((rows, width)), int32((rows,)))
-    sources, searched = _shapes_of(start.out_info)
+    sources, loop_state = _shapes_of(start.out_info)
     while True:
-        loop.resume.compile(strategy, max_len, state, sources, searched, int32(()),
+        loop.resume.compile(strategy, max_len, state, sources, loop_state, int32(()),
                             jax.random.key(0))
         if not halvings or rows == 1:
             return
         rows //= 2
-        compacted = compact_rows.compile(sources, searched, int32((rows,)))
-        sources, searched = _shapes_of(compacted.out_info)
+        compacted = compact_rows.compile(sources, loop_state, int32((rows,)))
+        sources, loop_state = _shapes_of(compacted.out_info)
 
 
 @functools.lru_cache(maxsize=64)
