@@ -66,12 +66,12 @@ def _gib(size: int) -> str:
     return f"{size / 2**30:.1f} GiB"
 
 
-def divergence(saver: Checkpointer, resumed_from: int | None, bad_step: int,
+def divergence(checkpoints: Checkpointer, resumed_from: int | None, bad_step: int,
                metrics: dict[str, Any], why: str) -> TrainingError:
     """The error for a loss that stopped being finite or jumped at `bad_step`: which
     checkpoint to resume from, and which settings to change first."""
-    saver.wait()  # a save in flight holds an earlier, finite state
-    latest = saver.latest_step()
+    checkpoints.wait()  # a save in flight holds an earlier, finite state
+    latest = checkpoints.latest_step()
     loss, norm = float(metrics["loss"]), float(metrics["grad_norm"])
     what = (f"the loss or gradient norm became {loss}/{norm}" if why == "not finite"
             else f"the loss jumped to {loss:.4g}, {why}")
@@ -79,9 +79,9 @@ def divergence(saver: Checkpointer, resumed_from: int | None, bad_step: int,
         return TrainingError(
             f"Training diverged at step {bad_step}, the first after resuming from "
             f"checkpoint {resumed_from}: {what}. That checkpoint itself is the likely "
-            f"cause: move {saver.directory / str(resumed_from)} away and rerun "
+            f"cause: move {checkpoints.directory / str(resumed_from)} away and rerun "
             "the same command to resume from the checkpoint before it.")
-    where = (f"the newest checkpoint is step {latest} in {saver.directory}"
+    where = (f"the newest checkpoint is step {latest} in {checkpoints.directory}"
              if latest is not None else "no checkpoint was saved yet")
     return TrainingError(
         f"Training diverged: {what} at step {bad_step} (learning rate "

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
+from typing import TYPE_CHECKING
 
 import jax
 import numpy as np
@@ -20,6 +22,10 @@ from jax.experimental import multihost_utils
 
 from nmt.settings.config import RunConfig
 from transformer.config import OptimizerConfig
+
+if TYPE_CHECKING:
+    from nmt.runtime.compilation import AheadOfTime
+    from nmt.training.stopping import Limits
 
 log = logging.getLogger(__name__)
 
@@ -95,3 +101,36 @@ class EndFit:
         if jax.process_count() > 1:  # one schedule for all: process 0's clock
             end = int(multihost_utils.broadcast_one_to_all(np.int64(end)))
         return end
+
+
+class FittedEnd:
+    """The end fitted while the run trains: `EndFit` over the warm-up (None where the end is
+    known), then the train step compiled for the end, which takes over once it is compiled,
+    and at the latest before the first update whose rate the end sets."""
+
+    def __init__(self, optimizer: OptimizerConfig, first_step: int, max_steps: int | None):
+        self.fit = (EndFit(first_step, optimizer.warmup_steps, max_steps)
+                    if needs_fit(optimizer) else None)
+        self.warmup_steps = optimizer.warmup_steps
+        self.step_seconds: float | None = None  # of the steps timed, once fitted
+        self.compiled: AheadOfTime | None = None  # the step for the fitted end, until it runs
+
+    def end_after(self, step: int, last_loss: jax.Array, limits: Limits) -> int | None:
+        """The end, after the step that fits it (once); None after any other."""
+        if self.fit is None or not self.fit.wants_clock(step):
+            return None
+        last_loss.block_until_ready()  # the steps timed are finished, not only queued
+        end = self.fit.after_step(step, time.monotonic(), limits.seconds_left())
+        if end is not None:
+            self.step_seconds, self.fit = self.fit.step_seconds, None
+        return end
+
+    def train_step(self, step: int, running: AheadOfTime) -> AheadOfTime:
+        """The train step for the updates after `step`: `running`, or the one compiled for
+        the end once it is ready (or the warm-up is over: then after waiting for it)."""
+        if self.compiled is None or (step < self.warmup_steps and not self.compiled.ready()):
+            return running
+        self.compiled.wait()
+        self.compiled.seconds_compiling_in_calls += running.seconds_compiling_in_calls
+        fitted, self.compiled = self.compiled, None
+        return fitted

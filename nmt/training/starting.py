@@ -3,7 +3,7 @@ newest checkpoint or freshly initialized, after checking that the directory hold
 settings can continue.
 
     start = prepare_start(run, run_dir, compile_log)
-    start.state, start.step, start.book      # what the loop goes on from
+    start.state, start.step, start.bookkeeping   # what the loop goes on from
 """
 
 from __future__ import annotations
@@ -56,8 +56,8 @@ class Start:
     state: Any
     train_step: AheadOfTime
     validator: Validator
-    saver: Checkpointer
-    book: Bookkeeping
+    checkpoints: Checkpointer  # checkpoints/<N>/ and best/<N>/ of the run directory
+    bookkeeping: Bookkeeping
     bleu_tokenizer: str  # the tokenizer BLEU is scored with (--bleu-tokenize or the language's)
     resumed_from: int | None
     saved: tuple[int, str] | None
@@ -83,21 +83,21 @@ def prepare_start(run: RunConfig, run_dir: Path, compile_log: CompileLog) -> Sta
         data = _prepare_data(run, run_dir, model_config)
         graphdef, state, train_step = created.result()
     start_compiling_the_train_step(train_step, state, data, mesh)
-    saver = Checkpointer(run_dir, keep_last=run.trainer.keep_last,
-                         async_save=run.trainer.async_checkpoints)
+    checkpoints = Checkpointer(run_dir, keep_last=run.trainer.keep_last,
+                               async_save=run.trainer.async_checkpoints)
     bleu_tokenizer = run.trainer.bleu_tokenize or scoring.bleu_tokenizer_for(run.data.tgt)
-    book = Bookkeeping(best_metric=run.trainer.best_metric or "bleu",
-                       bleu_tokenizer=bleu_tokenizer)
-    state, book, resumed_from = _restore(saver, state, book, run_dir)
-    saved = (resumed_from, book.fingerprint()) if resumed_from is not None else None
-    _check_tokenizer_unchanged(book, data, saver, run_dir, resumed_from)
+    bookkeeping = Bookkeeping(best_metric=run.trainer.best_metric or "bleu",
+                              bleu_tokenizer=bleu_tokenizer)
+    state, bookkeeping, resumed_from = _restore(checkpoints, state, bookkeeping, run_dir)
+    saved = (resumed_from, bookkeeping.fingerprint()) if resumed_from is not None else None
+    _check_tokenizer_unchanged(bookkeeping, data, checkpoints, run_dir, resumed_from)
     validator = Validator(data, make_eval_step(graphdef, mesh, run.optimizer), mesh, run.search,
                           run.trainer.eval_sentences, run.trainer.samples, bleu, echo,
                           compile_log)
     return Start(mesh=mesh, model_config=model_config, data=data, graphdef=graphdef,
-                 state=state, train_step=train_step, validator=validator, saver=saver,
-                 book=book, bleu_tokenizer=bleu_tokenizer, resumed_from=resumed_from,
-                 saved=saved)
+                 state=state, train_step=train_step, validator=validator,
+                 checkpoints=checkpoints, bookkeeping=bookkeeping,
+                 bleu_tokenizer=bleu_tokenizer, resumed_from=resumed_from, saved=saved)
 
 
 def validation_bleu(run: RunConfig) -> dict[str, str | None]:
@@ -185,27 +185,32 @@ def start_compiling_the_train_step(train_step: AheadOfTime, state: Any, data: Pr
     train_step.start(state_spec, spec)
 
 
-def _restore(saver: Checkpointer, state: Any, book: Bookkeeping, run_dir: Path
+def checkpoint_items(state: Any) -> dict[str, Any]:
+    """What a checkpoint holds of the train state besides the parameters."""
+    return {"step": state.step, "opt_state": state.opt_state, "rng": state.rng}
+
+
+def _restore(checkpoints: Checkpointer, state: Any, bookkeeping: Bookkeeping, run_dir: Path
              ) -> tuple[Any, Bookkeeping, int | None]:
     """The state and bookkeeping of the latest checkpoint, and its step; those given (and
     None) when there is none."""
-    restored = saver.restore(state.params, {"step": state.step, "opt_state": state.opt_state,
-                                            "rng": state.rng})
+    restored = checkpoints.restore(state.params, checkpoint_items(state))
     if restored is None:
-        return state, book, None
+        return state, bookkeeping, None
     state = state.replace(params=restored.params, step=restored.train["step"],
                           opt_state=restored.train["opt_state"], rng=restored.train["rng"])
     echo(f"Resuming {run_dir} from step {restored.step}.")
     return state, Bookkeeping.from_json(restored.data), restored.step
 
 
-def _check_tokenizer_unchanged(book: Bookkeeping, data: PreparedCorpus, saver: Checkpointer,
-                               run_dir: Path, resumed_from: int | None) -> None:
+def _check_tokenizer_unchanged(bookkeeping: Bookkeeping, data: PreparedCorpus,
+                               checkpoints: Checkpointer, run_dir: Path,
+                               resumed_from: int | None) -> None:
     """The checkpoint's model was trained with the tokenizer it recorded: refuse another."""
     sha256 = data.tokenizer.sha256
-    if book.tokenizer_sha256 not in (None, sha256):
+    if bookkeeping.tokenizer_sha256 not in (None, sha256):
         step = resumed_from if resumed_from is not None else "?"
-        saver.close()
+        checkpoints.close()
         names = ", ".join(data.tokenizer.files())
         raise TrainingError(
             f"{run_dir / next(iter(data.tokenizer.files()))} is not the tokenizer "
@@ -213,4 +218,4 @@ def _check_tokenizer_unchanged(book: Bookkeeping, data: PreparedCorpus, saver: C
             f"(the SHA-256 of {names} differs from the one the checkpoint recorded); put the "
             f"run's own files back (the copies in {run_dir / 'model'}, if present), or "
             "use a new --output-dir.")
-    book.tokenizer_sha256 = sha256
+    bookkeeping.tokenizer_sha256 = sha256

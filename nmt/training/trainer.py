@@ -53,17 +53,19 @@ from nmt.training import schedule_fit
 from nmt.training.errors import TrainingError, divergence, out_of_memory
 from nmt.training.hooks import Hooks, Periodic
 from nmt.training.loader import BatchLoader
-from nmt.training.metrics_log import MetricsWindow, MetricsWriteError, MetricsWriter
+from nmt.training.metrics_log import MetricsWindow, MetricsWriteError
 from nmt.training.platform_check import BudgetForecast
-from nmt.training.progress import Progress
+from nmt.training.run_log import RunLog
+from nmt.training.saving import CheckpointWriter
 from nmt.training.starting import (
+    Start,
     prepare_start,
     start_compiling_the_train_step,
     train_step_for,
 )
-from nmt.training.stopping import Limits, PausableClock, StopReason, StopSignal
+from nmt.training.stopping import Limits, StopReason, StopSignal
 from nmt.training.summary import announcement, build_summary, echo, print_summary
-from nmt.training.validation import describe
+from nmt.training.validation import best_note, describe
 from transformer.training import shard_batch
 
 log = logging.getLogger(__name__)
@@ -115,35 +117,30 @@ class Trainer:
         self.limits = Limits(run.trainer)
         if run.optimizer.schedule == "linear":
             self.limits.schedule_end = run.optimizer.decay_steps  # None until fitted
-        start = prepare_start(run, run_dir, compile_log)
-        self.mesh, self.model_config, self.data = start.mesh, start.model_config, start.data
-        self.graphdef, self.state, self.train_step = start.graphdef, start.state, start.train_step
-        self.validator, self.saver, self.book = start.validator, start.saver, start.book
-        self.resumed_from, self.saved, self.step = start.resumed_from, start.saved, start.step
+        self.start = start = prepare_start(run, run_dir, compile_log)
+        # What changes as the run trains is the trainer's; the rest is read from `start`.
+        self.state, self.step, self.train_step = start.state, start.step, start.train_step
+        self.bookkeeping = start.bookkeeping
         # config.yaml is replaced only now: a resume that failed keeps the settings of the run.
-        if self.is_main:
-            write_atomically(run_dir / resume.RUN_CONFIG_FILE, recipes.dump(run))
-        resume.carry_over_best(self.book, run, start.bleu_tokenizer, self.saver, self.step,
-                               self.state.params)
-        self.batches = BatchLoader(resume.batch_iterator(self.data.train_examples,
-                                                         self.data.batch_config, self.book,
-                                                         self.step), run.trainer.loader_depth)
+        self._write_run_config()
+        resume.carry_over_best(self.bookkeeping, run, start.bleu_tokenizer, start.checkpoints,
+                               self.step, self.state.params)
+        self.batches = BatchLoader(resume.batch_iterator(start.data.train_examples,
+                                                         start.data.batch_config,
+                                                         self.bookkeeping, self.step),
+                                   run.trainer.loader_depth)
         self.forecast = BudgetForecast(run.trainer.written_for, jax.devices()[0].platform,
                                        self.limits, self.batches.batches_per_epoch)
-        self.writer = MetricsWriter(run_dir, self.step, self.is_main)
-        self.window = MetricsWindow(self.book.window, self.step + 1,
-                                    functools.partial(divergence, self.saver, self.resumed_from),
-                                    spike=run.trainer.loss_spike)
-        self.clock = PausableClock()  # of the log window: tokens/s leaves out eval and saving
+        self.run_log = RunLog(run_dir, self.step, self.is_main, compile_log)
+        self.step_metrics = MetricsWindow(
+            self.bookkeeping.window, self.step + 1,
+            functools.partial(divergence, start.checkpoints, start.resumed_from),
+            spike=run.trainer.loss_spike)
         self.signals = StopSignal()
-        self.progress = Progress()
-        self.compilations_logged = 0
-        self.step_seconds = 0.0  # in train steps, validation and saving left out
+        self.checkpoint_writer = CheckpointWriter(start.checkpoints, start.saved, self.signals,
+                                                  self.run_log.clock)
         self.last_loss: jax.Array | None = None  # of the newest step, still on the device
-        self.end_fit = (schedule_fit.EndFit(self.step, run.optimizer.warmup_steps,
-                                            self.limits.max_steps)
-                        if schedule_fit.needs_fit(run.optimizer) else None)
-        self.fitted_step = None  # the train step compiled for the fitted end, until it runs
+        self.fitted_end = schedule_fit.FittedEnd(run.optimizer, self.step, self.limits.max_steps)
         self.hooks = self._periodic_work()
 
     def _periodic_work(self) -> Hooks:
@@ -185,39 +182,42 @@ class Trainer:
             raise error from None
         except KeyboardInterrupt:  # Ctrl-C twice: no more saving, but nothing left half-done
             self.close(quietly=True)
-            last = self.saver.latest_step()
-            echo(f"Aborted at step {self.step}; "
-                 + (f"checkpoint step {last} is the newest, and the same command resumes "
-                    "from it." if last is not None else "no checkpoint was saved."))
+            echo(_aborted(self.step, self.start.checkpoints.latest_step()))
             raise
 
     def loop(self) -> StopReason:
         """Train until a limit, early stopping or a signal; returns why it stopped."""
-        log.info(allocator.status().line)
-        if warning := bfloat16_warning(jax.devices()[0].platform, self.model_config.dtype):
-            log.warning(warning)
-        echo(announcement(self.run, self.state.params, self.model_config, self.data,
-                          self.limits.describe(self.batches.batches_per_epoch), self.run_dir))
-        stopped = None
-        patience = self.run.trainer.early_stop_patience
-        if self.book.out_of_patience(patience):
-            echo(_out_of_patience(self.book, self.step, patience))
-            stopped = StopReason.EARLY_STOP
-        warning = self.forecast.at_start()
-        if warning and self.is_main and stopped is None:
-            log.warning(warning)
+        stopped = self._announce()
         if self.is_main:
-            self.progress.open(self.run.trainer, self.limits.total_steps(
+            self.run_log.progress.open(self.run.trainer, self.limits.total_steps(
                 self.batches.batches_per_epoch), self.step)
         self.batches.start()  # the first batches are built while the train step compiles
         try:
             self.train_step.wait()
-            self.clock.restart()
+            self.run_log.clock.restart()
             stopped = self._steps(stopped)
         finally:  # an error, Ctrl-C or the end: no thread left reading batches
             self.batches.close()
-            self.progress.close()
-        self.saver.wait()
+            self.run_log.progress.close()
+        self.start.checkpoints.wait()
+        return stopped
+
+    def _announce(self) -> StopReason | None:
+        """What the run is about to do, and EARLY_STOP if it already ran out of patience."""
+        log.info(allocator.status().line)
+        start = self.start
+        if warning := bfloat16_warning(jax.devices()[0].platform, start.model_config.dtype):
+            log.warning(warning)
+        echo(announcement(self.run, self.state.params, start.model_config, start.data,
+                          self.limits.describe(self.batches.batches_per_epoch), self.run_dir))
+        stopped = None
+        patience = self.run.trainer.early_stop_patience
+        if self.bookkeeping.out_of_patience(patience):
+            echo(_out_of_patience(self.bookkeeping, self.step, patience))
+            stopped = StopReason.EARLY_STOP
+        warning = self.forecast.at_start()
+        if warning and self.is_main and stopped is None:
+            log.warning(warning)
         return stopped
 
     def _steps(self, stopped: StopReason | None) -> StopReason:
@@ -240,11 +240,11 @@ class Trainer:
 
     def _train_one_step(self) -> dict[str, jax.Array]:
         """One update on the next batch; its metrics stay on the device."""
-        batch = shard_batch(next(self.batches), self.mesh)
+        batch = shard_batch(next(self.batches), self.start.mesh)
         self.state, metrics = self.train_step(self.state, batch)
-        self.window.add(metrics)
+        self.step_metrics.add(metrics)
         self.step += 1
-        self.progress.advance(self.limits.seconds_left())
+        self.run_log.progress.advance(self.limits.seconds_left())
         return metrics
 
     # ------------------------------------------------------------------------- periodic work
@@ -252,36 +252,23 @@ class Trainer:
     def _fit_schedule(self) -> None:
         """A linear schedule without an end: fix it from the steps timed (once), then run the
         step compiled for it from the last update of the warm-up on (schedule_fit)."""
-        if self.fitted_step is not None:
-            self._switch_to_the_fitted_step()
-        elif self.end_fit is not None and self.end_fit.wants_clock(self.step):
-            self._fit_the_end(self.end_fit)
-
-    def _fit_the_end(self, fit: schedule_fit.EndFit) -> None:
-        self.last_loss.block_until_ready()  # the steps timed are finished, not only queued
-        end = fit.after_step(self.step, time.monotonic(), self.limits.seconds_left())
-        if end is None:
-            return
-        self.end_fit = None
-        self.run = schedule_fit.with_end(self.run, end)
-        self.limits.schedule_end = end
-        if self.is_main:
-            write_atomically(self.run_dir / resume.RUN_CONFIG_FILE, recipes.dump(self.run))
-            log.info("learning rate: linear to zero at step %d, the last the run's limits allow "
-                     "(%g minutes at %.3g s a step; recorded in %s)", end,
-                     self.limits.max_minutes, fit.step_seconds,
-                     self.run_dir / resume.RUN_CONFIG_FILE)
-        self.fitted_step = train_step_for(self.graphdef, self.run.optimizer, self.mesh,
-                                          self.compile_log)
-        start_compiling_the_train_step(self.fitted_step, self.state, self.data, self.mesh)
-
-    def _switch_to_the_fitted_step(self) -> None:
-        """Once compiled, and at the latest before the first update whose rate the end sets."""
-        if self.step < self.run.optimizer.warmup_steps and not self.fitted_step.ready():
-            return
-        self.fitted_step.wait()
-        self.fitted_step.seconds_compiling_in_calls += self.train_step.seconds_compiling_in_calls
-        self.train_step, self.fitted_step = self.fitted_step, None
+        fitted_end = self.fitted_end
+        if fitted_end.compiled is not None:
+            self.train_step = fitted_end.train_step(self.step, self.train_step)
+        elif (end := fitted_end.end_after(self.step, self.last_loss, self.limits)) is not None:
+            self.run = schedule_fit.with_end(self.run, end)
+            self.limits.schedule_end = end
+            if self.is_main:
+                self._write_run_config()
+                log.info("learning rate: linear to zero at step %d, the last the run's limits "
+                         "allow (%g minutes at %.3g s a step; recorded in %s)", end,
+                         self.limits.max_minutes, fitted_end.step_seconds,
+                         self.run_dir / resume.RUN_CONFIG_FILE)
+            start = self.start
+            fitted_end.compiled = train_step_for(start.graphdef, self.run.optimizer, start.mesh,
+                                                 self.compile_log)
+            start_compiling_the_train_step(fitted_end.compiled, self.state, start.data,
+                                           start.mesh)
 
     def _forecast_budget(self) -> None:
         """Settings written for another platform: what their budget takes here, once."""
@@ -296,67 +283,37 @@ class Trainer:
     def log_window(self) -> None:
         """Write one "train" line for the steps since the last one, and a "compile" line for
         each program compiled since."""
-        seconds = self.clock.elapsed()
-        self._log_compilations()
-        line = self.window.close(seconds, self.limits.started)
-        if line is None:
-            return
-        self.step_seconds += seconds
-        line.update(self.batches.window())  # data_wait_s and loader_queue of these steps
-        self.writer.write("train", self.step, line)
-        self.progress.show(line)
-        self.clock.restart()
-
-    def _log_compilations(self) -> None:
-        """A "compile" line for each program compiled since the last one written."""
-        for record in self.compile_log.since(self.compilations_logged):
-            self.writer.write("compile", self.step, record.to_dict())
-            self.compilations_logged += 1
+        self.run_log.train_line(self.step, self.step_metrics, self.limits.started, self.batches)
 
     def save(self, force_sync: bool = False) -> None:
         """Write checkpoint `step`, again if the bookkeeping changed since it was written (the
         closing log line and validation change it without a step)."""
-        self.window.read_back()  # never save a state whose loss was not finite
-        self.book.iterator, self.book.window = self.batches.state, self.window.steps
-        current = self.book.fingerprint()
-        if self.saved == (self.step, current):
-            return
-        state = self.state
-        with self.clock.paused(), self.signals.critical():
-            self.saver.save(self.step, state.params, {"step": state.step,
-                                                      "opt_state": state.opt_state,
-                                                      "rng": state.rng}, self.book.to_json())
-            if force_sync:
-                self.saver.wait()
-        self.saved = (self.step, current)
+        self.step_metrics.read_back()  # never save a state whose loss was not finite
+        bookkeeping = self.bookkeeping
+        bookkeeping.iterator, bookkeeping.window = self.batches.state, self.step_metrics.steps
+        self.checkpoint_writer.save(self.step, self.state, bookkeeping, force_sync)
 
     def validate(self) -> StopReason | None:
         """Validate, log, track the best metric; EARLY_STOP when early stopping says stop."""
-        self.window.read_back()
-        with self.clock.paused():
-            result = self.validator.scores(self.graphdef, self.state.params)
-            self.writer.write("eval", self.step, result)
-            text, book = describe(self.step, result), self.book
-            improved = book.record(self.step, result)
+        self.step_metrics.read_back()
+        with self.run_log.clock.paused():
+            result = self.start.validator.scores(self.start.graphdef, self.state.params)
+            self.run_log.write("eval", self.step, result)
+            bookkeeping = self.bookkeeping
+            improved = bookkeeping.record(self.step, result)
             if improved:
-                with self.signals.critical():
-                    self.saver.save_best(self.step, self.state.params,
-                                         {book.best_metric: book.best_score, "step": self.step})
+                self.checkpoint_writer.save_best(self.step, self.state.params, bookkeeping)
                 # The checkpoint of the same step records this best step: best/ and the
                 # bookkeeping a resumed run reads always agree.
                 self.save()
-                text += f" (best {book.metric_label})"
-            elif improved is False:
-                text += f" (best {book.metric_label} {book.best_score:.2f} at step " \
-                        f"{book.best_step})"
-            echo(text)
-            stop = improved is not None and book.out_of_patience(
+            echo(describe(self.step, result) + best_note(bookkeeping, improved))
+            stop = improved is not None and bookkeeping.out_of_patience(
                 self.run.trainer.early_stop_patience)
             return StopReason.EARLY_STOP if stop else None
 
     def _validate_unless_done(self) -> None:
         """The closing validation, unless this step was validated or none was trained."""
-        last = self.book.last_eval
+        last = self.bookkeeping.last_eval
         if self.step > 0 and (last is None or last["step"] != self.step):
             self.validate()
 
@@ -364,48 +321,52 @@ class Trainer:
 
     def finish(self, stopped: StopReason) -> dict[str, Any]:
         """Export the model translate.py loads (and the average), close, print the summary."""
-        run, book = self.run, self.book
-        tokenizer = self.data.tokenizer
-        model_dir = final_model.export_best_or_last(
-            self.run_dir, run, self.model_config, tokenizer, book, self.saver,
-            self.state.params, self.step)
-        if run.trainer.average_last:
-            model_dir, steps = final_model.average(self.run_dir, run, self.model_config,
-                                                   tokenizer, run.trainer.average_last)
-            echo(f"Averaged checkpoints {steps} into {model_dir}")
+        model_dir = _export(self.run_dir, self.run, self.start, self.bookkeeping,
+                            self.state.params, self.step)
         barrier("exported")
-        self._log_compilations()
-        self.writer.write("summary", self.step, self._time_spent())
+        self.run_log.compilations(self.step)
+        self.run_log.write("summary", self.step,
+                           self.run_log.time_spent(self.train_step, self.batches))
         self.close()
-        summary = build_summary(run, self.run_dir, model_dir, self.step, stopped, book,
-                                self.limits.minutes_so_far(), self.data.valid_sources)
-        summary["time"] = self._time_spent()
+        summary = build_summary(self.run, self.run_dir, model_dir, self.step, stopped,
+                                self.bookkeeping, self.limits.minutes_so_far(),
+                                self.start.data.valid_sources)
+        summary["time"] = self.run_log.time_spent(self.train_step, self.batches)
         if self.is_main:
             print_summary(summary, self.run_dir)
         return summary
 
-    def _time_spent(self) -> dict[str, Any]:
-        """Seconds compiling (every program of this process), in train steps (their
-        compilations left out) and waiting for data within them, and how many programs were
-        compiled or read from the cache."""
-        compiled = self.compile_log.summary()
-        in_steps = self.train_step.seconds_compiling_in_calls
-        return {**compiled, "steps_s": round(max(self.step_seconds - in_steps, 0.0), 1),
-                "data_wait_s": round(self.batches.wait_seconds, 1),
-                "loader_depth": self.batches.depth}
+    def _write_run_config(self) -> None:
+        """config.yaml: the run's settings as they are now (process 0 writes it)."""
+        if self.is_main:
+            write_atomically(self.run_dir / resume.RUN_CONFIG_FILE, recipes.dump(self.run))
 
     def close(self, quietly: bool = False) -> None:
         """Wait for checkpoints in flight and release the files. `quietly`: after an error,
         which a failing save in flight must not replace."""
-        self.progress.close()
+        self.run_log.progress.close()
         try:
-            self.saver.wait()
+            self.start.checkpoints.wait()
         except SaveError:
             if not quietly:
                 raise
         finally:
-            self.saver.close()
-            self.writer.close()
+            self.start.checkpoints.close()
+            self.run_log.metrics.close()
+
+
+def _export(run_dir: Path, run: RunConfig, start: Start, bookkeeping: Bookkeeping,
+            params: Any, step: int) -> Path:
+    """model/ (the best step, else the last) and, with --average-last, averaged/; returns
+    the one translate.py is pointed to."""
+    model_dir = final_model.export_best_or_last(
+        run_dir, run, start.model_config, start.data.tokenizer, bookkeeping,
+        start.checkpoints, params, step)
+    if run.trainer.average_last:
+        model_dir, steps = final_model.average(run_dir, run, start.model_config,
+                                               start.data.tokenizer, run.trainer.average_last)
+        echo(f"Averaged checkpoints {steps} into {model_dir}")
+    return model_dir
 
 
 def _resumed_run(run_dir: Path) -> RunConfig | None:
@@ -418,8 +379,16 @@ def _resumed_run(run_dir: Path) -> RunConfig | None:
         raise TrainingError(str(err)) from None
 
 
-def _out_of_patience(book: Bookkeeping, step: int, patience: int) -> str:
+def _out_of_patience(bookkeeping: Bookkeeping, step: int, patience: int) -> str:
     """Why a run that stopped early does not train on when started again."""
-    return (f"Not training: this run stopped early at step {step}, {book.bad_evals} "
-            f"validations after its best {book.metric_label} ({book.best_score:.2f} at step "
-            f"{book.best_step}), and --early-stop-patience is {patience}; raise it to train on.")
+    return (f"Not training: this run stopped early at step {step}, {bookkeeping.bad_evals} "
+            f"validations after its best {bookkeeping.metric_label} "
+            f"({bookkeeping.best_score:.2f} at step {bookkeeping.best_step}), and "
+            f"--early-stop-patience is {patience}; raise it to train on.")
+
+
+def _aborted(step: int, last: int | None) -> str:
+    """What a second Ctrl-C leaves, and how to go on."""
+    return (f"Aborted at step {step}; "
+            + (f"checkpoint step {last} is the newest, and the same command resumes "
+               "from it." if last is not None else "no checkpoint was saved."))

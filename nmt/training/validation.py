@@ -13,6 +13,7 @@ from flax import nnx
 
 from data.batching import eval_batches
 from nmt.models.translator import Translator, default_searches
+from nmt.rundir.bookkeeping import Bookkeeping
 from nmt.runtime.compilation import AheadOfTime, CompileLog
 from nmt.runtime.distributed import local_copy
 from nmt.training.run_data import PreparedCorpus
@@ -74,3 +75,14 @@ def describe(step: int, result: dict[str, Any]) -> str:
     bleu = result.get("bleu")
     return (f"step {step}: valid loss {result['loss']:.3f} ppl {result['ppl']:.2f}"
             + (f" BLEU {bleu:.2f} chrF {result['chrf']:.1f}" if bleu is not None else ""))
+
+
+def best_note(bookkeeping: Bookkeeping, improved: bool | None) -> str:
+    """What the validation's line adds about the best score (`improved` as
+    `Bookkeeping.record` says): that this is the best, or which is, or nothing."""
+    if improved:
+        return f" (best {bookkeeping.metric_label})"
+    if improved is False:
+        return (f" (best {bookkeeping.metric_label} {bookkeeping.best_score:.2f} at step "
+                f"{bookkeeping.best_step})")
+    return ""
