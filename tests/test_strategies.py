@@ -64,7 +64,7 @@ def test_settings_that_name_no_strategy_are_one_line_naming_the_choices(changes,
     assert "\n" not in str(info.value)
 
 
-_SETTING_NAMES = {"strategy", "beam_rules", "length_penalty"}
+_SETTING_NAMES = {"strategy", "beam_rules", "rule", "rules", "length_penalty"}
 
 
 def _compares_a_setting_with_a_name(node: ast.Compare) -> bool:
