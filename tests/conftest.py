@@ -36,6 +36,12 @@ if not os.environ.get("FLAX_NMT_CACHE"):
     os.environ["FLAX_NMT_CACHE"] = tempfile.mkdtemp(prefix="flax-nmt-tests-")
     atexit.register(shutil.rmtree, os.environ["FLAX_NMT_CACHE"], ignore_errors=True)
 
+# One OpenMP thread per process (torch, CTranslate2, OpenBLAS), for the tests and the processes
+# they start: the two workers share two cores, and a pool of two threads in each spins against
+# the other worker (a tiny torch Linear took 2 ms instead of 0.05 ms, and transformers' beam
+# search half a minute instead of seconds). JAX does not use OpenMP. $OMP_NUM_THREADS is kept.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 # The suite's models are tiny, so compiling their programs, not running them, is most of its
 # time. Two settings of XLA's CPU compiler make that much cheaper (docs/contributing.md): LLVM
 # optimisation level 0, and the elemental emitters for fused loops instead of the MLIR fusion
