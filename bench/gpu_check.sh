@@ -175,9 +175,12 @@ if [ "$DRY_RUN" = 1 ]; then
     RECIPE_FLAGS=(--preset tiny --max-steps 20 --max-minutes 5 --eval-every 10
         --eval-sentences 8 --batch-tokens 512 --vocab-size 320 --save-every 10)
     TESTS=(tests/test_packing.py -k "padded_row or cudnn")
-    EXPORTED=(--device cpu --limit 12 --inter-threads 1)
+    EXPORTED=(--device cpu --limit 12 --inter-threads 1 --threads 1)
     SERVE=(--clients 2 --seconds 2 --modes batched,ceiling,calls --ceiling-batch-tokens 256
         --server-args "--buckets 16 --batch-tokens 64")
+    # torch and CTranslate2 on one thread: on a shared CPU a pool of two spins for each of
+    # the toy model's tiny products
+    PEER_FLAGS=(--threads 1)
 else
     # ~25k target tokens per step: 800 pairs x 32 tokens.
     PRESETS=(base); BATCH=800; LEN=32; STEPS=20; DECODE=(--preset base --batch 64)
@@ -186,6 +189,7 @@ else
     TESTS=(tests/test_packing.py tests/test_model.py -k "cudnn or bfloat16 or padded_row")
     EXPORTED=(--device cuda --end-to-end)
     SERVE=(--clients 1,8,32 --seconds "$SERVE_SECONDS" --modes batched,ceiling)
+    PEER_FLAGS=()
 fi
 [ -z "$PRESET_LIST" ] || PRESETS=(${PRESET_LIST//,/ })
 known=$("$PYTHON" -c "from transformer.config import PRESETS; print(' '.join(PRESETS))")
@@ -197,7 +201,7 @@ done
 PEER=()
 if [ -f "$PEERS_DIR/hf_train_step.py" ] && "$PYTHON" -c "import torch, transformers" 2>/dev/null
 then
-    PEER=(--compare)
+    PEER=(--compare "${PEER_FLAGS[@]}")
     export NMT_PEERS_DIR="$PEERS_DIR" NMT_PEER_PYTHON="${NMT_PEER_PYTHON:-$(command -v "$PYTHON")}"
 fi
 
