@@ -401,20 +401,27 @@ def _metric_lines(server: Server, queued: int) -> str:
 # ----------------------------------------------------------------------------- start-up
 
 
-def test_bad_flags_and_models_end_in_one_line(run_dir, env, tmp_path):
-    def serve(*args) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "nmt.serving", *map(str, args)],
-                              cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+def test_bad_flags_and_models_end_in_one_line(run_dir, env, tmp_path, capsys):
+    """The command as a process once (its exit status and its one line), then in this
+    process: the same `main`, without starting Python and JAX again for each case."""
+    from nmt.serving import command
 
-    result = serve("--model", tmp_path / "missing")
+    result = subprocess.run([sys.executable, "-m", "nmt.serving", "--model",
+                             str(tmp_path / "missing")], cwd=REPO, env=env,
+                            capture_output=True, text=True, timeout=120)
     assert result.returncode == 1 and "does not exist" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
-    result = serve("--model", run_dir, "--api-keys", tmp_path / "nokeys.txt")
-    assert result.returncode == 2 and "--api-keys" in result.stderr
-    result = serve("--model", run_dir, "--model", run_dir)
-    assert result.returncode == 2 and "both serve de->en" in result.stderr
-    result = serve("--model", run_dir, "--timeout", "0")
-    assert result.returncode == 2 and "--timeout must be more than 0" in result.stderr
+
+    def serve(*args) -> tuple[int, str]:
+        code = command.main(["--port", "0", *map(str, args)])
+        return code, capsys.readouterr().err
+
+    code, err = serve("--model", run_dir, "--api-keys", tmp_path / "nokeys.txt")
+    assert code == 2 and "--api-keys" in err
+    code, err = serve("--model", run_dir, "--model", run_dir)
+    assert code == 2 and "both serve de->en" in err
+    code, err = serve("--model", run_dir, "--timeout", "0")
+    assert code == 2 and "--timeout must be more than 0" in err
 
 
 # ----------------------------------------------------------------------------- the page
@@ -537,7 +544,7 @@ def test_a_served_model_compacts_every_batch_and_warm_up_compiles_what_that_need
     from nmt.runtime.compilation import CompileLog
     from nmt.serving import command
 
-    args = command.build_parser().parse_args(["--model", str(run_dir), "--buckets", "16"])
+    args = command.build_parser().parse_args(["--model", str(run_dir), *SHAPES])
     command.check_args(args)
     translator = command.load_served_models(args)[0].translator
     assert translator.compact_after == 0
