@@ -13,12 +13,14 @@ would leave a core idle for minutes.
 """
 
 import atexit
+import fcntl
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
@@ -124,6 +126,25 @@ def _programs_stored_only_where_a_test_asks():
     stored = sys.modules.get("transformer.stored")
     if stored is not None:
         stored.keep_programs_in(None)
+
+
+def built_once(tmp_path_factory, name: str, build: Callable[[Path], object]) -> Path:
+    """The folder `name`, filled by `build(folder)` once per test run and shared by every
+    module and pytest-xdist worker that asks for it: a worker that finds another building it
+    waits for the build (a file lock). A build that raised is started again by the next
+    caller. The folder must then only be read: copy it to change it."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # this run's folder, above each worker's own
+    folder, done = root / name, root / f"{name}.done"
+    with open(root / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if not done.exists():
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir()
+            build(folder)
+            done.touch()
+    return folder
 
 
 @pytest.fixture(scope="module")

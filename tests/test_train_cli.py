@@ -1,7 +1,10 @@
 """train.py end to end on a small synthetic corpus: resume parity, signals, NaN, averaging, flags.
 
 Each run is a subprocess, as a user would start it. They share one JAX compilation cache
-(FLAX_NMT_CACHE), so only the first run compiles.
+(FLAX_NMT_CACHE), so only the first run compiles. The corpus and the first run, uninterrupted,
+are made once per test run (`conftest.built_once`) for this module and the modules that import
+them (tests/test_train_faults.py compares its runs with the same uninterrupted one), whichever
+pytest-xdist worker gets there first.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ import dataclasses
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -18,6 +22,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import built_once
 
 import train as train_cli
 from nmt.models.model_dir import load_model
@@ -29,17 +34,34 @@ from synthetic_corpus import write_corpus
 from trainer_hooks import poison_parameters_before
 
 REPO = Path(__file__).resolve().parents[1]
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def corpus(tmp_path_factory) -> dict[str, str]:
-    root = tmp_path_factory.mktemp("corpus")
-    return {"train": write_corpus(root, 600, 0, "train"),
-            "valid": write_corpus(root, 40, 1, "valid")}
+    def write(root: Path) -> None:
+        write_corpus(root, 600, 0, "train")
+        write_corpus(root, 40, 1, "valid")
+
+    root = built_once(tmp_path_factory, "train_cli_corpus", write)
+    return {"train": str(root / "train"), "valid": str(root / "valid")}
 
 
-@pytest.fixture(scope="module")
-def env(tmp_path_factory) -> dict[str, str]:
-    cache = tmp_path_factory.mktemp("cache")
+def _env(cache: Path) -> dict[str, str]:
     return {**os.environ, "FLAX_NMT_CACHE": str(cache), "PYTHONUNBUFFERED": "1"}
+
+
+@pytest.fixture(scope="session")
+def first_run(corpus, tmp_path_factory) -> Path:
+    """A folder holding `a`, the uninterrupted run, and `cache`, the compilation cache it
+    filled first (its train step compiles, not read from a cache) and the later runs share."""
+    def train_uninterrupted(root: Path) -> None:
+        result = _run(_args(corpus, root / "a"), _env(root / "cache"))
+        assert result.returncode == 0, result.stderr[-3000:]
+
+    return built_once(tmp_path_factory, "train_cli_first_run", train_uninterrupted)
+
+
+@pytest.fixture(scope="session")
+def env(first_run) -> dict[str, str]:
+    return _env(first_run / "cache")
 
 
 def _args(corpus: dict[str, str], out: Path, max_steps: int = 60, **extra) -> list[str]:
@@ -75,12 +97,10 @@ def _comparable(line: dict) -> dict:
     return {k: v for k, v in line.items() if k not in _WALL_CLOCK}
 
 
-@pytest.fixture(scope="module")
-def uninterrupted(corpus, env, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("runs") / "a"
-    result = _run(_args(corpus, out), env)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return out
+@pytest.fixture(scope="session")
+def uninterrupted(first_run) -> Path:
+    """The run of 60 steps, shared: read it, or copy it to change it."""
+    return first_run / "a"
 
 
 def test_run_directory_layout(uninterrupted):
@@ -173,23 +193,23 @@ def test_sigterm_then_resume_logs_the_same_metrics(uninterrupted, corpus, env, t
                 assert got[key] == value, (got["step"], key)
 
 
-def test_average_only_averages_without_training(uninterrupted, env):
+def test_average_only_averages_without_training(uninterrupted, env, tmp_path):
     # The run warms up for 20 steps: an average from step 20 on is told that it reaches
     # into the warm-up, one from step 40 on is not.
-    result = _run(["--average-only", "--average-last", "3", "--output-dir", str(uninterrupted)],
-                  env)
+    run = shutil.copytree(uninterrupted, tmp_path / "run")
+    result = _run(["--average-only", "--average-last", "3", "--output-dir", str(run)], env)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "start at step 20, within the 20-step learning-rate warm-up" in result.stderr
-    result = _run(["--average-only", "--average-last", "2", "--output-dir", str(uninterrupted)],
-                  env)
+    result = _run(["--average-only", "--average-last", "2", "--output-dir", str(run)], env)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "warm-up" not in result.stderr
-    averaged = uninterrupted / "averaged"
+    averaged = run / "averaged"
     _, _, values = load_model(averaged)
     assert values["averaged_steps"] == [40, 60]
     assert "python translate.py --model" in result.stdout
     # No training happened: no new checkpoint, no new metrics.
-    assert checkpoint.complete_steps(uninterrupted / "checkpoints") == [20, 40, 60]
+    assert checkpoint.complete_steps(run / "checkpoints") == [20, 40, 60]
+    assert _all_lines(run) == _all_lines(uninterrupted)
 
 
 def test_nan_loss_stops_and_keeps_last_good_checkpoint(corpus, env, tmp_path, monkeypatch):

@@ -18,7 +18,17 @@ import sys
 
 import orbax.checkpoint as ocp
 import pytest
-from test_train_cli import REPO, _args, _comparable, _lines, _run, corpus, env, uninterrupted  # noqa: F401
+from test_train_cli import (  # noqa: F401 (the fixtures: the same run, made once)
+    REPO,
+    _args,
+    _comparable,
+    _lines,
+    _run,
+    corpus,
+    env,
+    first_run,
+    uninterrupted,
+)
 
 import nmt.rundir.final_model
 import nmt.training.trainer
