@@ -193,20 +193,22 @@ def test_sigterm_then_resume_logs_the_same_metrics(uninterrupted, corpus, env, t
                 assert got[key] == value, (got["step"], key)
 
 
-def test_average_only_averages_without_training(uninterrupted, env, tmp_path):
+def test_average_only_averages_without_training(uninterrupted, env, tmp_path, capsys,
+                                                monkeypatch):
+    """train.py's main in this process (the command as a process is tested above)."""
     # The run warms up for 20 steps: an average from step 20 on is told that it reaches
     # into the warm-up, one from step 40 on is not.
+    monkeypatch.setenv("FLAX_NMT_CACHE", env["FLAX_NMT_CACHE"])
     run = shutil.copytree(uninterrupted, tmp_path / "run")
-    result = _run(["--average-only", "--average-last", "3", "--output-dir", str(run)], env)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "start at step 20, within the 20-step learning-rate warm-up" in result.stderr
-    result = _run(["--average-only", "--average-last", "2", "--output-dir", str(run)], env)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "warm-up" not in result.stderr
+    assert train_cli.main(["--average-only", "--average-last", "3", "--output-dir", str(run)]) == 0
+    assert "start at step 20, within the 20-step learning-rate warm-up" in capsys.readouterr().err
+    assert train_cli.main(["--average-only", "--average-last", "2", "--output-dir", str(run)]) == 0
+    out, err = capsys.readouterr()
+    assert "warm-up" not in err
     averaged = run / "averaged"
     _, _, values = load_model(averaged)
     assert values["averaged_steps"] == [40, 60]
-    assert "python translate.py --model" in result.stdout
+    assert "python translate.py --model" in out
     # No training happened: no new checkpoint, no new metrics.
     assert checkpoint.complete_steps(run / "checkpoints") == [20, 40, 60]
     assert _all_lines(run) == _all_lines(uninterrupted)
