@@ -468,24 +468,32 @@ def test_invalid_utf8_names_the_line(run_dir, env, expected, tmp_path):
     assert f"{bad} line 3: invalid UTF-8" in _text(result.stderr)
 
 
+def _main(argv: list, capsys, monkeypatch) -> tuple[int, str, str]:
+    """translate.py's main in this process: (exit status, stdout, stderr). The command as a
+    process is tested above; these are its refusals, which need no process of their own."""
+    monkeypatch.setattr(translate_cli, "enable_compilation_cache", lambda: None)
+    code = translate_cli.main([str(arg) for arg in argv])
+    out, err = capsys.readouterr()
+    return code, out, err.strip()
+
+
 @pytest.mark.parametrize("what", ["missing", "incomplete"])
-def test_bad_model_directory_is_one_sentence(run_dir, env, tmp_path, what):
+def test_bad_model_directory_is_one_sentence(run_dir, tmp_path, what, capsys, monkeypatch):
     model = tmp_path / "run"
     if what == "incomplete":
         (model / "model").mkdir(parents=True)
         for name in ("config.json", "spm.model"):
             (model / "model" / name).write_bytes((run_dir / "model" / name).read_bytes())
-    result = _run(["--model", model, "Hallo."], env)
-    stderr = _text(result.stderr).strip()
-    assert result.returncode == 1 and result.stdout == b""
+    code, out, stderr = _main(["--model", model, "Hallo."], capsys, monkeypatch)
+    assert code == 1 and out == ""
     assert len(stderr.splitlines()) == 1 and "Traceback" not in stderr
     assert ("does not exist" if what == "missing" else "params.msgpack") in stderr
 
 
-def test_invalid_search_flags_exit_2(run_dir, env):
-    result = _run(["--model", run_dir, "--nbest", SEARCH["beam_size"] + 2, "Hallo."], env)
-    stderr = _text(result.stderr).strip()
-    assert result.returncode == 2 and result.stdout == b""
+def test_invalid_search_flags_exit_2(run_dir, capsys, monkeypatch):
+    code, out, stderr = _main(["--model", run_dir, "--nbest", SEARCH["beam_size"] + 2,
+                               "Hallo."], capsys, monkeypatch)
+    assert code == 2 and out == ""
     assert stderr.splitlines()[-1].startswith("translate.py: error: invalid search settings")
     assert "nbest" in stderr and "Traceback" not in stderr
 
