@@ -157,6 +157,9 @@ def run_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory) -> dict[str, str]:
-    """The environment of a command run by a test: its own compilation cache, no buffering."""
-    cache = tmp_path_factory.mktemp("cache")
+    """The environment of a command run by a test, no buffering, and the compilation cache
+    of the run's commands: the modules' `run_dir` models are alike, so their programs compile
+    once per run, whichever module and worker gets there first. A test that counts what a
+    command compiles or stores gives it a cache of its own."""
+    cache = built_once(tmp_path_factory, "commands_cache", lambda folder: None)
     return {**os.environ, "FLAX_NMT_CACHE": str(cache), "PYTHONUNBUFFERED": "1"}
