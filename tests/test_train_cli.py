@@ -3,7 +3,7 @@
 Each run is a subprocess, as a user would start it. They share one JAX compilation cache
 (FLAX_NMT_CACHE), so only the first run compiles. The corpus and the first run, uninterrupted,
 are made once per test run (`conftest.built_once`) for this module and the modules that import
-them (tests/test_train_faults.py compares its runs with the same uninterrupted one), whichever
+them (tests/test_trainer_faults.py compares its runs with the same uninterrupted one), whichever
 pytest-xdist worker gets there first.
 """
 
