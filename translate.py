@@ -8,9 +8,12 @@
 See `--help` and docs/translating.md; the command line lives in `nmt.translation.command`.
 """
 
+import sys
+
+from nmt.engines import engine_in
 from nmt.runtime.allocator import preload
 
-if __name__ == "__main__":
+if __name__ == "__main__" and engine_in(sys.argv[1:]) == "jax":
     # Runs this command again with mimalloc loaded (nmt/runtime/allocator.py), before the
     # imports below are paid for twice.
     preload()

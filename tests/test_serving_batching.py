@@ -4,7 +4,7 @@ import asyncio
 import concurrent.futures
 import time
 
-from nmt.models.translator import Hypothesis
+from nmt.models.translations import Hypothesis
 from nmt.serving.batching import Batcher
 
 SEARCH_SECONDS = 0.03

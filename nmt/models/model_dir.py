@@ -27,7 +27,17 @@ import jax.core
 import numpy as np
 from flax import nnx, serialization
 
-from data.tokenizer import TokenizerBase, load_tokenizer, tokenizer_present
+from data.tokenizer import TokenizerBase, load_tokenizer
+from nmt.models.model_files import (  # noqa: F401 - the directory's names, importable here too
+    CONFIG_FILE,
+    MODEL_DIR,
+    PARAMS_FILE,
+    TOKENIZER_FILE,
+    ModelDirError,
+    read_model_config,
+    read_model_files,
+    resolve_model_dir,
+)
 from nmt.runtime.cpu_features import bfloat16_warning
 from nmt.runtime.files import atomic_directory
 from transformer.config import ModelConfig, SearchConfig
@@ -35,16 +45,6 @@ from transformer.ensemble import Ensemble
 from transformer.model import Transformer
 
 log = logging.getLogger(__name__)
-
-MODEL_DIR = "model"
-PARAMS_FILE = "params.msgpack"
-CONFIG_FILE = "config.json"
-TOKENIZER_FILE = "spm.model"  # of a model trained here; see data.tokenizer for the other layout
-
-
-class ModelDirError(RuntimeError):
-    """A model directory is missing, incomplete or inconsistent; the message says which file."""
-
 
 def abstract_params(config: ModelConfig) -> tuple[nnx.GraphDef, Any, Any]:
     """(graphdef, params as ShapeDtypeStructs, other state) of a Transformer, nothing allocated."""
@@ -77,62 +77,6 @@ def _quiet_sharding_probes() -> Iterator[None]:
         yield
     finally:
         tracer.sharding = probe
-
-
-def read_model_config(model_dir: str | Path) -> tuple[ModelConfig, dict[str, Any]]:
-    """(model config, whole JSON) from `model_dir/config.json`."""
-    path = Path(model_dir) / CONFIG_FILE
-    if not path.is_file():
-        raise ModelDirError(f"{path} is missing: this is not a model directory.")
-    try:
-        values = json.loads(path.read_text())
-        if not isinstance(values, dict) or "model" not in values:
-            raise ModelDirError(f"{path} has no 'model' section.")
-        return ModelConfig.from_dict(values["model"]), values
-    except (ValueError, TypeError) as err:  # not JSON, or settings this code does not know
-        raise ModelDirError(
-            f"{path}: not a valid model configuration ({type(err).__name__}: {err}); "
-            "restore the config.json written with the model.") from None
-
-
-def read_search_config(model_dir: Path, values: dict[str, Any]) -> SearchConfig:
-    """The SearchConfig stored in `model_dir/config.json` (whose JSON is `values`), validated
-    as the declaration demands: a NaN alpha written by an older version is refused here, not
-    turned into empty translations."""
-    path = model_dir / CONFIG_FILE
-    stored = values.get("search", {})
-    try:
-        if not isinstance(stored, dict):
-            raise TypeError(f"expected an object of settings, got {stored!r}")
-        return SearchConfig.from_dict(stored)
-    except (ValueError, TypeError) as err:
-        raise ModelDirError(
-            f"{path}: invalid 'search' settings ({type(err).__name__}: {err}); correct that "
-            "value in the file (or restore the config.json written with the model), or "
-            "export the model again.") from None
-
-
-def check_not_transformers(model_dir: Path) -> None:
-    """ModelDirError pointing to the converter when `model_dir` holds a transformers model
-    (a config.json with a model_type, no params.msgpack) rather than one of ours."""
-    path = model_dir / CONFIG_FILE
-    if (model_dir / PARAMS_FILE).exists() or not path.is_file():
-        return
-    try:
-        model_type = json.loads(path.read_text()).get("model_type")
-    except (ValueError, OSError, AttributeError):  # not JSON, or not an object
-        return
-    if not isinstance(model_type, str):
-        return
-    if model_type == "marian":
-        raise ModelDirError(
-            f"{model_dir} is a transformers MarianMT model ({path}: model_type marian), not a "
-            f"model directory of this project; convert it with `python -m nmt.convert "
-            f"from-marian {model_dir} OUT` and pass OUT to --model.")
-    raise ModelDirError(
-        f"{model_dir} is a transformers model ({path}: model_type {model_type}), not a model "
-        "directory of this project; only MarianMT models can be converted (python -m "
-        "nmt.convert from-marian).")
 
 
 def export_model(model_dir: str | Path, params: Any, model_config: ModelConfig,
@@ -175,23 +119,6 @@ def _write(staging: Path, model_dir: Path, name: str, data: bytes) -> None:
         raise OSError(err.errno, err.strerror, str(model_dir / name)) from None
 
 
-def check_tokenizer(model_dir: Path, config: ModelConfig, tokenizer: TokenizerBase) -> None:
-    """The tokenizer must be the one the parameters were trained with: same size, same
-    special ids (a different one would crash mid-translation or translate nonsense)."""
-    conf = model_dir / CONFIG_FILE
-    tok = model_dir / next(iter(tokenizer.files()))
-    if tokenizer.vocab_size != config.vocab_size:
-        raise ModelDirError(
-            f"{tok} has {tokenizer.vocab_size} pieces but {conf} describes a model with "
-            f"{config.vocab_size} (its embedding rows): the SentencePiece model is not the one "
-            "the model was trained with; copy the run's own spm.model into the directory.")
-    for name, value in tokenizer.special_ids().items():
-        if getattr(config, name) != value:
-            raise ModelDirError(
-                f"{tok} has {name} {value} but {conf} says {getattr(config, name)}: the "
-                "SentencePiece model is not the one the model was trained with.")
-
-
 def check_shapes(model_dir: Path, abstract: Any, pure: Any) -> None:
     """Every parameter the config describes is in the file, with the config's shape."""
     expected = {jax.tree_util.keystr(path): leaf.shape for path, leaf in
@@ -217,16 +144,6 @@ def check_shapes(model_dir: Path, abstract: Any, pure: Any) -> None:
                             "...): the two files belong to different models.")
 
 
-def resolve_model_dir(path: str | Path) -> Path:
-    """A model directory, given either itself or a run directory containing `model/`."""
-    path = Path(path)
-    if not path.exists():
-        raise ModelDirError(f"{path} does not exist; pass a run directory or its model/ folder.")
-    if not (path / PARAMS_FILE).exists() and (path / MODEL_DIR).is_dir():
-        return path / MODEL_DIR
-    return path
-
-
 def load_model(path: str | Path, dtype: str | None = None
                ) -> tuple[Transformer, Any, dict[str, Any]]:
     """Load an exported model: returns (Transformer, tokenizer, config dict).
@@ -236,25 +153,12 @@ def load_model(path: str | Path, dtype: str | None = None
     The config dict has "model" (a ModelConfig), "search" (a SearchConfig) and whatever else
     the trainer recorded (step, BLEU, source and target languages).
     """
-
-    model_dir = resolve_model_dir(path)
-    check_not_transformers(model_dir)
-    for name, what in ((CONFIG_FILE, "model configuration"), (PARAMS_FILE, "parameters")):
-        if not (model_dir / name).is_file():
-            raise ModelDirError(
-                f"{model_dir} is not a complete model directory: {name} ({what}) is missing; "
-                f"train with train.py, or write one with export_model.")
-    if not tokenizer_present(model_dir):
-        raise ModelDirError(
-            f"{model_dir} is not a complete model directory: {TOKENIZER_FILE} (SentencePiece "
-            "model) is missing; copy the run's spm.model into it, or export the model again.")
-    model_config, values = read_model_config(model_dir)
-    search = read_search_config(model_dir, values)  # before the slow part: a bad file fails fast
+    # Every file but the parameters first: a bad one fails before the slow part.
+    model_dir, tokenizer, values = read_model_files(path)
+    model_config = values["model"]
     if dtype is not None:
         model_config = dataclasses.replace(model_config, dtype=dtype)
     _warn_once(bfloat16_warning(jax.devices()[0].platform, model_config.dtype))
-    tokenizer = load_tokenizer(model_dir)
-    check_tokenizer(model_dir, model_config, tokenizer)
     graphdef, params, rest = abstract_params(model_config)
     try:
         pure = serialization.msgpack_restore((model_dir / PARAMS_FILE).read_bytes())
@@ -265,10 +169,7 @@ def load_model(path: str | Path, dtype: str | None = None
     nnx.replace_by_pure_dict(params, pure)
     params = jax.device_put(params)  # one transfer, where jnp.asarray runs a program per shape
     model = nnx.merge(graphdef, params, rest)
-    values = dict(values)
-    values["model"] = model_config
-    values["search"] = search
-    return model, tokenizer, values
+    return model, tokenizer, {**values, "model": model_config}
 
 
 @functools.cache

@@ -28,6 +28,13 @@ from flax import nnx
 from data.batching import inference_batches
 from data.config import INFERENCE_BATCH_TOKENS, INFERENCE_BUCKETS, buckets_up_to
 from nmt.models.batch_plan import BatchPlan
+from nmt.models.translations import (
+    BatchStats,
+    Hypothesis,
+    Translations,
+    refuse_long_sources,
+    truncate_sources,
+)
 from transformer.config import SearchConfig
 from transformer.ensemble import Ensemble
 from transformer.model import Transformer
@@ -69,38 +76,6 @@ def default_searches() -> int:
     """Batches searched at once unless told otherwise: 2 on a CPU, where one search's small
     matrix products keep only part of the cores busy; 1 on a GPU or TPU."""
     return 2 if cpu_backend() else 1
-
-
-@dataclasses.dataclass(frozen=True)
-class BatchStats:
-    """What one searched batch cost: for profiles (bench.search_rules) and padding checks."""
-
-    width: int      # padded source length (a bucket)
-    rows: int       # rows of the compiled shape
-    sentences: int  # rows holding a sentence; the rest are PAD
-    source_tokens: int  # real source tokens, EOS included
-    steps: int      # decoder steps the search ran
-    row_steps: int  # rows decoded, summed over those steps (finished sentences leave)
-    stage_rows: tuple[int, ...]  # rows of each stage of the search: `rows`, then fewer
-    seconds: float  # search, from the call until the results are on the host
-
-
-@dataclasses.dataclass(frozen=True)
-class Hypothesis:
-    text: str
-    score: float
-    tokens: tuple[int, ...]
-
-
-@dataclasses.dataclass(frozen=True)
-class Translations:
-    """What one call did: its n-best lists in input order, and its records. Lines are
-    numbered as the call was told (`line_numbers`, or from `first_line`)."""
-
-    nbest: list[list[Hypothesis]]
-    truncated: list[int]      # lines cut to the model's positions (each warned about)
-    reached_limit: list[int]  # lines whose best translation ends where EOS was forced
-    batches: list[BatchStats]
 
 
 @dataclasses.dataclass
@@ -154,6 +129,16 @@ class Translator:
         # ((rows, width), with every halving) of the search programs compiled so far.
         self._compiled_shapes: set[tuple[tuple[int, int], bool]] = set()
 
+    engine = "jax"
+
+    @property
+    def compute_type(self) -> str:
+        return self.model_config.dtype
+
+    def describe(self) -> str:
+        """The engine and its compute type, as the commands and /health name them."""
+        return f"{self.engine} {self.compute_type}"
+
     @property
     def buckets(self) -> tuple[int, ...]:
         return self.plan.buckets
@@ -188,7 +173,8 @@ class Translator:
             ids = self.tokenizer.encode(list(sentences), "source")
         elif len(ids) != len(sentences):
             raise ValueError(f"{len(ids)} rows of token ids for {len(sentences)} sentences")
-        ids, truncated = self._truncate(list(ids), line_numbers, source)
+        ids, truncated = truncate_sources(list(ids), self.max_source_len - 1, line_numbers,
+                                         source)
         results: list[list[Hypothesis] | None] = [None] * len(sentences)
         empty = [i for i, sentence in enumerate(sentences) if not sentence.strip()]
         for i in empty:
@@ -221,9 +207,9 @@ class Translator:
         if len(sources) != len(references):
             raise ValueError(f"{len(sources)} sources but {len(references)} references.")
         limit = self.max_source_len - 1  # room for EOS
-        src_ids = _refuse_long(self.tokenizer.encode(list(sources), "source"), limit,
+        src_ids = refuse_long_sources(self.tokenizer.encode(list(sources), "source"), limit,
                                first_line, where[0])
-        tgt_ids = [row + [self.model_config.eos_id] for row in _refuse_long(
+        tgt_ids = [row + [self.model_config.eos_id] for row in refuse_long_sources(
             self.tokenizer.encode(list(references), "target"), limit, first_line, where[1])]
         out: list[tuple[float, int]] = [(0.0, 0)] * len(sources)
         budget = self.plan.budget(src_ids, per_token=1)
@@ -238,19 +224,6 @@ class Translator:
             if progress is not None:
                 progress(len(real))
         return out
-
-    def _truncate(self, ids: list[list[int]], line_numbers: Sequence[int], source: str
-                  ) -> tuple[list[list[int]], list[int]]:
-        """`ids` with every row over the model's positions cut to fit, each with a warning,
-        and the indices of those rows (the caller's rows are not changed)."""
-        limit = self.max_source_len - 1  # room for EOS
-        truncated = [i for i, row in enumerate(ids) if len(row) > limit]
-        for i in truncated:
-            log.warning("%s line %d: a sentence of %d tokens, more than the model's %d; "
-                        "truncated to %d tokens", source, line_numbers[i], len(ids[i]), limit,
-                        limit)
-            ids[i] = ids[i][:limit]
-        return ids, truncated
 
     def warm_up(self, progress: Callable[[int, int], None] | None = None) -> None:
         """Compile the search for every shape of `search_shapes` (`compile_search`), with
@@ -363,19 +336,6 @@ class Translator:
                        for ids, score in zip(result.token_ids(row, eos), result.scores[row])]
                       for row in np.flatnonzero(real)]
         return stats, index[real], hypotheses, index[real & result.reached_limit()]
-
-
-def _refuse_long(ids: list[list[int]], limit: int, first_line: int, source: str
-                 ) -> list[list[int]]:
-    """`ids`, or a ValueError naming the first row over `limit` tokens: its log-probability
-    cannot be computed without scoring another text."""
-    for i, row in enumerate(ids):
-        if len(row) > limit:
-            raise ValueError(
-                f"{source} line {first_line + i}: {len(row)} tokens, more than the model's "
-                f"{limit} (+ EOS); its log-probability cannot be computed without truncating "
-                f"it, which would score another text: leave the pair out of the test set")
-    return ids
 
 
 def _pad_targets(targets: list[list[int]], rows: int, buckets: Sequence[int], pad_id: int

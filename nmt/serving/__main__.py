@@ -2,6 +2,7 @@
 
 import sys
 
+from nmt.engines import engine_in
 from nmt.runtime.allocator import preload
 
 # What the serve extra installs (pyproject.toml), by the module name an import fails on.
@@ -17,5 +18,6 @@ except ModuleNotFoundError as err:
     sys.exit(1)
 
 if __name__ == "__main__":
-    preload()  # runs this command again with mimalloc loaded (nmt/runtime/allocator.py)
+    if engine_in(sys.argv[1:]) == "jax":
+        preload()  # runs this command again with mimalloc loaded (nmt/runtime/allocator.py)
     sys.exit(main())

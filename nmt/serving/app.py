@@ -69,7 +69,8 @@ async def health(request: Request) -> JSONResponse:
     (what OpenNMT-py's clients look for), else 503 with what it is doing."""
     service: Service = request.app.state.service
     body = {"status": "ok" if service.ready else service.status,
-            "models": [m.pair for m in service.catalog.models]}
+            "models": [m.pair for m in service.catalog.models],
+            "engines": {m.pair: m.translator.describe() for m in service.catalog.models}}
     return JSONResponse(body, 200 if service.ready else 503)
 
 

@@ -23,7 +23,7 @@ import functools
 import time
 from collections.abc import Callable, Sequence
 
-from nmt.models.translator import Hypothesis, Translator
+from nmt.models.translations import Hypothesis
 
 
 class QueueFull(Exception):
@@ -62,7 +62,7 @@ class Batcher:
     `max_queue`: sentences waiting at most. `on_batch` is told of every search call.
     """
 
-    def __init__(self, translator: Translator, executor: concurrent.futures.Executor,
+    def __init__(self, translator, executor: concurrent.futures.Executor,
                  gather_tokens: int, max_wait: float, max_queue: int, searches: int = 1,
                  across_requests: bool = True, refill_wait: float = 0.0,
                  on_batch: Callable[[BatchRecord], None] | None = None):

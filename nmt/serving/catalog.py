@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from typing import Any
 
-from nmt.models.translator import Translator
 from nmt.serving.batching import Batcher
 from nmt.serving.errors import RequestError, shown
 
@@ -32,7 +32,7 @@ class ServedModel:
     source: str
     target: str
     path: str
-    translator: Translator
+    translator: Any  # nmt.models.translator.Translator, or CTranslate2Translator
     batcher: Batcher | None = None  # made once the event loop runs
 
     @property

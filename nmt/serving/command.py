@@ -41,8 +41,11 @@ from nmt.runtime import cli
 from nmt.runtime.cli import UsageError
 from nmt.serving.limits import ServerLimits, read_api_keys
 from nmt.translation.command import (
+    add_engine_flags,
     add_search_flags,
+    check_engine_args,
     enable_compilation_cache,
+    given_search_fields,
     name_flags,
     search_config,
 )
@@ -86,7 +89,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="a run or model directory, serving the languages it was trained "
                              "on (or SRC:TGT); once per language pair")
     parser.add_argument("--dtype", choices=("float32", "bfloat16"),
-                        help="compute dtype (default: the model's)")
+                        help="compute dtype (default: the model's; --engine jax)")
+    add_engine_flags(parser.add_argument_group("engine"))
     server = parser.add_argument_group("server")
     server.add_argument("--host", default="127.0.0.1",
                         help="address to listen on (default 127.0.0.1: this machine only; "
@@ -150,6 +154,7 @@ def _int_list(text: str) -> tuple[int, ...]:
 
 
 def check_args(args: argparse.Namespace) -> None:
+    check_engine_args(args, ensembles=False)
     counts = [("--batch-tokens", args.batch_tokens), ("--gather-tokens", args.gather_tokens),
               ("--searches", args.searches)]
     for flag, field, _, _ in LIMIT_FLAGS:
@@ -195,7 +200,11 @@ def parse_model_flag(value: str) -> tuple[str | None, str | None, str]:
 
 def apply_backend_defaults(args: argparse.Namespace) -> None:
     """Fill in --batch-tokens and --searches where not given: their defaults depend on whether
-    JAX runs on a CPU."""
+    the search runs on a CPU (CTranslate2 here always does)."""
+    if args.engine == "ctranslate2":
+        args.batch_tokens = args.batch_tokens or CPU_BATCH_TOKENS
+        args.searches = args.searches or 2
+        return
     import jax
 
     from nmt.models.translator import default_searches
@@ -209,8 +218,6 @@ def apply_backend_defaults(args: argparse.Namespace) -> None:
 
 def load_served_models(args: argparse.Namespace):
     """A ServedModel per --model, loaded and checked (InputError, UsageError)."""
-    from nmt.models.model_dir import ModelDirError, load_models
-    from nmt.models.translator import Translator
     from nmt.serving.catalog import ServedModel
 
     apply_backend_defaults(args)
@@ -218,10 +225,7 @@ def load_served_models(args: argparse.Namespace):
     for index, flag in enumerate(args.model):
         source, target, path = parse_model_flag(flag)
         start = time.perf_counter()
-        try:
-            model, tokenizer, values = load_models([path], dtype=args.dtype)
-        except (ModelDirError, DataError) as err:
-            raise InputError(str(err)) from None
+        translator, values = load_translator(flag, path, args)
         recorded = (values.get("source_lang"), values.get("target_lang"))
         if source and all(recorded) and (source, target) != recorded:
             log.warning("--model %s: the model was trained for %s->%s (recorded with it); "
@@ -234,23 +238,60 @@ def load_served_models(args: argparse.Namespace):
             raise UsageError(f"--model {flag} and --model {seen[source, target]} both serve "
                              f"{source}->{target}; give one model per language pair")
         seen[source, target] = flag
+        shapes = check_bounds(flag, translator, args)
+        log.info("%s->%s: %s loaded in %.2f s on %s; search: %s%s", source, target, path,
+                 time.perf_counter() - start, translator.describe(),
+                 ", ".join(f"{k}={v}" for k, v in dataclasses.asdict(translator.search).items()),
+                 f"; {shapes} search shapes to compile (at most {MAX_SHAPES})" if shapes else "")
+        served.append(ServedModel(index, source, target, path, translator))
+    return served
+
+
+def load_translator(flag: str, path: str, args: argparse.Namespace):
+    """(translator, config dict) of one --model on the engine of --engine."""
+    if args.engine == "ctranslate2":
+        return load_ctranslate2_translator(flag, path, args)
+    from nmt.models.model_dir import ModelDirError, load_models
+    from nmt.models.translator import Translator
+
+    try:
+        model, tokenizer, values = load_models([path], dtype=args.dtype)
+    except (ModelDirError, DataError) as err:
+        raise InputError(str(err)) from None
+    try:
+        search = search_config(values["search"], args)
+        # compact_after=0: the warm-up compiles every program compaction needs, so every
+        # batch leaves its finished sentences behind from the first request on (on a CPU;
+        # on a GPU or TPU no batch compacts, `BatchPlan.on_cpu`).
+        translator = Translator(model, tokenizer, search, batch_tokens=args.batch_tokens,
+                                seed=args.seed, buckets=args.buckets, compact_after=0)
+    except ValueError as err:
+        raise UsageError(f"--model {flag}: invalid search settings: "
+                         f"{name_flags(str(err))}") from None
+    return translator, {**values, "search": search}
+
+
+def load_ctranslate2_translator(flag: str, path: str, args: argparse.Namespace):
+    """`load_translator` on CTranslate2: the model's cached conversion, no JAX."""
+    from nmt.engines.ctranslate2 import EngineError, MissingEngine, open_translator
+    from nmt.models.model_files import ModelDirError
+
+    def search_for(stored):
         try:
-            search = search_config(values["search"], args)
-            # compact_after=0: the warm-up compiles every program compaction needs, so every
-            # batch leaves its finished sentences behind from the first request on (on a CPU;
-            # on a GPU or TPU no batch compacts, `BatchPlan.on_cpu`).
-            translator = Translator(model, tokenizer, search, batch_tokens=args.batch_tokens,
-                                    seed=args.seed, buckets=args.buckets, compact_after=0)
+            return search_config(stored, args)
         except ValueError as err:
             raise UsageError(f"--model {flag}: invalid search settings: "
                              f"{name_flags(str(err))}") from None
-        shapes = check_bounds(flag, translator, args)
-        log.info("%s->%s: %s loaded in %.2f s; search: %s; %d search shapes to compile "
-                 "(at most %d)", source, target, path, time.perf_counter() - start,
-                 ", ".join(f"{k}={v}" for k, v in dataclasses.asdict(search).items()),
-                 shapes, MAX_SHAPES)
-        served.append(ServedModel(index, source, target, path, translator))
-    return served
+
+    try:
+        return open_translator(path, search_for, given=given_search_fields(args),
+                               compute_type=args.compute_type or "auto",
+                               threads=args.threads or 0, searches=args.searches,
+                               batch_tokens=args.batch_tokens, seed=args.seed)
+    except (ModelDirError, DataError, MissingEngine) as err:
+        raise InputError(str(err)) from None
+    except EngineError as err:
+        raise UsageError(f"--model {flag}: {err}") from None
 
 
 def check_bounds(flag: str, translator, args: argparse.Namespace) -> int:
@@ -262,6 +303,8 @@ def check_bounds(flag: str, translator, args: argparse.Namespace) -> int:
         raise UsageError(f"--model {flag}: {origin} {beam}: this server searches with a beam "
                          f"of at most {MAX_BEAM} (each beam is a row of every sentence's "
                          f"search); give --beam {MAX_BEAM} or less")
+    if not hasattr(translator, "search_shapes"):  # CTranslate2 compiles nothing
+        return 0
     shapes = len(translator.search_shapes())
     if shapes > MAX_SHAPES:
         raise UsageError(f"--model {flag}: --batch-tokens {args.batch_tokens} and the buckets "
@@ -287,7 +330,8 @@ def warm_up(models, service, stopping: threading.Event) -> None:
 
         start = time.perf_counter()
         model.translator.warm_up(progress)
-        log.info("%s: search compiled in %.1f s", model.pair, time.perf_counter() - start)
+        log.info("%s: %s in %.1f s", model.pair, "search compiled" if model.translator.engine
+                 == "jax" else "warmed up", time.perf_counter() - start)
 
 
 def make_lifespan(service, args: argparse.Namespace):
@@ -352,9 +396,14 @@ def run(args: argparse.Namespace) -> int:
     keys = read_keys(args.api_keys)
     limits = ServerLimits(**{field: getattr(args, field) for _, field, _, _ in LIMIT_FLAGS})
     sock = listening_socket(args.host, args.port)  # before the models: a port in use ends it
-    enable_compilation_cache()
+    if args.engine == "jax":
+        enable_compilation_cache()
     service = Service(Catalog(load_served_models(args)), limits, Metrics(), keys)
-    log.info(cli.allocator_status().line)
+    for model in service.catalog.models:
+        service.metrics.describe_model(model.pair, model.translator.engine,
+                                       model.translator.compute_type)
+    if args.engine == "jax":
+        log.info(cli.allocator_status().line)
     app = build_app(service, make_lifespan(service, args))
     server = _Server(uvicorn.Config(
         app, log_config=None, access_log=args.access_log, lifespan="on", ws="none",

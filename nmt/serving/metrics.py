@@ -47,6 +47,9 @@ class Metrics:
                                  ("pair",), registry=self.registry)
         self.queue = Gauge("nmt_queue_sentences", "sentences waiting for a search",
                            ("pair",), registry=self.registry)
+        self.model_info = Gauge("nmt_model_info", "the engine and compute type serving a pair "
+                                "(always 1)", ("pair", "engine", "compute_type"),
+                                registry=self.registry)
 
     def observe_request(self, endpoint: str, code: int, seconds: float) -> None:
         self.requests.labels(endpoint, str(code)).inc()
@@ -57,6 +60,10 @@ class Metrics:
     def observe_abort(self, endpoint: str) -> None:
         """A request left unanswered because its client went away: no error of the server's."""
         self.aborts.labels(endpoint).inc()
+
+    def describe_model(self, pair: str, engine: str, compute_type: str) -> None:
+        """nmt_model_info{pair, engine, compute_type} 1: what serves each pair."""
+        self.model_info.labels(pair, engine, compute_type).set(1)
 
     def observe_batch(self, pair: str, batch: BatchRecord) -> None:
         self.batch_sentences.labels(pair).observe(batch.sentences)

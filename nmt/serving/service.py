@@ -11,7 +11,7 @@ from typing import TypeVar
 
 from starlette.requests import Request
 
-from nmt.models.translator import Hypothesis
+from nmt.models.translations import Hypothesis
 from nmt.serving.batching import QueueFull
 from nmt.serving.catalog import Catalog, ServedModel
 from nmt.serving.errors import ClientGone, RequestError

@@ -92,6 +92,7 @@ import time
 from typing import Sequence
 
 from data.config import INFERENCE_BATCH_TOKENS, DataError
+from nmt.engines import COMPUTE_TYPES, CTRANSLATE2_INSTALL, ENGINES
 from nmt.runtime import cli
 from nmt.runtime.cli import UsageError
 from nmt.runtime.files import atomic_file
@@ -122,12 +123,28 @@ def build_parser() -> argparse.ArgumentParser:
                              "again for an ensemble, whose models average their next-token "
                              "probabilities (they must share the SentencePiece model)")
     parser.add_argument("--dtype", choices=("float32", "bfloat16"),
-                        help="compute dtype (default: the model's)")
+                        help="compute dtype (default: the model's; --engine jax)")
+    add_engine_flags(parser.add_argument_group("engine"))
     _add_input_output_flags(parser.add_argument_group("input and output"))
     add_search_flags(parser.add_argument_group("search (defaults: the model's stored settings)"))
     _add_plot_flags(parser.add_argument_group("attention plot"))
     _add_evaluation_flags(parser.add_argument_group("evaluation"))
     return parser
+
+
+def add_engine_flags(engine) -> None:
+    """--engine and what only CTranslate2 reads (shared with the server)."""
+    engine.add_argument("--engine", choices=ENGINES, default="jax",
+                        help="what searches: jax (default; exact, on every device JAX runs) "
+                             "or ctranslate2 (the model converted on first use and cached; "
+                             "int8 on CPUs, starts without JAX; needs "
+                             f"{CTRANSLATE2_INSTALL})")
+    engine.add_argument("--compute-type", metavar="TYPE",
+                        help=f"--engine ctranslate2: {', '.join(COMPUTE_TYPES[1:])} or auto "
+                             "(default: auto, the fastest this device runs)")
+    engine.add_argument("--threads", type=int,
+                        help="--engine ctranslate2: CPU threads in all, shared by the "
+                             "--searches batches translated at once (default: every core)")
 
 
 def _add_input_output_flags(io) -> None:
@@ -139,7 +156,7 @@ def _add_input_output_flags(io) -> None:
     io.add_argument("--searches", type=int,
                     help="batches searched at once, each on its own thread (default 2 on a "
                          "CPU, where one batch keeps only part of the cores busy; 1 on a GPU "
-                         "or TPU)")
+                         "or TPU; with --engine ctranslate2, 1, its inter_threads)")
     io.add_argument("--chunk-lines", type=int, default=DEFAULT_CHUNK_LINES,
                     help="stdin: translate at most this many waiting lines per call "
                          f"(default {DEFAULT_CHUNK_LINES})")
@@ -199,6 +216,7 @@ def _add_evaluation_flags(ev) -> None:
 
 def check_args(args: argparse.Namespace) -> None:
     """Flag combinations argparse cannot express; raises UsageError."""
+    check_engine_args(args)
     for name in ("batch_tokens", "chunk_lines", "searches"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             raise UsageError(f"--{name.replace('_', '-')} must be >= 1, "
@@ -250,6 +268,36 @@ def check_args(args: argparse.Namespace) -> None:
             raise UsageError("--bleu-tokenize only applies with --evaluate.")
 
 
+def check_engine_args(args: argparse.Namespace, ensembles: bool = True) -> None:
+    """Flags only one engine reads, refused with the other (UsageError). `ensembles`: whether
+    several --model flags make an ensemble (translate.py), not several pairs (the server)."""
+    if args.threads is not None and args.threads < 1:
+        raise UsageError(f"--threads must be >= 1, got {args.threads}.")
+    if args.engine == "jax":
+        for flag in ("compute_type", "threads"):
+            if getattr(args, flag) is not None:
+                raise UsageError(f"--{flag.replace('_', '-')} applies to --engine ctranslate2; "
+                                 "JAX's compute type is --dtype")
+        return
+    refused = {"dtype": "give --compute-type (CTranslate2's types)",
+               "plot_attention": "the attention plot needs --engine jax"}
+    for flag, fix in refused.items():
+        if getattr(args, flag, None):
+            raise UsageError(f"--{flag.replace('_', '-')} does not apply with --engine "
+                             f"ctranslate2: {fix}.")
+    if ensembles and len(args.model) > 1:
+        raise UsageError("--engine ctranslate2 translates with one model: CTranslate2 has no "
+                         "ensembles; give one --model, or --engine jax for an ensemble.")
+
+
+def given_search_fields(args: argparse.Namespace) -> frozenset[str]:
+    """The SearchConfig fields the flags set (the rest are the model's)."""
+    given = set(recipes.from_args(args)["search"])
+    if args.greedy or args.sample or args.beam is not None or args.nbest is not None:
+        given.add("strategy")
+    return frozenset(given)
+
+
 def search_config(stored, args: argparse.Namespace):
     """The model's stored SearchConfig with the flags' overrides; ValueError if invalid."""
     changes = {name: value for name, (value, _) in recipes.from_args(args)["search"].items()}
@@ -294,6 +342,8 @@ def enable_compilation_cache() -> None:
 def load(args: argparse.Namespace):
     """(model, tokenizer, stored values, Translator) for the flags; InputError for a bad model
     directory, UsageError for search settings the model cannot take."""
+    if args.engine == "ctranslate2":
+        return load_ctranslate2(args)
     enable_compilation_cache()
     # JAX loads only now: argument and path errors above answer at once.
     from nmt.models.model_dir import ModelDirError, load_models
@@ -322,6 +372,36 @@ def load(args: argparse.Namespace):
              ", ".join(f"{k}={v}" for k, v in dataclasses.asdict(search).items()))
     log.info(cli.allocator_status().line)
     return model, tokenizer, values, translator
+
+
+def load_ctranslate2(args: argparse.Namespace):
+    """`load` for --engine ctranslate2: no model in this process (None), and no JAX."""
+    from nmt.engines.ctranslate2 import EngineError, MissingEngine, open_translator
+    from nmt.models.model_files import ModelDirError
+
+    start = time.perf_counter()
+
+    def search_for(stored):
+        try:
+            return search_config(stored, args)
+        except ValueError as err:
+            raise UsageError(f"invalid search settings: {name_flags(str(err))}") from None
+
+    try:
+        translator, values = open_translator(
+            args.model[0], search_for, given=given_search_fields(args),
+            compute_type=args.compute_type or "auto", threads=args.threads or 0,
+            searches=args.searches or 1, batch_tokens=args.batch_tokens, seed=args.seed)
+    except (ModelDirError, DataError) as err:
+        raise InputError(str(err)) from None
+    except EngineError as err:
+        raise UsageError(str(err)) from None
+    except MissingEngine as err:
+        raise InputError(str(err)) from None
+    log.info("model %s loaded in %.2f s on %s; search: %s", args.model[0],
+             time.perf_counter() - start, translator.describe(),
+             ", ".join(f"{k}={v}" for k, v in dataclasses.asdict(translator.search).items()))
+    return None, translator.tokenizer, values, translator
 
 
 def run(args: argparse.Namespace) -> int:

@@ -1,0 +1,170 @@
+"""CTranslate2 conversions of model directories, made on first use and kept in the cache.
+
+    <cache>/ctranslate2/<key>/      model.bin, config.json, the tokenizer's files,
+                                    nmt_config.json (the model's settings), manifest.json
+
+The key is a hash of the model's checksum (its parameters, settings and tokenizer files) and
+the conversion settings (the stored quantization, this converter's version): a model trained
+further or exported again gets a new entry, and the same model asked for in another
+quantization another one. An entry is used only once its manifest (written last, whole) lists
+every file at its size and sha256; a damaged or half-written one is converted again, with
+one warning. Conversions of one entry hold a lock, so two processes starting at once convert
+once: the second waits, then uses what the first wrote. Where the cache cannot be written
+(a read-only file system), the conversion goes into a temporary directory, removed at exit.
+
+Hashing the parameters at every start would cost the time a cached conversion saves, so
+each model directory's checksum is kept beside the entries with the size and modification
+time of the files it hashed, and computed again only when one of them changed.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+from data.config import default_cache_dir
+from nmt.models.model_files import CONFIG_FILE, PARAMS_FILE, ModelDirError
+from transformer.atomic_files import write_atomically
+
+log = logging.getLogger("nmt.engines")
+
+# Part of every key: raise it when the conversion writes something else for the same model.
+CONVERTER_VERSION = 1
+MANIFEST = "manifest.json"
+
+
+def cache_root() -> Path:
+    """Where conversions are kept: the project's cache directory (`data.config`)."""
+    return default_cache_dir() / "ctranslate2"
+
+
+# ----------------------------------------------------------------------------- checksums
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _model_files(model_dir: Path, tokenizer_files: list[str]) -> list[Path]:
+    return [model_dir / name for name in (PARAMS_FILE, CONFIG_FILE, *tokenizer_files)]
+
+
+def model_checksum(model_dir: Path, tokenizer_files: list[str], root: Path | None = None
+                   ) -> str:
+    """sha256 over the model directory's files (parameters, settings, tokenizer), reused
+    from `root`/checksums/ while their sizes and modification times are unchanged."""
+    files = _model_files(model_dir, tokenizer_files)
+    stamp = [[f.name, f.stat().st_size, f.stat().st_mtime_ns] for f in files]
+    record = ((root or cache_root()) / "checksums"
+              / (hashlib.sha256(str(model_dir.resolve()).encode()).hexdigest() + ".json"))
+    with contextlib.suppress(OSError, ValueError):
+        kept = json.loads(record.read_text(encoding="utf-8"))
+        if kept["files"] == stamp:
+            return kept["checksum"]
+    digest = hashlib.sha256()
+    for f in files:
+        digest.update(f.name.encode() + b"\0" + _sha256(f).encode() + b"\0")
+    checksum = digest.hexdigest()
+    with contextlib.suppress(OSError):  # a cache that cannot be written only costs time
+        record.parent.mkdir(parents=True, exist_ok=True)
+        write_atomically(record, json.dumps({"files": stamp, "checksum": checksum}))
+    return checksum
+
+
+def entry_key(checksum: str, quantization: str) -> str:
+    text = json.dumps({"model": checksum, "quantization": quantization,
+                       "converter": CONVERTER_VERSION}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+# ----------------------------------------------------------------------------- entries
+
+
+def entry_is_whole(entry: Path) -> bool:
+    """Whether `entry` holds its manifest and every file the manifest lists, unchanged."""
+    try:
+        listed = json.loads((entry / MANIFEST).read_text(encoding="utf-8"))["files"]
+        present = {p.name for p in entry.iterdir()} - {MANIFEST}
+        return (set(listed) == present
+                and all((entry / name).stat().st_size == size and _sha256(entry / name) == sha
+                        for name, (size, sha) in listed.items()))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return False
+
+
+def write_manifest(entry: Path) -> None:
+    """The entry's manifest, written last and whole: what makes the entry usable."""
+    files = {p.name: [p.stat().st_size, _sha256(p)] for p in sorted(entry.iterdir())
+             if p.name != MANIFEST}
+    write_atomically(entry / MANIFEST, json.dumps({"files": files}, indent=1))
+
+
+@contextlib.contextmanager
+def _locked(lock_path: Path) -> Iterator[None]:
+    """An exclusive lock on `lock_path` (created), waiting for another process holding it."""
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
+
+
+def converted(model_dir: Path, tokenizer_files: list[str], quantization: str,
+              root: Path | None = None) -> Path:
+    """The CTranslate2 conversion of `model_dir` at `quantization`: the cached entry, made
+    now if there is none or it is damaged (one warning). In a cache that cannot be written,
+    a temporary one (one warning)."""
+    root = root or cache_root()
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        checksum = model_checksum(model_dir, tokenizer_files, root)
+        entry = root / entry_key(checksum, quantization)
+        with _locked(root / f".{entry.name}.lock"):
+            if entry_is_whole(entry):
+                return entry
+            if entry.exists():
+                log.warning("the cached CTranslate2 conversion %s is damaged or incomplete; "
+                            "converting %s again", entry, model_dir)
+                shutil.rmtree(entry)
+            _convert(model_dir, entry, quantization)
+            return entry
+    except OSError as err:  # read-only, not a directory, full
+        log.warning("cannot write the CTranslate2 cache %s (%s); converting %s into a temporary "
+                    "directory for this run (set FLAX_NMT_CACHE to a writable directory to "
+                    "keep it)", root, err.strerror or err, model_dir)
+        temporary = Path(tempfile.mkdtemp(prefix="nmt-ct2-"))
+        atexit.register(shutil.rmtree, temporary, ignore_errors=True)
+        _convert(model_dir, temporary / "model", quantization)
+        return temporary / "model"
+
+
+def _convert(model_dir: Path, out: Path, quantization: str) -> None:
+    """Convert `model_dir` into `out` (published whole), then seal it with its manifest."""
+    import time
+
+    from nmt.convert.common import ConversionError  # JAX loads here, once per conversion
+    from nmt.convert.ctranslate2 import export_ctranslate2
+
+    log.info("converting %s for CTranslate2 (%s) into %s; later runs reuse it", model_dir,
+             quantization, out)
+    start = time.perf_counter()
+    try:
+        export_ctranslate2(model_dir, out, quantization)
+    except ConversionError as err:
+        raise ModelDirError(f"{model_dir} cannot run on CTranslate2: {err}") from None
+    write_manifest(out)
+    log.info("converted in %.1f s", time.perf_counter() - start)

@@ -1,0 +1,340 @@
+"""CTranslate2 as the engine that searches: the model's CTranslate2 conversion, called as
+`nmt.models.translator.Translator` is, without JAX.
+
+`open_translator` takes a model directory (converted on first use into the cache,
+`nmt.engines.conversions`) or a CTranslate2 export made with `python -m nmt.convert
+to-ctranslate2`, and returns a `CTranslate2Translator`: the same calls (`translate_all`,
+`translate_nbest`, `translate`, `score`, `warm_up`) and the same records (`Translations`) as
+the JAX translator, so translate.py and the server use either.
+
+The search settings mean what they mean for the JAX engine (`search_options`):
+- greedy search and sampling are CTranslate2's (beam size 1; top-k, temperature);
+- beam search is CTranslate2's, which is our `k-finished` rule (a sentence stops once k
+  hypotheses have finished) dividing by length ** alpha (`--length-penalty power`). Settings
+  it cannot express are refused with one line when given as flags; where they are only the
+  model's stored defaults (GNMT's penalty and the heuristic rule, as trained models store),
+  CTranslate2's rule and penalty are used and one line says so;
+- output limits are per sentence (a * source length + b, EOS included): sentences are sent in
+  groups of one limit each, so that every sentence stops where the JAX search would;
+- PAD and BOS are never produced and EOS not before min_len, as in `transformer.search`.
+
+Where the engines differ, the outputs are equal and the scores are not: CTranslate2 scores a
+token against the tokens a step may produce (while min_len bans EOS, the others share its
+probability), and a hypothesis cut at its output limit without the EOS forced there, which
+ours adds. A trained model gives PAD and BOS no probability, so elsewhere the scores agree.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import logging
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from data.config import INFERENCE_BATCH_TOKENS
+from data.tokenizer import TokenizerBase, load_tokenizer, tokenizer_present
+from nmt.convert.ctranslate2 import SETTINGS_FILE
+from nmt.engines import COMPUTE_TYPES, CTRANSLATE2_INSTALL
+from nmt.engines.conversions import converted
+from nmt.models.model_files import (
+    ModelDirError,
+    check_tokenizer,
+    read_model_config,
+    read_model_files,
+    read_search_config,
+)
+from nmt.models.translations import (
+    Hypothesis,
+    Translations,
+    refuse_long_sources,
+    truncate_sources,
+)
+from transformer.config import ModelConfig, SearchConfig
+from transformer.strategies import Beam, Greedy, plan_search
+
+log = logging.getLogger("nmt.engines")
+
+ENGINE = "ctranslate2"
+# The conversion's stored type for each compute type: the same where CTranslate2 can store it
+# (nothing to convert at load), else float32 (CTranslate2 converts at load).
+STORED_TYPES = {"int8": "int8", "int8_float32": "int8_float32", "int16": "int16",
+                "float32": "float32"}
+
+
+class EngineError(ValueError):
+    """A setting this engine cannot take: one line naming it and what to do (a usage error)."""
+
+
+class MissingEngine(RuntimeError):
+    """The ctranslate2 package is not installed: one line with the install command."""
+
+
+def import_ctranslate2():
+    try:
+        import ctranslate2
+    except ImportError:
+        raise MissingEngine(f"--engine {ENGINE} needs the ctranslate2 package, which is not "
+                            f"installed: {CTRANSLATE2_INSTALL}") from None
+    return ctranslate2
+
+
+# ----------------------------------------------------------------------------- settings
+
+
+def engine_search(search: SearchConfig, given: frozenset[str] = frozenset()
+                  ) -> SearchConfig:
+    """`search` as CTranslate2 runs it. `given`: the SearchConfig fields the user set (flags),
+    refused (EngineError) where CTranslate2 cannot follow them; the model's stored beam rule
+    and length penalty are replaced by CTranslate2's, with one info line each."""
+    if plan_search(search).rows_per_sentence == 1:  # greedy and sampling: no beam settings
+        return search
+    if search.min_len > 0:
+        # CTranslate2 renormalizes over the tokens allowed while EOS is banned, which shifts
+        # each beam's score by its own EOS probability and so can reorder the beams.
+        origin = "--min-len" if "min_len" in given else "the model's stored min_len"
+        raise EngineError(f"{origin} {search.min_len}: CTranslate2's beam search scores "
+                          "hypotheses otherwise while EOS is banned; give --min-len 0, "
+                          "--greedy, or --engine jax")
+    changes = {}
+    for field, theirs in (("beam_rules", "k-finished"), ("length_penalty", "power")):
+        ours = getattr(search, field)
+        if ours == theirs:
+            continue
+        flag = "--" + field.replace("_", "-")
+        if field in given:
+            raise EngineError(f"{flag} {ours}: CTranslate2's beam search has only "
+                              f"{flag} {theirs}; give {flag} {theirs}, or --engine jax")
+        log.info("ctranslate2: beam search with %s %s (CTranslate2's) where the model stores "
+                 "%s", flag, theirs, ours)
+        changes[field] = theirs
+    return dataclasses.replace(search, **changes)
+
+
+def search_options(search: SearchConfig) -> dict[str, Any]:
+    """CTranslate2's `translate_batch` options for `search` (an `engine_search`)."""
+    strategy = plan_search(search)
+    common = {"min_decoding_length": max(search.min_len - 1, 0)}  # ours counts EOS
+    if isinstance(strategy, Greedy):
+        return {**common, "beam_size": 1, "sampling_topk": 1, "length_penalty": 0.0}
+    if not isinstance(strategy, Beam):  # sampling: the score is the log-probability
+        return {**common, "beam_size": 1, "sampling_topk": search.top_k,
+                "sampling_temperature": search.temperature, "length_penalty": 0.0}
+    if (search.beam_rules, search.length_penalty) != ("k-finished", "power"):
+        raise ValueError(f"not CTranslate2's beam search: {search}")
+    # patience 1: a sentence stops once `size` hypotheses have finished (k-finished).
+    return {**common, "beam_size": strategy.size, "num_hypotheses": strategy.nbest,
+            "patience": 1.0, "length_penalty": strategy.alpha}
+
+
+def check_compute_type(ctranslate2, compute_type: str, device: str) -> None:
+    """EngineError naming the types `device` supports when it lacks `compute_type`."""
+    supported = sorted(ctranslate2.get_supported_compute_types(device))
+    if compute_type not in COMPUTE_TYPES:
+        raise EngineError(f"--compute-type {compute_type}: not a CTranslate2 compute type; "
+                          f"choose one of {', '.join(COMPUTE_TYPES)}")
+    if compute_type != "auto" and compute_type not in supported:
+        raise EngineError(f"--compute-type {compute_type}: this {device.upper()} cannot run it "
+                          f"with CTranslate2; it runs {', '.join(supported)} (or auto)")
+
+
+# ----------------------------------------------------------------------------- models
+
+
+def is_export(path: Path) -> bool:
+    """Whether `path` is a CTranslate2 model directory rather than one of ours."""
+    return (path / "model.bin").is_file()
+
+
+def read_export(path: Path) -> tuple[TokenizerBase, dict[str, Any]]:
+    """(tokenizer, config dict) of a CTranslate2 export made by `python -m nmt.convert
+    to-ctranslate2`, which keeps the model's settings beside the weights."""
+    if not (path / SETTINGS_FILE).is_file():
+        raise ModelDirError(
+            f"{path} is a CTranslate2 model without {SETTINGS_FILE} (the settings this project "
+            f"keeps with its exports); export it again with `python -m nmt.convert "
+            f"to-ctranslate2 MODEL {path}`, or pass the model directory itself")
+    if not tokenizer_present(path):
+        raise ModelDirError(f"{path} has no SentencePiece model (spm.model) to tokenize with; "
+                            "export the model again")
+    config, values = read_model_config(path, SETTINGS_FILE)
+    tokenizer = load_tokenizer(path)
+    check_tokenizer(path, config, tokenizer)
+    return tokenizer, {**values, "model": config,
+                       "search": read_search_config(path, values, SETTINGS_FILE)}
+
+
+def load(path: str | Path, compute_type: str = "auto", device: str = "cpu"
+         ) -> tuple[Path, TokenizerBase, dict[str, Any]]:
+    """(CTranslate2 model directory, tokenizer, config dict) for a model directory (its
+    cached conversion, made now if missing), a run directory or a CTranslate2 export."""
+    ctranslate2 = import_ctranslate2()
+    check_compute_type(ctranslate2, compute_type, device)
+    path = Path(path)
+    if path.is_dir() and is_export(path):
+        tokenizer, values = read_export(path)
+        return path, tokenizer, values
+    model_dir, tokenizer, values = read_model_files(path)
+    export = converted(model_dir, list(tokenizer.files()), STORED_TYPES.get(compute_type,
+                                                                            "float32"))
+    return export, tokenizer, values
+
+
+# ----------------------------------------------------------------------------- translating
+
+
+class CTranslate2Translator:
+    """Translates lists of sentences with a CTranslate2 model, as `Translator` does.
+
+    `searches` batches are translated at once (CTranslate2's inter_threads), each on
+    `threads // searches` threads (intra_threads; `threads` 0: every core). `batch_tokens`
+    bounds the source tokens of a batch, divided by the beam size as for the JAX engine.
+    Sampling draws from CTranslate2's random generator, seeded with `seed` (its stream is not
+    JAX's: samples differ between engines). Several threads may call one translator at once.
+    """
+
+    engine = ENGINE
+
+    def __init__(self, export: Path, tokenizer: TokenizerBase, model_config: ModelConfig,
+                 search: SearchConfig, *, given: frozenset[str] = frozenset(),
+                 compute_type: str = "auto", device: str = "cpu", threads: int = 0,
+                 searches: int = 1, batch_tokens: int = INFERENCE_BATCH_TOKENS, seed: int = 0):
+        ctranslate2 = import_ctranslate2()
+        search = engine_search(search, given)
+        self.options = search_options(search)
+        self.strategy = plan_search(search)
+        self.strategy.check_vocabulary(model_config.vocab_size)
+        self.search = search
+        self.model_config = model_config
+        self.max_source_len = model_config.max_len
+        self.tokenizer = tokenizer
+        self.searches = searches
+        cores = threads or len(os.sched_getaffinity(0))
+        ctranslate2.set_random_seed(seed)
+        try:
+            self.model = ctranslate2.Translator(
+                str(export), device=device, compute_type=compute_type, inter_threads=searches,
+                intra_threads=max(cores // searches, 1))
+        except (RuntimeError, ValueError, OSError) as err:
+            raise ModelDirError(f"{export}: CTranslate2 cannot load it ({err}); export it "
+                                "again") from None
+        self.compute_type = self.model.compute_type  # what "auto" chose
+        vocabulary = tokenizer.vocabulary()
+        self._ids = {piece: i for i, piece in enumerate(vocabulary)}
+        self._eos = vocabulary[model_config.eos_id]
+        self._suppress = [[vocabulary[model_config.pad_id]], [vocabulary[model_config.bos_id]]]
+        self._batch = max(batch_tokens // self.strategy.rows_per_sentence, 1)
+
+    def describe(self) -> str:
+        """The engine and its compute type, as the commands and /health name them."""
+        return f"{self.engine} {self.compute_type}"
+
+    def translate(self, sentences: Sequence[str]) -> list[str]:
+        """The best translation of each sentence, in input order."""
+        return [nbest[0].text for nbest in self.translate_nbest(sentences)]
+
+    def translate_nbest(self, sentences: Sequence[str], **options) -> list[list[Hypothesis]]:
+        """`search.nbest` hypotheses per sentence, best first (`translate_all`'s options)."""
+        return self.translate_all(sentences, **options).nbest
+
+    def translate_all(self, sentences: Sequence[str],
+                      progress: Callable[[int], None] | None = None, first_line: int = 1,
+                      source: str = "input", ids: Sequence[Sequence[int]] | None = None,
+                      line_numbers: Sequence[int] | None = None) -> Translations:
+        """The n-best lists of `sentences` and the call's records, as `Translator.translate_all`
+        gives them (its arguments mean the same); no batch records."""
+        if line_numbers is None:
+            line_numbers = range(first_line, first_line + len(sentences))
+        if ids is None:
+            ids = self.tokenizer.encode(list(sentences), "source")
+        elif len(ids) != len(sentences):
+            raise ValueError(f"{len(ids)} rows of token ids for {len(sentences)} sentences")
+        ids, truncated = truncate_sources(list(ids), self.max_source_len - 1, line_numbers,
+                                          source)
+        results: list[list[Hypothesis] | None] = [None] * len(sentences)
+        empty = [i for i, sentence in enumerate(sentences) if not sentence.strip()]
+        for i in empty:
+            results[i] = [Hypothesis("", 0.0, ())] * self.strategy.nbest
+        if progress is not None and empty:
+            progress(len(empty))
+        reached_limit = []
+        for rows, done in self._search([i for i, r in enumerate(results) if r is None], ids):
+            for i, result in zip(rows, done):
+                results[i], at_limit = self._hypotheses(result.result())
+                if at_limit:
+                    reached_limit.append(line_numbers[i])
+            if progress is not None:
+                progress(len(rows))
+        return Translations(results, [line_numbers[i] for i in truncated],  # type: ignore
+                            sorted(reached_limit), [])
+
+    def _search(self, todo: list[int], ids: list[list[int]]):
+        """Yields (rows, their asynchronous results) per group of sentences that share an
+        output limit, every group submitted at once so that CTranslate2's threads stay busy;
+        in order of the limits, which follow the source lengths."""
+        groups: dict[int, list[int]] = collections.defaultdict(list)
+        for i in todo:
+            limit = self.search.max_output_len(len(ids[i]) + 1, self.model_config.max_len)
+            groups[limit].append(i)
+        submitted = []
+        for limit, rows in sorted(groups.items()):
+            submitted.append((rows, self.model.translate_batch(
+                [self.tokenizer.pieces(ids[i], "source") for i in rows], asynchronous=True,
+                max_batch_size=self._batch, batch_type="tokens", max_input_length=0,
+                max_decoding_length=limit - 1,  # CTranslate2 does not count EOS
+                return_end_token=True, return_scores=True, suppress_sequences=self._suppress,
+                **self.options)))
+        yield from submitted
+
+    def _hypotheses(self, result) -> tuple[list[Hypothesis], bool]:
+        """(n-best hypotheses, whether the best one stopped at its output limit)."""
+        out, at_limit = [], False
+        for n, (pieces, score) in enumerate(zip(result.hypotheses, result.scores)):
+            ended = bool(pieces) and pieces[-1] == self._eos
+            ids = [self._ids[p] for p in (pieces[:-1] if ended else pieces)]
+            out.append(Hypothesis(self.tokenizer.decode([ids])[0], float(score), tuple(ids)))
+            at_limit = at_limit or (n == 0 and not ended)
+        return out, at_limit
+
+    def score(self, sources: Sequence[str], references: Sequence[str],
+              progress: Callable[[int], None] | None = None, first_line: int = 1,
+              where: tuple[str, str] = ("source", "reference")) -> list[tuple[float, int]]:
+        """(log p(reference | source), reference tokens with EOS) of each pair: force
+        decoding, as `Translator.score`."""
+        if len(sources) != len(references):
+            raise ValueError(f"{len(sources)} sources but {len(references)} references.")
+        limit = self.max_source_len - 1
+        src = refuse_long_sources(self.tokenizer.encode(list(sources), "source"), limit,
+                                  first_line, where[0])
+        tgt = refuse_long_sources(self.tokenizer.encode(list(references), "target"), limit,
+                                  first_line, where[1])
+        out = []
+        chunk = 256  # progress between chunks
+        for start in range(0, len(src), chunk):
+            scored = self.model.score_batch(
+                [self.tokenizer.pieces(row, "source") for row in src[start:start + chunk]],
+                [self.tokenizer.pieces(row, "target") for row in tgt[start:start + chunk]],
+                max_batch_size=self._batch, batch_type="tokens", max_input_length=0)
+            out.extend((float(sum(r.log_probs)), len(r.log_probs)) for r in scored)
+            if progress is not None:
+                progress(len(scored))
+        return out
+
+    def warm_up(self, progress: Callable[[int, int], None] | None = None) -> None:
+        """Translate one sentence, so that the first request finds every thread started."""
+        self.translate(["."])
+        if progress is not None:
+            progress(1, 1)
+
+
+def open_translator(path: str | Path, search_for: Callable[[SearchConfig], SearchConfig],
+                    **settings) -> tuple[CTranslate2Translator, dict[str, Any]]:
+    """(translator, config dict) of the model at `path`, searching with
+    `search_for(stored search settings)`; `settings` as `CTranslate2Translator` takes them."""
+    export, tokenizer, values = load(path, settings.get("compute_type", "auto"),
+                                     settings.get("device", "cpu"))
+    search = search_for(values["search"])
+    translator = CTranslate2Translator(export, tokenizer, values["model"], search, **settings)
+    return translator, {**values, "search": translator.search}

@@ -1,0 +1,68 @@
+"""What a translation call returns, whichever engine searched (n-best lists and records), and
+the checks of its sources that every engine makes alike."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Sequence
+
+log = logging.getLogger("translate")
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchStats:
+    """What one searched batch cost: for profiles (bench.search_rules) and padding checks."""
+
+    width: int      # padded source length (a bucket)
+    rows: int       # rows of the compiled shape
+    sentences: int  # rows holding a sentence; the rest are PAD
+    source_tokens: int  # real source tokens, EOS included
+    steps: int      # decoder steps the search ran
+    row_steps: int  # rows decoded, summed over those steps (finished sentences leave)
+    stage_rows: tuple[int, ...]  # rows of each stage of the search: `rows`, then fewer
+    seconds: float  # search, from the call until the results are on the host
+
+
+@dataclasses.dataclass(frozen=True)
+class Hypothesis:
+    text: str
+    score: float
+    tokens: tuple[int, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class Translations:
+    """What one call did: its n-best lists in input order, and its records. Lines are
+    numbered as the call was told (`line_numbers`, or from `first_line`)."""
+
+    nbest: list[list[Hypothesis]]
+    truncated: list[int]      # lines cut to the model's positions (each warned about)
+    reached_limit: list[int]  # lines whose best translation ends where EOS was forced
+    batches: list[BatchStats]
+
+
+def truncate_sources(ids: list[list[int]], limit: int, line_numbers: Sequence[int],
+                     source: str) -> tuple[list[list[int]], list[int]]:
+    """`ids` with every row over `limit` tokens (the model's positions less EOS) cut to fit,
+    each with a warning naming its line, and the indices of those rows (the caller's rows
+    are not changed)."""
+    truncated = [i for i, row in enumerate(ids) if len(row) > limit]
+    for i in truncated:
+        log.warning("%s line %d: a sentence of %d tokens, more than the model's %d; "
+                    "truncated to %d tokens", source, line_numbers[i], len(ids[i]), limit, limit)
+        ids[i] = ids[i][:limit]
+    return ids, truncated
+
+
+def refuse_long_sources(ids: list[list[int]], limit: int, first_line: int, source: str
+                        ) -> list[list[int]]:
+    """`ids`, or a ValueError naming the first row over `limit` tokens: its log-probability
+    cannot be computed without scoring another text."""
+    for i, row in enumerate(ids):
+        if len(row) > limit:
+            raise ValueError(
+                f"{source} line {first_line + i}: {len(row)} tokens, more than the model's "
+                f"{limit} (+ EOS); its log-probability cannot be computed without truncating "
+                f"it, which would score another text: leave the pair out of the test set")
+    return ids

@@ -1,0 +1,315 @@
+"""CTranslate2 as an engine (nmt.engines): the same settings give the JAX engine's output, what
+it cannot express is refused in one line, its conversions are cached whole and rebuilt when
+stale or damaged, and translating with it never imports JAX.
+
+The model is the tiny one of tests/translate_model.py, whose next-token distributions are
+peaked, so float32 searches of the two engines pick the same tokens.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from translate_model import search_config, sentences
+
+pytest.importorskip("ctranslate2")
+
+from nmt.engines import conversions  # noqa: E402
+from nmt.engines.ctranslate2 import (  # noqa: E402
+    CTranslate2Translator,
+    EngineError,
+    engine_search,
+    open_translator,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+LINES = sentences(30, seed=3)
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    """A conversion cache of this module's own (FLAX_NMT_CACHE)."""
+    root = tmp_path_factory.mktemp("cache")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("FLAX_NMT_CACHE", str(root))
+        yield root
+
+
+@pytest.fixture(scope="module")
+def ending_dir(run_dir, tmp_path_factory) -> Path:
+    """The tiny model with an output bias, as a trained model behaves: PAD and BOS never
+    likely (CTranslate2 renormalizes over the tokens a search may produce, ours does not, so
+    the two score alike only where those have no probability), and EOS likely enough that
+    about half the translations end before their limit, at lengths from 1 to 30 tokens."""
+    import numpy as np
+    from flax import nnx
+
+    from data.tokenizer import load_tokenizer
+    from nmt.models.model_dir import export_model
+    from transformer.config import get_preset
+    from transformer.model import Transformer
+
+    tokenizer = load_tokenizer(run_dir / "model")
+    config = get_preset("tiny", vocab_size=tokenizer.vocab_size, output_bias=True)
+    params = nnx.state(Transformer(config, rngs=nnx.Rngs(0)), nnx.Param)
+    table = params["src_embedding"]["table"]["embedding"]
+    byte_rows = [i for i in range(tokenizer.vocab_size) if tokenizer.processor.is_byte(i)]
+    table[...] = (table[...] * 8.0).at[np.array(byte_rows)].set(0.0)  # as translate_model's
+    bias = params["output_bias"]
+    bias[...] = (bias[...].at[config.pad_id].set(-1e4).at[config.bos_id].set(-1e4)
+                 .at[config.eos_id].set(18.0))
+    out = tmp_path_factory.mktemp("ending") / "model"
+    export_model(out, params, config, tokenizer, search_config())
+    return out
+
+
+def both(directory: Path, search, **settings):
+    """(JAX's Translations, CTranslate2's Translations) of LINES with `search`."""
+    from nmt.models.model_dir import load_models
+    from nmt.models.translator import Translator
+
+    model, tokenizer, _ = load_models([directory])
+    ours = Translator(model, tokenizer, search).translate_all(LINES)
+    ct2, _ = open_translator(directory, lambda stored: search, compute_type="float32",
+                             **settings)
+    return ours, ct2.translate_all(LINES)
+
+
+def tokens(translations, lines=None):
+    return [[h.tokens for h in nbest] for i, nbest in enumerate(translations.nbest, 1)
+            if lines is None or i in lines]
+
+
+def scores(translations, lines=None):
+    return [h.score for i, nbest in enumerate(translations.nbest, 1) for h in nbest
+            if lines is None or i in lines]
+
+
+# ----------------------------------------------------------------------------- same meaning
+
+
+@pytest.mark.parametrize("changes", [
+    dict(strategy="greedy", nbest=1),
+    dict(strategy="greedy", nbest=1, min_len=7),
+    dict(strategy="greedy", nbest=1, max_len_a=0.0, max_len_b=4),  # every sentence at its limit
+    dict(strategy="beam", beam_size=3, nbest=2, beam_rules="k-finished", length_penalty="power"),
+    dict(strategy="beam", beam_size=4, nbest=1, beam_rules="k-finished", length_penalty="power",
+         alpha=1.0, max_len_a=2.0),
+], ids=["greedy", "min_len", "limits", "beam-nbest", "beam-alpha"])
+def test_settings_give_jax_output(cache, ending_dir, changes):
+    """Same tokens, limits reached and scores; where a beam reaches its output limit the
+    engines part (ours scores the EOS forced there, CTranslate2's stops without it), so beam
+    search is compared on the lines that end before it."""
+    ours, theirs = both(ending_dir, search_config(**changes))
+    if changes["strategy"] == "greedy":  # a greedy output is the prefix of a longer one
+        assert theirs.reached_limit == ours.reached_limit
+        assert tokens(theirs) == tokens(ours)
+        assert [n[0].text for n in theirs.nbest] == [n[0].text for n in ours.nbest]
+    ended = set(range(1, len(LINES) + 1)) - set(ours.reached_limit) - set(theirs.reached_limit)
+    assert len(ended) >= (0 if changes.get("max_len_b") == 4 else 5)  # what the case tests
+    assert tokens(theirs, ended) == tokens(ours, ended)
+    if "min_len" not in changes:  # CTranslate2 gives a banned EOS's probability to the rest
+        assert scores(theirs, ended) == pytest.approx(scores(ours, ended), abs=1e-4)
+
+
+def test_sampling_maps_top_k_temperature_and_seed(cache, run_dir):
+    greedy = both(run_dir / "model", search_config(strategy="greedy", nbest=1))[0]
+    top1, _ = open_translator(run_dir, lambda s: search_config(strategy="sample", nbest=1,
+                                                               top_k=1, temperature=0.7))
+    assert tokens(top1.translate_all(LINES)) == tokens(greedy)  # top-k 1 is greedy
+    wide = search_config(strategy="sample", nbest=1, temperature=1.5)
+    draws = [open_translator(run_dir, lambda s: wide, seed=seed)[0].translate(LINES * 3)
+             for seed in (5, 5, 6)]
+    assert draws[0] == draws[1] != draws[2]
+
+
+def test_force_decoding_scores_equal_jax(cache, run_dir):
+    from nmt.models.model_dir import load_models
+    from nmt.models.translator import Translator
+
+    model, tokenizer, _ = load_models([run_dir])
+    references = sentences(30, seed=4)
+    ours = Translator(model, tokenizer, search_config()).score(LINES, references)
+    ct2, _ = open_translator(run_dir, lambda s: s, compute_type="float32")
+    theirs = ct2.score(LINES, references)
+    assert [n for _, n in theirs] == [n for _, n in ours]
+    assert [s for s, _ in theirs] == pytest.approx([s for s, _ in ours], abs=1e-3)
+
+
+def test_empty_and_long_sources_as_jax(cache, run_dir, caplog):
+    from nmt.models.model_dir import load_models
+    from nmt.models.translator import Translator
+
+    model, tokenizer, _ = load_models([run_dir])
+    lines = ["", "  ", LINES[0], " ".join(["ein mann"] * 80)]  # the last over 64 positions
+    search = search_config(strategy="greedy", nbest=1)
+    with caplog.at_level(logging.WARNING):
+        ours = Translator(model, tokenizer, search).translate_all(lines, first_line=7)
+        ct2, _ = open_translator(run_dir, lambda s: search, compute_type="float32")
+        theirs = ct2.translate_all(lines, first_line=7)
+    assert tokens(theirs) == tokens(ours) and theirs.truncated == ours.truncated == [10]
+    assert theirs.nbest[0][0].text == theirs.nbest[1][0].text == ""
+    assert sum("line 10: a sentence of" in r.message for r in caplog.records) == 2
+
+
+def test_stored_beam_rule_replaced_given_one_refused(caplog):
+    stored = search_config(beam_rules="heuristic", length_penalty="gnmt")
+    with caplog.at_level(logging.INFO, "nmt.engines"):
+        used = engine_search(stored)
+    assert (used.beam_rules, used.length_penalty) == ("k-finished", "power")
+    assert sum("CTranslate2's" in r.message for r in caplog.records) == 2
+    for field, value, flag in (("beam_rules", "exact", "--beam-rules exact"),
+                               ("length_penalty", "gnmt", "--length-penalty gnmt")):
+        with pytest.raises(EngineError, match=f"{flag}: CTranslate2's beam search has only"):
+            engine_search(search_config(**{field: value}), given=frozenset({field}))
+    greedy = search_config(strategy="greedy", nbest=1, beam_rules="exact", min_len=3)
+    assert engine_search(greedy, frozenset({"beam_rules"})) == greedy  # no beam: nothing to map
+    with pytest.raises(EngineError, match="--min-len 3: CTranslate2's beam search"):
+        engine_search(search_config(min_len=3), given=frozenset({"min_len"}))
+    with pytest.raises(EngineError, match="the model's stored min_len 3"):
+        engine_search(search_config(min_len=3))
+
+
+def test_unsupported_compute_type_names_what_this_cpu_runs(cache, run_dir):
+    import ctranslate2
+
+    supported = ctranslate2.get_supported_compute_types("cpu")
+    missing = next(t for t in ("int16", "bfloat16", "float16") if t not in supported)
+    with pytest.raises(EngineError, match=f"--compute-type {missing}: this CPU cannot run it "
+                                          f"with CTranslate2; it runs .*int8"):
+        open_translator(run_dir, lambda s: s, compute_type=missing)
+    with pytest.raises(EngineError, match="--compute-type int4: not a CTranslate2 compute type"):
+        open_translator(run_dir, lambda s: s, compute_type="int4")
+
+
+def test_missing_ctranslate2_is_one_line_with_the_install(run_dir, monkeypatch):
+    from nmt.engines.ctranslate2 import MissingEngine
+
+    monkeypatch.setitem(sys.modules, "ctranslate2", None)  # import fails
+    with pytest.raises(MissingEngine, match=r"pip install -e '\.\[ct2\]'"):
+        open_translator(run_dir, lambda s: s)
+
+
+# ----------------------------------------------------------------------------- conversions
+
+
+def model_copy(run_dir: Path, tmp_path: Path) -> Path:
+    return Path(shutil.copytree(run_dir / "model", tmp_path / "model"))
+
+
+def test_conversion_is_reused_then_rebuilt_when_the_model_changes(run_dir, tmp_path, caplog):
+    model = model_copy(run_dir, tmp_path)
+    files = ["spm.model"]
+    with caplog.at_level(logging.INFO, "nmt.engines"):
+        first = conversions.converted(model, files, "float32", tmp_path / "cache")
+        again = conversions.converted(model, files, "float32", tmp_path / "cache")
+        int8 = conversions.converted(model, files, "int8", tmp_path / "cache")
+    assert first == again != int8
+    assert sum(r.message.startswith("converting") for r in caplog.records) == 2
+    config = json.loads((model / "config.json").read_text())
+    config["search"]["beam_size"] = 5  # another model: its settings are part of the checksum
+    (model / "config.json").write_text(json.dumps(config))
+    changed = conversions.converted(model, files, "float32", tmp_path / "cache")
+    assert changed != first and conversions.entry_is_whole(changed)
+    assert json.loads((changed / "nmt_config.json").read_text())["search"]["beam_size"] == 5
+
+
+def test_damaged_conversion_is_rebuilt_with_a_warning(run_dir, tmp_path, caplog):
+    model = model_copy(run_dir, tmp_path)
+    entry = conversions.converted(model, ["spm.model"], "float32", tmp_path / "cache")
+    whole = (entry / "model.bin").read_bytes()
+    (entry / "model.bin").write_bytes(whole[: len(whole) // 2])  # as a crash or a bad disk
+    assert not conversions.entry_is_whole(entry)
+    with caplog.at_level(logging.WARNING, "nmt.engines"):
+        rebuilt = conversions.converted(model, ["spm.model"], "float32", tmp_path / "cache")
+    assert rebuilt == entry and (entry / "model.bin").read_bytes() == whole
+    assert [r.message for r in caplog.records if "damaged or incomplete" in r.message]
+    (entry / "manifest.json").unlink()  # a conversion that died before its manifest
+    assert not conversions.entry_is_whole(entry)
+
+
+def test_cache_that_cannot_be_written_converts_into_a_temporary(run_dir, tmp_path, caplog):
+    blocked = tmp_path / "a-file"
+    blocked.write_text("not a directory")
+    with caplog.at_level(logging.WARNING, "nmt.engines"):
+        entry = conversions.converted(run_dir / "model", ["spm.model"], "float32",
+                                      blocked / "cache")
+    assert conversions.entry_is_whole(entry) and blocked not in entry.parents
+    assert [r.message for r in caplog.records if "cannot write the CTranslate2 cache" in
+            r.message and "temporary directory" in r.message]
+
+
+def test_two_processes_converting_at_once_convert_once(run_dir, tmp_path):
+    model = model_copy(run_dir, tmp_path)
+    script = ("import logging, sys; logging.basicConfig(level=logging.INFO)\n"
+              "from pathlib import Path\n"
+              "from nmt.engines.conversions import converted, entry_is_whole\n"
+              "entry = converted(Path(sys.argv[1]), ['spm.model'], 'float32', Path(sys.argv[2]))\n"
+              "assert entry_is_whole(entry)\nprint(entry)\n")
+    processes = [subprocess.Popen([sys.executable, "-c", script, str(model),
+                                   str(tmp_path / "cache")], cwd=REPO, text=True,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                 for _ in range(2)]
+    outputs = [p.communicate(timeout=300) for p in processes]
+    assert [p.returncode for p in processes] == [0, 0], outputs
+    assert outputs[0][0] == outputs[1][0]
+    assert sum(err.count("INFO:nmt.engines:converting") for _, err in outputs) == 1
+    leftovers = [p.name for p in (tmp_path / "cache").iterdir()
+                 if p.name.startswith(".") and not p.name.endswith(".lock")]
+    assert leftovers == []
+
+
+def test_an_export_made_by_hand_is_used_and_one_without_settings_refused(run_dir, tmp_path):
+    from nmt.convert.ctranslate2 import export_ctranslate2
+    from nmt.models.model_files import ModelDirError
+
+    export = export_ctranslate2(run_dir, tmp_path / "ct2", "int8")
+    translator, values = open_translator(export, lambda s: s)
+    assert values["source_lang"] == "de" and translator.translate(LINES[:2])[0]
+    (export / "nmt_config.json").unlink()
+    with pytest.raises(ModelDirError, match="without nmt_config.json.*to-ctranslate2"):
+        open_translator(export, lambda s: s)
+
+
+def test_a_model_missing_its_parameters_is_named(run_dir, tmp_path):
+    from nmt.models.model_files import ModelDirError
+
+    model = model_copy(run_dir, tmp_path)
+    (model / "params.msgpack").unlink()
+    with pytest.raises(ModelDirError, match="params.msgpack"):
+        open_translator(model, lambda s: s)
+
+
+# ----------------------------------------------------------------------------- no JAX
+
+
+NO_JAX = ("import sys\n"
+          "loaded = {m.split('.')[0] for m in sys.modules} & {'jax', 'jaxlib', 'flax', 'optax'}\n"
+          "assert not loaded, loaded\n")
+
+
+def test_translate_py_and_the_server_start_without_jax(run_dir, tmp_path):
+    env = {**os.environ, "FLAX_NMT_CACHE": str(tmp_path / "cache")}
+    conversions.converted(run_dir / "model", ["spm.model"], "float32", tmp_path / "cache"
+                          / "ctranslate2")  # the cached conversion: only making it needs JAX
+    translate = ("from nmt.translation.command import main\n"
+                 f"assert main(['--model', {str(run_dir)!r}, '--engine', 'ctranslate2', "
+                 "'--compute-type', 'float32', '-q', 'Ein Hund läuft.']) == 0\n")
+    serve = ("from nmt.serving.command import build_parser, load_served_models\n"
+             "import nmt.serving.app\n"
+             f"args = build_parser().parse_args(['--model', {str(run_dir)!r}, '--engine', "
+             "'ctranslate2', '--compute-type', 'float32'])\n"
+             "[model] = load_served_models(args)\n"
+             "assert model.translator.translate(['Ein Hund läuft.'])[0]\n")
+    for script in (translate, serve):
+        result = subprocess.run([sys.executable, "-c", script + NO_JAX], cwd=REPO, env=env,
+                                capture_output=True, text=True, timeout=120)
+        assert result.returncode == 0, result.stderr
