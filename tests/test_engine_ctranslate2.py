@@ -24,7 +24,6 @@ pytest.importorskip("ctranslate2")
 
 from nmt.engines import conversions  # noqa: E402
 from nmt.engines.ctranslate2 import (  # noqa: E402
-    CTranslate2Translator,
     EngineError,
     engine_search,
     open_translator,
@@ -313,3 +312,99 @@ def test_translate_py_and_the_server_start_without_jax(run_dir, tmp_path):
         result = subprocess.run([sys.executable, "-c", script + NO_JAX], cwd=REPO, env=env,
                                 capture_output=True, text=True, timeout=120)
         assert result.returncode == 0, result.stderr
+
+
+# ----------------------------------------------------------------------------- translate.py
+
+
+CT2 = ["--engine", "ctranslate2", "--compute-type", "float32"]
+
+
+def translate_py(run_dir: Path, env, *flags, stdin: str | None = None
+                 ) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "translate.py", "--model", str(run_dir), "-q",
+                           *map(str, flags)], input=stdin, cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def greedy_jax(run_dir) -> list[str]:
+    """JAX's greedy translation of each of LINES, in this process."""
+    from nmt.models.model_dir import load_models
+    from nmt.models.translator import Translator
+
+    model, tokenizer, _ = load_models([run_dir])
+    return Translator(model, tokenizer, search_config(strategy="greedy", nbest=1)
+                      ).translate(LINES)
+
+
+def test_every_input_mode_gives_jax_greedy_translations(run_dir, env, greedy_jax, tmp_path):
+    stdin = translate_py(run_dir, env, *CT2, "--greedy", stdin="".join(f"{x}\n" for x in LINES))
+    assert stdin.returncode == 0, stdin.stderr
+    assert stdin.stdout.split("\n")[:-1] == greedy_jax
+    arguments = translate_py(run_dir, env, *CT2, "--greedy", *LINES[:3])
+    assert arguments.stdout.split("\n")[:-1] == greedy_jax[:3]
+    (tmp_path / "in.txt").write_text("".join(f"{x}\n" for x in LINES))
+    files = translate_py(run_dir, env, *CT2, "--greedy", "--input", tmp_path / "in.txt",
+                         "--output", tmp_path / "out.txt", "--chunk-lines", 7)
+    assert files.returncode == 0, files.stderr
+    assert (tmp_path / "out.txt").read_text().split("\n")[:-1] == greedy_jax
+
+
+def test_split_sentences_nbest_and_beam_on_ctranslate2(run_dir, env, greedy_jax):
+    paragraph = f"{LINES[0]} {LINES[1]}\n{LINES[2]}\n"
+    split = translate_py(run_dir, env, *CT2, "--greedy", "--split-sentences", stdin=paragraph)
+    assert split.stdout.split("\n")[:-1] == [f"{greedy_jax[0]} {greedy_jax[1]}", greedy_jax[2]]
+    nbest = translate_py(run_dir, env, "--engine", "ctranslate2", "--nbest", 2, "--beam", 3,
+                         stdin=f"{LINES[0]}\n\n{LINES[1]}\n")
+    rows = [line.split("\t") for line in nbest.stdout.split("\n")[:-1]]
+    assert [r[0] for r in rows] == ["0", "0", "1", "1", "2", "2"]
+    assert float(rows[0][1]) >= float(rows[1][1]) and rows[2][1:] == ["0.0000", ""]
+
+
+def test_evaluate_and_score_on_ctranslate2(run_dir, env, greedy_jax, tmp_path):
+    source, reference = tmp_path / "test.de", tmp_path / "test.en"
+    source.write_text("".join(f"{x}\n" for x in LINES))
+    reference.write_text("".join(f"{x}\n" for x in sentences(len(LINES), seed=8)))
+    test_set = ["--src-file", source, "--ref-file", reference]
+    evaluated = translate_py(run_dir, env, *CT2, "--greedy", "--evaluate", *test_set,
+                             "--hyp-file", tmp_path / "hyp.txt", "--report", tmp_path / "r.json")
+    assert evaluated.returncode == 0, evaluated.stderr
+    assert evaluated.stdout.startswith("BLEU = ") and "chrF2 = " in evaluated.stdout
+    assert (tmp_path / "hyp.txt").read_text().split("\n")[:-1] == [t.rstrip() for t in greedy_jax]
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["engine"] == "ctranslate2 float32"
+    scores = {engine: translate_py(run_dir, env, "--score", *test_set, *flags)
+              for engine, flags in (("jax", []), ("ctranslate2", CT2))}
+    assert all(r.returncode == 0 for r in scores.values()), scores
+    assert ([float(x) for x in scores["ctranslate2"].stdout.split()]
+            == pytest.approx([float(x) for x in scores["jax"].stdout.split()], abs=2e-3))
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--engine", "ctranslate2", "--model", "second"], "CTranslate2 has no ensembles"),
+    (["--engine", "ctranslate2", "--dtype", "bfloat16"], "--dtype does not apply with --engine "
+                                                         "ctranslate2: give --compute-type"),
+    (["--engine", "ctranslate2", "--plot-attention", "a.png"], "needs --engine jax"),
+    (["--compute-type", "int8"], "--compute-type applies to --engine ctranslate2"),
+    (["--threads", "2"], "--threads applies to --engine ctranslate2"),
+    (["--engine", "ctranslate2", "--threads", "0"], "--threads must be >= 1"),
+    (["--engine", "ctranslate2", "--beam-rules", "exact"], "--beam-rules exact: CTranslate2's"),
+    (["--engine", "ctranslate2", "--compute-type", "int4"], "not a CTranslate2 compute type"),
+])
+def test_what_the_engine_cannot_do_is_one_line(run_dir, flags, message, capsys, monkeypatch):
+    from nmt.translation.command import main
+
+    monkeypatch.setattr(sys, "stdin", None)
+    assert main(["--model", str(run_dir), *flags, "Ein Hund."]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1, err
+
+
+def test_missing_ctranslate2_ends_in_one_line(run_dir, capsys, monkeypatch):
+    from nmt.translation.command import main
+
+    monkeypatch.setitem(sys.modules, "ctranslate2", None)
+    assert main(["--model", str(run_dir), "--engine", "ctranslate2", "Ein Hund."]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.endswith("pip install -e '.[ct2]'") and len(err.splitlines()) == 1, err

@@ -166,20 +166,14 @@ def read_export(path: Path) -> tuple[TokenizerBase, dict[str, Any]]:
                        "search": read_search_config(path, values, SETTINGS_FILE)}
 
 
-def load(path: str | Path, compute_type: str = "auto", device: str = "cpu"
-         ) -> tuple[Path, TokenizerBase, dict[str, Any]]:
-    """(CTranslate2 model directory, tokenizer, config dict) for a model directory (its
-    cached conversion, made now if missing), a run directory or a CTranslate2 export."""
-    ctranslate2 = import_ctranslate2()
-    check_compute_type(ctranslate2, compute_type, device)
+def read_model(path: str | Path) -> tuple[Path | None, TokenizerBase, dict[str, Any]]:
+    """(our model directory, or None for a CTranslate2 export; tokenizer; config dict) of
+    `path`: a model directory, a run directory or an export, every file but the weights
+    checked (ModelDirError)."""
     path = Path(path)
     if path.is_dir() and is_export(path):
-        tokenizer, values = read_export(path)
-        return path, tokenizer, values
-    model_dir, tokenizer, values = read_model_files(path)
-    export = converted(model_dir, list(tokenizer.files()), STORED_TYPES.get(compute_type,
-                                                                            "float32"))
-    return export, tokenizer, values
+        return None, *read_export(path)
+    return read_model_files(path)
 
 
 # ----------------------------------------------------------------------------- translating
@@ -198,12 +192,11 @@ class CTranslate2Translator:
     engine = ENGINE
 
     def __init__(self, export: Path, tokenizer: TokenizerBase, model_config: ModelConfig,
-                 search: SearchConfig, *, given: frozenset[str] = frozenset(),
-                 compute_type: str = "auto", device: str = "cpu", threads: int = 0,
-                 searches: int = 1, batch_tokens: int = INFERENCE_BATCH_TOKENS, seed: int = 0):
+                 search: SearchConfig, *, compute_type: str = "auto", device: str = "cpu",
+                 threads: int = 0, searches: int = 1,
+                 batch_tokens: int = INFERENCE_BATCH_TOKENS, seed: int = 0):
         ctranslate2 = import_ctranslate2()
-        search = engine_search(search, given)
-        self.options = search_options(search)
+        self.options = search_options(search)  # `search` as `engine_search` made it
         self.strategy = plan_search(search)
         self.strategy.check_vocabulary(model_config.vocab_size)
         self.search = search
@@ -330,11 +323,20 @@ class CTranslate2Translator:
 
 
 def open_translator(path: str | Path, search_for: Callable[[SearchConfig], SearchConfig],
-                    **settings) -> tuple[CTranslate2Translator, dict[str, Any]]:
-    """(translator, config dict) of the model at `path`, searching with
-    `search_for(stored search settings)`; `settings` as `CTranslate2Translator` takes them."""
-    export, tokenizer, values = load(path, settings.get("compute_type", "auto"),
-                                     settings.get("device", "cpu"))
-    search = search_for(values["search"])
-    translator = CTranslate2Translator(export, tokenizer, values["model"], search, **settings)
-    return translator, {**values, "search": translator.search}
+                    given: frozenset[str] = frozenset(), compute_type: str = "auto",
+                    device: str = "cpu", **settings) -> tuple[CTranslate2Translator,
+                                                              dict[str, Any]]:
+    """(translator, config dict) of the model at `path` (a model or run directory, converted
+    now unless cached, or a CTranslate2 export), searching with `search_for(the stored search
+    settings)` as CTranslate2 runs it (`engine_search`; `given`: the fields set by flags).
+    Every refusal comes before the conversion. `settings` as `CTranslate2Translator` takes
+    them."""
+    ctranslate2 = import_ctranslate2()
+    check_compute_type(ctranslate2, compute_type, device)
+    model_dir, tokenizer, values = read_model(path)
+    search = engine_search(search_for(values["search"]), given)
+    export = Path(path) if model_dir is None else converted(
+        model_dir, list(tokenizer.files()), STORED_TYPES.get(compute_type, "float32"))
+    translator = CTranslate2Translator(export, tokenizer, values["model"], search,
+                                       compute_type=compute_type, device=device, **settings)
+    return translator, {**values, "search": search}

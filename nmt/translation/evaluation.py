@@ -137,7 +137,8 @@ def run_evaluation(translator, args: argparse.Namespace, values: dict, out: IO[s
                          since.get("hyp_file", "now"))
     models = args.model[0] if len(args.model) == 1 else args.model  # a list: an ensemble
     report = {**scores.to_dict(), "test_set": description, "sentences": len(sources),
-              "model": models, "search": dataclasses.asdict(translator.search),
+              "model": models, "engine": translator.describe(),
+              "search": dataclasses.asdict(translator.search),
               "translate_seconds": round(seconds, 3), "hyp_file": args.hyp_file}
     if args.report:
         write_atomically(args.report, json.dumps(report, indent=2, ensure_ascii=False) + "\n",
