@@ -18,12 +18,15 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+# The flags that select each engine: the server's tests run once per engine.
+ENGINE_FLAGS = {"jax": [], "ctranslate2": ["--engine", "ctranslate2"]}
 START_TIMEOUT = 300  # seconds: importing JAX, loading, compiling every search shape
 
 
 class Server:
-    def __init__(self, process: subprocess.Popen):
+    def __init__(self, process: subprocess.Popen, args: list[str]):
         self.process = process
+        self.args = args  # the command's flags
         self.log: list[str] = []
         self.port: int | None = None
         self._listening = threading.Event()
@@ -34,7 +37,7 @@ class Server:
         process = subprocess.Popen(
             [sys.executable, "-m", "nmt.serving", "--port", "0", *map(str, args)], cwd=REPO,
             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        server = cls(process)
+        server = cls(process, list(map(str, args)))
         server.wait_ready()
         return server
 

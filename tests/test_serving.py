@@ -3,7 +3,9 @@ process on 127.0.0.1 and a free port, spoken to over HTTP by our requests, by Li
 clients written elsewhere (libretranslatepy, deep-translator) and by a browser.
 
 The model is the tiny untrained one of tests/translate_model.py: its translations are fixed
-gibberish, but deterministic, so every answer can be compared with translate.py's.
+gibberish, but deterministic, so every answer can be compared with translate.py's. Every
+server of the module runs once per engine (JAX, CTranslate2), compared with translate.py on
+the same engine.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import time
 from pathlib import Path
 
 import pytest
-from serving_process import REPO, Server
+from serving_process import ENGINE_FLAGS, REPO, Server
 
 from translate_model import sentences
 
@@ -47,17 +49,24 @@ def keys_file(tmp_path_factory) -> Path:
     return path
 
 
+@pytest.fixture(scope="module", params=sorted(ENGINE_FLAGS))
+def engine(request) -> list[str]:
+    """The flags of the engine this module's servers and translate.py runs use."""
+    return ENGINE_FLAGS[request.param]
+
+
 @pytest.fixture(scope="module")
-def server(run_dir, env, keys_file):
-    server = Server.start(["--model", run_dir, "--api-keys", keys_file, *SERVER_FLAGS], env)
+def server(run_dir, env, keys_file, engine):
+    server = Server.start(["--model", run_dir, "--api-keys", keys_file, *SERVER_FLAGS, *engine],
+                          env)
     yield server
     assert server.stop() == 0, "".join(server.log)
 
 
 @pytest.fixture(scope="module")
-def translations(run_dir, env) -> dict[str, str]:
+def translations(run_dir, env, engine) -> dict[str, str]:
     """translate.py's translation of every sentence of POOL, as it writes it."""
-    return dict(zip(POOL, translate_py(run_dir, POOL, env)))
+    return dict(zip(POOL, translate_py(run_dir, POOL, env, *engine)))
 
 
 @pytest.fixture(scope="module")
@@ -131,14 +140,22 @@ def test_languages_health_and_metrics(server):
     assert status == 200
     assert json.loads(body)[0] == {"code": "de", "name": "German", "targets": ["en"]}
     status, _, body = server.request("GET", "/health")
-    assert (status, json.loads(body)) == (200, {"status": "ok", "models": ["de-en"]})
+    health = json.loads(body)
+    served = health["engines"]["de-en"]  # CTranslate2's "auto": the fastest type of this CPU
+    assert (status, health) == (200, {"status": "ok", "models": ["de-en"],
+                                      "engines": {"de-en": served}})
+    assert served == "jax float32" or ("ctranslate2" in server.args
+                                       and served.startswith("ctranslate2 "))
     from prometheus_client.parser import text_string_to_metric_families
 
     status, headers, body = server.request("GET", "/metrics")
     assert status == 200 and headers["content-type"].startswith("text/plain")
     names = {family.name for family in text_string_to_metric_families(body.decode())}
     assert {"nmt_requests", "nmt_request_errors", "nmt_request_seconds", "nmt_batch_sentences",
-            "nmt_batch_requests", "nmt_queue_sentences"} <= names
+            "nmt_batch_requests", "nmt_queue_sentences", "nmt_model_info"} <= names
+    engine, compute_type = served.split()
+    assert (f'nmt_model_info{{compute_type="{compute_type}",engine="{engine}",pair="de-en"}} 1.0'
+            in body.decode())
 
 
 # ----------------------------------------------------------------------------- documents
@@ -324,12 +341,12 @@ def test_32_concurrent_clients_get_their_own_translations(server, expected):
 
 
 @pytest.fixture(scope="module")
-def strict_server(run_dir, env):
+def strict_server(run_dir, env, engine):
     """A server whose first request waits a second for company, with a half-second timeout
     and room for 20 waiting sentences."""
     server = Server.start(["--model", run_dir, *SHAPES,
                            "--timeout", "0.5", "--batch-wait-ms", "1000",
-                           "--queue-sentences", "20"], env)
+                           "--queue-sentences", "20", *engine], env)
     yield server
     assert server.stop() == 0, "".join(server.log)
 
@@ -356,14 +373,14 @@ def test_timeout_and_full_queue(strict_server):
     assert "(20, --queue-sentences)" in json.loads(body)["error"]
 
 
-def test_sigterm_answers_every_accepted_request_and_exits_0(run_dir, env, expected):
+def test_sigterm_answers_every_accepted_request_and_exits_0(run_dir, env, engine, expected):
     """SIGTERM comes while 8 or more requests wait in the queue (one search at a time, of two
     requests or so, each waiting up to half a second for company): every request the server
     accepted gets its translations, a request that came too late is refused, and the server
     exits 0 after the last answer."""
     server = Server.start(["--model", run_dir, *SHAPES,
-                           "--batch-wait-ms", "500", "--gather-tokens", "100", "--searches", "1"],
-                          env)
+                           "--batch-wait-ms", "500", "--gather-tokens", "100", "--searches", "1",
+                           *engine], env)
     answers: list[tuple[int, object, int]] = []
     refused: list[str] = []
 
@@ -519,13 +536,14 @@ def test_before_its_search_is_compiled_the_server_answers_503_with_retry_after()
     from nmt.serving.metrics import Metrics
     from nmt.serving.service import Service
 
-    translator = SimpleNamespace(search=SimpleNamespace(nbest=1))
+    translator = SimpleNamespace(search=SimpleNamespace(nbest=1), describe=lambda: "jax float32")
     catalog = Catalog([ServedModel(0, "de", "en", "runs/x", translator)])
     service = Service(catalog, ServerLimits(), Metrics(), status="compiling de-en search 3/12")
     client = TestClient(build_app(service))
     health = client.get("/health")
     assert health.status_code == 503
-    assert health.json() == {"status": "compiling de-en search 3/12", "models": ["de-en"]}
+    assert health.json() == {"status": "compiling de-en search 3/12", "models": ["de-en"],
+                             "engines": {"de-en": "jax float32"}}
     assert client.get("/translator/health").status_code == 503
     answer = client.post("/translate", json={"q": "Hallo.", "source": "de", "target": "en"})
     assert answer.status_code == 503 and answer.headers["retry-after"] == "1"

@@ -5,7 +5,8 @@ connection that stays usable; the server stays live after each (/health); a flag
 serve ends the command in one line before the model loads.
 
 The server is a real `python -m nmt.serving` process on 127.0.0.1 (tests/serving_process.py)
-serving the tiny untrained model of tests/translate_model.py.
+serving the tiny untrained model of tests/translate_model.py, once per engine (JAX,
+CTranslate2).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import socket
 import time
 
 import pytest
-from serving_process import Server
+from serving_process import ENGINE_FLAGS, Server
 
 from translate_model import sentences
 
@@ -29,14 +30,19 @@ QUEUE = 8
 PAIR = {"source": "de", "target": "en"}
 
 
+@pytest.fixture(scope="module", params=sorted(ENGINE_FLAGS))
+def engine(request) -> list[str]:
+    return ENGINE_FLAGS[request.param]
+
+
 @pytest.fixture(scope="module")
-def guarded(run_dir, env, tmp_path_factory):
+def guarded(run_dir, env, tmp_path_factory, engine):
     """A server with keys, a queue of 8 sentences and a one-second deadline for headers."""
     keys = tmp_path_factory.mktemp("keys") / "keys.txt"
     keys.write_text(KEYS, encoding="utf-8")
     server = Server.start(["--model", run_dir, *SHAPES, "--api-keys", keys,
                            "--queue-sentences", QUEUE, "--max-sentences", 200,
-                           "--header-timeout", 1, "--body-timeout", 2], env)
+                           "--header-timeout", 1, "--body-timeout", 2, *engine], env)
     yield server
     assert server.stop() == 0, "".join(server.log)
 
@@ -291,10 +297,11 @@ def test_slow_headers_get_408_and_the_connection_closed(guarded):
     assert_live(guarded)
 
 
-def test_a_request_whose_client_left_is_not_searched(run_dir, env):
+def test_a_request_whose_client_left_is_not_searched(run_dir, env, engine):
     """The request waits a second for company; its client leaves after a fifth of that: the
     server searches nothing, and counts the request as aborted."""
-    server = Server.start(["--model", run_dir, *SHAPES, "--batch-wait-ms", "1000"], env)
+    server = Server.start(["--model", run_dir, *SHAPES, "--batch-wait-ms", "1000", *engine],
+                          env)
     try:
         calls = metric(server, "nmt_batch_sentences_count", 'pair="de-en"')
         with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
