@@ -31,7 +31,6 @@ import re
 from pathlib import Path
 from typing import Iterable, Literal, Sequence
 
-import numpy as np
 import sentencepiece as spm
 
 from data.config import DataError, TokenizerConfig
@@ -112,7 +111,7 @@ class TokenizerBase:
     def _strip_specials(self, row: Sequence[int]) -> list[int]:
         """Ids up to the first EOS, with pad and BOS removed."""
         out = []
-        for i in np.asarray(row).tolist():
+        for i in map(int, row):  # a list or a numpy array
             if i == self.ids.eos:
                 break
             if i not in (self.ids.pad, self.ids.bos):

@@ -24,11 +24,7 @@ import numpy as np
 
 from nmt.convert.common import ConversionError, load_params, staged_directory
 from nmt.convert.marian import marian_positions, to_marian_state
-from nmt.models.model_files import CONFIG_FILE, resolve_model_dir
-
-# The model directory's config.json, kept in the export: its settings (search, languages,
-# positions) for translate.py and the server with --engine ctranslate2.
-SETTINGS_FILE = "nmt_config.json"
+from nmt.models.model_files import CONFIG_FILE, EXPORT_SETTINGS_FILE, resolve_model_dir
 
 QUANTIZATIONS = ("float32", "int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16",
                  "float16", "bfloat16")
@@ -119,7 +115,7 @@ def export_ctranslate2(model_path: str | Path, out_dir: str | Path,
                        quantization: str = "float32") -> Path:
     """Write a model directory as a CTranslate2 model directory, with the tokenizer's files
     (`spm.model`, or an imported model's source.spm, target.spm and vocab.json) beside it for
-    tokenizing and the model's settings (SETTINGS_FILE). Everything or nothing is written."""
+    tokenizing and the model's settings (EXPORT_SETTINGS_FILE). Everything or nothing is written."""
     if quantization not in QUANTIZATIONS:
         raise ConversionError(f"quantization {quantization!r} is not one of CTranslate2's: "
                               f"{', '.join(QUANTIZATIONS)}.")
@@ -130,5 +126,5 @@ def export_ctranslate2(model_path: str | Path, out_dir: str | Path,
     with staged_directory(out_dir) as tmp:
         spec.save(str(tmp))
         tokenizer.save(tmp)  # for tokenizing
-        (tmp / SETTINGS_FILE).write_bytes(settings)  # for translate.py --engine ctranslate2
+        (tmp / EXPORT_SETTINGS_FILE).write_bytes(settings)  # for translate.py --engine ctranslate2
     return Path(out_dir)

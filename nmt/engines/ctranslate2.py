@@ -36,10 +36,10 @@ from typing import Any
 
 from data.config import INFERENCE_BATCH_TOKENS
 from data.tokenizer import TokenizerBase, load_tokenizer, tokenizer_present
-from nmt.convert.ctranslate2 import SETTINGS_FILE
 from nmt.engines import COMPUTE_TYPES, CTRANSLATE2_INSTALL
 from nmt.engines.conversions import converted
 from nmt.models.model_files import (
+    EXPORT_SETTINGS_FILE,
     ModelDirError,
     check_tokenizer,
     read_model_config,
@@ -151,19 +151,19 @@ def is_export(path: Path) -> bool:
 def read_export(path: Path) -> tuple[TokenizerBase, dict[str, Any]]:
     """(tokenizer, config dict) of a CTranslate2 export made by `python -m nmt.convert
     to-ctranslate2`, which keeps the model's settings beside the weights."""
-    if not (path / SETTINGS_FILE).is_file():
+    if not (path / EXPORT_SETTINGS_FILE).is_file():
         raise ModelDirError(
-            f"{path} is a CTranslate2 model without {SETTINGS_FILE} (the settings this project "
-            f"keeps with its exports); export it again with `python -m nmt.convert "
+            f"{path} is a CTranslate2 model without {EXPORT_SETTINGS_FILE} (the settings this "
+            f"project keeps with its exports); export it again with `python -m nmt.convert "
             f"to-ctranslate2 MODEL {path}`, or pass the model directory itself")
     if not tokenizer_present(path):
         raise ModelDirError(f"{path} has no SentencePiece model (spm.model) to tokenize with; "
                             "export the model again")
-    config, values = read_model_config(path, SETTINGS_FILE)
+    config, values = read_model_config(path, EXPORT_SETTINGS_FILE)
     tokenizer = load_tokenizer(path)
     check_tokenizer(path, config, tokenizer)
     return tokenizer, {**values, "model": config,
-                       "search": read_search_config(path, values, SETTINGS_FILE)}
+                       "search": read_search_config(path, values, EXPORT_SETTINGS_FILE)}
 
 
 def read_model(path: str | Path) -> tuple[Path | None, TokenizerBase, dict[str, Any]]:

@@ -17,6 +17,9 @@ from transformer.config import ModelConfig, SearchConfig
 MODEL_DIR = "model"
 PARAMS_FILE = "params.msgpack"
 CONFIG_FILE = "config.json"
+# The model directory's config.json as a CTranslate2 export keeps it: its settings (search,
+# languages, positions) for translating the export with --engine ctranslate2.
+EXPORT_SETTINGS_FILE = "nmt_config.json"
 TOKENIZER_FILE = "spm.model"  # of a model trained here; see data.tokenizer for the other layout
 
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import functools
 import json
 import os
 import re
@@ -34,8 +35,6 @@ import types
 import typing
 from pathlib import Path
 from typing import Any, Iterable, Literal
-
-import yaml
 
 from data.config import DEFAULT_BUCKETS, DataError, check_buckets
 from nmt.settings import derived
@@ -203,18 +202,24 @@ def _preset(value: Any, where: str) -> str:
 # ----------------------------------------------------------------------------- recipe files
 
 
-class _Loader(yaml.SafeLoader):
-    """YAML 1.1 with YAML 1.2's floats: `1e-9` is a number, not the string PyYAML makes it."""
+@functools.cache
+def _loader():
+    """YAML 1.1 with YAML 1.2's floats: `1e-9` is a number, not the string PyYAML makes it.
+    Made at first use: translate.py's flags come from this module, and need no YAML."""
+    import yaml
 
+    class Loader(yaml.SafeLoader):
+        pass
 
-_Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
-                  |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
-                  |\.[0-9_]+(?:[eE][-+]?[0-9]+)?
-                  |[-+]?\.(?:inf|Inf|INF)
-                  |\.(?:nan|NaN|NAN))$""", re.X),
-    list("-+0123456789."))
+    Loader.add_implicit_resolver(
+        "tag:yaml.org,2002:float",
+        re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+                      |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
+                      |\.[0-9_]+(?:[eE][-+]?[0-9]+)?
+                      |[-+]?\.(?:inf|Inf|INF)
+                      |\.(?:nan|NaN|NAN))$""", re.X),
+        list("-+0123456789."))
+    return Loader
 
 
 def read_recipe(path: str | Path) -> Layer:
@@ -263,9 +268,11 @@ def _read_json(path: Path, text: str) -> Layer:
 
 
 def _read_yaml(path: Path, text: str) -> Layer:
+    import yaml
+
     try:
-        root = yaml.compose(text, Loader=_Loader)
-        values = yaml.load(text, Loader=_Loader)
+        root = yaml.compose(text, Loader=_loader())
+        values = yaml.load(text, Loader=_loader())
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" line {mark.line + 1} column {mark.column + 1}" if mark else ""
@@ -505,6 +512,8 @@ def dump(run: RunConfig) -> str:
     """The recipe of `run` as YAML: `load` of it gives `run` back. The model section holds the
     preset and the values that differ from it; every other section holds all its settings,
     but for the vocabulary size of a run with --init-from: it is the model's, derived again."""
+    import yaml
+
     preset = PRESETS[run.preset]
     sections: dict[str, dict[str, Any]] = {}
     notes: dict[str, str] = {}

@@ -12,8 +12,6 @@ import time
 from pathlib import Path
 from typing import IO, Callable, Sequence
 
-from tqdm import tqdm
-
 from data.config import DataError
 from data.lines import is_regular_file, iter_lines, read_lines as read_text_lines, stream_chunks
 from nmt.runtime.cli import UsageError
@@ -114,6 +112,8 @@ def translate_chunks(translator, chunks, out: IO[str], where: str, nbest: bool,
 
 
 def progress_bar(total: int, quiet: bool):
+    from tqdm import tqdm  # where a bar is shown: not on the fast path
+
     return tqdm(total=total, unit="sent", file=sys.stderr, disable=quiet or total <= 1,
                 dynamic_ncols=True)
 
