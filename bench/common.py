@@ -211,6 +211,9 @@ def user_environment() -> dict[str, str]:
     re-execution mark this process has, so a command started from it loads mimalloc itself,
     as it would from the shell, and that start-up is counted."""
     env = peer_environment()
+    # Python writes bytecode as a user's does: the first run compiles this repository's
+    # modules, the timed ones read them (a peer's installed modules came compiled).
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     env.pop(allocator.REEXECUTED, None)
     for name in allocator.SETTINGS:
         env.pop(name, None)

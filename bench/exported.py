@@ -17,8 +17,10 @@ Exports the model to CTranslate2 into a temporary folder, then, on the same sent
   `translate.py --evaluate` on the test set with an empty and then a warm compilation cache,
   against a script that loads the CTranslate2 export and does the same work (tokenize,
   translate, detokenize, score); and one sentence from the shell (`echo ... | translate.py`,
-  warm cache) against CTranslate2 loading and translating that sentence. Warm runs are
-  repeated (--repeats) and their median reported beside each run's seconds.
+  warm cache) against CTranslate2 loading and translating that sentence; and the same two
+  with `translate.py --engine ctranslate2` at each compute type (the first run converting the
+  model into an empty cache, then cached). Warm runs are repeated (--repeats) and their
+  median reported beside each run's seconds.
 Ours searches --searches batches at once (translate.py's default unless given); CTranslate2
 runs with max_batch_size --batch-sentences and --threads threads, once per --inter-threads N
 (N batches at once, each on --threads / N threads); it
@@ -338,6 +340,28 @@ def end_to_end(args, exported: Path | None, beam, values, common) -> None:
             script[4:6] = [one_line.name, "-"]
             emit({"system": f"ctranslate2 {compute}", "end_to_end": "one sentence",
                   **repeated(args.repeats, script, env), **common})
+        engine_end_to_end(args, compute, common)
+
+
+def engine_end_to_end(args, compute: str, common) -> None:
+    """translate.py --engine ctranslate2 doing what the CTranslate2 script does: the first run
+    (which converts the model into an empty cache), then warm runs, and one sentence."""
+    with tempfile.TemporaryDirectory() as cache:
+        env = {**user_environment(), "FLAX_NMT_CACHE": cache}
+        flags = ["--engine", "ctranslate2", "--compute-type", compute, "--beam", str(args.beam),
+                 *search_flags(args), "--threads", str(args.threads), "--searches", "1", "-q"]
+        evaluate = [sys.executable, "translate.py", "--model", str(args.model), "--evaluate",
+                    "--test-prefix", args.test_prefix, "--src", args.src, "--tgt", args.tgt,
+                    *flags]
+        system = f"ours on ctranslate2 {compute}"
+        seconds, line = wall(evaluate, env)
+        emit({"system": system, "end_to_end": "translate.py --evaluate, converting into an "
+              "empty cache", "seconds": round(seconds, 2), "last_line": line, **common})
+        emit({"system": system, "end_to_end": "translate.py --evaluate, cached conversion",
+              **repeated(args.repeats, evaluate, env), **common})
+        one = [sys.executable, "translate.py", "--model", str(args.model), *flags]
+        emit({"system": system, "end_to_end": "one sentence from the shell, cached conversion",
+              **repeated(args.repeats, one, env, stdin=SHELL_SENTENCE + "\n"), **common})
 
 
 if __name__ == "__main__":

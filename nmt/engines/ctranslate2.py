@@ -59,9 +59,16 @@ log = logging.getLogger("nmt.engines")
 
 ENGINE = "ctranslate2"
 # The conversion's stored type for each compute type: the same where CTranslate2 can store it
-# (nothing to convert at load), else float32 (CTranslate2 converts at load).
+# (nothing to convert at load), else float32 (CTranslate2 converts at load); "auto" stores
+# int8 where the device runs it, which is what CTranslate2's auto then picks on a CPU.
 STORED_TYPES = {"int8": "int8", "int8_float32": "int8_float32", "int16": "int16",
                 "float32": "float32"}
+
+
+def stored_type(ctranslate2, compute_type: str, device: str) -> str:
+    if compute_type == "auto" and "int8" in ctranslate2.get_supported_compute_types(device):
+        return "int8"
+    return STORED_TYPES.get(compute_type, "float32")
 
 
 class EngineError(ValueError):
@@ -336,7 +343,7 @@ def open_translator(path: str | Path, search_for: Callable[[SearchConfig], Searc
     model_dir, tokenizer, values = read_model(path)
     search = engine_search(search_for(values["search"]), given)
     export = Path(path) if model_dir is None else converted(
-        model_dir, list(tokenizer.files()), STORED_TYPES.get(compute_type, "float32"))
+        model_dir, list(tokenizer.files()), stored_type(ctranslate2, compute_type, device))
     translator = CTranslate2Translator(export, tokenizer, values["model"], search,
                                        compute_type=compute_type, device=device, **settings)
     return translator, {**values, "search": search}
