@@ -60,9 +60,11 @@ CT2_SCRIPT = """
 import sys, time
 start = time.perf_counter()
 import ctranslate2, sacrebleu, sentencepiece
-model, source, reference, device, compute, threads, beam, alpha, batch, length = sys.argv[1:11]
+model, source, reference, device, compute, threads, beam, alpha, batch, length, inter = \
+    sys.argv[1:12]
 translator = ctranslate2.Translator(model, device=device, compute_type=compute,
-                                    inter_threads=1, intra_threads=int(threads))
+                                    inter_threads=int(inter),
+                                    intra_threads=max(int(threads) // int(inter), 1))
 sp = sentencepiece.SentencePieceProcessor(model_file=model + "/spm.model")
 lines = open(source, encoding="utf-8").read().splitlines()
 suppress = [[sp.id_to_piece(sp.pad_id())], [sp.id_to_piece(sp.bos_id())]]
@@ -328,28 +330,32 @@ def end_to_end(args, exported: Path | None, beam, values, common) -> None:
     if exported is None:
         return
     env = peer_environment()
-    for compute in args.compute_types or COMPUTE_TYPES[args.device]:
+    for compute, inter in itertools.product(args.compute_types or COMPUTE_TYPES[args.device],
+                                            args.inter_threads):
         script = [sys.executable, "-c", CT2_SCRIPT, str(exported), source, reference,
                   args.device, compute, str(args.threads), str(args.beam), str(beam.alpha),
-                  str(args.batch_sentences), str(decoding_length(values))]
+                  str(args.batch_sentences), str(decoding_length(values)), str(inter)]
+        layout = {"inter_threads": inter, "intra_threads": max(args.threads // inter, 1)}
         emit({"system": f"ctranslate2 {compute}", "end_to_end": "load, tokenize, translate, "
-              "score the test set", **repeated(args.repeats, script, env), **common})
+              "score the test set", **repeated(args.repeats, script, env), **layout, **common})
         with tempfile.NamedTemporaryFile("w", suffix=".txt", encoding="utf-8") as one_line:
             one_line.write(SHELL_SENTENCE + "\n")
             one_line.flush()
             script[4:6] = [one_line.name, "-"]
             emit({"system": f"ctranslate2 {compute}", "end_to_end": "one sentence",
-                  **repeated(args.repeats, script, env), **common})
-        engine_end_to_end(args, compute, common)
+                  **repeated(args.repeats, script, env), **layout, **common})
+        engine_end_to_end(args, compute, inter, {**layout, **common})
 
 
-def engine_end_to_end(args, compute: str, common) -> None:
-    """translate.py --engine ctranslate2 doing what the CTranslate2 script does: the first run
-    (which converts the model into an empty cache), then warm runs, and one sentence."""
+def engine_end_to_end(args, compute: str, inter: int, common) -> None:
+    """translate.py --engine ctranslate2 doing what the CTranslate2 script does, with the same
+    threads (--searches N is its inter_threads N): the first run (which converts the model
+    into an empty cache), then warm runs, and one sentence."""
     with tempfile.TemporaryDirectory() as cache:
         env = {**user_environment(), "FLAX_NMT_CACHE": cache}
         flags = ["--engine", "ctranslate2", "--compute-type", compute, "--beam", str(args.beam),
-                 *search_flags(args), "--threads", str(args.threads), "--searches", "1", "-q"]
+                 *search_flags(args), "--threads", str(args.threads), "--searches", str(inter),
+                 "-q"]
         evaluate = [sys.executable, "translate.py", "--model", str(args.model), "--evaluate",
                     "--test-prefix", args.test_prefix, "--src", args.src, "--tgt", args.tgt,
                     *flags]

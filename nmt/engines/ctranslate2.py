@@ -71,6 +71,19 @@ def stored_type(ctranslate2, compute_type: str, device: str) -> str:
     return STORED_TYPES.get(compute_type, "float32")
 
 
+def cpu_cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
+        os.cpu_count() or 1)
+
+
+def default_searches() -> int:
+    """Batches translated at once unless told otherwise: 2 where there are 2 cores or more.
+    Two translators of one thread each beat one of two threads on a 2-core CPU: 1.4x in
+    float32 and 2.9x in int8, whose products keep a second thread of one batch idle
+    (docs/performance.md)."""
+    return min(2, cpu_cores())
+
+
 class EngineError(ValueError):
     """A setting this engine cannot take: one line naming it and what to do (a usage error)."""
 
@@ -189,18 +202,20 @@ def read_model(path: str | Path) -> tuple[Path | None, TokenizerBase, dict[str, 
 class CTranslate2Translator:
     """Translates lists of sentences with a CTranslate2 model, as `Translator` does.
 
-    `searches` batches are translated at once (CTranslate2's inter_threads), each on
-    `threads // searches` threads (intra_threads; `threads` 0: every core). `batch_tokens`
+    `searches` batches are translated at once (CTranslate2's inter_threads; 0:
+    `default_searches`), each on `threads // searches` threads (intra_threads; `threads` 0:
+    every core). `batch_tokens`
     bounds the source tokens of a batch, divided by the beam size as for the JAX engine.
     Sampling draws from CTranslate2's random generator, seeded with `seed` (its stream is not
-    JAX's: samples differ between engines). Several threads may call one translator at once.
+    JAX's: samples differ between engines), one batch at a time so that a seed reproduces
+    a run. Several threads may call one translator at once.
     """
 
     engine = ENGINE
 
     def __init__(self, export: Path, tokenizer: TokenizerBase, model_config: ModelConfig,
                  search: SearchConfig, *, compute_type: str = "auto", device: str = "cpu",
-                 threads: int = 0, searches: int = 1,
+                 threads: int = 0, searches: int = 0,
                  batch_tokens: int = INFERENCE_BATCH_TOKENS, seed: int = 0):
         ctranslate2 = import_ctranslate2()
         self.options = search_options(search)  # `search` as `engine_search` made it
@@ -210,8 +225,11 @@ class CTranslate2Translator:
         self.model_config = model_config
         self.max_source_len = model_config.max_len
         self.tokenizer = tokenizer
-        self.searches = searches
-        cores = threads or len(os.sched_getaffinity(0))
+        # Sampling draws from one random stream per process: batches translated at once would
+        # take their numbers in whatever order their threads come, and a seed would not
+        # reproduce a run.
+        self.searches = searches = 1 if self.strategy.draws else searches or default_searches()
+        cores = threads or cpu_cores()
         ctranslate2.set_random_seed(seed)
         try:
             self.model = ctranslate2.Translator(
@@ -259,44 +277,56 @@ class CTranslate2Translator:
             results[i] = [Hypothesis("", 0.0, ())] * self.strategy.nbest
         if progress is not None and empty:
             progress(len(empty))
+        todo = [i for i, r in enumerate(results) if r is None]
+        limits = [self.search.max_output_len(len(row) + 1, self.model_config.max_len)
+                  for row in ids]
         reached_limit = []
-        for rows, done in self._search([i for i, r in enumerate(results) if r is None], ids):
-            for i, result in zip(rows, done):
-                results[i], at_limit = self._hypotheses(result.result())
-                if at_limit:
-                    reached_limit.append(line_numbers[i])
-            if progress is not None:
-                progress(len(rows))
+        for i, (nbest, at_limit) in self._search(todo, ids, limits, progress):
+            results[i] = nbest
+            if at_limit:
+                reached_limit.append(line_numbers[i])
         return Translations(results, [line_numbers[i] for i in truncated],  # type: ignore
                             sorted(reached_limit), [])
 
-    def _search(self, todo: list[int], ids: list[list[int]]):
-        """Yields (rows, their asynchronous results) per group of sentences that share an
-        output limit, every group submitted at once so that CTranslate2's threads stay busy;
-        in order of the limits, which follow the source lengths."""
+    def _search(self, todo: list[int], ids: list[list[int]], limits: list[int],
+                progress: Callable[[int], None] | None):
+        """Yields (index, (n-best hypotheses, whether the best reached its limit)) of every
+        sentence of `todo`, searched in groups that share an output limit, so that each stops
+        where the JAX search would. Every group is submitted at once, so CTranslate2's threads
+        stay busy; they come back in order of their limits, which follow the source lengths.
+        (One call under the longest limit, searching again the few sentences that came near
+        their own, was 5 to 10% slower on test2016: returning every finished hypothesis to
+        check them costs more than smaller batches do.)"""
         groups: dict[int, list[int]] = collections.defaultdict(list)
         for i in todo:
-            limit = self.search.max_output_len(len(ids[i]) + 1, self.model_config.max_len)
-            groups[limit].append(i)
-        submitted = []
-        for limit, rows in sorted(groups.items()):
-            submitted.append((rows, self.model.translate_batch(
-                [self.tokenizer.pieces(ids[i], "source") for i in rows], asynchronous=True,
-                max_batch_size=self._batch, batch_type="tokens", max_input_length=0,
-                max_decoding_length=limit - 1,  # CTranslate2 does not count EOS
-                return_end_token=True, return_scores=True, suppress_sequences=self._suppress,
-                **self.options)))
-        yield from submitted
+            groups[limits[i]].append(i)
+        submitted = [(rows, self._submit([ids[i] for i in rows], limit))
+                     for limit, rows in sorted(groups.items())]
+        for rows, results in submitted:
+            for i, result in zip(rows, results):
+                hypotheses, ended = self._hypotheses(result.result())
+                yield i, (hypotheses, not ended[0])
+            if progress is not None:
+                progress(len(rows))
 
-    def _hypotheses(self, result) -> tuple[list[Hypothesis], bool]:
-        """(n-best hypotheses, whether the best one stopped at its output limit)."""
-        out, at_limit = [], False
-        for n, (pieces, score) in enumerate(zip(result.hypotheses, result.scores)):
-            ended = bool(pieces) and pieces[-1] == self._eos
-            ids = [self._ids[p] for p in (pieces[:-1] if ended else pieces)]
+    def _submit(self, rows: list[list[int]], limit: int) -> list:
+        """CTranslate2's asynchronous results of `rows` (source ids) under output `limit`
+        (tokens, EOS included)."""
+        return self.model.translate_batch(
+            [self.tokenizer.pieces(row, "source") for row in rows], asynchronous=True,
+            max_batch_size=self._batch, batch_type="tokens", max_input_length=0,
+            max_decoding_length=limit - 1,  # CTranslate2 does not count EOS
+            return_end_token=True, return_scores=True, suppress_sequences=self._suppress,
+            **self.options)
+
+    def _hypotheses(self, result) -> tuple[list[Hypothesis], list[bool]]:
+        """(hypotheses, whether each ended with EOS rather than at its limit)."""
+        out, ended = [], []
+        for pieces, score in zip(result.hypotheses, result.scores):
+            ended.append(bool(pieces) and pieces[-1] == self._eos)
+            ids = [self._ids[p] for p in (pieces[:-1] if ended[-1] else pieces)]
             out.append(Hypothesis(self.tokenizer.decode([ids])[0], float(score), tuple(ids)))
-            at_limit = at_limit or (n == 0 and not ended)
-        return out, at_limit
+        return out, ended
 
     def score(self, sources: Sequence[str], references: Sequence[str],
               progress: Callable[[int], None] | None = None, first_line: int = 1,

@@ -203,7 +203,9 @@ def apply_backend_defaults(args: argparse.Namespace) -> None:
     the search runs on a CPU (CTranslate2 here always does)."""
     if args.engine == "ctranslate2":
         args.batch_tokens = args.batch_tokens or CPU_BATCH_TOKENS
-        args.searches = args.searches or 2
+        from nmt.engines.ctranslate2 import default_searches
+
+        args.searches = args.searches or default_searches()
         return
     import jax
 

@@ -156,7 +156,8 @@ def _add_input_output_flags(io) -> None:
     io.add_argument("--searches", type=int,
                     help="batches searched at once, each on its own thread (default 2 on a "
                          "CPU, where one batch keeps only part of the cores busy; 1 on a GPU "
-                         "or TPU; with --engine ctranslate2, 1, its inter_threads)")
+                         "or TPU; with --engine ctranslate2, its inter_threads: 2 where there "
+                         "are 2 cores or more)")
     io.add_argument("--chunk-lines", type=int, default=DEFAULT_CHUNK_LINES,
                     help="stdin: translate at most this many waiting lines per call "
                          f"(default {DEFAULT_CHUNK_LINES})")
@@ -391,7 +392,7 @@ def load_ctranslate2(args: argparse.Namespace):
         translator, values = open_translator(
             args.model[0], search_for, given=given_search_fields(args),
             compute_type=args.compute_type or "auto", threads=args.threads or 0,
-            searches=args.searches or 1, batch_tokens=args.batch_tokens, seed=args.seed)
+            searches=args.searches or 0, batch_tokens=args.batch_tokens, seed=args.seed)
     except (ModelDirError, DataError) as err:
         raise InputError(str(err)) from None
     except EngineError as err:
