@@ -408,3 +408,36 @@ def test_missing_ctranslate2_ends_in_one_line(run_dir, capsys, monkeypatch):
     assert main(["--model", str(run_dir), "--engine", "ctranslate2", "Ein Hund."]) == 1
     err = capsys.readouterr().err.strip()
     assert err.endswith("pip install -e '.[ct2]'") and len(err.splitlines()) == 1, err
+
+
+def test_a_model_ctranslate2_cannot_express_is_named_in_one_line(run_dir, tmp_path, capsys,
+                                                                  monkeypatch):
+    from flax import nnx
+
+    from data.tokenizer import load_tokenizer
+    from nmt.models.model_dir import export_model
+    from nmt.translation.command import main
+    from transformer.config import get_preset
+    from transformer.model import Transformer
+
+    tokenizer = load_tokenizer(run_dir / "model")
+    config = get_preset("tiny", vocab_size=tokenizer.vocab_size, norm="pre")
+    export_model(tmp_path / "pre", nnx.state(Transformer(config, rngs=nnx.Rngs(0)), nnx.Param),
+                 config, tokenizer)
+    monkeypatch.setenv("FLAX_NMT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(sys, "stdin", None)
+    assert main(["--model", str(tmp_path / "pre"), "--engine", "ctranslate2", "-q", "x"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert "cannot run on CTranslate2" in err and "norm" in err, err
+    assert len(err.splitlines()) == 1, err
+    assert not [p for p in (tmp_path / "cache" / "ctranslate2").iterdir()
+                if p.is_dir() and p.name != "checksums"]  # nothing half-written kept
+
+
+def test_the_server_without_ctranslate2_ends_in_one_line(run_dir, capsys, monkeypatch):
+    from nmt.serving.command import main
+
+    monkeypatch.setitem(sys.modules, "ctranslate2", None)
+    assert main(["--model", str(run_dir), "--engine", "ctranslate2", "--port", "0"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.endswith("pip install -e '.[ct2]'") and len(err.splitlines()) == 1, err
