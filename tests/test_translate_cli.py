@@ -211,7 +211,8 @@ def _fake_translator():
         return SimpleNamespace(nbest=[[SimpleNamespace(text=line.upper(), score=0.0)]
                                       for line in lines], reached_limit=[])
 
-    return SimpleNamespace(translate_all=translate_all, search=search_config())
+    return SimpleNamespace(translate_all=translate_all, search=search_config(),
+                           describe=lambda: "fake float32")
 
 
 def test_split_sentences_is_refused_where_it_cannot_give_one_line_per_line():
@@ -557,6 +558,7 @@ def test_evaluate_equals_sacrebleu(run_dir, env, expected, tmp_path):
 
     report = json.loads(report_file.read_text())
     assert 5 < report["bleu"] < 95 and report["sentences"] == len(LINES)
+    assert report["engine"] == "jax float32"
     sacrebleu = subprocess.run([sys.executable, "-m", "sacrebleu", str(reference), "-i",
                                 str(hyp_file), "-m", "bleu", "chrf", "-b", "-w", "4"],
                                capture_output=True, text=True, timeout=120)
