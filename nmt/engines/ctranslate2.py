@@ -204,8 +204,8 @@ class CTranslate2Translator:
 
     `searches` batches are translated at once (CTranslate2's inter_threads; 0:
     `default_searches`), each on `threads // searches` threads (intra_threads; `threads` 0:
-    every core). `batch_tokens`
-    bounds the source tokens of a batch, divided by the beam size as for the JAX engine.
+    every core). `batch_tokens` bounds the source tokens of a batch, divided by the beam
+    size as for the JAX engine.
     Sampling draws from CTranslate2's random generator, seeded with `seed` (its stream is not
     JAX's: samples differ between engines), one batch at a time so that a seed reproduces
     a run. Several threads may call one translator at once.
