@@ -1,4 +1,5 @@
-"""A tiny Transformer learns copy-and-reverse and search decodes held-out inputs exactly."""
+"""A tiny Transformer learns copy-and-reverse, and search decodes held-out inputs exactly: with
+JAX, and with CTranslate2 on its conversion in float32 and int8."""
 
 import dataclasses
 
@@ -100,3 +101,37 @@ def test_sampling_at_low_temperature_also_solves_the_task(trained_model):
     result = search(trained_model, src, config, rng=jax.random.key(0))
     outputs = [result.token_ids(row, EOS) for row in range(len(pairs))]
     assert [out[0] for out in outputs] == [target for _, target in pairs]
+
+
+@pytest.mark.parametrize("compute_type", ["float32", "int8"])
+@pytest.mark.parametrize("search_config", [
+    SearchConfig(strategy="greedy"),
+    SearchConfig(beam_size=4, alpha=0.6, beam_rules="k-finished", length_penalty="power"),
+], ids=["greedy", "beam4"])
+def test_on_ctranslate2_it_decodes_them_too(trained_model, search_config, compute_type,
+                                            tmp_path):
+    """The CTranslate2 engine (nmt.engines) on the trained model's conversion, in float32 and
+    in int8: every held-out input decoded right, as JAX decodes them."""
+    pytest.importorskip("ctranslate2")
+    from types import SimpleNamespace
+
+    from nmt.convert.ctranslate2 import build_spec
+    from nmt.engines.ctranslate2 import CTranslate2Translator
+
+    vocabulary = ["<pad>", "<unk>", "<s>", "</s>", "<copy>", "<reverse>"] + [
+        f"s{i}" for i in range(FIRST_SYMBOL, VOCAB)]
+    tokenizer = SimpleNamespace(  # the pieces are the ids' names
+        vocabulary=lambda: vocabulary,
+        pieces=lambda ids, side="source": [vocabulary[i] for i in ids],
+        decode=lambda rows: [" ".join(vocabulary[i] for i in row) for row in rows])
+    spec = build_spec(nnx.to_pure_dict(nnx.state(trained_model, nnx.Param)),
+                      trained_model.config, tokenizer)
+    spec.optimize(quantization=compute_type)
+    spec.save(str(tmp_path))
+    translator = CTranslate2Translator(tmp_path, tokenizer, trained_model.config,
+                                       search_config, compute_type=compute_type)
+    rng = np.random.default_rng(12345)  # the held-out inputs of the test above
+    pairs = [task_example(rng) for _ in range(40)]
+    done = translator.translate_all(["x"] * len(pairs), ids=[source for source, _ in pairs])
+    outputs = [list(nbest[0].tokens) for nbest in done.nbest]
+    assert outputs == [target for _, target in pairs]
