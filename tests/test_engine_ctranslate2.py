@@ -388,7 +388,10 @@ def test_evaluate_and_score_on_ctranslate2(run_dir, env, greedy_jax, tmp_path):
     (["--engine", "ctranslate2", "--plot-attention", "a.png"], "needs --engine jax"),
     (["--compute-type", "int8"], "--compute-type applies to --engine ctranslate2"),
     (["--threads", "2"], "--threads applies to --engine ctranslate2"),
-    (["--engine", "ctranslate2", "--threads", "0"], "--threads must be >= 1"),
+    (["--engine", "ctranslate2", "--threads", "0"], "--threads must be 1 to 256, got 0"),
+    (["--engine", "ctranslate2", "--threads", str(10**12)], "--threads must be 1 to 256"),
+    (["--engine", "ctranslate2", "--searches", "100000"], "--searches 100000: CTranslate2"),
+    (["--engine", "ctranslate2", "--compute-type", ""], "--compute-type : not a CTranslate2"),
     (["--engine", "ctranslate2", "--beam-rules", "exact"], "--beam-rules exact: CTranslate2's"),
     (["--engine", "ctranslate2", "--compute-type", "int4"], "not a CTranslate2 compute type"),
 ])

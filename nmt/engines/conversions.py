@@ -28,6 +28,7 @@ import logging
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -154,8 +155,6 @@ def converted(model_dir: Path, tokenizer_files: list[str], quantization: str,
 
 def _convert(model_dir: Path, out: Path, quantization: str) -> None:
     """Convert `model_dir` into `out` (published whole), then seal it with its manifest."""
-    import time
-
     from nmt.convert.common import ConversionError  # JAX loads here, once per conversion
     from nmt.convert.ctranslate2 import export_ctranslate2
 

@@ -47,10 +47,10 @@ from nmt.models.model_files import (
     read_search_config,
 )
 from nmt.models.translations import (
+    CallSources,
     Hypothesis,
     Translations,
     refuse_long_sources,
-    truncate_sources,
 )
 from transformer.config import ModelConfig, SearchConfig
 from transformer.strategies import Beam, Greedy, plan_search
@@ -263,21 +263,10 @@ class CTranslate2Translator:
                       line_numbers: Sequence[int] | None = None) -> Translations:
         """The n-best lists of `sentences` and the call's records, as `Translator.translate_all`
         gives them (its arguments mean the same); no batch records."""
-        if line_numbers is None:
-            line_numbers = range(first_line, first_line + len(sentences))
-        if ids is None:
-            ids = self.tokenizer.encode(list(sentences), "source")
-        elif len(ids) != len(sentences):
-            raise ValueError(f"{len(ids)} rows of token ids for {len(sentences)} sentences")
-        ids, truncated = truncate_sources(list(ids), self.max_source_len - 1, line_numbers,
-                                          source)
-        results: list[list[Hypothesis] | None] = [None] * len(sentences)
-        empty = [i for i, sentence in enumerate(sentences) if not sentence.strip()]
-        for i in empty:
-            results[i] = [Hypothesis("", 0.0, ())] * self.strategy.nbest
-        if progress is not None and empty:
-            progress(len(empty))
-        todo = [i for i, r in enumerate(results) if r is None]
+        call = CallSources.of(sentences, self.tokenizer, self.max_source_len - 1,
+                              self.strategy.nbest, ids, line_numbers, first_line, source,
+                              progress)
+        ids, results, todo, line_numbers = call.ids, call.results, call.todo, call.line_numbers
         limits = [self.search.max_output_len(len(row) + 1, self.model_config.max_len)
                   for row in ids]
         reached_limit = []
@@ -285,7 +274,7 @@ class CTranslate2Translator:
             results[i] = nbest
             if at_limit:
                 reached_limit.append(line_numbers[i])
-        return Translations(results, [line_numbers[i] for i in truncated],  # type: ignore
+        return Translations(results, call.truncated_lines,  # type: ignore
                             sorted(reached_limit), [])
 
     def _search(self, todo: list[int], ids: list[list[int]], limits: list[int],

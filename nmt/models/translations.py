@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 log = logging.getLogger("translate")
 
@@ -66,3 +66,37 @@ def refuse_long_sources(ids: list[list[int]], limit: int, first_line: int, sourc
                 f"{limit} (+ EOS); its log-probability cannot be computed without truncating "
                 f"it, which would score another text: leave the pair out of the test set")
     return ids
+
+
+@dataclasses.dataclass
+class CallSources:
+    """What every engine's `translate_all` does before searching: the sentences' ids (encoded
+    unless given), cut to the model's positions with a warning naming each line, and the
+    empty sentences answered with empty hypotheses. `todo`: the indices left to search."""
+
+    ids: list[list[int]]
+    results: list[list[Hypothesis] | None]
+    todo: list[int]
+    line_numbers: Sequence[int]
+    truncated_lines: list[int]
+
+    @classmethod
+    def of(cls, sentences: Sequence[str], tokenizer, limit: int, nbest: int,
+           ids: Sequence[Sequence[int]] | None, line_numbers: Sequence[int] | None,
+           first_line: int, source: str, progress: Callable[[int], None] | None
+           ) -> "CallSources":
+        if line_numbers is None:
+            line_numbers = range(first_line, first_line + len(sentences))
+        if ids is None:
+            ids = tokenizer.encode(list(sentences), "source")
+        elif len(ids) != len(sentences):
+            raise ValueError(f"{len(ids)} rows of token ids for {len(sentences)} sentences")
+        rows, truncated = truncate_sources(list(ids), limit, line_numbers, source)
+        results: list[list[Hypothesis] | None] = [None] * len(sentences)
+        empty = [i for i, sentence in enumerate(sentences) if not sentence.strip()]
+        for i in empty:
+            results[i] = [Hypothesis("", 0.0, ())] * nbest
+        if progress is not None and empty:
+            progress(len(empty))
+        return cls(rows, results, [i for i, r in enumerate(results) if r is None],
+                   line_numbers, [line_numbers[i] for i in truncated])

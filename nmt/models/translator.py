@@ -30,10 +30,10 @@ from data.config import INFERENCE_BATCH_TOKENS, INFERENCE_BUCKETS, buckets_up_to
 from nmt.models.batch_plan import BatchPlan
 from nmt.models.translations import (
     BatchStats,
+    CallSources,
     Hypothesis,
     Translations,
     refuse_long_sources,
-    truncate_sources,
 )
 from transformer.config import SearchConfig
 from transformer.ensemble import Ensemble
@@ -167,21 +167,10 @@ class Translator:
         ids (`tokenizer.encode(sentences)`), where the caller has them already (the server
         counts a request's tokens with them), so that they are not encoded twice.
         """
-        if line_numbers is None:
-            line_numbers = range(first_line, first_line + len(sentences))
-        if ids is None:
-            ids = self.tokenizer.encode(list(sentences), "source")
-        elif len(ids) != len(sentences):
-            raise ValueError(f"{len(ids)} rows of token ids for {len(sentences)} sentences")
-        ids, truncated = truncate_sources(list(ids), self.max_source_len - 1, line_numbers,
-                                         source)
-        results: list[list[Hypothesis] | None] = [None] * len(sentences)
-        empty = [i for i, sentence in enumerate(sentences) if not sentence.strip()]
-        for i in empty:
-            results[i] = [Hypothesis("", 0.0, ())] * self.strategy.nbest
-        if progress is not None and empty:
-            progress(len(empty))
-        todo = [i for i, r in enumerate(results) if r is None]
+        call = CallSources.of(sentences, self.tokenizer, self.max_source_len - 1,
+                              self.strategy.nbest, ids, line_numbers, first_line, source,
+                              progress)
+        ids, results, todo, line_numbers = call.ids, call.results, call.todo, call.line_numbers
         reached_limit, batches = [], []
         for stats, rows, hypotheses, at_limit in self._search_batches([ids[i] for i in todo]):
             for row, nbest in zip(rows, hypotheses):
@@ -190,8 +179,8 @@ class Translator:
             batches.append(stats)
             if progress is not None:
                 progress(len(rows))
-        return Translations(results, [line_numbers[i] for i in truncated],  # type: ignore
-                            reached_limit, batches)
+        return Translations(results, call.truncated_lines, reached_limit,  # type: ignore
+                            batches)
 
     def score(self, sources: Sequence[str], references: Sequence[str],
               progress: Callable[[int], None] | None = None, first_line: int = 1,

@@ -45,6 +45,7 @@ from nmt.translation.command import (
     add_search_flags,
     check_engine_args,
     enable_compilation_cache,
+    engine_compute_type,
     given_search_fields,
     name_flags,
     search_config,
@@ -287,7 +288,7 @@ def load_ctranslate2_translator(flag: str, path: str, args: argparse.Namespace):
 
     try:
         return open_translator(path, search_for, given=given_search_fields(args),
-                               compute_type=args.compute_type or "auto",
+                               compute_type=engine_compute_type(args),
                                threads=args.threads or 0, searches=args.searches,
                                batch_tokens=args.batch_tokens, seed=args.seed)
     except (ModelDirError, DataError, MissingEngine) as err:

@@ -106,6 +106,7 @@ log = logging.getLogger("translate.py")
 
 EXIT_ERROR, EXIT_USAGE = 1, 2
 DEFAULT_CHUNK_LINES = 1000
+MAX_ENGINE_THREADS = 256  # --threads, and CTranslate2's --searches: past it, only memory grows
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -272,8 +273,13 @@ def check_args(args: argparse.Namespace) -> None:
 def check_engine_args(args: argparse.Namespace, ensembles: bool = True) -> None:
     """Flags only one engine reads, refused with the other (UsageError). `ensembles`: whether
     several --model flags make an ensemble (translate.py), not several pairs (the server)."""
-    if args.threads is not None and args.threads < 1:
-        raise UsageError(f"--threads must be >= 1, got {args.threads}.")
+    if args.threads is not None and not 1 <= args.threads <= MAX_ENGINE_THREADS:
+        raise UsageError(f"--threads must be 1 to {MAX_ENGINE_THREADS}, got {args.threads}.")
+    if (args.engine == "ctranslate2" and args.searches is not None
+            and args.searches > MAX_ENGINE_THREADS):
+        raise UsageError(f"--searches {args.searches}: CTranslate2 translates at most "
+                         f"{MAX_ENGINE_THREADS} batches at once (each is a translator with "
+                         "buffers of its own); give fewer.")
     if args.engine == "jax":
         for flag in ("compute_type", "threads"):
             if getattr(args, flag) is not None:
@@ -289,6 +295,11 @@ def check_engine_args(args: argparse.Namespace, ensembles: bool = True) -> None:
     if ensembles and len(args.model) > 1:
         raise UsageError("--engine ctranslate2 translates with one model: CTranslate2 has no "
                          "ensembles; give one --model, or --engine jax for an ensemble.")
+
+
+def engine_compute_type(args: argparse.Namespace) -> str:
+    """--compute-type as given (an empty one is refused as unknown), else auto."""
+    return "auto" if args.compute_type is None else args.compute_type
 
 
 def given_search_fields(args: argparse.Namespace) -> frozenset[str]:
@@ -391,7 +402,7 @@ def load_ctranslate2(args: argparse.Namespace):
     try:
         translator, values = open_translator(
             args.model[0], search_for, given=given_search_fields(args),
-            compute_type=args.compute_type or "auto", threads=args.threads or 0,
+            compute_type=engine_compute_type(args), threads=args.threads or 0,
             searches=args.searches or 0, batch_tokens=args.batch_tokens, seed=args.seed)
     except (ModelDirError, DataError) as err:
         raise InputError(str(err)) from None
