@@ -115,7 +115,9 @@ def copy_batches(tokenizer, rng: np.random.Generator, rows: int, width: int = 24
 
 @pytest.fixture(scope="module")
 def trained_dir(tmp_path_factory):
-    """A model directory of a small model trained to copy its input (400 updates)."""
+    """A model directory of a small model trained to copy its input (400 updates), with a
+    deep encoder and a shallow decoder, as a distilled student has: uneven layer counts
+    through every export."""
     from data.tokenizer import TokenizerConfig, train_tokenizer
     from transformer.training import create_train_state, make_mesh, make_train_step, shard_batch
 
@@ -123,7 +125,8 @@ def trained_dir(tmp_path_factory):
     tokenizer = train_tokenizer(sentences(400, seed=1), TokenizerConfig(vocab_size=300))
     tokenizer.save(directory)
     config = get_preset("tiny", vocab_size=tokenizer.vocab_size, d_model=48, num_heads=4,
-                        d_ff=96, dropout=0.0, output_bias=True)
+                        d_ff=96, dropout=0.0, output_bias=True, encoder_layers=3,
+                        decoder_layers=1)
     optimizer_config = OptimizerConfig(schedule="inverse_sqrt", peak_lr=3e-3, warmup_steps=50,
                                        label_smoothing=0.0)
     mesh = make_mesh()

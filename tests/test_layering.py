@@ -19,7 +19,7 @@ APPLICATION_ONLY = ("orbax", "sacrebleu", "tqdm", "tensorboardX", "matplotlib", 
 # Who may import whom. A module may import its own package and the layers listed for it;
 # `nmt`'s subpackages are ordered from process plumbing up to the commands.
 NMT_ORDER = ("runtime", "models", "convert", "engines", "settings", "rundir", "translation",
-             "serving", "training")
+             "distillation", "serving", "training")
 SCRIPTS = ("train", "translate")
 
 

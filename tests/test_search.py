@@ -401,7 +401,7 @@ def test_the_beam_start_program_encodes_and_decodes_nothing():
     # The loop program does hold them: the check above would see a decoder step.
     assert f"x{vocab}xf32>" in loop.resume.jitted.trace(
         strategy, 7, state, *loop.start(strategy, 7, state, src, limits),
-        np.int32(0), jax.random.key(0)).lower().as_text()
+        np.int32(0), jax.random.key(0), None).lower().as_text()
 
 
 def test_a_search_call_neither_hashes_nor_rebuilds_the_model_graph(monkeypatch):

@@ -398,7 +398,7 @@ def test_bfloat16_products_translate_a_peaked_model_as_float32_does():
     sentences_info, searched_info = start.out_info
     loop = compiled.resume.jitted.trace(strategy, max_len, state, sentences_info,
                                         searched_info, int32(()),
-                                        jax.random.key(0)).lower().as_text()
+                                        jax.random.key(0), None).lower().as_text()
     products = [line for line in loop.splitlines() if "stablehlo.dot_general" in line]
     low_precision = [line for line in products if "xbf16>" in line.split("->")[0]]
     # Each decoder layer's 8 projection and FFN products, and the output projection over the

@@ -68,8 +68,8 @@ class Ensemble(nnx.Module):
                                    for model, m in zip(self.models, memory)))
 
     def decode(self, memory: tuple[Array, ...], src_mask: Array, tgt_ids: Array,
-               cache: EnsembleCache | None = None, rng: Array | None = None
-               ) -> tuple[Array, EnsembleCache | None]:
+               cache: EnsembleCache | None = None, rng: Array | None = None,
+               candidates: Array | None = None) -> tuple[Array, EnsembleCache | None]:
         """`Transformer.decode` of every model, combined.
 
         Returns (float32 [batch, tgt_len, vocab] log of the models' mean probability, the
@@ -79,7 +79,8 @@ class Ensemble(nnx.Module):
         caches = cache.members if cache is not None else (None,) * len(self.models)
         logprobs, new_caches = [], []
         for model, model_memory, model_cache in zip(self.models, memory, caches):
-            logits, model_cache = model.decode(model_memory, src_mask, tgt_ids, model_cache, rng)
+            logits, model_cache = model.decode(model_memory, src_mask, tgt_ids, model_cache, rng,
+                                               candidates)
             logprobs.append(jax.nn.log_softmax(logits, axis=-1))
             new_caches.append(model_cache)
         mean = jax.nn.logsumexp(jnp.stack(logprobs), axis=0) - math.log(len(self.models))

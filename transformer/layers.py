@@ -156,11 +156,14 @@ class Embedding(nnx.Module):
         """[batch, length] ids -> [batch, length, d_model]."""
         return self.table(ids) * self.scale
 
-    def attend(self, x: Array) -> Array:
-        """[batch, length, d_model] -> float32 [batch, length, vocab] logits (x @ E^T)."""
-        return over_rows(lambda rows: matmul(rows, self.table.embedding[...],
-                                             self.product_dtype, kernel_transposed=True,
-                                             out_dtype=jnp.float32), x)
+    def attend(self, x: Array, candidates: Array | None = None) -> Array:
+        """[batch, length, d_model] -> float32 [batch, length, vocab] logits (x @ E^T), or
+        [batch, length, K] of the K token ids `candidates` only (a shortlist)."""
+        table = self.table.embedding[...]
+        if candidates is not None:
+            table = jnp.take(table, candidates, axis=0)
+        return over_rows(lambda rows: matmul(rows, table, self.product_dtype,
+                                             kernel_transposed=True, out_dtype=jnp.float32), x)
 
 
 class PositionalEncoding(nnx.Module):

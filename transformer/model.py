@@ -23,7 +23,7 @@ from flax import nnx
 
 from transformer.cache import DecoderCache
 from transformer.config import ModelConfig
-from transformer.kernels import Dense, activation_dtype, compute_dtype, dropout
+from transformer.kernels import Dense, activation_dtype, compute_dtype, dropout, matmul, over_rows
 from transformer.layers import (
     AddNorm,
     Embedding,
@@ -166,16 +166,23 @@ class Transformer(nnx.Module):
         table = self.src_embedding if self.config.share_embeddings else self.tgt_embedding
         return table(ids)
 
-    def _logits(self, x: Array) -> Array:
-        """[batch, len, d_model] -> float32 [batch, len, vocab]."""
+    def _logits(self, x: Array, candidates: Array | None = None) -> Array:
+        """[batch, len, d_model] -> float32 [batch, len, vocab], or [batch, len, K] of the K
+        token ids `candidates` only: a shortlist's output projection and softmax."""
         # float32 straight from the product's accumulator: with bfloat16 activations, logits
         # rounded to bfloat16 would move beam scores by up to ~0.06 nats per token.
         if self.config.share_embeddings:
-            logits = self.src_embedding.attend(x)
-        else:
+            logits = self.src_embedding.attend(x, candidates)
+        elif candidates is None:
             logits = self.output_projection(x, out_dtype=jnp.float32)
+        else:
+            projection = self.output_projection
+            kernel = jnp.take(projection.kernel[...], candidates, axis=1)
+            logits = over_rows(lambda rows: matmul(rows, kernel, projection.dtype or x.dtype,
+                                                   out_dtype=jnp.float32), x)
         if self.config.output_bias:
-            logits = logits + self.output_bias[...]
+            bias = self.output_bias[...]
+            logits = logits + (bias if candidates is None else jnp.take(bias, candidates))
         return logits
 
     # ------------------------------------------------------------------ encoder
@@ -226,17 +233,19 @@ class Transformer(nnx.Module):
                                    config.head_dim, activation_dtype(config))
 
     def decode(self, memory: Array, src_mask: Array, tgt_ids: Array,
-               cache: DecoderCache | None = None, rng: Array | None = None
-               ) -> tuple[Array, DecoderCache | None]:
+               cache: DecoderCache | None = None, rng: Array | None = None,
+               candidates: Array | None = None) -> tuple[Array, DecoderCache | None]:
         """Target logits given the source.
 
         memory [batch, src_len, d_model]; src_mask [batch, 1, 1, src_len]; tgt_ids
         [batch, tgt_len] decoder inputs (BOS + target[:-1] in training). Without a cache,
         position i sees target positions <= i (teacher forcing). With a cache, tgt_ids are
         the positions cache.index .. index+tgt_len-1 and the updated cache is returned.
-        Returns (logits float32 [batch, tgt_len, vocab], cache or None).
+        Returns (logits float32 [batch, tgt_len, vocab], cache or None); with `candidates`
+        (int32 [K] token ids, a shortlist) the logits are those of the K candidates only.
         """
-        logits, cache, _ = self._decode(memory, src_mask, tgt_ids, cache, rng, False)
+        logits, cache, _ = self._decode(memory, src_mask, tgt_ids, cache, rng, False,
+                                        candidates=candidates)
         return logits, cache
 
     def cross_attention_weights(self, src_ids: Array, tgt_ids: Array,
@@ -251,7 +260,7 @@ class Transformer(nnx.Module):
         return jnp.stack(weights)
 
     def _decode(self, memory, src_mask, tgt_ids, cache, rng, return_weights, self_mask=None,
-                positions=None):
+                positions=None, candidates=None):
         """Teacher-forced over tgt_ids (self_mask: causal unless given), or one step over
         the cache."""
         config = self.config
@@ -260,7 +269,7 @@ class Transformer(nnx.Module):
         x = self.positional(self._embed_target(tgt_ids), offset, positions)
         x = dropout(x, config.dropout, rngs[0])
         if cache is not None:
-            return self._decode_step(x, memory, src_mask, cache, rngs[1:])
+            return self._decode_step(x, memory, src_mask, cache, rngs[1:], candidates)
 
         if self_mask is None:
             self_mask = causal_mask(tgt_ids.shape[1])
@@ -272,9 +281,9 @@ class Transformer(nnx.Module):
             x, weights = layer(x, self_kv, self_mask, cross_kv, src_mask, layer_rng,
                                return_weights)
             all_weights.append(weights)
-        return self._logits(self._final_norm(x)), None, all_weights
+        return self._logits(self._final_norm(x), candidates), None, all_weights
 
-    def _decode_step(self, x, memory, src_mask, cache: DecoderCache, rngs):
+    def _decode_step(self, x, memory, src_mask, cache: DecoderCache, rngs, candidates=None):
         """New positions over the cache: each layer writes their keys and values into every
         beam's own slots (in place inside the search loop), then attends over the cache."""
         tgt_len = x.shape[1]
@@ -292,7 +301,7 @@ class Transformer(nnx.Module):
                            beam_slot if cache.beam > 1 else None, cross_kv, src_mask, layer_rng,
                            written=cache.index + tgt_len)
         cache = cache.advance(new_keys, new_values, beam_slot, tgt_len)
-        return self._logits(self._final_norm(x)), cache, []
+        return self._logits(self._final_norm(x), candidates), cache, []
 
     def _final_norm(self, x: Array) -> Array:
         return self.decoder_norm(x) if self.config.norm == "pre" else x

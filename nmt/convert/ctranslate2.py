@@ -25,7 +25,11 @@ import numpy as np
 from nmt.convert.common import ConversionError, load_params, staged_directory
 from nmt.convert.marian import marian_positions, to_marian_state
 from nmt.models.model_files import CONFIG_FILE, EXPORT_SETTINGS_FILE, resolve_model_dir
+from transformer.atomic_files import atomic_file
+from transformer.shortlist import SHORTLIST_FILE, Shortlist
 
+# A model's shortlist as CTranslate2's vocabulary map, in the export (`write_vocabulary_map`).
+VMAP_FILE = "vmap.txt"
 QUANTIZATIONS = ("float32", "int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16",
                  "float16", "bfloat16")
 
@@ -123,8 +127,26 @@ def export_ctranslate2(model_path: str | Path, out_dir: str | Path,
     spec = build_spec(params, values["model"], tokenizer)
     spec.optimize(quantization=quantization)
     settings = (resolve_model_dir(model_path) / CONFIG_FILE).read_bytes()
+    shortlist_path = resolve_model_dir(model_path) / SHORTLIST_FILE
     with staged_directory(out_dir) as tmp:
         spec.save(str(tmp))
         tokenizer.save(tmp)  # for tokenizing
         (tmp / EXPORT_SETTINGS_FILE).write_bytes(settings)  # for translate.py --engine ctranslate2
+        if shortlist_path.is_file():  # CTranslate2's translate_batch(use_vmap=True) reads it
+            write_vocabulary_map(Shortlist.load(shortlist_path), tokenizer, tmp / VMAP_FILE)
     return Path(out_dir)
+
+
+def write_vocabulary_map(shortlist, tokenizer, path: str | Path) -> None:
+    """The table as CTranslate2's vocabulary map: a line per source token with its target
+    tokens, after a first line (empty source) of the tokens every batch gets."""
+    with atomic_file(path, "w") as out:
+        always = tokenizer.pieces(shortlist.by_frequency[:shortlist.always], "target")
+        out.write("\t" + " ".join(always) + "\n")
+        for source, targets in enumerate(shortlist.translations):
+            targets = targets[targets >= 0]
+            if source < shortlist.special or not len(targets):
+                continue
+            piece = tokenizer.pieces([source], "source")[0]
+            out.write(f"{piece}\t{' '.join(tokenizer.pieces(targets, 'target'))}\n")
+

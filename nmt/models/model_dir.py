@@ -5,6 +5,8 @@
                             and what the trainer recorded: languages, step, scores}
     model/spm.model        the SentencePiece model (or, for a model imported from MarianMT,
                            source.spm, target.spm and vocab.json: `data.tokenizer`)
+    model/shortlist.npz    optional: a vocabulary shortlist (`transformer.shortlist`), added
+                           by python -m nmt.distillation.shortlist, used with --shortlist
 
     model, tokenizer, values = load_model("runs/NAME")   # a run directory uses its model/
 

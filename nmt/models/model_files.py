@@ -13,6 +13,7 @@ from typing import Any
 
 from data.tokenizer import TokenizerBase, load_tokenizer, tokenizer_present
 from transformer.config import ModelConfig, SearchConfig
+from transformer.shortlist import SHORTLIST_FILE, Shortlist
 
 MODEL_DIR = "model"
 PARAMS_FILE = "params.msgpack"
@@ -133,3 +134,22 @@ def read_model_files(path: str | Path) -> tuple[Path, TokenizerBase, dict[str, A
     tokenizer = load_tokenizer(model_dir)
     check_tokenizer(model_dir, model_config, tokenizer)
     return model_dir, tokenizer, {**values, "model": model_config, "search": search}
+
+
+def read_shortlist(path: str | Path, tokenizer: TokenizerBase) -> Shortlist:
+    """The shortlist stored in a model or run directory; ModelDirError if there is none, it
+    is damaged, or it was built for another SentencePiece model."""
+    model_dir = resolve_model_dir(path)
+    shortlist_path = model_dir / SHORTLIST_FILE
+    if not shortlist_path.is_file():
+        raise ModelDirError(f"{model_dir} has no {SHORTLIST_FILE}: build one with python -m "
+                            f"nmt.distillation.shortlist --model {model_dir} --train-prefix "
+                            "PREFIX, or translate without --shortlist.")
+    try:
+        shortlist = Shortlist.load(shortlist_path)
+    except ValueError as err:
+        raise ModelDirError(str(err)) from None
+    if shortlist.tokenizer != tokenizer.fingerprint:
+        raise ModelDirError(f"{shortlist_path} was built for another SentencePiece model than "
+                            f"{model_dir}'s; build it again for this model.")
+    return shortlist

@@ -44,6 +44,7 @@ from transformer.search import (
     reference_logprobs_with_state,
     search_with_state,
 )
+from transformer.shortlist import Shortlist
 from transformer.strategies import plan_search
 
 log = logging.getLogger("translate")
@@ -86,6 +87,7 @@ class _Batch:
     index: np.ndarray  # [rows], each row's sentence in the call, -1 for PAD rows
     rng: jax.Array
     compact: bool
+    candidates: np.ndarray | None  # [K] the shortlist's token ids for this batch
 
 
 class Translator:
@@ -101,15 +103,21 @@ class Translator:
     (over every call), the next ones leave their finished sentences behind as they go
     (`COMPACT_AFTER_BATCHES`); None, or a backend other than a CPU, searches every batch
     whole. Sampling draws from `seed` and a count of the batches searched so far, so calls
-    never reuse random numbers. Several threads may call one translator at once.
+    never reuse random numbers. With a `shortlist` (`transformer.shortlist`), each batch
+    searches over `shortlist_size` candidate tokens chosen for its sources. Several threads
+    may call one translator at once.
     """
 
     def __init__(self, model: Transformer | Ensemble, tokenizer, search: SearchConfig,
                  batch_tokens: int = INFERENCE_BATCH_TOKENS, seed: int = 0,
                  buckets: Sequence[int] | None = None, searches: int = 1,
-                 compact_after: int | None = COMPACT_AFTER_BATCHES):
+                 compact_after: int | None = COMPACT_AFTER_BATCHES,
+                 shortlist: Shortlist | None = None, shortlist_size: int = 0):
         self.strategy = plan_search(search)
         self.strategy.check_vocabulary(model.config.vocab_size)
+        self.shortlist = shortlist
+        self.shortlist_size = (shortlist_candidates(shortlist, shortlist_size, model.config)
+                               if shortlist is not None else 0)
         self.graphdef, self.state = nnx.split(model)
         self.model_config = model.config
         self.tokenizer = tokenizer
@@ -137,7 +145,8 @@ class Translator:
 
     def describe(self) -> str:
         """The engine and its compute type, as the commands and /health name them."""
-        return f"{self.engine} {self.compute_type}"
+        shortlist = f", shortlist of {self.shortlist_size}" if self.shortlist else ""
+        return f"{self.engine} {self.compute_type}{shortlist}"
 
     @property
     def buckets(self) -> tuple[int, ...]:
@@ -283,7 +292,9 @@ class Translator:
             number, of_width = self._batches_searched - 1, self._batches_per_width[width]
         rng = jax.random.fold_in(self.rng, number) if self.strategy.draws else self.rng
         compact = self.compact_after is not None and of_width > self.compact_after
-        return _Batch(src, index, rng, compact)
+        candidates = (self.shortlist.candidates(src, self.shortlist_size)
+                      if self.shortlist is not None else None)
+        return _Batch(src, index, rng, compact, candidates)
 
     def _compile_ahead(self, compiler: concurrent.futures.Executor, batches: list[_Batch]
                        ) -> dict[tuple[int, int], concurrent.futures.Future]:
@@ -304,7 +315,8 @@ class Translator:
         return futures
 
     def _compile(self, shape: tuple[int, int], halvings: bool) -> None:
-        compile_search(self.graphdef, self.state, shape, self.search, halvings)
+        compile_search(self.graphdef, self.state, shape, self.search, halvings,
+                       self.shortlist_size or None)
         self._compiled_shapes.add((shape, halvings))
 
     def _search_one(self, batch: _Batch
@@ -313,7 +325,7 @@ class Translator:
         start = time.perf_counter()
         src, index = batch.src, batch.index
         result = search_with_state(self.graphdef, self.state, src, self.search, batch.rng,
-                                   batch.compact)
+                                   batch.compact, batch.candidates)
         real = index >= 0
         stats = BatchStats(
             width=src.shape[1], rows=src.shape[0], sentences=int(real.sum()),
@@ -325,6 +337,23 @@ class Translator:
                        for ids, score in zip(result.token_ids(row, eos), result.scores[row])]
                       for row in np.flatnonzero(real)]
         return stats, index[real], hypotheses, index[real & result.reached_limit()]
+
+
+def shortlist_candidates(shortlist: Shortlist, size: int, model_config) -> int:
+    """The candidates a batch searches over: `size`, clamped to the vocabulary with a
+    warning; ValueError for a shortlist of another vocabulary or a size that cannot hold
+    the special tokens and one more."""
+    if shortlist.vocab_size != model_config.vocab_size:
+        raise ValueError(f"the shortlist is built for a vocabulary of {shortlist.vocab_size:,} "
+                         f"tokens, the model has {model_config.vocab_size:,}: build it again "
+                         "for this model.")
+    if size <= shortlist.special:
+        raise ValueError(f"--shortlist {size}: a batch needs at least {shortlist.special + 1} "
+                         f"candidates (the {shortlist.special} special tokens and one more).")
+    if size > model_config.vocab_size:
+        log.warning("--shortlist %d is more than the vocabulary's %d tokens: every token is a "
+                    "candidate", size, model_config.vocab_size)
+    return min(size, model_config.vocab_size)
 
 
 def _pad_targets(targets: list[list[int]], rows: int, buckets: Sequence[int], pad_id: int

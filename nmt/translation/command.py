@@ -127,7 +127,13 @@ def build_parser() -> argparse.ArgumentParser:
                         help="compute dtype (default: the model's; --engine jax)")
     add_engine_flags(parser.add_argument_group("engine"))
     _add_input_output_flags(parser.add_argument_group("input and output"))
-    add_search_flags(parser.add_argument_group("search (defaults: the model's stored settings)"))
+    search = parser.add_argument_group("search (defaults: the model's stored settings)")
+    add_search_flags(search)
+    search.add_argument("--shortlist", type=int, metavar="K",
+                        help="search each batch over K candidate target tokens chosen for its "
+                             "sources from the model's shortlist.npz (built by python -m "
+                             "nmt.distillation.shortlist) instead of the whole vocabulary: "
+                             "faster, nearly the same translations")
     _add_plot_flags(parser.add_argument_group("attention plot"))
     _add_evaluation_flags(parser.add_argument_group("evaluation"))
     return parser
@@ -219,7 +225,7 @@ def _add_evaluation_flags(ev) -> None:
 def check_args(args: argparse.Namespace) -> None:
     """Flag combinations argparse cannot express; raises UsageError."""
     check_engine_args(args)
-    for name in ("batch_tokens", "chunk_lines", "searches"):
+    for name in ("batch_tokens", "chunk_lines", "searches", "shortlist"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             raise UsageError(f"--{name.replace('_', '-')} must be >= 1, "
                              f"got {getattr(args, name)}.")
@@ -287,6 +293,7 @@ def check_engine_args(args: argparse.Namespace, ensembles: bool = True) -> None:
                                  "JAX's compute type is --dtype")
         return
     refused = {"dtype": "give --compute-type (CTranslate2's types)",
+               "shortlist": "the shortlist is searched by --engine jax",
                "plot_attention": "the attention plot needs --engine jax"}
     for flag, fix in refused.items():
         if getattr(args, flag, None):
@@ -374,16 +381,29 @@ def load(args: argparse.Namespace):
         from nmt.translation.plotting import check_plot_settings  # matplotlib, JAX
 
         check_plot_settings(model, args)
+    shortlist = (read_shortlist(args.model[0], tokenizer) if args.shortlist is not None
+                 else None)
     try:
         translator = Translator(model, tokenizer, search, batch_tokens=args.batch_tokens,
-                                seed=args.seed, searches=args.searches or default_searches())
-    except ValueError as err:  # settings that only the loaded model can refuse (--top-k)
+                                seed=args.seed, searches=args.searches or default_searches(),
+                                shortlist=shortlist, shortlist_size=args.shortlist or 0)
+    except ValueError as err:  # settings only the loaded model can refuse (--top-k, --shortlist)
         raise UsageError(f"invalid search settings for this model: {err}") from None
     log.info("%s %s loaded in %.2f s; search: %s", "model" if len(args.model) == 1 else
              "ensemble of", ", ".join(args.model), time.perf_counter() - start,
              ", ".join(f"{k}={v}" for k, v in dataclasses.asdict(search).items()))
     log.info(cli.allocator_status().line)
     return model, tokenizer, values, translator
+
+
+def read_shortlist(path: str, tokenizer):
+    """The model's stored shortlist (--shortlist); InputError if it has none or a bad one."""
+    from nmt.models.model_files import ModelDirError, read_shortlist as read
+
+    try:
+        return read(path, tokenizer)
+    except ModelDirError as err:
+        raise InputError(str(err)) from None
 
 
 def load_ctranslate2(args: argparse.Namespace):

@@ -22,10 +22,11 @@ Array = jax.Array
 
 
 def run_in_stages(loop, strategy: Strategy, max_len: int, state, sources: EncodedSources,
-                  loop_state, limits: np.ndarray, pad_id: int, rng: Array, compact: bool
-                  ) -> SearchResult:
+                  loop_state, limits: np.ndarray, pad_id: int, rng: Array, compact: bool,
+                  candidates: np.ndarray | None = None) -> SearchResult:
     """The search's result, from the loop state its start program left; limits [batch]:
-    each sentence's output limit, as `sources` holds it on the device.
+    each sentence's output limit, as `sources` holds it on the device. With `candidates`
+    (a shortlist's token ids [K]) the tokens are positions in it (`model_step`).
 
     `loop` is the strategy's compiled loop (`transformer.search.programs.Loop`): its
     `resume` runs steps, its `outputs` copies hypotheses to the host.
@@ -41,7 +42,7 @@ def run_in_stages(loop, strategy: Strategy, max_len: int, state, sources: Encode
         stage_rows.append(batch_rows)
         stop_at = batch_rows // 2 if compact and batch_rows > 1 else 0
         loop_state = loop.resume(strategy, max_len, state, sources, loop_state,
-                                 np.int32(stop_at), rng)
+                                 np.int32(stop_at), rng, candidates)
         done, new_step = (np.asarray(x)
                           for x in jax.device_get((loop_state.done, loop_state.step)))
         row_steps += batch_rows * (int(new_step) - step)

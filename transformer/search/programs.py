@@ -32,9 +32,10 @@ class Loop:
 
     start:   (strategy, max_len, state, src [batch, width], limits [batch])
              -> (EncodedSources, search state before the first step)
-    resume:  (strategy, max_len, state, EncodedSources, search state, stop_at [], rng)
-             -> search state, after steps until every sentence is done, the positions run
-             out, or no more than `stop_at` sentences search (its state argument is donated)
+    resume:  (strategy, max_len, state, EncodedSources, search state, stop_at [], rng,
+             candidates [K] or None) -> search state, after steps until every sentence is
+             done, the positions run out, or no more than `stop_at` sentences search (its
+             state argument is donated; with candidates, a shortlist: `model_step`)
     outputs: (search state, pad_id, nbest) -> host tokens, scores and lengths
     """
 
@@ -90,10 +91,10 @@ def _greedy_start(graphdef, strategy: Greedy | Sample, max_len: int, state, src,
 
 
 def _greedy_resume(graphdef, strategy: Greedy | Sample, max_len: int, state, sources,
-                   loop_state, stop_at, rng):
+                   loop_state, stop_at, rng, candidates):
     model = nnx.merge(graphdef, state)
-    return greedy_steps(model_step(model, sources), loop_state, strategy, model.config,
-                        sources.limits, max_len, stop_at, rng)
+    return greedy_steps(model_step(model, sources, candidates), loop_state, strategy,
+                        model.config, sources.limits, max_len, stop_at, rng)
 
 
 def _beam_start(graphdef, strategy: Beam, max_len: int, state, src, limits):
@@ -106,11 +107,11 @@ def _beam_start(graphdef, strategy: Beam, max_len: int, state, src, limits):
 
 
 def _beam_resume(graphdef, strategy: Beam, max_len: int, state, sources, loop_state, stop_at,
-                 rng):
+                 rng, candidates):
     del rng  # beam search draws nothing
     model = nnx.merge(graphdef, state)
-    return beam_steps(model_step(model, sources), loop_state, strategy, model.config,
-                      sources.limits, max_len, stop_at)
+    return beam_steps(model_step(model, sources, candidates), loop_state, strategy,
+                      model.config, sources.limits, max_len, stop_at)
 
 
 # Graphs seen lately, by identity (a dict lookup per call) and by equality (a reloaded model

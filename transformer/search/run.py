@@ -3,6 +3,7 @@ stages (`compaction`); and compiling a batch shape's programs ahead of its first
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import TYPE_CHECKING, Sequence
 
@@ -25,20 +26,21 @@ Array = jax.Array
 
 
 def search(model: Transformer | Ensemble, src_ids: np.ndarray | Array, config: SearchConfig,
-           rng: Array | None = None, compact: bool = False) -> SearchResult:
+           rng: Array | None = None, compact: bool = False,
+           candidates: np.ndarray | None = None) -> SearchResult:
     """Translate a padded batch of source ids [batch, src_len] (EOS included, PAD after).
 
     `config` names the strategy (`transformer.strategies.plan_search`); beam search with
-    beam_size 1 is run as beam search (greedy search is strategy="greedy"). `compact`: see
-    `search_with_state`.
+    beam_size 1 is run as beam search (greedy search is strategy="greedy"). `compact` and
+    `candidates`: see `search_with_state`.
     """
     graphdef, state = nnx.split(model)
-    return search_with_state(graphdef, state, src_ids, config, rng, compact)
+    return search_with_state(graphdef, state, src_ids, config, rng, compact, candidates)
 
 
 def search_with_state(graphdef: nnx.GraphDef, state: nnx.State, src_ids: np.ndarray | Array,
-                      config: SearchConfig, rng: Array | None = None, compact: bool = False
-                      ) -> SearchResult:
+                      config: SearchConfig, rng: Array | None = None, compact: bool = False,
+                      candidates: np.ndarray | None = None) -> SearchResult:
     """`search` for a model already split with `nnx.split` (what training loops hold).
 
     With `compact`, the search leaves finished sentences behind as it goes
@@ -46,6 +48,11 @@ def search_with_state(graphdef: nnx.GraphDef, state: nnx.State, src_ids: np.ndar
     compile (one per row count), which pays over many batches of a shape
     (`nmt.models.translator` decides). Without, every row computes until the batch's last
     sentence ends. The hypotheses are the same either way.
+
+    `candidates` (int32 [K], ascending, every special id first: `transformer.shortlist`)
+    restricts the output to those tokens: the output projection and softmax run over K
+    tokens instead of the vocabulary. With every token as a candidate the result is the
+    search's without.
     """
     strategy = _planned(config)
     if strategy.draws and rng is None:
@@ -57,17 +64,39 @@ def search_with_state(graphdef: nnx.GraphDef, state: nnx.State, src_ids: np.ndar
     src = np.asarray(src_ids, dtype=np.int32)
     limits, max_len = output_limits(src, config, model_config.pad_id, model_config.max_len)
     loop = programs.loop(strategy)
+    if candidates is not None:
+        candidates = check_candidates(candidates, model_config)
     sources, loop_state = loop.start(strategy, max_len, state, src, limits)
-    return run_in_stages(loop, strategy, max_len, state, sources, loop_state, limits,
-                         model_config.pad_id, rng, compact)
+    result = run_in_stages(loop, strategy, max_len, state, sources, loop_state, limits,
+                           model_config.pad_id, rng, compact, candidates)
+    if candidates is None:
+        return result
+    return dataclasses.replace(result, tokens=candidates[result.tokens])
+
+
+def check_candidates(candidates: np.ndarray, model_config) -> np.ndarray:
+    """int32 candidates, ascending, holding every special id at its own position (ValueError
+    otherwise): the search then treats positions < that as the ids themselves."""
+    candidates = np.asarray(candidates, np.int32)
+    special = max(model_config.pad_id, model_config.unk_id, model_config.bos_id,
+                  model_config.eos_id) + 1
+    if (candidates.ndim != 1 or len(candidates) <= special
+            or not np.array_equal(candidates[:special], np.arange(special))
+            or np.any(np.diff(candidates) <= 0) or candidates[-1] >= model_config.vocab_size):
+        raise ValueError(f"candidates must be ascending token ids below the vocabulary size "
+                         f"({model_config.vocab_size}), starting with 0..{special - 1} (the "
+                         "special ids) and at least one more token.")
+    return candidates
 
 
 def compile_search(graphdef: nnx.GraphDef, state: nnx.State, batch_shape: tuple[int, int],
-                   config: SearchConfig, halvings: bool = True) -> None:
+                   config: SearchConfig, halvings: bool = True,
+                   candidates: int | None = None) -> None:
     """Compile (or load from the compilation cache) the programs a search of a batch of
     `batch_shape` (rows, padded source length) runs, without running them: its start and its
     loop, and with `halvings` the loop and compaction at every halving of the rows
-    (`compact`). Thread-safe: a later search of that shape finds them compiled."""
+    (`compact`); `candidates`: the size of a shortlist's candidate list, if searched with
+    one. Thread-safe: a later search of that shape finds them compiled."""
     rows, width = batch_shape
     programs = programs_for(graphdef, state)
     strategy = _planned(config)
@@ -78,7 +107,8 @@ def compile_search(graphdef: nnx.GraphDef, state: nnx.State, batch_shape: tuple[
     sources, loop_state = _shapes_of(start.out_info)
     while True:
         loop.resume.compile(strategy, max_len, state, sources, loop_state, int32(()),
-                            jax.random.key(0))
+                            jax.random.key(0),
+                            None if candidates is None else int32((candidates,)))
         if not halvings or rows == 1:
             return
         rows //= 2

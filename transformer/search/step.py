@@ -38,11 +38,19 @@ def encode_sources(model, src: Array, limits: Array) -> EncodedSources:
     return EncodedSources(model.encode(src), model.source_mask(src), limits)
 
 
-def model_step(model, sources: EncodedSources) -> StepFn:
+def model_step(model, sources: EncodedSources, candidates: Array | None = None) -> StepFn:
     """The model's decoder as a search step (the beams of a sentence are adjacent rows; the
-    cache holds the encoder output's keys and values once per sentence)."""
+    cache holds the encoder output's keys and values once per sentence).
+
+    With `candidates` (int32 [K], ascending token ids: a shortlist) the search runs over the
+    K candidates: tokens are positions in `candidates` and logits are [rows, K]. A candidate
+    list starts with every special id (`transformer.shortlist`), so PAD, BOS and EOS keep
+    their ids and the search needs no other change.
+    """
     def step(last: Array, cache) -> tuple[Array, Any]:
-        logits, cache = model.decode(sources.memory, sources.src_mask, last[:, None], cache)
+        ids = last if candidates is None else candidates[last]
+        logits, cache = model.decode(sources.memory, sources.src_mask, ids[:, None], cache,
+                                     candidates=candidates)
         return logits[:, 0], cache
     return step
 

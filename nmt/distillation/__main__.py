@@ -1,0 +1,5 @@
+import sys
+
+from nmt.distillation.command import main
+
+sys.exit(main())

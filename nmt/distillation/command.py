@@ -1,0 +1,238 @@
+"""python -m nmt.distillation: sequence-level knowledge distillation (Kim and Rush 2016).
+
+A teacher (one model, or an ensemble of several sharing a SentencePiece model) translates
+the source side of a training corpus with beam search; a student then trains on the
+teacher's translations instead of the references:
+
+    python -m nmt.distillation --teacher runs/teacher/averaged \\
+        --train-prefix data/multi30k/train --src en --tgt de --out data/multi30k-distilled
+    python train.py --config configs/multi30k_student.yaml
+
+OUT receives train.SRC and train.TGT, aligned line for line with the corpus (with
+--keep-original, the original pairs come first, then the distilled ones). The work is saved
+chunk by chunk: after an interruption the same command continues where it stopped, and once
+finished it answers at once. A directory holding a distillation of other teachers, another
+corpus or other search settings is refused.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import itertools
+import logging
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+from data.arrow_text import file_digest
+from data.config import DataError
+from data.lines import count_lines, iter_lines
+from nmt.distillation.output import DistillationDir, OtherDistillation, Recipe
+from nmt.runtime import cli
+from nmt.runtime.cli import UsageError
+from nmt.translation.command import add_search_flags, name_flags, search_config
+from nmt.translation.errors import InputError
+
+PROG = "python -m nmt.distillation"
+log = logging.getLogger("distillation")
+
+# Sentences translated and saved at a time: what an interruption can cost.
+DEFAULT_CHUNK_LINES = 8192
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = cli.OneLineParser(
+        prog=PROG, description=__doc__.split("\n\n")[0],
+        epilog="Search flags default to the first teacher's stored settings. Set "
+               f"{cli.DEBUG_VARIABLE}=1 for a traceback on errors.")
+    parser.add_argument("--teacher", required=True, action="append", metavar="MODEL",
+                        help="model or run directory; give it again for an ensemble teacher "
+                             "(the models average their next-token probabilities)")
+    parser.add_argument("--train-prefix", required=True, metavar="PREFIX",
+                        help="the corpus to distil: PREFIX.SRC (and PREFIX.TGT with "
+                             "--keep-original)")
+    parser.add_argument("--src", help="source language (default: the teacher's)")
+    parser.add_argument("--tgt", help="target language (default: the teacher's)")
+    parser.add_argument("--out", required=True, metavar="DIR",
+                        help="output directory: new, empty, or this command's earlier output")
+    parser.add_argument("--keep-original", action="store_true",
+                        help="the student also trains on the original pairs (written before "
+                             "the distilled ones)")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"),
+                        help="the teacher's compute dtype (default: its own)")
+    parser.add_argument("--batch-tokens", type=int, default=4096,
+                        help="source tokens per batch, before dividing by the beam size "
+                             "(default 4096)")
+    parser.add_argument("--chunk-lines", type=int, default=DEFAULT_CHUNK_LINES,
+                        help="sentences translated and saved at a time: what an interruption "
+                             f"can cost (default {DEFAULT_CHUNK_LINES})")
+    parser.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    add_search_flags(parser.add_argument_group("search (defaults: the teacher's settings)"))
+    return parser
+
+
+@dataclasses.dataclass
+class Teachers:
+    """The teacher models' directories, what they store, and their checksums."""
+
+    paths: list[str]
+    values: dict   # the first teacher's stored settings
+    checksums: tuple[str, ...]
+
+
+def read_teachers(paths: list[str], src: str | None, tgt: str | None) -> tuple[Teachers, str,
+                                                                                 str]:
+    """The teachers' files (not their parameters) and the languages to distil: InputError
+    for a bad directory, UsageError for languages that differ from the flags or between
+    teachers, naming both."""
+    from nmt.engines.conversions import model_checksum
+    from nmt.models.model_files import ModelDirError, read_model_files
+
+    checksums, first_values, languages = [], None, None
+    for path in paths:
+        try:
+            model_dir, tokenizer, values = read_model_files(path)
+        except (ModelDirError, DataError) as err:
+            raise InputError(str(err)) from None
+        pair = stored_languages(values)
+        if languages is not None and None not in pair and None not in languages[1] \
+                and pair != languages[1]:
+            raise UsageError(f"--teacher {path} translates {'->'.join(pair)} but --teacher "
+                             f"{languages[0]} translates {'->'.join(languages[1])}; an "
+                             "ensemble's teachers translate one pair.")
+        languages = languages or (path, pair)
+        first_values = first_values or values
+        checksums.append(model_checksum(model_dir, list(tokenizer.files())))
+    stored_src, stored_tgt = languages[1]
+    for flag, given, stored in (("--src", src, stored_src), ("--tgt", tgt, stored_tgt)):
+        if given and stored and given != stored:
+            raise UsageError(f"{flag} {given}, but --teacher {paths[0]} was trained with "
+                             f"{flag} {stored}; distil with a teacher of the corpus's pair.")
+    src, tgt = src or stored_src, tgt or stored_tgt
+    if not src or not tgt:
+        raise UsageError("the teacher stores no languages: give --src and --tgt.")
+    return Teachers(paths, first_values, tuple(checksums)), src, tgt
+
+
+def stored_languages(values: dict) -> tuple[str | None, str | None]:
+    data = values.get("data", {})
+    return (values.get("source_lang") or data.get("src"),
+            values.get("target_lang") or data.get("tgt"))
+
+
+def corpus_files(args: argparse.Namespace, src: str, tgt: str) -> tuple[Path, Path | None]:
+    """PREFIX.SRC, and PREFIX.TGT with --keep-original (as long as the source); InputError
+    naming a missing file."""
+    source = Path(f"{args.train_prefix}.{src}")
+    target = Path(f"{args.train_prefix}.{tgt}") if args.keep_original else None
+    for path in (source, target):
+        if path is not None and not path.is_file():
+            raise InputError(f"{path} does not exist; --train-prefix PREFIX reads "
+                             f"PREFIX.{src}{f' and PREFIX.{tgt}' if target else ''}.")
+    if target is not None and count_lines(source) != count_lines(target):
+        raise InputError(f"{source} has {count_lines(source):,} lines but {target} "
+                         f"{count_lines(target):,}; the sides of a corpus align line for line.")
+    return source, target
+
+
+def chunks(path: Path, size: int) -> Iterator[list[str]]:
+    lines = iter_lines(path)
+    while chunk := list(itertools.islice(lines, size)):
+        yield chunk
+
+
+def make_translator(args: argparse.Namespace, teachers: Teachers):
+    """The teachers loaded (an ensemble for several) as one `Translator`, and its search."""
+    from nmt.models.model_dir import ModelDirError, load_models
+    from nmt.models.translator import Translator, default_searches
+    from nmt.translation.command import enable_compilation_cache
+
+    enable_compilation_cache()
+    try:
+        model, tokenizer, _ = load_models(teachers.paths, dtype=args.dtype)
+    except (ModelDirError, DataError) as err:
+        raise InputError(str(err)) from None
+    search = search_settings(args, teachers)
+    return Translator(model, tokenizer, search, batch_tokens=args.batch_tokens,
+                      searches=default_searches(), compact_after=0)
+
+
+def search_settings(args: argparse.Namespace, teachers: Teachers):
+    try:
+        search = search_config(teachers.values["search"], args)
+    except ValueError as err:
+        raise UsageError(f"invalid search settings: {name_flags(str(err))}") from None
+    if search.nbest != 1:
+        raise UsageError("--nbest: a distillation keeps the teacher's best translation only.")
+    return search
+
+
+def distil(args: argparse.Namespace) -> int:
+    if args.chunk_lines < 1 or args.batch_tokens < 1:
+        raise UsageError("--chunk-lines and --batch-tokens must be >= 1.")
+    teachers, src, tgt = read_teachers(args.teacher, args.src, args.tgt)
+    source, target = corpus_files(args, src, tgt)
+    search = search_settings(args, teachers)
+    recipe = Recipe(teachers.checksums,
+                    file_digest([p for p in (source, target) if p], "distillation") or "",
+                    src, tgt, dataclasses.asdict(search), args.dtype or
+                    teachers.values["model"].dtype, args.chunk_lines, args.keep_original)
+    out = DistillationDir(args.out, recipe)
+    try:
+        out.claim()
+    except OtherDistillation as err:
+        raise UsageError(str(err)) from None
+    if out.finished():
+        log.info("%s holds this distillation already (same teachers, corpus and search)",
+                 args.out)
+    else:
+        translate_chunks(args, teachers, source, out)
+        out.finish(-(-count_lines(source) // args.chunk_lines), lambda: iter_lines(source),
+                   (lambda: iter_lines(target)) if target else None)
+    print(f"{out.source_file} and {out.target_file}: train a student with\n"
+          f"  python train.py --train-prefix {Path(args.out) / 'train'} --src {src} --tgt {tgt} "
+          "--valid-prefix PREFIX --preset student-6-2", file=sys.stderr)
+    return 0
+
+
+def translate_chunks(args: argparse.Namespace, teachers: Teachers, source: Path,
+                     out: DistillationDir) -> None:
+    """Every chunk of `source` not yet saved, translated and saved, with progress."""
+    from tqdm import tqdm
+
+    total = count_lines(source)
+    todo = [n for n in range(-(-total // args.chunk_lines))
+            if not out.done_part(n, min(args.chunk_lines, total - n * args.chunk_lines))]
+    if not todo:
+        return
+    translator = make_translator(args, teachers)
+    log.info("distilling %s: %d of %d chunks to translate (%s)", source, len(todo),
+             -(-total // args.chunk_lines), translator.describe())
+    start, done = time.perf_counter(), 0
+    bar = tqdm(total=total, unit="sent", file=sys.stderr, dynamic_ncols=True,
+               disable=args.quiet or not sys.stderr.isatty(),
+               initial=total - sum(min(args.chunk_lines, total - n * args.chunk_lines)
+                                   for n in todo))
+    with bar:
+        for number, lines in enumerate(chunks(source, args.chunk_lines)):
+            if number not in todo:
+                continue
+            result = translator.translate_all(lines, progress=bar.update,
+                                              first_line=number * args.chunk_lines + 1,
+                                              source=str(source))
+            out.write_part(number, [nbest[0].text for nbest in result.nbest])
+            done += len(lines)
+            elapsed = time.perf_counter() - start
+            log.info("chunk %d saved: %d sentences in %.0f s (%.1f sentences/s)", number + 1,
+                     done, elapsed, done / elapsed)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Exit status 0, 1 for a fault (a bad file), 2 for a usage error, 130 after Ctrl-C."""
+    args = build_parser().parse_args(argv)
+    cli.setup_logging(logging.WARNING if args.quiet else logging.INFO,
+                      "%(name)s: %(message)s",
+                      ("absl", "jax", "jax._src", "datasets", "orbax", "checkpoint", "data"))
+    return cli.guarded(PROG, lambda: distil(args))

@@ -1,0 +1,135 @@
+"""A distillation's output directory: a teacher's translations of a corpus, written chunk by
+chunk so that an interrupted run resumes where it stopped and a finished one is reused.
+
+    OUT/distillation.json  what is distilled (`Recipe`): teachers, corpus digest, search
+    OUT/parts/000003.TGT   the translations of chunk 3, each part written whole
+    OUT/train.SRC          the corpus, aligned line for line with
+    OUT/train.TGT          the teacher's translations (after the original pairs, if kept)
+
+The result files are written once every chunk is done; parts/ is then removed. A directory
+holding another recipe's distillation is refused, never mixed into.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from transformer.atomic_files import atomic_file, write_atomically
+
+RECIPE_FILE = "distillation.json"
+PARTS_DIR = "parts"
+# Part of every recipe: raise it when the same recipe would write something else.
+FORMAT_VERSION = 1
+
+
+class OtherDistillation(ValueError):
+    """The output directory holds a distillation of something else."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Recipe:
+    """Everything the translations depend on: equal recipes give equal files."""
+
+    teachers: tuple[str, ...]  # each teacher's model checksum, in ensemble order
+    corpus: str                # digest of the source file (and the target, if kept)
+    src: str
+    tgt: str
+    search: dict[str, Any]     # the SearchConfig the teachers searched with
+    dtype: str
+    chunk_lines: int
+    keep_original: bool
+
+    def to_json(self) -> dict[str, Any]:
+        return {"format": FORMAT_VERSION, **dataclasses.asdict(self)}
+
+    def differences(self, stored: dict[str, Any]) -> list[str]:
+        """The fields in which a stored recipe differs from this one."""
+        mine = json.loads(json.dumps(self.to_json()))  # tuples as lists, as stored
+        return [name for name in mine if stored.get(name) != mine[name]]
+
+
+class DistillationDir:
+    """OUT: its recipe, the chunks already translated, and the finished files."""
+
+    def __init__(self, root: str | Path, recipe: Recipe):
+        self.root = Path(root)
+        self.recipe = recipe
+        self.parts = self.root / PARTS_DIR
+
+    @property
+    def source_file(self) -> Path:
+        return self.root / f"train.{self.recipe.src}"
+
+    @property
+    def target_file(self) -> Path:
+        return self.root / f"train.{self.recipe.tgt}"
+
+    def claim(self) -> None:
+        """Make OUT this recipe's, or check that it is: `OtherDistillation` if it holds
+        another recipe's output (or files of anything else), naming what differs."""
+        recipe_file = self.root / RECIPE_FILE
+        if recipe_file.is_file():
+            try:
+                stored = json.loads(recipe_file.read_text(encoding="utf-8"))
+            except ValueError:
+                raise OtherDistillation(f"{recipe_file} is damaged; delete {self.root} or "
+                                        "choose another --out.") from None
+            differs = self.recipe.differences(stored)
+            if differs:
+                raise OtherDistillation(
+                    f"{self.root} holds another distillation (its {', '.join(differs)} "
+                    f"differ{'s' if len(differs) == 1 else ''} from this command's); choose "
+                    "another --out, or delete it to distil again.")
+            return
+        if self.root.is_dir() and any(self.root.iterdir()):
+            raise OtherDistillation(f"{self.root} is not empty and holds no {RECIPE_FILE}; "
+                                    "choose a new or empty --out.")
+        self.root.mkdir(parents=True, exist_ok=True)
+        write_atomically(recipe_file, json.dumps(self.recipe.to_json(), indent=2) + "\n")
+
+    def finished(self) -> bool:
+        return self.source_file.is_file() and self.target_file.is_file() \
+            and not self.parts.exists()
+
+    def part_path(self, chunk: int) -> Path:
+        return self.parts / f"{chunk:06d}.{self.recipe.tgt}"
+
+    def done_part(self, chunk: int, lines: int) -> bool:
+        """Whether chunk's part is written whole with its `lines` translations (a part of
+        another length, from an older run's chunking, is translated again)."""
+        path = self.part_path(chunk)
+        if not path.is_file():
+            return False
+        with path.open("rb") as handle:
+            return sum(block.count(b"\n") for block in iter(lambda: handle.read(1 << 20), b"")
+                       ) == lines
+
+    def write_part(self, chunk: int, translations: Sequence[str]) -> None:
+        self.parts.mkdir(exist_ok=True)
+        write_atomically(self.part_path(chunk), "".join(f"{one_line(t)}\n" for t in translations))
+
+    def finish(self, chunks: int, sources: Callable[[], Iterable[str]],
+               originals: Callable[[], Iterable[str]] | None) -> None:
+        """Write the result files from the source lines, the kept original targets (or None)
+        and every part, then remove the parts. Each file is written whole; the corpus is
+        streamed, never held."""
+        with atomic_file(self.source_file, "w") as out:
+            for _ in range(2 if originals is not None else 1):
+                out.writelines(f"{line}\n" for line in sources())
+        with atomic_file(self.target_file, "w") as out:
+            if originals is not None:
+                out.writelines(f"{line}\n" for line in originals())
+            for chunk in range(chunks):
+                with self.part_path(chunk).open(encoding="utf-8") as part:
+                    shutil.copyfileobj(part, out)
+        shutil.rmtree(self.parts)
+
+
+def one_line(text: str) -> str:
+    """A translation as one line: byte-fallback pieces can decode to line breaks."""
+    return text.replace("\r", " ").replace("\n", " ")

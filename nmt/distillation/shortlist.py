@@ -1,0 +1,123 @@
+"""python -m nmt.distillation.shortlist: a vocabulary shortlist for a model, from a corpus.
+
+    python -m nmt.distillation.shortlist --model runs/student/averaged \\
+        --train-prefix data/multi30k-distilled/train
+    python translate.py --model runs/student/averaged --shortlist 512 ...
+
+Estimates IBM Model 1's p(target token | source token) on the corpus's token ids (a student's
+distilled corpus is the one its translations come from) and stores each source token's
+likeliest target tokens, and the target tokens by frequency, as MODEL/shortlist.npz
+(`transformer.shortlist`). translate.py --shortlist K then searches each batch over K
+candidate tokens instead of the whole vocabulary. With --ctranslate2-map FILE it also writes
+the table as a CTranslate2 vocabulary map (source token TAB target tokens; the first line,
+with no source token, lists the tokens always included).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from data.config import DataError
+from data.lines import count_lines, iter_lines
+from nmt.runtime import cli
+from nmt.runtime.cli import UsageError
+from nmt.translation.errors import InputError
+
+PROG = "python -m nmt.distillation.shortlist"
+log = logging.getLogger("shortlist")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = cli.OneLineParser(prog=PROG, description=__doc__.split("\n\n")[0],
+                               epilog=f"Set {cli.DEBUG_VARIABLE}=1 for a traceback on errors.")
+    parser.add_argument("--model", required=True, metavar="MODEL",
+                        help="model or run directory: its tokenizer encodes the corpus and the "
+                             "shortlist is stored in it")
+    parser.add_argument("--train-prefix", required=True, metavar="PREFIX",
+                        help="the corpus: PREFIX.SRC and PREFIX.TGT")
+    parser.add_argument("--src", help="source language (default: the model's)")
+    parser.add_argument("--tgt", help="target language (default: the model's)")
+    parser.add_argument("--per-source", type=int, default=50, metavar="N",
+                        help="target tokens kept per source token (default 50)")
+    parser.add_argument("--always", type=int, default=100, metavar="N",
+                        help="most frequent target tokens every batch gets (default 100)")
+    parser.add_argument("--iterations", type=int, default=5,
+                        help="EM iterations of IBM Model 1 (default 5)")
+    parser.add_argument("--ctranslate2-map", metavar="FILE",
+                        help="also write the table as a CTranslate2 vocabulary map")
+    return parser
+
+
+def check_args(args: argparse.Namespace) -> None:
+    for flag, value in (("--per-source", args.per_source), ("--always", args.always),
+                        ("--iterations", args.iterations)):
+        if value < (0 if flag == "--always" else 1):
+            raise UsageError(f"{flag} must be >= {0 if flag == '--always' else 1}, got "
+                             f"{value}.")
+
+
+def read_pairs(prefix: str, src: str, tgt: str, tokenizer) -> list[tuple[list[int],
+                                                                          list[int]]]:
+    """The corpus's pairs as token ids; InputError naming a missing or misaligned file."""
+    paths = [Path(f"{prefix}.{lang}") for lang in (src, tgt)]
+    for path in paths:
+        if not path.is_file():
+            raise InputError(f"{path} does not exist; --train-prefix PREFIX reads PREFIX.{src} "
+                             f"and PREFIX.{tgt}.")
+    counts = [count_lines(path) for path in paths]
+    if counts[0] != counts[1]:
+        raise InputError(f"{paths[0]} has {counts[0]:,} lines but {paths[1]} {counts[1]:,}; "
+                         "the sides of a corpus align line for line.")
+    try:
+        sources = tokenizer.encode(list(iter_lines(paths[0])), "source")
+        targets = tokenizer.encode(list(iter_lines(paths[1])), "target")
+    except DataError as err:
+        raise InputError(str(err)) from None
+    return list(zip(sources, targets))
+
+
+def run(args: argparse.Namespace) -> int:
+    from nmt.distillation.command import stored_languages
+    from nmt.models.model_files import ModelDirError, read_model_files
+    from transformer.shortlist import SHORTLIST_FILE, build_shortlist
+
+    check_args(args)
+    try:
+        model_dir, tokenizer, values = read_model_files(args.model)
+    except (ModelDirError, DataError) as err:
+        raise InputError(str(err)) from None
+    stored_src, stored_tgt = stored_languages(values)
+    src, tgt = args.src or stored_src, args.tgt or stored_tgt
+    if not src or not tgt:
+        raise UsageError("the model stores no languages: give --src and --tgt.")
+    start = time.perf_counter()
+    pairs = read_pairs(args.train_prefix, src, tgt, tokenizer)
+    config = values["model"]
+    special = max(config.pad_id, config.unk_id, config.bos_id, config.eos_id) + 1
+    shortlist = build_shortlist(pairs, config.vocab_size, special, tokenizer.fingerprint,
+                                args.per_source, args.always, args.iterations)
+    shortlist.save(model_dir / SHORTLIST_FILE)
+    log.info("%s: %d pairs, %d target tokens per source token, %d always, in %.1f s",
+             model_dir / SHORTLIST_FILE, len(pairs), args.per_source, args.always,
+             time.perf_counter() - start)
+    if args.ctranslate2_map:
+        from nmt.convert.ctranslate2 import write_vocabulary_map
+
+        write_vocabulary_map(shortlist, tokenizer, args.ctranslate2_map)
+        log.info("wrote %s", args.ctranslate2_map)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    cli.setup_logging(logging.INFO, "%(name)s: %(message)s", ("absl", "jax", "datasets"))
+    return cli.guarded(PROG, lambda: run(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

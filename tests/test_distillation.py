@@ -1,0 +1,163 @@
+"""python -m nmt.distillation: the teacher's translations of a corpus, aligned with it, saved
+chunk by chunk, resumed after an interruption, reused when asked again, and refused where
+they would mix with another distillation."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from nmt.distillation import command
+from nmt.distillation.output import DistillationDir
+from translate_model import sentences
+
+CORPUS_LINES = 30
+CHUNK = ["--chunk-lines", "8"]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("corpus")
+    lines = sentences(CORPUS_LINES, seed=5)
+    lines[11] = ""  # an empty source keeps its line
+    (folder / "train.de").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    (folder / "train.en").write_text("\n".join(s.upper() for s in sentences(CORPUS_LINES, 6))
+                                     + "\n", encoding="utf-8")
+    return folder / "train"
+
+
+def distil(run_dir, corpus, out, *flags) -> int:
+    return command.main(["--teacher", str(run_dir), "--train-prefix", str(corpus),
+                         "--out", str(out), "-q", *CHUNK, *flags])
+
+
+@pytest.fixture(scope="module")
+def distilled(run_dir, corpus, tmp_path_factory):
+    out = tmp_path_factory.mktemp("distilled") / "out"
+    assert distil(run_dir, corpus, out) == 0
+    return out
+
+
+def test_every_source_line_gets_the_teachers_translation_on_its_line(run_dir, corpus,
+                                                                     distilled, capsys):
+    import translate
+
+    source = corpus.with_suffix(".de").read_text(encoding="utf-8")
+    assert (distilled / "train.de").read_text(encoding="utf-8") == source
+    targets = (distilled / "train.en").read_text(encoding="utf-8").splitlines()
+    assert len(targets) == CORPUS_LINES and targets[11] == ""
+    capsys.readouterr()
+    assert translate.main(["--model", str(run_dir), "-q", "--input",
+                           str(corpus.with_suffix(".de"))]) == 0
+    assert capsys.readouterr().out.splitlines() == targets
+    assert not (distilled / "parts").exists()
+    recipe = json.loads((distilled / "distillation.json").read_text())
+    assert recipe["search"]["beam_size"] == 3 and recipe["chunk_lines"] == 8
+
+
+def test_an_interrupted_run_resumes_without_gaps_or_repeats(run_dir, corpus, distilled,
+                                                            tmp_path, monkeypatch):
+    write_part, written = DistillationDir.write_part, []
+
+    def interrupted_after_two(self, chunk, translations):
+        if len(written) == 2:
+            raise KeyboardInterrupt
+        written.append(chunk)
+        write_part(self, chunk, translations)
+
+    monkeypatch.setattr(DistillationDir, "write_part", interrupted_after_two)
+    out = tmp_path / "out"
+    assert distil(run_dir, corpus, out) == 130
+    assert sorted(p.name for p in (out / "parts").iterdir()) == ["000000.en", "000001.en"]
+    assert not (out / "train.en").exists()
+    # A part cut short (by an older chunking, or by hand) is translated again.
+    (out / "parts" / "000001.en").write_text("one line only\n")
+    written.clear()
+    monkeypatch.setattr(DistillationDir, "write_part", lambda self, chunk, translations: (
+        written.append(chunk), write_part(self, chunk, translations)))
+    assert distil(run_dir, corpus, out) == 0
+    assert written == [1, 2, 3]
+    for name in ("train.de", "train.en"):
+        assert (out / name).read_bytes() == (distilled / name).read_bytes()
+
+
+def test_a_finished_distillation_is_reused_and_another_recipe_refused(run_dir, corpus,
+                                                                     distilled, tmp_path,
+                                                                     monkeypatch, capsys):
+    out = shutil.copytree(distilled, tmp_path / "out")
+    before = (out / "train.en").read_bytes()
+    monkeypatch.setattr(command, "make_translator", lambda *a: pytest.fail("translated again"))
+    assert distil(run_dir, corpus, out) == 0
+    assert (out / "train.en").read_bytes() == before
+    capsys.readouterr()
+    assert distil(run_dir, corpus, out, "--beam", "2") == 2
+    err = capsys.readouterr().err
+    assert "holds another distillation (its search differs" in err and len(err.splitlines()) == 1
+    other = tmp_path / "other"
+    shutil.copytree(corpus.parent, other)
+    with open(other / "train.de", "a", encoding="utf-8") as f:
+        f.write("Ein neuer satz.\n")
+    assert distil(run_dir, other / "train", out) == 2
+    assert "its corpus differs" in capsys.readouterr().err
+
+
+def test_original_pairs_kept_come_first(run_dir, corpus, tmp_path):
+    out = tmp_path / "out"
+    assert distil(run_dir, corpus, out, "--keep-original") == 0
+    source = corpus.with_suffix(".de").read_text(encoding="utf-8").splitlines()
+    original = corpus.with_suffix(".en").read_text(encoding="utf-8").splitlines()
+    assert (out / "train.de").read_text(encoding="utf-8").splitlines() == source + source
+    targets = (out / "train.en").read_text(encoding="utf-8").splitlines()
+    assert len(targets) == 2 * CORPUS_LINES and targets[:CORPUS_LINES] == original
+
+
+def teacher_copy(run_dir, tmp_path, name: str, **stored) -> str:
+    """A copy of the tiny model whose config.json stores other values."""
+    copy = shutil.copytree(run_dir / "model", tmp_path / name)
+    config = json.loads((copy / "config.json").read_text())
+    (copy / "config.json").write_text(json.dumps({**config, **stored}))
+    return str(copy)
+
+
+@pytest.mark.parametrize("case, code, message", [
+    ("flags-languages", 2, "--tgt fr, but --teacher"),
+    ("teachers-languages", 2, "translates de->fr but --teacher"),
+    ("missing-corpus", 1, "does not exist; --train-prefix PREFIX reads PREFIX.de"),
+    ("not-empty", 2, "is not empty and holds no distillation.json"),
+    ("nbest", 2, "keeps the teacher's best translation only"),
+    ("chunk", 2, "--chunk-lines and --batch-tokens must be >= 1"),
+])
+def test_bad_input_is_one_line(run_dir, corpus, tmp_path, capsys, case, code, message):
+    out, flags, teachers = tmp_path / "out", [], ["--teacher", str(run_dir)]
+    prefix = str(corpus)
+    if case == "flags-languages":
+        flags = ["--tgt", "fr"]
+    elif case == "teachers-languages":
+        teachers += ["--teacher", teacher_copy(run_dir, tmp_path, "fr", target_lang="fr")]
+    elif case == "missing-corpus":
+        prefix = str(tmp_path / "nothing")
+    elif case == "not-empty":
+        out.mkdir()
+        (out / "notes.txt").write_text("mine")
+    elif case == "nbest":
+        flags = ["--nbest", "2"]
+    else:
+        flags = ["--chunk-lines", "0"]
+    argv = [*teachers, "--train-prefix", prefix, "--out", str(out), "-q", *flags]
+    assert command.main(argv) == code
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1, err
+    if case == "not-empty":
+        assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]
+
+
+def test_an_ensemble_of_teachers_distils_with_their_mean(run_dir, corpus, tmp_path):
+    out = tmp_path / "out"
+    second = teacher_copy(run_dir, tmp_path, "second")
+    assert command.main(["--teacher", str(run_dir), "--teacher", second, "--train-prefix",
+                         str(corpus), "--out", str(out), "-q", "--chunk-lines", "64"]) == 0
+    recipe = json.loads((out / "distillation.json").read_text())
+    assert len(recipe["teachers"]) == 2
+    assert len((out / "train.en").read_text(encoding="utf-8").splitlines()) == CORPUS_LINES

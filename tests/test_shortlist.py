@@ -1,0 +1,269 @@
+"""transformer.shortlist and searching over a shortlist's candidates: the table (IBM Model 1),
+the candidate lists, the search restricted to them, and the commands that build and use it."""
+
+from __future__ import annotations
+
+import logging
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+from data.tokenizer import SpecialIds
+from nmt.models.translator import Translator
+from transformer.config import SearchConfig, get_preset
+from transformer.model import Transformer
+from transformer.search import pad_sources, search
+from transformer.shortlist import Shortlist, build_shortlist
+
+SPECIAL = 4  # PAD, UNK, BOS, EOS
+EOS = 3
+
+
+def word_for_word_pairs(count: int, seed: int = 0) -> list[tuple[list[int], list[int]]]:
+    """A language whose word s translates as s + 100, with a function word (7) in every
+    target sentence, in shuffled order."""
+    rng = np.random.default_rng(seed)
+    pairs = []
+    for _ in range(count):
+        src = rng.integers(10, 90, size=rng.integers(3, 10))
+        tgt = np.append(src + 100, 7)
+        rng.shuffle(tgt)
+        pairs.append((src.tolist(), tgt.tolist()))
+    return pairs
+
+
+def test_model_one_finds_each_words_translation_and_leaves_the_function_word_to_null():
+    shortlist = build_shortlist(word_for_word_pairs(2000), 300, SPECIAL, "t", per_source=3,
+                                always=2)
+    for s in range(10, 90):
+        assert shortlist.translations[s, 0] == s + 100
+        assert shortlist.probabilities[s, 0] > 0.8
+    # Co-occurrence counts would rank 7 first everywhere: it is in every sentence.
+    assert shortlist.by_frequency[0] == 7
+    assert not np.any(shortlist.translations[:SPECIAL] >= 0)  # special ids translate nothing
+
+
+def hand_made(vocab: int = 40) -> Shortlist:
+    translations = np.full((vocab, 3), -1, np.int32)
+    probabilities = np.zeros((vocab, 3), np.float32)
+    translations[10] = [20, 21, 22]
+    probabilities[10] = [0.9, 0.5, 0.1]
+    translations[11] = [23, 20, -1]
+    probabilities[11] = [0.7, 0.2, 0.0]
+    by_frequency = np.array([30, 31, 32] + [i for i in range(SPECIAL, vocab)
+                                            if i not in (30, 31, 32)], np.int32)
+    return Shortlist(translations, probabilities, by_frequency, 2, SPECIAL, "t")
+
+
+def test_candidates_are_specials_frequent_then_likeliest_of_a_fixed_size_ascending():
+    shortlist = hand_made()
+    src = np.array([[10, 11, EOS, 0], [0, 0, 0, 0]])  # padding and EOS choose nothing
+    assert shortlist.candidates(src, 10).tolist() == [0, 1, 2, 3, 20, 21, 22, 23, 30, 31]
+    # Short of room, the least likely translations go first: 22 (0.1), then 21 (0.5).
+    assert shortlist.candidates(src, 8).tolist() == [0, 1, 2, 3, 20, 23, 30, 31]
+    # With room to spare, the next most frequent targets fill it.
+    twelve = shortlist.candidates(src, 12).tolist()
+    assert twelve == [0, 1, 2, 3, 4, 20, 21, 22, 23, 30, 31, 32]
+    assert shortlist.candidates(src, 40).tolist() == list(range(40))
+
+
+def sharp_model(tied: bool = True, vocab: int = 48) -> Transformer:
+    overrides = {} if tied else {"share_embeddings": False, "output_bias": True}
+    model = Transformer(get_preset("tiny", vocab_size=vocab, **overrides), rngs=nnx.Rngs(3))
+    table = model.src_embedding.table.embedding
+    table[...] = table[...] * 4.0
+    if not tied:
+        kernel = model.output_projection.kernel
+        kernel[...] = kernel[...] * 4.0
+        model.output_bias[...] = jax.random.normal(jax.random.key(1), (vocab,))
+    return model
+
+
+def batch(vocab: int = 48) -> np.ndarray:
+    rng = np.random.default_rng(0)
+    rows = [list(rng.integers(SPECIAL, vocab, size=n)) + [EOS] for n in (9, 4, 12, 6)]
+    return pad_sources(rows, 0)
+
+
+@pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied-bias"])
+@pytest.mark.parametrize("config", [
+    SearchConfig(beam_size=3, nbest=2, max_len_a=0, max_len_b=10),
+    SearchConfig(strategy="greedy", max_len_a=0, max_len_b=10),
+], ids=["beam", "greedy"])
+def test_every_token_as_a_candidate_gives_the_search_without_a_shortlist(tied, config):
+    model = sharp_model(tied)
+    plain = search(model, batch(), config)
+    listed = search(model, batch(), config, candidates=np.arange(48))
+    np.testing.assert_array_equal(listed.tokens, plain.tokens)
+    # The same sums, from a product over a gathered matrix: equal up to float32 rounding.
+    np.testing.assert_allclose(listed.scores, plain.scores, rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied-bias"])
+def test_a_few_candidates_give_only_those_tokens_scored_by_a_softmax_over_them(tied):
+    model = sharp_model(tied)
+    src = batch()
+    candidates = np.array([0, 1, 2, 3, 9, 17, 18, 30, 41], np.int32)
+    config = SearchConfig(strategy="greedy", max_len_a=0, max_len_b=8)
+    result = search(model, src, config, candidates=candidates)
+    produced = set(result.tokens.ravel().tolist())
+    assert produced <= set(candidates.tolist()) and produced - {0, EOS}
+    # The score is each token's log-probability under a softmax over the candidates only.
+    for row in range(len(src)):
+        tokens = result.tokens[row, 0, :result.lengths[row, 0]]
+        tgt_in = np.concatenate([[2], tokens[:-1]])[None].astype(np.int32)
+        logits = model.decode(model.encode(src[row:row + 1]), model.source_mask(src[row:row + 1]),
+                              tgt_in)[0][0]
+        logprobs = jax.nn.log_softmax(np.asarray(logits)[:, candidates], axis=-1)
+        positions = np.searchsorted(candidates, tokens)
+        expected = float(np.asarray(logprobs)[np.arange(len(tokens)), positions].sum())
+        assert result.scores[row, 0] == pytest.approx(expected, abs=1e-4)
+
+
+def test_candidates_without_the_special_ids_first_are_refused():
+    with pytest.raises(ValueError, match="starting with 0..3"):
+        search(sharp_model(), batch(), SearchConfig(strategy="greedy", max_len_b=4),
+               candidates=np.array([1, 2, 3, 9]))
+
+
+class NumberTokenizer:
+    """Sentences of integers (the token ids themselves)."""
+
+    ids = SpecialIds()
+    fingerprint = "t"
+
+    def encode(self, sentences, side="source"):
+        return [[int(word) for word in sentence.split()] for sentence in sentences]
+
+    def decode(self, rows):
+        return [" ".join(map(str, row)) for row in rows]
+
+
+SENTENCES = ["5 9 13 17", "40 41", "7 7 7 30 31 32 33", "12"]
+
+
+def test_the_translator_searches_each_batch_over_its_candidates():
+    model, search_config = sharp_model(vocab=64), SearchConfig(beam_size=2, max_len_b=6)
+    shortlist = hand_made(64)
+    plain = Translator(model, NumberTokenizer(), search_config).translate(SENTENCES)
+    whole = Translator(model, NumberTokenizer(), search_config, shortlist=shortlist,
+                       shortlist_size=64)
+    assert whole.translate(SENTENCES) == plain
+    small = Translator(model, NumberTokenizer(), search_config, shortlist=shortlist,
+                       shortlist_size=9)
+    allowed = set(shortlist.candidates(np.array([[int(w) for s in SENTENCES
+                                                  for w in s.split()]]), 9).tolist())
+    for text in small.translate(SENTENCES):
+        assert {int(w) for w in text.split()} <= allowed
+    assert "shortlist of 9" in small.describe()
+
+
+def test_shortlist_sizes_and_vocabularies_that_cannot_work_are_refused(caplog):
+    model, config = sharp_model(vocab=64), SearchConfig(beam_size=2)
+    with pytest.raises(ValueError, match="vocabulary of 40 tokens, the model has 64"):
+        Translator(model, NumberTokenizer(), config, shortlist=hand_made(40), shortlist_size=9)
+    with pytest.raises(ValueError, match="--shortlist 4: a batch needs at least 5"):
+        Translator(model, NumberTokenizer(), config, shortlist=hand_made(64), shortlist_size=4)
+    with caplog.at_level(logging.WARNING):
+        clamped = Translator(model, NumberTokenizer(), config, shortlist=hand_made(64),
+                             shortlist_size=1000)
+    assert clamped.shortlist_size == 64 and "more than the vocabulary's 64" in caplog.text
+
+
+def test_saved_shortlist_loads_equal_and_a_damaged_one_is_named(tmp_path):
+    shortlist = hand_made()
+    shortlist.save(tmp_path / "shortlist.npz")
+    loaded = Shortlist.load(tmp_path / "shortlist.npz")
+    for field in ("translations", "probabilities", "by_frequency"):
+        np.testing.assert_array_equal(getattr(loaded, field), getattr(shortlist, field))
+    assert (loaded.always, loaded.special, loaded.tokenizer) == (2, SPECIAL, "t")
+    (tmp_path / "bad.npz").write_bytes(b"not a zip")
+    with pytest.raises(ValueError, match="bad.npz is not a readable shortlist"):
+        Shortlist.load(tmp_path / "bad.npz")
+
+
+# ----------------------------------------------------------------------------- the commands
+
+
+@pytest.fixture(scope="module")
+def shortlisted(run_dir, tmp_path_factory):
+    """A copy of the tiny model with a shortlist built by the command from a small corpus,
+    and its CTranslate2 vocabulary map."""
+    import shutil
+
+    from nmt.distillation import shortlist as command
+    from translate_model import sentences
+
+    folder = tmp_path_factory.mktemp("shortlisted")
+    model = shutil.copytree(run_dir / "model", folder / "model")
+    (folder / "train.de").write_text("\n".join(sentences(200, seed=3)) + "\n")
+    (folder / "train.en").write_text("\n".join(sentences(200, seed=4)) + "\n")
+    assert command.main(["--model", str(model), "--train-prefix", str(folder / "train"),
+                         "--per-source", "8", "--always", "10",
+                         "--ctranslate2-map", str(folder / "vmap.txt")]) == 0
+    return folder
+
+
+def test_translate_py_with_every_token_as_candidate_translates_as_without(shortlisted, capsys):
+    import translate
+    from translate_model import sentences
+
+    lines = sentences(6, seed=8)
+    assert translate.main(["--model", str(shortlisted / "model"), "-q", *lines]) == 0
+    plain = capsys.readouterr().out
+    assert translate.main(["--model", str(shortlisted / "model"), "-q", "--shortlist", "300",
+                           *lines]) == 0
+    assert capsys.readouterr().out == plain
+
+
+@pytest.mark.parametrize("flags, code, message", [
+    (["--shortlist", "0"], 2, "--shortlist must be >= 1"),
+    (["--shortlist", "3"], 2, "a batch needs at least 5 candidates"),
+    (["--shortlist", "50", "--engine", "ctranslate2"], 2, "searched by --engine jax"),
+], ids=["zero", "below-specials", "ctranslate2"])
+def test_translate_py_refuses_a_shortlist_it_cannot_use_in_one_line(shortlisted, flags, code,
+                                                                   message, capsys):
+    import translate
+
+    assert translate.main(["--model", str(shortlisted / "model"), *flags, "Ein mann."]) == code
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1, err
+
+
+def test_a_model_without_or_with_another_tokenizers_shortlist_is_named(shortlisted, run_dir,
+                                                                      tmp_path, capsys):
+    import shutil
+
+    import translate
+
+    assert translate.main(["--model", str(run_dir), "--shortlist", "50", "Ein mann."]) == 1
+    assert "has no shortlist.npz: build one with" in capsys.readouterr().err
+    other = shutil.copytree(shortlisted / "model", tmp_path / "model")
+    stored = Shortlist.load(other / "shortlist.npz")
+    Shortlist(stored.translations, stored.probabilities, stored.by_frequency, stored.always,
+              stored.special, "another").save(other / "shortlist.npz")
+    assert translate.main(["--model", str(other), "--shortlist", "50", "Ein mann."]) == 1
+    assert "built for another SentencePiece model" in capsys.readouterr().err
+
+
+def test_ctranslate2_vocabulary_map_lists_pieces_after_a_line_of_those_always_in(shortlisted):
+    lines = (shortlisted / "vmap.txt").read_text(encoding="utf-8").splitlines()
+    assert lines[0].startswith("\t") and len(lines[0].split("\t")[1].split()) == 10
+    assert len(lines) > 20 and all(line.count("\t") == 1 for line in lines)
+    assert all(1 <= len(line.split("\t")[1].split()) <= 8 for line in lines[1:])
+
+
+def test_the_shortlist_command_refuses_bad_counts_and_misaligned_corpora(shortlisted, tmp_path,
+                                                                        capsys):
+    from nmt.distillation import shortlist as command
+
+    model = str(shortlisted / "model")
+    assert command.main(["--model", model, "--train-prefix", str(shortlisted / "train"),
+                         "--per-source", "0"]) == 2
+    assert "--per-source must be >= 1" in capsys.readouterr().err
+    (tmp_path / "c.de").write_text("a\nb\n")
+    (tmp_path / "c.en").write_text("a\n")
+    assert command.main(["--model", model, "--train-prefix", str(tmp_path / "c")]) == 1
+    assert "has 2 lines but" in capsys.readouterr().err
