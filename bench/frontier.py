@@ -1,0 +1,192 @@
+"""BLEU against speed for a teacher and its students, each with every engine and setting a
+user can pick: the frontier of the fastest translation at each quality.
+
+    python -m bench.frontier --model teacher=runs/teacher/averaged \\
+        --model student-6-2=runs/student/averaged --test-prefix data/multi30k/test2016 \\
+        --src en --tgt de --shortlist 1024 --plot docs/images/frontier.png
+
+For each model, on the same test set, beam search (--beam, the model's alpha and beam rules):
+- ours at each --dtypes (float32, bfloat16), without and, where the model stores a
+  shortlist (python -m nmt.distillation.shortlist), with --shortlist K candidates per batch;
+- CTranslate2 on the model's export at each --compute-types (float32, int8), --inter-threads
+  batches at once on --threads threads, and with the shortlist as CTranslate2's vocabulary
+  map (`use_vmap`) where the model has one.
+Each is timed over --passes passes after one warm-up pass (compilation not counted; the
+median is reported). One JSON line per measurement, then a table, and with --plot a PNG of
+BLEU against sentences/s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from bench.common import emit, environment, read_test_set
+from bench.exported import ctranslate2_export, decoding_length
+
+
+@dataclasses.dataclass
+class Point:
+    model: str
+    system: str
+    sentences_per_s: float
+    bleu: float
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", action="append", required=True, metavar="NAME=DIR",
+                        help="a model to measure, named in the table (give it once per model)")
+    parser.add_argument("--test-prefix", required=True, help="PREFIX.SRC and PREFIX.TGT")
+    parser.add_argument("--src", required=True)
+    parser.add_argument("--tgt", required=True)
+    parser.add_argument("--beam", type=int, default=4)
+    parser.add_argument("--shortlist", type=int, nargs="+", default=[1024],
+                        help="candidates per batch with a model's shortlist, each measured")
+    parser.add_argument("--dtypes", nargs="+", choices=("float32", "bfloat16"),
+                        default=["float32", "bfloat16"])
+    parser.add_argument("--compute-types", nargs="*", default=["float32", "int8"],
+                        help="CTranslate2's (empty to skip it)")
+    parser.add_argument("--threads", type=int, default=2, help="CTranslate2 threads in all")
+    parser.add_argument("--inter-threads", type=int, default=2,
+                        help="CTranslate2 batches at once, each on --threads / N threads")
+    parser.add_argument("--batch-sentences", type=int, default=64,
+                        help="CTranslate2 max_batch_size")
+    parser.add_argument("--passes", type=int, default=3, help="timed passes (median)")
+    parser.add_argument("--limit", type=int, default=0, help="first N test pairs (0 = all)")
+    parser.add_argument("--plot", help="PNG of BLEU against sentences/s")
+    return parser.parse_args()
+
+
+def median_seconds(fn, passes: int):
+    """fn()'s result and the median seconds of `passes` calls, after one untimed call."""
+    out = fn()
+    times = []
+    for _ in range(passes):
+        start = time.perf_counter()
+        out = fn()
+        times.append(time.perf_counter() - start)
+    return out, statistics.median(times)
+
+
+def main() -> None:
+    args = parse_args()
+    from nmt.runtime.compilation import enable_compilation_cache
+
+    enable_compilation_cache()
+    sources, references = read_test_set(args, args.limit)
+    common = {"sentences": len(sources), "beam": args.beam, **environment()}
+    points: list[Point] = []
+    for named in args.model:
+        name, _, path = named.partition("=")
+        if not path:
+            raise SystemExit(f"--model {named}: give NAME=DIR")
+
+        def report(system: str, hypotheses: list[str], seconds: float, **extra) -> None:
+            from nmt.translation.scoring import evaluate
+
+            bleu = evaluate(hypotheses, references, target_language=args.tgt).bleu
+            point = Point(name, system, len(sources) / seconds, bleu)
+            points.append(point)
+            emit({"model": name, "path": path, "system": system, "seconds": round(seconds, 3),
+                  "sentences_per_s": round(point.sentences_per_s, 1), "bleu": round(bleu, 2),
+                  **extra, **common})
+
+        measure_ours(args, path, sources, report)
+        if args.compute_types:
+            measure_ctranslate2(args, path, sources, report)
+    print_table(points)
+    if args.plot:
+        plot(points, args.plot, f"{args.test_prefix}, beam {args.beam}")
+
+
+def measure_ours(args, path: str, sources: list[str], report) -> None:
+    from nmt.models.model_dir import load_model
+    from nmt.models.model_files import ModelDirError, read_shortlist
+    from nmt.models.translator import Translator, default_searches
+
+    for dtype in args.dtypes:
+        model, tokenizer, values = load_model(path, dtype=dtype)
+        search = dataclasses.replace(values["search"], strategy="beam", beam_size=args.beam,
+                                     nbest=1)
+        try:
+            shortlist = read_shortlist(path, tokenizer)
+        except ModelDirError:
+            shortlist = None
+        sizes = [0] + (args.shortlist if shortlist is not None else [])
+        for size in sizes:
+            translator = Translator(model, tokenizer, search, searches=default_searches(),
+                                    compact_after=0, shortlist=shortlist if size else None,
+                                    shortlist_size=size)
+            hypotheses, seconds = median_seconds(lambda: translator.translate(sources),
+                                                 args.passes)
+            report(f"ours {dtype}" + (f" shortlist {size}" if size else ""), hypotheses,
+                   seconds)
+
+
+def measure_ctranslate2(args, path: str, sources: list[str], report) -> None:
+    import ctranslate2
+
+    from nmt.models.model_files import read_model_files
+
+    _, tokenizer, values = read_model_files(path)
+    pieces = [tokenizer.pieces(ids) for ids in tokenizer.encode(sources)]
+    config = values["model"]
+    suppress = [[tokenizer.pieces([config.pad_id])[0]], [tokenizer.pieces([config.bos_id])[0]]]
+    with tempfile.TemporaryDirectory() as tmp:
+        exported = ctranslate2_export(path, Path(tmp))
+        vmaps = [False, True] if (exported / "vmap.txt").is_file() else [False]
+        for compute in args.compute_types:
+            inter = args.inter_threads
+            translator = ctranslate2.Translator(str(exported), device="cpu",
+                                                compute_type=compute, inter_threads=inter,
+                                                intra_threads=max(args.threads // inter, 1))
+            for vmap in vmaps:
+                def run(vmap=vmap):
+                    results = translator.translate_batch(
+                        pieces, beam_size=args.beam, length_penalty=values["search"].alpha,
+                        max_batch_size=args.batch_sentences, suppress_sequences=suppress,
+                        max_decoding_length=decoding_length(values), use_vmap=vmap)
+                    return [tokenizer.processor.decode_pieces(r.hypotheses[0]) for r in results]
+
+                hypotheses, seconds = median_seconds(run, args.passes)
+                report(f"ctranslate2 {compute}" + (" vmap" if vmap else ""), hypotheses,
+                       seconds, inter_threads=inter)
+
+
+def print_table(points: list[Point]) -> None:
+    print("| model | system | sentences/s | BLEU |")
+    print("|---|---|---|---|")
+    for p in points:
+        print(f"| {p.model} | {p.system} | {p.sentences_per_s:,.1f} | {p.bleu:.2f} |")
+
+
+def plot(points: list[Point], path: str, title: str) -> None:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(8, 5.5))
+    FigureCanvasAgg(figure)
+    axes = figure.add_subplot()
+    markers = dict(zip(dict.fromkeys(p.model for p in points), "osD^v<>p*"))
+    for p in points:
+        color = "tab:blue" if p.system.startswith("ours") else "tab:orange"
+        axes.scatter(p.sentences_per_s, p.bleu, marker=markers[p.model], color=color)
+        axes.annotate(f"{p.model}: {p.system}", (p.sentences_per_s, p.bleu), fontsize=6,
+                      xytext=(3, 3), textcoords="offset points")
+    axes.set_xscale("log")
+    axes.set_xlabel("sentences/s (log scale)")
+    axes.set_ylabel("BLEU")
+    axes.set_title(f"BLEU against speed: {title}\n(blue: ours, orange: CTranslate2)",
+                   fontsize=9)
+    axes.grid(True, alpha=0.3)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+
+
+if __name__ == "__main__":
+    main()
