@@ -53,8 +53,13 @@ def first_run(corpus, tmp_path_factory) -> Path:
     """A folder holding `a`, the uninterrupted run, and `cache`, the compilation cache it
     filled first (its train step compiles, not read from a cache) and the later runs share."""
     def train_uninterrupted(root: Path) -> None:
-        result = _run(_args(corpus, root / "a"), _env(root / "cache"))
+        # stderr is a pipe, as in a log: plain progress lines (here every 0.2 s), never "\r".
+        env = {**_env(root / "cache"), "NMT_PROGRESS_SECONDS": "0.2"}
+        result = _run(_args(corpus, root / "a"), env)
         assert result.returncode == 0, result.stderr[-3000:]
+        assert "\r" not in result.stderr
+        assert re.search(r"progress: step \d+ of 60, loss \d+\.\d+, [\d,]+ tokens/s, elapsed "
+                         r"\d+:\d\d, ETA \d+:\d\d", result.stderr), result.stderr[-3000:]
 
     return built_once(tmp_path_factory, "train_cli_first_run", train_uninterrupted)
 

@@ -32,6 +32,7 @@ from data.lines import count_lines, iter_lines
 from nmt.distillation.output import DistillationDir, OtherDistillation, Recipe
 from nmt.runtime import cli
 from nmt.runtime.cli import UsageError
+from nmt.runtime.progress import LineCounter
 from nmt.translation.command import add_search_flags, name_flags, search_config
 from nmt.translation.errors import InputError
 
@@ -200,8 +201,6 @@ def distil(args: argparse.Namespace) -> int:
 def translate_chunks(args: argparse.Namespace, teachers: Teachers, source: Path,
                      out: DistillationDir) -> None:
     """Every chunk of `source` not yet saved, translated and saved, with progress."""
-    from tqdm import tqdm
-
     total = count_lines(source)
     todo = [n for n in range(-(-total // args.chunk_lines))
             if not out.done_part(n, min(args.chunk_lines, total - n * args.chunk_lines))]
@@ -211,11 +210,8 @@ def translate_chunks(args: argparse.Namespace, teachers: Teachers, source: Path,
     log.info("distilling %s: %d of %d chunks to translate (%s)", source, len(todo),
              -(-total // args.chunk_lines), translator.describe())
     start, done = time.perf_counter(), 0
-    bar = tqdm(total=total, unit="sent", file=sys.stderr, dynamic_ncols=True,
-               disable=args.quiet or not sys.stderr.isatty(),
-               initial=total - sum(min(args.chunk_lines, total - n * args.chunk_lines)
-                                   for n in todo))
-    with bar:
+    saved = total - sum(min(args.chunk_lines, total - n * args.chunk_lines) for n in todo)
+    with LineCounter(total, args.quiet, "sentences", initial=saved) as bar:
         for number, lines in enumerate(chunks(source, args.chunk_lines)):
             if number not in todo:
                 continue

@@ -10,7 +10,7 @@ from typing import Any
 import jax
 from tqdm import tqdm
 
-from nmt.settings.config import BEST_METRICS, RunConfig, TrainerConfig
+from nmt.settings.config import BEST_METRICS, RunConfig
 from nmt.training.stopping import StopReason
 
 
@@ -29,15 +29,6 @@ def announcement(run: RunConfig, params, model_config, data, budget: str, run_di
             f"({len(data.train_examples)} after length filtering), {jax.device_count()} "
             f"{jax.devices()[0].platform} device(s), {jax.process_count()} process(es); "
             f"budget {budget}; run directory {run_dir}")
-
-
-def progress_bar(trainer: TrainerConfig, total: int | None, initial: int):
-    """A tqdm bar on the terminal (None with --no-progress); total: the step limit, if any."""
-    if not trainer.progress:
-        return None
-    # disable=None: no bar when stderr is not a terminal (logs, CI); metrics.jsonl has it all.
-    return tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True, disable=None,
-                smoothing=0.1)
 
 
 def build_summary(run: RunConfig, run_dir: Path, model_dir: Path, steps: int, stopped: StopReason,

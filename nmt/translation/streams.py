@@ -16,6 +16,7 @@ from data.config import DataError
 from data.lines import is_regular_file, iter_lines, read_lines as read_text_lines, stream_chunks
 from nmt.runtime.cli import UsageError
 from nmt.runtime.files import FileState, file_state
+from nmt.runtime.progress import LineCounter
 from nmt.translation.errors import InputError
 
 log = logging.getLogger("translate.py")
@@ -111,11 +112,9 @@ def translate_chunks(translator, chunks, out: IO[str], where: str, nbest: bool,
     return total, reached_limit
 
 
-def progress_bar(total: int, quiet: bool):
-    from tqdm import tqdm  # where a bar is shown: not on the fast path
-
-    return tqdm(total=total, unit="sent", file=sys.stderr, disable=quiet or total <= 1,
-                dynamic_ncols=True)
+def progress_bar(total: int, quiet: bool) -> LineCounter:
+    """Sentences done: a bar on a terminal, a plain line every half minute in a log."""
+    return LineCounter(total, quiet, "sentences")
 
 
 OUTPUT_FLAGS = ("output", "hyp_file", "report", "plot_attention")
