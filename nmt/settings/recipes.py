@@ -446,7 +446,9 @@ def add_section_flags(group, section: str, exclude: Iterable[str] = (),
     """The flags of one section's settings (but `exclude`), each None when left out. The help
     ends with `default_note`, or else the default: `shown`'s value or the dataclass's."""
     for field in (f for f in FIELDS if f.section == section and f.name not in exclude):
-        text = f"{field.help} ({default_note or _default_text(field, shown or {})})"
+        says_default = re.search(r"\(default|; default|default runs", field.help)
+        text = (field.help if says_default and not default_note
+                else f"{field.help} ({default_note or _default_text(field, shown or {})})")
         if field.kind is bool:
             group.add_argument(field.flag, dest=field.flat_name, default=None, help=text,
                                action=argparse.BooleanOptionalAction)
@@ -531,7 +533,8 @@ def dump(run: RunConfig) -> str:
                 continue
             values[field.name] = list(value) if isinstance(value, tuple) else value
         sections[section] = values
-    head = ("# Every setting of this run; `python train.py --config THIS_FILE` runs it again.\n")
+    head = ("# Every setting of this run. `python train.py --config THIS_FILE` continues it (its\n"
+            "# trainer.output_dir); add --output-dir NEW to train the same settings anew.\n")
     body = "\n".join(yaml.safe_dump({section: values}, sort_keys=False, allow_unicode=True,
                                     default_flow_style=None) + notes.get(section, "")
                      for section, values in sections.items())

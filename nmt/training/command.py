@@ -22,11 +22,17 @@ PROG = "train.py"
 def build_parser() -> argparse.ArgumentParser:
     parser = cli.OneLineParser(
         prog=PROG, description="Train a Transformer (Vaswani et al. 2017) translation model.",
-        epilog="A recipe (--config) is a YAML file with one section per settings group below "
-               "(configs/ has examples), or a flat JSON object of flag names; flags given on "
-               "the command line override it. On Linux train.py runs on mimalloc, which "
-               "keeps XLA:CPU's step buffers mapped between steps; NMT_ALLOCATOR=system in "
-               "the environment turns it off (nmt/runtime/allocator.py).")
+        formatter_class=argparse.RawDescriptionHelpFormatter, epilog="""\
+examples:
+  python train.py                                     # minutes, on an offline corpus
+  python train.py --config configs/multi30k_cpu.yaml  # a recipe (configs/ has more)
+  python train.py --train-prefix data/train --src en --tgt de --preset small
+
+A recipe (--config) is a YAML file with one section per settings group below
+(configs/ has examples), or a flat JSON object of flag names; flags given on the
+command line override it. On Linux train.py runs on mimalloc, which keeps
+XLA:CPU's step buffers mapped between steps; NMT_ALLOCATOR=system in the
+environment turns it off (nmt/runtime/allocator.py).""")
     parser.add_argument("--config", metavar="RECIPE",
                         help="recipe file (.yaml, or .json), e.g. configs/multi30k_small.yaml")
     parser.add_argument("--resume", action="store_true",

@@ -10,7 +10,7 @@ processes, and only process 0 prints, logs metrics and exports the model.
 
 The run directory it leaves:
 
-    config.yaml        every setting of the run (a recipe: `train.py --config` runs it again)
+    config.yaml        every setting of the run (a recipe: `train.py --config` continues it)
     spm.model          the SentencePiece model
     checkpoints/<N>/   the last --keep-last checkpoints (nmt.rundir.checkpoints)
     best/<N>/          parameters with the best validation score so far (--best-metric)

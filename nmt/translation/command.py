@@ -89,6 +89,7 @@ import os
 import signal
 import sys
 import time
+from pathlib import Path
 from typing import Sequence
 
 from data.config import INFERENCE_BATCH_TOKENS, DataError
@@ -114,9 +115,16 @@ def build_parser() -> argparse.ArgumentParser:
         prog="translate.py",
         description="Translate sentences (arguments, stdin or a file) with a trained "
                     "Transformer, or score a test set with sacreBLEU.",
-        epilog="Search flags default to the values stored with the model. --nbest output: "
-               "INDEX<TAB>SCORE<TAB>TRANSLATION, N lines per input line, best first, INDEX "
-               "0-based.")
+        formatter_class=argparse.RawDescriptionHelpFormatter, epilog="""\
+examples:
+  python translate.py --model runs/NAME/averaged "A man rides a bicycle."
+  python translate.py --model runs/NAME/averaged < input.en > output.de
+  python translate.py --model runs/NAME/averaged --evaluate \\
+      --test-prefix data/multi30k/test2016 --src en --tgt de
+
+Search flags default to the values stored with the model. --nbest output:
+INDEX<TAB>SCORE<TAB>TRANSLATION, N lines per input line, best first, INDEX
+0-based.""")
     parser.add_argument("sentences", nargs="*", metavar="SENTENCE",
                         help="sentences to translate; without any, read --input or stdin")
     parser.add_argument("--model", required=True, action="append",
@@ -450,6 +458,10 @@ def run(args: argparse.Namespace) -> int:
     test_set = None
     if (args.evaluate or args.score) and (args.src_file or (args.src and args.tgt)):
         test_set = evaluation.evaluation_data(args, {})  # else the model's languages
+    for path in args.model:  # a path that is not there is the user's to fix (exit status 2)
+        if not Path(path).exists():
+            raise UsageError(f"--model {path}: no such directory; give a run directory "
+                             "(runs/NAME) or a model directory (runs/NAME/averaged).")
     model, tokenizer, values, translator = load(args)
     # Checked before --output is opened: a missing MeCab must not cost the file its contents.
     bleu = evaluation.bleu_settings(args, values) if args.evaluate else None

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import textwrap
 from pathlib import Path
 from typing import Sequence
 
@@ -77,7 +78,9 @@ def plot_attention(weights: np.ndarray, src_labels: Sequence[str], out_labels: S
     axes.set_xlabel("source")
     axes.set_ylabel("output")
     if title:
-        axes.set_title(title, fontsize=9)
+        # Wrapped to the figure's width (about 11 characters of 9-point text an inch): a
+        # short sentence's narrow plot would cut a one-line title off.
+        axes.set_title(textwrap.fill(title, max(20, int(width * 11))), fontsize=9)
     figure.colorbar(image, ax=axes, fraction=0.05, pad=0.02)
     path = Path(path)
     figure.savefig(path, dpi=100)

@@ -16,7 +16,7 @@ from data.config import DataError
 from data.lines import is_regular_file, iter_lines, read_lines as read_text_lines, stream_chunks
 from nmt.runtime.cli import UsageError
 from nmt.runtime.files import FileState, file_state
-from nmt.runtime.progress import LineCounter
+from nmt.runtime.progress import LineCounter, on_terminal
 from nmt.translation.errors import InputError
 
 log = logging.getLogger("translate.py")
@@ -230,6 +230,9 @@ def translate_input(translator, args: argparse.Namespace, input_line_count: int 
                 translator, file_chunks(args.input, args.chunk_lines), out, args.input, nbest,
                 bar.update, split_language)
     else:
+        if on_terminal(sys.stdin) and not args.quiet:
+            print("translate.py: reading sentences from the terminal, one per line; Ctrl-D "
+                  "ends", file=sys.stderr, flush=True)
         chunks = stream_chunks(sys.stdin.fileno(), args.chunk_lines)
         count, reached_limit = translate_chunks(translator, chunks, out, "<stdin>", nbest,
                                                 split_language=split_language)
