@@ -292,3 +292,19 @@ def test_the_frontier_bench_measures_each_engine_with_and_without_the_shortlist(
     assert all(r["sentences"] == 6 and r["sentences_per_s"] > 0 for r in records)
     assert sum(line.startswith("| tiny |") for line in out) == 4
     assert (tmp_path / "frontier.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_server_loads_each_models_shortlist_and_names_it_in_its_engine(shortlisted,
+                                                                          run_dir):
+    from nmt.serving import command as server
+    from nmt.translation.errors import InputError
+
+    model = str(shortlisted / "model")
+    args = server.build_parser().parse_args(["--model", model, "--shortlist", "50"])
+    server.check_args(args)
+    translator, _ = server.load_translator(model, model, args)
+    assert translator.shortlist_size == 50
+    assert translator.describe() == "jax float32, shortlist of 50"
+    args = server.build_parser().parse_args(["--model", str(run_dir), "--shortlist", "50"])
+    with pytest.raises(InputError, match="has no shortlist.npz"):
+        server.load_translator(str(run_dir), str(run_dir), args)

@@ -48,6 +48,7 @@ from nmt.translation.command import (
     engine_compute_type,
     given_search_fields,
     name_flags,
+    read_shortlist,
     search_config,
 )
 from nmt.translation.errors import InputError
@@ -91,7 +92,12 @@ def build_parser() -> argparse.ArgumentParser:
                              "on (or SRC:TGT); once per language pair")
     parser.add_argument("--dtype", choices=("float32", "bfloat16"),
                         help="compute dtype (default: the model's; --engine jax)")
-    add_engine_flags(parser.add_argument_group("engine"))
+    engine = parser.add_argument_group("engine")
+    add_engine_flags(engine)
+    engine.add_argument("--shortlist", type=int, metavar="K",
+                        help="search each batch over K candidate target tokens from each "
+                             "model's shortlist.npz (python -m nmt.distillation.shortlist) "
+                             "instead of the whole vocabulary (--engine jax)")
     server = parser.add_argument_group("server")
     server.add_argument("--host", default="127.0.0.1",
                         help="address to listen on (default 127.0.0.1: this machine only; "
@@ -157,7 +163,7 @@ def _int_list(text: str) -> tuple[int, ...]:
 def check_args(args: argparse.Namespace) -> None:
     check_engine_args(args, ensembles=False)
     counts = [("--batch-tokens", args.batch_tokens), ("--gather-tokens", args.gather_tokens),
-              ("--searches", args.searches)]
+              ("--searches", args.searches), ("--shortlist", args.shortlist)]
     for flag, field, _, _ in LIMIT_FLAGS:
         value = getattr(args, field)
         if isinstance(value, float):
@@ -261,13 +267,15 @@ def load_translator(flag: str, path: str, args: argparse.Namespace):
         model, tokenizer, values = load_models([path], dtype=args.dtype)
     except (ModelDirError, DataError) as err:
         raise InputError(str(err)) from None
+    shortlist = read_shortlist(path, tokenizer) if args.shortlist is not None else None
     try:
         search = search_config(values["search"], args)
         # compact_after=0: the warm-up compiles every program compaction needs, so every
         # batch leaves its finished sentences behind from the first request on (on a CPU;
         # on a GPU or TPU no batch compacts, `BatchPlan.on_cpu`).
         translator = Translator(model, tokenizer, search, batch_tokens=args.batch_tokens,
-                                seed=args.seed, buckets=args.buckets, compact_after=0)
+                                seed=args.seed, buckets=args.buckets, compact_after=0,
+                                shortlist=shortlist, shortlist_size=args.shortlist or 0)
     except ValueError as err:
         raise UsageError(f"--model {flag}: invalid search settings: "
                          f"{name_flags(str(err))}") from None
