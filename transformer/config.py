@@ -375,11 +375,12 @@ PRESETS: dict[str, ModelConfig] = {
     # teacher's translations (`python -m nmt.distillation`). Decoding runs the decoder once
     # per output token and the encoder once per sentence, so decoder layers are what a
     # translation waits for (Kasai et al., ICLR 2021: 12+1 layers, distilled, match 6+6 at
-    # about 2.5x the decoding speed; Bergamot's CPU students are 6+2).
+    # about 2.5x the decoding speed; Bergamot's CPU students are 6+2). Pre-norm: post-norm
+    # 6+2 students of this width did not fit their corpus (docs/performance.md, "Students").
     "student-6-2": ModelConfig(d_model=128, num_heads=4, d_ff=256, encoder_layers=6,
-                               decoder_layers=2, dropout=0.1),
+                               decoder_layers=2, dropout=0.1, norm="pre"),
     "student-6-1": ModelConfig(d_model=128, num_heads=4, d_ff=256, encoder_layers=6,
-                               decoder_layers=1, dropout=0.1),
+                               decoder_layers=1, dropout=0.1, norm="pre"),
     # For tests: odd sizes catch transposed axes.
     "tiny": ModelConfig(vocab_size=64, d_model=24, num_heads=3, d_ff=40, encoder_layers=2,
                         decoder_layers=2, max_len=64),
