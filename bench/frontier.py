@@ -137,8 +137,14 @@ def measure_ctranslate2(args, path: str, sources: list[str], report) -> None:
     pieces = [tokenizer.pieces(ids) for ids in tokenizer.encode(sources)]
     config = values["model"]
     suppress = [[tokenizer.pieces([config.pad_id])[0]], [tokenizer.pieces([config.bos_id])[0]]]
+    from nmt.convert.common import ConversionError
+
     with tempfile.TemporaryDirectory() as tmp:
-        exported = ctranslate2_export(path, Path(tmp))
+        try:
+            exported = ctranslate2_export(path, Path(tmp))
+        except ConversionError as err:  # a model CTranslate2's layout cannot hold
+            emit({"model": path, "system": "ctranslate2", "skipped": str(err)})
+            return
         vmaps = [False, True] if (exported / "vmap.txt").is_file() else [False]
         for compute in args.compute_types:
             inter = args.inter_threads

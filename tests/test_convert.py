@@ -265,6 +265,35 @@ def test_greedy_equals_ctranslate2(ct2_dir, ours, test_sentences):
         assert result.hypotheses[0] == tokenizer.pieces(nbest[0].tokens)
 
 
+def test_a_pre_norm_student_exports_to_ctranslate2_with_our_scores(trained_dir, tmp_path,
+                                                                   test_sentences):
+    # MarianMT's layout is post-norm, CTranslate2's holds pre-norm stacks and their final
+    # LayerNorms: the students' layout (deep encoder, shallow decoder, pre-norm).
+    from nmt.convert.ctranslate2 import export_ctranslate2
+
+    _, tokenizer, _ = load_model(trained_dir)
+    config = get_preset("tiny", vocab_size=tokenizer.vocab_size, norm="pre", encoder_layers=3,
+                        decoder_layers=1, d_model=48, num_heads=4, d_ff=96)
+    model = Transformer(config, rngs=nnx.Rngs(7))
+    norm = model.decoder_norm  # not the identity, so that a lost final norm shows
+    norm.scale[...] = jax.random.uniform(jax.random.key(2), norm.scale.shape, minval=0.5,
+                                         maxval=1.5)
+    norm.bias[...] = jax.random.normal(jax.random.key(3), norm.bias.shape) * 0.1
+    export_model(tmp_path / "model", nnx.state(model, nnx.Param), config, tokenizer, SEARCH,
+                 {"source_lang": "de", "target_lang": "de"})
+    with pytest.raises(ConversionError, match="norm='pre' cannot be exported"):
+        marian.export_marian(tmp_path / "model", tmp_path / "marian")
+    exported = export_ctranslate2(tmp_path / "model", tmp_path / "ct2")
+    references = sentences(24, seed=5)
+    pieces = lambda texts: [tokenizer.pieces(ids) for ids in tokenizer.encode(texts)]  # noqa: E731
+    results = ctranslate2.Translator(str(exported)).score_batch(pieces(test_sentences),
+                                                                pieces(references))
+    mine = Translator(model, tokenizer, SEARCH).score(test_sentences, references)
+    for result, (logprob, length) in zip(results, mine):
+        assert len(result.log_probs) == length
+        assert sum(result.log_probs) == pytest.approx(logprob, abs=1e-3)
+
+
 def test_export_refuses_a_non_empty_output_and_leaves_nothing(trained_dir, tmp_path):
     out = tmp_path / "out"
     out.mkdir()
@@ -353,13 +382,14 @@ def test_transformers_rules_reproduce_generate_where_ours_differ(untrained, alph
 
 
 @pytest.fixture(scope="module")
-def prenorm_dir(tmp_path_factory):
-    """A model directory whose model MarianMT cannot express (pre-norm)."""
+def learned_positions_dir(tmp_path_factory):
+    """A model directory whose model neither MarianMT nor CTranslate2 can express (learned
+    positions)."""
     from data.tokenizer import TokenizerConfig, train_tokenizer
 
-    directory = tmp_path_factory.mktemp("prenorm")
+    directory = tmp_path_factory.mktemp("learned")
     tokenizer = train_tokenizer(sentences(400, seed=1), TokenizerConfig(vocab_size=300))
-    config = get_preset("tiny", vocab_size=tokenizer.vocab_size, norm="pre")
+    config = get_preset("tiny", vocab_size=tokenizer.vocab_size, positional="learned")
     model = Transformer(config, rngs=nnx.Rngs(0))
     export_model(directory / "model", nnx.state(model, nnx.Param), config,
                  tokenizer, SearchConfig())
@@ -382,17 +412,18 @@ def test_command_writes_a_model(command, trained_dir, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("case, expected_code, named", [
-    ("pre-norm model", 2, "norm='pre'"),
+    ("learned positions", 2, "positional='learned'"),
     ("output not empty", 2, "exists and is not empty"),
     ("not a model", 2, "has neither config.json (a model directory) nor model/"),
     ("incomplete model", 1, "params.msgpack (parameters) is missing"),
 ])
 def test_command_errors_are_one_line_and_write_nothing(case, expected_code, named,
-                                                       prenorm_dir, trained_dir, tmp_path,
+                                                       learned_positions_dir, trained_dir,
+                                                       tmp_path,
                                                        capsys):
     model, out = trained_dir, tmp_path / "out"
-    if case == "pre-norm model":
-        model = prenorm_dir
+    if case == "learned positions":
+        model = learned_positions_dir
     elif case == "output not empty":
         out.mkdir()
         (out / "notes.txt").write_text("mine")

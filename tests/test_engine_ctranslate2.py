@@ -424,14 +424,15 @@ def test_a_model_ctranslate2_cannot_express_is_named_in_one_line(run_dir, tmp_pa
     from transformer.model import Transformer
 
     tokenizer = load_tokenizer(run_dir / "model")
-    config = get_preset("tiny", vocab_size=tokenizer.vocab_size, norm="pre")
-    export_model(tmp_path / "pre", nnx.state(Transformer(config, rngs=nnx.Rngs(0)), nnx.Param),
-                 config, tokenizer)
+    config = get_preset("tiny", vocab_size=tokenizer.vocab_size, positional="learned")
+    export_model(tmp_path / "learned", nnx.state(Transformer(config, rngs=nnx.Rngs(0)),
+                                                 nnx.Param), config, tokenizer)
     monkeypatch.setenv("FLAX_NMT_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(sys, "stdin", None)
-    assert main(["--model", str(tmp_path / "pre"), "--engine", "ctranslate2", "-q", "x"]) == 1
+    assert main(["--model", str(tmp_path / "learned"), "--engine", "ctranslate2", "-q",
+                 "x"]) == 1
     err = capsys.readouterr().err.strip()
-    assert "cannot run on CTranslate2" in err and "norm" in err, err
+    assert "cannot run on CTranslate2" in err and "positional" in err, err
     assert len(err.splitlines()) == 1, err
     assert not [p for p in (tmp_path / "cache" / "ctranslate2").iterdir()
                 if p.is_dir() and p.name != "checksums"]  # nothing half-written kept

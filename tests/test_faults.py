@@ -204,7 +204,7 @@ def _translate(argv: list, capsys) -> tuple[int, str]:
 @pytest.mark.parametrize("argv,code,named", [
     (["--model", "{run}", "--beam", "0", "Hallo."], 2, "--beam must be >= 1"),
     (["--model", "{run}", "--nbest", "x", "Hallo."], 2, "'x'"),
-    (["--model", "{tmp}/none", "Hallo."], 1, "{tmp}/none"),
+    (["--model", "{tmp}/none", "Hallo."], 2, "{tmp}/none"),  # a path not there: usage
     (["--model", "{run}", "--input", "{tmp}/none.txt"], 1, "{tmp}/none.txt"),
     (["--model", "{run}", "--output", "{tmp}/no/out.txt", "Hallo."], 2, "{tmp}/no"),
     (["--model", "{run}", "--output", "{tmp}", "Hallo."], 2, "is a directory"),

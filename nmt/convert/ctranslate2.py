@@ -66,11 +66,13 @@ def build_spec(params: Any, config, tokenizer):
     """A validated `ctranslate2.specs.TransformerSpec` holding our model."""
     from ctranslate2.specs import common_spec, transformer_spec
 
-    state = to_marian_state(params, config)  # refuses what MarianMT's layout cannot hold
+    # Refuses what MarianMT's layout cannot hold, but pre-norm, which CTranslate2's can.
+    state = to_marian_state(params, config, pre_norm=True)
     activation = {"relu": common_spec.Activation.RELU,
                   "swish": common_spec.Activation.SWISH}[config.activation]
+    pre_norm = config.norm == "pre"
     spec = transformer_spec.TransformerSpec.from_config(
-        (config.encoder_layers, config.decoder_layers), config.num_heads, pre_norm=False,
+        (config.encoder_layers, config.decoder_layers), config.num_heads, pre_norm=pre_norm,
         activation=activation)
     positions = marian_positions(config.max_len, config.d_model)
     if config.share_embeddings:
@@ -98,6 +100,9 @@ def build_spec(params: Any, config, tokenizer):
         _attention(layer.attention, state, f"{prefix}.encoder_attn", False)
         _norm(layer.attention.layer_norm, state, f"{prefix}.encoder_attn_layer_norm")
         _feed_forward(layer.ffn, state, prefix)
+    if pre_norm:  # the stacks' final LayerNorms
+        _norm(encoder.layer_norm, state, "model.encoder.layer_norm")
+        _norm(decoder.layer_norm, state, "model.decoder.layer_norm")
     decoder.projection.weight = output
     if config.output_bias:
         decoder.projection.bias = state["final_logits_bias"].reshape(-1)

@@ -56,11 +56,13 @@ def residual_permutation(d_model: int) -> np.ndarray:
     return np.concatenate([np.arange(0, d_model, 2), np.arange(1, d_model, 2)])
 
 
-def check_exportable(config: ModelConfig) -> None:
+def check_exportable(config: ModelConfig, pre_norm: bool = False) -> None:
     """Refuse options MarianMT has no form for, naming them (a silently different model
-    would be worse than none)."""
+    would be worse than none); `pre_norm`: the caller's layout also holds pre-norm stacks
+    (CTranslate2's does)."""
     unsupported = {
-        "norm": (config.norm, "post", "MarianMT's layers are post-norm"),
+        "norm": (config.norm, config.norm if pre_norm else "post",
+                 "MarianMT's layers are post-norm"),
         "positional": (config.positional, "sinusoidal", "MarianMT's positions are sinusoidal"),
     }
     for name, (value, needed, why) in unsupported.items():
@@ -73,19 +75,24 @@ def check_exportable(config: ModelConfig) -> None:
 # ----------------------------------------------------------------------------- ours -> MarianMT
 
 
-def to_marian_state(params: Params, config: ModelConfig) -> dict[str, np.ndarray]:
+def to_marian_state(params: Params, config: ModelConfig, pre_norm: bool = False
+                    ) -> dict[str, np.ndarray]:
     """Our parameters -> MarianMTModel's state dict (names as `save_pretrained` writes them).
 
     Tied matrices appear once, as transformers saves them: with shared embeddings only
     `model.shared.weight` (the encoder's, decoder's and output's table); otherwise the
-    encoder's, the decoder's and `lm_head.weight` apart.
+    encoder's, the decoder's and `lm_head.weight` apart. With `pre_norm`, a pre-norm model
+    is written too, its stacks' final LayerNorms as `model.{encoder,decoder}.layer_norm`
+    (mBART's names; MarianMTModel itself cannot load it).
     """
-    check_exportable(config)
+    check_exportable(config, pre_norm)
     writer = _MarianWriter(residual_permutation(config.d_model))
     for side, sublayers in (("encoder", _ENCODER_SUBLAYERS), ("decoder", _DECODER_SUBLAYERS)):
         layers = params[f"{side}_layers"]
         for i in range(len(layers)):
             writer.layer(f"model.{side}.layers.{i}", layers[i], sublayers)
+        if config.norm == "pre":
+            writer.norm(f"model.{side}.layer_norm", {"norm": params[f"{side}_norm"]})
     writer.tables(params, config)
     for side in ("encoder", "decoder"):
         writer.put(f"model.{side}.embed_positions.weight",
