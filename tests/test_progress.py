@@ -30,8 +30,9 @@ def test_plain_lines_come_once_per_interval():
 def test_the_interval_comes_from_the_environment(monkeypatch):
     monkeypatch.setenv(progress.INTERVAL_VARIABLE, "2.5")
     assert progress.plain_interval() == 2.5
-    monkeypatch.setenv(progress.INTERVAL_VARIABLE, "often")
-    assert progress.plain_interval() == 30.0
+    for bad in ("often", "nan", "inf"):
+        monkeypatch.setenv(progress.INTERVAL_VARIABLE, bad)
+        assert progress.plain_interval() == 30.0
 
 
 def test_a_line_counter_in_a_log_says_how_many_of_how_many_and_the_rate(capsys):

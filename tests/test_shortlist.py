@@ -263,6 +263,9 @@ def test_the_shortlist_command_refuses_bad_counts_and_misaligned_corpora(shortli
     assert command.main(["--model", model, "--train-prefix", str(shortlisted / "train"),
                          "--per-source", "0"]) == 2
     assert "--per-source must be >= 1" in capsys.readouterr().err
+    assert command.main(["--model", model, "--train-prefix", str(shortlisted / "train"),
+                         "--iterations", "1000000"]) == 2
+    assert "--iterations must be >= 1 and <= 100" in capsys.readouterr().err
     (tmp_path / "c.de").write_text("a\nb\n")
     (tmp_path / "c.en").write_text("a\n")
     assert command.main(["--model", model, "--train-prefix", str(tmp_path / "c")]) == 1

@@ -54,11 +54,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def check_args(args: argparse.Namespace) -> None:
-    for flag, value in (("--per-source", args.per_source), ("--always", args.always),
-                        ("--iterations", args.iterations)):
-        if value < (0 if flag == "--always" else 1):
-            raise UsageError(f"{flag} must be >= {0 if flag == '--always' else 1}, got "
-                             f"{value}.")
+    for flag, value, least, most in (("--per-source", args.per_source, 1, 10_000),
+                                     ("--always", args.always, 0, 10_000),
+                                     ("--iterations", args.iterations, 1, 100)):
+        if not least <= value <= most:
+            raise UsageError(f"{flag} must be >= {least} and <= {most:,}, got {value}.")
 
 
 def read_pairs(prefix: str, src: str, tgt: str, tokenizer) -> list[tuple[list[int],

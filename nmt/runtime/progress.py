@@ -5,6 +5,7 @@ bars."""
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import time
@@ -16,9 +17,10 @@ INTERVAL_VARIABLE = "NMT_PROGRESS_SECONDS"
 
 def plain_interval() -> float:
     try:
-        return max(float(os.environ.get(INTERVAL_VARIABLE, "")), 0.0)
+        seconds = float(os.environ.get(INTERVAL_VARIABLE, ""))
     except ValueError:
         return 30.0
+    return max(seconds, 0.0) if math.isfinite(seconds) else 30.0
 
 
 def on_terminal(stream: IO | None = None) -> bool:
