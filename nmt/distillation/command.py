@@ -89,7 +89,7 @@ def read_teachers(paths: list[str], src: str | None, tgt: str | None) -> tuple[T
     for a bad directory, UsageError for languages that differ from the flags or between
     teachers, naming both."""
     from nmt.engines.conversions import model_checksum
-    from nmt.models.model_files import ModelDirError, read_model_files
+    from nmt.models.model_files import ModelDirError, read_model_files, stored_languages
 
     checksums, first_values, languages = [], None, None
     for path in paths:
@@ -115,12 +115,6 @@ def read_teachers(paths: list[str], src: str | None, tgt: str | None) -> tuple[T
     if not src or not tgt:
         raise UsageError("the teacher stores no languages: give --src and --tgt.")
     return Teachers(paths, first_values, tuple(checksums)), src, tgt
-
-
-def stored_languages(values: dict) -> tuple[str | None, str | None]:
-    data = values.get("data", {})
-    return (values.get("source_lang") or data.get("src"),
-            values.get("target_lang") or data.get("tgt"))
 
 
 def corpus_files(args: argparse.Namespace, src: str, tgt: str) -> tuple[Path, Path | None]:

@@ -19,6 +19,8 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from data.lines import count_lines
+from nmt.translation.streams import one_line
 from transformer.atomic_files import atomic_file, write_atomically
 
 RECIPE_FILE = "distillation.json"
@@ -103,11 +105,7 @@ class DistillationDir:
         """Whether chunk's part is written whole with its `lines` translations (a part of
         another length, from an older run's chunking, is translated again)."""
         path = self.part_path(chunk)
-        if not path.is_file():
-            return False
-        with path.open("rb") as handle:
-            return sum(block.count(b"\n") for block in iter(lambda: handle.read(1 << 20), b"")
-                       ) == lines
+        return path.is_file() and count_lines(path) == lines
 
     def write_part(self, chunk: int, translations: Sequence[str]) -> None:
         self.parts.mkdir(exist_ok=True)
@@ -128,8 +126,3 @@ class DistillationDir:
                 with self.part_path(chunk).open(encoding="utf-8") as part:
                     shutil.copyfileobj(part, out)
         shutil.rmtree(self.parts)
-
-
-def one_line(text: str) -> str:
-    """A translation as one line: byte-fallback pieces can decode to line breaks."""
-    return text.replace("\r", " ").replace("\n", " ")

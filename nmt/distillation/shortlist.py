@@ -82,8 +82,7 @@ def read_pairs(prefix: str, src: str, tgt: str, tokenizer) -> list[tuple[list[in
 
 
 def run(args: argparse.Namespace) -> int:
-    from nmt.distillation.command import stored_languages
-    from nmt.models.model_files import ModelDirError, read_model_files
+    from nmt.models.model_files import ModelDirError, read_model_files, stored_languages
     from transformer.shortlist import SHORTLIST_FILE, build_shortlist
 
     check_args(args)

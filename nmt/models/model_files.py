@@ -153,3 +153,10 @@ def read_shortlist(path: str | Path, tokenizer: TokenizerBase) -> Shortlist:
         raise ModelDirError(f"{shortlist_path} was built for another SentencePiece model than "
                             f"{model_dir}'s; build it again for this model.")
     return shortlist
+
+
+def stored_languages(values: dict[str, Any]) -> tuple[str | None, str | None]:
+    """(source, target) language codes stored with a model, None where it stores none."""
+    data = values.get("data", {})
+    return (values.get("source_lang") or data.get("src"),
+            values.get("target_lang") or data.get("tgt"))

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import IO
 
 from data.config import DataError
+from nmt.models.model_files import stored_languages
 from nmt.runtime.cli import UsageError
 from nmt.runtime.files import FileState, write_atomically
 from nmt.translation import scoring
@@ -32,9 +33,8 @@ log = logging.getLogger("translate.py")
 
 def languages(args: argparse.Namespace, values: dict) -> tuple[str | None, str | None]:
     """(source, target) language codes: --src/--tgt, else those stored with the model."""
-    src = args.src or values.get("source_lang") or values.get("data", {}).get("src")
-    tgt = args.tgt or values.get("target_lang") or values.get("data", {}).get("tgt")
-    return src, tgt
+    stored_src, stored_tgt = stored_languages(values)
+    return args.src or stored_src, args.tgt or stored_tgt
 
 
 def bleu_settings(args: argparse.Namespace, values: dict) -> dict[str, str | None]:
