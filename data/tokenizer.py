@@ -108,6 +108,13 @@ class TokenizerBase:
         """The ids of padding, unknown pieces, BOS and EOS, named as ModelConfig names them."""
         return self.ids.as_model_fields()
 
+    def token_spans(self, texts: Sequence[str], side: Side = "source"
+                    ) -> list[tuple[list[int], list[tuple[int, int]]]]:
+        """(ids, [start, end) in the text of each token's characters) of each text, as
+        `encode` cuts it: where a word alignment meets the text. A token's span leaves out
+        the spaces before it; one with no characters of its own is empty."""
+        raise NotImplementedError
+
     def _strip_specials(self, row: Sequence[int]) -> list[int]:
         """Ids up to the first EOS, with pad and BOS removed."""
         out = []
@@ -173,6 +180,10 @@ class Tokenizer(TokenizerBase):
     def encode(self, texts: Sequence[str], side: Side = "source") -> list[list[int]]:
         """Token ids of each text, without BOS or EOS (one model for both sides)."""
         return self.processor.encode(list(texts), out_type=int)
+
+    def token_spans(self, texts: Sequence[str], side: Side = "source"
+                    ) -> list[tuple[list[int], list[tuple[int, int]]]]:
+        return [_spans_of(self.processor, text) for text in texts]
 
     def decode(self, ids: Iterable[Sequence[int]]) -> list[str]:
         """Text of each id row (list or numpy array), stopping at EOS, ignoring pad and BOS."""
@@ -282,6 +293,18 @@ class VocabTokenizer(TokenizerBase):
                         for piece in code + processor.encode(text, out_type=str)])
         return out
 
+    def token_spans(self, texts: Sequence[str], side: Side = "source"
+                    ) -> list[tuple[list[int], list[tuple[int, int]]]]:
+        processor = self.source if side == "source" else self.target
+        out = []
+        for text, ids in zip(texts, self.encode(texts, side)):
+            # A leading language token (">>fra<<", see `encode`) spans its own characters.
+            code = text.index("<<") + 2 if len(ids) > 0 and side == "source" and \
+                text.startswith(">>") and "<<" in text else 0
+            _, spans = _spans_of(processor, text[code:], shift=code)
+            out.append((ids, [(0, code)] * (len(ids) - len(spans)) + spans))
+        return out
+
     def decode(self, ids: Iterable[Sequence[int]]) -> list[str]:
         """Text of each id row, stopping at EOS, ignoring pad; pieces joined by the target
         model (as Marian and transformers' MarianTokenizer join them)."""
@@ -295,6 +318,28 @@ class VocabTokenizer(TokenizerBase):
 
     def normalize(self, text: str) -> str:
         return self.target.normalize(text).replace("\u2581", " ").removeprefix(" ")
+
+
+def _spans_of(processor: spm.SentencePieceProcessor, text: str, shift: int = 0
+              ) -> tuple[list[int], list[tuple[int, int]]]:
+    """(ids, character spans) of `text` from SentencePiece's byte offsets of each piece's
+    surface, leading spaces left out."""
+    pieces = processor.encode(text, return_type="proto").pieces
+    char_at = _char_offsets(text)
+    spans = []
+    for piece in pieces:
+        start, end = char_at[piece.begin], char_at[piece.end]
+        start += len(text[start:end]) - len(text[start:end].lstrip())
+        spans.append((start + shift, max(start, end) + shift))
+    return [piece.id for piece in pieces], spans
+
+
+def _char_offsets(text: str) -> list[int]:
+    """For each UTF-8 byte offset of `text` (and its end), the character it falls in."""
+    offsets = []
+    for i, char in enumerate(text):
+        offsets += [i] * len(char.encode("utf-8"))
+    return offsets + [len(text)]
 
 
 def _named_processor(model_bytes: bytes, name: str) -> spm.SentencePieceProcessor:

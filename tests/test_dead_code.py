@@ -27,6 +27,9 @@ ALLOWED = {
     "should_exit": "uvicorn server", "whitespace_split": "shlex lexer",
     "binary_location": "selenium options", "unraisablehook": "sys",
     "__qualname__": "a function's name, read by JAX",
+    # html.parser.HTMLParser's callbacks, which its feed calls
+    "handle_starttag": "HTMLParser callback", "handle_endtag": "HTMLParser callback",
+    "handle_data": "HTMLParser callback",
     # fields of nmt.runtime.files.FileState, compared whole
     "inode": "FileState field", "mtime_ns": "FileState field",
     # a signal handler's second argument

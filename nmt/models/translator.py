@@ -27,6 +27,7 @@ from flax import nnx
 
 from data.batching import inference_batches
 from data.config import INFERENCE_BATCH_TOKENS, INFERENCE_BUCKETS, buckets_up_to
+from nmt.models.alignment import Alignment, align
 from nmt.models.batch_plan import BatchPlan
 from nmt.models.translations import (
     BatchStats,
@@ -222,6 +223,11 @@ class Translator:
             if progress is not None:
                 progress(len(real))
         return out
+
+    def align(self, sources: Sequence[str], targets: Sequence[str]) -> list[Alignment]:
+        """A word alignment of each source with its translation, read off the model's
+        cross-attention (`nmt.models.alignment`)."""
+        return align(self.graphdef, self.state, self.tokenizer, self.buckets, sources, targets)
 
     def warm_up(self, progress: Callable[[int, int], None] | None = None) -> None:
         """Compile the search for every shape of `search_shapes` (`compile_search`), with

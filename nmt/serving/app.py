@@ -1,15 +1,20 @@
 """The ASGI application: routes, errors as {"error": ...}, metrics around every request.
 
     GET  /                       the page (nmt/serving/page/index.html)
-    POST /translate              LibreTranslate (nmt.serving.libretranslate)
+    POST /translate, /detect     LibreTranslate (nmt.serving.libretranslate)
+    POST /suggest                LibreTranslate's answer with suggestions off (403)
+    POST /translate_file         LibreTranslate's files (nmt.serving.files), fetched from
+    GET  /download_file/NAME     the URL it answers
     GET  /languages, /frontend/settings
+    GET  /spec                   an OpenAPI 3 description of these (nmt.serving.openapi)
     POST /translator/translate   OpenNMT-py (nmt.serving.opennmt)
     GET  /translator/models, /translator/health
     GET  /health                 200 once every model is loaded and its search compiled, else 503
     GET  /metrics                Prometheus' text format
 
 Layers, outermost first: `RequestMetrics` (every answer counted and timed, refusals too, and
-requests whose client left before its answer), `FaultGuard` (an unexpected exception answered
+requests whose client left before its answer), CORS (Starlette's, which answers preflight
+OPTIONS requests itself), `FaultGuard` (an unexpected exception answered
 500 in one line), `BodyReader` (the body under its limits), then Starlette's routing.
 """
 
@@ -22,20 +27,23 @@ import logging
 import re
 import time
 import traceback
+from collections.abc import Sequence
 from importlib import resources
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
-from nmt.serving import libretranslate, opennmt
+from nmt.serving import files, libretranslate, openapi, opennmt
 from nmt.serving.errors import ClientGone, RequestError, send_error, shown
 from nmt.serving.limits import BodyReader
 from nmt.serving.service import Service
 
 log = logging.getLogger("nmt.serving")
+CORS_MAX_AGE = 20 * 24 * 3600  # seconds a browser may keep a preflight's answer
 
 
 @functools.cache
@@ -79,11 +87,20 @@ async def metrics(request: Request) -> Response:
     return Response(service.metrics.exposition(), media_type=service.metrics.content_type)
 
 
+async def spec(request: Request) -> JSONResponse:
+    return JSONResponse(openapi.describe(request.app.state.service))
+
+
 ROUTES = [
     Route("/", index, methods=["GET"]),
     Route("/translate", libretranslate.translate, methods=["POST"]),
+    Route("/detect", libretranslate.detect, methods=["POST"]),
+    Route("/translate_file", files.translate_file, methods=["POST"]),
+    Route("/download_file/{name}", files.download_file, methods=["GET"]),
+    Route("/suggest", libretranslate.suggest, methods=["POST"]),
     Route("/languages", libretranslate.languages, methods=["GET", "POST"]),
     Route("/frontend/settings", libretranslate.frontend_settings, methods=["GET"]),
+    Route("/spec", spec, methods=["GET"]),
     Route("/translator/translate", opennmt.translate, methods=["POST"]),
     Route("/translator/models", opennmt.models, methods=["GET"]),
     Route("/translator/health", health, methods=["GET"]),
@@ -172,11 +189,21 @@ class RequestMetrics:
                                                      time.perf_counter() - start)
 
 
-def build_app(service: Service, lifespan=None) -> Starlette:
+def build_app(service: Service, lifespan=None, cors_origins: Sequence[str] = ("*",)
+              ) -> Starlette:
+    """The application; `cors_origins`: the web origins whose pages may read its answers
+    ("*": any; none: no CORS headers, so browsers keep answers from other origins' pages)."""
     app = Starlette(routes=ROUTES, lifespan=lifespan,
                     exception_handlers={RequestError: request_error, HTTPException: http_error})
     app.state.service = service
     app.add_middleware(BodyReader, limits=service.limits)
     app.add_middleware(FaultGuard)
+    if cors_origins:
+        # Outside the body's limits and the fault guard, so that their refusals carry the
+        # headers too and a page can read why it was refused.
+        app.add_middleware(CORSMiddleware, allow_origins=list(cors_origins),
+                           allow_methods=["GET", "POST"],
+                           allow_headers=["Authorization", "Content-Type"],
+                           expose_headers=["Retry-After"], max_age=CORS_MAX_AGE)
     app.add_middleware(RequestMetrics, service=service)
     return app

@@ -33,7 +33,11 @@ class ServedModel:
     target: str
     path: str
     translator: Any  # nmt.models.translator.Translator, or CTranslate2Translator
+    # The same model searching for n-best lists, for requests that ask for alternatives
+    # (`alternatives_search`); None where the server gives none (--alternatives-limit 0).
+    alternatives: Any | None = None
     batcher: Batcher | None = None  # made once the event loop runs
+    alternatives_batcher: Batcher | None = None
 
     @property
     def pair(self) -> str:

@@ -59,6 +59,9 @@ DEFAULTS = ServerLimits()
 # (flag, ServerLimits field, what it bounds, the answer past it): one row per limit.
 LIMIT_FLAGS = (
     ("--max-body-bytes", "max_body_bytes", "request body", "413 above"),
+    ("--max-file-bytes", "max_file_bytes", "file sent to /translate_file", "413 above"),
+    ("--file-char-limit", "max_file_characters", "characters to translate in one file",
+     "413 above"),
     ("--char-limit", "max_characters", "characters per request", "413 above"),
     ("--max-sentences", "max_sentences", "sentences per request", "413 above"),
     ("--queue-sentences", "max_queue", "sentences waiting per model",
@@ -108,6 +111,20 @@ def build_parser() -> argparse.ArgumentParser:
                         help="require one of the keys in FILE with every translation "
                              "request, as api_key or 'Authorization: Bearer KEY' (one key per "
                              "line, read whole; a line starting with # is a comment)")
+    server.add_argument("--cors-origins", default="*", metavar="ORIGINS",
+                        help="web origins whose pages may read the answers, comma-separated "
+                             "(default *: any, as LibreTranslate; e.g. https://example.org; "
+                             "'' for none)")
+    server.add_argument("--req-limit", type=int, default=0, metavar="N",
+                        help="requests per minute a client may send (a list of N texts counts "
+                             "N); 429 with Retry-After past it (default 0: no limit)")
+    server.add_argument("--char-limit-per-minute", type=int, default=0, metavar="N",
+                        help="characters per minute a client may send; 429 with Retry-After "
+                             "past it (default 0: no limit)")
+    server.add_argument("--alternatives-limit", type=int, default=3, metavar="N",
+                        help="alternative translations a request may ask for (default 3, as "
+                             "LibreTranslate; 0: none), from an n-best beam search of at "
+                             "least N+1 beams, compiled at its first use")
     server.add_argument("--access-log", action="store_true", help="log every request")
     server.add_argument("-q", "--quiet", action="store_true", help="warnings and errors only")
     batching = parser.add_argument_group("batching")
@@ -172,6 +189,14 @@ def check_args(args: argparse.Namespace) -> None:
                                  f"seconds, got {value}.")
         else:
             counts.append((flag, value))
+    for flag, value in (("--req-limit", args.req_limit),
+                        ("--char-limit-per-minute", args.char_limit_per_minute),
+                        ("--alternatives-limit", args.alternatives_limit)):
+        if value < 0:
+            raise UsageError(f"{flag} must be >= 0, got {value}.")
+    if args.alternatives_limit >= MAX_BEAM:
+        raise UsageError(f"--alternatives-limit {args.alternatives_limit}: the n-best search "
+                         f"has a beam of at most {MAX_BEAM}; give {MAX_BEAM - 1} or less.")
     for flag, value in counts:
         if value is not None and value < 1:
             raise UsageError(f"{flag} must be >= 1, got {value}.")
@@ -252,8 +277,41 @@ def load_served_models(args: argparse.Namespace):
                  time.perf_counter() - start, translator.describe(),
                  ", ".join(f"{k}={v}" for k, v in dataclasses.asdict(translator.search).items()),
                  f"; {shapes} search shapes to compile (at most {MAX_SHAPES})" if shapes else "")
-        served.append(ServedModel(index, source, target, path, translator))
+        alternatives = (alternatives_translator(flag, path, translator, args)
+                        if args.alternatives_limit else None)
+        served.append(ServedModel(index, source, target, path, translator, alternatives))
     return served
+
+
+def alternatives_search(search, limit: int):
+    """The search that gives a request its alternatives: a beam of at least `limit` + 1 with
+    as many hypotheses kept, otherwise the model's settings."""
+    return dataclasses.replace(search, strategy="beam", nbest=limit + 1,
+                               beam_size=max(search.beam_size, limit + 1))
+
+
+def alternatives_translator(flag: str, path: str, translator, args: argparse.Namespace):
+    """The model of `translator` with `alternatives_search` (a second CTranslate2 model on
+    that engine; the same weights on JAX)."""
+    search = alternatives_search(translator.search, args.alternatives_limit)
+    if args.engine == "ctranslate2":
+        from nmt.engines.ctranslate2 import EngineError, open_translator
+
+        try:
+            return open_translator(path, lambda stored: search, given=frozenset(),
+                                   compute_type=engine_compute_type(args),
+                                   threads=args.threads or 0, searches=args.searches,
+                                   batch_tokens=args.batch_tokens, seed=args.seed)[0]
+        except EngineError as err:
+            raise UsageError(f"--model {flag}: {err}") from None
+    from flax import nnx
+
+    from nmt.models.translator import Translator
+
+    return Translator(nnx.merge(translator.graphdef, translator.state), translator.tokenizer,
+                      search, batch_tokens=args.batch_tokens, seed=args.seed,
+                      buckets=args.buckets, shortlist=translator.shortlist,
+                      shortlist_size=translator.shortlist_size)
 
 
 def load_translator(flag: str, path: str, args: argparse.Namespace):
@@ -368,6 +426,14 @@ def make_lifespan(service, args: argparse.Namespace):
             service.metrics.track_queue(model.pair,
                                         lambda batcher=model.batcher: batcher.queued_sentences)
             model.batcher.start()
+            if model.alternatives is not None:
+                model.alternatives_batcher = Batcher(
+                    model.alternatives, executor, gather_tokens=args.gather_tokens,
+                    searches=args.searches, max_wait=args.batch_wait_ms / 1000,
+                    max_queue=args.max_queue, refill_wait=args.refill_wait_ms / 1000,
+                    across_requests=args.batch_across_requests)
+                model.alternatives_batcher.start()
+        service.executor = executor
         warming = loop.run_in_executor(executor, warm_up, service.catalog.models, service,
                                        stopping)
         warming.add_done_callback(lambda done: _warmed(done, service, app.state.server))
@@ -377,6 +443,8 @@ def make_lifespan(service, args: argparse.Namespace):
             stopping.set()
             for model in service.catalog.models:
                 await model.batcher.stop()
+                if model.alternatives_batcher is not None:
+                    await model.alternatives_batcher.stop()
             executor.shutdown(wait=True, cancel_futures=True)
 
     return lifespan
@@ -401,6 +469,7 @@ def run(args: argparse.Namespace) -> int:
     from nmt.serving.catalog import Catalog
     from nmt.serving.metrics import Metrics
     from nmt.serving.protocol import listening_socket, with_header_timeout
+    from nmt.serving.ratelimit import RateLimiter, RateLimits
     from nmt.serving.service import Service
 
     check_args(args)
@@ -409,13 +478,16 @@ def run(args: argparse.Namespace) -> int:
     sock = listening_socket(args.host, args.port)  # before the models: a port in use ends it
     if args.engine == "jax":
         enable_compilation_cache()
-    service = Service(Catalog(load_served_models(args)), limits, Metrics(), keys)
+    service = Service(Catalog(load_served_models(args)), limits, Metrics(), keys,
+                      RateLimiter(RateLimits(args.req_limit, args.char_limit_per_minute)),
+                      alternatives_limit=args.alternatives_limit)
     for model in service.catalog.models:
         service.metrics.describe_model(model.pair, model.translator.engine,
                                        model.translator.compute_type)
     if args.engine == "jax":
         log.info(cli.allocator_status().line)
-    app = build_app(service, make_lifespan(service, args))
+    origins = [origin.strip() for origin in args.cors_origins.split(",") if origin.strip()]
+    app = build_app(service, make_lifespan(service, args), cors_origins=origins)
     server = _Server(uvicorn.Config(
         app, log_config=None, access_log=args.access_log, lifespan="on", ws="none",
         http=with_header_timeout(limits.header_timeout),

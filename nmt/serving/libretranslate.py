@@ -1,12 +1,18 @@
-"""LibreTranslate's API: POST /translate, GET /languages, GET /frontend/settings.
+"""LibreTranslate's API: POST /translate, /detect, /suggest, GET /languages and
+/frontend/settings (POST /translate_file is `nmt.serving.files`).
 
-    POST /translate  {"q": "Text." | ["Text.", ...], "source": "en", "target": "de",
+    POST /translate  {"q": "Text." | ["Text.", ...], "source": "en" | "auto", "target": "de",
                       "format": "text" | "html", "alternatives": 0, "api_key": "..."}
-    -> {"translatedText": "..." | ["...", ...]}   (the shape of q; "alternatives" if asked)
+    -> {"translatedText": "..." | ["...", ...]}   (the shape of q; "alternatives" if asked,
+       "detectedLanguage" for source "auto")
+    POST /detect  {"q": "Text."}  -> [{"language": "en", "confidence": 97.5}, ...]
 
 Each text of q is split into sentences (`nmt.translation.paragraphs`), all sentences of the
 request are searched together (with those of other requests, by the model's batcher), and
-each text is joined back with its whitespace; html keeps every tag and attribute.
+each text is joined back with its whitespace; html keeps every tag and attribute, and a
+sentence's inline tags go back around the words they enclosed, by the model's alignment.
+Alternatives come from the model's n-best search (`Service.translate`), distinct from the
+translation and from each other, so there may be fewer than asked.
 """
 
 from __future__ import annotations
@@ -16,10 +22,13 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
+from nmt.models.alignment import Alignment
+from nmt.serving.catalog import language_name
 from nmt.serving.errors import RequestError, shown
 from nmt.serving.params import api_key, request_params
 from nmt.serving.service import Service, unless_client_leaves
-from nmt.translation.paragraphs import split_html, split_text
+from nmt.translation.document_files import FILE_SUFFIXES
+from nmt.translation.paragraphs import Document, split_html, split_text
 
 FORMATS = {"text": split_text, "html": split_html}
 
@@ -45,21 +54,20 @@ def _text_param(params: dict[str, Any], name: str, default: str | None = None) -
     return value
 
 
-def _alternatives(params: dict[str, Any], nbest: int) -> int:
+def _alternatives(params: dict[str, Any], limit: int) -> int:
     """How many alternatives: an integer, or a string of ASCII digits (a form field)."""
     given = params.get("alternatives", 0)
     count, digits = given, given.strip() if isinstance(given, str) else ""
     if digits.isascii() and digits.isdigit():
-        count = int(digits) if len(digits) <= 9 else nbest  # past every nbest: refused below
+        count = int(digits) if len(digits) <= 9 else limit + 1  # past the limit: refused below
     elif isinstance(given, float) and given.is_integer():
         count = int(given)
     if not isinstance(count, int) or isinstance(count, bool):
         raise RequestError(400, f"Invalid request: alternatives must be an integer, got "
                                 f"{shown(given)}")
-    if not 0 <= count < nbest:
-        raise RequestError(400, f"Invalid request: alternatives {shown(given)}: this model's "
-                                f"search keeps {nbest} hypotheses, so 0 to {nbest - 1} "
-                                "alternatives")
+    if not 0 <= count <= limit:
+        raise RequestError(400, f"Invalid request: alternatives {shown(given)}: this server "
+                                f"gives 0 to {limit} (--alternatives-limit)")
     return count
 
 
@@ -73,27 +81,88 @@ async def translate(request: Request) -> JSONResponse:
     form = _text_param(params, "format", "text")
     if form not in FORMATS:
         raise RequestError(400, f"Invalid request: format {shown(form)}: use text or html")
-    model = service.catalog.find(source, target)
-    alternatives = _alternatives(params, model.translator.search.nbest)
+    alternatives = _alternatives(params, service.alternatives_limit)
     # Every text counts as one sentence at least, an empty one too: 260,000 empty texts are
     # 260,000 documents to split and join.
     service.limits.check_characters(sum(map(len, texts)))
     service.limits.check_texts(len(texts))
+    service.charge(request, len(texts), sum(map(len, texts)))
+    model, detected = service.source_model(source, target, texts)
     documents = [FORMATS[form](text, model.source) for text in texts]
-    sentences = [sentence for document in documents for sentence in document.sentences]
     service.limits.check_sentences(sum(max(1, len(d.sentences)) for d in documents))
-    hypotheses = await unless_client_leaves(request, service.translate(model, sentences))
-    results, offset = [], 0
-    for document in documents:
-        nbest = hypotheses[offset:offset + len(document.sentences)]
-        offset += len(document.sentences)
-        results.append([document.join([h[rank].text for h in nbest])
-                        for rank in range(alternatives + 1)])
+    ranks = await unless_client_leaves(request, translate_documents(
+        service, model, documents, alternatives + 1 if alternatives else 0))
+    results = [[rank[n] for rank in ranks] for n in range(len(documents))]
     answer: dict[str, Any] = {
         "translatedText": [r[0] for r in results] if is_list else results[0][0]}
+    if detected is not None:
+        answer["detectedLanguage"] = [detected] * len(texts) if is_list else detected
     if alternatives:
-        answer["alternatives"] = [r[1:] for r in results] if is_list else results[0][1:]
+        others = [_other_texts(r, alternatives) for r in results]
+        answer["alternatives"] = others if is_list else others[0]
     return JSONResponse(answer)
+
+
+def _other_texts(texts: list[str], count: int) -> list[str]:
+    """Up to `count` texts after the first, each once and none the same as the first."""
+    return [text for n, text in enumerate(texts[1:], 1)
+            if text not in texts[:n]][:count]
+
+
+async def translate_documents(service: Service, model, documents: list[Document],
+                              ranks: int = 0) -> list[list[str]]:
+    """The documents translated: one list of texts per n-best rank (one rank unless `ranks`,
+    which asks the model's n-best search for that many), inline markup placed by alignment."""
+    sentences = [sentence for document in documents for sentence in document.sentences]
+    hypotheses = await service.translate(model, sentences, alternatives=ranks > 0)
+    out = []
+    for rank in range(max(ranks, 1)):
+        chosen = [nbest[min(rank, len(nbest) - 1)].text for nbest in hypotheses]
+        alignments = await _alignments(service, model, documents, sentences, chosen)
+        texts, offset = [], 0
+        for document, aligned in zip(documents, alignments):
+            count = len(document.sentences)
+            texts.append(document.join(chosen[offset:offset + count], aligned))
+            offset += count
+        out.append(texts)
+    return out
+
+
+async def _alignments(service: Service, model, documents: list[Document],
+                      sentences: list[str], translations: list[str]
+                      ) -> list[dict[int, Alignment]]:
+    """Per document, the alignment of each sentence that holds inline markup."""
+    wanted, offset = [], 0
+    for n, document in enumerate(documents):
+        wanted += [(n, i, offset + i) for i in document.needs_alignment]
+        offset += len(document.sentences)
+    found = await service.align(model, [sentences[k] for _, _, k in wanted],
+                                [translations[k] for _, _, k in wanted])
+    out: list[dict[int, Alignment]] = [{} for _ in documents]
+    for (n, i, _), alignment in zip(wanted, found or []):
+        out[n][i] = alignment
+    return out
+
+
+async def detect(request: Request) -> JSONResponse:
+    """LibreTranslate's POST /detect: [{"language": code, "confidence": 0-100}, ...], best
+    first, among the languages the server translates from."""
+    service: Service = request.app.state.service
+    params = await request_params(request, service.limits)
+    service.check_key(api_key(request, params))
+    q = params.get("q")
+    if not isinstance(q, str) or not q:
+        raise RequestError(400, "Invalid request: missing q parameter" if not q else
+                                "Invalid request: q must be a string")
+    service.limits.check_characters(len(q))
+    service.charge(request, 1, len(q))
+    return JSONResponse([{"language": code, "confidence": round(confidence * 100, 1)}
+                         for code, confidence in service.detect(q)])
+
+
+async def suggest(request: Request) -> JSONResponse:
+    """LibreTranslate's POST /suggest, answered as a server with suggestions off answers."""
+    raise RequestError(403, "Suggestions are disabled on this server.")
 
 
 async def languages(request: Request) -> JSONResponse:
@@ -103,8 +172,16 @@ async def languages(request: Request) -> JSONResponse:
 async def frontend_settings(request: Request) -> JSONResponse:
     """What the page (and LibreTranslate's own front end) needs to know of the server."""
     service: Service = request.app.state.service
+    first = service.catalog.models[0]
     return JSONResponse({"apiKeys": service.api_keys is not None,
                          "keyRequired": service.api_keys is not None,
                          "charLimit": service.limits.max_characters,
+                         "suggestions": False,
+                         "filesTranslation": True,
+                         "supportedFilesFormat": list(FILE_SUFFIXES),
+                         "language": {"source": {"code": first.source,
+                                                 "name": language_name(first.source)},
+                                      "target": {"code": first.target,
+                                                 "name": language_name(first.target)}},
                          "pairs": [{"source": m.source, "target": m.target}
                                    for m in service.catalog.models]})

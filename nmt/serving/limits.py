@@ -15,10 +15,14 @@ from pathlib import Path
 
 from nmt.serving.errors import RequestError, send_error
 
+FILE_PATH = "/translate_file"  # its body is a file, under a limit of its own
+
 
 @dataclasses.dataclass(frozen=True)
 class ServerLimits:
     max_body_bytes: int = 1 << 20    # request body
+    max_file_bytes: int = 10 << 20   # request body of POST /translate_file
+    max_file_characters: int = 200_000  # text of one file to translate
     max_characters: int = 20_000     # text of one request, all of q together
     max_sentences: int = 1_000       # sentences of one request, after splitting
     max_queue: int = 4_096           # sentences waiting for a search, per model
@@ -87,7 +91,9 @@ class BodyReader:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        limit = self.limits.max_body_bytes
+        limit, flag = ((self.limits.max_file_bytes, "--max-file-bytes")
+                       if scope["path"] == FILE_PATH else
+                       (self.limits.max_body_bytes, "--max-body-bytes"))
         declared = _content_length(scope)
         try:
             if declared is not None and declared > limit:
@@ -95,8 +101,7 @@ class BodyReader:
             body = await asyncio.wait_for(self._read(receive, limit), self.limits.body_timeout)
         except _TooLarge:
             return await send_error(send, 413, f"the request body is larger than this "
-                                               f"server's limit of {limit} bytes "
-                                               "(--max-body-bytes)")
+                                               f"server's limit of {limit} bytes ({flag})")
         except TimeoutError:
             return await send_error(send, 408, f"the request body did not arrive within "
                                                f"{self.limits.body_timeout:g} s "

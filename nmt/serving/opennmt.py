@@ -39,7 +39,9 @@ async def translate(request: Request) -> JSONResponse:
     service: Service = request.app.state.service
     service.check_key(api_key(request))
     items = _items(await request.body(), service.limits)
-    service.limits.check_characters(sum(len(item["src"]) for item in items))
+    characters = sum(len(item["src"]) for item in items)
+    service.limits.check_characters(characters)
+    service.charge(request, len(items), characters)
     models = [service.catalog.by_id(item.get("id")) for item in items]
     groups: dict[int, list[int]] = {}
     for n, model in enumerate(models):

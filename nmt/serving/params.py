@@ -100,18 +100,39 @@ async def request_params(request: Request, limits: ServerLimits) -> dict[str, An
     body = await request.body()
     if not body.strip():
         return params
-    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    kind = content_type(request)
     if kind == "application/x-www-form-urlencoded":
-        params.update(_collect(_pairs(decode(body, "request body"), "request body", limits)))
+        fields = _collect(_pairs(decode(body, "request body"), "request body", limits))
+        _check_not_json(body, fields)
+        params.update(fields)
     elif kind == "multipart/form-data":
         params.update(await _multipart(request, limits))
-    else:  # JSON, whatever the content type says (curl -d sends a form type by default)
+    elif kind == "application/json" or kind.endswith("+json"):
         values = parse_json(body)
         if not isinstance(values, dict):
             raise RequestError(400, "the request body must be a JSON object such as "
                                     '{"q": "text", "source": "en", "target": "de"}')
         params.update(values)
+    else:
+        # JSON under another type would be a "simple" cross-site request that no CORS
+        # preflight guards.
+        raise RequestError(415, f"a request body of type {shown(kind or 'none')} is not read; "
+                                "send JSON with Content-Type: application/json, or a form "
+                                "(application/x-www-form-urlencoded or multipart/form-data)")
     return params
+
+
+def content_type(request: Request) -> str:
+    """The request's media type, lower case, without parameters ("" if none)."""
+    return request.headers.get("content-type", "").split(";")[0].strip().lower()
+
+
+def _check_not_json(body: bytes, fields: dict[str, Any]) -> None:
+    """RequestError 400 with a hint for JSON sent as a form (curl -d's default type)."""
+    if body.lstrip()[:1] in (b"{", b"[") and "q" not in fields:
+        raise RequestError(400, "the request body looks like JSON but was sent as a form "
+                                "(Content-Type: application/x-www-form-urlencoded, what "
+                                "curl -d sends); add -H 'Content-Type: application/json'")
 
 
 async def _multipart(request: Request, limits: ServerLimits) -> dict[str, Any]:

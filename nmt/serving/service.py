@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import dataclasses
 import hmac
@@ -14,9 +15,12 @@ from starlette.requests import Request
 from nmt.models.translations import Hypothesis
 from nmt.serving.batching import QueueFull
 from nmt.serving.catalog import Catalog, ServedModel
+from nmt.serving.detection import LanguageIdentifier
 from nmt.serving.errors import ClientGone, RequestError
+from nmt.serving.file_store import FileStore
 from nmt.serving.limits import ServerLimits
 from nmt.serving.metrics import Metrics
+from nmt.serving.ratelimit import RateLimiter, RateLimits
 
 RETRY_AFTER_SECONDS = 1
 T = TypeVar("T")
@@ -28,8 +32,49 @@ class Service:
     limits: ServerLimits
     metrics: Metrics
     api_keys: frozenset[str] | None = None  # None: no key needed
+    rate: RateLimiter = dataclasses.field(default_factory=lambda: RateLimiter(RateLimits()))
     ready: bool = False  # models loaded and every search shape compiled
     status: str = "loading"
+    alternatives_limit: int = 0  # alternatives a request may ask for (--alternatives-limit)
+    # Where alignments are computed: the search threads (set by the lifespan).
+    executor: concurrent.futures.Executor | None = None
+    _identifier: LanguageIdentifier | None = None
+    files: FileStore = dataclasses.field(default_factory=FileStore)  # translated files
+
+    def detect(self, text: str) -> list[tuple[str, float]]:
+        """(language, confidence 0-1) of `text`, best first, among the sources served."""
+        if self._identifier is None:
+            self._identifier = LanguageIdentifier(
+                sorted({m.source for m in self.catalog.models}))
+        return self._identifier.detect(text)
+
+    def source_model(self, source: str, target: str, texts: Sequence[str]
+                     ) -> tuple[ServedModel, dict | None]:
+        """(the model for source -> target, LibreTranslate's detectedLanguage or None).
+        Source "auto" with several sources served for `target` is told by the texts'
+        language, detected among those sources (the first of them when nothing tells)."""
+        sources = [m.source for m in self.catalog.models if m.target == target]
+        if source != "auto" or len(sources) < 2:
+            model = self.catalog.find(source, target)
+            return model, ({"language": model.source, "confidence": 100.0}
+                           if source == "auto" else None)
+        found = [(code, confidence) for code, confidence in self.detect(" ".join(texts))
+                 if code in sources]
+        code, confidence = found[0] if found else (sources[0], 0.0)
+        return (self.catalog.find(code, target),
+                {"language": code, "confidence": round(confidence * 100, 1)})
+
+    async def align(self, model: ServedModel, sources: Sequence[str],
+                    targets: Sequence[str]) -> list | None:
+        """The model's word alignment of each source with its translation, on a search
+        thread; None where the engine gives none (inline markup then goes by position)."""
+        align = getattr(model.translator, "align", None)
+        if align is None or not sources:
+            return None
+        loop = asyncio.get_running_loop()
+        return await asyncio.wait_for(
+            loop.run_in_executor(self.executor, align, list(sources), list(targets)),
+            self.limits.timeout)
 
     def check_ready(self) -> None:
         if not self.ready:
@@ -48,17 +93,23 @@ class Service:
         if not any(hmac.compare_digest(sent, known.encode()) for known in self.api_keys):
             raise RequestError(403, "Invalid API key")
 
-    async def translate(self, model: ServedModel, sentences: Sequence[str]
-                        ) -> list[list[Hypothesis]]:
-        """The n-best lists of `sentences` from `model`'s batcher, within the request
-        timeout (504) and the queue's bound (503 with Retry-After while it is full, 413 for
-        more sentences than it ever holds)."""
+    def charge(self, request: Request, texts: int, characters: int) -> None:
+        """Count a request against its client's rate limits (429 or 413 past them)."""
+        if self.rate.limits:
+            client = request.client.host if request.client else "unknown"
+            self.rate.charge(client, texts, characters)
+
+    async def translate(self, model: ServedModel, sentences: Sequence[str],
+                        alternatives: bool = False) -> list[list[Hypothesis]]:
+        """The n-best lists of `sentences` from `model`'s batcher (its n-best batcher with
+        `alternatives`), within the request timeout (504) and the queue's bound (503 with
+        Retry-After while it is full, 413 for more sentences than it ever holds)."""
         self.check_ready()
         self.limits.check_queue(len(sentences))
-        assert model.batcher is not None
+        batcher = model.alternatives_batcher if alternatives else model.batcher
+        assert batcher is not None
         try:
-            return await asyncio.wait_for(model.batcher.translate(sentences),
-                                          self.limits.timeout)
+            return await asyncio.wait_for(batcher.translate(sentences), self.limits.timeout)
         except QueueFull as err:
             raise RequestError(503, f"the server is busy ({err}); try again shortly",
                                {"Retry-After": str(RETRY_AFTER_SECONDS)}) from None

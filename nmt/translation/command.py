@@ -40,7 +40,9 @@ source language, else English), the sentences of a chunk are translated in one c
 line is joined back from their translations with its whitespace as it was: still one output
 line per input line. Truncation and output-limit warnings name the input line. It gives one
 translation per line, so it does not combine with --nbest (nor --evaluate, --score or
---plot-attention).
+--plot-attention). --html does the same for lines of HTML: every tag is kept, text is cut at
+block tags, and inline tags (<b>, <a href>, <span>...) go back around the words they enclosed,
+by the model's alignment (`nmt.translation.inline_markup`).
 
 Search settings default to the model's stored SearchConfig; flags override them.
 
@@ -180,6 +182,11 @@ def _add_input_output_flags(io) -> None:
                     help="treat each input line as a paragraph: translate its sentences (split "
                          "with sentencex for the source language: --src, else the model's, "
                          "else en) and join them back into one output line, whitespace kept")
+    io.add_argument("--html", action="store_true",
+                    help="treat each input line as HTML, as --split-sentences does text: every "
+                         "tag kept, the text between block tags translated sentence by "
+                         "sentence, inline tags (<b>, <a>, ...) put back around the words "
+                         "they enclosed by the model's alignment")
     io.add_argument("-q", "--quiet", action="store_true", help="no progress bar or information")
 
 
@@ -249,11 +256,12 @@ def check_args(args: argparse.Namespace) -> None:
         raise UsageError("--plot-attention needs exactly one SENTENCE argument.")
     if args.plot_attention and len(args.model) > 1:
         raise UsageError("--plot-attention shows one model's attention; give one --model.")
-    if args.split_sentences:
+    if args.split_sentences or args.html:
+        mode = "--html" if args.html else "--split-sentences"
         for flag in ("nbest", "evaluate", "score", "plot_attention"):
             if getattr(args, flag):
-                raise UsageError(f"--split-sentences gives one translation per input line and "
-                                 f"does not apply with --{flag.replace('_', '-')}.")
+                raise UsageError(f"{mode} gives one translation per input line and does not "
+                                 f"apply with --{flag.replace('_', '-')}.")
     if args.evaluate and args.score:
         raise UsageError("--evaluate translates and --score does not: give one of them.")
     if args.normalize and not args.score:
@@ -479,19 +487,20 @@ def run(args: argparse.Namespace) -> int:
         else:
             reached_limit = streams.translate_input(translator, args, input_line_count, out,
                                                     model, tokenizer,
-                                                    split_language(args, values))
+                                                    paragraphs(args, values))
     warn_reached_limit(translator, reached_limit)
     return 0
 
 
-def split_language(args: argparse.Namespace, values: dict) -> str | None:
-    """The language --split-sentences splits lines for: --src, the model's source language,
+def paragraphs(args: argparse.Namespace, values: dict) -> streams.Paragraphs | None:
+    """How --split-sentences and --html cut lines: for --src, the model's source language,
     else en (English rules also suit most languages written with spaces and ".!?")."""
-    if not args.split_sentences:
+    if not (args.split_sentences or args.html):
         return None
     language = evaluation.languages(args, values)[0] or "en"
-    log.info("--split-sentences: lines are split into sentences for language %r", language)
-    return language
+    log.info("%s: lines are split into sentences for language %r",
+             "--html" if args.html else "--split-sentences", language)
+    return streams.Paragraphs(language, args.html)
 
 
 def warn_reached_limit(translator, lines: list[int]) -> None:

@@ -46,9 +46,12 @@ import bisect
 import dataclasses
 import html
 import re
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 from sentencex import segment
+
+from nmt.models.alignment import Alignment
+from nmt.translation.inline_markup import Kind, Point, pair_points, place
 
 # Line breaks: "\n", "\r\n" and a lone "\r"; not U+2028 and the like (data.lines says why).
 _LINE = re.compile(r"[^\r\n]+")
@@ -70,6 +73,13 @@ _CHARREF = re.compile(r"&(#[0-9]+;?|#[xX][0-9a-fA-F]+;?|[^\t\n\f <&#;]{1,32};?)"
 RAW_TEXT = ("script", "style")  # contents skipped unscanned up to the end tag
 VERBATIM = ("template",)  # elements kept whole, as if marked translate="no"
 LINED = ("pre", "textarea", "listing")  # elements whose line breaks show
+# Phrasing elements, which mark words inside a sentence rather than cut text into blocks:
+# their tags go into the sentence's translation (`inline_markup`) instead of cutting it.
+INLINE = frozenset(("a", "abbr", "b", "bdi", "bdo", "big", "cite", "code", "data", "del", "dfn",
+                    "em", "font", "i", "ins", "kbd", "label", "mark", "nobr", "q", "s", "samp",
+                    "small", "span", "strike", "strong", "sub", "sup", "time", "tt", "u",
+                    "var"))
+INLINE_VOID = frozenset(("img", "wbr"))
 _VOID = frozenset(("area", "base", "br", "col", "embed", "hr", "img", "input", "link",
                    "meta", "param", "source", "track", "wbr"))
 
@@ -89,28 +99,52 @@ class Document:
     sentences: list[str]
     between: list[str]
     markup: bool = False
+    # HTML: the inline tags inside each sentence (`nmt.translation.inline_markup`), or none.
+    points: list[tuple[Point, ...]] = dataclasses.field(default_factory=list)
 
     def __post_init__(self):
         if len(self.between) != len(self.sentences) + 1:
             raise ValueError(f"{len(self.sentences)} sentences need {len(self.sentences) + 1} "
                              f"stretches between them, got {len(self.between)}.")
 
-    def join(self, translations: Sequence[str]) -> str:
+    @property
+    def needs_alignment(self) -> list[int]:
+        """The sentences holding inline markup: `join` places it by their alignments."""
+        return [i for i, points in enumerate(self.points) if points]
+
+    def join(self, translations: Sequence[str],
+             alignments: Mapping[int, Alignment] | None = None) -> str:
         """The text with translations[i] in place of sentences[i]; ValueError unless there
-        is one translation per sentence."""
+        is one translation per sentence. A sentence's inline markup goes where
+        alignments[i] (its word alignment with its translation) sends it, or by position
+        without one."""
         if isinstance(translations, str) or len(translations) != len(self.sentences):
             count = "a string" if isinstance(translations, str) else len(translations)
             raise ValueError(f"{count} translations for {len(self.sentences)} sentences; give "
                              "a list with one translation per sentence, in order.")
         parts = [self.between[0]]
-        for translation, after in zip(translations, self.between[1:]):
-            parts += [self._in_place(translation), after]
+        for i, (translation, after) in enumerate(zip(translations, self.between[1:])):
+            parts += [self._in_place(i, translation, alignments), after]
         return "".join(parts)
 
-    def _in_place(self, translation: str) -> str:
-        """A translation as a stretch of one line, escaped in markup."""
+    def _in_place(self, i: int, translation: str,
+                  alignments: Mapping[int, Alignment] | None) -> str:
+        """A translation as a stretch of one line, escaped in markup, with its inline tags."""
         text = _LINE_BREAK.sub(" ", translation).strip()
+        points = self.points[i] if self.points else ()
+        if points:
+            stripped = _LINE_BREAK.sub(" ", translation)
+            alignment = (alignments or {}).get(i)
+            if alignment is not None and stripped != text:  # offsets of the text as aligned
+                alignment = _shifted(alignment, len(stripped) - len(stripped.lstrip()))
+            return place(points, self.sentences[i], text, alignment)
         return html.escape(text, quote=False) if self.markup else text
+
+
+def _shifted(alignment: Alignment, by: int) -> Alignment:
+    """`alignment` with its target offsets moved `by` characters to the left."""
+    return dataclasses.replace(alignment, target_spans=[
+        (max(a - by, 0), max(b - by, 0)) for a, b in alignment.target_spans])
 
 
 class _Builder:
@@ -118,13 +152,15 @@ class _Builder:
 
     def __init__(self):
         self.sentences: list[str] = []
+        self.points: list[tuple[Point, ...]] = []
         self.between: list[list[str]] = [[]]
 
     def keep(self, text: str) -> None:
         self.between[-1].append(text)
 
-    def translate(self, sentence: str) -> None:
+    def translate(self, sentence: str, points: tuple[Point, ...] = ()) -> None:
         self.sentences.append(sentence)
+        self.points.append(points)
         self.between.append([])
 
     def add(self, spans: Iterator[tuple[int, int]], end: int,
@@ -139,7 +175,9 @@ class _Builder:
         self.keep(kept(position, end))
 
     def document(self, markup: bool = False) -> Document:
-        return Document(self.sentences, ["".join(parts) for parts in self.between], markup)
+        points = self.points if any(self.points) else []
+        return Document(self.sentences, ["".join(parts) for parts in self.between], markup,
+                        points)
 
 
 def segmenter_language(language: str) -> str:
@@ -193,11 +231,17 @@ def split_html(markup: str, language: str) -> Document:
     kept verbatim); join gives the markup with tags and attributes as they were."""
     code = segmenter_language(language)
     builder = _Builder()
-    for piece, translate, by_line in _runs(markup):
+    flow = _Flow()
+    for piece, translate, by_line, inline in _runs(markup):
+        if (translate and not by_line) or inline is not None:
+            flow.add(piece, inline)
+            continue
+        flow.flush(builder, code)
         if translate:
             _add_html_text(builder, piece, code, by_line)
         else:
             builder.keep(piece)
+    flow.flush(builder, code)
     return builder.document(markup=True)
 
 
@@ -206,6 +250,66 @@ def _add_html_text(builder: _Builder, raw: str, language: str, by_line: bool) ->
     plain, where = unescape_with_offsets(raw)
     builder.add(sentence_spans(plain, language, by_line), len(plain),
                 lambda a, b: plain[a:b], lambda a, b: raw[where[a]:where[b]])
+
+
+class _Flow:
+    """Text and inline tags between two tags that cut text (a block's text, say), gathered to
+    be cut into sentences as one text: the sentences hold the tags inside them as points,
+    and those between sentences are kept where they are."""
+
+    def __init__(self):
+        self.raw: list[str] = []    # the pieces as written
+        self.plain: list[str] = []  # their text, unescaped, without tags
+        # Per plain character: where its markup starts in the flow (and after the last, the
+        # flow's end), and where it ends.
+        self.starts: list[int] = []
+        self.ends: list[int] = []
+        # Tags: (plain offset, raw start, raw end, kind, name).
+        self.tags: list[tuple[int, int, int, Kind, str]] = []
+        self.length = 0  # of the raw flow
+
+    def add(self, piece: str, inline: tuple[Kind, str] | None) -> None:
+        if inline is not None:
+            plain_at = sum(map(len, self.plain))
+            self.tags.append((plain_at, self.length, self.length + len(piece), *inline))
+        else:
+            plain, where = unescape_with_offsets(piece)
+            self.plain.append(plain)
+            self.starts += [self.length + w for w in where[:-1]]
+            self.ends += [self.length + w for w in where[1:]]
+        self.raw.append(piece)
+        self.length += len(piece)
+
+    def flush(self, builder: _Builder, language: str) -> None:
+        """Add the flow to `builder` and start a new one."""
+        raw, plain = "".join(self.raw), "".join(self.plain)
+        partners = [point.partner for point in pair_points(
+            [(offset, "", kind, name) for offset, _, _, kind, name in self.tags])]
+        kept = 0  # the flow's markup up to here is in `builder`
+        for start, end in sentence_spans(plain, language, by_line=False):
+            first, last = self._sentence_markup(start, end, partners)
+            builder.keep(raw[kept:first])
+            points = [(offset - start, raw[a:b], kind, name)
+                      for offset, a, b, kind, name in self.tags if first <= a < last]
+            builder.translate(plain[start:end], tuple(pair_points(points)))
+            kept = last
+        builder.keep(raw[kept:])
+        self.__init__()
+
+    def _sentence_markup(self, start: int, end: int, partners: list[int | None]
+                         ) -> tuple[int, int]:
+        """[first, last) of the flow's markup that sentence [start, end) of the plain text
+        takes: its characters, with the tags inside it and those at its edges whose partner
+        is inside (a tag pair around the whole sentence stays outside it)."""
+        first, last = self.starts[start], self.ends[end - 1]
+        for (offset, a, b, kind, _), partner in zip(self.tags, partners):
+            if partner is None or not start < self.tags[partner][0] < end:
+                continue
+            if offset == start and kind == "open":
+                first = min(first, a)
+            elif offset == end and kind == "close":
+                last = max(last, b)
+        return first, last
 
 
 def unescape_with_offsets(raw: str) -> tuple[str, list[int]]:
@@ -242,11 +346,13 @@ def _common_suffix(a: str, b: str) -> int:
     return n
 
 
-def _runs(markup: str) -> Iterator[tuple[str, bool, bool]]:
-    """(piece, translate it, cut it into lines) for consecutive pieces of `markup`."""
+def _runs(markup: str) -> Iterator[tuple[str, bool, bool, tuple[Kind, str] | None]]:
+    """(piece, translate it, cut it into lines, (kind, name) of an inline tag that may sit
+    inside a sentence, or None) for consecutive pieces of `markup`."""
     hidden, depth, lined = None, 0, 0  # the verbatim element open, its nesting, <pre> depth
     for piece, is_text, tag in _pieces(markup):
-        yield piece, is_text and hidden is None, lined > 0
+        inline = _inline(tag) if hidden is None and lined == 0 else None
+        yield piece, is_text and hidden is None, lined > 0, inline
         if tag is None:
             continue
         closing, name, attributes = tag
@@ -259,6 +365,21 @@ def _runs(markup: str) -> Iterator[tuple[str, bool, bool]]:
         elif name == hidden and not self_closing:
             depth += -1 if closing else 1
             hidden = hidden if depth else None
+
+
+def _inline(tag: tuple[bool, str, str] | None) -> tuple[Kind, str] | None:
+    """(kind, name) of a tag that may sit inside a sentence: a phrasing element's start or
+    end tag (not one kept whole with what it holds), or an inline void element."""
+    if tag is None:
+        return None
+    closing, name, attributes = tag
+    if name in INLINE_VOID and not closing:
+        return "void", name
+    if name not in INLINE or (not closing and _kept_whole(name, attributes)):
+        return None
+    if attributes.rstrip().endswith("/"):
+        return "void", name
+    return ("close" if closing else "open"), name
 
 
 def _kept_whole(name: str, attributes: str) -> bool:

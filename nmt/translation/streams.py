@@ -5,6 +5,7 @@ every chunk."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import sys
@@ -55,16 +56,27 @@ def translate_lines(translator, lines: Sequence[str], where: str, first_line: in
                                     source=where)
 
 
-def translate_paragraphs(translator, lines: Sequence[str], where: str, first_line: int,
-                         language: str, progress: Callable[[int], None] | None = None
-                         ) -> tuple[list[str], list[int]]:
-    """Each line translated as a paragraph: cut into sentences for `language`
-    (`nmt.translation.paragraphs.split_text`), the sentences of all lines searched in one call,
-    and each line joined back around its translations with its whitespace as it was. Also
-    the lines with a translation that reached the output limit."""
-    from nmt.translation.paragraphs import split_text  # sentencex: only this flag needs it
+@dataclasses.dataclass(frozen=True)
+class Paragraphs:
+    """How translate.py cuts each line into sentences: by the rules of `language`, as HTML
+    (every tag kept, inline ones placed by the model's alignment) or as text."""
 
-    documents = [split_text(line, language) for line in lines]
+    language: str
+    html: bool = False
+
+
+def translate_paragraphs(translator, lines: Sequence[str], where: str, first_line: int,
+                         language: str, progress: Callable[[int], None] | None = None,
+                         html: bool = False) -> tuple[list[str], list[int]]:
+    """Each line translated as a paragraph: cut into sentences for `language`
+    (`nmt.translation.paragraphs.split_text`, or `split_html` with `html`), the sentences of
+    all lines searched in one call, and each line joined back around its translations with
+    its whitespace (and markup) as it was. Also the lines with a translation that reached
+    the output limit."""
+    from nmt.translation.paragraphs import split_html, split_text  # sentencex
+
+    split = split_html if html else split_text
+    documents = [split(line, language) for line in lines]
     sentences = [sentence for document in documents for sentence in document.sentences]
     line_of = [first_line + i for i, document in enumerate(documents)
                for _ in document.sentences]
@@ -74,23 +86,44 @@ def translate_paragraphs(translator, lines: Sequence[str], where: str, first_lin
     else:
         translations, reached_limit = [], []
     joined, start = [], 0
-    for document in documents:
-        joined.append(document.join(translations[start:start + len(document.sentences)]))
+    for document, alignments in zip(documents, _alignments(translator, documents,
+                                                           translations)):
+        joined.append(document.join(translations[start:start + len(document.sentences)],
+                                    alignments))
         start += len(document.sentences)
     if progress is not None:
         progress(len(lines))
     return joined, reached_limit
 
 
+def _alignments(translator, documents, translations: Sequence[str]) -> list[dict]:
+    """Per document, the word alignment of each sentence holding inline markup, where the
+    engine gives alignments (`Translator.align`; else markup goes by position)."""
+    wanted, offset = [], 0
+    for n, document in enumerate(documents):
+        wanted += [(n, i, offset + i) for i in document.needs_alignment]
+        offset += len(document.sentences)
+    out: list[dict] = [{} for _ in documents]
+    align = getattr(translator, "align", None)
+    if not wanted or align is None:
+        return out
+    found = align([documents[n].sentences[i] for n, i, _ in wanted],
+                  [translations[k] for _, _, k in wanted])
+    for (n, i, _), alignment in zip(wanted, found):
+        out[n][i] = alignment
+    return out
+
+
 def output_text(translator, lines: Sequence[str], where: str, first_line: int, nbest: bool,
                 progress: Callable[[int], None] | None = None,
-                split_language: str | None = None) -> tuple[str, list[int]]:
+                paragraphs: Paragraphs | None = None) -> tuple[str, list[int]]:
     """The output lines for `lines` (from line number `first_line` of `where`): n-best lists,
-    translations, or with `split_language` each line translated sentence by sentence; and
-    the lines whose translation reached the output limit."""
-    if split_language is not None:
-        translations, reached_limit = translate_paragraphs(translator, lines, where, first_line,
-                                                           split_language, progress)
+    translations, or with `paragraphs` each line translated sentence by sentence; and the
+    lines whose translation reached the output limit."""
+    if paragraphs is not None:
+        translations, reached_limit = translate_paragraphs(
+            translator, lines, where, first_line, paragraphs.language, progress,
+            paragraphs.html)
         return "".join(one_line(text) + "\n" for text in translations), reached_limit
     done = translate_lines(translator, lines, where, first_line, progress)
     return format_hypotheses(done.nbest, first_line - 1, nbest), done.reached_limit
@@ -98,13 +131,13 @@ def output_text(translator, lines: Sequence[str], where: str, first_line: int, n
 
 def translate_chunks(translator, chunks, out: IO[str], where: str, nbest: bool,
                      progress: Callable[[int], None] | None = None,
-                     split_language: str | None = None) -> tuple[int, list[int]]:
+                     paragraphs: Paragraphs | None = None) -> tuple[int, list[int]]:
     """Translate (first line number, lines) chunks, writing and flushing each; returns the
     lines translated, and those whose translation reached the output limit."""
     total, reached_limit = 0, []
     for first_line, lines in chunks:
         text, reached = output_text(translator, lines, where, first_line, nbest, progress,
-                                    split_language)
+                                    paragraphs)
         out.write(text)
         out.flush()
         total += len(lines)
@@ -205,10 +238,10 @@ def file_chunks(path: str, chunk_lines: int):
 
 
 def translate_input(translator, args: argparse.Namespace, input_line_count: int | None,
-                    out: IO[str], model, tokenizer, split_language: str | None = None
+                    out: IO[str], model, tokenizer, paragraphs: Paragraphs | None = None
                     ) -> list[int]:
     """Translate the SENTENCE arguments, --input (`input_line_count` lines, None for a pipe)
-    or stdin to `out`; with `split_language` (--split-sentences), each line sentence by
+    or stdin to `out`; with `paragraphs` (--split-sentences, --html), each line sentence by
     sentence. Returns the lines whose translation reached the output limit."""
     nbest = args.nbest is not None
     start = time.perf_counter()
@@ -223,19 +256,19 @@ def translate_input(translator, args: argparse.Namespace, input_line_count: int 
                             args)
     elif args.sentences:
         count, reached_limit = translate_chunks(translator, [(1, args.sentences)], out,
-                                                "argument", nbest, split_language=split_language)
+                                                "argument", nbest, paragraphs=paragraphs)
     elif args.input not in (None, "-"):
         with progress_bar(input_line_count or 0, args.quiet) as bar:  # none for a pipe
             count, reached_limit = translate_chunks(
                 translator, file_chunks(args.input, args.chunk_lines), out, args.input, nbest,
-                bar.update, split_language)
+                bar.update, paragraphs)
     else:
         if on_terminal(sys.stdin) and not args.quiet:
             print("translate.py: reading sentences from the terminal, one per line; Ctrl-D "
                   "ends", file=sys.stderr, flush=True)
         chunks = stream_chunks(sys.stdin.fileno(), args.chunk_lines)
         count, reached_limit = translate_chunks(translator, chunks, out, "<stdin>", nbest,
-                                                split_language=split_language)
+                                                paragraphs=paragraphs)
     seconds = time.perf_counter() - start
     log.info("translated %d line%s in %.3f s", count, "" if count == 1 else "s", seconds)
     return reached_limit

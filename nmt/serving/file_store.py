@@ -1,0 +1,58 @@
+"""Translated files kept in memory until their download: each for `KEEP_SECONDS`, at most
+`KEEP_FILES` files and `KEEP_BYTES` bytes, the oldest dropped first."""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import re
+import time
+import uuid
+
+KEEP_SECONDS = 30 * 60
+KEEP_FILES = 256
+KEEP_BYTES = 256 << 20
+
+
+@dataclasses.dataclass(frozen=True)
+class _Kept:
+    data: bytes
+    media_type: str
+    filename: str
+    expires: float
+
+
+class FileStore:
+    """Translated files by name, each for `KEEP_SECONDS`, within `KEEP_FILES`/`KEEP_BYTES`."""
+
+    def __init__(self):
+        self._files: collections.OrderedDict[str, _Kept] = collections.OrderedDict()
+        self._bytes = 0
+
+    def put(self, data: bytes, filename: str, media_type: str) -> str:
+        self._expire()
+        name = f"{uuid.uuid4().hex}.{safe_name(filename)}"
+        self._files[name] = _Kept(data, media_type, filename, time.monotonic() + KEEP_SECONDS)
+        self._bytes += len(data)
+        while len(self._files) > KEEP_FILES or self._bytes > KEEP_BYTES:
+            self._drop_oldest()
+        return name
+
+    def get(self, name: str) -> _Kept | None:
+        self._expire()
+        return self._files.get(name)
+
+    def _expire(self) -> None:
+        now = time.monotonic()
+        while self._files and next(iter(self._files.values())).expires <= now:
+            self._drop_oldest()
+
+    def _drop_oldest(self) -> None:
+        _, kept = self._files.popitem(last=False)
+        self._bytes -= len(kept.data)
+
+
+def safe_name(filename: str) -> str:
+    """The file's base name with only letters, digits, '.', '-' and '_' (at most 100)."""
+    base = re.split(r"[\\/]", filename)[-1]
+    return re.sub(r"[^\w.-]", "_", base, flags=re.ASCII).lstrip(".")[-100:] or "file"

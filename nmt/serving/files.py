@@ -1,0 +1,117 @@
+"""LibreTranslate's file translation: POST /translate_file, then GET /download_file/NAME.
+
+    POST /translate_file  multipart: file=@report.docx, source=en, target=de[, api_key=...]
+    -> {"translatedFileUrl": "http://HOST/download_file/<id>.report.docx"}
+
+The file (.txt, .html or .docx: `nmt.translation.document_files`) is cut into sentences,
+searched with the model's batcher as /translate's texts are, and rebuilt with its layout and
+formatting; the translation is kept in memory for a while (`nmt.serving.file_store`) under
+a random name, which is what the download URL holds.
+"""
+
+from __future__ import annotations
+
+from starlette.datastructures import UploadFile
+from starlette.exceptions import HTTPException
+from starlette.formparsers import MultiPartException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from nmt.serving.errors import RequestError, shown
+from nmt.serving.file_store import KEEP_SECONDS, safe_name
+from nmt.serving.libretranslate import translate_documents
+from nmt.serving.params import api_key
+from nmt.serving.service import Service, unless_client_leaves
+from nmt.translation import document_files
+
+_FIELDS = 8  # form fields besides the file: source, target, api_key and a few a client adds
+
+
+async def _upload(request: Request) -> tuple[UploadFile, dict[str, str]]:
+    """The uploaded file and the text fields of a multipart form."""
+    if not request.headers.get("content-type", "").lower().startswith("multipart/form-data"):
+        raise RequestError(400, "Invalid request: send the file as multipart/form-data "
+                                "(curl -F file=@report.docx -F source=en -F target=de)")
+    fields: dict[str, str] = {}
+    upload = None
+    try:
+        form = await request.form(max_files=1, max_fields=_FIELDS)
+    except MultiPartException as err:
+        raise RequestError(400, f"malformed multipart form: {err.message}") from None
+    except HTTPException as err:  # what Starlette makes of MultiPartException inside an app
+        raise RequestError(400, f"malformed multipart form: {err.detail}") from None
+    for key, value in form.multi_items():
+        if isinstance(value, UploadFile):
+            upload = value if key == "file" else upload
+        else:
+            fields[key] = value
+    if upload is None:
+        raise RequestError(400, "Invalid request: missing file parameter")
+    return upload, fields
+
+
+async def translate_file(request: Request) -> JSONResponse:
+    service: Service = request.app.state.service
+    upload, fields = await _upload(request)
+    service.check_key(fields.get("api_key") or api_key(request))
+    source, target = fields.get("source"), fields.get("target")
+    for name, value in (("source", source), ("target", target)):
+        if not value:
+            raise RequestError(400, f"Invalid request: missing {name} parameter")
+    data, filename = await upload.read(), upload.filename or ""
+    # Sentences are cut by the rules of the source language (English ones until "auto" is
+    # told, cut again if it tells another).
+    language = source if source != "auto" else "en"
+    prepared = _prepare(data, filename, language)
+    characters = prepared.characters
+    if characters > service.limits.max_file_characters:
+        raise RequestError(413, f"the file has {characters} characters to translate, more "
+                                f"than this server's limit of "
+                                f"{service.limits.max_file_characters} (--file-char-limit)")
+    service.charge(request, 1, characters)
+    sample = [s for document in prepared.documents for s in document.sentences][:50]
+    model, _ = service.source_model(source, target, sample)
+    if model.source != language:
+        prepared = _prepare(data, filename, model.source)
+    translated = await unless_client_leaves(
+        request, _translate_in_parts(service, model, prepared.documents))
+    name = service.files.put(prepared.rebuild(translated), filename,
+                             document_files.media_type(filename))
+    return JSONResponse({"translatedFileUrl": str(request.url_for("download_file",
+                                                                  name=name))})
+
+
+def _prepare(data: bytes, filename: str, language: str):
+    """The file cut into documents to translate; RequestError 400 for a file that cannot be."""
+    try:
+        return document_files.prepare(data, filename, language)
+    except ValueError as err:
+        raise RequestError(400, f"Invalid request: {shown(filename, 60)}: {err}") from None
+
+
+async def _translate_in_parts(service: Service, model, documents) -> list[str]:
+    """The documents' translations, searched at most `max_sentences` sentences at a time
+    (each part within the request timeout), so that a long file waits in the queue as a
+    series of requests would."""
+    out, part, count = [], [], 0
+    for document in [*documents, None]:
+        size = len(document.sentences) if document is not None else 0
+        if part and (document is None or count + size > service.limits.max_sentences):
+            out += (await translate_documents(service, model, part))[0]
+            part, count = [], 0
+        if document is not None:
+            part.append(document)
+            count += size
+    return out
+
+
+async def download_file(request: Request) -> Response:
+    service: Service = request.app.state.service
+    name = request.path_params["name"]
+    kept = service.files.get(name)
+    if kept is None:
+        raise RequestError(404, f"no translated file {shown(name, 60)}: files are kept "
+                                f"{KEEP_SECONDS // 60} minutes after their translation; "
+                                "translate it again")
+    return Response(kept.data, media_type=kept.media_type, headers={
+        "Content-Disposition": f"attachment; filename=\"{safe_name(kept.filename)}\""})

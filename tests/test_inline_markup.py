@@ -1,0 +1,198 @@
+"""Inline markup in HTML: a sentence with tags inside is translated once, whole, and every tag
+goes back, once, balanced and in source order, around the target words the alignment ties to
+the words it enclosed. Alignments are scripted here (one token per word), so each case says
+where its tags must land."""
+
+from __future__ import annotations
+
+import random
+import re
+
+import numpy as np
+import pytest
+
+from nmt.models.alignment import Alignment, aligned_targets
+from nmt.translation.inline_markup import Point, pair_points
+from nmt.translation.paragraphs import split_html
+
+_TOKEN = re.compile(r"\w+|[^\w\s]")
+_TAG = re.compile(r"<[^>]*>")
+
+
+def words(text: str) -> list[tuple[int, int]]:
+    return [m.span() for m in _TOKEN.finditer(text)]
+
+
+def alignment(source: str, target: str, pairs: dict[int, int]) -> Alignment:
+    """Target token j attends to source token pairs[j] (every target token is given)."""
+    source_spans, target_spans = words(source), words(target)
+    assert sorted(pairs) == list(range(len(target_spans)))
+    weights = np.full((len(target_spans), len(source_spans)), 0.01, np.float32)
+    for j, i in pairs.items():
+        weights[j, i] = 1.0
+    return Alignment(source_spans, target_spans, weights)
+
+
+def translate(markup: str, target: str, pairs: dict[int, int]) -> str:
+    """`markup`, one sentence, translated as `target` with the alignment `pairs`."""
+    document = split_html(markup, "en")
+    assert len(document.sentences) == 1 and document.needs_alignment == [0]
+    return document.join([target], {0: alignment(document.sentences[0], target, pairs)})
+
+
+def check_tags(output: str, markup: str) -> None:
+    """Every tag of `markup` is in `output` once, in the same order, balanced."""
+    assert _TAG.findall(output) == _TAG.findall(markup)
+    depth = []
+    for tag in _TAG.findall(output):
+        name = re.match(r"</?(\w+)", tag).group(1)
+        if tag.startswith("</"):
+            assert depth and depth.pop() == name, output
+        elif name not in ("img", "br", "wbr"):
+            depth.append(name)
+    assert not depth, output
+
+
+# ----------------------------------------------------------------------------- the cases
+
+
+def test_a_sentence_with_inline_tags_is_translated_once_whole():
+    markup = "<p>A man <b>rides <i>a bicycle</i></b>.</p>"
+    document = split_html(markup, "en")
+    assert document.sentences == ["A man rides a bicycle."]
+    # A man rides a bicycle . -> Ein Mann fährt ein Fahrrad .
+    out = translate(markup, "Ein Mann fährt ein Fahrrad.", {0: 0, 1: 1, 2: 2, 3: 3, 4: 4,
+                                                              5: 5})
+    assert out == "<p>Ein Mann <b>fährt <i>ein Fahrrad</i></b>.</p>"
+    check_tags(out, markup)
+
+
+def test_tags_follow_their_words_when_the_order_changes():
+    markup = "<p>He <b>quickly</b> ate the <i>red</i> apple.</p>"
+    # He quickly ate the red apple . -> Er aß schnell den roten Apfel .
+    out = translate(markup, "Er aß schnell den roten Apfel.", {0: 0, 1: 2, 2: 1, 3: 3, 4: 4,
+                                                                 5: 5, 6: 6})
+    assert out == "<p>Er aß <b>schnell</b> den <i>roten</i> Apfel.</p>"
+    # When a later tag's words come first, it moves after the earlier one: order is kept.
+    out = translate("<p><b>Big</b> <i>dog</i>.</p>", "Hund groß.", {0: 1, 1: 0, 2: 2})
+    check_tags(out, "<p><b>Big</b> <i>dog</i>.</p>")
+    assert re.sub("<[^>]*>", "", out) == "<p>Hund groß.</p>".replace("<p>", "").replace(
+        "</p>", "")
+
+
+def test_links_keep_their_attributes_and_enclose_their_words():
+    markup = '<p>Read <a href="/x?a=1&amp;b=2" title="A &quot;t&quot;">the manual</a> now.</p>'
+    out = translate(markup, "Lies jetzt das Handbuch.", {0: 0, 1: 3, 2: 1, 3: 2, 4: 4})
+    assert out == ('<p>Lies jetzt <a href="/x?a=1&amp;b=2" title="A &quot;t&quot;">das '
+                   'Handbuch</a>.</p>')
+
+
+def test_tags_at_sentence_starts_and_ends():
+    markup = "<p><b>Two</b> dogs <i>run</i></p>"
+    out = translate(markup, "Zwei Hunde rennen", {0: 0, 1: 1, 2: 2})
+    assert out == "<p><b>Zwei</b> Hunde <i>rennen</i></p>"
+    # A pair around the whole sentence stays outside it; the sentence inside still counts.
+    document = split_html("<p><b>Two dogs run.</b> <i>A cat</i> sleeps.</p>", "en")
+    assert document.sentences == ["Two dogs run.", "A cat sleeps."]
+    assert document.between[:2] == ["<p><b>", "</b> "] and document.needs_alignment == [1]
+
+
+def test_a_pair_across_two_sentences_keeps_one_start_and_one_end_tag():
+    markup = "<p>First <b>one. Second</b> two.</p>"
+    document = split_html(markup, "en")
+    assert document.sentences == ["First one.", "Second two."]
+    out = document.join(["Erstens eins.", "Zweitens zwei."], {
+        0: alignment("First one.", "Erstens eins.", {0: 0, 1: 1, 2: 2}),
+        1: alignment("Second two.", "Zweitens zwei.", {0: 0, 1: 1, 2: 2})})
+    assert out == "<p>Erstens <b>eins. Zweitens</b> zwei.</p>"
+
+
+def test_void_elements_and_tags_inside_words():
+    out = translate("<p>A <img src=x alt='a. b'>dog barks.</p>", "Ein Hund bellt.",
+                    {0: 0, 1: 1, 2: 2, 3: 3})
+    assert out == "<p>Ein <img src=x alt='a. b'>Hund bellt.</p>"
+    # A tag inside a word encloses the whole word its words went to.
+    out = translate("<p>A <b>bi</b>cycle.</p>", "Ein Fahrrad.", {0: 0, 1: 1, 2: 2})
+    assert out == "<p>Ein <b>Fahrrad</b>.</p>"
+
+
+def test_no_word_extension_in_scripts_without_spaces():
+    markup = "<p>I like <b>tea</b>.</p>"
+    target = "私はお茶が好きです。"
+    spans = [(0, 1), (1, 2), (2, 4), (4, 5), (5, 7), (7, 9), (9, 10)]  # 私 は お茶 が 好き です 。
+    weights = np.full((7, 4), 0.01, np.float32)
+    for j, i in enumerate([0, 0, 2, 2, 1, 1, 3]):
+        weights[j, i] = 1.0
+    document = split_html(markup, "en")
+    out = document.join([target], {0: Alignment(words("I like tea."), spans, weights)})
+    # お茶 is the word both directions agree on; が is not added to it, though no space
+    # separates them.
+    assert out == "<p>私は<b>お茶</b>が好きです。</p>"
+
+
+def test_elements_kept_whole_still_cut_the_text():
+    document = split_html('<p>Run <code translate="no">ls -l</code> now.</p>', "en")
+    assert document.sentences == ["Run", "now."] and document.needs_alignment == []
+
+
+def test_without_an_alignment_tags_go_by_position():
+    document = split_html("<p>One <b>two</b> three.</p>", "en")
+    out = document.join(["Eins zwei drei."])
+    assert out == "<p>Eins <b>zwei</b> drei.</p>"
+
+
+def test_aligned_targets_need_both_directions_to_agree_where_they_can():
+    weights = np.array([[0.9, 0.1, 0.0],
+                        [0.6, 0.4, 0.0],    # argmax 0, but source 0's best target is row 0
+                        [0.1, 0.2, 0.7]], np.float32)
+    assert aligned_targets(weights, [0]) == [0]
+    assert aligned_targets(weights, [1]) == [1]  # nothing both ways: either direction
+    assert aligned_targets(weights, [0, 2]) == [0, 2]
+    assert aligned_targets(weights, []) == []
+
+
+def test_pairs_are_found_by_name_and_nesting():
+    points = pair_points([(0, "<b>", "open", "b"), (1, "<i>", "open", "i"),
+                          (2, "</i>", "close", "i"), (3, "</b>", "close", "b"),
+                          (4, "</a>", "close", "a"), (5, "<span>", "open", "span")])
+    assert [p.partner for p in points] == [3, 2, 1, 0, None, None]
+    assert isinstance(points[0], Point)
+
+
+# ----------------------------------------------------------------------------- properties
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_random_inline_markup_keeps_every_tag_once_in_order_and_balanced(seed):
+    rng = random.Random(seed)
+    for _ in range(300):
+        source_words = [rng.choice(["man", "dog", "red", "ball", "runs", "the"])
+                        for _ in range(rng.randint(1, 8))]
+        parts, stack = [], []
+        for word in source_words:
+            if rng.random() < 0.3:
+                name = rng.choice(["b", "i", "a", "span"])
+                parts.append(f"<{name}>")
+                stack.append(name)
+            parts.append(word)
+            while stack and rng.random() < 0.4:
+                parts.append(f"</{stack.pop()}>")
+            if rng.random() < 0.1:
+                parts.append("<img src=x>")
+            parts.append(" ")
+        parts += [f"</{name}>" for name in reversed(stack)]
+        markup = "<p>" + "".join(parts).rstrip() + ".</p>"
+        document = split_html(markup, "en")
+        assert len(document.sentences) == 1, markup  # one sentence, whatever its tags
+        target_words = [w.upper() for w in source_words]
+        rng.shuffle(target_words)
+        target = " ".join(target_words) + "."
+        alignments = {}
+        if rng.random() < 0.5:  # a random alignment, or none (tags by position)
+            source_spans, target_spans = words(document.sentences[0]), words(target)
+            matrix = np.asarray([[rng.random() for _ in source_spans] for _ in target_spans],
+                                np.float32)
+            alignments[0] = Alignment(source_spans, target_spans, matrix)
+        out = document.join([target], alignments)
+        check_tags(out, markup)
+        assert re.sub("<[^>]*>", "", out) == target  # the translation whole, once

@@ -1,0 +1,299 @@
+"""The server as a peer of LibreTranslate: what its clients and browsers expect besides
+/translate. A real `python -m nmt.serving` on 127.0.0.1 serving the tiny untrained model of
+tests/translate_model.py twice, as de->en and fr->en (so that /detect and source "auto" have
+two languages to tell apart): CORS, JSON only as JSON, /detect and detectedLanguage,
+alternatives, /suggest, /spec, rate limits, files, and HTML whose inline tags no longer cut
+sentences.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import uuid
+
+import pytest
+from serving_process import Server
+
+from translate_model import sentences
+
+SHAPES = ["--buckets", "16,64", "--batch-tokens", "256"]
+# 127.0.0.1's own requests stay under these; the rate tests speak as other clients
+# (X-Forwarded-For, which uvicorn trusts from 127.0.0.1).
+FLAGS = [*SHAPES, "--char-limit", "30000", "--req-limit", "150",
+         "--char-limit-per-minute", "20000", "--alternatives-limit", "2"]
+GERMAN = "Der Hund läuft schnell durch den großen Park und die Kinder spielen am Strand."
+FRENCH = "Le chien court rapidement dans le grand parc et les enfants jouent sur la plage."
+POOL = sentences(12, seed=11)
+
+
+@pytest.fixture(scope="module")
+def server(run_dir, env):
+    server = Server.start(["--model", f"de:en={run_dir}", "--model", f"fr:en={run_dir}",
+                           *FLAGS], env)
+    yield server
+    assert server.stop() == 0, "".join(server.log)
+
+
+def translate(server: Server, q, source: str = "de", **more) -> tuple[int, dict]:
+    return server.post_json("/translate", {"q": q, "source": source, "target": "en", **more})
+
+
+# ----------------------------------------------------------------------------- CORS, bodies
+
+
+def test_cors_preflight_and_simple_requests(server):
+    origin = {"Origin": "https://page.example"}
+    status, headers, _ = server.request("OPTIONS", "/translate", headers={
+        **origin, "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": "content-type, authorization"})
+    headers = {k.lower(): v for k, v in headers.items()}
+    assert status == 200
+    assert headers["access-control-allow-origin"] == "*"
+    assert "POST" in headers["access-control-allow-methods"]
+    assert "content-type" in headers["access-control-allow-headers"].lower()
+    for method, path, body in (("POST", "/translate", {"q": POOL[0], "source": "de",
+                                                      "target": "en"}),
+                               ("GET", "/languages", None),
+                               ("POST", "/translate", {"q": POOL[0]})):  # a refusal too
+        status, headers, _ = server.request(method, path, body, headers=origin)
+        assert status in (200, 400)
+        assert {k.lower(): v for k, v in headers.items()}["access-control-allow-origin"] == "*"
+
+
+def test_only_the_origins_given_may_read_answers():
+    from starlette.testclient import TestClient
+
+    from nmt.serving.app import build_app
+    from nmt.serving.catalog import Catalog
+    from nmt.serving.limits import ServerLimits
+    from nmt.serving.metrics import Metrics
+    from nmt.serving.service import Service
+
+    service = Service(Catalog([]), ServerLimits(), Metrics())
+    client = TestClient(build_app(service, cors_origins=["https://mine.example"]))
+    preflight = {"Access-Control-Request-Method": "POST"}
+    mine = client.options("/translate", headers={"Origin": "https://mine.example", **preflight})
+    assert mine.status_code == 200
+    assert mine.headers["access-control-allow-origin"] == "https://mine.example"
+    other = client.options("/translate", headers={"Origin": "https://evil.example", **preflight})
+    assert other.status_code == 400 and "access-control-allow-origin" not in other.headers
+    read = client.get("/languages", headers={"Origin": "https://evil.example"})
+    assert read.status_code == 200 and "access-control-allow-origin" not in read.headers
+    none = TestClient(build_app(service, cors_origins=[]))
+    answer = none.get("/languages", headers={"Origin": "https://mine.example"})
+    assert "access-control-allow-origin" not in answer.headers
+
+
+def test_json_is_read_only_as_json(server):
+    body = json.dumps({"q": POOL[0], "source": "de", "target": "en"})
+    status, _, answer = server.request("POST", "/translate", body,
+                                       headers={"Content-Type": "text/plain"})
+    assert status == 415 and "application/json" in json.loads(answer)["error"]
+    status, _, answer = server.request("POST", "/translate", body)  # no type at all
+    assert status == 415
+    # curl -d '{json}' sends a form type: the answer says what to add.
+    status, _, answer = server.request(
+        "POST", "/translate", body,
+        headers={"Content-Type": "application/x-www-form-urlencoded"})
+    message = json.loads(answer)["error"]
+    assert status == 400 and "looks like JSON" in message
+    assert "-H 'Content-Type: application/json'" in message
+    status, answer = translate(server, POOL[0])
+    assert status == 200 and answer["translatedText"]
+
+
+# ----------------------------------------------------------------------------- endpoints
+
+
+def test_suggest_spec_and_frontend_settings(server):
+    status, answer = server.post_json("/suggest", {"q": "a", "s": "b", "source": "de",
+                                                   "target": "en"})
+    assert (status, answer) == (403, {"error": "Suggestions are disabled on this server."})
+    status, _, body = server.request("GET", "/spec")
+    spec = json.loads(body)
+    assert status == 200 and spec["openapi"].startswith("3.")
+    assert {"/translate", "/detect", "/translate_file", "/languages"} <= set(spec["paths"])
+    source = spec["paths"]["/translate"]["post"]["requestBody"]["content"][
+        "application/json"]["schema"]["properties"]["source"]
+    assert source["enum"] == ["de", "fr", "auto"]
+    status, _, body = server.request("GET", "/frontend/settings")
+    settings = json.loads(body)
+    assert settings["suggestions"] is False and ".docx" in settings["supportedFilesFormat"]
+    assert settings["language"]["source"]["code"] == "de"
+
+
+def test_alternatives_up_to_the_limit(server):
+    status, one = translate(server, POOL[1])
+    status, answer = translate(server, POOL[1], alternatives=2)
+    assert status == 200
+    alternatives = answer["alternatives"]
+    assert isinstance(alternatives, list) and len(alternatives) <= 2
+    assert len(set(alternatives)) == len(alternatives)
+    assert answer["translatedText"] not in alternatives
+    assert all(isinstance(text, str) and text for text in alternatives)
+    status, answer = translate(server, POOL[1:3], alternatives="1")  # a form's string too
+    assert status == 200 and len(answer["alternatives"]) == 2
+    status, answer = translate(server, POOL[1], alternatives=3)
+    assert status == 400 and "--alternatives-limit" in answer["error"]
+    status, answer = translate(server, POOL[1])
+    assert status == 200 and "alternatives" not in answer and answer == one
+
+
+def test_rate_limits_answer_429_with_retry_after_per_client(server):
+    first = {"X-Forwarded-For": "10.9.9.1"}
+    status, _, _ = server.request("POST", "/translate", {"q": [""] * 100, "source": "de",
+                                                         "target": "en"}, headers=first)
+    assert status == 200
+    status, headers, body = server.request("POST", "/translate", {
+        "q": [""] * 60, "source": "de", "target": "en"}, headers=first)
+    assert status == 429, body
+    assert json.loads(body)["error"].startswith("Slowdown:")
+    assert "--req-limit" in json.loads(body)["error"]
+    assert 1 <= int(headers["retry-after"]) <= 60
+    # Refused requests cost nothing, and another client has its own window.
+    status, _, _ = server.request("POST", "/translate", {"q": [""] * 50, "source": "de",
+                                                         "target": "en"}, headers=first)
+    assert status == 200
+    other = {"X-Forwarded-For": "10.9.9.2"}
+    status, _, _ = server.request("POST", "/detect", {"q": GERMAN}, headers=other)
+    assert status == 200
+    # More characters than a minute allows would never pass: 413, not 429.
+    status, _, body = server.request("POST", "/translate", {
+        "q": "Ein Mann. " * 2500, "source": "de", "target": "en"}, headers=other)
+    assert status == 413 and "--char-limit-per-minute" in json.loads(body)["error"]
+
+
+# ----------------------------------------------------------------------------- languages
+
+
+def test_detect_with_libretranslatepy_and_source_auto(server):
+    from libretranslatepy import LibreTranslateAPI
+
+    client = LibreTranslateAPI(server.url)
+    german, french = client.detect(GERMAN), client.detect(FRENCH)
+    assert german[0]["language"] == "de" and french[0]["language"] == "fr"
+    assert 50 < german[0]["confidence"] <= 100
+    assert [d["confidence"] for d in german] == sorted(d["confidence"] for d in german)[::-1]
+    assert {d["language"] for d in german} <= {"de", "fr"}  # only the languages served
+    status, answer = server.post_json("/detect", {"q": "12345 !!"})
+    assert (status, answer) == (200, [])  # no letters: nothing to tell a language by
+    status, answer = server.post_json("/detect", {"q": ""})
+    assert status == 400 and "missing q" in answer["error"]
+    for text, language in ((GERMAN, "de"), (FRENCH, "fr")):
+        status, auto = translate(server, text, source="auto")
+        status, known = translate(server, text, source=language)
+        assert status == 200 and auto["detectedLanguage"]["language"] == language
+        assert auto["translatedText"] == known["translatedText"]
+    status, answer = translate(server, [GERMAN, GERMAN], source="auto")
+    assert [d["language"] for d in answer["detectedLanguage"]] == ["de", "de"]
+
+
+# ----------------------------------------------------------------------------- HTML
+
+
+INLINE_CASES = [
+    "<p>Ein mann <b>fährt <i>das fahrrad</i></b> im park.</p>",
+    '<p>Der hund <a href="/park?x=1&amp;y=2" title="Park">läuft im park</a> schnell.</p>',
+    "<p><b>Zwei kinder</b> spielen am <i>strand</i></p>",
+    "<p>Die katze <span class='x'>schläft</span> auf dem <em>sofa</em>.</p>",
+    "<div>Eine frau <strong>liest</strong> das buch. Der hund <b>läuft</b>.</div>",
+]
+
+
+@pytest.mark.parametrize("markup", INLINE_CASES)
+def test_inline_tags_no_longer_cut_sentences(server, markup):
+    from nmt.translation.paragraphs import split_html
+
+    status, answer = translate(server, markup, format="html")
+    assert status == 200
+    out = answer["translatedText"]
+    # Each sentence is translated once, whole: the text without tags is the translation of
+    # the sentences without tags.
+    sentences = split_html(markup, "de").sentences
+    status, plain = translate(server, sentences)
+    assert status == 200
+    tag = re.compile(r"<[^>]*>")
+    text_of = tag.sub("", out)
+    assert " ".join(text_of.split()) == " ".join(" ".join(plain["translatedText"]).split())
+    # Every tag is kept, once, in order (and so balanced as the input is).
+    assert tag.findall(out) == tag.findall(markup)
+
+
+# ----------------------------------------------------------------------------- files
+
+
+def _docx_bytes() -> bytes:
+    import docx
+
+    document = docx.Document()
+    paragraph = document.add_paragraph()
+    paragraph.add_run("Der hund ").bold = True
+    paragraph.add_run("läuft im park.").italic = True
+    document.add_paragraph("Eine frau liest das buch.")
+    table = document.add_table(rows=1, cols=2)
+    table.cell(0, 0).text, table.cell(0, 1).text = "Zwei kinder spielen.", "Die katze schläft."
+    document.sections[0].header.paragraphs[0].text = "Das buch."
+    out = io.BytesIO()
+    document.save(out)
+    return out.getvalue()
+
+
+def _upload(server: Server, name: str, data: bytes, **fields) -> tuple[int, dict, bytes]:
+    boundary = uuid.uuid4().hex
+    parts = [f'--{boundary}\r\nContent-Disposition: form-data; name="{key}"\r\n\r\n{value}\r\n'
+             .encode() for key, value in {"source": "de", "target": "en", **fields}.items()]
+    parts.append(f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename='
+                 f'"{name}"\r\nContent-Type: application/octet-stream\r\n\r\n'.encode()
+                 + data + b"\r\n")
+    body = b"".join(parts) + f"--{boundary}--\r\n".encode()
+    return server.request("POST", "/translate_file", body, headers={
+        "Content-Type": f"multipart/form-data; boundary={boundary}"})
+
+
+def _download(server: Server, answer: bytes) -> bytes:
+    url = json.loads(answer)["translatedFileUrl"]
+    assert url.startswith(server.url + "/download_file/")
+    status, headers, data = server.request("GET", url[len(server.url):])
+    assert status == 200 and "attachment" in headers["content-disposition"]
+    return data
+
+
+def test_translate_file_docx_keeps_paragraphs_tables_headers_and_formatting(server):
+    import docx
+
+    status, _, answer = _upload(server, "report.docx", _docx_bytes())
+    assert status == 200, answer
+    translated = docx.Document(io.BytesIO(_download(server, answer)))
+    texts = ["Der hund läuft im park.", "Eine frau liest das buch.", "Zwei kinder spielen.",
+             "Die katze schläft.", "Das buch."]
+    status, expected = translate(server, texts)
+    want = expected["translatedText"]
+    first, second = translated.paragraphs[:2]
+    assert first.text.strip() == want[0] and second.text == want[1]
+    assert [c.text for c in translated.tables[0].rows[0].cells] == want[2:4]
+    assert translated.sections[0].header.paragraphs[0].text == want[4]
+    # The two runs keep their formatting, and the words they hold are the translation's.
+    assert [(run.bold, run.italic) for run in first.runs] == [(True, None), (None, True)]
+    assert "".join(run.text for run in first.runs).strip() == want[0]
+
+
+def test_translate_file_text_and_html_and_its_refusals(server):
+    text = "Der hund läuft.\n\nDie katze schläft. Ein mann liest.\n"
+    status, _, answer = _upload(server, "notes.txt", text.encode())
+    assert status == 200, answer
+    status, expected = translate(server, text)
+    assert _download(server, answer).decode() == expected["translatedText"]
+    markup = "<html><body><p>Der hund <b>läuft</b>.</p></body></html>"
+    status, _, answer = _upload(server, "page.html", markup.encode())
+    status, expected = translate(server, markup, format="html")
+    assert _download(server, answer).decode() == expected["translatedText"]
+    status, _, answer = _upload(server, "image.png", b"\x89PNG")
+    assert status == 400 and ".docx" in json.loads(answer)["error"]
+    status, _, answer = _upload(server, "broken.docx", b"not a zip")
+    assert status == 400 and "not a valid .docx" in json.loads(answer)["error"]
+    status, _, answer = _upload(server, "latin1.txt", "Größe".encode("latin-1"))
+    assert status == 400 and "not UTF-8" in json.loads(answer)["error"]
+    status, _, answer = server.request("GET", "/download_file/nothing-here.docx")
+    assert status == 404
