@@ -217,8 +217,8 @@ BAD_REQUESTS = [
      "10000 texts, more than this server's limit of 200 sentences (--max-sentences"),
     ("too many characters", {"q": "Ein Mann. " * 4000, "source": "de", "target": "en"}, 413,
      "40000 characters, more than this server's limit of 30000 (--char-limit)"),
-    ("alternatives", {"q": "Hallo.", "source": "de", "target": "en", "alternatives": 2}, 400,
-     "0 to 0 alternatives"),
+    ("alternatives", {"q": "Hallo.", "source": "de", "target": "en", "alternatives": 4}, 400,
+     "alternatives 4: this server gives 0 to 3 (--alternatives-limit)"),
 ]
 
 

@@ -15,6 +15,7 @@ import uuid
 
 import pytest
 from serving_process import Server
+from test_inline_markup import parents
 
 from translate_model import sentences
 
@@ -217,8 +218,9 @@ def test_inline_tags_no_longer_cut_sentences(server, markup):
     tag = re.compile(r"<[^>]*>")
     text_of = tag.sub("", out)
     assert " ".join(text_of.split()) == " ".join(" ".join(plain["translatedText"]).split())
-    # Every tag is kept, once, in order (and so balanced as the input is).
-    assert tag.findall(out) == tag.findall(markup)
+    # Every tag is kept, once, balanced, and each element inside the one it was in.
+    assert sorted(tag.findall(out)) == sorted(tag.findall(markup))
+    assert parents(out) == parents(markup)
 
 
 # ----------------------------------------------------------------------------- files

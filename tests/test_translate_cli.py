@@ -22,6 +22,7 @@ import threading
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
 from data.config import DataError
@@ -250,6 +251,34 @@ def test_split_lines_are_translated_in_one_call_and_records_name_lines():
     assert streams.translate_paragraphs(translator, ["", " "], "in.de", 1, "en") == (
         ["", " "], [])
     assert len(calls) == 1  # blank lines need no call
+
+
+def test_html_lines_keep_inline_tags_around_the_words_the_alignment_gives():
+    """--html: each line is HTML; a sentence with inline tags is translated once, whole, and
+    the translator's alignment of it with its translation places the tags."""
+    from nmt.models.alignment import Alignment
+
+    calls = []
+
+    def translate_all(sentences, progress=None, first_line=1, source="", line_numbers=None):
+        calls.append(list(sentences))
+        translated = {"A man rides.": "Reitet ein Mann.", "Bye.": "Tschüss."}
+        return SimpleNamespace(nbest=[[SimpleNamespace(text=translated[s], score=0.0)]
+                                      for s in sentences], reached_limit=[])
+
+    def align(sources, targets):
+        assert (sources, targets) == (["A man rides."], ["Reitet ein Mann."])
+        # Reitet ein Mann . <- A man rides . : target j attends to source pairs[j]
+        weights = np.eye(4, dtype=np.float32)[[2, 0, 1, 3]]
+        return [Alignment([(0, 1), (2, 5), (6, 11), (11, 12)],
+                          [(0, 6), (7, 10), (11, 15), (15, 16)], weights)]
+
+    translator = SimpleNamespace(translate_all=translate_all, align=align)
+    lines = ['<p>A <b>man</b> <a href="/x">rides</a>.</p>', "<ul><li>Bye.</li></ul>"]
+    out, _ = streams.translate_paragraphs(translator, lines, "in.html", 1, "en", html=True)
+    # The link goes with "rides" to the front, <b> stays around "man".
+    assert out == ['<p><a href="/x">Reitet</a> ein <b>Mann</b>.</p>', "<ul><li>Tschüss.</li></ul>"]
+    assert calls == [["A man rides.", "Bye."]]
 
 
 def test_scores_are_printed_before_the_files_are_written(tmp_path):

@@ -481,6 +481,7 @@ def run(args: argparse.Namespace) -> int:
     service = Service(Catalog(load_served_models(args)), limits, Metrics(), keys,
                       RateLimiter(RateLimits(args.req_limit, args.char_limit_per_minute)),
                       alternatives_limit=args.alternatives_limit)
+    service.detect("")  # the language identifier loads now, not at the first request
     for model in service.catalog.models:
         service.metrics.describe_model(model.pair, model.translator.engine,
                                        model.translator.compute_type)

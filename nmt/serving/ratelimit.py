@@ -2,25 +2,29 @@
 may send per minute, counted over a moving window of the last 60 seconds.
 
 A client is the address uvicorn gives the request: the connection's peer, or the address a
-trusted proxy forwarded (uvicorn's --forwarded-allow-ips, 127.0.0.1 by default, so that a
+trusted proxy forwarded (uvicorn's FORWARDED_ALLOW_IPS, 127.0.0.1 by default, so that a
 server behind a local nginx limits each of nginx's clients rather than nginx). A request of
 several texts costs one request per text (LibreTranslate counts them so too). A request past
-either limit is refused with 429 and Retry-After (the seconds until the window has room), and
-costs nothing; one that could never fit a minute's budget is refused with 413 instead, since
-waiting would not help.
+either limit is refused with 429 and Retry-After (the seconds until the window has room for
+it), and costs nothing; one that could never fit a minute's budget is refused with 413,
+since waiting would not help.
+
+Each window is a queue of (time, cost) with its running total, so that a request costs the
+same whatever the limit: a window kept in units (the `limits` package's moving window) copies
+a list of every character of the last minute on each request.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import math
 import time
 
-from limits import RateLimitItem, RateLimitItemPerMinute
-from limits.storage import MemoryStorage
-from limits.strategies import MovingWindowRateLimiter
-
 from nmt.serving.errors import RequestError
+
+WINDOW_SECONDS = 60.0
+SWEEP_EVERY = 1024  # charges between drops of the windows of clients gone quiet
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,37 +38,72 @@ class RateLimits:
         return bool(self.requests or self.characters)
 
 
+class _Window:
+    """What one client spent on one limit over the last `WINDOW_SECONDS`."""
+
+    def __init__(self):
+        self.spent: collections.deque[tuple[float, int]] = collections.deque()
+        self.total = 0
+
+    def expire(self, now: float) -> None:
+        while self.spent and self.spent[0][0] <= now - WINDOW_SECONDS:
+            self.total -= self.spent.popleft()[1]
+
+    def wait(self, cost: int, limit: int, now: float) -> float:
+        """Seconds until `cost` more fits under `limit` (0: it fits now)."""
+        over = self.total + cost - limit
+        for at, spent in self.spent:
+            if over <= 0:
+                break
+            over -= spent
+            if over <= 0:
+                return at + WINDOW_SECONDS - now
+        return 0.0
+
+
 class RateLimiter:
     """Checks and counts each client's requests and characters against `RateLimits`."""
 
     def __init__(self, limits: RateLimits):
         self.limits = limits
-        self._windows = MovingWindowRateLimiter(MemoryStorage())
-        self._items = [(name, flag, RateLimitItemPerMinute(amount))
-                       for name, flag, amount in (("requests", "--req-limit", limits.requests),
-                                                  ("characters", "--char-limit-per-minute",
-                                                   limits.characters)) if amount]
+        self._limits = [(name, flag, amount) for name, flag, amount in (
+            ("requests", "--req-limit", limits.requests),
+            ("characters", "--char-limit-per-minute", limits.characters)) if amount]
+        self._windows: dict[tuple[str, str], _Window] = {}
+        self._charges = 0
 
     def charge(self, client: str, requests: int, characters: int) -> None:
         """Count a request of `requests` texts and `characters` characters from `client`, or
         RequestError 429 (with Retry-After) if it would pass a limit, 413 if it always
         would."""
+        now = time.monotonic()
         costs = {"requests": max(requests, 1), "characters": characters}
-        for name, flag, item in self._items:
-            if costs[name] > item.amount:
+        windows = []
+        for name, flag, limit in self._limits:
+            if costs[name] > limit:
                 raise RequestError(413, f"the request counts {costs[name]} {name}, more than "
-                                        f"this server allows a client per minute ({item.amount}"
-                                        f", {flag}); send less at a time")
-        for name, flag, item in self._items:
-            if costs[name] and not self._windows.test(item, client, cost=costs[name]):
-                wait = self._seconds_until_room(item, client)
-                raise RequestError(429, f"Slowdown: {item.amount} {name} per minute per client "
-                                        f"({flag}); try again in {wait} s",
-                                   {"Retry-After": str(wait)})
-        for name, _, item in self._items:
-            if costs[name]:
-                self._windows.hit(item, client, cost=costs[name])
+                                        f"this server allows a client per minute ({limit}, "
+                                        f"{flag}); send less at a time")
+            window = self._windows.setdefault((name, client), _Window())
+            window.expire(now)
+            wait = window.wait(costs[name], limit, now)
+            if wait > 0:
+                seconds = max(1, math.ceil(wait))
+                raise RequestError(429, f"Slowdown: {limit} {name} per minute per client "
+                                        f"({flag}); try again in {seconds} s",
+                                   {"Retry-After": str(seconds)})
+            windows.append((window, costs[name]))
+        for window, cost in windows:
+            window.spent.append((now, cost))
+            window.total += cost
+        self._sweep(now)
 
-    def _seconds_until_room(self, item: RateLimitItem, client: str) -> int:
-        reset = self._windows.get_window_stats(item, client).reset_time
-        return max(1, math.ceil(reset - time.time()))
+    def _sweep(self, now: float) -> None:
+        """Every `SWEEP_EVERY` charges, forget the clients with nothing in their windows."""
+        self._charges += 1
+        if self._charges % SWEEP_EVERY:
+            return
+        for key, window in list(self._windows.items()):
+            window.expire(now)
+            if not window.spent:
+                del self._windows[key]

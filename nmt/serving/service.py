@@ -38,15 +38,14 @@ class Service:
     alternatives_limit: int = 0  # alternatives a request may ask for (--alternatives-limit)
     # Where alignments are computed: the search threads (set by the lifespan).
     executor: concurrent.futures.Executor | None = None
-    _identifier: LanguageIdentifier | None = None
+    identifier: LanguageIdentifier | None = None  # made at start, or at the first /detect
     files: FileStore = dataclasses.field(default_factory=FileStore)  # translated files
 
     def detect(self, text: str) -> list[tuple[str, float]]:
         """(language, confidence 0-1) of `text`, best first, among the sources served."""
-        if self._identifier is None:
-            self._identifier = LanguageIdentifier(
-                sorted({m.source for m in self.catalog.models}))
-        return self._identifier.detect(text)
+        if self.identifier is None:
+            self.identifier = LanguageIdentifier(sorted({m.source for m in self.catalog.models}))
+        return self.identifier.detect(text)
 
     def source_model(self, source: str, target: str, texts: Sequence[str]
                      ) -> tuple[ServedModel, dict | None]:

@@ -6,8 +6,8 @@ tags removed, and each tag goes where a word alignment of the sentence and its t
 A sentence's markup is a list of `Point`s, each a tag as written at a character offset of the
 tag-free sentence: an element's start and end tags (a pair, enclosing the characters between
 them), a start or end tag whose partner is in another sentence (lone), or a void element such
-as <img> (a point). `place` gives the translation with every point's markup in it, once each,
-in the order the source had them, so pairs stay balanced and nested:
+as <img>. `place` gives the translation with every point's markup in it, once each, balanced
+and nested as in the source (an element inside another stays inside it):
 
 - a pair encloses the target words aligned to the source words it enclosed (extended to whole
   words where the target writes spaces between words);
@@ -16,10 +16,10 @@ in the order the source had them, so pairs stay balanced and nested:
 - a void element (or a pair enclosing nothing) goes after the target of the word it follows
   without a space, else before the target of the word after it.
 
-Where these would put a tag before one that came earlier in the source (word order differs),
-it moves up to that one: a pair may then enclose fewer words, or none. Without an alignment
-(an engine that gives none), source positions map to target positions by their share of the
-sentence's length.
+Elements side by side take the order of their words in the target, as the words did; where
+two would overlap, the later one starts where the earlier ends (and may enclose nothing).
+Without an alignment (an engine that gives none), source positions map to target positions
+by their share of the sentence's length.
 """
 
 from __future__ import annotations
@@ -64,37 +64,101 @@ def pair_points(points: list[tuple[int, str, Kind, str]]) -> list[Point]:
             for index, (offset, markup, kind, _) in enumerate(points)]
 
 
+@dataclasses.dataclass
+class _Node:
+    """An element of the sentence's markup: its tags (a start tag, an end tag, or both; a
+    void element has its one tag as `start`), where it wants to be in the target, and the
+    elements inside it."""
+
+    start: Point | None
+    end: Point | None
+    want: tuple[int, int] = (0, 0)
+    children: list[_Node] = dataclasses.field(default_factory=list)
+    at: tuple[int, int] = (0, 0)  # where it goes
+
+
 def place(points: Sequence[Point], source: str, target: str,
           alignment: Alignment | None) -> str:
     """`target` (plain text) as HTML, escaped, with every point's markup in it."""
     mapper = _Mapper(source, target, alignment)
-    wanted = [_wanted_position(point, points, source, mapper) for point in points]
-    positions, floor = [], 0
-    for position in wanted:  # never before a tag that came earlier in the source
-        floor = max(floor, position)
-        positions.append(floor)
-    parts, last = [], 0
-    for point, position in zip(points, positions):
-        parts += [html.escape(target[last:position], quote=False), point.markup]
-        last = position
-    parts.append(html.escape(target[last:], quote=False))
+    root = _tree(points)
+    _want(root, points, source, mapper, (0, len(target)))
+    _lay_out(root, 0, len(target))
+    parts: list[str] = []
+    end = _render(root, target, 0, parts)
+    parts.append(html.escape(target[end:], quote=False))
     return "".join(parts)
 
 
-def _wanted_position(point: Point, points: Sequence[Point], source: str,
-                     mapper: _Mapper) -> int:
-    """Where `point` would go in the target, before the source order is enforced."""
-    if point.partner is not None:
-        start, end = sorted((point.offset, points[point.partner].offset))
-        if start < end:
+def _tree(points: Sequence[Point]) -> _Node:
+    """The points as a tree of elements under a root spanning the sentence: pairs hold what
+    was between their tags; a lone start tag holds the rest of its element's content, a lone
+    end tag what came before it at the top."""
+    root = _Node(None, None)
+    stack = [root]
+    for point in points:
+        if point.kind == "void":
+            stack[-1].children.append(_Node(point, None))
+        elif point.kind == "open":
+            node = _Node(point, None)
+            stack[-1].children.append(node)
+            stack.append(node)
+        elif point.partner is not None:  # the end of a pair: close it, and lone ones in it
+            while len(stack) > 1 and stack[-1].start is not points[point.partner]:
+                stack.pop()
+            if len(stack) > 1:
+                stack.pop().end = point
+            else:
+                root.children.append(_Node(None, point))
+        elif len(stack) == 1:  # a lone end tag at the top holds all before it
+            root.children = [_Node(None, point, children=root.children)]
+        else:  # a lone end tag inside a pair: malformed markup, kept as a point
+            stack[-1].children.append(_Node(point, None))
+    return root
+
+
+def _want(node: _Node, points: Sequence[Point], source: str, mapper: _Mapper,
+          window: tuple[int, int]) -> None:
+    """Where each element of `node` wants to be in the target, by the alignment of the
+    source characters it held (`window`: its parent's)."""
+    for child in node.children:
+        start = child.start.offset if child.start else 0
+        end = child.end.offset if child.end else len(source)
+        if child.start is not None and child.start.kind == "void" or start >= end:
+            at = _beside_a_word(source, start, mapper)
+            child.want = (at, at)
+        else:
             found = mapper.target_range(start, end)
-            return found[0] if point.kind == "open" else found[1]
-        return _beside_a_word(source, start, mapper)
-    if point.kind == "open":  # closed in a later sentence: encloses the rest of this one
-        return mapper.target_range(point.offset, len(source))[0]
-    if point.kind == "close":  # opened in an earlier sentence
-        return mapper.target_range(0, point.offset)[1]
-    return _beside_a_word(source, point.offset, mapper)
+            child.want = (found[0] if child.start else window[0],
+                          found[1] if child.end else window[1])
+        _want(child, points, source, mapper, child.want)
+
+
+def _lay_out(node: _Node, low: int, high: int) -> None:
+    """Place `node`'s children inside [low, high), in the order of where they want to be
+    (so elements may swap as words do), none overlapping another: a later one starts where
+    the one before it ends, and may be left enclosing nothing."""
+    cursor = low
+    for child in sorted(node.children, key=lambda c: c.want[0]):
+        start = min(max(child.want[0], cursor), high)
+        end = min(max(child.want[1], start), high)
+        child.at = (start, end)
+        _lay_out(child, start, end)
+        cursor = end
+
+
+def _render(node: _Node, target: str, position: int, parts: list[str]) -> int:
+    """Append `node`'s markup and the target text it holds (from `position`); returns where
+    in the target the output has reached."""
+    if node.start is not None:
+        parts += [html.escape(target[position:node.at[0]], quote=False), node.start.markup]
+        position = node.at[0]
+    for child in sorted(node.children, key=lambda c: c.at):
+        position = _render(child, target, position, parts)
+    if node.end is not None:
+        parts += [html.escape(target[position:node.at[1]], quote=False), node.end.markup]
+        position = node.at[1]
+    return position
 
 
 def _beside_a_word(source: str, offset: int, mapper: _Mapper) -> int:

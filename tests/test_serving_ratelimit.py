@@ -1,0 +1,61 @@
+"""Per-client rate limits over a moving minute: counted per text and per character, refused
+requests cost nothing, Retry-After says when the window has room, and a request larger than
+a minute's budget is told so (413) rather than asked to wait."""
+
+from __future__ import annotations
+
+import pytest
+
+from nmt.serving import ratelimit
+from nmt.serving.errors import RequestError
+from nmt.serving.ratelimit import RateLimiter, RateLimits
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    now = [1000.0]
+    monkeypatch.setattr(ratelimit.time, "monotonic", lambda: now[0])
+    return now
+
+
+def refused(limiter: RateLimiter, client: str, requests: int, characters: int) -> RequestError:
+    with pytest.raises(RequestError) as caught:
+        limiter.charge(client, requests, characters)
+    return caught.value
+
+
+def test_requests_per_minute_over_a_moving_window(clock):
+    limiter = RateLimiter(RateLimits(requests=10))
+    limiter.charge("a", 6, 100)          # a list of 6 texts counts 6
+    clock[0] += 20
+    limiter.charge("a", 4, 100)
+    err = refused(limiter, "a", 1, 10)
+    assert err.status == 429 and err.message.startswith("Slowdown:")
+    assert "--req-limit" in err.message
+    assert err.headers == {"Retry-After": "40"}  # the first 6 leave the window at 60 s
+    limiter.charge("b", 10, 100)          # another client has its own window
+    clock[0] += 40
+    limiter.charge("a", 6, 10)            # the first request has left the window
+    assert refused(limiter, "a", 1, 10).headers == {"Retry-After": "20"}
+
+
+def test_characters_per_minute_and_refusals_cost_nothing(clock):
+    limiter = RateLimiter(RateLimits(requests=100, characters=1000))
+    limiter.charge("a", 1, 900)
+    assert refused(limiter, "a", 1, 200).status == 429
+    limiter.charge("a", 1, 100)           # the refused 200 were not counted
+    assert refused(limiter, "a", 1, 1).status == 429
+    err = refused(limiter, "b", 1, 1001)  # never fits a minute: 413, not 429
+    assert err.status == 413 and "--char-limit-per-minute" in err.message
+    assert refused(limiter, "b", 101, 1).status == 413
+
+
+def test_no_limits_count_nothing_and_quiet_clients_are_forgotten(clock, monkeypatch):
+    assert not RateLimits() and RateLimits(requests=1)
+    monkeypatch.setattr(ratelimit, "SWEEP_EVERY", 4)
+    limiter = RateLimiter(RateLimits(requests=5))
+    for client in "abc":
+        limiter.charge(client, 1, 1)
+    clock[0] += 61
+    limiter.charge("d", 1, 1)  # the fourth charge sweeps: a, b and c have nothing left
+    assert {client for _, client in limiter._windows} == {"d"}
