@@ -143,6 +143,24 @@ def test_force_decoding_scores_equal_jax(cache, run_dir):
     assert [s for s, _ in theirs] == pytest.approx([s for s, _ in ours], abs=1e-3)
 
 
+def test_alignments_equal_jax(cache, run_dir):
+    """The attention CTranslate2 returns while forced through a translation is the JAX
+    engine's alignment: the last decoder layer's, averaged over its heads."""
+    from nmt.models.model_dir import load_models
+    from nmt.models.translator import Translator
+
+    model, tokenizer, _ = load_models([run_dir])
+    targets = sentences(len(LINES), seed=5)
+    ours = Translator(model, tokenizer, search_config()).align(LINES, targets)
+    ct2, _ = open_translator(run_dir, lambda s: s, compute_type="float32")
+    theirs = ct2.align(LINES, targets)
+    for mine, other in zip(ours, theirs):
+        assert (other.source_spans, other.target_spans) == (mine.source_spans,
+                                                            mine.target_spans)
+        assert other.weights == pytest.approx(mine.weights, abs=1e-4)
+    assert ct2.align([], []) == []
+
+
 def test_empty_and_long_sources_as_jax(cache, run_dir, caplog):
     from nmt.models.model_dir import load_models
     from nmt.models.translator import Translator

@@ -71,9 +71,11 @@ def build_spec(params: Any, config, tokenizer):
     activation = {"relu": common_spec.Activation.RELU,
                   "swish": common_spec.Activation.SWISH}[config.activation]
     pre_norm = config.norm == "pre"
+    # Attention returned (for word alignments) is the last decoder layer's, averaged over
+    # all its heads, as `nmt.models.alignment` reads it.
     spec = transformer_spec.TransformerSpec.from_config(
         (config.encoder_layers, config.decoder_layers), config.num_heads, pre_norm=pre_norm,
-        activation=activation)
+        activation=activation, alignment_layer=-1, alignment_heads=config.num_heads)
     positions = marian_positions(config.max_len, config.d_model)
     if config.share_embeddings:
         source = target = output = state["model.shared.weight"]

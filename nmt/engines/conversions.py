@@ -39,7 +39,7 @@ from transformer.atomic_files import write_atomically
 log = logging.getLogger("nmt.engines")
 
 # Part of every key: raise it when the conversion writes something else for the same model.
-CONVERTER_VERSION = 1
+CONVERTER_VERSION = 2
 MANIFEST = "manifest.json"
 
 

@@ -34,10 +34,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from data.config import INFERENCE_BATCH_TOKENS
 from data.tokenizer import TokenizerBase, load_tokenizer, tokenizer_present
 from nmt.engines import COMPUTE_TYPES, CTRANSLATE2_INSTALL
 from nmt.engines.conversions import converted
+from nmt.models.alignment import Alignment
 from nmt.models.model_files import (
     EXPORT_SETTINGS_FILE,
     ModelDirError,
@@ -316,6 +319,31 @@ class CTranslate2Translator:
             ids = [self._ids[p] for p in (pieces[:-1] if ended[-1] else pieces)]
             out.append(Hypothesis(self.tokenizer.decode([ids])[0], float(score), tuple(ids)))
         return out, ended
+
+    def align(self, sources: Sequence[str], targets: Sequence[str]) -> list[Alignment]:
+        """A word alignment of each source with its translation: the attention CTranslate2
+        returns while forced through the translation (the last decoder layer's, averaged
+        over its heads, as the JAX engine reads it)."""
+        if not sources:
+            return []
+        src = self.tokenizer.token_spans(sources, "source")
+        tgt = self.tokenizer.token_spans(targets, "target")
+        limit = self.max_source_len - 1
+        src = [(ids[:limit], spans[:limit]) for ids, spans in src]
+        tgt = [(ids[:limit], spans[:limit]) for ids, spans in tgt]
+        results = self.model.translate_batch(
+            [self.tokenizer.pieces(ids, "source") for ids, _ in src],
+            target_prefix=[self.tokenizer.pieces(ids, "target") for ids, _ in tgt],
+            beam_size=1, max_decoding_length=max(len(ids) for ids, _ in tgt) + 1,
+            return_attention=True, max_batch_size=self._batch, batch_type="tokens")
+        out = []
+        for (s_ids, s_spans), (t_ids, t_spans), result in zip(src, tgt, results):
+            # [steps, source tokens]: row j is the step that predicts target token j.
+            weights = np.zeros((len(t_ids), len(s_ids)), np.float32)
+            for j, row in enumerate(result.attention[0][:len(t_ids)]):
+                weights[j] = row[:len(s_ids)]
+            out.append(Alignment(s_spans, t_spans, weights))
+        return out
 
     def score(self, sources: Sequence[str], references: Sequence[str],
               progress: Callable[[int], None] | None = None, first_line: int = 1,
