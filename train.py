@@ -16,7 +16,14 @@ if __name__ == "__main__":
 from nmt.runtime.cli import exit_quickly  # noqa: E402
 from nmt.training.command import build_parser, main, resolve  # noqa: E402
 
-__all__ = ["build_parser", "main", "resolve"]
+__all__ = ["build_parser", "main", "resolve", "run"]
+
+
+def run() -> None:
+    """`nmt-train`, the installed command: this script, from any directory."""
+    preload()
+    exit_quickly(main())
+
 
 if __name__ == "__main__":
     exit_quickly(main())

@@ -21,7 +21,15 @@ if __name__ == "__main__" and engine_in(sys.argv[1:]) == "jax":
 from nmt.runtime.cli import exit_quickly  # noqa: E402
 from nmt.translation.command import build_parser, main  # noqa: E402
 
-__all__ = ["build_parser", "main"]
+__all__ = ["build_parser", "main", "run"]
+
+
+def run() -> None:
+    """`nmt-translate`, the installed command: this script, from any directory."""
+    if engine_in(sys.argv[1:]) == "jax":
+        preload()
+    exit_quickly(main())
+
 
 if __name__ == "__main__":
     exit_quickly(main())

@@ -6,7 +6,8 @@ from nmt.engines import engine_in
 from nmt.runtime.allocator import preload
 
 # What the serve extra installs (pyproject.toml), by the module name an import fails on.
-SERVE_EXTRA = {"uvicorn", "starlette", "multipart", "python_multipart", "prometheus_client"}
+SERVE_EXTRA = {"uvicorn", "starlette", "multipart", "python_multipart", "prometheus_client",
+               "py3langid", "docx"}
 
 try:
     from nmt.serving.command import main
@@ -17,7 +18,13 @@ except ModuleNotFoundError as err:
           "installed): pip install -e '.[serve]'", file=sys.stderr)
     sys.exit(1)
 
-if __name__ == "__main__":
+
+def run() -> None:
+    """The server's command, as `python -m nmt.serving` and as the installed `nmt-serve`."""
     if engine_in(sys.argv[1:]) == "jax":
         preload()  # runs this command again with mimalloc loaded (nmt/runtime/allocator.py)
     sys.exit(main())
+
+
+if __name__ == "__main__":
+    run()

@@ -14,6 +14,8 @@ import logging
 import re
 from collections.abc import Sequence
 
+from py3langid.langid import MODEL_FILE, LanguageIdentifier as NaiveBayes
+
 log = logging.getLogger("nmt.serving")
 _LETTER = re.compile(r"[^\W\d_]")
 
@@ -22,8 +24,6 @@ class LanguageIdentifier:
     """Detects the language of texts among `languages` (the codes served)."""
 
     def __init__(self, languages: Sequence[str]):
-        from py3langid.langid import MODEL_FILE, LanguageIdentifier as NaiveBayes
-
         self._model = NaiveBayes.from_model_file(MODEL_FILE, norm_probs=True)
         known = set(self._model.labels)
         self._codes: dict[str, str] = {}  # py3langid's code -> the code served

@@ -42,6 +42,9 @@ from nmt.settings.config import RENAMED_SECTIONS, SECTIONS, Layer, RunConfig, Se
 from transformer.config import PRESETS, get_preset
 
 DEFAULTS_FILE = Path(__file__).with_name("defaults.yaml")
+# The project's folder (where train.py and configs/ are), where a relative --config path not
+# found from the current directory is looked for.
+PROJECT_DIR = Path(__file__).resolve().parents[2]
 PRESET_KEY = derived.PRESET_KEY  # in the model section: the preset its other keys change
 
 
@@ -222,9 +225,24 @@ def _loader():
     return Loader
 
 
+def find_recipe(path: str | Path) -> Path:
+    """Where a --config path is: as given (relative to the current directory), else, for a
+    relative path, in the project's own folder (`configs/multi30k_cpu.yaml` from anywhere);
+    SettingsError naming both places when neither holds it."""
+    given = Path(path)
+    if given.exists() or given.is_absolute():
+        return given
+    shipped = PROJECT_DIR / given
+    if shipped.is_file():
+        return shipped
+    raise SettingsError(f"--config {path}: no such file in the current directory "
+                        f"({Path.cwd() / given}) nor in the project's folder ({shipped})")
+
+
 def read_recipe(path: str | Path) -> Layer:
-    """The settings of a recipe file: YAML with sections, or a flat JSON object of flags."""
-    path = Path(path)
+    """The settings of a recipe file (`find_recipe`): YAML with sections, or a flat JSON
+    object of flags."""
+    path = find_recipe(path)
     if path.is_dir():
         raise SettingsError(f"--config {path}: is a directory; give a recipe file in it (.yaml "
                             "or .json), e.g. configs/multi30k_small.yaml or a run's config.yaml")

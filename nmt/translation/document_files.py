@@ -25,6 +25,8 @@ from collections.abc import Callable, Iterator
 from html.parser import HTMLParser
 from pathlib import PurePath
 
+import docx  # python-docx (the serve extra)
+
 from nmt.translation.paragraphs import Document, split_html, split_text
 
 MEDIA_TYPES = {
@@ -88,8 +90,6 @@ def _decode(data: bytes) -> str:
 
 
 def _prepare_docx(data: bytes, language: str) -> Prepared:
-    import docx  # python-docx: only files need it
-
     try:
         document = docx.Document(io.BytesIO(data))
     except (zipfile.BadZipFile, KeyError, ValueError) as err:

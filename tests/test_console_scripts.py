@@ -1,0 +1,57 @@
+"""The installed commands (pyproject's [project.scripts]) run from any directory, and a
+recipe path that is not found from the current directory is looked for in the project's
+folder, with one line naming both places when neither holds it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from nmt.settings import recipes
+from nmt.settings.config import SettingsError
+
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+
+
+def script(name: str) -> str:
+    path = BIN / name
+    if not path.exists():
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"{path} is not installed: pip install -e . installs it")
+        pytest.skip(f"{name} is not installed here (pip install -e . installs it)")
+    return str(path)
+
+
+def run(tmp_path: Path, env, *command: str) -> subprocess.CompletedProcess:
+    return subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_commands_run_from_another_directory(run_dir, env, tmp_path):
+    done = run(tmp_path, env, script("nmt-translate"), "--model", str(run_dir), "-q",
+               "Ein Mann fährt.")
+    assert done.returncode == 0, done.stderr
+    assert len(done.stdout.splitlines()) == 1
+    done = run(tmp_path, env, script("nmt-serve"), "--help")
+    assert done.returncode == 0 and "--cors-origins" in done.stdout
+    done = run(tmp_path, env, script("nmt-train"), "--config", "missing.yaml")
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        f"train.py: error: --config missing.yaml: no such file in the current directory "
+        f"({tmp_path / 'missing.yaml'}) nor in the project's folder ({REPO / 'missing.yaml'})"]
+
+
+def test_a_recipe_is_read_from_here_first_then_from_the_project(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert recipes.find_recipe("configs/multi30k_cpu.yaml") == REPO / "configs/multi30k_cpu.yaml"
+    mine = tmp_path / "configs" / "multi30k_cpu.yaml"
+    mine.parent.mkdir()
+    mine.write_text("train:\n  max_steps: 5\n")
+    assert recipes.find_recipe("configs/multi30k_cpu.yaml") == Path("configs/multi30k_cpu.yaml")
+    with pytest.raises(SettingsError, match="nor in the project's folder"):
+        recipes.find_recipe("configs/none.yaml")
