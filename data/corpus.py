@@ -21,12 +21,15 @@ value at fault and what to do about it.
 from __future__ import annotations
 
 import codecs
+import contextlib
 import dataclasses
 import hashlib
 import json
 import logging
 import re
+import socket
 import struct
+import urllib.parse
 from collections import Counter
 from itertools import zip_longest
 from pathlib import Path
@@ -285,6 +288,39 @@ def read_file(path: str | Path, src: str, tgt: str) -> datasets.Dataset:
     return _files_pairs([path], f"{path.suffix.lower()}|{src}|{tgt}", str(path), pairs)
 
 
+def _hub_host() -> str:
+    return urllib.parse.urlparse(datasets.config.HF_ENDPOINT).hostname or "huggingface.co"
+
+
+def _hub_reachable(timeout: float = 2.0) -> bool:
+    """Whether the hub answers a connection within `timeout` seconds: offline, its client
+    retries for half a minute before it gives up."""
+    if datasets.config.HF_HUB_OFFLINE:
+        return False
+    try:
+        socket.create_connection((_hub_host(), 443), timeout=timeout).close()
+        return True
+    except OSError:
+        return False
+
+
+@contextlib.contextmanager
+def _hub_offline(offline: bool):
+    """The hub's clients in offline mode while inside, if `offline`: a dataset in the local
+    cache still loads, and one that is not fails at once."""
+    if not offline:
+        yield
+        return
+    import huggingface_hub.constants
+
+    saved = datasets.config.HF_HUB_OFFLINE, huggingface_hub.constants.HF_HUB_OFFLINE
+    datasets.config.HF_HUB_OFFLINE = huggingface_hub.constants.HF_HUB_OFFLINE = True
+    try:
+        yield
+    finally:
+        datasets.config.HF_HUB_OFFLINE, huggingface_hub.constants.HF_HUB_OFFLINE = saved
+
+
 def _load_hf(name: str, config: str | None) -> datasets.DatasetDict:
     """Open a dataset saved with `save_to_disk` (a directory) or from the hub by name+config.
 
@@ -299,12 +335,16 @@ def _load_hf(name: str, config: str | None) -> datasets.DatasetDict:
                 "give a directory that Dataset.save_to_disk or DatasetDict.save_to_disk wrote"
             ) from None
     else:
+        reachable = _hub_reachable()
         try:
-            loaded = datasets.load_dataset(name, config)
+            with _hub_offline(not reachable):
+                loaded = datasets.load_dataset(name, config)
         except Exception as err:  # no network, unknown name or config: one sentence, no traceback
+            where = ("" if reachable else f"{_hub_host()} cannot be reached from here and the "
+                                          "dataset is not in the local cache; ")
             raise DataError(
                 f"could not load dataset {name!r} (config {config!r}) from the Hugging Face hub "
-                f"({_first_line(err)}); {_HELP_LOCAL}"
+                f"({where}{_first_line(err)}); {_HELP_LOCAL}"
             ) from None
     if isinstance(loaded, datasets.Dataset):
         loaded = datasets.DatasetDict({"train": loaded})

@@ -97,6 +97,16 @@ def _unusable(directory: Path) -> str | None:
     return None
 
 
+def by_hand(name: str, directory: Path) -> str:
+    """How to get corpus `name` into `directory` without this command: which files to fetch,
+    and how they are decompressed and renamed."""
+    base, files, _, _ = CORPORA[name]
+    renames = ", ".join(f"{theirs} -> {ours}" for ours, theirs in files.items())
+    gunzip = " (gunzip each .gz first)" if any(f.endswith(".gz") for f in files.values()) else ""
+    return (f"fetch {base}FILE for each file below on a machine with network access, then put "
+            f"them in {directory} renamed{gunzip}: {renames}")
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str):  # one line, as every command of the project
         print(f"{self.prog}: error: {message}; see {self.prog} --help", file=sys.stderr)
@@ -117,8 +127,8 @@ def main(argv: list[str] | None = None) -> int:
     except (urllib.error.URLError, TimeoutError, OSError) as err:
         reason = getattr(err, "reason", err)
         print(f"{parser.prog}: error: cannot fetch {args.corpus} ({reason}); this needs "
-              "network access to raw.githubusercontent.com: download the files listed in "
-              "data/download.py on a machine that has it", file=sys.stderr)
+              "network access to raw.githubusercontent.com. By hand: "
+              f"{by_hand(args.corpus, args.directory)}", file=sys.stderr)
         return 1
     try:
         write(args.corpus, args.directory, fetched)

@@ -353,3 +353,26 @@ def test_multi30k_prefix_reads_all_pairs():
     first = corpus["train"][0]
     assert first["source"].startswith("Two young, White males are outside")
     assert "\t" in corpus["train"][7365]["target"]  # the TAB upstream keeps on line 7366
+
+
+def test_a_hub_dataset_offline_fails_at_once_in_one_line(monkeypatch):
+    """Where the hub cannot be reached, --dataset does not spend half a minute on retries:
+    the hub's clients go offline (a cached dataset would still load) and the error says why."""
+    import socket
+    import time
+
+    from data import corpus
+    from data.config import DataError
+
+    def unreachable(address, timeout=None):
+        raise socket.gaierror(-2, "Name or service not known")
+
+    monkeypatch.setattr(corpus.socket, "create_connection", unreachable)
+    start = time.perf_counter()
+    with pytest.raises(DataError) as caught:
+        corpus.read_hf("surely-not-a-cached/dataset", "de-en", "en", "de")
+    assert time.perf_counter() - start < 3
+    message = str(caught.value)
+    assert "cannot be reached from here and the dataset is not in the local cache" in message
+    assert "--train-prefix" in message and "\n" not in message
+    assert not datasets.config.HF_HUB_OFFLINE  # offline only while it tried

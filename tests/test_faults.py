@@ -497,3 +497,5 @@ def test_downloading_offline_is_one_line(tmp_path, capsys, monkeypatch):
     assert download.main(["multi30k", str(tmp_path / "m")]) == 1
     line = _one_line(capsys.readouterr().err)
     assert "cannot fetch multi30k" in line and "network" in line
+    # ... and how to do it by hand: the files, their decompression and their names here.
+    assert "gunzip each .gz first" in line and "val.en.gz -> valid.en" in line

@@ -42,7 +42,7 @@ def test_japanese_bleu_without_mecab_says_what_to_install(monkeypatch):
     mecab = pytest.importorskip("sacrebleu.tokenizers.tokenizer_ja_mecab")
     monkeypatch.setattr(mecab, "MeCab", None)  # as where sacrebleu[ja] is not installed
     with pytest.raises(MetricError, match=r"ja-mecab .*target language 'ja'.* pip install "
-                                          r"'sacrebleu\[ja\]'.*pick another BLEU tokenizer"):
+                                          r"'sacrebleu\[ja\]'.*--bleu-tokenize char"):
         evaluate(["猫"], ["猫"], target_language="ja")
     with pytest.raises(MetricError, match="unknown BLEU tokenizer 'mecab'; choose one of.*13a"):
         bleu_metric("ja", "mecab")

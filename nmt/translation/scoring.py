@@ -69,7 +69,8 @@ def bleu_metric(target_language: str | None = None, tokenize: str | None = None
                if extra else f"cannot be set up here ({type(err).__name__}: "
                              f"{str(err).strip()})")
         raise MetricError(f"BLEU tokenizer {name} ({chosen}) {why}; or pick another BLEU "
-                          "tokenizer ('char' scores characters and needs nothing).") from None
+                          "tokenizer: --bleu-tokenize char scores characters and needs "
+                          "nothing.") from None
 
 
 def bleu_settings(target_language: str | None, bleu_tokenize: str | None
