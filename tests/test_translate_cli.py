@@ -216,14 +216,25 @@ def _fake_translator():
                            describe=lambda: "fake float32")
 
 
-def test_split_sentences_is_refused_where_it_cannot_give_one_line_per_line():
+def test_split_sentences_is_on_unless_a_mode_gives_each_lines_own_results():
     for flags in (["--nbest", "2"], ["--plot-attention", "a.png", "Hallo."],
-                  ["--evaluate", "--src-file", "a", "--ref-file", "b"],
                   ["--score", "--test-prefix", "t"]):
         with pytest.raises(translate_cli.UsageError,
                            match=f"--split-sentences .* does not apply with {flags[0]}"):
             translate_cli.check_args(_parse("--split-sentences", *flags))
-    translate_cli.check_args(_parse("--split-sentences", "Hallo. Tschüss."))
+        args = _parse(*flags)  # not asked for: off
+        translate_cli.check_args(args)
+        assert args.split_sentences is False
+    for flags in (["Hallo. Tschüss."], ["--evaluate", "--src-file", "a", "--ref-file", "b"]):
+        args = _parse(*flags)
+        translate_cli.check_args(args)
+        assert args.split_sentences is True
+    args = _parse("--no-split-sentences", "Hallo. Tschüss.")
+    translate_cli.check_args(args)
+    assert args.split_sentences is False
+    with pytest.raises(translate_cli.UsageError, match="--html .* does not apply with --evaluate"):
+        translate_cli.check_args(_parse("--html", "--evaluate", "--src-file", "a",
+                                        "--ref-file", "b"))
 
 
 def test_split_lines_are_translated_in_one_call_and_records_name_lines():
@@ -449,8 +460,8 @@ def test_input_and_output_files(run_dir, env, expected, tmp_path):
 
 
 def test_split_sentences_translate_each_sentence_and_keep_each_line(run_dir, env):
-    """--split-sentences: one output line per input line, each the translations of its
-    sentences (each as if translated alone) in the line's own whitespace."""
+    """--split-sentences (the default): one output line per input line, each the translations
+    of its sentences (each as if translated alone) in the line's own whitespace."""
     sentences = ["Ein Mann fährt Fahrrad.", "Eine Frau liest das Buch!",
                  "Der Hund läuft im Park.", "Zwei Kinder spielen am Strand.",
                  "Die Katze schläft auf dem Sofa.", LONG + ".", "Der Hund läuft."]
@@ -459,7 +470,7 @@ def test_split_sentences_translate_each_sentence_and_keep_each_line(run_dir, env
     lines = [f"  {s[0]} {s[1]}  ", "", f"{s[2]}\t{s[3]}", "   ", s[4], f"{s[5]} {s[6]}"]
     t = [text.strip() for text in alone]
     expected = [f"  {t[0]} {t[1]}  ", "", f"{t[2]}\t{t[3]}", "   ", t[4], f"{t[5]} {t[6]}"]
-    result = _run(["--model", run_dir, *BATCH, "--chunk-lines", 4, "--split-sentences"], env,
+    result = _run(["--model", run_dir, *BATCH, "--chunk-lines", 4], env,  # on by default
                   input=_stdin(lines))
     assert _out_lines(result) == expected
     stderr = _text(result.stderr)

@@ -39,8 +39,11 @@ class LanguageIdentifier:
 
     def detect(self, text: str, limit: int = 3) -> list[tuple[str, float]]:
         """Up to `limit` (code served, confidence 0-1), best first; [] for a text without
-        letters (nothing to tell a language by) or when no served language is known."""
+        letters or without anything that tells the languages apart, or when no served
+        language is known."""
         if not self._codes or not _LETTER.search(text):
             return []
-        ranked = self._model.rank(text)[:limit]
-        return [(self._codes[code], float(probability)) for code, probability in ranked]
+        ranked = self._model.rank(text)
+        if len(ranked) > 1 and ranked[0][1] - ranked[-1][1] < 1e-6:
+            return []  # every language alike: nothing in the text told them apart ("ok")
+        return [(self._codes[code], float(probability)) for code, probability in ranked[:limit]]

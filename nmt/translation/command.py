@@ -34,15 +34,16 @@ INDEX is the 0-based input line number (Moses/Marian convention), SCORE the sear
 (beam search: log-probability divided by the length penalty, GNMT's unless
 --length-penalty power; greedy and sampling: log-probability).
 
-With --split-sentences each input line is a paragraph of any length: it is cut into sentences
-(`nmt.translation.paragraphs`: sentencex's rules for the language of --src, else the model's
-source language, else English), the sentences of a chunk are translated in one call, and each
-line is joined back from their translations with its whitespace as it was: still one output
-line per input line. Truncation and output-limit warnings name the input line. It gives one
-translation per line, so it does not combine with --nbest (nor --evaluate, --score or
---plot-attention). --html does the same for lines of HTML: every tag is kept, text is cut at
-block tags, and inline tags (<b>, <a href>, <span>...) go back around the words they enclosed,
-by the model's alignment (`nmt.translation.inline_markup`).
+Each input line is a paragraph of any length (--split-sentences, on by default): it is cut into
+sentences (`nmt.translation.paragraphs`: sentencex's rules for the language of --src, else the
+model's source language, else English), the sentences of a chunk are translated in one call,
+and each line is joined back from their translations with its whitespace as it was: still one
+output line per input line. Truncation and output-limit warnings name the input line. It gives
+one translation per line, so it is off with --nbest, --score and --plot-attention (and
+refused with them when asked for); --no-split-sentences translates each line as one segment.
+--html does the same for lines of HTML: every tag is kept, text is cut at block tags, and
+inline tags (<b>, <a href>, <span>...) go back around the words they enclosed, by the model's
+alignment (`nmt.translation.inline_markup`).
 
 Search settings default to the model's stored SearchConfig; flags override them.
 
@@ -178,10 +179,12 @@ def _add_input_output_flags(io) -> None:
     io.add_argument("--chunk-lines", type=int, default=DEFAULT_CHUNK_LINES,
                     help="stdin: translate at most this many waiting lines per call "
                          f"(default {DEFAULT_CHUNK_LINES})")
-    io.add_argument("--split-sentences", action="store_true",
+    io.add_argument("--split-sentences", action=argparse.BooleanOptionalAction, default=None,
                     help="treat each input line as a paragraph: translate its sentences (split "
                          "with sentencex for the source language: --src, else the model's, "
-                         "else en) and join them back into one output line, whitespace kept")
+                         "else en) and join them back into one output line, whitespace kept "
+                         "(default: on, --evaluate included; off with --nbest, --score and "
+                         "--plot-attention, which give each line's own results)")
     io.add_argument("--html", action="store_true",
                     help="treat each input line as HTML, as --split-sentences does text: every "
                          "tag kept, the text between block tags translated sentence by "
@@ -258,10 +261,12 @@ def check_args(args: argparse.Namespace) -> None:
         raise UsageError("--plot-attention shows one model's attention; give one --model.")
     if args.split_sentences or args.html:
         mode = "--html" if args.html else "--split-sentences"
-        for flag in ("nbest", "evaluate", "score", "plot_attention"):
+        for flag in ("nbest", "score", "plot_attention", *(("evaluate",) if args.html else ())):
             if getattr(args, flag):
                 raise UsageError(f"{mode} gives one translation per input line and does not "
                                  f"apply with --{flag.replace('_', '-')}.")
+    if args.split_sentences is None:  # on, unless a mode gives each line's own results
+        args.split_sentences = not (args.nbest or args.score or args.plot_attention)
     if args.evaluate and args.score:
         raise UsageError("--evaluate translates and --score does not: give one of them.")
     if args.normalize and not args.score:

@@ -5,27 +5,45 @@
     texts = [document.join(translations_of(document)) for document in prepared.documents]
     translated_bytes = prepared.rebuild(texts)
 
-A file is cut into `Document`s (`nmt.translation.paragraphs`): a text file is one text, an
-HTML file one page. In a .docx each paragraph (of the body, of tables at any depth, of headers
-and footers) is one HTML fragment whose runs are inline elements, `<span data-r="N">`, and
-hyperlinks `<a data-h="N">` around theirs: the paragraph is translated sentence by sentence,
-each sentence whole, and its runs' tags go back around the words they held
-(`nmt.translation.inline_markup`), so bold, italic, fonts and links stay on the words they
-marked. Runs holding more than text (pictures, fields) are left as they are. Not translated:
-text boxes, footnotes, comments.
+Two phases, so that a server can refuse a file by its `characters` before translating any of
+it, and translate the sentences of all its documents in one batched search in between.
+
+A text file is one `split_text` document (a UTF-8 BOM kept aside, line endings as they were),
+an HTML page one `split_html` document. In a .docx each paragraph (of the body, of tables at
+any depth, of headers and footers) is one HTML fragment whose runs are inline elements: a run
+of text `<span data-r="N">`, a tab `<span data-r="N"> </span>` (a space to the model), a
+picture, a symbol or a whole field `<img data-r="N">`, a hyperlink `<a data-h="N">` around
+its runs, and a line break `<br data-r="N">`, which ends a sentence as a line does.
+`split_html` translates each sentence whole and puts the tags back around the words they
+enclosed (`nmt.translation.inline_markup`), so on rebuild each run gets the text now inside
+its span and the runs are put in the order their tags now have: bold, italic, fonts and links
+stay on their words when a translation reorders them. Text left outside every span (the
+spaces between words, mostly) goes to the run next to it, a picture or field gets the spaces
+it had around it, and a translation under the identity gives every run its text back.
+
+Not translated, kept as they are: text boxes, footnotes and endnotes, comments, content
+controls (w:sdt), tracked changes, smart tags, field results, alt text. A .docx is refused
+(ValueError) when it is not a readable Word file or unpacks to more than MAX_UNPACKED_BYTES.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import html
 import io
+import re
 import zipfile
+import zlib
 from collections.abc import Callable, Iterator
 from html.parser import HTMLParser
 from pathlib import PurePath
 
 import docx  # python-docx (the serve extra)
+from docx.opc.exceptions import OpcError
+from docx.oxml import OxmlElement
+from docx.text.run import Run
+from lxml import etree
 
 from nmt.translation.paragraphs import Document, split_html, split_text
 
@@ -36,19 +54,23 @@ MEDIA_TYPES = {
     ".docx": "application/vnd.openxmlformats-officedocument.wordprocessingml.document",
 }
 FILE_SUFFIXES = tuple(MEDIA_TYPES)
+# A .docx is a zip: what it unpacks to is bounded, or a few compressed megabytes of repeated
+# XML could take gigabytes to read.
+MAX_UNPACKED_BYTES = 256 << 20
 _BOM = "\ufeff"
 
 
 @dataclasses.dataclass(frozen=True)
 class Prepared:
-    """A file cut into documents to translate; `rebuild(texts)` gives the translated file
-    from each document's joined translation, in order."""
+    """A file cut into documents to translate; `rebuild(texts)` (once) gives the translated
+    file from each document's joined translation, in order."""
 
     documents: list[Document]
     rebuild: Callable[[list[str]], bytes]
 
     @property
     def characters(self) -> int:
+        """The characters of all the sentences to translate."""
         return sum(len(sentence) for document in self.documents
                    for sentence in document.sentences)
 
@@ -75,7 +97,13 @@ def prepare(data: bytes, filename: str, language: str) -> Prepared:
     text = _decode(data)
     bom = _BOM if text.startswith(_BOM) else ""
     document = (split_text if kind == ".txt" else split_html)(text[len(bom):], language)
-    return Prepared([document], lambda texts: (bom + texts[0]).encode("utf-8"))
+    return Prepared([document], lambda texts: (bom + _one(texts)).encode("utf-8"))
+
+
+def _one(texts: list[str]) -> str:
+    if len(texts) != 1:
+        raise ValueError(f"{len(texts)} texts for a file of one document")
+    return texts[0]
 
 
 def _decode(data: bytes) -> str:
@@ -88,17 +116,29 @@ def _decode(data: bytes) -> str:
 
 # ----------------------------------------------------------------------------- .docx
 
+_W = "{http://schemas.openxmlformats.org/wordprocessingml/2006/main}"
+# Run content that is text (python-docx's run.text reads it, its setter writes it back);
+# lastRenderedPageBreak is Word's note of where it last broke a page, dropped with no loss.
+_TEXT = frozenset(("t", "noBreakHyphen", "softHyphen", "lastRenderedPageBreak"))
+_BREAKS = frozenset(("br", "cr"))
+_TAB = "tab"
+# What reading a broken .docx raises: the zip, its XML, or python-docx's view of the package.
+_UNREADABLE = (zipfile.BadZipFile, KeyError, ValueError, EOFError, NotImplementedError,
+               RuntimeError, zlib.error, etree.LxmlError, OpcError)
+# Characters XML 1.0 cannot hold, which a translation must not bring in.
+_NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
+
 
 def _prepare_docx(data: bytes, language: str) -> Prepared:
-    try:
-        document = docx.Document(io.BytesIO(data))
-    except (zipfile.BadZipFile, KeyError, ValueError) as err:
-        raise ValueError(f"not a valid .docx file ({type(err).__name__}: {err})") from None
-    paragraphs = [p for p in _paragraphs(document) if p.text.strip()]
-    fragments = [_Fragment(paragraph) for paragraph in paragraphs]
+    document = _open_docx(data)
+    fragments = [_Fragment(paragraph) for paragraph in _paragraphs(document)
+                 if paragraph.text.strip()]
+    fragments = [fragment for fragment in fragments if fragment.has_text]
     documents = [split_html(fragment.markup, language) for fragment in fragments]
 
     def rebuild(texts: list[str]) -> bytes:
+        if len(texts) != len(fragments):
+            raise ValueError(f"{len(texts)} texts for {len(fragments)} paragraphs")
         for fragment, text in zip(fragments, texts):
             fragment.write_back(text)
         out = io.BytesIO()
@@ -108,110 +148,401 @@ def _prepare_docx(data: bytes, language: str) -> Prepared:
     return Prepared(documents, rebuild)
 
 
+def _open_docx(data: bytes):
+    """The python-docx Document of `data`; ValueError for what is not a .docx or unpacks to
+    more than MAX_UNPACKED_BYTES."""
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as archive:
+            unpacked = sum(info.file_size for info in archive.infolist())
+    except zipfile.BadZipFile as err:
+        raise ValueError(f"not a valid .docx file ({err})") from None
+    if unpacked > MAX_UNPACKED_BYTES:
+        raise ValueError(f"the .docx file unpacks to {unpacked} bytes, more than the "
+                         f"{MAX_UNPACKED_BYTES} read here; split it into smaller files")
+    try:
+        return docx.Document(io.BytesIO(data))
+    except _UNREADABLE as err:
+        raise ValueError(f"not a valid .docx file ({type(err).__name__}: {err})") from None
+
+
 def _paragraphs(document) -> Iterator:
     """Every paragraph of the body, its tables (nested ones too), headers and footers, each
     once (a merged cell is one cell; a header linked to the previous section is that one)."""
-    seen: set[int] = set()
-    parts = [document]
+    seen: set = set()  # XML elements, held so that no other element can take their identity
+    for part in _parts(document):
+        yield from _in_container(part, seen)
+
+
+def _parts(document) -> Iterator:
+    yield document
     for section in document.sections:
         for part in (section.header, section.footer, section.first_page_header,
                      section.first_page_footer, section.even_page_header,
                      section.even_page_footer):
             if not part.is_linked_to_previous:
-                parts.append(part)
-    for part in parts:
-        for paragraph in _in_container(part, seen):
-            if id(paragraph._p) not in seen:
-                seen.add(id(paragraph._p))
-                yield paragraph
+                yield part
 
 
-def _in_container(container, seen: set[int]) -> Iterator:
-    yield from container.paragraphs
+def _in_container(container, seen: set) -> Iterator:
+    for paragraph in container.paragraphs:
+        if paragraph._p not in seen:
+            seen.add(paragraph._p)
+            yield paragraph
     for table in container.tables:
         for row in table.rows:
             for cell in row.cells:
-                if id(cell._tc) not in seen:
-                    seen.add(id(cell._tc))
+                if cell._tc not in seen:
+                    seen.add(cell._tc)
                     yield from _in_container(cell, seen)
 
 
+@dataclasses.dataclass(eq=False)
+class _Unit:
+    """Consecutive children of a paragraph (or of a hyperlink in it) that move together: a
+    run ("text", "tab", "break" or "other": a picture, a symbol...), a whole field, or a
+    hyperlink ("link") with the units of its runs."""
+
+    number: int
+    kind: str
+    elements: list
+    run: Run | None = None  # a text run, whose text is set
+    source: str = ""  # its text before translation
+    inner: list[_Unit] = dataclasses.field(default_factory=list)
+    # "other": whether the source had a space right before it, and right after it.
+    spaced: tuple[bool, bool] = (False, False)
+
+
 class _Fragment:
-    """A paragraph as HTML: each text run a `<span data-r>`, each hyperlink an `<a data-h>`
-    around its runs, other runs (pictures, fields) `<img data-r>` points kept as they are."""
+    """A paragraph as HTML (the module's docstring shows how), and written back from its
+    translation."""
 
     def __init__(self, paragraph):
-        self.runs = []  # the paragraph's runs, by the number in their tag
-        parts = []
-        for item in paragraph.iter_inner_content():
-            if hasattr(item, "runs") and hasattr(item, "address"):  # a hyperlink
-                parts.append(f'<a data-h="{len(self.runs)}">')
-                parts += [self._run(run) for run in item.runs]
-                parts.append("</a>")
-            else:
-                parts.append(self._run(item))
-        self.markup = "".join(parts)
+        self.paragraph = paragraph
+        self.units: list[_Unit] = []  # all of them, by number
+        self.top = self._units(paragraph._p)
+        self.markup = "".join(map(self._markup, self.top))
+        self.has_text = any(unit.source.strip() for unit in self.units)
+        _note_spacing(list(_flat(self.top)))
 
-    def _run(self, run) -> str:
-        number = len(self.runs)
-        self.runs.append(run)
-        if not _text_only(run):
-            return f'<img data-r="{number}">'
-        return f'<span data-r="{number}">{html.escape(run.text, quote=False)}</span>'
+    def _units(self, parent) -> list[_Unit]:
+        """The units among `parent`'s children; other children (paragraph properties,
+        bookmarks, content controls...) are none and stay where they are."""
+        _split_runs(parent)
+        units: list[_Unit] = []
+        field: _Unit | None = None
+        depth = 0
+        for child in list(parent):
+            name = _local(child)
+            if field is not None:  # inside a field: everything up to its end
+                field.elements.append(child)
+                depth += _field_depth(child) if name == "r" else 0
+                field = field if depth > 0 else None
+            elif name == "r" and _field_depth(child) > 0:
+                field, depth = self._add(units, "other", [child]), _field_depth(child)
+            elif name == "r":
+                kind = _run_kind(child)
+                unit = self._add(units, kind, [child])
+                if kind == "text":
+                    unit.run = Run(child, self.paragraph)
+                    unit.source = unit.run.text
+            elif name == "hyperlink":
+                self._add(units, "link", [child]).inner = self._units(child)
+        return units
+
+    def _add(self, units: list[_Unit], kind: str, elements: list) -> _Unit:
+        unit = _Unit(len(self.units), kind, elements)
+        self.units.append(unit)
+        units.append(unit)
+        return unit
+
+    def _markup(self, unit: _Unit) -> str:
+        number = unit.number
+        if unit.kind == "text":
+            return f'<span data-r="{number}">{html.escape(unit.source, quote=False)}</span>'
+        if unit.kind == "tab":
+            return f'<span data-r="{number}"> </span>'
+        if unit.kind == "break":
+            return f'<br data-r="{number}">'
+        if unit.kind == "link":
+            return f'<a data-h="{number}">{"".join(map(self._markup, unit.inner))}</a>'
+        return f'<img data-r="{number}">'
 
     def write_back(self, translated: str) -> None:
-        """Each text run's text set to what its span holds in `translated`."""
-        texts = _RunTexts.of(translated)
-        for number, run in enumerate(self.runs):
-            if _text_only(run):
-                new = texts.get(number, "")
-                if new != run.text:
-                    run.text = new
+        """Each text run's text set to what its span holds in `translated` (text outside
+        spans to a neighbour), and the units put in the order of their tags there."""
+        reading = _Reading.of(translated)
+        texts = _Texts(self.units, reading.pieces).texts()
+        for unit in self.units:
+            if unit.run is not None:
+                text = _NOT_XML.sub("", texts.get(unit.number, ""))
+                if text != unit.source:
+                    unit.run.text = text
+        for units in self._containers(self.top):
+            _rearrange(units, _new_order(units, reading.order))
+
+    def _containers(self, units: list[_Unit]) -> Iterator[list[_Unit]]:
+        yield units
+        for unit in units:
+            if unit.kind == "link":
+                yield from self._containers(unit.inner)
 
 
-def _text_only(run) -> bool:
-    """Whether a run holds text alone (with tabs and breaks), so that its text can be set
-    without losing anything: python-docx's setter clears all else."""
-    kept = {"rPr", "t", "tab", "br", "cr", "noBreakHyphen", "softHyphen"}
-    return all(child.tag.rsplit("}", 1)[-1] in kept for child in run._r)
+def _flat(units: list[_Unit]) -> Iterator[_Unit]:
+    """The units in the order of the paragraph, a hyperlink's after it."""
+    for unit in units:
+        yield unit
+        yield from _flat(unit.inner)
 
 
-class _RunTexts(HTMLParser):
-    """The text inside each `<span data-r=N>` of a translated fragment; text outside every
-    span goes to the run before it (the first run if none)."""
+def _note_spacing(units: list[_Unit]) -> None:
+    """Set `spaced` of each "other" unit from the text around it in the source."""
+    texts = [{"tab": "\t", "break": "\n"}.get(unit.kind, unit.source) for unit in units]
+    before, last = [], ""  # the character right before each unit
+    for text in texts:
+        before.append(last)
+        last = text[-1:] or last
+    after, first = [""] * len(units), ""  # right after each
+    for i in reversed(range(len(units))):
+        after[i] = first
+        first = texts[i][:1] or first
+    for unit, b, a in zip(units, before, after):
+        if unit.kind == "other":
+            unit.spaced = (b.isspace(), a.isspace())
+
+
+class _Texts:
+    """The text of each text run from a translated fragment's pieces (`_Reading`)."""
+
+    def __init__(self, units: list[_Unit], pieces: list[tuple[int | None, str]]):
+        self.units = units
+        self.numbers = [number for number, _ in pieces]
+        self.pieces = [text for _, text in pieces]
+        self.kinds = [units[n].kind if n is not None else None for n in self.numbers]
+
+    def texts(self) -> dict[int, str]:
+        """What each text run's span holds, and each piece outside text spans given to the
+        text run before it or after it: spaces to the one whose tag they touch where only
+        one does, else as `_neighbour` says."""
+        self._drop_tab_spaces()
+        self._space_others()
+        owners = [n if kind == "text" else None for n, kind in zip(self.numbers, self.kinds)]
+        texts: dict[int, list[str]] = {}
+        for i, text in enumerate(self.pieces):
+            owner = owners[i]
+            if owner is None and text:
+                touching = {owners[i - 1] if i else None, _at(owners, i + 1)} - {None}
+                owner = (touching.pop() if len(touching) == 1 and not text.strip() else
+                         self._neighbour(text, _last(owners[:i]), _first(owners[i + 1:])))
+            if owner is not None:
+                texts.setdefault(owner, []).append(text)
+        return {number: "".join(parts) for number, parts in texts.items()}
+
+    def _pieces_of(self, kind: str) -> dict[int, list[int]]:
+        """The units of `kind` in the translation: number -> the indices of their pieces."""
+        found: dict[int, list[int]] = {}
+        for i, (number, k) in enumerate(zip(self.numbers, self.kinds)):
+            if k == kind:
+                found.setdefault(number, []).append(i)
+        return found
+
+    def _drop_tab_spaces(self) -> None:
+        """For each tab whose span holds no words, drop the space that stood for it: one
+        inside its span, else the last before it, else the first after it."""
+        for inside in self._pieces_of("tab").values():
+            if any(self.pieces[i].strip() for i in inside):
+                continue
+            for i in inside + [inside[0] - 1]:
+                if self._ends_with_space(i):
+                    self.pieces[i] = self.pieces[i][:-1]
+                    break
+            else:
+                if self._starts_with_space(inside[-1] + 1):
+                    self.pieces[inside[-1] + 1] = self.pieces[inside[-1] + 1][1:]
+
+    def _space_others(self) -> None:
+        """Give each picture or field the spaces it had around it in the source where the
+        translation has one on its other side, or none (inline markup sets a void element
+        right before the word after it)."""
+        for number, inside in self._pieces_of("other").items():
+            want_before, want_after = self.units[number].spaced
+            before, after = self._text_piece(inside[0], -1), self._text_piece(inside[-1], 1)
+            has_before, has_after = self._ends_with_space(before), self._starts_with_space(after)
+            if want_after and not has_after and after is not None:
+                if has_before and (not want_before or self._ends_with_space(before, 2)):
+                    self.pieces[before] = self.pieces[before][:-1]
+                self.pieces[after] = " " + self.pieces[after]
+            elif want_before and not has_before and before is not None:
+                if has_after and (not want_after or self._starts_with_space(after, 2)):
+                    self.pieces[after] = self.pieces[after][1:]
+                self.pieces[before] += " "
+
+    def _text_piece(self, index: int, step: int) -> int | None:
+        """The nearest piece holding text from `index` on (not `index`) in direction `step`."""
+        index += step
+        while 0 <= index < len(self.pieces) and not self.pieces[index]:
+            index += step
+        return index if 0 <= index < len(self.pieces) else None
+
+    def _ends_with_space(self, index: int | None, count: int = 1) -> bool:
+        return (index is not None and 0 <= index < len(self.pieces)
+                and len(self.pieces[index]) >= count
+                and self.pieces[index][-count:].isspace())
+
+    def _starts_with_space(self, index: int | None, count: int = 1) -> bool:
+        return (index is not None and 0 <= index < len(self.pieces)
+                and len(self.pieces[index]) >= count
+                and self.pieces[index][:count].isspace())
+
+    def _neighbour(self, text: str, before: int | None, after: int | None) -> int | None:
+        """Whose is text outside the spans: spaces go to the run after them where that run's
+        source began with a space and the run before did not end with one; else the run
+        before has it (the one after where none is before)."""
+        if before is None or after is None:
+            return after if before is None else before
+        if (not text.strip() and self.units[after].source[:1].isspace()
+                and not self.units[before].source[-1:].isspace()):
+            return after
+        return before
+
+
+def _local(element) -> str:
+    tag = element.tag
+    return tag.rsplit("}", 1)[-1] if isinstance(tag, str) else ""
+
+
+def _field_depth(run) -> int:
+    """How many fields the run begins (its w:fldChar begin) less how many it ends."""
+    depth = 0
+    for char in run.iter(_W + "fldChar"):
+        kind = char.get(_W + "fldCharType")
+        depth += 1 if kind == "begin" else -1 if kind == "end" else 0
+    return depth
+
+
+def _content(run) -> list:
+    return [child for child in run if _local(child) != "rPr"]
+
+
+def _run_kind(run) -> str:
+    names = [_local(child) for child in _content(run)]
+    if all(name in _TEXT for name in names):
+        return "text"
+    if len(names) == 1 and names[0] in _BREAKS:
+        return "break"
+    if len(names) == 1 and names[0] == _TAB:
+        return "tab"
+    return "other"
+
+
+def _split_runs(parent) -> None:
+    """Cut each run of text holding tabs or line breaks into runs of text and runs of one tab
+    or break each, all formatted alike, so that these stay where they are."""
+    for run in [child for child in parent if _local(child) == "r"]:
+        content = _content(run)
+        names = [_local(child) for child in content]
+        if (len(content) < 2 or not all(n in _TEXT or n in _BREAKS or n == _TAB for n in names)
+                or all(n in _TEXT for n in names)):
+            continue
+        groups: list[list] = []
+        for child, name in zip(content, names):
+            if name in _TEXT and groups and _local(groups[-1][-1]) in _TEXT:
+                groups[-1].append(child)
+            else:
+                groups.append([child])
+        properties = run.find(_W + "rPr")
+        previous = run
+        for group in groups[1:]:
+            new = OxmlElement("w:r")
+            for key, value in run.attrib.items():
+                new.set(key, value)
+            if properties is not None:
+                new.append(copy.deepcopy(properties))
+            new.extend(group)  # moved out of `run`
+            previous.addnext(new)
+            previous = new
+
+
+def _at(items: list, index: int):
+    return items[index] if index < len(items) else None
+
+
+def _last(numbers: list[int | None]) -> int | None:
+    return next((n for n in reversed(numbers) if n is not None), None)
+
+
+def _first(numbers: list[int | None]) -> int | None:
+    return next((n for n in numbers if n is not None), None)
+
+
+def _new_order(units: list[_Unit], order: dict[int, int]) -> list[_Unit]:
+    """`units` in the order of their tags in the translation (`order`: number -> rank); a
+    unit whose tag is not there stays after the unit it followed."""
+    ranked = sorted((u for u in units if u.number in order), key=lambda u: order[u.number])
+    for i, unit in enumerate(units):
+        if unit.number not in order:
+            ranked.insert(ranked.index(units[i - 1]) + 1 if i else 0, unit)
+    return ranked
+
+
+def _rearrange(old: list[_Unit], new: list[_Unit]) -> None:
+    """The units' elements moved so that the places `old` took hold `new`, in order; other
+    children stay where they are."""
+    if old == new:
+        return
+    places = []
+    for unit in old:
+        place = etree.Element("place")
+        unit.elements[0].addprevious(place)
+        places.append(place)
+        for element in unit.elements:
+            element.getparent().remove(element)
+    for place, unit in zip(places, new):
+        for element in unit.elements:
+            place.addprevious(element)
+        place.getparent().remove(place)
+
+
+class _Reading(HTMLParser):
+    """A translated fragment read back: its text in pieces, each with the number of the run
+    whose span holds it (None outside spans), an empty piece with the unit's number where
+    each tag of a unit is, and the rank of each unit's first tag."""
 
     def __init__(self):
         super().__init__(convert_charrefs=True)
-        self.texts: dict[int, str] = {}
-        self.open: list[int | None] = []
-        self.last: int | None = None
-        self.orphan = ""  # text before any run
+        self.pieces: list[tuple[int | None, str]] = []
+        self.order: dict[int, int] = {}
+        self.open: list[int | None] = []  # the spans open, innermost last
+        self.links: list[int | None] = []  # the hyperlinks open
 
     @classmethod
-    def of(cls, markup: str) -> dict[int, str]:
-        parser = cls()
-        parser.feed(markup)
-        parser.close()
-        if parser.orphan:
-            first = min(parser.texts, default=0)
-            parser.texts[first] = parser.orphan + parser.texts.get(first, "")
-        return parser.texts
+    def of(cls, markup: str) -> _Reading:
+        reading = cls()
+        reading.feed(markup)
+        reading.close()
+        return reading
 
     def handle_starttag(self, tag, attrs):
+        values = dict(attrs)
+        number = _number(values.get("data-r") or values.get("data-h"))
+        if number is not None:
+            self.order.setdefault(number, len(self.order))
+            self.pieces.append((number, ""))
         if tag == "span":
-            number = dict(attrs).get("data-r")
-            self.open.append(int(number) if number is not None else None)
-            if number is not None:
-                self.last = int(number)
-                self.texts.setdefault(self.last, "")
+            self.open.append(number)
+        elif tag == "a":
+            self.links.append(number)
 
     def handle_endtag(self, tag):
         if tag == "span" and self.open:
             self.open.pop()
+        elif tag == "a" and self.links:
+            number = self.links.pop()
+            if number is not None:
+                self.pieces.append((number, ""))
 
     def handle_data(self, data):
-        current = next((n for n in reversed(self.open) if n is not None), self.last)
-        if current is None:
-            self.orphan += data
-        else:
-            self.texts[current] = self.texts.get(current, "") + data
+        self.pieces.append((_last(self.open), data))
+
+
+def _number(value: str | None) -> int | None:
+    return int(value) if value is not None and value.isdigit() else None

@@ -26,6 +26,7 @@ from nmt.translation.streams import (
     progress_bar,
     read_lines,
     translate_lines,
+    translate_paragraphs,
 )
 
 log = logging.getLogger("translate.py")
@@ -119,12 +120,18 @@ def run_evaluation(translator, args: argparse.Namespace, values: dict, out: IO[s
     sources, references, description = test_set or evaluation_data(args, values)
     log.info("evaluating on %s: %d sentences", description, len(sources))
     start = time.perf_counter()
+    where = args.src_file or description
     with progress_bar(len(sources), args.quiet) as bar:
-        done = translate_lines(translator, sources, args.src_file or description, 1,
-                               progress=bar.update)
+        if args.split_sentences:  # a line of several sentences: each translated on its own
+            texts, reached_limit = translate_paragraphs(
+                translator, sources, where, 1, languages(args, values)[0] or "en", bar.update)
+        else:
+            done = translate_lines(translator, sources, where, 1, progress=bar.update)
+            texts = [nbest[0].text for nbest in done.nbest]
+            reached_limit = done.reached_limit
     seconds = time.perf_counter() - start
     # Scored exactly as the sacrebleu command reads the files: trailing whitespace removed.
-    hypotheses = [one_line(nbest[0].text).rstrip() for nbest in done.nbest]
+    hypotheses = [one_line(text).rstrip() for text in texts]
     scores = scoring.evaluate(hypotheses, [r.rstrip() for r in references], **bleu)
     # Scores first: a file that cannot be written must not cost the evaluation.
     out.write(f"{scores.bleu_details}\n"
@@ -144,7 +151,7 @@ def run_evaluation(translator, args: argparse.Namespace, values: dict, out: IO[s
         write_atomically(args.report, json.dumps(report, indent=2, ensure_ascii=False) + "\n",
                          since.get("report", "now"))
     log.info("translated %d sentences in %.2f s", len(sources), seconds)
-    return report, done.reached_limit
+    return report, reached_limit
 
 
 def run_scoring(translator, args: argparse.Namespace, values: dict, out: IO[str],

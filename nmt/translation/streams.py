@@ -88,8 +88,11 @@ def translate_paragraphs(translator, lines: Sequence[str], where: str, first_lin
     joined, start = [], 0
     for document, alignments in zip(documents, _alignments(translator, documents,
                                                            translations)):
-        joined.append(document.join(translations[start:start + len(document.sentences)],
-                                    alignments))
+        mine = translations[start:start + len(document.sentences)]
+        whole = len(mine) == 1 and document.between == ["", ""] and not document.markup
+        # A line that is one sentence, nothing around it, comes out as the model wrote it,
+        # as without splitting.
+        joined.append(mine[0] if whole else document.join(mine, alignments))
         start += len(document.sentences)
     if progress is not None:
         progress(len(lines))

@@ -1,0 +1,446 @@
+"""Files translated whole (`nmt.translation.document_files`): text and HTML come back byte for
+byte under an identity translation, and a .docx built here with python-docx comes back with
+its paragraphs, tables (nested ones too), headers and footers translated, each run's
+formatting on the words it marked, and its line breaks, tabs, pictures and links where they
+were; files that cannot be read are refused with a ValueError saying why.
+
+The translations are deterministic fakes: upper case (same length, so inline tags stay at the
+same offsets), and each sentence's words in reverse order with an exact word alignment, so
+that a paragraph's runs follow their words as they would with a model's alignment.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+import struct
+import zipfile
+import zlib
+from collections.abc import Callable
+
+import docx
+import numpy as np
+import pytest
+from docx.opc.constants import RELATIONSHIP_TYPE
+from docx.oxml import OxmlElement
+from docx.oxml.ns import qn
+
+from nmt.models.alignment import Alignment
+from nmt.translation import document_files
+from nmt.translation.document_files import MEDIA_TYPES, Prepared, kind_of, prepare
+
+Fake = Callable[[str], tuple[str, Alignment | None]]
+
+
+def _upper(sentence: str) -> tuple[str, Alignment | None]:
+    return sentence.upper(), None
+
+
+def _reversed(sentence: str) -> tuple[str, Alignment]:
+    """The sentence's words in reverse order, each target word aligned to its source word."""
+    source = [m.span() for m in re.finditer(r"\S+", sentence)]
+    text = " ".join(sentence[a:b] for a, b in reversed(source))
+    target = [m.span() for m in re.finditer(r"\S+", text)]
+    weights = np.zeros((len(target), len(source)), np.float32)
+    for j in range(len(target)):
+        weights[j, len(source) - 1 - j] = 1.0
+    return text, Alignment(source, target, weights)
+
+
+def _identity(sentence: str) -> tuple[str, Alignment | None]:
+    return sentence, None
+
+
+def _translate(prepared: Prepared, fake: Fake) -> bytes:
+    """The file rebuilt from each document joined with the fake's translations."""
+    texts = []
+    for document in prepared.documents:
+        pairs = [fake(sentence) for sentence in document.sentences]
+        alignments = {i: a for i, (_, a) in enumerate(pairs) if a is not None}
+        texts.append(document.join([t for t, _ in pairs], alignments))
+    return prepared.rebuild(texts)
+
+
+def _saved(document) -> bytes:
+    out = io.BytesIO()
+    document.save(out)
+    return out.getvalue()
+
+
+def _open(data: bytes):
+    return docx.Document(io.BytesIO(data))
+
+
+def _add_link(paragraph, text: str, url: str) -> None:
+    """A hyperlink run at the end of `paragraph` (python-docx reads links but adds none)."""
+    rid = paragraph.part.relate_to(url, RELATIONSHIP_TYPE.HYPERLINK, is_external=True)
+    link, run, t = OxmlElement("w:hyperlink"), OxmlElement("w:r"), OxmlElement("w:t")
+    link.set(qn("r:id"), rid)
+    t.text = text
+    t.set(qn("xml:space"), "preserve")
+    run.append(t)
+    link.append(run)
+    paragraph._p.append(link)
+
+
+def _png() -> bytes:
+    """A 1x1 grey PNG."""
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return (struct.pack(">I", len(data)) + kind + data
+                + struct.pack(">I", zlib.crc32(kind + data)))
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", 1, 1, 8, 0, 0, 0, 0))
+            + chunk(b"IDAT", zlib.compress(b"\x00\x00")) + chunk(b"IEND", b""))
+
+
+def _report() -> bytes:
+    """A .docx with a heading, formatted runs, an empty paragraph, a table holding a nested
+    table, a header and a footer."""
+    document = docx.Document()
+    document.add_heading("Quarterly report", level=1)
+    paragraph = document.add_paragraph()
+    paragraph.add_run("The ")
+    paragraph.add_run("quick brown").bold = True
+    paragraph.add_run(" fox ")
+    paragraph.add_run("jumps").italic = True
+    paragraph.add_run(" over the dog.")
+    document.add_paragraph("")
+    table = document.add_table(rows=2, cols=2)
+    table.cell(0, 0).text, table.cell(0, 1).text = "Name", "Value"
+    table.cell(1, 0).text, table.cell(1, 1).text = "Speed is high.", "Outer cell."
+    inner = table.cell(1, 1).add_table(rows=1, cols=2)
+    inner.cell(0, 0).text, inner.cell(0, 1).text = "Inner left.", "Inner right."
+    document.add_paragraph("Thanks for reading.")
+    section = document.sections[0]
+    section.header.paragraphs[0].text = "Confidential draft."
+    section.footer.paragraphs[0].text = "Page footer."
+    return _saved(document)
+
+
+def _runs(paragraph) -> list[tuple[str, bool | None, bool | None]]:
+    return [(run.text, run.bold, run.italic) for run in paragraph.runs]
+
+
+# ------------------------------------------------------------------------------- kinds
+
+
+def test_kind_of_reads_the_four_suffixes_in_any_case_and_names_them_otherwise():
+    assert [kind_of(name) for name in ("a.txt", "b.HTML", "c.Htm", "d.e.docx")] == [
+        ".txt", ".html", ".htm", ".docx"]
+    assert set(MEDIA_TYPES) == {".txt", ".html", ".htm", ".docx"}
+    assert MEDIA_TYPES[".docx"] == ("application/vnd.openxmlformats-officedocument."
+                                    "wordprocessingml.document")
+    assert MEDIA_TYPES[".htm"].startswith("text/html")
+    for name in ("report.pdf", "README", "notes.txt.bak", "old.doc"):
+        with pytest.raises(ValueError, match=r"\.txt.*\.docx|\.docx.*\.txt"):
+            kind_of(name)
+    with pytest.raises(ValueError, match="docx"):
+        prepare(b"%PDF-1.4", "report.pdf", "en")
+
+
+# ------------------------------------------------------------------------------- text
+
+
+@pytest.mark.parametrize("data", [
+    "\ufeffTitle\r\n\r\nFirst sentence.  Second one!\rLone CR line\n\tIndented, trailing  \n"
+    "Ümlaut naïve café. 日本語です。\n\n".encode(),
+    b"No line break at the end.  Two sentences here",
+    b"", b"\n\r\n  \n",
+])
+def test_text_comes_back_byte_for_byte_under_an_identity_translation(data):
+    assert _translate(prepare(data, "notes.txt", "en"), _identity) == data
+
+
+def test_text_translation_keeps_the_bom_and_line_endings():
+    prepared = prepare("\ufeffHello world. Bye.\r\n\r\nNext\rline.\n".encode(), "a.TXT", "en")
+    assert [d.sentences for d in prepared.documents] == [
+        ["Hello world.", "Bye.", "Next", "line."]]
+    assert prepared.characters == 12 + 4 + 4 + 5
+    assert _translate(prepared, _upper) == "\ufeffHELLO WORLD. BYE.\r\n\r\nNEXT\rLINE.\n".encode()
+
+
+def test_text_that_is_not_utf8_is_refused_with_the_byte_offset():
+    with pytest.raises(ValueError, match=r"UTF-8.*offset 10|offset 10.*UTF-8"):
+        prepare(b"Good text \xff more", "a.txt", "en")
+
+
+# ------------------------------------------------------------------------------- HTML
+
+PAGE = ('<!DOCTYPE html>\r\n<html lang="en"><head><title>A &amp; B</title>\r\n'
+        '<style>p { color: red }</style></head>\n<body><!-- a comment -->\n'
+        '<p title="Not translated.">&nbsp;Hello <b>bold</b> world.  Fish &amp; chips &lt;3!</p>\n'
+        '<script>var s = "<p>no</p>";</script><pre>line one\nline two</pre></body></html>\n')
+
+
+@pytest.mark.parametrize("name", ["page.html", "page.htm"])
+def test_html_comes_back_byte_for_byte_under_an_identity_translation(name):
+    data = ("\ufeff" + PAGE).encode()
+    assert _translate(prepare(data, name, "en"), _identity) == data
+    assert _translate(prepare(PAGE.encode(), name, "en"), _identity) == PAGE.encode()
+
+
+def test_html_translation_changes_text_only():
+    data = ('<p title="keep me">Hello <b>bold</b> world.</p>'
+            '<script>var x = "no";</script>').encode()
+    out = _translate(prepare(data, "page.html", "en"), _upper)
+    assert out == ('<p title="keep me">HELLO <b>BOLD</b> WORLD.</p>'
+                   '<script>var x = "no";</script>').encode()
+
+
+# ------------------------------------------------------------------------------- .docx
+
+
+def test_docx_upper_case_reaches_body_tables_nested_tables_header_and_footer():
+    original = _open(_report())
+    translated = _open(_translate(prepare(_report(), "report.docx", "en"), _upper))
+    assert [p.text for p in translated.paragraphs] == [
+        p.text.upper() for p in original.paragraphs]
+    assert [p.style.name for p in translated.paragraphs] == [
+        p.style.name for p in original.paragraphs]
+    assert len(translated.tables) == len(original.tables) == 1
+    table = translated.tables[0]
+    assert [[c.text for c in row.cells] for row in table.rows] == [
+        [c.text.upper() for c in row.cells] for row in original.tables[0].rows]
+    assert table.cell(1, 0).text == "SPEED IS HIGH."
+    assert len(table.cell(1, 1).tables) == 1
+    inner = table.cell(1, 1).tables[0]
+    assert [c.text for c in inner.rows[0].cells] == ["INNER LEFT.", "INNER RIGHT."]
+    section = translated.sections[0]
+    assert section.header.paragraphs[0].text == "CONFIDENTIAL DRAFT."
+    assert section.footer.paragraphs[0].text == "PAGE FOOTER."
+
+
+def test_docx_runs_keep_their_formatting_on_the_same_words():
+    translated = _open(_translate(prepare(_report(), "report.docx", "en"), _upper))
+    assert _runs(translated.paragraphs[1]) == [
+        ("THE ", None, None), ("QUICK BROWN", True, None), (" FOX ", None, None),
+        ("JUMPS", None, True), (" OVER THE DOG.", None, None)]
+
+
+def test_docx_runs_follow_their_words_when_the_translation_reorders_them():
+    prepared = prepare(_report(), "report.docx", "en")
+    translated = _open(_translate(prepared, _reversed))
+    paragraph = translated.paragraphs[1]
+    assert paragraph.text == "dog. the over jumps fox brown quick The"
+    bold = [run.text.strip() for run in paragraph.runs if run.bold]
+    italic = [run.text.strip() for run in paragraph.runs if run.italic]
+    assert bold == ["brown quick"] and italic == ["jumps"]
+    assert translated.paragraphs[0].text == "report Quarterly"
+    assert translated.sections[0].header.paragraphs[0].text == "draft. Confidential"
+    assert translated.tables[0].cell(1, 0).text == "high. is Speed"
+
+
+def test_docx_identity_translation_leaves_every_run_as_it_was():
+    original = _open(_report())
+    translated = _open(_translate(prepare(_report(), "report.docx", "en"), _identity))
+    assert [_runs(p) for p in translated.paragraphs] == [_runs(p) for p in original.paragraphs]
+    assert translated.tables[0].cell(1, 1).tables[0].cell(0, 1).text == "Inner right."
+
+
+def test_docx_counts_only_its_sentences_characters_once_each():
+    document = docx.Document()
+    document.add_paragraph("One two.")
+    table = document.add_table(rows=2, cols=3)
+    merged = table.cell(0, 0).merge(table.cell(1, 1))  # one cell over four grid cells
+    merged.text = "Merged cell."
+    table.cell(0, 2).text = "Side."
+    prepared = prepare(_saved(document), "merged.docx", "en")
+    assert sorted(s for d in prepared.documents for s in d.sentences) == [
+        "Merged cell.", "One two.", "Side."]
+    assert prepared.characters == len("One two.") + len("Merged cell.") + len("Side.")
+    translated = _open(_translate(prepared, _upper))
+    assert translated.tables[0].cell(1, 1).text == "MERGED CELL."
+
+
+def test_docx_every_paragraph_and_cell_is_translated_however_many_there_are():
+    document = docx.Document()
+    for i in range(40):
+        document.add_paragraph("")
+        document.add_paragraph(f"Body line {i}.")
+    table = document.add_table(rows=20, cols=4)
+    for r, row in enumerate(table.rows):
+        for c, cell in enumerate(row.cells):
+            cell.text = f"Cell {r} {c}."
+            cell.add_paragraph("")
+    header = document.sections[0].header
+    for i in range(10):
+        header.add_paragraph("")
+        header.add_paragraph(f"Header line {i}.")
+    prepared = prepare(_saved(document), "many.docx", "en")
+    assert len(prepared.documents) == 40 + 80 + 10
+    translated = _open(_translate(prepared, _upper))
+    texts = [p.text for p in translated.paragraphs]
+    texts += [cell.text.strip() for row in translated.tables[0].rows for cell in row.cells]
+    texts += [p.text for p in translated.sections[0].header.paragraphs]
+    assert [t for t in texts if t != t.upper()] == []
+    assert "CELL 19 3." in texts and "HEADER LINE 9." in texts
+
+
+def test_docx_line_breaks_and_tabs_inside_a_sentence_stay_where_they_were():
+    document = docx.Document()
+    document.add_paragraph().add_run("Dear Sir,\nthank you for\tthe letter.")
+    data = _saved(document)
+    for fake, text in ((_identity, "Dear Sir,\nthank you for\tthe letter."),
+                       (_upper, "DEAR SIR,\nTHANK YOU FOR\tTHE LETTER.")):
+        paragraph = _open(_translate(prepare(data, "letter.docx", "en"), fake)).paragraphs[0]
+        assert paragraph.text == text
+        assert len(paragraph._p.xpath(".//w:br")) == len(paragraph._p.xpath(".//w:tab")) == 1
+
+
+def test_docx_pictures_and_empty_runs_are_kept_in_place():
+    document = docx.Document()
+    paragraph = document.add_paragraph()
+    paragraph.add_run("Before the picture ")
+    paragraph.add_run().add_picture(io.BytesIO(_png()))
+    paragraph.add_run(" after it.")
+    paragraph.add_run().bold = True  # a run with formatting and no text
+    translated = _open(_translate(prepare(_saved(document), "pic.docx", "en"), _upper))
+    runs = translated.paragraphs[0].runs
+    assert [bool(run._r.xpath("./w:drawing")) for run in runs] == [False, True, False, False]
+    assert translated.paragraphs[0].text == "BEFORE THE PICTURE  AFTER IT."
+    assert runs[3].bold and runs[3].text == ""
+    assert len(translated.inline_shapes) == 1
+
+
+def test_docx_runs_word_marked_with_a_rendered_page_break_are_translated():
+    document = docx.Document()
+    run = document.add_paragraph().add_run("Text on a new page.")
+    run._r.insert(0, OxmlElement("w:lastRenderedPageBreak"))  # as Word saves page starts
+    translated = _open(_translate(prepare(_saved(document), "word.docx", "en"), _upper))
+    assert translated.paragraphs[0].text == "TEXT ON A NEW PAGE."
+
+
+def test_docx_hyperlinks_keep_their_address_around_their_translated_words():
+    document = docx.Document()
+    paragraph = document.add_paragraph("Read ")
+    _add_link(paragraph, "the full report", "https://example.org/report")
+    paragraph.add_run(" online.")
+    for fake, whole, linked in ((_upper, "READ THE FULL REPORT ONLINE.", "THE FULL REPORT"),
+                                (_reversed, "online. report full the Read",
+                                 "report full the")):
+        translated = _open(_translate(prepare(_saved(document), "l.docx", "en"), fake))
+        paragraph = translated.paragraphs[0]
+        links = paragraph.hyperlinks
+        assert paragraph.text == whole
+        assert [(link.text.strip(), link.address) for link in links] == [
+            (linked, "https://example.org/report")]
+
+
+def test_docx_markup_characters_in_runs_survive():
+    document = docx.Document()
+    document.add_paragraph().add_run("Fish & chips <cheap> for 5 € > 3 \"quoted\".")
+    data = _saved(document)
+    for fake, text in ((_identity, "Fish & chips <cheap> for 5 € > 3 \"quoted\"."),
+                       (_upper, "FISH & CHIPS <CHEAP> FOR 5 € > 3 \"QUOTED\".")):
+        assert _open(_translate(prepare(data, "m.docx", "en"), fake)).paragraphs[0].text == text
+
+
+def test_docx_rebuild_gives_each_run_the_text_inside_its_span():
+    document = docx.Document()
+    paragraph = document.add_paragraph("One ")
+    paragraph.add_run("two").bold = True
+    paragraph.add_run(" three.")
+    prepared = prepare(_saved(document), "spans.docx", "en")
+    assert [d.sentences for d in prepared.documents] == [["One two three."]]
+    # Spans of runs 0 and 2 lost: those runs are emptied, the text outside spans kept.
+    out = _open(prepared.rebuild(['Uno <span data-r="1">dos</span>'])).paragraphs[0]
+    assert out.text == "Uno dos" and [r.text for r in out.runs if not r.bold] == ["", ""]
+    # Text after a span goes into the run before it.
+    out = _open(prepared.rebuild(
+        ['<span data-r="0">Uno</span> <span data-r="2">tres</span> fin.'])).paragraphs[0]
+    assert _runs(out) == [("Uno ", None, None), ("", True, None), ("tres fin.", None, None)]
+
+
+def _add_field(paragraph, instruction: str, result: str) -> None:
+    """A field (begin, instruction, separate, result, end: five runs) at the end."""
+    def char(kind: str):
+        element = OxmlElement("w:fldChar")
+        element.set(qn("w:fldCharType"), kind)
+        return element
+
+    code, shown = OxmlElement("w:instrText"), OxmlElement("w:t")
+    code.text, shown.text = instruction, result
+    for content in (char("begin"), code, char("separate"), shown, char("end")):
+        run = OxmlElement("w:r")
+        run.append(content)
+        paragraph._p.append(run)
+
+
+def _run_contents(paragraph) -> list[str]:
+    """Each run of the paragraph as its field character type, "code" or its text."""
+    out = []
+    for run in paragraph._p.xpath("./w:r"):
+        char, code = run.xpath("./w:fldChar"), run.xpath("./w:instrText")
+        out.append(char[0].get(qn("w:fldCharType")) if char else "code" if code else run.text)
+    return out
+
+
+def test_docx_fields_stay_whole_and_untranslated_when_words_move():
+    document = docx.Document()
+    paragraph = document.add_paragraph("This is page ")
+    _add_field(paragraph, " PAGE ", "7")
+    paragraph.add_run(" of the report.")
+    translated = _open(_translate(prepare(_saved(document), "f.docx", "en"), _reversed))
+    contents = _run_contents(translated.paragraphs[0])
+    start = contents.index("begin")
+    assert contents[start:start + 5] == ["begin", "code", "separate", "7", "end"]
+    words = contents[:start] + contents[start + 5:]
+    assert " ".join("".join(words).split()) == "report. the of page is This"
+
+
+def test_docx_page_number_fields_in_a_footer_keep_their_spaces():
+    document = docx.Document()
+    footer = document.sections[0].footer.paragraphs[0]
+    footer.add_run("Page ")
+    _add_field(footer, " PAGE ", "9")
+    footer.add_run(" of ")
+    _add_field(footer, " NUMPAGES ", "12")
+    data = _saved(document)
+    for fake, text in ((_identity, "Page 9 of 12"), (_upper, "PAGE 9 OF 12"),
+                       (_reversed, "9 of Page 12")):
+        translated = _open(_translate(prepare(data, "footer.docx", "en"), fake))
+        assert translated.sections[0].footer.paragraphs[0].text.strip() == text
+
+
+def test_docx_rebuild_drops_what_xml_cannot_hold_and_counts_its_texts():
+    document = docx.Document()
+    document.add_paragraph("Hello there.")
+    prepared = prepare(_saved(document), "x.docx", "en")
+    out = prepared.rebuild(['<span data-r="0">Hel\x01lo\x0b there.\ufffe</span>'])
+    assert _open(out).paragraphs[0].text == "Hello there."
+    for prepared in (prepare(_saved(document), "x.docx", "en"), prepare(b"A.", "a.txt", "en")):
+        with pytest.raises(ValueError, match="texts"):
+            prepared.rebuild([])
+
+
+def test_a_docx_that_unpacks_to_too_much_is_refused_before_it_is_read(monkeypatch):
+    data = _report()
+    with zipfile.ZipFile(io.BytesIO(data)) as archive:
+        unpacked = sum(info.file_size for info in archive.infolist())
+    monkeypatch.setattr(document_files, "MAX_UNPACKED_BYTES", unpacked - 1)
+    with pytest.raises(ValueError, match=f"unpacks to {unpacked} bytes"):
+        prepare(data, "bomb.docx", "en")
+    monkeypatch.setattr(document_files, "MAX_UNPACKED_BYTES", unpacked)
+    assert prepare(data, "fits.docx", "en").characters > 0
+
+
+def _zip(files: dict[str, bytes]) -> bytes:
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as archive:
+        for name, data in files.items():
+            archive.writestr(name, data)
+    return out.getvalue()
+
+
+def _broken_docx() -> list[bytes]:
+    good = _report()
+    with zipfile.ZipFile(io.BytesIO(good)) as archive:
+        parts = {name: archive.read(name) for name in archive.namelist()}
+    without = {k: v for k, v in parts.items() if k != "word/document.xml"}
+    return [b"", b"not a zip at all", good[:len(good) // 2], _zip({"a.txt": b"x"}), _zip(without),
+            _zip({**parts, "word/document.xml": b"<w:document><w:body>"})]
+
+
+@pytest.mark.parametrize("data", _broken_docx())
+def test_a_file_that_is_not_a_docx_is_refused_as_such(data):
+    with pytest.raises(ValueError, match=r"not a valid \.docx"):
+        prepare(data, "broken.docx", "en")
