@@ -5,6 +5,7 @@ where its tags must land."""
 
 from __future__ import annotations
 
+import html
 import random
 import re
 
@@ -153,6 +154,101 @@ def test_without_an_alignment_tags_go_by_position():
     assert out == "<p>Eins <b>zwei</b> drei.</p>"
 
 
+def test_one_word_to_many_and_many_to_one():
+    # ran -> ist weggelaufen: both attend to "ran", but the tag encloses the word that "ran"
+    # attends to most too (both directions agree), not the auxiliary.
+    document = split_html("<p>He <b>ran</b> away.</p>", "en")
+    target = "Er ist weggelaufen."
+    weights = alignment(document.sentences[0], target, {0: 0, 1: 1, 2: 1, 3: 3}).weights
+    weights[1, 1] = 0.6
+    out = document.join([target], {0: Alignment(words(document.sentences[0]), words(target),
+                                                weights)})
+    assert out == "<p>Er ist <b>weggelaufen</b>.</p>"
+    # red apple -> Rotapfel: no target word is red's best, but red's best target is Rotapfel.
+    document = split_html("<p>I ate the <b>red</b> apple.</p>", "en")
+    target = "Ich aß den Rotapfel."
+    weights = alignment(document.sentences[0], target, {0: 0, 1: 1, 2: 2, 3: 4, 4: 5}).weights
+    weights[3, 3] = 0.5
+    out = document.join([target], {0: Alignment(words(document.sentences[0]), words(target),
+                                                weights)})
+    assert out == "<p>Ich aß den <b>Rotapfel</b>.</p>"
+
+
+def test_a_reversed_word_order_takes_each_tag_with_its_word():
+    markup = "<p><b>one</b> <i>two</i> <u>three</u></p>"
+    out = translate(markup, "drei zwei eins", {0: 2, 1: 1, 2: 0})
+    assert out == "<p><u>drei</u> <i>zwei</i> <b>eins</b></p>"
+    check_tags(out, markup)
+
+
+def test_a_tag_that_cuts_a_word_keeps_to_its_piece():
+    """The side of a tag inside a source word is not widened to the target word: with one
+    token per character, aligned in order, each tag stays on its characters."""
+    for markup, target, expected in [
+            ("<p>H<sub>2</sub>O is wet.</p>", "H2O ist nass.", "<p>H<sub>2</sub>O ist nass.</p>"),
+            ("<p>e=mc<sup>2</sup> holds.</p>", "e=mc2 gilt.", "<p>e=mc<sup>2</sup> gilt.</p>"),
+            ("<p><b>un</b>happy.</p>", "unglücklich.", "<p><b>un</b>glücklich.</p>")]:
+        document = split_html(markup, "en")
+        source, target_spans = characters(document.sentences[0]), characters(target)
+        pairs = {j: min(j, len(source) - 1) for j in range(len(target_spans))}
+        out = document.join([target], {0: Alignment(source, target_spans,
+                                                    _one_hot(pairs, len(source)))})
+        assert out == expected
+    # A tag at a word's edge still takes the whole target word its tokens are part of.
+    out = translate("<p>A <b>bi</b>cycle.</p>", "Ein Fahrrad.", {0: 0, 1: 1, 2: 2})
+    assert out == "<p>Ein <b>Fahrrad</b>.</p>"
+
+
+def test_lone_tags_keep_the_elements_beside_them_outside():
+    """A start tag whose element ends in the next sentence stays after the elements before
+    it, whatever the word order: moving one after it would put it inside that element."""
+    markup = "<p>x <b>y</b> z <i>Wet. Very</i> us.</p>"
+    document = split_html(markup, "en")
+    assert document.sentences == ["x y z Wet.", "Very us."]
+    targets = ["W Z Y X.", "U V."]  # each sentence reversed
+    out = document.join(targets, {
+        0: alignment(document.sentences[0], targets[0], {0: 3, 1: 2, 2: 1, 3: 0, 4: 4}),
+        1: alignment(document.sentences[1], targets[1], {0: 1, 1: 0, 2: 2})})
+    assert out == "<p>W Z <b>Y</b> <i>X. U V</i>.</p>"
+    check_tags(out, markup)
+
+
+def test_identity_alignments_give_the_markup_back():
+    """Each sentence as its own translation, aligned token for token (one token per
+    character, so a tag inside a word has a token edge to sit at), or not aligned at all,
+    gives the markup back byte for byte."""
+    for markup in ["<p>A man <b>rides <i>a bicycle</i></b>.</p>",
+                   '<p>Read <a href="x?a=1&amp;b=2" title="t">the manual</a> now.</p>',
+                   "<p><b>Two</b> dogs <i>run</i>. <em>Cats</em> sleep.</p>",
+                   "<p>First <b>one. Second</b> two.</p>",
+                   "<p><b>Two dogs run.</b> <i>A cat</i> sleeps.</p>",
+                   "<p>A <img src=x alt='a. b'>dog barks<img src=y>.</p>",
+                   "<p>A <b>bi</b>cycle. Bi<wbr>cycle.</p>",
+                   "<p>H<sub>2</sub>O and e=mc<sup>2</sup>, x <b>y</b><i>z</i> w.</p>",
+                   '<p>Run <code translate="no">ls -l</code> <b>now</b>.</p>',
+                   "<ul><li>One <b>two</b></li><li><i>Three</i> four.<br>Five</li></ul>"]:
+        document = split_html(markup, "en")
+        aligned = {i: _identity(sentence) for i, sentence in enumerate(document.sentences)}
+        assert document.join(document.sentences, aligned) == markup
+        assert document.join(document.sentences) == markup
+
+
+def characters(text: str) -> list[tuple[int, int]]:
+    return [(i, i + 1) for i, char in enumerate(text) if not char.isspace()]
+
+
+def _identity(sentence: str) -> Alignment:
+    spans = characters(sentence)
+    return Alignment(spans, spans, np.eye(len(spans), dtype=np.float32))
+
+
+def _one_hot(pairs: dict[int, int], sources: int) -> np.ndarray:
+    weights = np.full((len(pairs), sources), 0.01, np.float32)
+    for j, i in pairs.items():
+        weights[j, i] = 1.0
+    return weights
+
+
 def test_aligned_targets_need_both_directions_to_agree_where_they_can():
     weights = np.array([[0.9, 0.1, 0.0],
                         [0.6, 0.4, 0.0],    # argmax 0, but source 0's best target is row 0
@@ -208,3 +304,55 @@ def test_random_inline_markup_keeps_every_tag_once_balanced_and_nested(seed):
         out = document.join([target], alignments)
         check_tags(out, markup)
         assert re.sub("<[^>]*>", "", out) == target  # the translation whole, once
+
+
+def _random_markup(rng: random.Random) -> str:
+    """A paragraph of words, sentence ends, references and well-nested inline elements (some
+    over two sentences, some inside words, some empty) and images."""
+    parts, stack = [], []
+    for _ in range(rng.randint(1, 14)):
+        roll = rng.random()
+        if roll < 0.25:
+            name = rng.choice(["b", "i", "a", "span"])
+            parts.append(f'<{name} n="{len(parts)}">')
+            stack.append(name)
+        elif roll < 0.45 and stack:
+            parts.append(f"</{stack.pop()}>")
+        elif roll < 0.5:
+            parts.append("<img src=x>")
+        else:
+            parts.append(rng.choice(["man", "dog", "H", "2", " ", " ", ". ", "! ", "the ",
+                                     " red", "&amp;", "Big"]))
+    return "<p>" + "".join(parts + [f"</{name}>" for name in reversed(stack)]) + "</p>"
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_random_markup_over_sentences_round_trips_and_keeps_its_structure(seed):
+    rng = random.Random(100 + seed)
+    for _ in range(200):
+        markup = _random_markup(rng)
+        document = split_html(markup, "en")
+        # Identity, aligned character for character or not at all: the markup back, byte
+        # for byte where no tag touches a space (spaces at a tag's edge go outside it).
+        for aligned in ({i: _identity(s) for i, s in enumerate(document.sentences)}, None):
+            out = document.join(document.sentences, aligned)
+            if re.search(r"\s<(?!/p>$)|>\s", markup[3:]):
+                assert out.replace(" ", "") == markup.replace(" ", ""), markup
+            else:
+                assert out == markup, markup
+        # Reversed translations, randomly aligned or not: every tag once, balanced, each
+        # element inside the same element as before, the text the translations.
+        targets = [sentence[::-1].swapcase() for sentence in document.sentences]
+        aligned = {}
+        for i, (source, target) in enumerate(zip(document.sentences, targets)):
+            if rng.random() < 0.7:
+                matrix = np.asarray([[rng.random() for _ in words(source)]
+                                     for _ in words(target)], np.float32)
+                aligned[i] = Alignment(words(source), words(target),
+                                       matrix.reshape(len(words(target)), -1))
+        out = document.join(targets, aligned)
+        check_tags(out, markup)
+        plain = [_TAG.sub("", document.between[0])]
+        for target, after in zip(targets, document.between[1:]):
+            plain += [html.escape(target, quote=False), _TAG.sub("", after)]
+        assert _TAG.sub("", out) == "".join(plain), markup

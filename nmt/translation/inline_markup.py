@@ -10,14 +10,18 @@ as <img>. `place` gives the translation with every point's markup in it, once ea
 and nested as in the source (an element inside another stays inside it):
 
 - a pair encloses the target words aligned to the source words it enclosed (extended to whole
-  words where the target writes spaces between words);
+  words where the target writes spaces between words, except on a side where the tag cut a
+  source word: H<sub>2</sub>O marks a piece of a word, and keeps to the aligned tokens);
 - a lone start tag goes before the target words aligned to the rest of its sentence, a lone
   end tag after those aligned to the sentence up to it;
 - a void element (or a pair enclosing nothing) goes after the target of the word it follows
   without a space, else before the target of the word after it.
 
 Elements side by side take the order of their words in the target, as the words did; where
-two would overlap, the later one starts where the earlier ends (and may enclose nothing).
+two would overlap, the later one starts where the earlier ends (and may enclose nothing). A
+lone end tag stays before its siblings and a lone start tag after them, so that no element
+moves into or out of one that spans two sentences. Spaces at the edges of what a tag encloses
+are left outside it ("<a>here </a>now" -> "<a>hier</a> jetzt").
 Without an alignment (an engine that gives none), source positions map to target positions
 by their share of the sentence's length.
 """
@@ -83,7 +87,7 @@ def place(points: Sequence[Point], source: str, target: str,
     mapper = _Mapper(source, target, alignment)
     root = _tree(points)
     _want(root, points, source, mapper, (0, len(target)))
-    _lay_out(root, 0, len(target))
+    _lay_out(root, 0, len(target), target)
     parts: list[str] = []
     end = _render(root, target, 0, parts)
     parts.append(html.escape(target[end:], quote=False))
@@ -134,17 +138,31 @@ def _want(node: _Node, points: Sequence[Point], source: str, mapper: _Mapper,
         _want(child, points, source, mapper, child.want)
 
 
-def _lay_out(node: _Node, low: int, high: int) -> None:
-    """Place `node`'s children inside [low, high), in the order of where they want to be
-    (so elements may swap as words do), none overlapping another: a later one starts where
-    the one before it ends, and may be left enclosing nothing."""
+def _lay_out(node: _Node, low: int, high: int, target: str) -> None:
+    """Place `node`'s children inside [low, high) of `target`, in the order of where they
+    want to be (so elements may swap as words do), none overlapping another: a later one
+    starts where the one before it ends (past the spaces there), and may be left enclosing
+    nothing. A lone end tag stays first and a lone start tag last: the element it ends or
+    starts holds what came before or after it in the other sentence too, so nothing may
+    move out of or into it."""
+    node.children.sort(key=lambda c: (_lone_rank(c), c.want[0]))
     cursor = low
-    for child in sorted(node.children, key=lambda c: c.want[0]):
+    for child in node.children:
         start = min(max(child.want[0], cursor), high)
+        while child.want[0] < start < high and target[start].isspace():
+            start += 1
         end = min(max(child.want[1], start), high)
         child.at = (start, end)
-        _lay_out(child, start, end)
+        _lay_out(child, start, end, target)
         cursor = end
+
+
+def _lone_rank(node: _Node) -> int:
+    """0 for a lone end tag, 2 for a lone start tag, 1 for the rest (void ones too)."""
+    if node.start is None:
+        return 0
+    lone_start = node.end is None and node.start.kind == "open"
+    return 2 if lone_start else 1
 
 
 def _render(node: _Node, target: str, position: int, parts: list[str]) -> int:
@@ -153,7 +171,7 @@ def _render(node: _Node, target: str, position: int, parts: list[str]) -> int:
     if node.start is not None:
         parts += [html.escape(target[position:node.at[0]], quote=False), node.start.markup]
         position = node.at[0]
-    for child in sorted(node.children, key=lambda c: c.at):
+    for child in node.children:  # in the order laid out
         position = _render(child, target, position, parts)
     if node.end is not None:
         parts += [html.escape(target[position:node.at[1]], quote=False), node.end.markup]
@@ -196,7 +214,9 @@ class _Mapper:
         found = self._aligned(start, end) if self.alignment is not None else None
         if found is None:
             found = self._by_share(start, end)
-        return _whole_words(self.target, *found)
+        # A side that cuts a source word (H<sub>2</sub>O) is not widened in the target.
+        return _whole_words(self.target, *found, not _inside_word(self.source, start),
+                            not _inside_word(self.source, end))
 
     def _aligned(self, start: int, end: int) -> tuple[int, int] | None:
         alignment = self.alignment
@@ -228,14 +248,22 @@ def _joins(char: str) -> bool:
                                    or "\uf900" <= char <= "\ufaff")
 
 
-def _whole_words(text: str, start: int, end: int) -> tuple[int, int]:
-    """[start, end) widened to whole words, with the spaces at its edges left out."""
+def _inside_word(text: str, offset: int) -> bool:
+    """Whether `offset` falls between two characters of one word of `text`."""
+    return 0 < offset < len(text) and _joins(text[offset - 1]) and _joins(text[offset])
+
+
+def _whole_words(text: str, start: int, end: int, widen_start: bool = True,
+                 widen_end: bool = True) -> tuple[int, int]:
+    """[start, end) with the spaces at its edges left out, and its sides widened to whole
+    words where asked: a tag's target tokens may be pieces of a word (Fahr|rad), but a tag
+    that cut a source word marks a piece of it, so that side stays at a token edge."""
     while start < end and text[start].isspace():
         start += 1
     while end > start and text[end - 1].isspace():
         end -= 1
-    while 0 < start < len(text) and _joins(text[start - 1]) and _joins(text[start]):
+    while widen_start and _inside_word(text, start):
         start -= 1
-    while 0 < end < len(text) and _joins(text[end - 1]) and _joins(text[end]):
+    while widen_end and _inside_word(text, end):
         end += 1
     return start, end

@@ -35,9 +35,20 @@ stays one sentence (and comes back on one line); only inside <pre>, <textarea> a
 where they show, is text cut into lines as plain text is. Markup that is not well formed
 loses nothing: a "<" that does not open a tag ("a < b", "x <3", a tag never closed) is text,
 a quote that never closes is a character of its tag, and an unclosed comment runs to the end,
-as browsers read it. Each run of text between two
-tags is translated on its own: "Hello <b>world</b>." gives the sentences "Hello", "world"
-and ".".
+as browsers read it.
+
+Inline markup stays inside sentences: the start and end tags of phrasing elements (a, abbr,
+b, bdi, bdo, big, cite, code, data, del, dfn, em, font, i, ins, kbd, label, mark, nobr, q, s,
+samp, small, span, strike, strong, sub, sup, time, tt, u, var: `INLINE`) and the void <img>
+and <wbr> do not cut text; every other tag (blocks, <br>, unknown names), comments, the
+verbatim elements above (an inline one marked translate="no" too) and every tag inside
+<pre>, <textarea> and <listing> do. The text between two cutting tags, inline tags removed,
+is split into sentences, so "Hello <b>world</b>." is the one sentence "Hello world.". A
+sentence's inline tags are kept as points at offsets of its text (`Document.points`), and
+`join` puts them into its translation around the words that a word alignment of the two
+(`alignments`, for the sentences in `Document.needs_alignment`) ties to the words they
+enclosed, or by relative position where none is given (`nmt.translation.inline_markup`).
+Tags between sentences (a pair around a whole sentence) stay in `between`.
 """
 
 from __future__ import annotations
