@@ -365,3 +365,14 @@ def test_a_signal_leaves_nothing_behind(command, model, exported, tmp_path):
                 assert err.strip().splitlines()[-1] == f"python -m nmt.convert: {said}", err
                 interrupted.add(signum)
     assert interrupted == {signal.SIGINT, signal.SIGTERM}
+
+
+def test_a_hub_id_is_told_to_be_downloaded_first(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    code, err = convert(["from-marian", "Helsinki-NLP/opus-mt-en-de", "out"], capsys)
+    assert code == 2 and len(err) == 1, err
+    assert "looks like a Hugging Face hub id" in err[0]
+    assert ("huggingface-cli download Helsinki-NLP/opus-mt-en-de --local-dir opus-mt-en-de"
+            in err[0])
+    code, err = convert(["from-marian", "./missing", "out"], capsys)  # a path: no such hint
+    assert code == 2 and "hub id" not in err[0] and "is not a directory" in err[0]

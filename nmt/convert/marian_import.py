@@ -352,8 +352,13 @@ def import_marian(marian_dir: str | Path, out_dir: str | Path) -> Path:
 
     directory, out = Path(marian_dir), Path(out_dir)
     if not directory.is_dir():
+        hub_id = not directory.exists() and len(Path(marian_dir).parts) == 2 \
+            and not str(marian_dir).startswith((".", "/"))
+        hint = (f" {marian_dir} looks like a Hugging Face hub id: download it first, e.g. "
+                f"huggingface-cli download {marian_dir} --local-dir {directory.name}, then "
+                f"pass {directory.name}" if hub_id else "")
         raise ConversionError(f"{directory} is not a directory; pass a MarianMT model's "
-                              "directory (config.json, weights, tokenizer files).")
+                              f"directory (config.json, weights, tokenizer files).{hint}")
     check_output_dir(out)
     raw = read_marian_config(directory)
     tokenizer = read_tokenizer(directory, raw.get("decoder_start_token_id"))
