@@ -356,3 +356,14 @@ def test_random_markup_over_sentences_round_trips_and_keeps_its_structure(seed):
         for target, after in zip(targets, document.between[1:]):
             plain += [html.escape(target, quote=False), _TAG.sub("", after)]
         assert _TAG.sub("", out) == "".join(plain), markup
+
+
+def test_markup_nested_thousands_deep_is_placed_without_recursion():
+    """A request may nest 5,000 elements in one sentence: placing them walks the tree with a
+    stack, not with Python's recursion (which ends at about 1,000 levels)."""
+    markup = "<p>a " + "<b>" * 5000 + "x" + "</b>" * 1000 + " y.</p>"
+    document = split_html(markup, "en")
+    out = document.join(["A X Y."], {0: alignment(document.sentences[0], "A X Y.",
+                                                  {0: 0, 1: 1, 2: 2, 3: 3})})
+    assert out.count("<b>") == 5000 and out.count("</b>") == 1000
+    assert re.sub("<[^>]*>", "", out) == "A X Y."

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import html
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Literal
 
 from nmt.models.alignment import Alignment, aligned_targets
@@ -86,12 +86,26 @@ def place(points: Sequence[Point], source: str, target: str,
     """`target` (plain text) as HTML, escaped, with every point's markup in it."""
     mapper = _Mapper(source, target, alignment)
     root = _tree(points)
-    _want(root, points, source, mapper, (0, len(target)))
-    _lay_out(root, 0, len(target), target)
+    root.want = root.at = (0, len(target))
+    # Parents before children, each placing its children (no recursion: markup may nest
+    # thousands of elements deep).
+    for node in _parents_first(root):
+        _want(node, source, mapper)
+        _lay_out(node, target)
     parts: list[str] = []
-    end = _render(root, target, 0, parts)
+    end = _render(root, target, parts)
     parts.append(html.escape(target[end:], quote=False))
     return "".join(parts)
+
+
+def _parents_first(root: _Node) -> Iterator[_Node]:
+    """Every element under `root` (and `root`), each before the elements inside it; the
+    elements inside are read after their parent is handled, so it may reorder them."""
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        yield node
+        stack.extend(node.children)
 
 
 def _tree(points: Sequence[Point]) -> _Node:
@@ -121,10 +135,9 @@ def _tree(points: Sequence[Point]) -> _Node:
     return root
 
 
-def _want(node: _Node, points: Sequence[Point], source: str, mapper: _Mapper,
-          window: tuple[int, int]) -> None:
-    """Where each element of `node` wants to be in the target, by the alignment of the
-    source characters it held (`window`: its parent's)."""
+def _want(node: _Node, source: str, mapper: _Mapper) -> None:
+    """Where each element inside `node` wants to be in the target, by the alignment of the
+    source characters it held (a lone tag's other side: `node`'s own)."""
     for child in node.children:
         start = child.start.offset if child.start else 0
         end = child.end.offset if child.end else len(source)
@@ -133,18 +146,18 @@ def _want(node: _Node, points: Sequence[Point], source: str, mapper: _Mapper,
             child.want = (at, at)
         else:
             found = mapper.target_range(start, end)
-            child.want = (found[0] if child.start else window[0],
-                          found[1] if child.end else window[1])
-        _want(child, points, source, mapper, child.want)
+            child.want = (found[0] if child.start else node.want[0],
+                          found[1] if child.end else node.want[1])
 
 
-def _lay_out(node: _Node, low: int, high: int, target: str) -> None:
-    """Place `node`'s children inside [low, high) of `target`, in the order of where they
-    want to be (so elements may swap as words do), none overlapping another: a later one
-    starts where the one before it ends (past the spaces there), and may be left enclosing
-    nothing. A lone end tag stays first and a lone start tag last: the element it ends or
-    starts holds what came before or after it in the other sentence too, so nothing may
-    move out of or into it."""
+def _lay_out(node: _Node, target: str) -> None:
+    """Place the elements inside `node` within its place in `target`, in the order of where
+    they want to be (so elements may swap as words do), none overlapping another: a later
+    one starts where the one before it ends (past the spaces there), and may be left
+    enclosing nothing. A lone end tag stays first and a lone start tag last: the element it
+    ends or starts holds what came before or after it in the other sentence too, so nothing
+    may move out of or into it."""
+    low, high = node.at
     node.children.sort(key=lambda c: (_lone_rank(c), c.want[0]))
     cursor = low
     for child in node.children:
@@ -153,7 +166,6 @@ def _lay_out(node: _Node, low: int, high: int, target: str) -> None:
             start += 1
         end = min(max(child.want[1], start), high)
         child.at = (start, end)
-        _lay_out(child, start, end, target)
         cursor = end
 
 
@@ -165,17 +177,20 @@ def _lone_rank(node: _Node) -> int:
     return 2 if lone_start else 1
 
 
-def _render(node: _Node, target: str, position: int, parts: list[str]) -> int:
-    """Append `node`'s markup and the target text it holds (from `position`); returns where
-    in the target the output has reached."""
-    if node.start is not None:
-        parts += [html.escape(target[position:node.at[0]], quote=False), node.start.markup]
-        position = node.at[0]
-    for child in node.children:  # in the order laid out
-        position = _render(child, target, position, parts)
-    if node.end is not None:
-        parts += [html.escape(target[position:node.at[1]], quote=False), node.end.markup]
-        position = node.at[1]
+def _render(root: _Node, target: str, parts: list[str]) -> int:
+    """Append the markup of `root`'s elements and the target text they hold, in the order
+    laid out; returns where in the target the output has reached."""
+    position = 0
+    stack: list[tuple[_Node, bool]] = [(root, False)]
+    while stack:
+        node, inside_done = stack.pop()
+        tag, at = (node.end, node.at[1]) if inside_done else (node.start, node.at[0])
+        if tag is not None:
+            parts += [html.escape(target[position:at], quote=False), tag.markup]
+            position = at
+        if not inside_done:
+            stack.append((node, True))
+            stack.extend((child, False) for child in reversed(node.children))
     return position
 
 
