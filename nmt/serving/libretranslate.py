@@ -28,7 +28,13 @@ from nmt.serving.errors import RequestError, shown
 from nmt.serving.params import api_key, request_params
 from nmt.serving.service import Service, unless_client_leaves
 from nmt.translation.document_files import FILE_SUFFIXES
-from nmt.translation.paragraphs import Document, split_html, split_text
+from nmt.translation.paragraphs import (
+    Document,
+    alignments_by_document,
+    markup_pairs,
+    split_html,
+    split_text,
+)
 
 FORMATS = {"text": split_text, "html": split_html}
 
@@ -118,7 +124,7 @@ async def translate_documents(service: Service, model, documents: list[Document]
     out = []
     for rank in range(max(ranks, 1)):
         chosen = [nbest[min(rank, len(nbest) - 1)].text for nbest in hypotheses]
-        alignments = await _alignments(service, model, documents, sentences, chosen)
+        alignments = await _alignments(service, model, documents, chosen)
         texts, offset = [], 0
         for document, aligned in zip(documents, alignments):
             count = len(document.sentences)
@@ -129,19 +135,10 @@ async def translate_documents(service: Service, model, documents: list[Document]
 
 
 async def _alignments(service: Service, model, documents: list[Document],
-                      sentences: list[str], translations: list[str]
-                      ) -> list[dict[int, Alignment]]:
+                      translations: list[str]) -> list[dict[int, Alignment]]:
     """Per document, the alignment of each sentence that holds inline markup."""
-    wanted, offset = [], 0
-    for n, document in enumerate(documents):
-        wanted += [(n, i, offset + i) for i in document.needs_alignment]
-        offset += len(document.sentences)
-    found = await service.align(model, [sentences[k] for _, _, k in wanted],
-                                [translations[k] for _, _, k in wanted])
-    out: list[dict[int, Alignment]] = [{} for _ in documents]
-    for (n, i, _), alignment in zip(wanted, found or []):
-        out[n][i] = alignment
-    return out
+    sources, targets = markup_pairs(documents, translations)
+    return alignments_by_document(documents, await service.align(model, sources, targets))
 
 
 async def detect(request: Request) -> JSONResponse:

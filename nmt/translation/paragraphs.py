@@ -152,6 +152,27 @@ class Document:
         return html.escape(text, quote=False) if self.markup else text
 
 
+def markup_pairs(documents: Sequence[Document], translations: Sequence[str]
+                 ) -> tuple[list[str], list[str]]:
+    """(sources, translations) of the sentences that hold inline markup, in document order:
+    what to align; `translations` has one per sentence of all the documents, in order."""
+    sources, targets, offset = [], [], 0
+    for document in documents:
+        sources += [document.sentences[i] for i in document.needs_alignment]
+        targets += [translations[offset + i] for i in document.needs_alignment]
+        offset += len(document.sentences)
+    return sources, targets
+
+
+def alignments_by_document(documents: Sequence[Document],
+                           found: Sequence[Alignment] | None) -> list[dict[int, Alignment]]:
+    """`found` (the alignments of `markup_pairs`, in its order; None: none) as each
+    document's sentence -> alignment, for `Document.join`."""
+    remaining = iter(found or ())
+    return [{i: alignment for i, alignment in zip(document.needs_alignment, remaining)}
+            for document in documents]
+
+
 def _shifted(alignment: Alignment, by: int) -> Alignment:
     """`alignment` with its target offsets moved `by` characters to the left."""
     return dataclasses.replace(alignment, target_spans=[

@@ -102,19 +102,12 @@ def translate_paragraphs(translator, lines: Sequence[str], where: str, first_lin
 def _alignments(translator, documents, translations: Sequence[str]) -> list[dict]:
     """Per document, the word alignment of each sentence holding inline markup, where the
     engine gives alignments (`Translator.align`; else markup goes by position)."""
-    wanted, offset = [], 0
-    for n, document in enumerate(documents):
-        wanted += [(n, i, offset + i) for i in document.needs_alignment]
-        offset += len(document.sentences)
-    out: list[dict] = [{} for _ in documents]
+    from nmt.translation.paragraphs import alignments_by_document, markup_pairs
+
+    sources, targets = markup_pairs(documents, translations)
     align = getattr(translator, "align", None)
-    if not wanted or align is None:
-        return out
-    found = align([documents[n].sentences[i] for n, i, _ in wanted],
-                  [translations[k] for _, _, k in wanted])
-    for (n, i, _), alignment in zip(wanted, found):
-        out[n][i] = alignment
-    return out
+    found = align(sources, targets) if sources and align is not None else None
+    return alignments_by_document(documents, found)
 
 
 def output_text(translator, lines: Sequence[str], where: str, first_line: int, nbest: bool,
