@@ -92,7 +92,12 @@ def main() -> None:
     parser.add_argument("--languages", default="en,de,fr,ja,ko")
     args = parser.parse_args()
     languages = args.languages.split(",")
-    rows = [measure(name, languages) for name in CANDIDATES]
+    rows = []
+    for name, (_, distribution) in CANDIDATES.items():
+        try:
+            rows.append(measure(name, languages))
+        except ModuleNotFoundError:  # only py3langid is a dependency (the serve extra)
+            print(f"{name}: not installed; pip install {distribution} to measure it")
     columns = [c for c in rows[0] if c != "candidate"]
     print("| candidate | " + " | ".join(columns) + " |")
     print("|---" * (len(columns) + 1) + "|")
