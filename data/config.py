@@ -115,7 +115,9 @@ class TokenizerConfig:
     """How to train the SentencePiece model (see `data.tokenizer` for the defaults' reasons),
     or which existing one to use."""
 
-    vocab_size: int = setting(8000, "SentencePiece vocabulary size (the model's vocabulary)")
+    vocab_size: int = setting(
+        8000, "SentencePiece vocabulary size (the model's vocabulary); a training text too "
+              "small for it gets the most pieces SentencePiece can make from it")
     model_type: Literal["unigram", "bpe"] = setting(
         "unigram", "SentencePiece algorithm: unigram or bpe", flag="--tokenizer-type")
     spm_model: str | None = setting(

@@ -52,7 +52,8 @@ def train_or_load_tokenizer(run_dir: str | Path, corpus: datasets.DatasetDict | 
     """Reuse the run directory's tokenizer if present (resume), else train one on the train
     split and save it there (`spm.model`).
 
-    A reused joint model must have `config.vocab_size` pieces, or a `DataError` says so. With
+    A reused joint model must have at most `config.vocab_size` pieces (fewer: fitted to a
+    small corpus), or a `DataError` says so. With
     `given` (the model directory of --init-from) or else `config.spm_model` (--spm-model),
     that tokenizer is used instead: copied into `run_dir` on the first run, and required to be
     the same on a resumed one.
@@ -64,7 +65,7 @@ def train_or_load_tokenizer(run_dir: str | Path, corpus: datasets.DatasetDict | 
         return _use_given_tokenizer(run_dir, Path(config.spm_model), "--spm-model")
     if tokenizer_present(run_dir):
         tokenizer = load_tokenizer(run_dir)
-        if tokenizer.vocab_size != config.vocab_size:
+        if tokenizer.vocab_size > config.vocab_size:  # fewer: fitted to a small text
             raise DataError(
                 f"{run_dir}'s tokenizer has {tokenizer.vocab_size} pieces but --vocab-size is "
                 f"{config.vocab_size}; use --vocab-size {tokenizer.vocab_size} to resume this "
@@ -80,7 +81,7 @@ def train_or_load_tokenizer(run_dir: str | Path, corpus: datasets.DatasetDict | 
                  "(%s); saved %s", trained_before, tokenizer.save(run_dir))
         return tokenizer
     rows = sample_rows(len(train), config.max_sentences // 2, config.seed)
-    tokenizer = train_tokenizer(sample_text(train, rows), config)
+    tokenizer = train_tokenizer(_SampleText(train, rows), config)
     path = tokenizer.save(run_dir)
     trained_before.parent.mkdir(parents=True, exist_ok=True)
     write_atomically(trained_before, tokenizer.model_bytes)
@@ -106,6 +107,17 @@ def sample_rows(rows: int, pairs: int, seed: int) -> np.ndarray | None:
     if rows <= pairs:
         return None
     return np.sort(np.random.default_rng(seed).choice(rows, size=max(pairs, 1), replace=False))
+
+
+class _SampleText:
+    """The tokenizer's training text, read again on each iteration (a vocabulary fitted to
+    a small text trains twice)."""
+
+    def __init__(self, split: datasets.Dataset, rows: np.ndarray | None):
+        self.split, self.rows = split, rows
+
+    def __iter__(self) -> Iterator[str]:
+        return sample_text(self.split, self.rows)
 
 
 def sample_text(split: datasets.Dataset, rows: np.ndarray | None) -> Iterator[str]:

@@ -26,6 +26,7 @@ import dataclasses
 import hashlib
 import io
 import json
+import logging
 import os
 import re
 from pathlib import Path
@@ -34,6 +35,8 @@ from typing import Iterable, Literal, Sequence
 import sentencepiece as spm
 
 from data.config import DataError, TokenizerConfig
+
+log = logging.getLogger(__name__)
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 MODEL_FILE = "spm.model"
@@ -386,10 +389,40 @@ def train_tokenizer(texts: Iterable[str], config: TokenizerConfig = TokenizerCon
                     ) -> Tokenizer:
     """Train a joint SentencePiece model on `texts` (source and target sentences).
 
-    SentencePiece keeps a random sample of at most `config.max_sentences` sentences, so the
-    iterator may be far larger than memory. Raises `DataError` if the vocabulary is too large
-    for the text (the message gives the largest size that works).
+    SentencePiece keeps a random sample of at most `config.max_sentences` sentences, so
+    `texts` may be far larger than memory. `config.vocab_size` is the most pieces: a text too
+    small for them gets the most SentencePiece can make from it (one info line says so), read
+    a second time, so `texts` is then re-iterable (a list, or an object whose `__iter__` reads
+    the text again); a one-shot iterator gets a `DataError` naming the size that works, as does
+    a vocabulary too small for the text's characters.
     """
+    try:
+        return _train(texts, config.vocab_size, config)
+    except _TooManyPieces as err:
+        fitted = err.most
+    if iter(texts) is texts:
+        raise DataError(
+            f"--vocab-size {config.vocab_size} is too large for this training text: "
+            f"SentencePiece can make at most {fitted} pieces; use --vocab-size {fitted} or "
+            "less (or more training data)")
+    log.info("--vocab-size %d is more pieces than SentencePiece can make from this training "
+             "text: using its most, %d (more text allows more)", config.vocab_size, fitted)
+    try:
+        return _train(texts, fitted, config)
+    except _TooManyPieces:
+        raise DataError(f"SentencePiece could not make {fitted} pieces from this training "
+                        "text, the most it said it could; use a smaller --vocab-size") from None
+
+
+class _TooManyPieces(Exception):
+    """SentencePiece refused a vocabulary size above `most`, the largest it can make."""
+
+    def __init__(self, most: int):
+        super().__init__(most)
+        self.most = most
+
+
+def _train(texts: Iterable[str], vocab_size: int, config: TokenizerConfig) -> Tokenizer:
     spm.set_random_generator_seed(config.seed)
     model = io.BytesIO()
     try:
@@ -397,7 +430,7 @@ def train_tokenizer(texts: Iterable[str], config: TokenizerConfig = TokenizerCon
             sentence_iterator=iter(texts),
             model_writer=model,
             model_type=config.model_type,
-            vocab_size=config.vocab_size,
+            vocab_size=vocab_size,
             character_coverage=config.character_coverage,
             input_sentence_size=config.max_sentences,
             shuffle_input_sentence=True,
@@ -407,6 +440,9 @@ def train_tokenizer(texts: Iterable[str], config: TokenizerConfig = TokenizerCon
             minloglevel=2,
         )
     except RuntimeError as err:
+        limit = re.search(r"<=\s*(\d+)", str(err))
+        if "Vocabulary size" in str(err) and limit:
+            raise _TooManyPieces(int(limit.group(1))) from None
         raise _training_error(err, config) from None
     return Tokenizer(model.getvalue())
 
@@ -419,12 +455,5 @@ def _training_error(err: RuntimeError, config: TokenizerConfig) -> DataError:
             f"--vocab-size {config.vocab_size} is too small: the characters of the training text "
             f"plus 256 byte pieces and 4 special ids need {needed.group(1)}; use --vocab-size "
             f"{needed.group(1)} or more"
-        )
-    limit = re.search(r"<=\s*(\d+)", str(err))
-    if "Vocabulary size" in str(err) and limit:
-        return DataError(
-            f"--vocab-size {config.vocab_size} is too large for this training text: "
-            f"SentencePiece can make at most {limit.group(1)} pieces; use --vocab-size "
-            f"{limit.group(1)} or less (or more training data)"
         )
     return DataError(f"SentencePiece training failed: {err}")

@@ -129,9 +129,23 @@ def test_vocab_too_small_suggests_larger_size():
         train_tokenizer(SMALL_TEXT, TokenizerConfig(vocab_size=300))
 
 
-def test_vocab_too_large_suggests_smaller_size():
+def test_a_vocabulary_too_large_for_the_text_is_fitted_to_it(caplog):
+    with caplog.at_level(logging.INFO, logger="data.tokenizer"):
+        tokenizer = train_tokenizer(SMALL_TEXT, TokenizerConfig(vocab_size=5000))
+    assert 300 < tokenizer.vocab_size < 5000
+    assert (f"--vocab-size 5000 is more pieces than SentencePiece can make from this training "
+            f"text: using its most, {tokenizer.vocab_size}") in caplog.text
+    assert tokenizer.decode(tokenizer.encode(SMALL_TEXT[:3])) == SMALL_TEXT[:3]
+    # The most it said it could make is what it makes when asked for exactly that.
+    again = train_tokenizer(SMALL_TEXT, TokenizerConfig(vocab_size=tokenizer.vocab_size))
+    assert again.vocab_size == tokenizer.vocab_size
+    more = train_tokenizer(SMALL_TEXT, TokenizerConfig(vocab_size=tokenizer.vocab_size + 1))
+    assert more.vocab_size == tokenizer.vocab_size
+
+
+def test_a_one_shot_text_too_small_for_the_vocabulary_names_the_size_that_works():
     with pytest.raises(DataError, match=r"--vocab-size 5000 is too large.*use --vocab-size \d+"):
-        train_tokenizer(SMALL_TEXT, TokenizerConfig(vocab_size=5000))
+        train_tokenizer(iter(SMALL_TEXT), TokenizerConfig(vocab_size=5000))
 
 
 def test_train_or_load_reuses_saved_model(tmp_path, monkeypatch):
@@ -148,8 +162,10 @@ def test_train_or_load_reuses_saved_model(tmp_path, monkeypatch):
     monkeypatch.setattr("data.encoding.train_tokenizer", no_training)
     again = train_or_load_tokenizer(tmp_path, corpus, config)
     assert again.fingerprint == first.fingerprint
-    with pytest.raises(DataError, match=r"has 350 pieces but --vocab-size is 360"):
-        train_or_load_tokenizer(tmp_path, corpus, TokenizerConfig(vocab_size=360))
+    # Fewer pieces than asked is a vocabulary fitted to a small text (the run's config.yaml
+    # says what was asked: nmt.rundir.resume checks it); more is another tokenizer.
+    with pytest.raises(DataError, match=r"has 350 pieces but --vocab-size is 340"):
+        train_or_load_tokenizer(tmp_path, corpus, TokenizerConfig(vocab_size=340))
 
 
 def test_damaged_model_file_is_named(small_tokenizer, tmp_path):

@@ -25,10 +25,12 @@ import yaml
 from conftest import built_once
 
 import train as train_cli
+from data.tokenizer import load_tokenizer
 from nmt.models.model_dir import load_model
 from nmt.rundir import checkpoints as checkpoint
 from nmt.settings import recipes
 from nmt.settings.config import SettingsError
+from nmt.training.stopping import Limits
 from nmt.training.trainer import TrainingError, train
 from synthetic_corpus import write_corpus
 from trainer_hooks import poison_parameters_before
@@ -304,6 +306,79 @@ def test_spm_model_sets_the_vocabulary_size(tmp_path, capsys):
     assert not out.exists()
     run, _ = train_cli.resolve(["--spm-model", str(given), "--tokenizer-type", "bpe"])
     assert (run.tokenizer.spm_model, run.tokenizer.vocab_size) == (str(given), 300)
+
+
+def test_the_default_vocabulary_fits_a_small_corpus_and_the_run_resumes(env, tmp_path, capsys,
+                                                                        monkeypatch):
+    """2,000 pairs cannot make train.py's default 4,000 pieces: the run trains with the most
+    SentencePiece can make, says so, and the same command resumes it."""
+    monkeypatch.setenv("FLAX_NMT_CACHE", env["FLAX_NMT_CACHE"])
+    train_prefix = write_corpus(tmp_path, 2000, 5, "train")
+    valid_prefix = write_corpus(tmp_path, 20, 6, "valid")
+    out = tmp_path / "run"
+    args = ["--preset", "tiny", "--no-progress", "--train-prefix", train_prefix,
+            "--valid-prefix", valid_prefix, "--batch-tokens", "256", "--eval-sentences", "0",
+            "--output-dir", str(out)]
+    assert train_cli.main([*args, "--max-steps", "2"]) == 0, capsys.readouterr().err[-2000:]
+    pieces = load_tokenizer(out).vocab_size
+    assert 300 <= pieces < 4000
+    assert (f"--vocab-size 4000 is more pieces than SentencePiece can make from this "
+            f"training text: using its most, {pieces}") in capsys.readouterr().err
+    model, _, _ = load_model(out / "model")
+    assert model.config.vocab_size == pieces
+    assert train_cli.main([*args, "--max-steps", "3"]) == 0, capsys.readouterr().err[-2000:]
+    summaries = [line["step"] for line in _all_lines(out) if line["kind"] == "summary"]
+    assert summaries == [2, 3]
+    assert load_tokenizer(out).vocab_size == pieces
+
+
+def test_max_minutes_holds_the_whole_run_closing_work_included(corpus, env, tmp_path):
+    """The command, from its start to its exit, within --max-minutes and a margin for the
+    interpreter's start and exit; the closing validation, average and export inside it."""
+    out = tmp_path / "run"
+    args = _args(corpus, out, max_steps=1_000_000, max_minutes=0.4, eval_every=100_000,
+                 eval_sentences=20, average_last=2, save_every=50)
+    began = time.monotonic()
+    result = _run(args, env)
+    wall = time.monotonic() - began
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert wall < 0.4 * 60 + 3, result.stdout
+    minutes = float(re.search(r"\(max_minutes, ([\d.]+) min\)", result.stdout).group(1))
+    assert minutes <= 0.4
+    evals = [line for line in _all_lines(out) if line["kind"] == "eval"]
+    assert [e.get("sentences") for e in evals] == [20] and "bleu" in evals[0]
+    assert (out / "averaged").is_dir() and (out / "model").is_dir()
+
+
+def test_max_minutes_too_short_for_the_closing_work_names_the_least(corpus, env, tmp_path,
+                                                                    capsys, monkeypatch):
+    monkeypatch.setenv("FLAX_NMT_CACHE", env["FLAX_NMT_CACHE"])
+    args = _args(corpus, tmp_path / "run", max_steps=1_000_000, max_minutes=0.05)
+    assert train_cli.main(["--no-progress", *args]) == 2
+    err = capsys.readouterr().err
+    least = re.search(r"train.py: error: --max-minutes 0.05 is too short for this run: starting "
+                      r"took \d+ s and the closing validation, checkpoint and export need about "
+                      r"\d+ s more; use --max-minutes ([\d.]+) or more.\n$", err)
+    assert least and float(least.group(1)) > 0.05, err[-2000:]
+    assert not checkpoint.complete_steps(tmp_path / "run" / "checkpoints")
+
+
+def test_a_validation_out_of_time_stops_translating_and_scores_nothing(corpus, env, tmp_path,
+                                                                       capsys, monkeypatch):
+    """Past the time left for validating, translating stops: the line says how far it got,
+    no BLEU is recorded as the best, and model/ is the last step."""
+    monkeypatch.setenv("FLAX_NMT_CACHE", env["FLAX_NMT_CACHE"])
+    monkeypatch.setattr(Limits, "validation_deadline", property(lambda self: 0.0))
+    out = tmp_path / "run"
+    args = _args(corpus, out, max_steps=3, eval_sentences=40, samples=0)
+    assert train_cli.main(["--no-progress", *args]) == 0
+    stdout = capsys.readouterr().out
+    assert re.search(r"step 3: valid loss [\d.]+ ppl [\d.]+ \(no BLEU: --max-minutes ran out "
+                     r"after translating \d+ of 40 sentences\)", stdout), stdout
+    (last,) = [line for line in _all_lines(out) if line["kind"] == "eval"]
+    assert "bleu" not in last and 0 < last["translated"] < 40
+    _, _, values = load_model(out / "model")
+    assert (values["step"], values["chosen"]) == (3, "last step")
 
 
 def test_missing_training_data_names_the_file_and_leaves_no_run_directory(tmp_path, capsys):

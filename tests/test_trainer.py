@@ -334,6 +334,13 @@ def test_resume_with_another_tokenizer_type_is_an_error(tmp_path):
         train(recipes.run_from_flat(preset="tiny", vocab_size=320, tokenizer_type="bpe"), out)
 
 
+def test_resume_with_another_vocabulary_size_is_an_error(tmp_path):
+    out = _earlier_run(tmp_path, vocab_size=320)
+    with pytest.raises(TrainingError, match=r"spm.model was trained with --vocab-size 320 .* "
+                                            r"asks for --vocab-size 400: pass --vocab-size 320"):
+        train(recipes.run_from_flat(preset="tiny", vocab_size=400), out)
+
+
 def test_resume_of_a_run_with_spm_model_needs_the_flag_again(tmp_path):
     out = _earlier_run(tmp_path, spm_model="shared/spm.model", vocab_size=4000)
     with pytest.raises(TrainingError, match=r"uses the SentencePiece model of --spm-model "

@@ -68,8 +68,10 @@ class TrainerConfig:
               "architecture and its tokenizer; dropout and dtype come from this run's settings")
     max_steps: int | None = setting(None, "stop after this many updates")
     max_minutes: float | None = setting(
-        None, f"stop after this much wall-clock time ({DEFAULT_MAX_MINUTES:g} when neither "
-              "--max-steps nor --max-epochs is given)")
+        None, f"the whole run's wall-clock time, from the command's start to its last line "
+              "(the steps stop in time for the closing validation, checkpoint and export, "
+              f"whose time is reserved from measurement); {DEFAULT_MAX_MINUTES:g} when "
+              "neither --max-steps nor --max-epochs is given")
     max_epochs: int | None = setting(None, "stop after this many passes over the training pairs")
     written_for: Literal["cpu", "gpu", "tpu"] | None = setting(
         None, "the platform whose speed the budget of steps and minutes was chosen for (cpu, "

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import time
 
 from nmt.runtime import cli
 from nmt.settings import recipes
@@ -64,10 +65,11 @@ def _setup_logging() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return cli.guarded(PROG, lambda: _main(argv))
+    started = time.monotonic()  # --max-minutes holds the whole command from here
+    return cli.guarded(PROG, lambda: _main(argv, started))
 
 
-def _main(argv: list[str] | None) -> int:
+def _main(argv: list[str] | None, started: float) -> int:
     try:
         run, args = resolve(argv)
     except SettingsError as err:
@@ -81,10 +83,10 @@ def _main(argv: list[str] | None) -> int:
     cli.allocator_status()  # a bad NMT_ALLOCATOR ends here; the trainer logs the line
     initialize_distributed(args.coordinator, args.num_processes, args.process_id)
     _setup_logging()
-    return _run(run, args)
+    return _run(run, args, started)
 
 
-def _run(run: RunConfig, args: argparse.Namespace) -> int:
+def _run(run: RunConfig, args: argparse.Namespace, started: float) -> int:
     # JAX, datasets and the trainer load only now: --help and bad flags answer at once.
     import datasets
 
@@ -93,7 +95,7 @@ def _run(run: RunConfig, args: argparse.Namespace) -> int:
     from nmt.rundir import resume
     from nmt.rundir.checkpoints import CHECKPOINTS_DIR, CheckpointError, SaveError, complete_steps
     from nmt.rundir.lock import RunDirectoryInUse
-    from nmt.training.errors import RunMismatch
+    from nmt.training.errors import BudgetTooShort, RunMismatch
     from nmt.training.metrics_log import MetricsWriteError
     from nmt.training.trainer import TrainingError, train
     from nmt.translation.scoring import MetricError, bleu_settings
@@ -111,8 +113,8 @@ def _run(run: RunConfig, args: argparse.Namespace) -> int:
         check_files(run.data)  # a missing corpus, before any tokenizer or compilation
         if run.trainer.eval_sentences:  # MeCab for a Japanese or Korean target, say
             bleu_settings(run.data.tgt, run.trainer.bleu_tokenize)
-        summary = train(run, run_dir)
-    except RunMismatch as err:  # the flags given do not fit the run in --output-dir
+        summary = train(run, run_dir, started)
+    except (RunMismatch, BudgetTooShort) as err:  # flags that do not fit the run
         raise cli.UsageError(str(err)) from None
     except (TrainingError, SaveError, MetricsWriteError, RunDirectoryInUse) as err:
         raise cli.Fault(str(err)) from None

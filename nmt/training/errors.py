@@ -21,6 +21,11 @@ class RunMismatch(TrainingError):
     tokenizer, seed or --init-from): train.py exits 2, as for a bad flag."""
 
 
+class BudgetTooShort(TrainingError):
+    """--max-minutes leaves no time for a step once the run has started and the closing work
+    is reserved: train.py exits 2, as for a bad flag, naming the least that fits."""
+
+
 def out_of_memory(err: BaseException, run: RunConfig) -> TrainingError | None:
     """The error for XLA running out of memory (RESOURCE_EXHAUSTED): how much it asked for,
     how much there is, and the settings that lower it; None for any other error."""

@@ -4,7 +4,8 @@ bookkeeping."""
 
 from __future__ import annotations
 
-from typing import Any
+import time
+from typing import Any, Callable
 
 from nmt.rundir.bookkeeping import Bookkeeping
 from nmt.rundir.checkpoints import Checkpointer
@@ -15,16 +16,17 @@ from nmt.training.stopping import PausableClock, StopSignal
 class CheckpointWriter:
     """checkpoints/<N>/ and best/<N>/ (through `checkpoints`), each written whole: a signal
     that arrives meanwhile waits for the end of the save, and the save's time is left out of
-    `clock` (the log window's tokens/s).
+    `clock` (the log window's tokens/s); `timed` is told each save's seconds.
 
     saved: (step, bookkeeping fingerprint) of the checkpoint written last (or restored), None
     before one; a save of the same step with the same bookkeeping is skipped.
     """
 
     def __init__(self, checkpoints: Checkpointer, saved: tuple[int, str] | None,
-                 signals: StopSignal, clock: PausableClock):
+                 signals: StopSignal, clock: PausableClock,
+                 timed: Callable[[float], None] = lambda seconds: None):
         self.checkpoints, self.saved = checkpoints, saved
-        self.signals, self.clock = signals, clock
+        self.signals, self.clock, self.timed = signals, clock, timed
 
     def save(self, step: int, state: Any, bookkeeping: Bookkeeping,
              force_sync: bool = False) -> None:
@@ -33,11 +35,13 @@ class CheckpointWriter:
         current = bookkeeping.fingerprint()
         if self.saved == (step, current):
             return
+        began = time.monotonic()
         with self.clock.paused(), self.signals.critical():
             self.checkpoints.save(step, state.params, checkpoint_items(state),
                                   bookkeeping.to_json())
             if force_sync:
                 self.checkpoints.wait()
+        self.timed(time.monotonic() - began)
         self.saved = (step, current)
 
     def save_best(self, step: int, params: Any, bookkeeping: Bookkeeping) -> None:

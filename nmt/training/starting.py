@@ -16,8 +16,9 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from data.config import DataError
 from data.packing import PACKED_KEYS
-from data.tokenizer import load_tokenizer
+from data.tokenizer import load_tokenizer, tokenizer_present
 from nmt.rundir import resume
 from nmt.rundir.bookkeeping import Bookkeeping
 from nmt.rundir.checkpoints import CHECKPOINTS_DIR, Checkpointer, complete_steps
@@ -74,14 +75,17 @@ def prepare_start(run: RunConfig, run_dir: Path, compile_log: CompileLog) -> Sta
     --init-from, TrainingError when its files are missing or damaged."""
     bleu = validation_bleu(run)  # before any work: a BLEU tokenizer that is missing fails
     mesh = make_mesh()
-    # The tokenizer will have tokenizer.vocab_size pieces: the model is initialized (and its
-    # initialization compiled) in the background while the data is prepared.
-    model_config = (run.model_for(load_tokenizer(run.trainer.init_from))
-                    if run.trainer.init_from else run.model_for_vocab(run.tokenizer.vocab_size))
+    # The model is initialized (and its initialization compiled) in the background while the
+    # data is prepared, for the vocabulary the tokenizer is expected to have.
+    model_config = _expected_model(run, run_dir)
     with ThreadPoolExecutor(1) as pool:
         created = pool.submit(_create_state, run, run_dir, model_config, mesh, compile_log)
         data = _prepare_data(run, run_dir, model_config)
         graphdef, state, train_step = created.result()
+    if run.model_for(data.tokenizer) != model_config:  # a vocabulary fitted to a small corpus
+        model_config = run.model_for(data.tokenizer)
+        graphdef, state, train_step = _create_state(run, run_dir, model_config, mesh,
+                                                    compile_log)
     start_compiling_the_train_step(train_step, state, data, mesh)
     checkpoints = Checkpointer(run_dir, keep_last=run.trainer.keep_last,
                                async_save=run.trainer.async_checkpoints)
@@ -98,6 +102,20 @@ def prepare_start(run: RunConfig, run_dir: Path, compile_log: CompileLog) -> Sta
                  state=state, train_step=train_step, validator=validator,
                  checkpoints=checkpoints, bookkeeping=bookkeeping,
                  bleu_tokenizer=bleu_tokenizer, resumed_from=resumed_from, saved=saved)
+
+
+def _expected_model(run: RunConfig, run_dir: Path) -> ModelConfig:
+    """The model config for the tokenizer the run will have: --init-from's, the run
+    directory's (a resumed run), else one of --vocab-size pieces (fewer if the corpus is too
+    small for them: then the model is built again for the tokenizer trained)."""
+    if run.trainer.init_from:
+        return run.model_for(load_tokenizer(run.trainer.init_from))
+    if tokenizer_present(run_dir) and not run.tokenizer.spm_model:
+        try:
+            return run.model_for(load_tokenizer(run_dir))
+        except (DataError, OSError, RuntimeError):
+            pass  # damaged: the checks of the run directory say how (_prepare_data)
+    return run.model_for_vocab(run.tokenizer.vocab_size)
 
 
 def validation_bleu(run: RunConfig) -> dict[str, str | None]:
@@ -143,11 +161,6 @@ def _prepare_data(run: RunConfig, run_dir: Path, model_config: ModelConfig) -> P
         raise RunMismatch(str(err)) from None
     except resume.ResumeError as err:
         raise TrainingError(str(err)) from None
-    if run.model_for(data.tokenizer) != model_config:
-        raise RunMismatch(
-            f"the tokenizer in {run_dir} has {data.tokenizer.vocab_size} pieces but the run's "
-            f"vocabulary size (--vocab-size) is {model_config.vocab_size}; set "
-            f"--vocab-size {data.tokenizer.vocab_size}.")
     return data
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import math
 import signal
 import sys
 import time
@@ -114,16 +115,72 @@ class StopSignal:
         self._previous = {}
 
 
-class Limits:
-    """The run's limits of steps, epochs and minutes, from the start of this process."""
+class ClosingTime:
+    """How long the work after the last step takes, so that --max-minutes bounds the whole
+    run: the closing validation, then the last checkpoint, model/ and averaged/ ("writing").
 
-    def __init__(self, trainer: TrainerConfig):
-        self.started = time.monotonic()
+    Each is reserved from what this run measured: the last validation's wall time, and the
+    slowest checkpoint save (model/ and averaged/ each count as one). Before a measurement, a
+    share of the budget stands in; a closing
+    validation that still runs out of time stops translating (the trainer's `validate`), so
+    the bound holds either way.
+    """
+
+    # Until measured: a validation takes a tenth of the budget, writing 2% (at least 5 s).
+    VALIDATION_SHARE, WRITING_SHARE, LEAST_SECONDS = 0.1, 0.02, 5.0
+
+    def __init__(self, budget_seconds: float, averaging: bool, validating: bool = True):
+        self.validation_prior = max(self.LEAST_SECONDS, self.VALIDATION_SHARE * budget_seconds)
+        self.writing_prior = max(self.LEAST_SECONDS, self.WRITING_SHARE * budget_seconds)
+        self.validating, self.writes = validating, 3 if averaging else 2
+        self.validation_seconds: float | None = None
+        self.save_seconds: float | None = None
+
+    def validated(self, seconds: float) -> None:
+        self.validation_seconds = seconds
+
+    def saved(self, seconds: float) -> None:
+        self.save_seconds = max(seconds, self.save_seconds or 0.0)
+
+    def writing(self) -> float:
+        """Seconds for the last checkpoint, model/ and averaged/."""
+        if self.save_seconds is None:
+            return self.writing_prior
+        return self.writes * self.save_seconds
+
+    def seconds(self) -> float:
+        """Seconds to reserve for all the closing work."""
+        validation = 0.0
+        if self.validating:
+            validation = (self.validation_prior if self.validation_seconds is None
+                          else self.validation_seconds)
+        return validation + self.writing()
+
+
+class Limits:
+    """The run's limits of steps, epochs and minutes; the minutes count from `started` (the
+    command's start, on the monotonic clock) and include the closing work (`ClosingTime`):
+    the steps stop early enough for it."""
+
+    def __init__(self, trainer: TrainerConfig, started: float | None = None,
+                 averaging: bool = False):
+        self.started = time.monotonic() if started is None else started
         self.max_steps, self.max_minutes = trainer.limits()
         self.max_epochs = trainer.max_epochs
         self.schedule_end: int | None = None  # a linear schedule's zero: nothing to learn after
         self.deadline = (self.started + self.max_minutes * 60
                          if self.max_minutes is not None else None)
+        self.closing = ClosingTime((self.max_minutes or 0.0) * 60, averaging)
+
+    @property
+    def steps_deadline(self) -> float | None:
+        """When the steps stop: the deadline less the closing work's time."""
+        return None if self.deadline is None else self.deadline - self.closing.seconds()
+
+    @property
+    def validation_deadline(self) -> float | None:
+        """When a validation stops translating: the deadline less the writing's time."""
+        return None if self.deadline is None else self.deadline - self.closing.writing()
 
     def reached(self, step: int, epochs_completed: int, signals: StopSignal
                 ) -> StopReason | None:
@@ -136,17 +193,32 @@ class Limits:
             return StopReason.MAX_EPOCHS
         if jax.process_count() > 1 and step % 10:
             return None
-        want = signals.received is not None or (self.deadline is not None
-                                                and time.monotonic() >= self.deadline)
+        deadline = self.steps_deadline
+        want = signals.received is not None or (deadline is not None
+                                                and time.monotonic() >= deadline)
         if any_process(want):
             return signals.received or StopReason.MAX_MINUTES
         return None
 
     def seconds_left(self) -> float | None:
-        return None if self.deadline is None else max(0.0, self.deadline - time.monotonic())
+        """Seconds left for steps."""
+        deadline = self.steps_deadline
+        return None if deadline is None else max(0.0, deadline - time.monotonic())
 
     def minutes_so_far(self) -> float:
         return round((time.monotonic() - self.started) / 60, 2)
+
+    def too_short(self) -> str | None:
+        """Why --max-minutes cannot hold this run (the time spent starting plus the closing
+        work's reserve leave no time for steps), with the least that can; None when it can."""
+        if self.deadline is None or self.seconds_left():
+            return None
+        starting = time.monotonic() - self.started
+        least = math.ceil((starting + self.closing.seconds()) / 60 * 1.5 * 10) / 10
+        return (f"--max-minutes {self.max_minutes:g} is too short for this run: starting took "
+                f"{starting:.0f} s and the closing validation, checkpoint and export need "
+                f"about {self.closing.seconds():.0f} s more; use --max-minutes {least:g} or "
+                "more.")
 
     def describe(self, batches_per_epoch: int) -> str:
         """The budget in words: "1000 steps or 40 minutes"."""

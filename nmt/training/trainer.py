@@ -50,7 +50,7 @@ from nmt.runtime.files import write_atomically
 from nmt.settings import recipes
 from nmt.settings.config import RunConfig
 from nmt.training import schedule_fit
-from nmt.training.errors import TrainingError, divergence, out_of_memory
+from nmt.training.errors import BudgetTooShort, TrainingError, divergence, out_of_memory
 from nmt.training.hooks import Hooks, Periodic
 from nmt.training.loader import BatchLoader
 from nmt.training.metrics_log import MetricsWindow, MetricsWriteError
@@ -73,8 +73,11 @@ log = logging.getLogger(__name__)
 __all__ = ["Trainer", "TrainingError", "train"]
 
 
-def train(run: RunConfig, workdir: str | Path | None = None) -> dict[str, Any]:
+def train(run: RunConfig, workdir: str | Path | None = None, started: float | None = None
+          ) -> dict[str, Any]:
     """Train (or resume) a model in `workdir` (default: the run's output directory).
+    --max-minutes counts from `started` (time.monotonic() when the command started; default
+    now) and holds the whole run, the closing validation, checkpoint and export included.
 
     Returns a summary: run_dir, model_dir, steps, stopped (a `StopReason`),
     best_metric, best_score and best_step
@@ -83,7 +86,8 @@ def train(run: RunConfig, workdir: str | Path | None = None) -> dict[str, Any]:
     memory runs out, or `workdir` holds a run with another model, tokenizer or seed
     (RunMismatch, a TrainingError); SaveError or
     MetricsWriteError when a file cannot be written (the checkpoints before it stay intact);
-    RunDirectoryInUse when another trainer runs in `workdir`.
+    RunDirectoryInUse when another trainer runs in `workdir`; BudgetTooShort (a
+    TrainingError) when --max-minutes leaves no time for a step.
     """
     run_dir = Path(workdir) if workdir is not None else run.output_dir()
     created = not run_dir.exists()
@@ -93,7 +97,7 @@ def train(run: RunConfig, workdir: str | Path | None = None) -> dict[str, Any]:
         enable_compilation_cache()
         with CompileLog().active() as compile_log:
             try:
-                trainer = Trainer(run, run_dir, compile_log)
+                trainer = Trainer(run, run_dir, compile_log, started)
             except BaseException as err:  # missing data, say: a run that never started
                 if created:               # leaves none
                     with contextlib.suppress(OSError):  # not empty, or removed by another
@@ -110,11 +114,12 @@ class Trainer:
     """One call of `train`: the loop from where the run starts (nmt.training.starting), the
     periodic work after its steps (nmt.training.hooks), and the export at the end."""
 
-    def __init__(self, run: RunConfig, run_dir: Path, compile_log: CompileLog):
+    def __init__(self, run: RunConfig, run_dir: Path, compile_log: CompileLog,
+                 started: float | None = None):
         run = schedule_fit.resolve(run, _resumed_run(run_dir))
         self.run, self.run_dir, self.compile_log = run, run_dir, compile_log
         self.is_main = jax.process_index() == 0
-        self.limits = Limits(run.trainer)
+        self.limits = Limits(run.trainer, started, averaging=bool(run.trainer.average_last))
         if run.optimizer.schedule == "linear":
             self.limits.schedule_end = run.optimizer.decay_steps  # None until fitted
         self.start = start = prepare_start(run, run_dir, compile_log)
@@ -138,7 +143,8 @@ class Trainer:
             spike=run.trainer.loss_spike)
         self.signals = StopSignal()
         self.checkpoint_writer = CheckpointWriter(start.checkpoints, start.saved, self.signals,
-                                                  self.run_log.clock)
+                                                  self.run_log.clock,
+                                                  self.limits.closing.saved)
         self.last_loss: jax.Array | None = None  # of the newest step, still on the device
         self.fitted_end = schedule_fit.FittedEnd(run.optimizer, self.step, self.limits.max_steps)
         self.hooks = self._periodic_work()
@@ -194,6 +200,8 @@ class Trainer:
         self.batches.start()  # the first batches are built while the train step compiles
         try:
             self.train_step.wait()
+            if (too_short := self.limits.too_short()) is not None:
+                raise BudgetTooShort(too_short)
             self.run_log.clock.restart()
             stopped = self._steps(stopped)
         finally:  # an error, Ctrl-C or the end: no thread left reading batches
@@ -296,8 +304,11 @@ class Trainer:
     def validate(self) -> StopReason | None:
         """Validate, log, track the best metric; EARLY_STOP when early stopping says stop."""
         self.step_metrics.read_back()
+        began = time.monotonic()
         with self.run_log.clock.paused():
-            result = self.start.validator.scores(self.start.graphdef, self.state.params)
+            result = self.start.validator.scores(self.start.graphdef, self.state.params,
+                                                 self.limits.validation_deadline)
+            self.limits.closing.validated(time.monotonic() - began)
             self.run_log.write("eval", self.step, result)
             bookkeeping = self.bookkeeping
             improved = bookkeeping.record(self.step, result)

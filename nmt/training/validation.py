@@ -38,9 +38,11 @@ class Validator:
         self.compile_log = compile_log
         self.sentences = min(sentences, len(data.valid_sources))
 
-    def scores(self, graphdef: nnx.GraphDef, params: nnx.State) -> dict[str, Any]:
+    def scores(self, graphdef: nnx.GraphDef, params: nnx.State,
+               deadline: float | None = None) -> dict[str, Any]:
         """loss, nll, ppl and accuracy per validation token; bleu, chrf, sentences and
-        translate_s when sentences are translated."""
+        translate_s when sentences are translated. Past `deadline` (time.monotonic()), the
+        translating stops: no bleu or chrf then, and `translated` says how far it got."""
         sums = None
         for batch in eval_batches(self.data.valid_examples, self.data.eval_batch_config):
             with self.compile_log.labelled(f"eval_step [{AheadOfTime.describe(batch)}]"):
@@ -52,17 +54,30 @@ class Validator:
                   "ppl": math.exp(min(sums["nll_sum"] / tokens, 700.0)),
                   "accuracy": sums["correct"] / tokens}
         if self.sentences:
-            result.update(self._translation_scores(nnx.merge(graphdef, local_copy(params))))
+            result.update(self._translation_scores(nnx.merge(graphdef, local_copy(params)),
+                                                   deadline))
         return result
 
-    def _translation_scores(self, model) -> dict[str, Any]:
+    def _translation_scores(self, model, deadline: float | None) -> dict[str, Any]:
         data, n = self.data, self.sentences
         sources, refs = data.valid_sources[:n], data.valid_targets[:n]
         t0 = time.monotonic()
         translator = Translator(model, data.tokenizer, self.search, searches=default_searches())
-        with self.compile_log.labelled(f"search [{n} validation sentences]"):
-            hyps = [nbest[0].text for nbest in
-                    translator.translate_nbest(sources, source="validation set")]
+        done = 0
+
+        def until_deadline(sentences: int) -> None:
+            nonlocal done
+            done += sentences
+            if deadline is not None and time.monotonic() > deadline and done < n:
+                raise _OutOfTime
+
+        try:
+            with self.compile_log.labelled(f"search [{n} validation sentences]"):
+                hyps = [nbest[0].text for nbest in translator.translate_nbest(
+                    sources, source="validation set", progress=until_deadline)]
+        except _OutOfTime:
+            return {"translated": done, "sentences": n,
+                    "translate_s": round(time.monotonic() - t0, 1)}
         scores = scoring.evaluate(hyps, refs, **self.bleu)
         for src, ref, hyp in list(zip(sources, refs, hyps))[: self.samples]:
             self.echo(f"  SRC: {src}\n  REF: {ref}\n  HYP: {hyp}")
@@ -70,11 +85,20 @@ class Validator:
                 "translate_s": round(time.monotonic() - t0, 1)}
 
 
+class _OutOfTime(Exception):
+    """The time budget ran out while validation was translating."""
+
+
 def describe(step: int, result: dict[str, Any]) -> str:
     """One line of a validation's results."""
     bleu = result.get("bleu")
-    return (f"step {step}: valid loss {result['loss']:.3f} ppl {result['ppl']:.2f}"
-            + (f" BLEU {bleu:.2f} chrF {result['chrf']:.1f}" if bleu is not None else ""))
+    line = f"step {step}: valid loss {result['loss']:.3f} ppl {result['ppl']:.2f}"
+    if bleu is not None:
+        return line + f" BLEU {bleu:.2f} chrF {result['chrf']:.1f}"
+    if "translated" in result:
+        return line + (f" (no BLEU: --max-minutes ran out after translating "
+                       f"{result['translated']} of {result['sentences']} sentences)")
+    return line
 
 
 def best_note(bookkeeping: Bookkeeping, improved: bool | None) -> str:

@@ -1,0 +1,73 @@
+"""--max-minutes holds the whole run: the steps stop in time for the closing validation,
+checkpoint and export, whose time is reserved from what the run measured of them."""
+
+from __future__ import annotations
+
+import pytest
+
+from nmt.settings.config import TrainerConfig
+from nmt.training.stopping import ClosingTime, Limits, StopReason, StopSignal
+from nmt.training.validation import describe
+
+
+@pytest.fixture
+def clock(monkeypatch) -> list[float]:
+    """The monotonic clock the limits read, set by the test: clock[0] = seconds."""
+    now = [1000.0]
+    monkeypatch.setattr("nmt.training.stopping.time.monotonic", lambda: now[0])
+    return now
+
+
+def test_the_closing_work_is_a_share_of_the_budget_until_measured():
+    closing = ClosingTime(600, averaging=True)
+    assert closing.seconds() == pytest.approx(60 + 12)  # a tenth validating, 2% writing
+    closing.validated(7.5)
+    closing.saved(1.0)
+    closing.saved(0.5)
+    # The slowest save, for each of the last checkpoint, model/ and averaged/.
+    assert closing.writing() == pytest.approx(3.0)
+    assert closing.seconds() == pytest.approx(7.5 + 3.0)
+    closing.validated(4.0)  # the last validation's time, not the slowest
+    assert closing.seconds() == pytest.approx(4.0 + 3.0)
+    assert ClosingTime(30, averaging=False).seconds() == pytest.approx(5 + 5)  # the least
+
+
+def test_the_steps_stop_early_enough_for_the_closing_work(clock):
+    limits = Limits(TrainerConfig(max_minutes=10), started=1000.0)
+    signals = StopSignal()
+    reserve = limits.closing.seconds()
+    clock[0] = 1600 - reserve - 1
+    assert limits.reached(5, 0, signals) is None
+    assert limits.seconds_left() == pytest.approx(1.0)
+    clock[0] += 1
+    assert limits.reached(6, 0, signals) == StopReason.MAX_MINUTES
+    # Validation translates until only the writing's time is left.
+    assert limits.validation_deadline == pytest.approx(1600 - limits.closing.writing())
+    limits.closing.validated(20.0)
+    limits.closing.saved(2.0)
+    assert limits.steps_deadline == pytest.approx(1600 - 20 - 2 * 2.0)
+    assert limits.validation_deadline == pytest.approx(1600 - 2 * 2.0)
+
+
+def test_no_time_limit_reserves_nothing(clock):
+    limits = Limits(TrainerConfig(max_steps=10))
+    assert limits.steps_deadline is None and limits.validation_deadline is None
+    assert limits.seconds_left() is None and limits.too_short() is None
+
+
+def test_a_budget_that_leaves_no_time_for_steps_names_the_least_that_does(clock):
+    limits = Limits(TrainerConfig(max_minutes=0.5), started=1000.0)
+    assert limits.closing.seconds() == pytest.approx(10.0)
+    clock[0] = 1019.0  # one second left for steps
+    assert limits.too_short() is None
+    clock[0] = 1025.0
+    assert limits.too_short() == (
+        "--max-minutes 0.5 is too short for this run: starting took 25 s and the closing "
+        "validation, checkpoint and export need about 10 s more; use --max-minutes 0.9 or "
+        "more.")
+
+
+def test_a_validation_cut_short_says_so_instead_of_a_score():
+    result = {"loss": 2.0, "ppl": 7.39, "translated": 64, "sentences": 300}
+    assert describe(12, result) == ("step 12: valid loss 2.000 ppl 7.39 (no BLEU: --max-minutes "
+                                    "ran out after translating 64 of 300 sentences)")
