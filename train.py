@@ -8,22 +8,29 @@ defaults, then the recipe, then the flags; see `--help`. The command line lives 
 
 from nmt.runtime.allocator import preload
 
-if __name__ == "__main__":
-    # Runs this command again with mimalloc loaded (nmt/runtime/allocator.py), before the
-    # imports below are paid for twice.
-    preload()
-
-from nmt.runtime.cli import exit_quickly  # noqa: E402
-from nmt.training.command import build_parser, main, resolve  # noqa: E402
-
 __all__ = ["build_parser", "main", "resolve", "run"]
 
 
 def run() -> None:
-    """`nmt-train`, the installed command: this script, from any directory."""
+    """This command, as `python train.py` and as the installed `nmt-train`: it runs again
+    with mimalloc loaded (nmt/runtime/allocator.py) before the command's modules are
+    imported, so that they are not imported twice."""
     preload()
+    from nmt.runtime.cli import exit_quickly
+    from nmt.training.command import main
+
     exit_quickly(main())
+
+
+def __getattr__(name: str):
+    """`build_parser`, `main` and `resolve` of nmt.training.command, imported when first
+    asked for."""
+    if name in ("build_parser", "main", "resolve"):
+        from nmt.training import command
+
+        return getattr(command, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 if __name__ == "__main__":
-    exit_quickly(main())
+    run()

@@ -13,23 +13,29 @@ import sys
 from nmt.engines import engine_in
 from nmt.runtime.allocator import preload
 
-if __name__ == "__main__" and engine_in(sys.argv[1:]) == "jax":
-    # Runs this command again with mimalloc loaded (nmt/runtime/allocator.py), before the
-    # imports below are paid for twice.
-    preload()
-
-from nmt.runtime.cli import exit_quickly  # noqa: E402
-from nmt.translation.command import build_parser, main  # noqa: E402
-
 __all__ = ["build_parser", "main", "run"]
 
 
 def run() -> None:
-    """`nmt-translate`, the installed command: this script, from any directory."""
+    """This command, as `python translate.py` and as the installed `nmt-translate`: it runs
+    again with mimalloc loaded (nmt/runtime/allocator.py) before the command's modules are
+    imported, so that they are not imported twice."""
     if engine_in(sys.argv[1:]) == "jax":
         preload()
+    from nmt.runtime.cli import exit_quickly
+    from nmt.translation.command import main
+
     exit_quickly(main())
+
+
+def __getattr__(name: str):
+    """`build_parser` and `main` of nmt.translation.command, imported when first asked for."""
+    if name in ("build_parser", "main"):
+        from nmt.translation import command
+
+        return getattr(command, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 if __name__ == "__main__":
-    exit_quickly(main())
+    run()
