@@ -8,7 +8,7 @@ defaults, then the recipe, then the flags; see `--help`. The command line lives 
 
 from nmt.runtime.allocator import preload
 
-__all__ = ["build_parser", "main", "resolve", "run"]
+__all__ = ["run"]  # and, imported when first asked for, those of __getattr__
 
 
 def run() -> None:

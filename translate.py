@@ -13,7 +13,7 @@ import sys
 from nmt.engines import engine_in
 from nmt.runtime.allocator import preload
 
-__all__ = ["build_parser", "main", "run"]
+__all__ = ["run"]  # and, imported when first asked for, those of __getattr__
 
 
 def run() -> None:

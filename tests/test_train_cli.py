@@ -343,7 +343,8 @@ def test_max_minutes_holds_the_whole_run_closing_work_included(corpus, env, tmp_
     wall = time.monotonic() - began
     assert result.returncode == 0, result.stderr[-3000:]
     assert wall < 0.4 * 60 + 3, result.stdout
-    minutes = float(re.search(r"\(max_minutes, ([\d.]+) min\)", result.stdout).group(1))
+    minutes = float(re.search(r"\(max_minutes, ([\d.]+) min, peak memory [\d.]+ GB\)",
+                              result.stdout).group(1))
     assert minutes <= 0.4
     evals = [line for line in _all_lines(out) if line["kind"] == "eval"]
     assert [e.get("sentences") for e in evals] == [20] and "bleu" in evals[0]

@@ -187,6 +187,39 @@ def test_padding_and_all_pad_rows_do_not_change_the_loss():
         assert float(padded[name]) == pytest.approx(float(base[name]), rel=1e-6), name
 
 
+@pytest.mark.parametrize("preset_changes", [{}, {"share_embeddings": False, "output_bias": True}],
+                         ids=["tied", "own-projection-with-bias"])
+@pytest.mark.parametrize("eps", [0.0, 0.1])
+def test_chunked_loss_equals_the_whole_batch_loss_and_its_gradients(eps, preset_changes):
+    """The logits a chunk at a time (every row, 2 or 3 positions: the last chunk padded),
+    with their gradient taken in the forward pass, give the sums and every parameter's
+    gradient of the whole-batch loss."""
+    config = get_preset("tiny", dropout=0.0, **preset_changes)
+    mesh = training.make_mesh(jax.devices()[:1])
+    graphdef, _, state = training.create_train_state(config, OptimizerConfig(), mesh)
+    batch = {name: jnp.asarray(x) for name, x in worker.make_batch(3, packed=False).items()}
+    rows, length = batch["tgt_out"].shape
+    assert 0 < int((batch["tgt_out"] == 0).sum()) and length % 2 and length % 3
+
+    def loss(params, chunk):
+        sums = training._forward_sums(graphdef, params, batch, eps, None, loss_chunk=chunk)
+        return sums["loss_sum"] / 37.0, sums
+
+    whole_grads, whole = jax.grad(loss, has_aux=True)(state.params, 0)
+    flat_whole = jax.tree_util.tree_leaves_with_path(whole_grads)
+    for positions in (2, 3):
+        chunked_grads, chunked = jax.jit(jax.grad(loss, has_aux=True), static_argnums=1)(
+            state.params, positions * rows)
+        for name in whole:
+            assert float(chunked[name]) == pytest.approx(float(whole[name]), rel=1e-5), name
+        flat_chunked = jax.tree_util.tree_leaves(chunked_grads)
+        assert len(flat_whole) == len(flat_chunked)
+        for (path, expected), got in zip(flat_whole, flat_chunked):
+            np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-7,
+                                       err_msg=jax.tree_util.keystr(path))
+        assert any(float(jnp.abs(g).max()) > 0 for g in flat_chunked)
+
+
 def test_eval_step_ignores_all_pad_rows_and_longer_padding():
     """End to end through the model: appending padding columns and all-pad rows changes nothing."""
     mesh = training.make_mesh(jax.devices()[:1])

@@ -231,6 +231,10 @@ class OptimizerConfig(DictConfig):
         None, "clip the global gradient norm to this value before Adam (unset: no clipping)")
     accum_steps: int = setting(
         1, "accumulate K micro-batches per update (one update per step)", flag="--accum")
+    loss_chunk: int | None = setting(
+        None, "make the loss's logits about this many tokens at a time (less memory; 0: the "
+              "whole batch at once); unset: 1024 on CPU, where it is also faster, the whole "
+              "batch on GPU and TPU")
     weight_decay: float = setting(
         0.0, "decoupled weight decay (AdamW) on matrices only, not on biases or LayerNorm "
              "parameters; 0 = plain Adam as in the paper")
@@ -254,6 +258,11 @@ class OptimizerConfig(DictConfig):
         if not isinstance(self.accum_steps, int) or self.accum_steps < 1:
             raise ValueError(f"OptimizerConfig.accum_steps must be an integer >= 1 (1 = no "
                              f"accumulation), got {self.accum_steps!r}.")
+        if self.loss_chunk is not None and not (isinstance(self.loss_chunk, int)
+                                                and self.loss_chunk >= 0):
+            raise ValueError(f"OptimizerConfig.loss_chunk (--loss-chunk) must be an integer "
+                             f">= 0 (0: the whole batch at once), or unset, got "
+                             f"{self.loss_chunk!r}.")
         for name in ("lr_scale", "peak_lr", "adam_eps"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"OptimizerConfig.{name} must be > 0, "

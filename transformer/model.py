@@ -260,9 +260,9 @@ class Transformer(nnx.Module):
         return jnp.stack(weights)
 
     def _decode(self, memory, src_mask, tgt_ids, cache, rng, return_weights, self_mask=None,
-                positions=None, candidates=None):
+                positions=None, candidates=None, project=True):
         """Teacher-forced over tgt_ids (self_mask: causal unless given), or one step over
-        the cache."""
+        the cache; teacher-forced without `project`, the final states, not their logits."""
         config = self.config
         rngs = split_rng(rng, 1 + config.decoder_layers)
         offset = cache.index if cache is not None else 0
@@ -281,7 +281,8 @@ class Transformer(nnx.Module):
             x, weights = layer(x, self_kv, self_mask, cross_kv, src_mask, layer_rng,
                                return_weights)
             all_weights.append(weights)
-        return self._logits(self._final_norm(x), candidates), None, all_weights
+        states = self._final_norm(x)
+        return (self._logits(states, candidates) if project else states), None, all_weights
 
     def _decode_step(self, x, memory, src_mask, cache: DecoderCache, rngs, candidates=None):
         """New positions over the cache: each layer writes their keys and values into every
@@ -316,18 +317,30 @@ class Transformer(nnx.Module):
         """
         return self._teacher_forced(src_ids, tgt_in, rng, packing)[0]
 
-    def _teacher_forced(self, src_ids, tgt_in, rng, packing, return_weights=False):
+    def decoder_states(self, src_ids: Array, tgt_in: Array, rng: Array | None = None,
+                       packing: Packing | None = None) -> Array:
+        """`__call__` up to the output projection: the final decoder states [batch, tgt_len,
+        d_model], whose `logits` are `__call__`'s. The training loss projects them a chunk
+        of tokens at a time (`transformer.training.chunked_loss_sums`)."""
+        return self._teacher_forced(src_ids, tgt_in, rng, packing, project=False)[0]
+
+    def logits(self, states: Array) -> Array:
+        """float32 logits [..., vocab] of decoder states [..., d_model]."""
+        return self._logits(states)
+
+    def _teacher_forced(self, src_ids, tgt_in, rng, packing, return_weights=False,
+                        project=True):
         enc_rng, dec_rng = split_rng(rng, 2)
         if packing is None:
             memory = self.encode(src_ids, enc_rng)
-            logits, _, weights = self._decode(memory, self.source_mask(src_ids), tgt_in, None,
-                                              dec_rng, return_weights)
-            return logits, weights
+            out, _, weights = self._decode(memory, self.source_mask(src_ids), tgt_in, None,
+                                           dec_rng, return_weights, project=project)
+            return out, weights
         memory = self.encode(src_ids, enc_rng, packing.encoder_mask(), packing.src_positions)
-        logits, _, weights = self._decode(memory, packing.cross_mask(), tgt_in, None, dec_rng,
-                                          return_weights, packing.decoder_mask(),
-                                          packing.tgt_positions)
-        return logits, weights
+        out, _, weights = self._decode(memory, packing.cross_mask(), tgt_in, None, dec_rng,
+                                       return_weights, packing.decoder_mask(),
+                                       packing.tgt_positions, project=project)
+        return out, weights
 
 
 def count_parameters(model: nnx.Module) -> int:

@@ -162,3 +162,25 @@ def status() -> Status:
     return Status("system", "host memory: the C library's malloc; mimalloc is installed but "
                             "was not preloaded (run train.py or translate.py as a script, "
                             f"or start Python with LD_PRELOAD={library()})")
+
+
+def release_free_memory() -> None:
+    """Hand the memory freed but kept for reuse back to the system now: mimalloc's
+    `mi_collect(true)` (it keeps freed memory MIMALLOC_PURGE_DELAY ms), glibc's
+    `malloc_trim(0)`. Called between phases whose buffers differ (steps, validation, export),
+    where what one kept would only add to the next one's peak."""
+    import ctypes
+
+    process = ctypes.CDLL(None)
+    if loaded_library() is not None:
+        process.mi_collect(ctypes.c_bool(True))
+    elif hasattr(process, "malloc_trim"):
+        process.malloc_trim(ctypes.c_size_t(0))
+
+
+def peak_resident_gb() -> float:
+    """The most memory this process has held resident so far, in GB (10^9 bytes)."""
+    import resource
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
+    return round(peak * (1 if platform.system() == "Darwin" else 1024) / 1e9, 2)

@@ -69,8 +69,10 @@ def resume_command(run_dir: Path) -> str:
 
 
 def print_summary(summary: dict[str, Any], run_dir: Path) -> None:
+    peak = summary.get("peak_rss_gb")
     lines = [f"Finished after {summary['steps']} steps ({summary['stopped']}, "
-             f"{summary['minutes']} min)."]
+             f"{summary['minutes']} min" + (f", peak memory {peak:.2f} GB" if peak else "")
+             + ")."]
     if summary["best_score"] is not None:
         lines.append(f"Best validation {BEST_METRICS[summary['best_metric']][0]} "
                      f"{summary['best_score']:.2f} at step {summary['best_step']}.")

@@ -306,8 +306,12 @@ class Trainer:
         self.step_metrics.read_back()
         began = time.monotonic()
         with self.run_log.clock.paused():
+            # What the steps' buffers kept is handed back before validation's own are
+            # allocated, and theirs before the steps go on: neither adds to the other's peak.
+            allocator.release_free_memory()
             result = self.start.validator.scores(self.start.graphdef, self.state.params,
                                                  self.limits.validation_deadline)
+            allocator.release_free_memory()
             self.limits.closing.validated(time.monotonic() - began)
             self.run_log.write("eval", self.step, result)
             bookkeeping = self.bookkeeping
@@ -332,17 +336,20 @@ class Trainer:
 
     def finish(self, stopped: StopReason) -> dict[str, Any]:
         """Export the model translate.py loads (and the average), close, print the summary."""
+        allocator.release_free_memory()  # the steps' buffers, before averaging's
         model_dir = _export(self.run_dir, self.run, self.start, self.bookkeeping,
                             self.state.params, self.step)
         barrier("exported")
         self.run_log.compilations(self.step)
         self.run_log.write("summary", self.step,
-                           self.run_log.time_spent(self.train_step, self.batches))
+                           {**self.run_log.time_spent(self.train_step, self.batches),
+                            "peak_rss_gb": allocator.peak_resident_gb()})
         self.close()
         summary = build_summary(self.run, self.run_dir, model_dir, self.step, stopped,
                                 self.bookkeeping, self.limits.minutes_so_far(),
                                 self.start.data.valid_sources)
         summary["time"] = self.run_log.time_spent(self.train_step, self.batches)
+        summary["peak_rss_gb"] = allocator.peak_resident_gb()
         if self.is_main:
             print_summary(summary, self.run_dir)
         return summary
