@@ -55,3 +55,25 @@ def test_a_recipe_is_read_from_here_first_then_from_the_project(tmp_path, monkey
     assert recipes.find_recipe("configs/multi30k_cpu.yaml") == Path("configs/multi30k_cpu.yaml")
     with pytest.raises(SettingsError, match="nor in the project's folder"):
         recipes.find_recipe("configs/none.yaml")
+
+
+def test_a_cache_directory_that_cannot_be_written_is_one_line(run_dir, env, tmp_path):
+    """train.py keeps the encoded corpus there: it stops, naming the directory and the fix;
+    translating only loses the compiled programs it would keep: one warning, and it goes on."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    unwritable = {**env, "FLAX_NMT_CACHE": str(blocker / "cache")}
+    done = run(tmp_path, unwritable, script("nmt-train"), "--max-steps", "1")
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        f"train.py: error: the cache directory {blocker / 'cache'}: {blocker} is a file, not a "
+        "directory; train.py keeps the encoded corpus and compiled programs there: set "
+        "FLAX_NMT_CACHE to a writable directory."]
+    done = run(tmp_path, unwritable, script("nmt-translate"), "--model", str(run_dir), "-q",
+               "Ein Mann fährt.")
+    assert done.returncode == 0, done.stderr
+    assert len(done.stdout.splitlines()) == 1
+    assert done.stderr.strip().splitlines() == [
+        f"nmt.runtime.compilation: WARNING: compiled programs are not kept, so every start "
+        f"compiles them again: the cache directory {blocker / 'cache' / 'jax'}: {blocker} is a "
+        "file, not a directory; set FLAX_NMT_CACHE to a writable directory"]

@@ -185,21 +185,40 @@ def allocator_status() -> allocator.Status:
 
 def writable_directory(path: Path, flag: str) -> None:
     """UsageError unless `path` is, or can be created as, a directory this process can write."""
+    problem = unwritable(path)
+    if problem is not None:
+        raise UsageError(f"{flag} {path}: {problem}; choose another directory.")
+
+
+def unwritable(path: Path) -> str | None:
+    """Why `path` cannot be, or be created as, a directory this process writes; None if it
+    can."""
     path = Path(path)
     if path.exists() and not path.is_dir():
-        raise UsageError(f"{flag} {path}: exists and is not a directory; choose another path.")
+        return "exists and is not a directory"
     existing = path
     while not existing.exists():
         existing = existing.parent
     if not existing.is_dir():
-        raise UsageError(f"{flag} {path}: {existing} is a file, not a directory; choose "
-                         "another path.")
+        return f"{existing} is a file, not a directory"
     if _read_only(existing):
-        raise UsageError(f"{flag} {path}: {existing} is on a read-only file system; choose a "
-                         "writable directory.")
+        return f"{existing} is on a read-only file system"
     if not os.access(existing, os.W_OK | os.X_OK):
-        raise UsageError(f"{flag} {path}: {existing} is not writable by this user; choose "
-                         "another directory.")
+        return f"{existing} is not writable by this user"
+    return None
+
+
+def writable_cache(prog: str) -> None:
+    """UsageError unless the cache directory (data.config.default_cache_dir) is writable:
+    for a command that keeps what it needs there (train.py: the encoded corpus)."""
+    from data.config import default_cache_dir
+
+    path = default_cache_dir()
+    problem = unwritable(path)
+    if problem is not None:
+        raise UsageError(f"the cache directory {path}: {problem}; {prog} keeps the encoded "
+                         "corpus and compiled programs there: set FLAX_NMT_CACHE to a writable "
+                         "directory.")
 
 
 def _read_only(path: Path) -> bool:

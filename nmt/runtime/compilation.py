@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
+import logging
 import threading
 from collections import Counter
 from pathlib import Path
@@ -22,6 +23,8 @@ from jax import monitoring
 
 from data.config import default_cache_dir
 from transformer import stored
+
+log = logging.getLogger(__name__)
 
 # The phases of one compilation, in the order JAX reports them (jax._src.dispatch).
 _TRACE = "/jax/core/compile/jaxpr_trace_duration"
@@ -36,7 +39,15 @@ def enable_compilation_cache(directory: str | Path | None = None,
     `$FLAX_NMT_CACHE/jax`): a rerun, a resume or the next translate.py skips compiling. The
     search programs are also kept whole in `programs` (default `$FLAX_NMT_CACHE/programs`,
     `transformer.stored`), so the next translate.py skips tracing them too."""
+    from nmt.runtime.cli import unwritable
+
     directory = default_cache_dir() / "jax" if directory is None else directory
+    problem = unwritable(directory)
+    if problem is not None:
+        log.warning("compiled programs are not kept, so every start compiles them again: the "
+                    "cache directory %s: %s; set FLAX_NMT_CACHE to a writable directory",
+                    directory, problem)
+        return
     jax.config.update("jax_compilation_cache_dir", str(directory))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)

@@ -77,6 +77,7 @@ def _main(argv: list[str] | None, started: float) -> int:
     if args.average_only and not run.trainer.average_last:
         raise cli.UsageError("--average-only needs --average-last N (how many checkpoints).")
     cli.writable_directory(run.output_dir(), "--output-dir")
+    cli.writable_cache(PROG)
     # Before anything touches JAX devices; and not before parsing: --help loads no JAX.
     from nmt.runtime.distributed import initialize_distributed
 
