@@ -73,7 +73,10 @@ def test_a_cache_directory_that_cannot_be_written_is_one_line(run_dir, env, tmp_
                "Ein Mann fährt.")
     assert done.returncode == 0, done.stderr
     assert len(done.stdout.splitlines()) == 1
-    assert done.stderr.strip().splitlines() == [
+    # The untrained model's translation may reach its output limit: translate.py says so.
+    lines = [line for line in done.stderr.strip().splitlines()
+             if "reached the output limit" not in line]
+    assert lines == [
         f"nmt.runtime.compilation: WARNING: compiled programs are not kept, so every start "
         f"compiles them again: the cache directory {blocker / 'cache' / 'jax'}: {blocker} is a "
         "file, not a directory; set FLAX_NMT_CACHE to a writable directory"]

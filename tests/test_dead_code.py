@@ -16,6 +16,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 PATHS = ["transformer", "data", "nmt", "bench", "tests", "train.py", "translate.py"]
 ALLOWED = {
+    # a module's attribute hook (PEP 562): train.py and translate.py import their command's
+    # modules only when asked for them
+    "__getattr__": "module attribute hook",
     # attributes of CTranslate2's model spec, which its converter reads
     "weight": "ctranslate2 spec", "gamma": "ctranslate2 spec", "beta": "ctranslate2 spec",
     "scale_embeddings": "ctranslate2 spec", "encodings": "ctranslate2 spec",

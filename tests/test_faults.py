@@ -161,7 +161,7 @@ def test_library_tracebacks_are_not_logged_unless_debugging(monkeypatch, capsys)
 
 
 def test_unexpected_errors_are_one_line_unless_debugging(tmp_path, capsys, monkeypatch):
-    def broken(argv):
+    def broken(argv, started):
         raise KeyError("surprise")
 
     monkeypatch.setattr(train_command, "_main", broken)  # what train.py's main calls

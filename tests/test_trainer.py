@@ -172,7 +172,8 @@ def test_best_metric_picks_the_checkpoint(corpus, cache, monkeypatch, tmp_path, 
     results = [{"loss": 1.0, "nll": 1.0, "accuracy": 0.5, "ppl": scores[step],
                 "chrf": scores[step], "bleu": bleu[step]} for step in (2, 4, 5)]
     monkeypatch.setenv("FLAX_NMT_CACHE", str(cache))
-    monkeypatch.setattr(Validator, "scores", lambda self, graphdef, params: results.pop(0))
+    monkeypatch.setattr(Validator, "scores",
+                        lambda self, graphdef, params, deadline=None: results.pop(0))
     out = tmp_path / "run"
     summary = _run(corpus, out, max_steps=5, best_metric=metric)
     assert (summary["best_metric"], summary["best_step"]) == (metric, best_step)

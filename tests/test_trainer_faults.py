@@ -112,11 +112,11 @@ def test_sigterm_during_validation_saves_a_complete_checkpoint_that_resumes_exac
     real_scores = nmt.training.validation.Validator.scores
     calls = []
 
-    def scores(self, graphdef, params):
+    def scores(self, graphdef, params, deadline=None):
         calls.append(1)
         if len(calls) == 2:  # the validation of step 40
             os.kill(os.getpid(), signal.SIGTERM)
-        return real_scores(self, graphdef, params)
+        return real_scores(self, graphdef, params, deadline)
 
     monkeypatch.setattr(nmt.training.validation.Validator, "scores", scores)
     summary = train(_in_process(corpus, out, monkeypatch, env, 10**6), out)
