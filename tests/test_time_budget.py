@@ -22,14 +22,22 @@ def test_the_closing_work_is_a_share_of_the_budget_until_measured():
     closing = ClosingTime(600, averaging=True)
     assert closing.seconds() == pytest.approx(60 + 12)  # a tenth validating, 2% writing
     closing.validated(7.5)
+    closing.saved(2.0)
     closing.saved(1.0)
-    closing.saved(0.5)
     # The slowest save, for each of the last checkpoint, model/ and averaged/.
-    assert closing.writing() == pytest.approx(3.0)
-    assert closing.seconds() == pytest.approx(7.5 + 3.0)
+    assert closing.writing() == pytest.approx(6.0)
+    assert closing.seconds() == pytest.approx(7.5 + 6.0)
     closing.validated(4.0)  # the last validation's time, not the slowest
-    assert closing.seconds() == pytest.approx(4.0 + 3.0)
-    assert ClosingTime(30, averaging=False).seconds() == pytest.approx(5 + 5)  # the least
+    assert closing.seconds() == pytest.approx(4.0 + 6.0)
+    # The two steps still in flight when the steps stop, at a step's measured time.
+    closing.stepped(0.5)
+    closing.stepped(1.5)
+    assert closing.step_seconds == pytest.approx(0.6)
+    assert closing.seconds() == pytest.approx(2 * 0.6 + 4.0 + 6.0)
+    quick = ClosingTime(30, averaging=False)
+    assert quick.seconds() == pytest.approx(5 + 5)  # the least
+    quick.saved(0.1)
+    assert quick.writing() == pytest.approx(5.0)  # never less
 
 
 def test_the_steps_stop_early_enough_for_the_closing_work(clock):
@@ -44,9 +52,9 @@ def test_the_steps_stop_early_enough_for_the_closing_work(clock):
     # Validation translates until only the writing's time is left.
     assert limits.validation_deadline == pytest.approx(1600 - limits.closing.writing())
     limits.closing.validated(20.0)
-    limits.closing.saved(2.0)
-    assert limits.steps_deadline == pytest.approx(1600 - 20 - 2 * 2.0)
-    assert limits.validation_deadline == pytest.approx(1600 - 2 * 2.0)
+    limits.closing.saved(3.0)
+    assert limits.steps_deadline == pytest.approx(1600 - 20 - 2 * 3.0)
+    assert limits.validation_deadline == pytest.approx(1600 - 2 * 3.0)
 
 
 def test_no_time_limit_reserves_nothing(clock):

@@ -117,17 +117,20 @@ class StopSignal:
 
 class ClosingTime:
     """How long the work after the last step takes, so that --max-minutes bounds the whole
-    run: the closing validation, then the last checkpoint, model/ and averaged/ ("writing").
+    run: the steps still in flight, the closing validation, then the last checkpoint, model/
+    and averaged/ ("writing").
 
-    Each is reserved from what this run measured: the last validation's wall time, and the
-    slowest checkpoint save (model/ and averaged/ each count as one). Before a measurement, a
-    share of the budget stands in; a closing
-    validation that still runs out of time stops translating (the trainer's `validate`), so
-    the bound holds either way.
+    Each is reserved from what this run measured: the steps dispatched ahead (`IN_FLIGHT`)
+    at the time a step takes, the last validation's wall time, and the slowest checkpoint
+    save (model/ and averaged/ each count as one), writing never less than `LEAST_SECONDS`.
+    Before a measurement, a share of the budget stands in; a closing validation that still
+    runs out of time stops translating (the trainer's `validate`), so the bound holds either
+    way.
     """
 
     # Until measured: a validation takes a tenth of the budget, writing 2% (at least 5 s).
     VALIDATION_SHARE, WRITING_SHARE, LEAST_SECONDS = 0.1, 0.02, 5.0
+    IN_FLIGHT = 2  # steps dispatched before the last one ends (the trainer's loop)
 
     def __init__(self, budget_seconds: float, averaging: bool, validating: bool = True):
         self.validation_prior = max(self.LEAST_SECONDS, self.VALIDATION_SHARE * budget_seconds)
@@ -135,6 +138,7 @@ class ClosingTime:
         self.validating, self.writes = validating, 3 if averaging else 2
         self.validation_seconds: float | None = None
         self.save_seconds: float | None = None
+        self.step_seconds = 0.0
 
     def validated(self, seconds: float) -> None:
         self.validation_seconds = seconds
@@ -142,11 +146,16 @@ class ClosingTime:
     def saved(self, seconds: float) -> None:
         self.save_seconds = max(seconds, self.save_seconds or 0.0)
 
+    def stepped(self, seconds: float) -> None:
+        """A step's wall time on the host (dispatch to the wait for the one before it)."""
+        self.step_seconds = (seconds if not self.step_seconds
+                             else 0.9 * self.step_seconds + 0.1 * seconds)
+
     def writing(self) -> float:
         """Seconds for the last checkpoint, model/ and averaged/."""
         if self.save_seconds is None:
             return self.writing_prior
-        return self.writes * self.save_seconds
+        return max(self.LEAST_SECONDS, self.writes * self.save_seconds)
 
     def seconds(self) -> float:
         """Seconds to reserve for all the closing work."""
@@ -154,7 +163,7 @@ class ClosingTime:
         if self.validating:
             validation = (self.validation_prior if self.validation_seconds is None
                           else self.validation_seconds)
-        return validation + self.writing()
+        return self.IN_FLIGHT * self.step_seconds + validation + self.writing()
 
 
 class Limits:

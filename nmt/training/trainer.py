@@ -63,7 +63,7 @@ from nmt.training.starting import (
     start_compiling_the_train_step,
     train_step_for,
 )
-from nmt.training.stopping import Limits, StopReason, StopSignal
+from nmt.training.stopping import ClosingTime, Limits, StopReason, StopSignal
 from nmt.training.summary import announcement, build_summary, echo, print_summary
 from nmt.training.validation import best_note, describe
 from transformer.training import shard_batch
@@ -235,13 +235,15 @@ class Trainer:
             stopped = self.limits.reached(self.step, self.batches.epochs_completed, self.signals)
             if stopped is not None:
                 break
+            began = time.monotonic()
             self.last_loss = self._train_one_step()["loss"]
             # Let the host run at most two steps ahead of the device (waiting, not reading
             # values): the time budget and signals then act within a step or two, and
             # queued batches do not pile up in device memory.
             in_flight.append(self.last_loss)
-            if len(in_flight) > 2:
+            if len(in_flight) > ClosingTime.IN_FLIGHT:
                 in_flight.popleft().block_until_ready()
+                self.limits.closing.stepped(time.monotonic() - began)
             stopped = self.hooks.run_due(self.step)
         self.hooks.run_at_stop(interrupted=stopped.interrupted)
         return stopped
