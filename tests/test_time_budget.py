@@ -20,7 +20,7 @@ def clock(monkeypatch) -> list[float]:
 
 def test_the_closing_work_is_a_share_of_the_budget_until_measured():
     closing = ClosingTime(600, averaging=True)
-    assert closing.seconds() == pytest.approx(60 + 12)  # a tenth validating, 2% writing
+    assert closing.seconds() == pytest.approx(30 + 12)  # 5% validating, 2% writing
     closing.validated(7.5)
     closing.saved(2.0)
     closing.saved(1.0)
