@@ -43,26 +43,26 @@ def timed(command: list[str], stdin: str | None = None, timeout: float = 600.0,
     first: list[float] = []
     err_lines: list[str] = []
 
+    def seen(line: str, lines: list[str]) -> None:
+        """Keep `line`; the first of either stream sets the time to the first line."""
+        if not first:
+            first.append(time.perf_counter() - start)
+            if first_line_only:
+                process.kill()
+        lines.append(line)
+
     def watch_stderr() -> None:
         for line in process.stderr:
-            if not first:
-                first.append(time.perf_counter() - start)
-                if first_line_only:
-                    process.kill()
-            err_lines.append(line)
+            seen(line, err_lines)
 
     watcher = threading.Thread(target=watch_stderr, daemon=True)
     watcher.start()
     if stdin is not None:
         process.stdin.write(stdin)
     process.stdin.close()
-    out_lines = []
+    out_lines: list[str] = []
     for line in process.stdout:
-        if not first:
-            first.append(time.perf_counter() - start)
-            if first_line_only:
-                process.kill()
-        out_lines.append(line)
+        seen(line, out_lines)
     process.wait(timeout)
     watcher.join(5)
     total = time.perf_counter() - start
@@ -139,7 +139,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", required=True, help="a model directory")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--only", help="comma-separated names of the commands to time")
+    parser.add_argument("--only", action="append",
+                        help="the name of a command to time (repeatable; default: all)")
     args = parser.parse_args()
     import ml_dtypes
 
@@ -148,7 +149,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as workdir:
         chosen = commands(args.model, str(Path(workdir) / "run"))
         if args.only:
-            chosen = {name: chosen[name] for name in args.only.split(",")}
+            unknown = [name for name in args.only if name not in chosen]
+            if unknown:
+                parser.error(f"--only {unknown[0]!r}: not one of {', '.join(map(repr, chosen))}")
+            chosen = {name: chosen[name] for name in args.only}
         for name, command in chosen.items():
             stdin = SENTENCE + "\n" if "stdin" in name else None
             first_only = "first line" in name

@@ -134,10 +134,10 @@ class ClosingTime:
     VALIDATION_SHARE, WRITING_SHARE, LEAST_SECONDS = 0.05, 0.02, 5.0
     IN_FLIGHT = 2  # steps dispatched before the last one ends (the trainer's loop)
 
-    def __init__(self, budget_seconds: float, averaging: bool, validating: bool = True):
+    def __init__(self, budget_seconds: float, averaging: bool):
         self.validation_prior = max(self.LEAST_SECONDS, self.VALIDATION_SHARE * budget_seconds)
         self.writing_prior = max(self.LEAST_SECONDS, self.WRITING_SHARE * budget_seconds)
-        self.validating, self.writes = validating, 3 if averaging else 2
+        self.writes = 3 if averaging else 2
         self.validation_seconds: float | None = None
         self.save_seconds: float | None = None
         self.step_seconds = 0.0
@@ -161,10 +161,8 @@ class ClosingTime:
 
     def seconds(self) -> float:
         """Seconds to reserve for all the closing work."""
-        validation = 0.0
-        if self.validating:
-            validation = (self.validation_prior if self.validation_seconds is None
-                          else self.validation_seconds)
+        validation = (self.validation_prior if self.validation_seconds is None
+                      else self.validation_seconds)
         return self.IN_FLIGHT * self.step_seconds + validation + self.writing()
 
 
