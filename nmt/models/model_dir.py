@@ -22,7 +22,7 @@ import functools
 import json
 import logging
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import jax
 import jax.core
@@ -51,8 +51,24 @@ log = logging.getLogger(__name__)
 def abstract_params(config: ModelConfig) -> tuple[nnx.GraphDef, Any, Any]:
     """(graphdef, params as ShapeDtypeStructs, other state) of a Transformer, nothing allocated."""
     with _quiet_sharding_probes():
-        abstract_model = nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0)))
+        abstract_model = nnx.eval_shape(lambda: Transformer(config, rngs=_OneKey()))
     return nnx.split(abstract_model, nnx.Param, ...)
+
+
+class _OneKey:
+    """Stands in for nnx.Rngs when only shapes are wanted: every stream gives the same key.
+
+    The model reads its generators only to initialize parameters, and shapes do not depend on
+    the key; this spares tracing a key derivation and a counter update for every parameter.
+    """
+
+    def __init__(self):
+        self._key = jax.random.key(0)
+
+    def __getattr__(self, stream: str) -> Callable[[], jax.Array]:
+        if stream.startswith("_"):
+            raise AttributeError(stream)
+        return lambda: self._key
 
 
 @contextlib.contextmanager
