@@ -47,6 +47,8 @@ from data.tokenizer import SpecialIds
 if TYPE_CHECKING:  # only for annotations: the batching itself needs no datasets
     import datasets
 
+    from data.sampling import SampledEpochs
+
 log = logging.getLogger("data")
 
 Batch = dict[str, np.ndarray]
@@ -385,7 +387,7 @@ class BatchIterator:
 
     def __init__(self, examples: Examples, config: BatchConfig = BatchConfig(), *,
                  state: dict | None = None, process_index: int | None = None,
-                 process_count: int | None = None):
+                 process_count: int | None = None, sampled: SampledEpochs | None = None):
         if process_index is None or process_count is None:
             process_index, process_count = _jax_process()
         if config.num_devices % process_count:
@@ -396,6 +398,7 @@ class BatchIterator:
         if not 0 <= process_index < process_count:
             raise DataError(f"process_index {process_index} not in [0, {process_count})")
         self.examples = examples
+        self.sampled = sampled
         self.config = config
         self.process_index = process_index
         self.process_count = process_count
@@ -403,6 +406,7 @@ class BatchIterator:
         self._epoch, self._position = int(state["epoch"]), int(state["position"])
         self._planned_epoch: int | None = None
         self._plan: list[PlannedBatch] = []
+        self._planned_examples = examples
         log.info("batches per epoch: %s",
                  plan_stats(examples, config, plan=self.plan(self._epoch)).summary())
 
@@ -418,12 +422,19 @@ class BatchIterator:
 
     @property
     def batches_per_epoch(self) -> int:
+        """Batches of the current epoch (the same every epoch unless segmentations are
+        sampled, which changes the lengths)."""
         return len(self.plan(self._epoch))
+
+    def examples_of(self, epoch: int) -> Examples:
+        """The pairs of `epoch`: segmented anew each epoch with `sampled`, else the same."""
+        return self.sampled.examples(epoch) if self.sampled is not None else self.examples
 
     def plan(self, epoch: int) -> list[PlannedBatch] | list[PackedBatch]:
         """The global batch plan of `epoch` (cached for the current epoch)."""
         if self._planned_epoch != epoch:
-            self._plan = plan_batches(self.examples, self.config, epoch)
+            self._planned_examples = self.examples_of(epoch)
+            self._plan = plan_batches(self._planned_examples, self.config, epoch)
             self._planned_epoch = epoch
         return self._plan
 
@@ -437,7 +448,8 @@ class BatchIterator:
             plan = self.plan(self._epoch)
         batch = plan[self._position]
         self._position += 1
-        return batch_arrays(self.examples, batch, self.process_index, self.process_count)
+        return batch_arrays(self._planned_examples, batch, self.process_index,
+                            self.process_count)
 
 
 def eval_batches(examples: Examples, config: BatchConfig = BatchConfig(),

@@ -129,10 +129,17 @@ class TokenizerConfig:
     character_coverage: float = setting(
         0.9995, "share of the characters that get pieces of their own; the rarest fall back "
                 "to UTF-8 byte pieces")
+    subword_alpha: float | None = setting(
+        None, "subword regularization: segment each training sentence anew every epoch, "
+              "sampled with this smoothing (unigram: Kudo 2018, 0.1 to 0.5) or merge-dropout "
+              "probability (bpe: BPE-dropout, 0.1); unset: one fixed segmentation")
+    subword_nbest: int = setting(
+        -1, "unigram sampling: from the N best segmentations (-1: from all of them)")
     seed: int = setting(0, "SentencePiece's sampling seed", derived="optimizer.seed")
 
     def __post_init__(self) -> None:
         _check_finite(self)
+        check_sampling_settings(self.subword_alpha, self.subword_nbest)
         if self.model_type not in ("unigram", "bpe"):
             raise DataError(f"model_type must be 'unigram' or 'bpe', got {self.model_type!r}")
         if self.vocab_size < 300:
@@ -144,6 +151,16 @@ class TokenizerConfig:
         if not 0.0 < self.character_coverage <= 1.0:
             raise DataError(f"character_coverage must be in (0, 1], got "
                             f"{self.character_coverage}")
+
+
+def check_sampling_settings(alpha: float | None, nbest: int) -> None:
+    """DataError for a subword-sampling setting out of its range (one line, naming the flag)."""
+    if alpha is not None and not 0.0 < alpha <= 1.0:
+        raise DataError(f"--subword-alpha must be in (0, 1] (unigram: Kudo uses 0.1 to 0.5; "
+                        f"BPE-dropout 0.1), got {alpha}; leave it unset for no sampling")
+    if nbest != -1 and nbest < 2:
+        raise DataError(f"--subword-nbest must be -1 (sample from every segmentation) or 2 or "
+                        f"more (from the N best), got {nbest}")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -118,6 +118,19 @@ class TokenizerBase:
         the spaces before it; one with no characters of its own is empty."""
         raise NotImplementedError
 
+    def check_sampling(self, alpha: float, nbest: int) -> None:
+        """DataError unless `sample` can draw segmentations with these settings."""
+        raise DataError("subword sampling (--subword-alpha) needs a joint SentencePiece "
+                        "model; this run's tokenizer is a Marian vocabulary (vocab.json over "
+                        "source.spm and target.spm), whose ids follow one segmentation: drop "
+                        "--subword-alpha")
+
+    def sample(self, texts: Sequence[str], side: Side, alpha: float, nbest: int
+               ) -> list[list[int]]:
+        """Token ids of each text under a segmentation drawn at random (`data.sampling`)."""
+        self.check_sampling(alpha, nbest)
+        raise NotImplementedError
+
     def _strip_specials(self, row: Sequence[int]) -> list[int]:
         """Ids up to the first EOS, with pad and BOS removed."""
         out = []
@@ -183,6 +196,24 @@ class Tokenizer(TokenizerBase):
     def encode(self, texts: Sequence[str], side: Side = "source") -> list[list[int]]:
         """Token ids of each text, without BOS or EOS (one model for both sides)."""
         return self.processor.encode(list(texts), out_type=int)
+
+    def check_sampling(self, alpha: float, nbest: int) -> None:
+        try:
+            self.sample(["a b"], "source", alpha, nbest)
+        except RuntimeError as err:
+            if "SampleEncode is not available" not in str(err):
+                raise
+            raise DataError(
+                "subword sampling (--subword-alpha) needs a unigram or bpe SentencePiece model; "
+                "this run's spm.model (a word or char model) has one segmentation per "
+                "sentence: drop --subword-alpha, or train a tokenizer with --tokenizer-type "
+                "unigram") from None
+
+    def sample(self, texts: Sequence[str], side: Side, alpha: float, nbest: int
+               ) -> list[list[int]]:
+        # One worker: several would share the draws in whatever order they run.
+        return self.processor.encode(list(texts), out_type=int, enable_sampling=True,
+                                     alpha=alpha, nbest_size=nbest, num_threads=1)
 
     def token_spans(self, texts: Sequence[str], side: Side = "source"
                     ) -> list[tuple[list[int], list[tuple[int, int]]]]:

@@ -26,3 +26,17 @@ def write_corpus(root: Path, pairs: int, seed: int, name: str, words: tuple[int,
     (root / f"{name}.en").write_text("\n".join(src) + "\n")
     (root / f"{name}.de").write_text("\n".join(tgt) + "\n")
     return str(root / name)
+
+
+SYLLABLES = "ka ri to mun sel va ne dor pi las tem gu fo re lin sha bo ti wen gar".split()
+
+
+def syllable_sentences(count: int, seed: int) -> list[str]:
+    """Sentences of words of 1 to 4 random syllables: too many words for whole-word pieces,
+    so a small vocabulary segments each word several ways (for subword sampling)."""
+    rng = random.Random(seed)
+
+    def word() -> str:
+        return "".join(rng.choice(SYLLABLES) for _ in range(rng.randint(1, 4)))
+
+    return [" ".join(word() for _ in range(rng.randint(3, 9))) for _ in range(count)]

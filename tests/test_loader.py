@@ -55,6 +55,7 @@ class Failing:
     """Batches {"i": [i]}; `next()` raises at batch `fail_at` (0-based)."""
 
     batches_per_epoch = 100
+    epochs_completed = 0
 
     def __init__(self, fail_at: int | None = None):
         self.fail_at, self.position = fail_at, 0

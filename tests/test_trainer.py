@@ -30,7 +30,7 @@ from nmt.training.summary import print_summary, scoring_command
 from nmt.training.trainer import TrainingError, train
 from nmt.training.validation import Validator
 from nmt.translation import scoring
-from synthetic_corpus import write_corpus
+from synthetic_corpus import syllable_sentences, write_corpus
 from trainer_hooks import poison_parameters_before
 
 
@@ -272,6 +272,43 @@ def test_max_epochs_stops_at_the_epoch_boundary_and_resumes_to_the_next(corpus, 
     assert (second["stopped"], second["steps"]) == ("max_epochs", 2 * per_epoch)
     assert _saved_bookkeeping(out, 2 * per_epoch)["iterator"] == {"epoch": 1,
                                                                   "position": per_epoch}
+
+
+def test_a_resumed_run_with_sampled_segmentations_logs_what_an_uninterrupted_one_logs(
+        corpus, bleus, tmp_path):
+    """Each epoch's segmentations are a function of the seed and the epoch: a run cut in its
+    first epoch and resumed trains on the batches an uninterrupted run trains on, into the
+    second epoch, and logs the same losses."""
+    # Words of random syllables: several segmentations each in a 320-piece vocabulary.
+    syllables = syllable_sentences(150, 3)
+    (tmp_path / "train.en").write_text("\n".join(syllables) + "\n")
+    (tmp_path / "train.de").write_text("\n".join(s[::-1] for s in syllables) + "\n")
+    corpus = {**corpus, "train": str(tmp_path / "train")}
+    settings = {"subword_alpha": 0.5, "eval_every": 1000, "save_every": 1000, "log_every": 1,
+                "max_tokens_per_sentence": 48, "buckets": (48,), "batch_tokens": 384}
+    bleus += [1.0, 1.0, 1.0]
+    straight = tmp_path / "straight"
+    _run(corpus, straight, max_steps=24, **settings)
+    book = _saved_bookkeeping(straight, 24)
+    assert book["iterator"]["epoch"] >= 1
+    cut = tmp_path / "cut"
+    cut.mkdir()
+    shutil.copyfile(straight / model_dir.TOKENIZER_FILE, cut / model_dir.TOKENIZER_FILE)
+    _run(corpus, cut, max_steps=5, **settings)
+    _run(corpus, cut, max_steps=24, **settings)
+    expected = [line for line in _lines(straight) if line["kind"] == "train"]
+    got = [line for line in _lines(cut) if line["kind"] == "train"]
+    assert [line["step"] for line in got] == [line["step"] for line in expected]
+    for a, b in zip(got, expected):
+        assert (a["loss"], a["tokens"]) == (b["loss"], b["tokens"]), a["step"]
+    # The segmentations were sampled: the tokens the steps saw are not the fixed ones'.
+    fixed = tmp_path / "fixed"
+    fixed.mkdir()
+    shutil.copyfile(straight / model_dir.TOKENIZER_FILE, fixed / model_dir.TOKENIZER_FILE)
+    bleus += [1.0]
+    _run(corpus, fixed, max_steps=3, **{**settings, "subword_alpha": None})
+    plain = [line["tokens"] for line in _lines(fixed) if line["kind"] == "train"]
+    assert plain != [line["tokens"] for line in expected[:3]]
 
 
 def test_resume_with_another_batch_plan_or_seed(corpus, bleus, tmp_path, caplog):

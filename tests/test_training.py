@@ -32,7 +32,8 @@ def test_optimizer_config_round_trips_and_validates():
     assert OptimizerConfig.from_dict(config.to_dict()) == config
     for field, value in [("schedule", "cosine"), ("warmup_steps", 0), ("accum_steps", 0),
                          ("label_smoothing", 1.0), ("clip_norm", 0.0), ("adam_b2", 1.0),
-                         ("peak_lr", -1.0), ("weight_decay", -0.1)]:
+                         ("peak_lr", -1.0), ("weight_decay", -0.1), ("rdrop", -0.5),
+                         ("rdrop", float("nan")), ("rdrop", float("inf"))]:
         with pytest.raises(ValueError, match=field):
             OptimizerConfig(**{field: value})
     with pytest.raises(ValueError, match="Unknown OptimizerConfig fields"):
@@ -218,6 +219,117 @@ def test_chunked_loss_equals_the_whole_batch_loss_and_its_gradients(eps, preset_
             np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-7,
                                        err_msg=jax.tree_util.keystr(path))
         assert any(float(jnp.abs(g).max()) > 0 for g in flat_chunked)
+
+
+# ----------------------------------------------------------------------------- R-Drop
+
+
+def _numpy_rdrop(logits, targets, eps, weight):
+    """Liang et al.'s loss CE1 + CE2 + weight * (KL(p1||p2) + KL(p2||p1)) / 2 over rows paired
+    (2i, 2i + 1), halved, with every other sum halved too."""
+    both = _numpy_loss(logits, targets, eps)
+    lp = logits.astype(np.float64) - np.log(np.exp(logits.astype(np.float64)).sum(-1,
+                                                                                  keepdims=True))
+    kl = 0.0
+    for pair, t in np.ndindex(targets.shape[0] // 2, targets.shape[1]):
+        if targets[2 * pair, t] == 0:
+            continue
+        p, q = lp[2 * pair, t], lp[2 * pair + 1, t]
+        kl += 0.5 * (np.sum(np.exp(p) * (p - q)) + np.sum(np.exp(q) * (q - p)))
+    expected = {name: value / 2 for name, value in both.items()}
+    expected["loss_sum"] += weight * kl / 2
+    expected["kl_sum"] = kl
+    return expected
+
+
+def _paired(rng, rows, length, vocab):
+    """Logits of `rows` pairs of passes that differ a little, and their (shared) targets."""
+    base = rng.normal(size=(rows, length, vocab)) * 2
+    logits = np.repeat(base, 2, axis=0) + rng.normal(size=(2 * rows, length, vocab)) * 0.5
+    targets = rng.integers(4, vocab, (rows, length)).astype(np.int32)
+    targets[0, length - 2:] = 0
+    targets[-1] = 0                                   # an all-pad pair
+    return logits.astype(np.float32), np.repeat(targets, 2, axis=0)
+
+
+@pytest.mark.parametrize("eps", [0.0, 0.1])
+def test_rdrop_loss_matches_its_definition(eps):
+    logits, targets = _paired(np.random.default_rng(3), 3, 5, 9)
+    sums = training.token_loss_sums(jnp.asarray(logits), jnp.asarray(targets), eps, rdrop=4.0)
+    expected = _numpy_rdrop(logits, targets, eps, 4.0)
+    assert expected["kl_sum"] > 0.1
+    for name, value in expected.items():
+        assert float(sums[name]) == pytest.approx(value, rel=1e-5), name
+
+
+@pytest.mark.parametrize("eps", [0.0, 0.1])
+def test_rdrop_logit_gradient_in_the_forward_pass_is_autodiffs(eps):
+    """The chunked loss takes its logits' gradient from a formula (the KL term's included):
+    it must be what autodiff gives of the sums' definition."""
+    logits, targets = _paired(np.random.default_rng(4), 3, 4, 7)
+    logits, targets = jnp.asarray(logits), jnp.asarray(targets)
+    autodiff = jax.grad(lambda x: training.token_loss_sums(x, targets, eps, rdrop=3.0)
+                        ["loss_sum"])(logits)
+    formula = training._loss_sum_logit_grads(logits, targets, eps, 0, rdrop=3.0)
+    np.testing.assert_allclose(formula, autodiff, rtol=1e-4, atol=1e-6)
+
+
+def test_rdrop_chunked_equals_whole_batch_with_dropout_on():
+    """Two dropout passes through the model, the loss made 2 positions at a time or at once:
+    the same sums and parameter gradients (the same dropout key, so the same masks)."""
+    config = get_preset("tiny", dropout=0.3)
+    mesh = training.make_mesh(jax.devices()[:1])
+    graphdef, _, state = training.create_train_state(config, OptimizerConfig(), mesh)
+    batch = {name: jnp.asarray(x) for name, x in worker.make_batch(3, packed=True).items()}
+    key = jax.random.key(7)
+
+    def loss(params, chunk):
+        sums = training._forward_sums(graphdef, params, batch, 0.1, key, loss_chunk=chunk,
+                                      rdrop=2.0)
+        return sums["loss_sum"] / 37.0, sums
+
+    whole_grads, whole = jax.grad(loss, has_aux=True)(state.params, 0)
+    chunked_grads, chunked = jax.jit(jax.grad(loss, has_aux=True), static_argnums=1)(
+        state.params, 2 * 2 * batch["tgt_out"].shape[0])
+    assert float(whole["kl_sum"]) > 0
+    for name in whole:
+        assert float(chunked[name]) == pytest.approx(float(whole[name]), rel=1e-5), name
+    for expected, got in zip(jax.tree_util.tree_leaves(whole_grads),
+                             jax.tree_util.tree_leaves(chunked_grads)):
+        np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-7)
+
+
+def _one_step(optimizer_config, dropout, loss_chunk=None):
+    config = dataclasses.replace(optimizer_config, loss_chunk=loss_chunk)
+    mesh = training.make_mesh(jax.devices()[:1])
+    graphdef, _, state = training.create_train_state(get_preset("tiny", dropout=dropout),
+                                                     config, mesh)
+    step = training.make_train_step(graphdef, config, mesh)
+    state, metrics = step(state, training.shard_batch(worker.make_batch(0), mesh))
+    return jax.tree_util.tree_leaves(state.params), metrics
+
+
+def test_rdrop_weight_zero_is_the_plain_step_exactly():
+    plain_params, plain = _one_step(OptimizerConfig(), dropout=0.3)
+    zero_params, zero = _one_step(OptimizerConfig(rdrop=0.0), dropout=0.3)
+    assert "kl" not in zero
+    for name in plain:
+        assert float(zero[name]) == float(plain[name]), name
+    for a, b in zip(plain_params, zero_params):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_rdrop_step_is_finite_and_its_kl_is_zero_without_dropout(loss_chunk=64):
+    """Without dropout both passes are the same computation: no KL, and the loss and
+    gradient norm of the plain step. With dropout the passes differ: a positive KL, a finite
+    loss. (The loss in chunks; the whole-batch loss is compared with it above.)"""
+    _, plain = _one_step(OptimizerConfig(), 0.0, loss_chunk)
+    _, same = _one_step(OptimizerConfig(rdrop=5.0), 0.0, loss_chunk)
+    assert abs(float(same["kl"])) < 1e-6
+    for name in ("loss", "nll", "accuracy", "tokens", "grad_norm"):
+        assert float(same[name]) == pytest.approx(float(plain[name]), rel=1e-5), name
+    _, noisy = _one_step(OptimizerConfig(rdrop=5.0), 0.3, loss_chunk)
+    assert bool(noisy["is_finite"]) and float(noisy["kl"]) > 1e-4
 
 
 def test_eval_step_ignores_all_pad_rows_and_longer_padding():

@@ -227,6 +227,10 @@ class OptimizerConfig(DictConfig):
     adam_b2: float = setting(0.98, "Adam beta2")
     adam_eps: float = setting(1e-9, "Adam epsilon")
     label_smoothing: float = setting(0.1, "label smoothing")
+    rdrop: float = setting(
+        0.0, "R-Drop (Liang et al. 2021): the weight alpha of the symmetric KL divergence "
+             "between two dropout passes of each batch, in CE1 + CE2 + alpha * KL (the paper "
+             "uses 5 on IWSLT); 0: off. An update then computes its batch twice")
     clip_norm: float | None = setting(
         None, "clip the global gradient norm to this value before Adam (unset: no clipping)")
     accum_steps: int = setting(
@@ -274,6 +278,9 @@ class OptimizerConfig(DictConfig):
         if not 0.0 <= self.label_smoothing < 1.0:
             raise ValueError(f"OptimizerConfig.label_smoothing must be in [0, 1) (the paper "
                              f"uses 0.1), got {self.label_smoothing!r}.")
+        if not self.rdrop >= 0:
+            raise ValueError(f"OptimizerConfig.rdrop (--rdrop) must be a number >= 0 (0: off; "
+                             f"Liang et al. use 5), got {self.rdrop!r}.")
         if self.clip_norm is not None and not self.clip_norm > 0:
             raise ValueError(f"OptimizerConfig.clip_norm must be > 0, or None to disable "
                              f"clipping; got {self.clip_norm!r}.")

@@ -117,13 +117,15 @@ def make_optimizer(optimizer_config: OptimizerConfig, d_model: int) -> optax.Gra
 # ----------------------------------------------------------------------------- loss
 
 
-def token_loss_sums(logits: Array, targets: Array, label_smoothing: float, pad_id: int = 0
-                    ) -> Metrics:
+def token_loss_sums(logits: Array, targets: Array, label_smoothing: float, pad_id: int = 0,
+                    rdrop: float = 0.0) -> Metrics:
     """Sums over the non-pad target tokens of a batch; see the module docstring for the formula.
 
     logits [batch, tgt_len, vocab] (cast to float32), targets [batch, tgt_len] int.
     Returns float32 scalars `loss_sum` (label-smoothed), `nll_sum`, `correct` (tokens whose
     target has the highest logit; a tie counts as correct) and `tokens` (non-pad targets).
+    With `rdrop` > 0 the rows are pairs of passes (`two_passes`) and the R-Drop term is added
+    (`_with_rdrop`).
 
     No one-hot [batch, tgt_len, vocab] is built: with lp = logits - logsumexp(logits),
     nll = logsumexp - logits[y] and -sum_v lp[v] = V * logsumexp - sum_v logits[v].
@@ -148,17 +150,49 @@ def token_loss_sums(logits: Array, targets: Array, label_smoothing: float, pad_i
         # where, not multiply: whatever the logits at padding are, they cannot leak in.
         return jnp.sum(jnp.where(keep, x, 0.0))
 
-    return {
+    sums = {
         "loss_sum": masked_sum(loss),
         "nll_sum": masked_sum(nll),
         "correct": masked_sum(correct),
         "tokens": jnp.sum(weights),
     }
+    if not rdrop:
+        return sums
+    return _with_rdrop(sums, logits - lse[..., None], keep, rdrop)
+
+
+def two_passes(batch: Batch) -> Batch:
+    """Every row twice, side by side: rows 2i and 2i + 1 are row i, for two dropout passes.
+
+    Interleaved rather than stacked so that a batch split over devices by rows stays split
+    the same way: each device doubles its own rows and no data moves.
+    """
+    return {name: jnp.repeat(x, 2, axis=0) for name, x in batch.items()}
+
+
+def _with_rdrop(sums: Metrics, log_probs: Array, keep: Array, rdrop: float) -> Metrics:
+    """R-Drop (Liang et al. 2021, Eq. 3) over rows paired by `two_passes`.
+
+    With p1, p2 the two passes' distributions of a token, its KL term is the symmetric
+    (KL(p1 || p2) + KL(p2 || p1)) / 2 = sum_v (p1 - p2)(lp1 - lp2) / 2, summed over the
+    non-pad tokens as `kl_sum`. The paper's loss CE1 + CE2 + rdrop * KL is halved, so that
+    `loss_sum` stays a sum over the batch's own tokens (one pass's worth): every sum of the
+    two passes is halved and `loss_sum` adds rdrop / 2 * kl_sum.
+    """
+    rows, length, vocab = log_probs.shape
+    pairs = log_probs.reshape(rows // 2, 2, length, vocab)            # [B, 2, T, V]
+    difference = pairs[:, 0] - pairs[:, 1]                             # lp1 - lp2
+    kl = 0.5 * jnp.sum((jnp.exp(pairs[:, 0]) - jnp.exp(pairs[:, 1])) * difference, axis=-1)
+    kl_sum = jnp.sum(jnp.where(keep[::2], kl, 0.0))
+    halved = {name: 0.5 * value for name, value in sums.items()}
+    halved["loss_sum"] = halved["loss_sum"] + 0.5 * rdrop * kl_sum
+    halved["kl_sum"] = kl_sum
+    return halved
 
 
 def chunked_loss_sums(graphdef: nnx.GraphDef, params: nnx.State, states: Array,
-                      targets: Array, label_smoothing: float, pad_id: int, chunk: int
-                      ) -> Metrics:
+                      targets: Array, label_smoothing: float, pad_id: int, chunk: int,
+                      rdrop: float = 0.0) -> Metrics:
     """`token_loss_sums` of the logits of decoder `states` [batch, tgt_len, d_model], made
     about `chunk` tokens at a time (every row, a span of positions), so that no [tokens,
     vocab] array of the whole batch exists.
@@ -187,13 +221,13 @@ def chunked_loss_sums(graphdef: nnx.GraphDef, params: nnx.State, states: Array,
         return nnx.merge(graphdef, params).logits(chunk_states)
 
     def sums_of(logits, chunk_targets):
-        return token_loss_sums(logits, chunk_targets, label_smoothing, pad_id)
+        return token_loss_sums(logits, chunk_targets, label_smoothing, pad_id, rdrop)
 
     def add(a, b):
         return jax.tree.map(jnp.add, a, b)
 
-    zero_sums = {name: jnp.zeros((), jnp.float32)
-                 for name in ("loss_sum", "nll_sum", "correct", "tokens")}
+    names = ("loss_sum", "nll_sum", "correct", "tokens") + (("kl_sum",) if rdrop else ())
+    zero_sums = {name: jnp.zeros((), jnp.float32) for name in names}
 
     @jax.custom_vjp
     def sums(params, xs):
@@ -206,7 +240,8 @@ def chunked_loss_sums(graphdef: nnx.GraphDef, params: nnx.State, states: Array,
             total, param_grads = carry
             chunk_states, chunk_targets = x
             logits, vjp = jax.vjp(logits_of, params, chunk_states)
-            logit_grads = _loss_sum_logit_grads(logits, chunk_targets, label_smoothing, pad_id)
+            logit_grads = _loss_sum_logit_grads(logits, chunk_targets, label_smoothing, pad_id,
+                                                rdrop)
             param_grad, state_grad = vjp(logit_grads)
             return (add(total, sums_of(logits, chunk_targets)),
                     add(param_grads, param_grad)), state_grad
@@ -238,16 +273,39 @@ def loss_chunk_on(optimizer_config: OptimizerConfig, platform: str) -> int:
     return DEFAULT_LOSS_CHUNK.get(platform, 0)
 
 
-def _loss_sum_logit_grads(logits: Array, targets: Array, label_smoothing: float, pad_id: int
-                          ) -> Array:
-    """d loss_sum / d logits [..., vocab] of `token_loss_sums`: softmax(logits) minus the
-    smoothed target (1 - eps on the label, eps / (V - 1) elsewhere), zero at padding."""
+def _loss_sum_logit_grads(logits: Array, targets: Array, label_smoothing: float, pad_id: int,
+                          rdrop: float = 0.0) -> Array:
+    """d loss_sum / d logits [rows, len, vocab] of `token_loss_sums`: softmax(logits) minus
+    the smoothed target (1 - eps on the label, eps / (V - 1) elsewhere), zero at padding;
+    with `rdrop`, half of that plus the R-Drop term's gradient (`_rdrop_logit_grads`)."""
     vocab = logits.shape[-1]
     off = label_smoothing / (vocab - 1) if label_smoothing > 0 else 0.0
     probabilities = jax.nn.softmax(logits, axis=-1)
     target = off + (1.0 - label_smoothing - off) * jax.nn.one_hot(targets, vocab,
                                                                   dtype=logits.dtype)
-    return jnp.where((targets != pad_id)[..., None], probabilities - target, 0.0)
+    grads = probabilities - target
+    if rdrop:
+        grads = 0.5 * grads + 0.5 * rdrop * _rdrop_logit_grads(jax.nn.log_softmax(logits))
+    return jnp.where((targets != pad_id)[..., None], grads, 0.0)
+
+
+def _rdrop_logit_grads(log_probs: Array) -> Array:
+    """d kl_sum / d logits of `_with_rdrop` (before masking), rows paired by `two_passes`.
+
+    With S = sum_v (p1 - p2)(lp1 - lp2) and d = lp1 - lp2: dS/dz1 = p1 (d - E_p1[d]) +
+    (p1 - p2), and dS/dz2 = -p2 (d - E_p2[d]) - (p1 - p2); kl_sum holds S / 2.
+    """
+    rows, length, vocab = log_probs.shape
+    pairs = log_probs.reshape(rows // 2, 2, length, vocab)
+    first, second = jnp.exp(pairs[:, 0]), jnp.exp(pairs[:, 1])
+    d = pairs[:, 0] - pairs[:, 1]
+
+    def centred(p):
+        return p * (d - jnp.sum(p * d, axis=-1, keepdims=True))
+
+    grads = jnp.stack([centred(first) + (first - second),
+                       -centred(second) - (first - second)], axis=1)   # [B, 2, T, V]
+    return 0.5 * grads.reshape(rows, length, vocab)
 
 
 # ----------------------------------------------------------------------------- state
@@ -355,18 +413,22 @@ def place_replicated(tree: Any, sharding: NamedSharding) -> Any:
 
 
 def _forward_sums(graphdef: nnx.GraphDef, params: nnx.State, batch: Batch,
-                  label_smoothing: float, rng: Array | None, loss_chunk: int = 0) -> Metrics:
+                  label_smoothing: float, rng: Array | None, loss_chunk: int = 0,
+                  rdrop: float = 0.0) -> Metrics:
     """The batch's loss sums; with `loss_chunk`, its logits made that many tokens at a time
-    (`chunked_loss_sums`)."""
+    (`chunked_loss_sums`); with `rdrop`, every row computed twice (R-Drop)."""
     model = nnx.merge(graphdef, params)
+    if rdrop:
+        batch = two_passes(batch)
     packing = Packing.of(batch)
     if not loss_chunk:
         logits = model(batch["src"], batch["tgt_in"], rng=rng,     # [batch, tgt_len, vocab]
                        packing=packing)
-        return token_loss_sums(logits, batch["tgt_out"], label_smoothing, model.config.pad_id)
+        return token_loss_sums(logits, batch["tgt_out"], label_smoothing, model.config.pad_id,
+                               rdrop)
     states = model.decoder_states(batch["src"], batch["tgt_in"], rng=rng, packing=packing)
     return chunked_loss_sums(graphdef, params, states, batch["tgt_out"], label_smoothing,
-                             model.config.pad_id, loss_chunk)
+                             model.config.pad_id, loss_chunk, rdrop)
 
 
 def _micro_batches(batch: Batch, k: int) -> Batch:
@@ -404,7 +466,8 @@ def make_train_step(graphdef: nnx.GraphDef, optimizer_config: OptimizerConfig, m
     loss_chunk = loss_chunk_on(c, mesh.devices.flat[0].platform)
 
     def loss_and_sums(params, batch, rng, total_tokens):
-        sums = _forward_sums(graphdef, params, batch, c.label_smoothing, rng, loss_chunk)
+        sums = _forward_sums(graphdef, params, batch, c.label_smoothing, rng, loss_chunk,
+                             c.rdrop)
         return sums["loss_sum"] / total_tokens, sums
 
     grad_fn = jax.grad(loss_and_sums, has_aux=True)
@@ -434,6 +497,8 @@ def make_train_step(graphdef: nnx.GraphDef, optimizer_config: OptimizerConfig, m
             "learning_rate": schedule(state.step),
             "is_finite": jnp.isfinite(loss) & jnp.isfinite(grad_norm),
         }
+        if c.rdrop:
+            metrics["kl"] = sums["kl_sum"] / denominator
         new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
         return new_state, metrics
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from data.batching import BatchIterator, Examples, plan_fingerprint
 from data.config import BatchConfig
+from data.sampling import SampledEpochs
 from data.tokenizer import MODEL_FILE, tokenizer_present
 from nmt.rundir.bookkeeping import Bookkeeping
 from nmt.rundir.checkpoints import CHECKPOINTS_DIR, Checkpointer, complete_steps
@@ -115,22 +116,22 @@ def check_same_model(run_dir: Path, model: ModelConfig, saved: RunConfig | None)
                                "new --output-dir.")
 
 
-def batch_iterator(examples: Examples, config: BatchConfig, book: Bookkeeping, step: int
-                   ) -> BatchIterator:
+def batch_iterator(examples: Examples, config: BatchConfig, book: Bookkeeping, step: int,
+                   sampled: SampledEpochs | None = None) -> BatchIterator:
     """The training batches from the saved position, unless the batch plan it indexes has
-    changed (batch settings, --accum, the device count or the training data did). Then the
-    epoch in progress is cut short: its pairs are no longer where the position says, so going
-    on would repeat some and skip others. Records the plan in `book`."""
+    changed (batch settings, --accum, subword sampling, the device count or the training data
+    did). Then the epoch in progress is cut short: its pairs are no longer where the position
+    says, so going on would repeat some and skip others. Records the plan in `book`."""
     position = book.iterator
-    batches = BatchIterator(examples, config, state=position)
+    batches = BatchIterator(examples, config, state=position, sampled=sampled)
     saved = book.plan
     if saved is not None and position["position"] > 0 and plan_fingerprint(
             batches.plan(saved["epoch"])) != saved["fingerprint"]:
         log.warning("the batch plan changed since step %d was saved (--batch-tokens, "
-                    "--buckets, --accum, the device count or the training data); the "
-                    "rest of epoch %d is skipped and training goes on with epoch %d",
+                    "--buckets, --accum, --subword-alpha, the device count or the training "
+                    "data); the rest of epoch %d is skipped and training goes on with epoch %d",
                     step, position["epoch"], position["epoch"] + 1)
-        batches = BatchIterator(examples, config,
+        batches = BatchIterator(examples, config, sampled=sampled,
                                 state={"epoch": position["epoch"] + 1, "position": 0})
     epoch = batches.state["epoch"]
     book.plan = {"epoch": epoch, "fingerprint": plan_fingerprint(batches.plan(epoch))}

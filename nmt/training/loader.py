@@ -19,8 +19,8 @@ THREAD_NAME = "batch-loader"
 
 
 class BatchLoader:
-    """A `data.batching.BatchIterator` (or any iterator with `state` and `batches_per_epoch`)
-    read on a daemon thread into a queue of `depth` batches.
+    """A `data.batching.BatchIterator` (or any iterator with `state`, `epochs_completed` and
+    `batches_per_epoch`) read on a daemon thread into a queue of `depth` batches.
 
     An error of the iterator (a DataError, say) is raised by the `next()` that would have
     returned its batch, as itself. The thread starts at `start()` or the first `next()`, so a
@@ -31,20 +31,17 @@ class BatchLoader:
         if depth < 1:
             raise ValueError(f"depth must be >= 1, got {depth}")
         self.iterator, self.depth = iterator, depth
-        # Read before the thread moves the iterator on; the count is the same every epoch.
+        # Read before the thread moves the iterator on (the first epoch's count: sampled
+        # segmentations change it a little from epoch to epoch).
         self.batches_per_epoch: int = iterator.batches_per_epoch
         self.state: dict = dict(iterator.state)  # of the next batch the caller takes
+        self.epochs_completed: int = iterator.epochs_completed  # as of the batches taken
         self.wait_seconds = 0.0  # the caller waited for batches, in all
         self._window_wait, self._window_ready, self._window_takes = 0.0, 0, 0
         self._queue: queue.Queue = queue.Queue(maxsize=depth)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._produce, name=THREAD_NAME, daemon=True)
         self._end: BaseException | None = None  # what ended the batches, once taken
-
-    @property
-    def epochs_completed(self) -> int:
-        """Epochs whose every batch the caller has taken."""
-        return self.state["epoch"] + (self.state["position"] >= self.batches_per_epoch)
 
     def start(self) -> None:
         """Start reading ahead (the first batches can be built while the step compiles)."""
@@ -71,7 +68,7 @@ class BatchLoader:
             self._end = item
             self.close()
             raise item
-        self.state, batch = item
+        self.state, self.epochs_completed, batch = item
         return batch
 
     def window(self) -> dict[str, float]:
@@ -90,7 +87,8 @@ class BatchLoader:
         try:
             while not self._stop.is_set():
                 batch = next(self.iterator)
-                self._queue.put((dict(self.iterator.state), batch))
+                self._queue.put((dict(self.iterator.state), self.iterator.epochs_completed,
+                                 batch))
         except BaseException as err:  # noqa: BLE001 - handed over to the caller's thread
             self._queue.put(err)
 

@@ -132,7 +132,7 @@ def summarize_window(window: list[dict[str, float]]) -> dict[str, float]:
         return float(np.dot([m[key] for m in window], tokens) / total)
 
     nll = weighted("nll")
-    return {
+    summary = {
         "loss": weighted("loss"),
         "nll": nll,
         "ppl": float(math.exp(min(nll, 700.0))),
@@ -141,6 +141,9 @@ def summarize_window(window: list[dict[str, float]]) -> dict[str, float]:
         "grad_norm": float(np.mean([m["grad_norm"] for m in window])),
         "tokens": int(total),
     }
+    if "kl" in window[0]:  # R-Drop's term, per token
+        summary["kl"] = weighted("kl")
+    return summary
 
 
 class MetricsWindow:

@@ -15,6 +15,7 @@ from data.config import DEFAULT_BUCKETS, BatchConfig, CorpusSpec
 from data.corpus import load_corpus
 from data.encoding import encode_shared, train_or_load_tokenizer
 from data.packing import fit_width
+from data.sampling import SampledEpochs
 from data.tokenizer import TokenizerBase, load_tokenizer
 from nmt.runtime.distributed import barrier
 from nmt.settings.config import RunConfig
@@ -34,6 +35,7 @@ class PreparedCorpus:
     valid_sources: list[str]  # of the validation pairs kept (valid_examples), in order
     valid_targets: list[str]
     counts: dict[str, int]  # pairs per split, as read
+    train_sampling: SampledEpochs | None = None  # with --subword-alpha: each epoch resegmented
 
 
 def train_batch_config(run: RunConfig, model_max_len: int, devices: int) -> BatchConfig:
@@ -111,10 +113,16 @@ def prepare_data(run: RunConfig, run_dir: Path, model_max_len: int) -> PreparedC
                                    tokenizer.ids)
     # Validation translates the pairs it scores: none that the length filter dropped.
     valid = corpus["validation"].select(valid_examples.index)
+    batch_config = fit_width(batch_config, train_examples.src_len, train_examples.tgt_len)
+    sampling = None
+    if run.tokenizer.subword_alpha is not None:
+        sampling = SampledEpochs(train_examples, corpus["train"], tokenizer,
+                                 alpha=run.tokenizer.subword_alpha,
+                                 nbest=run.tokenizer.subword_nbest, seed=run.tokenizer.seed,
+                                 config=batch_config)
     return PreparedCorpus(tokenizer=tokenizer,
                           train_examples=train_examples, valid_examples=valid_examples,
-                          batch_config=fit_width(batch_config, train_examples.src_len,
-                                                 train_examples.tgt_len),
+                          train_sampling=sampling, batch_config=batch_config,
                           eval_batch_config=fit_width(valid_batch_config,
                                                       valid_examples.src_len,
                                                       valid_examples.tgt_len),

@@ -132,7 +132,8 @@ class Trainer:
                                self.step, self.state.params)
         self.batches = BatchLoader(resume.batch_iterator(start.data.train_examples,
                                                          start.data.batch_config,
-                                                         self.bookkeeping, self.step),
+                                                         self.bookkeeping, self.step,
+                                                         start.data.train_sampling),
                                    run.trainer.loader_depth)
         self.forecast = BudgetForecast(run.trainer.written_for, jax.devices()[0].platform,
                                        self.limits, self.batches.batches_per_epoch)

@@ -1,0 +1,153 @@
+"""Subword regularization: every epoch, the training pairs are segmented anew at random.
+
+    epochs = SampledEpochs(examples, texts, tokenizer, alpha=0.1, nbest=-1, seed=0,
+                           config=batch_config)
+    epochs.examples(3)   # epoch 3's pairs: the same ids for the same seed and epoch
+
+A unigram model samples a segmentation from its lattice (Kudo 2018: probabilities raised to
+`alpha`, over all segmentations or the `nbest` best); a BPE model drops each merge with
+probability `alpha` (BPE-dropout, Provilkov et al. 2020). SentencePiece does both. The pairs
+kept are those the deterministic segmentation kept (`data.batching.load_examples`); a pair
+whose sampled segmentation breaks the batch limits (length, length ratio, packed width) keeps
+its deterministic one for that epoch. Validation and translation never sample.
+
+Reproducible: an epoch is sampled by one worker after seeding SentencePiece's generator with
+(seed, epoch), holding a lock that keeps every other sampler of the process from drawing, so a
+resumed run sees the epochs an uninterrupted one saw. The next epoch is sampled on a thread
+of its own while the current one trains.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+import time
+from typing import Sequence
+
+import datasets
+import numpy as np
+import sentencepiece as spm
+
+from data.batching import Examples
+from data.config import BatchConfig
+from data.store import Ragged, TokenStore
+from data.tokenizer import TokenizerBase
+
+log = logging.getLogger("data")
+
+TEXT_CHUNK = 10_000  # pairs read from the corpus and sampled at a time
+_SENTENCEPIECE_DRAWS = threading.Lock()  # held by the sampler drawing
+
+
+def epoch_seed(seed: int, epoch: int) -> int:
+    """SentencePiece's seed for `epoch` of a run seeded `seed` (an unsigned 32-bit int)."""
+    digest = hashlib.sha256(f"subword-sampling|{seed}|{epoch}".encode()).digest()
+    return int.from_bytes(digest[:4], "little")
+
+
+class SampledEpochs:
+    """The training pairs of each epoch under freshly sampled segmentations.
+
+    `examples` are the pairs kept by the deterministic segmentation (their `index` rows are
+    rows of `texts`, a split with `source` and `target` columns); `config` the batch settings
+    whose limits a sampled pair must respect. Holds one epoch's ids in memory (4 bytes a
+    token) and the next one's once sampled.
+    """
+
+    def __init__(self, examples: Examples, texts: datasets.Dataset, tokenizer: TokenizerBase,
+                 *, alpha: float, nbest: int, seed: int, config: BatchConfig):
+        tokenizer.check_sampling(alpha, nbest)
+        self.deterministic, self.texts, self.tokenizer = examples, texts, tokenizer
+        self.alpha, self.nbest, self.seed = alpha, nbest, seed
+        self.longest = config.width if config.packing else config.max_len
+        self.max_ratio = config.max_ratio
+        log.info("subword regularization: the %d training pairs segmented anew every epoch "
+                 "(alpha %g, nbest %d), the next epoch on a background thread",
+                 len(examples), alpha, nbest)
+        self._done: dict[int, Examples] = {}
+        self._pending: dict[int, tuple[threading.Thread, list]] = {}
+        self._lock = threading.Lock()
+
+    def examples(self, epoch: int) -> Examples:
+        """Epoch `epoch`'s pairs (waiting for them if they are being sampled); starts sampling
+        the next epoch's in the background."""
+        result = self._finish(epoch)
+        self._start(epoch + 1)
+        return result
+
+    def _start(self, epoch: int) -> None:
+        with self._lock:
+            if epoch in self._done or epoch in self._pending:
+                return
+            out: list = []
+            thread = threading.Thread(target=self._sample_into, args=(epoch, out),
+                                      name=f"subword-sampling-{epoch}", daemon=True)
+            self._pending[epoch] = (thread, out)
+        thread.start()
+
+    def _finish(self, epoch: int) -> Examples:
+        self._start(epoch)
+        with self._lock:
+            pending = self._pending.pop(epoch, None)
+        if pending is not None:
+            thread, out = pending
+            thread.join()
+            if isinstance(out[0], BaseException):
+                raise out[0]
+            with self._lock:
+                self._done = {epoch: out[0]}  # the epoch before is done with
+        return self._done[epoch]
+
+    def _sample_into(self, epoch: int, out: list) -> None:
+        """The thread: epoch `epoch` sampled into `out` (or the error that stopped it)."""
+        try:
+            # SentencePiece draws from one generator whose seed is global: an epoch is seeded
+            # and sampled whole while no other sampler of the process draws.
+            with _SENTENCEPIECE_DRAWS:
+                spm.set_random_generator_seed(epoch_seed(self.seed, epoch))
+                out.append(self._sample(epoch))
+        except BaseException as err:  # noqa: BLE001 - raised in the caller's thread
+            out.append(err)
+
+    def _sample(self, epoch: int) -> Examples:
+        begin = time.perf_counter()
+        kept = self.deterministic
+        src: list[list[int]] = []
+        tgt: list[list[int]] = []
+        for start in range(0, len(kept), TEXT_CHUNK):
+            rows = kept.index[start:start + TEXT_CHUNK]
+            chunk = self.texts[rows.tolist()] if len(rows) else {"source": [], "target": []}
+            src += self.tokenizer.sample(chunk["source"], "source", self.alpha, self.nbest)
+            tgt += self.tokenizer.sample(chunk["target"], "target", self.alpha, self.nbest)
+        examples, kept_back = self._examples_of(src, tgt)
+        log.debug("epoch %d sampled in %.1f s: %d of %d pairs kept their deterministic "
+                  "segmentation (too long sampled)", epoch, time.perf_counter() - begin,
+                  kept_back, len(kept))
+        return examples
+
+    def _examples_of(self, src: list[list[int]], tgt: list[list[int]]
+                     ) -> tuple[Examples, int]:
+        """The sampled pairs as examples of an in-memory store; a pair out of the limits is
+        replaced by its deterministic ids. Returns (examples, pairs replaced)."""
+        kept = self.deterministic
+        src_len = np.fromiter(map(len, src), np.int32, len(src)) + 1      # with EOS / BOS
+        tgt_len = np.fromiter(map(len, tgt), np.int32, len(tgt)) + 1
+        ratio = np.maximum(src_len, tgt_len) / np.minimum(src_len, tgt_len)
+        refused = np.flatnonzero((np.maximum(src_len, tgt_len) > self.longest)
+                                 | (ratio > self.max_ratio))
+        rows = kept.index[refused]
+        for k, row in zip(refused.tolist(), rows.tolist()):
+            src[k] = kept.store.src.row(row).tolist()
+            tgt[k] = kept.store.tgt.row(row).tolist()
+        src_len[refused], tgt_len[refused] = kept.src_len[refused], kept.tgt_len[refused]
+        store = TokenStore(_ragged(src), _ragged(tgt))
+        return (Examples(store, np.arange(len(src), dtype=np.int64), src_len, tgt_len, kept.ids),
+                len(refused))
+
+
+def _ragged(rows: Sequence[Sequence[int]]) -> Ragged:
+    offsets = np.zeros(len(rows) + 1, np.int64)
+    np.cumsum([len(row) for row in rows], out=offsets[1:])
+    values = np.fromiter((i for row in rows for i in row), np.int32, int(offsets[-1]))
+    return Ragged(values, offsets)

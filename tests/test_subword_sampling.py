@@ -1,0 +1,156 @@
+"""Subword regularization: each epoch's segmentations sampled anew, reproducibly, within the
+batch limits, and refused where the tokenizer or the settings cannot sample."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+
+import datasets
+import numpy as np
+import pytest
+
+from data.batching import BatchConfig, BatchIterator, load_examples
+from data.config import DataError, TokenizerConfig
+from data.encoding import encode_split
+from data.sampling import SampledEpochs
+from data.store import TokenStore
+from data.tokenizer import Tokenizer, VocabTokenizer, train_tokenizer
+from synthetic_corpus import syllable_sentences
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> tuple[datasets.Dataset, Tokenizer, object]:
+    """300 pairs, a 400-piece unigram model, and the pairs kept by a loose filter."""
+    sources, targets = syllable_sentences(300, 0), syllable_sentences(300, 1)
+    texts = datasets.Dataset.from_dict({"source": sources, "target": targets})
+    tokenizer = train_tokenizer(sources + targets, TokenizerConfig(vocab_size=400))
+    store = encode_split(texts, tokenizer, tmp_path_factory.mktemp("cache"), num_proc=1)
+    return texts, tokenizer, store
+
+
+def _epochs(corpus, seed=0, alpha=0.5, nbest=-1, **batching) -> SampledEpochs:
+    texts, tokenizer, store = corpus
+    config = BatchConfig(**{"batch_tokens": 512, "max_len": 64, **batching})
+    return SampledEpochs(load_examples(store, config), texts, tokenizer, alpha=alpha,
+                         nbest=nbest, seed=seed, config=config)
+
+
+def _rows(examples) -> list[tuple[list[int], list[int]]]:
+    store = examples.store
+    return [(store.src.row(int(i)).tolist(), store.tgt.row(int(i)).tolist())
+            for i in examples.index]
+
+
+def test_epochs_differ_and_each_is_the_same_for_the_same_seed_and_epoch(corpus):
+    texts, tokenizer, store = corpus
+    first, again = _epochs(corpus), _epochs(corpus)
+    epoch0, epoch1 = _rows(first.examples(0)), _rows(first.examples(1))
+    assert _rows(again.examples(1)) == epoch1    # a resumed run starting at epoch 1
+    assert _rows(again.examples(0)) == epoch0    # out of order, in a new thread
+    assert _rows(_epochs(corpus, seed=1).examples(0)) != epoch0
+    deterministic = [(store.src.row(k).tolist(), store.tgt.row(k).tolist())
+                     for k in range(len(store))]
+    changed = sum(a != b for a, b in zip(epoch0, epoch1))
+    assert changed > len(epoch0) // 3
+    assert sum(a != b for a, b in zip(epoch0, deterministic)) > len(epoch0) // 3
+    # Another segmentation of the same text: it decodes to the sentence it came from.
+    for k in (0, 7, 123):
+        assert tokenizer.decode([epoch1[k][0]])[0] == texts[k]["source"]
+        assert tokenizer.decode([epoch1[k][1]])[0] == texts[k]["target"]
+
+
+def test_the_same_epoch_sampled_while_another_thread_samples_is_the_same(corpus):
+    """The draws are per thread: another sampling thread running alongside changes nothing."""
+    expected = _rows(_epochs(corpus).examples(2))
+    other = threading.Thread(target=lambda: _epochs(corpus, seed=5).examples(0))
+    other.start()
+    got = _rows(_epochs(corpus).examples(2))
+    other.join()
+    assert got == expected
+
+
+def test_a_pair_sampled_past_the_limits_keeps_its_deterministic_segmentation(corpus):
+    texts, tokenizer, store = corpus
+    config = BatchConfig(batch_tokens=512, max_len=64, packing=False)
+    kept = load_examples(store, config)
+    longest = int(np.max(np.maximum(kept.src_len, kept.tgt_len)))
+    tight = dataclasses.replace(config, max_len=longest)  # as long as the longest kept pair
+    epochs = SampledEpochs(kept, texts, tokenizer, alpha=0.5, nbest=-1, seed=0, config=tight)
+    examples = epochs.examples(0)
+    assert np.max(np.maximum(examples.src_len, examples.tgt_len)) <= longest
+    for k, (src, tgt) in enumerate(_rows(examples)):
+        assert len(src) + 1 == examples.src_len[k] and len(tgt) + 1 == examples.tgt_len[k]
+    sampled = tokenizer.sample(texts["source"], "source", 0.5, -1)
+    assert max(map(len, sampled)) + 1 > longest  # some sampled pairs were too long
+
+
+def test_resumed_batches_are_the_uninterrupted_ones_with_sampling_on(corpus):
+    """A saved iterator position, resumed in a new iterator with a new sampler: the same
+    batches, across an epoch boundary, whose plans differ in length from epoch to epoch."""
+    examples = _epochs(corpus).deterministic
+    config = BatchConfig(batch_tokens=256, max_len=64, seed=3)
+    straight = BatchIterator(examples, config, process_index=0, process_count=1,
+                             sampled=_epochs(corpus))
+    per_epoch = [len(straight.plan(e)) for e in range(3)]
+    expected, states = [], []
+    for _ in range(per_epoch[0] + 5):
+        expected.append(next(straight))
+        states.append(straight.state)
+    cut = per_epoch[0] - 3
+    resumed = BatchIterator(examples, config, process_index=0, process_count=1,
+                            sampled=_epochs(corpus), state=states[cut - 1])
+    for k in range(cut, len(expected)):
+        got = next(resumed)
+        assert set(got) == set(expected[k])
+        for name in got:
+            np.testing.assert_array_equal(got[name], expected[k][name], err_msg=(k, name))
+    assert resumed.epochs_completed == 1 and resumed.state == states[-1]
+
+
+def test_bpe_models_sample_by_dropping_merges(corpus):
+    texts = corpus[0]
+    bpe = train_tokenizer(list(texts["source"]) + list(texts["target"]),
+                          TokenizerConfig(vocab_size=400, model_type="bpe"))
+    sources = list(texts["source"])[:50]
+    assert bpe.sample(sources, "source", 0.3, -1) != bpe.encode(sources)
+
+
+@pytest.mark.parametrize("alpha, nbest, flag", [(0.0, -1, "--subword-alpha"),
+                                                (1.5, -1, "--subword-alpha"),
+                                                (-0.1, -1, "--subword-alpha"),
+                                                (0.1, 0, "--subword-nbest"),
+                                                (0.1, 1, "--subword-nbest"),
+                                                (0.1, -2, "--subword-nbest")])
+def test_settings_out_of_range_are_one_line_naming_the_flag(alpha, nbest, flag):
+    with pytest.raises(DataError, match=flag) as caught:
+        TokenizerConfig(subword_alpha=alpha, subword_nbest=nbest)
+    assert "\n" not in str(caught.value)
+    TokenizerConfig(subword_alpha=1.0, subword_nbest=64)
+    with pytest.raises(DataError, match="finite"):
+        TokenizerConfig(subword_alpha=float("nan"))
+
+
+def test_a_tokenizer_that_cannot_sample_is_refused_in_one_line(corpus):
+    import io
+
+    import sentencepiece as spm
+
+    texts, tokenizer, store = corpus
+    words = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(texts["source"]), model_writer=words, vocab_size=40,
+        model_type="word", pad_id=0, unk_id=1, bos_id=2, eos_id=3, minloglevel=3)
+    with pytest.raises(DataError, match="word or char model.*drop --subword-alpha"):
+        _epochs((texts, Tokenizer(words.getvalue()), store))
+    marian = VocabTokenizer(tokenizer.model_bytes, tokenizer.model_bytes,
+                            {p: i for i, p in enumerate(tokenizer.vocabulary())},
+                            {"eos_token": "</s>", "unk_token": "<unk>", "pad_token": "<pad>"})
+    with pytest.raises(DataError, match="Marian vocabulary.*drop --subword-alpha"):
+        _epochs((texts, marian, store))
+
+
+def test_sampled_store_is_in_memory_and_sized_to_the_epoch(corpus):
+    epoch = _epochs(corpus).examples(0)
+    assert isinstance(epoch.store, TokenStore) and epoch.store.path is None
+    assert len(epoch) == len(epoch.store) == len(corpus[2])
