@@ -407,8 +407,9 @@ class BatchIterator:
         self._planned_epoch: int | None = None
         self._plan: list[PlannedBatch] = []
         self._planned_examples = examples
+        plan = self.plan(self._epoch)
         log.info("batches per epoch: %s",
-                 plan_stats(examples, config, plan=self.plan(self._epoch)).summary())
+                 plan_stats(self._planned_examples, config, plan=plan).summary())
 
     @property
     def state(self) -> dict:

@@ -4,13 +4,14 @@ batch limits, and refused where the tokenizer or the settings cannot sample."""
 from __future__ import annotations
 
 import dataclasses
+import logging
 import threading
 
 import datasets
 import numpy as np
 import pytest
 
-from data.batching import BatchConfig, BatchIterator, load_examples
+from data.batching import BatchConfig, BatchIterator, load_examples, plan_stats
 from data.config import DataError, TokenizerConfig
 from data.encoding import encode_split
 from data.sampling import SampledEpochs
@@ -154,3 +155,14 @@ def test_sampled_store_is_in_memory_and_sized_to_the_epoch(corpus):
     epoch = _epochs(corpus).examples(0)
     assert isinstance(epoch.store, TokenStore) and epoch.store.path is None
     assert len(epoch) == len(epoch.store) == len(corpus[2])
+
+
+def test_the_plan_line_counts_the_padding_of_the_sampled_lengths(corpus, caplog):
+    """The log's padding waste is of the epoch's own (sampled) pairs, not the fixed ones."""
+    epochs = _epochs(corpus)
+    config = BatchConfig(batch_tokens=256, max_len=64)
+    with caplog.at_level(logging.INFO, logger="data"):
+        iterator = BatchIterator(epochs.deterministic, config, process_index=0,
+                                 process_count=1, sampled=epochs)
+    expected = plan_stats(epochs.examples(0), config, plan=iterator.plan(0)).summary()
+    assert f"batches per epoch: {expected}" in caplog.text
