@@ -23,7 +23,6 @@ import hashlib
 import logging
 import threading
 import time
-from typing import Sequence
 
 import datasets
 import numpy as np
@@ -111,43 +110,49 @@ class SampledEpochs:
             out.append(err)
 
     def _sample(self, epoch: int) -> Examples:
+        """Every kept pair sampled, `TEXT_CHUNK` pairs at a time, each chunk's ids flattened
+        into arrays at once (Python lists of ints would take 9 times the memory)."""
         begin = time.perf_counter()
         kept = self.deterministic
-        src: list[list[int]] = []
-        tgt: list[list[int]] = []
+        src_parts, tgt_parts, src_lens, tgt_lens = [], [], [], []
+        replaced = 0
         for start in range(0, len(kept), TEXT_CHUNK):
-            rows = kept.index[start:start + TEXT_CHUNK]
-            chunk = self.texts[rows.tolist()] if len(rows) else {"source": [], "target": []}
-            src += self.tokenizer.sample(chunk["source"], "source", self.alpha, self.nbest)
-            tgt += self.tokenizer.sample(chunk["target"], "target", self.alpha, self.nbest)
-        examples, kept_back = self._examples_of(src, tgt)
+            positions = np.arange(start, min(start + TEXT_CHUNK, len(kept)))
+            chunk = self.texts[kept.index[positions].tolist()]
+            src = self.tokenizer.sample(chunk["source"], "source", self.alpha, self.nbest)
+            tgt = self.tokenizer.sample(chunk["target"], "target", self.alpha, self.nbest)
+            replaced += self._keep_within_limits(positions, src, tgt)
+            for rows, parts, lens in ((src, src_parts, src_lens), (tgt, tgt_parts, tgt_lens)):
+                lens.append(np.fromiter(map(len, rows), np.int64, len(rows)))
+                parts.append(np.fromiter((i for row in rows for i in row), np.int32,
+                                         int(lens[-1].sum())))
         log.debug("epoch %d sampled in %.1f s: %d of %d pairs kept their deterministic "
                   "segmentation (too long sampled)", epoch, time.perf_counter() - begin,
-                  kept_back, len(kept))
-        return examples
+                  replaced, len(kept))
+        store = TokenStore(_ragged(src_parts, src_lens), _ragged(tgt_parts, tgt_lens))
+        return Examples(store, np.arange(len(kept), dtype=np.int64),
+                        store.src.lengths() + 1, store.tgt.lengths() + 1, kept.ids)
 
-    def _examples_of(self, src: list[list[int]], tgt: list[list[int]]
-                     ) -> tuple[Examples, int]:
-        """The sampled pairs as examples of an in-memory store; a pair out of the limits is
-        replaced by its deterministic ids. Returns (examples, pairs replaced)."""
+    def _keep_within_limits(self, positions: np.ndarray, src: list[list[int]],
+                            tgt: list[list[int]]) -> int:
+        """Put back the deterministic ids of the pairs (at `positions` of the kept ones) whose
+        sampled segmentation breaks the batch limits; returns how many."""
         kept = self.deterministic
         src_len = np.fromiter(map(len, src), np.int32, len(src)) + 1      # with EOS / BOS
         tgt_len = np.fromiter(map(len, tgt), np.int32, len(tgt)) + 1
         ratio = np.maximum(src_len, tgt_len) / np.minimum(src_len, tgt_len)
         refused = np.flatnonzero((np.maximum(src_len, tgt_len) > self.longest)
                                  | (ratio > self.max_ratio))
-        rows = kept.index[refused]
-        for k, row in zip(refused.tolist(), rows.tolist()):
+        for k, row in zip(refused.tolist(), kept.index[positions[refused]].tolist()):
             src[k] = kept.store.src.row(row).tolist()
             tgt[k] = kept.store.tgt.row(row).tolist()
-        src_len[refused], tgt_len[refused] = kept.src_len[refused], kept.tgt_len[refused]
-        store = TokenStore(_ragged(src), _ragged(tgt))
-        return (Examples(store, np.arange(len(src), dtype=np.int64), src_len, tgt_len, kept.ids),
-                len(refused))
+        return len(refused)
 
 
-def _ragged(rows: Sequence[Sequence[int]]) -> Ragged:
-    offsets = np.zeros(len(rows) + 1, np.int64)
-    np.cumsum([len(row) for row in rows], out=offsets[1:])
-    values = np.fromiter((i for row in rows for i in row), np.int32, int(offsets[-1]))
+def _ragged(parts: list[np.ndarray], lengths: list[np.ndarray]) -> Ragged:
+    """Chunks of ids laid end to end, with their rows' lengths, as one Ragged."""
+    lengths = np.concatenate(lengths) if lengths else np.zeros(0, np.int64)
+    offsets = np.zeros(len(lengths) + 1, np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    values = np.concatenate(parts) if parts else np.zeros(0, np.int32)
     return Ragged(values, offsets)
