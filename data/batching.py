@@ -35,7 +35,7 @@ import hashlib
 import logging
 import math
 from collections import Counter
-from typing import TYPE_CHECKING, Iterator, Sequence
+from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -46,8 +46,6 @@ from data.tokenizer import SpecialIds
 
 if TYPE_CHECKING:  # only for annotations: the batching itself needs no datasets
     import datasets
-
-    from data.sampling import SampledEpochs
 
 log = logging.getLogger("data")
 
@@ -387,7 +385,8 @@ class BatchIterator:
 
     def __init__(self, examples: Examples, config: BatchConfig = BatchConfig(), *,
                  state: dict | None = None, process_index: int | None = None,
-                 process_count: int | None = None, sampled: SampledEpochs | None = None):
+                 process_count: int | None = None,
+                 resegmented: Callable[[int], Examples] | None = None):
         if process_index is None or process_count is None:
             process_index, process_count = _jax_process()
         if config.num_devices % process_count:
@@ -398,7 +397,7 @@ class BatchIterator:
         if not 0 <= process_index < process_count:
             raise DataError(f"process_index {process_index} not in [0, {process_count})")
         self.examples = examples
-        self.sampled = sampled
+        self.resegmented = resegmented
         self.config = config
         self.process_index = process_index
         self.process_count = process_count
@@ -428,8 +427,9 @@ class BatchIterator:
         return len(self.plan(self._epoch))
 
     def examples_of(self, epoch: int) -> Examples:
-        """The pairs of `epoch`: segmented anew each epoch with `sampled`, else the same."""
-        return self.sampled.examples(epoch) if self.sampled is not None else self.examples
+        """The pairs of `epoch`: `resegmented(epoch)` where each epoch has its own
+        segmentations (`data.sampling.SampledEpochs.examples`), else always `examples`."""
+        return self.resegmented(epoch) if self.resegmented is not None else self.examples
 
     def plan(self, epoch: int) -> list[PlannedBatch] | list[PackedBatch]:
         """The global batch plan of `epoch` (cached for the current epoch)."""

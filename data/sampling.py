@@ -56,7 +56,8 @@ class SampledEpochs:
 
     def __init__(self, examples: Examples, texts: datasets.Dataset, tokenizer: TokenizerBase,
                  *, alpha: float, nbest: int, seed: int, config: BatchConfig):
-        tokenizer.check_sampling(alpha, nbest)
+        with _SENTENCEPIECE_DRAWS:  # the check draws too
+            tokenizer.check_sampling(alpha, nbest)
         self.deterministic, self.texts, self.tokenizer = examples, texts, tokenizer
         self.alpha, self.nbest, self.seed = alpha, nbest, seed
         self.longest = config.width if config.packing else config.max_len

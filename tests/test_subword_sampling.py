@@ -72,18 +72,26 @@ def test_the_same_epoch_sampled_while_another_thread_samples_is_the_same(corpus)
 
 
 def test_a_pair_sampled_past_the_limits_keeps_its_deterministic_segmentation(corpus):
+    """The same draws under a limit as long as the longest fixed pair: the pairs that came
+    out longer have their fixed ids, every other pair its sampled ones."""
     texts, tokenizer, store = corpus
     config = BatchConfig(batch_tokens=512, max_len=64, packing=False)
     kept = load_examples(store, config)
     longest = int(np.max(np.maximum(kept.src_len, kept.tgt_len)))
-    tight = dataclasses.replace(config, max_len=longest)  # as long as the longest kept pair
-    epochs = SampledEpochs(kept, texts, tokenizer, alpha=0.5, nbest=-1, seed=0, config=tight)
-    examples = epochs.examples(0)
-    assert np.max(np.maximum(examples.src_len, examples.tgt_len)) <= longest
-    for k, (src, tgt) in enumerate(_rows(examples)):
-        assert len(src) + 1 == examples.src_len[k] and len(tgt) + 1 == examples.tgt_len[k]
-    sampled = tokenizer.sample(texts["source"], "source", 0.5, -1)
-    assert max(map(len, sampled)) + 1 > longest  # some sampled pairs were too long
+    tight = dataclasses.replace(config, max_len=longest)
+
+    def epoch0(limits):
+        return SampledEpochs(kept, texts, tokenizer, alpha=0.2, nbest=-1, seed=0,
+                             config=limits).examples(0)
+
+    loose, held = epoch0(config), epoch0(tight)
+    assert np.max(np.maximum(held.src_len, held.tgt_len)) <= longest
+    too_long = set(np.flatnonzero(np.maximum(loose.src_len, loose.tgt_len) > longest).tolist())
+    assert too_long
+    fixed = _rows(kept)
+    for k, (sampled, got) in enumerate(zip(_rows(loose), _rows(held))):
+        assert got == (fixed[k] if k in too_long else sampled), k
+        assert (len(got[0]) + 1, len(got[1]) + 1) == (held.src_len[k], held.tgt_len[k])
 
 
 def test_resumed_batches_are_the_uninterrupted_ones_with_sampling_on(corpus):
@@ -92,7 +100,7 @@ def test_resumed_batches_are_the_uninterrupted_ones_with_sampling_on(corpus):
     examples = _epochs(corpus).deterministic
     config = BatchConfig(batch_tokens=256, max_len=64, seed=3)
     straight = BatchIterator(examples, config, process_index=0, process_count=1,
-                             sampled=_epochs(corpus))
+                             resegmented=_epochs(corpus).examples)
     per_epoch = [len(straight.plan(e)) for e in range(3)]
     expected, states = [], []
     for _ in range(per_epoch[0] + 5):
@@ -100,7 +108,7 @@ def test_resumed_batches_are_the_uninterrupted_ones_with_sampling_on(corpus):
         states.append(straight.state)
     cut = per_epoch[0] - 3
     resumed = BatchIterator(examples, config, process_index=0, process_count=1,
-                            sampled=_epochs(corpus), state=states[cut - 1])
+                            resegmented=_epochs(corpus).examples, state=states[cut - 1])
     for k in range(cut, len(expected)):
         got = next(resumed)
         assert set(got) == set(expected[k])
@@ -163,6 +171,6 @@ def test_the_plan_line_counts_the_padding_of_the_sampled_lengths(corpus, caplog)
     config = BatchConfig(batch_tokens=256, max_len=64)
     with caplog.at_level(logging.INFO, logger="data"):
         iterator = BatchIterator(epochs.deterministic, config, process_index=0,
-                                 process_count=1, sampled=epochs)
+                                 process_count=1, resegmented=epochs.examples)
     expected = plan_stats(epochs.examples(0), config, plan=iterator.plan(0)).summary()
     assert f"batches per epoch: {expected}" in caplog.text

@@ -123,7 +123,8 @@ def batch_iterator(examples: Examples, config: BatchConfig, book: Bookkeeping, s
     did). Then the epoch in progress is cut short: its pairs are no longer where the position
     says, so going on would repeat some and skip others. Records the plan in `book`."""
     position = book.iterator
-    batches = BatchIterator(examples, config, state=position, sampled=sampled)
+    resegmented = sampled.examples if sampled is not None else None
+    batches = BatchIterator(examples, config, state=position, resegmented=resegmented)
     saved = book.plan
     if saved is not None and position["position"] > 0 and plan_fingerprint(
             batches.plan(saved["epoch"])) != saved["fingerprint"]:
@@ -131,7 +132,7 @@ def batch_iterator(examples: Examples, config: BatchConfig, book: Bookkeeping, s
                     "--buckets, --accum, --subword-alpha, the device count or the training "
                     "data); the rest of epoch %d is skipped and training goes on with epoch %d",
                     step, position["epoch"], position["epoch"] + 1)
-        batches = BatchIterator(examples, config, sampled=sampled,
+        batches = BatchIterator(examples, config, resegmented=resegmented,
                                 state={"epoch": position["epoch"] + 1, "position": 0})
     epoch = batches.state["epoch"]
     book.plan = {"epoch": epoch, "fingerprint": plan_fingerprint(batches.plan(epoch))}
