@@ -153,14 +153,17 @@ class TokenizerConfig:
                             f"{self.character_coverage}")
 
 
+MAX_SUBWORD_NBEST = 1000  # an N-best lattice search costs N times one segmentation
+
+
 def check_sampling_settings(alpha: float | None, nbest: int) -> None:
     """DataError for a subword-sampling setting out of its range (one line, naming the flag)."""
     if alpha is not None and not 0.0 < alpha <= 1.0:
         raise DataError(f"--subword-alpha must be in (0, 1] (unigram: Kudo uses 0.1 to 0.5; "
                         f"BPE-dropout 0.1), got {alpha}; leave it unset for no sampling")
-    if nbest != -1 and nbest < 2:
-        raise DataError(f"--subword-nbest must be -1 (sample from every segmentation) or 2 or "
-                        f"more (from the N best), got {nbest}")
+    if nbest != -1 and not 2 <= nbest <= MAX_SUBWORD_NBEST:
+        raise DataError(f"--subword-nbest must be -1 (sample from every segmentation) or 2 to "
+                        f"{MAX_SUBWORD_NBEST} (from the N best; Kudo uses 64), got {nbest}")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -130,7 +130,8 @@ def test_bpe_models_sample_by_dropping_merges(corpus):
                                                 (-0.1, -1, "--subword-alpha"),
                                                 (0.1, 0, "--subword-nbest"),
                                                 (0.1, 1, "--subword-nbest"),
-                                                (0.1, -2, "--subword-nbest")])
+                                                (0.1, -2, "--subword-nbest"),
+                                                (0.1, 2**31, "--subword-nbest")])
 def test_settings_out_of_range_are_one_line_naming_the_flag(alpha, nbest, flag):
     with pytest.raises(DataError, match=flag) as caught:
         TokenizerConfig(subword_alpha=alpha, subword_nbest=nbest)
