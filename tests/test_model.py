@@ -32,6 +32,42 @@ def make_model(**overrides) -> Transformer:
     return Transformer(config, rngs=nnx.Rngs(0))
 
 
+class Compiled:
+    """A model whose calls each run as one compiled program (one per method, static keyword
+    values and shapes), its parameters read at every call. Run eagerly, each of a forward
+    pass's hundreds of operations is compiled on its own, which was most of this file's time;
+    any other attribute is the model's own."""
+
+    METHODS = ("encode", "decode", "init_cache", "cross_attention_weights")
+
+    def __init__(self, model: Transformer):
+        self.model = model
+        self._programs = {}
+
+    def __call__(self, *args, **kwargs):
+        return self._compiled("__call__")(*args, **kwargs)
+
+    def __getattr__(self, name):
+        if name in self.METHODS:
+            return self._compiled(name)
+        return getattr(self.model, name)
+
+    def _compiled(self, name):
+        def call(*args, **kwargs):
+            static = tuple(sorted((key, value) for key, value in kwargs.items()
+                                  if isinstance(value, int)))
+            traced = {key: value for key, value in kwargs.items() if not isinstance(value, int)}
+            if (name, static) not in self._programs:
+                self._programs[name, static] = nnx.jit(
+                    lambda model, *a, **k: getattr(model, name)(*a, **k, **dict(static)))
+            return self._programs[name, static](self.model, *args, **traced)
+        return call
+
+
+def compiled_model(**overrides) -> Compiled:
+    return Compiled(make_model(**overrides))
+
+
 def random_batch(rng: np.random.Generator, batch: int, length: int, vocab: int,
                  lengths: list[int] | None = None) -> jnp.ndarray:
     ids = rng.integers(4, vocab, size=(batch, length)).astype(np.int32)
@@ -214,7 +250,7 @@ def test_add_norm_puts_the_layer_norm_where_the_config_says(norm):
 def test_pre_norm_stacks_end_with_their_final_layer_norm():
     """Guards the final encoder and decoder LayerNorms of a pre-norm model: with their scale
     zeroed, their bias alone must set the memory and the logits at every position."""
-    model = make_model(norm="pre")
+    model = compiled_model(norm="pre")
     rng = np.random.default_rng(13)
     src, tgt = random_batch(rng, 2, 5, 64, lengths=[5, 3]), random_batch(rng, 2, 4, 64)
     memory_bias, output_bias = (jnp.asarray(rng.normal(size=24), jnp.float32) for _ in range(2))
@@ -231,7 +267,7 @@ def test_pre_norm_stacks_end_with_their_final_layer_norm():
 def test_separate_target_embedding_is_what_the_decoder_reads():
     """Guards share_embeddings=False: the decoder embeds target ids with its own table (and
     projects with its own matrix), so the source table must not change the decoder's logits."""
-    model = make_model(share_embeddings=False)
+    model = compiled_model(share_embeddings=False)
     rng = np.random.default_rng(14)
     src, tgt = random_batch(rng, 2, 5, 64), random_batch(rng, 2, 4, 64)
     memory, src_mask = model.encode(src), model.source_mask(src)
@@ -285,7 +321,7 @@ def test_cudnn_attention_gets_masks_spelled_out_over_queries(monkeypatch):
 
 
 def test_attention_weights_on_source_padding_are_exactly_zero():
-    model = make_model()
+    model = compiled_model()
     rng = np.random.default_rng(2)
     src = random_batch(rng, 3, 9, 64, lengths=[9, 4, 6])
     tgt = random_batch(rng, 3, 5, 64)
@@ -300,7 +336,7 @@ def test_attention_weights_on_source_padding_are_exactly_zero():
 
 @pytest.mark.parametrize("norm", ["post", "pre"])
 def test_future_target_tokens_do_not_change_earlier_logits(norm):
-    model = make_model(norm=norm)
+    model = compiled_model(norm=norm)
     rng = np.random.default_rng(3)
     src = random_batch(rng, 2, 7, 64, lengths=[7, 3])
     tgt = random_batch(rng, 2, 8, 64)
@@ -313,7 +349,7 @@ def test_future_target_tokens_do_not_change_earlier_logits(norm):
 
 
 def test_source_padding_ids_and_extra_padding_do_not_change_outputs():
-    model = make_model()
+    model = compiled_model()
     rng = np.random.default_rng(4)
     src = random_batch(rng, 2, 6, 64, lengths=[6, 3])
     tgt = random_batch(rng, 2, 5, 64)
@@ -337,7 +373,7 @@ def test_source_padding_ids_and_extra_padding_do_not_change_outputs():
 @pytest.mark.parametrize("overrides", [{}, {"norm": "pre"}, {"positional": "learned"},
                                        {"share_embeddings": False}])
 def test_cached_step_by_step_logits_equal_teacher_forced_logits(overrides):
-    model = make_model(**overrides)
+    model = compiled_model(**overrides)
     rng = np.random.default_rng(5)
     src = random_batch(rng, 3, 7, 64, lengths=[7, 2, 5])
     tgt = random_batch(rng, 3, 9, 64)
@@ -346,7 +382,7 @@ def test_cached_step_by_step_logits_equal_teacher_forced_logits(overrides):
 
     step = jax.jit(lambda state, token, cache: nnx.merge(graphdef, state).decode(
         memory, src_mask, token, cache))
-    graphdef, state = nnx.split(model)
+    graphdef, state = nnx.split(model.model)
     cache = model.init_cache(memory, max_len=12)
     config = model.config  # one query per key row: keys positions-major, as values
     assert cache.self_key[0].shape == cache.self_value[0].shape == (
@@ -363,7 +399,7 @@ def test_cached_step_by_step_logits_equal_teacher_forced_logits(overrides):
 def test_cache_prefill_of_several_positions_equals_teacher_forcing(beam):
     """Several positions written at once, the second call across the cache's first block
     boundary (positions 13-18 of blocks of 16)."""
-    model = make_model()
+    model = compiled_model()
     rng = np.random.default_rng(6)
     src, tgt = random_batch(rng, 2, 5, 64), random_batch(rng, 2 * beam, 20, 64)
     memory, src_mask = model.encode(src), model.source_mask(src)
@@ -379,7 +415,7 @@ def test_cache_prefill_of_several_positions_equals_teacher_forcing(beam):
 
 def test_beam_cache_follows_parents_without_copying_keys():
     """After beams change parents, each beam attends over its new history exactly."""
-    model = make_model()
+    model = compiled_model()
     rng = np.random.default_rng(9)
     batch, beam = 2, 3
     src = random_batch(rng, batch, 5, 64, lengths=[5, 3])
@@ -407,7 +443,7 @@ def test_beams_that_start_alike_then_part_and_follow_parents_continue_exactly():
     """Beam search decodes the first positions in every beam's own slots, the same tokens in
     each, then the beams part and take new parents: each beam, fed its own tokens, must get
     teacher forcing's logits of its own history."""
-    model = make_model()
+    model = compiled_model()
     rng = np.random.default_rng(10)
     batch, beam = 2, 3
     src = random_batch(rng, batch, 5, 64, lengths=[5, 4])
@@ -436,7 +472,7 @@ def test_steps_on_both_sides_of_each_attention_prefix_equal_teacher_forcing(beam
     then all 48 positions of the cache's three blocks) that holds every written position:
     each step, just before and just after every boundary, must still see its whole history,
     in beam search (beam 2) and greedy search (beam 1)."""
-    model = make_model()
+    model = compiled_model()
     rng = np.random.default_rng(11)
     batch, max_len = 2, 40
     assert cache_prefixes(max_len) == (16, 32, 48)
@@ -445,7 +481,7 @@ def test_steps_on_both_sides_of_each_attention_prefix_equal_teacher_forcing(beam
     tokens = random_batch(rng, batch * beam, max_len, 64)     # row b*beam + j: beam j of b
     full, _ = model.decode(jnp.repeat(memory, beam, axis=0), jnp.repeat(src_mask, beam, axis=0),
                            tokens)
-    graphdef, state = nnx.split(model)
+    graphdef, state = nnx.split(model.model)
 
     @jax.jit
     def step(ids, cache):
@@ -460,7 +496,7 @@ def test_steps_on_both_sides_of_each_attention_prefix_equal_teacher_forcing(beam
 
 
 def test_dropout_is_active_only_with_an_rng():
-    model = make_model(dropout=0.3)
+    model = compiled_model(dropout=0.3)
     rng = np.random.default_rng(7)
     src, tgt = random_batch(rng, 2, 5, 64), random_batch(rng, 2, 4, 64)
     np.testing.assert_array_equal(model(src, tgt), model(src, tgt))

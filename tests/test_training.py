@@ -206,11 +206,11 @@ def test_chunked_loss_equals_the_whole_batch_loss_and_its_gradients(eps, preset_
         sums = training._forward_sums(graphdef, params, batch, eps, None, loss_chunk=chunk)
         return sums["loss_sum"] / 37.0, sums
 
-    whole_grads, whole = jax.grad(loss, has_aux=True)(state.params, 0)
+    gradients = jax.jit(jax.grad(loss, has_aux=True), static_argnums=1)  # chunk 0: whole
+    whole_grads, whole = gradients(state.params, 0)
     flat_whole = jax.tree_util.tree_leaves_with_path(whole_grads)
     for positions in (2, 3):
-        chunked_grads, chunked = jax.jit(jax.grad(loss, has_aux=True), static_argnums=1)(
-            state.params, positions * rows)
+        chunked_grads, chunked = gradients(state.params, positions * rows)
         for name in whole:
             assert float(chunked[name]) == pytest.approx(float(whole[name]), rel=1e-5), name
         flat_chunked = jax.tree_util.tree_leaves(chunked_grads)
@@ -288,9 +288,9 @@ def test_rdrop_chunked_equals_whole_batch_with_dropout_on():
                                       rdrop=2.0)
         return sums["loss_sum"] / 37.0, sums
 
-    whole_grads, whole = jax.grad(loss, has_aux=True)(state.params, 0)
-    chunked_grads, chunked = jax.jit(jax.grad(loss, has_aux=True), static_argnums=1)(
-        state.params, 2 * 2 * batch["tgt_out"].shape[0])
+    gradients = jax.jit(jax.grad(loss, has_aux=True), static_argnums=1)  # chunk 0: whole
+    whole_grads, whole = gradients(state.params, 0)
+    chunked_grads, chunked = gradients(state.params, 2 * 2 * batch["tgt_out"].shape[0])
     assert float(whole["kl_sum"]) > 0
     for name in whole:
         assert float(chunked[name]) == pytest.approx(float(whole[name]), rel=1e-5), name
