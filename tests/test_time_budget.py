@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from nmt.settings.config import TrainerConfig
-from nmt.training.stopping import ClosingTime, Limits, StopReason, StopSignal
+from nmt.training.stopping import ClosingTime, Limits, StopReason, StopSignal, steps_in_flight
 from nmt.training.validation import describe
 
 
@@ -34,10 +34,20 @@ def test_the_closing_work_is_a_share_of_the_budget_until_measured():
     closing.stepped(1.5)
     assert closing.step_seconds == pytest.approx(0.6)
     assert closing.seconds() == pytest.approx(2 * 0.6 + 4.0 + 6.0)
+    # On a CPU each step is waited for before the next is dispatched: none is left to finish.
+    on_cpu = ClosingTime(600, averaging=True, in_flight=steps_in_flight("cpu"))
+    on_cpu.stepped(0.5)
+    assert on_cpu.seconds() == pytest.approx(30 + 12)
     quick = ClosingTime(30, averaging=False)
     assert quick.seconds() == pytest.approx(5 + 5)  # the least
     quick.saved(0.1)
     assert quick.writing() == pytest.approx(5.0)  # never less
+
+
+def test_steps_are_queued_ahead_on_accelerators_only():
+    """XLA:CPU gives each queued step a buffer of its own, so a CPU waits for every step."""
+    assert steps_in_flight("cpu") == 0
+    assert steps_in_flight("gpu") == steps_in_flight("tpu") == 2
 
 
 def test_the_steps_stop_early_enough_for_the_closing_work(clock):

@@ -115,26 +115,37 @@ class StopSignal:
         self._previous = {}
 
 
+def steps_in_flight(platform: str) -> int:
+    """How many steps the training loop dispatches before it waits for the oldest to end.
+
+    On a GPU or TPU two, so that the host's work for the next steps (the batch, its transfer,
+    the dispatch) overlaps the device's. On a CPU none: XLA:CPU gives every step its own buffer
+    of temporaries (0.6 GB for the CPU recipe's), so a step queued behind the running one
+    holds a second, and queueing makes no step faster there (docs/performance.md, "Host memory
+    on CPU")."""
+    return 0 if platform == "cpu" else 2
+
+
 class ClosingTime:
     """How long the work after the last step takes, so that --max-minutes bounds the whole
     run: the steps still in flight, the closing validation, then the last checkpoint, model/
     and averaged/ ("writing").
 
-    Each is reserved from what this run measured: the steps dispatched ahead (`IN_FLIGHT`)
-    at the time a step takes, the last validation's wall time, and the slowest checkpoint
-    save (model/ and averaged/ each count as one), writing never less than `LEAST_SECONDS`.
-    Before a measurement, a share of the budget stands in; a closing validation that still
-    runs out of time stops translating (the trainer's `validate`), so the bound holds either
-    way.
+    Each is reserved from what this run measured: the steps dispatched ahead (`in_flight`:
+    `steps_in_flight`) at the time a step takes, the last validation's wall time, and the
+    slowest checkpoint save (model/ and averaged/ each count as one), writing never less
+    than `LEAST_SECONDS`. Before a measurement, a share of the budget stands in; a closing
+    validation that still runs out of time stops translating (the trainer's `validate`), so
+    the bound holds either way.
     """
 
     # Until measured: a validation takes 5% of the budget, writing 2% (at least 5 s each).
     # The no-argument run's closing validation takes about 4 s of its 240 (a tenth held back
     # 20 s it could have trained).
     VALIDATION_SHARE, WRITING_SHARE, LEAST_SECONDS = 0.05, 0.02, 5.0
-    IN_FLIGHT = 2  # steps dispatched before the last one ends (the trainer's loop)
 
-    def __init__(self, budget_seconds: float, averaging: bool):
+    def __init__(self, budget_seconds: float, averaging: bool, in_flight: int = 2):
+        self.in_flight = in_flight
         self.validation_prior = max(self.LEAST_SECONDS, self.VALIDATION_SHARE * budget_seconds)
         self.writing_prior = max(self.LEAST_SECONDS, self.WRITING_SHARE * budget_seconds)
         self.writes = 3 if averaging else 2
@@ -163,7 +174,7 @@ class ClosingTime:
         """Seconds to reserve for all the closing work."""
         validation = (self.validation_prior if self.validation_seconds is None
                       else self.validation_seconds)
-        return self.IN_FLIGHT * self.step_seconds + validation + self.writing()
+        return self.in_flight * self.step_seconds + validation + self.writing()
 
 
 class Limits:
@@ -172,14 +183,14 @@ class Limits:
     the steps stop early enough for it."""
 
     def __init__(self, trainer: TrainerConfig, started: float | None = None,
-                 averaging: bool = False):
+                 averaging: bool = False, in_flight: int = 2):
         self.started = time.monotonic() if started is None else started
         self.max_steps, self.max_minutes = trainer.limits()
         self.max_epochs = trainer.max_epochs
         self.schedule_end: int | None = None  # a linear schedule's zero: nothing to learn after
         self.deadline = (self.started + self.max_minutes * 60
                          if self.max_minutes is not None else None)
-        self.closing = ClosingTime((self.max_minutes or 0.0) * 60, averaging)
+        self.closing = ClosingTime((self.max_minutes or 0.0) * 60, averaging, in_flight)
 
     @property
     def steps_deadline(self) -> float | None:
