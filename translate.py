@@ -22,7 +22,9 @@ def run() -> None:
     imported, so that they are not imported twice."""
     if engine_in(sys.argv[1:]) == "jax":
         preload()
-    from nmt.runtime.cli import exit_quickly
+    from nmt.runtime.cli import exit_quickly, start_without_collecting
+
+    start_without_collecting()  # until the model is loaded
     from nmt.translation.command import main
 
     exit_quickly(main())

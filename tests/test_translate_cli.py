@@ -413,6 +413,35 @@ def test_arguments_and_compilation_cache(run_dir, tmp_path):
     assert sorted(p.name for p in (cache / "jax").iterdir()) == entries
 
 
+def test_the_collector_is_off_while_the_command_starts_and_on_after(run_dir, env):
+    """translate.py starts without Python's garbage collector walking JAX's objects, and
+    collects again once the model is loaded (a long input must not pile up garbage)."""
+    probe = f"""
+import gc, sys
+sys.argv = ["translate.py", "--model", {str(run_dir)!r}, {LINES[0]!r}]
+import translate
+from nmt.runtime import cli
+from nmt.translation import command
+load, on_at_load = command.load, []
+
+def probed_load(args):
+    on_at_load.append(gc.isenabled())
+    return load(args)
+
+def probed_exit(code):
+    print("probe", on_at_load, gc.isenabled(), gc.get_freeze_count() > 0, file=sys.stderr)
+    sys.exit(code)
+
+command.load, cli.exit_quickly = probed_load, probed_exit
+translate.run()
+"""
+    result = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True,
+                            text=True, timeout=300, env={**env, "NMT_ALLOCATOR": "system"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip()
+    assert "probe [False] True True" in result.stderr, result.stderr[-3000:]
+
+
 def test_stdin_keeps_order_across_batches_and_chunks(run_dir, env, expected):
     # --batch-tokens 64 and --chunk-lines 7 give several chunks of several batches each.
     result = _run(["--model", run_dir, *BATCH, "--chunk-lines", 7],

@@ -476,6 +476,7 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError(f"--model {path}: no such directory; give a run directory "
                              "(runs/NAME) or a model directory (runs/NAME/averaged).")
     model, tokenizer, values, translator = load(args)
+    cli.done_starting()
     # Checked before --output is opened: a missing MeCab must not cost the file its contents.
     bleu = evaluation.bleu_settings(args, values) if args.evaluate else None
     with contextlib.ExitStack() as stack:
