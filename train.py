@@ -16,7 +16,9 @@ def run() -> None:
     with mimalloc loaded (nmt/runtime/allocator.py) before the command's modules are
     imported, so that they are not imported twice."""
     preload()
-    from nmt.runtime.cli import exit_quickly
+    from nmt.runtime.cli import exit_quickly, start_without_collecting
+
+    start_without_collecting()  # until the run is ready to step
     from nmt.training.command import main
 
     exit_quickly(main())

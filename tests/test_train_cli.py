@@ -128,6 +128,33 @@ def test_run_directory_layout(uninterrupted):
     assert values["model"].d_model == 24 and values["step"] == 60
 
 
+def test_the_collector_is_off_while_the_run_starts_and_on_while_it_steps(corpus, env,
+                                                                        tmp_path):
+    """train.py prepares its data and model without Python's garbage collector walking JAX's
+    objects, and collects again from the first step on."""
+    probe = f"""
+import gc, sys
+sys.argv = ["train.py", *{_args(corpus, tmp_path / "run", max_steps=2)!r}]
+import train
+from nmt.training.trainer import Trainer
+loop, seen = Trainer.loop, []
+
+def probed_loop(self):
+    seen.append((gc.isenabled(), gc.get_freeze_count() > 0))
+    return loop(self)
+
+Trainer.loop = probed_loop
+try:
+    train.run()
+finally:
+    print("probe", seen, file=sys.stderr)
+"""
+    result = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True,
+                            text=True, timeout=300, env={**env, "NMT_ALLOCATOR": "system"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "probe [(True, True)]" in result.stderr, result.stderr[-3000:]
+
+
 def test_packed_batches_compile_one_train_step_ahead_of_time(uninterrupted):
     compiled = [line for line in _all_lines(uninterrupted) if line["kind"] == "compile"]
     steps = [line for line in compiled if line["function"] == "jit(train_step)"]

@@ -42,7 +42,7 @@ from nmt.rundir import final_model, resume
 from nmt.rundir.bookkeeping import Bookkeeping
 from nmt.rundir.checkpoints import CHECKPOINTS_DIR, SaveError, complete_steps
 from nmt.rundir.lock import LOCK_FILE, RunLock
-from nmt.runtime import allocator
+from nmt.runtime import allocator, cli
 from nmt.runtime.compilation import CompileLog, enable_compilation_cache
 from nmt.runtime.cpu_features import bfloat16_warning
 from nmt.runtime.distributed import barrier
@@ -175,6 +175,7 @@ class Trainer:
     def train_and_export(self) -> dict[str, Any]:
         """Train, then export, with signals deferred while files are written; on a failure,
         the files in flight are completed or removed before the error goes on."""
+        cli.done_starting()
         try:
             with self.signals:
                 stopped = self.loop()
