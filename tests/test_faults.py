@@ -120,7 +120,8 @@ def test_disk_full_on_a_real_file_system_is_one_line_and_resumes(tmp_path, env):
         full = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True,
                               timeout=600)
         assert full.returncode == 1
-        lines = [l for l in full.stderr.splitlines() if l.strip() and not l.startswith("INFO")]
+        lines = [line for line in full.stderr.splitlines()
+                 if line.strip() and not line.startswith("INFO")]
         assert lines == [lines[-1]] and "Traceback" not in full.stderr, full.stderr[-3000:]
         assert lines[0].startswith("train.py: error: cannot write checkpoint step 10")
         assert "checkpoint step 5" in lines[0] and "is intact" in lines[0]
@@ -133,6 +134,28 @@ def test_disk_full_on_a_real_file_system_is_one_line_and_resumes(tmp_path, env):
         assert "20" in {p.name for p in (disk / "run" / "checkpoints").iterdir()}
     finally:
         subprocess.run(["umount", str(disk)], check=False)
+
+
+def test_only_a_commands_own_process_starts_without_the_collector():
+    """`done_starting` freezes nothing unless the entry point turned the collector off: main()
+    called as a library (tests, notebooks) keeps collecting what it makes."""
+    import gc
+
+    from nmt.runtime import cli
+
+    assert gc.isenabled()
+    frozen = gc.get_freeze_count()
+    cli.done_starting()
+    assert gc.isenabled() and gc.get_freeze_count() == frozen
+    try:
+        cli.start_without_collecting()
+        assert not gc.isenabled()
+        cli.done_starting()
+        assert gc.isenabled() and gc.get_freeze_count() > frozen
+        cli.done_starting()  # once only
+    finally:
+        gc.enable()
+        gc.unfreeze()
 
 
 def test_library_tracebacks_are_not_logged_unless_debugging(monkeypatch, capsys):

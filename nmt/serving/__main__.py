@@ -16,6 +16,9 @@ def run() -> None:
     are imported, so that they are not imported twice."""
     if engine_in(sys.argv[1:]) == "jax":
         preload()
+    from nmt.runtime.cli import start_without_collecting
+
+    start_without_collecting()  # until the models are loaded
     try:
         from nmt.serving.command import main
     except ModuleNotFoundError as err:

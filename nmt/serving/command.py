@@ -482,6 +482,7 @@ def run(args: argparse.Namespace) -> int:
                       RateLimiter(RateLimits(args.req_limit, args.char_limit_per_minute)),
                       alternatives_limit=args.alternatives_limit)
     service.detect("")  # the language identifier loads now, not at the first request
+    cli.done_starting()  # before the warm-up, which compiles for as long as it takes
     for model in service.catalog.models:
         service.metrics.describe_model(model.pair, model.translator.engine,
                                        model.translator.compute_type)
