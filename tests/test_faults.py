@@ -103,16 +103,17 @@ def test_train_output_dir_on_a_read_only_file_system(tmp_path, capsys):
 
 
 def test_disk_full_on_a_real_file_system_is_one_line_and_resumes(tmp_path, env):
-    """A 30 MB tmpfs holds one `compact` checkpoint (16 MB) but not two: orbax's background
-    writes fail by the dozen (each logged with its traceback, and TensorStore's callbacks
-    then hit orbax's closed event loop a hundred times); the user sees one line. With space
-    freed, the same command resumes and finishes."""
+    """An 8 MB tmpfs holds one checkpoint of a `compact` model cut to one layer each (5 MB)
+    but not two: orbax's background writes fail by the dozen (each logged with its traceback,
+    and TensorStore's callbacks then hit orbax's closed event loop a hundred times); the user
+    sees one line. With space freed, the same command resumes and finishes."""
     disk = tmp_path / "disk"
     disk.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=30m", "tmpfs", str(disk)],
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(disk)],
                       capture_output=True).returncode != 0:
         pytest.skip("cannot mount a small file system here")
-    argv = [sys.executable, "train.py", "--preset", "compact", "--vocab-size", "500",
+    argv = [sys.executable, "train.py", "--preset", "compact", "--encoder-layers", "1",
+            "--decoder-layers", "1", "--vocab-size", "500",
             "--max-train-pairs", "2000", "--batch-tokens", "512", "--save-every", "5",
             "--eval-every", "100", "--eval-sentences", "0", "--no-progress",
             "--max-steps", "20", "--output-dir", str(disk / "run")]
