@@ -119,9 +119,8 @@ class Trainer:
         run = schedule_fit.resolve(run, _resumed_run(run_dir))
         self.run, self.run_dir, self.compile_log = run, run_dir, compile_log
         self.is_main = jax.process_index() == 0
-        self.in_flight = steps_in_flight(jax.devices()[0].platform)
         self.limits = Limits(run.trainer, started, averaging=bool(run.trainer.average_last),
-                             in_flight=self.in_flight)
+                             in_flight=steps_in_flight(jax.devices()[0].platform))
         if run.optimizer.schedule == "linear":
             self.limits.schedule_end = run.optimizer.decay_steps  # None until fitted
         self.start = start = prepare_start(run, run_dir, compile_log)
@@ -241,11 +240,11 @@ class Trainer:
                 break
             began = time.monotonic()
             self.last_loss = self._train_one_step()["loss"]
-            # Let the host run at most `self.in_flight` steps ahead of the device (waiting,
+            # Let the host run at most `steps_in_flight` steps ahead of the device (waiting,
             # not reading values): the time budget and signals then act within a step or
             # two, and queued steps do not pile up in memory.
             in_flight.append(self.last_loss)
-            if len(in_flight) > self.in_flight:
+            if len(in_flight) > self.limits.closing.in_flight:
                 in_flight.popleft().block_until_ready()
                 self.limits.closing.stepped(time.monotonic() - began)
             stopped = self.hooks.run_due(self.step)
