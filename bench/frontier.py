@@ -8,9 +8,10 @@ user can pick: the frontier of the fastest translation at each quality.
 For each model, on the same test set, beam search (--beam, the model's alpha and beam rules):
 - ours at each --dtypes (float32, bfloat16), without and, where the model stores a
   shortlist (python -m nmt.distillation.shortlist), with --shortlist K candidates per batch;
-- CTranslate2 on the model's export at each --compute-types (float32, int8), --inter-threads
-  batches at once on --threads threads, and with the shortlist as CTranslate2's vocabulary
-  map (`use_vmap`) where the model has one.
+- CTranslate2 on the model's export at each --compute-types (float32 and int8 on a CPU,
+  float16 and int8_float16 with --device cuda), --inter-threads batches at once on --threads
+  threads, and with the shortlist as CTranslate2's vocabulary map (`use_vmap`) where the
+  model has one.
 Each is timed over --passes passes after one warm-up pass (compilation not counted; the
 median is reported). One JSON line per measurement, then a table, and with --plot a PNG of
 BLEU against sentences/s.
@@ -26,7 +27,12 @@ import time
 from pathlib import Path
 
 from bench.common import emit, environment, read_test_set
-from bench.exported import ctranslate2_export, decoding_length
+from bench.exported import (
+    COMPUTE_TYPES,
+    ctranslate2_export,
+    ctranslate2_runs_on_cuda,
+    decoding_length,
+)
 
 
 @dataclasses.dataclass
@@ -49,8 +55,11 @@ def parse_args() -> argparse.Namespace:
                         help="candidates per batch with a model's shortlist, each measured")
     parser.add_argument("--dtypes", nargs="+", choices=("float32", "bfloat16"),
                         default=["float32", "bfloat16"])
-    parser.add_argument("--compute-types", nargs="*", default=["float32", "int8"],
-                        help="CTranslate2's (empty to skip it)")
+    parser.add_argument("--device", choices=sorted(COMPUTE_TYPES), default="cpu",
+                        help="CTranslate2's device (ours runs on JAX's default device)")
+    parser.add_argument("--compute-types", nargs="*",
+                        help="CTranslate2's (default: float32 int8 on cpu, float16 "
+                             "int8_float16 on cuda; empty to skip it)")
     parser.add_argument("--threads", type=int, default=2, help="CTranslate2 threads in all")
     parser.add_argument("--inter-threads", type=int, default=2,
                         help="CTranslate2 batches at once, each on --threads / N threads")
@@ -75,6 +84,8 @@ def median_seconds(fn, passes: int):
 
 def main() -> None:
     args = parse_args()
+    if args.compute_types is None:
+        args.compute_types = list(COMPUTE_TYPES[args.device])
     from nmt.runtime.compilation import enable_compilation_cache
 
     enable_compilation_cache()
@@ -108,6 +119,7 @@ def measure_ours(args, path: str, sources: list[str], report) -> None:
     from nmt.models.model_dir import load_model
     from nmt.models.model_files import ModelDirError, read_shortlist
     from nmt.models.translator import Translator, default_searches
+    from transformer.search.programs import forget_programs
 
     for dtype in args.dtypes:
         model, tokenizer, values = load_model(path, dtype=dtype)
@@ -126,10 +138,16 @@ def measure_ours(args, path: str, sources: list[str], report) -> None:
                                                  args.passes)
             report(f"ours {dtype}" + (f" shortlist {size}" if size else ""), hypotheses,
                    seconds)
+        forget_programs()  # a process measuring several models would run out of memory maps
 
 
 def measure_ctranslate2(args, path: str, sources: list[str], report) -> None:
-    import ctranslate2
+    try:
+        import ctranslate2
+    except ImportError:
+        emit({"model": path, "system": "ctranslate2",
+              "skipped": "not installed (pip install -e '.[ct2]')"})
+        return
 
     from nmt.models.model_files import read_model_files
 
@@ -145,10 +163,12 @@ def measure_ctranslate2(args, path: str, sources: list[str], report) -> None:
         except ConversionError as err:  # a model CTranslate2's layout cannot hold
             emit({"model": path, "system": "ctranslate2", "skipped": str(err)})
             return
+        if args.device == "cuda" and not ctranslate2_runs_on_cuda(exported):
+            return
         vmaps = [False, True] if (exported / "vmap.txt").is_file() else [False]
         for compute in args.compute_types:
             inter = args.inter_threads
-            translator = ctranslate2.Translator(str(exported), device="cpu",
+            translator = ctranslate2.Translator(str(exported), device=args.device,
                                                 compute_type=compute, inter_threads=inter,
                                                 intra_threads=max(args.threads // inter, 1))
             for vmap in vmaps:

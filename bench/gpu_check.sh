@@ -21,6 +21,12 @@
 #                   each, and translate.py --evaluate end to end (bench/exported.py)
 #   serve.json      that model behind python -m nmt.serving: 1, 8 and 32 clients for 5 s each,
 #                   against the batch ceiling (bench/serve.py)
+#   frontier.jsonl  with --only ...,students (not in the default: about 4 more minutes): that
+#                   model distilled into a 6+2 student (python -m nmt.distillation, then
+#                   configs/multi30k_student.yaml for --recipe-minutes), each with its
+#                   vocabulary shortlist, then BLEU against sentences/s on test2016 for both,
+#                   ours in float32 and bfloat16 with and without the shortlist, CTranslate2 in
+#                   float16 and int8_float16 (bench/frontier.py; frontier.png the plot)
 #   summary.jsonl   one line per step: its name, exit status and seconds
 #   gpu_check.tgz   all of the above in one file (not the model, checkpoints or caches), for
 #                   machines that hand back a few files
@@ -31,12 +37,14 @@
 # --wheels DIR      install missing Python packages from the wheels in DIR (no network)
 # --peers DIR       the peer benchmark scripts (default ../shared/tools/peers); the peers run
 #                   when torch and transformers import and DIR holds the scripts
-# --only LIST       comma-separated steps: env,tests,train,decode,recipe,exported,serve
-#                   (default: all; exported and serve use the recipe step's model)
+# --only LIST       comma-separated steps: env,tests,train,decode,recipe,exported,serve,students
+#                   (default: all but students; exported, serve and students use the recipe
+#                   step's model: bash bench/gpu_check.sh --only recipe,students)
 # --presets LIST    the train step's model presets, comma-separated (default: base; base,big
 #                   adds about a minute)
-# --recipe-minutes N  the recipe's training budget in minutes (default 3; 7, the recipe's own,
-#                   runs all of its 8,000 steps in about 5 minutes: use it with --only recipe)
+# --recipe-minutes N  the recipe's (and the student's) training budget in minutes (default 3;
+#                   7, the recipe's own, runs all of its 8,000 steps in about 5 minutes: use it
+#                   with --only recipe)
 # --serve-seconds N how long each client count of the serve step sends (default: 5)
 # --deadline SECONDS  no step runs past this many seconds after the start (default 570): one
 #                   that would is stopped, and the steps after it are skipped, each recorded
@@ -74,14 +82,14 @@ while [ $# -gt 0 ]; do
         --serve-seconds) SERVE_SECONDS="${2:?--serve-seconds needs a number}"; shift 2 ;;
         --deadline) DEADLINE="${2:?--deadline needs a number of seconds}"; shift 2 ;;
         --dry-run) DRY_RUN=1; shift ;;
-        -h|--help) sed -n '2,47p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,55p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) die "unknown argument '$1'; see $PROG --help" ;;
     esac
 done
 for step in ${ONLY//,/ }; do
-    case "$step" in env|tests|train|decode|recipe|exported|serve) ;;
+    case "$step" in env|tests|train|decode|recipe|exported|serve|students) ;;
         *) die "--only: unknown step '$step'; the steps are env, tests, train, decode, recipe, \
-exported, serve" ;;
+exported, serve, students" ;;
     esac
 done
 wants() { [[ ",$ONLY," == *",$1,"* ]]; }
@@ -141,7 +149,7 @@ if [ -z "$DATA" ]; then
         [ -f "$candidate/train.en" ] && DATA="$candidate" && break
     done
 fi
-if wants recipe || wants exported || wants serve; then
+if wants recipe || wants exported || wants serve || wants students; then
     for f in train.en train.de valid.en valid.de test2016.en test2016.de; do
         [ -f "$DATA/$f" ] || die "--data '${DATA:-unset}': $f is missing; give Multi30k's folder \
 (see docs/training.md for where to get it) or leave out the recipe step with --only"
@@ -178,6 +186,10 @@ if [ "$DRY_RUN" = 1 ]; then
     EXPORTED=(--device cpu --limit 12 --inter-threads 1 --threads 1)
     SERVE=(--clients 2 --seconds 2 --modes batched,ceiling,calls --ceiling-batch-tokens 256
         --server-args "--buckets 16 --batch-tokens 64")
+    STUDENT_FLAGS=(--max-steps 20 --max-minutes 5 --eval-every 10 --eval-sentences 8
+        --batch-tokens 512 --vocab-size 320 --save-every 10)
+    FRONTIER=(--limit 12 --passes 1 --dtypes float32 --shortlist 64 --compute-types float32
+        --threads 1 --inter-threads 1)
     # torch and CTranslate2 on one thread: on a shared CPU a pool of two spins for each of
     # the toy model's tiny products
     PEER_FLAGS=(--threads 1)
@@ -189,6 +201,8 @@ else
     TESTS=(tests/test_packing.py tests/test_model.py -k "cudnn or bfloat16 or padded_row")
     EXPORTED=(--device cuda --end-to-end)
     SERVE=(--clients 1,8,32 --seconds "$SERVE_SECONDS" --modes batched,ceiling)
+    STUDENT_FLAGS=()
+    FRONTIER=(--device cuda --inter-threads 1 --passes 2 --shortlist 1024)
     PEER_FLAGS=()
 fi
 [ -z "$PRESET_LIST" ] || PRESETS=(${PRESET_LIST//,/ })
@@ -198,6 +212,7 @@ for preset in "${PRESETS[@]}"; do
         || die "--presets: unknown preset '$preset'; the presets are ${known// /, }"
 done
 [ -z "$RECIPE_MINUTES" ] || RECIPE_FLAGS+=(--max-minutes "$RECIPE_MINUTES")
+[ -z "$RECIPE_MINUTES" ] || STUDENT_FLAGS+=(--max-minutes "$RECIPE_MINUTES")
 PEER=()
 if [ -f "$PEERS_DIR/hf_train_step.py" ] && "$PYTHON" -c "import torch, transformers" 2>/dev/null
 then
@@ -255,6 +270,22 @@ if wants serve; then
     step serve "$OUT_DIR/serve.log" "$PYTHON" -m bench.serve --model \
 "$OUT_DIR/multi30k_gpu/averaged" --test-prefix "$DATA/test2016" --src en --tgt de \
 "${SERVE[@]}" --json "$OUT_DIR/serve.json"
+fi
+if wants students; then
+    teacher="$OUT_DIR/multi30k_gpu/averaged" distilled="$OUT_DIR/distilled"
+    student="$OUT_DIR/student" plot=""
+    "$PYTHON" -c "import matplotlib" 2>/dev/null && plot="--plot \"$OUT_DIR/frontier.png\""
+    step students "$OUT_DIR/students.log" bash -c "set -o pipefail; \"$PYTHON\" -m nmt.distillation \
+--teacher \"$teacher\" --train-prefix \"$DATA/train\" --out \"$distilled\" -q \
+&& \"$PYTHON\" -m nmt.distillation.shortlist --model \"$teacher\" --train-prefix \"$DATA/train\" \
+&& \"$PYTHON\" train.py --config configs/multi30k_student.yaml --train-prefix \"$distilled/train\" \
+--valid-prefix \"$DATA/valid\" --test-prefix \"$DATA/test2016\" --output-dir \"$student\" \
+--no-progress ${STUDENT_FLAGS[*]} \
+&& \"$PYTHON\" -m nmt.distillation.shortlist --model \"$student/averaged\" \
+--train-prefix \"$distilled/train\" \
+&& \"$PYTHON\" -m bench.frontier --model teacher=\"$teacher\" --model student-6-2=\"$student/averaged\" \
+--test-prefix \"$DATA/test2016\" --src en --tgt de ${FRONTIER[*]} $plot \
+| tee \"$OUT_DIR/frontier.jsonl\""
 fi
 echo "== done: $OUT_DIR/summary.jsonl"
 ! grep -q '"status": [1-9]' "$OUT_DIR/summary.jsonl"

@@ -36,11 +36,13 @@ def multi30k_like(tmp_path_factory) -> Path:
 
 def test_dry_run_does_every_step_and_writes_its_records(multi30k_like, tmp_path):
     out = tmp_path / "out"
-    result = _check("--dry-run", "--out", str(out), "--data", str(multi30k_like))
+    every_step = "env,tests,train,decode,recipe,exported,serve,students"
+    result = _check("--dry-run", "--only", every_step, "--out", str(out), "--data",
+                    str(multi30k_like))
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
     summary = [json.loads(line) for line in (out / "summary.jsonl").read_text().splitlines()]
     assert [s["step"] for s in summary] == ["env", "tests", "train-tiny", "decode", "recipe",
-                                            "exported", "serve"]
+                                            "exported", "serve", "students"]
     assert all(s["status"] == 0 for s in summary)
     assert json.loads((out / "env.json").read_text())["backend"] == "cpu"
     train = [json.loads(line) for line in (out / "train.jsonl").read_text().splitlines()
@@ -62,6 +64,14 @@ def test_dry_run_does_every_step_and_writes_its_records(multi30k_like, tmp_path)
     assert serve["batched"][0]["sentences"] > 0 and serve["ceiling"]["sent_per_s"] > 0
     calls = serve["calls"][0]
     assert calls["clients"] == 2 and calls["sentences"] == 12 and calls["sent_per_s"] > 0
+    frontier = [json.loads(line) for line in (out / "frontier.jsonl").read_text().splitlines()
+                if line.startswith("{")]
+    measured = {(f["model"], f["system"]) for f in frontier if "bleu" in f}
+    assert {(model, system) for model in ("teacher", "student-6-2") for system in (
+        "ours float32", "ours float32 shortlist 64", "ctranslate2 float32",
+        "ctranslate2 float32 vmap")} <= measured, measured
+    assert (out / "frontier.png").read_bytes()[:4] == b"\x89PNG"
+    assert (out / "student" / "config.yaml").read_text().count("student-6-2") == 1
     host = json.loads((out / "recipe_host.json").read_text())
     assert host["status"] == 0 and host["command"][1] == "train.py"
     assert host["user_s"] > 0 and host["minor_faults"] > 0 and host["max_rss_mib"] > 0

@@ -20,7 +20,7 @@ from transformer.search import (
     search_with_state,
     top_k_over_vocab,
 )
-from transformer.search.programs import programs_for
+from transformer.search.programs import forget_programs, programs_for
 from transformer.search.tokens import allowed_scores, best_allowed
 from transformer.strategies import plan_search
 
@@ -381,6 +381,23 @@ def test_only_settings_a_search_reads_compile_a_new_program():
     assert new_programs(greedy_resume, dataclasses.replace(
         greedy, beam_size=6, alpha=0.1, length_penalty="power", temperature=0.5)) == 0
     assert new_programs(greedy_resume, dataclasses.replace(greedy, min_len=2)) == 1
+
+
+def test_forgotten_programs_are_compiled_anew_and_search_the_same():
+    # A benchmark of many models in one process drops each model's programs after it (their
+    # machine code's memory maps are limited per process); a search after that compiles again.
+    model = sharp_model(vocab=32, seed=3)
+    src = sources(np.random.default_rng(4), [9, 6], 32)
+    config = SearchConfig(beam_size=3, max_len_a=0, max_len_b=6)
+    graphdef, state = nnx.split(model)
+    before = programs_for(graphdef, state)
+    first = search(model, src, config)
+    forget_programs()
+    again = programs_for(graphdef, state)
+    assert again is not before and again.loop(plan_search(config)).resume.programs() == 0
+    second = search(model, src, config)
+    assert again.loop(plan_search(config)).resume.programs() == 1
+    np.testing.assert_array_equal(np.asarray(first.tokens), np.asarray(second.tokens))
 
 
 def test_the_beam_start_program_encodes_and_decodes_nothing():

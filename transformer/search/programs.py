@@ -16,6 +16,7 @@ import dataclasses
 import threading
 from typing import Callable
 
+import jax
 from flax import nnx
 
 from transformer.config import ModelConfig
@@ -121,6 +122,16 @@ _by_id: collections.OrderedDict[int, tuple[nnx.GraphDef, GraphPrograms]] = \
     collections.OrderedDict()
 _by_graph: collections.OrderedDict[nnx.GraphDef, GraphPrograms] = collections.OrderedDict()
 _lock = threading.Lock()
+
+
+def forget_programs() -> None:
+    """Drop every graph's compiled programs, for a process that measures many models in turn:
+    each compiled program holds memory maps of its machine code, and a process has a limit
+    on those (vm.max_map_count)."""
+    with _lock:
+        _by_id.clear()
+        _by_graph.clear()
+    jax.clear_caches()
 
 
 def programs_for(graphdef: nnx.GraphDef, state: nnx.State) -> GraphPrograms:
