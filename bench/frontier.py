@@ -68,7 +68,10 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--passes", type=int, default=3, help="timed passes (median)")
     parser.add_argument("--limit", type=int, default=0, help="first N test pairs (0 = all)")
     parser.add_argument("--plot", help="PNG of BLEU against sentences/s")
-    return parser.parse_args()
+    args = parser.parse_args()
+    if args.compute_types is None:
+        args.compute_types = list(COMPUTE_TYPES[args.device])
+    return args
 
 
 def median_seconds(fn, passes: int):
@@ -84,8 +87,6 @@ def median_seconds(fn, passes: int):
 
 def main() -> None:
     args = parse_args()
-    if args.compute_types is None:
-        args.compute_types = list(COMPUTE_TYPES[args.device])
     from nmt.runtime.compilation import enable_compilation_cache
 
     enable_compilation_cache()
