@@ -47,10 +47,10 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 # The suite starts Python about two hundred times (the commands it runs, servers, pytest-xdist
 # workers). Where $PYTHONDONTWRITEBYTECODE is set, as many container images set it, every start
 # would compile this repository's modules from source again (0.6 s of CPU for the trainer's and
-# translate.py's) and each pytest would rewrite every test module: the suite writes bytecode
-# into the clone's __pycache__ folders (ignored by git) for itself and the processes it starts.
+# translate.py's) and each pytest would rewrite every test module: the processes the suite
+# starts, its pytest-xdist workers included, write bytecode into the clone's __pycache__
+# folders (ignored by git).
 os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
-sys.dont_write_bytecode = False
 
 # The suite's models are tiny, so compiling their programs, not running them, is most of its
 # time. Two settings of XLA's CPU compiler make that much cheaper (docs/contributing.md): LLVM
