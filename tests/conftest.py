@@ -109,6 +109,16 @@ def compiled_to_run(jitted, *args):
     compiling (tests/test_learning.py, tests/test_convert.py)."""
     return jitted.lower(*args).compile(compiler_options=XLA_DEFAULT_OPTIONS)
 
+# The tests of the trainer's bookkeeping (saving, resuming, schedules, faults, allocators), of
+# the train step's loss in chunks and of the translator's batching run the tiny preset with one
+# encoder and one decoder layer: nothing they check depends on depth, and a second layer makes
+# each program take about 60% longer to compile. The tests of the model, its caches, the
+# search, the exports and the multi-device steps (tests/multiprocess_worker.py) keep the
+# preset's two layers.
+SHALLOW = {"encoder_layers": 1, "decoder_layers": 1}
+SHALLOW_FLAGS = [part for name, value in SHALLOW.items()
+                 for part in (f"--{name.replace('_', '-')}", str(value))]
+
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT
+from conftest import ROOT, SHALLOW_FLAGS
 from test_train_cli import corpus  # noqa: F401 (the same synthetic corpus fixture)
 
 from nmt.runtime import allocator
@@ -76,7 +76,7 @@ def test_freed_big_blocks_are_reused_without_page_faults():
 
 
 def _train(corpus: dict[str, str], out: Path, env: dict[str, str], choice: str):
-    args = ["--preset", "tiny", "--train-prefix", corpus["train"],
+    args = ["--preset", "tiny", *SHALLOW_FLAGS, "--train-prefix", corpus["train"],
             "--valid-prefix", corpus["valid"], "--vocab-size", "320", "--batch-tokens", "256",
             "--buckets", "16", "--max-tokens-per-sentence", "16", "--warmup", "20",
             "--max-steps", "100", "--log-every", "10", "--eval-every", "50",

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import jax
 import pytest
+from conftest import SHALLOW, SHALLOW_FLAGS
 
 import train as train_cli
 from nmt.models.model_dir import read_model_config
@@ -20,7 +21,6 @@ from synthetic_corpus import write_corpus
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPES = sorted((REPO / "configs").glob("*.yaml"))
-SHRUNK = {"encoder_layers": 1, "decoder_layers": 1}
 
 
 @pytest.fixture(scope="module")
@@ -38,9 +38,7 @@ def test_recipe_runs_two_steps(path, corpus, tmp_path, monkeypatch, capsys):
             "--test-prefix", corpus["valid"], "--src", "en", "--tgt", "de",
             "--vocab-size", "320", "--batch-tokens", "512",
             "--max-tokens-per-sentence", "32", "--max-steps", "2", "--eval-sentences", "0",
-            "--no-progress", "--output-dir", str(out)]
-    for name, value in SHRUNK.items():
-        tiny += [f"--{name.replace('_', '-')}", str(value)]
+            "--no-progress", "--output-dir", str(out), *SHALLOW_FLAGS]
     code = train_cli.main(["--config", str(path), *tiny])
     err = capsys.readouterr().err
     assert code == 0, err[-3000:]
@@ -49,7 +47,7 @@ def test_recipe_runs_two_steps(path, corpus, tmp_path, monkeypatch, capsys):
     model, _ = read_model_config(out / "model")
     fields = ("d_model", "num_heads", "d_ff", "encoder_layers", "decoder_layers", "dropout",
               "dtype")
-    expected = {name: getattr(recipe.model, name) for name in fields} | SHRUNK
+    expected = {name: getattr(recipe.model, name) for name in fields} | SHALLOW
     assert {name: getattr(model, name) for name in fields} == expected
     platform = jax.devices()[0].platform
     assert recipe.trainer.written_for is not None, f"{path.name}: say which platform it fits"

@@ -7,6 +7,7 @@ import json
 import logging
 
 import pytest
+from conftest import SHALLOW
 
 from nmt.rundir.resume import RUN_CONFIG_FILE
 from nmt.settings import recipes
@@ -74,7 +75,7 @@ def test_a_run_on_a_time_budget_follows_the_linear_schedule_to_the_fitted_end(
     monkeypatch.setenv("FLAX_NMT_CACHE", str(tmp_path / "cache"))
     train_prefix = write_corpus(tmp_path, 200, 0, "train")
     warmup, peak = 24, 2e-3
-    settings = {"preset": "tiny", "train_prefix": train_prefix, "valid_prefix": None,
+    settings = {"preset": "tiny", **SHALLOW, "train_prefix": train_prefix, "valid_prefix": None,
                 "vocab_size": 320, "batch_tokens": 256, "buckets": (16,), "warmup": warmup,
                 "schedule": "linear", "peak_lr": peak, "log_every": 1, "eval_every": 10_000,
                 "eval_sentences": 0, "save_every": 10_000, "progress": False, "samples": 0}

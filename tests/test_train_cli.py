@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import built_once
+from conftest import SHALLOW_FLAGS, built_once
 
 import train as train_cli
 from data.tokenizer import load_tokenizer
@@ -72,7 +72,7 @@ def env(first_run) -> dict[str, str]:
 
 
 def _args(corpus: dict[str, str], out: Path, max_steps: int = 60, **extra) -> list[str]:
-    args = ["--preset", "tiny", "--train-prefix", corpus["train"],
+    args = ["--preset", "tiny", *SHALLOW_FLAGS, "--train-prefix", corpus["train"],
             "--valid-prefix", corpus["valid"], "--vocab-size", "320",
             "--batch-tokens", "256", "--buckets", "16", "--max-tokens-per-sentence", "16",
             "--warmup", "20", "--max-steps", str(max_steps), "--log-every", "7",
@@ -343,7 +343,7 @@ def test_the_default_vocabulary_fits_a_small_corpus_and_the_run_resumes(env, tmp
     train_prefix = write_corpus(tmp_path, 2000, 5, "train")
     valid_prefix = write_corpus(tmp_path, 20, 6, "valid")
     out = tmp_path / "run"
-    args = ["--preset", "tiny", "--no-progress", "--train-prefix", train_prefix,
+    args = ["--preset", "tiny", *SHALLOW_FLAGS, "--no-progress", "--train-prefix", train_prefix,
             "--valid-prefix", valid_prefix, "--batch-tokens", "256", "--eval-sentences", "0",
             "--output-dir", str(out)]
     assert train_cli.main([*args, "--max-steps", "2"]) == 0, capsys.readouterr().err[-2000:]

@@ -1,9 +1,9 @@
 """The trainer's bookkeeping: what a run saves, resumes from, logs and exports.
 
-`nmt.training.trainer.train` runs in this process on the tiny preset for a few steps.
-Validation BLEU is scripted: the beam search is replaced by a stub and the scores come from a
-list, so each test decides which validation improves. Runs share one JAX compilation cache
-(FLAX_NMT_CACHE).
+`nmt.training.trainer.train` runs in this process on the tiny preset with one layer each side
+(`conftest.SHALLOW`) for a few steps. Validation BLEU is scripted: the beam search is replaced
+by a stub and the scores come from a list, so each test decides which validation improves.
+Runs share one JAX compilation cache (FLAX_NMT_CACHE).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import types
 from pathlib import Path
 
 import pytest
+from conftest import SHALLOW
 
 import nmt.training.run_data
 from nmt.models import model_dir
@@ -91,7 +92,7 @@ def _run(corpus: dict[str, str], out: Path, **settings) -> dict:
                 "valid_prefix": corpus["valid"], "vocab_size": 320, "batch_tokens": 256,
                 "buckets": (16,), "max_tokens_per_sentence": 16, "warmup": 20, "log_every": 3,
                 "eval_every": 2, "eval_sentences": 2, "keep_last": 5, "progress": False,
-                "samples": 0, **settings}
+                "samples": 0, **SHALLOW, **settings}
     return train(recipes.run_from_flat(**settings), out)
 
 

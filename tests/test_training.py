@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from conftest import SHALLOW
 
 from transformer import training
 from transformer.config import get_preset
@@ -23,6 +24,12 @@ TESTS = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(TESTS)
 sys.path.insert(0, TESTS)
 import multiprocess_worker as worker  # noqa: E402
+
+
+def shallow_tiny(**changes):
+    """The tiny preset with one layer each side: nothing here depends on depth."""
+    return get_preset("tiny", **SHALLOW, **changes)
+
 
 # ----------------------------------------------------------------------------- config
 
@@ -195,7 +202,7 @@ def test_chunked_loss_equals_the_whole_batch_loss_and_its_gradients(eps, preset_
     """The logits a chunk at a time (every row, 2 or 3 positions: the last chunk padded),
     with their gradient taken in the forward pass, give the sums and every parameter's
     gradient of the whole-batch loss."""
-    config = get_preset("tiny", dropout=0.0, **preset_changes)
+    config = shallow_tiny(dropout=0.0, **preset_changes)
     mesh = training.make_mesh(jax.devices()[:1])
     graphdef, _, state = training.create_train_state(config, OptimizerConfig(), mesh)
     batch = {name: jnp.asarray(x) for name, x in worker.make_batch(3, packed=False).items()}
@@ -277,7 +284,7 @@ def test_rdrop_logit_gradient_in_the_forward_pass_is_autodiffs(eps):
 def test_rdrop_chunked_equals_whole_batch_with_dropout_on():
     """Two dropout passes through the model, the loss made 2 positions at a time or at once:
     the same sums and parameter gradients (the same dropout key, so the same masks)."""
-    config = get_preset("tiny", dropout=0.3)
+    config = shallow_tiny(dropout=0.3)
     mesh = training.make_mesh(jax.devices()[:1])
     graphdef, _, state = training.create_train_state(config, OptimizerConfig(), mesh)
     batch = {name: jnp.asarray(x) for name, x in worker.make_batch(3, packed=True).items()}
@@ -302,7 +309,7 @@ def test_rdrop_chunked_equals_whole_batch_with_dropout_on():
 def _one_step(optimizer_config, dropout, loss_chunk=None):
     config = dataclasses.replace(optimizer_config, loss_chunk=loss_chunk)
     mesh = training.make_mesh(jax.devices()[:1])
-    graphdef, _, state = training.create_train_state(get_preset("tiny", dropout=dropout),
+    graphdef, _, state = training.create_train_state(shallow_tiny(dropout=dropout),
                                                      config, mesh)
     step = training.make_train_step(graphdef, config, mesh)
     state, metrics = step(state, training.shard_batch(worker.make_batch(0), mesh))
@@ -335,7 +342,7 @@ def test_rdrop_step_is_finite_and_its_kl_is_zero_without_dropout(loss_chunk=64):
 def test_eval_step_ignores_all_pad_rows_and_longer_padding():
     """End to end through the model: appending padding columns and all-pad rows changes nothing."""
     mesh = training.make_mesh(jax.devices()[:1])
-    graphdef, static_state, state = training.create_train_state(get_preset("tiny"),
+    graphdef, static_state, state = training.create_train_state(shallow_tiny(),
                                                                 OptimizerConfig(), mesh)
     assert not jax.tree_util.tree_leaves(static_state)
     eval_step = training.make_eval_step(graphdef, mesh)
@@ -352,7 +359,7 @@ def test_eval_step_smooths_the_loss_as_the_training_run_does():
     (here none, so loss equals NLL), not OptimizerConfig()'s default 0.1."""
     mesh = training.make_mesh(jax.devices()[:1])
     optimizer_config = OptimizerConfig(label_smoothing=0.0)
-    graphdef, _, state = training.create_train_state(get_preset("tiny"), optimizer_config, mesh)
+    graphdef, _, state = training.create_train_state(shallow_tiny(), optimizer_config, mesh)
     sums = training.make_eval_step(graphdef, mesh, optimizer_config)(state.params,
                                                                  worker.make_batch(0, rows=4))
     assert float(sums["loss_sum"]) == pytest.approx(float(sums["nll_sum"]), rel=1e-6)
@@ -362,7 +369,7 @@ def test_eval_step_smooths_the_loss_as_the_training_run_does():
 
 
 def test_tiny_model_overfits_a_fixed_batch():
-    model_config = get_preset("tiny", dropout=0.0)
+    model_config = shallow_tiny(dropout=0.0)
     optimizer_config = OptimizerConfig(schedule="inverse_sqrt", peak_lr=3e-3, warmup_steps=30,
                                        label_smoothing=0.0)
     mesh = training.make_mesh(jax.devices()[:1])
@@ -381,7 +388,7 @@ def test_tiny_model_overfits_a_fixed_batch():
 def test_state_is_donated_and_non_finite_loss_is_flagged():
     mesh = training.make_mesh(jax.devices()[:1])
     optimizer_config = OptimizerConfig()
-    graphdef, _, state = training.create_train_state(get_preset("tiny"), optimizer_config, mesh)
+    graphdef, _, state = training.create_train_state(shallow_tiny(), optimizer_config, mesh)
     train_step = training.make_train_step(graphdef, optimizer_config, mesh)
     batch = training.shard_batch(worker.make_batch(0), mesh)
     old_leaves = jax.tree_util.tree_leaves(state)
@@ -399,7 +406,7 @@ def test_each_update_draws_new_dropout_masks():
     different steps must see different masks (so different losses), and the same step the same."""
     mesh = training.make_mesh(jax.devices()[:1])
     optimizer_config = OptimizerConfig()
-    graphdef, _, state = training.create_train_state(get_preset("tiny", dropout=0.3),
+    graphdef, _, state = training.create_train_state(shallow_tiny(dropout=0.3),
                                                      optimizer_config, mesh)
     train_step = training.make_train_step(graphdef, optimizer_config, mesh)
     batch = training.shard_batch(worker.make_batch(0), mesh)

@@ -1,6 +1,7 @@
 """nmt.models.translator.Translator: text in, text out, around search."""
 
 import pytest
+from conftest import SHALLOW
 from flax import nnx
 
 from data.tokenizer import SpecialIds
@@ -22,7 +23,9 @@ class NumberTokenizer:
 
 
 def tiny_model(**overrides) -> Transformer:
-    model = Transformer(get_preset("tiny", vocab_size=64, **overrides), rngs=nnx.Rngs(0))
+    """The tiny preset, one layer each side: the translator's batching does not depend on depth."""
+    model = Transformer(get_preset("tiny", vocab_size=64, **SHALLOW, **overrides),
+                        rngs=nnx.Rngs(0))
     table = model.src_embedding.table.embedding
     table[...] = table[...] * 4.0  # peaked distributions, as a trained model has
     return model
@@ -379,7 +382,8 @@ def test_bfloat16_products_translate_a_peaked_model_as_float32_does():
     from transformer.strategies import plan_search
 
     full = tiny_model()
-    low = Transformer(get_preset("tiny", vocab_size=64, dtype="bfloat16"), rngs=nnx.Rngs(1))
+    low = Transformer(get_preset("tiny", vocab_size=64, dtype="bfloat16", **SHALLOW),
+                      rngs=nnx.Rngs(1))
     nnx.update(low, nnx.state(full))  # the same parameters (stored in float32 either way)
     rng = np.random.default_rng(3)
     sentences = [" ".join(str(t) for t in rng.integers(4, 64, size=rng.integers(2, 12)))
