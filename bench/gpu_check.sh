@@ -180,17 +180,16 @@ step() {  # step NAME LOG COMMAND...: COMMAND stopped at the deadline (status 12
 if [ "$DRY_RUN" = 1 ]; then
     PRESETS=(tiny); BATCH=8; LEN=8; STEPS=2; DECODE=(--preset tiny --batch 4 --src-len 6
         --out-len 6 --repeats 1)
-    # the recipe's model and the student with one layer each side: each layer more only adds
-    # compiling to what the toy run checks
-    RECIPE_FLAGS=(--preset tiny --encoder-layers 1 --decoder-layers 1 --max-steps 20
-        --max-minutes 5 --eval-every 10 --eval-sentences 8 --batch-tokens 512 --vocab-size 320
-        --save-every 10)
+    # the recipe's model and the student trained alike, with one layer each side: each layer
+    # more only adds compiling to what the toy run checks
+    TOY_RUN=(--encoder-layers 1 --decoder-layers 1 --max-steps 20 --max-minutes 5
+        --eval-every 10 --eval-sentences 8 --batch-tokens 512 --vocab-size 320 --save-every 10)
+    RECIPE_FLAGS=(--preset tiny "${TOY_RUN[@]}")
     TESTS=(tests/test_packing.py -k "padded_row or cudnn")
     EXPORTED=(--device cpu --limit 12 --inter-threads 1 --threads 1)
     SERVE=(--clients 2 --seconds 2 --modes batched,ceiling,calls --ceiling-batch-tokens 256
         --server-args "--buckets 16 --batch-tokens 64")
-    STUDENT_FLAGS=(--encoder-layers 1 --decoder-layers 1 --max-steps 20 --max-minutes 5
-        --eval-every 10 --eval-sentences 8 --batch-tokens 512 --vocab-size 320 --save-every 10)
+    STUDENT_FLAGS=("${TOY_RUN[@]}")
     FRONTIER=(--limit 12 --passes 1 --dtypes float32 --shortlist 64 --compute-types float32
         --threads 1 --inter-threads 1)
     # torch and CTranslate2 on one thread: on a shared CPU a pool of two spins for each of

@@ -109,6 +109,7 @@ def compiled_to_run(jitted, *args):
     compiling (tests/test_learning.py, tests/test_convert.py)."""
     return jitted.lower(*args).compile(compiler_options=XLA_DEFAULT_OPTIONS)
 
+
 # The tests of the trainer's bookkeeping (saving, resuming, schedules, faults, allocators), of
 # the train step's loss in chunks and of the translator's batching run the tiny preset with one
 # encoder and one decoder layer: nothing they check depends on depth, and a second layer makes
