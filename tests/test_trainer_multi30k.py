@@ -1,4 +1,5 @@
-"""End to end on real data: train.py on 2,000 Multi30k pairs, then load the model and translate.
+"""End to end on real data: train.py on 2,000 Multi30k pairs (the tiny preset with one layer each
+side), then load the model and translate.
 
 Multi30k is read from $MULTI30K (tests/conftest.py: ../shared/data/multi30k unless set); the
 test is skipped when absent.
@@ -14,7 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import USER_XLA_FLAGS
+from conftest import SHALLOW_FLAGS, USER_XLA_FLAGS
 
 from nmt.models.model_dir import load_model
 
@@ -34,7 +35,7 @@ def _env(tmp_path: Path) -> dict[str, str]:
                     reason=f"Multi30k not found at {MULTI30K}")
 def test_multi30k_train_then_translate(tmp_path):
     out = tmp_path / "run"
-    args = ["--preset", "tiny", "--train-prefix", str(MULTI30K / "train"),
+    args = ["--preset", "tiny", *SHALLOW_FLAGS, "--train-prefix", str(MULTI30K / "train"),
             "--valid-prefix", str(MULTI30K / "valid"), "--max-train-pairs", "2000",
             "--vocab-size", "1000", "--batch-tokens", "1024", "--buckets", "32",
             "--max-tokens-per-sentence", "32", "--max-steps", "200", "--warmup", "100",

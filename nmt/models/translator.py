@@ -120,10 +120,8 @@ class Translator:
         self.shortlist_size = (shortlist_candidates(shortlist, shortlist_size, model.config)
                                if shortlist is not None else 0)
         self.graphdef, self.state = nnx.split(model)
-        self.model_config = model.config
-        self.tokenizer = tokenizer
-        self.search = search
-        self.searches = searches
+        self.model_config, self.tokenizer = model.config, tokenizer
+        self.search, self.searches = search, searches
         self.max_source_len = self.model_config.max_len
         # No bucket is wider than the model's positions: sources are cut to max_len tokens.
         self.plan = BatchPlan(batch_tokens,

@@ -37,6 +37,11 @@ def needs_fit(optimizer: OptimizerConfig) -> bool:
     return optimizer.schedule == "linear" and optimizer.decay_steps is None
 
 
+def known_end(optimizer: OptimizerConfig) -> int | None:
+    """The step where a linear schedule reaches zero, where set (nothing is learnt after)."""
+    return optimizer.decay_steps if optimizer.schedule == "linear" else None
+
+
 def with_end(run: RunConfig, decay_steps: int) -> RunConfig:
     return run.replace(optimizer={"decay_steps": decay_steps})
 
@@ -124,6 +129,12 @@ class FittedEnd:
         if end is not None:
             self.step_seconds, self.fit = self.fit.step_seconds, None
         return end
+
+    def describe(self, end: int, max_minutes: float, recorded_in) -> str:
+        """The log line of the fitted end: where, and from what."""
+        return (f"learning rate: linear to zero at step {end}, the last the run's limits "
+                f"allow ({max_minutes:g} minutes at {self.step_seconds:.3g} s a step; "
+                f"recorded in {recorded_in})")
 
     def train_step(self, step: int, running: AheadOfTime) -> AheadOfTime:
         """The train step for the updates after `step`: `running`, or the one compiled for

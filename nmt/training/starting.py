@@ -68,6 +68,13 @@ class Start:
         """The step the state has reached: the checkpoint's, or 0."""
         return int(local_copy(self.state.step))
 
+    def train_step_compiling(self, optimizer: OptimizerConfig, state: Any,
+                             compile_log: CompileLog) -> AheadOfTime:
+        """A train step for `optimizer` (a fitted schedule's), compiling in the background."""
+        train_step = train_step_for(self.graphdef, optimizer, self.mesh, compile_log)
+        start_compiling_the_train_step(train_step, state, self.data, self.mesh)
+        return train_step
+
 
 def prepare_start(run: RunConfig, run_dir: Path, compile_log: CompileLog) -> Start:
     """The run's data, and its state restored from `run_dir` (or initialized); raises

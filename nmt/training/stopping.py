@@ -183,11 +183,11 @@ class Limits:
     the steps stop early enough for it."""
 
     def __init__(self, trainer: TrainerConfig, started: float | None = None,
-                 averaging: bool = False, in_flight: int = 2):
+                 averaging: bool = False, in_flight: int = 2, schedule_end: int | None = None):
         self.started = time.monotonic() if started is None else started
         self.max_steps, self.max_minutes = trainer.limits()
         self.max_epochs = trainer.max_epochs
-        self.schedule_end: int | None = None  # a linear schedule's zero: nothing to learn after
+        self.schedule_end = schedule_end  # a linear schedule's zero: nothing to learn after
         self.deadline = (self.started + self.max_minutes * 60
                          if self.max_minutes is not None else None)
         self.closing = ClosingTime((self.max_minutes or 0.0) * 60, averaging, in_flight)

@@ -3,6 +3,7 @@ that translate with the model and score it on the test split."""
 
 from __future__ import annotations
 
+import logging
 import shlex
 from pathlib import Path
 from typing import Any
@@ -10,14 +11,27 @@ from typing import Any
 import jax
 from tqdm import tqdm
 
+from nmt.runtime import allocator
+from nmt.runtime.cpu_features import bfloat16_warning
 from nmt.settings.config import BEST_METRICS, RunConfig
 from nmt.training.stopping import StopReason
+
+log = logging.getLogger(__name__)
 
 
 def echo(message: str) -> None:
     """Print on process 0, above the progress bar if one is shown."""
     if jax.process_index() == 0:
         tqdm.write(message)  # above the bar, which a plain print would tear
+
+
+def announce(run: RunConfig, params, model_config, data, budget: str, run_dir: Path) -> None:
+    """Log the allocator and a bfloat16 warning where the CPU lacks it, then print the line
+    that starts training."""
+    log.info(allocator.status().line)
+    if warning := bfloat16_warning(jax.devices()[0].platform, model_config.dtype):
+        log.warning(warning)
+    echo(announcement(run, params, model_config, data, budget, run_dir))
 
 
 def announcement(run: RunConfig, params, model_config, data, budget: str, run_dir: Path) -> str:

@@ -44,7 +44,6 @@ from nmt.rundir.checkpoints import CHECKPOINTS_DIR, SaveError, complete_steps
 from nmt.rundir.lock import LOCK_FILE, RunLock
 from nmt.runtime import allocator, cli
 from nmt.runtime.compilation import CompileLog, enable_compilation_cache
-from nmt.runtime.cpu_features import bfloat16_warning
 from nmt.runtime.distributed import barrier
 from nmt.runtime.files import write_atomically
 from nmt.settings import recipes
@@ -53,18 +52,16 @@ from nmt.training import schedule_fit
 from nmt.training.errors import BudgetTooShort, TrainingError, divergence, out_of_memory
 from nmt.training.hooks import Hooks, Periodic
 from nmt.training.loader import BatchLoader
-from nmt.training.metrics_log import MetricsWindow, MetricsWriteError
+from nmt.training.metrics_log import MetricsWindow
 from nmt.training.platform_check import BudgetForecast
 from nmt.training.run_log import RunLog
 from nmt.training.saving import CheckpointWriter
 from nmt.training.starting import (
     Start,
     prepare_start,
-    start_compiling_the_train_step,
-    train_step_for,
 )
 from nmt.training.stopping import Limits, StopReason, StopSignal, steps_in_flight
-from nmt.training.summary import announcement, build_summary, echo, print_summary
+from nmt.training.summary import announce, build_summary, echo, print_summary
 from nmt.training.validation import best_note, describe
 from transformer.training import shard_batch
 
@@ -120,9 +117,8 @@ class Trainer:
         self.run, self.run_dir, self.compile_log = run, run_dir, compile_log
         self.is_main = jax.process_index() == 0
         self.limits = Limits(run.trainer, started, averaging=bool(run.trainer.average_last),
-                             in_flight=steps_in_flight(jax.devices()[0].platform))
-        if run.optimizer.schedule == "linear":
-            self.limits.schedule_end = run.optimizer.decay_steps  # None until fitted
+                             in_flight=steps_in_flight(jax.devices()[0].platform),
+                             schedule_end=schedule_fit.known_end(run.optimizer))
         self.start = start = prepare_start(run, run_dir, compile_log)
         # What changes as the run trains is the trainer's; the rest is read from `start`.
         self.state, self.step, self.train_step = start.state, start.step, start.train_step
@@ -180,18 +176,13 @@ class Trainer:
                 stopped = self.loop()
                 with self.signals.critical():
                     return self.finish(stopped)
-        except (TrainingError, SaveError, MetricsWriteError):
+        except BaseException as err:
             self.close(quietly=True)
-            raise
-        except jax.errors.JaxRuntimeError as err:  # out of memory, where a shape first runs
-            self.close(quietly=True)
-            error = out_of_memory(err, self.run)
-            if error is None:
-                raise
-            raise error from None
-        except KeyboardInterrupt:  # Ctrl-C twice: no more saving, but nothing left half-done
-            self.close(quietly=True)
-            echo(_aborted(self.step, self.start.checkpoints.latest_step()))
+            if isinstance(err, KeyboardInterrupt):  # Ctrl-C twice: no more saving
+                echo(_aborted(self.step, self.start.checkpoints.latest_step()))
+            elif isinstance(err, jax.errors.JaxRuntimeError):  # where a shape first runs
+                if (error := out_of_memory(err, self.run)) is not None:
+                    raise error from None
             raise
 
     def loop(self) -> StopReason:
@@ -215,12 +206,8 @@ class Trainer:
 
     def _announce(self) -> StopReason | None:
         """What the run is about to do, and EARLY_STOP if it already ran out of patience."""
-        log.info(allocator.status().line)
-        start = self.start
-        if warning := bfloat16_warning(jax.devices()[0].platform, start.model_config.dtype):
-            log.warning(warning)
-        echo(announcement(self.run, self.state.params, start.model_config, start.data,
-                          self.limits.describe(self.batches.batches_per_epoch), self.run_dir))
+        announce(self.run, self.state.params, self.start.model_config, self.start.data,
+                 self.limits.describe(self.batches.batches_per_epoch), self.run_dir)
         stopped = None
         patience = self.run.trainer.early_stop_patience
         if self.bookkeeping.out_of_patience(patience):
@@ -273,15 +260,10 @@ class Trainer:
             self.limits.schedule_end = end
             if self.is_main:
                 self._write_run_config()
-                log.info("learning rate: linear to zero at step %d, the last the run's limits "
-                         "allow (%g minutes at %.3g s a step; recorded in %s)", end,
-                         self.limits.max_minutes, fitted_end.step_seconds,
-                         self.run_dir / resume.RUN_CONFIG_FILE)
-            start = self.start
-            fitted_end.compiled = train_step_for(start.graphdef, self.run.optimizer, start.mesh,
-                                                 self.compile_log)
-            start_compiling_the_train_step(fitted_end.compiled, self.state, start.data,
-                                           start.mesh)
+                log.info(fitted_end.describe(end, self.limits.max_minutes,
+                                             self.run_dir / resume.RUN_CONFIG_FILE))
+            fitted_end.compiled = self.start.train_step_compiling(self.run.optimizer, self.state,
+                                                                  self.compile_log)
 
     def _forecast_budget(self) -> None:
         """Settings written for another platform: what their budget takes here, once."""
@@ -294,8 +276,7 @@ class Trainer:
             log.warning(message)
 
     def log_window(self) -> None:
-        """Write one "train" line for the steps since the last one, and a "compile" line for
-        each program compiled since."""
+        """The "train" line of the steps since the last, and a "compile" line per new program."""
         self.run_log.train_line(self.step, self.step_metrics, self.limits.started, self.batches)
 
     def save(self, force_sync: bool = False) -> None:
