@@ -14,6 +14,8 @@ would leave a core idle for minutes.
 
 import atexit
 import fcntl
+import importlib
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -56,13 +58,16 @@ os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 # time. Two settings of XLA's CPU compiler make that much cheaper (docs/contributing.md): LLVM
 # optimisation level 0, and the elemental emitters for fused loops instead of the MLIR fusion
 # emitters. Neither changes what a program computes (fast-math stays off); both make the
-# machine code slower, which tiny models do not feel, so the product keeps XLA's defaults. Set
+# machine code slower, which tiny models do not feel, so the product keeps XLA's defaults. A
+# third runs XLA's Eigen operations on the calling thread: the two workers share two cores, and
+# a pool of two threads in each spun against the other (the suite took 10% longer). Set
 # in the environment before JAX is imported, so that the processes the tests start inherit
 # them. A setting given in $XLA_FLAGS already is kept; on another platform than the CPU, or
 # with a jaxlib that does not know them, they are left out (pytest's header says so).
 # Each setting: (the tests' value, XLA's default).
 TEST_COMPILER_SETTINGS = {"xla_backend_optimization_level": (0, 3),
-                          "xla_cpu_use_fusion_emitters": (False, True)}
+                          "xla_cpu_use_fusion_emitters": (False, True),
+                          "xla_cpu_multi_thread_eigen": (False, True)}
 # What the processes of a user's machine run with, kept for the pytest-xdist workers (which
 # inherit this environment) and for the test that runs as users do.
 os.environ.setdefault("NMT_TESTS_USER_XLA_FLAGS", os.environ.get("XLA_FLAGS", ""))
@@ -106,7 +111,8 @@ XLA_DEFAULT_OPTIONS = {
 def compiled_to_run(jitted, *args):
     """`jitted` compiled for `args` with XLA's default settings, not the suite's cheap ones:
     for a program a test runs hundreds of times, whose running then costs more than its
-    compiling (tests/test_learning.py, tests/test_convert.py)."""
+    compiling (tests/test_learning.py, tests/test_convert.py), or whose compiled form a test
+    reads (tests/test_mixed_precision.py)."""
     return jitted.lower(*args).compile(compiler_options=XLA_DEFAULT_OPTIONS)
 
 
@@ -145,6 +151,29 @@ def _programs_stored_only_where_a_test_asks():
     stored = sys.modules.get("transformer.stored")
     if stored is not None:
         stored.keep_programs_in(None)
+
+
+class Deferred:
+    """A module imported at the first use of one of its attributes. torch and transformers
+    take about 4 s of CPU to import, which each pytest-xdist worker would pay for collecting
+    the test files that use them; deferred, only the worker that runs those tests pays."""
+
+    def __init__(self, name: str):
+        self.module_name = name
+
+    def __getattr__(self, attribute: str):
+        if attribute.startswith("_"):  # what pytest asks of every name while collecting
+            raise AttributeError(attribute)
+        return getattr(importlib.import_module(self.module_name), attribute)
+
+
+def deferred_or_skip(*names: str) -> tuple[Deferred, ...]:
+    """`Deferred` modules for a test file's module level, which is skipped where one of them
+    is not installed (as pytest.importorskip would, without importing them)."""
+    missing = [name for name in names if importlib.util.find_spec(name) is None]
+    if missing:
+        pytest.skip(f"not installed: {', '.join(missing)}", allow_module_level=True)
+    return tuple(Deferred(name) for name in names)
 
 
 def built_once(tmp_path_factory, name: str, build: Callable[[Path], object]) -> Path:

@@ -13,7 +13,7 @@ import json
 import jax
 import numpy as np
 import pytest
-from conftest import compiled_to_run
+from conftest import compiled_to_run, deferred_or_skip
 from flax import nnx
 
 from nmt.convert import marian
@@ -25,9 +25,7 @@ from transformer.layers import sinusoidal_positions
 from transformer.model import Transformer
 from translate_model import sentences
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
-ctranslate2 = pytest.importorskip("ctranslate2")
+torch, transformers, ctranslate2 = deferred_or_skip("torch", "transformers", "ctranslate2")
 
 SEARCH = SearchConfig(strategy="greedy", beam_size=1, max_len_a=1.0, max_len_b=10)
 

@@ -16,6 +16,7 @@ import shutil
 import numpy as np
 import pytest
 import sentencepiece as spm
+from conftest import deferred_or_skip
 
 from nmt.convert import marian
 from nmt.convert.common import ConversionError
@@ -25,9 +26,7 @@ from nmt.models.translator import Translator
 from synthetic_corpus import write_corpus
 from transformer.config import SearchConfig
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
-pytest.importorskip("safetensors")
+torch, transformers, _ = deferred_or_skip("torch", "transformers", "safetensors")
 
 LANGUAGE_TOKEN = ">>deu<<"
 
