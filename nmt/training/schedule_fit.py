@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import jax
@@ -130,7 +131,7 @@ class FittedEnd:
             self.step_seconds, self.fit = self.fit.step_seconds, None
         return end
 
-    def describe(self, end: int, max_minutes: float, recorded_in) -> str:
+    def describe(self, end: int, max_minutes: float, recorded_in: Path) -> str:
         """The log line of the fitted end: where, and from what."""
         return (f"learning rate: linear to zero at step {end}, the last the run's limits "
                 f"allow ({max_minutes:g} minutes at {self.step_seconds:.3g} s a step; "

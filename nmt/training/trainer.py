@@ -56,10 +56,7 @@ from nmt.training.metrics_log import MetricsWindow
 from nmt.training.platform_check import BudgetForecast
 from nmt.training.run_log import RunLog
 from nmt.training.saving import CheckpointWriter
-from nmt.training.starting import (
-    Start,
-    prepare_start,
-)
+from nmt.training.starting import Start, prepare_start
 from nmt.training.stopping import Limits, StopReason, StopSignal, steps_in_flight
 from nmt.training.summary import announce, build_summary, echo, print_summary
 from nmt.training.validation import best_note, describe
