@@ -6,16 +6,18 @@ where `python -m data.download` puts them); the tests point those variables at t
 read the same folders. Tests that need a corpus skip when its folder is absent.
 
 The suite runs on two pytest-xdist workers, one file per worker at a time, in collection order
-(pyproject.toml: `-n 2 --dist loadfile --no-loadscope-reorder`). Tests marked `long` (minutes
-of end-to-end training, bounded by the clock rather than by work) are moved to the front, so
-that one worker starts them while the other works through the rest; scheduled last, they
-would leave a core idle for minutes.
+(pyproject.toml: `-n 2 --dist loadfile --no-loadscope-reorder`). The files are collected
+slowest first, by the seconds recorded in tests/file_seconds.json, so that the short ones fill
+in at the end: in alphabetical order a long file could start last and leave a core idle for
+a minute. `pytest --record-file-seconds` rewrites the record.
 """
 
 import atexit
+import collections
 import fcntl
 import importlib
 import importlib.util
+import json
 import os
 import shutil
 import subprocess
@@ -134,12 +136,48 @@ def pytest_report_header(config):
     return COMPILER_NOTE
 
 
+FILE_SECONDS = ROOT / "tests" / "file_seconds.json"
+
+
+def pytest_addoption(parser):
+    parser.addoption("--record-file-seconds", action="store_true",
+                     help=f"record the seconds of each test file run (set-up, call and "
+                          f"tear-down of its tests) in {FILE_SECONDS.relative_to(ROOT)}, which "
+                          f"orders the files, slowest first")
+
+
 def pytest_configure(config):
-    config.addinivalue_line("markers", "long: minutes of end-to-end training; scheduled first")
+    if config.getoption("record_file_seconds") and not hasattr(config, "workerinput"):
+        config.pluginmanager.register(FileSecondsRecorder(), "file-seconds-recorder")
 
 
 def pytest_collection_modifyitems(config, items):
-    items.sort(key=lambda item: item.get_closest_marker("long") is None)  # stable
+    """Slowest files first; a file's tests keep their order, unrecorded files go last."""
+    seconds = json.loads(FILE_SECONDS.read_text()) if FILE_SECONDS.exists() else {}
+    items.sort(key=lambda item: -seconds.get(_file_of(item.nodeid), 0.0))  # stable
+
+
+def _file_of(nodeid: str) -> str:
+    return nodeid.split("::")[0]
+
+
+class FileSecondsRecorder:
+    """Sums the reports' durations per test file (in the controller, which receives the
+    workers' reports) and records them, slowest first, when the run ends."""
+
+    def __init__(self):
+        self.seconds: dict[str, float] = collections.defaultdict(float)
+
+    def pytest_runtest_logreport(self, report):
+        self.seconds[_file_of(report.nodeid)] += report.duration
+
+    def pytest_sessionfinish(self, session):
+        """The files this run ran replace their records; the others keep theirs."""
+        recorded = json.loads(FILE_SECONDS.read_text()) if FILE_SECONDS.exists() else {}
+        recorded.update(self.seconds)
+        ordered = sorted(recorded.items(), key=lambda item: (-item[1], item[0]))
+        FILE_SECONDS.write_text(json.dumps({name: round(value, 1) for name, value in ordered},
+                                           indent=1) + "\n")
 
 
 @pytest.fixture(autouse=True)
