@@ -186,11 +186,11 @@ if [ "$DRY_RUN" = 1 ]; then
         --eval-every 10 --eval-sentences 8 --batch-tokens 512 --vocab-size 320 --save-every 10)
     RECIPE_FLAGS=(--preset tiny "${TOY_RUN[@]}")
     TESTS=(tests/test_packing.py -k "padded_row or cudnn")
-    EXPORTED=(--device cpu --limit 12 --inter-threads 1 --threads 1)
+    EXPORTED=(--device cpu --limit 6 --inter-threads 1 --threads 1)
     SERVE=(--clients 2 --seconds 2 --modes batched,ceiling,calls --ceiling-batch-tokens 256
         --server-args "--buckets 16 --batch-tokens 64")
     STUDENT_FLAGS=("${TOY_RUN[@]}")
-    FRONTIER=(--limit 12 --passes 1 --dtypes float32 --shortlist 64 --compute-types float32
+    FRONTIER=(--limit 6 --passes 1 --dtypes float32 --shortlist 64 --compute-types float32
         --threads 1 --inter-threads 1)
     # torch and CTranslate2 on one thread: on a shared CPU a pool of two spins for each of
     # the toy model's tiny products

@@ -171,7 +171,7 @@ class FileSecondsRecorder:
     def pytest_runtest_logreport(self, report):
         self.seconds[_file_of(report.nodeid)] += report.duration
 
-    def pytest_sessionfinish(self, session):
+    def pytest_sessionfinish(self):
         """The files this run ran replace their records; the others keep theirs."""
         recorded = json.loads(FILE_SECONDS.read_text()) if FILE_SECONDS.exists() else {}
         recorded.update(self.seconds)

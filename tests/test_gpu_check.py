@@ -28,7 +28,7 @@ def _check(*args: str, env_extra: dict | None = None, timeout: int = 600
 @pytest.fixture(scope="module")
 def multi30k_like(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("multi30k")
-    write_corpus(root, 300, 0, "train")
+    write_corpus(root, 100, 0, "train")
     write_corpus(root, 20, 1, "valid")
     write_corpus(root, 12, 2, "test2016")
     return root
