@@ -56,6 +56,38 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 # folders (ignored by git).
 os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 
+# A new environment installed with `--no-compile` (the README's test command) holds no
+# bytecode, and the peers the benchmarks compare against run with $PYTHONDONTWRITEBYTECODE
+# (bench/common.py: they must not write into their own folder), so each would compile torch
+# and transformers from source (11.5 CPU-s an import instead of 4.8), and the two workers,
+# starting together, would each compile JAX's. Imported once here, before the workers start,
+# their bytecode is written once.
+PREWARMED = ("jax", "flax.nnx", "optax", "orbax.checkpoint", "datasets", "ctranslate2",
+             "torch", "transformers")
+
+
+def _byte_compiled(package: str) -> bool:
+    spec = importlib.util.find_spec(package)  # a top-level name: nothing is imported
+    return spec is None or not spec.origin or os.path.exists(
+        importlib.util.cache_from_source(spec.origin))
+
+
+if not os.environ.get("PYTEST_XDIST_WORKER") and not all(
+        _byte_compiled(name) for name in ("jax", "torch", "transformers")):
+    subprocess.run([sys.executable, "-c", f"""
+import importlib
+for name in {PREWARMED!r}:
+    try:
+        importlib.import_module(name)
+    except ImportError:
+        pass
+try:
+    import transformers
+    transformers.MarianMTModel  # the peers' model, which transformers imports lazily
+except ImportError:
+    pass
+"""], timeout=600, capture_output=True)
+
 # The suite's models are tiny, so compiling their programs, not running them, is most of its
 # time. Two settings of XLA's CPU compiler make that much cheaper (docs/contributing.md): LLVM
 # optimisation level 0, and the elemental emitters for fused loops instead of the MLIR fusion
