@@ -18,6 +18,7 @@ import fcntl
 import importlib
 import importlib.util
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -73,7 +74,7 @@ def _byte_compiled(package: str) -> bool:
 
 
 if not os.environ.get("PYTEST_XDIST_WORKER") and not all(
-        _byte_compiled(name) for name in ("jax", "torch", "transformers")):
+        _byte_compiled(name.split(".")[0]) for name in PREWARMED):
     subprocess.run([sys.executable, "-c", f"""
 import importlib
 for name in {PREWARMED!r}:
@@ -178,14 +179,39 @@ def pytest_addoption(parser):
                           f"orders the files, slowest first")
 
 
+def recorded_file_seconds() -> dict[str, float]:
+    """The record of tests/file_seconds.json ({} where there is none); a damaged one stops
+    the run with one line (pytest.UsageError)."""
+    if not FILE_SECONDS.exists():
+        return {}
+    try:
+        seconds = {str(name): float(value)
+                   for name, value in json.loads(FILE_SECONDS.read_text()).items()}
+        if not all(map(math.isfinite, seconds.values())):
+            raise ValueError("a value is not a finite number")
+    except (ValueError, TypeError, AttributeError) as err:
+        raise pytest.UsageError(f"{FILE_SECONDS}: not a record of seconds per test file "
+                                f"({err}); delete it or rerun pytest --record-file-seconds"
+                                ) from None
+    return seconds
+
+
+_FILE_SECONDS_KEY = pytest.StashKey[dict]()
+
+
 def pytest_configure(config):
+    config.stash[_FILE_SECONDS_KEY] = recorded_file_seconds()  # read once, checked at start
     if config.getoption("record_file_seconds") and not hasattr(config, "workerinput"):
         config.pluginmanager.register(FileSecondsRecorder(), "file-seconds-recorder")
 
 
 def pytest_collection_modifyitems(config, items):
-    """Slowest files first; a file's tests keep their order, unrecorded files go last."""
-    seconds = json.loads(FILE_SECONDS.read_text()) if FILE_SECONDS.exists() else {}
+    slowest_files_first(items, config.stash[_FILE_SECONDS_KEY])
+
+
+def slowest_files_first(items: list, seconds: dict[str, float]) -> None:
+    """Sorts `items` in place: the files with the most recorded seconds first, each file's
+    tests in their order, unrecorded files last."""
     items.sort(key=lambda item: -seconds.get(_file_of(item.nodeid), 0.0))  # stable
 
 
@@ -205,7 +231,7 @@ class FileSecondsRecorder:
 
     def pytest_sessionfinish(self):
         """The files this run ran replace their records; the others keep theirs."""
-        recorded = json.loads(FILE_SECONDS.read_text()) if FILE_SECONDS.exists() else {}
+        recorded = recorded_file_seconds()
         recorded.update(self.seconds)
         ordered = sorted(recorded.items(), key=lambda item: (-item[1], item[0]))
         FILE_SECONDS.write_text(json.dumps({name: round(value, 1) for name, value in ordered},
