@@ -61,10 +61,11 @@ os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 # bytecode, and the peers the benchmarks compare against run with $PYTHONDONTWRITEBYTECODE
 # (bench/common.py: they must not write into their own folder), so each would compile torch
 # and transformers from source (11.5 CPU-s an import instead of 4.8), and the two workers,
-# starting together, would each compile JAX's. Imported once here, before the workers start,
-# their bytecode is written once.
-PREWARMED = ("jax", "flax.nnx", "optax", "orbax.checkpoint", "datasets", "ctranslate2",
-             "torch", "transformers")
+# starting together, would each compile JAX's. Imported once here, their bytecode is written
+# once: JAX's side before the workers start, the peers' side at the same time on the other
+# core, finishing while the workers start (the first peer runs tens of seconds later).
+PREWARMED = {"workers": ("jax", "flax.nnx", "optax", "orbax.checkpoint", "datasets"),
+             "peers": ("ctranslate2", "torch", "transformers", "transformers.MarianMTModel")}
 
 
 def _byte_compiled(package: str) -> bool:
@@ -73,21 +74,43 @@ def _byte_compiled(package: str) -> bool:
         importlib.util.cache_from_source(spec.origin))
 
 
-if not os.environ.get("PYTEST_XDIST_WORKER") and not all(
-        _byte_compiled(name.split(".")[0]) for name in PREWARMED):
-    subprocess.run([sys.executable, "-c", f"""
+def _import_quietly(names: tuple[str, ...]) -> subprocess.Popen:
+    """A process importing `names` (a last part in capitals: a class of the module before,
+    which transformers imports lazily), for the bytecode it writes."""
+    script = f"""
 import importlib
-for name in {PREWARMED!r}:
+for name in {names!r}:
+    module, _, attribute = name.rpartition(".")
     try:
-        importlib.import_module(name)
+        if attribute[:1].isupper():
+            getattr(importlib.import_module(module), attribute)
+        else:
+            importlib.import_module(name)
     except ImportError:
         pass
-try:
-    import transformers
-    transformers.MarianMTModel  # the peers' model, which transformers imports lazily
-except ImportError:
-    pass
-"""], timeout=600, capture_output=True)
+"""
+    return subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+
+
+def _write_bytecode_once() -> None:
+    pending = {side: _import_quietly(names) for side, names in PREWARMED.items()
+               if not all(_byte_compiled(name.split(".")[0]) for name in names)}
+    if "workers" in pending:
+        pending["workers"].wait(timeout=600)
+    if "peers" in pending:  # reaped at exit; never left running past the tests
+        atexit.register(_finish, pending["peers"])
+
+
+def _finish(process: subprocess.Popen) -> None:
+    try:
+        process.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        process.kill()
+
+
+if not os.environ.get("PYTEST_XDIST_WORKER"):
+    _write_bytecode_once()
 
 # The suite's models are tiny, so compiling their programs, not running them, is most of its
 # time. Two settings of XLA's CPU compiler make that much cheaper (docs/contributing.md): LLVM

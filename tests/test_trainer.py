@@ -15,6 +15,7 @@ import threading
 import time
 import types
 from pathlib import Path
+from typing import Callable
 
 import pytest
 from conftest import SHALLOW
@@ -24,7 +25,7 @@ from nmt.models import model_dir
 from nmt.rundir import checkpoints as checkpoint
 from nmt.settings import recipes
 from nmt.settings.config import SettingsError, TrainerConfig
-from nmt.training import loader, validation
+from nmt.training import loader, stopping, validation
 from nmt.training.metrics_log import METRICS_FILE, MetricsWriter
 from nmt.training.run_data import prepare_data
 from nmt.training.summary import print_summary, scoring_command
@@ -52,8 +53,9 @@ def cache(tmp_path_factory) -> Path:
 @pytest.fixture
 def bleus(monkeypatch, cache) -> list[float]:
     """The BLEU of each validation, in order; a test appends to it. Translating takes
-    `bleus.translate_s` seconds (a list, one entry per validation, then 0); `bleus.settings`
-    records the BLEU settings each validation scored with."""
+    `bleus.translate_s` seconds (a list, one entry per validation, then 0), passed by calling
+    `bleus.wait` (time.sleep unless a test gives its clock's); `bleus.settings` records the
+    BLEU settings each validation scored with."""
     monkeypatch.setenv("FLAX_NMT_CACHE", str(cache))
     scores = ScriptedScores()
 
@@ -63,7 +65,7 @@ def bleus(monkeypatch, cache) -> list[float]:
 
         def translate(self, sources):
             if scores.translate_s:
-                time.sleep(scores.translate_s.pop(0))
+                scores.wait(scores.translate_s.pop(0))
             return ["x"] * len(sources)
 
         def translate_nbest(self, sources, **where):
@@ -85,6 +87,21 @@ class ScriptedScores(list):
     def __init__(self):
         super().__init__()
         self.translate_s, self.settings = [], []
+        self.wait: Callable[[float], None] = time.sleep
+
+
+class ShiftedClock:
+    """The monotonic clock of `nmt.training.stopping` (the run's timing), moved on by `wait`
+    instead of sleeping: slow work in no time."""
+
+    def __init__(self):
+        self.shift = 0.0
+
+    def monotonic(self) -> float:
+        return time.monotonic() + self.shift
+
+    def wait(self, seconds: float) -> None:
+        self.shift += seconds
 
 
 def _run(corpus: dict[str, str], out: Path, **settings) -> dict:
@@ -239,26 +256,30 @@ def test_resume_after_early_stop_stops_at_once(corpus, bleus, tmp_path, capsys):
 
 
 def test_throughput_leaves_out_validation_and_saving(corpus, bleus, tmp_path, monkeypatch):
-    # Counted, the validation or the save would add slow_s to the window, so the window must
-    # stay under slow_s. The two steps take milliseconds, but up to 2.1 s was seen while the
-    # step-2 checkpoint was written in the background on a busy machine: slow_s leaves room
-    # for that.
-    slow_s = 3.0
+    # Validation at steps 2, 4 and 6, the first slow (slow_s on the run's clock); a save at
+    # step 4, slow too, outside validation (which improves only at step 2, where its own
+    # save is part of it). Counted, either would make a window of two steps last slow_s or
+    # more; the steps themselves take milliseconds (seconds on a busy machine).
+    slow_s = 60.0
+    clock = ShiftedClock()
+    monkeypatch.setattr(stopping, "time", clock)
     save = checkpoint.Checkpointer.save
 
     def slow_save(self, step, *args, **kwargs):
-        if step == 2:  # the save before the window measured; the others need not be slow
-            time.sleep(slow_s)
+        if step == 4:
+            clock.wait(slow_s)
         return save(self, step, *args, **kwargs)
 
     monkeypatch.setattr(checkpoint.Checkpointer, "save", slow_save)
-    bleus += [1.0, 2.0]
+    bleus += [1.0, 0.5, 0.5]
     bleus.translate_s += [slow_s]
+    bleus.wait = clock.wait
     out = tmp_path / "run"
-    _run(corpus, out, max_steps=4, log_every=2, save_every=2)
-    # The window of steps 3-4 follows the validation and the save at step 2 (3 s or more).
-    line = [x for x in _lines(out) if x["kind"] == "train" and x["step"] == 4][0]
-    assert line["tokens"] / line["tokens_per_s"] < slow_s
+    _run(corpus, out, max_steps=6, log_every=2, eval_every=2, save_every=4)
+    assert clock.shift == 2 * slow_s  # the slow validation and the slow save both ran
+    lines = {x["step"]: x for x in _lines(out) if x["kind"] == "train"}
+    for step in (4, 6):  # the windows after the slow validation and after the slow save
+        assert lines[step]["tokens"] / lines[step]["tokens_per_s"] < slow_s / 2
 
 
 def test_max_epochs_stops_at_the_epoch_boundary_and_resumes_to_the_next(corpus, bleus,
