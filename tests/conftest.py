@@ -49,6 +49,40 @@ if not os.environ.get("FLAX_NMT_CACHE"):
 # search half a minute instead of seconds). JAX does not use OpenMP. $OMP_NUM_THREADS is kept.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+
+def worker_cpus(cpus: list[int], worker: int, workers: int) -> list[int] | None:
+    """The CPUs pytest-xdist worker `worker` of `workers` runs on: its own contiguous share of
+    `cpus`, or None (no pinning) when there are fewer CPUs than workers."""
+    if workers < 2 or len(cpus) < workers:
+        return None
+    return cpus[worker * len(cpus) // workers:(worker + 1) * len(cpus) // workers]
+
+
+def suite_cpus() -> list[int]:
+    """The CPUs the suite was started on (the workers inherit $NMT_TESTS_CPUS from pytest)."""
+    return [int(cpu) for cpu in os.environ["NMT_TESTS_CPUS"].split(",")]
+
+
+def _pin_this_worker() -> None:
+    """Each worker, every thread of it and every process it starts, on its own share of the
+    CPUs. Unpinned, the two workers' runtimes each size their thread pools to both cores and
+    contend for them: the suite took 586 s against 524 s pinned (docs/contributing.md), though
+    the tests that start two processes at once run them on one core."""
+    name = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if not name.startswith("gw"):
+        return
+    share = worker_cpus(suite_cpus(), int(name[2:]),
+                        int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0")))
+    if share is None:
+        return
+    for thread in os.listdir("/proc/self/task"):  # threads started before this one too
+        os.sched_setaffinity(int(thread), share)
+
+
+if hasattr(os, "sched_getaffinity"):  # Linux
+    os.environ.setdefault("NMT_TESTS_CPUS", ",".join(map(str, sorted(os.sched_getaffinity(0)))))
+    _pin_this_worker()
+
 # The suite starts Python about two hundred times (the commands it runs, servers, pytest-xdist
 # workers). Where $PYTHONDONTWRITEBYTECODE is set, as many container images set it, every start
 # would compile this repository's modules from source again (0.6 s of CPU for the trainer's and
