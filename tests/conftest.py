@@ -76,7 +76,10 @@ def _pin_this_worker() -> None:
     if share is None:
         return
     for thread in os.listdir("/proc/self/task"):  # threads started before this one too
-        os.sched_setaffinity(int(thread), share)
+        try:
+            os.sched_setaffinity(int(thread), share)
+        except OSError:  # a thread that has ended, or a system that refuses: left as it was
+            pass
 
 
 if hasattr(os, "sched_getaffinity"):  # Linux
