@@ -67,7 +67,9 @@ def _pin_this_worker() -> None:
     """Each worker, every thread of it and every process it starts, on its own share of the
     CPUs. Unpinned, the two workers' runtimes each size their thread pools to both cores and
     contend for them: the suite took 586 s against 524 s pinned (docs/contributing.md), though
-    the tests that start two processes at once run them on one core."""
+    the tests that start two processes at once run them on one core. What sizes itself by
+    the cores (CTranslate2's translators at once, the threads compiling a server's shapes)
+    then takes its one-core path, except where a test gives the count."""
     name = os.environ.get("PYTEST_XDIST_WORKER", "")
     if not name.startswith("gw"):
         return

@@ -71,14 +71,17 @@ def ending_dir(run_dir, tmp_path_factory) -> Path:
 
 
 def both(directory: Path, search, **settings):
-    """(JAX's Translations, CTranslate2's Translations) of LINES with `search`."""
+    """(JAX's Translations, CTranslate2's Translations) of LINES with `search`; CTranslate2
+    translates two batches at once (its default on two cores or more) unless `settings` say
+    otherwise. The commands of the tests below run with the default of their process's
+    cores: one in the suite's workers (conftest.py)."""
     from nmt.models.model_dir import load_models
     from nmt.models.translator import Translator
 
     model, tokenizer, _ = load_models([directory])
     ours = Translator(model, tokenizer, search).translate_all(LINES)
     ct2, _ = open_translator(directory, lambda stored: search, compute_type="float32",
-                             **settings)
+                             **{"searches": 2, **settings})
     return ours, ct2.translate_all(LINES)
 
 
@@ -117,6 +120,14 @@ def test_settings_give_jax_output(cache, ending_dir, changes):
     assert tokens(theirs, ended) == tokens(ours, ended)
     if "min_len" not in changes:  # CTranslate2 gives a banned EOS's probability to the rest
         assert scores(theirs, ended) == pytest.approx(scores(ours, ended), abs=1e-4)
+
+
+def test_two_batches_at_once_where_there_are_two_cores(monkeypatch):
+    from nmt.engines import ctranslate2 as engine
+
+    for cores, searches in ((1, 1), (2, 2), (16, 2)):
+        monkeypatch.setattr(engine, "cpu_cores", lambda cores=cores: cores)
+        assert engine.default_searches() == searches
 
 
 def test_sampling_maps_top_k_temperature_and_seed(cache, run_dir):
