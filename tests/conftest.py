@@ -205,6 +205,16 @@ XLA_DEFAULT_OPTIONS = {
     if name in _names(os.environ.get("XLA_FLAGS", "")) - _names(USER_XLA_FLAGS)}
 
 
+def xla_flags(devices: int | None = None) -> str:
+    """$XLA_FLAGS for a process a test starts: the suite's compiler settings kept, with
+    `devices` CPU devices (None: as many as the process asks for itself)."""
+    kept = [flag for flag in os.environ.get("XLA_FLAGS", "").split()
+            if not flag.startswith("--xla_force_host_platform_device_count")]
+    if devices is not None:
+        kept.append(f"--xla_force_host_platform_device_count={devices}")
+    return " ".join(kept)
+
+
 def compiled_to_run(jitted, *args):
     """`jitted` compiled for `args` with XLA's default settings, not the suite's cheap ones:
     for a program a test runs hundreds of times, whose running then costs more than its

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import SHALLOW_FLAGS, built_once
+from conftest import SHALLOW_FLAGS, built_once, xla_flags
 
 import train as train_cli
 from data.tokenizer import load_tokenizer
@@ -484,7 +484,7 @@ def test_no_argument_defaults():
 def test_two_devices_with_accumulation(corpus, env, tmp_path):
     """The same loop on a 2-device mesh (forced host devices), 2 micro-batches per update."""
     out = tmp_path / "two"
-    two = {**env, "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+    two = {**env, "XLA_FLAGS": xla_flags(devices=2)}
     result = _run(_args(corpus, out, max_steps=10, accum=2, eval_every=10), two)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "2 cpu device(s)" in result.stdout

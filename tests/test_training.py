@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from conftest import SHALLOW
+from conftest import SHALLOW, xla_flags
 
 from transformer import training
 from transformer.config import get_preset
@@ -461,8 +461,7 @@ def _worker(out, devices, processes=1, process_id=0, port=None, dropout=0.1):
                "--process-id", str(process_id), "--dropout", str(dropout), "--out", str(out)]
     if port is not None:
         command += ["--port", str(port)]
-    env = {**os.environ, "PYTHONPATH": ROOT}
-    env.pop("XLA_FLAGS", None)
+    env = {**os.environ, "PYTHONPATH": ROOT, "XLA_FLAGS": xla_flags()}  # devices: its own
     return subprocess.Popen(command, env=env, cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
 
