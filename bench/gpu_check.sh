@@ -190,7 +190,7 @@ if [ "$DRY_RUN" = 1 ]; then
     SERVE=(--clients 2 --seconds 2 --modes batched,ceiling,calls --ceiling-batch-tokens 256
         --server-args "--buckets 16 --batch-tokens 64")
     STUDENT_FLAGS=("${TOY_RUN[@]}")
-    FRONTIER=(--limit 6 --passes 1 --dtypes float32 --shortlist 64 --compute-types float32
+    FRONTIER=(--limit 6 --passes 1 --dtypes float32 --shortlist 64 --compute-types int8
         --threads 1 --inter-threads 1)
     # torch and CTranslate2 on one thread: on a shared CPU a pool of two spins for each of
     # the toy model's tiny products

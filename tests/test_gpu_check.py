@@ -68,8 +68,13 @@ def test_dry_run_does_every_step_and_writes_its_records(multi30k_like, tmp_path)
                 if line.startswith("{")]
     measured = {(f["model"], f["system"]) for f in frontier if "bleu" in f}
     assert {(model, system) for model in ("teacher", "student-6-2") for system in (
-        "ours float32", "ours float32 shortlist 64", "ctranslate2 float32",
-        "ctranslate2 float32 vmap")} <= measured, measured
+        "ours float32", "ours float32 shortlist 64", "ctranslate2 int8",
+        "ctranslate2 int8 vmap")} <= measured, measured
+    assert all(f["sentences"] == 6 and f["sentences_per_s"] > 0 for f in frontier
+               if "bleu" in f)
+    table = (out / "frontier.jsonl").read_text().splitlines()  # and its table, a row each
+    for model in ("teacher", "student-6-2"):
+        assert sum(line.startswith(f"| {model} |") for line in table) == 4, table
     assert (out / "frontier.png").read_bytes()[:4] == b"\x89PNG"
     assert (out / "student" / "config.yaml").read_text().count("student-6-2") == 1
     host = json.loads((out / "recipe_host.json").read_text())

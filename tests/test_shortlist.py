@@ -272,31 +272,6 @@ def test_the_shortlist_command_refuses_bad_counts_and_misaligned_corpora(shortli
     assert "has 2 lines but" in capsys.readouterr().err
 
 
-def test_the_frontier_bench_measures_each_engine_with_and_without_the_shortlist(
-        shortlisted, tmp_path, monkeypatch, capsys):
-    import json
-    import sys
-
-    from bench import frontier
-    from translate_model import sentences
-
-    (tmp_path / "test.de").write_text("\n".join(sentences(6, seed=9)) + "\n")
-    (tmp_path / "test.en").write_text("\n".join(sentences(6, seed=10)) + "\n")
-    monkeypatch.setattr(sys, "argv", [
-        "frontier", "--model", f"tiny={shortlisted / 'model'}", "--test-prefix",
-        str(tmp_path / "test"), "--src", "de", "--tgt", "en", "--shortlist", "64",
-        "--dtypes", "float32", "--compute-types", "int8", "--passes", "1",
-        "--plot", str(tmp_path / "frontier.png")])
-    frontier.main()
-    out = capsys.readouterr().out.splitlines()
-    records = [json.loads(line) for line in out if line.startswith("{")]
-    assert [r["system"] for r in records] == [
-        "ours float32", "ours float32 shortlist 64", "ctranslate2 int8", "ctranslate2 int8 vmap"]
-    assert all(r["sentences"] == 6 and r["sentences_per_s"] > 0 for r in records)
-    assert sum(line.startswith("| tiny |") for line in out) == 4
-    assert (tmp_path / "frontier.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-
-
 def test_the_server_loads_each_models_shortlist_and_names_it_in_its_engine(shortlisted,
                                                                           run_dir):
     from nmt.serving import command as server
