@@ -104,7 +104,9 @@ os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 # once: JAX's side before the workers start, the peers' side at the same time on the other
 # core, finishing while the workers start (the first peer runs tens of seconds later).
 PREWARMED = {"workers": ("jax", "flax.nnx", "optax", "orbax.checkpoint", "datasets"),
-             "peers": ("ctranslate2", "torch", "transformers", "transformers.MarianMTModel")}
+             # the peers' model's module, which `transformers.MarianMTModel` imports lazily
+             "peers": ("ctranslate2", "torch", "transformers",
+                       "transformers.models.marian.modeling_marian")}
 
 
 def _byte_compiled(package: str) -> bool:
@@ -114,17 +116,12 @@ def _byte_compiled(package: str) -> bool:
 
 
 def _import_quietly(names: tuple[str, ...]) -> subprocess.Popen:
-    """A process importing `names` (a last part in capitals: a class of the module before,
-    which transformers imports lazily), for the bytecode it writes."""
+    """A process importing the modules `names`, for the bytecode it writes."""
     script = f"""
 import importlib
 for name in {names!r}:
-    module, _, attribute = name.rpartition(".")
     try:
-        if attribute[:1].isupper():
-            getattr(importlib.import_module(module), attribute)
-        else:
-            importlib.import_module(name)
+        importlib.import_module(name)
     except ImportError:
         pass
 """
