@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import math
 import os
 import platform
 import resource
@@ -82,6 +83,17 @@ def positive_int(text: str) -> int:
 def non_negative_int(text: str) -> int:
     """argparse type: an integer >= 0 (untimed warm-up steps)."""
     return _int_at_least(text, 0)
+
+
+def non_negative_float(text: str) -> float:
+    """argparse type: a finite number >= 0 (loss weights)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 <= value < math.inf:
+        raise argparse.ArgumentTypeError(f"{value} is not a finite number >= 0")
+    return value
 
 
 def _int_at_least(text: str, least: int) -> int:

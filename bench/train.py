@@ -28,6 +28,10 @@ peer's: post-norm, ReLU, sinusoidal positions, shared embeddings, dropout 0.1, v
 With --dtype bfloat16 the peer runs under torch.autocast(bfloat16) (bench/peer_autocast.py),
 PyTorch's CPU mixed precision, the same split of work as ours: products in bfloat16,
 everything else and the master weights in float32.
+
+With --rdrop A every row runs twice and R-Drop's KL term is added (train.py's --rdrop);
+tokens_per_s still counts the batch's own tokens once. The peer has no such step, so --compare
+refuses it.
 """
 
 from __future__ import annotations
@@ -63,6 +67,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="untimed steps after compiling")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--accum-steps", type=common.positive_int, default=1)
+    ap.add_argument("--rdrop", type=common.non_negative_float, default=0.0,
+                    help="R-Drop weight (train.py's --rdrop): every row run twice and the KL "
+                         "term added; tokens_per_s counts the batch's own tokens once")
     ap.add_argument("--attention-impl", choices=["xla", "cudnn"],
                     help="training attention: XLA's, or cuDNN's fused kernel (NVIDIA GPUs, "
                          "bfloat16 only); default: the model's (XLA)")
@@ -70,7 +77,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="also run the peer (transformers) step, alternating with ours")
     ap.add_argument("--rounds", type=common.positive_int, default=1, help="rounds of ours (+ peer)")
     ap.add_argument("--threads", type=common.positive_int, default=2, help="peer torch threads")
-    return ap.parse_args(argv)
+    args = ap.parse_args(argv)
+    if args.compare and args.rdrop:
+        ap.error("--rdrop: the peer's step has no R-Drop to compare with; drop --compare")
+    return args
 
 
 def model_config(args):
@@ -104,7 +114,8 @@ class OurStep:
     def __init__(self, args):
         self.args = args
         self.config = model_config(args)
-        self.optimizer_config = training.OptimizerConfig(accum_steps=args.accum_steps)
+        self.optimizer_config = training.OptimizerConfig(accum_steps=args.accum_steps,
+                                                         rdrop=args.rdrop)
         self.mesh = training.make_mesh()
         graphdef, _, self.state = training.create_train_state(self.config,
                                                               self.optimizer_config, self.mesh)
@@ -157,7 +168,7 @@ def main(argv=None) -> None:
             "layers": ours.config.encoder_layers, "heads": ours.config.num_heads,
             "ffn": ours.config.d_ff, "vocab": ours.config.vocab_size, "params": ours.params,
             "batch": args.batch, "accum_steps": args.accum_steps, "src_len": args.src_len,
-            "tgt_len": args.tgt_len, "dtype": args.dtype,
+            "tgt_len": args.tgt_len, "dtype": args.dtype, "rdrop": args.rdrop,
             "attention_impl": ours.config.attention_impl or "xla", "steps": args.steps,
             "warmup": args.warmup, "model_gflop_per_step": round(flops / 1e9, 2)}
     ratios, best = [], {"ours": [], "peer": []}
