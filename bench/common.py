@@ -92,7 +92,7 @@ def non_negative_float(text: str) -> float:
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
     if not 0 <= value < math.inf:
-        raise argparse.ArgumentTypeError(f"{value} is not a finite number >= 0")
+        raise argparse.ArgumentTypeError(f"{text} is not a finite number >= 0")
     return value
 
 
