@@ -410,6 +410,28 @@ def test_translate_refuses_nan_and_infinity_before_loading(argv, capsys, no_mode
     assert "must be a finite number" in line and "unexpected" not in line
 
 
+@pytest.mark.parametrize("argv, message", [
+    (["--input", "in.txt", "Hallo."], "give sentences as arguments or --input FILE, not both"),
+    (["--plot-attention", "a.png", "Eins.", "Zwei."], "--plot-attention needs exactly one"),
+    (["--model", "m2", "--plot-attention", "a.png", "Hallo."], "give one --model"),
+    (["--html", "--nbest", "2", "Hallo."], "--html gives one translation per input line and "
+                                           "does not apply with --nbest"),
+    (["--html", "--evaluate", "--test-prefix", "t"], "does not apply with --evaluate"),
+    (["--chunk-lines", "0", "Hallo."], "--chunk-lines must be >= 1, got 0"),
+    (["--evaluate", "--test-prefix", "t", "Hallo."], "--evaluate reads --src-file/--ref-file"),
+    (["--score", "--input", "in.txt", "--test-prefix", "t"], "--score reads"),
+    (["--evaluate", "--src-file", "s.en"], "--evaluate needs both --src-file and --ref-file"),
+    (["--score", "--test-prefix", "t", "--test-file", "t.tsv"], "--score needs exactly one of"),
+    (["--score", "--test-prefix", "t", "--nbest", "2"], "--nbest does not apply with --score"),
+    (["--report", "r.json", "Hallo."], "--report only applies with --evaluate or --score"),
+    (["--test-prefix", "t", "Hallo."], "--test-prefix only applies with --evaluate or --score"),
+])
+def test_translate_refuses_flags_that_cannot_go_together_before_loading(argv, message, capsys,
+                                                                        no_model):
+    status, line = _main(translate_cli.main, ["--model", "m", *argv], capsys)
+    assert status == 2 and line.startswith("translate.py: error: ") and message in line, line
+
+
 def test_a_stored_nan_setting_is_refused_naming_the_file(run_dir, tmp_path, capsys,
                                                          monkeypatch):
     from nmt.models.model_dir import ModelDirError, load_model

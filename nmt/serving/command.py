@@ -178,7 +178,14 @@ def _int_list(text: str) -> tuple[int, ...]:
 
 
 def check_args(args: argparse.Namespace) -> None:
+    """Flag values argparse cannot check; raises UsageError."""
     check_engine_args(args, ensembles=False)
+    _check_limits(args)
+    _check_batching(args)
+
+
+def _check_limits(args: argparse.Namespace) -> None:
+    """Per-request limits and counts in their ranges."""
     counts = [("--batch-tokens", args.batch_tokens), ("--gather-tokens", args.gather_tokens),
               ("--searches", args.searches), ("--shortlist", args.shortlist)]
     for flag, field, _, _ in LIMIT_FLAGS:
@@ -200,6 +207,10 @@ def check_args(args: argparse.Namespace) -> None:
     for flag, value in counts:
         if value is not None and value < 1:
             raise UsageError(f"{flag} must be >= 1, got {value}.")
+
+
+def _check_batching(args: argparse.Namespace) -> None:
+    """Batch sizes, waits, shapes and the port in their ranges."""
     for flag, value in (("--batch-tokens", args.batch_tokens),
                         ("--gather-tokens", args.gather_tokens)):
         if value is not None and value > MAX_BATCH_TOKENS:

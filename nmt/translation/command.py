@@ -243,6 +243,13 @@ def _add_evaluation_flags(ev) -> None:
 def check_args(args: argparse.Namespace) -> None:
     """Flag combinations argparse cannot express; raises UsageError."""
     check_engine_args(args)
+    _check_numbers(args)
+    _check_inputs(args)
+    _check_scoring(args)
+
+
+def _check_numbers(args: argparse.Namespace) -> None:
+    """Counts at least 1, search settings finite."""
     for name in ("batch_tokens", "chunk_lines", "searches", "shortlist"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             raise UsageError(f"--{name.replace('_', '-')} must be >= 1, "
@@ -253,6 +260,11 @@ def check_args(args: argparse.Namespace) -> None:
         except ValueError as err:
             raise UsageError(f"{origin}: {err} Give a finite number, or leave the flag out to "
                              "use the model's setting.") from None
+
+
+def _check_inputs(args: argparse.Namespace) -> None:
+    """Where the sentences come from and what each line gives; sets --split-sentences's
+    default."""
     if args.input is not None and args.sentences:
         raise UsageError("give sentences as arguments or --input FILE, not both.")
     if args.plot_attention and len(args.sentences) != 1:
@@ -267,6 +279,11 @@ def check_args(args: argparse.Namespace) -> None:
                                  f"apply with --{flag.replace('_', '-')}.")
     if args.split_sentences is None:  # on, unless a mode gives each line's own results
         args.split_sentences = not (args.nbest or args.score or args.plot_attention)
+
+
+def _check_scoring(args: argparse.Namespace) -> None:
+    """--evaluate and --score: one at a time, with exactly one test set; their flags alone
+    without them are refused."""
     if args.evaluate and args.score:
         raise UsageError("--evaluate translates and --score does not: give one of them.")
     if args.normalize and not args.score:
