@@ -131,10 +131,20 @@ def test_yaml_reads_scientific_numbers_as_numbers(tmp_path):
     assert (run.optimizer.adam_eps, run.optimizer.peak_lr) == (1e-9, 5e-4)
 
 
-def test_an_invalid_flag_value_names_the_flag():
+@pytest.mark.parametrize("flags, message", [
+    (["--dropout", "1.5"], r"dropout must be in \[0, 1\), got 1.5 \(given by --dropout 1.5\)"),
+    # SentencePiece's sampler takes an unsigned 32-bit seed: these once ended in a TypeError.
+    (["--seed", "-1"], r"seed must be an integer from 0 to 4294967295 \(2\*\*32 - 1\), got -1 "
+                       r"\(given by --seed -1\)"),
+    (["--seed", str(2**32)], r"seed must be an integer from 0 to 4294967295 .*, got 4294967296"),
+])
+def test_an_invalid_flag_value_names_the_flag(flags, message):
     parser = argparse.ArgumentParser()
     recipes.add_flags(parser)
-    args = parser.parse_args(["--dropout", "1.5"])
-    with pytest.raises(SettingsError, match=r"dropout must be in \[0, 1\), got 1.5 \(given by "
-                                            r"--dropout 1.5\)"):
+    args = parser.parse_args(flags)
+    with pytest.raises(SettingsError, match=message):
         recipes.build(recipes.defaults(), recipes.from_args(args))
+
+
+def test_the_largest_seed_is_accepted():
+    assert recipes.run_from_flat(seed=2**32 - 1).tokenizer.seed == 2**32 - 1

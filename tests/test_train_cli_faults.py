@@ -234,6 +234,25 @@ def test_a_recipe_directory_is_named_as_one(tmp_path, capsys):
     assert f"--config {tmp_path}: is a directory; give a recipe file" in _error_line(capsys)
 
 
+@pytest.mark.parametrize("flags, message", [
+    (["--num-processes", "0"], "--num-processes must be >= 1, got 0"),
+    (["--process-id", "-1"], "--process-id must be >= 0, got -1"),
+    (["--num-processes", "2", "--process-id", "2", "--coordinator", "127.0.0.1:1"],
+     "--process-id 2 is not below --num-processes 2; number the processes 0 to 1"),
+    (["--coordinator", "localhost"], "--coordinator must be HOST:PORT"),
+    (["--coordinator", "localhost:70000"], "--coordinator must be HOST:PORT"),
+    (["--num-processes", "2"], "several processes need all three of --coordinator HOST:PORT"),
+])
+def test_process_flags_jax_would_refuse_are_named_before_it_starts(flags, message, tmp_path,
+                                                                  capsys, monkeypatch):
+    for launcher in ("JAX_COORDINATOR_ADDRESS", "COORDINATOR_ADDRESS",
+                     "MEGASCALE_COORDINATOR_ADDRESS", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE",
+                     "PMI_SIZE", "TPU_WORKER_HOSTNAMES"):
+        monkeypatch.delenv(launcher, raising=False)
+    assert train_cli.main([*flags, "--output-dir", str(tmp_path / "r")]) == 2
+    assert message in _error_line(capsys)
+
+
 def test_an_empty_variable_takes_the_default_as_in_the_shell(monkeypatch):
     monkeypatch.setenv("MULTI30K", "")
     run = recipes.load(REPO / "configs/multi30k_cpu.yaml")

@@ -287,8 +287,10 @@ class OptimizerConfig(DictConfig):
         if not self.weight_decay >= 0:
             raise ValueError(f"OptimizerConfig.weight_decay must be >= 0, "
                              f"got {self.weight_decay!r}.")
-        if not isinstance(self.seed, int):
-            raise ValueError(f"OptimizerConfig.seed must be an integer, got {self.seed!r}.")
+        # SentencePiece's sampler and NumPy's legacy generators take an unsigned 32-bit seed.
+        if not isinstance(self.seed, int) or not 0 <= self.seed < 2**32:
+            raise ValueError(f"OptimizerConfig.seed must be an integer from 0 to 4294967295 "
+                             f"(2**32 - 1), got {self.seed!r}.")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -28,6 +28,30 @@ def _cluster_env_present() -> bool:
     return len([h for h in hosts.split(",") if h]) > 1
 
 
+def check_process_flags(coordinator: str | None, num_processes: int | None,
+                        process_id: int | None) -> None:
+    """ValueError, naming the flag, for --coordinator/--num-processes/--process-id that
+    `jax.distributed.initialize` would refuse with a message that names none of them."""
+    if num_processes is not None and num_processes < 1:
+        raise ValueError(f"--num-processes must be >= 1, got {num_processes}")
+    if process_id is not None and process_id < 0:
+        raise ValueError(f"--process-id must be >= 0, got {process_id}")
+    if None not in (num_processes, process_id) and process_id >= num_processes:
+        raise ValueError(f"--process-id {process_id} is not below --num-processes "
+                         f"{num_processes}; number the processes 0 to {num_processes - 1}")
+    if coordinator is not None:
+        host, _, port = coordinator.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"--coordinator must be HOST:PORT (process 0's address and a free "
+                             f"port, the same on every process), got {coordinator!r}")
+    given = [v is not None for v in (coordinator, num_processes, process_id)]
+    if any(given) and not all(given) and not _cluster_env_present():
+        raise ValueError("several processes need all three of --coordinator HOST:PORT (the "
+                         "same on every process), --num-processes N and --process-id (0 to "
+                         "N-1, one on each process); no launcher (SLURM, Open MPI, a TPU "
+                         "slice) has set the missing ones")
+
+
 def initialize_distributed(coordinator: str | None = None, num_processes: int | None = None,
                            process_id: int | None = None) -> bool:
     """Call `jax.distributed.initialize` when this is one of several processes.

@@ -44,9 +44,13 @@ environment turns it off (nmt/runtime/allocator.py).""")
                              "--average-last checkpoints of the run in --output-dir")
     recipes.add_flags(parser, recipes.defaults())
     multi = parser.add_argument_group("several processes (multi-host)")
-    multi.add_argument("--coordinator", help="address:port of process 0")
-    multi.add_argument("--num-processes", type=int)
-    multi.add_argument("--process-id", type=int)
+    multi.add_argument("--coordinator", metavar="HOST:PORT",
+                       help="process 0's address and a free port, the same on every process")
+    multi.add_argument("--num-processes", type=int, metavar="N",
+                       help="how many processes run this training (one per host, say)")
+    multi.add_argument("--process-id", type=int, metavar="K",
+                       help="this process's number, 0 to N-1; without these three a launcher "
+                            "(SLURM, Open MPI, a TPU slice) that set them is read instead")
     return parser
 
 
@@ -79,8 +83,12 @@ def _main(argv: list[str] | None, started: float) -> int:
     cli.writable_directory(run.output_dir(), "--output-dir")
     cli.writable_cache(PROG)
     # Before anything touches JAX devices; and not before parsing: --help loads no JAX.
-    from nmt.runtime.distributed import initialize_distributed
+    from nmt.runtime.distributed import check_process_flags, initialize_distributed
 
+    try:
+        check_process_flags(args.coordinator, args.num_processes, args.process_id)
+    except ValueError as err:
+        raise cli.UsageError(str(err)) from None
     cli.allocator_status()  # a bad NMT_ALLOCATOR ends here; the trainer logs the line
     initialize_distributed(args.coordinator, args.num_processes, args.process_id)
     _setup_logging()
