@@ -432,6 +432,26 @@ def test_translate_refuses_flags_that_cannot_go_together_before_loading(argv, me
     assert status == 2 and line.startswith("translate.py: error: ") and message in line, line
 
 
+@pytest.mark.parametrize("seed, message", [
+    ("-1", "must be an integer from 0 to 4294967295 (2**32 - 1), got -1"),
+    # Beyond a C long: this once ended in an unexpected OverflowError after the model loaded.
+    ("99999999999999999999", "got 99999999999999999999"),
+    ("1.5", "expected an integer, got '1.5'"),
+])
+def test_translate_refuses_a_seed_outside_32_bits_before_loading(seed, message, capsys,
+                                                                 no_model):
+    status, line = _main(translate_cli.main, ["--model", "m", "--sample", "--seed", seed,
+                                              "Hallo."], capsys)
+    assert status == 2 and line.startswith("translate.py: error: argument --seed: ")
+    assert message in line, line
+
+
+def test_the_largest_sampling_seed_samples(run_dir, capsys):
+    status = translate_cli.main(["--model", str(run_dir), "--sample", "--seed", str(2**32 - 1),
+                                 "-q", "Ein Mann."])
+    assert status == 0 and capsys.readouterr().out.strip()
+
+
 def test_a_stored_nan_setting_is_refused_naming_the_file(run_dir, tmp_path, capsys,
                                                          monkeypatch):
     from nmt.models.model_dir import ModelDirError, load_model

@@ -47,6 +47,19 @@ class OneLineParser(argparse.ArgumentParser):
         fail(self.prog, f"{message}; see {self.prog} --help", EXIT_USAGE)
 
 
+def seed(text: str) -> int:
+    """An argparse type: a random seed, an unsigned 32-bit integer as SentencePiece and
+    train.py's --seed take."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if not 0 <= value < 2**32:
+        raise argparse.ArgumentTypeError(f"must be an integer from 0 to 4294967295 (2**32 - 1), "
+                                         f"got {value}")
+    return value
+
+
 def fail(prog: str, message: str, code: int) -> NoReturn:
     print(f"{prog}: error: {' '.join(message.split())}", file=sys.stderr, flush=True)
     sys.exit(code)

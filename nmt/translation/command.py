@@ -201,7 +201,8 @@ def add_search_flags(search) -> None:
     strategy.add_argument("--greedy", action="store_true", help="greedy search")
     strategy.add_argument("--sample", action="store_true",
                           help="sample (see --temperature, --top-k, --seed)")
-    search.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+    search.add_argument("--seed", type=cli.seed, default=0,
+                        help="sampling seed, 0 to 4294967295 (default 0)")
 
 
 def _add_plot_flags(plot) -> None:
