@@ -127,7 +127,13 @@ def teacher_copy(run_dir, tmp_path, name: str, **stored) -> str:
     ("missing-corpus", 1, "does not exist; --train-prefix PREFIX reads PREFIX.de"),
     ("not-empty", 2, "is not empty and holds no distillation.json"),
     ("nbest", 2, "keeps the teacher's best translation only"),
-    ("chunk", 2, "--chunk-lines and --batch-tokens must be >= 1"),
+    ("chunk", 2, "--chunk-lines must be >= 1, got 0"),
+    ("batch", 2, "--batch-tokens must be >= 1, got -3"),
+    # Found before the teacher loads and before --out is made, not as an unexpected error
+    # after the first chunks were translated.
+    ("source-not-utf8", 1, "bad.de line 3: invalid UTF-8 (byte 0xff at column 5)"),
+    ("target-not-utf8", 1, "bad.en line 3: invalid UTF-8"),
+    ("misaligned", 1, "bad.de has 30 lines but"),
 ])
 def test_bad_input_is_one_line(run_dir, corpus, tmp_path, capsys, case, code, message):
     out, flags, teachers = tmp_path / "out", [], ["--teacher", str(run_dir)]
@@ -143,14 +149,34 @@ def test_bad_input_is_one_line(run_dir, corpus, tmp_path, capsys, case, code, me
         (out / "notes.txt").write_text("mine")
     elif case == "nbest":
         flags = ["--nbest", "2"]
-    else:
+    elif case == "chunk":
         flags = ["--chunk-lines", "0"]
+    elif case == "batch":
+        flags = ["--batch-tokens", "-3"]
+    else:
+        prefix = _damaged_copy(corpus, tmp_path, case)
+        flags = ["--keep-original"]
     argv = [*teachers, "--train-prefix", prefix, "--out", str(out), "-q", *flags]
     assert command.main(argv) == code
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1, err
     if case == "not-empty":
         assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]
+    else:
+        assert not out.exists()
+
+
+def _damaged_copy(corpus, tmp_path, case: str) -> str:
+    """The corpus as tmp_path/bad.{de,en}, with one side's line 3 in Latin-1 bytes or with a
+    line missing from the target."""
+    for side in ("de", "en"):
+        lines = corpus.with_suffix(f".{side}").read_bytes().splitlines(keepends=True)
+        if case == f"{'source' if side == 'de' else 'target'}-not-utf8":
+            lines[2] = b"Wie \xff gut\n"
+        if case == "misaligned" and side == "en":
+            del lines[4]
+        (tmp_path / f"bad.{side}").write_bytes(b"".join(lines))
+    return str(tmp_path / "bad")
 
 
 def test_an_ensemble_of_teachers_distils_with_their_mean(run_dir, corpus, tmp_path):

@@ -126,10 +126,20 @@ def corpus_files(args: argparse.Namespace, src: str, tgt: str) -> tuple[Path, Pa
         if path is not None and not path.is_file():
             raise InputError(f"{path} does not exist; --train-prefix PREFIX reads "
                              f"PREFIX.{src}{f' and PREFIX.{tgt}' if target else ''}.")
-    if target is not None and count_lines(source) != count_lines(target):
-        raise InputError(f"{source} has {count_lines(source):,} lines but {target} "
-                         f"{count_lines(target):,}; the sides of a corpus align line for line.")
+    lines = [_checked_line_count(path) for path in (source, target) if path is not None]
+    if len(lines) == 2 and lines[0] != lines[1]:
+        raise InputError(f"{source} has {lines[0]:,} lines but {target} {lines[1]:,}; the "
+                         "sides of a corpus align line for line.")
     return source, target
+
+
+def _checked_line_count(path: Path) -> int:
+    """The lines of `path`, each checked to be UTF-8 before any teacher loads: InputError
+    naming the line that is not."""
+    try:
+        return sum(1 for _ in iter_lines(path))
+    except DataError as err:
+        raise InputError(str(err)) from None
 
 
 def chunks(path: Path, size: int) -> Iterator[list[str]]:
@@ -165,8 +175,9 @@ def search_settings(args: argparse.Namespace, teachers: Teachers):
 
 
 def distil(args: argparse.Namespace) -> int:
-    if args.chunk_lines < 1 or args.batch_tokens < 1:
-        raise UsageError("--chunk-lines and --batch-tokens must be >= 1.")
+    for flag, value in (("--chunk-lines", args.chunk_lines), ("--batch-tokens", args.batch_tokens)):
+        if value < 1:
+            raise UsageError(f"{flag} must be >= 1, got {value}.")
     teachers, src, tgt = read_teachers(args.teacher, args.src, args.tgt)
     source, target = corpus_files(args, src, tgt)
     search = search_settings(args, teachers)
