@@ -65,6 +65,9 @@ TRAIN_CASES = {
     "unknown flag": (["--bogus"], 2, "--bogus"),
     "loss spike of one": (["--loss-spike", "1"], 2, "--loss-spike"),
     "averaging without a count": (["--average-only"], 2, "--average-last"),
+    "averaging more than are kept": (["--average-last", "6", "--keep-last", "5"], 2,
+                                     "--average-last 6 averages the last 6 checkpoints, but "
+                                     "--keep-last 5 keeps only 5"),
     "missing recipe": (["--config", "{tmp}/none.yaml"], 2, "{tmp}/none.yaml"),
     "output dir is a file": (["--output-dir", "{tmp}/file"], 2, "{tmp}/file"),
     "output dir under a file": (["--output-dir", "{tmp}/file/run"], 2, "{tmp}/file"),

@@ -80,6 +80,12 @@ def _main(argv: list[str] | None, started: float) -> int:
         raise cli.UsageError(str(err)) from None
     if args.average_only and not run.trainer.average_last:
         raise cli.UsageError("--average-only needs --average-last N (how many checkpoints).")
+    average, keep = run.trainer.average_last, run.trainer.keep_last
+    if not args.average_only and average and average > keep:
+        # Found before training, not in a warning at its end.
+        raise cli.UsageError(f"--average-last {average} averages the last {average} "
+                             f"checkpoints, but --keep-last {keep} keeps only {keep}; raise "
+                             f"--keep-last to {average} or more, or average fewer.")
     cli.writable_directory(run.output_dir(), "--output-dir")
     cli.writable_cache(PROG)
     # Before anything touches JAX devices; and not before parsing: --help loads no JAX.
