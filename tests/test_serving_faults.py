@@ -441,8 +441,11 @@ def _serve(argv: list[str], capsys, monkeypatch) -> tuple[int, str]:
     (["--batch-tokens", "1000000000"], "--batch-tokens 1000000000: this server searches at "
                                        "most 65536"),
     (["--gather-tokens", "100000"], "--gather-tokens 100000"),
+    (["--model", "de-en=runs/none"], "--model de-en=runs/none: write the pair as SRC:TGT=PATH"),
+    (["--model", ":en=runs/none"], "--model :en=runs/none: write the pair as SRC:TGT=PATH"),
 ], ids=["empty keys path", "empty host", "bad host", "other host", "timeout inf",
-        "header timeout nan", "batch tokens", "gather tokens"])
+        "header timeout nan", "batch tokens", "gather tokens", "pair without colon",
+        "pair without source"])
 def test_flags_that_cannot_serve_end_in_one_line_before_the_model_loads(
         run_dir, flags, message, capsys, monkeypatch):
     code, err = _serve(["--model", str(run_dir), "--port", "0", *flags], capsys, monkeypatch)

@@ -29,6 +29,7 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import logging
+import os
 import signal
 import threading
 import time
@@ -180,6 +181,8 @@ def _int_list(text: str) -> tuple[int, ...]:
 def check_args(args: argparse.Namespace) -> None:
     """Flag values argparse cannot check; raises UsageError."""
     check_engine_args(args, ensembles=False)
+    for flag in args.model:  # a malformed pair before any model loads
+        parse_model_flag(flag)
     _check_limits(args)
     _check_batching(args)
 
@@ -238,6 +241,9 @@ def parse_model_flag(value: str) -> tuple[str | None, str | None, str]:
             raise UsageError(f"--model {value}: write the pair as SRC:TGT=PATH, e.g. "
                              "en:de=runs/en-de")
         return source, target, path
+    if sep and "/" not in head and not os.path.exists(value):  # de-en=PATH, say
+        raise UsageError(f"--model {value}: write the pair as SRC:TGT=PATH, e.g. "
+                         "en:de=runs/en-de, or give a path that exists")
     return None, None, value
 
 
