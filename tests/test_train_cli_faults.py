@@ -253,6 +253,16 @@ def test_process_flags_jax_would_refuse_are_named_before_it_starts(flags, messag
     assert message in _error_line(capsys)
 
 
+def test_an_exported_model_as_output_dir_is_refused_and_left_as_it_was(model, capsys):
+    before = sorted(p.name for p in model.iterdir())
+    assert train_cli.main(["--preset", "tiny", "--max-steps", "1", "--output-dir",
+                           str(model)]) == 2
+    assert (f"--output-dir {model} holds an exported model (config.json), not a run; "
+            f"give a new directory for the run (to fine-tune that model: --init-from "
+            f"{model})") in _error_line(capsys)
+    assert sorted(p.name for p in model.iterdir()) == before
+
+
 def test_an_empty_variable_takes_the_default_as_in_the_shell(monkeypatch):
     monkeypatch.setenv("MULTI30K", "")
     run = recipes.load(REPO / "configs/multi30k_cpu.yaml")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import logging
 import time
+from pathlib import Path
 
 from nmt.runtime import cli
 from nmt.settings import recipes
@@ -87,6 +88,7 @@ def _main(argv: list[str] | None, started: float) -> int:
                              f"checkpoints, but --keep-last {keep} keeps only {keep}; raise "
                              f"--keep-last to {average} or more, or average fewer.")
     cli.writable_directory(run.output_dir(), "--output-dir")
+    _not_an_exported_model(run.output_dir())
     cli.writable_cache(PROG)
     # Before anything touches JAX devices; and not before parsing: --help loads no JAX.
     from nmt.runtime.distributed import check_process_flags, initialize_distributed
@@ -99,6 +101,16 @@ def _main(argv: list[str] | None, started: float) -> int:
     initialize_distributed(args.coordinator, args.num_processes, args.process_id)
     _setup_logging()
     return _run(run, args, started)
+
+
+def _not_an_exported_model(run_dir: Path) -> None:
+    """UsageError for an --output-dir that holds an exported model (this project's,
+    transformers' or CTranslate2's: each has a config.json, which no run directory has),
+    before a run's files are mixed into it."""
+    if (run_dir / "config.json").is_file():
+        raise cli.UsageError(
+            f"--output-dir {run_dir} holds an exported model (config.json), not a run; give a "
+            f"new directory for the run (to fine-tune that model: --init-from {run_dir}).")
 
 
 def _run(run: RunConfig, args: argparse.Namespace, started: float) -> int:
