@@ -132,6 +132,20 @@ def test_settings_that_cannot_resume_a_fine_tuning_run_are_usage_errors(fine_tun
     assert "pass --seed 0 to resume" in _error_line(capsys)
 
 
+def test_init_from_given_to_a_run_trained_from_scratch_is_refused(model, corpus, tmp_path,
+                                                                  capsys):
+    """Its checkpoints would be resumed and --init-from ignored, though the user asked to
+    fine-tune: here its own model/, whose tokenizer is the run's."""
+    out = tmp_path / "scratch"
+    scratch = [a for a in _fine_tune(model, corpus, out) if a not in ("--init-from", str(model))]
+    assert train_cli.main([*scratch, "--preset", "tiny", "--vocab-size", "320"]) == 0
+    assert train_cli.main([*scratch, "--preset", "tiny", "--init-from", str(out / "model"),
+                           "--max-steps", "4"]) == 2
+    assert (f"the run in {out} was trained from scratch (see {out / 'config.yaml'}), this run "
+            f"asks for --init-from {out / 'model'}: drop --init-from to resume the run, or use "
+            "a new --output-dir") in _error_line(capsys)
+
+
 # ----------------------------------------------------------------------------- while training
 
 

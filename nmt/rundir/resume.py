@@ -65,6 +65,11 @@ def check_same_tokenizer(run_dir: Path, run: RunConfig, saved: RunConfig | None)
     if saved is None or not tokenizer_present(run_dir):
         return
     path = run_dir / RUN_CONFIG_FILE
+    if run.trainer.init_from and not saved.trainer.init_from:  # its checkpoints would win
+        raise SettingsMismatch(
+            f"the run in {run_dir} was trained from scratch (see {path}), this run asks for "
+            f"--init-from {run.trainer.init_from}: drop --init-from to resume the run, or use "
+            "a new --output-dir to fine-tune that model.")
     if saved.trainer.init_from and run.trainer.init_from != saved.trainer.init_from:
         raise SettingsMismatch(
             f"the run in {run_dir} started from the model in --init-from "
