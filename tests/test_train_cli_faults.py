@@ -132,6 +132,14 @@ def test_settings_that_cannot_resume_a_fine_tuning_run_are_usage_errors(fine_tun
     assert "pass --seed 0 to resume" in _error_line(capsys)
 
 
+def test_a_run_resumed_in_another_direction_is_refused(fine_tuned, capsys):
+    """--src and --tgt swapped would go on training the checkpoints the other way round."""
+    out, args = fine_tuned
+    assert train_cli.main([*args, "--max-steps", "4", "--src", "de", "--tgt", "en"]) == 2
+    assert (f"the run in {out} translates en->de (see {out / 'config.yaml'}), this run asks "
+            "for de->en: pass --src en --tgt de to resume it") in _error_line(capsys)
+
+
 def test_init_from_given_to_a_run_trained_from_scratch_is_refused(model, corpus, tmp_path,
                                                                   capsys):
     """Its checkpoints would be resumed and --init-from ignored, though the user asked to

@@ -14,6 +14,7 @@ from data.batching import BatchIterator, Examples, plan_fingerprint
 from data.config import BatchConfig
 from data.sampling import SampledEpochs
 from data.tokenizer import MODEL_FILE, tokenizer_present
+from nmt.models.model_files import MODEL_DIR
 from nmt.rundir.bookkeeping import Bookkeeping
 from nmt.rundir.checkpoints import CHECKPOINTS_DIR, Checkpointer, complete_steps
 from nmt.settings import recipes
@@ -91,6 +92,20 @@ def check_same_tokenizer(run_dir: Path, run: RunConfig, saved: RunConfig | None)
                 f"{run_dir / MODEL_FILE} was trained with {flag} {then} (see {path}), this run "
                 f"asks for {flag} {now}: pass {flag} {then} to resume with it, or use a new "
                 "--output-dir to train a new tokenizer.")
+
+
+def check_same_languages(run_dir: Path, run: RunConfig, saved: RunConfig | None) -> None:
+    """Resuming with --src and --tgt swapped or changed would go on training the checkpoints
+    in another direction, and record the run as that direction."""
+    if saved is None:
+        return
+    then, now = (saved.data.src, saved.data.tgt), (run.data.src, run.data.tgt)
+    if then != now:
+        raise SettingsMismatch(
+            f"the run in {run_dir} translates {'->'.join(then)} (see "
+            f"{run_dir / RUN_CONFIG_FILE}), this run asks for {'->'.join(now)}: pass --src "
+            f"{then[0]} --tgt {then[1]} to resume it, or use a new --output-dir (with "
+            f"--init-from {run_dir / MODEL_DIR} to start from its parameters).")
 
 
 def check_same_seed(run_dir: Path, run: RunConfig, saved: RunConfig | None) -> None:

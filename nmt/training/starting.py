@@ -160,8 +160,11 @@ def _prepare_data(run: RunConfig, run_dir: Path, model_config: ModelConfig) -> P
     try:
         resume.check_tokenizer_present(run_dir)
         resume.check_same_tokenizer(run_dir, run, saved)
+        resuming = bool(complete_steps(run_dir / CHECKPOINTS_DIR))
+        if resuming:
+            resume.check_same_languages(run_dir, run, saved)
         data = prepare_data(run, run_dir, run.model.max_len)
-        if complete_steps(run_dir / CHECKPOINTS_DIR):
+        if resuming:
             resume.check_same_model(run_dir, model_config, saved)
             resume.check_same_seed(run_dir, run, saved)
     except resume.SettingsMismatch as err:
