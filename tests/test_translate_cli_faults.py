@@ -452,6 +452,32 @@ def test_the_largest_sampling_seed_samples(run_dir, capsys):
     assert status == 0 and capsys.readouterr().out.strip()
 
 
+@pytest.mark.parametrize("mode", ["--evaluate", "--score"])
+def test_a_test_set_in_another_direction_than_the_models_is_refused(mode, run_dir, tmp_path,
+                                                                    capsys):
+    for side in ("de", "en"):
+        (tmp_path / f"test.{side}").write_text("Ein Mann.\n")
+    status, line = _main(translate_cli.main, ["--model", run_dir, "-q", mode, "--test-prefix",
+                                              tmp_path / "test", "--src", "en", "--tgt", "de"],
+                         capsys)
+    assert status == 2, line
+    assert line == ("translate.py: error: --src en, but the model translates de->en (recorded "
+                    "with it); give --src de, or leave --src and --tgt out to use the model's.")
+
+
+@pytest.mark.parametrize("mode", ["--evaluate", "--score"])
+def test_an_empty_test_set_is_one_line_before_the_model_loads(mode, tmp_path, capsys,
+                                                              no_model):
+    for side in ("de", "en"):
+        (tmp_path / f"test.{side}").write_text("")
+    status, line = _main(translate_cli.main, ["--model", "m", mode, "--test-prefix",
+                                              tmp_path / "test", "--src", "de", "--tgt", "en"],
+                         capsys)
+    assert status == 1, line
+    assert line.endswith("test.en: the test set holds no pairs; give one that has some (are "
+                         "these the right files?).")
+
+
 def test_a_stored_nan_setting_is_refused_naming_the_file(run_dir, tmp_path, capsys,
                                                          monkeypatch):
     from nmt.models.model_dir import ModelDirError, load_model

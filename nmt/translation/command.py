@@ -495,6 +495,8 @@ def run(args: argparse.Namespace) -> int:
                              "(runs/NAME) or a model directory (runs/NAME/averaged).")
     model, tokenizer, values, translator = load(args)
     cli.done_starting()
+    if args.evaluate or args.score:
+        evaluation.check_languages(args, values)
     # Checked before --output is opened: a missing MeCab must not cost the file its contents.
     bleu = evaluation.bleu_settings(args, values) if args.evaluate else None
     with contextlib.ExitStack() as stack:

@@ -47,8 +47,29 @@ def bleu_settings(args: argparse.Namespace, values: dict) -> dict[str, str | Non
         raise UsageError(f"--bleu-tokenize: {err}" if args.bleu_tokenize else str(err)) from None
 
 
+def check_languages(args: argparse.Namespace, values: dict) -> None:
+    """UsageError when --src or --tgt names another language than the model records: its
+    test set would be translated in a direction the model never learned, and scored."""
+    stored = stored_languages(values)
+    for flag, given, recorded in (("--src", args.src, stored[0]), ("--tgt", args.tgt, stored[1])):
+        if given and recorded and given != recorded:
+            raise UsageError(f"{flag} {given}, but the model translates {'->'.join(stored)} "
+                             f"(recorded with it); give {flag} {recorded}, or leave --src and "
+                             "--tgt out to use the model's.")
+
+
 def evaluation_data(args: argparse.Namespace, values: dict) -> tuple[list[str], list[str], str]:
-    """(sources, references, description) of the test set named by the flags."""
+    """(sources, references, description) of the test set named by the flags; InputError
+    when it holds no pair."""
+    sources, references, description = _named_test_set(args, values)
+    if not sources:
+        raise InputError(f"{description}: the test set holds no pairs; give one that has "
+                         "some (are these the right files?).")
+    return sources, references, description
+
+
+def _named_test_set(args: argparse.Namespace, values: dict
+                    ) -> tuple[list[str], list[str], str]:
     src, tgt = languages(args, values)
     if args.src_file:
         src_path, ref_path = args.src_file, args.ref_file
