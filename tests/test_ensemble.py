@@ -3,6 +3,7 @@ their mean probability, with each model's cache following the beams (transformer
 scoring a reference must give the teacher-forced log-probability of exactly its tokens."""
 
 import dataclasses
+import json
 import math
 import shutil
 
@@ -14,9 +15,9 @@ from flax import nnx
 from test_search import BOS, EOS, PAD, sharp_model, sources, teacher_forced_logits, token_logprobs
 
 from transformer.config import SearchConfig, get_preset
-from transformer.search import length_penalty, search
 from transformer.ensemble import Ensemble
 from transformer.model import Transformer
+from transformer.search import length_penalty, search
 
 
 def mean_probability_logprob(models, src_row, hypothesis) -> float:
@@ -59,7 +60,8 @@ def test_greedy_takes_the_most_likely_token_of_the_mean_distribution():
         hypothesis = hypotheses(result, sentence)[0]
         tgt_in = jnp.asarray([[BOS] + hypothesis[:-1]])
         row = jnp.asarray(src[sentence][None])
-        per_model = [jax.nn.log_softmax(teacher_forced_logits(*nnx.split(m), row, tgt_in)[0]) for m in models]
+        per_model = [jax.nn.log_softmax(teacher_forced_logits(*nnx.split(m), row, tgt_in)[0])
+                     for m in models]
         mean = np.logaddexp(*map(np.asarray, per_model))
         mean[:, [PAD, BOS]] = -np.inf
         limit = config.max_output_len(int((src[sentence] != PAD).sum()), ensemble.config.max_len)
@@ -87,7 +89,8 @@ def test_members_may_differ_in_size_but_not_in_vocabulary():
     ensemble = Ensemble([small, deeper])
     # No member decodes past its own positions (its init_cache would refuse).
     assert ensemble.config.max_len == 32
-    assert len(ensemble.init_cache(ensemble.encode(jnp.full((1, 5), 7)), 32).members[1].self_key) == 3
+    cache = ensemble.init_cache(ensemble.encode(jnp.full((1, 5), 7)), 32)
+    assert len(cache.members[1].self_key) == 3
     other_vocab = sharp_model(vocab=80)
     with pytest.raises(ValueError, match="model 1 has vocab_size 80 but model 0 has 64"):
         Ensemble([small, other_vocab])
@@ -120,6 +123,17 @@ def test_translate_py_ensembles_models_of_one_tokenizer_only(exported, tmp_path,
     assert translate_cli.main(["--model", str(run), "--model", str(tmp_path / "b"), "-q",
                                "--greedy", *sentences]) == 0
     assert capsys.readouterr().out == alone
+
+    # The same spm.model but the other direction recorded: refused, naming both.
+    reverse = tmp_path / "r" / "model"
+    shutil.copytree(run / "model", reverse)
+    config = json.loads((reverse / "config.json").read_text())
+    config.update(source_lang="en", target_lang="de")
+    (reverse / "config.json").write_text(json.dumps(config))
+    assert translate_cli.main(["--model", str(run), "--model", str(reverse), "-q",
+                               "Hallo."]) == 1
+    assert (f"{reverse} translates en->de but {run / 'model'} translates de->en; an ensemble's "
+            "models translate one pair") in capsys.readouterr().err
 
     # Another SentencePiece model: refused, naming the directory.
     other = tmp_path / "c" / "model"

@@ -287,7 +287,7 @@ class OptimizerConfig(DictConfig):
         if not self.weight_decay >= 0:
             raise ValueError(f"OptimizerConfig.weight_decay must be >= 0, "
                              f"got {self.weight_decay!r}.")
-        # SentencePiece's sampler and NumPy's legacy generators take an unsigned 32-bit seed.
+        # SentencePiece's random generator (subword sampling) takes an unsigned 32-bit seed.
         if not isinstance(self.seed, int) or not 0 <= self.seed < 2**32:
             raise ValueError(f"OptimizerConfig.seed must be an integer from 0 to 4294967295 "
                              f"(2**32 - 1), got {self.seed!r}.")

@@ -39,6 +39,7 @@ from nmt.models.model_files import (  # noqa: F401 - the directory's names, impo
     read_model_config,
     read_model_files,
     resolve_model_dir,
+    stored_languages,
 )
 from nmt.runtime.cpu_features import bfloat16_warning
 from nmt.runtime.files import atomic_directory
@@ -197,24 +198,35 @@ def _warn_once(message: str | None) -> None:
         log.warning(message)
 
 
+def _check_same_pair(first, first_pair, path, pair) -> None:
+    """ModelDirError for ensemble members that record different language pairs (one
+    spm.model can serve both directions): their mean would translate neither."""
+    if None not in first_pair and None not in pair and pair != first_pair:
+        raise ModelDirError(f"{resolve_model_dir(path)} translates {'->'.join(pair)} but "
+                            f"{resolve_model_dir(first)} translates {'->'.join(first_pair)}; "
+                            "an ensemble's models translate one pair.")
+
+
 def load_models(paths: Sequence[str | Path], dtype: str | None = None
                 ) -> tuple[Transformer | Ensemble, Any, dict[str, Any]]:
     """`model_dir.load_model` for one path; an `Ensemble` for several.
 
     Returns (model, tokenizer, the first model's config dict). Raises ModelDirError naming
-    the directory whose SentencePiece model or vocabulary differs from the first one's.
+    the directory whose SentencePiece model, vocabulary or recorded language pair differs from
+    the first one's.
     """
     model, tokenizer, values = load_model(paths[0], dtype=dtype)
     if len(paths) == 1:
         return model, tokenizer, values
     models = [model]
     for path in paths[1:]:
-        other, other_tokenizer, _ = load_model(path, dtype=dtype)
+        other, other_tokenizer, other_values = load_model(path, dtype=dtype)
         if other_tokenizer.fingerprint != tokenizer.fingerprint:
             raise ModelDirError(
                 f"{resolve_model_dir(path)} has another SentencePiece model than "
                 f"{resolve_model_dir(paths[0])}; only models trained with the same spm.model "
                 "can be ensembled.")
+        _check_same_pair(paths[0], stored_languages(values), path, stored_languages(other_values))
         models.append(other)
     try:
         return Ensemble(models), tokenizer, values
