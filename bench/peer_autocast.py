@@ -1,4 +1,5 @@
-"""Runs a peer benchmark script under torch.autocast: `python peer_autocast.py bfloat16 SCRIPT ARGS`.
+"""Runs a peer benchmark script under torch.autocast:
+`python peer_autocast.py bfloat16 SCRIPT ARGS`.
 
 The peer's own scripts (../shared/tools/peers) time transformers in float32 only. For the
 bfloat16 comparison, `python -m bench.train --dtype bfloat16 --compare` runs the unchanged

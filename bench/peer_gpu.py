@@ -1,4 +1,5 @@
-"""The peers on an NVIDIA GPU: `python peer_gpu.py {train,generate,ctranslate2} --peers-dir DIR ...`.
+"""The peers on an NVIDIA GPU:
+`python peer_gpu.py {train,generate,ctranslate2} --peers-dir DIR ...`.
 
 The peer scripts in ../shared/tools/peers time transformers and CTranslate2 on the CPU only.
 This script times the same model (the peers' `common.build_marian`: same configuration, seed
@@ -31,9 +32,10 @@ from pathlib import Path
 
 
 def parse_args(argv):
-    if len(argv) < 3 or argv[0] not in ("train", "generate", "ctranslate2") or argv[1] != "--peers-dir":
-        raise SystemExit(f"usage: {Path(__file__).name} {{train,generate,ctranslate2}} --peers-dir DIR "
-                         f"[peer flags...] [--dtype float32|bfloat16]")
+    modes = ("train", "generate", "ctranslate2")
+    if len(argv) < 3 or argv[0] not in modes or argv[1] != "--peers-dir":
+        raise SystemExit(f"usage: {Path(__file__).name} {{train,generate,ctranslate2}} "
+                         f"--peers-dir DIR [peer flags...] [--dtype float32|bfloat16]")
     mode, peers_dir, rest = argv[0], Path(argv[2]), argv[3:]
     if not (peers_dir / "common.py").exists():
         raise SystemExit(f"--peers-dir {peers_dir}: no common.py there (the peers' scripts, "
@@ -128,7 +130,8 @@ def time_generate(common, args, torch):
         run()  # warm-up
         batch_s = common.median([run() for _ in range(args.repeats)])
         lines.append({
-            "system": "transformers-MarianMTModel-generate", "device": torch.cuda.get_device_name(0),
+            "system": "transformers-MarianMTModel-generate",
+            "device": torch.cuda.get_device_name(0),
             "dtype": args.dtype, "mode": "greedy" if beams == 1 else f"beam{beams}",
             "sentences_per_s": round(args.batch / batch_s, 2),
             "tokens_per_s": round(args.batch * args.out_len / batch_s, 1),

@@ -177,8 +177,9 @@ def test_exported_directory_imports_back_to_the_same_model(trained_dir, marian_d
     assert values["model"] == original[2]["model"]
     assert tokenizer.ids == original[1].ids  # the decoder still starts from BOS
     assert tokenizer.encode(test_sentences) == original[1].encode(test_sentences)
-    tokens = lambda m, t: [h[0].tokens for h in Translator(m, t, SEARCH).translate_nbest(
-        test_sentences)]
+    def tokens(m, t):
+        return [h[0].tokens for h in Translator(m, t, SEARCH).translate_nbest(test_sentences)]
+
     assert tokens(model, tokenizer) == tokens(*original[:2])
 
 
@@ -245,7 +246,9 @@ def test_ctranslate2_scores_equal_ours(ct2_dir, ours, test_sentences):
     _, tokenizer, translator = ours
     references = sentences(24, seed=5)
     translator_ct2 = ctranslate2.Translator(str(ct2_dir))
-    pieces = lambda texts: [tokenizer.pieces(ids) for ids in tokenizer.encode(texts)]
+    def pieces(texts):
+        return [tokenizer.pieces(ids) for ids in tokenizer.encode(texts)]
+
     results = translator_ct2.score_batch(pieces(test_sentences), pieces(references))
     mine = translator.score(test_sentences, references)
     for result, (logprob, length) in zip(results, mine):

@@ -57,7 +57,8 @@ def padded(ids: list[int], width: int) -> list[int]:
 
 
 def test_batches_respect_budget_buckets_and_contents(encoded):
-    config = BatchConfig(packing=False, batch_tokens=512, max_len=64, buckets=BUCKETS, num_devices=4)
+    config = BatchConfig(packing=False, batch_tokens=512, max_len=64, buckets=BUCKETS,
+                         num_devices=4)
     examples = load_examples(encoded, config)
     plan = bucket_epoch(examples, config, epoch=0)
     rows_of_shape: dict[tuple[int, int], int] = {}
@@ -123,8 +124,8 @@ def test_max_shapes_bounds_the_shapes(encoded):
     examples = load_examples(encoded, config)
     unbounded = plan_stats(examples, config)
     assert unbounded.num_shapes > 4
-    bounded = plan_stats(examples, BatchConfig(packing=False, batch_tokens=256, max_len=64, buckets=BUCKETS,
-                                               max_shapes=4))
+    bounded = plan_stats(examples, BatchConfig(packing=False, batch_tokens=256, max_len=64,
+                                               buckets=BUCKETS, max_shapes=4))
     assert bounded.num_shapes <= 4
     assert bounded.real_tokens == unbounded.real_tokens  # still every pair once
     assert bounded.padding_waste > unbounded.padding_waste
@@ -157,7 +158,8 @@ def assert_same_batches(a, b):
 
 
 def test_resumed_iterator_gives_the_same_batches(encoded):
-    config = BatchConfig(packing=False, batch_tokens=1024, max_len=64, buckets=BUCKETS, num_devices=2)
+    config = BatchConfig(packing=False, batch_tokens=1024, max_len=64, buckets=BUCKETS,
+                         num_devices=2)
     examples = load_examples(encoded, config)
     per_epoch = len(bucket_epoch(examples, config, 0))
     original = BatchIterator(examples, config, process_index=0, process_count=1)
@@ -175,7 +177,8 @@ def test_resumed_iterator_gives_the_same_batches(encoded):
 
 
 def test_process_shards_are_disjoint_and_cover_the_global_batch(encoded):
-    config = BatchConfig(packing=False, batch_tokens=1024, max_len=64, buckets=BUCKETS, num_devices=4)
+    config = BatchConfig(packing=False, batch_tokens=1024, max_len=64, buckets=BUCKETS,
+                         num_devices=4)
     examples = load_examples(encoded, config)
     whole = BatchIterator(examples, config, process_index=0, process_count=1)
     shards = [BatchIterator(examples, config, process_index=p, process_count=2) for p in (0, 1)]
@@ -193,7 +196,8 @@ def test_process_shards_are_disjoint_and_cover_the_global_batch(encoded):
 
 
 def test_batch_sizes_must_split_over_processes(encoded):
-    config = BatchConfig(packing=False, batch_tokens=1024, max_len=64, buckets=BUCKETS, num_devices=3)
+    config = BatchConfig(packing=False, batch_tokens=1024, max_len=64, buckets=BUCKETS,
+                         num_devices=3)
     examples = load_examples(encoded, config)
     with pytest.raises(DataError, match="num_devices 3 is not a multiple of the process count 2"):
         BatchIterator(examples, config, process_index=0, process_count=2)
@@ -214,12 +218,14 @@ def test_filters_drop_and_count(caplog):
     src = [[5] * 3, [5] * 70, [5] * 2, [5] * 30, [5] * 10]
     tgt = [[6] * 3, [6] * 4, [6] * 40, [6] * 1, [6] * 12]
     encoded = datasets.Dataset.from_dict({"src_ids": src, "tgt_ids": tgt})
-    config = BatchConfig(packing=False, max_len=64, max_ratio=9.0, buckets=BUCKETS, batch_tokens=512)
+    config = BatchConfig(packing=False, max_len=64, max_ratio=9.0, buckets=BUCKETS,
+                         batch_tokens=512)
     with caplog.at_level(logging.INFO, logger="data"):
         examples = load_examples(encoded, config)
     # 71 > 64 tokens; 41 / 3 > 9 (target vs source); 31 / 2 > 9; 3/4 and 11/13 are kept.
     assert examples.index.tolist() == [0, 4]
-    assert "kept 2 of 5 pairs; dropped 1 longer than 64 tokens, 2 with length ratio > 9" in caplog.text
+    assert ("kept 2 of 5 pairs; dropped 1 longer than 64 tokens, 2 with length ratio > 9"
+            in caplog.text)
     assert examples.src_len.tolist() == [4, 11] and examples.tgt_len.tolist() == [4, 13]
     batches = list(eval_batches(examples, config, process_index=0, process_count=1))
     rows = [row.tolist() for b in batches for row in b["src"] if row.any()]
@@ -233,7 +239,8 @@ def test_length_ratio_filter_keeps_pairs_at_exactly_the_limit():
     src = [[5] * 2, [5] * 2, [5] * 26, [5] * 27, [5] * 4]
     tgt = [[6] * 26, [6] * 27, [6] * 2, [6] * 2, [6] * 4]
     encoded = datasets.Dataset.from_dict({"src_ids": src, "tgt_ids": tgt})
-    config = BatchConfig(packing=False, max_len=64, max_ratio=9.0, buckets=BUCKETS, batch_tokens=512)
+    config = BatchConfig(packing=False, max_len=64, max_ratio=9.0, buckets=BUCKETS,
+                         batch_tokens=512)
     assert load_examples(encoded, config).index.tolist() == [0, 2, 4]
 
 
@@ -241,7 +248,8 @@ def test_no_pairs_left_is_an_error():
     encoded = datasets.Dataset.from_dict({"src_ids": [[5] * 100], "tgt_ids": [[6] * 100]})
     with pytest.raises(DataError, match=r"train: no pairs left after filtering 1 pairs \(1 "
                                         r"longer than 64 tokens: --max-tokens-per-sentence"):
-        load_examples(encoded, BatchConfig(packing=False, max_len=64, buckets=BUCKETS, batch_tokens=512))
+        load_examples(encoded, BatchConfig(packing=False, max_len=64, buckets=BUCKETS,
+                                           batch_tokens=512))
 
 
 def test_eval_batches_give_every_pair_once(encoded):

@@ -155,7 +155,8 @@ def test_empty_lines_are_dropped_and_counted(tmp_path, caplog):
 def test_tsv_with_extra_tab_names_line(tmp_path):
     tsv = tmp_path / "bad.tsv"
     tsv.write_text("a\tb\nc\td\te\n", encoding="utf-8")
-    with pytest.raises(DataError, match=r"bad\.tsv line 2: expected 2 TAB-separated fields.*found 3"):
+    with pytest.raises(DataError,
+                       match=r"bad\.tsv line 2: expected 2 TAB-separated fields.*found 3"):
         read_file(tsv, "en", "de")
 
 

@@ -1,4 +1,5 @@
-"""SentencePiece tokenizer: id conventions, round trips in several scripts, reuse, encoding cache."""
+"""SentencePiece tokenizer: id conventions, round trips in several scripts, reuse, encoding
+cache."""
 
 import logging
 import os
@@ -125,7 +126,8 @@ def test_bpe_option():
 
 
 def test_vocab_too_small_suggests_larger_size():
-    with pytest.raises(DataError, match=r"--vocab-size 300 is too small.*need 3\d\d; use --vocab-size"):
+    with pytest.raises(DataError,
+                       match=r"--vocab-size 300 is too small.*need 3\d\d; use --vocab-size"):
         train_tokenizer(SMALL_TEXT, TokenizerConfig(vocab_size=300))
 
 

@@ -1,5 +1,5 @@
-"""nmt.translation.scoring: BLEU and chrF as the sacrebleu command computes them, tokenized for the target
-language."""
+"""nmt.translation.scoring: BLEU and chrF as the sacrebleu command computes them, tokenized
+for the target language."""
 
 import pytest
 

@@ -19,7 +19,6 @@ from conftest import SHALLOW_FLAGS, USER_XLA_FLAGS
 
 from nmt.models.model_dir import load_model
 
-
 REPO = Path(__file__).resolve().parents[1]
 MULTI30K = Path(os.environ["MULTI30K"])
 

@@ -2,8 +2,9 @@
 
 `make_model(directory)` trains a 300-piece SentencePiece model on a synthetic corpus,
 initializes the `tiny` Transformer with a fixed seed and exports both with
-`nmt.models.model_dir.export_model`, as train.py would. The parameters are untrained: translations are
-fixed gibberish, which is all the command-line tests need (order, counts, formats, errors).
+`nmt.models.model_dir.export_model`, as train.py would. The parameters are untrained:
+translations are fixed gibberish, which is all the command-line tests need (order, counts,
+formats, errors).
 """
 
 from __future__ import annotations
