@@ -142,6 +142,10 @@ class TokenizerConfig:
         check_sampling_settings(self.subword_alpha, self.subword_nbest)
         if self.model_type not in ("unigram", "bpe"):
             raise DataError(f"model_type must be 'unigram' or 'bpe', got {self.model_type!r}")
+        if self.subword_nbest != -1 and (self.subword_alpha is None or self.model_type == "bpe"):
+            raise DataError(f"--subword-nbest {self.subword_nbest} chooses among the N best "
+                            "segmentations of unigram sampling: give --subword-alpha with a "
+                            "unigram tokenizer, or drop --subword-nbest")
         if self.vocab_size < 300:
             raise DataError(
                 f"vocab_size {self.vocab_size} is too small: 256 byte pieces and 4 special ids "

@@ -141,6 +141,16 @@ def test_settings_out_of_range_are_one_line_naming_the_flag(alpha, nbest, flag):
         TokenizerConfig(subword_alpha=float("nan"))
 
 
+@pytest.mark.parametrize("settings", [dict(subword_nbest=64),
+                                      dict(subword_nbest=64, subword_alpha=0.1, model_type="bpe")])
+def test_an_nbest_that_nothing_would_sample_from_is_refused(settings):
+    """Without unigram sampling --subword-nbest changes nothing: the user meant to sample."""
+    with pytest.raises(DataError, match=r"--subword-nbest 64 chooses among the N best "
+                                        r"segmentations of unigram sampling: give "
+                                        r"--subword-alpha with a unigram tokenizer"):
+        TokenizerConfig(**settings)
+
+
 def test_a_tokenizer_that_cannot_sample_is_refused_in_one_line(corpus):
     import io
 
