@@ -577,6 +577,10 @@ def test_invalid_search_flags_exit_2(run_dir, capsys, monkeypatch):
     (["--max-len-a", "0", "--max-len-b", "0"], "--max-len-b must be >= 1 when --max-len-a is 0"),
     (["--max-len-a", "-1"], "--max-len-a must be >= 0, got -1.0"),
     (["--searches", "0"], "--searches must be >= 1, got 0"),
+    (["--greedy", "--beam", "5"], "--beam 5 needs beam search; drop --greedy/--sample"),
+    (["--sample", "--beam", "5"], "--beam 5 needs beam search; drop --greedy/--sample"),
+    (["--greedy", "--nbest", "2"], "--nbest 2 needs beam search; drop --greedy/--sample"),
+    (["--temperature", "0.5"], "--temperature and --top-k only apply with --sample"),
     (["--beam-rules", "greedy"], "--beam-rules: invalid choice: 'greedy' (choose from "
                                  "'heuristic', 'exact', 'k-finished', 'transformers')"),
 ])

@@ -369,6 +369,8 @@ def search_config(stored, args: argparse.Namespace):
     if kind is not Beam:
         if args.nbest is not None and args.nbest > 1:
             raise ValueError(f"--nbest {args.nbest} needs beam search; drop --greedy/--sample.")
+        if args.beam is not None and args.beam > 1:
+            raise ValueError(f"--beam {args.beam} needs beam search; drop --greedy/--sample.")
         changes.setdefault("nbest", 1)  # a stored n-best setting cannot apply
     if kind is not Sample and (args.temperature is not None or args.top_k is not None):
         raise ValueError("--temperature and --top-k only apply with --sample.")
