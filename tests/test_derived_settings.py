@@ -49,3 +49,16 @@ def test_a_recipe_conflicting_with_init_from_is_refused_by_load_too(model_dir, t
         recipes.load(recipe)
     with pytest.raises(SettingsError, match="conflicts with --init-from"):
         train_cli.resolve(["--config", str(recipe)])
+
+
+def test_init_from_brings_its_language_pair_unless_one_is_given(model_dir, caplog):
+    """Without --src and --tgt a fine-tuning run trains the model's own direction (de->en
+    here), as translate.py translates it; a pair given is kept, with a warning."""
+    run, _ = train_cli.resolve(["--init-from", str(model_dir)])
+    assert (run.data.src, run.data.tgt) == ("de", "en")
+    assert recipes.run_from_flat().data.src == "en"  # train.py's default, which would flip it
+    with caplog.at_level("WARNING", logger="train.py"):
+        run, _ = train_cli.resolve(["--init-from", str(model_dir), "--src", "en", "--tgt", "de"])
+    assert (run.data.src, run.data.tgt) == ("en", "de")
+    assert (f"--init-from {model_dir} was trained for de->en; fine-tuning it into another "
+            "language pair (--src en against its de; --tgt de against its en)") in caplog.text

@@ -135,9 +135,9 @@ def test_settings_that_cannot_resume_a_fine_tuning_run_are_usage_errors(fine_tun
 def test_a_run_resumed_in_another_direction_is_refused(fine_tuned, capsys):
     """--src and --tgt swapped would go on training the checkpoints the other way round."""
     out, args = fine_tuned
-    assert train_cli.main([*args, "--max-steps", "4", "--src", "de", "--tgt", "en"]) == 2
-    assert (f"the run in {out} translates en->de (see {out / 'config.yaml'}), this run asks "
-            "for de->en: pass --src en --tgt de to resume it") in _error_line(capsys)
+    assert train_cli.main([*args, "--max-steps", "4", "--src", "en", "--tgt", "de"]) == 2
+    assert (f"the run in {out} translates de->en (see {out / 'config.yaml'}), this run asks "
+            "for en->de: pass --src de --tgt en to resume it") in _error_line(capsys)
 
 
 def test_init_from_given_to_a_run_trained_from_scratch_is_refused(model, corpus, tmp_path,
@@ -217,7 +217,8 @@ def test_validation_translates_only_the_pairs_the_length_filter_kept(model, corp
                       "--eval-sentences", "20", "--samples", "0")
     assert train_cli.main(args) == 0
     err = capsys.readouterr().err
-    valid = Path(f"{corpus['valid']}.en").read_text().splitlines()
+    # The model's direction, de->en: without --src and --tgt a fine-tuning run takes them.
+    valid = Path(f"{corpus['valid']}.de").read_text().splitlines()
     assert translated == valid[:5] + valid[6:]
     assert "validation: kept 19 of 20 pairs" in err and "input line" not in err
 

@@ -51,9 +51,10 @@ def init_from_architecture(path: str, asked: Layer) -> Layer:
     hold the model's). SettingsError if the directory is no model, or the recipe or flags ask
     for another architecture (a key, or a preset with another) or vocabulary size."""
     from nmt.models.model_dir import ModelDirError, read_model_config, resolve_model_dir
+    from nmt.models.model_files import stored_languages
 
     try:
-        config, _ = read_model_config(resolve_model_dir(path))
+        config, values = read_model_config(resolve_model_dir(path))
     except ModelDirError as err:
         raise SettingsError(f"--init-from: {err}") from None
     origin = f"--init-from {path}"
@@ -69,7 +70,26 @@ def init_from_architecture(path: str, asked: Layer) -> Layer:
                    origin)
     if _tokenizer_can_hold(config.vocab_size):  # Marian vocabularies may be smaller
         layer["tokenizer"]["vocab_size"] = (config.vocab_size, f"{origin} (vocab_size)")
+    layer["data"] = _languages(stored_languages(values), asked, origin)
     return layer
+
+
+def _languages(pair: tuple[str | None, str | None], asked: Layer, origin: str
+               ) -> dict[str, tuple[str, str]]:
+    """--src and --tgt the model records, where the user gives none (as translate.py takes
+    them); a warning where the user gives others: fine-tuning into another pair is allowed."""
+    implied, differ = {}, []
+    for name, recorded in zip(("src", "tgt"), pair):
+        if recorded is None:
+            continue
+        if name not in asked["data"]:
+            implied[name] = (recorded, f"{origin} (its --{name})")
+        elif asked["data"][name][0] != recorded:
+            differ.append(f"{asked['data'][name][1]} against its {recorded}")
+    if differ:
+        log.warning("%s was trained for %s; fine-tuning it into another language pair (%s)",
+                    origin, "->".join(lang or "?" for lang in pair), "; ".join(differ))
+    return implied
 
 
 def _check_architecture(config: ModelConfig, asked: Layer, origin: str) -> None:
