@@ -105,9 +105,9 @@ def _main(argv: list[str] | None, started: float) -> int:
 
 def _not_an_exported_model(run_dir: Path) -> None:
     """UsageError for an --output-dir that holds an exported model (this project's,
-    transformers' or CTranslate2's: each has a config.json, which no run directory has),
-    before a run's files are mixed into it."""
-    if (run_dir / "config.json").is_file():
+    transformers' or CTranslate2's: each has a config.json, and no checkpoints/ as a run
+    directory has), before a run's files are mixed into it."""
+    if (run_dir / "config.json").is_file() and not (run_dir / "checkpoints").exists():
         raise cli.UsageError(
             f"--output-dir {run_dir} holds an exported model (config.json), not a run; give a "
             f"new directory for the run (to fine-tune that model: --init-from {run_dir}).")
