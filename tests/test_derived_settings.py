@@ -62,3 +62,13 @@ def test_init_from_brings_its_language_pair_unless_one_is_given(model_dir, caplo
     assert (run.data.src, run.data.tgt) == ("en", "de")
     assert (f"--init-from {model_dir} was trained for de->en; fine-tuning it into another "
             "language pair (--src en against its de; --tgt de against its en)") in caplog.text
+
+
+def test_the_settings_warnings_reach_stderr_formatted_as_the_runs_logs(model_dir, tmp_path,
+                                                                       capsys):
+    (tmp_path / "file").write_text("not a directory\n")  # train.py stops right after settings
+    assert train_cli.main(["--init-from", str(model_dir), "--src", "en", "--tgt", "de",
+                           "--output-dir", str(tmp_path / "file")]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith(f"WARNING train.py: --init-from {model_dir} was trained for de->en")
+    assert err[1].startswith("train.py: error: --output-dir") and len(err) == 2

@@ -75,6 +75,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str] | None, started: float) -> int:
+    _setup_logging()  # the settings' own warnings (nmt.settings.derived) come formatted
     try:
         run, args = resolve(argv)
     except SettingsError as err:
