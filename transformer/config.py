@@ -201,6 +201,10 @@ ARCHITECTURE = ("d_model", "num_heads", "d_ff", "encoder_layers", "decoder_layer
                 "output_bias", "layer_norm_epsilon")
 
 
+# SentencePiece's random generator (subword sampling) takes an unsigned 32-bit seed.
+MAX_SEED = 2**32 - 1
+
+
 @dataclasses.dataclass(frozen=True)
 class OptimizerConfig(DictConfig):
     """How the parameters are optimised: the learning-rate schedule, Adam, the label-smoothed
@@ -287,9 +291,8 @@ class OptimizerConfig(DictConfig):
         if not self.weight_decay >= 0:
             raise ValueError(f"OptimizerConfig.weight_decay must be >= 0, "
                              f"got {self.weight_decay!r}.")
-        # SentencePiece's random generator (subword sampling) takes an unsigned 32-bit seed.
-        if not isinstance(self.seed, int) or not 0 <= self.seed < 2**32:
-            raise ValueError(f"OptimizerConfig.seed must be an integer from 0 to 4294967295 "
+        if not isinstance(self.seed, int) or not 0 <= self.seed <= MAX_SEED:
+            raise ValueError(f"OptimizerConfig.seed must be an integer from 0 to {MAX_SEED} "
                              f"(2**32 - 1), got {self.seed!r}.")
 
 

@@ -35,6 +35,7 @@ from nmt.runtime.cli import UsageError
 from nmt.runtime.progress import LineCounter
 from nmt.translation.command import add_search_flags, name_flags, search_config
 from nmt.translation.errors import InputError
+from nmt.translation.streams import count_valid_lines
 
 PROG = "python -m nmt.distillation"
 log = logging.getLogger("distillation")
@@ -126,20 +127,11 @@ def corpus_files(args: argparse.Namespace, src: str, tgt: str) -> tuple[Path, Pa
         if path is not None and not path.is_file():
             raise InputError(f"{path} does not exist; --train-prefix PREFIX reads "
                              f"PREFIX.{src}{f' and PREFIX.{tgt}' if target else ''}.")
-    lines = [_checked_line_count(path) for path in (source, target) if path is not None]
+    lines = [count_valid_lines(str(path)) for path in (source, target) if path is not None]
     if len(lines) == 2 and lines[0] != lines[1]:
         raise InputError(f"{source} has {lines[0]:,} lines but {target} {lines[1]:,}; the "
                          "sides of a corpus align line for line.")
     return source, target
-
-
-def _checked_line_count(path: Path) -> int:
-    """The lines of `path`, each checked to be UTF-8 before any teacher loads: InputError
-    naming the line that is not."""
-    try:
-        return sum(1 for _ in iter_lines(path))
-    except DataError as err:
-        raise InputError(str(err)) from None
 
 
 def chunks(path: Path, size: int) -> Iterator[list[str]]:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Callable, NoReturn
 
 from nmt.runtime import allocator
+from transformer.config import MAX_SEED
 
 EXIT_FAULT, EXIT_USAGE, EXIT_INTERRUPTED = 1, 2, 130
 # A command that stopped on a signal after saving its work exits as the shell reports a
@@ -54,8 +55,8 @@ def seed(text: str) -> int:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if not 0 <= value < 2**32:
-        raise argparse.ArgumentTypeError(f"must be an integer from 0 to 4294967295 (2**32 - 1), "
+    if not 0 <= value <= MAX_SEED:
+        raise argparse.ArgumentTypeError(f"must be an integer from 0 to {MAX_SEED} (2**32 - 1), "
                                          f"got {value}")
     return value
 

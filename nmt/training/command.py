@@ -108,9 +108,12 @@ def _not_an_exported_model(run_dir: Path) -> None:
     """UsageError for an --output-dir that holds an exported model (this project's,
     transformers' or CTranslate2's: each has a config.json, and no checkpoints/ as a run
     directory has), before a run's files are mixed into it."""
-    if (run_dir / "config.json").is_file() and not (run_dir / "checkpoints").exists():
+    from nmt.models.model_files import CONFIG_FILE
+    from nmt.rundir.checkpoints import CHECKPOINTS_DIR
+
+    if (run_dir / CONFIG_FILE).is_file() and not (run_dir / CHECKPOINTS_DIR).exists():
         raise cli.UsageError(
-            f"--output-dir {run_dir} holds an exported model (config.json), not a run; give a "
+            f"--output-dir {run_dir} holds an exported model ({CONFIG_FILE}), not a run; give a "
             f"new directory for the run (to fine-tune that model: --init-from {run_dir}).")
 
 

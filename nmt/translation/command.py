@@ -103,7 +103,7 @@ from nmt.runtime.files import atomic_file
 from nmt.settings import recipes
 from nmt.translation import evaluation, streams
 from nmt.translation.errors import InputError
-from transformer.config import check_finite
+from transformer.config import MAX_SEED, check_finite
 from transformer.strategies import Beam, Sample, strategy_kind
 
 log = logging.getLogger("translate.py")
@@ -202,7 +202,7 @@ def add_search_flags(search) -> None:
     strategy.add_argument("--sample", action="store_true",
                           help="sample (see --temperature, --top-k, --seed)")
     search.add_argument("--seed", type=cli.seed, default=0,
-                        help="sampling seed, 0 to 4294967295 (default 0)")
+                        help=f"sampling seed, 0 to {MAX_SEED} (default 0)")
 
 
 def _add_plot_flags(plot) -> None:
