@@ -11,18 +11,23 @@ kept are those the deterministic segmentation kept (`data.batching.load_examples
 whose sampled segmentation breaks the batch limits (length, length ratio, packed width) keeps
 its deterministic one for that epoch. Validation and translation never sample.
 
-Reproducible: an epoch is sampled by one worker after seeding SentencePiece's generator with
-(seed, epoch), holding a lock that keeps every other sampler of the process from drawing, so a
-resumed run sees the epochs an uninterrupted one saw. The next epoch is sampled on a thread
-of its own while the current one trains.
+Reproducible: SentencePiece restarts its generator from one process-wide seed at every call,
+so each call (a chunk of pairs, one side) is seeded with (seed, epoch, chunk, side) under a
+lock that keeps every other sampler of the process from reseeding it: a resumed run sees the
+epochs an uninterrupted one saw, and no two chunks or sides repeat each other's draws. The
+next epoch is sampled on a thread of its own while the current one trains; `close()` (and the
+interpreter's exit) stops it between chunks, since a thread killed inside SentencePiece aborts
+the process.
 """
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import logging
 import threading
 import time
+import weakref
 
 import datasets
 import numpy as np
@@ -39,10 +44,15 @@ TEXT_CHUNK = 10_000  # pairs read from the corpus and sampled at a time
 _SENTENCEPIECE_DRAWS = threading.Lock()  # held by the sampler drawing
 
 
-def epoch_seed(seed: int, epoch: int) -> int:
-    """SentencePiece's seed for `epoch` of a run seeded `seed` (an unsigned 32-bit int)."""
-    digest = hashlib.sha256(f"subword-sampling|{seed}|{epoch}".encode()).digest()
+def chunk_seed(seed: int, epoch: int, start: int, side: str) -> int:
+    """SentencePiece's seed (an unsigned 32-bit int) for one side of the chunk of pairs
+    beginning at `start`, in `epoch` of a run seeded `seed`."""
+    digest = hashlib.sha256(f"subword-sampling|{seed}|{epoch}|{start}|{side}".encode()).digest()
     return int.from_bytes(digest[:4], "little")
+
+
+class SamplingStopped(RuntimeError):
+    """Raised for an epoch asked of, or being sampled by, a closed `SampledEpochs`."""
 
 
 class SampledEpochs:
@@ -60,7 +70,8 @@ class SampledEpochs:
             tokenizer.check_sampling(alpha, nbest)
         self.deterministic, self.texts, self.tokenizer = examples, texts, tokenizer
         self.alpha, self.nbest, self.seed = alpha, nbest, seed
-        self.longest = config.width if config.packing else config.max_len
+        # A packed row may be wider than max_len (rounded up to 8), but positions are not.
+        self.longest = min(config.width, config.max_len) if config.packing else config.max_len
         self.max_ratio = config.max_ratio
         log.info("subword regularization: the %d training pairs segmented anew every epoch "
                  "(alpha %g, nbest %d), the next epoch on a background thread",
@@ -68,6 +79,8 @@ class SampledEpochs:
         self._done: dict[int, Examples] = {}
         self._pending: dict[int, tuple[threading.Thread, list]] = {}
         self._lock = threading.Lock()
+        self._stop = threading.Event()
+        _open.add(self)
 
     def examples(self, epoch: int) -> Examples:
         """Epoch `epoch`'s pairs (waiting for them if they are being sampled); starts sampling
@@ -76,9 +89,18 @@ class SampledEpochs:
         self._start(epoch + 1)
         return result
 
+    def close(self) -> None:
+        """Stop sampling: the thread at work ends after its chunk, and is waited for."""
+        self._stop.set()
+        with self._lock:
+            threads = [thread for thread, _ in self._pending.values()]
+        for thread in threads:
+            if thread.ident is not None and thread is not threading.current_thread():
+                thread.join()
+
     def _start(self, epoch: int) -> None:
         with self._lock:
-            if epoch in self._done or epoch in self._pending:
+            if epoch in self._done or epoch in self._pending or self._stop.is_set():
                 return
             out: list = []
             thread = threading.Thread(target=self._sample_into, args=(epoch, out),
@@ -90,6 +112,8 @@ class SampledEpochs:
         self._start(epoch)
         with self._lock:
             pending = self._pending.pop(epoch, None)
+        if pending is None and epoch not in self._done:
+            raise SamplingStopped(f"epoch {epoch} asked of closed subword sampling")
         if pending is not None:
             thread, out = pending
             thread.join()
@@ -102,11 +126,7 @@ class SampledEpochs:
     def _sample_into(self, epoch: int, out: list) -> None:
         """The thread: epoch `epoch` sampled into `out` (or the error that stopped it)."""
         try:
-            # SentencePiece draws from one generator whose seed is global: an epoch is seeded
-            # and sampled whole while no other sampler of the process draws.
-            with _SENTENCEPIECE_DRAWS:
-                spm.set_random_generator_seed(epoch_seed(self.seed, epoch))
-                out.append(self._sample(epoch))
+            out.append(self._sample(epoch))
         except BaseException as err:  # noqa: BLE001 - raised in the caller's thread
             out.append(err)
 
@@ -118,10 +138,12 @@ class SampledEpochs:
         src_parts, tgt_parts, src_lens, tgt_lens = [], [], [], []
         replaced = 0
         for start in range(0, len(kept), TEXT_CHUNK):
+            if self._stop.is_set():
+                raise SamplingStopped(f"epoch {epoch} was being sampled when sampling closed")
             positions = np.arange(start, min(start + TEXT_CHUNK, len(kept)))
             chunk = self.texts[kept.index[positions].tolist()]
-            src = self.tokenizer.sample(chunk["source"], "source", self.alpha, self.nbest)
-            tgt = self.tokenizer.sample(chunk["target"], "target", self.alpha, self.nbest)
+            src, tgt = (self._draw(chunk[side], side, chunk_seed(self.seed, epoch, start, side))
+                        for side in ("source", "target"))
             replaced += self._keep_within_limits(positions, src, tgt)
             for rows, parts, lens in ((src, src_parts, src_lens), (tgt, tgt_parts, tgt_lens)):
                 lens.append(np.fromiter(map(len, rows), np.int64, len(rows)))
@@ -133,6 +155,12 @@ class SampledEpochs:
         store = TokenStore(_ragged(src_parts, src_lens), _ragged(tgt_parts, tgt_lens))
         return Examples(store, np.arange(len(kept), dtype=np.int64),
                         store.src.lengths() + 1, store.tgt.lengths() + 1, kept.ids)
+
+    def _draw(self, texts: list[str], side: str, seed: int) -> list[list[int]]:
+        """Sampled ids of `texts`, SentencePiece's process-wide generator seeded `seed`."""
+        with _SENTENCEPIECE_DRAWS:
+            spm.set_random_generator_seed(seed)
+            return self.tokenizer.sample(texts, side, self.alpha, self.nbest)
 
     def _keep_within_limits(self, positions: np.ndarray, src: list[list[int]],
                             tgt: list[list[int]]) -> int:
@@ -148,6 +176,16 @@ class SampledEpochs:
             src[k] = kept.store.src.row(row).tolist()
             tgt[k] = kept.store.tgt.row(row).tolist()
         return len(refused)
+
+
+_open: weakref.WeakSet[SampledEpochs] = weakref.WeakSet()  # not yet closed
+
+
+@atexit.register
+def _close_all() -> None:
+    """At exit, stop every sampler: the interpreter would kill its thread mid-draw."""
+    for epochs in list(_open):
+        epochs.close()
 
 
 def _ragged(parts: list[np.ndarray], lengths: list[np.ndarray]) -> Ragged:

@@ -5,15 +5,22 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
+import subprocess
+import sys
+import textwrap
 import threading
+from pathlib import Path
 
 import datasets
 import numpy as np
 import pytest
 
+from data import sampling
 from data.batching import BatchConfig, BatchIterator, load_examples, plan_stats
 from data.config import DataError, TokenizerConfig
 from data.encoding import encode_split
+from data.packing import fit_width
 from data.sampling import SampledEpochs
 from data.store import TokenStore
 from data.tokenizer import Tokenizer, VocabTokenizer, train_tokenizer
@@ -92,6 +99,78 @@ def test_a_pair_sampled_past_the_limits_keeps_its_deterministic_segmentation(cor
     for k, (sampled, got) in enumerate(zip(_rows(loose), _rows(held))):
         assert got == (fixed[k] if k in too_long else sampled), k
         assert (len(got[0]) + 1, len(got[1]) + 1) == (held.src_len[k], held.tgt_len[k])
+
+
+def test_packed_rows_wider_than_max_len_take_no_sampled_pair_longer_than_it(corpus):
+    """A packed row's width is the longest pair rounded up to 8; a sampled pair between
+    max_len and that width would have positions the model does not have."""
+    texts, tokenizer, store = corpus
+    lengths = np.maximum(store.src.lengths(), store.tgt.lengths()) + 1
+    max_len = int(np.percentile(lengths, 80)) // 8 * 8 + 3      # not a multiple of 8
+    config = BatchConfig(batch_tokens=4096, max_len=max_len, packing=True)
+    kept = load_examples(store, config)
+    config = fit_width(config, kept.src_len, kept.tgt_len)
+    assert config.width > max_len
+    loose = SampledEpochs(kept, texts, tokenizer, alpha=0.1, nbest=-1, seed=0,
+                          config=dataclasses.replace(config, max_len=64)).examples(0)
+    loose_len = np.maximum(loose.src_len, loose.tgt_len)
+    assert np.any((loose_len > max_len) & (loose_len <= config.width))   # the draws reach it
+    held = SampledEpochs(kept, texts, tokenizer, alpha=0.1, nbest=-1, seed=0,
+                         config=config).examples(0)
+    assert np.max(np.maximum(held.src_len, held.tgt_len)) <= max_len
+
+
+def test_no_chunk_or_side_repeats_the_draws_of_another(corpus, tmp_path, monkeypatch):
+    """SentencePiece restarts its generator at every call: each chunk and side is seeded on
+    its own, so the same sentences in two chunks, or on both sides, are sampled apart."""
+    texts, tokenizer, _ = corpus
+    half = list(texts["source"])[:150]
+    twice = datasets.Dataset.from_dict({"source": half * 2, "target": half * 2})
+    store = encode_split(twice, tokenizer, tmp_path, num_proc=1)
+    monkeypatch.setattr(sampling, "TEXT_CHUNK", 150)
+    rows = _rows(_epochs((twice, tokenizer, store)).examples(0))
+    assert sum(rows[k] != rows[k + 150] for k in range(150)) > 50      # chunk 0 vs chunk 1
+    assert sum(src != tgt for src, tgt in rows) > 100                   # source vs target
+
+
+def test_closing_stops_the_next_epochs_sampling_and_refuses_more(corpus, monkeypatch):
+    monkeypatch.setattr(sampling, "TEXT_CHUNK", 10)
+    epochs = _epochs(corpus)
+    epochs.examples(0)                       # epoch 1 starts on its thread, 30 chunks
+    epochs.close()
+    assert not [t for t in threading.enumerate() if t.name.startswith("subword-sampling")]
+    with pytest.raises(sampling.SamplingStopped, match="closed"):
+        epochs.examples(1)
+
+
+def test_a_process_that_exits_while_the_next_epoch_is_sampled_exits_cleanly(tmp_path):
+    """The interpreter kills daemon threads at exit; one killed inside SentencePiece aborts
+    the process (SIGABRT) instead of ending with its own status."""
+    script = textwrap.dedent("""
+        import time
+        import datasets
+        from data.batching import BatchConfig, load_examples
+        from data.config import TokenizerConfig
+        from data.encoding import encode_split
+        from data.sampling import SampledEpochs
+        from data.tokenizer import train_tokenizer
+        from synthetic_corpus import syllable_sentences
+        src, tgt = syllable_sentences(300, 0), syllable_sentences(300, 1)
+        tokenizer = train_tokenizer(src + tgt, TokenizerConfig(vocab_size=400))
+        texts = datasets.Dataset.from_dict({"source": src * 100, "target": tgt * 100})
+        config = BatchConfig(batch_tokens=512, max_len=64)
+        store = encode_split(texts, tokenizer, %r, num_proc=1)
+        epochs = SampledEpochs(load_examples(store, config), texts, tokenizer, alpha=0.1,
+                               nbest=-1, seed=0, config=config)
+        epochs.examples(0)
+        time.sleep(0.5)                      # epoch 1 is being drawn, 30,000 pairs
+        print("exiting")
+    """ % str(tmp_path / "cache"))
+    tests_dir = Path(__file__).parent
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tests_dir.parent), str(tests_dir)])}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert (done.returncode, done.stdout) == (0, "exiting\n"), done.stderr[-2000:]
 
 
 def test_resumed_batches_are_the_uninterrupted_ones_with_sampling_on(corpus):

@@ -21,6 +21,7 @@ import pytest
 from conftest import SHALLOW
 
 import nmt.training.run_data
+from data.sampling import SampledEpochs
 from nmt.models import model_dir
 from nmt.rundir import checkpoints as checkpoint
 from nmt.settings import recipes
@@ -298,7 +299,7 @@ def test_max_epochs_stops_at_the_epoch_boundary_and_resumes_to_the_next(corpus, 
 
 
 def test_a_resumed_run_with_sampled_segmentations_logs_what_an_uninterrupted_one_logs(
-        corpus, bleus, tmp_path):
+        corpus, bleus, tmp_path, monkeypatch):
     """Each epoch's segmentations are a function of the seed and the epoch: a run cut in its
     first epoch and resumed trains on the batches an uninterrupted run trains on, into the
     second epoch, and logs the same losses."""
@@ -310,8 +311,12 @@ def test_a_resumed_run_with_sampled_segmentations_logs_what_an_uninterrupted_one
     settings = {"subword_alpha": 0.5, "eval_every": 1000, "save_every": 1000, "log_every": 1,
                 "max_tokens_per_sentence": 48, "buckets": (48,), "batch_tokens": 384}
     bleus += [1.0, 1.0, 1.0]
+    closed = []
+    monkeypatch.setattr(SampledEpochs, "close",
+                        lambda self, close=SampledEpochs.close: closed.append(close(self)))
     straight = tmp_path / "straight"
     _run(corpus, straight, max_steps=24, **settings)
+    assert len(closed) == 1     # the sampler stopped when training did, not left to the exit
     book = _saved_bookkeeping(straight, 24)
     assert book["iterator"]["epoch"] >= 1
     cut = tmp_path / "cut"

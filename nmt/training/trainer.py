@@ -195,8 +195,10 @@ class Trainer:
                 raise BudgetTooShort(too_short)
             self.run_log.clock.restart()
             stopped = self._steps(stopped)
-        finally:  # an error, Ctrl-C or the end: no thread left reading batches
+        finally:  # an error, Ctrl-C or the end: no thread left reading or sampling batches
             self.batches.close()
+            if self.start.data.train_sampling is not None:
+                self.start.data.train_sampling.close()
             self.run_log.progress.close()
         self.start.checkpoints.wait()
         return stopped
