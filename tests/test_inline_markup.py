@@ -226,7 +226,8 @@ def test_identity_alignments_give_the_markup_back():
                    "<p>A <b>bi</b>cycle. Bi<wbr>cycle.</p>",
                    "<p>H<sub>2</sub>O and e=mc<sup>2</sup>, x <b>y</b><i>z</i> w.</p>",
                    '<p>Run <code translate="no">ls -l</code> <b>now</b>.</p>',
-                   "<ul><li>One <b>two</b></li><li><i>Three</i> four.<br>Five</li></ul>"]:
+                   "<ul><li>One <b>two</b></li><li><i>Three</i> four.<br>Five</li></ul>",
+                   '<p>Please <a href="x">click</span> on <b>this</b> link</a> now.</p>']:
         document = split_html(markup, "en")
         aligned = {i: _identity(sentence) for i, sentence in enumerate(document.sentences)}
         assert document.join(document.sentences, aligned) == markup

@@ -137,11 +137,12 @@ def _tree(points: Sequence[Point]) -> _Node:
 
 def _want(node: _Node, source: str, mapper: _Mapper) -> None:
     """Where each element inside `node` wants to be in the target, by the alignment of the
-    source characters it held (a lone tag's other side: `node`'s own)."""
+    source characters it held (a lone tag's other side: `node`'s own). A void tag, and a
+    stray end tag inside a pair, hold nothing: each goes beside the word it touched."""
     for child in node.children:
         start = child.start.offset if child.start else 0
         end = child.end.offset if child.end else len(source)
-        if child.start is not None and child.start.kind == "void" or start >= end:
+        if child.start is not None and child.start.kind != "open" or start >= end:
             at = _beside_a_word(source, start, mapper)
             child.want = (at, at)
         else:
