@@ -295,6 +295,7 @@ def test_html_malformed_markup_keeps_its_text():
         ("<a b='>'c. D.", ["<a b='>'c.", "D."]),  # ... as here: a tag never closed
         ("< p>Spaced. </ p>", ["< p>Spaced.", "</ p>"]),
         ("Before. <!-- never closed. Text", ["Before."]),
+        ("A. <!-->B. <!--->C. <!---->D.", ["A.", "B.", "C.", "D."]),  # empty comments
         ("Text <script>never closed. x", ["Text"]),
         ("<<b>>Double.", ["<>Double."]),  # <b> is inline: it does not cut the sentence
         ("<", ["<"]),

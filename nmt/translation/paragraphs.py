@@ -459,9 +459,10 @@ def _markup_at(markup: str, start: int, ends: _TagEnds
                ) -> tuple[int, tuple[bool, str, str] | None] | None:
     """(end, the tag's closing, name and attributes or None) of the markup starting at the
     "<" at `start`, or None where that "<" opens nothing (it is text)."""
-    for opening, closing in (("<!--", "-->"), ("<![CDATA[", "]]>")):
+    # A comment's "-->" may overlap its "<!--": "<!-->" and "<!--->" are empty comments.
+    for opening, closing, skip in (("<!--", "-->", 2), ("<![CDATA[", "]]>", 9)):
         if markup.startswith(opening, start):  # unclosed, it runs to the end
-            end = markup.find(closing, start + len(opening))
+            end = markup.find(closing, start + skip)
             return (end + len(closing) if end != -1 else len(markup)), None
     if markup.startswith(("<!", "<?"), start):  # <!DOCTYPE html>, <?xml ... ?>
         end = ends.next_gt(start)
