@@ -285,6 +285,30 @@ def test_html_verbatim_elements():
     assert _round_trip(document) == markup
 
 
+@pytest.mark.parametrize("markup, sentences", [
+    ('<p translate="no">ACME Widget<p>Click here.<p>Thanks.', ["Click here.", "Thanks."]),
+    ("<ul><li translate=no>ACME<li>Buy now.<li>Sell later.</ul><p>More text.</p>",
+     ["Buy now.", "Sell later.", "More text."]),
+    ("<ul><li translate=no>A<ul><li>B.<li>C.</ul>D.<li>E.</ul>", ["E."]),   # a nested list
+    ("<dl><dt translate=no>Term<dd>Meaning.</dl>", ["Meaning."]),
+    ("<table><tr><td translate=no>SKU-1<td>Price.</table>", ["Price."]),
+    ("<table><tr><td translate=no><table><tr><td>In.</td></tr></table>Out.<td>Yes.</table>",
+     ["Yes."]),
+    ("<p translate=no>A.<div>B.</div>", ["B."]),
+    ("<div translate=no><p>a.<p>b.</div>c.", ["c."]),
+    ("<div><span translate=no>Hidden.</div><p>Shown.</p>", ["Shown."]),   # the parent's end
+    ("<p>x.</p><div translate=no>No.</span> Still no.</div>Yes.", ["x.", "Yes."]),  # stray
+    ("<div><div translate=no>No.</div>Yes.</div>Also.", ["Yes.", "Also."]),
+])
+def test_a_verbatim_element_ends_where_html_ends_it(markup, sentences):
+    """An end tag HTML lets one leave out (</p>, </li>, </td>) is implied by the next start
+    tag that needs it closed, or by the end tag of an element around it: the text after
+    is translated, not kept verbatim to the end of the document."""
+    document = split_html(markup, "en")
+    assert document.sentences == sentences
+    assert _round_trip(document) == markup
+
+
 def test_html_malformed_markup_keeps_its_text():
     for markup, sentences in [
         ("If 1 < 2 holds. Then it is true.", ["If 1 < 2 holds.", "Then it is true."]),
@@ -327,7 +351,8 @@ def escape(sentence: str) -> str:
 def test_many_lone_angle_brackets_take_linear_time():
     """A "<" that opens nothing must not cost a scan to the end of the markup each."""
     for markup in ("a <b " * 40000, "<a x='>' " * 25000, "<!x " * 50000, "<a '" * 50000,
-                   "<p x=\"" * 40000):
+                   "<p x=\"" * 40000, "<li translate=no>a " * 25000 + "</ul>" * 25000,
+                   "<div>" * 40000 + "</b>" * 40000 + "</div>"):
         start = time.perf_counter()
         document = split_html(markup, "en")
         assert time.perf_counter() - start < 10, markup[:20]  # quadratic: minutes

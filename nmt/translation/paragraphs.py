@@ -29,7 +29,9 @@ the whitespace around sentences is copied from the markup as written (`&nbsp;` s
 - the contents of <script> and <style>: code, not text, and not markup either (`a<b` is no
   tag there), so they are skipped up to their end tag without being scanned;
 - <template> elements and every element marked translate="no" (HTML's own way of saying "do
-  not translate": mark <code> or <pre> that holds code so), with everything inside them.
+  not translate": mark <code> or <pre> that holds code so), with everything inside them, up
+  to where a browser ends them: their end tag, an end tag of an element around them, or a
+  start tag that implies an end tag left out (<p translate="no">A<p>B: "B" is translated).
 Elsewhere line breaks in HTML text are spaces, so a sentence wrapped over two source lines
 stays one sentence (and comes back on one line); only inside <pre>, <textarea> and <listing>,
 where they show, is text cut into lines as plain text is. Markup that is not well formed
@@ -381,7 +383,9 @@ def _common_suffix(a: str, b: str) -> int:
 def _runs(markup: str) -> Iterator[tuple[str, bool, bool, tuple[Kind, str] | None]]:
     """(piece, translate it, cut it into lines, (kind, name) of an inline tag that may sit
     inside a sentence, or None) for consecutive pieces of `markup`."""
-    hidden, depth, lined = None, 0, 0  # the verbatim element open, its nesting, <pre> depth
+    around = _OpenElements()  # outside the verbatim element
+    hidden: _KeptWhole | None = None  # the verbatim element open
+    lined = 0  # <pre> depth
     for piece, is_text, tag in _pieces(markup):
         inline = _inline(tag) if hidden is None and lined == 0 else None
         yield piece, is_text and hidden is None, lined > 0, inline
@@ -391,12 +395,88 @@ def _runs(markup: str) -> Iterator[tuple[str, bool, bool, tuple[Kind, str] | Non
         self_closing = attributes.rstrip().endswith("/")
         if name in LINED and not self_closing:
             lined = max(lined - 1, 0) if closing else lined + 1
-        if hidden is None:
-            if not closing and not self_closing and _kept_whole(name, attributes):
-                hidden, depth = name, 1
-        elif name == hidden and not self_closing:
-            depth += -1 if closing else 1
-            hidden = hidden if depth else None
+        if self_closing or name in _VOID:
+            continue
+        if hidden is not None:
+            ended, hidden = hidden, None
+            if not ended.ends_at(closing, name, around):
+                hidden = ended
+                continue
+            if closing and name == ended.name:
+                continue  # its own end tag: it was never among `around`
+        if closing:
+            around.close(name)
+        elif _kept_whole(name, attributes):
+            hidden = _KeptWhole(name)
+        else:
+            around.open(name)
+
+
+# Elements whose end tag HTML lets one leave out, each ended by the start tags listed (unless
+# an element of the second list opened inside it holds them: a nested list's <li>).
+_IMPLIED_END: dict[str, tuple[frozenset[str], frozenset[str]]] = {
+    "p": (frozenset(("address", "article", "aside", "blockquote", "details", "dialog", "div",
+                     "dl", "fieldset", "figcaption", "figure", "footer", "form", "h1", "h2",
+                     "h3", "h4", "h5", "h6", "header", "hgroup", "hr", "main", "menu", "nav",
+                     "ol", "p", "pre", "search", "section", "table", "ul")), frozenset()),
+    "li": (frozenset(("li",)), frozenset(("ul", "ol", "menu"))),
+    **dict.fromkeys(("dt", "dd"), (frozenset(("dt", "dd")), frozenset(("dl",)))),
+    **dict.fromkeys(("td", "th"), (frozenset(("td", "th", "tr", "tbody", "thead", "tfoot")),
+                                   frozenset(("table",)))),
+    "tr": (frozenset(("tr", "tbody", "thead", "tfoot")), frozenset(("table",))),
+    **dict.fromkeys(("thead", "tbody", "tfoot"), (frozenset(("tbody", "tfoot")),
+                                                  frozenset(("table",)))),
+    "option": (frozenset(("option", "optgroup")), frozenset()),
+    "optgroup": (frozenset(("optgroup",)), frozenset()),
+    **dict.fromkeys(("rb", "rt", "rtc", "rp"), (frozenset(("rb", "rt", "rtc", "rp")),
+                                                frozenset(("ruby",)))),
+}
+
+
+class _OpenElements:
+    """The names of the elements open, as a stack whose end tags close everything opened
+    after the element they end (a stray end tag closes nothing); each element is pushed and
+    popped once, however malformed the markup."""
+
+    def __init__(self):
+        self.names: list[str] = []
+        self.at: dict[str, list[int]] = {}  # name -> its places in `names`
+
+    def open(self, name: str) -> None:
+        self.at.setdefault(name, []).append(len(self.names))
+        self.names.append(name)
+
+    def close(self, name: str) -> None:
+        if self.at.get(name):
+            last = self.at[name][-1]
+            while len(self.names) > last:
+                self.at[self.names.pop()].pop()
+
+    def __contains__(self, name: str) -> bool:
+        return bool(self.at.get(name))
+
+
+class _KeptWhole:
+    """An element kept verbatim and where it ends: at its own end tag, at the end tag of an
+    element around it, or where HTML implies its end (`_IMPLIED_END`: a <p translate="no">
+    whose </p> was left out ends at the next <p>)."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self.inside: dict[str, int] = {}  # elements opened inside it and not closed
+
+    def ends_at(self, closing: bool, name: str, around: _OpenElements) -> bool:
+        """Whether the tag (not void) ends the element, else counted as inside it."""
+        if closing:
+            if self.inside.get(name):
+                self.inside[name] -= 1
+                return False
+            return name == self.name or name in around
+        implied, held_by = _IMPLIED_END.get(self.name, (frozenset(), frozenset()))
+        if name in implied and not any(self.inside.get(n) for n in held_by):
+            return True
+        self.inside[name] = self.inside.get(name, 0) + 1
+        return False
 
 
 def _inline(tag: tuple[bool, str, str] | None) -> tuple[Kind, str] | None:
