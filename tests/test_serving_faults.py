@@ -264,6 +264,73 @@ def test_a_request_larger_than_the_queue_gets_413_not_503(guarded):
     assert status == 200, answer
 
 
+def _file_service(limits, align):
+    """A Service whose model upper-cases each sentence and aligns with `align`; the sizes of
+    its search calls go to the list returned."""
+    from types import SimpleNamespace
+
+    from nmt.models.translations import Hypothesis
+    from nmt.serving.catalog import Catalog, ServedModel
+    from nmt.serving.metrics import Metrics
+    from nmt.serving.service import Service
+
+    searched = []
+
+    async def search(batch):
+        searched.append(len(batch))
+        return [[Hypothesis(sentence.upper(), 0.0, ())] for sentence in batch]
+
+    translator = SimpleNamespace(search=SimpleNamespace(nbest=1), align=align)
+    model = ServedModel(0, "de", "en", "runs/x", translator,
+                        batcher=SimpleNamespace(translate=search))
+    return Service(Catalog([model]), limits, Metrics(), ready=True), searched
+
+
+def _translate_file(service, name: str, data: str):
+    from starlette.testclient import TestClient
+
+    from nmt.serving.app import build_app
+
+    client = TestClient(build_app(service))
+    answer = client.post("/translate_file", data=PAIR, files={"file": (name, data.encode())})
+    if answer.status_code != 200:
+        return answer.status_code, answer.json()["error"]
+    url = answer.json()["translatedFileUrl"]
+    return 200, client.get(url[url.index("/download_file/"):]).content.decode()
+
+
+def test_a_file_longer_than_the_queue_is_searched_and_aligned_in_parts():
+    """A .txt or .html file is one document: its sentences still go to the queue, and to the
+    aligner, at most --max-sentences (and --queue-sentences) at a time, not all at once."""
+    from nmt.serving.limits import ServerLimits
+    from test_inline_markup import _identity
+
+    aligned = []
+
+    def align(sources, targets):
+        aligned.append(len(sources))
+        return [_identity(source) for source in sources]
+
+    service, searched = _file_service(ServerLimits(max_sentences=4, max_queue=3), align)
+    text = "".join(f"Satz {i} ist hier.\n" for i in range(10))
+    assert _translate_file(service, "notes.txt", text) == (200, text.upper())
+    assert (searched, aligned) == ([3, 3, 3, 1], [])
+    searched.clear()
+    markup = "<p>" + " ".join(f"Satz <b>{i}</b> ist hier." for i in range(10)) + "</p>"
+    expected = "<p>" + " ".join(f"SATZ <b>{i}</b> IST HIER." for i in range(10)) + "</p>"
+    assert _translate_file(service, "page.html", markup) == (200, expected)
+    assert (searched, aligned) == ([3, 3, 3, 1], [3, 3, 3, 1])
+
+
+def test_an_alignment_past_the_timeout_is_a_504():
+    from nmt.serving.limits import ServerLimits
+
+    service, _ = _file_service(ServerLimits(timeout=0.2),
+                               lambda sources, targets: time.sleep(1) or [])
+    status, error = _translate_file(service, "page.html", "<p>Der <b>Hund</b> läuft.</p>")
+    assert status == 504 and "(--timeout)" in error and "\n" not in error
+
+
 # ----------------------------------------------------------------------------- clients
 
 

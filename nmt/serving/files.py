@@ -19,7 +19,7 @@ from starlette.responses import JSONResponse, Response
 
 from nmt.serving.errors import RequestError, shown
 from nmt.serving.file_store import KEEP_SECONDS, safe_name
-from nmt.serving.libretranslate import translate_documents
+from nmt.serving.libretranslate import join_documents
 from nmt.serving.params import api_key
 from nmt.serving.service import Service, unless_client_leaves
 from nmt.translation import document_files
@@ -90,19 +90,16 @@ def _prepare(data: bytes, filename: str, language: str):
 
 
 async def _translate_in_parts(service: Service, model, documents) -> list[str]:
-    """The documents' translations, searched at most `max_sentences` sentences at a time
-    (each part within the request timeout), so that a long file waits in the queue as a
-    series of requests would."""
-    out, part, count = [], [], 0
-    for document in [*documents, None]:
-        size = len(document.sentences) if document is not None else 0
-        if part and (document is None or count + size > service.limits.max_sentences):
-            out += (await translate_documents(service, model, part))[0]
-            part, count = [], 0
-        if document is not None:
-            part.append(document)
-            count += size
-    return out
+    """The documents' translations, their sentences searched at most `part_sentences` at a
+    time (each part within the request timeout and the queue's bound), so that a long file,
+    one document or many, waits in the queue as a series of requests would."""
+    sentences = [sentence for document in documents for sentence in document.sentences]
+    step = service.limits.part_sentences
+    translations = []
+    for start in range(0, len(sentences), step):
+        found = await service.translate(model, sentences[start:start + step])
+        translations += [nbest[0].text for nbest in found]
+    return await join_documents(service, model, documents, translations)
 
 
 async def download_file(request: Request) -> Response:

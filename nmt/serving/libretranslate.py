@@ -22,7 +22,6 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
-from nmt.models.alignment import Alignment
 from nmt.serving.catalog import language_name
 from nmt.serving.errors import RequestError, shown
 from nmt.serving.params import api_key, request_params
@@ -121,24 +120,23 @@ async def translate_documents(service: Service, model, documents: list[Document]
     which asks the model's n-best search for that many), inline markup placed by alignment."""
     sentences = [sentence for document in documents for sentence in document.sentences]
     hypotheses = await service.translate(model, sentences, alternatives=ranks > 0)
-    out = []
-    for rank in range(max(ranks, 1)):
-        chosen = [nbest[min(rank, len(nbest) - 1)].text for nbest in hypotheses]
-        alignments = await _alignments(service, model, documents, chosen)
-        texts, offset = [], 0
-        for document, aligned in zip(documents, alignments):
-            count = len(document.sentences)
-            texts.append(document.join(chosen[offset:offset + count], aligned))
-            offset += count
-        out.append(texts)
-    return out
+    return [await join_documents(service, model, documents,
+                                 [nbest[min(rank, len(nbest) - 1)].text for nbest in hypotheses])
+            for rank in range(max(ranks, 1))]
 
 
-async def _alignments(service: Service, model, documents: list[Document],
-                      translations: list[str]) -> list[dict[int, Alignment]]:
-    """Per document, the alignment of each sentence that holds inline markup."""
+async def join_documents(service: Service, model, documents: list[Document],
+                         translations: list[str]) -> list[str]:
+    """The documents with `translations` (one per sentence of them all, in order) in place of
+    their sentences, inline markup placed by the model's word alignment."""
     sources, targets = markup_pairs(documents, translations)
-    return alignments_by_document(documents, await service.align(model, sources, targets))
+    aligned = alignments_by_document(documents, await service.align(model, sources, targets))
+    texts, offset = [], 0
+    for document, alignments in zip(documents, aligned):
+        count = len(document.sentences)
+        texts.append(document.join(translations[offset:offset + count], alignments))
+        offset += count
+    return texts
 
 
 async def detect(request: Request) -> JSONResponse:

@@ -30,6 +30,12 @@ class ServerLimits:
     header_timeout: float = 10.0     # seconds to receive a request's line and headers
     body_timeout: float = 10.0       # seconds to receive a request's body
 
+    @property
+    def part_sentences(self) -> int:
+        """The most sentences of a long piece of work (a file) searched or aligned at once:
+        what one request may send, and what the queue holds."""
+        return min(self.max_sentences, self.max_queue)
+
     def check_characters(self, characters: int) -> None:
         """RequestError 413 if a request's texts have more characters than it may."""
         if characters > self.max_characters:

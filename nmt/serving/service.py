@@ -66,14 +66,23 @@ class Service:
     async def align(self, model: ServedModel, sources: Sequence[str],
                     targets: Sequence[str]) -> list | None:
         """The model's word alignment of each source with its translation, on a search
-        thread; None where the engine gives none (inline markup then goes by position)."""
+        thread, at most `part_sentences` at a time, each part within the request timeout
+        (504); None where the engine gives none (inline markup then goes by position)."""
         align = getattr(model.translator, "align", None)
         if align is None or not sources:
             return None
         loop = asyncio.get_running_loop()
-        return await asyncio.wait_for(
-            loop.run_in_executor(self.executor, align, list(sources), list(targets)),
-            self.limits.timeout)
+        found, step = [], self.limits.part_sentences
+        for start in range(0, len(sources), step):
+            part = list(sources[start:start + step]), list(targets[start:start + step])
+            try:
+                found += await asyncio.wait_for(
+                    loop.run_in_executor(self.executor, align, *part), self.limits.timeout)
+            except TimeoutError:
+                raise RequestError(504, f"aligning the translations with their sources (to "
+                                        f"place the markup) took longer than this server's "
+                                        f"{self.limits.timeout:g} s (--timeout)") from None
+        return found
 
     def check_ready(self) -> None:
         if not self.ready:
