@@ -31,6 +31,7 @@ class GreedyState:
     logprob_sum: Array   # [batch]
     done: Array          # [batch], EOS produced
     last: Array          # [batch], the token decoded next
+    sentence: Array      # [batch], the sentence each row holds: its draws are its own
 
 
 def greedy_state(cache, batch: int, max_len: int, ids) -> GreedyState:
@@ -39,7 +40,8 @@ def greedy_state(cache, batch: int, max_len: int, ids) -> GreedyState:
         step=jnp.zeros((), jnp.int32), cache=cache,
         tokens=jnp.full((batch, max_len), ids.pad_id, jnp.int32),
         logprob_sum=jnp.zeros((batch,), jnp.float32), done=jnp.zeros((batch,), bool),
-        last=jnp.full((batch,), ids.bos_id, jnp.int32))
+        last=jnp.full((batch,), ids.bos_id, jnp.int32),
+        sentence=jnp.arange(batch, dtype=jnp.int32))
 
 
 def greedy_steps(step: StepFn, s: GreedyState, strategy: Greedy | Sample, ids, limits: Array,
@@ -54,7 +56,8 @@ def greedy_steps(step: StepFn, s: GreedyState, strategy: Greedy | Sample, ids, l
         # only the chosen token's log-probability, so log_softmax is never materialised.
         normalizer = jax.nn.logsumexp(logits, axis=-1)  # [batch]
         at_limit = s.step + 1 >= limits
-        next_token, score = _choose(strategy, logits, normalizer, s.step, at_limit, ids, rng)
+        next_token, score = _choose(strategy, logits, normalizer, s.step, at_limit, ids,
+                                    jax.random.fold_in(rng, s.step), s.sentence)
         # At its limit a row ends, with EOS's logit (always allowed there).
         next_token = jnp.where(at_limit, ids.eos_id, next_token)
         score = jnp.where(at_limit, logits[:, ids.eos_id], score)
@@ -63,31 +66,34 @@ def greedy_steps(step: StepFn, s: GreedyState, strategy: Greedy | Sample, ids, l
         tokens = jax.lax.dynamic_update_slice_in_dim(s.tokens, next_token[:, None], s.step, 1)
         return GreedyState(s.step + 1, cache, tokens,
                            s.logprob_sum + jnp.where(s.done, 0.0, chosen),
-                           s.done | (next_token == ids.eos_id), next_token)
+                           s.done | (next_token == ids.eos_id), next_token, s.sentence)
 
     return jax.lax.while_loop(while_searching(max_len, stop_at), body, s)
 
 
 def _choose(strategy: Greedy | Sample, logits: Array, normalizer: Array, step: Array,
-            at_limit: Array, ids, rng: Array) -> tuple[Array, Array]:
-    """Each row's next token [batch] and its logit [batch]; a draw reads `rng` folded with
-    the step, so that no two steps share random numbers."""
+            at_limit: Array, ids, rng: Array, sentence: Array) -> tuple[Array, Array]:
+    """Each row's next token [batch] and its logit [batch]. A draw reads the step's `rng`
+    folded with the row's sentence [batch]: no two steps or sentences share random numbers,
+    and a sentence draws the same whichever row it is in (compaction moves rows)."""
     if isinstance(strategy, Sample):
         scores = allowed_scores(logits, step, at_limit, strategy.min_len, ids)
-        token = _draw(scores - normalizer[:, None], strategy, jax.random.fold_in(rng, step))
+        keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(rng, sentence)
+        token = _draw(scores - normalizer[:, None], strategy, keys)
         return token, jnp.take_along_axis(scores, token[:, None], axis=-1)[:, 0]
     score, token = (x[:, 0] for x in best_allowed(logits, 1, step, at_limit,
                                                   strategy.min_len, ids))
     return token, score
 
 
-def _draw(logprobs: Array, strategy: Sample, rng: Array) -> Array:
-    """One token per row from softmax(logprobs / temperature), among the top k if k > 0."""
+def _draw(logprobs: Array, strategy: Sample, keys: Array) -> Array:
+    """One token per row from softmax(logprobs / temperature), among the top k if k > 0,
+    each row drawn with its own key (keys [batch])."""
     scaled = logprobs / strategy.temperature
     if strategy.top_k > 0:
         kth_best = jax.lax.top_k(scaled, strategy.top_k)[0][:, -1:]
         scaled = jnp.where(scaled < kth_best, NEG_INF, scaled)
-    return jax.random.categorical(rng, scaled, axis=-1).astype(jnp.int32)
+    return jax.vmap(jax.random.categorical)(keys, scaled).astype(jnp.int32)
 
 
 def greedy_outputs(s: GreedyState, pad_id: int, nbest: int
