@@ -67,6 +67,12 @@ def test_candidates_are_specials_frequent_then_likeliest_of_a_fixed_size_ascendi
     twelve = shortlist.candidates(src, 12).tolist()
     assert twelve == [0, 1, 2, 3, 4, 20, 21, 22, 23, 30, 31, 32]
     assert shortlist.candidates(src, 40).tolist() == list(range(40))
+    # Room for one beside the specials: the most frequent target, not the lowest id.
+    assert shortlist.candidates(src, 5).tolist() == [0, 1, 2, 3, 30]
+    swapped = Shortlist(shortlist.translations, shortlist.probabilities,
+                        shortlist.by_frequency[[1, 0, *range(2, len(shortlist.by_frequency))]],
+                        shortlist.always, SPECIAL, "t")
+    assert swapped.candidates(src, 5).tolist() == [0, 1, 2, 3, 31]
 
 
 def sharp_model(tied: bool = True, vocab: int = 48) -> Transformer:
@@ -170,6 +176,14 @@ def test_shortlist_sizes_and_vocabularies_that_cannot_work_are_refused(caplog):
         clamped = Translator(model, NumberTokenizer(), config, shortlist=hand_made(64),
                              shortlist_size=1000)
     assert clamped.shortlist_size == 64 and "more than the vocabulary's 64" in caplog.text
+    # Sampling among the top k of fewer candidates: refused before any search compiles.
+    sample = SearchConfig(strategy="sample", top_k=30)
+    with pytest.raises(ValueError, match=r"top_k 30 is larger than --shortlist's candidates "
+                                         r"\(20 tokens\)"):
+        Translator(model, NumberTokenizer(), sample, shortlist=hand_made(64), shortlist_size=20)
+    with pytest.raises(ValueError, match=r"top_k 30 is larger than the candidate tokens given"):
+        search(model, batch(64), sample, rng=jax.random.key(0),
+               candidates=np.arange(20, dtype=np.int32))
 
 
 def test_saved_shortlist_loads_equal_and_a_damaged_one_is_named(tmp_path):
@@ -222,7 +236,9 @@ def test_translate_py_with_every_token_as_candidate_translates_as_without(shortl
     (["--shortlist", "0"], 2, "--shortlist must be >= 1"),
     (["--shortlist", "3"], 2, "a batch needs at least 5 candidates"),
     (["--shortlist", "50", "--engine", "ctranslate2"], 2, "searched by --engine jax"),
-], ids=["zero", "below-specials", "ctranslate2"])
+    (["--shortlist", "20", "--sample", "--top-k", "30"], 2,
+     "top_k 30 is larger than --shortlist's candidates (20 tokens)"),
+], ids=["zero", "below-specials", "ctranslate2", "top-k"])
 def test_translate_py_refuses_a_shortlist_it_cannot_use_in_one_line(shortlisted, flags, code,
                                                                    message, capsys):
     import translate

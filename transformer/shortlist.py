@@ -63,7 +63,8 @@ class Shortlist:
             return np.arange(vocab, dtype=np.int32)
         chosen = np.zeros(vocab, bool)
         chosen[:self.special] = True
-        chosen[self.by_frequency[:self.always]] = True
+        # The most frequent first where `size` leaves no room for all `always` of them.
+        chosen[self.by_frequency[:min(self.always, size - self.special)]] = True
         sources = np.unique(src_ids)
         sources = sources[(sources >= self.special) & (sources < vocab)]
         tokens = self.translations[sources].ravel()

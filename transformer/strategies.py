@@ -25,7 +25,7 @@ class Greedy:
     rows_per_sentence = 1  # decoder rows a sentence takes
     draws = False          # reads random numbers
 
-    def check_vocabulary(self, vocab_size: int) -> None:
+    def check_vocabulary(self, vocab_size: int, what: str = "the model's vocabulary") -> None:
         """Every vocabulary can be searched greedily."""
 
 
@@ -42,11 +42,12 @@ class Sample:
     rows_per_sentence = 1
     draws = True
 
-    def check_vocabulary(self, vocab_size: int) -> None:
-        """A top-k larger than the vocabulary is a mistake in the settings, not a no-op."""
+    def check_vocabulary(self, vocab_size: int, what: str = "the model's vocabulary") -> None:
+        """A top-k larger than the vocabulary (`what`: or the candidate tokens a shortlist
+        leaves) is a mistake in the settings, not a no-op."""
         if self.top_k > vocab_size:
-            raise ValueError(f"top_k {self.top_k} is larger than the model's vocabulary "
-                             f"({vocab_size} tokens); use a smaller value, or 0 for no limit.")
+            raise ValueError(f"top_k {self.top_k} is larger than {what} ({vocab_size} "
+                             "tokens); use a smaller value, or 0 for no limit.")
 
 
 class Stopping(enum.Enum):
@@ -87,7 +88,7 @@ class Beam:
     def rows_per_sentence(self) -> int:
         return self.size
 
-    def check_vocabulary(self, vocab_size: int) -> None:
+    def check_vocabulary(self, vocab_size: int, what: str = "the model's vocabulary") -> None:
         """Any vocabulary: a step takes at most its vocabulary's tokens per beam."""
 
 

@@ -119,6 +119,8 @@ class Translator:
         self.shortlist = shortlist
         self.shortlist_size = (shortlist_candidates(shortlist, shortlist_size, model.config)
                                if shortlist is not None else 0)
+        if shortlist is not None:
+            self.strategy.check_vocabulary(self.shortlist_size, "--shortlist's candidates")
         self.graphdef, self.state = nnx.split(model)
         self.model_config, self.tokenizer = model.config, tokenizer
         self.search, self.searches = search, searches

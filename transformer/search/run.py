@@ -66,6 +66,7 @@ def search_with_state(graphdef: nnx.GraphDef, state: nnx.State, src_ids: np.ndar
     loop = programs.loop(strategy)
     if candidates is not None:
         candidates = check_candidates(candidates, model_config)
+        strategy.check_vocabulary(len(candidates), "the candidate tokens given")
     sources, loop_state = loop.start(strategy, max_len, state, src, limits)
     result = run_in_stages(loop, strategy, max_len, state, sources, loop_state, limits,
                            model_config.pad_id, rng, compact, candidates)
