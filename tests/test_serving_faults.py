@@ -302,8 +302,9 @@ def _translate_file(service, name: str, data: str):
 def test_a_file_longer_than_the_queue_is_searched_and_aligned_in_parts():
     """A .txt or .html file is one document: its sentences still go to the queue, and to the
     aligner, at most --max-sentences (and --queue-sentences) at a time, not all at once."""
-    from nmt.serving.limits import ServerLimits
     from test_inline_markup import _identity
+
+    from nmt.serving.limits import ServerLimits
 
     aligned = []
 
