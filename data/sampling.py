@@ -92,6 +92,7 @@ class SampledEpochs:
     def close(self) -> None:
         """Stop sampling: the thread at work ends after its chunk, and is waited for."""
         self._stop.set()
+        _open.discard(self)
         with self._lock:
             threads = [thread for thread, _ in self._pending.values()]
         for thread in threads:
@@ -181,11 +182,13 @@ class SampledEpochs:
 _open: weakref.WeakSet[SampledEpochs] = weakref.WeakSet()  # not yet closed
 
 
-@atexit.register
 def _close_all() -> None:
     """At exit, stop every sampler: the interpreter would kill its thread mid-draw."""
     for epochs in list(_open):
         epochs.close()
+
+
+atexit.register(_close_all)
 
 
 def _ragged(parts: list[np.ndarray], lengths: list[np.ndarray]) -> Ragged:

@@ -46,7 +46,7 @@ from transformer.search import (
     search_with_state,
 )
 from transformer.shortlist import Shortlist
-from transformer.strategies import plan_search
+from transformer.strategies import Strategy, plan_search
 
 log = logging.getLogger("translate")
 
@@ -117,10 +117,8 @@ class Translator:
         self.strategy = plan_search(search)
         self.strategy.check_vocabulary(model.config.vocab_size)
         self.shortlist = shortlist
-        self.shortlist_size = (shortlist_candidates(shortlist, shortlist_size, model.config)
-                               if shortlist is not None else 0)
-        if shortlist is not None:
-            self.strategy.check_vocabulary(self.shortlist_size, "--shortlist's candidates")
+        self.shortlist_size = (shortlist_candidates(shortlist, shortlist_size, model.config,
+                                                    self.strategy) if shortlist is not None else 0)
         self.graphdef, self.state = nnx.split(model)
         self.model_config, self.tokenizer = model.config, tokenizer
         self.search, self.searches = search, searches
@@ -345,10 +343,11 @@ class Translator:
         return stats, index[real], hypotheses, index[real & result.reached_limit()]
 
 
-def shortlist_candidates(shortlist: Shortlist, size: int, model_config) -> int:
+def shortlist_candidates(shortlist: Shortlist, size: int, model_config,
+                         strategy: Strategy) -> int:
     """The candidates a batch searches over: `size`, clamped to the vocabulary with a
-    warning; ValueError for a shortlist of another vocabulary or a size that cannot hold
-    the special tokens and one more."""
+    warning; ValueError for a shortlist of another vocabulary, a size that cannot hold
+    the special tokens and one more, or fewer candidates than `strategy` samples among."""
     if shortlist.vocab_size != model_config.vocab_size:
         raise ValueError(f"the shortlist is built for a vocabulary of {shortlist.vocab_size:,} "
                          f"tokens, the model has {model_config.vocab_size:,}: build it again "
@@ -359,7 +358,9 @@ def shortlist_candidates(shortlist: Shortlist, size: int, model_config) -> int:
     if size > model_config.vocab_size:
         log.warning("--shortlist %d is more than the vocabulary's %d tokens: every token is a "
                     "candidate", size, model_config.vocab_size)
-    return min(size, model_config.vocab_size)
+    size = min(size, model_config.vocab_size)
+    strategy.check_vocabulary(size, "--shortlist's candidates")
+    return size
 
 
 def _pad_targets(targets: list[list[int]], rows: int, buckets: Sequence[int], pad_id: int

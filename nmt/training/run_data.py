@@ -34,8 +34,13 @@ class PreparedCorpus:
     eval_batch_config: BatchConfig
     valid_sources: list[str]  # of the validation pairs kept (valid_examples), in order
     valid_targets: list[str]
-    counts: dict[str, int]  # pairs per split, as read
+    counts: dict[str, int]  # pairs per split, as read (train: at most --max-train-pairs)
     train_sampling: SampledEpochs | None = None  # with --subword-alpha: each epoch resegmented
+
+    def close(self) -> None:
+        """Stop sampling segmentations (the next epoch's may be under way on a thread)."""
+        if self.train_sampling is not None:
+            self.train_sampling.close()
 
 
 def train_batch_config(run: RunConfig, model_max_len: int, devices: int) -> BatchConfig:

@@ -124,11 +124,10 @@ class Trainer:
         self._write_run_config()
         resume.carry_over_best(self.bookkeeping, run, start.bleu_tokenizer, start.checkpoints,
                                self.step, self.state.params)
-        self.batches = BatchLoader(resume.batch_iterator(start.data.train_examples,
-                                                         start.data.batch_config,
-                                                         self.bookkeeping, self.step,
-                                                         start.data.train_sampling),
-                                   run.trainer.loader_depth)
+        self.batches = BatchLoader(
+            resume.batch_iterator(start.data.train_examples, start.data.batch_config,
+                                  self.bookkeeping, self.step, start.data.train_sampling),
+            run.trainer.loader_depth)
         self.forecast = BudgetForecast(run.trainer.written_for, jax.devices()[0].platform,
                                        self.limits, self.batches.batches_per_epoch)
         self.run_log = RunLog(run_dir, self.step, self.is_main, compile_log)
@@ -197,8 +196,7 @@ class Trainer:
             stopped = self._steps(stopped)
         finally:  # an error, Ctrl-C or the end: no thread left reading or sampling batches
             self.batches.close()
-            if self.start.data.train_sampling is not None:
-                self.start.data.train_sampling.close()
+            self.start.data.close()
             self.run_log.progress.close()
         self.start.checkpoints.wait()
         return stopped
