@@ -71,10 +71,23 @@ def check_files(spec: CorpusSpec) -> None:
             paths += [Path(f"{prefix}.{spec.src}"), Path(f"{prefix}.{spec.tgt}")]
     paths += [Path(f) for f in (spec.train_file, spec.valid_file, spec.test_file) if f]
     for path in paths:
-        if not path.is_file():
+        if path.exists():
+            _check_regular(path)
+        else:
             where = (f"get the corpus: {spec.source}" if spec.source else
                      "check the --train/valid/test-prefix or --*-file flags")
             raise DataError(f"{path}: file not found; {where}")
+
+
+def _check_regular(path: Path) -> None:
+    """DataError unless `path`, which exists, is a file that can be read twice (once to
+    fingerprint it for the cache, once for its pairs)."""
+    if path.is_dir():
+        raise DataError(f"{path}: is a directory; give a text file")
+    if not path.is_file():
+        raise DataError(f"{path}: is not a regular file (a pipe or a device?); a corpus file "
+                        "is read twice, to fingerprint it for the cache and for its pairs: "
+                        "write it to a file first")
 
 
 def _files_pairs(paths: list[Path], how: str, origin: str,
@@ -92,7 +105,9 @@ def read_prefix(prefix: str | Path, src: str, tgt: str) -> datasets.Dataset:
     """
     src_path, tgt_path = Path(f"{prefix}.{src}"), Path(f"{prefix}.{tgt}")
     for path in (src_path, tgt_path):
-        if not path.is_file():
+        if path.exists():
+            _check_regular(path)
+        else:
             raise DataError(
                 f"{path}: file not found; --train/valid/test-prefix {prefix} with --src {src} "
                 f"--tgt {tgt} reads {src_path} and {tgt_path}"

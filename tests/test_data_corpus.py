@@ -12,6 +12,7 @@ import pytest
 from data.corpus import (
     CorpusSpec,
     DataError,
+    check_files,
     hash_split,
     load_corpus,
     read_file,
@@ -135,6 +136,22 @@ def test_missing_file_is_named(tmp_path):
         read_prefix(tmp_path / "train", "en", "de")
     with pytest.raises(DataError, match=r"nothere\.tsv: file not found"):
         read_file(tmp_path / "nothere.tsv", "en", "de")
+
+
+def test_a_directory_or_a_pipe_is_named_as_such_not_as_missing(tmp_path):
+    """Either exists: "file not found" would send the user looking for the wrong thing."""
+    (tmp_path / "train.en").write_text("a\n")
+    (tmp_path / "train.de").mkdir()
+    with pytest.raises(DataError, match=r"train\.de: is a directory; give a text file"):
+        read_prefix(tmp_path / "train", "en", "de")
+    (tmp_path / "train.de").rmdir()
+    os.mkfifo(tmp_path / "train.de")
+    spec = CorpusSpec(train_prefix=str(tmp_path / "train"), src="en", tgt="de")
+    for check in (lambda: read_prefix(tmp_path / "train", "en", "de"),
+                  lambda: check_files(spec)):
+        with pytest.raises(DataError, match=r"train\.de: is not a regular file \(a pipe or a "
+                                            r"device\?\); .* write it to a file first"):
+            check()
 
 
 def test_empty_corpus_is_an_error(tmp_path):
