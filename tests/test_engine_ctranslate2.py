@@ -27,6 +27,7 @@ from nmt.engines.ctranslate2 import (  # noqa: E402
     EngineError,
     engine_search,
     open_translator,
+    search_options,
 )
 
 REPO = Path(__file__).resolve().parents[1]
@@ -105,7 +106,17 @@ def scores(translations, lines=None):
     dict(strategy="beam", beam_size=3, nbest=2, beam_rules="k-finished", length_penalty="power"),
     dict(strategy="beam", beam_size=4, nbest=1, beam_rules="k-finished", length_penalty="power",
          alpha=1.0, max_len_a=2.0),
-], ids=["greedy", "min_len", "limits", "beam-nbest", "beam-alpha"])
+    # No length penalty: CTranslate2's 0 would stop a sentence once its best beam ends.
+    dict(strategy="beam", beam_size=4, nbest=1, beam_rules="k-finished", length_penalty="power",
+         alpha=0.0),
+    dict(strategy="beam", beam_size=1, nbest=1, beam_rules="k-finished", length_penalty="power"),
+    # min_len gives way to a lower limit; a limit of one token is EOS alone.
+    dict(strategy="greedy", nbest=1, min_len=10, max_len_a=0.0, max_len_b=4),
+    dict(strategy="greedy", nbest=1, max_len_a=0.0, max_len_b=1),
+    dict(strategy="beam", beam_size=3, nbest=2, beam_rules="k-finished", length_penalty="power",
+         max_len_a=0.0, max_len_b=1),
+], ids=["greedy", "min_len", "limits", "beam-nbest", "beam-alpha", "beam-alpha-0", "beam-1",
+        "min_len-past-limit", "greedy-limit-1", "beam-limit-1"])
 def test_settings_give_jax_output(cache, ending_dir, changes):
     """Same tokens, limits reached and scores; where a beam reaches its output limit the
     engines part (ours scores the EOS forced there, CTranslate2's stops without it), so beam
@@ -116,10 +127,14 @@ def test_settings_give_jax_output(cache, ending_dir, changes):
         assert tokens(theirs) == tokens(ours)
         assert [n[0].text for n in theirs.nbest] == [n[0].text for n in ours.nbest]
     ended = set(range(1, len(LINES) + 1)) - set(ours.reached_limit) - set(theirs.reached_limit)
-    assert len(ended) >= (0 if changes.get("max_len_b") == 4 else 5)  # what the case tests
+    assert len(ended) >= (0 if changes.get("max_len_b") in (1, 4) else 5)  # what it tests
     assert tokens(theirs, ended) == tokens(ours, ended)
     if "min_len" not in changes:  # CTranslate2 gives a banned EOS's probability to the rest
         assert scores(theirs, ended) == pytest.approx(scores(ours, ended), abs=1e-4)
+    if changes.get("max_len_b") == 1:  # EOS forced at once: log p(EOS | source), and fillers
+        assert theirs.reached_limit == ours.reached_limit == list(range(1, len(LINES) + 1))
+        assert tokens(theirs) == tokens(ours)
+        assert scores(theirs) == pytest.approx(scores(ours), abs=1e-4)
 
 
 def test_two_batches_at_once_where_there_are_two_cores(monkeypatch):
@@ -198,6 +213,10 @@ def test_stored_beam_rule_replaced_given_one_refused(caplog):
                                ("length_penalty", "gnmt", "--length-penalty gnmt")):
         with pytest.raises(EngineError, match=f"{flag}: CTranslate2's beam search has only"):
             engine_search(search_config(**{field: value}), given=frozenset({field}))
+    one = engine_search(search_config(beam_size=1, nbest=1, beam_rules="heuristic",
+                                      length_penalty="gnmt"))  # a beam of one is beam search
+    assert (one.beam_rules, one.length_penalty, search_options(one)["beam_size"]) == (
+        "k-finished", "power", 1)
     greedy = search_config(strategy="greedy", nbest=1, beam_rules="exact", min_len=3)
     assert engine_search(greedy, frozenset({"beam_rules"})) == greedy  # no beam: nothing to map
     with pytest.raises(EngineError, match="--min-len 3: CTranslate2's beam search"):

@@ -18,10 +18,12 @@ The search settings mean what they mean for the JAX engine (`search_options`):
   groups of one limit each, so that every sentence stops where the JAX search would;
 - PAD and BOS are never produced and EOS not before min_len, as in `transformer.search`.
 
-Where the engines differ, the outputs are equal and the scores are not: CTranslate2 scores a
-token against the tokens a step may produce (while min_len bans EOS, the others share its
-probability), and a hypothesis cut at its output limit without the EOS forced there, which
-ours adds. A trained model gives PAD and BOS no probability, so elsewhere the scores agree.
+Where the engines differ: CTranslate2 scores a token against the tokens a step may produce
+(while min_len bans EOS, the others share its probability; a trained model gives PAD and BOS
+no probability, so elsewhere the scores agree), and a beam hypothesis cut at its output limit
+without the EOS forced there, which ours adds. So greedy outputs are equal, and so are beam
+outputs that end before their limit; where a beam reaches it, CTranslate2 may rank a cut
+hypothesis above one that ended, and the best translations can differ.
 """
 
 from __future__ import annotations
@@ -95,6 +97,12 @@ class MissingEngine(RuntimeError):
     """The ctranslate2 package is not installed: one line with the install command."""
 
 
+# The score of an n-best place that no hypothesis filled (transformer.search.NEG_INF, which
+# this module does not import: it runs without JAX).
+NO_HYPOTHESIS = -1e9
+NO_LENGTH_PENALTY = 1e-30  # CTranslate2's length_penalty for our alpha 0
+
+
 def import_ctranslate2():
     try:
         import ctranslate2
@@ -112,7 +120,7 @@ def engine_search(search: SearchConfig, given: frozenset[str] = frozenset()
     """`search` as CTranslate2 runs it. `given`: the SearchConfig fields the user set (flags),
     refused (EngineError) where CTranslate2 cannot follow them; the model's stored beam rule
     and length penalty are replaced by CTranslate2's, with one info line each."""
-    if plan_search(search).rows_per_sentence == 1:  # greedy and sampling: no beam settings
+    if not isinstance(plan_search(search), Beam):  # greedy and sampling: no beam settings
         return search
     if search.min_len > 0:
         # CTranslate2 renormalizes over the tokens allowed while EOS is banned, which shifts
@@ -147,9 +155,11 @@ def search_options(search: SearchConfig) -> dict[str, Any]:
                 "sampling_temperature": search.temperature, "length_penalty": 0.0}
     if (search.beam_rules, search.length_penalty) != ("k-finished", "power"):
         raise ValueError(f"not CTranslate2's beam search: {search}")
-    # patience 1: a sentence stops once `size` hypotheses have finished (k-finished).
+    # patience 1: a sentence stops once `size` hypotheses have finished (k-finished). A
+    # length penalty of exactly 0 would switch CTranslate2 to stopping when the best beam
+    # ends; len ** 1e-30 is 1 in float32, so scores are the log-probabilities all the same.
     return {**common, "beam_size": strategy.size, "num_hypotheses": strategy.nbest,
-            "patience": 1.0, "length_penalty": strategy.alpha}
+            "patience": 1.0, "length_penalty": max(strategy.alpha, NO_LENGTH_PENALTY)}
 
 
 def check_compute_type(ctranslate2, compute_type: str, device: str) -> None:
@@ -293,7 +303,11 @@ class CTranslate2Translator:
         for i in todo:
             groups[limits[i]].append(i)
         submitted = [(rows, self._submit([ids[i] for i in rows], limit))
-                     for limit, rows in sorted(groups.items())]
+                     for limit, rows in sorted(groups.items()) if limit > 1]
+        if 1 in groups:
+            yield from self._eos_at_once(groups[1], ids)
+            if progress is not None:
+                progress(len(groups[1]))
         for rows, results in submitted:
             for i, result in zip(rows, results):
                 hypotheses, ended = self._hypotheses(result.result())
@@ -303,13 +317,28 @@ class CTranslate2Translator:
 
     def _submit(self, rows: list[list[int]], limit: int) -> list:
         """CTranslate2's asynchronous results of `rows` (source ids) under output `limit`
-        (tokens, EOS included)."""
+        (tokens, EOS included; at least 2), min_len giving way to it as in the JAX search."""
+        options = {**self.options, "min_decoding_length": min(
+            self.options["min_decoding_length"], limit - 1)}
         return self.model.translate_batch(
             [self.tokenizer.pieces(row, "source") for row in rows], asynchronous=True,
             max_batch_size=self._batch, batch_type="tokens", max_input_length=0,
             max_decoding_length=limit - 1,  # CTranslate2 does not count EOS
             return_end_token=True, return_scores=True, suppress_sequences=self._suppress,
-            **self.options)
+            **options)
+
+    def _eos_at_once(self, rows: list[int], ids: list[list[int]]):
+        """Yields what `_search` does for sentences whose output limit is one token, which
+        CTranslate2 cannot search (it decodes at least one token before EOS): EOS, forced,
+        scored log p(EOS | source), and the other n-best places empty, as in the JAX search."""
+        scored = self.model.score_batch(
+            [self.tokenizer.pieces(ids[i], "source") for i in rows], [[] for _ in rows],
+            max_batch_size=self._batch, batch_type="tokens", max_input_length=0)
+        empty = self.tokenizer.decode([[]])[0]
+        for i, result in zip(rows, scored):
+            best = Hypothesis(empty, float(sum(result.log_probs)), ())
+            none = Hypothesis(empty, NO_HYPOTHESIS, ())
+            yield i, ([best] + [none] * (self.strategy.nbest - 1), True)
 
     def _hypotheses(self, result) -> tuple[list[Hypothesis], list[bool]]:
         """(hypotheses, whether each ended with EOS rather than at its limit)."""
