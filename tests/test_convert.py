@@ -369,6 +369,23 @@ def untrained(tmp_path_factory):
     return hf_pair, model, tokenizer
 
 
+def test_the_exported_max_length_stops_generate_where_our_search_stops(untrained):
+    """transformers counts the decoder's start token in `max_length`: with the exported
+    defaults, a greedy generate that meets no EOS stops at the model's max_len tokens, EOS
+    included, as ours does."""
+    (hf_model, hf_tokenizer), model, tokenizer = untrained
+    limit = model.config.max_len
+    source = tokenizer.encode([" ".join(sentences(40, seed=7))])[0][:limit - 1]
+    sentence = tokenizer.decode([source])[0]  # as long as a source may be
+    search = dataclasses.replace(SEARCH, max_len_a=2.0)  # the limit is the model's max_len
+    found = Translator(model, tokenizer, search).translate_all([sentence])
+    assert found.reached_limit == [1] and len(found.nbest[0][0].tokens) == limit - 1
+    with torch.no_grad():
+        out = hf_model.generate(**hf_tokenizer([sentence], return_tensors="pt"), num_beams=1,
+                                do_sample=False)[0, 1:].tolist()
+    assert out == list(found.nbest[0][0].tokens) + [3]
+
+
 @pytest.mark.parametrize("alpha", [1.0, 0.6])
 def test_transformers_rules_reproduce_generate_where_ours_differ(untrained, alpha):
     hf_pair, model, tokenizer = untrained

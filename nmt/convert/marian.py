@@ -348,7 +348,7 @@ def generation_config(config: ModelConfig, search: SearchConfig) -> dict[str, An
         "bad_words_ids": [[config.pad_id], [config.bos_id]],
         "num_beams": search.beam_size,
         "length_penalty": search.alpha,
-        "max_length": config.max_len,
+        "max_length": config.max_len + 1,  # transformers counts the decoder's start token
         SEARCH_FIELD: search.to_dict(),
     }
 
