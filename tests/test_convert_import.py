@@ -200,6 +200,17 @@ def test_untied_embeddings_import_and_export_exactly(corpus, texts, tmp_path):
             hf_model(input_ids=torch.tensor(src), decoder_input_ids=torch.tensor(tgt)).logits)
 
 
+def test_a_shortlist_for_an_imported_model_is_refused_in_one_line(imported, corpus, capsys):
+    """Marian's pad is its last id: the shortlist, which keeps the special ids first, would
+    have to hold the whole vocabulary."""
+    from nmt.distillation.shortlist import main
+
+    assert main(["--model", str(imported), "--train-prefix", corpus["train"]]) == 1
+    error = capsys.readouterr().err.strip()
+    assert "are not its first ids, as in a model imported from Marian" in error
+    assert "\n" not in error and not (imported / "shortlist.npz").exists()
+
+
 def test_pytorch_bin_weights_import_as_safetensors_do(opus_dir, imported, tmp_path):
     directory = tmp_path / "bin"
     shutil.copytree(opus_dir, directory)

@@ -94,10 +94,15 @@ def run(args: argparse.Namespace) -> int:
     src, tgt = args.src or stored_src, args.tgt or stored_tgt
     if not src or not tgt:
         raise UsageError("the model stores no languages: give --src and --tgt.")
-    start = time.perf_counter()
-    pairs = read_pairs(args.train_prefix, src, tgt, tokenizer)
     config = values["model"]
     special = max(config.pad_id, config.unk_id, config.bos_id, config.eos_id) + 1
+    if special > len({config.pad_id, config.unk_id, config.bos_id, config.eos_id}):
+        raise InputError(f"{model_dir}: its special ids (pad {config.pad_id}, unk "
+                         f"{config.unk_id}, eos {config.eos_id}) are not its first ids, as in "
+                         "a model imported from Marian; a shortlist needs them first, so it "
+                         "cannot be built for this model.")
+    start = time.perf_counter()
+    pairs = read_pairs(args.train_prefix, src, tgt, tokenizer)
     shortlist = build_shortlist(pairs, config.vocab_size, special, tokenizer.fingerprint,
                                 args.per_source, args.always, args.iterations)
     shortlist.save(model_dir / SHORTLIST_FILE)
