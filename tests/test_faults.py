@@ -412,6 +412,47 @@ def test_a_failed_save_keeps_the_earlier_checkpoints(tmp_path, monkeypatch):
     saver.close()
 
 
+def test_a_failed_save_of_a_step_again_keeps_its_first_checkpoint(tmp_path, monkeypatch):
+    """A run saves its last step again at stop (the closing log line changes its bookkeeping):
+    if that save fails, the step's first checkpoint is still there, readable, not deleted to
+    make room for the new one."""
+    import errno
+
+    import jax.numpy as jnp
+    import orbax.checkpoint as ocp
+
+    saver, params_like, train_like = _save_steps(tmp_path, [1, 2])
+    real_save = ocp.CheckpointManager.save
+
+    def full_disk(self, step, *args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(ocp.CheckpointManager, "save", full_disk)
+    with pytest.raises(checkpoint.SaveError, match="checkpoint step 2 .* is intact"):
+        saver.save(2, {"w": jnp.full((4, 3), 9.0)}, {"step": jnp.asarray(2)}, {"step": 22})
+    monkeypatch.setattr(ocp.CheckpointManager, "save", real_save)
+    assert saver.steps() == [1, 2] and not list((tmp_path / "checkpoints").glob("*replaced"))
+    restored = saver.restore(params_like, train_like)
+    assert (restored.step, restored.data, float(restored.params["w"][0, 0])) == (2, {"step": 2},
+                                                                                2.0)
+    saver.save(2, {"w": jnp.full((4, 3), 9.0)}, {"step": jnp.asarray(2)}, {"step": 22})
+    saver.wait()  # saved again: the new one replaces the first
+    assert saver.steps() == [1, 2] and not list((tmp_path / "checkpoints").glob("*replaced"))
+    assert saver.restore(params_like, train_like).data == {"step": 22}
+    saver.close()
+
+
+def test_a_step_set_aside_by_a_process_killed_while_saving_it_again_comes_back(tmp_path):
+    saver, params_like, train_like = _save_steps(tmp_path, [1, 2])
+    saver.close()
+    steps = tmp_path / "checkpoints"
+    (steps / "2").rename(steps / f"2{checkpoint.ASIDE_SUFFIX}")  # killed before the new 2
+    (steps / "2").mkdir()                                       # had begun to be written
+    restored = checkpoint.Checkpointer(tmp_path).restore(params_like, train_like)
+    assert (restored.step, restored.data) == (2, {"step": 2})
+    assert sorted(p.name for p in steps.iterdir()) == ["1", "2"]
+
+
 def _metrics(loss: float) -> dict:
     return {"loss": np.float32(loss), "is_finite": np.bool_(True), "grad_norm": np.float32(1),
             "learning_rate": np.float32(1e-3), "tokens": np.float32(10)}

@@ -51,6 +51,7 @@ _FINALIZED_MARKER = "_CHECKPOINT_METADATA"
 _ITEMS = ("params", "train", "data")
 # Written into a step directory once orbax has finalized it: `sha256sum -c SHA256SUMS` format.
 CHECKSUMS_FILE = "SHA256SUMS"
+ASIDE_SUFFIX = ".replaced"  # a step set aside while it is saved again (`_set_aside`)
 
 
 class CheckpointError(RuntimeError):
@@ -170,6 +171,43 @@ def _clear_step(manager: ocp.CheckpointManager, directory: Path, step: int) -> N
     barrier(f"clear {directory} {step}")
 
 
+def _set_aside(manager: ocp.CheckpointManager, directory: Path, step: int) -> None:
+    """Move an existing `step` out of the managers' sight before it is saved again: renamed
+    `<step>.replaced` (`complete_steps` reads only numbers), removed once the new one is
+    sealed, put back if it fails (`_put_back`). A run saves its last step again at stop, when
+    the closing log line or validation has changed the bookkeeping; a failure of that save
+    must not lose the step."""
+    manager.wait_until_finished()
+    path, aside = directory / str(step), _aside(directory, step)
+    if jax.process_index() == 0 and path.exists():
+        if aside.exists():
+            shutil.rmtree(aside)
+        if is_complete_step_dir(path):
+            path.rename(aside)
+        else:
+            shutil.rmtree(path)
+    barrier(f"set aside {directory} {step}")
+    manager.reload()
+
+
+def _aside(directory: Path, step: int) -> Path:
+    return directory / f"{step}{ASIDE_SUFFIX}"
+
+
+def _put_back(directory: Path) -> None:
+    """Settle the steps set aside (process 0): one whose new save is complete is removed,
+    any other takes its place again (after a failed save, or a process killed in it)."""
+    if jax.process_index() != 0 or not directory.is_dir():
+        return
+    for aside in directory.glob(f"*{ASIDE_SUFFIX}"):
+        step_dir = directory / aside.name.removesuffix(ASIDE_SUFFIX)
+        if is_complete_step_dir(step_dir):
+            shutil.rmtree(aside)
+        else:
+            shutil.rmtree(step_dir, ignore_errors=True)
+            aside.rename(step_dir)
+
+
 def _remove_partial_saves(directory: Path) -> None:
     """Remove the unfinished `<step>.orbax-checkpoint-tmp*` directories of a failed save."""
     for partial in directory.glob("*.orbax-checkpoint-tmp*"):
@@ -200,6 +238,9 @@ class Checkpointer:
         self.run_dir = Path(run_dir).absolute()
         self.directory = self.run_dir / CHECKPOINTS_DIR
         self.best_directory = self.run_dir / BEST_DIR
+        for directory in (self.directory, self.best_directory):
+            _put_back(directory)  # a process killed while saving a step again
+        barrier(f"put back {self.run_dir}")
         self._last = ocp.CheckpointManager(
             self.directory,
             options=ocp.CheckpointManagerOptions(
@@ -220,8 +261,8 @@ class Checkpointer:
     def save(self, step: int, params: Any, train: dict[str, Any], data: dict[str, Any]) -> None:
         """Start saving step `step` in the background; returns once arrays are copied."""
         with self._writing(self.directory, step):
-            _clear_step(self._last, self.directory, step)
             self._seal()
+            _set_aside(self._last, self.directory, step)
             self._pending = (self.directory, step)
             self._last.save(step, args=ocp.args.Composite(
                 params=ocp.args.StandardSave(params),
@@ -232,8 +273,8 @@ class Checkpointer:
         """Save `params` as the best checkpoint, replacing the previous one (the caller saves
         only improvements); `metrics` ({METRIC: score, "step"}) are stored with them."""
         with self._writing(self.best_directory, step):
-            _clear_step(self._best, self.best_directory, step)
             self._seal()
+            _set_aside(self._best, self.best_directory, step)
             self._pending = (self.best_directory, step)
             self._best.save(step, args=ocp.args.Composite(
                 params=ocp.args.StandardSave(params),
@@ -252,6 +293,7 @@ class Checkpointer:
     def _failure(self, directory: Path, step: int, err: Exception) -> str:
         self._failed = True
         _remove_partial_saves(directory)  # free the space it took
+        _put_back(directory)
         steps = self.steps()
         if steps:
             last = self.directory / str(steps[-1])
@@ -280,6 +322,7 @@ class Checkpointer:
                 step_dir = directory / str(step)
                 if not (step_dir / CHECKSUMS_FILE).exists():
                     write_checksums(step_dir)
+            _put_back(directory)  # the steps saved again are sealed: their old ones go
 
     def discard_best(self, keep: int | None) -> list[int]:
         """Delete every step of best/ but `keep` (None: all); returns the steps deleted.
