@@ -182,6 +182,20 @@ def test_best_step_has_a_checkpoint_and_is_the_one_exported(corpus, bleus, tmp_p
     assert checkpoint.complete_steps(out / checkpoint.BEST_DIR) == [8]
 
 
+def test_a_resumed_run_stops_at_the_loss_spike_an_uninterrupted_one_stops_at(
+        corpus, bleus, tmp_path, monkeypatch):
+    """--loss-spike compares a loss with the median of the last steps: the checkpoint keeps
+    them, so a run resumed just before a spike stops there too (with only the unwritten log
+    window's losses it had no history, and trained on into the spike)."""
+    settings = {"eval_every": 100, "save_every": 12, "log_every": 5, "loss_spike": 10.0}
+    bleus += [1.0, 1.0]  # the validations at stop (the second: had the spike gone unseen)
+    _run(corpus, tmp_path / "run", max_steps=12, **settings)
+    assert len(_saved_bookkeeping(tmp_path / "run", 12)["recent_losses"]) == 12
+    poison_parameters_before(monkeypatch, step=14, factor=60.0)
+    with pytest.raises(TrainingError, match="times the median loss of the previous 13 steps"):
+        _run(corpus, tmp_path / "run", max_steps=16, **settings)
+
+
 @pytest.mark.parametrize("metric, best_step", [("chrf", 4), ("ppl", 5)])
 def test_best_metric_picks_the_checkpoint(corpus, cache, monkeypatch, tmp_path, metric,
                                           best_step):

@@ -25,6 +25,7 @@ class Bookkeeping:
     iterator:       the training batches' position, {"epoch", "position"}
     plan:           {"epoch", "fingerprint"} of the batch plan the position indexes
     window:         per-step metrics of the log window not yet written
+    recent_losses:  the losses of the last steps, which --loss-spike compares a loss with
     tokenizer_sha256: the SHA-256 of the run's spm.model (None: recorded by an older version)
     """
 
@@ -38,6 +39,7 @@ class Bookkeeping:
         default_factory=lambda: {"epoch": 0, "position": 0})
     plan: dict[str, Any] | None = None
     window: list[dict[str, float]] = dataclasses.field(default_factory=list)
+    recent_losses: list[float] = dataclasses.field(default_factory=list)
     tokenizer_sha256: str | None = None
 
     @property

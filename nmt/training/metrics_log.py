@@ -11,7 +11,7 @@ import math
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import jax
 import numpy as np
@@ -153,22 +153,24 @@ class MetricsWindow:
     saves: reading them every step would wait for every step. `read_back` calls `on_diverged`
     (which must raise) at the first step whose loss or gradient norm is not finite, or whose
     loss is more than `spike` times the median of the previous `SPIKE_HISTORY` steps' (and
-    more than one nat above it; `spike` 0: never).
+    more than one nat above it; `spike` 0: never). `restored` is the window a resumed run
+    left unwritten, `recent` the losses of its last `SPIKE_HISTORY` steps (`Bookkeeping`).
     """
 
     SPIKE_HISTORY = 50
 
     def __init__(self, restored: list[dict[str, float]], next_step: int,
                  on_diverged: Callable[[int, dict[str, Any], str], Exception],
-                 spike: float = 0.0):
+                 spike: float = 0.0, recent: Sequence[float] = ()):
         self.steps: list[dict[str, float]] = [dict(m) for m in restored]  # read back
         self.tokens_before = sum(m["tokens"] for m in self.steps)  # counted by an earlier run
         self.pending: list[dict[str, jax.Array]] = []  # on the device
         self.pending_first_step = next_step
         self.on_diverged = on_diverged
         self.spike = spike
+        # A checkpoint written before the history was kept has the window's losses alone.
         self.recent: collections.deque = collections.deque(
-            (m["loss"] for m in self.steps), maxlen=self.SPIKE_HISTORY)
+            recent or [m["loss"] for m in self.steps], maxlen=self.SPIKE_HISTORY)
 
     def add(self, metrics: dict[str, jax.Array]) -> None:
         self.pending.append(metrics)

@@ -134,7 +134,7 @@ class Trainer:
         self.step_metrics = MetricsWindow(
             self.bookkeeping.window, self.step + 1,
             functools.partial(divergence, start.checkpoints, start.resumed_from),
-            spike=run.trainer.loss_spike)
+            spike=run.trainer.loss_spike, recent=self.bookkeeping.recent_losses)
         self.signals = StopSignal()
         self.checkpoint_writer = CheckpointWriter(start.checkpoints, start.saved, self.signals,
                                                   self.run_log.clock,
@@ -210,8 +210,7 @@ class Trainer:
         if self.bookkeeping.out_of_patience(patience):
             echo(_out_of_patience(self.bookkeeping, self.step, patience))
             stopped = StopReason.EARLY_STOP
-        warning = self.forecast.at_start()
-        if warning and self.is_main and stopped is None:
+        if (warning := self.forecast.at_start()) and self.is_main and stopped is None:
             log.warning(warning)
         return stopped
 
@@ -282,6 +281,7 @@ class Trainer:
         self.step_metrics.read_back()  # never save a state whose loss was not finite
         bookkeeping = self.bookkeeping
         bookkeeping.iterator, bookkeeping.window = self.batches.state, self.step_metrics.steps
+        bookkeeping.recent_losses = list(self.step_metrics.recent)  # --loss-spike's reference
         self.checkpoint_writer.save(self.step, self.state, bookkeeping, force_sync)
 
     def validate(self) -> StopReason | None:
