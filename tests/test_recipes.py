@@ -51,12 +51,24 @@ def test_flags_keep_their_names_and_map_to_sections():
 
 
 def test_yaml_round_trip(tmp_path):
+    # Strings YAML 1.2 would read as numbers ("1e3", a directory's name) come back as strings.
     run = recipes.run_from_flat(preset="tiny", dropout=0.25, clip_norm=1.0, buckets=(8, 16),
-                              train_prefix="data/train", max_minutes=3, best_metric="chrf")
+                              train_prefix="2.5e3/train", output_dir="1e3", valid_prefix=".5",
+                              max_minutes=3, best_metric="chrf", peak_lr=1e-4)
     path = _recipe(tmp_path, recipes.dump(run))
     loaded = recipes.load_saved(path)
     assert loaded == run
     assert recipes.dump(loaded) == path.read_text()
+
+
+@pytest.mark.parametrize("text", ['{"max-steps": 5, "max_steps": 7}',
+                                  '{"max_steps": 5, "max_steps": 7}'])
+def test_a_json_recipe_setting_one_flag_twice_is_refused(tmp_path, text):
+    path = tmp_path / "recipe.json"
+    path.write_text(text)
+    with pytest.raises(SettingsError, match=r"recipe.json: 'max.steps' and 'max_steps' set one "
+                                            r"setting; keep one"):
+        recipes.load(path)
 
 
 def test_legacy_json_recipe_and_its_yaml_twin_are_the_same_run(monkeypatch):
@@ -114,6 +126,15 @@ def test_seeds_follow_the_optimizer_seed():
     ("optimizer:\n  batch_tokens: 100\n", r"line 2: optimizer.batch_tokens: unknown key; it "
                                           r"belongs in batching:"),
     ("optimizer:\n  seed: 1\n  seed: 2\n", r"line 3: optimizer.seed is given twice"),
+    # YAML keeps the last of a repeated key: the node tree, read here, keeps both.
+    ("trainer:\n  max_steps: 5\ntrainer:\n  eval_every: 3\n",
+     r"line 3: section trainer is given again \(line 1\); merge them into trainer:"),
+    ("trainer:\n  max_steps: 5\n  off: 3\n",
+     r"line 3: trainer: the key 'off' is read by YAML as a bool, not a name"),
+    ("trainer:\n  1e3: 3\n", r"line 2: trainer: the key '1e3' is read by YAML as a float"),
+    ("trainer:\n  max_steps: 5\n  <<: {eval_every: 3}\n",
+     r"line 3: trainer: the key '<<' is a merge key, not a name"),
+    ("trainer:\n  max_steps: 5\nmodel:\n", None),  # an empty section sets nothing
     ("optimizer:\n  warmup_steps: 4\n   peak_lr: 1\n",
      r"recipe.yaml line 3 column \d+: not valid YAML"),
     ("- a\n- b\n", r"recipe.yaml: expected sections"),
@@ -122,6 +143,10 @@ def test_seeds_follow_the_optimizer_seed():
     ("model:\n  preset: huge\n", r"line 2: model.preset: 'huge' is not one of base, big"),
 ])
 def test_bad_recipes_name_file_line_and_key(tmp_path, text, message):
+    if message is None:
+        assert recipes.load(_recipe(tmp_path, text)) == recipes.load(
+            _recipe(tmp_path, "trainer:\n  max_steps: 5\n"))
+        return
     with pytest.raises(SettingsError, match=message):
         recipes.load(_recipe(tmp_path, text))
 

@@ -205,6 +205,13 @@ def _preset(value: Any, where: str) -> str:
 # ----------------------------------------------------------------------------- recipe files
 
 
+_FLOAT = re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+                       |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
+                       |\.[0-9_]+(?:[eE][-+]?[0-9]+)?
+                       |[-+]?\.(?:inf|Inf|INF)
+                       |\.(?:nan|NaN|NAN))$""", re.X)  # YAML 1.2's floats, `1e-9` among them
+
+
 @functools.cache
 def _loader():
     """YAML 1.1 with YAML 1.2's floats: `1e-9` is a number, not the string PyYAML makes it.
@@ -214,15 +221,21 @@ def _loader():
     class Loader(yaml.SafeLoader):
         pass
 
-    Loader.add_implicit_resolver(
-        "tag:yaml.org,2002:float",
-        re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
-                      |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
-                      |\.[0-9_]+(?:[eE][-+]?[0-9]+)?
-                      |[-+]?\.(?:inf|Inf|INF)
-                      |\.(?:nan|NaN|NAN))$""", re.X),
-        list("-+0123456789."))
+    Loader.add_implicit_resolver("tag:yaml.org,2002:float", _FLOAT, list("-+0123456789."))
     return Loader
+
+
+@functools.cache
+def _dumper():
+    """A dumper that knows the loader's floats, so that it quotes a string such as "1e3" (a
+    directory's name), which `_loader` would otherwise read back as a number."""
+    import yaml
+
+    class Dumper(yaml.SafeDumper):
+        pass
+
+    Dumper.add_implicit_resolver("tag:yaml.org,2002:float", _FLOAT, list("-+0123456789."))
+    return Dumper
 
 
 def find_recipe(path: str | Path) -> Path:
@@ -262,8 +275,19 @@ def read_recipe(path: str | Path) -> Layer:
 
 
 def _read_json(path: Path, text: str) -> Layer:
+    def unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        """The object, unless two of its keys name one flag (json keeps the last)."""
+        seen: dict[str, str] = {}
+        for key, _ in pairs:
+            flat = key.replace("-", "_")
+            if flat in seen:
+                raise SettingsError(f"--config {path}: {seen[flat]!r} and {key!r} set one "
+                                    "setting; keep one")
+            seen[flat] = key
+        return dict(pairs)
+
     try:
-        values = json.loads(text)
+        values = json.loads(text, object_pairs_hook=unique)
     except json.JSONDecodeError as err:
         raise SettingsError(f"--config {path}: not valid JSON ({err})") from None
     if not isinstance(values, dict):
@@ -286,48 +310,68 @@ def _read_json(path: Path, text: str) -> Layer:
 
 
 def _read_yaml(path: Path, text: str) -> Layer:
+    """The settings of a recipe, read from YAML's node tree (which knows each key's line and
+    keeps repeated keys, where the plain mapping keeps the last of them)."""
     import yaml
 
     try:
         root = yaml.compose(text, Loader=_loader())
-        values = yaml.load(text, Loader=_loader())
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" line {mark.line + 1} column {mark.column + 1}" if mark else ""
         problem = getattr(err, "problem", None) or str(err).splitlines()[0]
         raise SettingsError(f"{path}{where}: not valid YAML ({problem})") from None
     layer = _empty()
-    if values is None:
+    if root is None or _is_null(root):
         return layer  # an empty file, or only comments
-    if not isinstance(values, dict):
+    if not isinstance(root, yaml.MappingNode):
         raise SettingsError(f"{path}: expected sections ({', '.join(SECTIONS)}) of key: value")
-    written_as: dict[str, str] = {}  # section -> the name the file gives it
+    construct = _loader()("").construct_object
+    written_as: dict[str, tuple[str, int]] = {}  # section -> the name the file gives it, line
     for section_node, body_node in root.value:
-        written, line = section_node.value, section_node.start_mark.line + 1
+        written, line = _key(section_node, f"{path} line {section_node.start_mark.line + 1}")
         section = RENAMED_SECTIONS.get(written, written)
         if section not in SECTIONS:
             close = _close_match(section, SECTIONS)
             raise SettingsError(f"{path} line {line}: unknown section {section!r}{close}; "
                                 f"sections are {', '.join(SECTIONS)}")
-        first = written_as.setdefault(section, written)
-        if first != written:
+        first, first_line = written_as.setdefault(section, (written, line))
+        if first_line != line:
             former = written if written != section else first
-            raise SettingsError(f"{path} line {line}: sections {first} and {written} are one, "
-                                f"{section} ({former} is its former name); merge them into "
-                                f"{section}:")
-        body = values[written]
-        if body is None:
+            what = (f"section {written} is given again (line {first_line})" if first == written
+                    else f"sections {first} and {written} are one, {section} ({former} is its "
+                         "former name)")
+            raise SettingsError(f"{path} line {line}: {what}; merge them into {section}:")
+        if _is_null(body_node):
             continue
-        if not isinstance(body, dict):
+        if not isinstance(body_node, yaml.MappingNode):
             raise SettingsError(f"{path} line {line}: section {written} must hold key: value "
                                 "lines")
-        for key_node, _ in body_node.value:
-            key, line = key_node.value, key_node.start_mark.line + 1
+        for key_node, value_node in body_node.value:
+            key, line = _key(key_node, f"{path} line {key_node.start_mark.line + 1}: {written}")
             where = f"{path} line {line}: {written}.{key}"
             if key in layer[section]:
                 raise SettingsError(f"{where} is given twice; keep one")
-            layer[section][key] = (_yaml_value(section, key, body[key], where), where)
+            value = construct(value_node, deep=True)
+            layer[section][key] = (_yaml_value(section, key, value, where), where)
     return layer
+
+
+def _key(node, where: str) -> tuple[str, int]:
+    """(a mapping key's name, its line); SettingsError for a key that is not a plain name
+    (`off:` and `1e3:` are a bool and a number to YAML, `<<:` merges another mapping)."""
+    import yaml
+
+    tag = node.tag.removeprefix("tag:yaml.org,2002:")
+    if not isinstance(node, yaml.ScalarNode) or tag != "str":
+        kind = "a merge key" if tag == "merge" else f"read by YAML as a {tag}"
+        raise SettingsError(f"{where}: the key {node.value!r} is {kind}, not a name; write "
+                            "each setting out by its name")
+    return node.value, node.start_mark.line + 1
+
+
+def _is_null(node) -> bool:
+    return node.tag == "tag:yaml.org,2002:null"
 
 
 _VARIABLE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
@@ -553,8 +597,9 @@ def dump(run: RunConfig) -> str:
         sections[section] = values
     head = ("# Every setting of this run. `python train.py --config THIS_FILE` continues it (its\n"
             "# trainer.output_dir); add --output-dir NEW to train the same settings anew.\n")
-    body = "\n".join(yaml.safe_dump({section: values}, sort_keys=False, allow_unicode=True,
-                                    default_flow_style=None) + notes.get(section, "")
+    body = "\n".join(yaml.dump({section: values}, Dumper=_dumper(), sort_keys=False,
+                               allow_unicode=True, default_flow_style=None)
+                     + notes.get(section, "")
                      for section, values in sections.items())
     return head + body
 
