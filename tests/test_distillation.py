@@ -134,6 +134,7 @@ def teacher_copy(run_dir, tmp_path, name: str, **stored) -> str:
     ("source-not-utf8", 1, "bad.de line 3: invalid UTF-8 (byte 0xff at column 5)"),
     ("target-not-utf8", 1, "bad.en line 3: invalid UTF-8"),
     ("misaligned", 1, "bad.de has 30 lines but"),
+    ("one-language", 2, "source and target are both 'de': the distilled corpus's two files"),
 ])
 def test_bad_input_is_one_line(run_dir, corpus, tmp_path, capsys, case, code, message):
     out, flags, teachers = tmp_path / "out", [], ["--teacher", str(run_dir)]
@@ -153,6 +154,8 @@ def test_bad_input_is_one_line(run_dir, corpus, tmp_path, capsys, case, code, me
         flags = ["--chunk-lines", "0"]
     elif case == "batch":
         flags = ["--batch-tokens", "-3"]
+    elif case == "one-language":  # a teacher that rewrites its language
+        teachers = ["--teacher", teacher_copy(run_dir, tmp_path, "de", target_lang="de")]
     else:
         prefix = _damaged_copy(corpus, tmp_path, case)
         flags = ["--keep-original"]

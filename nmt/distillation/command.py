@@ -115,6 +115,9 @@ def read_teachers(paths: list[str], src: str | None, tgt: str | None) -> tuple[T
     src, tgt = src or stored_src, tgt or stored_tgt
     if not src or not tgt:
         raise UsageError("the teacher stores no languages: give --src and --tgt.")
+    if src == tgt:  # a model that copies or rewrites its language
+        raise UsageError(f"source and target are both {src!r}: the distilled corpus's two "
+                         f"files would be one, train.{src}; give other --src or --tgt codes.")
     return Teachers(paths, first_values, tuple(checksums)), src, tgt
 
 

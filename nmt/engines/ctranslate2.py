@@ -364,7 +364,8 @@ class CTranslate2Translator:
             [self.tokenizer.pieces(ids, "source") for ids, _ in src],
             target_prefix=[self.tokenizer.pieces(ids, "target") for ids, _ in tgt],
             beam_size=1, max_decoding_length=max(len(ids) for ids, _ in tgt) + 1,
-            return_attention=True, max_batch_size=self._batch, batch_type="tokens")
+            return_attention=True, max_batch_size=self._batch, batch_type="tokens",
+            max_input_length=0)  # the sources are cut to the model's positions above
         out = []
         for (s_ids, s_spans), (t_ids, t_spans), result in zip(src, tgt, results):
             # [steps, source tokens]: row j is the step that predicts target token j.
