@@ -386,8 +386,12 @@ def _named_processor(model_bytes: bytes, name: str) -> spm.SentencePieceProcesso
 def read_special_tokens(path: Path) -> dict[str, str]:
     """The special-token pieces a transformers tokenizer file (special_tokens_map.json,
     tokenizer_config.json) names, as {"eos_token": "</s>", ...}."""
+    names = _read_json(path)
+    if not isinstance(names, dict):
+        raise DataError(f"{path} must be a JSON object naming the special tokens, such as "
+                        '{"eos_token": "</s>", "unk_token": "<unk>", "pad_token": "<pad>"}')
     special = {}
-    for name, value in _read_json(path).items():
+    for name, value in names.items():
         if isinstance(value, dict):  # transformers' AddedToken form
             value = value.get("content")
         if name in SPECIAL_TOKENS and isinstance(value, str):

@@ -180,6 +180,17 @@ def test_damaged_model_file_is_named(small_tokenizer, tmp_path):
         train_or_load_tokenizer(tmp_path, corpus, TokenizerConfig(vocab_size=350))
 
 
+def test_a_special_tokens_map_that_is_not_an_object_is_named(small_tokenizer, tmp_path):
+    from data.tokenizer import VocabTokenizer, load_tokenizer
+
+    vocab = {piece: i for i, piece in enumerate(small_tokenizer.vocabulary())}
+    VocabTokenizer(small_tokenizer.model_bytes, small_tokenizer.model_bytes, vocab).save(tmp_path)
+    (tmp_path / "special_tokens_map.json").write_text('["</s>"]')
+    with pytest.raises(DataError, match=r"special_tokens_map\.json must be a JSON object "
+                                        r"naming the special tokens"):
+        load_tokenizer(tmp_path)
+
+
 def test_encoding_columns_and_cache(small_tokenizer, tmp_path, monkeypatch, caplog):
     split = datasets.Dataset.from_dict({"source": SMALL_TEXT[:6], "target": SMALL_TEXT[6:12]})
     encoded = encode_corpus(datasets.DatasetDict({"train": split}), small_tokenizer,

@@ -193,9 +193,11 @@ def test_saved_shortlist_loads_equal_and_a_damaged_one_is_named(tmp_path):
     for field in ("translations", "probabilities", "by_frequency"):
         np.testing.assert_array_equal(getattr(loaded, field), getattr(shortlist, field))
     assert (loaded.always, loaded.special, loaded.tokenizer) == (2, SPECIAL, "t")
-    (tmp_path / "bad.npz").write_bytes(b"not a zip")
-    with pytest.raises(ValueError, match="bad.npz is not a readable shortlist"):
-        Shortlist.load(tmp_path / "bad.npz")
+    whole = (tmp_path / "shortlist.npz").read_bytes()
+    for damaged in (b"not a zip", whole[:len(whole) // 2], whole[:-30], whole[:10]):
+        (tmp_path / "bad.npz").write_bytes(damaged)  # a cut copy too
+        with pytest.raises(ValueError, match="bad.npz is not a readable shortlist"):
+            Shortlist.load(tmp_path / "bad.npz")
 
 
 # ----------------------------------------------------------------------------- the commands

@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
+import zipfile
 from pathlib import Path
 from typing import Iterable, Sequence
 
@@ -94,7 +95,7 @@ class Shortlist:
                 return cls(stored["translations"], stored["probabilities"],
                            stored["by_frequency"], int(settings["always"]),
                            int(settings["special"]), str(settings["tokenizer"]))
-        except (OSError, ValueError, KeyError) as err:
+        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as err:
             raise ValueError(f"{path} is not a readable shortlist ({err}); build it again with "
                              "python -m nmt.distillation.shortlist.") from None
 
