@@ -340,6 +340,9 @@ def _join(target: Path, parts: list[Path]) -> None:
         rows = join_stores(tmp, parts)
         tmp.rename(target)
         log.info("joined %d shares (%d pairs) into %s", len(parts), rows, target)
+    except OSError:  # another run sharing the cache joined the same shares first (and may
+        if not is_store(target):  # have removed them): its store is identical
+            raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

@@ -151,6 +151,10 @@ def _record_batches(table) -> Iterator:
             with pa.OSFile(name) as source:
                 yield from pa.ipc.open_stream(source)
         return
+    if getattr(table, "_indices", None) is not None:  # a selection: its rows, in its order
+        for chunk in table.with_format("arrow").iter(batch_size=10_000):
+            yield from chunk.to_batches()
+        return
     yield from getattr(table, "data", table).to_batches()
 
 

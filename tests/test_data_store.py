@@ -136,6 +136,39 @@ def test_shares_are_disjoint_and_join_into_the_whole(encoded, store, tmp_path):
                                       getattr(store, side).offsets)
 
 
+def test_a_selection_is_written_as_its_rows_in_its_order(encoded, tmp_path):
+    """A dataset holding an indices mapping (select, shuffle) is its selected rows, not the
+    table under it."""
+    rows = [5, 2, 640, 2]
+    write_store(tmp_path / "picked", [encoded.select(rows), encoded.shuffle(seed=1)])
+    picked = TokenStore.open(tmp_path / "picked")
+    expected = [encoded[k]["src_ids"] for k in rows] + list(encoded.shuffle(seed=1)["src_ids"])
+    assert picked.src.to_lists() == expected
+
+
+def test_a_join_that_another_run_published_first_is_used(tmp_path, monkeypatch):
+    """Two multi-process runs sharing a cache join the same shares: the second to publish
+    takes the first's store (identical), where it ended in "Directory not empty"."""
+    from data import encoding
+
+    texts = [f"the {w} sat on the {v} mat" for w in ("cat", "dog", "owl") for v in "abcde"]
+    split = datasets.Dataset.from_dict({"source": texts, "target": texts[::-1]})
+    tokenizer = train_tokenizer(texts, TokenizerConfig(vocab_size=300))
+    target = encoding._store_path(split, tokenizer, tmp_path)
+    join = encoding.join_stores
+
+    def other_run_first(tmp, parts):
+        other = tmp_path / "other"
+        join(other, parts)
+        other.rename(target)
+        return join(tmp, parts)
+
+    monkeypatch.setattr(encoding, "join_stores", other_run_first)
+    store = encoding.encode_shared(split, tokenizer, 0, 2, barrier=lambda name: None,
+                                   cache_dir=tmp_path, num_proc=1)
+    assert store.src.to_lists() == tokenizer.encode(texts)
+
+
 def _examples_peak_bytes(path) -> tuple[int, int]:
     """(peak bytes allocated while the examples of store `path` are loaded and an epoch
     planned, bytes of the store's ids)."""
