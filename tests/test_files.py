@@ -229,9 +229,12 @@ def test_a_failed_rename_puts_the_old_directory_back(tmp_path, monkeypatch):
 
 
 def test_what_a_killed_writer_left_is_cleared_and_its_old_directory_kept(tmp_path):
-    """SIGKILL after the old directory was renamed aside: it is put back, then replaced."""
+    """SIGKILL after the old directory was renamed aside: it is put back, then replaced; the
+    killed writer's staging directory (unlocked, a minute old) is taken over."""
     _model_dir(tmp_path / ".model.old", "old")
     _model_dir(tmp_path / ".model.partial", "half")
+    stale = time.time() - files.ABANDONED_AFTER - 1
+    os.utime(tmp_path / ".model.partial", (stale, stale))
     with pytest.raises(Boom):
         with atomic_directory(tmp_path / "model"):
             _raise_error()
@@ -270,3 +273,20 @@ def test_a_failed_metrics_rewrite_keeps_the_file_and_says_so(tmp_path, monkeypat
         MetricsWriter(tmp_path, resume_step=5, enabled=True)
     assert (tmp_path / METRICS_FILE).read_text() == lines
     assert _names(tmp_path) == [METRICS_FILE]
+
+
+def test_two_writers_of_one_directory_each_fill_their_own(tmp_path):
+    """The second writer's start must not empty the first one's staging directory, which
+    then published a model without the files it wrote before."""
+    out = tmp_path / "model"
+    first = atomic_directory(out)
+    staging = first.__enter__()
+    (staging / "params").write_text("first")
+    with atomic_directory(out) as other:
+        assert other == tmp_path / ".model.partial.1"
+        (staging / "config").write_text("{}")
+        first.__exit__(None, None, None)
+        assert _names(out) == ["config", "params"]
+        (other / "params").write_text("second")
+    assert _names(out) == ["params"] and (out / "params").read_text() == "second"
+    assert _names(tmp_path) == ["model"]

@@ -70,10 +70,11 @@ def partial_paths(path: str | Path) -> list[Path]:
     return []
 
 
-def staging_path(path: str | Path) -> Path:
-    """Where `atomic_directory` builds `path` until it is complete: `.NAME.partial`."""
+def staging_path(path: str | Path, number: int = 0) -> Path:
+    """Where `atomic_directory` builds `path` until it is complete: `.NAME.partial`, or with
+    another writer of the same path at work, `.NAME.partial.NUMBER`."""
     path = Path(path)
-    return path.with_name(f".{path.name}{PARTIAL_SUFFIX}")
+    return path.with_name(f".{path.name}{PARTIAL_SUFFIX}" + (f".{number}" if number else ""))
 
 
 def _lock(fd: int) -> bool:
@@ -86,13 +87,13 @@ def _lock(fd: int) -> bool:
     return True
 
 
-def _take_over(name: Path) -> int | None:
-    """An open descriptor of the temporary `name`, locked by this process, when its writer is
-    gone (killed: the kernel released its lock); None while a writer holds it. A file
-    modified within ABANDONED_AFTER seconds is left alone: its writer may have created it and
-    not yet locked it."""
+def _take_over(name: Path, flags: int = os.O_WRONLY) -> int | None:
+    """An open descriptor of the temporary `name` (a file, or a directory opened with
+    O_RDONLY), locked by this process, when its writer is gone (killed: the kernel released
+    its lock); None while a writer holds it. One modified within ABANDONED_AFTER seconds is
+    left alone: its writer may have created it and not yet locked it."""
     try:
-        fd = os.open(name, os.O_WRONLY)
+        fd = os.open(name, flags)
     except OSError:
         return None
     try:
@@ -207,14 +208,12 @@ def atomic_directory(path: str | Path) -> Iterator[Path]:
     its files are synced and it replaces `path` (one already there is renamed aside to
     `.NAME.old`, then removed); on any failure it is removed and `path` stays as it was."""
     path = Path(path)
-    staging = staging_path(path)
     aside = path.with_name(f".{path.name}.old")
-    # What a process killed with SIGKILL here left behind:
-    _remove_tree(staging)
+    staging, lock = _claim_staging(path)
+    # What a process killed with SIGKILL between the two renames below left behind:
     _restore(aside, path)
     _remove_tree(aside)
     try:
-        staging.mkdir(parents=True)
         yield staging
         _sync_tree(staging)
         if path.exists() or path.is_symlink():
@@ -226,8 +225,33 @@ def atomic_directory(path: str | Path) -> Iterator[Path]:
             _restore(aside, path)
         raise
     finally:
+        os.close(lock)
         if path.exists():
             _remove_tree(aside)
+
+
+def _claim_staging(path: Path) -> tuple[Path, int]:
+    """(a new empty staging directory for `path` that this process alone fills, the open
+    descriptor holding its flock): `.NAME.partial`, or the next free number while other
+    writers fill theirs; that of a killed writer is emptied and taken over."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    for number in range(_MAX_WRITERS):
+        candidate = staging_path(path, number)
+        try:
+            candidate.mkdir()
+        except FileExistsError:
+            fd = _take_over(candidate, os.O_RDONLY)
+            if fd is None:
+                continue  # another writer's
+            for child in list(candidate.iterdir()):
+                _remove_tree(child)
+            return candidate, fd
+        fd = os.open(candidate, os.O_RDONLY)
+        _lock(fd)  # for the next writer's look; ours by mkdir either way
+        return candidate, fd
+    raise Fault(f"{path}: {_MAX_WRITERS} other processes are writing it, or have left their "
+                f"staging directories {staging_path(path)}.N within the last minute; wait "
+                "for them")
 
 
 def _restore(aside: Path, path: Path) -> None:
