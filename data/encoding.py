@@ -177,11 +177,10 @@ class _EncodeBatch:
 
 def encoding_key(split: datasets.Dataset, tokenizer: TokenizerBase) -> str:
     """The cache key of `split` encoded by `tokenizer`: the split's datasets fingerprint
-    (content-based for our text caches and in-memory data), the tokenizer's model bytes and
-    the store layout."""
-    return hashlib.md5(
-        f"{split._fingerprint}|{tokenizer.fingerprint}|{_ENCODING_VERSION}".encode()
-    ).hexdigest()
+    (content-based for our text caches and in-memory data), the tokenizer's model bytes, the
+    SentencePiece version that encodes with them, and the store layout."""
+    return hashlib.md5(f"{split._fingerprint}|{tokenizer.fingerprint}|{spm.__version__}|"
+                       f"{_ENCODING_VERSION}".encode()).hexdigest()
 
 
 def default_workers(rows: int) -> int:

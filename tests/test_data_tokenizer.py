@@ -191,6 +191,20 @@ def test_a_special_tokens_map_that_is_not_an_object_is_named(small_tokenizer, tm
         load_tokenizer(tmp_path)
 
 
+def test_the_encoded_cache_is_keyed_by_the_sentencepiece_version_too(small_tokenizer,
+                                                                     monkeypatch):
+    """Another SentencePiece may segment the same text otherwise: its encoding is another."""
+    import sentencepiece
+
+    from data.encoding import encoding_key
+
+    split = datasets.Dataset.from_dict({"source": SMALL_TEXT[:6], "target": SMALL_TEXT[6:12]})
+    key = encoding_key(split, small_tokenizer)
+    assert encoding_key(split, small_tokenizer) == key
+    monkeypatch.setattr(sentencepiece, "__version__", "0.0.1")
+    assert encoding_key(split, small_tokenizer) != key
+
+
 def test_encoding_columns_and_cache(small_tokenizer, tmp_path, monkeypatch, caplog):
     split = datasets.Dataset.from_dict({"source": SMALL_TEXT[:6], "target": SMALL_TEXT[6:12]})
     encoded = encode_corpus(datasets.DatasetDict({"train": split}), small_tokenizer,
