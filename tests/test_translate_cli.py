@@ -488,6 +488,35 @@ def test_input_and_output_files(run_dir, env, expected, tmp_path):
     assert "\r" not in stderr and f"translated {len(LINES)} lines in" in stderr
 
 
+def test_output_to_a_pipe_a_link_or_stdout(run_dir, env, expected, tmp_path):
+    """--output into a FIFO (or >(cmd), /dev/stdout) writes into it; through a symbolic link
+    it replaces the file the link names; - is stdout. A FIFO was replaced by a regular file
+    (its reader got nothing), and a link by a file of its own."""
+    import threading
+
+    source = tmp_path / "in.de"
+    source.write_bytes(_stdin(LINES))
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    received = []
+    reader = threading.Thread(target=lambda: received.append(fifo.read_bytes()), daemon=True)
+    reader.start()
+    result = _run(["--model", run_dir, *BATCH, "--input", source, "--output", fifo], env)
+    reader.join(timeout=60)
+    assert result.returncode == 0, _text(result.stderr)
+    assert _text(received[0]).split("\n")[:-1] == expected and fifo.is_fifo()
+    target, link = tmp_path / "target.en", tmp_path / "link.en"
+    target.write_text("old\n")
+    link.symlink_to(target)
+    result = _run(["--model", run_dir, *BATCH, "--input", source, "--output", link], env)
+    assert result.returncode == 0, _text(result.stderr)
+    assert link.is_symlink() and target.read_text().split("\n")[:-1] == expected
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.de", "link.en", "pipe",
+                                                          "target.en"]
+    result = _run(["--model", run_dir, *BATCH, "--input", source, "--output", "-"], env)
+    assert _out_lines(result) == expected and not (REPO / "-").exists()
+
+
 def test_split_sentences_translate_each_sentence_and_keep_each_line(run_dir, env):
     """--split-sentences (the default): one output line per input line, each the translations
     of its sentences (each as if translated alone) in the line's own whitespace."""

@@ -414,6 +414,10 @@ def test_translate_refuses_nan_and_infinity_before_loading(argv, capsys, no_mode
     (["--input", "in.txt", "Hallo."], "give sentences as arguments or --input FILE, not both"),
     (["--plot-attention", "a.png", "Eins.", "Zwei."], "--plot-attention needs exactly one"),
     (["--model", "m2", "--plot-attention", "a.png", "Hallo."], "give one --model"),
+    # Found when the plot was saved, after translating, as an unexpected ValueError.
+    (["--plot-attention", "a.xyz", "Hallo."], "--plot-attention a.xyz: its suffix .xyz is no "
+                                              "image format; end the name in one of"),
+    (["--plot-attention", "attention", "Hallo."], "attention: it has no suffix"),
     (["--html", "--nbest", "2", "Hallo."], "--html gives one translation per input line and "
                                            "does not apply with --nbest"),
     (["--html", "--evaluate", "--test-prefix", "t"], "does not apply with --evaluate"),

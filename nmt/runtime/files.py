@@ -19,6 +19,7 @@ import fcntl
 import os
 import re
 import shutil
+import stat
 import time
 from pathlib import Path
 from typing import IO, Iterator, NamedTuple
@@ -166,8 +167,18 @@ def atomic_file(path: str | Path, mode: str = "w", since: FileState | None | str
     `since` is the `file_state` of `path` when the work began ("now": when this is called);
     if `path` changed after it, the result is not renamed onto it but kept beside it, and
     ChangedMeanwhile says where. (Between that last look and the rename another writer could
-    still slip in; the window is one system call wide.)"""
+    still slip in; the window is one system call wide.)
+
+    A symbolic link is followed: the file it names is replaced, not the link. A stream (a
+    pipe, a FIFO, a device such as /dev/stdout) is written directly: it has no earlier
+    version to keep, and its directory is no place for a temporary."""
     path = Path(path)
+    if is_stream(path):
+        with open(path, mode, **({} if "b" in mode else {"encoding": "utf-8",
+                                                          "newline": "\n"})) as handle:
+            yield handle
+        return
+    path = output_target(path)
     if since == "now":
         since = file_state(path)
     kept: list[Path] = []
@@ -192,6 +203,22 @@ def atomic_file(path: str | Path, mode: str = "w", since: FileState | None | str
             f"is kept, and this run's complete output is in {kept[0]}: compare the two and "
             f"rename {kept[0]} onto {path} if it is the one you want (or run one command at a "
             "time per output file).")
+
+
+def is_stream(path: str | Path) -> bool:
+    """Whether `path` (links followed) is there and neither a regular file nor a directory."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return False
+    return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))
+
+
+def output_target(path: str | Path) -> Path:
+    """The file that writing `path` replaces: the one a symbolic link names (to be created if
+    missing), else `path` itself."""
+    path = Path(path)
+    return Path(os.path.realpath(path)) if path.is_symlink() else path
 
 
 def write_atomically(path: str | Path, data: str | bytes,

@@ -167,7 +167,8 @@ def add_engine_flags(engine) -> None:
 
 def _add_input_output_flags(io) -> None:
     io.add_argument("--input", help="file to translate, one sentence per line (- = stdin)")
-    io.add_argument("--output", help="write translations here instead of stdout")
+    io.add_argument("--output", help="write translations here instead of stdout (- = stdout; "
+                                     "a file is replaced whole once every line is done)")
     io.add_argument("--batch-tokens", type=int, default=INFERENCE_BATCH_TOKENS,
                     help="source tokens per batch, before dividing by the beam size "
                          f"(default {INFERENCE_BATCH_TOKENS})")
@@ -272,6 +273,10 @@ def _check_inputs(args: argparse.Namespace) -> None:
         raise UsageError("--plot-attention needs exactly one SENTENCE argument.")
     if args.plot_attention and len(args.model) > 1:
         raise UsageError("--plot-attention shows one model's attention; give one --model.")
+    if args.plot_attention:
+        from nmt.translation.plotting import check_plot_path
+
+        check_plot_path(args.plot_attention)
     if args.split_sentences or args.html:
         mode = "--html" if args.html else "--split-sentences"
         for flag in ("nbest", "score", "plot_attention", *(("evaluate",) if args.html else ())):
@@ -479,6 +484,8 @@ def load_ctranslate2(args: argparse.Namespace):
 
 def run(args: argparse.Namespace) -> int:
     """Check the flags and files, load the model, then translate, evaluate or score."""
+    if args.output == "-":
+        args.output = None  # stdout, as --input - is stdin
     check_args(args)
     # Check files before the slow model load, so a bad input or output path fails fast.
     outputs_at_start = streams.check_output_paths(args)

@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from nmt.runtime.cli import UsageError
+from nmt.runtime.files import atomic_file
 from nmt.translation.errors import InputError
 
 log = logging.getLogger("translate.py")
@@ -83,7 +84,8 @@ def plot_attention(weights: np.ndarray, src_labels: Sequence[str], out_labels: S
         axes.set_title(textwrap.fill(title, max(20, int(width * 11))), fontsize=9)
     figure.colorbar(image, ax=axes, fraction=0.05, pad=0.02)
     path = Path(path)
-    figure.savefig(path, dpi=100)
+    with atomic_file(path, "wb") as out:  # in the format the suffix names, PNG without one
+        figure.savefig(out, format=path.suffix.lower().removeprefix(".") or "png", dpi=100)
     return path
 
 
@@ -104,6 +106,22 @@ def save_attention_plot(model, tokenizer, translator, sentence: str, hypothesis,
                           args.plot_attention,
                           title=f"encoder-decoder attention, decoder layer {layer}, {heads}")
     log.info("attention plot written to %s", path)
+
+
+def check_plot_path(path: str) -> None:
+    """--plot-attention's file, before the model loads: InputError without matplotlib,
+    UsageError unless its suffix names a format matplotlib writes."""
+    try:
+        from matplotlib.backend_bases import FigureCanvasBase
+    except ImportError:
+        raise InputError("--plot-attention needs matplotlib: pip install matplotlib "
+                         "(or pip install -e '.[plot]').") from None
+    kind = Path(path).suffix.lower().removeprefix(".")
+    formats = FigureCanvasBase.get_supported_filetypes()
+    if kind not in formats:
+        found = f"its suffix .{kind} is no image format" if kind else "it has no suffix"
+        raise UsageError(f"--plot-attention {path}: {found}; end the name in one of "
+                         f"{', '.join('.' + f for f in sorted(formats))}.")
 
 
 def check_plot_settings(model, args: argparse.Namespace) -> None:

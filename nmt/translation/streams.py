@@ -16,7 +16,7 @@ from typing import IO, Callable, Sequence
 from data.config import DataError
 from data.lines import is_regular_file, iter_lines, read_lines as read_text_lines, stream_chunks
 from nmt.runtime.cli import UsageError
-from nmt.runtime.files import FileState, file_state
+from nmt.runtime.files import FileState, file_state, is_stream, output_target
 from nmt.runtime.progress import LineCounter, on_terminal
 from nmt.translation.errors import InputError
 
@@ -177,18 +177,31 @@ def check_output_paths(args: argparse.Namespace) -> dict[str, FileState | None]:
         path, name = Path(value), _flag(flag)
         if path.is_dir():
             raise UsageError(f"{name} {path}: is a directory; give a file name.")
-        if not path.parent.is_dir():
-            raise UsageError(f"{name} {path}: directory {path.parent} does not exist; create "
-                             "it or choose another path.")
-        if not os.access(path if path.exists() else path.parent, os.W_OK):
-            raise UsageError(f"{name} {path}: not writable; choose another path.")
+        _check_writable(name, path)
         check_not_an_input(name, path, inputs)
         for earlier, other in outputs[:index]:
             if _same_file(path, other):
                 raise UsageError(f"{name} {path}: is the same file as {_flag(earlier)} "
                                  f"{other}; give each output its own path.")
-        states[flag] = file_state(path)
+        states[flag] = file_state(output_target(path))
     return states
+
+
+def _check_writable(name: str, path: Path) -> None:
+    """UsageError unless `path` can be written: a stream (pipe, device) as it is; a file
+    whole, through a temporary in the directory of the file it names (`atomic_file`)."""
+    if is_stream(path):
+        if not os.access(path, os.W_OK):
+            raise UsageError(f"{name} {path}: not writable; choose another path.")
+        return
+    target = output_target(path)
+    if not target.parent.is_dir():
+        raise UsageError(f"{name} {path}: directory {target.parent} does not exist; create "
+                         "it or choose another path.")
+    if not os.access(target.parent, os.W_OK) or (target.exists()
+                                                 and not os.access(target, os.W_OK)):
+        raise UsageError(f"{name} {path}: not writable (the file is written whole, through "
+                         f"a temporary in {target.parent}); choose another path.")
 
 
 def check_not_an_input(name: str, output: str | Path, inputs: list[tuple[str, str | Path]]
