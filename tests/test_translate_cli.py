@@ -359,6 +359,21 @@ def test_bad_paths_fail_before_the_model_loads(tmp_path, monkeypatch):
         assert message in str(info.value)
 
 
+def test_a_test_prefix_in_the_models_languages_is_read_before_it_loads(run_dir, tmp_path,
+                                                                       monkeypatch):
+    """Without --src/--tgt the languages come from the model's config.json, read without its
+    weights: a missing test file is named before the model loads, as with the flags."""
+    def no_model():
+        raise AssertionError("the model must not be loaded before the test set is read")
+
+    monkeypatch.setattr(translate_cli, "enable_compilation_cache", no_model)
+    for flag in ("--evaluate", "--score"):
+        args = translate_cli.build_parser().parse_args(
+            ["--model", str(run_dir), flag, "--test-prefix", str(tmp_path / "test")])
+        with pytest.raises(translate_cli.InputError, match=r"test\.de: file not found"):
+            translate_cli.run(args)
+
+
 @pytest.mark.parametrize("damage", ["spm.model", "config.json", "search setting"])
 def test_damaged_model_file_is_named(run_dir, tmp_path, monkeypatch, damage):
     model = tmp_path / "model"

@@ -495,9 +495,7 @@ def run(args: argparse.Namespace) -> int:
         streams.check_stdin()
     if not args.output and sys.stdout is None:
         raise InputError("standard output is closed: give --output FILE, or redirect it.")
-    test_set = None
-    if (args.evaluate or args.score) and (args.src_file or (args.src and args.tgt)):
-        test_set = evaluation.evaluation_data(args, {})  # else the model's languages
+    test_set = _test_set_before_loading(args)
     for path in args.model:  # a path that is not there is the user's to fix (exit status 2)
         if not Path(path).exists():
             raise UsageError(f"--model {path}: no such directory; give a run directory "
@@ -525,6 +523,24 @@ def run(args: argparse.Namespace) -> int:
                                                     paragraphs(args, values))
     warn_reached_limit(translator, reached_limit)
     return 0
+
+
+def _test_set_before_loading(args: argparse.Namespace) -> tuple | None:
+    """--evaluate's or --score's test set, read before the model loads wherever its languages
+    are known without it: from the flags, or from the model's config.json (its weights
+    unread). None where neither tells (the model's files are then read, and named, by
+    `load`)."""
+    if not (args.evaluate or args.score):
+        return None
+    if args.src_file or (args.src and args.tgt):
+        return evaluation.evaluation_data(args, {})
+    from nmt.models.model_files import ModelDirError, read_model_files
+
+    try:
+        values = read_model_files(args.model[0])[2]
+    except (ModelDirError, DataError, OSError):
+        return None
+    return evaluation.evaluation_data(args, values)
 
 
 def paragraphs(args: argparse.Namespace, values: dict) -> streams.Paragraphs | None:
