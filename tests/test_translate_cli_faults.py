@@ -421,6 +421,8 @@ def test_translate_refuses_nan_and_infinity_before_loading(argv, capsys, no_mode
     (["--html", "--nbest", "2", "Hallo."], "--html gives one translation per input line and "
                                            "does not apply with --nbest"),
     (["--html", "--evaluate", "--test-prefix", "t"], "does not apply with --evaluate"),
+    (["--html", "--no-split-sentences", "<p>Hallo.</p>"], "--no-split-sentences does not "
+                                                          "apply with it"),  # was ignored
     (["--chunk-lines", "0", "Hallo."], "--chunk-lines must be >= 1, got 0"),
     (["--evaluate", "--test-prefix", "t", "Hallo."], "--evaluate reads --src-file/--ref-file"),
     (["--score", "--input", "in.txt", "--test-prefix", "t"], "--score reads"),

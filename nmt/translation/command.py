@@ -277,6 +277,9 @@ def _check_inputs(args: argparse.Namespace) -> None:
         from nmt.translation.plotting import check_plot_path
 
         check_plot_path(args.plot_attention)
+    if args.html and args.split_sentences is False:
+        raise UsageError("--html cuts each line's text at its block tags and into sentences; "
+                         "--no-split-sentences does not apply with it.")
     if args.split_sentences or args.html:
         mode = "--html" if args.html else "--split-sentences"
         for flag in ("nbest", "score", "plot_attention", *(("evaluate",) if args.html else ())):
