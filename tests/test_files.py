@@ -290,3 +290,12 @@ def test_two_writers_of_one_directory_each_fill_their_own(tmp_path):
         (other / "params").write_text("second")
     assert _names(out) == ["params"] and (out / "params").read_text() == "second"
     assert _names(tmp_path) == ["model"]
+
+
+def test_a_file_replaced_keeps_its_permissions(tmp_path):
+    """A private file (0600) written again must not become readable by all (0644)."""
+    path = tmp_path / "keys.txt"
+    path.write_text("old")
+    path.chmod(0o600)
+    write_atomically(path, "new")
+    assert (path.read_text(), path.stat().st_mode & 0o777) == ("new", 0o600)

@@ -49,7 +49,7 @@ def truncate_sources(ids: list[list[int]], limit: int, line_numbers: Sequence[in
     are not changed)."""
     truncated = [i for i, row in enumerate(ids) if len(row) > limit]
     for i in truncated:
-        log.warning("%s line %d: a sentence of %d tokens, more than the model's %d; "
+        log.warning("%s line %d: a sentence of %d tokens, more than the model's %d (+ EOS); "
                     "truncated to %d tokens", source, line_numbers[i], len(ids[i]), limit, limit)
         ids[i] = ids[i][:limit]
     return ids, truncated

@@ -191,6 +191,8 @@ def atomic_file(path: str | Path, mode: str = "w", since: FileState | None | str
     def publish(partial: Path, path: Path) -> None:
         # Called while the temporary is open, its lock held: nobody takes it over.
         if file_state(path) == since:
+            with contextlib.suppress(OSError):  # the file keeps its permissions
+                os.chmod(partial, stat.S_IMODE(os.stat(path).st_mode))
             os.replace(partial, path)
         else:
             kept.append(_keep_aside(partial, path))
