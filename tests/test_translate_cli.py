@@ -351,6 +351,8 @@ def test_bad_paths_fail_before_the_model_loads(tmp_path, monkeypatch):
         (["--evaluate", "--src-file", tmp_path / "none.de", "--ref-file", two], fault,
          f"{tmp_path / 'none.de'}: file not found"),
         (["--output", tmp_path / "missing" / "out.en", "Hallo."], usage, "--output"),
+        (["--output", "", "Hallo."], usage, "--output was given an empty path"),  # was stdout
+        (["--plot-attention", "", "Hallo."], usage, "--plot-attention was given an empty"),
     ]:
         args = translate_cli.build_parser().parse_args(
             ["--model", str(tmp_path / "no-model"), *map(str, argv)])
@@ -530,6 +532,10 @@ def test_output_to_a_pipe_a_link_or_stdout(run_dir, env, expected, tmp_path):
                                                           "target.en"]
     result = _run(["--model", run_dir, *BATCH, "--input", source, "--output", "-"], env)
     assert _out_lines(result) == expected and not (REPO / "-").exists()
+    if Path("/dev/full").exists():  # a device that fails: named, in one line
+        result = _run(["--model", run_dir, *BATCH, "--input", source, "--output", "/dev/full"],
+                      env)
+        assert result.returncode == 1 and "/dev/full: no space left" in _text(result.stderr)
 
 
 def test_split_sentences_translate_each_sentence_and_keep_each_line(run_dir, env):

@@ -174,9 +174,13 @@ def atomic_file(path: str | Path, mode: str = "w", since: FileState | None | str
     version to keep, and its directory is no place for a temporary."""
     path = Path(path)
     if is_stream(path):
-        with open(path, mode, **({} if "b" in mode else {"encoding": "utf-8",
-                                                          "newline": "\n"})) as handle:
-            yield handle
+        try:
+            with open(path, mode, **({} if "b" in mode else {"encoding": "utf-8",
+                                                              "newline": "\n"})) as handle:
+                yield handle
+        except OSError as err:  # a write names no file: the stream is the one at fault
+            err.filename = err.filename or str(path)
+            raise
         return
     path = output_target(path)
     if since == "now":

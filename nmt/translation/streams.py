@@ -170,6 +170,9 @@ def check_output_paths(args: argparse.Namespace) -> dict[str, FileState | None]:
     Returns each output's `file_state` now: its writing compares against it at the end, so a
     file another process wrote meanwhile is not replaced silently."""
     states = {}
+    for name in OUTPUT_FLAGS:
+        if getattr(args, name) == "":
+            raise UsageError(f"{_flag(name)} was given an empty path; give a file name.")
     outputs = [(name, getattr(args, name)) for name in OUTPUT_FLAGS if getattr(args, name)]
     inputs = [(_flag(name), getattr(args, name)) for name in INPUT_FLAGS
               if getattr(args, name, None) not in (None, "-")]
