@@ -22,7 +22,7 @@ import shutil
 import stat
 import time
 from pathlib import Path
-from typing import IO, Iterator, NamedTuple
+from typing import IO, Callable, Iterator, NamedTuple
 
 from nmt.runtime.cli import Fault
 from transformer import atomic_files
@@ -112,20 +112,31 @@ def _take_over(name: Path, flags: int = os.O_WRONLY) -> int | None:
 def _claim(path: Path) -> tuple[int, Path]:
     """(open descriptor, name) of a temporary for `path` that this process alone writes,
     locked: a new one, or an emptied one whose writer was killed."""
+    return _first_free(path, partial_path,
+                       lambda name: os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666),
+                       os.O_WRONLY, lambda fd, name: os.ftruncate(fd, 0), "temporaries")
+
+
+def _first_free(path: Path, name_of: Callable[[Path, int], Path],
+                create: Callable[[Path], int], flags: int, empty: Callable[[int, Path], None],
+                what: str) -> tuple[int, Path]:
+    """(open descriptor holding its flock, name) of the first of `name_of(path, 0)`,
+    `name_of(path, 1)`, ... this process can have: one `create` makes now (FileExistsError
+    where one is there), or one whose writer was killed, taken over and emptied (`empty`)."""
     for number in range(_MAX_WRITERS):
-        candidate = partial_path(path, number)
+        candidate = name_of(path, number)
         try:
-            fd = os.open(candidate, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+            fd = create(candidate)
         except FileExistsError:
-            fd = _take_over(candidate)
+            fd = _take_over(candidate, flags)
             if fd is None:
                 continue  # another writer's
-            os.ftruncate(fd, 0)
+            empty(fd, candidate)
             return fd, candidate
-        _lock(fd)  # for the next writer's look; ours by O_EXCL either way
+        _lock(fd)  # for the next writer's look; ours by creating it either way
         return fd, candidate
     raise Fault(f"{path}: {_MAX_WRITERS} other processes are writing it, or have left their "
-                f"temporaries {partial_path(path)}.N within the last minute; wait for them")
+                f"{what} {name_of(path, 0)}.N within the last minute; wait for them")
 
 
 def _remove_abandoned(path: Path, keep: Path) -> None:
@@ -268,23 +279,19 @@ def _claim_staging(path: Path) -> tuple[Path, int]:
     descriptor holding its flock): `.NAME.partial`, or the next free number while other
     writers fill theirs; that of a killed writer is emptied and taken over."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    for number in range(_MAX_WRITERS):
-        candidate = staging_path(path, number)
-        try:
-            candidate.mkdir()
-        except FileExistsError:
-            fd = _take_over(candidate, os.O_RDONLY)
-            if fd is None:
-                continue  # another writer's
-            for child in list(candidate.iterdir()):
-                _remove_tree(child)
-            return candidate, fd
-        fd = os.open(candidate, os.O_RDONLY)
-        _lock(fd)  # for the next writer's look; ours by mkdir either way
-        return candidate, fd
-    raise Fault(f"{path}: {_MAX_WRITERS} other processes are writing it, or have left their "
-                f"staging directories {staging_path(path)}.N within the last minute; wait "
-                "for them")
+    fd, staging = _first_free(path, staging_path, _new_directory, os.O_RDONLY,
+                              _empty_directory, "staging directories")
+    return staging, fd
+
+
+def _new_directory(name: Path) -> int:
+    name.mkdir()
+    return os.open(name, os.O_RDONLY)
+
+
+def _empty_directory(fd: int, name: Path) -> None:
+    for child in list(name.iterdir()):
+        _remove_tree(child)
 
 
 def _restore(aside: Path, path: Path) -> None:

@@ -125,13 +125,8 @@ def check_plot_path(path: str) -> None:
 
 
 def check_plot_settings(model, args: argparse.Namespace) -> None:
-    """translate.py's plot flags for `model`: InputError without matplotlib, UsageError for a
-    layer or head the model does not have."""
-    try:
-        import matplotlib  # noqa: F401 - an optional dependency; say so before translating
-    except ImportError:
-        raise InputError("--plot-attention needs matplotlib: pip install matplotlib "
-                         "(or pip install -e '.[plot]').") from None
+    """translate.py's plot flags for `model`: UsageError for a layer or head the model does
+    not have (matplotlib and the file were checked before it loaded: `check_plot_path`)."""
     try:
         check_layer_and_head(model.config, args.attention_layer, args.attention_head)
     except ValueError as err:

@@ -56,8 +56,8 @@ def greedy_steps(step: StepFn, s: GreedyState, strategy: Greedy | Sample, ids, l
         # only the chosen token's log-probability, so log_softmax is never materialised.
         normalizer = jax.nn.logsumexp(logits, axis=-1)  # [batch]
         at_limit = s.step + 1 >= limits
-        next_token, score = _choose(strategy, logits, normalizer, s.step, at_limit, ids,
-                                    jax.random.fold_in(rng, s.step), s.sentence)
+        next_token, score = _choose(strategy, logits, normalizer, s.step, at_limit, ids, rng,
+                                    s.sentence)
         # At its limit a row ends, with EOS's logit (always allowed there).
         next_token = jnp.where(at_limit, ids.eos_id, next_token)
         score = jnp.where(at_limit, logits[:, ids.eos_id], score)
@@ -73,12 +73,13 @@ def greedy_steps(step: StepFn, s: GreedyState, strategy: Greedy | Sample, ids, l
 
 def _choose(strategy: Greedy | Sample, logits: Array, normalizer: Array, step: Array,
             at_limit: Array, ids, rng: Array, sentence: Array) -> tuple[Array, Array]:
-    """Each row's next token [batch] and its logit [batch]. A draw reads the step's `rng`
-    folded with the row's sentence [batch]: no two steps or sentences share random numbers,
-    and a sentence draws the same whichever row it is in (compaction moves rows)."""
+    """Each row's next token [batch] and its logit [batch]. A draw reads `rng` folded with
+    the step, then with the row's sentence [batch]: no two steps or sentences share random
+    numbers, and a sentence draws the same whichever row it is in (compaction moves rows)."""
     if isinstance(strategy, Sample):
         scores = allowed_scores(logits, step, at_limit, strategy.min_len, ids)
-        keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(rng, sentence)
+        keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(jax.random.fold_in(rng, step),
+                                                               sentence)
         token = _draw(scores - normalizer[:, None], strategy, keys)
         return token, jnp.take_along_axis(scores, token[:, None], axis=-1)[:, 0]
     score, token = (x[:, 0] for x in best_allowed(logits, 1, step, at_limit,
