@@ -95,6 +95,50 @@ def test_keeps_last_k_and_the_newest_best(tmp_path):
     saver.close()
 
 
+def test_an_interim_step_stops_counting_once_a_later_step_is_saved(tmp_path):
+    """A step saved because the run stopped (a signal) stays the newest until the resumed run
+    saves again; then the last `keep_last` are the steps an uninterrupted run keeps."""
+    params, train = _split(_trained_state(0))
+    saver = checkpoint.Checkpointer(tmp_path, keep_last=2)
+    for step in (10, 20):
+        saver.save(step, params, train, {})
+    saver.save(23, params, train, {}, interim=True)
+    saver.wait()
+    assert saver.steps() == [20, 23]  # the newest is kept: the run resumes from it
+    assert (tmp_path / "checkpoints" / "23" / checkpoint.INTERIM_FILE).exists()
+    saver.close()
+
+    resumed = checkpoint.Checkpointer(tmp_path, keep_last=2)
+    resumed.save(30, params, train, {})
+    resumed.wait()
+    assert resumed.steps() == [20, 30]
+    # Saved again at the same step on schedule, a step is no longer interim.
+    resumed.save(35, params, train, {}, interim=True)
+    resumed.save(35, params, train, {})
+    resumed.save(40, params, train, {})
+    resumed.wait()
+    assert resumed.steps() == [35, 40]
+    assert not (tmp_path / "checkpoints" / "35" / checkpoint.INTERIM_FILE).exists()
+    resumed.close()
+
+
+def test_with_keep_last_1_an_interim_step_goes_only_once_the_next_is_sealed(tmp_path,
+                                                                             monkeypatch):
+    params, train = _split(_trained_state(0))
+    saver = checkpoint.Checkpointer(tmp_path, keep_last=1, async_save=False)
+    saver.save(20, params, train, {})
+    saver.save(23, params, train, {}, interim=True)
+    saver.wait()
+    assert saver.steps() == [23]
+    monkeypatch.setattr(checkpoint, "write_checksums",
+                        lambda step_dir: (_ for _ in ()).throw(OSError(28, "No space left")))
+    with pytest.raises(checkpoint.SaveError):
+        saver.save(40, params, train, {})
+        saver.wait()
+    assert 23 in saver.steps()
+    saver.close()
+
+
 def test_discard_best_keeps_only_the_recorded_step(tmp_path):
     params, _ = _split(_trained_state(0))
     saver = checkpoint.Checkpointer(tmp_path)

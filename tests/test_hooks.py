@@ -114,7 +114,7 @@ def test_the_trainer_fits_the_schedule_forecasts_logs_validates_then_saves():
     ran.clear()
     hooks.run_at_stop(interrupted=False)
     assert ran == [("log_window", {}), ("_validate_unless_done", {}),
-                   ("save", {"force_sync": True})]
+                   ("save", {"at_stop": True})]
     ran.clear()
     hooks.run_at_stop(interrupted=True)
-    assert ran == [("save", {"force_sync": True})]
+    assert ran == [("save", {"at_stop": True})]

@@ -210,6 +210,10 @@ def test_sigterm_then_resume_logs_the_same_metrics(uninterrupted, corpus, env, t
     result = _run(_args(corpus, out), env)
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"from step {interrupted_at}" in result.stdout + result.stderr
+    # The step saved because of the signal is not one of the last --keep-last: the run keeps
+    # (and would average) the steps the uninterrupted one keeps.
+    assert (checkpoint.complete_steps(out / "checkpoints")
+            == checkpoint.complete_steps(uninterrupted / "checkpoints") == [20, 40, 60])
     # The same programs as the interrupted run's: all from the persistent compilation cache.
     resumed_compilations = [line for line in _all_lines(out)
                             if line["kind"] == "compile" and line["step"] > interrupted_at]

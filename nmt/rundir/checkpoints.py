@@ -9,7 +9,10 @@ A run directory holds two kinds of saved state:
     train   {"step", "opt_state", "rng"}, StandardSave;
     data    JSON: the data iterator's state, the trainer's bookkeeping (the best
             --best-metric score and its step, patience, metrics of the unfinished log window).
-  The last `keep_last` are kept. Parameters are a separate item so that averaging and export
+  The last `keep_last` are kept. A step saved only because the run stopped there (a signal,
+  a time limit: an "interim" step, marked by an INTERIM file) stops counting once a later
+  step is saved, and is deleted: a run interrupted and resumed keeps, and averages, the
+  steps an uninterrupted one keeps. Parameters are a separate item so that averaging and export
   read them without knowing the optimizer's state structure.
 - `best/<step>/`: parameters of the checkpoint with the best validation score so far (BLEU by
   default; `--best-metric`), kept by a second manager with `max_to_keep=1`. The trainer saves
@@ -52,6 +55,7 @@ _ITEMS = ("params", "train", "data")
 # Written into a step directory once orbax has finalized it: `sha256sum -c SHA256SUMS` format.
 CHECKSUMS_FILE = "SHA256SUMS"
 ASIDE_SUFFIX = ".replaced"  # a step set aside while it is saved again (`_set_aside`)
+INTERIM_FILE = "INTERIM"  # in a step saved only because the run stopped there
 
 
 class CheckpointError(RuntimeError):
@@ -157,10 +161,10 @@ def _is_out_of_space(err: BaseException) -> bool:
 
 
 def _clear_step(manager: ocp.CheckpointManager, directory: Path, step: int) -> None:
-    """Remove an existing `step` before saving it again.
+    """Remove `step` (every process calls it): one no longer kept, or a stale best/ step.
 
-    Happens after a resume from an earlier step: the run died after writing `best/<step>`
-    but before `checkpoints/<step>`, or `checkpoints/<step>` was unreadable and skipped.
+    A stale best step is left by a run that died after writing `best/<step>` but before
+    `checkpoints/<step>`, or whose `checkpoints/<step>` was unreadable and skipped.
     """
     manager.wait_until_finished()
     if step in manager.all_steps():
@@ -235,7 +239,7 @@ class Checkpointer:
     def __init__(self, run_dir: str | Path, keep_last: int = 5, async_save: bool = True):
         if keep_last < 1:
             raise ValueError(f"keep_last must be >= 1, got {keep_last}.")
-        self.run_dir = Path(run_dir).absolute()
+        self.run_dir, self.keep_last = Path(run_dir).absolute(), keep_last
         self.directory = self.run_dir / CHECKPOINTS_DIR
         self.best_directory = self.run_dir / BEST_DIR
         for directory in (self.directory, self.best_directory):
@@ -244,7 +248,7 @@ class Checkpointer:
         self._last = ocp.CheckpointManager(
             self.directory,
             options=ocp.CheckpointManagerOptions(
-                max_to_keep=keep_last, enable_async_checkpointing=async_save,
+                max_to_keep=None, enable_async_checkpointing=async_save,  # `_keep_last`
                 cleanup_tmp_directories=True, create=True),
             item_names=_ITEMS)
         self._best = ocp.CheckpointManager(
@@ -255,13 +259,18 @@ class Checkpointer:
             item_names=("params", "data"))
         self._pending: tuple[Path, int] | None = None  # the save in flight
         self._failed = False  # a save failed: its partial files go again at close
+        self._interim: set[int] = set()  # steps saved as interim, marked when sealed
 
     # ------------------------------------------------------------------ saving
 
-    def save(self, step: int, params: Any, train: dict[str, Any], data: dict[str, Any]) -> None:
-        """Start saving step `step` in the background; returns once arrays are copied."""
+    def save(self, step: int, params: Any, train: dict[str, Any], data: dict[str, Any],
+             interim: bool = False) -> None:
+        """Start saving step `step` in the background; returns once arrays are copied.
+        `interim`: saved only because the run stopped there; it leaves the last `keep_last`
+        once a later step is saved."""
         with self._writing(self.directory, step):
             self._seal()
+            (self._interim.add if interim else self._interim.discard)(step)
             _set_aside(self._last, self.directory, step)
             self._pending = (self.directory, step)
             self._last.save(step, args=ocp.args.Composite(
@@ -311,18 +320,30 @@ class Checkpointer:
         return f"cannot write checkpoint step {step} in {directory}: {cause}; {kept}; {todo}."
 
     def _seal(self) -> None:
-        """Write the checksums of every finalized step that has none yet (process 0), once
-        no save is in flight."""
+        """Write the checksums (and interim marks) of every finalized step that has none yet
+        (process 0), once no save is in flight; then keep the last `keep_last`."""
         self._last.wait_until_finished()
         self._best.wait_until_finished()
-        if jax.process_index() != 0:
-            return
-        for directory in (self.directory, self.best_directory):
-            for step in complete_steps(directory):
-                step_dir = directory / str(step)
-                if not (step_dir / CHECKSUMS_FILE).exists():
-                    write_checksums(step_dir)
-            _put_back(directory)  # the steps saved again are sealed: their old ones go
+        if jax.process_index() == 0:
+            for directory in (self.directory, self.best_directory):
+                for step in complete_steps(directory):
+                    step_dir = directory / str(step)
+                    if not (step_dir / CHECKSUMS_FILE).exists():
+                        if directory == self.directory and step in self._interim:
+                            (step_dir / INTERIM_FILE).touch()
+                        write_checksums(step_dir)
+                _put_back(directory)  # the steps saved again are sealed: their old ones go
+        barrier(f"sealed {self.run_dir}")
+        self._keep_last()
+
+    def _keep_last(self) -> None:
+        """Delete all but the last `keep_last` steps, where an interim step older than the
+        newest does not count (and goes): an uninterrupted run never saved it."""
+        steps = self.steps()
+        counted = [step for step in steps[:-1]
+                   if not (self.directory / str(step) / INTERIM_FILE).exists()] + steps[-1:]
+        for step in sorted(set(steps) - set(counted[-self.keep_last:])):
+            _clear_step(self._last, self.directory, step)
 
     def discard_best(self, keep: int | None) -> list[int]:
         """Delete every step of best/ but `keep` (None: all); returns the steps deleted.

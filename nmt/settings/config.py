@@ -144,6 +144,11 @@ class TrainerConfig:
                 raise SettingsError("--best-metric chrf needs --eval-sentences >= 1 (0 computes "
                                     "no chrF); or use --best-metric ppl.")
 
+    @property
+    def save_interval(self) -> int:
+        """Steps between scheduled checkpoints."""
+        return self.save_every or self.eval_every
+
     def limits(self) -> tuple[int | None, float | None]:
         """(max_steps, max_minutes) with the default time budget applied when no limit of
         steps, minutes or epochs is given."""

@@ -20,26 +20,29 @@ class CheckpointWriter:
 
     saved: (step, bookkeeping fingerprint) of the checkpoint written last (or restored), None
     before one; a save of the same step with the same bookkeeping is skipped.
+    interval: the steps between scheduled saves (--save-every).
     """
 
     def __init__(self, checkpoints: Checkpointer, saved: tuple[int, str] | None,
-                 signals: StopSignal, clock: PausableClock,
+                 signals: StopSignal, clock: PausableClock, interval: int,
                  timed: Callable[[float], None] = lambda seconds: None):
-        self.checkpoints, self.saved = checkpoints, saved
+        self.checkpoints, self.saved, self.interval = checkpoints, saved, interval
         self.signals, self.clock, self.timed = signals, clock, timed
 
     def save(self, step: int, state: Any, bookkeeping: Bookkeeping,
-             force_sync: bool = False) -> None:
-        """Checkpoint `step`, unless it was written with this bookkeeping; `force_sync`: wait
-        until it is on disk."""
+             at_stop: bool = False) -> None:
+        """Checkpoint `step`, unless it was written with this bookkeeping. `at_stop`: the
+        run's last save, waited for; a step that neither the schedule nor a best score
+        saves is interim (`Checkpointer.save`): a resumed run does not keep it."""
         current = bookkeeping.fingerprint()
         if self.saved == (step, current):
             return
         began = time.monotonic()
+        interim = at_stop and step % self.interval != 0 and step != bookkeeping.best_step
         with self.clock.paused(), self.signals.critical():
             self.checkpoints.save(step, state.params, checkpoint_items(state),
-                                  bookkeeping.to_json())
-            if force_sync:
+                                  bookkeeping.to_json(), interim)
+            if at_stop:
                 self.checkpoints.wait()
         self.timed(time.monotonic() - began)
         self.saved = (step, current)

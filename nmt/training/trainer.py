@@ -137,7 +137,7 @@ class Trainer:
             spike=run.trainer.loss_spike, recent=self.bookkeeping.recent_losses)
         self.signals = StopSignal()
         self.checkpoint_writer = CheckpointWriter(start.checkpoints, start.saved, self.signals,
-                                                  self.run_log.clock,
+                                                  self.run_log.clock, run.trainer.save_interval,
                                                   self.limits.closing.saved)
         self.last_loss: jax.Array | None = None  # of the newest step, still on the device
         self.fitted_end = schedule_fit.FittedEnd(run.optimizer, self.step, self.limits.max_steps)
@@ -156,8 +156,8 @@ class Trainer:
             Periodic("log", trainer.log_every, self.log_window, at_stop=self.log_window),
             Periodic("validate", trainer.eval_every, self.validate,
                      at_stop=self._validate_unless_done),
-            Periodic("save", trainer.save_every or trainer.eval_every, self.save,
-                     at_stop=functools.partial(self.save, force_sync=True),
+            Periodic("save", trainer.save_interval, self.save,
+                     at_stop=functools.partial(self.save, at_stop=True),
                      when_interrupted=True),
         ])
 
@@ -275,14 +275,14 @@ class Trainer:
         """The "train" line of the steps since the last, and a "compile" line per new program."""
         self.run_log.train_line(self.step, self.step_metrics, self.limits.started, self.batches)
 
-    def save(self, force_sync: bool = False) -> None:
+    def save(self, at_stop: bool = False) -> None:
         """Write checkpoint `step`, again if the bookkeeping changed since it was written (the
-        closing log line and validation change it without a step)."""
+        closing log line and validation change it without a step); `at_stop`: the run's last."""
         self.step_metrics.read_back()  # never save a state whose loss was not finite
         bookkeeping = self.bookkeeping
         bookkeeping.iterator, bookkeeping.window = self.batches.state, self.step_metrics.steps
         bookkeeping.recent_losses = list(self.step_metrics.recent)  # --loss-spike's reference
-        self.checkpoint_writer.save(self.step, self.state, bookkeeping, force_sync)
+        self.checkpoint_writer.save(self.step, self.state, bookkeeping, at_stop)
 
     def validate(self) -> StopReason | None:
         """Validate, log, track the best metric; EARLY_STOP when early stopping says stop."""
