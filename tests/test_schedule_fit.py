@@ -66,8 +66,9 @@ def _lines(run_dir) -> list[dict]:
 
 
 def _expected_lr(step: int, peak: float, warmup: int, end: int) -> float:
-    """The linear schedule at the update that made `step` (update number s = step)."""
-    return peak * max(min(step / warmup, (end - step) / (end - warmup)), 0.0)
+    """The linear schedule at the update that made `step` (update number s = step): zero
+    just after `end`, its last update."""
+    return peak * max(min(step / warmup, (end + 1 - step) / (end + 1 - warmup)), 0.0)
 
 
 def test_a_run_on_a_time_budget_follows_the_linear_schedule_to_the_fitted_end(
@@ -86,25 +87,25 @@ def test_a_run_on_a_time_budget_follows_the_linear_schedule_to_the_fitted_end(
         summary = train(recipes.run_from_flat(**settings, max_minutes=5.0, max_steps=80), out)
     end = recipes.load_saved(out / RUN_CONFIG_FILE).optimizer.decay_steps
     assert end == 80
-    assert (f"linear to zero at step {end}, the last the run's limits allow (5 minutes at"
+    assert (f"linear to zero after step {end}, the last the run's limits allow (5 minutes at"
             in caplog.text)
     lines = _lines(out)
     assert (summary["stopped"], summary["steps"]) == ("max_steps", end)
     # Every update, before and after the program compiled for the end took over (by the end
-    # of the warm-up), used the schedule to that end; the last one's rate is zero.
+    # of the warm-up), used the schedule to that end; the last one still learns.
     for line in lines:
         assert line["lr"] == pytest.approx(_expected_lr(line["step"], peak, warmup, end),
                                            rel=1e-5, abs=1e-12), line["step"]
 
     # Resumed with a limit past the end: the end fitted before stays, and the run stops
-    # there at once (a learning rate of zero learns nothing).
+    # there at once (its last update was taken).
     with caplog.at_level(logging.INFO, logger="nmt.training.schedule_fit"):
         resumed = train(recipes.run_from_flat(**settings, max_steps=end + 5), out)
-    assert f"linear to zero at step {end}, the end this run fitted before" in caplog.text
+    assert f"linear to zero after step {end}, the end this run fitted before" in caplog.text
     assert (resumed["stopped"], resumed["steps"]) == ("decay_steps", end)
     lines = _lines(out)
     assert [line["step"] for line in lines] == list(range(1, end + 1))
     for line in lines:
         assert line["lr"] == pytest.approx(_expected_lr(line["step"], peak, warmup, end),
                                            rel=1e-5, abs=1e-12)
-    assert lines[-1]["lr"] == 0.0
+    assert lines[-1]["lr"] == pytest.approx(peak / (end + 1 - warmup), rel=1e-5)

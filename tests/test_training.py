@@ -70,12 +70,13 @@ def test_inverse_sqrt_schedule():
         assert float(schedule(count)) == pytest.approx(expected, rel=1e-6)
 
 
-def test_linear_schedule_warms_up_then_reaches_zero_at_decay_steps_and_stays_there():
+def test_linear_schedule_warms_up_then_reaches_zero_just_after_decay_steps():
     schedule = training.learning_rate_schedule(
         OptimizerConfig(schedule="linear", peak_lr=3e-3, warmup_steps=100, decay_steps=500), 128)
-    # count c makes update s = c + 1: peak at s = 100, half way down at s = 300, 0 at s = 500.
-    for count, expected in [(0, 3e-5), (49, 1.5e-3), (99, 3e-3), (299, 1.5e-3), (498, 7.5e-6),
-                            (499, 0.0), (10_000, 0.0)]:
+    # count c makes update s = c + 1: peak at s = 100, half way down at s = 300.5, and the
+    # last update, s = 500, still learns: the line reaches zero at s = 501, never taken.
+    for count, expected in [(0, 3e-5), (49, 1.5e-3), (99, 3e-3), (299, 3e-3 * 201 / 401),
+                            (499, 3e-3 / 401), (500, 0.0), (10_000, 0.0)]:
         assert float(schedule(count)) == pytest.approx(expected, rel=1e-5, abs=1e-12)
 
 

@@ -213,20 +213,21 @@ class OptimizerConfig(DictConfig):
 
     schedule "noam":         lr(s) = lr_scale * d_model^-0.5 * min(s^-0.5, s * warmup^-1.5)
     schedule "inverse_sqrt": lr(s) = peak_lr * min(s / warmup, sqrt(warmup / s))
-    schedule "linear":       lr(s) = peak_lr * min(s / warmup, (decay - s) / (decay - warmup)),
-                             and 0 from s = decay on (decay = decay_steps)
+    schedule "linear":       lr(s) = peak_lr * min(s / warmup, (D - s) / (D - warmup)),
+                             D = decay_steps + 1: the line reaches zero just after update
+                             decay_steps, the last that learns
     where s = 1, 2, ... is the number of the update being made (the first update uses s = 1).
     """
 
     schedule: Schedule = setting(
-        "noam", "learning-rate schedule: noam (paper), inverse_sqrt, or linear (to zero at "
+        "noam", "learning-rate schedule: noam (paper), inverse_sqrt, or linear (to zero after "
                 "decay_steps)")
     warmup_steps: int = setting(4000, "warm-up steps", flag="--warmup")
     lr_scale: float = setting(1.0, "noam: multiplier of d_model^-0.5 * min(...)")
     peak_lr: float = setting(1e-3, "inverse_sqrt, linear: learning rate after warm-up")
     decay_steps: int | None = setting(
-        None, "linear: the update at which the learning rate reaches zero (unset: train.py "
-              "fits it to --max-steps or --max-minutes)")
+        None, "linear: the last update, after which the learning rate reaches zero (unset: "
+              "train.py fits it to --max-steps or --max-minutes)")
     adam_b1: float = setting(0.9, "Adam beta1")
     adam_b2: float = setting(0.98, "Adam beta2")
     adam_eps: float = setting(1e-9, "Adam epsilon")

@@ -73,13 +73,15 @@ def learning_rate_schedule(optimizer_config: OptimizerConfig, d_model: int) -> o
     peak = optimizer_config.peak_lr
     if optimizer_config.schedule == "linear":
         if optimizer_config.decay_steps is None:
-            raise ValueError("the linear schedule needs OptimizerConfig.decay_steps, the update "
-                             "at which it reaches zero (train.py fits it to the run's limit)")
+            raise ValueError("the linear schedule needs OptimizerConfig.decay_steps, its last "
+                             "update (train.py fits it to the run's limit)")
         decay = float(optimizer_config.decay_steps)
 
         def linear(count):
+            # The line reaches zero one update after the last (decay): that update still learns.
             s = jnp.asarray(count, jnp.float32) + 1.0
-            return peak * jnp.maximum(jnp.minimum(s / warmup, (decay - s) / (decay - warmup)), 0.0)
+            down = (decay + 1.0 - s) / (decay + 1.0 - warmup)
+            return peak * jnp.maximum(jnp.minimum(s / warmup, down), 0.0)
 
         return linear
 

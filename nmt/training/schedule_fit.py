@@ -1,9 +1,9 @@
 """The end of a linear learning-rate schedule, fitted to the run's limit of steps or minutes.
 
-`--schedule linear` without `--decay-steps` reaches zero where the run stops, and the run stops
-there (nothing is learnt at a learning rate of zero). A limit of steps gives that step at once.
-A limit of minutes gives it only once steps have been timed: the warm-up does not depend on
-the end, so the run starts with an end far away (`UNFITTED`), times steps of the warm-up,
+`--schedule linear` without `--decay-steps` ends where the run stops: its last update is the
+run's last step, and the rate reaches zero just after it. A limit of steps gives that step at
+once. A limit of minutes gives it only once steps have been timed: the warm-up does not depend
+on the end, so the run starts with an end far away (`UNFITTED`), times steps of the warm-up,
 fixes the end from the time left, and runs the step compiled for that end from the last
 update of the warm-up on. The run is then the linear schedule to that step, exactly;
 config.yaml records the step, and a resume goes on to the same one.
@@ -39,7 +39,7 @@ def needs_fit(optimizer: OptimizerConfig) -> bool:
 
 
 def known_end(optimizer: OptimizerConfig) -> int | None:
-    """The step where a linear schedule reaches zero, where set (nothing is learnt after)."""
+    """The last step of a linear schedule, where set (its rate is zero after it)."""
     return optimizer.decay_steps if optimizer.schedule == "linear" else None
 
 
@@ -63,7 +63,7 @@ def resolve(run: RunConfig, saved: RunConfig | None) -> RunConfig:
     before = saved.optimizer if saved is not None else None
     if (before is not None and before.schedule == "linear" and before.decay_steps is not None
             and before.warmup_steps == run.optimizer.warmup_steps):
-        log.info("learning rate: linear to zero at step %d, the end this run fitted before",
+        log.info("learning rate: linear to zero after step %d, the end this run fitted before",
                  before.decay_steps)
         return with_end(run, before.decay_steps)
     max_steps, max_minutes = run.trainer.limits()
@@ -73,7 +73,7 @@ def resolve(run: RunConfig, saved: RunConfig | None) -> RunConfig:
 
 
 class EndFit:
-    """Times steps of the warm-up and fixes the step where the learning rate reaches zero:
+    """Times steps of the warm-up and fixes the schedule's last step (the rate is zero after it):
     the last step the time left allows (less `RESERVE`), or the limit of steps if sooner.
 
     The first eighth of the warm-up left is not timed (its steps are slower: memory being
@@ -133,7 +133,7 @@ class FittedEnd:
 
     def describe(self, end: int, max_minutes: float, recorded_in: Path) -> str:
         """The log line of the fitted end: where, and from what."""
-        return (f"learning rate: linear to zero at step {end}, the last the run's limits "
+        return (f"learning rate: linear to zero after step {end}, the last the run's limits "
                 f"allow ({max_minutes:g} minutes at {self.step_seconds:.3g} s a step; "
                 f"recorded in {recorded_in})")
 
