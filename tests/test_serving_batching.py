@@ -2,6 +2,7 @@
 
 import asyncio
 import concurrent.futures
+import contextlib
 import time
 
 from nmt.models.translations import Hypothesis
@@ -90,3 +91,30 @@ def test_a_lone_client_never_waits_for_company():
     calls, matched, seconds = run_clients(clients=1, rounds=5, refill_wait=1.0)
     assert matched and calls == [1] * 5
     assert max(seconds) < 0.5, seconds
+
+
+def test_an_abandoned_request_gives_its_places_back_at_once_and_is_not_searched():
+    """A request waiting for company (`max_wait`) is abandoned (its timeout, its client gone):
+    its 15 sentences leave the queue's count of 20 at once, so a request of 10 that comes
+    next is taken, and only those 10 are searched."""
+    calls: list[int] = []
+
+    async def main():
+        executor = concurrent.futures.ThreadPoolExecutor(1)
+        batcher = Batcher(SleepingTranslator(), executor, gather_tokens=10_000, max_wait=0.5,
+                          max_queue=20, on_batch=lambda record: calls.append(record.sentences))
+        batcher.start()
+        try:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(batcher.translate(["Ja."] * 15), 0.05)
+            queued_after = batcher.queued_sentences
+            answers = await asyncio.wait_for(batcher.translate(["Nein."] * 10), 5)
+            return queued_after, [nbest[0].text for nbest in answers]
+        finally:
+            await batcher.stop()
+            executor.shutdown()
+
+    queued_after, answers = asyncio.run(main())
+    assert queued_after == 0
+    assert answers == ["Nein."] * 10
+    assert calls == [10]

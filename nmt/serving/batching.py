@@ -10,7 +10,8 @@ loop (the call searches them as one batch, or sorts them by length into several)
 call runs, new requests queue up and form the next one (run beside it when `searches` > 1),
 so under load calls fill without waiting. The queue is
 bounded in sentences: a request that would overflow it is refused at once (`QueueFull`),
-never held in memory.
+never held in memory. A request abandoned while it waits (its timeout, its client gone) gives
+its places back at once, and is neither searched nor waited for.
 """
 
 from __future__ import annotations
@@ -39,6 +40,12 @@ class _Job:
     tokens: int  # EOS included
     future: asyncio.Future  # -> list[list[Hypothesis]], one n-best list per sentence
     arrived: float = dataclasses.field(default_factory=time.monotonic)
+    queued: bool = True  # its sentences still count in `Batcher.queued_sentences`
+
+    @property
+    def abandoned(self) -> bool:
+        """Its request stopped waiting (cancelled) before its search began."""
+        return self.future.done()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,8 +107,8 @@ class Batcher:
     async def translate(self, sentences: Sequence[str]) -> list[list[Hypothesis]]:
         """The n-best lists of `sentences`, in order; QueueFull if there is no room.
 
-        Cancelling the wait (a request's timeout) drops the sentences if their search has
-        not started."""
+        Cancelling the wait (a request's timeout, its client gone) takes the sentences off the
+        queue's count at once; if their search has not started, they are never searched."""
         if not sentences:
             return []
         if self.queued_sentences + len(sentences) > self.max_queue:
@@ -113,7 +120,17 @@ class Batcher:
         self.queued_sentences += len(sentences)
         self._returning = max(0, self._returning - len(sentences))
         self._queue.put_nowait(job)
-        return await job.future
+        try:
+            return await job.future
+        finally:
+            self._unqueue(job)
+
+    def _unqueue(self, job: _Job) -> None:
+        """Take `job`'s sentences off the queue's count, once: when its call is gathered, or
+        when its request stops waiting, whichever comes first."""
+        if job.queued:
+            job.queued = False
+            self.queued_sentences -= len(job.sentences)
 
     async def _run(self) -> None:
         """Gather a call whenever a search slot is free, and start its search."""
@@ -123,8 +140,9 @@ class Batcher:
                 free.clear()
                 await free.wait()
             jobs = await self._gather()
-            self.queued_sentences -= sum(len(job.sentences) for job in jobs)
-            jobs = [job for job in jobs if not job.future.done()]  # timed out while waiting
+            for job in jobs:
+                self._unqueue(job)
+            jobs = [job for job in jobs if not job.abandoned]  # given up while gathered
             if not jobs:
                 continue
             slot = self._idle.pop()
@@ -169,8 +187,10 @@ class Batcher:
         less than its share it waits for them, up to `refill_wait` from its first job (without
         that wait, calls settle into small ones: docs/serving.md); if they do not come, they
         are no longer counted."""
-        first = self._held if self._held is not None else await self._queue.get()
+        first = self._held if self._held is not None and not self._held.abandoned else None
         self._held = None
+        while first is None or first.abandoned:
+            first = await self._queue.get()
         jobs, tokens = [first], first.tokens
         if not self.across_requests:
             return jobs
@@ -182,8 +202,10 @@ class Batcher:
             deadline = first.arrived + self.max_wait
             if sentences < share:
                 deadline = max(deadline, refill_until)
-            job = await self._next_job(deadline)
+            job = await self._next_job(deadline, first)
             if job is None:
+                if first.abandoned:
+                    break  # no one to wait for: the call goes with those still waiting
                 if sentences < share:
                     self._returning = 0  # the clients that did not come back have left
                 break
@@ -195,18 +217,34 @@ class Batcher:
             sentences += len(job.sentences)
         return jobs
 
-    async def _next_job(self, deadline: float) -> _Job | None:
-        """The next queued job, waiting for one until `deadline` (time.monotonic); None if
-        none came by then."""
-        if not self._queue.empty():
-            return self._queue.get_nowait()
+    async def _next_job(self, deadline: float, first: _Job) -> _Job | None:
+        """The next queued job still waiting, waiting for one until `deadline`
+        (time.monotonic); None if none came by then, or once `first`, the job the call waits
+        on behalf of, is abandoned."""
+        while not first.abandoned:
+            if not self._queue.empty():
+                job = self._queue.get_nowait()
+            else:
+                job = await self._wait_for_job(deadline, first)
+                if job is None:
+                    return None
+            if not job.abandoned:
+                return job
+        return None
+
+    async def _wait_for_job(self, deadline: float, first: _Job) -> _Job | None:
+        """The next job to arrive before `deadline`, unless `first` is abandoned first."""
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             return None
+        arrival = asyncio.ensure_future(self._queue.get())
         try:
-            return await asyncio.wait_for(self._queue.get(), remaining)
-        except TimeoutError:
-            return None
+            await asyncio.wait({arrival, first.future}, timeout=remaining,
+                               return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            # cancel() is False once the get has returned; one cancelled before takes nothing
+            came = not arrival.cancel()
+        return arrival.result() if came else None
 
     def _share(self) -> int:
         """Sentences a call should hold: the load in flight (searching, queued, or answered
