@@ -408,6 +408,30 @@ def test_sigterm_answers_every_accepted_request_and_exits_0(run_dir, env, engine
         assert answer["translatedText"] == [expected[s] for s in POOL[n: n + 5]]
 
 
+def test_sigterm_lets_a_file_searched_in_many_parts_finish(run_dir, env):
+    """A file is searched in parts of --max-sentences (2), each within --timeout (2 s) but
+    each waiting a second for company: 12 parts, longer than --timeout and a few seconds
+    more. SIGTERM a second in still lets the file finish, and the server exits 0 after."""
+    server = Server.start(["--model", run_dir, *SHAPES, "--timeout", "2",
+                           "--batch-wait-ms", "1000", "--max-sentences", "2"], env)
+    text = "\n".join(POOL[:24]).encode()
+    body = (b'--B\r\nContent-Disposition: form-data; name="file"; filename="a.txt"\r\n\r\n'
+            + text + b'\r\n--B\r\nContent-Disposition: form-data; name="source"\r\n\r\nde'
+            b'\r\n--B\r\nContent-Disposition: form-data; name="target"\r\n\r\nen\r\n--B--\r\n')
+    answers = []
+    client = threading.Thread(target=lambda: answers.append(server.request(
+        "POST", "/translate_file", body, {"Content-Type": "multipart/form-data; boundary=B"},
+        timeout=90)))
+    client.start()
+    time.sleep(1)
+    status = server.stop(timeout=90)
+    client.join(90)
+    assert status == 0, "".join(server.log)
+    [(code, _, answer)] = answers
+    assert code == 200, answer
+    assert b"/download_file/" in answer
+
+
 def _metric_lines(server: Server, queued: int) -> str:
     """The /metrics lines saying that `queued` sentences or more are waiting."""
     text = server.request("GET", "/metrics")[2].decode()

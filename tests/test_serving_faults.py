@@ -226,6 +226,34 @@ def test_a_500_closes_its_connection_and_is_logged_in_one_line(caplog):
     assert 'nmt_request_errors_total{code="500"} 1.0' in service.metrics.exposition().decode()
 
 
+def test_a_request_cut_off_by_the_stop_gets_a_json_503():
+    """uvicorn cancels the requests still running when a stop's grace runs out: the answer
+    is a JSON 503, not uvicorn's plain-text 500."""
+    import asyncio
+
+    from nmt.serving.app import FaultGuard
+
+    sent = []
+
+    async def main():
+        async def slow(scope, receive, send):
+            await asyncio.sleep(30)
+
+        async def send(message):
+            sent.append(message)
+
+        request = asyncio.ensure_future(FaultGuard(slow)(
+            {"type": "http", "method": "POST", "path": "/translate_file"}, None, send))
+        await asyncio.sleep(0.05)
+        request.cancel()
+        await asyncio.wait_for(request, 5)
+
+    asyncio.run(main())
+    assert sent[0]["status"] == 503
+    assert json.loads(sent[1]["body"]) == {
+        "error": "the server stopped before this request was answered; send it again"}
+
+
 # ----------------------------------------------------------------------------- keys
 
 

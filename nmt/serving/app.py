@@ -15,11 +15,13 @@
 Layers, outermost first: `RequestMetrics` (every answer counted and timed, refusals too, and
 requests whose client left before its answer), CORS (Starlette's, which answers preflight
 OPTIONS requests itself), `FaultGuard` (an unexpected exception answered
-500 in one line), `BodyReader` (the body under its limits), then Starlette's routing.
+500 in one line, a request cut off by the server's stop 503), `BodyReader` (the body under its
+limits), then Starlette's routing.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import functools
 import hashlib
@@ -130,7 +132,8 @@ class FaultGuard:
     """ASGI middleware: an exception no route handled is answered 500 with `Connection: close`
     and logged in one line (its traceback at debug level), instead of reaching uvicorn, which
     logs a traceback and drops a keep-alive connection without saying so; a client that left
-    (`ClientGone`) is sent nothing."""
+    (`ClientGone`) is sent nothing. A request still running when a stop's grace runs out is
+    cancelled by uvicorn (which would answer a plain-text 500): it is answered 503."""
 
     def __init__(self, app):
         self.app = app
@@ -149,6 +152,12 @@ class FaultGuard:
             await self.app(scope, receive, send_tracked)
         except ClientGone:
             return
+        except asyncio.CancelledError:
+            log.warning("%s %s answered 503: the server stopped before its answer",
+                        scope["method"], scope["path"])
+            if not started:
+                await send_error(send, 503, "the server stopped before this request was "
+                                            "answered; send it again")
         except Exception as err:  # noqa: BLE001 - the last line of defence
             where = traceback.extract_tb(err.__traceback__)[-1]
             log.error("%s %s answered 500: %s: %s (%s, line %d)", scope["method"], scope["path"],

@@ -11,7 +11,9 @@ are checked against the server's bounds, the address is bound (a port in use end
 command before any model loads), the models load (a bad directory ends the command with one
 line), the server starts listening, and every search shape is compiled before /health
 answers 200 (`Translator.warm_up`); requests before then get 503 with Retry-After. SIGTERM or
-Ctrl-C stops accepting connections, answers every request already accepted, and exits 0.
+Ctrl-C stops accepting connections, answers every request already accepted (waiting as long
+as the longest request may take, `ServerLimits.longest_request`; one still running after
+that gets 503), and exits 0.
 Exit status: 0 after a requested stop, 1 for a fault (a model that cannot be read, a port in
 use, a failed warm-up), 2 for a mistake in the flags (a value past its bound, an address not
 of this machine).
@@ -29,6 +31,7 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import logging
+import math
 import os
 import signal
 import threading
@@ -507,10 +510,10 @@ def run(args: argparse.Namespace) -> int:
         log.info(cli.allocator_status().line)
     origins = [origin.strip() for origin in args.cors_origins.split(",") if origin.strip()]
     app = build_app(service, make_lifespan(service, args), cors_origins=origins)
+    grace = math.ceil(limits.longest_request(args.alternatives_limit))  # for a stop
     server = _Server(uvicorn.Config(
         app, log_config=None, access_log=args.access_log, lifespan="on", ws="none",
-        http=with_header_timeout(limits.header_timeout),
-        timeout_graceful_shutdown=int(limits.timeout) + 5))
+        http=with_header_timeout(limits.header_timeout), timeout_graceful_shutdown=grace))
     app.state.server = server
     # uvicorn raises the signal it caught again once it has shut down; these handlers take it,
     # so that a requested stop exits 0 rather than dying of the signal.

@@ -16,6 +16,9 @@ from pathlib import Path
 from nmt.serving.errors import RequestError, send_error
 
 FILE_PATH = "/translate_file"  # its body is a file, under a limit of its own
+# Seconds a request may take besides its waits for a search or an alignment: reading the
+# body, splitting the text, rebuilding a file.
+REQUEST_SLACK = 5.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,6 +38,15 @@ class ServerLimits:
         """The most sentences of a long piece of work (a file) searched or aligned at once:
         what one request may send, and what the queue holds."""
         return min(self.max_sentences, self.max_queue)
+
+    def longest_request(self, alternatives: int) -> float:
+        """Seconds one accepted request may take, each of its waits for a search or an
+        alignment within `timeout`: a file of `max_file_characters` (a sentence holds one at
+        least) searched and then aligned in parts of `part_sentences`, or a text's search and
+        the alignment of each of its `alternatives` + 1 translations; plus REQUEST_SLACK."""
+        file_parts = -(-self.max_file_characters // self.part_sentences)
+        waits = max(2 * file_parts, 1 + alternatives + 1)
+        return waits * self.timeout + REQUEST_SLACK
 
     def check_characters(self, characters: int) -> None:
         """RequestError 413 if a request's texts have more characters than it may."""
