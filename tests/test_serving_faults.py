@@ -327,6 +327,42 @@ def _translate_file(service, name: str, data: str):
     return 200, client.get(url[url.index("/download_file/"):]).content.decode()
 
 
+def test_multipart_fields_that_are_not_utf8_are_refused():
+    """A multipart form's text field is read as UTF-8 or refused 400, as an urlencoded form's
+    is, on /translate and /translate_file (Starlette would read it as Latin-1)."""
+    from starlette.testclient import TestClient
+
+    from nmt.serving.app import build_app
+    from nmt.serving.limits import ServerLimits
+
+    service, searched = _file_service(ServerLimits(), align=None)
+    client = TestClient(build_app(service))
+
+    def form(fields, file: bytes | None = None) -> bytes:
+        parts = [b'--B\r\nContent-Disposition: form-data; name="%s"\r\n\r\n%s\r\n' % field
+                 for field in fields]
+        if file is not None:
+            parts.append(b'--B\r\nContent-Disposition: form-data; name="file"; '
+                         b'filename="a.txt"\r\n\r\n%s\r\n' % file)
+        return b"".join(parts) + b"--B--\r\n"
+
+    multipart = {"Content-Type": "multipart/form-data; boundary=B"}
+    answer = client.post("/translate", content=form([(b"q", b"Hund \xe9."), (b"source", b"de"),
+                                                     (b"target", b"en")]), headers=multipart)
+    assert answer.status_code == 400
+    assert answer.json()["error"] == ("the form field 'q' is not valid UTF-8: byte 0xe9 at "
+                                      "offset 5; send UTF-8 text")
+    answer = client.post("/translate_file", content=form([(b"source", b"d\xe9"),
+                                                          (b"target", b"en")], b"Hund."),
+                         headers=multipart)
+    assert answer.status_code == 400 and "'source' is not valid UTF-8" in answer.json()["error"]
+    assert searched == []
+    answer = client.post("/translate", content=form([(b"q", "Hund ä.".encode()),
+                                                     (b"source", b"de"), (b"target", b"en")]),
+                         headers=multipart)
+    assert answer.status_code == 200 and answer.json() == {"translatedText": "HUND Ä."}
+
+
 def test_a_file_longer_than_the_queue_is_searched_and_aligned_in_parts():
     """A .txt or .html file is one document: its sentences still go to the queue, and to the
     aligner, at most --max-sentences (and --queue-sentences) at a time, not all at once."""

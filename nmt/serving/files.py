@@ -12,15 +12,13 @@ a random name, which is what the download URL holds.
 from __future__ import annotations
 
 from starlette.datastructures import UploadFile
-from starlette.exceptions import HTTPException
-from starlette.formparsers import MultiPartException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from nmt.serving.errors import RequestError, shown
 from nmt.serving.file_store import KEEP_SECONDS, safe_name
 from nmt.serving.libretranslate import join_documents
-from nmt.serving.params import api_key
+from nmt.serving.params import api_key, read_multipart
 from nmt.serving.service import Service, unless_client_leaves
 from nmt.translation import document_files
 
@@ -34,12 +32,7 @@ async def _upload(request: Request) -> tuple[UploadFile, dict[str, str]]:
                                 "(curl -F file=@report.docx -F source=en -F target=de)")
     fields: dict[str, str] = {}
     upload = None
-    try:
-        form = await request.form(max_files=1, max_fields=_FIELDS)
-    except MultiPartException as err:
-        raise RequestError(400, f"malformed multipart form: {err.message}") from None
-    except HTTPException as err:  # what Starlette makes of MultiPartException inside an app
-        raise RequestError(400, f"malformed multipart form: {err.detail}") from None
+    form = await read_multipart(request, max_fields=_FIELDS, max_files=1)
     for key, value in form.multi_items():
         if isinstance(value, UploadFile):
             upload = value if key == "file" else upload
@@ -59,6 +52,7 @@ async def translate_file(request: Request) -> JSONResponse:
         if not value:
             raise RequestError(400, f"Invalid request: missing {name} parameter")
     data, filename = await upload.read(), upload.filename or ""
+    await upload.close()
     # Sentences are cut by the rules of the source language (English ones until "auto" is
     # told, cut again if it tells another).
     language = source if source != "auto" else "en"

@@ -11,8 +11,8 @@ from collections.abc import Iterable
 from typing import Any
 from urllib.parse import parse_qsl
 
-from starlette.exceptions import HTTPException
-from starlette.formparsers import MultiPartException
+from starlette.datastructures import FormData
+from starlette.formparsers import MultiPartException, MultiPartParser
 from starlette.requests import Request
 
 from nmt.serving.errors import RequestError, shown
@@ -135,20 +135,38 @@ def _check_not_json(body: bytes, fields: dict[str, Any]) -> None:
                                 "curl -d sends); add -H 'Content-Type: application/json'")
 
 
-async def _multipart(request: Request, limits: ServerLimits) -> dict[str, Any]:
-    fields: list[tuple[str, str]] = []
+class _StrictMultiPartParser(MultiPartParser):
+    """Starlette's multipart parser, but a text field that is not UTF-8 is refused (400)
+    instead of read as Latin-1."""
+
+    def on_part_end(self) -> None:
+        part = self._current_part
+        if part.file is None:
+            decode(bytes(part.data), f"form field {shown(part.field_name)}")
+        super().on_part_end()
+
+
+async def read_multipart(request: Request, max_fields: int, max_files: int = 1000
+                         ) -> FormData:
+    """The multipart form of `request`, its text fields strictly UTF-8; RequestError 400 for
+    a malformed one. The caller closes the files it holds (`FormData.close`)."""
+    parser = _StrictMultiPartParser(request.headers, request.stream(), max_files=max_files,
+                                    max_fields=max_fields)
     try:
-        async with request.form(max_fields=limits.max_sentences + OTHER_FIELDS) as multipart:
-            for key, value in multipart.multi_items():
-                if not isinstance(value, str):
-                    raise RequestError(400, f"form field {shown(key)} is a file; send text "
-                                            "fields")
-                fields.append((key, value))
+        return await parser.parse()
     except MultiPartException as err:
         raise RequestError(400, f"malformed multipart form: {err.message}") from None
-    except HTTPException as err:  # what Starlette makes of MultiPartException inside an app
-        raise RequestError(400, f"malformed multipart form: {err.detail}") from None
-    return _collect(fields)
+
+
+async def _multipart(request: Request, limits: ServerLimits) -> dict[str, Any]:
+    form = await read_multipart(request, limits.max_sentences + OTHER_FIELDS)
+    try:
+        for key, value in form.multi_items():
+            if not isinstance(value, str):
+                raise RequestError(400, f"form field {shown(key)} is a file; send text fields")
+        return _collect(form.multi_items())
+    finally:
+        await form.close()
 
 
 def api_key(request: Request, params: dict[str, Any] | None = None) -> str | None:
