@@ -363,6 +363,27 @@ def test_multipart_fields_that_are_not_utf8_are_refused():
     assert answer.status_code == 200 and answer.json() == {"translatedText": "HUND Ä."}
 
 
+def test_opennmt_reads_json_only_as_json():
+    """OpenNMT-py's endpoint, as /translate: JSON under another type, or none, is refused 415
+    (a page could have a browser send it without a CORS preflight)."""
+    from starlette.testclient import TestClient
+
+    from nmt.serving.app import build_app
+    from nmt.serving.limits import ServerLimits
+
+    service, searched = _file_service(ServerLimits(), align=None)
+    client = TestClient(build_app(service))
+    body = json.dumps([{"src": "Ein Mann."}])
+    for headers in ({"Content-Type": "text/plain"}, {}):
+        answer = client.post("/translator/translate", content=body, headers=headers)
+        assert answer.status_code == 415, answer.text
+        assert "send JSON with Content-Type: application/json" in answer.json()["error"]
+    assert searched == []
+    answer = client.post("/translator/translate", content=body,
+                         headers={"Content-Type": "application/json; charset=utf-8"})
+    assert answer.status_code == 200 and answer.json()[0][0]["tgt"] == "EIN MANN."
+
+
 def test_a_file_longer_than_the_queue_is_searched_and_aligned_in_parts():
     """A .txt or .html file is one document: its sentences still go to the queue, and to the
     aligner, at most --max-sentences (and --queue-sentences) at a time, not all at once."""

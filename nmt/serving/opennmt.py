@@ -18,12 +18,12 @@ from starlette.responses import JSONResponse
 
 from nmt.serving.errors import RequestError
 from nmt.serving.limits import ServerLimits
-from nmt.serving.params import api_key, parse_json
+from nmt.serving.params import api_key, json_body
 from nmt.serving.service import Service, unless_client_leaves
 
 
-def _items(body: bytes, limits: ServerLimits) -> list[dict]:
-    items = parse_json(body)
+def _items(request: Request, body: bytes, limits: ServerLimits) -> list[dict]:
+    items = json_body(request, body)
     if not isinstance(items, list) or not items:
         raise RequestError(400, 'the request body must be a non-empty JSON list such as '
                                 '[{"src": "A sentence.", "id": 0}]')
@@ -38,7 +38,7 @@ def _items(body: bytes, limits: ServerLimits) -> list[dict]:
 async def translate(request: Request) -> JSONResponse:
     service: Service = request.app.state.service
     service.check_key(api_key(request))
-    items = _items(await request.body(), service.limits)
+    items = _items(request, await request.body(), service.limits)
     characters = sum(len(item["src"]) for item in items)
     service.limits.check_characters(characters)
     service.charge(request, len(items), characters)

@@ -107,7 +107,7 @@ async def request_params(request: Request, limits: ServerLimits) -> dict[str, An
         params.update(fields)
     elif kind == "multipart/form-data":
         params.update(await _multipart(request, limits))
-    elif kind == "application/json" or kind.endswith("+json"):
+    elif is_json(kind):
         values = parse_json(body)
         if not isinstance(values, dict):
             raise RequestError(400, "the request body must be a JSON object such as "
@@ -125,6 +125,22 @@ async def request_params(request: Request, limits: ServerLimits) -> dict[str, An
 def content_type(request: Request) -> str:
     """The request's media type, lower case, without parameters ("" if none)."""
     return request.headers.get("content-type", "").split(";")[0].strip().lower()
+
+
+def is_json(kind: str) -> bool:
+    """Whether media type `kind` is JSON (application/json, or a +json type)."""
+    return kind == "application/json" or kind.endswith("+json")
+
+
+def json_body(request: Request, body: bytes) -> Any:
+    """The JSON value of a body that must be JSON; RequestError 415 for one not sent as
+    JSON (under another type it would be a cross-site request that no CORS preflight
+    guards), 400 for one that is not JSON text."""
+    kind = content_type(request)
+    if not is_json(kind):
+        raise RequestError(415, f"a request body of type {shown(kind or 'none')} is not read; "
+                                "send JSON with Content-Type: application/json")
+    return parse_json(body)
 
 
 def _check_not_json(body: bytes, fields: dict[str, Any]) -> None:
