@@ -191,6 +191,39 @@ def test_detect_with_libretranslatepy_and_source_auto(server):
     assert [d["language"] for d in answer["detectedLanguage"]] == ["de", "de"]
 
 
+def test_source_auto_tells_each_text_of_a_list_apart():
+    """In-process (Starlette's test client), with models that say which they are: a list of
+    a German and a French text, source auto, has each text detected on its own and
+    translated by its own model, in the list's order."""
+    from types import SimpleNamespace
+
+    from starlette.testclient import TestClient
+
+    from nmt.models.translations import Hypothesis
+    from nmt.serving.app import build_app
+    from nmt.serving.catalog import Catalog, ServedModel
+    from nmt.serving.limits import ServerLimits
+    from nmt.serving.metrics import Metrics
+    from nmt.serving.service import Service
+
+    def model(index: int, source: str) -> ServedModel:
+        async def search(batch):
+            return [[Hypothesis(f"{source}: {len(sentence)}", 0.0, ())] for sentence in batch]
+
+        translator = SimpleNamespace(search=SimpleNamespace(nbest=1))
+        return ServedModel(index, source, "en", "runs/x", translator,
+                           batcher=SimpleNamespace(translate=search))
+
+    service = Service(Catalog([model(0, "de"), model(1, "fr")]), ServerLimits(), Metrics(),
+                      ready=True)
+    client = TestClient(build_app(service))
+    answer = client.post("/translate", json={"q": [GERMAN, FRENCH, GERMAN], "source": "auto",
+                                             "target": "en"}).json()
+    assert [d["language"] for d in answer["detectedLanguage"]] == ["de", "fr", "de"]
+    assert answer["translatedText"] == [f"de: {len(GERMAN)}", f"fr: {len(FRENCH)}",
+                                        f"de: {len(GERMAN)}"]
+
+
 # ----------------------------------------------------------------------------- HTML
 
 

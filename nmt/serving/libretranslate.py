@@ -17,6 +17,7 @@ translation and from each other, so there may be fewer than asked.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from starlette.requests import Request
@@ -92,16 +93,18 @@ async def translate(request: Request) -> JSONResponse:
     service.limits.check_characters(sum(map(len, texts)))
     service.limits.check_texts(len(texts))
     service.charge(request, len(texts), sum(map(len, texts)))
-    model, detected = service.source_model(source, target, texts)
-    documents = [FORMATS[form](text, model.source) for text in texts]
+    chosen = service.text_models(source, target, texts)
+    models = [model for model, _ in chosen]
+    documents = [FORMATS[form](text, model.source) for text, model in zip(texts, models)]
     service.limits.check_sentences(sum(max(1, len(d.sentences)) for d in documents))
-    ranks = await unless_client_leaves(request, translate_documents(
-        service, model, documents, alternatives + 1 if alternatives else 0))
+    ranks = await unless_client_leaves(request, translate_by_model(
+        service, models, documents, alternatives + 1 if alternatives else 0))
     results = [[rank[n] for rank in ranks] for n in range(len(documents))]
     answer: dict[str, Any] = {
         "translatedText": [r[0] for r in results] if is_list else results[0][0]}
-    if detected is not None:
-        answer["detectedLanguage"] = [detected] * len(texts) if is_list else detected
+    detected = [language for _, language in chosen]
+    if detected[0] is not None:
+        answer["detectedLanguage"] = detected if is_list else detected[0]
     if alternatives:
         others = [_other_texts(r, alternatives) for r in results]
         answer["alternatives"] = others if is_list else others[0]
@@ -112,6 +115,25 @@ def _other_texts(texts: list[str], count: int) -> list[str]:
     """Up to `count` texts after the first, each once and none the same as the first."""
     return [text for n, text in enumerate(texts[1:], 1)
             if text not in texts[:n]][:count]
+
+
+async def translate_by_model(service: Service, models: list, documents: list[Document],
+                             ranks: int = 0) -> list[list[str]]:
+    """`translate_documents` for documents each with its own model: each model's documents
+    translated together (the models at once), the texts of each rank in the documents'
+    order."""
+    groups: dict[int, list[int]] = {}
+    for n, model in enumerate(models):
+        groups.setdefault(model.id, []).append(n)
+    answers = await asyncio.gather(*(
+        translate_documents(service, models[rows[0]], [documents[n] for n in rows], ranks)
+        for rows in groups.values()))
+    texts = [[""] * len(documents) for _ in range(max(ranks, 1))]
+    for rows, ranked in zip(groups.values(), answers):
+        for rank, translated in enumerate(ranked):
+            for n, text in zip(rows, translated):
+                texts[rank][n] = text
+    return texts
 
 
 async def translate_documents(service: Service, model, documents: list[Document],

@@ -63,6 +63,14 @@ class Service:
         return (self.catalog.find(code, target),
                 {"language": code, "confidence": round(confidence * 100, 1)})
 
+    def text_models(self, source: str, target: str, texts: Sequence[str]
+                    ) -> list[tuple[ServedModel, dict | None]]:
+        """`source_model` of each text: with source "auto", each text's language is
+        detected on its own."""
+        if source != "auto":
+            return [self.source_model(source, target, texts)] * len(texts)
+        return [self.source_model(source, target, [text]) for text in texts]
+
     async def align(self, model: ServedModel, sources: Sequence[str],
                     targets: Sequence[str]) -> list | None:
         """The model's word alignment of each source with its translation, on a search
