@@ -59,3 +59,57 @@ def test_no_limits_count_nothing_and_quiet_clients_are_forgotten(clock, monkeypa
     clock[0] += 61
     limiter.charge("d", 1, 1)  # the fourth charge sweeps: a, b and c have nothing left
     assert {client for _, client in limiter._windows} == {"d"}
+
+
+def test_a_refund_gives_a_charge_back(clock):
+    limiter = RateLimiter(RateLimits(requests=10, characters=100))
+    charged = limiter.charge("a", 8, 90)
+    assert refused(limiter, "a", 3, 5).status == 429
+    limiter.refund(charged)
+    limiter.charge("a", 10, 100)  # the whole minute's budget again
+    clock[0] += 61
+    limiter.refund(limiter.charge("a", 1, 1))
+    limiter.refund(charged)  # out of the window already: nothing to give back
+
+
+def test_requests_the_server_refuses_after_their_charge_cost_nothing():
+    """In-process (Starlette's test client), --req-limit 20: a client refused 503 (the server
+    starting, the queue full) or 413 (more sentences than a request may have) has its charge
+    given back; one answered is charged."""
+    from types import SimpleNamespace
+
+    from starlette.testclient import TestClient
+
+    from nmt.models.translations import Hypothesis
+    from nmt.serving.app import build_app
+    from nmt.serving.batching import QueueFull
+    from nmt.serving.catalog import Catalog, ServedModel
+    from nmt.serving.limits import ServerLimits
+    from nmt.serving.metrics import Metrics
+    from nmt.serving.service import Service
+
+    full = [True]
+
+    async def search(batch):
+        if full[0]:
+            raise QueueFull("20 sentences are waiting; the queue holds 20")
+        return [[Hypothesis(sentence, 0.0, ())] for sentence in batch]
+
+    model = ServedModel(0, "de", "en", "runs/x", SimpleNamespace(search=None),
+                        batcher=SimpleNamespace(translate=search))
+    service = Service(Catalog([model]), ServerLimits(max_sentences=8), Metrics(),
+                      rate=RateLimiter(RateLimits(requests=20)))
+    client = TestClient(build_app(service))
+
+    def translate(texts: int, text: str = "Ja.") -> int:
+        return client.post("/translate", json={"q": [text] * texts, "source": "de",
+                                               "target": "en"}).status_code
+
+    assert translate(6) == 503  # starting
+    service.ready = True
+    assert [translate(6), translate(6), translate(6)] == [503] * 3  # the queue full
+    assert client.post("/translator/translate", json=[{"src": "Ja."}] * 6).status_code == 503
+    assert translate(5, "Ein Hund. Eine Katze.") == 413  # 10 sentences
+    full[0] = False
+    assert [translate(8), translate(8), translate(4)] == [200, 200, 200]
+    assert translate(1) == 429

@@ -114,6 +114,8 @@ PATHS = frozenset(route.path for route in ROUTES)
 
 async def request_error(request: Request, err: Exception) -> JSONResponse:
     assert isinstance(err, RequestError)
+    if err.status != 504:  # refused: it costs no rate limit (one that timed out was worked on)
+        request.app.state.service.refund(request)
     body = {"error": err.message}
     if request.url.path.startswith("/translator/"):
         body["status"] = "error"  # OpenNMT-py's clients look for it

@@ -7,7 +7,8 @@ server behind a local nginx limits each of nginx's clients rather than nginx). A
 several texts costs one request per text (LibreTranslate counts them so too). A request past
 either limit is refused with 429 and Retry-After (the seconds until the window has room for
 it), and costs nothing; one that could never fit a minute's budget is refused with 413,
-since waiting would not help.
+since waiting would not help. A request the server refuses after charging it (a full queue,
+say) is given its charge back (`RateLimiter.refund`).
 
 Each window is a queue of (time, cost) with its running total, so that a request costs the
 same whatever the limit: a window kept in units (the `limits` package's moving window) copies
@@ -17,6 +18,7 @@ a list of every character of the last minute on each request.
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import math
 import time
@@ -25,6 +27,8 @@ from nmt.serving.errors import RequestError
 
 WINDOW_SECONDS = 60.0
 SWEEP_EVERY = 1024  # charges between drops of the windows of clients gone quiet
+# What one charge added: each window it counted in, with the (time, cost) it appended there.
+Charge = list[tuple["_Window", tuple[float, int]]]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,10 +76,10 @@ class RateLimiter:
         self._windows: dict[tuple[str, str], _Window] = {}
         self._charges = 0
 
-    def charge(self, client: str, requests: int, characters: int) -> None:
+    def charge(self, client: str, requests: int, characters: int) -> Charge:
         """Count a request of `requests` texts and `characters` characters from `client`, or
         RequestError 429 (with Retry-After) if it would pass a limit, 413 if it always
-        would."""
+        would. Returns what it counted, for `refund`."""
         now = time.monotonic()
         costs = {"requests": max(requests, 1), "characters": characters}
         windows = []
@@ -93,10 +97,20 @@ class RateLimiter:
                                         f"({flag}); try again in {seconds} s",
                                    {"Retry-After": str(seconds)})
             windows.append((window, costs[name]))
-        for window, cost in windows:
-            window.spent.append((now, cost))
-            window.total += cost
+        charged = [(window, (now, cost)) for window, cost in windows]
+        for window, entry in charged:
+            window.spent.append(entry)
+            window.total += entry[1]
         self._sweep(now)
+        return charged
+
+    @staticmethod
+    def refund(charged: Charge) -> None:
+        """Take back what `charge` counted: the request was refused, not served."""
+        for window, entry in charged:
+            with contextlib.suppress(ValueError):  # already out of the window
+                window.spent.remove(entry)
+                window.total -= entry[1]
 
     def _sweep(self, now: float) -> None:
         """Every `SWEEP_EVERY` charges, forget the clients with nothing in their windows."""

@@ -110,10 +110,18 @@ class Service:
             raise RequestError(403, "Invalid API key")
 
     def charge(self, request: Request, texts: int, characters: int) -> None:
-        """Count a request against its client's rate limits (429 or 413 past them)."""
+        """Count a request against its client's rate limits (429 or 413 past them), until
+        `refund` gives it back."""
         if self.rate.limits:
             client = request.client.host if request.client else "unknown"
-            self.rate.charge(client, texts, characters)
+            request.state.rate_charge = self.rate.charge(client, texts, characters)
+
+    def refund(self, request: Request) -> None:
+        """Give back the request's charge, if it was charged: it was refused, not served."""
+        charged = getattr(request.state, "rate_charge", None)
+        if charged is not None:
+            request.state.rate_charge = None
+            self.rate.refund(charged)
 
     async def translate(self, model: ServedModel, sentences: Sequence[str],
                         alternatives: bool = False) -> list[list[Hypothesis]]:
