@@ -266,6 +266,36 @@ def test_keys_are_read_whole_and_a_bom_is_dropped(guarded):
         assert (status, answer) == (403, {"error": "Invalid API key"}), cut
 
 
+def test_a_key_that_is_not_ascii_works_as_a_bearer_header_too():
+    """Starlette reads headers as Latin-1: a key sent as `Authorization: Bearer` in UTF-8 is
+    read as UTF-8, as api_key is, and a header that is not UTF-8 is an invalid key (403,
+    not a 500)."""
+    from starlette.requests import Request
+    from starlette.testclient import TestClient
+
+    from nmt.serving.app import build_app
+    from nmt.serving.errors import RequestError
+    from nmt.serving.limits import ServerLimits
+    from nmt.serving.params import api_key
+
+    service, _ = _file_service(ServerLimits(), align=None)
+    service.api_keys = frozenset({"schlüssel", "clé"})
+    client = TestClient(build_app(service))
+    request = {"q": "Hallo.", **PAIR}
+    assert client.post("/translate", json={**request, "api_key": "schlüssel"}).status_code == 200
+    for key in ("schlüssel", "clé"):
+        answer = client.post("/translate", json=request,
+                             headers={"Authorization": f"Bearer {key}".encode()})
+        assert answer.status_code == 200, answer.text
+    # (The test client sends headers as UTF-8: these bytes go straight to the request.)
+    for header in ("Bearer clé".encode("latin-1"), b"Bearer schl\xc3", b"Bearer \xff\xfe"):
+        sent = Request({"type": "http", "query_string": b"",
+                        "headers": [(b"authorization", header)]})
+        with pytest.raises(RequestError) as refused:
+            service.check_key(api_key(sent))
+        assert (refused.value.status, refused.value.message) == (403, "Invalid API key")
+
+
 def test_read_api_keys(tmp_path):
     from nmt.serving.limits import read_api_keys
 

@@ -196,5 +196,7 @@ def api_key(request: Request, params: dict[str, Any] | None = None) -> str | Non
         return key
     header = request.headers.get("authorization", "")
     if header.lower().startswith("bearer "):
-        return header[7:].strip()
+        # Starlette reads headers as Latin-1: the key's bytes, read as UTF-8 (bytes that are
+        # not UTF-8 stay as they came, as surrogates, and match no key).
+        return header[7:].encode("latin-1").decode("utf-8", "surrogateescape").strip()
     return None

@@ -105,7 +105,8 @@ class Service:
         if not key:
             raise RequestError(403, "this server needs an API key: send api_key with the "
                                     "request; ask the server's operator for one")
-        sent = key.encode()
+        # A header's bytes that are not UTF-8 come as surrogates (`api_key`): compared as sent.
+        sent = key.encode("utf-8", "surrogateescape")
         if not any(hmac.compare_digest(sent, known.encode()) for known in self.api_keys):
             raise RequestError(403, "Invalid API key")
 
