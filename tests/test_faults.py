@@ -64,6 +64,12 @@ TRAIN_CASES = {
     "not a number": (["--max-steps", "ten"], 2, "'ten'"),
     "unknown flag": (["--bogus"], 2, "--bogus"),
     "loss spike of one": (["--loss-spike", "1"], 2, "--loss-spike"),
+    "noam's scale, another schedule": (["--lr-scale", "100"], 2,
+                                       "--lr-scale 100.0: only --schedule noam reads lr_scale"),
+    "a peak rate for noam": (["--schedule", "noam", "--peak-lr", "1e-6"], 2,
+                             "only --schedule inverse_sqrt or linear reads peak_lr"),
+    "decay steps, not linear": (["--decay-steps", "9000"], 2,
+                                "only --schedule linear reads decay_steps"),
     "averaging without a count": (["--average-only"], 2, "--average-last"),
     "averaging more than are kept": (["--average-last", "6", "--keep-last", "5"], 2,
                                      "--average-last 6 averages the last 6 checkpoints, but "

@@ -610,11 +610,33 @@ def resolve(defaults_layer: Layer, *layers: Layer) -> RunConfig:
     train.py's flags and `load` both build their settings here."""
     asked = merge(*layers)  # the defaults do not count
     run = build(defaults_layer, *layers, *derived.implied_layers(asked))
+    _check_schedule_settings(run, asked, merge(defaults_layer))
     if run.trainer.init_from and PRESET_KEY not in asked["model"]:
         # The run is named after the preset of the model's architecture, where one has it.
         run = dataclasses.replace(
             run, preset=derived.preset_with_architecture(run.model) or run.preset)
     return run
+
+
+# Settings that some learning-rate schedules read and the others ignore: key -> readers.
+_SCHEDULE_SETTINGS = {"lr_scale": ("noam",), "peak_lr": ("inverse_sqrt", "linear"),
+                      "decay_steps": ("linear",)}
+
+
+def _check_schedule_settings(run: RunConfig, asked: Layer, defaults_layer: Layer) -> None:
+    """SettingsError for a schedule setting given, with a value of its own, to a schedule
+    that ignores it (--lr-scale with inverse_sqrt): it would silently change nothing. A
+    value equal to the default passes: a run's config.yaml lists every setting."""
+    schedule = run.optimizer.schedule
+    for key, readers in _SCHEDULE_SETTINGS.items():
+        if schedule in readers or key not in asked["optimizer"]:
+            continue
+        value, origin = asked["optimizer"][key]
+        default = defaults_layer["optimizer"].get(key, (BY_KEY[("optimizer", key)].default,))[0]
+        if value != default:
+            raise SettingsError(
+                f"{origin}: only --schedule {' or '.join(readers)} reads {key}, and this run's "
+                f"schedule is {schedule}; drop it, or choose a schedule that reads it.")
 
 
 def load(path: str | Path) -> RunConfig:
