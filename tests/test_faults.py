@@ -63,6 +63,7 @@ TRAIN_CASES = {
     "heads do not divide": (["--num-heads", "5", "--d-model", "24"], 2, "num_heads (5)"),
     "not a number": (["--max-steps", "ten"], 2, "'ten'"),
     "unknown flag": (["--bogus"], 2, "--bogus"),
+    "a flag's prefix": (["--lr", "1e-4"], 2, "unrecognized arguments: --lr 1e-4"),
     "loss spike of one": (["--loss-spike", "1"], 2, "--loss-spike"),
     "noam's scale, another schedule": (["--lr-scale", "100"], 2,
                                        "--lr-scale 100.0: only --schedule noam reads lr_scale"),

@@ -42,7 +42,12 @@ def debugging() -> bool:
 
 
 class OneLineParser(argparse.ArgumentParser):
-    """argparse, but a bad flag is one line naming it (the usage is one `--help` away)."""
+    """argparse, but a bad flag is one line naming it (the usage is one `--help` away), and a
+    flag is only ever its whole name: argparse would take `--lr` for `--lr-scale`, a setting
+    that only the noam schedule reads."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **{"allow_abbrev": False, **kwargs})
 
     def error(self, message: str) -> NoReturn:
         fail(self.prog, f"{message}; see {self.prog} --help", EXIT_USAGE)
