@@ -392,8 +392,11 @@ def test_run_config_checks_limits_and_early_stopping():
     with pytest.raises(SettingsError,
                        match="--best-metric must be one of bleu, chrf, ppl, got 'loss'"):
         TrainerConfig(best_metric="loss")
-    with pytest.raises(SettingsError, match="--best-metric chrf needs --eval-sentences >= 1"):
-        TrainerConfig(best_metric="chrf", eval_sentences=0)
+    for metric, label in (("chrf", "chrF"), ("bleu", "BLEU")):
+        with pytest.raises(SettingsError, match=rf"--best-metric {metric} needs --eval-sentences "
+                                                rf">= 1 \(0 computes no {label}\)"):
+            TrainerConfig(best_metric=metric, eval_sentences=0)
+    TrainerConfig(eval_sentences=0)  # the default metric, BLEU, unset: model/ is the last step
     TrainerConfig(best_metric="ppl", eval_sentences=0, early_stop_patience=2)  # no translating
 
 

@@ -140,9 +140,9 @@ class TrainerConfig:
                     f"without a better {label}, but --eval-sentences 0 computes no {label}; set "
                     f"--eval-sentences to 1 or more, use --best-metric ppl, or drop "
                     f"--early-stop-patience.")
-            if self.best_metric == "chrf":
-                raise SettingsError("--best-metric chrf needs --eval-sentences >= 1 (0 computes "
-                                    "no chrF); or use --best-metric ppl.")
+            if self.best_metric is not None:  # bleu or chrf, asked for by name
+                raise SettingsError(f"--best-metric {self.best_metric} needs --eval-sentences "
+                                    f">= 1 (0 computes no {label}); or use --best-metric ppl.")
 
     @property
     def save_interval(self) -> int:
