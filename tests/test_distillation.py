@@ -191,3 +191,23 @@ def test_an_ensemble_of_teachers_distils_with_their_mean(run_dir, corpus, tmp_pa
     recipe = json.loads((out / "distillation.json").read_text())
     assert len(recipe["teachers"]) == 2 and recipe["search"]["strategy"] == "greedy"
     assert len((out / "train.en").read_text(encoding="utf-8").splitlines()) == CORPUS_LINES
+
+
+def test_sampling_draws_from_the_seed_and_another_seed_is_another_recipe(run_dir, corpus,
+                                                                         distilled, tmp_path,
+                                                                         capsys):
+    sample = ["--sample", "--temperature", "5"]
+    outputs = {}
+    for seed in ("1", "999"):
+        out = tmp_path / seed
+        assert distil(run_dir, corpus, out, *sample, "--seed", seed) == 0
+        outputs[seed] = (out / "train.en").read_bytes()
+    assert outputs["1"] != outputs["999"]
+    assert json.loads((tmp_path / "1" / "distillation.json").read_text())["seed"] == 1
+    capsys.readouterr()
+    assert distil(run_dir, corpus, tmp_path / "1", *sample, "--seed", "999") == 2
+    err = capsys.readouterr().err
+    assert "holds another distillation (its seed differs" in err and len(err.splitlines()) == 1
+    # Beam search draws nothing: its output is reused whatever the seed.
+    assert distil(run_dir, corpus, shutil.copytree(distilled, tmp_path / "beam"),
+                  "--seed", "7") == 0

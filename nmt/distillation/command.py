@@ -12,7 +12,7 @@ OUT receives train.SRC and train.TGT, aligned line for line with the corpus (wit
 --keep-original, the original pairs come first, then the distilled ones). The work is saved
 chunk by chunk: after an interruption the same command continues where it stopped, and once
 finished it answers at once. A directory holding a distillation of other teachers, another
-corpus or other search settings is refused.
+corpus, other search settings or (when sampling) another --seed is refused.
 """
 
 from __future__ import annotations
@@ -156,7 +156,7 @@ def make_translator(args: argparse.Namespace, teachers: Teachers):
         raise InputError(str(err)) from None
     search = search_settings(args, teachers)
     return Translator(model, tokenizer, search, batch_tokens=args.batch_tokens,
-                      searches=default_searches(), compact_after=0)
+                      seed=args.seed, searches=default_searches(), compact_after=0)
 
 
 def search_settings(args: argparse.Namespace, teachers: Teachers):
@@ -179,7 +179,8 @@ def distil(args: argparse.Namespace) -> int:
     recipe = Recipe(teachers.checksums,
                     file_digest([p for p in (source, target) if p], "distillation") or "",
                     src, tgt, dataclasses.asdict(search), args.dtype or
-                    teachers.values["model"].dtype, args.chunk_lines, args.keep_original)
+                    teachers.values["model"].dtype, args.chunk_lines, args.keep_original,
+                    args.seed if search.strategy == "sample" else None)
     out = DistillationDir(args.out, recipe)
     try:
         out.claim()

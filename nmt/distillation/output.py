@@ -1,7 +1,8 @@
 """A distillation's output directory: a teacher's translations of a corpus, written chunk by
 chunk so that an interrupted run resumes where it stopped and a finished one is reused.
 
-    OUT/distillation.json  what is distilled (`Recipe`): teachers, corpus digest, search
+    OUT/distillation.json  what is distilled (`Recipe`): teachers, corpus digest, search,
+                           sampling seed
     OUT/parts/000003.TGT   the translations of chunk 3, each part written whole
     OUT/train.SRC          the corpus, aligned line for line with
     OUT/train.TGT          the teacher's translations (after the original pairs, if kept)
@@ -45,6 +46,9 @@ class Recipe:
     dtype: str
     chunk_lines: int
     keep_original: bool
+    # The sampling seed; None where the search draws nothing (greedy and beam search), so
+    # those recipes match whatever --seed says, as they did before the seed was recorded.
+    seed: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {"format": FORMAT_VERSION, **dataclasses.asdict(self)}
