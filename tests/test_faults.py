@@ -64,6 +64,11 @@ TRAIN_CASES = {
     "not a number": (["--max-steps", "ten"], 2, "'ten'"),
     "unknown flag": (["--bogus"], 2, "--bogus"),
     "a flag's prefix": (["--lr", "1e-4"], 2, "unrecognized arguments: --lr 1e-4"),
+    # A blank path would read as one left out: the built-in corpus, a new tokenizer, no recipe.
+    "blank recipe": (["--config", ""], 2, "argument --config: '' is blank"),
+    "blank corpus": (["--train-prefix", ""], 2, "argument --train-prefix: '' is blank"),
+    "blank model": (["--init-from", " "], 2, "argument --init-from: ' ' is blank"),
+    "blank tokenizer": (["--spm-model", ""], 2, "argument --spm-model: '' is blank"),
     "loss spike of one": (["--loss-spike", "1"], 2, "--loss-spike"),
     "noam's scale, another schedule": (["--lr-scale", "100"], 2,
                                        "--lr-scale 100.0: only --schedule noam reads lr_scale"),

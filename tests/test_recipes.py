@@ -141,6 +141,10 @@ def test_seeds_follow_the_optimizer_seed():
     ("model:\n  dropout: 1.5\n", r"ModelConfig.dropout must be in \[0, 1\), got 1.5 \(given by "
                                  r"\S*recipe.yaml line 2: model.dropout\)"),
     ("model:\n  preset: huge\n", r"line 2: model.preset: 'huge' is not one of base, big"),
+    # A blank path would read as one left out: the built-in corpus, a new tokenizer.
+    ("data:\n  train_prefix: ''\n", r"line 2: data.train_prefix is blank; give a value, or "
+                                     r"remove the key"),
+    ("trainer:\n  init_from: ' '\n", r"line 2: trainer.init_from is blank"),
 ])
 def test_bad_recipes_name_file_line_and_key(tmp_path, text, message):
     if message is None:

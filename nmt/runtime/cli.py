@@ -53,6 +53,13 @@ class OneLineParser(argparse.ArgumentParser):
         fail(self.prog, f"{message}; see {self.prog} --help", EXIT_USAGE)
 
 
+def given(text: str) -> str:
+    """An argparse type: a path or a name, not blank (an empty one would read as left out)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"{text!r} is blank; give a value, or leave the flag out")
+    return text
+
+
 def seed(text: str) -> int:
     """An argparse type: a random seed, an unsigned 32-bit integer as SentencePiece and
     train.py's --seed take."""

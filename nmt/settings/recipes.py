@@ -153,6 +153,8 @@ def _checked(field: Field, value: Any, where: str, takes: str = "") -> Any:
                             f"{json.dumps(value, ensure_ascii=False, default=str)}{hint}")
     if field.choices is not None and value not in field.choices:
         raise SettingsError(f"{where}: {value!r} is not one of {', '.join(field.choices)}")
+    if field.kind is str and not value.strip():
+        raise SettingsError(f"{where} is blank; give a value, or remove the key for the default")
     return value
 
 
@@ -540,6 +542,9 @@ def _flag_parser(field: Field):
     def parse(text: str):
         if field.optional and text.lower() == "none" and field.kind is not str:
             return None
+        if field.kind is str and not text.strip():
+            raise argparse.ArgumentTypeError(f"{text!r} is blank; give a value, or leave the "
+                                             "flag out")
         if field.kind is tuple:
             try:
                 return _buckets(text, field.flag)

@@ -35,7 +35,7 @@ A recipe (--config) is a YAML file with one section per settings group below
 command line override it. On Linux train.py runs on mimalloc, which keeps
 XLA:CPU's step buffers mapped between steps; NMT_ALLOCATOR=system in the
 environment turns it off (nmt/runtime/allocator.py).""")
-    parser.add_argument("--config", metavar="RECIPE",
+    parser.add_argument("--config", metavar="RECIPE", type=cli.given,
                         help="recipe file (.yaml, or .json), e.g. configs/multi30k_small.yaml")
     parser.add_argument("--resume", action="store_true",
                         help="continue the run in --output-dir (an error if it has none); "
@@ -45,7 +45,7 @@ environment turns it off (nmt/runtime/allocator.py).""")
                              "--average-last checkpoints of the run in --output-dir")
     recipes.add_flags(parser, recipes.defaults())
     multi = parser.add_argument_group("several processes (multi-host)")
-    multi.add_argument("--coordinator", metavar="HOST:PORT",
+    multi.add_argument("--coordinator", metavar="HOST:PORT", type=cli.given,
                        help="process 0's address and a free port, the same on every process")
     multi.add_argument("--num-processes", type=int, metavar="N",
                        help="how many processes run this training (one per host, say)")
