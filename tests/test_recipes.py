@@ -50,6 +50,19 @@ def test_flags_keep_their_names_and_map_to_sections():
     assert run.preset == "tiny" and run.model.d_model == 24
 
 
+def test_a_flag_given_as_none_unsets_what_the_recipe_sets(tmp_path):
+    recipe = recipes.read_recipe(_recipe(tmp_path, "optimizer:\n  clip_norm: 1.0\n"
+                                                   "trainer:\n  max_steps: 500\n"))
+    parser = argparse.ArgumentParser()
+    recipes.add_flags(parser)
+    flags = recipes.from_args(parser.parse_args(["--clip-norm", "none", "--max-steps", "None"]))
+    run = recipes.build(recipes.defaults(), recipe, flags)
+    assert (run.optimizer.clip_norm, run.trainer.max_steps) == (None, None)
+    assert flags["trainer"]["max_steps"] == (None, "--max-steps none")
+    left_out = recipes.from_args(parser.parse_args([]))
+    assert recipes.build(recipes.defaults(), recipe, left_out).optimizer.clip_norm == 1.0
+
+
 def test_yaml_round_trip(tmp_path):
     # Strings YAML 1.2 would read as numbers ("1e3", a directory's name) come back as strings.
     run = recipes.run_from_flat(preset="tiny", dropout=0.25, clip_norm=1.0, buckets=(8, 16),

@@ -537,11 +537,22 @@ def _metavar(field: Field) -> str | None:
     return {int: "N", float: "X", tuple: "LENGTHS"}.get(field.kind)
 
 
+class _Unset:
+    """A flag given as "none": the setting unset, over a recipe's value (argparse's None is
+    a flag left out)."""
+
+    def __repr__(self) -> str:
+        return "none"
+
+
+UNSET = _Unset()
+
+
 def _flag_parser(field: Field):
     """argparse's `type` for a flag: the string converted, or ArgumentTypeError."""
     def parse(text: str):
         if field.optional and text.lower() == "none" and field.kind is not str:
-            return None
+            return UNSET
         if field.kind is str and not text.strip():
             raise argparse.ArgumentTypeError(f"{text!r} is blank; give a value, or leave the "
                                              "flag out")
@@ -568,7 +579,9 @@ def from_args(args: argparse.Namespace) -> Layer:
         layer["model"][PRESET_KEY] = (args.preset, f"--preset {args.preset}")
     for field in FIELDS:
         value = getattr(args, field.flat_name, None)
-        if value is not None:
+        if value is UNSET:
+            layer[field.section][field.name] = (None, f"{field.flag} none")
+        elif value is not None:
             shown = ",".join(map(str, value)) if field.kind is tuple else value
             layer[field.section][field.name] = (value, f"{field.flag} {shown}")
     return layer
