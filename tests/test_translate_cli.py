@@ -353,6 +353,16 @@ def test_bad_paths_fail_before_the_model_loads(tmp_path, monkeypatch):
         (["--output", tmp_path / "missing" / "out.en", "Hallo."], usage, "--output"),
         (["--output", "", "Hallo."], usage, "--output was given an empty path"),  # was stdout
         (["--plot-attention", "", "Hallo."], usage, "--plot-attention was given an empty"),
+        # An empty path to read names its flag, not the current directory it would mean.
+        (["--input", ""], usage, "--input was given an empty path; give a file name, or -"),
+        (["--model", "", "Hallo."], usage, "--model was given an empty path; give a run"),
+        (["--evaluate", "--src-file", "", "--ref-file", two], usage,
+         "--src-file was given an empty path"),
+        (["--evaluate", "--src-file", two, "--ref-file", ""], usage,
+         "--ref-file was given an empty path"),
+        (["--evaluate", "--test-prefix", ""], usage, "--test-prefix was given an empty path"),
+        (["--score", "--test-file", ""], usage, "--test-file was given an empty path"),
+        (["--evaluate", "--dataset", ""], usage, "--dataset was given an empty path"),
     ]:
         args = translate_cli.build_parser().parse_args(
             ["--model", str(tmp_path / "no-model"), *map(str, argv)])

@@ -244,6 +244,7 @@ def _add_evaluation_flags(ev) -> None:
 
 def check_args(args: argparse.Namespace) -> None:
     """Flag combinations argparse cannot express; raises UsageError."""
+    streams.check_no_empty_paths(args)  # before the checks that read "" as not given
     check_engine_args(args)
     _check_numbers(args)
     _check_inputs(args)

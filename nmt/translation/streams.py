@@ -148,6 +148,11 @@ def progress_bar(total: int, quiet: bool) -> LineCounter:
 
 OUTPUT_FLAGS = ("output", "hyp_file", "report", "plot_attention")
 INPUT_FLAGS = ("input", "src_file", "ref_file", "test_file")
+# Every flag naming something translate.py reads, and what to give it.
+READ_FLAGS = {"model": "a run or model directory", "input": "a file name, or - for stdin",
+              "src_file": "a file name", "ref_file": "a file name",
+              "test_prefix": "a path prefix (PREFIX.SRC and PREFIX.TGT are read)",
+              "test_file": "a file name", "dataset": "a dataset name or directory"}
 
 
 def _flag(name: str) -> str:
@@ -163,6 +168,16 @@ def _same_file(a: str | Path, b: str | Path) -> bool:
         return os.path.realpath(a) == os.path.realpath(b)
 
 
+def check_no_empty_paths(args: argparse.Namespace) -> None:
+    """UsageError for a path flag given an empty value: as a path it would mean the current
+    directory, and the error would not say which flag."""
+    wanted = {**READ_FLAGS, **{name: "a file name" for name in OUTPUT_FLAGS}}
+    for name, what in wanted.items():
+        values = getattr(args, name, None)
+        if "" in (values if isinstance(values, list) else [values]):
+            raise UsageError(f"{_flag(name)} was given an empty path; give {what}.")
+
+
 def check_output_paths(args: argparse.Namespace) -> dict[str, FileState | None]:
     """UsageError unless every output file can be created and is neither an input file nor
     another output: a typo in --hyp-file must fail before the model is loaded, not throw
@@ -170,9 +185,7 @@ def check_output_paths(args: argparse.Namespace) -> dict[str, FileState | None]:
     Returns each output's `file_state` now: its writing compares against it at the end, so a
     file another process wrote meanwhile is not replaced silently."""
     states = {}
-    for name in OUTPUT_FLAGS:
-        if getattr(args, name) == "":
-            raise UsageError(f"{_flag(name)} was given an empty path; give a file name.")
+    check_no_empty_paths(args)
     outputs = [(name, getattr(args, name)) for name in OUTPUT_FLAGS if getattr(args, name)]
     inputs = [(_flag(name), getattr(args, name)) for name in INPUT_FLAGS
               if getattr(args, name, None) not in (None, "-")]
