@@ -211,6 +211,12 @@ def test_path_mistakes_are_usage_errors(model, exported, tmp_path, capsys):
         (["to-marian", tmp_path, tmp_path / "out"], "MODEL", "has neither config.json"),
         (["to-marian", exported, tmp_path / "out"], "MODEL", IMPORT_FIRST.format(exported)),
         (["to-marian", model, tmp_path / "file" / "out"], "OUT", "is a file"),
+        # An empty path names its argument, not the current directory it would mean.
+        *[([command, model, ""], "OUT", "was given an empty path; give a new or empty")
+          for command in COMMANDS],
+        (["to-marian", "", tmp_path / "out"], "MODEL", "was given an empty path; give a"),
+        (["to-ctranslate2", "", tmp_path / "out"], "MODEL", "was given an empty path"),
+        (["from-marian", "", tmp_path / "out"], "MARIAN_DIR", "was given an empty path"),
     ]
     for argv, flag, named in cases:
         code, err = convert(argv, capsys)

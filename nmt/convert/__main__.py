@@ -49,11 +49,23 @@ def build_parser() -> cli.OneLineParser:
     return parser
 
 
+def check_paths_given(args) -> None:
+    """UsageError for an empty MODEL (MARIAN_DIR) or OUT: as a path it would mean the current
+    directory, and the error would name "." instead of the argument."""
+    source = (("MARIAN_DIR", "a MarianMT model directory") if args.command == "from-marian"
+              else ("MODEL", "a model or run directory"))
+    for (name, what), value in ((source, args.model),
+                                (("OUT", "a new or empty output directory"), args.out)):
+        if value == "":
+            raise cli.UsageError(f"{name} was given an empty path; give {what}.")
+
+
 def _main(argv: Sequence[str] | None) -> int:
     args = build_parser().parse_args(argv)
     from nmt.convert.common import ConversionError, check_interrupted
     from nmt.models.model_dir import ModelDirError
 
+    check_paths_given(args)
     cli.writable_directory(Path(args.out), "OUT")
     try:
         if args.command == "to-marian":
