@@ -481,8 +481,25 @@ def test_no_argument_defaults():
     assert run.preset == "compact" and run.model.dropout == 0.0 and run.data.uses_builtin
     assert run.batching.packing and run.trainer.limits() == (None, 4.0)
     assert str(run.default_output_dir()) == "runs/builtin-en-de-compact"
-    # Naming another preset starts the model from it: the defaults' dropout 0 does not apply.
+    # Naming another preset starts the model from it: the defaults' dropout 0 does not apply,
+    # even to the default preset named.
     assert train_cli.resolve(["--preset", "small"])[0].model == recipes.PRESETS["small"]
+    assert train_cli.resolve(["--preset", "compact"])[0].model == recipes.PRESETS["compact"]
+    # The help says what the defaults set for the default preset.
+    assert re.search(r"\(default 0\.0 with the default preset, compact; with another, the\s+"
+                     r"preset's\)", " ".join(train_cli.build_parser().format_help().split()))
+
+
+def test_a_recipes_preset_named_again_keeps_the_recipes_model_settings():
+    recipe = ["--config", str(REPO / "configs" / "multi30k_cpu.yaml")]
+    assert train_cli.resolve(recipe)[0].model.dropout == 0.1
+    assert train_cli.resolve([*recipe, "--preset", "compact"])[0].model.dropout == 0.1
+    assert train_cli.resolve([*recipe, "--preset", "small"])[0].model == recipes.PRESETS["small"]
+
+
+def test_an_error_names_the_users_settings_not_the_defaults(capsys):
+    assert train_cli.main(["--no-packing", "--batch-tokens", "0"]) == 2
+    assert capsys.readouterr().err.strip().endswith("(given by --batch-tokens 0)")
 
 
 def test_two_devices_with_accumulation(corpus, env, tmp_path):

@@ -34,7 +34,7 @@ import re
 import types
 import typing
 from pathlib import Path
-from typing import Any, Iterable, Literal
+from typing import Any, Callable, Iterable, Literal
 
 from data.config import DEFAULT_BUCKETS, DataError, check_buckets
 from nmt.settings import derived
@@ -420,8 +420,11 @@ def _close_match(word: str, choices: Iterable[str]) -> str:
 
 
 def defaults() -> Layer:
-    """train.py's defaults (`nmt/settings/defaults.yaml`)."""
-    return _read_yaml(DEFAULTS_FILE, DEFAULTS_FILE.read_text(encoding="utf-8"))
+    """train.py's defaults (`nmt/settings/defaults.yaml`), each of origin "default": an
+    error names the user's flags and recipe lines, not these."""
+    layer = _read_yaml(DEFAULTS_FILE, DEFAULTS_FILE.read_text(encoding="utf-8"))
+    return {section: {key: (value, "default") for key, (value, _) in values.items()}
+            for section, values in layer.items()}
 
 
 # ----------------------------------------------------------------------------- building
@@ -435,12 +438,12 @@ SOURCE_KEYS = (("train_prefix", "train_file", "dataset", "builtin"),
 
 def merge(*layers: Layer) -> Layer:
     """One layer of `layers`, later ones winning. A layer that names a preset starts the
-    model afresh: model keys of earlier layers do not carry over to another preset. A layer
-    that names a split's source (`SOURCE_KEYS`) drops the other sources of that split that
-    earlier layers named."""
+    model afresh: model keys of earlier layers do not carry over to another preset, nor those
+    of the defaults (`defaults`) to any preset named. A layer that names a split's source
+    (`SOURCE_KEYS`) drops the other sources of that split that earlier layers named."""
     merged = _empty()
     for layer in layers:
-        if PRESET_KEY in layer["model"]:
+        if PRESET_KEY in layer["model"] and _starts_the_model(layer, merged):
             merged["model"] = {}
         for keys in SOURCE_KEYS:
             if any(layer["data"].get(key, (None,))[0] for key in keys):
@@ -449,6 +452,13 @@ def merge(*layers: Layer) -> Layer:
         for section, values in layer.items():
             merged[section].update(values)
     return merged
+
+
+def _starts_the_model(layer: Layer, merged: Layer) -> bool:
+    """Whether `layer`'s preset replaces the model keys merged so far: unless they were
+    given for the same preset (a recipe's, named again by --preset)."""
+    before, origin = merged["model"].get(PRESET_KEY, (None, "default"))
+    return origin == "default" or before != layer["model"][PRESET_KEY][0]
 
 
 def build(*layers: Layer) -> RunConfig:
@@ -501,18 +511,32 @@ def add_flags(parser: argparse.ArgumentParser, defaults_layer: Layer | None = No
                                help=f"model size (default {preset}); the model flags below "
                                     "change it")
         add_section_flags(group, section, shown=shown[section],
-                          default_note="default: the preset's" if section == "model" else None)
+                          default_note=_model_default(preset, shown["model"])
+                          if section == "model" else None)
+
+
+def _model_default(preset: str, shown: dict[str, tuple[Any, str]]) -> Callable[[Field], str]:
+    """The help's default of a model flag: the preset's, but where the defaults set a value
+    for the default preset alone (`defaults`)."""
+    def note(field: Field) -> str:
+        if field.name not in shown:
+            return "default: the preset's"
+        return (f"default {shown[field.name][0]} with the default preset, {preset}; with "
+                "another, the preset's")
+    return note
 
 
 def add_section_flags(group, section: str, exclude: Iterable[str] = (),
                       shown: dict[str, tuple[Any, str]] | None = None,
-                      default_note: str | None = None) -> None:
+                      default_note: str | Callable[[Field], str] | None = None) -> None:
     """The flags of one section's settings (but `exclude`), each None when left out. The help
-    ends with `default_note`, or else the default: `shown`'s value or the dataclass's."""
+    ends with `default_note` (or its answer for the field), or else the default: `shown`'s
+    value or the dataclass's."""
     for field in (f for f in FIELDS if f.section == section and f.name not in exclude):
+        note = default_note(field) if callable(default_note) else default_note
         says_default = re.search(r"\(default|; default|default runs", field.help)
-        text = (field.help if says_default and not default_note
-                else f"{field.help} ({default_note or _default_text(field, shown or {})})")
+        text = (field.help if says_default and not note
+                else f"{field.help} ({note or _default_text(field, shown or {})})")
         if field.kind is bool:
             group.add_argument(field.flag, dest=field.flat_name, default=None, help=text,
                                action=argparse.BooleanOptionalAction)
