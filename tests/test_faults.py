@@ -565,6 +565,28 @@ def test_recipe_variables_need_a_value_or_a_default(tmp_path, monkeypatch):
     assert layer["data"]["valid_prefix"][0] == "/mine/valid"
 
 
+@pytest.mark.parametrize("name, text", [
+    ("r.yaml", "model:\n  preset: ${PRESET:-tiny}\ndata:\n  train_prefix: ${CORPUS_DIR}/train\n"),
+    ("r.json", '{"preset": "${PRESET:-tiny}", "train-prefix": "${CORPUS_DIR}/train"}'),
+])
+def test_recipe_variables_in_every_value_and_format(tmp_path, monkeypatch, name, text):
+    from nmt.settings import recipes
+    from nmt.settings.config import SettingsError
+
+    recipe = tmp_path / name
+    recipe.write_text(text)
+    monkeypatch.delenv("PRESET", raising=False)
+    monkeypatch.delenv("CORPUS_DIR", raising=False)
+    with pytest.raises(SettingsError, match=r"needs the environment variable CORPUS_DIR"):
+        recipes.read_recipe(recipe)
+    monkeypatch.setenv("CORPUS_DIR", "/mine")
+    layer = recipes.read_recipe(recipe)
+    assert layer["model"]["preset"][0] == "tiny"
+    assert layer["data"]["train_prefix"][0] == "/mine/train"
+    monkeypatch.setenv("PRESET", "small")
+    assert recipes.read_recipe(recipe)["model"]["preset"][0] == "small"
+
+
 def test_downloading_offline_is_one_line(tmp_path, capsys, monkeypatch):
     import urllib.error
 
