@@ -585,6 +585,10 @@ def test_recipe_variables_in_every_value_and_format(tmp_path, monkeypatch, name,
     assert layer["data"]["train_prefix"][0] == "/mine/train"
     monkeypatch.setenv("PRESET", "small")
     assert recipes.read_recipe(recipe)["model"]["preset"][0] == "small"
+    # "~" is the home directory, as the shell has it on the command line.
+    monkeypatch.setenv("HOME", "/home/me")
+    recipe.write_text(text.replace("${CORPUS_DIR}", "~/corpus"))
+    assert recipes.read_recipe(recipe)["data"]["train_prefix"][0] == "/home/me/corpus/train"
 
 
 def test_downloading_offline_is_one_line(tmp_path, capsys, monkeypatch):

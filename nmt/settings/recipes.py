@@ -301,7 +301,7 @@ def _read_json(path: Path, text: str) -> Layer:
         if flat != PRESET_KEY and flat not in BY_FLAT_NAME:
             raise SettingsError(f"--config {path}: unknown setting {key!r}; keys are train.py "
                                 f"flag names, e.g. \"batch-tokens\"")
-        if isinstance(value, str) and "$" in value:
+        if isinstance(value, str):
             value = expand_variables(value, f"--config {path}: {key!r}")
         if flat == PRESET_KEY:
             layer["model"][PRESET_KEY] = (_preset(value, f"--config {path}: 'preset'"),
@@ -398,7 +398,7 @@ def expand_variables(text: str, where: str) -> str:
 
 
 def _yaml_value(section: str, key: str, value: Any, where: str) -> Any:
-    if isinstance(value, str) and "$" in value:
+    if isinstance(value, str):
         value = expand_variables(value, where)
     if section == "model" and key == PRESET_KEY:
         return _preset(value, where)
