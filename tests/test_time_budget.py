@@ -29,15 +29,15 @@ def test_the_closing_work_is_a_share_of_the_budget_until_measured():
     assert closing.seconds() == pytest.approx(7.5 + 6.0)
     closing.validated(4.0)  # the last validation's time, not the slowest
     assert closing.seconds() == pytest.approx(4.0 + 6.0)
-    # The two steps still in flight when the steps stop, at a step's measured time.
+    # The step the last check lets start and the two still in flight, at a step's time.
     closing.stepped(0.5)
     closing.stepped(1.5)
     assert closing.step_seconds == pytest.approx(0.6)
-    assert closing.seconds() == pytest.approx(2 * 0.6 + 4.0 + 6.0)
-    # On a CPU each step is waited for before the next is dispatched: none is left to finish.
+    assert closing.seconds() == pytest.approx(3 * 0.6 + 4.0 + 6.0)
+    # On a CPU each step is waited for before the next is dispatched: only the last started.
     on_cpu = ClosingTime(600, averaging=True, in_flight=steps_in_flight("cpu"))
     on_cpu.stepped(0.5)
-    assert on_cpu.seconds() == pytest.approx(30 + 12)
+    assert on_cpu.seconds() == pytest.approx(0.5 + 30 + 12)
     quick = ClosingTime(30, averaging=False)
     assert quick.seconds() == pytest.approx(5 + 5)  # the least
     quick.saved(0.1)
@@ -65,6 +65,24 @@ def test_the_steps_stop_early_enough_for_the_closing_work(clock):
     limits.closing.saved(3.0)
     assert limits.steps_deadline == pytest.approx(1600 - 20 - 2 * 3.0)
     assert limits.validation_deadline == pytest.approx(1600 - 2 * 3.0)
+
+
+@pytest.mark.parametrize("platform", ["cpu", "gpu"])
+def test_a_run_of_slow_steps_ends_within_its_minutes(clock, platform):
+    """The trainer's loop, with steps of 21 s: the check before a step lets it start only when
+    it, the steps in flight and the closing work all end by the deadline."""
+    limits = Limits(TrainerConfig(max_minutes=10), started=1000.0,
+                    in_flight=steps_in_flight(platform))
+    limits.closing.validated(30.0)
+    limits.closing.saved(5.0)
+    signals, step = StopSignal(), 0
+    while limits.reached(step, 0, signals) is None:
+        clock[0] += 21.0
+        step += 1
+        limits.closing.stepped(21.0)
+    finished = clock[0] + limits.closing.in_flight * 21.0 + 30.0 + limits.closing.writing()
+    assert finished <= limits.deadline
+    assert finished > limits.deadline - 2 * 21.0  # and no step is left unused
 
 
 def test_no_time_limit_reserves_nothing(clock):

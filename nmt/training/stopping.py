@@ -128,15 +128,15 @@ def steps_in_flight(platform: str) -> int:
 
 class ClosingTime:
     """How long the work after the last step takes, so that --max-minutes bounds the whole
-    run: the steps still in flight, the closing validation, then the last checkpoint, model/
-    and averaged/ ("writing").
+    run: the step that starts last and those still in flight, the closing validation, then
+    the last checkpoint, model/ and averaged/ ("writing").
 
-    Each is reserved from what this run measured: the steps dispatched ahead (`in_flight`:
-    `steps_in_flight`) at the time a step takes, the last validation's wall time, and the
-    slowest checkpoint save (model/ and averaged/ each count as one), writing never less
-    than `LEAST_SECONDS`. Before a measurement, a share of the budget stands in; a closing
-    validation that still runs out of time stops translating (the trainer's `validate`), so
-    the bound holds either way.
+    Each is reserved from what this run measured: the step a check lets start and the steps
+    dispatched ahead (`in_flight`: `steps_in_flight`) at the time a step takes, the last
+    validation's wall time, and the slowest checkpoint save (model/ and averaged/ each count
+    as one), writing never less than `LEAST_SECONDS`. Before a measurement, a share of the
+    budget stands in; a closing validation that still runs out of time stops translating (the
+    trainer's `validate`), so the bound holds either way.
     """
 
     # Until measured: a validation takes 5% of the budget, writing 2% (at least 5 s each).
@@ -174,7 +174,7 @@ class ClosingTime:
         """Seconds to reserve for all the closing work."""
         validation = (self.validation_prior if self.validation_seconds is None
                       else self.validation_seconds)
-        return self.in_flight * self.step_seconds + validation + self.writing()
+        return (self.in_flight + 1) * self.step_seconds + validation + self.writing()
 
 
 class Limits:
