@@ -92,6 +92,9 @@ class CorpusSpec:
         for split in ("valid", "test"):
             if getattr(self, f"{split}_prefix") and getattr(self, f"{split}_file"):
                 raise DataError(f"give --{split}-prefix or --{split}-file, not both")
+        if self.dataset_config and not self.dataset:
+            raise DataError(f"--dataset-config {self.dataset_config} is a configuration of a "
+                            "--dataset, and none is given; add --dataset NAME or drop it")
         if not self.src or not self.tgt or self.src == self.tgt:
             raise DataError(
                 f"--src and --tgt must be two different language codes, got {self.src!r} "
@@ -223,6 +226,9 @@ class BatchConfig:
         if self.packing:
             self._check_packing()
             return
+        if self.pack_width is not None:
+            raise DataError(f"--pack-width {self.pack_width} sets the width of packed rows, but "
+                            "--no-packing pads each pair to a bucket instead; drop one of them")
         largest = self.used_buckets[-1]
         if self.batch_tokens // largest < self.num_devices:
             # The trainer passes --batch-tokens and the device count both times --accum.

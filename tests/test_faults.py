@@ -64,6 +64,11 @@ TRAIN_CASES = {
     "not a number": (["--max-steps", "ten"], 2, "'ten'"),
     "unknown flag": (["--bogus"], 2, "--bogus"),
     "a flag's prefix": (["--lr", "1e-4"], 2, "unrecognized arguments: --lr 1e-4"),
+    "a dataset's configuration alone": (["--dataset-config", "de-en"], 2,
+                                        "--dataset-config de-en is a configuration of a "
+                                        "--dataset, and none is given"),
+    "a packed width without packing": (["--no-packing", "--pack-width", "64"], 2,
+                                       "--no-packing pads each pair to a bucket instead"),
     # A blank path would read as one left out: the built-in corpus, a new tokenizer, no recipe.
     "blank recipe": (["--config", ""], 2, "argument --config: '' is blank"),
     "blank corpus": (["--train-prefix", ""], 2, "argument --train-prefix: '' is blank"),

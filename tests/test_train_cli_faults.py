@@ -238,6 +238,12 @@ def test_a_source_flag_replaces_the_recipes_source(tmp_path):
     # Two sources in one layer are still one too many.
     with pytest.raises(SettingsError, match="give one training source"):
         train_cli.resolve(["--train-file", "a.tsv", "--dataset", "wmt14"])
+    # A dataset's configuration goes with it, and stays with the dataset alone.
+    recipe.write_text("data:\n  dataset: wmt14\n  dataset_config: de-en\n")
+    run, _ = train_cli.resolve(["--config", str(recipe), "--train-prefix", "corpus/train"])
+    assert (run.data.dataset, run.data.dataset_config) == (None, None)
+    run, _ = train_cli.resolve(["--config", str(recipe), "--dataset-config", "fr-en"])
+    assert (run.data.dataset, run.data.dataset_config) == ("wmt14", "fr-en")
 
 
 @pytest.mark.parametrize("name, text", [("empty.yaml", ""), ("comments.yaml", "# nothing\n"),
