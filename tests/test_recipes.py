@@ -133,6 +133,8 @@ def test_seeds_follow_the_optimizer_seed():
      r"recipe.yaml line 2: optimizer.warmup_steps must be an integer, got \"400\"; write 400 "
      "without quotes"),
     ("model:\n  norm: middle\n", r"line 2: model.norm: 'middle' is not one of post, pre"),
+    ("data:\n  src: no\n", r"line 2: data.src must be a string, got false; YAML reads a bare "
+                            r"no, yes, off or on as false or true: put the value in quotes"),
     ("trainer:\n  max_minutes: [1, 2]\n", r"line 2: trainer.max_minutes must be a number"),
     ("model:\n  vocab_size: 300\n",
      r"line 2: model.vocab_size is not a setting: it comes from the tokenizer"),

@@ -149,6 +149,9 @@ def _checked(field: Field, value: Any, where: str, takes: str = "") -> Any:
                 hint = f"; write {value} without quotes"
             except ValueError:
                 pass
+        if isinstance(value, bool) and field.kind is str:  # Norwegian's code, "no", say
+            hint = ("; YAML reads a bare no, yes, off or on as false or true: put the value in "
+                    "quotes ('no')")
         raise SettingsError(f"{where} must be {_TYPE_NAMES[field.kind]}{takes}, got "
                             f"{json.dumps(value, ensure_ascii=False, default=str)}{hint}")
     if field.choices is not None and value not in field.choices:
