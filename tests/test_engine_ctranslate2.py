@@ -131,8 +131,9 @@ def test_settings_give_jax_output(cache, ending_dir, changes):
     assert tokens(theirs, ended) == tokens(ours, ended)
     if "min_len" not in changes:  # CTranslate2 gives a banned EOS's probability to the rest
         assert scores(theirs, ended) == pytest.approx(scores(ours, ended), abs=1e-4)
-    if changes.get("max_len_b") == 1:  # EOS forced at once: log p(EOS | source), and fillers
+    if changes.get("max_len_b") == 1:  # EOS forced at once: log p(EOS | source), alone
         assert theirs.reached_limit == ours.reached_limit == list(range(1, len(LINES) + 1))
+        assert {len(nbest) for nbest in theirs.nbest + ours.nbest} == {1}
         assert tokens(theirs) == tokens(ours)
         assert scores(theirs) == pytest.approx(scores(ours), abs=1e-4)
 

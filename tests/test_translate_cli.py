@@ -632,6 +632,15 @@ def test_invalid_search_flags_exit_2(run_dir, capsys, monkeypatch):
     assert "nbest" in stderr and "Traceback" not in stderr
 
 
+def test_nbest_lines_are_the_hypotheses_found_only(run_dir, capsys, monkeypatch):
+    """An output limit of one token leaves EOS as the one hypothesis: one line, never the
+    search's unfilled places."""
+    code, out, _ = _main(["--model", run_dir, "--nbest", 3, "--max-len-a", 0, "--max-len-b", 1,
+                          "-q", "Ein Hund."], capsys, monkeypatch)
+    assert code == 0 and len(out.splitlines()) == 1, out
+    assert out.startswith("0\t") and float(out.split("\t")[1]) > -1e3, out
+
+
 @pytest.mark.parametrize("flags, message", [
     (["--beam", "0"], "--beam must be >= 1, got 0"),
     (["--max-len-a", "0", "--max-len-b", "0"], "--max-len-b must be >= 1 when --max-len-a is 0"),

@@ -57,6 +57,24 @@ def test_sampling_draws_new_numbers_on_every_call_and_repeats_with_the_seed():
     assert four_calls() == first       # and the seed fixes the whole sequence
 
 
+@pytest.mark.parametrize("vocab_size, limit, found", [
+    (64, 1, 1),  # EOS is forced at once: it is the one hypothesis
+    (6, 2, 4),   # EOS, or UNK, 4 or 5 then EOS (PAD and BOS are never chosen)
+    (6, 6, 5),
+])
+def test_nbest_lists_hold_only_the_hypotheses_the_search_found(vocab_size, limit, found):
+    """The n-best places the search leaves unfilled (scored NEG_INF) never reach the caller:
+    a list is then shorter than nbest."""
+    model = Transformer(get_preset("tiny", vocab_size=vocab_size, **SHALLOW), rngs=nnx.Rngs(0))
+    search = SearchConfig(beam_size=5, nbest=5, max_len_a=0, max_len_b=limit)
+    translator = Translator(model, NumberTokenizer(), search)
+    for nbest in translator.translate_nbest(["4 4 4", "4"]):
+        assert len(nbest) == found, nbest
+        assert len({h.tokens for h in nbest}) == found
+        scores = [h.score for h in nbest]
+        assert scores == sorted(scores, reverse=True) and min(scores) > -1e3, scores
+
+
 def test_top_k_beyond_the_vocabulary_is_refused_with_the_size():
     search = SearchConfig(strategy="sample", top_k=65)
     with pytest.raises(ValueError, match="top_k 65.*64 tokens"):

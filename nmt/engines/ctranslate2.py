@@ -97,9 +97,6 @@ class MissingEngine(RuntimeError):
     """The ctranslate2 package is not installed: one line with the install command."""
 
 
-# The score of an n-best place that no hypothesis filled (transformer.search.NEG_INF, which
-# this module does not import: it runs without JAX).
-NO_HYPOTHESIS = -1e9
 NO_LENGTH_PENALTY = 1e-30  # CTranslate2's length_penalty for our alpha 0
 
 
@@ -330,15 +327,13 @@ class CTranslate2Translator:
     def _eos_at_once(self, rows: list[int], ids: list[list[int]]):
         """Yields what `_search` does for sentences whose output limit is one token, which
         CTranslate2 cannot search (it decodes at least one token before EOS): EOS, forced,
-        scored log p(EOS | source), and the other n-best places empty, as in the JAX search."""
+        scored log p(EOS | source): the one hypothesis there is, as in the JAX search."""
         scored = self.model.score_batch(
             [self.tokenizer.pieces(ids[i], "source") for i in rows], [[] for _ in rows],
             max_batch_size=self._batch, batch_type="tokens", max_input_length=0)
         empty = self.tokenizer.decode([[]])[0]
         for i, result in zip(rows, scored):
-            best = Hypothesis(empty, float(sum(result.log_probs)), ())
-            none = Hypothesis(empty, NO_HYPOTHESIS, ())
-            yield i, ([best] + [none] * (self.strategy.nbest - 1), True)
+            yield i, ([Hypothesis(empty, float(sum(result.log_probs)), ())], True)
 
     def _hypotheses(self, result) -> tuple[list[Hypothesis], list[bool]]:
         """(hypotheses, whether each ended with EOS rather than at its limit)."""

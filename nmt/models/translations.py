@@ -34,7 +34,8 @@ class Hypothesis:
 @dataclasses.dataclass(frozen=True)
 class Translations:
     """What one call did: its n-best lists in input order, and its records. Lines are
-    numbered as the call was told (`line_numbers`, or from `first_line`)."""
+    numbered as the call was told (`line_numbers`, or from `first_line`). A list holds up to
+    nbest hypotheses, best first: only those the search found, so it may be shorter."""
 
     nbest: list[list[Hypothesis]]
     truncated: list[int]      # lines cut to the model's positions (each warned about)

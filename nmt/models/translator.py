@@ -40,6 +40,8 @@ from transformer.config import SearchConfig
 from transformer.ensemble import Ensemble
 from transformer.model import Transformer
 from transformer.search import (
+    NEG_INF,
+    SearchResult,
     compile_search,
     pad_sources,
     reference_logprobs_with_state,
@@ -160,7 +162,8 @@ class Translator:
         return [nbest[0].text for nbest in self.translate_nbest(sentences)]
 
     def translate_nbest(self, sentences: Sequence[str], **options) -> list[list[Hypothesis]]:
-        """`search.nbest` hypotheses per sentence, best first (`translate_all`'s options)."""
+        """Up to `search.nbest` hypotheses per sentence, best first (`translate_all`'s
+        options)."""
         return self.translate_all(sentences, **options).nbest
 
     def translate_all(self, sentences: Sequence[str],
@@ -168,6 +171,7 @@ class Translator:
                       source: str = "input", ids: Sequence[Sequence[int]] | None = None,
                       line_numbers: Sequence[int] | None = None) -> Translations:
         """The n-best lists of `sentences` (an empty one gives [""]) and the call's records.
+        A list is shorter than `search.nbest` where the search found fewer (`real_hypotheses`).
 
         `progress(n)` is told of every n sentences done, empty ones included. Warnings say
         "`source` line N", N from `line_numbers` (one per sentence: a paragraph's sentences
@@ -336,11 +340,21 @@ class Translator:
             source_tokens=int((src != self.model_config.pad_id).sum()), steps=result.steps,
             row_steps=result.row_steps, stage_rows=result.stage_rows,
             seconds=time.perf_counter() - start)
-        eos = self.model_config.eos_id
-        hypotheses = [[Hypothesis(self.tokenizer.decode([ids])[0], float(score), tuple(ids))
-                       for ids, score in zip(result.token_ids(row, eos), result.scores[row])]
+        hypotheses = [real_hypotheses(result, row, self.tokenizer, self.model_config.eos_id)
                       for row in np.flatnonzero(real)]
         return stats, index[real], hypotheses, index[real & result.reached_limit()]
+
+
+def real_hypotheses(result: SearchResult, row: int, tokenizer, eos_id: int
+                    ) -> list[Hypothesis]:
+    """Sentence `row`'s hypotheses, best first, without the n-best places the search left
+    unfilled (scored NEG_INF): a sentence may have fewer hypotheses than nbest, e.g. EOS alone
+    under an output limit of one token, or a vocabulary with fewer tokens than the beam. The
+    best is always real: EOS is forced at the output limit."""
+    found = [(ids, score) for ids, score in zip(result.token_ids(row, eos_id), result.scores[row])
+             if score > NEG_INF / 2]
+    return [Hypothesis(tokenizer.decode([ids])[0], float(score), tuple(ids))
+            for ids, score in found]
 
 
 def shortlist_candidates(shortlist: Shortlist, size: int, model_config,

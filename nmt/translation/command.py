@@ -26,7 +26,8 @@ Within a call, `nmt.models.translator.Translator` sorts sentences by length into
 at most --batch-tokens source tokens and restores input order. An empty line gives an empty
 line; a line longer than the model allows is truncated with a warning naming its line number.
 
-With --nbest N each input line gives N lines, best first (fairseq/Marian style):
+With --nbest N each input line gives up to N lines, best first (fairseq/Marian style); fewer
+where the search found fewer hypotheses (an output limit of one token leaves EOS alone):
 
     INDEX<TAB>SCORE<TAB>TRANSLATION
 
@@ -126,8 +127,8 @@ examples:
       --test-prefix data/multi30k/test2016 --src en --tgt de
 
 Search flags default to the values stored with the model. --nbest output:
-INDEX<TAB>SCORE<TAB>TRANSLATION, N lines per input line, best first, INDEX
-0-based.""")
+INDEX<TAB>SCORE<TAB>TRANSLATION, up to N lines per input line, best first,
+INDEX 0-based.""")
     parser.add_argument("sentences", nargs="*", metavar="SENTENCE",
                         help="sentences to translate; without any, read --input or stdin")
     parser.add_argument("--model", required=True, action="append",
