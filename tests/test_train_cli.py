@@ -240,6 +240,9 @@ def test_average_only_averages_without_training(uninterrupted, env, tmp_path, ca
     run = shutil.copytree(uninterrupted, tmp_path / "run")
     assert train_cli.main(["--average-only", "--average-last", "3", "--output-dir", str(run)]) == 0
     assert "start at step 20, within the 20-step learning-rate warm-up" in capsys.readouterr().err
+    assert train_cli.main(["--average-only", "--average-last", "5", "--output-dir", str(run)]) == 0
+    assert ("averaged/ is the mean of 3 checkpoint(s), steps [20, 40, 60], fewer than "
+            "--average-last 5: the run has no more complete ones") in capsys.readouterr().err
     assert train_cli.main(["--average-only", "--average-last", "2", "--output-dir", str(run)]) == 0
     out, err = capsys.readouterr()
     assert "warm-up" not in err

@@ -60,15 +60,25 @@ def average(run_dir: Path, run: RunConfig, model_config: ModelConfig, tokenizer,
     """Write averaged/: the mean of the last `last` checkpoints (process 0 writes); returns
     the directory and the steps averaged."""
     params, steps = average_checkpoints(run_dir, last, model_config)
-    warning = warm_up_in_average(steps, run)
-    if warning and jax.process_index() == 0:
-        log.warning(warning)
+    if jax.process_index() == 0:
+        for warning in (fewer_than_asked(steps, last), warm_up_in_average(steps, run)):
+            if warning:
+                log.warning(warning)
     out = run_dir / AVERAGED_DIR
     if jax.process_index() == 0:
         _export(out, local_copy(params), model_config, tokenizer, run.search,
                      {**languages(run), "averaged_steps": steps,
                       "chosen": f"mean of the last {len(steps)} checkpoints"})
     return out, steps
+
+
+def fewer_than_asked(steps: list[int], last: int) -> str | None:
+    """That the average holds fewer checkpoints than --average-last asked for (a run shorter
+    than that many saves), or None."""
+    if len(steps) >= last:
+        return None
+    return (f"{AVERAGED_DIR}/ is the mean of {len(steps)} checkpoint(s), steps {steps}, fewer "
+            f"than --average-last {last}: the run has no more complete ones")
 
 
 def warm_up_in_average(steps: list[int], run: RunConfig) -> str | None:
