@@ -431,6 +431,11 @@ def test_translate_refuses_nan_and_infinity_before_loading(argv, capsys, no_mode
     (["--score", "--test-prefix", "t", "--nbest", "2"], "--nbest does not apply with --score"),
     (["--report", "r.json", "Hallo."], "--report only applies with --evaluate or --score"),
     (["--test-prefix", "t", "Hallo."], "--test-prefix only applies with --evaluate or --score"),
+    (["--split", "dev", "Hallo."], "--split only applies with --evaluate or --score"),
+    (["--evaluate", "--test-prefix", "t", "--split", "dev"],
+     "--split names a part of a --dataset, and none is given"),
+    (["--score", "--test-prefix", "t", "--dataset-config", "de-en"],
+     "--dataset-config names a part of a --dataset, and none is given"),
 ])
 def test_translate_refuses_flags_that_cannot_go_together_before_loading(argv, message, capsys,
                                                                         no_model):
@@ -456,6 +461,14 @@ def test_the_largest_sampling_seed_samples(run_dir, capsys):
     status = translate_cli.main(["--model", str(run_dir), "--sample", "--seed", str(2**32 - 1),
                                  "-q", "Ein Mann."])
     assert status == 0 and capsys.readouterr().out.strip()
+
+
+def test_a_source_language_other_than_the_models_is_refused_when_translating(run_dir, capsys):
+    """--src sets the sentence splitter's rules: another language's are the user's mistake."""
+    status, line = _main(translate_cli.main, ["--model", run_dir, "-q", "--src", "fr",
+                                              "Ein Mann."], capsys)
+    assert status == 2
+    assert line.startswith("translate.py: error: --src fr, but the model translates de->en")
 
 
 @pytest.mark.parametrize("mode", ["--evaluate", "--score"])

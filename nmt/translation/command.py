@@ -229,7 +229,7 @@ def _add_evaluation_flags(ev) -> None:
     ev.add_argument("--tgt", help="target language code (default: the model's)")
     ev.add_argument("--dataset", help="Hugging Face dataset name or save_to_disk directory")
     ev.add_argument("--dataset-config", help="its configuration, e.g. de-en")
-    ev.add_argument("--split", default="test", help="dataset split (default test)")
+    ev.add_argument("--split", help="dataset split (default test)")
     ev.add_argument("--hyp-file", help="write the hypotheses here")
     ev.add_argument("--report", help="write scores, signatures and settings as JSON here")
     ev.add_argument("--bleu-tokenize", metavar="NAME",
@@ -315,9 +315,13 @@ def _check_scoring(args: argparse.Namespace) -> None:
                              "--test-prefix PREFIX, --test-file FILE, --dataset NAME.")
         if sources[0] and not (args.src_file and args.ref_file):
             raise UsageError(f"{mode} needs both --src-file and --ref-file.")
+        for flag in ("dataset_config", "split"):
+            if getattr(args, flag) and not args.dataset:
+                raise UsageError(f"--{flag.replace('_', '-')} names a part of a --dataset, and "
+                                 "none is given; add --dataset NAME or drop it.")
     else:
-        for flag in ("src_file", "ref_file", "test_prefix", "test_file", "dataset", "hyp_file",
-                     "report"):
+        for flag in ("src_file", "ref_file", "test_prefix", "test_file", "dataset",
+                     "dataset_config", "split", "hyp_file", "report"):
             if getattr(args, flag):
                 raise UsageError(f"--{flag.replace('_', '-')} only applies with --evaluate "
                                  "or --score.")
@@ -507,8 +511,7 @@ def run(args: argparse.Namespace) -> int:
                              "(runs/NAME) or a model directory (runs/NAME/averaged).")
     model, tokenizer, values, translator = load(args)
     cli.done_starting()
-    if args.evaluate or args.score:
-        evaluation.check_languages(args, values)
+    evaluation.check_languages(args, values)
     # Checked before --output is opened: a missing MeCab must not cost the file its contents.
     bleu = evaluation.bleu_settings(args, values) if args.evaluate else None
     with contextlib.ExitStack() as stack:

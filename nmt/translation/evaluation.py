@@ -49,7 +49,8 @@ def bleu_settings(args: argparse.Namespace, values: dict) -> dict[str, str | Non
 
 def check_languages(args: argparse.Namespace, values: dict) -> None:
     """UsageError when --src or --tgt names another language than the model records: its
-    test set would be translated in a direction the model never learned, and scored."""
+    test set would be translated in a direction the model never learned, and scored, and
+    sentences would be split by another language's rules."""
     stored = stored_languages(values)
     for flag, given, recorded in (("--src", args.src, stored[0]), ("--tgt", args.tgt, stored[1])):
         if given and recorded and given != recorded:
@@ -120,7 +121,7 @@ def _dataset_split(args, src, tgt) -> tuple[list[str], list[str], str]:
                          "languages).")
     try:
         sources, references, split = read_hf_split(args.dataset, args.dataset_config,
-                                                   args.split, src, tgt)
+                                                   args.split or "test", src, tgt)
     except DataError as err:
         raise InputError(str(err)) from None
     return sources, references, f"{args.dataset}[{split}] {src}->{tgt}"
