@@ -135,6 +135,9 @@ def teacher_copy(run_dir, tmp_path, name: str, **stored) -> str:
     ("target-not-utf8", 1, "bad.en line 3: invalid UTF-8"),
     ("misaligned", 1, "bad.de has 30 lines but"),
     ("one-language", 2, "source and target are both 'de': the distilled corpus's two files"),
+    # A blank language read as left out (the teacher's), a blank path as the current directory.
+    ("blank-language", 2, "argument --src: '' is blank"),
+    ("blank-out", 2, "argument --out: '' is blank"),
 ])
 def test_bad_input_is_one_line(run_dir, corpus, tmp_path, capsys, case, code, message):
     out, flags, teachers = tmp_path / "out", [], ["--teacher", str(run_dir)]
@@ -154,13 +157,21 @@ def test_bad_input_is_one_line(run_dir, corpus, tmp_path, capsys, case, code, me
         flags = ["--chunk-lines", "0"]
     elif case == "batch":
         flags = ["--batch-tokens", "-3"]
+    elif case == "blank-language":
+        flags = ["--src", ""]
+    elif case == "blank-out":
+        flags = ["--out", ""]  # the later --out wins
     elif case == "one-language":  # a teacher that rewrites its language
         teachers = ["--teacher", teacher_copy(run_dir, tmp_path, "de", target_lang="de")]
     else:
         prefix = _damaged_copy(corpus, tmp_path, case)
         flags = ["--keep-original"]
     argv = [*teachers, "--train-prefix", prefix, "--out", str(out), "-q", *flags]
-    assert command.main(argv) == code
+    try:
+        status = command.main(argv)
+    except SystemExit as parser_exit:  # argparse's own checks
+        status = parser_exit.code
+    assert status == code
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1, err
     if case == "not-empty":

@@ -432,6 +432,7 @@ def test_translate_refuses_nan_and_infinity_before_loading(argv, capsys, no_mode
     (["--report", "r.json", "Hallo."], "--report only applies with --evaluate or --score"),
     (["--test-prefix", "t", "Hallo."], "--test-prefix only applies with --evaluate or --score"),
     (["--split", "dev", "Hallo."], "--split only applies with --evaluate or --score"),
+    (["--src", "", "Hallo."], "argument --src: '' is blank"),
     (["--evaluate", "--test-prefix", "t", "--split", "dev"],
      "--split names a part of a --dataset, and none is given"),
     (["--score", "--test-prefix", "t", "--dataset-config", "de-en"],

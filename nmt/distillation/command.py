@@ -49,15 +49,17 @@ def build_parser() -> argparse.ArgumentParser:
         prog=PROG, description=__doc__.split("\n\n")[0],
         epilog="Search flags default to the first teacher's stored settings. Set "
                f"{cli.DEBUG_VARIABLE}=1 for a traceback on errors.")
+    # A blank path or language would read as one left out, or as the current directory.
     parser.add_argument("--teacher", required=True, action="append", metavar="MODEL",
+                        type=cli.given,
                         help="model or run directory; give it again for an ensemble teacher "
                              "(the models average their next-token probabilities)")
-    parser.add_argument("--train-prefix", required=True, metavar="PREFIX",
+    parser.add_argument("--train-prefix", required=True, metavar="PREFIX", type=cli.given,
                         help="the corpus to distil: PREFIX.SRC (and PREFIX.TGT with "
                              "--keep-original)")
-    parser.add_argument("--src", help="source language (default: the teacher's)")
-    parser.add_argument("--tgt", help="target language (default: the teacher's)")
-    parser.add_argument("--out", required=True, metavar="DIR",
+    parser.add_argument("--src", type=cli.given, help="source language (default: the teacher's)")
+    parser.add_argument("--tgt", type=cli.given, help="target language (default: the teacher's)")
+    parser.add_argument("--out", required=True, metavar="DIR", type=cli.given,
                         help="output directory: new, empty, or this command's earlier output")
     parser.add_argument("--keep-original", action="store_true",
                         help="the student also trains on the original pairs (written before "

@@ -225,11 +225,11 @@ def _add_evaluation_flags(ev) -> None:
     ev.add_argument("--test-prefix", help="read PREFIX.SRC and PREFIX.TGT")
     ev.add_argument("--test-file", help="pairs as .tsv, .jsonl or .parquet (every pair "
                                         "scored, empty ones too)")
-    ev.add_argument("--src", help="source language code (default: the model's)")
-    ev.add_argument("--tgt", help="target language code (default: the model's)")
+    ev.add_argument("--src", type=cli.given, help="source language code (default: the model's)")
+    ev.add_argument("--tgt", type=cli.given, help="target language code (default: the model's)")
     ev.add_argument("--dataset", help="Hugging Face dataset name or save_to_disk directory")
-    ev.add_argument("--dataset-config", help="its configuration, e.g. de-en")
-    ev.add_argument("--split", help="dataset split (default test)")
+    ev.add_argument("--dataset-config", type=cli.given, help="its configuration, e.g. de-en")
+    ev.add_argument("--split", type=cli.given, help="dataset split (default test)")
     ev.add_argument("--hyp-file", help="write the hypotheses here")
     ev.add_argument("--report", help="write scores, signatures and settings as JSON here")
     ev.add_argument("--bleu-tokenize", metavar="NAME",
