@@ -20,7 +20,6 @@ import argparse
 import dataclasses
 import re
 import time
-from pathlib import Path
 
 import numpy as np
 
@@ -149,7 +148,9 @@ def main() -> None:
 
     model, tokenizer, values = load_models([args.model])
     translator = Translator(model, tokenizer, values["search"])
-    sources = Path(args.source).read_text("utf-8").splitlines()[:args.lines]
+    from data.lines import read_lines
+
+    sources = read_lines(args.source)[:args.lines]
     targets = translator.translate(sources)
     cases = checked_cases(sources, targets)
     print(f"{len(cases)} checked words in {len(sources)} sentences")

@@ -33,6 +33,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from data.lines import read_lines
 from nmt.runtime import allocator
 from transformer.config import ModelConfig
 
@@ -118,9 +119,9 @@ def test_set_parser(description: str) -> argparse.ArgumentParser:
 
 
 def read_test_set(args: argparse.Namespace, limit: int = 0) -> tuple[list[str], list[str]]:
-    """(sources, references) of `test_set_parser`'s flags; the first `limit` pairs if > 0."""
-    sides = [Path(f"{args.test_prefix}.{lang}").read_text(encoding="utf-8").splitlines()
-             for lang in (args.src, args.tgt)]
+    """(sources, references) of `test_set_parser`'s flags; the first `limit` pairs if > 0.
+    Lines end at "\n" only, as translate.py reads them (`data.lines`)."""
+    sides = [read_lines(f"{args.test_prefix}.{lang}") for lang in (args.src, args.tgt)]
     return (sides[0][:limit], sides[1][:limit]) if limit else (sides[0], sides[1])
 
 

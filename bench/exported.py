@@ -66,7 +66,10 @@ translator = ctranslate2.Translator(model, device=device, compute_type=compute,
                                     inter_threads=int(inter),
                                     intra_threads=max(int(threads) // int(inter), 1))
 sp = sentencepiece.SentencePieceProcessor(model_file=model + "/spm.model")
-lines = open(source, encoding="utf-8").read().splitlines()
+def read(path):  # as translate.py reads lines: ended by "\\n" only, "\\r" and a BOM dropped
+    text = open(path, encoding="utf-8-sig", newline="").read().removesuffix("\\n")
+    return [line.removesuffix("\\r") for line in text.split("\\n")] if text else []
+lines = read(source)
 suppress = [[sp.id_to_piece(sp.pad_id())], [sp.id_to_piece(sp.bos_id())]]
 results = translator.translate_batch(
     [sp.encode(line, out_type=str) for line in lines], beam_size=int(beam),
@@ -74,7 +77,7 @@ results = translator.translate_batch(
     max_decoding_length=int(length))
 hypotheses = [sp.decode_pieces(r.hypotheses[0]) for r in results]
 if reference != "-":
-    refs = open(reference, encoding="utf-8").read().splitlines()
+    refs = read(reference)
     print(f"BLEU = {sacrebleu.corpus_bleu(hypotheses, [refs]).score:.2f}")
     print(f"chrF2 = {sacrebleu.corpus_chrf(hypotheses, [refs]).score:.2f}")  # as translate.py
 else:

@@ -36,7 +36,7 @@ from data.batching import BatchIterator, load_examples, plan_stats
 from data.config import BatchConfig, CorpusSpec, TokenizerConfig
 from data.corpus import iter_text, load_corpus
 from data.encoding import encode_corpus
-from data.lines import count_lines
+from data.lines import count_lines, read_lines
 from data.packing import fit_width
 from data.store import TokenStore, store_bytes
 from data.tokenizer import train_tokenizer
@@ -148,8 +148,8 @@ def _real_pairs() -> list[tuple[str, str]]:
     """The Multi30k en-de and English-Japanese training pairs (target German or Japanese)."""
     pairs = []
     for corpus, tgt in (("multi30k", "de"), ("small_parallel_enja", "ja")):
-        en = (SHARED / corpus / "train.en").read_text(encoding="utf-8").splitlines()
-        other = (SHARED / corpus / f"train.{tgt}").read_text(encoding="utf-8").splitlines()
+        en = read_lines(SHARED / corpus / "train.en")
+        other = read_lines(SHARED / corpus / f"train.{tgt}")
         pairs += list(zip(en, other, strict=True))
     return pairs
 
