@@ -23,6 +23,8 @@ def measure(command: list[str]) -> dict:
     """Run `command`; its exit status and the resources it and its children used."""
     start = time.perf_counter()
     status = subprocess.call(command)
+    if status < 0:  # killed by a signal: the status a shell gives
+        status = 128 - status
     wall = time.perf_counter() - start
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     return {"command": command, "status": status, "wall_s": round(wall, 1),
@@ -34,9 +36,15 @@ def measure(command: list[str]) -> dict:
             "allocator_setting": os.environ.get("NMT_ALLOCATOR") or "(default)"}
 
 
+USAGE = "usage: python -m bench.host_usage OUT.json -- COMMAND [ARG ...]"
+
+
 def main(argv: list[str]) -> int:
+    if argv[:1] in (["-h"], ["--help"]):
+        print(f"{USAGE}\n\n{__doc__}")
+        return 0
     if len(argv) < 3 or argv[1] != "--":
-        print("usage: python -m bench.host_usage OUT.json -- COMMAND [ARG ...]", file=sys.stderr)
+        print(USAGE, file=sys.stderr)
         return 2
     record = measure(argv[2:])
     Path(argv[0]).write_text(json.dumps(record) + "\n")

@@ -19,6 +19,9 @@ import torch
 
 
 def main() -> None:
+    if sys.argv[1:2] in (["-h"], ["--help"]):
+        print(__doc__)
+        return
     if len(sys.argv) < 3:
         raise SystemExit(f"usage: {sys.argv[0]} DTYPE SCRIPT [ARGS...]")
     dtype_name, script = sys.argv[1], Path(sys.argv[2])

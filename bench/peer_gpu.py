@@ -33,6 +33,9 @@ from pathlib import Path
 
 def parse_args(argv):
     modes = ("train", "generate", "ctranslate2")
+    if argv[:1] in (["-h"], ["--help"]):
+        print(__doc__)
+        raise SystemExit(0)
     if len(argv) < 3 or argv[0] not in modes or argv[1] != "--peers-dir":
         raise SystemExit(f"usage: {Path(__file__).name} {{train,generate,ctranslate2}} "
                          f"--peers-dir DIR [peer flags...] [--dtype float32|bfloat16]")

@@ -1,8 +1,10 @@
-"""The benchmarks read test sets as translate.py does."""
+"""The benchmarks read test sets as translate.py does, and their wrappers exit as a shell would."""
 
 from __future__ import annotations
 
 import argparse
+
+import pytest
 
 from bench.common import read_test_set
 
@@ -17,3 +19,20 @@ def test_a_test_set_is_split_on_line_feeds_only(tmp_path):
                                    ["A man.", "Two dogs.", "Three."])
     assert read_test_set(args, limit=2) == (["Ein\u2028Mann.", "Zwei\rHunde."],
                                             ["A man.", "Two dogs."])
+
+
+def test_host_usage_passes_on_the_status_a_shell_gives_and_answers_help(capsys):
+    from bench import host_usage
+
+    assert host_usage.measure(["bash", "-c", "exit 3"])["status"] == 3
+    assert host_usage.measure(["bash", "-c", "kill -9 $$"])["status"] == 128 + 9
+    assert host_usage.main(["--help"]) == 0
+    assert "usage: python -m bench.host_usage" in capsys.readouterr().out
+
+
+def test_peer_gpu_answers_help():
+    from bench import peer_gpu
+
+    with pytest.raises(SystemExit) as exited:
+        peer_gpu.parse_args(["--help"])
+    assert exited.value.code == 0
