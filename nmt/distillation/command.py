@@ -36,6 +36,7 @@ from nmt.runtime.progress import LineCounter
 from nmt.translation.command import add_search_flags, name_flags, search_config
 from nmt.translation.errors import InputError
 from nmt.translation.streams import count_valid_lines
+from transformer.strategies import plan_search
 
 PROG = "python -m nmt.distillation"
 log = logging.getLogger("distillation")
@@ -182,7 +183,7 @@ def distil(args: argparse.Namespace) -> int:
                     file_digest([p for p in (source, target) if p], "distillation") or "",
                     src, tgt, dataclasses.asdict(search), args.dtype or
                     teachers.values["model"].dtype, args.chunk_lines, args.keep_original,
-                    args.seed if search.strategy == "sample" else None)
+                    args.seed if plan_search(search).draws else None)
     out = DistillationDir(args.out, recipe)
     try:
         out.claim()
