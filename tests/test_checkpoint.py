@@ -122,6 +122,18 @@ def test_an_interim_step_stops_counting_once_a_later_step_is_saved(tmp_path):
     resumed.close()
 
 
+def test_a_run_without_interim_steps_deletes_the_oldest_as_soon_as_a_save_is_final(tmp_path):
+    """Not at the next save: a run never holds more than --keep-last finished steps."""
+    params, train = _split(_trained_state(0))
+    saver = checkpoint.Checkpointer(tmp_path, keep_last=2)
+    for step in (1, 2, 3):
+        saver.save(step, params, train, {})
+    saver._last.wait_until_finished()  # orbax's own wait: nothing of ours has run since
+    assert sorted(int(p.name) for p in (tmp_path / "checkpoints").iterdir()
+                  if p.name.isdigit()) == [2, 3]
+    saver.close()
+
+
 def test_with_keep_last_1_an_interim_step_goes_only_once_the_next_is_sealed(tmp_path,
                                                                              monkeypatch):
     params, train = _split(_trained_state(0))
@@ -130,13 +142,16 @@ def test_with_keep_last_1_an_interim_step_goes_only_once_the_next_is_sealed(tmp_
     saver.save(23, params, train, {}, interim=True)
     saver.wait()
     assert saver.steps() == [23]
+    saver.close()
+    # The resumed run: its next save fails after orbax finalized it (sealing it does not).
+    resumed = checkpoint.Checkpointer(tmp_path, keep_last=1, async_save=False)
     monkeypatch.setattr(checkpoint, "write_checksums",
                         lambda step_dir: (_ for _ in ()).throw(OSError(28, "No space left")))
     with pytest.raises(checkpoint.SaveError):
-        saver.save(40, params, train, {})
-        saver.wait()
-    assert 23 in saver.steps()
-    saver.close()
+        resumed.save(40, params, train, {})
+        resumed.wait()
+    assert 23 in resumed.steps()
+    resumed.close()
 
 
 def test_discard_best_keeps_only_the_recorded_step(tmp_path):

@@ -245,10 +245,13 @@ class Checkpointer:
         for directory in (self.directory, self.best_directory):
             _put_back(directory)  # a process killed while saving a step again
         barrier(f"put back {self.run_dir}")
+        # Orbax deletes the oldest steps as soon as a save is finalized, counting the interim
+        # steps of earlier runs too: `_keep_last` removes those at the next seal.
+        interim = [step for step in self.steps() if self._is_interim(step)]
         self._last = ocp.CheckpointManager(
             self.directory,
             options=ocp.CheckpointManagerOptions(
-                max_to_keep=None, enable_async_checkpointing=async_save,  # `_keep_last`
+                max_to_keep=keep_last + len(interim), enable_async_checkpointing=async_save,
                 cleanup_tmp_directories=True, create=True),
             item_names=_ITEMS)
         self._best = ocp.CheckpointManager(
@@ -340,10 +343,12 @@ class Checkpointer:
         """Delete all but the last `keep_last` steps, where an interim step older than the
         newest does not count (and goes): an uninterrupted run never saved it."""
         steps = self.steps()
-        counted = [step for step in steps[:-1]
-                   if not (self.directory / str(step) / INTERIM_FILE).exists()] + steps[-1:]
+        counted = [step for step in steps[:-1] if not self._is_interim(step)] + steps[-1:]
         for step in sorted(set(steps) - set(counted[-self.keep_last:])):
             _clear_step(self._last, self.directory, step)
+
+    def _is_interim(self, step: int) -> bool:
+        return (self.directory / str(step) / INTERIM_FILE).exists()
 
     def discard_best(self, keep: int | None) -> list[int]:
         """Delete every step of best/ but `keep` (None: all); returns the steps deleted.
