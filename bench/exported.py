@@ -172,8 +172,18 @@ def main() -> None:
         if args.device == "cpu":
             marian_greedy_agreement(args, sources, ours["greedy"], decoding_length(values),
                                     common, Path(tmp))
-        if args.end_to_end:
-            end_to_end(args, exported, beam, values, common)
+        if args.end_to_end:  # the commands read the pairs timed in process (--limit's)
+            prefix = write_test_set(Path(tmp) / "test", args, sources, references)
+            end_to_end(argparse.Namespace(**{**vars(args), "test_prefix": prefix}), exported,
+                       beam, values, common)
+
+
+def write_test_set(prefix: Path, args, sources: list[str], references: list[str]) -> str:
+    """PREFIX.SRC and PREFIX.TGT holding `sources` and `references`; returns PREFIX."""
+    for lang, lines in ((args.src, sources), (args.tgt, references)):
+        Path(f"{prefix}.{lang}").write_text("".join(line + "\n" for line in lines),
+                                            encoding="utf-8")
+    return str(prefix)
 
 
 def decoding_length(values) -> int:
@@ -288,7 +298,8 @@ def marian_greedy_agreement(args, sources, our_greedy, max_new_tokens: int, comm
 
 def wall(command: list[str], env: dict[str, str], stdin: str | None = None
          ) -> tuple[float, str]:
-    """Seconds from process start to exit, and its last line of output; fails loudly."""
+    """Seconds from process start to exit, and its BLEU and chrF lines (else its last line
+    of output); fails loudly."""
     start = time.perf_counter()
     result = subprocess.run(command, cwd=REPO, env=env, input=stdin, capture_output=True,
                             text=True, timeout=1800, check=False)
@@ -296,17 +307,19 @@ def wall(command: list[str], env: dict[str, str], stdin: str | None = None
     if result.returncode != 0:
         raise SystemExit(f"{' '.join(command)} failed ({result.returncode}): "
                          f"{result.stderr.strip().splitlines()[-1:]}")
-    return seconds, (result.stdout.strip().splitlines() or [""])[-1]
+    lines = result.stdout.strip().splitlines()
+    scores = [line for line in lines if line.startswith(("BLEU =", "chrF2 ="))]
+    return seconds, " | ".join(scores) if scores else (lines or [""])[-1]
 
 
 def repeated(times: int, command: list[str], env: dict[str, str], stdin: str | None = None
              ) -> dict:
-    """`wall` run `times` times: the median seconds, every run's, and the last output line
+    """`wall` run `times` times: the median seconds, every run's, and the last run's output
     (a new process's time on a small machine moves by tens of percent between runs)."""
     runs = [wall(command, env, stdin) for _ in range(times)]
     seconds = sorted(round(s, 2) for s, _ in runs)
     return {"seconds": seconds[len(seconds) // 2], "runs": [round(s, 2) for s, _ in runs],
-            "last_line": runs[-1][1]}
+            "output": runs[-1][1]}
 
 
 def end_to_end(args, exported: Path | None, beam, values, common) -> None:
@@ -321,7 +334,7 @@ def end_to_end(args, exported: Path | None, beam, values, common) -> None:
                         "--tgt", args.tgt, *flags]
             seconds, line = wall(evaluate, env)
             emit({"system": f"ours {dtype}", "end_to_end": "translate.py --evaluate, empty "
-                  "compilation cache", "seconds": round(seconds, 2), "last_line": line,
+                  "compilation cache", "seconds": round(seconds, 2), "output": line,
                   **common})
             emit({"system": f"ours {dtype}", "end_to_end": "translate.py --evaluate, warm "
                   "compilation cache", **repeated(args.repeats, evaluate, env), **common})
@@ -329,7 +342,7 @@ def end_to_end(args, exported: Path | None, beam, values, common) -> None:
             wall(one, env, stdin=SHELL_SENTENCE + "\n")  # its own shape: compiled and cached
             emit({"system": f"ours {dtype}", "end_to_end": "one sentence from the shell, warm "
                   "cache", **repeated(args.repeats, one, env, stdin=SHELL_SENTENCE + "\n"),
-                  **common})
+                  **common, "sentences": 1})
     if exported is None:
         return
     env = peer_environment()
@@ -346,7 +359,7 @@ def end_to_end(args, exported: Path | None, beam, values, common) -> None:
             one_line.flush()
             script[4:6] = [one_line.name, "-"]
             emit({"system": f"ctranslate2 {compute}", "end_to_end": "one sentence",
-                  **repeated(args.repeats, script, env), **layout, **common})
+                  **repeated(args.repeats, script, env), **layout, **common, "sentences": 1})
         engine_end_to_end(args, compute, inter, {**layout, **common})
 
 
@@ -365,12 +378,13 @@ def engine_end_to_end(args, compute: str, inter: int, common) -> None:
         system = f"ours on ctranslate2 {compute}"
         seconds, line = wall(evaluate, env)
         emit({"system": system, "end_to_end": "translate.py --evaluate, converting into an "
-              "empty cache", "seconds": round(seconds, 2), "last_line": line, **common})
+              "empty cache", "seconds": round(seconds, 2), "output": line, **common})
         emit({"system": system, "end_to_end": "translate.py --evaluate, cached conversion",
               **repeated(args.repeats, evaluate, env), **common})
         one = [sys.executable, "translate.py", "--model", str(args.model), *flags]
         emit({"system": system, "end_to_end": "one sentence from the shell, cached conversion",
-              **repeated(args.repeats, one, env, stdin=SHELL_SENTENCE + "\n"), **common})
+              **repeated(args.repeats, one, env, stdin=SHELL_SENTENCE + "\n"), **common,
+              "sentences": 1})
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 """Validation during training: loss and perplexity of the validation pairs, and BLEU and chrF
-of the first of them translated as translate.py would."""
+of the first of them translated as translate.py would, each line whole (as with
+--no-split-sentences)."""
 
 from __future__ import annotations
 
