@@ -138,7 +138,9 @@ def test_opennmt_gives_translate_py_translations(server, translations):
 def test_languages_health_and_metrics(server):
     status, _, body = server.request("GET", "/languages")
     assert status == 200
-    assert json.loads(body)[0] == {"code": "de", "name": "German", "targets": ["en"]}
+    # The target language is listed too, with nothing to translate into (docs/serving.md).
+    assert json.loads(body) == [{"code": "de", "name": "German", "targets": ["en"]},
+                                {"code": "en", "name": "English", "targets": []}]
     status, _, body = server.request("GET", "/health")
     health = json.loads(body)
     served = health["engines"]["de-en"]  # CTranslate2's "auto": the fastest type of this CPU

@@ -149,17 +149,18 @@ def converted(model_dir: Path, tokenizer_files: list[str], quantization: str,
                     "keep it)", root, err.strerror or err, model_dir)
         temporary = Path(tempfile.mkdtemp(prefix="nmt-ct2-"))
         atexit.register(shutil.rmtree, temporary, ignore_errors=True)
-        _convert(model_dir, temporary / "model", quantization)
+        _convert(model_dir, temporary / "model", quantization, reused=False)
         return temporary / "model"
 
 
-def _convert(model_dir: Path, out: Path, quantization: str) -> None:
-    """Convert `model_dir` into `out` (published whole), then seal it with its manifest."""
+def _convert(model_dir: Path, out: Path, quantization: str, reused: bool = True) -> None:
+    """Convert `model_dir` into `out` (published whole), then seal it with its manifest;
+    `reused`: `out` is in the cache, where later runs find it."""
     from nmt.convert.common import ConversionError  # JAX loads here, once per conversion
     from nmt.convert.ctranslate2 import export_ctranslate2
 
-    log.info("converting %s for CTranslate2 (%s) into %s; later runs reuse it", model_dir,
-             quantization, out)
+    log.info("converting %s for CTranslate2 (%s) into %s%s", model_dir, quantization, out,
+             "; later runs reuse it" if reused else ", for this run only")
     start = time.perf_counter()
     try:
         export_ctranslate2(model_dir, out, quantization)
