@@ -141,7 +141,11 @@ def test_translate_py_ensembles_models_of_one_tokenizer_only(exported, tmp_path,
     from data.tokenizer import TokenizerConfig, train_tokenizer
     from translate_model import sentences as corpus
 
-    train_tokenizer(corpus(300, seed=7), TokenizerConfig(vocab_size=300)).save(other)
+    tokenizer = train_tokenizer(corpus(300, seed=7), TokenizerConfig(vocab_size=300))
+    tokenizer.save(other)
+    config = json.loads((other / "config.json").read_text())  # a model of its own tokenizer
+    (other / "config.json").write_text(json.dumps({**config,
+                                                   "tokenizer_sha256": tokenizer.sha256}))
     assert translate_cli.main(["--model", str(run), "--model", str(other), "-q", "Hallo."]) == 1
     assert f"{other} has another SentencePiece model" in capsys.readouterr().err
     assert translate_cli.main(["--model", str(run), "--model", str(run), "--plot-attention",

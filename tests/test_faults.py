@@ -291,6 +291,27 @@ def test_a_model_directory_with_another_tokenizer_is_refused(run_dir, tmp_path, 
     assert status == 1 and str(model / "spm.model") in line
 
 
+def test_a_tokenizer_of_the_same_size_but_other_pieces_is_refused(run_dir, tmp_path, capsys,
+                                                                   monkeypatch):
+    """Same size, same special ids: only config.json's record of its sha256 tells it apart."""
+    from data.tokenizer import TokenizerConfig, load_tokenizer, train_tokenizer
+    from nmt.models.model_dir import ModelDirError, load_model
+
+    model = tmp_path / "model"
+    shutil.copytree(run_dir / "model", model)
+    size = load_tokenizer(model).vocab_size
+    other = train_tokenizer(sentences(400, seed=11), TokenizerConfig(vocab_size=size))
+    assert other.vocab_size == size and other.sha256 != load_tokenizer(model).sha256
+    other.save(tmp_path / "other")
+    shutil.copyfile(tmp_path / "other" / "spm.model", model / "spm.model")
+    with pytest.raises(ModelDirError, match=r"spm.model is not the tokenizer the model was "
+                                            r"trained with: its sha256 differs"):
+        load_model(model)
+    monkeypatch.setattr(translate_cli, "enable_compilation_cache", lambda: None)
+    status, line = _translate(["--model", model, "Hallo."], capsys)
+    assert status == 1 and "sha256 differs" in line
+
+
 def test_parameters_of_another_shape_are_named(run_dir, tmp_path):
     from nmt.models.model_dir import ModelDirError, load_model
 

@@ -45,6 +45,7 @@ from nmt.engines.conversions import converted
 from nmt.models.alignment import Alignment
 from nmt.models.model_files import (
     EXPORT_SETTINGS_FILE,
+    TOKENIZER_SHA256,
     ModelDirError,
     check_tokenizer,
     read_model_config,
@@ -191,7 +192,7 @@ def read_export(path: Path) -> tuple[TokenizerBase, dict[str, Any]]:
                             "export the model again")
     config, values = read_model_config(path, EXPORT_SETTINGS_FILE)
     tokenizer = load_tokenizer(path)
-    check_tokenizer(path, config, tokenizer)
+    check_tokenizer(path, config, tokenizer, values.get(TOKENIZER_SHA256))
     return tokenizer, {**values, "model": config,
                        "search": read_search_config(path, values, EXPORT_SETTINGS_FILE)}
 

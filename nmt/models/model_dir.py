@@ -35,6 +35,7 @@ from nmt.models.model_files import (  # noqa: F401 - the directory's names, impo
     MODEL_DIR,
     PARAMS_FILE,
     TOKENIZER_FILE,
+    TOKENIZER_SHA256,
     ModelDirError,
     read_model_config,
     read_model_files,
@@ -123,7 +124,8 @@ def export_model(model_dir: str | Path, params: Any, model_config: ModelConfig,
         files = list(tokenizer.files())
         config = {"model": model_config.to_dict(),
                   "search": dataclasses.asdict(search_config or SearchConfig()),
-                  "tokenizer": files[0] if len(files) == 1 else files, **(extra or {})}
+                  "tokenizer": files[0] if len(files) == 1 else files,
+                  TOKENIZER_SHA256: tokenizer.sha256, **(extra or {})}
         text = json.dumps(config, indent=2, sort_keys=True) + "\n"
         _write(staging, model_dir, CONFIG_FILE, text.encode("utf-8"))
     return model_dir

@@ -22,6 +22,9 @@ CONFIG_FILE = "config.json"
 # languages, positions) for translating the export with --engine ctranslate2.
 EXPORT_SETTINGS_FILE = "nmt_config.json"
 TOKENIZER_FILE = "spm.model"  # of a model trained here; see data.tokenizer for the other layout
+# config.json's record of the tokenizer's files (`TokenizerBase.sha256`): another of the same
+# size and special ids would translate nonsense without an error.
+TOKENIZER_SHA256 = "tokenizer_sha256"
 
 
 class ModelDirError(RuntimeError):
@@ -86,9 +89,11 @@ def check_not_transformers(model_dir: Path) -> None:
         "nmt.convert from-marian).")
 
 
-def check_tokenizer(model_dir: Path, config: ModelConfig, tokenizer: TokenizerBase) -> None:
+def check_tokenizer(model_dir: Path, config: ModelConfig, tokenizer: TokenizerBase,
+                    recorded: str | None = None) -> None:
     """The tokenizer must be the one the parameters were trained with: same size, same
-    special ids (a different one would crash mid-translation or translate nonsense)."""
+    special ids (a different one would crash mid-translation or translate nonsense), and the
+    same files where config.json records their sha256 (`recorded`; older exports do not)."""
     conf = model_dir / CONFIG_FILE
     tok = model_dir / next(iter(tokenizer.files()))
     if tokenizer.vocab_size != config.vocab_size:
@@ -101,6 +106,11 @@ def check_tokenizer(model_dir: Path, config: ModelConfig, tokenizer: TokenizerBa
             raise ModelDirError(
                 f"{tok} has {name} {value} but {conf} says {getattr(config, name)}: the "
                 "SentencePiece model is not the one the model was trained with.")
+    if recorded is not None and tokenizer.sha256 != recorded:
+        raise ModelDirError(
+            f"{tok} is not the tokenizer the model was trained with: its sha256 differs from "
+            f"the one {conf} records ({TOKENIZER_SHA256}); copy the run's own spm.model "
+            "into the directory, or export the model again.")
 
 
 def resolve_model_dir(path: str | Path) -> Path:
@@ -132,7 +142,7 @@ def read_model_files(path: str | Path) -> tuple[Path, TokenizerBase, dict[str, A
     model_config, values = read_model_config(model_dir)
     search = read_search_config(model_dir, values)
     tokenizer = load_tokenizer(model_dir)
-    check_tokenizer(model_dir, model_config, tokenizer)
+    check_tokenizer(model_dir, model_config, tokenizer, values.get(TOKENIZER_SHA256))
     return model_dir, tokenizer, {**values, "model": model_config, "search": search}
 
 
