@@ -417,10 +417,90 @@ def test_a_docx_that_unpacks_to_too_much_is_refused_before_it_is_read(monkeypatc
     with zipfile.ZipFile(io.BytesIO(data)) as archive:
         unpacked = sum(info.file_size for info in archive.infolist())
     monkeypatch.setattr(document_files, "MAX_UNPACKED_BYTES", unpacked - 1)
-    with pytest.raises(ValueError, match=f"unpacks to {unpacked} bytes"):
+    with pytest.raises(ValueError, match=f"unpacks to more than the {unpacked - 1} bytes"):
         prepare(data, "bomb.docx", "en")
     monkeypatch.setattr(document_files, "MAX_UNPACKED_BYTES", unpacked)
     assert prepare(data, "fits.docx", "en").characters > 0
+
+
+def _understated(data: bytes, name: str, stated: int) -> bytes:
+    """`data` with the unpacked size of entry `name` written as `stated` in the zip's local
+    header and central directory, as a sender who wants past a size check would."""
+    with zipfile.ZipFile(io.BytesIO(data)) as archive:
+        info = archive.getinfo(name)
+        real, offset = info.file_size, info.header_offset
+    out = bytearray(data)
+    # The local header's uncompressed size sits at offset 22; the central directory's at 24.
+    assert struct.unpack_from("<I", out, offset + 22)[0] == real
+    struct.pack_into("<I", out, offset + 22, stated)
+    central = out.rfind(b"PK\x01\x02" + out[offset + 4:offset + 8], 0)
+    while struct.unpack_from("<I", out, central + 42)[0] != offset:
+        central = out.rfind(b"PK\x01\x02", 0, central)
+    struct.pack_into("<I", out, central + 24, stated)
+    return bytes(out)
+
+
+def test_a_docx_whose_zip_understates_its_sizes_is_refused_while_it_unpacks(monkeypatch):
+    """The sizes a zip states are the sender's to write: a few kilobytes claiming small
+    entries can unpack to gigabytes, which python-docx would unpack whole (up to 2 GiB at a
+    time) before finding out. It is refused as it unpacks, a chunk at a time: the entry
+    that unpacks past its stated size fails its CRC check."""
+    document = docx.Document()
+    document.add_paragraph("x " * 200_000)  # 400 kB of text, deflated to a few kB
+    data = _understated(_saved(document), "word/document.xml", 1000)
+    with zipfile.ZipFile(io.BytesIO(data)) as archive:
+        stated = sum(info.file_size for info in archive.infolist())
+    monkeypatch.setattr(document_files, "MAX_UNPACKED_BYTES", stated + 1000)  # it passes
+
+    def unpacked_whole(*args):
+        raise AssertionError("python-docx was given the file")
+
+    monkeypatch.setattr(document_files.docx, "Document", unpacked_whole)
+    with pytest.raises(ValueError, match=r"not a valid \.docx file \(BadZipFile: Bad CRC-32 "
+                                         r"for file 'word/document\.xml'\)"):
+        prepare(data, "bomb.docx", "en")
+
+
+def test_a_docx_that_python_docx_cannot_read_as_word_is_refused_as_such():
+    """A body missing, a header reference to no part: errors python-docx raises only once
+    the paragraphs are read."""
+    good = _report()
+    with zipfile.ZipFile(io.BytesIO(good)) as archive:
+        parts = {name: archive.read(name) for name in archive.namelist()}
+    namespace = b'xmlns:w="http://schemas.openxmlformats.org/wordprocessingml/2006/main"'
+    no_body = _zip({**parts, "word/document.xml": b"<w:document " + namespace + b"/>"})
+    body = parts["word/document.xml"]
+    dangling = _zip({**parts, "word/document.xml": re.sub(
+        rb'(headerReference [^>]*r:id=")[^"]+', rb"\1rId99", body, count=1)})
+    for data in (no_body, dangling):
+        with pytest.raises(ValueError, match=r"not a valid \.docx"):
+            prepare(data, "broken.docx", "en")
+
+
+def test_docx_hidden_text_is_neither_translated_nor_given_words():
+    document = docx.Document()
+    paragraph = document.add_paragraph()
+    paragraph.add_run("The price ")
+    paragraph.add_run("(internal note)").font.hidden = True
+    paragraph.add_run(" is ten euros.")
+    prepared = prepare(_saved(document), "x.docx", "en")
+    assert [s.split() for s in prepared.documents[0].sentences] == [
+        ["The", "price", "is", "ten", "euros."]]
+    runs = _open(_translate(prepared, _upper)).paragraphs[0].runs
+    assert [(run.text, run.font.hidden) for run in runs if run.font.hidden] == [
+        ("(internal note)", True)]
+    assert "".join(run.text for run in runs if not run.font.hidden).split() == [
+        "THE", "PRICE", "IS", "TEN", "EUROS."]
+
+
+def test_a_docx_of_more_characters_than_asked_stops_being_read_there():
+    document = docx.Document()
+    for _ in range(50):
+        document.add_paragraph("Twenty characters...")
+    data = _saved(document)
+    assert prepare(data, "x.docx", "en", max_characters=1000).characters == 50 * 20
+    with pytest.raises(document_files.TooManyCharacters, match="more than 999 characters"):
+        prepare(data, "x.docx", "en", max_characters=999)
 
 
 def _zip(files: dict[str, bytes]) -> bytes:

@@ -344,13 +344,14 @@ def _file_service(limits, align):
     return Service(Catalog([model]), limits, Metrics(), ready=True), searched
 
 
-def _translate_file(service, name: str, data: str):
+def _translate_file(service, name: str, data: str | bytes):
     from starlette.testclient import TestClient
 
     from nmt.serving.app import build_app
 
     client = TestClient(build_app(service))
-    answer = client.post("/translate_file", data=PAIR, files={"file": (name, data.encode())})
+    body = data if isinstance(data, bytes) else data.encode()
+    answer = client.post("/translate_file", data=PAIR, files={"file": (name, body)})
     if answer.status_code != 200:
         return answer.status_code, answer.json()["error"]
     url = answer.json()["translatedFileUrl"]
@@ -436,6 +437,26 @@ def test_a_file_longer_than_the_queue_is_searched_and_aligned_in_parts():
     expected = "<p>" + " ".join(f"SATZ <b>{i}</b> IST HIER." for i in range(10)) + "</p>"
     assert _translate_file(service, "page.html", markup) == (200, expected)
     assert (searched, aligned) == ([3, 3, 3, 1], [3, 3, 3, 1])
+
+
+def test_a_docx_past_the_character_limit_is_refused_413_while_it_is_read():
+    """A few kilobytes of .docx can hold a million paragraphs: reading stops at the limit."""
+    import io
+
+    import docx
+
+    from nmt.serving.limits import ServerLimits
+
+    document = docx.Document()
+    for _ in range(10):
+        document.add_paragraph("Zwanzig Zeichen hier")
+    out = io.BytesIO()
+    document.save(out)
+    service, searched = _file_service(ServerLimits(max_file_characters=50), None)
+    status, error = _translate_file(service, "notes.docx", out.getvalue())
+    assert status == 413 and not searched
+    assert error == ("the file has more characters to translate than this server's limit of "
+                     "50 (--file-char-limit)")
 
 
 def test_an_alignment_past_the_timeout_is_a_504():

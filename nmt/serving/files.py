@@ -11,6 +11,8 @@ a random name, which is what the download URL holds.
 
 from __future__ import annotations
 
+import asyncio
+
 from starlette.datastructures import UploadFile
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -56,29 +58,42 @@ async def translate_file(request: Request) -> JSONResponse:
     # Sentences are cut by the rules of the source language (English ones until "auto" is
     # told, cut again if it tells another).
     language = source if source != "auto" else "en"
-    prepared = _prepare(data, filename, language)
+    prepared = await _prepare(data, filename, language, service.limits.max_file_characters)
     characters = prepared.characters
     if characters > service.limits.max_file_characters:
-        raise RequestError(413, f"the file has {characters} characters to translate, more "
-                                f"than this server's limit of "
-                                f"{service.limits.max_file_characters} (--file-char-limit)")
+        raise _too_many_characters(service.limits.max_file_characters, characters)
     service.charge(request, 1, characters)
     sample = [s for document in prepared.documents for s in document.sentences][:50]
     model, _ = service.source_model(source, target, sample)
     if model.source != language:
-        prepared = _prepare(data, filename, model.source)
+        prepared = await _prepare(data, filename, model.source)
     translated = await unless_client_leaves(
         request, _translate_in_parts(service, model, prepared.documents))
-    name = service.files.put(prepared.rebuild(translated), filename,
-                             document_files.media_type(filename))
+    rebuilt = await asyncio.to_thread(prepared.rebuild, translated)
+    name = service.files.put(rebuilt, filename, document_files.media_type(filename))
     return JSONResponse({"translatedFileUrl": str(request.url_for("download_file",
                                                                   name=name))})
 
 
-def _prepare(data: bytes, filename: str, language: str):
-    """The file cut into documents to translate; RequestError 400 for a file that cannot be."""
+def _too_many_characters(limit: int, characters: int | None = None) -> RequestError:
+    """413 for a file of more than `limit` characters to translate (`characters`, where
+    counted to the end)."""
+    has = (f"{characters} characters to translate, more than" if characters is not None
+           else "more characters to translate than")
+    return RequestError(413, f"the file has {has} this server's limit of {limit} "
+                             "(--file-char-limit)")
+
+
+async def _prepare(data: bytes, filename: str, language: str,
+                   max_characters: int | None = None):
+    """The file cut into documents to translate, on a thread (a small .docx can take seconds,
+    which the event loop must not wait for); RequestError 400 for a file that cannot be, 413
+    for one of more than `max_characters`."""
     try:
-        return document_files.prepare(data, filename, language)
+        return await asyncio.to_thread(document_files.prepare, data, filename, language,
+                                       max_characters)
+    except document_files.TooManyCharacters:
+        raise _too_many_characters(max_characters) from None
     except ValueError as err:
         raise RequestError(400, f"Invalid request: {shown(filename, 60)}: {err}") from None
 

@@ -22,8 +22,9 @@ spaces between words, mostly) goes to the run next to it, a picture or field get
 it had around it, and a translation under the identity gives every run its text back.
 
 Not translated, kept as they are: text boxes, footnotes and endnotes, comments, content
-controls (w:sdt), tracked changes, smart tags, field results, alt text. A .docx is refused
-(ValueError) when it is not a readable Word file or unpacks to more than MAX_UNPACKED_BYTES.
+controls (w:sdt), tracked changes, smart tags, field results, alt text, hidden text (w:vanish).
+A .docx is refused (ValueError) when it is not a readable Word file or unpacks to more than
+MAX_UNPACKED_BYTES, counted as it unpacks (the sizes a zip states are the sender's to write).
 """
 
 from __future__ import annotations
@@ -88,12 +89,20 @@ def media_type(filename: str) -> str:
     return MEDIA_TYPES[kind_of(filename)]
 
 
-def prepare(data: bytes, filename: str, language: str) -> Prepared:
+class TooManyCharacters(ValueError):
+    """A file holds more text than the caller's limit: found while reading, before the work
+    of cutting all of it into sentences."""
+
+
+def prepare(data: bytes, filename: str, language: str,
+            max_characters: int | None = None) -> Prepared:
     """`data`, a file named `filename`, cut into documents for sentences in `language`;
-    ValueError saying what is wrong with a file that cannot be read."""
+    ValueError saying what is wrong with a file that cannot be read, TooManyCharacters as
+    soon as a .docx's paragraphs hold more than `max_characters` (a few kilobytes of zip can
+    hold a million paragraphs)."""
     kind = kind_of(filename)
     if kind == ".docx":
-        return _prepare_docx(data, language)
+        return _prepare_docx(data, language, max_characters)
     text = _decode(data)
     bom = _BOM if text.startswith(_BOM) else ""
     document = (split_text if kind == ".txt" else split_html)(text[len(bom):], language)
@@ -122,18 +131,24 @@ _W = "{http://schemas.openxmlformats.org/wordprocessingml/2006/main}"
 _TEXT = frozenset(("t", "noBreakHyphen", "softHyphen", "lastRenderedPageBreak"))
 _BREAKS = frozenset(("br", "cr"))
 _TAB = "tab"
-# What reading a broken .docx raises: the zip, its XML, or python-docx's view of the package.
+# What reading a broken .docx raises: the zip, its XML, or python-docx's view of the package
+# (an element it expects missing: AttributeError, TypeError, IndexError).
 _UNREADABLE = (zipfile.BadZipFile, KeyError, ValueError, EOFError, NotImplementedError,
-               RuntimeError, zlib.error, etree.LxmlError, OpcError)
+               RuntimeError, zlib.error, etree.LxmlError, OpcError, AttributeError, TypeError,
+               IndexError)
+_UNPACK_CHUNK = 1 << 20  # bytes unpacked at a time while counting (`_check_unpacked_size`)
 # Characters XML 1.0 cannot hold, which a translation must not bring in.
 _NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
 
 
-def _prepare_docx(data: bytes, language: str) -> Prepared:
+def _prepare_docx(data: bytes, language: str, max_characters: int | None) -> Prepared:
     document = _open_docx(data)
-    fragments = [_Fragment(paragraph) for paragraph in _paragraphs(document)
-                 if paragraph.text.strip()]
-    fragments = [fragment for fragment in fragments if fragment.has_text]
+    try:
+        fragments = _fragments(document, max_characters)
+    except _UNREADABLE as err:  # a part python-docx cannot read as Word's
+        if isinstance(err, TooManyCharacters):
+            raise
+        raise ValueError(f"not a valid .docx file ({type(err).__name__}: {err})") from None
     documents = [split_html(fragment.markup, language) for fragment in fragments]
 
     def rebuild(texts: list[str]) -> bytes:
@@ -148,21 +163,51 @@ def _prepare_docx(data: bytes, language: str) -> Prepared:
     return Prepared(documents, rebuild)
 
 
+def _fragments(document, max_characters: int | None) -> list[_Fragment]:
+    """The paragraphs with text to translate; TooManyCharacters once they pass the limit."""
+    fragments, characters = [], 0
+    for paragraph in _paragraphs(document):
+        text = paragraph.text
+        if not text.strip():
+            continue
+        characters += len(text.strip())
+        if max_characters is not None and characters > max_characters:
+            raise TooManyCharacters(f"the file has more than {max_characters} characters to "
+                                    "translate")
+        fragment = _Fragment(paragraph)
+        if fragment.has_text:
+            fragments.append(fragment)
+    return fragments
+
+
 def _open_docx(data: bytes):
     """The python-docx Document of `data`; ValueError for what is not a .docx or unpacks to
     more than MAX_UNPACKED_BYTES."""
     try:
         with zipfile.ZipFile(io.BytesIO(data)) as archive:
-            unpacked = sum(info.file_size for info in archive.infolist())
-    except zipfile.BadZipFile as err:
-        raise ValueError(f"not a valid .docx file ({err})") from None
-    if unpacked > MAX_UNPACKED_BYTES:
-        raise ValueError(f"the .docx file unpacks to {unpacked} bytes, more than the "
-                         f"{MAX_UNPACKED_BYTES} read here; split it into smaller files")
+            _check_unpacked_size(archive)
+    except (zipfile.BadZipFile, zlib.error, EOFError, NotImplementedError, RuntimeError) as err:
+        raise ValueError(f"not a valid .docx file ({type(err).__name__}: {err})") from None
     try:
         return docx.Document(io.BytesIO(data))
     except _UNREADABLE as err:
         raise ValueError(f"not a valid .docx file ({type(err).__name__}: {err})") from None
+
+
+def _check_unpacked_size(archive: zipfile.ZipFile) -> None:
+    """ValueError once the entries, unpacked a chunk at a time, pass MAX_UNPACKED_BYTES: the
+    sizes the zip states may lie (a small file claiming small entries that unpack to
+    gigabytes), and unpacking an entry whole would hold it all at once. An entry that unpacks
+    to other than its stated size fails its CRC check (BadZipFile)."""
+    unpacked = 0
+    for info in archive.infolist():
+        with archive.open(info) as entry:
+            while chunk := entry.read(_UNPACK_CHUNK):
+                unpacked += len(chunk)
+                if unpacked > MAX_UNPACKED_BYTES:
+                    raise ValueError(f"the .docx file unpacks to more than the "
+                                     f"{MAX_UNPACKED_BYTES} bytes read here; split it into "
+                                     "smaller files")
 
 
 def _paragraphs(document) -> Iterator:
@@ -423,7 +468,20 @@ def _content(run) -> list:
     return [child for child in run if _local(child) != "rPr"]
 
 
+def _hidden(run) -> bool:
+    """Whether the run's own properties hide it (w:vanish, w:specVanish), unless set off."""
+    for properties in (child for child in run if _local(child) == "rPr"):
+        for flag in properties:
+            if _local(flag) in ("vanish", "specVanish"):
+                value = next((v for k, v in flag.attrib.items()
+                              if k.rsplit("}", 1)[-1] == "val"), "true")
+                return value.lower() not in ("0", "false", "off")
+    return False
+
+
 def _run_kind(run) -> str:
+    if _hidden(run):
+        return "other"  # not shown: neither translated nor given words
     names = [_local(child) for child in _content(run)]
     if all(name in _TEXT for name in names):
         return "text"
