@@ -5,6 +5,7 @@ from conftest import SHALLOW
 from flax import nnx
 
 from data.tokenizer import SpecialIds
+from nmt.models.translations import Hypothesis
 from nmt.models.translator import Translator
 from transformer.config import SearchConfig, get_preset
 from transformer.model import Transformer
@@ -73,6 +74,22 @@ def test_nbest_lists_hold_only_the_hypotheses_the_search_found(vocab_size, limit
         assert len({h.tokens for h in nbest}) == found
         scores = [h.score for h in nbest]
         assert scores == sorted(scores, reverse=True) and min(scores) > -1e3, scores
+
+
+def test_input_mistakes_are_named_and_a_sentence_of_no_tokens_is_an_empty_one():
+    translator = Translator(tiny_model(), NumberTokenizer(),
+                            SearchConfig(beam_size=2, max_len_a=0, max_len_b=1), batch_tokens=16)
+    with pytest.raises(TypeError, match="a list of strings, got one str: pass"):
+        translator.translate("5 6 7")  # else each character is a sentence
+    with pytest.raises(ValueError, match="1 line numbers for 2 sentences"):
+        translator.translate_all(["5", "6"], line_numbers=[4])
+    # A zero-width space, say: not blank, but no tokens. It is answered as an empty line
+    # is, not searched from EOS alone, and not counted as reaching the output limit.
+    sources = ["5 6 7 8 9 10 11 12 13", "\u200b", "5", "5 6 7 8 9 10 11 12 13 14 15 16", "6"]
+    done = translator.translate_all(sources, ids=NumberTokenizer().encode(
+        [s if s.strip("\u200b") else "" for s in sources]))
+    assert done.nbest[1] == [Hypothesis("", 0.0, ())]
+    assert done.reached_limit == [1, 3, 4, 5]  # every searched line (a limit of 1), in order
 
 
 def test_top_k_beyond_the_vocabulary_is_refused_with_the_size():

@@ -219,7 +219,9 @@ class CTranslate2Translator:
     size as for the JAX engine.
     Sampling draws from CTranslate2's random generator, seeded with `seed` (its stream is not
     JAX's: samples differ between engines), one batch at a time so that a seed reproduces
-    a run. Several threads may call one translator at once.
+    a run. The generator is one per process and each translator made seeds it again: with
+    several in a process (a server of several pairs), a seed reproduces the samples of the
+    last one made. Several threads may call one translator at once.
     """
 
     engine = ENGINE

@@ -39,7 +39,7 @@ class Translations:
 
     nbest: list[list[Hypothesis]]
     truncated: list[int]      # lines cut to the model's positions (each warned about)
-    reached_limit: list[int]  # lines whose best translation ends where EOS was forced
+    reached_limit: list[int]  # lines whose best translation ends where EOS was forced, in order
     batches: list[BatchStats]
 
 
@@ -73,7 +73,8 @@ def refuse_long_sources(ids: list[list[int]], limit: int, first_line: int, sourc
 class CallSources:
     """What every engine's `translate_all` does before searching: the sentences' ids (encoded
     unless given), cut to the model's positions with a warning naming each line, and the
-    empty sentences answered with empty hypotheses. `todo`: the indices left to search."""
+    empty sentences (blank, or of no tokens: a zero-width space alone) answered with empty
+    hypotheses. `todo`: the indices left to search."""
 
     ids: list[list[int]]
     results: list[list[Hypothesis] | None]
@@ -86,15 +87,20 @@ class CallSources:
            ids: Sequence[Sequence[int]] | None, line_numbers: Sequence[int] | None,
            first_line: int, source: str, progress: Callable[[int], None] | None
            ) -> "CallSources":
+        if isinstance(sentences, (str, bytes)):
+            raise TypeError("sentences must be a list of strings, got one "
+                            f"{type(sentences).__name__}: pass [text] to translate one")
         if line_numbers is None:
             line_numbers = range(first_line, first_line + len(sentences))
+        elif len(line_numbers) != len(sentences):
+            raise ValueError(f"{len(line_numbers)} line numbers for {len(sentences)} sentences")
         if ids is None:
             ids = tokenizer.encode(list(sentences), "source")
         elif len(ids) != len(sentences):
             raise ValueError(f"{len(ids)} rows of token ids for {len(sentences)} sentences")
         rows, truncated = truncate_sources(list(ids), limit, line_numbers, source)
         results: list[list[Hypothesis] | None] = [None] * len(sentences)
-        empty = [i for i, sentence in enumerate(sentences) if not sentence.strip()]
+        empty = [i for i, sentence in enumerate(sentences) if not sentence.strip() or not rows[i]]
         for i in empty:
             results[i] = [Hypothesis("", 0.0, ())] * nbest
         if progress is not None and empty:

@@ -191,7 +191,7 @@ class Translator:
             batches.append(stats)
             if progress is not None:
                 progress(len(rows))
-        return Translations(results, call.truncated_lines, reached_limit,  # type: ignore
+        return Translations(results, call.truncated_lines, sorted(reached_limit),  # type: ignore
                             batches)
 
     def score(self, sources: Sequence[str], references: Sequence[str],
