@@ -439,7 +439,7 @@ def defaults() -> Layer:
 # replaces the source of earlier layers (a --train-file flag beside a recipe's train_prefix).
 SOURCE_KEYS = (("train_prefix", "train_file", "dataset", "builtin"),
                ("valid_prefix", "valid_file"), ("test_prefix", "test_file"))
-_DROPPED_WITH = {"dataset": "dataset_config"}  # a source's key -> one that goes with it
+_GOES_WITH = {"dataset": ("dataset_config",)}  # a source's key -> those that go with it
 
 
 def merge(*layers: Layer) -> Layer:
@@ -454,8 +454,8 @@ def merge(*layers: Layer) -> Layer:
         for keys in SOURCE_KEYS:
             if any(layer["data"].get(key, (None,))[0] for key in keys):
                 for key in keys:
-                    merged["data"].pop(key, None)
-                    merged["data"].pop(_DROPPED_WITH.get(key, ""), None)
+                    for name in (key, *_GOES_WITH.get(key, ())):
+                        merged["data"].pop(name, None)
         for section, values in layer.items():
             merged[section].update(values)
     return merged
