@@ -113,3 +113,21 @@ def test_requests_the_server_refuses_after_their_charge_cost_nothing():
     full[0] = False
     assert [translate(8), translate(8), translate(4)] == [200, 200, 200]
     assert translate(1) == 429
+
+
+def test_never_fitting_is_413_before_any_429_and_retry_after_is_the_longest_wait(clock):
+    limiter = RateLimiter(RateLimits(requests=1, characters=40))
+    limiter.charge("a", 1, 1)             # the request limit is used up
+    assert refused(limiter, "a", 1, 41).status == 413  # waiting would not help
+    limiter = RateLimiter(RateLimits(requests=3, characters=40))
+    limiter.charge("a", 1, 1)
+    clock[0] += 1
+    limiter.charge("a", 1, 1)
+    clock[0] += 19
+    limiter.charge("a", 1, 38)
+    clock[0] += 5
+    err = refused(limiter, "a", 1, 5)     # past both: requests free at 60 s, characters at 80 s
+    assert err.status == 429 and "--char-limit-per-minute" in err.message
+    assert err.headers == {"Retry-After": "55"}
+    clock[0] += 55
+    limiter.charge("a", 1, 5)

@@ -5,10 +5,10 @@ A client is the address uvicorn gives the request: the connection's peer, or the
 trusted proxy forwarded (uvicorn's FORWARDED_ALLOW_IPS, 127.0.0.1 by default, so that a
 server behind a local nginx limits each of nginx's clients rather than nginx). A request of
 several texts costs one request per text (LibreTranslate counts them so too). A request past
-either limit is refused with 429 and Retry-After (the seconds until the window has room for
-it), and costs nothing; one that could never fit a minute's budget is refused with 413,
-since waiting would not help. A request the server refuses after charging it (a full queue,
-say) is given its charge back (`RateLimiter.refund`).
+either limit is refused with 429 and Retry-After (the seconds until every window has room for
+it), and costs nothing; one that could never fit a minute's budget of either is refused with
+413 whatever the other limit says, since waiting would not help. A request the server refuses
+after charging it (a full queue, say) is given its charge back (`RateLimiter.refund`).
 
 Each window is a queue of (time, cost) with its running total, so that a request costs the
 same whatever the limit: a window kept in units (the `limits` package's moving window) copies
@@ -78,31 +78,45 @@ class RateLimiter:
 
     def charge(self, client: str, requests: int, characters: int) -> Charge:
         """Count a request of `requests` texts and `characters` characters from `client`, or
-        RequestError 429 (with Retry-After) if it would pass a limit, 413 if it always
-        would. Returns what it counted, for `refund`."""
+        RequestError 413 if it could never fit a limit, else 429 (with Retry-After, the
+        longest wait of the limits it passes) if it would pass one now. Returns what it
+        counted, for `refund`."""
         now = time.monotonic()
         costs = {"requests": max(requests, 1), "characters": characters}
-        windows = []
         for name, flag, limit in self._limits:
             if costs[name] > limit:
                 raise RequestError(413, f"the request counts {costs[name]} {name}, more than "
                                         f"this server allows a client per minute ({limit}, "
                                         f"{flag}); send less at a time")
-            window = self._windows.setdefault((name, client), _Window())
-            window.expire(now)
-            wait = window.wait(costs[name], limit, now)
-            if wait > 0:
-                seconds = max(1, math.ceil(wait))
-                raise RequestError(429, f"Slowdown: {limit} {name} per minute per client "
-                                        f"({flag}); try again in {seconds} s",
-                                   {"Retry-After": str(seconds)})
-            windows.append((window, costs[name]))
-        charged = [(window, (now, cost)) for window, cost in windows]
+        windows = [(self._window(rule[0], client, now), costs[rule[0]], rule)
+                   for rule in self._limits]
+        self._refuse_if_over(windows, now)
+        charged = [(window, (now, cost)) for window, cost, _ in windows]
         for window, entry in charged:
             window.spent.append(entry)
             window.total += entry[1]
         self._sweep(now)
         return charged
+
+    def _window(self, name: str, client: str, now: float) -> _Window:
+        window = self._windows.setdefault((name, client), _Window())
+        window.expire(now)
+        return window
+
+    @staticmethod
+    def _refuse_if_over(windows: list[tuple[_Window, int, tuple[str, str, int]]],
+                        now: float) -> None:
+        """429 if any window lacks room, naming the limit whose room comes last."""
+        if not windows:
+            return
+        wait, (name, flag, limit) = max(
+            ((window.wait(cost, rule[2], now), rule) for window, cost, rule in windows),
+            key=lambda waited: waited[0])
+        if wait > 0:
+            seconds = max(1, math.ceil(wait))
+            raise RequestError(429, f"Slowdown: {limit} {name} per minute per client "
+                                    f"({flag}); try again in {seconds} s",
+                               {"Retry-After": str(seconds)})
 
     @staticmethod
     def refund(charged: Charge) -> None:
