@@ -468,6 +468,35 @@ def test_an_alignment_past_the_timeout_is_a_504():
     assert status == 504 and "(--timeout)" in error and "\n" not in error
 
 
+# ----------------------------------------------------------------------------- metrics
+
+
+def in_process_client(**options):
+    """Starlette's test client on a server of no models, and its metrics' exposition."""
+    from starlette.testclient import TestClient
+
+    from nmt.serving.app import build_app
+    from nmt.serving.catalog import Catalog
+    from nmt.serving.limits import ServerLimits
+    from nmt.serving.metrics import Metrics
+    from nmt.serving.service import Service
+
+    service = Service(Catalog([]), ServerLimits(), Metrics(), ready=True)
+    return (TestClient(build_app(service, **options)),
+            lambda: service.metrics.exposition().decode())
+
+
+def test_requests_are_counted_by_their_routes_path_template():
+    client, exposition = in_process_client()
+    assert client.get("/download_file/gone.txt").status_code == 404
+    assert client.get("/no/such/path").status_code == 404
+    big = client.post("/translate", content=b"x" * 2_000_000)  # refused before routing
+    assert big.status_code == 413
+    assert 'nmt_requests_total{code="404",endpoint="/download_file/{name}"} 1.0' in exposition()
+    assert 'nmt_requests_total{code="413",endpoint="/translate"} 1.0' in exposition()
+    assert 'nmt_requests_total{code="404",endpoint="other"} 1.0' in exposition()
+
+
 # ----------------------------------------------------------------------------- clients
 
 

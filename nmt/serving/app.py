@@ -37,7 +37,7 @@ from starlette.exceptions import HTTPException
 from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
-from starlette.routing import Route
+from starlette.routing import Match, Route
 
 from nmt.serving import files, libretranslate, openapi, opennmt
 from nmt.serving.errors import ClientGone, RequestError, send_error, shown
@@ -109,7 +109,6 @@ ROUTES = [
     Route("/health", health, methods=["GET"]),
     Route("/metrics", metrics, methods=["GET"]),
 ]
-PATHS = frozenset(route.path for route in ROUTES)
 
 
 async def request_error(request: Request, err: Exception) -> JSONResponse:
@@ -171,8 +170,18 @@ class FaultGuard:
                                             f"({type(err).__name__}); its log says where")
 
 
+def endpoint_of(scope) -> str:
+    """The path template of the route `scope` is for ("other" if none), matched here rather
+    than read from the router's scope, since a body refused before routing has a route too."""
+    for route in ROUTES:
+        if route.matches(scope)[0] != Match.NONE:
+            return route.path
+    return "other"
+
+
 class RequestMetrics:
-    """ASGI middleware: every answer's status and time, by route (other paths as "other")."""
+    """ASGI middleware: every answer's status and time, by the path template of the route
+    that matched (`/download_file/{name}`; paths no route matches as "other")."""
 
     def __init__(self, app, service: Service):
         self.app = app
@@ -192,7 +201,7 @@ class RequestMetrics:
         try:
             await self.app(scope, receive, send_status)
         finally:
-            endpoint = scope["path"] if scope["path"] in PATHS else "other"
+            endpoint = endpoint_of(scope)
             if status is None:  # the client left before its answer
                 self.service.metrics.observe_abort(endpoint)
             else:
