@@ -497,6 +497,14 @@ def test_requests_are_counted_by_their_routes_path_template():
     assert 'nmt_requests_total{code="404",endpoint="other"} 1.0' in exposition()
 
 
+def test_cors_preflights_are_left_out_of_the_request_metrics():
+    client, exposition = in_process_client()
+    preflight = {"Origin": "https://a.example", "Access-Control-Request-Method": "POST"}
+    assert client.options("/translate", headers=preflight).status_code == 200
+    assert "nmt_requests_total{" not in exposition()
+    assert "nmt_request_seconds_count{" not in exposition()
+
+
 # ----------------------------------------------------------------------------- clients
 
 

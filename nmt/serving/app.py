@@ -179,16 +179,24 @@ def endpoint_of(scope) -> str:
     return "other"
 
 
+def is_preflight(scope) -> bool:
+    """A browser's CORS preflight: asks whether it may send a request, and is none itself."""
+    headers = {name for name, _ in scope["headers"]}
+    return (scope["method"] == "OPTIONS" and b"origin" in headers
+            and b"access-control-request-method" in headers)
+
+
 class RequestMetrics:
     """ASGI middleware: every answer's status and time, by the path template of the route
-    that matched (`/download_file/{name}`; paths no route matches as "other")."""
+    that matched (`/download_file/{name}`; paths no route matches as "other"). CORS
+    preflights are left out."""
 
     def __init__(self, app, service: Service):
         self.app = app
         self.service = service
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
+        if scope["type"] != "http" or is_preflight(scope):
             return await self.app(scope, receive, send)
         start, status = time.perf_counter(), None
 
