@@ -118,3 +118,38 @@ def test_an_abandoned_request_gives_its_places_back_at_once_and_is_not_searched(
     assert queued_after == 0
     assert answers == ["Nein."] * 10
     assert calls == [10]
+
+
+def test_the_alternatives_search_counts_in_the_pairs_metrics_and_queue():
+    """The n-best search for alternatives runs through a batcher of its own: its calls count
+    as the pair's batches and sentences, and its waiting sentences in the pair's queue."""
+    import argparse
+
+    from nmt.serving.catalog import Catalog, ServedModel
+    from nmt.serving.command import start_batchers
+    from nmt.serving.limits import ServerLimits
+    from nmt.serving.metrics import Metrics
+    from nmt.serving.service import Service
+
+    model = ServedModel(0, "de", "en", "runs/x", SleepingTranslator(), SleepingTranslator())
+    service = Service(Catalog([model]), ServerLimits(), Metrics())
+    args = argparse.Namespace(gather_tokens=10_000, searches=1, batch_wait_ms=0, max_queue=100,
+                              refill_wait_ms=0, batch_across_requests=True)
+
+    async def main():
+        executor = concurrent.futures.ThreadPoolExecutor(1)
+        start_batchers(model, service, executor, args)
+        try:
+            await model.batcher.translate(["ein Satz"])
+            await model.alternatives_batcher.translate(["zwei Sätze", "drei"])
+            model.batcher.queued_sentences, model.alternatives_batcher.queued_sentences = 1, 4
+            return service.metrics.exposition().decode()
+        finally:
+            await model.batcher.stop()
+            await model.alternatives_batcher.stop()
+            executor.shutdown()
+
+    exposition = asyncio.run(main())
+    assert 'nmt_sentences_translated_total{pair="de-en"} 3.0' in exposition
+    assert 'nmt_batch_sentences_count{pair="de-en"} 2.0' in exposition
+    assert 'nmt_queue_sentences{pair="de-en"} 5.0' in exposition

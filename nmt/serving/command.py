@@ -423,10 +423,30 @@ def warm_up(models, service, stopping: threading.Event) -> None:
                  == "jax" else "warmed up", time.perf_counter() - start)
 
 
+def start_batchers(model, service, executor, args: argparse.Namespace) -> None:
+    """Start `model`'s batcher, and its alternatives' if it has them: both counted in the
+    pair's batch metrics and its queue gauge."""
+    from nmt.serving.batching import Batcher
+
+    def batcher(translator) -> Batcher:
+        made = Batcher(translator, executor, gather_tokens=args.gather_tokens,
+                       searches=args.searches, max_wait=args.batch_wait_ms / 1000,
+                       max_queue=args.max_queue, refill_wait=args.refill_wait_ms / 1000,
+                       across_requests=args.batch_across_requests,
+                       on_batch=lambda batch: service.metrics.observe_batch(model.pair, batch))
+        made.start()
+        return made
+
+    model.batcher = batcher(model.translator)
+    if model.alternatives is not None:
+        model.alternatives_batcher = batcher(model.alternatives)
+    batchers = [b for b in (model.batcher, model.alternatives_batcher) if b is not None]
+    service.metrics.track_queue(model.pair, lambda: sum(b.queued_sentences for b in batchers))
+
+
 def make_lifespan(service, args: argparse.Namespace):
     """Start each model's batcher and the warm-up; at shutdown, stop them. A failed warm-up
     stops the server (`app.state.server`, set once it is made)."""
-    from nmt.serving.batching import Batcher
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
@@ -435,24 +455,7 @@ def make_lifespan(service, args: argparse.Namespace):
                                                          thread_name_prefix="search")
         stopping = threading.Event()
         for model in service.catalog.models:
-            model.batcher = Batcher(
-                model.translator, executor, gather_tokens=args.gather_tokens,
-                searches=args.searches,
-                max_wait=args.batch_wait_ms / 1000, max_queue=args.max_queue,
-                refill_wait=args.refill_wait_ms / 1000,
-                across_requests=args.batch_across_requests,
-                on_batch=lambda batch, pair=model.pair: service.metrics.observe_batch(pair,
-                                                                                     batch))
-            service.metrics.track_queue(model.pair,
-                                        lambda batcher=model.batcher: batcher.queued_sentences)
-            model.batcher.start()
-            if model.alternatives is not None:
-                model.alternatives_batcher = Batcher(
-                    model.alternatives, executor, gather_tokens=args.gather_tokens,
-                    searches=args.searches, max_wait=args.batch_wait_ms / 1000,
-                    max_queue=args.max_queue, refill_wait=args.refill_wait_ms / 1000,
-                    across_requests=args.batch_across_requests)
-                model.alternatives_batcher.start()
+            start_batchers(model, service, executor, args)
         service.executor = executor
         warming = loop.run_in_executor(executor, warm_up, service.catalog.models, service,
                                        stopping)
