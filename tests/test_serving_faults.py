@@ -468,6 +468,21 @@ def test_an_alignment_past_the_timeout_is_a_504():
     assert status == 504 and "(--timeout)" in error and "\n" not in error
 
 
+def test_a_translated_file_larger_than_the_store_is_refused_and_drops_no_other(monkeypatch):
+    from nmt.serving import file_store
+    from nmt.serving.errors import RequestError
+
+    monkeypatch.setattr(file_store, "KEEP_BYTES", 100)
+    store = file_store.FileStore()
+    kept = store.put(b"x" * 60, "a.txt", "text/plain")
+    with pytest.raises(RequestError) as refused:
+        store.put(b"y" * 101, "big.txt", "text/plain")
+    assert refused.value.status == 413
+    assert refused.value.message == ("the translated file is 101 bytes, more than this server "
+                                     "keeps for download (100 bytes)")
+    assert store.get(kept).data == b"x" * 60
+
+
 # ----------------------------------------------------------------------------- metrics
 
 

@@ -1,5 +1,6 @@
 """Translated files kept in memory until their download: each for `KEEP_SECONDS`, at most
-`KEEP_FILES` files and `KEEP_BYTES` bytes, the oldest dropped first."""
+`KEEP_FILES` files and `KEEP_BYTES` bytes, the oldest dropped first; a file larger than
+`KEEP_BYTES` is refused (413)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import dataclasses
 import re
 import time
 import uuid
+
+from nmt.serving.errors import RequestError
 
 KEEP_SECONDS = 30 * 60
 KEEP_FILES = 256
@@ -30,6 +33,11 @@ class FileStore:
         self._bytes = 0
 
     def put(self, data: bytes, filename: str, media_type: str) -> str:
+        """The name to download `data` by; RequestError 413 if it alone is more than the
+        store keeps (refused before any other file is dropped for it)."""
+        if len(data) > KEEP_BYTES:
+            raise RequestError(413, f"the translated file is {len(data)} bytes, more than "
+                                    f"this server keeps for download ({KEEP_BYTES} bytes)")
         self._expire()
         name = f"{uuid.uuid4().hex}.{safe_name(filename)}"
         self._files[name] = _Kept(data, media_type, filename, time.monotonic() + KEEP_SECONDS)
