@@ -87,6 +87,24 @@ def test_only_the_origins_given_may_read_answers():
     assert "access-control-allow-origin" not in answer.headers
 
 
+def test_a_refused_preflight_is_a_json_error():
+    from starlette.testclient import TestClient
+
+    from nmt.serving.app import build_app
+    from nmt.serving.catalog import Catalog
+    from nmt.serving.limits import ServerLimits
+    from nmt.serving.metrics import Metrics
+    from nmt.serving.service import Service
+
+    service = Service(Catalog([]), ServerLimits(), Metrics())
+    client = TestClient(build_app(service, cors_origins=["https://mine.example"]))
+    answer = client.options("/translate", headers={"Origin": "https://evil.example",
+                                                   "Access-Control-Request-Method": "POST"})
+    assert answer.status_code == 400 and answer.headers["content-type"] == "application/json"
+    assert answer.json() == {"error": "Disallowed CORS origin: not allowed by this server's "
+                                      "CORS settings (--cors-origins)"}
+
+
 def test_json_is_read_only_as_json(server):
     body = json.dumps({"q": POOL[0], "source": "de", "target": "en"})
     status, _, answer = server.request("POST", "/translate", body,

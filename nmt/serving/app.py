@@ -217,6 +217,20 @@ class RequestMetrics:
                                                      time.perf_counter() - start)
 
 
+class JSONCORSMiddleware(CORSMiddleware):
+    """Starlette's CORS middleware, its refused preflights answered as JSON errors too."""
+
+    def preflight_response(self, request_headers) -> Response:
+        response = super().preflight_response(request_headers)
+        if response.status_code != 400:
+            return response
+        headers = {name: value for name, value in response.headers.items()
+                   if name not in ("content-length", "content-type")}
+        return JSONResponse({"error": f"{response.body.decode()}: not allowed by this "
+                                      "server's CORS settings (--cors-origins)"},
+                            status_code=400, headers=headers)
+
+
 def build_app(service: Service, lifespan=None, cors_origins: Sequence[str] = ("*",)
               ) -> Starlette:
     """The application; `cors_origins`: the web origins whose pages may read its answers
@@ -229,7 +243,7 @@ def build_app(service: Service, lifespan=None, cors_origins: Sequence[str] = ("*
     if cors_origins:
         # Outside the body's limits and the fault guard, so that their refusals carry the
         # headers too and a page can read why it was refused.
-        app.add_middleware(CORSMiddleware, allow_origins=list(cors_origins),
+        app.add_middleware(JSONCORSMiddleware, allow_origins=list(cors_origins),
                            allow_methods=["GET", "POST"],
                            allow_headers=["Authorization", "Content-Type"],
                            expose_headers=["Retry-After"], max_age=CORS_MAX_AGE)
