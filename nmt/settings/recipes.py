@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Literal
 
 from data.config import DEFAULT_BUCKETS, DataError, check_buckets
+from nmt.runtime import cli
 from nmt.settings import derived
 from nmt.settings.config import RENAMED_SECTIONS, SECTIONS, Layer, RunConfig, SettingsError
 from transformer.config import PRESETS, get_preset
@@ -584,9 +585,8 @@ def _flag_parser(field: Field):
     def parse(text: str):
         if field.optional and text.lower() == "none" and field.kind is not str:
             return UNSET
-        if field.kind is str and not text.strip():
-            raise argparse.ArgumentTypeError(f"{text!r} is blank; give a value, or leave the "
-                                             "flag out")
+        if field.kind is str:
+            return cli.given(text)
         if field.kind is tuple:
             try:
                 return _buckets(text, field.flag)

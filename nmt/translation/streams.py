@@ -185,7 +185,6 @@ def check_output_paths(args: argparse.Namespace) -> dict[str, FileState | None]:
     Returns each output's `file_state` now: its writing compares against it at the end, so a
     file another process wrote meanwhile is not replaced silently."""
     states = {}
-    check_no_empty_paths(args)
     outputs = [(name, getattr(args, name)) for name in OUTPUT_FLAGS if getattr(args, name)]
     inputs = [(_flag(name), getattr(args, name)) for name in INPUT_FLAGS
               if getattr(args, name, None) not in (None, "-")]
