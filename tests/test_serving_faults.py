@@ -540,6 +540,7 @@ def test_clients_that_close_mid_body_are_counted_as_aborts_not_500s(guarded):
 
 
 def test_slow_headers_get_408_and_the_connection_closed(guarded):
+    counted_before = metric(guarded, "nmt_requests_total", 'code="408",endpoint="other"')
     began = time.monotonic()
     with socket.create_connection(("127.0.0.1", guarded.port), timeout=15) as sock:
         sock.sendall(b"POST /translate HTTP/1.1\r\nHost: te")
@@ -551,6 +552,8 @@ def test_slow_headers_get_408_and_the_connection_closed(guarded):
     with socket.create_connection(("127.0.0.1", guarded.port), timeout=15) as sock:
         assert sock.recv(65536).startswith(b"HTTP/1.1 408")  # nothing sent at all
     assert_live(guarded)
+    assert metric(guarded, "nmt_requests_total",
+                  'code="408",endpoint="other"') == counted_before + 2
 
 
 def test_a_request_whose_client_left_is_not_searched(run_dir, env, engine):

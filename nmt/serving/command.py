@@ -516,7 +516,8 @@ def run(args: argparse.Namespace) -> int:
     grace = math.ceil(limits.longest_request(args.alternatives_limit))  # for a stop
     server = _Server(uvicorn.Config(
         app, log_config=None, access_log=args.access_log, lifespan="on", ws="none",
-        http=with_header_timeout(limits.header_timeout), timeout_graceful_shutdown=grace))
+        http=with_header_timeout(limits.header_timeout, service.metrics),
+        timeout_graceful_shutdown=grace))
     app.state.server = server
     # uvicorn raises the signal it caught again once it has shut down; these handlers take it,
     # so that a requested stop exits 0 rather than dying of the signal.

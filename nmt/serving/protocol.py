@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import socket
+from typing import TYPE_CHECKING
 
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
@@ -22,11 +23,15 @@ from nmt.runtime.cli import UsageError
 from nmt.serving.errors import error_body
 from nmt.translation.errors import InputError
 
+if TYPE_CHECKING:
+    from nmt.serving.metrics import Metrics
+
 
 class HeaderDeadline(H11Protocol):
     """uvicorn's h11 protocol, closing connections slow to send a request's headers."""
 
     header_timeout = 10.0  # seconds; `with_header_timeout` makes a class with another
+    metrics: Metrics | None = None  # where a 408 answered here is counted (endpoint "other")
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self._header_timer: asyncio.TimerHandle | None = None
@@ -68,11 +73,16 @@ class HeaderDeadline(H11Protocol):
                              b"\r\ncontent-length: %d\r\nconnection: close\r\n\r\n%s"
                              % (len(body), body))
         self.transport.close()
+        if self.metrics is not None:  # no route is known before the request line has come
+            self.metrics.observe_request("other", 408, self.header_timeout)
 
 
-def with_header_timeout(seconds: float) -> type[HeaderDeadline]:
-    """`HeaderDeadline` with a deadline of `seconds` (uvicorn makes one per connection)."""
-    return type("HeaderDeadline", (HeaderDeadline,), {"header_timeout": seconds})
+def with_header_timeout(seconds: float, metrics: Metrics | None = None
+                        ) -> type[HeaderDeadline]:
+    """`HeaderDeadline` with a deadline of `seconds`, counting its 408s in `metrics`
+    (uvicorn makes one instance per connection)."""
+    return type("HeaderDeadline", (HeaderDeadline,),
+                {"header_timeout": seconds, "metrics": metrics})
 
 
 def listening_socket(host: str, port: int) -> socket.socket:
