@@ -3,10 +3,21 @@ checkpoint and export, whose time is reserved from what the run measured of them
 
 from __future__ import annotations
 
+import types
+
 import pytest
 
+from nmt.rundir.bookkeeping import Bookkeeping
 from nmt.settings.config import TrainerConfig
-from nmt.training.stopping import ClosingTime, Limits, StopReason, StopSignal, steps_in_flight
+from nmt.training.saving import CheckpointWriter
+from nmt.training.stopping import (
+    ClosingTime,
+    Limits,
+    PausableClock,
+    StopReason,
+    StopSignal,
+    steps_in_flight,
+)
 from nmt.training.validation import describe
 
 
@@ -107,3 +118,34 @@ def test_a_validation_cut_short_says_so_instead_of_a_score():
     result = {"loss": 2.0, "ppl": 7.39, "translated": 64, "sentences": 300}
     assert describe(12, result) == ("step 12: valid loss 2.000 ppl 7.39 (no BLEU: --max-minutes "
                                     "ran out after translating 64 of 300 sentences)")
+
+
+class BackgroundWrites:
+    """A Checkpointer whose saves return at once and whose writes end at `wait()`, taking
+    `write_seconds` of the clock the writer reads."""
+
+    def __init__(self, clock: list[float], write_seconds: float):
+        self.clock, self.write_seconds, self.in_flight = clock, write_seconds, False
+
+    def save(self, step, params, train, data, interim) -> None:
+        self.clock[0] += 0.01  # the copy before the background write
+        self.in_flight = True
+
+    def wait(self) -> None:
+        if self.in_flight:
+            self.clock[0] += self.write_seconds
+            self.in_flight = False
+
+
+def test_the_writing_reserve_counts_a_whole_checkpoint_write_not_its_first_copy(monkeypatch):
+    now = [1000.0]
+    monkeypatch.setattr("nmt.training.saving.time.monotonic", lambda: now[0])
+    closing = ClosingTime(600, averaging=False)
+    state = types.SimpleNamespace(params={}, step=0, opt_state={}, rng=None)
+    writer = CheckpointWriter(BackgroundWrites(now, write_seconds=9.0), None, StopSignal(),
+                              PausableClock(), interval=10, timed=closing.saved)
+    for step in (10, 20):
+        writer.save(step, state, Bookkeeping())
+    assert closing.save_seconds == pytest.approx(9.01)  # the first save is waited for
+    assert closing.writing() == pytest.approx(2 * 9.01)
+    assert writer.checkpoints.in_flight  # later saves write in the background

@@ -16,7 +16,9 @@ from nmt.training.stopping import PausableClock, StopSignal
 class CheckpointWriter:
     """checkpoints/<N>/ and best/<N>/ (through `checkpoints`), each written whole: a signal
     that arrives meanwhile waits for the end of the save, and the save's time is left out of
-    `clock` (the log window's tokens/s); `timed` is told each save's seconds.
+    `clock` (the log window's tokens/s); `timed` is told each save's seconds. The run's
+    first save is waited for, so that `timed` hears what writing a checkpoint takes, not just
+    the copy before the background write (the closing work's reserve rests on it).
 
     saved: (step, bookkeeping fingerprint) of the checkpoint written last (or restored), None
     before one; a save of the same step with the same bookkeeping is skipped.
@@ -28,6 +30,7 @@ class CheckpointWriter:
                  timed: Callable[[float], None] = lambda seconds: None):
         self.checkpoints, self.saved, self.interval = checkpoints, saved, interval
         self.signals, self.clock, self.timed = signals, clock, timed
+        self.write_timed = False  # a save has been waited for, and its whole time told
 
     def save(self, step: int, state: Any, bookkeeping: Bookkeeping,
              at_stop: bool = False) -> None:
@@ -42,8 +45,9 @@ class CheckpointWriter:
         with self.clock.paused(), self.signals.critical():
             self.checkpoints.save(step, state.params, checkpoint_items(state),
                                   bookkeeping.to_json(), interim)
-            if at_stop:
+            if at_stop or not self.write_timed:
                 self.checkpoints.wait()
+                self.write_timed = True
         self.timed(time.monotonic() - began)
         self.saved = (step, current)
 
