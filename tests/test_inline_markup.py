@@ -129,6 +129,20 @@ def test_void_elements_and_tags_inside_words():
     assert out == "<p>Ein <b>Fahrrad</b>.</p>"
 
 
+
+@pytest.mark.parametrize("link", ['<a href="/docs/">', "<a href=/docs/>", "<a href=/docs/ >",
+                                  "<span/>"])
+def test_a_slash_before_the_end_of_a_start_tag_leaves_the_element_open(link):
+    """As browsers read HTML, the "/" that ends an unquoted value is the value's, and "/>"
+    ends no element but a void one: each of these opens an element that encloses words."""
+    end = "</span>" if link == "<span/>" else "</a>"
+    markup = f"<p>See {link}the docs{end} now.</p>"
+    # See the docs now . -> Die Doku jetzt sehen .
+    out = translate(markup, "Die Doku jetzt sehen.", {0: 1, 1: 2, 2: 3, 3: 0, 4: 4})
+    assert out == f"<p>{link}Die Doku{end} jetzt sehen.</p>"
+    check_tags(*(text.replace("<span/>", "<span>") for text in (out, markup)))
+
+
 def test_no_word_extension_in_scripts_without_spaces():
     markup = "<p>I like <b>tea</b>.</p>"
     target = "私はお茶が好きです。"

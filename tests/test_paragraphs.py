@@ -309,6 +309,23 @@ def test_a_verbatim_element_ends_where_html_ends_it(markup, sentences):
     assert _round_trip(document) == markup
 
 
+
+@pytest.mark.parametrize("markup, sentences", [
+    ('<div translate="no"/>Kept: the div is open.</div><p>Translated.</p>', ["Translated."]),
+    ("<div translate=no/>Translated: no/ is not no.</div>", ["Translated: no/ is not no."]),
+    ("<pre/>one line\nand another</pre>", ["one line", "and another"]),  # lines in <pre>
+    # In SVG and MathML "/>" does end an element.
+    ('<svg><g translate="no"/><text>Translated.</text></svg>', ["Translated."]),
+    ('<math><mi translate="no" /><mtext>Translated.</mtext></math>', ["Translated."]),
+])
+def test_a_slash_before_the_end_of_a_start_tag_ends_only_void_and_foreign_elements(
+        markup, sentences):
+    """As browsers read HTML, "/>" ends no element but a void one, except in SVG and MathML,
+    and the "/" that ends an unquoted value (href=/docs/) is the value's."""
+    document = split_html(markup, "en")
+    assert document.sentences == sentences
+    assert _round_trip(document) == markup
+
 def test_html_malformed_markup_keeps_its_text():
     for markup, sentences in [
         ("If 1 < 2 holds. Then it is true.", ["If 1 < 2 holds.", "Then it is true."]),

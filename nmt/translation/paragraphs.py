@@ -37,7 +37,10 @@ stays one sentence (and comes back on one line); only inside <pre>, <textarea> a
 where they show, is text cut into lines as plain text is. Markup that is not well formed
 loses nothing: a "<" that does not open a tag ("a < b", "x <3", a tag never closed) is text,
 a quote that never closes is a character of its tag, and an unclosed comment runs to the end,
-as browsers read it.
+as browsers read it. As browsers do too, a start tag ending in "/>" opens an element like any
+other (<span/> and <div translate="no"/> hold what follows, up to their end): only void
+elements (<br>, <img>, ...) and, inside <svg> and <math>, tags ending in "/>" hold nothing; and
+the "/" that ends an unquoted value is the value's (<a href=/docs/> opens a link).
 
 Inline markup stays inside sentences: the start and end tags of phrasing elements (a, abbr,
 b, bdi, bdo, big, cite, code, data, del, dfn, em, font, i, ins, kbd, label, mark, nobr, q, s,
@@ -95,6 +98,8 @@ INLINE = frozenset(("a", "abbr", "b", "bdi", "bdo", "big", "cite", "code", "data
 INLINE_VOID = frozenset(("img", "wbr"))
 _VOID = frozenset(("area", "base", "br", "col", "embed", "hr", "img", "input", "link",
                    "meta", "param", "source", "track", "wbr"))
+# Elements whose contents are SVG or MathML, where "/>" ends an element (`_empty`).
+_FOREIGN = ("svg", "math")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -387,16 +392,16 @@ def _runs(markup: str) -> Iterator[tuple[str, bool, bool, tuple[Kind, str] | Non
     hidden: _KeptWhole | None = None  # the verbatim element open
     lined = 0  # <pre> depth
     for piece, is_text, tag in _pieces(markup):
-        inline = _inline(tag) if hidden is None and lined == 0 else None
+        foreign = tag is not None and _foreign(tag[1], around)
+        inline = _inline(tag, foreign) if hidden is None and lined == 0 else None
         yield piece, is_text and hidden is None, lined > 0, inline
         if tag is None:
             continue
         closing, name, attributes = tag
-        self_closing = attributes.rstrip().endswith("/")
-        if name in LINED and not self_closing:
-            lined = max(lined - 1, 0) if closing else lined + 1
-        if self_closing or name in _VOID:
+        if name in _VOID or not closing and _empty(name, attributes, foreign):
             continue
+        if name in LINED:
+            lined = max(lined - 1, 0) if closing else lined + 1
         if hidden is not None:
             ended, hidden = hidden, None
             if not ended.ends_at(closing, name, around):
@@ -479,9 +484,11 @@ class _KeptWhole:
         return False
 
 
-def _inline(tag: tuple[bool, str, str] | None) -> tuple[Kind, str] | None:
+def _inline(tag: tuple[bool, str, str] | None, foreign: bool = False
+            ) -> tuple[Kind, str] | None:
     """(kind, name) of a tag that may sit inside a sentence: a phrasing element's start or
-    end tag (not one kept whole with what it holds), or an inline void element."""
+    end tag (not one kept whole with what it holds), or an inline void element; `foreign`:
+    the tag is in SVG or MathML (`_empty`)."""
     if tag is None:
         return None
     closing, name, attributes = tag
@@ -489,9 +496,29 @@ def _inline(tag: tuple[bool, str, str] | None) -> tuple[Kind, str] | None:
         return "void", name
     if name not in INLINE or (not closing and _kept_whole(name, attributes)):
         return None
-    if attributes.rstrip().endswith("/"):
+    if not closing and _empty(name, attributes, foreign):
         return "void", name
     return ("close" if closing else "open"), name
+
+
+def _foreign(name: str, around: _OpenElements) -> bool:
+    """Whether a tag named `name` is SVG's or MathML's: <svg> and <math> themselves, and
+    every tag inside them."""
+    return name in _FOREIGN or any(element in around for element in _FOREIGN)
+
+
+def _empty(name: str, attributes: str, foreign: bool) -> bool:
+    """Whether a start tag opens an element with nothing inside it: a void element (<br>,
+    <img>), or in SVG and MathML (`foreign`) a tag ending in "/>". As browsers read HTML,
+    "/>" does not end any other element (<span/> opens a span), and a "/" that ends an
+    unquoted value belongs to the value (<a href=/docs/> opens a link)."""
+    if name in _VOID:
+        return True
+    if not foreign:
+        return False
+    written = attributes.rstrip()
+    return written.endswith("/") and not any(
+        match.end() == len(written) for match in _ATTRIBUTE.finditer(written))
 
 
 def _kept_whole(name: str, attributes: str) -> bool:
