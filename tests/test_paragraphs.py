@@ -285,6 +285,23 @@ def test_html_verbatim_elements():
     assert _round_trip(document) == markup
 
 
+
+def test_class_notranslate_marks_an_element_as_translate_no_does():
+    markup = ('<p class="brand notranslate">ACME Widget. <b>Still kept.</b></p>'
+              '<p class=notranslate>Kept too.</p><p class="NoTranslate">Translated.</p>'
+              '<p class="notranslated">Translated too.</p>'
+              '<p>Run <code class="notranslate">ls -l</code> now.</p>')
+    document = split_html(markup, "en")
+    assert document.sentences == ["Translated.", "Translated too.", "Run", "now."]
+    assert _round_trip(document) == markup
+
+
+def test_translate_yes_inside_an_element_kept_whole_is_kept_too():
+    """As in Firefox's translator, an element marked translate="no" is skipped whole."""
+    markup = ('<div translate="no">Kept. <span translate="yes">Kept too.</span></div>'
+              '<p>Translated.</p>')
+    assert split_html(markup, "en").sentences == ["Translated."]
+
 @pytest.mark.parametrize("markup, sentences", [
     ('<p translate="no">ACME Widget<p>Click here.<p>Thanks.', ["Click here.", "Thanks."]),
     ("<ul><li translate=no>ACME<li>Buy now.<li>Sell later.</ul><p>More text.</p>",

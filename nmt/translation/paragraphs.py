@@ -29,9 +29,12 @@ the whitespace around sentences is copied from the markup as written (`&nbsp;` s
 - the contents of <script> and <style>: code, not text, and not markup either (`a<b` is no
   tag there), so they are skipped up to their end tag without being scanned;
 - <template> elements and every element marked translate="no" (HTML's own way of saying "do
-  not translate": mark <code> or <pre> that holds code so), with everything inside them, up
-  to where a browser ends them: their end tag, an end tag of an element around them, or a
-  start tag that implies an end tag left out (<p translate="no">A<p>B: "B" is translated).
+  not translate": mark <code> or <pre> that holds code so) or class="notranslate" (a class
+  list holding that token, which Google Translate and Firefox honour too),
+  with everything inside them, up to where a browser ends them: their end tag, an end tag of
+  an element around them, or a start tag that implies an end tag left out (<p
+  translate="no">A<p>B: "B" is translated). Such an element is skipped whole, as Firefox's
+  translator skips it: an element marked translate="yes" inside it is not translated either.
 Elsewhere line breaks in HTML text are spaces, so a sentence wrapped over two source lines
 stays one sentence (and comes back on one line); only inside <pre>, <textarea> and <listing>,
 where they show, is text cut into lines as plain text is. Markup that is not well formed
@@ -525,7 +528,9 @@ def _kept_whole(name: str, attributes: str) -> bool:
     """Whether the element a start tag opens is kept verbatim with all it holds."""
     if name in _VOID:
         return False
-    return name in VERBATIM or _attributes(attributes).get("translate", "").lower() == "no"
+    found = _attributes(attributes)
+    return (name in VERBATIM or found.get("translate", "").lower() == "no"
+            or "notranslate" in found.get("class", "").split())
 
 
 def _attributes(text: str) -> dict[str, str]:
