@@ -547,6 +547,107 @@ def test_the_page_shows_a_settings_error_instead_of_throwing(server, browser):
     assert not [line for line in console if "Uncaught" in line], console
 
 
+
+class PageStub:
+    """The page with its security headers, as the server sends it, in front of a stand-in for
+    the rest: /frontend/settings offers `PAIRS`, and /translate answers `reply(body)`:
+    (status, reason, content type, body, seconds to wait first); by default the text, its
+    target's code in front. `asked` holds the bodies /translate was sent, in order."""
+
+    PAIRS = [{"source": "de", "target": "en"}, {"source": "en", "target": "he"}]
+
+    def __init__(self):
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        from nmt.serving.app import page, page_headers
+
+        stub = self
+        self.asked: list[dict] = []
+        self.reply = lambda body: (200, "OK", "application/json",
+                                   json.dumps({"translatedText": f"{body['target']}: {body['q']}"}),
+                                   0)
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_GET(self):
+                if self.path == "/":
+                    self.send(200, "OK", "text/html; charset=utf-8", page(), page_headers())
+                else:
+                    self.send(200, "OK", "application/json", json.dumps(
+                        {"apiKeys": False, "charLimit": 200, "pairs": stub.PAIRS}))
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                stub.asked.append(body)
+                status, reason, kind, text, wait = stub.reply(body)
+                time.sleep(wait)
+                self.send(status, reason, kind, text)
+
+            def send(self, status, reason, kind, text, headers=None):
+                data = text.encode()
+                try:
+                    self.send_response(status, reason)
+                    for name, value in {"Content-Type": kind, **(headers or {})}.items():
+                        self.send_header(name, value)
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                except ConnectionError:  # the page gave up on this answer
+                    pass
+
+        self.http = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.http.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.http.server_address[1]}"
+        threading.Thread(target=self.http.serve_forever, daemon=True).start()
+
+    def open(self, browser):
+        """The page in `browser`, once it has read the settings; (find by id, wait)."""
+        from selenium.webdriver.common.by import By
+        from selenium.webdriver.support.ui import Select, WebDriverWait
+
+        browser.get(self.url + "/")
+        wait = WebDriverWait(browser, 30)
+        wait.until(lambda driver: Select(driver.find_element(By.ID, "pair")).options)
+        return (lambda name: browser.find_element(By.ID, name)), wait
+
+
+@pytest.fixture
+def page_stub():
+    stub = PageStub()
+    yield stub
+    stub.http.shutdown()
+    stub.http.server_close()
+
+
+def _no_page_errors(browser) -> None:
+    console = [entry["message"] for entry in browser.get_log("browser")]
+    assert not [line for line in console if "Uncaught" in line or "Security Policy" in line], \
+        console
+
+
+def test_the_page_keeps_long_words_and_narrow_windows_in_its_layout(page_stub, browser):
+    """A word wider than its pane (a long URL) is broken inside the pane, not stretching it
+    past the window; in a phone's width the panes stand one above the other."""
+    find, wait = page_stub.open(browser)
+    url = "https://example.com/" + "x" * 400
+    find("source-text").send_keys(url)
+    find("translate-button").click()
+    wait.until(lambda driver: find("translation").text)
+    layout = """const box = (id) => document.getElementById(id).getBoundingClientRect();
+        return {width: innerWidth, page: document.documentElement.scrollWidth,
+                output: box("translation"), text: box("source-text")};"""
+    shown = browser.execute_script(layout)
+    assert shown["page"] <= shown["width"] and shown["output"]["right"] <= shown["width"]
+    assert shown["output"]["width"] == pytest.approx(shown["text"]["width"], abs=1)
+    browser.set_window_size(400, 700)
+    shown = browser.execute_script(layout)
+    assert shown["page"] <= shown["width"] and shown["output"]["right"] <= shown["width"]
+    assert shown["text"]["width"] >= shown["width"] - 60  # the window's width, less margins
+    assert shown["output"]["top"] >= shown["text"]["bottom"]
+    _no_page_errors(browser)
+
 # ----------------------------------------------------------------------------- before ready
 
 
