@@ -114,6 +114,26 @@ def _write(pairs: Iterable[tuple[str, str]], sink: BinaryIO, digest) -> _Counts:
     return counts
 
 
+def _open_cached(directory: Path, key: str, origin: str) -> datasets.Dataset | None:
+    """The dataset of cache entry `key` (`KEY.json` and `KEY.arrow`), or None when it is
+    absent, or incomplete or damaged (a file removed, truncated or overwritten), which the
+    caller then writes again."""
+    meta, arrow = directory / f"{key}.json", directory / f"{key}.arrow"
+    if not meta.is_file():
+        return None
+    try:
+        counts = _Counts.from_json(json.loads(meta.read_text()))
+        dataset = open_pairs(arrow, key)
+        if len(dataset) != counts.kept:
+            raise ValueError(f"{len(dataset)} pairs, not the {counts.kept} written")
+    except (OSError, ValueError, KeyError, TypeError, pa.ArrowException) as err:
+        log.warning("%s: the text cache entry %s is incomplete or damaged (%s); reading the "
+                    "input again", origin, arrow, err)
+        return None
+    counts.log(origin, cached=arrow)
+    return dataset
+
+
 def cached_pairs(pairs: Iterator[tuple[str, str]], origin: str, key: str | None,
                  input_bytes: int = 0, cache_dir: str | Path | None = None
                  ) -> datasets.Dataset:
@@ -124,10 +144,8 @@ def cached_pairs(pairs: Iterator[tuple[str, str]], origin: str, key: str | None,
     text and its encoding must fit. Raises `DataError` when no pair has two non-empty sides.
     """
     directory = _text_dir(cache_dir)
-    if key is not None and (directory / f"{key}.json").is_file():
-        counts = _Counts.from_json(json.loads((directory / f"{key}.json").read_text()))
-        counts.log(origin, cached=directory / f"{key}.arrow")
-        return open_pairs(directory / f"{key}.arrow", key)
+    if key is not None and (cached := _open_cached(directory, key, origin)) is not None:
+        return cached
     check_free_space(directory, (TEXT_BYTES_PER_TEXT_BYTE + ENCODED_BYTES_PER_TEXT_BYTE)
                      * input_bytes, f"reading and encoding {origin}")
     directory.mkdir(parents=True, exist_ok=True)

@@ -23,7 +23,14 @@ import sentencepiece as spm
 from data.config import DataError, TokenizerConfig, default_cache_dir
 from data.corpus import iter_text
 from data.disk import ENCODED_BYTES_PER_TEXT_BYTE, check_free_space
-from data.store import TokenStore, arrow_file_rows, is_store, join_stores, write_store
+from data.store import (
+    TokenStore,
+    arrow_file_rows,
+    is_store,
+    join_stores,
+    store_damage,
+    write_store,
+)
 from data.tokenizer import (
     Tokenizer,
     TokenizerBase,
@@ -31,7 +38,7 @@ from data.tokenizer import (
     tokenizer_present,
     train_tokenizer,
 )
-from transformer.atomic_files import write_atomically
+from transformer.atomic_files import sync_directory, write_atomically
 
 log = logging.getLogger("data")
 
@@ -227,15 +234,31 @@ def _encode_to(target: Path, split: datasets.Dataset, tokenizer: TokenizerBase,
     check_free_space(target.parent, ENCODED_BYTES_PER_TEXT_BYTE * split.data.nbytes,
                      f"encoding {len(split)} pairs")
     num_proc = default_workers(len(split)) if num_proc is None else num_proc
+    _discard_damaged(target)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
     try:
         write_store(tmp, _encoded_rounds(split, tokenizer, num_proc, tmp))
         tmp.rename(target)
+        sync_directory(target.parent)
     except OSError:
         if not is_store(target):
             raise
     finally:  # another process finished the same entry first (theirs is identical), or failed
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _discard_damaged(target: Path) -> None:
+    """Remove the store at `target` when it is there but damaged (a file truncated or
+    removed since it was written), so that it is written again. It is moved aside first:
+    another process finding it gone writes its own."""
+    if not target.exists() or (damage := store_damage(target)) is None:
+        return
+    log.warning("encoded store %s is incomplete or damaged (%s); encoding it again", target,
+                damage)
+    aside = Path(tempfile.mkdtemp(prefix=f".{target.name}-damaged-", dir=target.parent))
+    with contextlib.suppress(FileNotFoundError):  # another process moved it first
+        target.rename(aside / target.name)
+    shutil.rmtree(aside, ignore_errors=True)
 
 
 def _encoded_rounds(split: datasets.Dataset, tokenizer: TokenizerBase, num_proc: int,
@@ -334,10 +357,12 @@ def _encode_share(split: datasets.Dataset, tokenizer: TokenizerBase,
 
 def _join(target: Path, parts: list[Path]) -> None:
     """Join the stores `parts` into `target`, through a temporary directory beside it."""
+    _discard_damaged(target)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
     try:
         rows = join_stores(tmp, parts)
         tmp.rename(target)
+        sync_directory(target.parent)
         log.info("joined %d shares (%d pairs) into %s", len(parts), rows, target)
     except OSError:  # another run sharing the cache joined the same shares first (and may
         if not is_store(target):  # have removed them): its store is identical

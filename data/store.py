@@ -24,6 +24,9 @@ from typing import Iterable, Iterator
 import numpy as np
 import pyarrow as pa
 
+from data.config import DataError
+from transformer.atomic_files import write_atomically
+
 SIDES = ("src", "tgt")
 META_FILE = "store.json"
 _COPY_BLOCK = 64 << 20
@@ -64,12 +67,17 @@ class TokenStore:
 
     @classmethod
     def open(cls, path: str | Path) -> "TokenStore":
-        """The store in directory `path`, memory-mapped read-only."""
+        """The store in directory `path`, memory-mapped read-only. Raises `DataError` naming
+        the store when it is incomplete or damaged (`store_damage`)."""
         path = Path(path)
+        damage = store_damage(path)
+        if damage is not None:
+            raise DataError(f"{path}: encoded store is incomplete or damaged ({damage}); "
+                            "delete that directory and run again to encode the data anew")
         meta = json.loads((path / META_FILE).read_text())
-        rows = meta["rows"]
         sides = [Ragged(_map(path / f"{side}.ids", np.int32, meta[f"{side}_tokens"]),
-                        _map(path / f"{side}.offsets", np.int64, rows + 1)) for side in SIDES]
+                        _map(path / f"{side}.offsets", np.int64, meta["rows"] + 1))
+                 for side in SIDES]
         return cls(*sides, path=path)
 
     @classmethod
@@ -93,9 +101,40 @@ def _map(path: Path, dtype, count: int) -> np.ndarray:
     return np.memmap(path, dtype=np.dtype(dtype).newbyteorder("<"), mode="r", shape=(count,))
 
 
+def _file_sizes(meta: dict) -> dict[str, int]:
+    """Bytes of each file of a store with metadata `meta`."""
+    sizes = {}
+    for side in SIDES:
+        sizes[f"{side}.ids"] = 4 * meta[f"{side}_tokens"]
+        sizes[f"{side}.offsets"] = 8 * (meta["rows"] + 1)
+    return sizes
+
+
+def store_damage(path: str | Path) -> str | None:
+    """What makes the store in directory `path` unusable (no metadata, or a file missing or
+    of another size than the metadata says), None when it is complete."""
+    path = Path(path)
+    try:
+        meta = json.loads((path / META_FILE).read_text())
+        sizes = _file_sizes(meta)
+    except FileNotFoundError:
+        return f"no {META_FILE}"
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        return f"{META_FILE} unreadable: {err}"
+    for name, size in sizes.items():
+        try:
+            found = (path / name).stat().st_size
+        except OSError:
+            return f"{name} missing"
+        if found != size:
+            return f"{name} holds {found} bytes, not {size}"
+    return None
+
+
 def is_store(path: str | Path) -> bool:
-    """Whether `path` holds a complete store (its metadata is written last)."""
-    return (Path(path) / META_FILE).is_file()
+    """Whether `path` holds a complete store (its metadata is written last, and every file
+    has the size that it gives)."""
+    return store_damage(path) is None
 
 
 class _SideWriter:
@@ -114,8 +153,15 @@ class _SideWriter:
         self.tokens += int(lengths.sum())
 
     def close(self) -> None:
-        self.ids.close()
-        self.offsets.close()
+        for handle in (self.ids, self.offsets):
+            with handle:
+                _sync(handle)
+
+
+def _sync(handle) -> None:
+    """Put what was written to `handle` on disk, before the rename that publishes its store."""
+    handle.flush()
+    os.fsync(handle.fileno())
 
 
 def write_store(directory: str | Path, tables: Iterable, columns=("src_ids", "tgt_ids")) -> int:
@@ -171,7 +217,7 @@ def _list_values(lists) -> np.ndarray:
 
 def _write_meta(directory: Path, rows: int, tokens: list[int]) -> None:
     meta = {"rows": rows, **{f"{side}_tokens": n for side, n in zip(SIDES, tokens)}}
-    (directory / META_FILE).write_text(json.dumps(meta) + "\n")
+    write_atomically(directory / META_FILE, json.dumps(meta) + "\n")
 
 
 def join_stores(directory: str | Path, parts: list[str | Path]) -> int:
@@ -186,6 +232,7 @@ def join_stores(directory: str | Path, parts: list[str | Path]) -> int:
             for part in parts:
                 with open(Path(part) / f"{side}.ids", "rb") as source:
                     shutil.copyfileobj(source, ids, _COPY_BLOCK)
+            _sync(ids)
         base = 0
         with open(directory / f"{side}.offsets", "wb") as offsets:
             offsets.write(np.zeros(1, "<i8").tobytes())
@@ -195,6 +242,7 @@ def join_stores(directory: str | Path, parts: list[str | Path]) -> int:
                     block = ragged.offsets[start:start + _COPY_BLOCK // 8]
                     offsets.write((block + base).astype("<i8").tobytes())
                 base += len(ragged.values)
+            _sync(offsets)
         tokens.append(base)
     rows = sum(len(store) for store in stores)
     _write_meta(directory, rows, tokens)

@@ -169,6 +169,29 @@ def test_a_join_that_another_run_published_first_is_used(tmp_path, monkeypatch):
     assert store.src.to_lists() == tokenizer.encode(texts)
 
 
+def test_a_damaged_store_is_encoded_again(tmp_path, caplog):
+    """A store whose file was truncated or removed since it was written is found so, named,
+    and encoded again, not memory-mapped into "mmap length is greater than file size"."""
+    from data import encoding
+
+    texts = [f"the {w} sat on the {v} mat" for w in ("cat", "dog", "owl") for v in "abcde"]
+    split = datasets.Dataset.from_dict({"source": texts, "target": texts[::-1]})
+    tokenizer = train_tokenizer(texts, TokenizerConfig(vocab_size=300))
+    target = encoding.encode_split(split, tokenizer, tmp_path, num_proc=1).path
+    for damage in (lambda: os.truncate(target / "src.ids", 8),
+                   lambda: (target / "tgt.offsets").unlink()):
+        damage()
+        with pytest.raises(DataError, match=f"{re.escape(str(target))}: encoded store is "
+                           "incomplete or damaged .*; delete that directory"):
+            TokenStore.open(target)
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="data"):
+            store = encoding.encode_split(split, tokenizer, tmp_path, num_proc=1)
+        assert f"encoded store {target} is incomplete or damaged" in caplog.text
+        assert store.src.to_lists() == tokenizer.encode(texts)
+        assert store.tgt.to_lists() == tokenizer.encode(texts[::-1])
+
+
 def _examples_peak_bytes(path) -> tuple[int, int]:
     """(peak bytes allocated while the examples of store `path` are loaded and an epoch
     planned, bytes of the store's ids)."""
@@ -233,6 +256,24 @@ def test_reading_streams_chunks_into_the_cache(tmp_path, monkeypatch, caplog):
     # Other content is another entry.
     (tmp_path / "c.de").write_text((tmp_path / "c.de").read_text().replace("Satz", "Zeile"))
     assert read_prefix(prefix, "en", "de")[0]["target"] == "Zeile Nummer 1 ."
+
+
+def test_a_text_cache_entry_with_its_arrow_file_gone_or_cut_is_read_again(
+        tmp_path, monkeypatch, caplog):
+    """An entry whose .json is there but whose .arrow was removed or truncated is written
+    again from the input, where it stopped training with "a file: does not exist"."""
+    monkeypatch.setenv("FLAX_NMT_CACHE", str(tmp_path / "cache"))
+    prefix = _write_prefix(tmp_path, 100)
+    expected = read_prefix(prefix, "en", "de")["target"]
+    (arrow,) = (tmp_path / "cache" / "text").glob("*.arrow")
+    for damage in (arrow.unlink, lambda: os.truncate(arrow, arrow.stat().st_size // 2)):
+        damage()
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="data"):
+            pairs = read_prefix(prefix, "en", "de")
+        assert f"the text cache entry {arrow} is incomplete or damaged" in caplog.text
+        assert "read before" not in caplog.text
+        assert pairs["target"] == expected and arrow.is_file()
 
 
 def test_invalid_utf8_deep_in_a_file_names_it_and_leaves_nothing(tmp_path, monkeypatch):
