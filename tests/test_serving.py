@@ -18,6 +18,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -563,9 +564,7 @@ class PageStub:
 
         stub = self
         self.asked: list[dict] = []
-        self.reply = lambda body: (200, "OK", "application/json",
-                                   json.dumps({"translatedText": f"{body['target']}: {body['q']}"}),
-                                   0)
+        self.reply = self.echo
 
         class Handler(BaseHTTPRequestHandler):
             def log_message(self, *args):
@@ -601,6 +600,16 @@ class PageStub:
         self.http.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.http.server_address[1]}"
         threading.Thread(target=self.http.serve_forever, daemon=True).start()
+
+    @staticmethod
+    def echo(body: dict) -> tuple[int, str, str, str, float]:
+        return (200, "OK", "application/json",
+                json.dumps({"translatedText": f"{body['target']}: {body['q']}"}), 0)
+
+    @staticmethod
+    def refuse(status: int, reason: str, kind: str, text: str
+               ) -> Callable[[dict], tuple[int, str, str, str, float]]:
+        return lambda body: (status, reason, kind, text, 0)
 
     def open(self, browser):
         """The page in `browser`, once it has read the settings; (find by id, wait)."""
@@ -647,6 +656,27 @@ def test_the_page_keeps_long_words_and_narrow_windows_in_its_layout(page_stub, b
     assert shown["text"]["width"] >= shown["width"] - 60  # the window's width, less margins
     assert shown["output"]["top"] >= shown["text"]["bottom"]
     _no_page_errors(browser)
+
+
+def test_the_page_shows_an_error_answer_that_is_not_json(page_stub, browser):
+    """A proxy in front of the server (docs/serving.md) answers some requests with its own
+    HTML page: the page shows its status, not the error of reading it as JSON."""
+    nginx = ("<html>\r\n<head><title>413 Request Entity Too Large</title></head>\r\n<body>"
+             "<center><h1>413 Request Entity Too Large</h1></center><hr><center>nginx</center>"
+             "</body>\r\n</html>\r\n")
+    page_stub.reply = page_stub.refuse(413, "Request Entity Too Large", "text/html", nginx)
+    find, wait = page_stub.open(browser)
+    find("source-text").send_keys("Hallo Welt.")
+    find("translate-button").click()
+    wait.until(lambda driver: find("error").text)
+    assert find("error").text == "413 Request Entity Too Large"
+    page_stub.reply = page_stub.refuse(200, "OK", "text/html", "<html>a portal</html>")
+    find("translate-button").click()
+    wait.until(lambda driver: find("error").text.startswith("200"))
+    assert find("error").text == "200 OK: the answer holds no translation"
+    assert find("translation").text == ""
+    _no_page_errors(browser)
+
 
 # ----------------------------------------------------------------------------- before ready
 
