@@ -678,6 +678,29 @@ def test_the_page_shows_an_error_answer_that_is_not_json(page_stub, browser):
     _no_page_errors(browser)
 
 
+def test_the_page_shows_no_translation_of_another_text_or_pair(page_stub, browser):
+    """A request that failed, and a change of languages, clear the translation shown: it is
+    no translation of the text, or not into the language chosen."""
+    from selenium.webdriver.support.ui import Select
+
+    find, wait = page_stub.open(browser)
+    find("source-text").send_keys("Hallo Welt.")
+    find("translate-button").click()
+    wait.until(lambda driver: find("translation").text == "en: Hallo Welt.")
+    page_stub.reply = page_stub.refuse(429, "Too Many Requests", "application/json",
+                                       json.dumps({"error": "Too many requests"}))
+    find("source-text").send_keys(" Noch ein Satz.")
+    find("translate-button").click()
+    wait.until(lambda driver: find("error").text)
+    assert (find("error").text, find("translation").text) == ("Too many requests", "")
+    page_stub.reply = page_stub.echo
+    find("translate-button").click()
+    wait.until(lambda driver: find("translation").text == "en: Hallo Welt. Noch ein Satz.")
+    assert find("error").text == ""
+    Select(find("pair")).select_by_index(1)
+    assert find("translation").text == ""
+    _no_page_errors(browser)
+
 # ----------------------------------------------------------------------------- before ready
 
 
