@@ -146,9 +146,7 @@ class TokenizerConfig:
         if self.model_type not in ("unigram", "bpe"):
             raise DataError(f"model_type must be 'unigram' or 'bpe', got {self.model_type!r}")
         if self.subword_nbest != -1 and (self.subword_alpha is None or self.model_type == "bpe"):
-            raise DataError(f"--subword-nbest {self.subword_nbest} chooses among the N best "
-                            "segmentations of unigram sampling: give --subword-alpha with a "
-                            "unigram tokenizer, or drop --subword-nbest")
+            raise nbest_without_unigram(self.subword_nbest)
         if self.vocab_size < 300:
             raise DataError(
                 f"vocab_size {self.vocab_size} is too small: 256 byte pieces and 4 special ids "
@@ -161,6 +159,14 @@ class TokenizerConfig:
 
 
 MAX_SUBWORD_NBEST = 1000  # an N-best lattice search costs N times one segmentation
+
+
+def nbest_without_unigram(nbest: int, found: str = "") -> DataError:
+    """The error for a --subword-nbest that no unigram sampling would use; `found` says
+    what the tokenizer is instead, where that is not the flags' doing."""
+    return DataError(f"--subword-nbest {nbest} chooses among the N best segmentations of "
+                     f"unigram sampling{found}: give --subword-alpha with a unigram "
+                     "tokenizer, or drop --subword-nbest")
 
 
 def check_sampling_settings(alpha: float | None, nbest: int) -> None:

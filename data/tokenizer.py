@@ -34,7 +34,7 @@ from typing import Iterable, Literal, Sequence
 
 import sentencepiece as spm
 
-from data.config import DataError, TokenizerConfig
+from data.config import DataError, TokenizerConfig, nbest_without_unigram
 
 log = logging.getLogger(__name__)
 
@@ -185,6 +185,17 @@ class Tokenizer(TokenizerBase):
     def vocab_size(self) -> int:
         return self.processor.get_piece_size()
 
+    @property
+    def model_type(self) -> str:
+        """The SentencePiece algorithm the model was trained with, as its proto names it
+        in lower case: "unigram", "bpe", "word" or "char"."""
+        from sentencepiece import sentencepiece_model_pb2
+
+        proto = sentencepiece_model_pb2.ModelProto()
+        proto.ParseFromString(self.model_bytes)
+        return sentencepiece_model_pb2.TrainerSpec.ModelType.Name(
+            proto.trainer_spec.model_type).lower()
+
     def vocabulary(self) -> list[str]:
         """The piece of each id, in id order."""
         return [self.processor.id_to_piece(i) for i in range(self.vocab_size)]
@@ -198,6 +209,9 @@ class Tokenizer(TokenizerBase):
         return self.processor.encode(list(texts), out_type=int)
 
     def check_sampling(self, alpha: float, nbest: int) -> None:
+        if nbest != -1 and self.model_type == "bpe":  # BPE-dropout has no N best to draw from
+            raise nbest_without_unigram(
+                nbest, ", and this run's spm.model is a BPE model (--spm-model)")
         try:
             self.sample(["a b"], "source", alpha, nbest)
         except RuntimeError as err:

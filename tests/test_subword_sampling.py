@@ -230,6 +230,23 @@ def test_an_nbest_that_nothing_would_sample_from_is_refused(settings):
         TokenizerConfig(**settings)
 
 
+def test_an_nbest_with_a_given_bpe_model_is_refused(corpus):
+    """--spm-model with a BPE model and --tokenizer-type left at unigram: the model's own
+    type decides, so --subword-nbest is refused, not silently ignored by BPE-dropout."""
+    texts = corpus[0]
+    bpe = train_tokenizer(list(texts["source"]) + list(texts["target"]),
+                          TokenizerConfig(vocab_size=400, model_type="bpe"))
+    given = Tokenizer(bpe.model_bytes)
+    with pytest.raises(DataError, match=r"--subword-nbest 64 chooses among the N best "
+                                        r"segmentations of unigram sampling, and this run's "
+                                        r"spm.model is a BPE model") as caught:
+        given.check_sampling(0.1, 64)
+    assert "\n" not in str(caught.value)
+    given.check_sampling(0.1, -1)
+    corpus[1].check_sampling(0.1, 64)
+    assert (given.model_type, corpus[1].model_type) == ("bpe", "unigram")
+
+
 def test_a_tokenizer_that_cannot_sample_is_refused_in_one_line(corpus):
     import io
 
