@@ -65,18 +65,44 @@ _HELP_LOCAL = (
 def check_files(spec: CorpusSpec) -> None:
     """DataError naming the first file of `spec` that does not exist, and where to get the
     corpus (`spec.source`): before any tokenizer is trained or step compiled."""
-    paths = []
-    for prefix in (spec.train_prefix, spec.valid_prefix, spec.test_prefix):
-        if prefix:
-            paths += [Path(f"{prefix}.{spec.src}"), Path(f"{prefix}.{spec.tgt}")]
-    paths += [Path(f) for f in (spec.train_file, spec.valid_file, spec.test_file) if f]
-    for path in paths:
+    where = f"; get the corpus: {spec.source}" if spec.source else ""
+    for split in ("train", "valid", "test"):
+        prefix = getattr(spec, f"{split}_prefix")
+        for path in (Path(f"{prefix}.{spec.src}"), Path(f"{prefix}.{spec.tgt}")) if prefix else ():
+            if path.exists():
+                _check_regular(path)
+            else:
+                raise _prefix_not_found(path, prefix, spec.src, spec.tgt, f"--{split}-prefix",
+                                        where)
+    for path in (Path(f) for f in (spec.train_file, spec.valid_file, spec.test_file) if f):
         if path.exists():
             _check_regular(path)
         else:
-            where = (f"get the corpus: {spec.source}" if spec.source else
-                     "check the --train/valid/test-prefix or --*-file flags")
-            raise DataError(f"{path}: file not found; {where}")
+            raise DataError(f"{path}: file not found; "
+                            + (where[2:] or "check the --train/valid/test-file flags"))
+
+
+def _prefix_not_found(path: Path, prefix: str | Path, src: str, tgt: str,
+                      flag: str = "--train/valid/test-prefix", where: str = "") -> DataError:
+    """The error for file `path` of `prefix` missing: which files the prefix reads, and
+    the likely slip where there is one (a language suffix given, or a directory)."""
+    prefix = str(prefix)
+    hint = ""
+    for language in (src, tgt):
+        if prefix.endswith(f".{language}"):
+            hint = (f"; drop the language suffix: {flag} {prefix.removesuffix(f'.{language}')}")
+            break
+    else:
+        if Path(prefix).is_dir():
+            hint = (f"; {prefix} is a directory: give the files' path without the language "
+                    f"suffix, such as {Path(prefix) / 'train'} for "
+                    f"{Path(prefix) / f'train.{src}'}")
+            found = sorted(p.with_suffix("") for p in Path(prefix).glob(f"*.{src}")
+                           if p.with_suffix(f".{tgt}").is_file())
+            if found:
+                hint = f"; {prefix} is a directory: give {flag} {found[0]}"
+    return DataError(f"{path}: file not found; {flag} {prefix} with --src {src} --tgt {tgt} "
+                     f"reads {prefix}.{src} and {prefix}.{tgt}{hint}{where}")
 
 
 def _check_regular(path: Path) -> None:
@@ -108,10 +134,7 @@ def read_prefix(prefix: str | Path, src: str, tgt: str) -> datasets.Dataset:
         if path.exists():
             _check_regular(path)
         else:
-            raise DataError(
-                f"{path}: file not found; --train/valid/test-prefix {prefix} with --src {src} "
-                f"--tgt {tgt} reads {src_path} and {tgt_path}"
-            )
+            raise _prefix_not_found(path, prefix, src, tgt)
     return _files_pairs([src_path, tgt_path], "prefix", f"{prefix}.{{{src},{tgt}}}",
                         _aligned_lines(src_path, tgt_path))
 

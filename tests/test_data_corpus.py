@@ -3,6 +3,7 @@
 import json
 import logging
 import os
+import re
 import struct
 from pathlib import Path
 
@@ -136,6 +137,26 @@ def test_missing_file_is_named(tmp_path):
         read_prefix(tmp_path / "train", "en", "de")
     with pytest.raises(DataError, match=r"nothere\.tsv: file not found"):
         read_file(tmp_path / "nothere.tsv", "en", "de")
+
+
+def test_a_prefix_with_its_language_suffix_or_a_directory_gets_the_fix(tmp_path):
+    """`--train-prefix data/train.en` and `--train-prefix data` read `train.en.en` and
+    `data.en`: the error says which files a prefix reads and what to give instead, from the
+    first check (check_files) as from read_prefix."""
+    write_prefix(tmp_path / "train", PAIRS)
+    for prefix in (f"{tmp_path}/train.en", f"{tmp_path}/train.de"):
+        spec = CorpusSpec(train_prefix=prefix, src="en", tgt="de")
+        for check, flag in ((lambda: check_files(spec), "--train-prefix"),
+                            (lambda: read_prefix(prefix, "en", "de"), "--train/valid/test-prefix")):
+            with pytest.raises(DataError) as caught:
+                check()
+            assert str(caught.value) == (
+                f"{prefix}.en: file not found; {flag} {prefix} with --src en --tgt de reads "
+                f"{prefix}.en and {prefix}.de; drop the language suffix: {flag} {tmp_path}/train")
+    spec = CorpusSpec(train_prefix=str(tmp_path), src="en", tgt="de", valid_prefix=str(tmp_path))
+    with pytest.raises(DataError, match=f"{re.escape(str(tmp_path))} is a directory: give "
+                                        f"--train-prefix {re.escape(str(tmp_path))}/train$"):
+        check_files(spec)
 
 
 def test_a_directory_or_a_pipe_is_named_as_such_not_as_missing(tmp_path):
