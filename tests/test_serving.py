@@ -701,6 +701,35 @@ def test_the_page_shows_no_translation_of_another_text_or_pair(page_stub, browse
     assert find("translation").text == ""
     _no_page_errors(browser)
 
+
+def test_the_page_sends_a_request_once_and_shows_only_the_latest_answer(page_stub, browser):
+    """Ctrl+Enter while a translation is on its way sends nothing more for the same text (each
+    request counts against the rate limit); for a text changed meanwhile, or after a change of
+    languages, the answer still on its way is dropped, though it arrives last."""
+    from selenium.webdriver.common.keys import Keys
+    from selenium.webdriver.support.ui import Select
+
+    slow = ("Erster Text.", "Dritter Text.")
+    page_stub.reply = lambda body: (*page_stub.echo(body)[:4], 1.5 if body["q"] in slow else 0)
+    find, wait = page_stub.open(browser)
+    text = find("source-text")
+    text.send_keys("Erster Text.")
+    for _ in range(3):
+        text.send_keys(Keys.CONTROL, Keys.ENTER)
+    text.send_keys(" Zweiter.", Keys.CONTROL, Keys.ENTER)
+    wait.until(lambda driver: find("translation").text)
+    time.sleep(2)  # the first answer has come and gone
+    assert find("translation").text == "en: Erster Text. Zweiter."
+    assert [body["q"] for body in page_stub.asked] == ["Erster Text.", "Erster Text. Zweiter."]
+    assert find("translate-button").is_enabled()
+    text.clear()
+    text.send_keys("Dritter Text.", Keys.CONTROL, Keys.ENTER)
+    Select(find("pair")).select_by_index(1)
+    time.sleep(2)
+    assert find("translation").text == "" and find("error").text == ""
+    assert find("translate-button").is_enabled() and len(page_stub.asked) == 3
+    _no_page_errors(browser)
+
 # ----------------------------------------------------------------------------- before ready
 
 
