@@ -188,6 +188,10 @@ def _pick_pair(inner, src: str, tgt: str, where: str) -> tuple[str, str]:
     return pair
 
 
+_JSON_LINES = ("; a .json or .jsonl file must be JSON Lines, one object per line (a JSON array "
+               "converts with: jq -c '.[]' FILE > FILE.jsonl)")
+
+
 def _jsonl_pairs(path: Path, src: str, tgt: str) -> Iterator[tuple[str, str]]:
     """One pair per JSON object, flat or under a `translation` key; blank lines skipped."""
     for line_no, line in enumerate(iter_lines(path), start=1):
@@ -196,9 +200,11 @@ def _jsonl_pairs(path: Path, src: str, tgt: str) -> Iterator[tuple[str, str]]:
         try:
             record = json.loads(line)
         except json.JSONDecodeError as err:
-            raise DataError(f"{path} line {line_no}: not valid JSON ({err.msg})") from None
+            hint = _JSON_LINES if line.lstrip().startswith("[") else ""
+            raise DataError(f"{path} line {line_no}: not valid JSON ({err.msg}){hint}") from None
         if not isinstance(record, dict):
-            raise DataError(f"{path} line {line_no}: expected a JSON object, got {line[:60]!r}")
+            raise DataError(f"{path} line {line_no}: expected a JSON object, got "
+                            f"{line[:60]!r}{_JSON_LINES}")
         inner = record.get("translation", record)  # flat, or nested under "translation"
         yield _pick_pair(inner, src, tgt, where=f"{path} line {line_no}")
 
@@ -600,7 +606,9 @@ def hold_out_validation(train: datasets.Dataset, fraction: float, max_pairs: int
     """
     n = len(train)
     if n < 2:
-        raise DataError(f"need at least 2 training pairs to hold out a validation set, got {n}")
+        raise DataError(f"need at least 2 training pairs to hold out a validation set, got {n}; "
+                        "give a validation set (--valid-prefix or --valid-file) or more "
+                        "training pairs")
     size = max(1, min(max_pairs, round(fraction * n)))
     parts = train.train_test_split(test_size=size, seed=seed, shuffle=True)
     log.info(

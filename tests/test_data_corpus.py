@@ -292,6 +292,27 @@ def test_validation_holdout_is_capped(tmp_path):
     assert len(load_corpus(spec)["validation"]) == 3
 
 
+def test_one_training_pair_without_validation_says_what_to_give(tmp_path):
+    spec = CorpusSpec(train_prefix=str(write_prefix(tmp_path / "train", PAIRS[:1])))
+    with pytest.raises(DataError, match=r"need at least 2 training pairs to hold out a "
+                                        r"validation set, got 1; give a validation set "
+                                        r"\(--valid-prefix or --valid-file\) or more training "
+                                        r"pairs$"):
+        load_corpus(spec)
+
+
+@pytest.mark.parametrize("text", [json.dumps([{"en": "a", "de": "b"}]) + "\n",
+                                  json.dumps([{"en": "a", "de": "b"}], indent=2) + "\n"])
+def test_a_json_array_is_told_to_be_json_lines(tmp_path, text):
+    """One array on one line, or spread over many: either way the file is not JSON Lines."""
+    path = tmp_path / "train.json"
+    path.write_text(text)
+    with pytest.raises(DataError, match=r"train\.json line 1: .*; a \.json or \.jsonl file "
+                                        r"must be JSON Lines, one object per line") as caught:
+        read_file(path, "en", "de")
+    assert "\n" not in str(caught.value)
+
+
 # ---------------------------------------------------------------------------------------------
 # Built-in gettext corpus
 
