@@ -730,6 +730,29 @@ def test_the_page_sends_a_request_once_and_shows_only_the_latest_answer(page_stu
     assert find("translate-button").is_enabled() and len(page_stub.asked) == 3
     _no_page_errors(browser)
 
+
+def test_the_page_writes_right_to_left_text_right_to_left(page_stub, browser):
+    """The text and its translation each take the direction of their first letters, and the
+    translation is marked with its language (for screen readers, fonts, hyphenation)."""
+    from selenium.webdriver.support.ui import Select
+
+    page_stub.reply = page_stub.refuse(200, "OK", "application/json",
+                                       json.dumps({"translatedText": "שלום עולם."}))
+    find, wait = page_stub.open(browser)
+    Select(find("pair")).select_by_index(1)
+    find("source-text").send_keys("Hello world.")
+    find("translate-button").click()
+    wait.until(lambda driver: find("translation").text)
+    direction = "return getComputedStyle(arguments[0]).direction"
+    assert browser.execute_script(direction, find("translation")) == "rtl"
+    assert find("translation").get_attribute("lang") == "he"
+    assert browser.execute_script(direction, find("source-text")) == "ltr"
+    find("source-text").clear()
+    find("source-text").send_keys("שלום עולם.")
+    assert browser.execute_script(direction, find("source-text")) == "rtl"
+    _no_page_errors(browser)
+
+
 # ----------------------------------------------------------------------------- before ready
 
 
