@@ -753,6 +753,14 @@ def test_the_page_writes_right_to_left_text_right_to_left(page_stub, browser):
     _no_page_errors(browser)
 
 
+def test_the_page_counts_characters_as_the_server_does(page_stub, browser):
+    """The server's --char-limit counts code points: an emoji is one, not two UTF-16 units."""
+    find, wait = page_stub.open(browser)
+    browser.execute_script("arguments[0].value = arguments[1];"
+                           "arguments[0].dispatchEvent(new Event('input'))",
+                           find("source-text"), "\U0001F600" * 150 + "é")
+    assert find("count").text == "151 / 200 characters"
+
 # ----------------------------------------------------------------------------- before ready
 
 
