@@ -3,8 +3,11 @@
 Lines are split on "\\n" only (as sacreBLEU reads files): `str.splitlines` would also split on
 characters such as U+2028 or \\x1c that occur inside real sentences and break the alignment of
 two files. A "\\r" before the "\\n" is dropped, and so is a UTF-8 byte order mark starting the
-text (editors on Windows write one; it is not text). Invalid UTF-8 raises `DataError` naming
-the file, the line and the byte, and how to convert the file.
+text (editors on Windows write one; it is not text). A "\\r" anywhere else stays in the line,
+and `iter_lines` warns once per file with how many lines hold one and how to convert the file:
+a file with old Mac line endings ("\\r" alone) would otherwise be read as one long line.
+Invalid UTF-8 raises `DataError` naming the file, the line and the byte, and how to convert
+the file.
 
 A line longer than `MAX_LINE_BYTES` is a `DataError` naming its number: no sentence is that
 long, and such a "line" (a binary file, a file of NUL bytes, a text without line breaks)
@@ -17,6 +20,7 @@ A path may name any readable file that is not a directory: a pipe (`<(command)`,
 
 from __future__ import annotations
 
+import logging
 import os
 import select
 import stat
@@ -24,6 +28,8 @@ from pathlib import Path
 from typing import Iterator
 
 from data.config import DataError
+
+log = logging.getLogger("data")
 
 BOM = "\ufeff"  # the UTF-8 byte order mark, as text
 MAX_LINE_BYTES = 4 << 20  # 4 MiB: a thousand times a long paragraph
@@ -54,11 +60,26 @@ def decode_line(raw: bytes, where: str, line_no: int) -> str:
     return line.removeprefix(BOM) if line_no == 1 else line
 
 
-def _too_long(where: str, line_no: int, limit: int) -> DataError:
+def _too_long(where: str, line_no: int, limit: int, carriage_returns: bool = False
+              ) -> DataError:
     size = f"{limit} bytes" + (f" ({limit >> 20} MiB)" if limit >= 1 << 20 else "")
+    if carriage_returns:  # old Mac line endings: the "\n" this reader splits on never comes
+        return DataError(
+            f"{where} line {line_no}: longer than {size} without a line break (\\n), and it "
+            f"holds carriage returns (\\r): {_CR_HINT}")
     return DataError(
         f"{where} line {line_no}: longer than {size} without a line break; give text with "
         "one sentence per line (split that line), or check that this is the file you meant")
+
+
+_CR_HINT = ("lines end in \\r alone (old Mac line endings?) and are split on \\n only; "
+            "convert the file with tr '\\r' '\\n' < FILE > FILE.unix (or dos2unix -c mac FILE)")
+
+
+def _warn_carriage_returns(where: str, count: int, first: int) -> None:
+    log.warning("%s: a carriage return (\\r) inside %d of its lines (the first: line %d), "
+                "so each may be several sentences read as one: %s", where, count, first,
+                _CR_HINT)
 
 
 def open_text(path: str | Path, missing_hint: str = "check the path"):
@@ -80,15 +101,21 @@ def iter_lines(path: str | Path, missing_hint: str = "check the path",
     """The lines of a UTF-8 text file, streamed. `missing_hint` ends the error for a missing
     file; a line longer than `max_line_bytes` is a DataError."""
     with open_text(path, missing_hint) as handle:
-        line_no = 0
+        line_no = with_cr = first_cr = 0
         while True:
             raw = handle.readline(max_line_bytes + 1)  # binary files split on b"\n" only
             if not raw:
-                return
+                break
             line_no += 1
             if len(raw) > max_line_bytes and not raw.endswith(b"\n"):
-                raise _too_long(str(path), line_no, max_line_bytes)
-            yield decode_line(raw, str(path), line_no)
+                raise _too_long(str(path), line_no, max_line_bytes, b"\r" in raw)
+            line = decode_line(raw, str(path), line_no)
+            if "\r" in line:
+                with_cr += 1
+                first_cr = first_cr or line_no
+            yield line
+    if with_cr:
+        _warn_carriage_returns(str(path), with_cr, first_cr)
 
 
 def read_lines(path: str | Path) -> list[str]:
@@ -147,7 +174,8 @@ def stream_chunks(fd: int, max_lines: int, where: str = "<stdin>",
             ready.extend(pending.split(data))
         if not ready:
             if pending.too_long:
-                raise _too_long(where, next_line, max_line_bytes)
+                raise _too_long(where, next_line, max_line_bytes,
+                                any(b"\r" in piece for piece in pending.pieces))
             return
         raw, ready = ready[:max_lines], ready[max_lines:]
         lines = []

@@ -190,6 +190,41 @@ def test_empty_lines_are_dropped_and_counted(tmp_path, caplog):
     assert "dropped 2 of 7 pairs with an empty side (1 empty source, 1 empty target)" in caplog.text
 
 
+def test_old_mac_line_endings_are_warned_about_once_per_file(tmp_path, caplog):
+    """Lines split on "\\n" only: a file whose lines end in "\\r" alone is one line, which
+    is kept as it is but warned about, once for each file, with how to convert it."""
+    (tmp_path / "mac.en").write_bytes(b"a b\rc d\re f\r")
+    (tmp_path / "mac.de").write_bytes(b"A B\rC D\rE F\r")
+    with caplog.at_level(logging.WARNING, logger="data"):
+        pairs = as_pairs(read_prefix(tmp_path / "mac", "en", "de"))
+    assert pairs == [("a b\rc d\re f", "A B\rC D\rE F")]
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 2
+    for warning, name in zip(warnings, ("mac.en", "mac.de")):
+        assert warning.startswith(f"{tmp_path / name}: a carriage return (\\r) inside 1 "
+                                  "of its lines (the first: line 1)")
+        assert "tr '\\r' '\\n'" in warning and "dos2unix -c mac" in warning
+    caplog.clear()
+    (tmp_path / "dos.en").write_bytes(b"a b\r\nc d\r\n")
+    (tmp_path / "dos.de").write_bytes(b"A B\nC D\n")
+    with caplog.at_level(logging.WARNING, logger="data"):
+        assert as_pairs(read_prefix(tmp_path / "dos", "en", "de")) == [("a b", "A B"),
+                                                                       ("c d", "C D")]
+    assert not caplog.records
+
+
+def test_a_long_line_of_carriage_returns_is_named_as_such(tmp_path):
+    from data import lines
+
+    (tmp_path / "mac.txt").write_bytes(b"a b\r" * 40)
+    with pytest.raises(DataError, match=r"mac\.txt line 1: longer than 64 bytes without a line "
+                                        r"break \(\\n\), and it holds carriage returns "
+                                        r"\(\\r\): .*tr '\\r' '\\n'"):
+        list(lines.iter_lines(tmp_path / "mac.txt", max_line_bytes=64))
+    with open(tmp_path / "mac.txt", "rb") as handle, pytest.raises(DataError, match="tr '"):
+        list(lines.stream_chunks(handle.fileno(), 10, max_line_bytes=64))
+
+
 def test_tsv_with_extra_tab_names_line(tmp_path):
     tsv = tmp_path / "bad.tsv"
     tsv.write_text("a\tb\nc\td\te\n", encoding="utf-8")
