@@ -83,6 +83,27 @@ def test_an_interrupted_run_resumes_without_gaps_or_repeats(run_dir, corpus, dis
         assert (out / name).read_bytes() == (distilled / name).read_bytes()
 
 
+def test_a_sampled_distillation_resumes_to_the_uninterrupted_runs_files(run_dir, corpus,
+                                                                        tmp_path, monkeypatch):
+    """Each chunk draws from the seed and its own number, not from a count of the batches
+    this process searched, which a resumed run starts again from 0."""
+    sample = ["--sample", "--temperature", "5", "--seed", "5"]
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    assert distil(run_dir, corpus, straight, *sample) == 0
+    write_part = DistillationDir.write_part
+
+    def interrupted_after_two(self, chunk, translations):
+        if chunk == 2:
+            raise KeyboardInterrupt
+        write_part(self, chunk, translations)
+
+    monkeypatch.setattr(DistillationDir, "write_part", interrupted_after_two)
+    assert distil(run_dir, corpus, resumed, *sample) == 130
+    monkeypatch.setattr(DistillationDir, "write_part", write_part)
+    assert distil(run_dir, corpus, resumed, *sample) == 0
+    assert (resumed / "train.en").read_bytes() == (straight / "train.en").read_bytes()
+
+
 def test_a_finished_distillation_is_reused_and_another_recipe_refused(run_dir, corpus,
                                                                      distilled, tmp_path,
                                                                      monkeypatch, capsys):

@@ -58,6 +58,20 @@ def test_sampling_draws_new_numbers_on_every_call_and_repeats_with_the_seed():
     assert four_calls() == first       # and the seed fixes the whole sequence
 
 
+def test_a_call_with_a_stream_number_draws_the_same_whatever_came_before():
+    search = SearchConfig(strategy="sample", max_len_a=0, max_len_b=8)
+    sentences = ["5 9 13 17", "6 10", "7 7 7"]
+    fresh = Translator(tiny_model(), NumberTokenizer(), search, seed=3)
+    first = fresh.translate_all(sentences, stream=2).nbest
+    used = Translator(tiny_model(), NumberTokenizer(), search, seed=3)
+    for stream in (None, 0, 1):
+        used.translate_all(sentences, stream=stream)
+    assert used.translate_all(sentences, stream=2).nbest == first
+    draws = {tuple(h[0].text for h in fresh.translate_all(sentences, stream=n).nbest)
+             for n in range(4)}
+    assert len(draws) > 1, draws  # other numbers, other draws
+
+
 @pytest.mark.parametrize("vocab_size, limit, found", [
     (64, 1, 1),  # EOS is forced at once: it is the one hypothesis
     (6, 2, 4),   # EOS, or UNK, 4 or 5 then EOS (PAD and BOS are never chosen)

@@ -221,7 +221,7 @@ def translate_chunks(args: argparse.Namespace, teachers: Teachers, source: Path,
                 continue
             result = translator.translate_all(lines, progress=bar.update,
                                               first_line=number * args.chunk_lines + 1,
-                                              source=str(source))
+                                              source=str(source), stream=number)
             out.write_part(number, [nbest[0].text for nbest in result.nbest])
             done += len(lines)
             elapsed = time.perf_counter() - start

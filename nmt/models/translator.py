@@ -106,9 +106,10 @@ class Translator:
     (over every call), the next ones leave their finished sentences behind as they go
     (`COMPACT_AFTER_BATCHES`); None, or a backend other than a CPU, searches every batch
     whole. Sampling draws from `seed` and a count of the batches searched so far, so calls
-    never reuse random numbers. With a `shortlist` (`transformer.shortlist`), each batch
-    searches over `shortlist_size` candidate tokens chosen for its sources. Several threads
-    may call one translator at once.
+    never reuse random numbers; a call given a `stream` number draws from `seed` and that
+    number alone, so that it draws the same in any process (a resumed distillation). With a
+    `shortlist` (`transformer.shortlist`), each batch searches over `shortlist_size`
+    candidate tokens chosen for its sources. Several threads may call one translator at once.
     """
 
     def __init__(self, model: Transformer | Ensemble, tokenizer, search: SearchConfig,
@@ -169,7 +170,8 @@ class Translator:
     def translate_all(self, sentences: Sequence[str],
                       progress: Callable[[int], None] | None = None, first_line: int = 1,
                       source: str = "input", ids: Sequence[Sequence[int]] | None = None,
-                      line_numbers: Sequence[int] | None = None) -> Translations:
+                      line_numbers: Sequence[int] | None = None,
+                      stream: int | None = None) -> Translations:
         """The n-best lists of `sentences` (an empty one gives [""]) and the call's records.
         A list is shorter than `search.nbest` where the search found fewer (`real_hypotheses`).
 
@@ -177,14 +179,18 @@ class Translator:
         "`source` line N", N from `line_numbers` (one per sentence: a paragraph's sentences
         share their line) or counted from `first_line`. `ids`: the sentences' source token
         ids (`tokenizer.encode(sentences)`), where the caller has them already (the server
-        counts a request's tokens with them), so that they are not encoded twice.
+        counts a request's tokens with them), so that they are not encoded twice. `stream`:
+        sampling draws from the seed and this number (each batch of the call its own key),
+        not from the count of batches searched before, so that the call draws the same
+        whatever came before it; calls that must draw anew pass other numbers.
         """
         call = CallSources.of(sentences, self.tokenizer, self.max_source_len - 1,
                               self.strategy.nbest, ids, line_numbers, first_line, source,
                               progress)
         ids, results, todo, line_numbers = call.ids, call.results, call.todo, call.line_numbers
         reached_limit, batches = [], []
-        for stats, rows, hypotheses, at_limit in self._search_batches([ids[i] for i in todo]):
+        for stats, rows, hypotheses, at_limit in self._search_batches([ids[i] for i in todo],
+                                                                      stream):
             for row, nbest in zip(rows, hypotheses):
                 results[todo[row]] = nbest
             reached_limit.extend(line_numbers[todo[row]] for row in at_limit)
@@ -251,7 +257,7 @@ class Translator:
         if compacts:
             self.compact_after = 0  # every program compaction needs is compiled
 
-    def _search_batches(self, ids: list[list[int]]
+    def _search_batches(self, ids: list[list[int]], stream: int | None = None
                         ) -> Iterator[tuple[BatchStats, np.ndarray, list[list[Hypothesis]],
                                             np.ndarray]]:
         """Yields (the batch's cost, indices into `ids`, n-best hypotheses of those rows, the
@@ -262,8 +268,8 @@ class Translator:
         the batches before."""
         if not ids:
             return
-        batches = [self._batch(src, index)
-                   for src, index in self.plan.call_batches(ids, self.tokenizer.ids)]
+        batches = [self._batch(src, index, stream, number) for number, (src, index)
+                   in enumerate(self.plan.call_batches(ids, self.tokenizer.ids))]
         shapes = len({batch.src.shape for batch in batches})
         compiler = concurrent.futures.ThreadPoolExecutor(
             compile_threads(shapes, searching=True), thread_name_prefix="compile")
@@ -288,17 +294,24 @@ class Translator:
             # After an error or Ctrl-C, shapes not yet compiled are not waited for.
             compiler.shutdown(wait=False, cancel_futures=True)
 
-    def _batch(self, src: np.ndarray, index: np.ndarray) -> _Batch:
+    def _batch(self, src: np.ndarray, index: np.ndarray, stream: int | None,
+               in_call: int) -> _Batch:
         """The next batch, counted: sampling gets a key of each batch's own, in the order
-        batches are made; greedy and beam search draw nothing and get the seed's key as it
-        is (folding would cost them a program to load). It compacts once `compact_after`
+        batches are made (with a `stream`, the call's batch number `in_call` folded into the
+        stream's key instead); greedy and beam search draw nothing and get the seed's key as
+        it is (folding would cost them a program to load). It compacts once `compact_after`
         batches of its width were searched."""
         width = src.shape[1]
         with self._lock:
             self._batches_searched += 1
             self._batches_per_width[width] += 1
             number, of_width = self._batches_searched - 1, self._batches_per_width[width]
-        rng = jax.random.fold_in(self.rng, number) if self.strategy.draws else self.rng
+        if not self.strategy.draws:
+            rng = self.rng
+        elif stream is None:
+            rng = jax.random.fold_in(self.rng, number)
+        else:
+            rng = jax.random.fold_in(jax.random.fold_in(self.rng, stream), in_call)
         compact = self.compact_after is not None and of_width > self.compact_after
         candidates = (self.shortlist.candidates(src, self.shortlist_size)
                       if self.shortlist is not None else None)
