@@ -17,6 +17,8 @@ larger cell (one bucket up in S or T, towards S = T) and makes no shape of its o
 enough is cut into the fewest batches that fit the budget, all of one size B, so its last batch
 has only a few all-pad rows instead of being half empty. Cell sizes do not change between
 epochs, so neither do the shapes: a few dozen on real corpora (`plan_stats` reports them).
+Sampled segmentations (`data.sampling`) change the lengths every epoch; their epochs keep the
+shapes of the deterministic segmentation (`BucketGrid`, `grid_epoch`).
 
 Order. Each epoch's plan (which pairs form which batch, and the order of batches) is a pure
 function of the data, the config, the seed and the epoch number, and is the same on every
@@ -197,12 +199,15 @@ def plan_fingerprint(plan: list[PlannedBatch] | list[PackedBatch]) -> str:
     return digest.hexdigest()[:16]
 
 
-def plan_batches(examples: "Examples", config: BatchConfig, epoch: int, shuffle: bool = True
-                 ) -> list[PlannedBatch] | list[PackedBatch]:
+def plan_batches(examples: "Examples", config: BatchConfig, epoch: int, shuffle: bool = True,
+                 grid: "BucketGrid | None" = None) -> list[PlannedBatch] | list[PackedBatch]:
     """One epoch's global batches, as the config lays them out: packed rows
-    (`config.packing`, `data.packing.pack_epoch`) or bucketed batches (`bucket_epoch`)."""
+    (`config.packing`, `data.packing.pack_epoch`) or bucketed batches (`bucket_epoch`, or
+    `grid_epoch` in the fixed shapes of `grid` where one is given)."""
     if config.packing:
         return pack_epoch(examples.src_len, examples.tgt_len, config, epoch, shuffle)
+    if grid is not None:
+        return grid_epoch(examples, grid, config, epoch, shuffle)
     return bucket_epoch(examples, config, epoch, shuffle)
 
 
@@ -222,16 +227,18 @@ def _next_cell(i: int, j: int, counts: np.ndarray) -> tuple[int, int] | None:
     return up_s if counts[up_s] >= counts[up_t] else up_t
 
 
-def _split_evenly(pool: np.ndarray, max_rows: int, multiple: int, size_s: int, size_t: int
-                  ) -> list[PlannedBatch]:
-    """Cut `pool` into the fewest batches of at most `max_rows`, all of one size B.
+def _even_rows(pairs: int, max_rows: int, multiple: int) -> int:
+    """B that cuts `pairs` into the fewest batches of at most `max_rows`, all of one size:
+    the smallest multiple of `multiple` that holds them in that many batches, so only the
+    last batch has all-pad rows, fewer than `multiple` per batch plus one."""
+    n_batches = -(-pairs // max_rows)
+    rows = -(-pairs // n_batches)
+    return rows + -rows % multiple
 
-    B is the smallest multiple of `multiple` that holds the pool in that many batches, so
-    only the last batch has all-pad rows, fewer than `multiple` per batch plus one.
-    """
-    n_batches = -(-len(pool) // max_rows)
-    rows = -(-len(pool) // n_batches)
-    rows += -rows % multiple
+
+def _split_evenly(pool: np.ndarray, rows: int, size_s: int, size_t: int) -> list[PlannedBatch]:
+    """Cut `pool` into batches of `rows` rows, the last one padded with all-pad rows."""
+    n_batches = -(-len(pool) // rows)
     padded = np.concatenate([pool, np.full(n_batches * rows - len(pool), -1)])
     return [PlannedBatch(size_s, size_t, padded[b * rows:(b + 1) * rows])
             for b in range(n_batches)]
@@ -309,7 +316,104 @@ def bucket_epoch(examples: Examples, config: BatchConfig, epoch: int, shuffle: b
             # Too few for batches of their own: the next larger cell takes them.
             carried[target] = np.concatenate([carried.get(target, pool[:0]), pool])
             continue
-        batches += _split_evenly(pool, max_rows, config.num_devices, size_s, size_t)
+        batches += _split_evenly(pool, _even_rows(len(pool), max_rows, config.num_devices),
+                                 size_s, size_t)
+    if shuffle:
+        batches = [batches[k] for k in rng.permutation(len(batches))]
+    return batches
+
+
+@dataclasses.dataclass(frozen=True)
+class BucketGrid:
+    """The shapes of a bucketed plan, fixed from one set of lengths, for epochs whose
+    lengths change (sampled segmentations, `data.sampling`): their batches keep these
+    shapes, so the train step compiles no new one mid-training.
+
+    Cells are flat indices, i * n + j. `rows[c]` is the B of cell c's batches (0: it has
+    none). `dest[i, j]` is the cell with batches that takes a pair of cell (i, j): the one
+    with the least padding (S + T) that holds it; -1 where none does. `up[c]` is where the
+    pairs of cell c that fill no batch of B rows go: the cell with batches and the least
+    padding that holds every pair of c; -1 for none (c's last batch is then padded).
+    """
+
+    buckets: np.ndarray  # [n] the used buckets
+    rows: np.ndarray  # [n * n] int64
+    dest: np.ndarray  # [n, n] int64
+    up: np.ndarray  # [n * n] int64
+
+    def cells(self, src_len: np.ndarray, tgt_len: np.ndarray) -> np.ndarray:
+        """[k] the cell whose batches take each pair; -1 where none holds it."""
+        inside = (src_len <= self.buckets[-1]) & (tgt_len <= self.buckets[-1])
+        last = len(self.buckets) - 1
+        i = np.minimum(np.searchsorted(self.buckets, src_len), last)
+        j = np.minimum(np.searchsorted(self.buckets, tgt_len), last)
+        return np.where(inside, self.dest[i, j], -1)
+
+
+def bucket_grid(src_len: np.ndarray, tgt_len: np.ndarray, config: BatchConfig) -> BucketGrid:
+    """The shapes that `bucket_epoch` gives pairs of these lengths, as a `BucketGrid`."""
+    buckets = np.asarray(config.used_buckets)
+    n = len(buckets)
+    counts = np.zeros((n, n), dtype=np.int64)
+    np.add.at(counts, (np.searchsorted(buckets, src_len), np.searchsorted(buckets, tgt_len)), 1)
+    min_fill = _min_fill(counts, buckets, config)
+    pools, rows = counts.copy(), np.zeros(n * n, np.int64)
+    for i, j in _cells(n):  # bucket_epoch's carrying, with counts for pairs
+        if not pools[i, j]:
+            continue
+        max_rows = config.rows(int(buckets[i]), int(buckets[j]))
+        target = _next_cell(i, j, counts)
+        if target is not None and pools[i, j] < min_fill * max_rows:
+            pools[target] += pools[i, j]
+        else:
+            rows[i * n + j] = _even_rows(int(pools[i, j]), max_rows, config.num_devices)
+    with_batches = sorted(np.flatnonzero(rows).tolist(),  # least padding first
+                          key=lambda c: (buckets[c // n] + buckets[c % n], c))
+
+    def holding(i: int, j: int, other_than: int = -1) -> int:
+        return next((c for c in with_batches
+                     if c // n >= i and c % n >= j and c != other_than), -1)
+
+    dest = np.array([[holding(i, j) for j in range(n)] for i in range(n)], np.int64)
+    up = np.full(n * n, -1, np.int64)
+    for c in with_batches:
+        up[c] = holding(c // n, c % n, other_than=c)
+    return BucketGrid(buckets, rows, dest, up)
+
+
+def grid_epoch(examples: Examples, grid: BucketGrid, config: BatchConfig, epoch: int,
+               shuffle: bool = True) -> list[PlannedBatch]:
+    """The batches of one epoch in the shapes of `grid` alone. Each pair goes to the cell
+    that `grid` gives it; cells in order of size cut their pairs into batches of the grid's
+    B and pass those that fill no batch on (`BucketGrid.up`), so only the largest cells
+    have all-pad rows. Shuffled as `bucket_epoch`. Raises ValueError for a pair that no
+    cell of the grid holds (`SampledEpochs` gives such a pair its deterministic
+    segmentation, which always fits)."""
+    n = len(grid.buckets)
+    cell = grid.cells(examples.src_len, examples.tgt_len)
+    if (cell < 0).any():
+        k = int(np.flatnonzero(cell < 0)[0])
+        raise ValueError(f"pair {k} ({examples.src_len[k]}, {examples.tgt_len[k]} tokens) "
+                         "fits no batch shape of the grid")
+    rng = np.random.default_rng([config.seed, epoch])
+    order = rng.permutation(len(examples)) if shuffle else np.arange(len(examples))
+    order = order[np.argsort(cell[order], kind="stable")]  # grouped by cell, random within
+    starts = np.concatenate([[0], np.cumsum(np.bincount(cell, minlength=n * n))])
+    carried: dict[int, np.ndarray] = {}
+    batches: list[PlannedBatch] = []
+    for i, j in _cells(n):  # a cell's `up` comes after it
+        c = i * n + j
+        if not grid.rows[c]:
+            continue
+        own = order[starts[c]:starts[c + 1]]
+        pool = np.concatenate([carried.pop(c), own]) if c in carried else own
+        rows, up = int(grid.rows[c]), int(grid.up[c])
+        full = len(pool) - len(pool) % rows if up >= 0 else len(pool)
+        if full:
+            batches += _split_evenly(pool[:full], rows, int(grid.buckets[i]),
+                                     int(grid.buckets[j]))
+        if full < len(pool):
+            carried[up] = np.concatenate([carried.get(up, pool[:0]), pool[full:]])
     if shuffle:
         batches = [batches[k] for k in rng.permutation(len(batches))]
     return batches
@@ -403,6 +507,10 @@ class BatchIterator:
         self.process_count = process_count
         state = state or {"epoch": 0, "position": 0}
         self._epoch, self._position = int(state["epoch"]), int(state["position"])
+        # Sampled segmentations change the lengths every epoch, but not the shapes: those of
+        # the deterministic segmentation.
+        self._grid = (bucket_grid(examples.src_len, examples.tgt_len, config)
+                      if resegmented is not None and not config.packing else None)
         self._planned_epoch: int | None = None
         self._plan: list[PlannedBatch] = []
         self._planned_examples = examples
@@ -435,7 +543,8 @@ class BatchIterator:
         """The global batch plan of `epoch` (cached for the current epoch)."""
         if self._planned_epoch != epoch:
             self._planned_examples = self.examples_of(epoch)
-            self._plan = plan_batches(self._planned_examples, self.config, epoch)
+            self._plan = plan_batches(self._planned_examples, self.config, epoch,
+                                      grid=self._grid)
             self._planned_epoch = epoch
         return self._plan
 

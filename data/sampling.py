@@ -8,8 +8,9 @@ A unigram model samples a segmentation from its lattice (Kudo 2018: probabilitie
 `alpha`, over all segmentations or the `nbest` best); a BPE model drops each merge with
 probability `alpha` (BPE-dropout, Provilkov et al. 2020). SentencePiece does both. The pairs
 kept are those the deterministic segmentation kept (`data.batching.load_examples`); a pair
-whose sampled segmentation breaks the batch limits (length, length ratio, packed width) keeps
-its deterministic one for that epoch. Validation and translation never sample.
+whose sampled segmentation breaks the batch limits (length, length ratio, packed width), or
+fits none of the deterministic segmentation's bucketed batch shapes (packing off), keeps its
+deterministic one for that epoch. Validation and translation never sample.
 
 Reproducible: SentencePiece restarts its generator from one process-wide seed at every call,
 so each call (a chunk of pairs, one side) is seeded with (seed, epoch, chunk, side) under a
@@ -33,7 +34,7 @@ import datasets
 import numpy as np
 import sentencepiece as spm
 
-from data.batching import Examples
+from data.batching import Examples, bucket_grid
 from data.config import BatchConfig
 from data.store import Ragged, TokenStore
 from data.tokenizer import TokenizerBase
@@ -73,6 +74,10 @@ class SampledEpochs:
         # A packed row may be wider than max_len (rounded up to 8), but positions are not.
         self.longest = min(config.width, config.max_len) if config.packing else config.max_len
         self.max_ratio = config.max_ratio
+        # Bucketed batches keep the deterministic segmentation's shapes: a sampled pair that
+        # none of them holds keeps its deterministic ids.
+        self.grid = (None if config.packing else
+                     bucket_grid(examples.src_len, examples.tgt_len, config))
         log.info("subword regularization: the %d training pairs segmented anew every epoch "
                  "(alpha %g, nbest %d), the next epoch on a background thread",
                  len(examples), alpha, nbest)
@@ -151,8 +156,8 @@ class SampledEpochs:
                 parts.append(np.fromiter((i for row in rows for i in row), np.int32,
                                          int(lens[-1].sum())))
         log.debug("epoch %d sampled in %.1f s: %d of %d pairs kept their deterministic "
-                  "segmentation (too long sampled)", epoch, time.perf_counter() - begin,
-                  replaced, len(kept))
+                  "segmentation (sampled past the limits or the batch shapes)", epoch,
+                  time.perf_counter() - begin, replaced, len(kept))
         store = TokenStore(_ragged(src_parts, src_lens), _ragged(tgt_parts, tgt_lens))
         return Examples(store, np.arange(len(kept), dtype=np.int64),
                         store.src.lengths() + 1, store.tgt.lengths() + 1, kept.ids)
@@ -166,13 +171,16 @@ class SampledEpochs:
     def _keep_within_limits(self, positions: np.ndarray, src: list[list[int]],
                             tgt: list[list[int]]) -> int:
         """Put back the deterministic ids of the pairs (at `positions` of the kept ones) whose
-        sampled segmentation breaks the batch limits; returns how many."""
+        sampled segmentation breaks the batch limits, or fits no bucketed batch shape of the
+        deterministic segmentation (`self.grid`); returns how many."""
         kept = self.deterministic
         src_len = np.fromiter(map(len, src), np.int32, len(src)) + 1      # with EOS / BOS
         tgt_len = np.fromiter(map(len, tgt), np.int32, len(tgt)) + 1
         ratio = np.maximum(src_len, tgt_len) / np.minimum(src_len, tgt_len)
-        refused = np.flatnonzero((np.maximum(src_len, tgt_len) > self.longest)
-                                 | (ratio > self.max_ratio))
+        broken = (np.maximum(src_len, tgt_len) > self.longest) | (ratio > self.max_ratio)
+        if self.grid is not None:
+            broken |= self.grid.cells(src_len, tgt_len) < 0
+        refused = np.flatnonzero(broken)
         for k, row in zip(refused.tolist(), kept.index[positions[refused]].tolist()):
             src[k] = kept.store.src.row(row).tolist()
             tgt[k] = kept.store.tgt.row(row).tolist()

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from data import sampling
-from data.batching import BatchConfig, BatchIterator, load_examples, plan_stats
+from data.batching import BatchConfig, BatchIterator, load_examples, plan_batches, plan_stats
 from data.config import DataError, TokenizerConfig
 from data.encoding import encode_split
 from data.packing import fit_width
@@ -173,13 +173,15 @@ def test_a_process_that_exits_while_the_next_epoch_is_sampled_exits_cleanly(tmp_
     assert (done.returncode, done.stdout) == (0, "exiting\n"), done.stderr[-2000:]
 
 
-def test_resumed_batches_are_the_uninterrupted_ones_with_sampling_on(corpus):
+@pytest.mark.parametrize("bucketed", [{}, {"batch_tokens": 256, "packing": False}],
+                         ids=["packed", "bucketed"])
+def test_resumed_batches_are_the_uninterrupted_ones_with_sampling_on(corpus, bucketed):
     """A saved iterator position, resumed in a new iterator with a new sampler: the same
     batches, across an epoch boundary, whose plans differ in length from epoch to epoch."""
-    examples = _epochs(corpus).deterministic
-    config = BatchConfig(batch_tokens=256, max_len=64, seed=3)
+    examples = _epochs(corpus, **bucketed).deterministic
+    config = BatchConfig(**{"batch_tokens": 256, "max_len": 64, "seed": 3, **bucketed})
     straight = BatchIterator(examples, config, process_index=0, process_count=1,
-                             resegmented=_epochs(corpus).examples)
+                             resegmented=_epochs(corpus, **bucketed).examples)
     per_epoch = [len(straight.plan(e)) for e in range(3)]
     expected, states = [], []
     for _ in range(per_epoch[0] + 5):
@@ -187,13 +189,45 @@ def test_resumed_batches_are_the_uninterrupted_ones_with_sampling_on(corpus):
         states.append(straight.state)
     cut = per_epoch[0] - 3
     resumed = BatchIterator(examples, config, process_index=0, process_count=1,
-                            resegmented=_epochs(corpus).examples, state=states[cut - 1])
+                            resegmented=_epochs(corpus, **bucketed).examples,
+                            state=states[cut - 1])
     for k in range(cut, len(expected)):
         got = next(resumed)
         assert set(got) == set(expected[k])
         for name in got:
             np.testing.assert_array_equal(got[name], expected[k][name], err_msg=(k, name))
     assert resumed.epochs_completed == 1 and resumed.state == states[-1]
+
+
+def test_bucketed_epochs_keep_the_batch_shapes_of_the_fixed_segmentation(corpus):
+    """With packing off, every sampled epoch is batched in the (B, S, T) shapes of the
+    deterministic segmentation, each pair once in a batch that holds it: the train step
+    compiles no new shape mid-training. Planned from their own lengths, the sampled epochs
+    would bring shapes of their own."""
+    config = BatchConfig(batch_tokens=512, max_len=64, packing=False)
+    epochs = _epochs(corpus, alpha=0.1, packing=False)
+    fixed = epochs.deterministic
+
+    def shapes(plan):
+        return {(len(b.rows), b.src_len, b.tgt_len) for b in plan}
+
+    allowed = shapes(plan_batches(fixed, config, 0))
+    batches = BatchIterator(fixed, config, process_index=0, process_count=1,
+                            resegmented=epochs.examples)
+    seen, own = set(), set()
+    for epoch in range(4):
+        plan, sampled = batches.plan(epoch), batches.examples_of(epoch)
+        assert sum(a != b for a, b in zip(_rows(sampled), _rows(fixed))) > len(fixed) // 3
+        rows = np.concatenate([b.rows for b in plan])
+        assert sorted(rows[rows >= 0].tolist()) == list(range(len(fixed)))
+        for b in plan:
+            real = b.rows[b.rows >= 0]
+            assert np.all(sampled.src_len[real] <= b.src_len), (epoch, b)
+            assert np.all(sampled.tgt_len[real] <= b.tgt_len), (epoch, b)
+        seen |= shapes(plan)
+        own |= shapes(plan_batches(sampled, config, epoch))
+    assert seen <= allowed, seen - allowed
+    assert own - allowed  # what the shapes would have been
 
 
 def test_bpe_models_sample_by_dropping_merges(corpus):
