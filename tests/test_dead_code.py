@@ -33,6 +33,9 @@ ALLOWED = {
     # html.parser.HTMLParser's callbacks, which its feed calls
     "handle_starttag": "HTMLParser callback", "handle_endtag": "HTMLParser callback",
     "handle_data": "HTMLParser callback",
+    # http.server's request handler hooks and server option, called and read by http.server
+    "do_GET": "BaseHTTPRequestHandler method", "do_POST": "BaseHTTPRequestHandler method",
+    "log_message": "BaseHTTPRequestHandler method", "daemon_threads": "ThreadingMixIn option",
     # fields of nmt.runtime.files.FileState, compared whole
     "inode": "FileState field", "mtime_ns": "FileState field",
     # a signal handler's second argument
