@@ -10,7 +10,7 @@ import shutil
 import pytest
 
 from nmt.distillation import command
-from nmt.distillation.output import DistillationDir
+from nmt.distillation.output import DistillationDir, OtherDistillation, Recipe
 from translate_model import sentences
 
 CORPUS_LINES = 30
@@ -223,6 +223,43 @@ def test_an_ensemble_of_teachers_distils_with_their_mean(run_dir, corpus, tmp_pa
     recipe = json.loads((out / "distillation.json").read_text())
     assert len(recipe["teachers"]) == 2 and recipe["search"]["strategy"] == "greedy"
     assert len((out / "train.en").read_text(encoding="utf-8").splitlines()) == CORPUS_LINES
+
+
+def test_teachers_of_two_spm_models_are_refused_before_out_is_claimed(run_dir, corpus,
+                                                                      tmp_path, capsys):
+    from data.tokenizer import TokenizerConfig, train_tokenizer
+
+    other = shutil.copytree(run_dir / "model", tmp_path / "other")
+    tokenizer = train_tokenizer(sentences(300, seed=7), TokenizerConfig(vocab_size=300))
+    tokenizer.save(other)
+    config = json.loads((other / "config.json").read_text())  # a model of its own tokenizer
+    (other / "config.json").write_text(json.dumps({**config,
+                                                   "tokenizer_sha256": tokenizer.sha256}))
+    out = tmp_path / "out"
+    assert distil(run_dir, corpus, out, "--teacher", str(other)) == 2
+    err = capsys.readouterr().err.strip()
+    assert f"--teacher {other} has another SentencePiece model than --teacher {run_dir}" in err
+    assert len(err.splitlines()) == 1 and not out.exists()
+
+
+def recipe(**fields) -> Recipe:
+    return Recipe(**{"teachers": ("a",), "corpus": "c", "src": "de", "tgt": "en",
+                     "search": {}, "dtype": "float32", "chunk_lines": 8,
+                     "keep_original": False, **fields})
+
+
+def test_a_recipe_with_nothing_translated_is_replaced_and_one_with_parts_refused(tmp_path):
+    out = tmp_path / "out"
+    DistillationDir(out, recipe()).claim()  # a command refused after claiming OUT
+    (out / "parts").mkdir()
+    DistillationDir(out, recipe(teachers=("b",))).claim()  # the corrected command
+    assert json.loads((out / "distillation.json").read_text())["teachers"] == ["b"]
+    DistillationDir(out, recipe(teachers=("b",))).write_part(0, ["x"])
+    for other, differs in ((recipe(), "its teachers differ from"),
+                           (recipe(teachers=("b",), corpus="d"), "its corpus differs from"),
+                           (recipe(corpus="d", seed=1), "its teachers, corpus and seed differ")):
+        with pytest.raises(OtherDistillation, match=differs):
+            DistillationDir(out, other).claim()
 
 
 def test_sampling_draws_from_the_seed_and_another_seed_is_another_recipe(run_dir, corpus,

@@ -91,16 +91,21 @@ def read_teachers(paths: list[str], src: str | None, tgt: str | None) -> tuple[T
                                                                                  str]:
     """The teachers' files (not their parameters) and the languages to distil: InputError
     for a bad directory, UsageError for languages that differ from the flags or between
-    teachers, naming both."""
+    teachers, or for teachers of different SentencePiece models, naming both (found here,
+    before --out is claimed, rather than when the ensemble loads)."""
     from nmt.engines.conversions import model_checksum
     from nmt.models.model_files import ModelDirError, read_model_files, stored_languages
 
-    checksums, first_values, languages = [], None, None
+    checksums, first_values, languages, fingerprint = [], None, None, None
     for path in paths:
         try:
             model_dir, tokenizer, values = read_model_files(path)
         except (ModelDirError, DataError) as err:
             raise InputError(str(err)) from None
+        if fingerprint is not None and tokenizer.fingerprint != fingerprint:
+            raise UsageError(f"--teacher {path} has another SentencePiece model than --teacher "
+                             f"{paths[0]}; an ensemble's teachers share one spm.model.")
+        fingerprint = tokenizer.fingerprint
         pair = stored_languages(values)
         if languages is not None and None not in pair and None not in languages[1] \
                 and pair != languages[1]:

@@ -77,8 +77,14 @@ class DistillationDir:
 
     def claim(self) -> None:
         """Make OUT this recipe's, or check that it is: `OtherDistillation` if it holds
-        another recipe's output (or files of anything else), naming what differs."""
+        another recipe's output (or files of anything else), naming what differs. Another
+        recipe with nothing translated yet (a command refused after claiming OUT) is
+        replaced."""
         recipe_file = self.root / RECIPE_FILE
+        if recipe_file.is_file() and not self._holds_work():
+            recipe_file.unlink()
+            if self.parts.is_dir():
+                self.parts.rmdir()
         if recipe_file.is_file():
             try:
                 stored = json.loads(recipe_file.read_text(encoding="utf-8"))
@@ -87,16 +93,24 @@ class DistillationDir:
                                         "choose another --out.") from None
             differs = self.recipe.differences(stored)
             if differs:
+                names = " and ".join(filter(None, (", ".join(differs[:-1]), differs[-1])))
+                # "teachers" is plural: "its teachers differ", "its corpus differs".
+                verb = "differ" if len(differs) > 1 or differs == ["teachers"] else "differs"
                 raise OtherDistillation(
-                    f"{self.root} holds another distillation (its {', '.join(differs)} "
-                    f"differ{'s' if len(differs) == 1 else ''} from this command's); choose "
-                    "another --out, or delete it to distil again.")
+                    f"{self.root} holds another distillation (its {names} {verb} from this "
+                    "command's); choose another --out, or delete it to distil again.")
             return
         if self.root.is_dir() and any(self.root.iterdir()):
             raise OtherDistillation(f"{self.root} is not empty and holds no {RECIPE_FILE}; "
                                     "choose a new or empty --out.")
         self.root.mkdir(parents=True, exist_ok=True)
         write_atomically(recipe_file, json.dumps(self.recipe.to_json(), indent=2) + "\n")
+
+    def _holds_work(self) -> bool:
+        """Whether OUT holds anything but its recipe: a part, or a result file."""
+        return any(path.name != RECIPE_FILE and not (path == self.parts and path.is_dir()
+                                                      and not any(path.iterdir()))
+                   for path in self.root.iterdir())
 
     def finished(self) -> bool:
         return self.source_file.is_file() and self.target_file.is_file() \
