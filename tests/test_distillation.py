@@ -146,6 +146,7 @@ def teacher_copy(run_dir, tmp_path, name: str, **stored) -> str:
     ("flags-languages", 2, "--tgt fr, but --teacher"),
     ("teachers-languages", 2, "translates de->fr but --teacher"),
     ("missing-corpus", 1, "does not exist; --train-prefix PREFIX reads PREFIX.de"),
+    ("empty-corpus", 1, "empty.de is empty: there is nothing to distil"),
     ("not-empty", 2, "is not empty and holds no distillation.json"),
     ("nbest", 2, "keeps the teacher's best translation only"),
     ("chunk", 2, "--chunk-lines must be >= 1, got 0"),
@@ -169,6 +170,9 @@ def test_bad_input_is_one_line(run_dir, corpus, tmp_path, capsys, case, code, me
         teachers += ["--teacher", teacher_copy(run_dir, tmp_path, "fr", target_lang="fr")]
     elif case == "missing-corpus":
         prefix = str(tmp_path / "nothing")
+    elif case == "empty-corpus":
+        (tmp_path / "empty.de").write_bytes(b"")
+        prefix = str(tmp_path / "empty")
     elif case == "not-empty":
         out.mkdir()
         (out / "notes.txt").write_text("mine")
@@ -260,6 +264,13 @@ def test_a_recipe_with_nothing_translated_is_replaced_and_one_with_parts_refused
                            (recipe(corpus="d", seed=1), "its teachers, corpus and seed differ")):
         with pytest.raises(OtherDistillation, match=differs):
             DistillationDir(out, other).claim()
+
+
+def test_finishing_with_no_part_writes_the_files_without_parts(tmp_path):
+    out = DistillationDir(tmp_path / "out", recipe())
+    out.claim()
+    out.finish(0, lambda: [], None)
+    assert out.finished() and out.target_file.read_bytes() == b""
 
 
 def test_sampling_draws_from_the_seed_and_another_seed_is_another_recipe(run_dir, corpus,

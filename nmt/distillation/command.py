@@ -131,7 +131,7 @@ def read_teachers(paths: list[str], src: str | None, tgt: str | None) -> tuple[T
 
 def corpus_files(args: argparse.Namespace, src: str, tgt: str) -> tuple[Path, Path | None]:
     """PREFIX.SRC, and PREFIX.TGT with --keep-original (as long as the source); InputError
-    naming a missing file."""
+    naming a missing file, or an empty source (a corpus of nothing to distil)."""
     source = Path(f"{args.train_prefix}.{src}")
     target = Path(f"{args.train_prefix}.{tgt}") if args.keep_original else None
     for path in (source, target):
@@ -139,6 +139,9 @@ def corpus_files(args: argparse.Namespace, src: str, tgt: str) -> tuple[Path, Pa
             raise InputError(f"{path} does not exist; --train-prefix PREFIX reads "
                              f"PREFIX.{src}{f' and PREFIX.{tgt}' if target else ''}.")
     lines = [count_valid_lines(str(path)) for path in (source, target) if path is not None]
+    if lines[0] == 0:
+        raise InputError(f"{source} is empty: there is nothing to distil; give --train-prefix "
+                         "a corpus with lines.")
     if len(lines) == 2 and lines[0] != lines[1]:
         raise InputError(f"{source} has {lines[0]:,} lines but {target} {lines[1]:,}; the "
                          "sides of a corpus align line for line.")

@@ -143,4 +143,5 @@ class DistillationDir:
             for chunk in range(chunks):
                 with self.part_path(chunk).open(encoding="utf-8") as part:
                     shutil.copyfileobj(part, out)
-        shutil.rmtree(self.parts)
+        if self.parts.exists():  # none where no chunk was translated
+            shutil.rmtree(self.parts)
