@@ -167,6 +167,29 @@ def test_a_few_missing_pieces_are_counted_in_a_warning(exported, caplog):
                 check_pieces(exported, tokenizer)
 
 
+@pytest.mark.parametrize("command", ["to-marian", "to-ctranslate2"])
+def test_a_damaged_sentencepiece_model_is_a_fault_named_in_one_line(command, model, tmp_path,
+                                                                    capsys):
+    if command == "to-ctranslate2":
+        pytest.importorskip("ctranslate2")
+    shutil.copytree(model, tmp_path / "model")
+    (tmp_path / "model" / "spm.model").write_text("not a model")
+    code, err = convert([command, tmp_path / "model", tmp_path / "out"], capsys)
+    assert code == 1 and len(err) == 1, err
+    assert err[0].startswith(f"{ERROR}{tmp_path / 'model' / 'spm.model'}: not a SentencePiece"), \
+        err[0]
+    assert "unexpected" not in err[0] and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("name", ["tokenizer_config.json", "special_tokens_map.json"])
+def test_a_damaged_tokenizer_file_of_a_marian_model_is_named(name, exported, tmp_path, capsys):
+    directory = spoiled(exported, tmp_path)
+    (directory / name).write_text("{")
+    line = assert_refused(directory, tmp_path, capsys, f"{directory / name} is not valid JSON",
+                          "download the tokenizer files with the model")
+    assert "unexpected" not in line
+
+
 # ----------------------------------------------------------------------------- search settings
 
 

@@ -62,6 +62,7 @@ def check_paths_given(args) -> None:
 
 def _main(argv: Sequence[str] | None) -> int:
     args = build_parser().parse_args(argv)
+    from data.config import DataError
     from nmt.convert.common import ConversionError, check_interrupted
     from nmt.models.model_dir import ModelDirError
 
@@ -82,7 +83,7 @@ def _main(argv: Sequence[str] | None) -> int:
                              "export extra; pip install -e '.[export]'") from None
     except ConversionError as err:
         raise cli.UsageError(str(err)) from None
-    except ModelDirError as err:
+    except (ModelDirError, DataError) as err:  # a damaged file of MODEL (its tokenizer)
         raise cli.Fault(str(err)) from None
     check_interrupted()
     print(f"Wrote {out}", file=sys.stderr)

@@ -140,11 +140,11 @@ def read_tokenizer(directory: Path, decoder_start: int | None = None):
     from data.tokenizer import VocabTokenizer, read_special_tokens
 
     special: dict[str, str] = {}
-    for name in ("tokenizer_config.json", "special_tokens_map.json"):
-        if (directory / name).is_file():
-            special.update(read_special_tokens(directory / name))
-    special.pop("bos_token", None)  # MarianMT's decoder start is config.json's to say
     try:
+        for name in ("tokenizer_config.json", "special_tokens_map.json"):
+            if (directory / name).is_file():
+                special.update(read_special_tokens(directory / name))
+        special.pop("bos_token", None)  # MarianMT's decoder start is config.json's to say
         tokenizer = VocabTokenizer.load(directory, special)
         if decoder_start is None or decoder_start == tokenizer.ids.pad:
             return tokenizer
