@@ -57,6 +57,28 @@ def test_every_source_line_gets_the_teachers_translation_on_its_line(run_dir, co
     assert recipe["search"]["beam_size"] == 3 and recipe["chunk_lines"] == 8
 
 
+def test_translations_that_reached_the_output_limit_are_named_by_corpus_line(run_dir,
+                                                                             tmp_path, capsys):
+    """Named as translate.py names them; the tiny model never ends a sentence, so every
+    searched line (not the empty ones) reaches the limit."""
+    import translate
+
+    lines = [""] * CORPUS_LINES
+    for number in (5, 27, 28, 29, 30):  # in the first and the last chunk
+        lines[number - 1] = f"Satz {number}."
+    (tmp_path / "sparse.de").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    limit = ["--max-len-a", "0", "--max-len-b", "3", "--greedy"]
+    assert distil(run_dir, tmp_path / "sparse", tmp_path / "out", *limit) == 0
+    ours = [line for line in capsys.readouterr().err.splitlines() if "output limit" in line]
+    assert len(ours) == 1 and ours[0].startswith("distillation: 5 translation(s) reached the "
+                                                 "output limit"), ours
+    assert "line(s) 5, 27, 28, 29, 30; --max-len-a and --max-len-b raise the limit" in ours[0]
+    assert translate.main(["--model", str(run_dir), "-q", "--input",
+                           str(tmp_path / "sparse.de"), *limit]) == 0
+    theirs = [line for line in capsys.readouterr().err.splitlines() if "output limit" in line]
+    assert theirs[0].endswith(ours[0].split(": ", 1)[1]), (ours, theirs)
+
+
 def test_an_interrupted_run_resumes_without_gaps_or_repeats(run_dir, corpus, distilled,
                                                             tmp_path, monkeypatch):
     write_part, written = DistillationDir.write_part, []

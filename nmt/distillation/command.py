@@ -33,7 +33,12 @@ from nmt.distillation.output import DistillationDir, OtherDistillation, Recipe
 from nmt.runtime import cli
 from nmt.runtime.cli import UsageError
 from nmt.runtime.progress import LineCounter
-from nmt.translation.command import add_search_flags, name_flags, search_config
+from nmt.translation.command import (
+    add_search_flags,
+    name_flags,
+    search_config,
+    warn_reached_limit,
+)
 from nmt.translation.errors import InputError
 from nmt.translation.streams import count_valid_lines
 from transformer.strategies import plan_search
@@ -212,7 +217,9 @@ def distil(args: argparse.Namespace) -> int:
 
 def translate_chunks(args: argparse.Namespace, teachers: Teachers, source: Path,
                      out: DistillationDir) -> None:
-    """Every chunk of `source` not yet saved, translated and saved, with progress."""
+    """Every chunk of `source` not yet saved, translated and saved, with progress; then
+    one warning naming the corpus lines whose translation reached the output limit (in the
+    chunks translated by this run), as translate.py's."""
     total = count_lines(source)
     todo = [n for n in range(-(-total // args.chunk_lines))
             if not out.done_part(n, min(args.chunk_lines, total - n * args.chunk_lines))]
@@ -221,7 +228,7 @@ def translate_chunks(args: argparse.Namespace, teachers: Teachers, source: Path,
     translator = make_translator(args, teachers)
     log.info("distilling %s: %d of %d chunks to translate (%s)", source, len(todo),
              -(-total // args.chunk_lines), translator.describe())
-    start, done = time.perf_counter(), 0
+    start, done, reached_limit = time.perf_counter(), 0, []
     saved = total - sum(min(args.chunk_lines, total - n * args.chunk_lines) for n in todo)
     with LineCounter(total, args.quiet, "sentences", initial=saved) as bar:
         for number, lines in enumerate(chunks(source, args.chunk_lines)):
@@ -231,10 +238,12 @@ def translate_chunks(args: argparse.Namespace, teachers: Teachers, source: Path,
                                               first_line=number * args.chunk_lines + 1,
                                               source=str(source), stream=number)
             out.write_part(number, [nbest[0].text for nbest in result.nbest])
+            reached_limit.extend(result.reached_limit)  # corpus line numbers
             done += len(lines)
             elapsed = time.perf_counter() - start
             log.info("chunk %d saved: %d sentences in %.0f s (%.1f sentences/s)", number + 1,
                      done, elapsed, done / elapsed)
+    warn_reached_limit(translator, reached_limit, log)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

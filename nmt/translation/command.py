@@ -562,19 +562,20 @@ def paragraphs(args: argparse.Namespace, values: dict) -> streams.Paragraphs | N
     return streams.Paragraphs(language, args.html)
 
 
-def warn_reached_limit(translator, lines: list[int]) -> None:
+def warn_reached_limit(translator, lines: list[int], logger: logging.Logger = log) -> None:
     """One warning for every translation whose search reached its output limit (`lines`,
-    one per translation): it is kept, and ends where EOS was forced."""
+    one per translation): it is kept, and ends where EOS was forced. The distillation
+    warns through its own `logger`."""
     if not lines:
         return
     shown_lines = sorted(set(lines))  # --split-sentences: a line's sentences
     search = translator.search
     shown = ", ".join(str(n) for n in shown_lines[:10]) + (", ..." if len(shown_lines) > 10
                                                             else "")
-    log.warning("%d translation(s) reached the output limit (%g x source tokens + %d, at most "
-                "%d tokens with EOS) and end where EOS was forced there: line(s) %s; "
-                "--max-len-a and --max-len-b raise the limit", len(lines), search.max_len_a,
-                search.max_len_b, translator.model_config.max_len, shown)
+    logger.warning("%d translation(s) reached the output limit (%g x source tokens + %d, at "
+                   "most %d tokens with EOS) and end where EOS was forced there: line(s) %s; "
+                   "--max-len-a and --max-len-b raise the limit", len(lines), search.max_len_a,
+                   search.max_len_b, translator.model_config.max_len, shown)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
