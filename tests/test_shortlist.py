@@ -290,6 +290,30 @@ def test_the_shortlist_command_refuses_bad_counts_and_misaligned_corpora(shortli
     assert "has 2 lines but" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("flags, message", [
+    (["--ctranslate2-map", "{tmp}/nodir/map.txt"], "--ctranslate2-map {tmp}/nodir/map.txt: the "
+                                                   "directory {tmp}/nodir does not exist"),
+    (["--ctranslate2-map", "{tmp}"], "--ctranslate2-map {tmp} is a directory"),
+    (["--model", ""], "argument --model: '' is blank"),  # not the current directory
+    (["--src", " "], "argument --src: ' ' is blank"),
+], ids=["map-directory", "map-is-directory", "blank-model", "blank-language"])
+def test_the_shortlist_command_refuses_bad_paths_before_any_work(shortlisted, tmp_path, capsys,
+                                                                flags, message):
+    from nmt.distillation import shortlist as command
+
+    before = (shortlisted / "model" / "shortlist.npz").read_bytes()
+    argv = ["--model", str(shortlisted / "model"), "--train-prefix", str(shortlisted / "train"),
+            *(flag.format(tmp=tmp_path) for flag in flags)]
+    try:
+        status = command.main(argv)
+    except SystemExit as parser_exit:  # argparse's own checks
+        status = parser_exit.code
+    assert status == 2
+    err = capsys.readouterr().err.strip()
+    assert message.format(tmp=tmp_path) in err and len(err.splitlines()) == 1, err
+    assert (shortlisted / "model" / "shortlist.npz").read_bytes() == before
+
+
 def test_the_server_loads_each_models_shortlist_and_names_it_in_its_engine(shortlisted,
                                                                           run_dir):
     from nmt.serving import command as server

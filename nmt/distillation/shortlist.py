@@ -35,30 +35,40 @@ log = logging.getLogger("shortlist")
 def build_parser() -> argparse.ArgumentParser:
     parser = cli.OneLineParser(prog=PROG, description=__doc__.split("\n\n")[0],
                                epilog=f"Set {cli.DEBUG_VARIABLE}=1 for a traceback on errors.")
-    parser.add_argument("--model", required=True, metavar="MODEL",
+    # A blank path or language would read as one left out, or as the current directory.
+    parser.add_argument("--model", required=True, metavar="MODEL", type=cli.given,
                         help="model or run directory: its tokenizer encodes the corpus and the "
                              "shortlist is stored in it")
-    parser.add_argument("--train-prefix", required=True, metavar="PREFIX",
+    parser.add_argument("--train-prefix", required=True, metavar="PREFIX", type=cli.given,
                         help="the corpus: PREFIX.SRC and PREFIX.TGT")
-    parser.add_argument("--src", help="source language (default: the model's)")
-    parser.add_argument("--tgt", help="target language (default: the model's)")
+    parser.add_argument("--src", type=cli.given, help="source language (default: the model's)")
+    parser.add_argument("--tgt", type=cli.given, help="target language (default: the model's)")
     parser.add_argument("--per-source", type=int, default=50, metavar="N",
                         help="target tokens kept per source token (default 50)")
     parser.add_argument("--always", type=int, default=100, metavar="N",
                         help="most frequent target tokens every batch gets (default 100)")
     parser.add_argument("--iterations", type=int, default=5,
                         help="EM iterations of IBM Model 1 (default 5)")
-    parser.add_argument("--ctranslate2-map", metavar="FILE",
+    parser.add_argument("--ctranslate2-map", metavar="FILE", type=cli.given,
                         help="also write the table as a CTranslate2 vocabulary map")
     return parser
 
 
 def check_args(args: argparse.Namespace) -> None:
+    """UsageError for a count out of bounds, or a --ctranslate2-map that cannot be written:
+    found before any work, and before MODEL's shortlist.npz is replaced."""
     for flag, value, least, most in (("--per-source", args.per_source, 1, 10_000),
                                      ("--always", args.always, 0, 10_000),
                                      ("--iterations", args.iterations, 1, 100)):
         if not least <= value <= most:
             raise UsageError(f"{flag} must be >= {least} and <= {most:,}, got {value}.")
+    if args.ctranslate2_map:
+        path = Path(args.ctranslate2_map)
+        if path.is_dir():
+            raise UsageError(f"--ctranslate2-map {path} is a directory; give a file's path.")
+        if not path.parent.is_dir():
+            raise UsageError(f"--ctranslate2-map {path}: the directory {path.parent} does not "
+                             "exist; create it, or give a path in an existing one.")
 
 
 def read_pairs(prefix: str, src: str, tgt: str, tokenizer) -> list[tuple[list[int],
