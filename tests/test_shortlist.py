@@ -198,6 +198,12 @@ def test_saved_shortlist_loads_equal_and_a_damaged_one_is_named(tmp_path):
         (tmp_path / "bad.npz").write_bytes(damaged)  # a cut copy too
         with pytest.raises(ValueError, match="bad.npz is not a readable shortlist"):
             Shortlist.load(tmp_path / "bad.npz")
+    # Another file copied over it (msgpack parameters): numpy would take it for a pickle.
+    (tmp_path / "bad.npz").write_bytes(b"\x82\xa6params\x81")
+    with pytest.raises(ValueError) as refused:
+        Shortlist.load(tmp_path / "bad.npz")
+    assert "(not a NumPy .npz archive); build it again" in str(refused.value)
+    assert "pickle" not in str(refused.value)
 
 
 # ----------------------------------------------------------------------------- the commands

@@ -89,6 +89,11 @@ class Shortlist:
     @classmethod
     def load(cls, path: str | Path) -> Shortlist:
         """The stored table; ValueError naming the file if it cannot be read."""
+        # np.load reads what is not an archive as a pickle, and refuses it with advice to
+        # allow pickles: the file is damaged or another file, never a pickle of ours.
+        if Path(path).is_file() and not zipfile.is_zipfile(path):
+            raise ValueError(f"{path} is not a readable shortlist (not a NumPy .npz archive); "
+                             "build it again with python -m nmt.distillation.shortlist.")
         try:
             with np.load(path) as stored:
                 settings = json.loads(bytes(stored["settings"]).decode())
