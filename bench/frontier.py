@@ -33,6 +33,7 @@ from bench.exported import (
     ctranslate2_runs_on_cuda,
     decoding_length,
 )
+from transformer.shortlist import Shortlist
 
 
 @dataclasses.dataclass
@@ -43,7 +44,7 @@ class Point:
     bleu: float
 
 
-def parse_args() -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", action="append", required=True, metavar="NAME=DIR",
                         help="a model to measure, named in the table (give it once per model)")
@@ -52,7 +53,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--tgt", required=True)
     parser.add_argument("--beam", type=int, default=4)
     parser.add_argument("--shortlist", type=int, nargs="+", default=[1024],
-                        help="candidates per batch with a model's shortlist, each measured")
+                        help="candidates per batch with a model's shortlist, each measured "
+                             "(every model is also measured without one)")
     parser.add_argument("--dtypes", nargs="+", choices=("float32", "bfloat16"),
                         default=["float32", "bfloat16"])
     parser.add_argument("--device", choices=sorted(COMPUTE_TYPES), default="cpu",
@@ -68,7 +70,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--passes", type=int, default=3, help="timed passes (median)")
     parser.add_argument("--limit", type=int, default=0, help="first N test pairs (0 = all)")
     parser.add_argument("--plot", help="PNG of BLEU against sentences/s")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    for size in args.shortlist:
+        if size < 1:  # 0 would measure the search without a shortlist a second time
+            parser.error(f"--shortlist {size}: candidates per batch must be >= 1.")
+    args.shortlist = list(dict.fromkeys(args.shortlist))
     if args.compute_types is None:
         args.compute_types = list(COMPUTE_TYPES[args.device])
     return args
@@ -93,11 +99,7 @@ def main() -> None:
     sources, references = read_test_set(args, args.limit)
     common = {"sentences": len(sources), "beam": args.beam, **environment()}
     points: list[Point] = []
-    for named in args.model:
-        name, _, path = named.partition("=")
-        if not path:
-            raise SystemExit(f"--model {named}: give NAME=DIR")
-
+    for name, path, shortlist in read_models(args):
         def report(system: str, hypotheses: list[str], seconds: float, **extra) -> None:
             from nmt.translation.scoring import evaluate
 
@@ -108,7 +110,7 @@ def main() -> None:
                   "sentences_per_s": round(point.sentences_per_s, 1), "bleu": round(bleu, 2),
                   **extra, **common})
 
-        measure_ours(args, path, sources, report)
+        measure_ours(args, path, shortlist, sources, report)
         if args.compute_types:
             measure_ctranslate2(args, path, sources, report)
     print_table(points)
@@ -116,20 +118,53 @@ def main() -> None:
         plot(points, args.plot, f"{args.test_prefix}, beam {args.beam}")
 
 
-def measure_ours(args, path: str, sources: list[str], report) -> None:
+def beam_search(args, values: dict):
+    """The search every system is measured with: beam search of --beam, one hypothesis,
+    the model's other settings."""
+    return dataclasses.replace(values["search"], strategy="beam", beam_size=args.beam, nbest=1)
+
+
+def read_models(args) -> list[tuple[str, str, Shortlist | None]]:
+    """(name, path, its shortlist or None) of each --model, before anything is measured.
+    SystemExit for a --model that is not NAME=DIR, or a --shortlist size the translator
+    refuses for the model's shortlist (its own check, `shortlist_candidates`). A model
+    without a usable shortlist gets a "skipped" line saying why."""
+    from nmt.models.model_files import ModelDirError, read_model_files, read_shortlist
+    from nmt.models.translator import shortlist_candidates
+    from transformer.strategies import plan_search
+
+    models = []
+    for named in args.model:
+        name, _, path = named.partition("=")
+        if not path:
+            raise SystemExit(f"--model {named}: give NAME=DIR")
+        _, tokenizer, values = read_model_files(path)
+        try:
+            shortlist = read_shortlist(path, tokenizer)
+        except ModelDirError as err:
+            emit({"model": name, "path": path, "system": "ours shortlist",
+                  "skipped": str(err)})
+            shortlist = None
+        else:
+            strategy = plan_search(beam_search(args, values))
+            for size in args.shortlist:
+                try:
+                    shortlist_candidates(shortlist, size, values["model"], strategy)
+                except ValueError as err:
+                    raise SystemExit(f"--model {named}: {err}") from None
+        models.append((name, path, shortlist))
+    return models
+
+
+def measure_ours(args, path: str, shortlist: Shortlist | None, sources: list[str],
+                 report) -> None:
     from nmt.models.model_dir import load_model
-    from nmt.models.model_files import ModelDirError, read_shortlist
     from nmt.models.translator import Translator, default_searches
     from transformer.search.programs import forget_programs
 
     for dtype in args.dtypes:
         model, tokenizer, values = load_model(path, dtype=dtype)
-        search = dataclasses.replace(values["search"], strategy="beam", beam_size=args.beam,
-                                     nbest=1)
-        try:
-            shortlist = read_shortlist(path, tokenizer)
-        except ModelDirError:
-            shortlist = None
+        search = beam_search(args, values)
         sizes = [0] + (args.shortlist if shortlist is not None else [])
         for size in sizes:
             translator = Translator(model, tokenizer, search, searches=default_searches(),
