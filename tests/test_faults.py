@@ -8,6 +8,7 @@ scores of truncated references, exploding losses and gettext catalogs in other c
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -392,6 +393,30 @@ def test_a_second_trainer_on_a_run_directory_refuses(tmp_path, capsys):
                                  "--preset", "tiny", "--vocab-size", "300"])
     line = _one_line(capsys.readouterr().err)
     assert status == 1 and f"{run} is in use by another trainer (pid {os.getpid()}" in line
+    assert not (run / "checkpoints").exists()
+
+
+def test_a_run_directory_without_file_locks_is_named(tmp_path, capsys, monkeypatch):
+    """NFS without a lock daemon answers flock with ENOLCK: the lock file is named, with
+    what to do, not 'a file: No locks available'."""
+    import errno
+
+    run = tmp_path / "run"
+    run.mkdir()
+    real_flock = fcntl.flock
+
+    def no_locks_in_run(fd, operation):
+        if os.readlink(f"/proc/self/fd/{fd}") == str(run / LOCK_FILE):
+            raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
+        return real_flock(fd, operation)
+
+    monkeypatch.setattr(fcntl, "flock", no_locks_in_run)
+    status = train_cli.main(["--output-dir", str(run), "--max-steps", "1",
+                             "--preset", "tiny", "--vocab-size", "300"])
+    line = _one_line(capsys.readouterr().err)
+    assert status == 2, line
+    assert f"cannot lock {run / LOCK_FILE}: the filesystem of {run} does not support" in line
+    assert "a local disk or on a mount with locking enabled" in line
     assert not (run / "checkpoints").exists()
 
 

@@ -7,6 +7,7 @@ serves the message naming the trainer that holds it.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 import socket
@@ -18,6 +19,14 @@ LOCK_FILE = ".lock"
 
 class RunDirectoryInUse(RuntimeError):
     """Another trainer holds the run directory."""
+
+
+class LockingUnsupported(RuntimeError):
+    """The run directory's filesystem refuses file locks (NFS without a lock daemon, say)."""
+
+
+# What flock raises where a filesystem cannot lock: no lock manager (NFS), or no flock at all.
+_NO_LOCKING = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS)
 
 
 class RunLock:
@@ -37,6 +46,14 @@ class RunLock:
             raise RunDirectoryInUse(
                 f"{self.path.parent} is in use by another trainer ({holder}); wait for it to "
                 "finish or stop it, or choose another --output-dir.") from None
+        except OSError as err:
+            os.close(fd)
+            if err.errno not in _NO_LOCKING:
+                raise
+            raise LockingUnsupported(
+                f"cannot lock {self.path}: the filesystem of {self.path.parent} does not "
+                f"support file locks ({err.strerror}); put --output-dir on a local disk or on "
+                "a mount with locking enabled.") from None
         os.ftruncate(fd, 0)
         os.write(fd, (f"pid {os.getpid()} on {socket.gethostname()}, started "
                       f"{time.strftime('%Y-%m-%d %H:%M:%S')}\n").encode())

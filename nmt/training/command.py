@@ -125,7 +125,7 @@ def _run(run: RunConfig, args: argparse.Namespace, started: float) -> int:
     from data.corpus import check_files
     from nmt.rundir import resume
     from nmt.rundir.checkpoints import CHECKPOINTS_DIR, CheckpointError, SaveError, complete_steps
-    from nmt.rundir.lock import RunDirectoryInUse
+    from nmt.rundir.lock import LockingUnsupported, RunDirectoryInUse
     from nmt.training.errors import BudgetTooShort, RunMismatch
     from nmt.training.metrics_log import MetricsWriteError
     from nmt.training.trainer import TrainingError, train
@@ -149,7 +149,8 @@ def _run(run: RunConfig, args: argparse.Namespace, started: float) -> int:
         raise cli.UsageError(str(err)) from None
     except (TrainingError, SaveError, MetricsWriteError, RunDirectoryInUse) as err:
         raise cli.Fault(str(err)) from None
-    except (DataError, CheckpointError, MetricError, resume.ResumeError) as err:
+    except (DataError, CheckpointError, MetricError, resume.ResumeError,
+            LockingUnsupported) as err:
         raise cli.UsageError(str(err)) from None
     # Saved and resumable, but not finished: `train.py ... && translate.py ...` stops here.
     return cli.EXIT_SIGNALLED.get(summary["stopped"], 0)
