@@ -5,12 +5,14 @@ they would mix with another distillation."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 
 import pytest
 
 from nmt.distillation import command
 from nmt.distillation.output import DistillationDir, OtherDistillation, Recipe
+from nmt.rundir.lock import RunLock
 from translate_model import sentences
 
 CORPUS_LINES = 30
@@ -144,6 +146,20 @@ def test_a_finished_distillation_is_reused_and_another_recipe_refused(run_dir, c
         f.write("Ein neuer satz.\n")
     assert distil(run_dir, other / "train", out) == 2
     assert "its corpus differs" in capsys.readouterr().err
+
+
+def test_a_second_distillation_into_an_out_in_use_is_refused_in_one_line(run_dir, corpus,
+                                                                        tmp_path, capsys):
+    out = tmp_path / "out"
+    out.mkdir()
+    with RunLock(out, "distillation", "--out"):  # a first command, distilling into OUT
+        assert distil(run_dir, corpus, out, "--greedy") == 1
+        err = capsys.readouterr().err.strip()
+        assert f"{out} is in use by another distillation (pid {os.getpid()} on " in err, err
+        assert "choose another --out" in err and len(err.splitlines()) == 1
+        assert [path.name for path in out.iterdir()] == [".lock"]  # nothing claimed
+    assert distil(run_dir, corpus, out, "--greedy") == 0  # once it is done
+    assert len((out / "train.en").read_text(encoding="utf-8").splitlines()) == CORPUS_LINES
 
 
 def test_original_pairs_kept_come_first(run_dir, corpus, tmp_path):

@@ -18,6 +18,7 @@ corpus, other search settings or (when sampling) another --seed is refused.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import itertools
 import logging
@@ -30,6 +31,7 @@ from data.arrow_text import file_digest
 from data.config import DataError
 from data.lines import count_lines, iter_lines
 from nmt.distillation.output import DistillationDir, OtherDistillation, Recipe
+from nmt.rundir.lock import RunDirectoryInUse
 from nmt.runtime import cli
 from nmt.runtime.cli import UsageError
 from nmt.runtime.progress import LineCounter
@@ -198,17 +200,21 @@ def distil(args: argparse.Namespace) -> int:
                     teachers.values["model"].dtype, args.chunk_lines, args.keep_original,
                     args.seed if plan_search(search).draws else None)
     out = DistillationDir(args.out, recipe)
-    try:
-        out.claim()
-    except OtherDistillation as err:
-        raise UsageError(str(err)) from None
-    if out.finished():
-        log.info("%s holds this distillation already (same teachers, corpus and search)",
-                 args.out)
-    else:
-        translate_chunks(args, teachers, source, out)
-        out.finish(-(-count_lines(source) // args.chunk_lines), lambda: iter_lines(source),
-                   (lambda: iter_lines(target)) if target else None)
+    with contextlib.ExitStack() as held:
+        try:
+            held.enter_context(out.lock())
+            out.claim()
+        except OtherDistillation as err:
+            raise UsageError(str(err)) from None
+        except RunDirectoryInUse as err:
+            raise cli.Fault(str(err)) from None
+        if out.finished():
+            log.info("%s holds this distillation already (same teachers, corpus and search)",
+                     args.out)
+        else:
+            translate_chunks(args, teachers, source, out)
+            out.finish(-(-count_lines(source) // args.chunk_lines), lambda: iter_lines(source),
+                       (lambda: iter_lines(target)) if target else None)
     print(f"{out.source_file} and {out.target_file}: train a student with\n"
           f"  python train.py --train-prefix {Path(args.out) / 'train'} --src {src} --tgt {tgt} "
           "--valid-prefix PREFIX --preset student-6-2", file=sys.stderr)

@@ -6,9 +6,11 @@ chunk so that an interrupted run resumes where it stopped and a finished one is 
     OUT/parts/000003.TGT   the translations of chunk 3, each part written whole
     OUT/train.SRC          the corpus, aligned line for line with
     OUT/train.TGT          the teacher's translations (after the original pairs, if kept)
+    OUT/.lock              held while a command writes in OUT (`nmt.rundir.lock`)
 
 The result files are written once every chunk is done; parts/ is then removed. A directory
-holding another recipe's distillation is refused, never mixed into.
+holding another recipe's distillation is refused, never mixed into, and so is one that
+another command is distilling into at the time.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from data.lines import count_lines
+from nmt.rundir.lock import LOCK_FILE, RunLock
 from nmt.translation.streams import one_line
 from transformer.atomic_files import atomic_file, write_atomically
 
@@ -75,6 +78,21 @@ class DistillationDir:
     def target_file(self) -> Path:
         return self.root / f"train.{self.recipe.tgt}"
 
+    def lock(self) -> RunLock:
+        """OUT's lock (to hold with `with`, before `claim`), OUT made if new: a second
+        command on the same OUT is refused with RunDirectoryInUse. An OUT holding files of
+        anything else is refused first (`OtherDistillation`), so that no lock file is left
+        in it."""
+        self._refuse_foreign()
+        self.root.mkdir(parents=True, exist_ok=True)
+        return RunLock(self.root, "distillation", "--out")
+
+    def _refuse_foreign(self) -> None:
+        if not (self.root / RECIPE_FILE).is_file() and self.root.is_dir() and any(
+                path.name != LOCK_FILE for path in self.root.iterdir()):
+            raise OtherDistillation(f"{self.root} is not empty and holds no {RECIPE_FILE}; "
+                                    "choose a new or empty --out.")
+
     def claim(self) -> None:
         """Make OUT this recipe's, or check that it is: `OtherDistillation` if it holds
         another recipe's output (or files of anything else), naming what differs. Another
@@ -100,16 +118,15 @@ class DistillationDir:
                     f"{self.root} holds another distillation (its {names} {verb} from this "
                     "command's); choose another --out, or delete it to distil again.")
             return
-        if self.root.is_dir() and any(self.root.iterdir()):
-            raise OtherDistillation(f"{self.root} is not empty and holds no {RECIPE_FILE}; "
-                                    "choose a new or empty --out.")
+        self._refuse_foreign()
         self.root.mkdir(parents=True, exist_ok=True)
         write_atomically(recipe_file, json.dumps(self.recipe.to_json(), indent=2) + "\n")
 
     def _holds_work(self) -> bool:
-        """Whether OUT holds anything but its recipe: a part, or a result file."""
-        return any(path.name != RECIPE_FILE and not (path == self.parts and path.is_dir()
-                                                      and not any(path.iterdir()))
+        """Whether OUT holds anything but its recipe (and lock): a part, or a result file."""
+        empty_parts = self.parts.is_dir() and not any(self.parts.iterdir())
+        return any(path.name not in (RECIPE_FILE, LOCK_FILE)
+                   and not (path == self.parts and empty_parts)
                    for path in self.root.iterdir())
 
     def finished(self) -> bool:

@@ -1,4 +1,5 @@
-"""One trainer per run directory: `RUN/.lock`, held with flock while a trainer runs.
+"""One trainer per run directory: `RUN/.lock`, held with flock while a trainer runs (and
+one distillation per output directory, the same way).
 
 The kernel releases an flock when its process ends, however it ends, so a lock file left by
 a killed trainer never blocks the next one; the file's text (pid, host, start time) only
@@ -30,10 +31,12 @@ _NO_LOCKING = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS)
 
 
 class RunLock:
-    """`with RunLock(run_dir):` holds the directory, or raises RunDirectoryInUse."""
+    """`with RunLock(run_dir):` holds the directory, or raises RunDirectoryInUse. `user` and
+    `flag` name, in that error, what holds the directory and the flag that chose it."""
 
-    def __init__(self, run_dir: str | Path):
+    def __init__(self, run_dir: str | Path, user: str = "trainer", flag: str = "--output-dir"):
         self.path = Path(run_dir) / LOCK_FILE
+        self.user, self.flag = user, flag
         self._fd: int | None = None
 
     def __enter__(self) -> "RunLock":
@@ -44,15 +47,15 @@ class RunLock:
             holder = _read_holder(fd)
             os.close(fd)
             raise RunDirectoryInUse(
-                f"{self.path.parent} is in use by another trainer ({holder}); wait for it to "
-                "finish or stop it, or choose another --output-dir.") from None
+                f"{self.path.parent} is in use by another {self.user} ({holder}); wait for it "
+                f"to finish or stop it, or choose another {self.flag}.") from None
         except OSError as err:
             os.close(fd)
             if err.errno not in _NO_LOCKING:
                 raise
             raise LockingUnsupported(
                 f"cannot lock {self.path}: the filesystem of {self.path.parent} does not "
-                f"support file locks ({err.strerror}); put --output-dir on a local disk or on "
+                f"support file locks ({err.strerror}); put {self.flag} on a local disk or on "
                 "a mount with locking enabled.") from None
         os.ftruncate(fd, 0)
         os.write(fd, (f"pid {os.getpid()} on {socket.gethostname()}, started "
