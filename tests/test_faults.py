@@ -475,6 +475,22 @@ def test_a_failed_save_keeps_the_earlier_checkpoints(tmp_path, monkeypatch):
     saver.close()
 
 
+def test_a_save_failing_while_waited_for_names_its_step(tmp_path, monkeypatch):
+    """The save of step 2 is finalized but its checksums cannot be written when the run
+    waits for it at the end: the error names step 2 (it said step -1)."""
+    import jax.numpy as jnp
+
+    saver, _, _ = _save_steps(tmp_path, [1])
+    monkeypatch.setattr(checkpoint, "write_checksums",
+                        lambda step_dir: (_ for _ in ()).throw(OSError(28, "No space left")))
+    saver.save(2, {"w": jnp.ones((4, 3))}, {"step": jnp.asarray(2)}, {"step": 2})
+    with pytest.raises(checkpoint.SaveError) as info:
+        saver.wait()
+    message = str(info.value)
+    assert "cannot write checkpoint step 2 in" in message and "no space left" in message
+    saver.close()
+
+
 def test_a_failed_save_of_a_step_again_keeps_its_first_checkpoint(tmp_path, monkeypatch):
     """A run saves its last step again at stop (the closing log line changes its bookkeeping):
     if that save fails, the step's first checkpoint is still there, readable, not deleted to

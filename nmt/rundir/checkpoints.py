@@ -367,11 +367,10 @@ class Checkpointer:
 
     def wait(self) -> None:
         """Block until background saves are committed (and checksummed)."""
-        with self._writing(self.directory, -1):
-            self._last.wait_until_finished()
-            self._best.wait_until_finished()
-            self._pending = None
+        # A failure names the save in flight; with none, the newest step (the one sealed).
+        with self._writing(self.directory, self.latest_step()):
             self._seal()
+            self._pending = None
 
     def close(self) -> None:
         """Release orbax's threads; after a failed save, without a second error, and with
