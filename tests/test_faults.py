@@ -431,6 +431,16 @@ def _save_steps(directory: Path, steps: list[int]):
     return saver, {"w": jnp.zeros((4, 3))}, {"step": jnp.asarray(0)}
 
 
+def test_an_incomplete_step_directory_is_reported_once(tmp_path, caplog):
+    (tmp_path / "checkpoints" / "150").mkdir(parents=True)
+    saver, _, _ = _save_steps(tmp_path, [1, 2])
+    for _ in range(3):
+        assert saver.steps() == [1, 2]
+    saver.close()
+    warned = [r.getMessage() for r in caplog.records if "incomplete checkpoint" in r.getMessage()]
+    assert warned == [f"ignoring incomplete checkpoint {tmp_path / 'checkpoints' / '150'}"]
+
+
 def test_a_flipped_byte_in_a_checkpoint_is_detected_and_skipped(tmp_path, caplog):
     saver, params_like, train_like = _save_steps(tmp_path, [1, 2])
     newest = tmp_path / "checkpoints" / "2"

@@ -105,9 +105,13 @@ def complete_steps(directory: str | Path) -> list[int]:
         if child.name.isdigit():
             if is_complete_step_dir(child):
                 steps.append(int(child.name))
-            else:
+            elif child not in _warned_incomplete:  # once: this is called many times a run
+                _warned_incomplete.add(child)
                 log.warning("ignoring incomplete checkpoint %s", child)
     return sorted(steps)
+
+
+_warned_incomplete: set[Path] = set()
 
 
 def write_checksums(step_dir: Path) -> None:
