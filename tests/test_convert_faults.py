@@ -113,6 +113,39 @@ def test_a_config_that_does_not_fit_the_weights_names_field_and_shape(changes, n
     assert_refused(spoiled(exported, tmp_path, **changes), tmp_path, capsys, *named)
 
 
+@pytest.mark.parametrize("changes, named", [
+    ({"layer_norm_eps": "x"}, "layer_norm_eps is 'x' but must be a number >= 0"),
+    ({"vocab_size": -1}, "vocab_size is -1 but must be a positive integer"),
+    ({"max_position_embeddings": "64"}, "max_position_embeddings is '64' but must be a positive"),
+    ({"d_model": 24.0}, "d_model is 24.0 but must be a positive integer"),
+    ({"dropout": 2.0}, "config.json: dropout must be in [0, 1), got 2.0"),
+    ({"layer_norm_eps": 0}, "config.json: layer_norm_eps must be > 0, got 0"),
+], ids=["eps", "vocab_size", "positions", "d_model", "dropout", "eps 0"])
+def test_a_config_value_of_the_wrong_kind_is_named(changes, named, exported, tmp_path, capsys):
+    assert_refused(spoiled(exported, tmp_path, **changes), tmp_path, capsys, named)
+
+
+@pytest.mark.parametrize("case", ["zip", "safetensors", "other"])
+def test_an_unreadable_pytorch_file_is_said_why(case, exported, tmp_path, capsys):
+    torch = pytest.importorskip("torch")
+    directory = spoiled(exported, tmp_path)
+    weights = directory / "model.safetensors"
+    path = directory / "pytorch_model.bin"
+    if case == "safetensors":
+        weights.rename(path)
+        named = "it holds safetensors data, not a PyTorch checkpoint; rename it model.safetensors"
+    else:
+        torch.save({"x": torch.zeros(1000)}, path)
+        weights.unlink()
+        if case == "zip":
+            os.truncate(path, 2000)
+            named = "a damaged or truncated zip archive (PytorchStreamReader failed"
+        else:
+            path.write_text("hello")
+            named = "not a PyTorch checkpoint (torch.save's zip archive), or a truncated one"
+    assert_refused(directory, tmp_path, capsys, f"{path} cannot be read: {named}")
+
+
 @pytest.mark.parametrize("key", ["encoder_ffn_dim", "decoder_attention_heads", "d_model"])
 def test_a_missing_dimension_is_named(key, exported, tmp_path, capsys):
     assert_refused(spoiled(exported, tmp_path, **{key: None}), tmp_path, capsys,

@@ -9,6 +9,7 @@ and fine-tune with train.py --init-from.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import shutil
@@ -251,6 +252,84 @@ def test_translations_equal_transformers_generate(imported, hf, texts, beams):
     assert [list(h.tokens) for h in ours] == theirs
     _, hf_tokenizer = hf
     assert [h.text for h in ours] == target_text(hf_tokenizer, theirs)
+
+
+def generation_dir(opus_dir, directory, settings: dict, eos_bias: float):
+    """A copy of the MarianMT directory whose generation_config.json has `settings` and whose
+    EOS logit is raised by `eos_bias` (so that outputs would end early: min_length matters)."""
+    from safetensors.numpy import load_file, save_file
+
+    shutil.copytree(opus_dir, directory)
+    path = directory / "generation_config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), **settings}))
+    state = load_file(str(directory / "model.safetensors"))
+    state["final_logits_bias"][0, 0] += eos_bias
+    save_file(state, str(directory / "model.safetensors"), metadata={"format": "pt"})
+    return directory
+
+
+@pytest.mark.parametrize("settings", [
+    {"num_beams": 3, "length_penalty": 0.7, "max_length": 9, "min_length": 5},
+    {"num_beams": 1, "max_new_tokens": 7, "min_new_tokens": 4, "max_length": 30},
+    {"num_beams": 4, "num_return_sequences": 2, "max_length": 8, "min_length": 3},
+], ids=["beam min/max_length", "greedy max/min_new_tokens", "nbest"])
+def test_the_imported_search_is_generates_own(settings, opus_dir, texts, tmp_path):
+    """generation_config.json's lengths and n-best, read as generate reads them: the imported
+    model translates as generate does with no arguments."""
+    directory = generation_dir(opus_dir, tmp_path / "marian", settings, eos_bias=4.0)
+    model, tokenizer, values = load_model(import_marian(directory, tmp_path / "ours"))
+    search = values["search"]
+    ours = [[list(h.tokens) for h in hyps]
+            for hyps in Translator(model, tokenizer, search).translate_nbest(texts)]
+    hf_model = transformers.MarianMTModel.from_pretrained(directory).eval()
+    hf_tokenizer = transformers.MarianTokenizer.from_pretrained(directory)
+    theirs, pad = [], hf_model.config.pad_token_id
+    for text in texts:
+        with torch.no_grad():
+            rows = hf_model.generate(**hf_tokenizer([text], return_tensors="pt")).tolist()
+        theirs.append([[i for i in row[1:] if i not in (0, pad)] for row in rows])
+    assert ours == theirs
+    assert search.nbest == settings.get("num_return_sequences", 1)
+    floor = settings.get("min_length", settings.get("min_new_tokens", -1) + 1)
+    assert floor == search.min_len
+    unbounded = dataclasses.replace(search, min_len=0)  # the floor changes some outputs
+    short = Translator(model, tokenizer, unbounded).translate_nbest(texts)
+    assert any(len(hyps[0].tokens) + 1 < floor for hyps in short)
+
+
+@pytest.mark.parametrize("settings, named", [
+    ({"num_beams": "x"}, "num_beams is 'x': it must be an integer >= 1"),
+    ({"num_beams": -2}, "num_beams is -2: it must be an integer >= 1"),
+    ({"num_beams": 0}, "num_beams is 0: it must be an integer >= 1"),
+    ({"length_penalty": "x"}, "length_penalty is 'x': it must be a number"),
+    ({"max_length": 1}, "max_length is 1: it must be an integer >= 2 (it counts the decoder"),
+    ({"do_sample": "yes"}, "do_sample is 'yes': it must be true or false"),
+    ({"num_beams": 2, "num_return_sequences": 3}, "num_return_sequences is 3: it must be at "
+                                                  "most num_beams (2)"),
+])
+def test_bad_generation_settings_are_named(settings, named, opus_dir, tmp_path, capsys):
+    directory = generation_dir(opus_dir, tmp_path / "marian", settings, eos_bias=0.0)
+    code, err = convert(["from-marian", str(directory), str(tmp_path / "out")], capsys)
+    assert code == 2 and len(err) == 1, err
+    assert f"{directory / 'generation_config.json'}: {named}" in err[0], err[0]
+    assert not (tmp_path / "out").exists()
+
+
+def test_generation_settings_without_an_equivalent_are_named_in_a_warning(opus_dir, tmp_path,
+                                                                         capsys):
+    settings = {"do_sample": True, "num_beams": 1, "top_k": 7, "temperature": 0.5,
+                "top_p": 0.9, "no_repeat_ngram_size": 3, "repetition_penalty": 1.2,
+                "length_penalty": None}
+    directory = generation_dir(opus_dir, tmp_path / "marian", settings, eos_bias=0.0)
+    code, err = convert(["from-marian", str(directory), str(tmp_path / "out")], capsys)
+    assert code == 0, err
+    assert err[0] == (f"python -m nmt.convert: warning: {directory / 'generation_config.json'}: "
+                      "no_repeat_ngram_size 3, repetition_penalty 1.2, top_p 0.9: translate.py's "
+                      "search has no equivalent, so they are ignored; translations may differ "
+                      "from generate's.")
+    search = load_model(tmp_path / "out")[2]["search"]
+    assert (search.strategy, search.top_k, search.temperature, search.alpha) == (
+        "sample", 7, 0.5, 1.0)  # a null length_penalty is transformers' default
 
 
 def test_translate_py_prints_what_transformers_generates(imported, hf, texts, capsys):

@@ -9,9 +9,10 @@ What is read: `config.json` (model_type "marian"), the weights (`model.safetenso
 `special_tokens_map.json` or `tokenizer_config.json`) and, if present,
 `generation_config.json`. The model keeps Marian's ids (`data.tokenizer.VocabTokenizer`), its
 activation, its output bias and its LayerNorm epsilon; its search settings are those of
-`generate` (beam size, len ** alpha length penalty, transformers' end-of-search rules), so that
-translate.py reproduces transformers' output for it, except for a model exported from here,
-whose generation_config.json carries its own (`nmt.convert.marian.SEARCH_FIELD`).
+`generate` (`nmt.convert.generation`: beam size or sampling, len ** alpha length penalty,
+transformers' end-of-search rules, length limits, n-best), so that translate.py reproduces
+transformers' output for it, except for a model exported from here, whose
+generation_config.json carries its own (`nmt.convert.marian.SEARCH_FIELD`).
 
 What cannot be expressed is refused by name: separate source and target vocabularies
 (`target_vocab.json`, `separate_vocabs`), an activation other than relu or swish,
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import re
 from pathlib import Path
 from typing import Any
@@ -32,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from nmt.convert.common import ConversionError, check_output_dir, staged_directory
+from nmt.convert.generation import generate_settings, search_from_generate
 from nmt.convert.marian import MARIAN_LAYER_NORM_EPS, SEARCH_FIELD, from_marian_state, marian_shapes
 from transformer.config import ModelConfig, SearchConfig
 
@@ -43,6 +46,11 @@ _WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 # not the checkpoint's.
 _DIMENSIONS = ("d_model", "encoder_layers", "decoder_layers", "encoder_attention_heads",
                "decoder_attention_heads", "encoder_ffn_dim", "decoder_ffn_dim")
+_INTEGERS = (*_DIMENSIONS, "vocab_size", "decoder_vocab_size", "max_position_embeddings")
+_FRACTIONS = ("dropout", "attention_dropout", "activation_dropout", "layer_norm_eps")
+# config.json's names of the ModelConfig fields whose names differ, for ModelConfig's errors.
+_CONFIG_KEYS = {"num_heads": "encoder_attention_heads", "d_ff": "encoder_ffn_dim",
+                "max_len": "max_position_embeddings", "layer_norm_epsilon": "layer_norm_eps"}
 # OPUS-MT's vocab.json numbers the pieces of its training data, so a few pieces of its
 # SentencePiece models may be missing (they read as unknown, in Marian too); more than this
 # share means the files belong to different models.
@@ -73,6 +81,7 @@ def read_marian_config(directory: Path) -> dict[str, Any]:
         if name not in config:
             raise ConversionError(f"{path} has no {name!r}; add the value the weights were "
                                   "trained with, or use the config.json that came with them.")
+    _check_numbers(config, path)
     checks = [
         (config.get("activation_function", "gelu") in _ACTIVATIONS, "activation_function",
          "our feed-forward layers have relu or swish"),
@@ -96,6 +105,25 @@ def read_marian_config(directory: Path) -> dict[str, Any]:
                               "(target_vocab.json): our model shares one vocabulary between "
                               "source and target; such checkpoints cannot be imported.")
     return config
+
+
+def _check_numbers(config: dict[str, Any], path: Path) -> None:
+    """Each numeric field of config.json that the import reads is a number of its kind, so
+    that an error names the field (not a comparison of the values of two)."""
+    def wrong(name: str, what: str) -> ConversionError:
+        return ConversionError(f"{path}: {name} is {config[name]!r} but must be {what}; use the "
+                               "config.json that came with the weights.")
+
+    for name in _INTEGERS:
+        value = config.get(name)
+        if name in config and not (name == "decoder_vocab_size" and value is None):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise wrong(name, "a positive integer")
+    for name in _FRACTIONS:
+        value = config.get(name)
+        if name in config and (isinstance(value, bool) or not isinstance(value, (int, float))
+                               or not math.isfinite(value) or value < 0):
+            raise wrong(name, "a number >= 0")
 
 
 def weights_file(directory: Path) -> Path:
@@ -124,13 +152,26 @@ def read_weights(path: Path) -> dict[str, np.ndarray]:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # noqa: BLE001 - torch's errors name no file
-        raise ConversionError(f"{path} cannot be read ({_one_line(err)}); download it "
-                              "again.") from None
+        raise ConversionError(f"{path} cannot be read: {_torch_failure(path, err)}") from None
     return {name: value.float().numpy() for name, value in state.items()}
 
 
+def _torch_failure(path: Path, err: Exception) -> str:
+    """Why torch.load failed, in words: for a file that is not a zip archive (torch.save's
+    format) torch falls back to its legacy unpickler, whose errors say nothing (KeyError(36))."""
+    with open(path, "rb") as f:
+        head = f.read(9)
+    if head[:4] == b"PK\x03\x04":
+        return f"a damaged or truncated zip archive ({_one_line(err)}); download it again."
+    if head[8:9] == b"{":  # safetensors: an 8-byte header length, then its JSON
+        return ("it holds safetensors data, not a PyTorch checkpoint; rename it "
+                "model.safetensors.")
+    return ("not a PyTorch checkpoint (torch.save's zip archive), or a truncated one "
+            f"({path.stat().st_size} bytes); download it again.")
+
+
 def _one_line(err: Exception) -> str:
-    return " ".join(str(err).split())[:300]
+    return " ".join(str(err).split())[:300] or type(err).__name__
 
 
 def read_tokenizer(directory: Path, decoder_start: int | None = None):
@@ -215,24 +256,22 @@ def model_config(config: dict[str, Any], state: dict[str, np.ndarray], tokenizer
             layer_norm_epsilon=config.get("layer_norm_eps", MARIAN_LAYER_NORM_EPS),
             **ids.as_model_fields())
     except (ValueError, TypeError) as err:
-        raise ConversionError(f"{path / 'config.json'}: {err}") from None
+        message = re.sub(r"ModelConfig\.(\w+)", lambda m: _CONFIG_KEYS.get(m[1], m[1]), str(err))
+        raise ConversionError(f"{path / 'config.json'}: {message}") from None
 
 
-def search_config(directory: Path) -> SearchConfig:
+def search_config(directory: Path, never_generated: set[int]) -> SearchConfig:
     """The imported model's search settings: those a model exported from here carries
-    (generation_config.json's SEARCH_FIELD), so that it searches as before; else `generate`'s
-    defaults of generation_config.json (or config.json): its beam size and len ** alpha
-    penalty, and transformers' rules for when beams finish."""
+    (generation_config.json's SEARCH_FIELD), so that it searches as before; else those with
+    which `generate` searches, read from generation_config.json (or config.json) by
+    `nmt.convert.generation` (`never_generated`: PAD and the decoder's start token)."""
     path = directory / "generation_config.json"
     if not path.is_file():
         path = directory / "config.json"
     values = _read_json(path, "")
     if SEARCH_FIELD in values:
         return _exported_search(values, path)
-    beams = int(values.get("num_beams") or 4)
-    return SearchConfig(beam_size=beams, alpha=float(values.get("length_penalty", 1.0)),
-                        length_penalty="power", beam_rules="transformers",
-                        strategy="beam" if beams > 1 else "greedy")
+    return search_from_generate(values, path, never_generated)
 
 
 def _exported_search(values: dict[str, Any], path: Path) -> SearchConfig:
@@ -246,8 +285,10 @@ def _exported_search(values: dict[str, Any], path: Path) -> SearchConfig:
     except (ValueError, TypeError) as err:
         raise ConversionError(f"{path}: {SEARCH_FIELD} holds no valid search settings ({err}); "
                               f"correct it, {remove}.") from None
-    for name, ours in (("num_beams", search.beam_size), ("length_penalty", search.alpha)):
-        if name in values and values[name] != ours:
+    for name, ours in generate_settings(search).items():
+        # Exports before greedy search was written as num_beams 1 gave the beam size.
+        if name in values and values[name] not in (
+                ours, search.beam_size if name == "num_beams" else ours):
             raise ConversionError(
                 f"{path}: {name} is {values[name]} but {SEARCH_FIELD} (the search settings the "
                 f"model was exported with) has {ours}; make them agree, {remove}.")
@@ -367,7 +408,7 @@ def import_marian(marian_dir: str | Path, out_dir: str | Path) -> Path:
     state = read_weights(weights)
     config = model_config(raw, state, tokenizer, directory)
     check_weights(state, config, weights, directory)
-    search = search_config(directory)
+    search = search_config(directory, {tokenizer.ids.pad, tokenizer.ids.bos})
     _, params, _ = abstract_params(config)
     nnx.replace_by_pure_dict(params, from_marian_state(state, config))
     languages = {key: raw[key] for key in ("source_lang", "target_lang") if key in raw}
