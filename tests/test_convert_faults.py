@@ -238,6 +238,42 @@ def test_a_round_trip_through_marian_searches_as_before(model, exported, tmp_pat
     assert outputs[0] == outputs[1]
 
 
+@pytest.mark.parametrize("changes, told", [
+    ({"strategy": "greedy", "min_len": 3},
+     {"num_beams": 1, "do_sample": False, "min_length": 3, "num_return_sequences": 1}),
+    ({"strategy": "sample", "top_k": 5, "temperature": 0.7},
+     {"num_beams": 1, "do_sample": True, "top_k": 5, "temperature": 0.7, "min_length": 0}),
+    ({"beam_size": 4, "nbest": 2},
+     {"num_beams": 4, "do_sample": False, "length_penalty": 0.6, "num_return_sequences": 2}),
+], ids=["greedy", "sample", "nbest"])
+def test_generate_is_told_the_models_search(changes, told, model, tmp_path, capsys):
+    """generation_config.json says the stored search in generate's words, which an import
+    without nmt_search reads back (the length penalty and limit stay generate's)."""
+    source = tmp_path / "model"
+    shutil.copytree(model, source)
+    config = json.loads((source / "config.json").read_text())
+    config["search"].update(changes)
+    (source / "config.json").write_text(json.dumps(config))
+    code, err = convert(["to-marian", source, tmp_path / "marian"], capsys)
+    assert code == 0, err
+    path = tmp_path / "marian" / "generation_config.json"
+    generation = json.loads(path.read_text())
+    assert {name: generation.get(name) for name in told} == told
+    assert ("length_penalty" in generation) == (config["search"]["strategy"] == "beam")
+    stored = load_model(source)[2]["search"]
+    code, err = convert(["from-marian", tmp_path / "marian", tmp_path / "back"], capsys)
+    assert code == 0, err
+    assert load_model(tmp_path / "back")[2]["search"] == stored
+    del generation["nmt_search"]
+    path.write_text(json.dumps(generation))
+    code, err = convert(["from-marian", tmp_path / "marian", tmp_path / "generate"], capsys)
+    assert code == 0, err
+    imported = load_model(tmp_path / "generate")[2]["search"]
+    kept = ("strategy", "nbest", "min_len", "top_k", "temperature",
+            *(("beam_size", "alpha") if stored.strategy == "beam" else ()))
+    assert {k: getattr(imported, k) for k in kept} == {k: getattr(stored, k) for k in kept}
+
+
 @pytest.mark.parametrize("edit, named", [
     ({"num_beams": 6}, "num_beams is 6 but nmt_search"),
     ({"nmt_search": {"beam_size": 0}}, "nmt_search holds no valid search settings"),

@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from nmt.convert.common import ConversionError, load_params, staged_directory, write_json
+from nmt.convert.generation import generate_settings
 from transformer.config import ModelConfig, SearchConfig
 
 Params = dict[str, Any]  # nnx.to_pure_dict of a Transformer: nested dicts of arrays
@@ -336,9 +337,11 @@ SEARCH_FIELD = "nmt_search"
 
 
 def generation_config(config: ModelConfig, search: SearchConfig) -> dict[str, Any]:
-    """generation_config.json: our search defaults as far as `generate` has them, and whole
-    under `SEARCH_FIELD`. PAD and BOS are never generated (as in our search); `length_penalty`
-    divides the log-probability by length ** alpha, not by GNMT's ((5 + length) / 6) ** alpha."""
+    """generation_config.json: our search defaults as far as `generate` has them
+    (`nmt.convert.generation`: greedy as num_beams 1, sampling as do_sample, min_len, nbest),
+    and whole under `SEARCH_FIELD`. PAD and BOS are never generated (as in our search);
+    `length_penalty` divides the log-probability by length ** alpha, not by GNMT's
+    ((5 + length) / 6) ** alpha."""
     return {
         "decoder_start_token_id": config.bos_id,
         "bos_token_id": config.bos_id,
@@ -346,8 +349,7 @@ def generation_config(config: ModelConfig, search: SearchConfig) -> dict[str, An
         "forced_eos_token_id": config.eos_id,
         "pad_token_id": config.pad_id,
         "bad_words_ids": [[config.pad_id], [config.bos_id]],
-        "num_beams": search.beam_size,
-        "length_penalty": search.alpha,
+        **generate_settings(search),
         "max_length": config.max_len + 1,  # transformers counts the decoder's start token
         SEARCH_FIELD: search.to_dict(),
     }
