@@ -58,6 +58,23 @@ def test_sampling_draws_new_numbers_on_every_call_and_repeats_with_the_seed():
     assert four_calls() == first       # and the seed fixes the whole sequence
 
 
+def test_batch_keys_come_from_the_count_or_from_the_stream_alone():
+    import jax
+    import numpy as np
+
+    from nmt.models.translator import BatchKeys
+
+    seed = jax.random.key(3)
+    data = jax.random.key_data
+    keys = BatchKeys(seed, draws=True)
+    assert np.array_equal(data(keys.key(7, 2, 1)), data(keys.key(0, 2, 1)))  # not the count
+    distinct = {data(key).tobytes() for key in (keys.key(0, None, 0), keys.key(1, None, 0),
+                                                keys.key(0, 0, 0), keys.key(0, 1, 0),
+                                                keys.key(0, 0, 1))}
+    assert len(distinct) == 5
+    assert BatchKeys(seed, draws=False).key(7, 2, 1) is seed  # nothing to fold for a beam
+
+
 def test_a_call_with_a_stream_number_draws_the_same_whatever_came_before():
     search = SearchConfig(strategy="sample", max_len_a=0, max_len_b=8)
     sentences = ["5 9 13 17", "6 10", "7 7 7"]

@@ -82,6 +82,26 @@ def default_searches() -> int:
     return 2 if cpu_backend() else 1
 
 
+@dataclasses.dataclass(frozen=True)
+class BatchKeys:
+    """Each batch's sampling key. Greedy and beam search draw nothing and get the seed's key
+    as it is (folding would cost them a program to load). Sampling folds in the count of
+    batches searched before (`counted`, in the order batches are made), so calls never reuse
+    random numbers; a call given a `stream` number folds in that number and the batch's
+    number in the call (`in_call`) instead, so that it draws the same whatever came before
+    it, in any process (a resumed distillation's chunk)."""
+
+    seed: jax.Array
+    draws: bool
+
+    def key(self, counted: int, stream: int | None, in_call: int) -> jax.Array:
+        if not self.draws:
+            return self.seed
+        if stream is None:
+            return jax.random.fold_in(self.seed, counted)
+        return jax.random.fold_in(jax.random.fold_in(self.seed, stream), in_call)
+
+
 @dataclasses.dataclass
 class _Batch:
     """A batch of a call, with what its search draws from and whether it compacts."""
@@ -105,11 +125,9 @@ class Translator:
     thread (`default_searches`). Once `compact_after` batches of a width have been searched
     (over every call), the next ones leave their finished sentences behind as they go
     (`COMPACT_AFTER_BATCHES`); None, or a backend other than a CPU, searches every batch
-    whole. Sampling draws from `seed` and a count of the batches searched so far, so calls
-    never reuse random numbers; a call given a `stream` number draws from `seed` and that
-    number alone, so that it draws the same in any process (a resumed distillation). With a
-    `shortlist` (`transformer.shortlist`), each batch searches over `shortlist_size`
-    candidate tokens chosen for its sources. Several threads may call one translator at once.
+    whole. Sampling draws from `seed` as `BatchKeys` says. With a `shortlist`
+    (`transformer.shortlist`), each batch searches over `shortlist_size` candidate tokens
+    chosen for its sources. Several threads may call one translator at once.
     """
 
     def __init__(self, model: Transformer | Ensemble, tokenizer, search: SearchConfig,
@@ -131,7 +149,7 @@ class Translator:
                               buckets_up_to(self.max_source_len, buckets or INFERENCE_BUCKETS),
                               self.strategy.rows_per_sentence, on_cpu=cpu_backend())
         self.compact_after = compact_after if self.plan.on_cpu else None
-        self.rng = jax.random.key(seed)
+        self.keys = BatchKeys(jax.random.key(seed), self.strategy.draws)
         # What spans calls, shared by the threads that call at once.
         self._lock = threading.Lock()
         self._batches_searched = 0  # folded into the rng: each batch of every call draws anew
@@ -180,18 +198,15 @@ class Translator:
         share their line) or counted from `first_line`. `ids`: the sentences' source token
         ids (`tokenizer.encode(sentences)`), where the caller has them already (the server
         counts a request's tokens with them), so that they are not encoded twice. `stream`:
-        sampling draws from the seed and this number (each batch of the call its own key),
-        not from the count of batches searched before, so that the call draws the same
-        whatever came before it; calls that must draw anew pass other numbers.
+        the call's sampling draws from the seed and this number alone (`BatchKeys`).
         """
         call = CallSources.of(sentences, self.tokenizer, self.max_source_len - 1,
                               self.strategy.nbest, ids, line_numbers, first_line, source,
                               progress)
         ids, results, todo, line_numbers = call.ids, call.results, call.todo, call.line_numbers
         reached_limit, batches = [], []
-        for stats, rows, hypotheses, at_limit in self._search_batches([ids[i] for i in todo],
-                                                                      stream):
-            for row, nbest in zip(rows, hypotheses):
+        for stats, rows, found, at_limit in self._search_batches([ids[i] for i in todo], stream):
+            for row, nbest in zip(rows, found):
                 results[todo[row]] = nbest
             reached_limit.extend(line_numbers[todo[row]] for row in at_limit)
             batches.append(stats)
@@ -296,22 +311,14 @@ class Translator:
 
     def _batch(self, src: np.ndarray, index: np.ndarray, stream: int | None,
                in_call: int) -> _Batch:
-        """The next batch, counted: sampling gets a key of each batch's own, in the order
-        batches are made (with a `stream`, the call's batch number `in_call` folded into the
-        stream's key instead); greedy and beam search draw nothing and get the seed's key as
-        it is (folding would cost them a program to load). It compacts once `compact_after`
-        batches of its width were searched."""
+        """The next batch, counted, with its sampling key (`BatchKeys`); it compacts once
+        `compact_after` batches of its width were searched."""
         width = src.shape[1]
         with self._lock:
             self._batches_searched += 1
             self._batches_per_width[width] += 1
             number, of_width = self._batches_searched - 1, self._batches_per_width[width]
-        if not self.strategy.draws:
-            rng = self.rng
-        elif stream is None:
-            rng = jax.random.fold_in(self.rng, number)
-        else:
-            rng = jax.random.fold_in(jax.random.fold_in(self.rng, stream), in_call)
+        rng = self.keys.key(number, stream, in_call)
         compact = self.compact_after is not None and of_width > self.compact_after
         candidates = (self.shortlist.candidates(src, self.shortlist_size)
                       if self.shortlist is not None else None)
