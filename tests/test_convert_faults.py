@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import gc
+import importlib.util
 import json
 import os
 import shutil
@@ -297,12 +298,22 @@ IMPORT_FIRST = ("is a transformers model (config.json: model_type marian), not a
 
 def test_path_mistakes_are_usage_errors(model, exported, tmp_path, capsys):
     (tmp_path / "file").write_text("x")
+    (tmp_path / "ct2").mkdir()  # what to-ctranslate2 writes, in outline
+    for name in ("model.bin", "config.json", "nmt_config.json", "spm.model"):
+        (tmp_path / "ct2" / name).write_text("{}")
     cases = [
         (["to-marian", tmp_path / "missing", tmp_path / "out"], "MODEL", "does not exist"),
         (["to-ctranslate2", tmp_path / "file", tmp_path / "out"], "MODEL", "is a file"),
         (["to-marian", tmp_path, tmp_path / "out"], "MODEL", "has neither config.json"),
         (["to-marian", exported, tmp_path / "out"], "MODEL", IMPORT_FIRST.format(exported)),
         (["to-marian", model, tmp_path / "file" / "out"], "OUT", "is a file"),
+        (["to-marian", tmp_path / "ct2", tmp_path / "out"], "MODEL",
+         "is a CTranslate2 export (model.bin), not a model directory of this project; pass the "
+         "model directory it was exported from"),
+        *[([command, exported if command == "from-marian" else model, "/proc/x"], "OUT",
+           "/proc/x cannot be created (No such file or directory); choose another")
+          for command in COMMANDS
+          if command != "to-ctranslate2" or importlib.util.find_spec("ctranslate2")],
         # An empty path names its argument, not the current directory it would mean.
         *[([command, model, ""], "OUT", "was given an empty path; give a new or empty")
           for command in COMMANDS],
@@ -314,7 +325,7 @@ def test_path_mistakes_are_usage_errors(model, exported, tmp_path, capsys):
         code, err = convert(argv, capsys)
         assert code == 2 and len(err) == 1, (argv, err)
         assert err[0].startswith(f"{ERROR}{flag} ") and named in err[0], err[0]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ct2", "file"]
 
 
 # ----------------------------------------------------------------------------- files written

@@ -531,6 +531,19 @@ def test_a_marian_directory_points_to_the_converter(tmp_path, capsys, monkeypatc
     assert "train with train.py" not in line
 
 
+def test_a_ctranslate2_export_given_to_the_jax_engine_points_to_its_engine(tmp_path, capsys,
+                                                                           monkeypatch):
+    export = tmp_path / "ct2"
+    export.mkdir()
+    (export / "config.json").write_text(json.dumps({"add_source_bos": False}))
+    (export / "model.bin").write_bytes(b"")
+    monkeypatch.setattr(translate_cli, "enable_compilation_cache", lambda: None)
+    status, line = _main(translate_cli.main, ["--model", export, "Hallo."], capsys)
+    assert status == 1
+    assert f"{export} is a CTranslate2 export (model.bin)" in line
+    assert "--engine ctranslate2" in line and "train with train.py" not in line
+
+
 def test_a_full_disk_while_exporting_names_the_file_and_leaves_nothing(run_dir, tmp_path,
                                                                        monkeypatch):
     import errno

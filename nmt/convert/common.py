@@ -86,6 +86,10 @@ def model_directory(path: str | Path) -> Path:
         what = "does not exist"
     elif not path.is_dir():
         what = "is a file"
+    elif (path / "model.bin").is_file() and not (path / "params.msgpack").exists():
+        what = "is a CTranslate2 export (model.bin), not a model directory of this project"
+        fix = ("pass the model directory it was exported from (translate.py reads the export "
+               "with --engine ctranslate2)")
     elif not ((path / "config.json").is_file() or (path / "model").is_dir()):
         what = "has neither config.json (a model directory) nor model/ (a run directory)"
     elif (model_type := _transformers_model_type(path)) is not None:
@@ -143,7 +147,13 @@ def staged_directory(path: str | Path) -> Iterator[Path]:
     check_output_dir(path)
     check_interrupted()
     try:
-        with atomic_directory(path) as staging:
+        with contextlib.ExitStack() as stack:
+            try:
+                staging = stack.enter_context(atomic_directory(path))
+            except OSError as err:  # no directory can be made there (/proc/x): a usage error
+                raise ConversionError(
+                    f"OUT {path} cannot be created ({err.strerror or err}); choose another "
+                    "directory.") from None
             try:
                 yield staging
             except OSError as err:  # name it while the staging directory is still there

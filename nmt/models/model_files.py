@@ -130,6 +130,11 @@ def read_model_files(path: str | Path) -> tuple[Path, TokenizerBase, dict[str, A
     as `load_model`'s has."""
     model_dir = resolve_model_dir(path)
     check_not_transformers(model_dir)
+    if not (model_dir / PARAMS_FILE).exists() and (model_dir / "model.bin").is_file():
+        raise ModelDirError(
+            f"{model_dir} is a CTranslate2 export (model.bin), not a model directory of the JAX "
+            "engine; translate with it by adding --engine ctranslate2, or pass the model "
+            "directory it was exported from.")
     for name, what in ((CONFIG_FILE, "model configuration"), (PARAMS_FILE, "parameters")):
         if not (model_dir / name).is_file():
             raise ModelDirError(
