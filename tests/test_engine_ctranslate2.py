@@ -49,6 +49,11 @@ def ending_dir(run_dir, tmp_path_factory) -> Path:
     likely (CTranslate2 renormalizes over the tokens a search may produce, ours does not, so
     the two score alike only where those have no probability), and EOS likely enough that
     about half the translations end before their limit, at lengths from 1 to 30 tokens."""
+    return ending_model(run_dir, tmp_path_factory.mktemp("ending") / "model")
+
+
+def ending_model(run_dir: Path, out: Path, **overrides) -> Path:
+    """`ending_dir`'s model, with `overrides` of its ModelConfig, written to `out`."""
     import numpy as np
     from flax import nnx
 
@@ -58,7 +63,7 @@ def ending_dir(run_dir, tmp_path_factory) -> Path:
     from transformer.model import Transformer
 
     tokenizer = load_tokenizer(run_dir / "model")
-    config = get_preset("tiny", vocab_size=tokenizer.vocab_size, output_bias=True)
+    config = get_preset("tiny", vocab_size=tokenizer.vocab_size, output_bias=True, **overrides)
     params = nnx.state(Transformer(config, rngs=nnx.Rngs(0)), nnx.Param)
     table = params["src_embedding"]["table"]["embedding"]
     byte_rows = [i for i in range(tokenizer.vocab_size) if tokenizer.processor.is_byte(i)]
@@ -66,7 +71,6 @@ def ending_dir(run_dir, tmp_path_factory) -> Path:
     bias = params["output_bias"]
     bias[...] = (bias[...].at[config.pad_id].set(-1e4).at[config.bos_id].set(-1e4)
                  .at[config.eos_id].set(18.0))
-    out = tmp_path_factory.mktemp("ending") / "model"
     export_model(out, params, config, tokenizer, search_config())
     return out
 
@@ -97,6 +101,40 @@ def scores(translations, lines=None):
 
 
 # ----------------------------------------------------------------------------- same meaning
+
+
+@pytest.mark.parametrize("overrides", [{"positional": "learned"},
+                                       {"positional": "learned", "norm": "pre"}],
+                         ids=["learned", "learned-pre-norm"])
+def test_a_learned_position_table_converts_exactly(overrides, cache, run_dir, tmp_path):
+    """CTranslate2's position table is added as ours is: a learned one converts as it is
+    (MarianMT's is sinusoidal: to-marian refuses it)."""
+    directory = ending_model(run_dir, tmp_path / "model", **overrides)
+    for changes in (dict(strategy="greedy", nbest=1),
+                    dict(strategy="beam", beam_size=3, nbest=2, beam_rules="k-finished",
+                         length_penalty="power")):
+        ours, theirs = both(directory, search_config(**changes))
+        ended = set(range(1, len(LINES) + 1)) - set(ours.reached_limit) - set(theirs.reached_limit)
+        assert len(ended) >= 5
+        assert tokens(theirs, ended) == tokens(ours, ended)
+        best = [[ours.nbest[i - 1][0].score, theirs.nbest[i - 1][0].score] for i in ended]
+        assert [t for _, t in best] == pytest.approx([o for o, _ in best], abs=1e-4)
+    sinusoidal = ending_model(run_dir, tmp_path / "sinusoidal",
+                              **{**overrides, "positional": "sinusoidal"})
+    assert tokens(both(sinusoidal, search_config(strategy="greedy", nbest=1))[0]) \
+        != tokens(ours)  # the table matters to these translations
+
+
+def test_a_model_ctranslate2_cannot_hold_names_ctranslate2_and_the_jax_engine(cache, run_dir,
+                                                                             tmp_path):
+    from nmt.models.model_dir import ModelDirError
+
+    directory = ending_model(run_dir, tmp_path / "model", d_model=21, num_heads=3, d_ff=37)
+    with pytest.raises(ModelDirError) as refused:
+        open_translator(directory, lambda stored: stored, compute_type="float32")
+    assert str(refused.value) == (f"{directory} cannot run on CTranslate2: d_model 21 is odd: "
+                                  "CTranslate2's positional table needs an even model width. "
+                                  "Translate it with --engine jax.")
 
 
 @pytest.mark.parametrize("changes", [

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from nmt.convert.common import ConversionError, load_params, staged_directory
-from nmt.convert.marian import marian_positions, to_marian_state
+from nmt.convert.marian import to_marian_state
 from nmt.models.model_files import CONFIG_FILE, EXPORT_SETTINGS_FILE, resolve_model_dir
 from transformer.atomic_files import atomic_file
 from transformer.shortlist import SHORTLIST_FILE, Shortlist
@@ -66,8 +66,8 @@ def build_spec(params: Any, config, tokenizer):
     """A validated `ctranslate2.specs.TransformerSpec` holding our model."""
     from ctranslate2.specs import common_spec, transformer_spec
 
-    # Refuses what MarianMT's layout cannot hold, but pre-norm, which CTranslate2's can.
-    state = to_marian_state(params, config, pre_norm=True)
+    # MarianMT's layout, with what CTranslate2's holds besides: pre-norm, learned positions.
+    state = to_marian_state(params, config, ctranslate2=True)
     activation = {"relu": common_spec.Activation.RELU,
                   "swish": common_spec.Activation.SWISH}[config.activation]
     pre_norm = config.norm == "pre"
@@ -76,7 +76,7 @@ def build_spec(params: Any, config, tokenizer):
     spec = transformer_spec.TransformerSpec.from_config(
         (config.encoder_layers, config.decoder_layers), config.num_heads, pre_norm=pre_norm,
         activation=activation, alignment_layer=-1, alignment_heads=config.num_heads)
-    positions = marian_positions(config.max_len, config.d_model)
+    positions = state["model.encoder.embed_positions.weight"]
     if config.share_embeddings:
         source = target = output = state["model.shared.weight"]
     else:

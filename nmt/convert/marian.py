@@ -49,44 +49,46 @@ _DECODER_SUBLAYERS = {"self_attention": ("self_attn", "self_attn_layer_norm"),
 _NORM_OF = {"self_attention": "self_attention_norm", "cross_attention": "cross_attention_norm"}
 
 
-def residual_permutation(d_model: int) -> np.ndarray:
-    """[d_model] int: MarianMT's coordinate j is our coordinate perm[j] (sines, then cosines)."""
+def residual_permutation(d_model: int, target: str = "MarianMT") -> np.ndarray:
+    """[d_model] int: MarianMT's coordinate j is our coordinate perm[j] (sines, then cosines);
+    `target` names the format in the error."""
     if d_model % 2:
-        raise ConversionError(f"d_model {d_model} is odd: MarianMT's positional table needs an "
+        raise ConversionError(f"d_model {d_model} is odd: {target}'s positional table needs an "
                               "even model width.")
     return np.concatenate([np.arange(0, d_model, 2), np.arange(1, d_model, 2)])
 
 
-def check_exportable(config: ModelConfig, pre_norm: bool = False) -> None:
+def check_exportable(config: ModelConfig, ctranslate2: bool = False) -> None:
     """Refuse options MarianMT has no form for, naming them (a silently different model
-    would be worse than none); `pre_norm`: the caller's layout also holds pre-norm stacks
-    (CTranslate2's does)."""
-    unsupported = {
-        "norm": (config.norm, config.norm if pre_norm else "post",
-                 "MarianMT's layers are post-norm"),
+    would be worse than none); `ctranslate2`: the caller's layout is CTranslate2's, which
+    also holds pre-norm stacks and a learned position table (added as the sinusoids are)."""
+    unsupported = {} if ctranslate2 else {
+        "norm": (config.norm, "post", "MarianMT's layers are post-norm"),
         "positional": (config.positional, "sinusoidal", "MarianMT's positions are sinusoidal"),
     }
     for name, (value, needed, why) in unsupported.items():
         if value != needed:
-            raise ConversionError(f"model option {name}={value!r} cannot be exported: {why} "
-                                  f"(only {name}={needed!r} converts exactly).")
-    residual_permutation(config.d_model)
+            raise ConversionError(
+                f"model option {name}={value!r} cannot be exported to MarianMT: {why} (only "
+                f"{name}={needed!r} converts exactly); to-ctranslate2 converts such a model.")
+    residual_permutation(config.d_model, "CTranslate2" if ctranslate2 else "MarianMT")
 
 
 # ----------------------------------------------------------------------------- ours -> MarianMT
 
 
-def to_marian_state(params: Params, config: ModelConfig, pre_norm: bool = False
+def to_marian_state(params: Params, config: ModelConfig, ctranslate2: bool = False
                     ) -> dict[str, np.ndarray]:
     """Our parameters -> MarianMTModel's state dict (names as `save_pretrained` writes them).
 
     Tied matrices appear once, as transformers saves them: with shared embeddings only
     `model.shared.weight` (the encoder's, decoder's and output's table); otherwise the
-    encoder's, the decoder's and `lm_head.weight` apart. With `pre_norm`, a pre-norm model
-    is written too, its stacks' final LayerNorms as `model.{encoder,decoder}.layer_norm`
-    (mBART's names; MarianMTModel itself cannot load it).
+    encoder's, the decoder's and `lm_head.weight` apart. With `ctranslate2` (the layout
+    `nmt.convert.ctranslate2` reads), a pre-norm model is written too, its stacks' final
+    LayerNorms as `model.{encoder,decoder}.layer_norm` (mBART's names), and a learned position
+    table as `embed_positions` (MarianMTModel itself cannot load either).
     """
-    check_exportable(config, pre_norm)
+    check_exportable(config, ctranslate2)
     writer = _MarianWriter(residual_permutation(config.d_model))
     for side, sublayers in (("encoder", _ENCODER_SUBLAYERS), ("decoder", _DECODER_SUBLAYERS)):
         layers = params[f"{side}_layers"]
@@ -95,9 +97,10 @@ def to_marian_state(params: Params, config: ModelConfig, pre_norm: bool = False
         if config.norm == "pre":
             writer.norm(f"model.{side}.layer_norm", {"norm": params[f"{side}_norm"]})
     writer.tables(params, config)
-    for side in ("encoder", "decoder"):
-        writer.put(f"model.{side}.embed_positions.weight",
-                   marian_positions(config.max_len, config.d_model))
+    positions = (writer.permuted(params["positional"]["table"]) if config.positional == "learned"
+                 else marian_positions(config.max_len, config.d_model))
+    for side in ("encoder", "decoder"):  # one table for both, as in our model
+        writer.put(f"model.{side}.embed_positions.weight", positions)
     return writer.out
 
 

@@ -165,6 +165,7 @@ def _convert(model_dir: Path, out: Path, quantization: str, reused: bool = True)
     try:
         export_ctranslate2(model_dir, out, quantization)
     except ConversionError as err:
-        raise ModelDirError(f"{model_dir} cannot run on CTranslate2: {err}") from None
+        raise ModelDirError(f"{model_dir} cannot run on CTranslate2: {err} Translate it with "
+                            "--engine jax.") from None
     write_manifest(out)
     log.info("converted in %.1f s", time.perf_counter() - start)
