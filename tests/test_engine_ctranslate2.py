@@ -172,6 +172,24 @@ def test_two_batches_at_once_where_there_are_two_cores(monkeypatch):
         assert engine.default_searches() == searches
 
 
+def test_the_threads_in_all_bound_the_batches_at_once(cache, run_dir, monkeypatch, caplog):
+    """--threads N is every thread: the default searches fit in it, more are refused, and
+    sampling (one batch at a time) says that it uses 1."""
+    from nmt.engines import ctranslate2 as engine
+
+    monkeypatch.setattr(engine, "cpu_cores", lambda: 4)
+    for threads, searches, used in ((1, 0, 1), (3, 0, 2), (0, 0, 2), (4, 4, 4)):
+        translator, _ = open_translator(run_dir, lambda stored: stored, compute_type="float32",
+                                        threads=threads, searches=searches)
+        assert (translator.searches, translator.model.num_translators) == (used, used)
+    with pytest.raises(engine.EngineError, match="--searches 4 with --threads 1: "):
+        open_translator(run_dir, lambda stored: stored, threads=1, searches=4)
+    sample = search_config(strategy="sample", nbest=1)
+    translator, _ = open_translator(run_dir, lambda stored: sample, searches=3)
+    assert translator.model.num_translators == 1
+    assert "--searches 3: CTranslate2 samples one batch at a time" in caplog.text
+
+
 def test_sampling_maps_top_k_temperature_and_seed(cache, run_dir):
     greedy = both(run_dir / "model", search_config(strategy="greedy", nbest=1))[0]
     top1, _ = open_translator(run_dir, lambda s: search_config(strategy="sample", nbest=1,
@@ -469,6 +487,11 @@ def test_evaluate_and_score_on_ctranslate2(run_dir, env, greedy_jax, tmp_path):
     (["--engine", "ctranslate2", "--threads", "0"], "--threads must be 1 to 256, got 0"),
     (["--engine", "ctranslate2", "--threads", str(10**12)], "--threads must be 1 to 256"),
     (["--engine", "ctranslate2", "--searches", "100000"], "--searches 100000: CTranslate2"),
+    (["--engine", "ctranslate2", "--threads", "1", "--searches", "4"],
+     "--searches 4 with --threads 1: each batch translated at once takes a thread of its own; "
+     "give --searches at most 1, or more --threads."),
+    (["--engine", "ctranslate2", "--sample", "--searches", "2"],
+     "--searches 2 with --sample: CTranslate2 samples one batch at a time"),
     (["--engine", "ctranslate2", "--compute-type", ""], "--compute-type : not a CTranslate2"),
     (["--engine", "ctranslate2", "--beam-rules", "exact"], "--beam-rules exact: CTranslate2's"),
     (["--engine", "ctranslate2", "--compute-type", "int4"], "not a CTranslate2 compute type"),

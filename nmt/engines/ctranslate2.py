@@ -214,9 +214,10 @@ class CTranslate2Translator:
     """Translates lists of sentences with a CTranslate2 model, as `Translator` does.
 
     `searches` batches are translated at once (CTranslate2's inter_threads; 0:
-    `default_searches`), each on `threads // searches` threads (intra_threads; `threads` 0:
-    every core). `batch_tokens` bounds the source tokens of a batch, divided by the beam
-    size as for the JAX engine.
+    `default_searches`, at most `threads`), each on `threads // searches` threads
+    (intra_threads; `threads` 0: every core); more searches than threads is refused, and
+    sampling translates one batch at a time. `batch_tokens` bounds the source tokens of a
+    batch, divided by the beam size as for the JAX engine.
     Sampling draws from CTranslate2's random generator, seeded with `seed` (its stream is not
     JAX's: samples differ between engines), one batch at a time so that a seed reproduces
     a run. The generator is one per process and each translator made seeds it again: with
@@ -238,10 +239,7 @@ class CTranslate2Translator:
         self.model_config = model_config
         self.max_source_len = model_config.max_len
         self.tokenizer = tokenizer
-        # Sampling draws from one random stream per process: batches translated at once would
-        # take their numbers in whatever order their threads come, and a seed would not
-        # reproduce a run.
-        self.searches = searches = 1 if self.strategy.draws else searches or default_searches()
+        self.searches = searches = self._searches(searches, threads)
         cores = threads or cpu_cores()
         ctranslate2.set_random_seed(seed)
         try:
@@ -257,6 +255,24 @@ class CTranslate2Translator:
         self._eos = vocabulary[model_config.eos_id]
         self._suppress = [[vocabulary[model_config.pad_id]], [vocabulary[model_config.bos_id]]]
         self._batch = max(batch_tokens // self.strategy.rows_per_sentence, 1)
+
+    def _searches(self, given: int, threads: int) -> int:
+        """Batches translated at once, each on a thread at least: never more than `threads`
+        (the threads in all, where given; EngineError for a `given` number above them)."""
+        if threads and given > threads:
+            raise EngineError(f"--searches {given} with --threads {threads}: each batch "
+                              "translated at once takes a thread of its own; give --searches "
+                              f"at most {threads}, or more --threads.")
+        if self.strategy.draws:
+            # Sampling draws from one random stream per process: batches translated at once
+            # would take their numbers in whatever order their threads come, and a seed would
+            # not reproduce a run.
+            if given > 1:
+                log.warning("--searches %d: CTranslate2 samples one batch at a time (its random "
+                            "stream is one per process, so that --seed reproduces a run); "
+                            "translating with --searches 1.", given)
+            return 1
+        return given or min(default_searches(), threads or cpu_cores())
 
     def describe(self) -> str:
         """The engine and its compute type, as the commands and /health name them."""

@@ -339,6 +339,16 @@ def check_engine_args(args: argparse.Namespace, ensembles: bool = True) -> None:
         raise UsageError(f"--searches {args.searches}: CTranslate2 translates at most "
                          f"{MAX_ENGINE_THREADS} batches at once (each is a translator with "
                          "buffers of its own); give fewer.")
+    if args.engine == "ctranslate2" and args.searches is not None and args.searches > 1:
+        if args.threads is not None and args.searches > args.threads:
+            raise UsageError(f"--searches {args.searches} with --threads {args.threads}: each "
+                             "batch translated at once takes a thread of its own; give "
+                             f"--searches at most {args.threads}, or more --threads.")
+        if args.sample:
+            raise UsageError(f"--searches {args.searches} with --sample: CTranslate2 samples "
+                             "one batch at a time (its random stream is one per process, so "
+                             "that --seed reproduces a run); drop --searches, or use --engine "
+                             "jax.")
     if args.engine == "jax":
         for flag in ("compute_type", "threads"):
             if getattr(args, flag) is not None:
