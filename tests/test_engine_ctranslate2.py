@@ -190,6 +190,22 @@ def test_the_threads_in_all_bound_the_batches_at_once(cache, run_dir, monkeypatc
     assert "--searches 3: CTranslate2 samples one batch at a time" in caplog.text
 
 
+def test_an_export_computed_in_another_type_names_its_stored_weights(run_dir, tmp_path, caplog):
+    import logging
+
+    from nmt.convert.ctranslate2 import export_ctranslate2
+
+    export = export_ctranslate2(run_dir, tmp_path / "int8", "int8")
+    caplog.set_level(logging.INFO, logger="nmt.engines")
+    translator, _ = open_translator(export, lambda stored: stored, compute_type="float32")
+    assert translator.describe() == "ctranslate2 float32"
+    assert (f"ctranslate2: {export} stores int8 weights, converted at load to compute in "
+            "float32") in caplog.text
+    caplog.clear()
+    open_translator(export, lambda stored: stored, compute_type="int8")  # int8_float32
+    assert "weights, converted at load" not in caplog.text
+
+
 def test_sampling_maps_top_k_temperature_and_seed(cache, run_dir):
     greedy = both(run_dir / "model", search_config(strategy="greedy", nbest=1))[0]
     top1, _ = open_translator(run_dir, lambda s: search_config(strategy="sample", nbest=1,

@@ -17,14 +17,20 @@ training did), and LayerNorm keeps the model's own epsilon, so the export is exa
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from nmt.convert.common import ConversionError, load_params, staged_directory
+from nmt.convert.common import ConversionError, load_params, staged_directory, write_json
 from nmt.convert.marian import to_marian_state
-from nmt.models.model_files import CONFIG_FILE, EXPORT_SETTINGS_FILE, resolve_model_dir
+from nmt.models.model_files import (
+    CONFIG_FILE,
+    EXPORT_SETTINGS_FILE,
+    EXPORT_WEIGHTS_FIELD,
+    resolve_model_dir,
+)
 from transformer.atomic_files import atomic_file
 from transformer.shortlist import SHORTLIST_FILE, Shortlist
 
@@ -126,19 +132,21 @@ def export_ctranslate2(model_path: str | Path, out_dir: str | Path,
                        quantization: str = "float32") -> Path:
     """Write a model directory as a CTranslate2 model directory, with the tokenizer's files
     (`spm.model`, or an imported model's source.spm, target.spm and vocab.json) beside it for
-    tokenizing and the model's settings (EXPORT_SETTINGS_FILE). Everything or nothing is written."""
+    tokenizing and the model's settings (EXPORT_SETTINGS_FILE, with the weight type stored as
+    EXPORT_WEIGHTS_FIELD). Everything or nothing is written."""
     if quantization not in QUANTIZATIONS:
         raise ConversionError(f"quantization {quantization!r} is not one of CTranslate2's: "
                               f"{', '.join(QUANTIZATIONS)}.")
     params, tokenizer, values = load_params(model_path)
     spec = build_spec(params, values["model"], tokenizer)
     spec.optimize(quantization=quantization)
-    settings = (resolve_model_dir(model_path) / CONFIG_FILE).read_bytes()
+    settings = json.loads((resolve_model_dir(model_path) / CONFIG_FILE).read_text("utf-8"))
+    settings[EXPORT_WEIGHTS_FIELD] = quantization
     shortlist_path = resolve_model_dir(model_path) / SHORTLIST_FILE
     with staged_directory(out_dir) as tmp:
         spec.save(str(tmp))
         tokenizer.save(tmp)  # for tokenizing
-        (tmp / EXPORT_SETTINGS_FILE).write_bytes(settings)  # for translate.py --engine ctranslate2
+        write_json(tmp / EXPORT_SETTINGS_FILE, settings)  # for translate.py --engine ctranslate2
         if shortlist_path.is_file():  # CTranslate2's translate_batch(use_vmap=True) reads it
             write_vocabulary_map(Shortlist.load(shortlist_path), tokenizer, tmp / VMAP_FILE)
     return Path(out_dir)

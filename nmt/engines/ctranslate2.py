@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import json
 import logging
 import os
 from collections.abc import Callable, Sequence
@@ -45,6 +46,7 @@ from nmt.engines.conversions import converted
 from nmt.models.alignment import Alignment
 from nmt.models.model_files import (
     EXPORT_SETTINGS_FILE,
+    EXPORT_WEIGHTS_FIELD,
     TOKENIZER_SHA256,
     ModelDirError,
     check_tokenizer,
@@ -197,6 +199,16 @@ def read_export(path: Path) -> tuple[TokenizerBase, dict[str, Any]]:
                        "search": read_search_config(path, values, EXPORT_SETTINGS_FILE)}
 
 
+def read_export_settings(export: Path) -> dict[str, Any]:
+    """EXPORT_SETTINGS_FILE of an export, {} where it cannot be read (`read_export` names
+    what is wrong with it)."""
+    try:
+        values = json.loads((export / EXPORT_SETTINGS_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return values if isinstance(values, dict) else {}
+
+
 def read_model(path: str | Path) -> tuple[Path | None, TokenizerBase, dict[str, Any]]:
     """(our model directory, or None for a CTranslate2 export; tokenizer; config dict) of
     `path`: a model directory, a run directory or an export, every file but the weights
@@ -250,6 +262,12 @@ class CTranslate2Translator:
             raise ModelDirError(f"{export}: CTranslate2 cannot load it ({err}); export it "
                                 "again") from None
         self.compute_type = self.model.compute_type  # what "auto" chose
+        # describe() names the compute type: say where the weights were stored otherwise (an
+        # int8 export computing in float32 computes with its int8 weights dequantized).
+        stored = read_export_settings(export).get(EXPORT_WEIGHTS_FIELD)
+        if isinstance(stored, str) and stored.split("_")[0] != self.compute_type.split("_")[0]:
+            log.info("ctranslate2: %s stores %s weights, converted at load to compute in %s",
+                     export, stored, self.compute_type)
         vocabulary = tokenizer.vocabulary()
         self._ids = {piece: i for i, piece in enumerate(vocabulary)}
         self._eos = vocabulary[model_config.eos_id]

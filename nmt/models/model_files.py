@@ -21,6 +21,9 @@ CONFIG_FILE = "config.json"
 # The model directory's config.json as a CTranslate2 export keeps it: its settings (search,
 # languages, positions) for translating the export with --engine ctranslate2.
 EXPORT_SETTINGS_FILE = "nmt_config.json"
+# EXPORT_SETTINGS_FILE's record of the weight type a CTranslate2 export stores (its quantization),
+# which CTranslate2's own files do not say.
+EXPORT_WEIGHTS_FIELD = "ctranslate2_weights"
 TOKENIZER_FILE = "spm.model"  # of a model trained here; see data.tokenizer for the other layout
 # config.json's record of the tokenizer's files (`TokenizerBase.sha256`): another of the same
 # size and special ids would translate nonsense without an error.
