@@ -40,7 +40,7 @@ import jax.numpy as jnp
 import orbax.checkpoint as ocp
 
 from nmt.models.model_dir import abstract_params
-from nmt.runtime.distributed import barrier
+from nmt.runtime.distributed import PeerFailed, barrier
 from nmt.runtime.files import partial_path, write_atomically
 from transformer.config import ModelConfig
 
@@ -301,6 +301,8 @@ class Checkpointer:
         """SaveError, naming what survived, when a save (or one still in flight) fails."""
         try:
             yield
+        except PeerFailed:  # the save did not fail: another process did
+            raise
         except Exception as err:  # noqa: BLE001 - orbax and tensorstore raise many kinds
             failed_dir, failed_step = self._pending or (directory, step)
             self._pending = None

@@ -96,8 +96,10 @@ def describe_os_error(err: OSError) -> str:
     return f"{path}: {advice}"
 
 
-def guarded(prog: str, main: Callable[[], int]) -> int:
-    """Run `main`, turning every error that escapes it into one line and an exit status."""
+def guarded(prog: str, main: Callable[[], int],
+            failed: Callable[[str, int], None] | None = None) -> int:
+    """Run `main`, turning every error that escapes it into one line and an exit status;
+    `failed(line, status)` is then called with the line, less `prog: error: `."""
     try:
         return main()
     except SystemExit:
@@ -105,25 +107,23 @@ def guarded(prog: str, main: Callable[[], int]) -> int:
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr, flush=True)
         return EXIT_INTERRUPTED
-    except UsageError as err:
-        print(f"{prog}: error: {err}", file=sys.stderr, flush=True)
-        return EXIT_USAGE
-    except Fault as err:
-        print(f"{prog}: error: {err}", file=sys.stderr, flush=True)
-        return EXIT_FAULT
+    except (UsageError, Fault) as err:
+        line, status = str(err), EXIT_USAGE if isinstance(err, UsageError) else EXIT_FAULT
     except OSError as err:
         if debugging():
             raise
-        print(f"{prog}: error: {describe_os_error(err)}", file=sys.stderr, flush=True)
-        return EXIT_FAULT
+        line, status = describe_os_error(err), EXIT_FAULT
     except Exception as err:  # noqa: BLE001 - the last line of defence: one line, not a trace
         if debugging():
             raise
         text = " ".join(str(err).split())[:400]
-        print(f"{prog}: error: unexpected {type(err).__name__}: {text}; run again with "
-              f"{DEBUG_VARIABLE}=1 for the traceback, and report it if the cause is not yours",
-              file=sys.stderr, flush=True)
-        return EXIT_FAULT
+        line = (f"unexpected {type(err).__name__}: {text}; run again with {DEBUG_VARIABLE}=1 "
+                "for the traceback, and report it if the cause is not yours")
+        status = EXIT_FAULT
+    print(f"{prog}: error: {line}", file=sys.stderr, flush=True)
+    if failed is not None:
+        failed(line, status)
+    return status
 
 
 _collecting_after_start = False  # start_without_collecting() turned the collector off

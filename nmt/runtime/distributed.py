@@ -2,12 +2,20 @@
 
 Every process runs the same program; `initialize_distributed` must come before anything
 touches a JAX device. With one process every helper here is a no-op or the identity.
+
+Barriers and `gather` go through the key-value store of JAX's distributed runtime, not a
+device collective: they wait in slices, so that a process that failed (`end_after_failure`
+publishes its error line) ends the others' wait with that line, and a wait is bounded.
 """
 
 from __future__ import annotations
 
+import itertools
+import logging
 import os
-from typing import Any
+import sys
+import time
+from typing import Any, NoReturn
 
 import jax
 import jax.numpy as jnp
@@ -80,9 +88,117 @@ def any_process(flag: bool) -> bool:
     return bool(np.any(multihost_utils.process_allgather(np.array(flag))))
 
 
+WAIT_LIMIT_S = 3600  # the longest wait for the slowest process: process 0 reads the corpus
+_SLICE_MS = 1000  # how often a wait looks for another process's failure
+_PREFIX = "nmt"  # this program's keys in the runtime's key-value store
+_collectives = itertools.count()  # every process calls them in the same order
+
+
+class PeerFailed(RuntimeError):
+    """Another process of the run failed, or stopped answering; the message says which."""
+
+
+def _client():
+    """The distributed runtime's client, None before (or without) `initialize_distributed`."""
+    from jax._src import distributed  # JAX exposes no public key-value store
+
+    return distributed.global_state.client
+
+
+def _processes() -> tuple[int, int]:
+    """(this process, how many), without starting a JAX backend."""
+    from jax._src import distributed
+
+    return distributed.global_state.process_id, distributed.global_state.num_processes
+
+
+def gather(name: str, value: str, limit_s: float = WAIT_LIMIT_S) -> list[str]:
+    """Every process's `value`, in process order (a collective: every process must call it).
+
+    PeerFailed when another process published its failure, or has not come in `limit_s`.
+    """
+    client = _client()
+    me, count = _processes()
+    if client is None or count == 1:
+        return [value]
+    prefix = f"{_PREFIX}/{next(_collectives)}/"
+    client.key_value_set(prefix + str(me), value)
+    deadline = time.monotonic() + limit_s
+    values = []
+    for process in range(count):
+        while True:
+            try:
+                values.append(client.blocking_key_value_get(prefix + str(process), _SLICE_MS))
+                break
+            except jax.errors.JaxRuntimeError as err:
+                if "DEADLINE_EXCEEDED" not in str(err):
+                    raise PeerFailed(_lost(err)) from None
+            if (failure := peer_failure()) is not None:
+                raise PeerFailed(failure)
+            if time.monotonic() > deadline:
+                raise PeerFailed(
+                    f"process {process} of {count} has not reached '{name}' in {limit_s:.0f} "
+                    "s; it may be stuck or have died: stop all processes and start them again")
+    return values
+
+
 def barrier(name: str) -> None:
-    if jax.process_count() > 1:
-        multihost_utils.sync_global_devices(name)
+    """Wait until every process has reached the barrier `name` (see `gather`)."""
+    names = gather(name, name)
+    if len(set(names)) > 1:
+        raise PeerFailed(f"the processes are out of step: at '{name}', others are at "
+                         f"{sorted(set(names) - {name})}; stop all processes and start them "
+                         "again")
+
+
+def peer_failure() -> str | None:
+    """The first error line another process published (`end_after_failure`), as what to
+    say here; None when there is none (or the store cannot be read any more)."""
+    client = _client()
+    if client is None:
+        return None
+    me, count = _processes()
+    try:
+        published = sorted(client.key_value_dir_get(f"{_PREFIX}/failed/"))
+    except jax.errors.JaxRuntimeError:
+        return None
+    for key, line in published:
+        process = int(key.rsplit("/", 1)[1])
+        if process != me:
+            return (f"process {process} of {count} failed: {line.rstrip('.')}; fix it and start "
+                    "all processes again")
+    return None
+
+
+def _lost(err: Exception) -> str:
+    brief = " ".join(str(err).split())[:200]
+    return (f"lost the connection to the other processes ({brief}); process 0 (the "
+            "coordinator) ended or died: see its output, then start all processes again")
+
+
+def end_after_failure(line: str, status: int) -> None:
+    """In a run of several processes, publish this process's error `line` for the others
+    (waiting at a barrier, they end with it) and exit now with `status`: JAX's shutdown at
+    exit waits for every process, which a failed or stuck one never joins. Returns at once
+    with one process."""
+    client = _client()
+    if client is None:
+        return
+    me, count = _processes()
+    try:
+        client.key_value_set(f"{_PREFIX}/failed/{me}", line)
+        if me == 0:  # the store lives in this process: give the others a moment to read it
+            time.sleep(2 * _SLICE_MS / 1000)
+    except jax.errors.JaxRuntimeError:
+        pass
+    _exit_now(status)
+
+
+def _exit_now(status: int) -> NoReturn:
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
 
 
 def local_copy(tree: Any) -> Any:

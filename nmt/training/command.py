@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import sys
 import time
 from pathlib import Path
 
@@ -71,7 +72,16 @@ def _setup_logging() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()  # --max-minutes holds the whole command from here
-    return cli.guarded(PROG, lambda: _main(argv, started))
+    return cli.guarded(PROG, lambda: _main(argv, started), _tell_other_processes)
+
+
+def _tell_other_processes(line: str, status: int) -> None:
+    """With several processes, the others end with this one's error instead of waiting for
+    it, and this one exits at once (`end_after_failure`); nothing with one process."""
+    if "jax" in sys.modules:  # not imported: no distributed runtime was started
+        from nmt.runtime.distributed import end_after_failure
+
+        end_after_failure(line, status)
 
 
 def _main(argv: list[str] | None, started: float) -> int:
@@ -126,6 +136,7 @@ def _run(run: RunConfig, args: argparse.Namespace, started: float) -> int:
     from nmt.rundir import resume
     from nmt.rundir.checkpoints import CHECKPOINTS_DIR, CheckpointError, SaveError, complete_steps
     from nmt.rundir.lock import LockingUnsupported, RunDirectoryInUse
+    from nmt.runtime.distributed import PeerFailed
     from nmt.training.errors import BudgetTooShort, RunMismatch
     from nmt.training.metrics_log import MetricsWriteError
     from nmt.training.trainer import TrainingError, train
@@ -147,7 +158,7 @@ def _run(run: RunConfig, args: argparse.Namespace, started: float) -> int:
         summary = train(run, run_dir, started)
     except (RunMismatch, BudgetTooShort) as err:  # flags that do not fit the run
         raise cli.UsageError(str(err)) from None
-    except (TrainingError, SaveError, MetricsWriteError, RunDirectoryInUse) as err:
+    except (TrainingError, SaveError, MetricsWriteError, RunDirectoryInUse, PeerFailed) as err:
         raise cli.Fault(str(err)) from None
     except (DataError, CheckpointError, MetricError, resume.ResumeError,
             LockingUnsupported) as err:

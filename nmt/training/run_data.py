@@ -11,12 +11,12 @@ import datasets
 import jax
 
 from data.batching import Examples, load_examples
-from data.config import DEFAULT_BUCKETS, BatchConfig, CorpusSpec
+from data.config import DEFAULT_BUCKETS, BatchConfig, CorpusSpec, DataError
 from data.corpus import load_corpus
 from data.encoding import encode_shared, train_or_load_tokenizer
 from data.packing import fit_width
 from data.sampling import SampledEpochs
-from data.tokenizer import TokenizerBase, load_tokenizer
+from data.tokenizer import TokenizerBase, load_tokenizer, tokenizer_present
 from nmt.runtime.distributed import barrier
 from nmt.settings.config import RunConfig
 
@@ -106,6 +106,10 @@ def prepare_data(run: RunConfig, run_dir: Path, model_max_len: int) -> PreparedC
                                             given=run.trainer.init_from)
     barrier("tokenizer")
     if jax.process_index() != 0:
+        if not tokenizer_present(run_dir):
+            raise DataError(f"{run_dir.resolve()} holds no tokenizer after process 0 wrote one "
+                            "there: every process needs the same run directory, on a file "
+                            "system they share (--output-dir)")
         tokenizer = load_tokenizer(run_dir)
     encoded = {name: encode_shared(corpus[name], tokenizer, jax.process_index(),
                                    jax.process_count(), barrier)

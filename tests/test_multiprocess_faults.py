@@ -1,0 +1,127 @@
+"""Several processes, one run: a fault on one of them ends every one promptly, in one line.
+
+Each test starts two local processes that meet through JAX's distributed runtime (gloo
+collectives on the CPU): tiny models, a few steps, and a bounded wait for every process.
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import SHALLOW_FLAGS
+
+from synthetic_corpus import write_corpus
+
+ROOT = Path(__file__).resolve().parents[1]
+PROCESSES = 2
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _start(command: list[str], env: dict[str, str], cwd: Path = ROOT) -> subprocess.Popen:
+    return subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def _ended(process: subprocess.Popen, timeout: float = 120) -> tuple[int, str]:
+    """(exit status, last stderr line) of a process that must end within `timeout` s."""
+    try:
+        _, err = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        _, err = process.communicate()
+        pytest.fail(f"still running after {timeout} s: {err[-2000:]}")
+    lines = [line for line in err.splitlines() if line.strip()]
+    return process.returncode, lines[-1] if lines else ""
+
+
+def _all_ended(processes: list[subprocess.Popen], timeout: float = 120
+               ) -> list[tuple[int, str]]:
+    """`_ended` of each process; none is left running, whatever fails."""
+    try:
+        return [_ended(process, timeout) for process in processes]
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+                process.communicate()
+
+
+# A process that fails publishes its line; the other, waiting at a barrier, ends with it.
+BARRIER_WORKER = """
+import os, sys
+import jax
+jax.distributed.initialize(coordinator_address=sys.argv[1], num_processes=2,
+                           process_id=int(sys.argv[2]))
+from nmt.runtime.distributed import PeerFailed, barrier, end_after_failure
+barrier("started")
+if jax.process_index() == 1:
+    end_after_failure("RUN/spm.model: not found", 1)
+try:
+    barrier("tokenizer")
+except PeerFailed as err:
+    print(err, file=sys.stderr, flush=True)
+    end_after_failure(str(err), 1)
+"""
+
+
+def test_a_process_that_fails_ends_the_wait_of_the_others(env):
+    coordinator = f"127.0.0.1:{_free_port()}"
+    env = {**env, "JAX_PLATFORMS": "cpu"}
+    processes = [_start([sys.executable, "-c", BARRIER_WORKER, coordinator, str(k)], env)
+                 for k in range(PROCESSES)]
+    began = time.monotonic()
+    (status0, line0), (status1, _) = _all_ended(processes, timeout=90)
+    assert (status0, status1) == (1, 1)
+    assert line0 == ("process 1 of 2 failed: RUN/spm.model: not found; fix it and start all "
+                     "processes again")
+    assert time.monotonic() - began < 60
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> list[str]:
+    root = tmp_path_factory.mktemp("corpus")
+    return ["--train-prefix", write_corpus(root, 200, 0, "train"),
+            "--valid-prefix", write_corpus(root, 20, 1, "valid")]
+
+
+def _train(run: Path, corpus: list[str], process: int, port: int, env, *extra: str,
+           cwd: Path = ROOT):
+    return _start([sys.executable, str(ROOT / "train.py"), "--preset", "tiny", *SHALLOW_FLAGS,
+                   *corpus, "--vocab-size", "320", "--batch-tokens", "256", "--buckets", "16",
+                   "--max-tokens-per-sentence", "16", "--warmup", "20", "--eval-sentences", "0",
+                   "--output-dir", str(run), "--coordinator", f"127.0.0.1:{port}",
+                   "--num-processes", str(PROCESSES), "--process-id", str(process), *extra],
+                  env, cwd)
+
+
+def test_processes_without_a_shared_run_directory_end_in_one_line_each(corpus, tmp_path,
+                                                                        env):
+    """--output-dir run from two working directories: the same setting, two directories, as
+    on hosts that do not share the file system. Process 1 finds no tokenizer; process 0,
+    waiting for it, ends with its line."""
+    port = _free_port()
+    places = [tmp_path / name for name in ("host0", "host1")]
+    processes = []
+    for k, place in enumerate(places):
+        place.mkdir()
+        processes.append(_train(Path("run"), corpus, k, port, env, "--max-steps", "5",
+                                cwd=place))
+    began = time.monotonic()
+    (status0, line0), (status1, line1) = _all_ended(processes)
+    missing = (f"{places[1] / 'run'} holds no tokenizer after process 0 wrote one there: "
+               "every process needs the same run directory, on a file system they share "
+               "(--output-dir)")
+    assert (status1, line1) == (2, f"train.py: error: {missing}")
+    assert (status0, line0) == (1, f"train.py: error: process 1 of 2 failed: {missing}; fix it "
+                                   "and start all processes again")
+    assert time.monotonic() - began < 60
