@@ -104,6 +104,18 @@ def _train(run: Path, corpus: list[str], process: int, port: int, env, *extra: s
                   env, cwd)
 
 
+def test_processes_given_different_settings_are_refused(corpus, tmp_path, env):
+    port = _free_port()
+    processes = [_train(tmp_path / "run", corpus, k, port, env, "--max-steps", str(steps))
+                 for k, steps in enumerate((30, 20))]
+    for status, line in _all_ended(processes):
+        assert status == 2, line
+        assert line == ("train.py: error: the processes were given different settings: "
+                        "--max-steps is 30 on process 0, 20 on process 1; give every process "
+                        "the same flags and recipe, and start them again.")
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
 def test_processes_without_a_shared_run_directory_end_in_one_line_each(corpus, tmp_path,
                                                                         env):
     """--output-dir run from two working directories: the same setting, two directories, as

@@ -111,7 +111,33 @@ def _main(argv: list[str] | None, started: float) -> int:
     cli.allocator_status()  # a bad NMT_ALLOCATOR ends here; the trainer logs the line
     initialize_distributed(args.coordinator, args.num_processes, args.process_id)
     _setup_logging()
+    _same_settings_on_every_process(run)
     return _run(run, args, started)
+
+
+def _same_settings_on_every_process(run: RunConfig) -> None:
+    """UsageError naming the settings in which the processes of one run differ (checked
+    here, before they fail far apart in a collective); nothing with one process."""
+    import json
+
+    from nmt.runtime.distributed import PeerFailed, gather
+
+    values = {"--preset": run.preset, **{field.flag: getattr(getattr(run, field.section),
+                                                             field.name)
+                                         for field in recipes.FIELDS}}
+    try:
+        texts = gather("settings", json.dumps(values, sort_keys=True, default=str))
+    except PeerFailed as err:
+        raise cli.Fault(str(err)) from None
+    if len(set(texts)) == 1:
+        return
+    each = [json.loads(text) for text in texts]
+    differ = [flag for flag in each[0] if any(other.get(flag) != each[0][flag] for other in each)]
+    described = "; ".join(
+        f"{flag} is " + ", ".join(f"{json.dumps(v.get(flag))} on process {k}"
+                                  for k, v in enumerate(each)) for flag in differ[:3])
+    raise cli.UsageError(f"the processes were given different settings: {described}; give "
+                         "every process the same flags and recipe, and start them again.")
 
 
 def _not_an_exported_model(run_dir: Path) -> None:
