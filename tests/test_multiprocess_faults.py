@@ -6,6 +6,8 @@ collectives on the CPU): tiny models, a few steps, and a bounded wait for every 
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
 import subprocess
 import sys
@@ -15,6 +17,7 @@ from pathlib import Path
 import pytest
 from conftest import SHALLOW_FLAGS
 
+from nmt.rundir.checkpoints import CHECKSUMS_FILE
 from synthetic_corpus import write_corpus
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -137,3 +140,26 @@ def test_processes_without_a_shared_run_directory_end_in_one_line_each(corpus, t
     assert (status0, line0) == (1, f"train.py: error: process 1 of 2 failed: {missing}; fix it "
                                    "and start all processes again")
     assert time.monotonic() - began < 60
+
+
+def test_a_process_killed_mid_run_ends_the_other_at_once(corpus, tmp_path, env):
+    """kill -9 of process 1 after the checkpoint of step 10: process 0 names it and ends."""
+    port, run = _free_port(), tmp_path / "run"
+    processes = [_train(run, corpus, k, port, env, "--max-steps", "100000",
+                        "--eval-every", "10")
+                 for k in range(PROCESSES)]
+    try:
+        deadline = time.monotonic() + 120
+        while not (run / "checkpoints" / "10" / CHECKSUMS_FILE).exists():
+            assert time.monotonic() < deadline and processes[0].poll() is None, processes
+            time.sleep(0.2)
+        os.kill(processes[1].pid, signal.SIGKILL)
+        killed = time.monotonic()
+    finally:
+        (status, line), _ = _all_ended(processes, timeout=60)
+    assert status == 1, line
+    assert line.startswith("train.py: error: another process of the run died or lost its "
+                           "connection (")
+    assert "the last intact checkpoint is step " in line and str(run / "checkpoints") in line
+    assert line.endswith("start all processes again with the same command to resume from it")
+    assert time.monotonic() - killed < 30

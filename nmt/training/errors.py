@@ -9,6 +9,7 @@ from typing import Any
 import jax
 
 from nmt.rundir.checkpoints import Checkpointer
+from nmt.runtime.distributed import PeerFailed, peer_failure
 from nmt.settings.config import RunConfig
 
 
@@ -46,6 +47,29 @@ def out_of_memory(err: BaseException, run: RunConfig) -> TrainingError | None:
         f"--batch-tokens (now {batching.batch_tokens}), or the width of the widest batch, "
         f"{width}: attention's memory grows with its square; --batch-tokens {halves} --accum "
         f"{2 * run.optimizer.accum_steps} keeps the update's size in about half the memory.")
+
+
+# How a collective reports a process that went away (Gloo on CPUs, NCCL on GPUs).
+_LOST = re.compile(r"gloo|nccl|connection|socket|peer|UNAVAILABLE", re.IGNORECASE)
+
+
+def lost_process(err: BaseException, checkpoints: Checkpointer) -> PeerFailed | None:
+    """With several processes, the error for another that failed (its own line, when it
+    published one) or died in a collective, naming the last checkpoint left intact; None
+    for any other error."""
+    if isinstance(err, PeerFailed):
+        return err
+    text = " ".join(str(err).split())
+    if (jax.process_count() == 1 or not isinstance(err, jax.errors.JaxRuntimeError)
+            or "RESOURCE_EXHAUSTED" in text or not _LOST.search(text)):
+        return None
+    latest = checkpoints.latest_step()
+    intact = (f"the last intact checkpoint is step {latest} in {checkpoints.directory}"
+              if latest is not None else "no checkpoint was saved yet")
+    cause = peer_failure() or (f"another process of the run died or lost its connection "
+                               f"({text[:200]})")
+    return PeerFailed(f"{cause}; {intact}: start all processes again with the same command "
+                      "to resume from it")
 
 
 def _memory_there_is() -> str:

@@ -49,7 +49,13 @@ from nmt.runtime.files import write_atomically
 from nmt.settings import recipes
 from nmt.settings.config import RunConfig
 from nmt.training import schedule_fit
-from nmt.training.errors import BudgetTooShort, TrainingError, divergence, out_of_memory
+from nmt.training.errors import (
+    BudgetTooShort,
+    TrainingError,
+    divergence,
+    lost_process,
+    out_of_memory,
+)
 from nmt.training.hooks import Hooks, Periodic
 from nmt.training.loader import BatchLoader
 from nmt.training.metrics_log import MetricsWindow
@@ -173,12 +179,8 @@ class Trainer:
                 with self.signals.critical():
                     return self.finish(stopped)
         except BaseException as err:
-            self.close(quietly=True)
-            if isinstance(err, KeyboardInterrupt):  # Ctrl-C twice: no more saving
-                echo(_aborted(self.step, self.start.checkpoints.latest_step()))
-            elif isinstance(err, jax.errors.JaxRuntimeError):  # where a shape first runs
-                if (error := out_of_memory(err, self.run)) is not None:
-                    raise error from None
+            if (error := _closed_after(self, err)) is not None:
+                raise error from None
             raise
 
     def loop(self) -> StopReason:
@@ -354,6 +356,17 @@ class Trainer:
         finally:
             self.start.checkpoints.close()
             self.run_log.metrics.close()
+
+
+def _closed_after(trainer: Trainer, err: BaseException) -> BaseException | None:
+    """Close `trainer` after `err`; returns the error to raise in its place (None: `err`).
+    Another process gone, there is nothing to close: saves in flight wait for it."""
+    if (lost := lost_process(err, trainer.start.checkpoints)) is not None:
+        return lost
+    trainer.close(quietly=True)
+    if isinstance(err, KeyboardInterrupt):  # Ctrl-C twice: no more saving
+        echo(_aborted(trainer.step, trainer.start.checkpoints.latest_step()))
+    return out_of_memory(err, trainer.run)  # where a shape first runs
 
 
 def _export(run_dir: Path, run: RunConfig, start: Start, bookkeeping: Bookkeeping,
