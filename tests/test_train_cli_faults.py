@@ -154,6 +154,30 @@ def test_init_from_given_to_a_run_trained_from_scratch_is_refused(model, corpus,
             "a new --output-dir") in _error_line(capsys)
 
 
+def test_dropout_and_dtype_may_change_on_resume_and_the_model_records_them(
+        model, corpus, tmp_path, capsys):
+    """They leave the parameters' layout as it is (fairseq and Marian allow both); the
+    model's width does not, and is still refused."""
+    import json
+
+    out = tmp_path / "run"
+    scratch = [*(a for a in _fine_tune(model, corpus, out) if a not in ("--init-from",
+                                                                          str(model))),
+               "--preset", "tiny", "--vocab-size", "320"]
+    assert train_cli.main(scratch) == 0
+    capsys.readouterr()
+    assert train_cli.main([*scratch, "--max-steps", "4", "--dropout", "0.2",
+                           "--dtype", "bfloat16"]) == 0
+    assert ("INFO trainer: resuming with dropout 0.1 -> 0.2, dtype 'float32' -> 'bfloat16' "
+            "changed; the parameters' layout is the same") in capsys.readouterr().err
+    config = json.loads((out / "model" / "config.json").read_text())["model"]
+    assert (config["dropout"], config["dtype"]) == (0.2, "bfloat16")
+    assert recipes.load(out / "config.yaml").model.dropout == 0.2
+    assert train_cli.main([*scratch, "--max-steps", "6", "--d-model", "30"]) == 2
+    assert "was trained with a different model (d_model: saved 24, now 30)" in _error_line(
+        capsys)
+
+
 # ----------------------------------------------------------------------------- while training
 
 

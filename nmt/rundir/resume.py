@@ -120,14 +120,27 @@ def check_same_seed(run_dir: Path, run: RunConfig, saved: RunConfig | None) -> N
             f"them, so pass --seed {saved.optimizer.seed} to resume, or use a new --output-dir.")
 
 
+# Model settings a resumed run may change, as fairseq and Marian allow: they leave the
+# parameters' layout as it is (parameters live in float32 whatever the compute dtype).
+MAY_CHANGE_ON_RESUME = ("dropout", "attention_dropout", "activation_dropout", "dtype",
+                        "activation_dtype", "attention_impl")
+
+
 def check_same_model(run_dir: Path, model: ModelConfig, saved: RunConfig | None) -> None:
-    """Resuming with a different model would fail deep inside orbax; say so up front."""
+    """Resuming with a different model would fail deep inside orbax; say so up front. The
+    settings of MAY_CHANGE_ON_RESUME may change: one info line names them."""
     if saved is None:
         return
     then = saved.model
-    diff = [name for name in ModelConfig.__dataclass_fields__
-            if name not in ("vocab_size", "pad_id", "unk_id", "bos_id", "eos_id")
-            and getattr(then, name) != getattr(model, name)]
+    changed = [name for name in ModelConfig.__dataclass_fields__
+               if name not in ("vocab_size", "pad_id", "unk_id", "bos_id", "eos_id")
+               and getattr(then, name) != getattr(model, name)]
+    allowed = [name for name in changed if name in MAY_CHANGE_ON_RESUME]
+    if allowed:
+        log.info("resuming with %s changed; the parameters' layout is the same",
+                 ", ".join(f"{name} {getattr(then, name)!r} -> {getattr(model, name)!r}"
+                           for name in allowed))
+    diff = [name for name in changed if name not in MAY_CHANGE_ON_RESUME]
     if diff:
         changes = ", ".join(f"{k}: saved {getattr(then, k)!r}, now {getattr(model, k)!r}"
                             for k in diff)
