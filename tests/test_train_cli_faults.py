@@ -178,6 +178,21 @@ def test_dropout_and_dtype_may_change_on_resume_and_the_model_records_them(
         capsys)
 
 
+def test_another_seed_is_refused_on_resume_without_config_yaml(model, corpus, tmp_path,
+                                                               capsys):
+    """The checkpoint records the seed: config.yaml, which the other checks read, may be
+    gone."""
+    out = tmp_path / "run"
+    scratch = [*(a for a in _fine_tune(model, corpus, out) if a not in ("--init-from",
+                                                                          str(model))),
+               "--preset", "tiny", "--vocab-size", "320"]
+    assert train_cli.main(scratch) == 0
+    (out / "config.yaml").unlink()
+    assert train_cli.main([*scratch, "--max-steps", "4", "--seed", "5"]) == 2
+    assert (f"checkpoint step 2 in {out / 'checkpoints'} was trained with --seed 0, this run "
+            "asks for --seed 5") in _error_line(capsys)
+
+
 # ----------------------------------------------------------------------------- while training
 
 

@@ -27,6 +27,8 @@ class Bookkeeping:
     window:         per-step metrics of the log window not yet written
     recent_losses:  the losses of the last steps, which --loss-spike compares a loss with
     tokenizer_sha256: the SHA-256 of the run's spm.model (None: recorded by an older version)
+    seed:           the run's --seed (None: recorded by an older version), checked on resume
+                    even where config.yaml is gone
     """
 
     best_metric: str = "bleu"
@@ -41,6 +43,7 @@ class Bookkeeping:
     window: list[dict[str, float]] = dataclasses.field(default_factory=list)
     recent_losses: list[float] = dataclasses.field(default_factory=list)
     tokenizer_sha256: str | None = None
+    seed: int | None = None
 
     @property
     def metric_label(self) -> str:

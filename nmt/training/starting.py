@@ -102,6 +102,7 @@ def prepare_start(run: RunConfig, run_dir: Path, compile_log: CompileLog) -> Sta
     state, bookkeeping, resumed_from = _restore(checkpoints, state, bookkeeping, run_dir)
     saved = (resumed_from, bookkeeping.fingerprint()) if resumed_from is not None else None
     _check_tokenizer_unchanged(bookkeeping, data, checkpoints, run_dir, resumed_from)
+    _check_seed_unchanged(bookkeeping, run.optimizer.seed, checkpoints, resumed_from)
     validator = Validator(data, make_eval_step(graphdef, mesh, run.optimizer), mesh, run.search,
                           run.trainer.eval_sentences, run.trainer.samples, bleu, echo,
                           compile_log)
@@ -242,3 +243,17 @@ def _check_tokenizer_unchanged(bookkeeping: Bookkeeping, data: PreparedCorpus,
             f"run's own files back (the copies in {run_dir / 'model'}, if present), or "
             "use a new --output-dir.")
     bookkeeping.tokenizer_sha256 = sha256
+
+
+def _check_seed_unchanged(bookkeeping: Bookkeeping, seed: int, checkpoints: Checkpointer,
+                          resumed_from: int | None) -> None:
+    """The seed the checkpoint recorded (`resume.check_same_seed` reads config.yaml, which
+    may be gone): another would repeat and skip pairs mid-epoch."""
+    if bookkeeping.seed not in (None, seed):
+        checkpoints.close()
+        raise RunMismatch(
+            f"checkpoint step {resumed_from} in {checkpoints.directory} was trained with --seed "
+            f"{bookkeeping.seed}, this run asks for --seed {seed}: the seed fixes the order of "
+            "the training pairs and the validation pairs held out of them, so pass --seed "
+            f"{bookkeeping.seed} to resume, or use a new --output-dir.")
+    bookkeeping.seed = seed
