@@ -162,6 +162,24 @@ def test_a_second_distillation_into_an_out_in_use_is_refused_in_one_line(run_dir
     assert len((out / "train.en").read_text(encoding="utf-8").splitlines()) == CORPUS_LINES
 
 
+def test_an_out_on_a_filesystem_without_locks_is_refused_in_one_line(run_dir, corpus, tmp_path,
+                                                                     capsys, monkeypatch):
+    """NFS without a lock daemon answers flock with ENOLCK: a usage error naming OUT's lock."""
+    import errno
+    import fcntl
+
+    out = tmp_path / "out"
+
+    def no_locks(fd, operation):
+        raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    assert distil(run_dir, corpus, out, "--greedy") == 2
+    err = capsys.readouterr().err.strip()
+    assert f"cannot lock {out / '.lock'}: the filesystem of {out} does not support" in err, err
+    assert "put --out on a local disk" in err and len(err.splitlines()) == 1
+
+
 def test_original_pairs_kept_come_first(run_dir, corpus, tmp_path):
     out = tmp_path / "out"
     assert distil(run_dir, corpus, out, "--keep-original") == 0

@@ -31,7 +31,7 @@ from data.arrow_text import file_digest
 from data.config import DataError
 from data.lines import count_lines, iter_lines
 from nmt.distillation.output import DistillationDir, OtherDistillation, Recipe
-from nmt.rundir.lock import RunDirectoryInUse
+from nmt.rundir.lock import LockingUnsupported, RunDirectoryInUse
 from nmt.runtime import cli
 from nmt.runtime.cli import UsageError
 from nmt.runtime.progress import LineCounter
@@ -204,7 +204,7 @@ def distil(args: argparse.Namespace) -> int:
         try:
             held.enter_context(out.lock())
             out.claim()
-        except OtherDistillation as err:
+        except (OtherDistillation, LockingUnsupported) as err:
             raise UsageError(str(err)) from None
         except RunDirectoryInUse as err:
             raise cli.Fault(str(err)) from None
