@@ -27,7 +27,7 @@ from nmt.rundir import checkpoints as checkpoint
 from nmt.settings import recipes
 from nmt.settings.config import SettingsError, TrainerConfig
 from nmt.training import loader, stopping, validation
-from nmt.training.metrics_log import METRICS_FILE, MetricsWriter
+from nmt.training.metrics_log import METRICS_FILE, MetricsWriter, summarize_window
 from nmt.training.run_data import prepare_data
 from nmt.training.summary import print_summary, scoring_command
 from nmt.training.trainer import TrainingError, train
@@ -429,6 +429,21 @@ def test_resume_of_a_run_with_spm_model_needs_the_flag_again(tmp_path):
     with pytest.raises(TrainingError, match=r"uses the SentencePiece model of --spm-model "
                                             r"shared/spm.model .* pass that flag again"):
         train(recipes.run_from_flat(preset="tiny"), out)
+
+
+def test_a_window_where_r_drop_was_turned_on_or_off_logs_its_kl_over_the_steps_that_had_it():
+    """A resumed run may change --rdrop within the log window the stopped run began."""
+    def step(tokens, kl=None):
+        metrics = {"loss": 2.0, "nll": 1.5, "accuracy": 0.5, "learning_rate": 1e-3,
+                   "grad_norm": 1.0, "tokens": tokens}
+        return metrics if kl is None else {**metrics, "kl": kl}
+
+    turned_off = summarize_window([step(100, kl=0.3), step(300, kl=0.1), step(200)])
+    assert turned_off["kl"] == pytest.approx((100 * 0.3 + 300 * 0.1) / 400)
+    assert turned_off["tokens"] == 600
+    turned_on = summarize_window([step(200), step(100, kl=0.3)])
+    assert turned_on["kl"] == pytest.approx(0.3)
+    assert "kl" not in summarize_window([step(200), step(100)])
 
 
 def test_metrics_file_with_a_line_cut_short(tmp_path, caplog):

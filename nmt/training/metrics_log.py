@@ -141,8 +141,12 @@ def summarize_window(window: list[dict[str, float]]) -> dict[str, float]:
         "grad_norm": float(np.mean([m["grad_norm"] for m in window])),
         "tokens": int(total),
     }
-    if "kl" in window[0]:  # R-Drop's term, per token
-        summary["kl"] = weighted("kl")
+    # R-Drop's term, per token, over the steps that had it: a resumed run may turn it on or off
+    # within a window the stopped run began.
+    with_kl = [(m["kl"], m["tokens"]) for m in window if "kl" in m]
+    if with_kl:
+        kl, kl_tokens = np.array(with_kl, np.float64).T
+        summary["kl"] = float(np.dot(kl, kl_tokens) / max(float(kl_tokens.sum()), 1.0))
     return summary
 
 
