@@ -173,6 +173,14 @@ def test_preload_runs_the_same_command_again_with_the_library_first(execv, monke
     assert environment[allocator.REEXECUTED] == "1"
 
 
+def test_preload_runs_again_with_stdout_or_stderr_closed(execv, monkeypatch):
+    """Python sets a stream closed at start (`>&-`) to None; there is nothing to flush."""
+    monkeypatch.setattr(sys, "stdout", None)
+    monkeypatch.setattr(sys, "stderr", None)
+    with pytest.raises(_Executed):
+        allocator.preload()
+
+
 def test_preload_sets_mimallocs_purge_delay_and_turns_huge_pages_off(execv):
     with pytest.raises(_Executed):
         allocator.preload()

@@ -272,6 +272,24 @@ def test_translate_with_stdin_closed(run_dir, env):
     assert "standard input is closed" in _one_line(result.stderr)
 
 
+@pytest.mark.parametrize("output", [True, False])
+def test_translate_with_stdout_closed(output, run_dir, env, tmp_path):
+    """`>&-`: with --output FILE the translation goes there; without, one line says what to do
+    (mimalloc's re-execution flushed the streams, and stdout is then None)."""
+    flags = f'--output "{tmp_path}/out.en"' if output else ""
+    result = subprocess.run(["bash", "-c", f'"{sys.executable}" translate.py --model '
+                             f'"{run_dir}" -q {flags} Hallo. >&-'], cwd=REPO, env=env,
+                            capture_output=True, text=True, timeout=120)
+    if output:
+        assert result.returncode == 0, result.stderr
+        assert "error" not in result.stderr and "Traceback" not in result.stderr
+        assert (tmp_path / "out.en").read_text().endswith("\n")
+    else:
+        assert result.returncode == 1
+        assert _one_line(result.stderr) == ("translate.py: error: standard output is closed: "
+                                            "give --output FILE, or redirect it.")
+
+
 def test_a_model_directory_with_another_tokenizer_is_refused(run_dir, tmp_path, capsys,
                                                             monkeypatch):
     from data.tokenizer import TokenizerConfig, train_tokenizer

@@ -129,8 +129,9 @@ def preload() -> None:
     for name, value in SETTINGS.items():
         os.environ.setdefault(name, value)
     os.environ[REEXECUTED] = "1"
-    sys.stdout.flush()
-    sys.stderr.flush()
+    for stream in (sys.stdout, sys.stderr):
+        if stream is not None:  # None where the descriptor is closed (`>&-`)
+            stream.flush()
     try:
         # sys.orig_argv: the interpreter's options and `-m module` as well, as they were given.
         os.execv(sys.executable, sys.orig_argv)
