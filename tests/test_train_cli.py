@@ -424,6 +424,15 @@ def test_missing_training_data_names_the_file_and_leaves_no_run_directory(tmp_pa
     assert not out.exists()
 
 
+def test_r_drop_without_dropout_is_warned_of_before_training(tmp_path, capsys):
+    missing = ["--train-prefix", str(tmp_path / "none"), "--output-dir", str(tmp_path / "run")]
+    assert train_cli.main([*missing, "--rdrop", "5", "--dropout", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "--rdrop 5 with every dropout 0: the two passes are the same" in err, err
+    assert train_cli.main([*missing, "--rdrop", "5", "--dropout", "0.1"]) == 2
+    assert "--rdrop" not in capsys.readouterr().err
+
+
 def test_a_bleu_tokenizer_that_cannot_run_fails_before_training(tmp_path, capsys,
                                                                monkeypatch):
     mecab = pytest.importorskip("sacrebleu.tokenizers.tokenizer_ja_mecab")

@@ -112,7 +112,19 @@ def _main(argv: list[str] | None, started: float) -> int:
     initialize_distributed(args.coordinator, args.num_processes, args.process_id)
     _setup_logging()
     _same_settings_on_every_process(run)
+    _warn_of_r_drop_without_dropout(run)
     return _run(run, args, started)
+
+
+def _warn_of_r_drop_without_dropout(run: RunConfig) -> None:
+    """R-Drop compares two dropout passes: with every dropout 0 they are one pass twice."""
+    model = run.model
+    if run.optimizer.rdrop and not (model.dropout or model.attention_dropout
+                                    or model.activation_dropout):
+        logging.getLogger(PROG).warning(
+            "--rdrop %g with every dropout 0: the two passes are the same, so the KL term is "
+            "always 0 and each step costs twice; give --dropout (0.1, say) or leave --rdrop "
+            "out", run.optimizer.rdrop)
 
 
 def _same_settings_on_every_process(run: RunConfig) -> None:
