@@ -10,6 +10,7 @@ import shutil
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -264,6 +265,24 @@ def test_checkpoints_that_cannot_be_restored_are_an_error(tmp_path):
                              r"step 2: .*--output-dir.*delete"):
         checkpoint.Checkpointer(tmp_path).restore(params, other)
     assert checkpoint.Checkpointer(tmp_path / "empty").restore(params, train) is None
+
+
+def test_checkpoints_of_another_model_shape_name_the_shapes_and_the_settings(tmp_path):
+    """A model flag changed on resume: orbax's advice on its own API is not passed on."""
+    params, train = _split(_trained_state(1))
+    saver = checkpoint.Checkpointer(tmp_path)
+    saver.save(1, params, train, {})
+    saver.wait()
+    saver.close()
+    wider = jax.tree.map(lambda leaf: jnp.zeros((*leaf.shape[:-1], leaf.shape[-1] + 2),
+                                               leaf.dtype), params)
+    with pytest.raises(checkpoint.CheckpointError) as raised:
+        checkpoint.Checkpointer(tmp_path).restore(wider, train)
+    message = str(raised.value)
+    assert "the model's shapes differ from those of its checkpoints (steps [1]; an array" in message
+    shape = r"\(\d+(, \d+)*,?\)"
+    assert re.search(rf"is {shape} now and {shape} in the checkpoint", message), message
+    assert "give the same ones again" in message and "strict" not in message
 
 
 def test_export_and_load_model(tmp_path):

@@ -31,6 +31,7 @@ import errno
 import hashlib
 import json
 import logging
+import re
 import shutil
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -222,10 +223,22 @@ def _remove_partial_saves(directory: Path) -> None:
         shutil.rmtree(partial, ignore_errors=True)
 
 
+_SHAPE_MISMATCH = re.compile(r"Requested shape: (\([^)]*\)) is not compatible with the stored "
+                             r"shape: (\([^)]*\))")
+
+
 def _brief(err: Exception, limit: int = 300) -> str:
-    """The start of an error message: orbax's can list every path of a tree."""
+    """The start of an error message: orbax's can list every path of a tree. A shape that
+    differs is said in a phrase of ours: orbax's ends in advice on its own API."""
     text = str(err).strip().rstrip(".") or type(err).__name__
+    if found := _SHAPE_MISMATCH.search(text):
+        return (f"an array of the model is {found.group(1)} now and {found.group(2)} in the "
+                "checkpoint")
     return text if len(text) <= limit else text[:limit] + " ..."
+
+
+def _is_shape_mismatch(err: Exception) -> bool:
+    return _SHAPE_MISMATCH.search(str(err)) is not None
 
 
 def _abstract(tree: Any) -> Any:
@@ -441,6 +454,13 @@ class Checkpointer:
             return Restored(candidate, restored.params, dict(restored.train), dict(restored.data))
         if failures:
             newest, err = failures[0]
+            if _is_shape_mismatch(err):
+                raise CheckpointError(
+                    f"{self.directory}: the model's shapes differ from those of its checkpoints "
+                    f"(steps {sorted(candidates)}; {_brief(err)}): the run was started with "
+                    "other model settings (--preset, --d-model, --vocab-size, ...); give the "
+                    "same ones again (the run's config.yaml, or model/config.json, records "
+                    "them), or use another --output-dir for these.") from err
             raise CheckpointError(
                 f"{self.directory}: none of the complete checkpoints (steps "
                 f"{sorted(candidates)}) can be restored; step {newest}: {_brief(err)}. They "
