@@ -16,6 +16,7 @@ import signal
 import struct
 import subprocess
 import sys
+import termios
 import time
 from pathlib import Path
 
@@ -290,6 +291,17 @@ def test_translate_with_stdout_closed(output, run_dir, env, tmp_path):
                                             "give --output FILE, or redirect it.")
 
 
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="no /dev/full here")
+def test_a_full_disk_on_stdout_names_standard_output(run_dir, env):
+    result = subprocess.run(["bash", "-c", f'"{sys.executable}" translate.py --model '
+                             f'"{run_dir}" -q Hallo. > /dev/full'], cwd=REPO, env=env,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1
+    error = [line for line in result.stderr.splitlines() if ": error: " in line]
+    assert error[0].startswith("translate.py: error: standard output: no space left on the "
+                               "device"), result.stderr
+
+
 def test_a_model_directory_with_another_tokenizer_is_refused(run_dir, tmp_path, capsys,
                                                             monkeypatch):
     from data.tokenizer import TokenizerConfig, train_tokenizer
@@ -378,6 +390,49 @@ def test_output_is_written_as_it_goes_and_replaces_out_only_when_done(run_dir, e
     process.communicate(timeout=60)
     assert process.returncode != 0
     assert out.read_text() == "the earlier output\n" and not partial.exists()
+
+
+@pytest.mark.parametrize("signum, status", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_signal_while_a_slow_reader_holds_stdout_ends_after_a_whole_line(signum, status,
+                                                                          run_dir, env,
+                                                                          tmp_path):
+    """The reader of stdout keeps its pipe full, so the write of the chunk waits; Ctrl-C or
+    SIGTERM then ends translate.py at the end of the line it cut (the reader takes the rest
+    of it), never in its middle."""
+    source = tmp_path / "in.de"
+    source.write_text("".join(line + "\n" for line in sentences(800, seed=5, max_words=6)))
+    read, write = os.pipe()
+    fcntl.fcntl(write, getattr(fcntl, "F_SETPIPE_SZ", 1031), 4096)
+    # The child's SIGINT: SIG_DFL, not ignored as it would be if the tests ran in the background.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        process = subprocess.Popen(
+            [sys.executable, "translate.py", "--model", str(run_dir), "--greedy", "-q",
+             "--input", str(source), "--chunk-lines", "800"], cwd=REPO, env=env, stdout=write,
+            stderr=subprocess.PIPE, text=True)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        os.close(write)
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and process.poll() is None:  # until the pipe is full
+            waiting = fcntl.ioctl(read, termios.FIONREAD, struct.pack("i", 0))
+            if struct.unpack("i", waiting)[0] >= 4096:
+                break
+            time.sleep(0.05)
+        time.sleep(0.5)
+        assert process.poll() is None, process.communicate()[1][-2000:]
+        process.send_signal(signum)
+        time.sleep(0.5)
+        with os.fdopen(read, "rb") as reader:
+            data = reader.read()
+    finally:
+        if process.poll() is None:
+            process.kill()
+    err = process.communicate(timeout=60)[1]
+    assert process.returncode == status, err
+    assert 4096 < len(data) and data.endswith(b"\n")
+    assert len(data.decode().splitlines()) < 800
 
 
 # ----------------------------------------------------------------------------- units

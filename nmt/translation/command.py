@@ -101,6 +101,7 @@ from nmt.engines import COMPUTE_TYPES, CTRANSLATE2_INSTALL, ENGINES
 from nmt.runtime import cli
 from nmt.runtime.cli import UsageError
 from nmt.runtime.files import atomic_file
+from nmt.runtime.line_output import LineOutput
 from nmt.settings import recipes
 from nmt.translation import evaluation, streams
 from nmt.translation.errors import InputError
@@ -525,10 +526,11 @@ def run(args: argparse.Namespace) -> int:
     # Checked before --output is opened: a missing MeCab must not cost the file its contents.
     bleu = evaluation.bleu_settings(args, values) if args.evaluate else None
     with contextlib.ExitStack() as stack:
-        out = sys.stdout
+        out = LineOutput(sys.stdout, "standard output")
         if args.output:
-            out = stack.enter_context(atomic_file(args.output,
-                                                  since=outputs_at_start["output"]))
+            out = LineOutput(stack.enter_context(atomic_file(args.output,
+                                                             since=outputs_at_start["output"])),
+                             args.output)
         reached_limit = []
         if args.evaluate:
             _, reached_limit = evaluation.run_evaluation(translator, args, values, out,
