@@ -649,6 +649,8 @@ def test_nbest_lines_are_the_hypotheses_found_only(run_dir, capsys, monkeypatch)
     (["--greedy", "--beam", "5"], "--beam 5 needs beam search; drop --greedy/--sample"),
     (["--sample", "--beam", "5"], "--beam 5 needs beam search; drop --greedy/--sample"),
     (["--greedy", "--nbest", "2"], "--nbest 2 needs beam search; drop --greedy/--sample"),
+    (["--nbest", "5", "--beam", "2"], "--nbest (5) must be <= --beam (2); raise --beam to "
+                                      "at least 5 or lower --nbest."),
     (["--temperature", "0.5"], "--temperature and --top-k only apply with --sample"),
     (["--beam-rules", "greedy"], "--beam-rules: invalid choice: 'greedy' (choose from "
                                  "'heuristic', 'exact', 'k-finished', 'transformers')"),

@@ -408,6 +408,7 @@ def test_translate_refuses_nan_and_infinity_before_loading(argv, capsys, no_mode
     flag = argv[-2]
     assert status == 2 and line.startswith(f"translate.py: error: {flag} ")
     assert "must be a finite number" in line and "unexpected" not in line
+    assert "SearchConfig" not in line  # the flag, not the field
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -360,8 +360,9 @@ class SearchConfig(DictConfig):
         plan_search(self)  # settings that cannot go together
         if self.nbest > self.beam_size:
             raise ValueError(
-                f"SearchConfig.nbest ({self.nbest}) must be <= beam_size ({self.beam_size}); "
-                f"raise beam_size to at least {self.nbest} or lower nbest.")
+                f"SearchConfig.nbest ({self.nbest}) must be <= SearchConfig.beam_size "
+                f"({self.beam_size}); raise SearchConfig.beam_size to at least {self.nbest} or "
+                "lower SearchConfig.nbest.")
         for name in ("max_len_a", "max_len_b", "min_len"):
             if getattr(self, name) < 0:
                 raise ValueError(f"SearchConfig.{name} must be >= 0, got {getattr(self, name)}.")

@@ -263,8 +263,8 @@ def _check_numbers(args: argparse.Namespace) -> None:
         try:  # the rest needs the model's stored settings; NaN and infinity need nothing
             check_finite("SearchConfig", {name: value})
         except ValueError as err:
-            raise UsageError(f"{origin}: {err} Give a finite number, or leave the flag out to "
-                             "use the model's setting.") from None
+            raise UsageError(f"{origin}: {name_flags(str(err))} Give a finite number, or leave "
+                             "the flag out to use the model's setting.") from None
 
 
 def _check_inputs(args: argparse.Namespace) -> None:
