@@ -365,6 +365,37 @@ def test_evaluation_reads_a_fifo_and_dev_stdin(run_dir, env, tmp_path):
     assert result.stdout.startswith("BLEU = ")
 
 
+def test_a_test_set_side_of_dash_is_stdin(run_dir, env, tmp_path):
+    """--src-file - and --ref-file - read stdin, as --input - does (they read a file named
+    "-"); one of them at a time."""
+    src, ref = tmp_path / "test.de", tmp_path / "test.en"
+    src.write_text("".join(s + "\n" for s in sentences(3, seed=6)))
+    ref.write_text("A man.\nA dog.\nA cat.\n")
+
+    def run(flags: list, stdin: Path | None = None):
+        with open(stdin or os.devnull) as source:
+            return subprocess.run([sys.executable, "translate.py", "--model", str(run_dir),
+                                   "--greedy", "-q", *map(str, flags)], cwd=REPO, env=env,
+                                  stdin=source, capture_output=True, text=True, timeout=240)
+
+    from_files = run(["--score", "--src-file", src, "--ref-file", ref])
+    assert from_files.returncode == 0, from_files.stderr
+    for flags, stdin in ((["--src-file", "-", "--ref-file", ref], src),
+                         (["--src-file", src, "--ref-file", "-"], ref)):
+        result = run(["--score", *flags], stdin)
+        assert result.returncode == 0, result.stderr
+        assert result.stdout == from_files.stdout
+    result = run(["--evaluate", "--src-file", "-", "--ref-file", ref], src)
+    assert result.returncode == 0 and result.stdout.startswith("BLEU = "), result.stderr
+
+
+def test_both_sides_of_a_test_set_from_stdin_are_refused(capsys, no_model):
+    status, line = _main(translate_cli.main, ["--model", "m", "--evaluate", "--src-file", "-",
+                                              "--ref-file", "-"], capsys)
+    assert status == 2 and line == ("translate.py: error: --src-file - and --ref-file - would "
+                                    "both read standard input; give one of them as a file.")
+
+
 # ----------------------------------------------------------------------------- NaN, infinity
 
 

@@ -221,8 +221,9 @@ def _add_plot_flags(plot) -> None:
 def _add_evaluation_flags(ev) -> None:
     ev.add_argument("--evaluate", action="store_true",
                     help="translate a test set and print BLEU and chrF")
-    ev.add_argument("--src-file", help="source sentences, one per line")
-    ev.add_argument("--ref-file", help="reference translations, aligned with --src-file")
+    ev.add_argument("--src-file", help="source sentences, one per line (- = stdin)")
+    ev.add_argument("--ref-file", help="reference translations, aligned with --src-file "
+                                       "(- = stdin)")
     ev.add_argument("--test-prefix", help="read PREFIX.SRC and PREFIX.TGT")
     ev.add_argument("--test-file", help="pairs as .tsv, .jsonl or .parquet (every pair "
                                         "scored, empty ones too)")
@@ -316,6 +317,9 @@ def _check_scoring(args: argparse.Namespace) -> None:
                              "--test-prefix PREFIX, --test-file FILE, --dataset NAME.")
         if sources[0] and not (args.src_file and args.ref_file):
             raise UsageError(f"{mode} needs both --src-file and --ref-file.")
+        if args.src_file == "-" and args.ref_file == "-":
+            raise UsageError("--src-file - and --ref-file - would both read standard input; "
+                             "give one of them as a file.")
         for flag in ("dataset_config", "split"):
             if getattr(args, flag) and not args.dataset:
                 raise UsageError(f"--{flag.replace('_', '-')} names a part of a --dataset, and "

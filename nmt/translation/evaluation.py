@@ -25,6 +25,7 @@ from nmt.translation.streams import (
     one_line,
     progress_bar,
     read_lines,
+    shown,
     translate_lines,
     translate_paragraphs,
 )
@@ -88,7 +89,8 @@ def _named_test_set(args: argparse.Namespace, values: dict
             if getattr(args, flag, None):
                 check_not_an_input(f"--{flag.replace('_', '-')}", getattr(args, flag),
                                    [("--test-prefix's", src_path), ("--test-prefix's", ref_path)])
-    sources, references = read_lines(src_path), read_lines(ref_path)
+    sources, references = read_lines(src_path, "--src-file"), read_lines(ref_path, "--ref-file")
+    src_path, ref_path = shown(src_path), shown(ref_path)
     if len(sources) != len(references):
         raise InputError(f"{src_path} has {len(sources)} lines but {ref_path} has "
                          f"{len(references)}; line N of one must translate line N of the other.")
@@ -142,7 +144,7 @@ def run_evaluation(translator, args: argparse.Namespace, values: dict, out: IO[s
     sources, references, description = test_set or evaluation_data(args, values)
     log.info("evaluating on %s: %d sentences", description, len(sources))
     start = time.perf_counter()
-    where = args.src_file or description
+    where = shown(args.src_file) if args.src_file else description
     with progress_bar(len(sources), args.quiet) as bar:
         if args.split_sentences:  # a line of several sentences: each translated on its own
             texts, reached_limit = translate_paragraphs(
@@ -181,7 +183,8 @@ def run_scoring(translator, args: argparse.Namespace, values: dict, out: IO[str]
     """Print log p(reference | source) of every test pair, one line each, in order."""
     sources, references, description = test_set or evaluation_data(args, values)
     log.info("scoring the references of %s: %d pairs", description, len(sources))
-    where = (args.src_file or f"{description} source", args.ref_file or f"{description} reference")
+    where = (shown(args.src_file) if args.src_file else f"{description} source",
+             shown(args.ref_file) if args.ref_file else f"{description} reference")
     with progress_bar(len(sources), args.quiet) as bar:
         try:
             scores = translator.score(sources, references, progress=bar.update, where=where)

@@ -23,12 +23,25 @@ from nmt.translation.errors import InputError
 log = logging.getLogger("translate.py")
 
 
-def read_lines(path: str | Path) -> list[str]:
-    """The lines of a UTF-8 text file; InputError naming the file and line if unreadable."""
+STDIN = "<stdin>"  # how messages name standard input
+
+
+def read_lines(path: str | Path, flag: str = "the flag") -> list[str]:
+    """The lines of a UTF-8 text file, or of stdin for "-" (given by `flag`); InputError
+    naming the file (or <stdin>) and line if unreadable."""
     try:
-        return read_text_lines(path)
+        if str(path) != "-":
+            return read_text_lines(path)
+        check_stdin(f"give {flag} a file name, or pipe the text into translate.py.")
+        return [line for _, lines in stream_chunks(sys.stdin.fileno(), 1 << 16)
+                for line in lines]
     except DataError as err:
         raise InputError(str(err)) from None
+
+
+def shown(path: str | Path) -> str:
+    """An input path as messages name it: "-" is <stdin>."""
+    return STDIN if str(path) == "-" else str(path)
 
 
 def one_line(text: str) -> str:
@@ -150,7 +163,8 @@ OUTPUT_FLAGS = ("output", "hyp_file", "report", "plot_attention")
 INPUT_FLAGS = ("input", "src_file", "ref_file", "test_file")
 # Every flag naming something translate.py reads, and what to give it.
 READ_FLAGS = {"model": "a run or model directory", "input": "a file name, or - for stdin",
-              "src_file": "a file name", "ref_file": "a file name",
+              "src_file": "a file name, or - for stdin",
+              "ref_file": "a file name, or - for stdin",
               "test_prefix": "a path prefix (PREFIX.SRC and PREFIX.TGT are read)",
               "test_file": "a file name", "dataset": "a dataset name or directory"}
 
@@ -244,15 +258,15 @@ def count_valid_lines(path: str) -> int | None:
         raise InputError(str(err)) from None
 
 
-def check_stdin() -> None:
+def check_stdin(advice: str = "give sentences as arguments, --input FILE, or pipe text into "
+                                "translate.py.") -> None:
     """InputError when there is no standard input to read (closed with `<&-`)."""
     try:
         if sys.stdin is None:
             raise OSError
         os.fstat(sys.stdin.fileno())
     except (OSError, ValueError):
-        raise InputError("standard input is closed: give sentences as arguments, --input FILE, "
-                         "or pipe text into translate.py.") from None
+        raise InputError(f"standard input is closed: {advice}") from None
 
 
 def file_chunks(path: str, chunk_lines: int):
@@ -291,7 +305,7 @@ def translate_input(translator, args: argparse.Namespace, input_line_count: int 
             print("translate.py: reading sentences from the terminal, one per line; Ctrl-D "
                   "ends", file=sys.stderr, flush=True)
         chunks = stream_chunks(sys.stdin.fileno(), args.chunk_lines)
-        count, reached_limit = translate_chunks(translator, chunks, out, "<stdin>", nbest,
+        count, reached_limit = translate_chunks(translator, chunks, out, STDIN, nbest,
                                                 paragraphs=paragraphs)
     seconds = time.perf_counter() - start
     log.info("translated %d line%s in %.3f s", count, "" if count == 1 else "s", seconds)
