@@ -667,6 +667,18 @@ def test_a_bad_beam_or_limit_is_one_line_naming_the_flag(run_dir, flags, message
     assert len(stderr.splitlines()) == 1 and message in stderr, stderr
 
 
+def test_every_log_line_names_the_command(run_dir, tmp_path, monkeypatch, capsys):
+    """The translator's warnings (a sentence truncated) and the reader's (a carriage return
+    inside a line) begin with translate.py: as the command's own do."""
+    source = tmp_path / "in.de"
+    source.write_text(f"Hallo.\n{LONG}\nEins.\rZwei.\n")
+    monkeypatch.setattr(translate_cli, "enable_compilation_cache", lambda: None)
+    assert translate_cli.main(["--model", str(run_dir), "--input", str(source)]) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert any("truncated" in line for line in err) and any("carriage" in line for line in err)
+    assert all(line.startswith("translate.py: ") for line in err), err
+
+
 def test_translations_at_the_output_limit_are_kept_and_counted_once(run_dir, env):
     """min_len 2 = the limit 0 * source + 2: every translation is one token and a forced EOS.
     Each is written, and one warning at the end counts them with their line numbers."""

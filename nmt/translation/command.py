@@ -415,8 +415,9 @@ def name_flags(message: str) -> str:
 
 
 def _setup_logging(quiet: bool) -> None:
+    # Every line names the command, whichever module logs it (the translator, the readers).
     cli.setup_logging(logging.WARNING if quiet else logging.INFO,
-                      "%(name)s: %(levelname)s: %(message)s",
+                      "translate.py: %(levelname)s: %(message)s",
                       ("absl", "jax", "jax._src", "datasets", "orbax", "checkpoint", "data"))
 
 
