@@ -154,6 +154,36 @@ def test_join_needs_one_translation_per_sentence():
         document.join([])
 
 
+def test_the_space_between_sentences_follows_the_target_language():
+    """Japanese and Chinese write no space after a sentence, English one: joined for a
+    target, two sentences that touched in Japanese are spaced in English, and the space of
+    English is dropped in Japanese; line breaks, tabs and block tags stay as they were."""
+    japanese = split_text("今日は晴れです。明日は雨でしょう！\n次。", "ja")
+    english = ["It is sunny today.", "It will rain tomorrow!", "Next."]
+    assert japanese.join(english) == "It is sunny today.It will rain tomorrow!\nNext."
+    assert japanese.join(english, target="en") == (
+        "It is sunny today. It will rain tomorrow!\nNext.")
+    assert split_text("今天很好。明天会下雨吗？", "zh").join(
+        ["It is nice today.", "Will it rain tomorrow?"], target="en-GB") == (
+        "It is nice today. Will it rain tomorrow?")
+    source = split_text("It is sunny today. It will rain tomorrow!  Yes.\tNo.", "en")
+    japanese_text = ["今日は晴れです。", "明日は雨でしょう！", "はい。", "いいえ。"]
+    assert source.join(japanese_text, target="ja") == (
+        "今日は晴れです。明日は雨でしょう！はい。\tいいえ。")
+    assert source.join(japanese_text, target="ko") == source.join(japanese_text)
+    # Only after a sentence's end: a space after a name or a number stays.
+    assert split_text("Call Bob. Now.", "en").join(["ボブに電話 API", "今。"], target="ja") == (
+        "ボブに電話 API 今。")
+    # HTML: the space goes outside the inline tags around it; blocks are not sentences
+    # of one text, and a source's space between them is no space between sentences.
+    markup = split_html("<p>今日は晴れです。<b>明日は雨でしょう！</b></p><p>次。</p>", "ja")
+    assert markup.join(english, target="en") == (
+        "<p>It is sunny today. <b>It will rain tomorrow!</b></p><p>Next.</p>")
+    markup = split_html("<p><i>Sunny.</i> <b>Rain!</b></p> <p>Next.</p>", "en")
+    assert markup.join(["晴れ。", "雨！", "次。"], target="zh") == (
+        "<p><i>晴れ。</i><b>雨！</b></p> <p>次。</p>")
+
+
 def test_a_translation_cannot_break_the_layout():
     document = split_text("One. Two.\nThree.", "en")
     joined = document.join(["Eins\nund\r\nzwei.", "  Zwei.\n", "Drei.\r"])

@@ -242,6 +242,43 @@ def test_source_auto_tells_each_text_of_a_list_apart():
                                         f"de: {len(GERMAN)}"]
 
 
+def test_sentences_are_joined_with_the_target_languages_spaces():
+    """In-process, a ja->en model: the sentences of a Japanese text, which touch, are
+    joined with a space in English, in text, in HTML and in a .txt file."""
+    from types import SimpleNamespace
+
+    from starlette.testclient import TestClient
+
+    from nmt.models.translations import Hypothesis
+    from nmt.serving.app import build_app
+    from nmt.serving.catalog import Catalog, ServedModel
+    from nmt.serving.limits import ServerLimits
+    from nmt.serving.metrics import Metrics
+    from nmt.serving.service import Service
+
+    english = {"今日は晴れです。": "It is sunny.", "明日は雨でしょう！": "It will rain!"}
+
+    async def search(batch):
+        return [[Hypothesis(english[sentence], 0.0, ())] for sentence in batch]
+
+    translator = SimpleNamespace(search=SimpleNamespace(nbest=1))
+    model = ServedModel(0, "ja", "en", "runs/x", translator,
+                        batcher=SimpleNamespace(translate=search))
+    client = TestClient(build_app(Service(Catalog([model]), ServerLimits(), Metrics(),
+                                          ready=True)))
+    for form, text, expected in (
+            ("text", "今日は晴れです。明日は雨でしょう！", "It is sunny. It will rain!"),
+            ("html", "<p>今日は晴れです。<b>明日は雨でしょう！</b></p>",
+             "<p>It is sunny. <b>It will rain!</b></p>")):
+        answer = client.post("/translate", json={"q": text, "source": "ja", "target": "en",
+                                                 "format": form}).json()
+        assert answer["translatedText"] == expected
+    answer = client.post("/translate_file", data={"source": "ja", "target": "en"}, files={
+        "file": ("a.txt", "今日は晴れです。明日は雨でしょう！\n".encode(), "text/plain")})
+    url = answer.json()["translatedFileUrl"]
+    assert client.get(url).content == "It is sunny. It will rain!\n".encode()
+
+
 # ----------------------------------------------------------------------------- HTML
 
 

@@ -264,6 +264,26 @@ def test_split_lines_are_translated_in_one_call_and_records_name_lines():
     assert len(calls) == 1  # blank lines need no call
 
 
+def test_split_lines_are_joined_with_the_target_languages_spaces():
+    """A Japanese line's sentences, which touch, come back spaced in English (--tgt or the
+    model's target language)."""
+    english = {"今日は晴れです。": "It is sunny today.", "明日は雨でしょう！": "It will rain!"}
+
+    def translate_all(sentences, progress=None, first_line=1, source="", line_numbers=None):
+        return SimpleNamespace(nbest=[[SimpleNamespace(text=english[s], score=0.0)]
+                                      for s in sentences], reached_limit=[])
+
+    translator = SimpleNamespace(translate_all=translate_all)
+    out, _ = streams.translate_paragraphs(translator, ["今日は晴れです。明日は雨でしょう！"],
+                                          "in.ja", 1, "ja", target="en")
+    assert out == ["It is sunny today. It will rain!"]
+    args = argparse.Namespace(split_sentences=True, html=False, src=None, tgt=None)
+    assert translate_cli.paragraphs(args, {"source_lang": "ja", "target_lang": "en"}) == (
+        streams.Paragraphs("ja", False, "en"))
+    args.tgt = "de"
+    assert translate_cli.paragraphs(args, {}) == streams.Paragraphs("en", False, "de")
+
+
 def test_html_lines_keep_inline_tags_around_the_words_the_alignment_gives():
     """--html: each line is HTML; a sentence with inline tags is translated once, whole, and
     the translator's alignment of it with its translation places the tags."""

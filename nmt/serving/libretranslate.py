@@ -150,13 +150,15 @@ async def translate_documents(service: Service, model, documents: list[Document]
 async def join_documents(service: Service, model, documents: list[Document],
                          translations: list[str]) -> list[str]:
     """The documents with `translations` (one per sentence of them all, in order) in place of
-    their sentences, inline markup placed by the model's word alignment."""
+    their sentences, inline markup placed by the model's word alignment, the space between
+    sentences as the model's target language writes it."""
     sources, targets = markup_pairs(documents, translations)
     aligned = alignments_by_document(documents, await service.align(model, sources, targets))
     texts, offset = [], 0
     for document, alignments in zip(documents, aligned):
         count = len(document.sentences)
-        texts.append(document.join(translations[offset:offset + count], alignments))
+        texts.append(document.join(translations[offset:offset + count], alignments,
+                                   model.target))
         offset += count
     return texts
 

@@ -570,13 +570,15 @@ def _test_set_before_loading(args: argparse.Namespace) -> tuple | None:
 
 def paragraphs(args: argparse.Namespace, values: dict) -> streams.Paragraphs | None:
     """How --split-sentences and --html cut lines: for --src, the model's source language,
-    else en (English rules also suit most languages written with spaces and ".!?")."""
+    else en (English rules also suit most languages written with spaces and ".!?"); and
+    join them with the spaces between sentences of --tgt, else the model's target."""
     if not (args.split_sentences or args.html):
         return None
-    language = evaluation.languages(args, values)[0] or "en"
+    source, target = evaluation.languages(args, values)
+    language = source or "en"
     log.info("%s: lines are split into sentences for language %r",
              "--html" if args.html else "--split-sentences", language)
-    return streams.Paragraphs(language, args.html)
+    return streams.Paragraphs(language, args.html, target)
 
 
 def warn_reached_limit(translator, lines: list[int], logger: logging.Logger = log) -> None:

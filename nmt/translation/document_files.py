@@ -2,7 +2,8 @@
 (.docx), for the server's /translate_file.
 
     prepared = prepare(data, "report.docx", "en")   # ValueError for a file it cannot read
-    texts = [document.join(translations_of(document)) for document in prepared.documents]
+    texts = [document.join(translations_of(document), target="de")
+             for document in prepared.documents]
     translated_bytes = prepared.rebuild(texts)
 
 Two phases, so that a server can refuse a file by its `characters` before translating any of

@@ -147,8 +147,9 @@ def run_evaluation(translator, args: argparse.Namespace, values: dict, out: IO[s
     where = shown(args.src_file) if args.src_file else description
     with progress_bar(len(sources), args.quiet) as bar:
         if args.split_sentences:  # a line of several sentences: each translated on its own
+            source, target = languages(args, values)
             texts, reached_limit = translate_paragraphs(
-                translator, sources, where, 1, languages(args, values)[0] or "en", bar.update)
+                translator, sources, where, 1, source or "en", bar.update, target=target)
         else:
             done = translate_lines(translator, sources, where, 1, progress=bar.update)
             texts = [nbest[0].text for nbest in done.nbest]

@@ -10,7 +10,9 @@ between each two, after the last), so `join` puts each translation where its sen
 keeps all the rest byte for byte: leading and trailing whitespace, the spaces after each
 sentence, tabs, single and double line breaks, "\\r\\n"; `join(document.sentences)` gives the
 input back. A translation is written as one stretch of a line: its own line breaks become
-spaces and its edges are stripped, so it cannot change the layout around it.
+spaces and its edges are stripped, so it cannot change the layout around it. Given the
+target language, `join` changes one thing: the space between two sentences of one run of
+text, which Japanese and Chinese leave out and most other languages write (`respaced`).
 
 Plain text is cut at line breaks first ("\\n", "\\r\\n", a lone "\\r"; U+2028 and the like
 stay inside lines, as in `data.lines`): a line is a paragraph and no sentence spans two.
@@ -89,6 +91,12 @@ _ATTRIBUTE = re.compile(r"""([^\s"'>/=]+)(?:\s*=\s*(?:"([^"]*)"|'([^']*)'|([^\s>
 # html.unescape's own pattern (html._charref): every match is replaced on its own.
 _CHARREF = re.compile(r"&(#[0-9]+;?|#[xX][0-9a-fA-F]+;?|[^\t\n\f <&#;]{1,32};?)")
 
+# Languages written with no space between sentences (their codes as `segmenter_language`
+# gives them): a space between two sentences of another language is dropped (`respaced`).
+UNSPACED = frozenset(("ja", "zh", "yue", "wuu", "lzh"))
+# The end of a sentence, closing quotes and brackets after it included.
+_SENTENCE_END = re.compile(r"[.!?。！？．｡…][\"'”’」』）)\]】〉》]*$")
+
 RAW_TEXT = ("script", "style")  # contents skipped unscanned up to the end tag
 VERBATIM = ("template",)  # elements kept whole, as if marked translate="no"
 LINED = ("pre", "textarea", "listing")  # elements whose line breaks show
@@ -134,17 +142,21 @@ class Document:
         return [i for i, points in enumerate(self.points) if points]
 
     def join(self, translations: Sequence[str],
-             alignments: Mapping[int, Alignment] | None = None) -> str:
+             alignments: Mapping[int, Alignment] | None = None,
+             target: str | None = None) -> str:
         """The text with translations[i] in place of sentences[i]; ValueError unless there
         is one translation per sentence. A sentence's inline markup goes where
         alignments[i] (its word alignment with its translation) sends it, or by position
-        without one."""
+        without one. With `target`, the translations' language, the space between two
+        sentences follows its custom (`respaced`); without, it is the source's."""
         if isinstance(translations, str) or len(translations) != len(self.sentences):
             count = "a string" if isinstance(translations, str) else len(translations)
             raise ValueError(f"{count} translations for {len(self.sentences)} sentences; give "
                              "a list with one translation per sentence, in order.")
         parts = [self.between[0]]
         for i, (translation, after) in enumerate(zip(translations, self.between[1:])):
+            if i > 0:
+                parts[-1] = respaced(parts[-1], self.markup, translations[i - 1], target)
             parts += [self._in_place(i, translation, alignments), after]
         return "".join(parts)
 
@@ -160,6 +172,32 @@ class Document:
                 alignment = _shifted(alignment, len(stripped) - len(stripped.lstrip()))
             return place(points, self.sentences[i], text, alignment)
         return html.escape(text, quote=False) if self.markup else text
+
+
+def respaced(gap: str, markup: bool, before: str, target: str | None) -> str:
+    """`gap`, the source's text between two sentences (HTML with `markup`), as it goes
+    between their translations into `target` (None: as it is), the first being `before`.
+    Japanese and Chinese write no space after a sentence and most other languages one:
+    "晴れ。雨。" in English is "Sunny. Rain." and "Sunny. Rain." in Japanese "晴れ。雨。".
+    Only a gap within one run of text changes (no line break, no tag but inline ones): one
+    with no text gets a space (after its end tags, before the rest), one of ASCII spaces
+    after a sentence's end loses them."""
+    if target is None or not before.strip():
+        return gap
+    pieces = list(_pieces(gap)) if markup else [(gap, True, None)]
+    if any(not is_text and _inline(tag) is None for _, is_text, tag in pieces):
+        return gap
+    text = "".join(piece for piece, is_text, _ in pieces if is_text)
+    if segmenter_language(target) in UNSPACED:
+        if text and not text.strip(" ") and _SENTENCE_END.search(before.strip()):
+            return "".join(piece for piece, is_text, _ in pieces if not is_text)
+        return gap
+    if text:
+        return gap
+    ends = next((k for k, (_, is_text, tag) in enumerate(pieces) if is_text or not tag[0]),
+                len(pieces))
+    return "".join(piece for piece, _, _ in pieces[:ends]) + " " + "".join(
+        piece for piece, _, _ in pieces[ends:])
 
 
 def markup_pairs(documents: Sequence[Document], translations: Sequence[str]

@@ -72,20 +72,24 @@ def translate_lines(translator, lines: Sequence[str], where: str, first_line: in
 @dataclasses.dataclass(frozen=True)
 class Paragraphs:
     """How translate.py cuts each line into sentences: by the rules of `language`, as HTML
-    (every tag kept, inline ones placed by the model's alignment) or as text."""
+    (every tag kept, inline ones placed by the model's alignment) or as text; and joins
+    them, with the spaces between sentences that `target` writes (None: the source's)."""
 
     language: str
     html: bool = False
+    target: str | None = None
 
 
 def translate_paragraphs(translator, lines: Sequence[str], where: str, first_line: int,
                          language: str, progress: Callable[[int], None] | None = None,
-                         html: bool = False) -> tuple[list[str], list[int]]:
+                         html: bool = False, target: str | None = None
+                         ) -> tuple[list[str], list[int]]:
     """Each line translated as a paragraph: cut into sentences for `language`
     (`nmt.translation.paragraphs.split_text`, or `split_html` with `html`), the sentences of
     all lines searched in one call, and each line joined back around its translations with
-    its whitespace (and markup) as it was. Also the lines with a translation that reached
-    the output limit."""
+    its whitespace (and markup) as it was, but for the space between sentences, which
+    follows the `target` language (`Document.join`). Also the lines with a translation that
+    reached the output limit."""
     from nmt.translation.paragraphs import split_html, split_text  # sentencex
 
     split = split_html if html else split_text
@@ -105,7 +109,7 @@ def translate_paragraphs(translator, lines: Sequence[str], where: str, first_lin
         whole = len(mine) == 1 and document.between == ["", ""] and not document.markup
         # A line that is one sentence, nothing around it, comes out as the model wrote it,
         # as without splitting.
-        joined.append(mine[0] if whole else document.join(mine, alignments))
+        joined.append(mine[0] if whole else document.join(mine, alignments, target))
         start += len(document.sentences)
     if progress is not None:
         progress(len(lines))
@@ -132,7 +136,7 @@ def output_text(translator, lines: Sequence[str], where: str, first_line: int, n
     if paragraphs is not None:
         translations, reached_limit = translate_paragraphs(
             translator, lines, where, first_line, paragraphs.language, progress,
-            paragraphs.html)
+            paragraphs.html, paragraphs.target)
         return "".join(one_line(text) + "\n" for text in translations), reached_limit
     done = translate_lines(translator, lines, where, first_line, progress)
     return format_hypotheses(done.nbest, first_line - 1, nbest), done.reached_limit
