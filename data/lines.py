@@ -6,8 +6,10 @@ two files. A "\\r" before the "\\n" is dropped, and so is a UTF-8 byte order mar
 text (editors on Windows write one; it is not text). A "\\r" anywhere else stays in the line,
 and `iter_lines` warns once per file with how many lines hold one and how to convert the file:
 a file with old Mac line endings ("\\r" alone) would otherwise be read as one long line.
-Invalid UTF-8 raises `DataError` naming the file, the line and the byte, and how to convert
-the file.
+Invalid UTF-8 raises `DataError` naming the file, the line, the byte and its column (in
+characters), and how to convert the file: from the Japanese, Korean or Chinese encoding its
+bytes read as, where they do (Shift-JIS, EUC-JP, EUC-KR, GB18030), since converting those
+from Latin-1 gives garbage that still reads as text.
 
 A line longer than `MAX_LINE_BYTES` is a `DataError` naming its number: no sentence is that
 long, and such a "line" (a binary file, a file of NUL bytes, a text without line breaks)
@@ -37,14 +39,73 @@ _READ_SIZE = 1 << 16
 _UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")
 
 
+def _is_kana(c: str) -> bool:
+    return "\u3041" <= c <= "\u30ff"  # full-width: half-width kana is what Latin-1 looks like
+
+
+def _is_cjk_punctuation(c: str) -> bool:
+    return "\u3000" <= c <= "\u303f" or "\uff01" <= c <= "\uff5e"
+
+
+def _is_cjk(c: str) -> bool:
+    return "\u4e00" <= c <= "\u9fff" or _is_cjk_punctuation(c)
+
+
+def _in_gb2312(c: str) -> bool:
+    """GB2312 holds the characters of most Chinese text; GBK's others are rare, and what
+    Shift-JIS or Latin-1 bytes read as GBK lands mostly among them."""
+    try:
+        c.encode("gb2312")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+# Legacy encodings of Japanese, Korean and Chinese that a line's bytes may be in: Python's
+# codec, iconv's name, and whether a decoded character belongs to text in that language.
+# Shift-JIS is named as Windows writes it, CP932: iconv's SHIFT_JIS reads a backslash as ¥.
+_CJK_ENCODINGS = (
+    ("cp932", "CP932", lambda c: _is_kana(c) or _is_cjk(c)),
+    ("euc_jp", "EUC-JP", lambda c: _is_kana(c) or _is_cjk(c)),
+    ("euc_kr", "EUC-KR", lambda c: "\uac00" <= c <= "\ud7a3" or _is_cjk_punctuation(c)),
+    ("gb18030", "GB18030", _in_gb2312),
+)
+
+
+def _cjk_encodings(raw: bytes) -> list[str]:
+    """iconv's names of the encodings that `raw` (holding bytes past ASCII) reads as text of
+    their language: it decodes, and nine in ten of its characters past ASCII are that
+    language's (Japanese: with kana; Korean: Hangul; Chinese: GB2312's)."""
+    found = []
+    for codec, name, belongs in _CJK_ENCODINGS:
+        try:
+            text = raw.decode(codec)
+        except UnicodeDecodeError:
+            continue
+        wide = [c for c in text if c > "\x7f"]
+        if any(map(_is_kana, wide)) != (codec in ("cp932", "euc_jp")):
+            continue  # Japanese has kana, Korean and Chinese none (GB2312 has kana too)
+        if wide and sum(map(belongs, wide)) >= 0.9 * len(wide):
+            found.append(name)
+    return found
+
+
 def _conversion_hint(raw: bytes, line_no: int) -> str:
     """How to convert text whose bytes are not UTF-8: UTF-16 (a byte order mark, or NUL bytes
-    between characters) needs another conversion than a one-byte encoding such as Latin-1."""
+    between characters), or the Japanese, Korean or Chinese encoding the bytes read as,
+    needs another conversion than a one-byte encoding such as Latin-1."""
     if (line_no == 1 and raw.startswith(_UTF16_BOMS)) or raw.count(b"\x00") * 4 >= len(raw) > 1:
         return ("it looks like UTF-16: convert it with iconv -f UTF-16 -t UTF-8 (not LATIN1, "
                 "which would turn it into garbage that still reads as text)")
-    return ("convert it to UTF-8 from its encoding, e.g. iconv -f LATIN1 -t UTF-8 for Latin-1 "
-            "(`file -i` tells the encoding)")
+    names = _cjk_encodings(raw)
+    if names:
+        commands = " or ".join(f"iconv -f {name} -t UTF-8" for name in names)
+        which = ", whichever gives readable text" if len(names) > 1 else ""
+        shown = " or ".join("Shift-JIS" if name == "CP932" else name for name in names)
+        return (f"it looks like {shown}: convert it with {commands}{which}; not "
+                "LATIN1, which would turn it into garbage that still reads as text")
+    return ("convert it to UTF-8 from its encoding (`file -i` or `uchardet` tells it), e.g. "
+            "iconv -f LATIN1 -t UTF-8 if it is Latin-1")
 
 
 def decode_line(raw: bytes, where: str, line_no: int) -> str:
@@ -54,9 +115,12 @@ def decode_line(raw: bytes, where: str, line_no: int) -> str:
     try:
         line = raw.decode("utf-8")
     except UnicodeDecodeError as err:
+        # The column counts the characters before the bad byte, the line's byte its bytes.
+        column = len(raw[:err.start].decode("utf-8")) + 1
+        byte = f", the line's byte {err.start + 1}" if column != err.start + 1 else ""
         raise DataError(
             f"{where} line {line_no}: invalid UTF-8 (byte {raw[err.start]:#04x} at column "
-            f"{err.start + 1}); {_conversion_hint(raw, line_no)}") from None
+            f"{column}{byte}); {_conversion_hint(raw, line_no)}") from None
     return line.removeprefix(BOM) if line_no == 1 else line
 
 

@@ -131,6 +131,38 @@ def test_invalid_utf8_names_file_and_line(tmp_path):
         read_prefix(tmp_path / "train", "en", "de")
 
 
+@pytest.mark.parametrize("text, codec, hint", [
+    ("今日は晴れです。", "cp932", "it looks like Shift-JIS: convert it with iconv -f CP932 -t "
+                                  "UTF-8; not LATIN1"),
+    ("今日は晴れです。", "euc_jp", "it looks like EUC-JP: convert it with iconv -f EUC-JP"),
+    ("今天天气很好。明天会下雨吗？", "gbk",
+     "it looks like GB18030: convert it with iconv -f GB18030"),
+    # Korean and Chinese share EUC's bytes: both are named, Korean first.
+    ("오늘은 날씨가 좋습니다.", "euc_kr", "it looks like EUC-KR or GB18030: convert it with "
+                                       "iconv -f EUC-KR -t UTF-8 or iconv -f GB18030 -t UTF-8"),
+    ("Müller und Café, Straße. Äpfel für Öl", "latin-1",
+     "convert it to UTF-8 from its encoding (`file -i` or `uchardet` tells it), e.g. iconv -f "
+     "LATIN1 -t UTF-8 if it is Latin-1"),
+])
+def test_invalid_utf8_names_the_encoding_its_bytes_read_as(tmp_path, text, codec, hint):
+    """Japanese, Korean or Chinese bytes converted from Latin-1 give garbage that trains:
+    the hint names the encoding they read as, and Latin-1 only where none fits."""
+    write_prefix(tmp_path / "train", PAIRS)
+    (tmp_path / "train.de").write_bytes(b"eins\n" + text.encode(codec) + b"\n")
+    with pytest.raises(DataError) as info:
+        read_prefix(tmp_path / "train", "en", "de")
+    assert hint in str(info.value)
+    assert ("LATIN1 -t UTF-8 if" in str(info.value)) == (codec == "latin-1")
+
+
+def test_invalid_utf8_counts_its_column_in_characters(tmp_path):
+    write_prefix(tmp_path / "train", PAIRS)
+    (tmp_path / "train.de").write_bytes("今日は".encode() + b"\x8d\n")
+    with pytest.raises(DataError, match=r"train\.de line 1: invalid UTF-8 \(byte 0x8d at "
+                                        r"column 4, the line's byte 10\)"):
+        read_prefix(tmp_path / "train", "en", "de")
+
+
 def test_missing_file_is_named(tmp_path):
     (tmp_path / "train.en").write_text("a\n")
     with pytest.raises(DataError, match=r"train\.de: file not found"):
