@@ -136,6 +136,31 @@ def test_languages_use_their_rules():
         "pt", "zh", "en", "xx", ""]
 
 
+def test_a_quote_the_sentence_goes_on_after_stays_in_it():
+    """sentencex cuts after a quote that ends in "?" or "。" where Japanese, Chinese and
+    Korean go on without a space ("と聞いた", "라고 말했다"): the sentence stays whole, as
+    English and German ones do, while a new sentence after a quote is still cut."""
+    # Each text's sentences, "|" where it is cut.
+    cases = [
+        ("ja", "彼は「本当？」と聞いた。|次の文です。"),
+        ("ja", "「行くよ。」と彼は言った。|そうですか。"),
+        ("ja", "「本当？」って聞いた。"),
+        ("zh", "他问：“真的吗？”然后走了。|下一句。"),
+        ("ko", '그는 "좋아."라고 말했다. |다음 문장.'),
+        ("en", 'He said "Really?" and left. |Next.'),
+        # New sentences: after "。”" in Chinese, after a space in Korean, before a quote.
+        ("zh", "他说：“好。”|我走了。"),
+        ("ko", "그는 “좋아.” |다음."),
+        ("ja", "今日は晴れです。|「明日は？」と聞いた。"),
+        ("ja", "彼は「本当？」|「うん。」と言った。"),
+    ]
+    for language, cut in cases:
+        text = cut.replace("|", "")
+        document = split_text(text, language)
+        assert document.sentences == [s.strip() for s in cut.split("|")], text
+        assert document.join(document.sentences) == text
+
+
 def test_whitespace_only_text_has_no_sentences():
     for text in ("", "   ", "\t\r\n \n", "\xa0\u3000"):
         document = split_text(text, "en")

@@ -20,7 +20,9 @@ Each line is then split by sentencex (Wikimedia's segmenter, rules for about 300
 Its language codes are lower-case MediaWiki codes, and a code it does not know (`xx`, but
 also `de-DE` or `DE`) silently gets English rules, so a code is reduced to its lower-case
 base first (`pt-BR` -> `pt`, `zh_Hant` -> `zh`); an unknown base still gets English rules,
-which suit most languages written with spaces and ".!?".
+which suit most languages written with spaces and ".!?". Where sentencex cuts after a
+quotation that a Japanese, Chinese or Korean sentence goes on after (「本当？」と聞いた), the
+two pieces are one sentence again (`_quotes_rejoined`).
 
 HTML (`split_html`) keeps every tag, attribute, comment, doctype, CDATA section and
 processing instruction as it was (attribute values such as alt or title are not translated)
@@ -303,7 +305,34 @@ def _segment_lengths(line: str, language: str) -> list[int]:
         return [len(line)]
     if "".join(segments) != shown:
         return [len(line)]
-    return [len(piece) for piece in segments if piece]
+    return [len(piece) for piece in _quotes_rejoined(segments, language) if piece]
+
+
+# A quotation that ends in a sentence's punctuation, and what sentencex cuts after it though
+# the sentence goes on: a quotative particle in Japanese (「本当？」と聞いた), a question or an
+# exclamation in Chinese (“真的吗？”然后走了; after "。”" a new sentence starts), a
+# particle joined to the quote in Korean ("좋아."라고 말했다; a new sentence would follow a
+# space). Elsewhere sentencex keeps such a quote in its sentence.
+_QUOTE_END = re.compile(r"[.!?。！？．][\"'”’」』）)]+$")
+_GOES_ON = {"ja": re.compile(r"と|って|など|なんて"),
+            "zh": re.compile(r"(?<=[!?！？][\"'”’」』）)])[^\s\"'“‘「『（(]"),
+            "ko": re.compile(r"[\uac00-\ud7a3]")}
+
+
+def _quotes_rejoined(segments: list[str], language: str) -> list[str]:
+    """sentencex's `segments` with each that ends in a quotation joined to the next where the
+    sentence goes on after the quote (`_GOES_ON`)."""
+    goes_on = _GOES_ON.get(language)
+    if goes_on is None:
+        return segments
+    joined = segments[:1]
+    for piece in segments[1:]:
+        quote = _QUOTE_END.search(joined[-1])
+        if quote and goes_on.match(joined[-1][quote.start():] + piece, len(quote.group())):
+            joined[-1] += piece
+        else:
+            joined.append(piece)
+    return joined
 
 
 def split_html(markup: str, language: str) -> Document:
