@@ -435,6 +435,23 @@ def test_a_signal_while_a_slow_reader_holds_stdout_ends_after_a_whole_line(signu
     assert len(data.decode().splitlines()) < 800
 
 
+def test_a_reader_that_goes_away_ends_translate_quietly_as_sigpipe_would(run_dir, env,
+                                                                         tmp_path):
+    """`translate.py ... | head -1`: no message, and status 141, what the shell reports for
+    cat (or fairseq) killed by SIGPIPE, not 1, which reads as a fault."""
+    source = tmp_path / "in.de"
+    source.write_text("".join(line + "\n" for line in sentences(300, seed=7, max_words=6)))
+    process = subprocess.Popen(
+        [sys.executable, "translate.py", "--model", str(run_dir), "--greedy", "-q",
+         "--input", str(source), "--chunk-lines", "10"], cwd=REPO, env=env,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert process.stdout.readline().endswith("\n")
+    process.stdout.close()
+    err = process.communicate(timeout=240)[1]
+    assert process.returncode == 141, err
+    assert "error" not in err and "Traceback" not in err, err
+
+
 # ----------------------------------------------------------------------------- units
 
 

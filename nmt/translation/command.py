@@ -110,7 +110,10 @@ from transformer.strategies import Beam, Sample, strategy_kind
 
 log = logging.getLogger("translate.py")
 
-EXIT_ERROR, EXIT_USAGE = 1, 2
+EXIT_USAGE = 2
+# The reader of stdout went away (`| head`): the status a shell gives a filter that SIGPIPE
+# killed (cat, fairseq, Marian), told apart from a fault; translate.py stops quietly.
+EXIT_BROKEN_PIPE = 128 + signal.SIGPIPE
 DEFAULT_CHUNK_LINES = 1000
 MAX_ENGINE_THREADS = 256  # --threads, and CTranslate2's --searches: past it, only memory grows
 
@@ -618,7 +621,7 @@ def _main(argv: Sequence[str] | None) -> int:
     except BrokenPipeError:
         # The reader went away (e.g. `| head`): stop quietly, as Unix filters do.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return EXIT_ERROR
+        return EXIT_BROKEN_PIPE
     finally:
         signal.signal(signal.SIGTERM, previous)
 
