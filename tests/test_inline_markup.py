@@ -157,6 +157,38 @@ def test_no_word_extension_in_scripts_without_spaces():
     assert out == "<p>私は<b>お茶</b>が好きです。</p>"
 
 
+def _placed(markup: str, target: str, spans: list[tuple[int, int]], pairs: list[int]) -> str:
+    """`markup`'s one sentence translated as `target`, whose tokens `spans` attend to the
+    source words `pairs` (one per token)."""
+    document = split_html(markup, "en")
+    source = words(document.sentences[0])
+    weights = np.full((len(spans), len(source)), 0.01, np.float32)
+    for j, i in enumerate(pairs):
+        weights[j, i] = 1.0
+    return document.join([target], {0: Alignment(source, spans, weights)})
+
+
+def test_scripts_without_spaces_and_combining_marks():
+    """Thai (like Lao, Khmer and Myanmar) writes no spaces between words: a tag keeps to its
+    tokens there, as in Chinese and Japanese (CJK extension B too). A combining mark is part
+    of its word (Devanagari's vowel signs, an accent written apart), and no tag goes between
+    a character and its marks, in any script."""
+    markup = "<p>I like <b>tea</b> much.</p>"
+    # ฉัน ชอบ ชา มาก: "I like tea much"
+    assert _placed(markup, "ฉันชอบชามาก", [(0, 3), (3, 6), (6, 8), (8, 11)], [0, 1, 2, 3]) == (
+        "<p>ฉันชอบ<b>ชา</b>มาก</p>")
+    assert _placed(markup, "私は𠮷𠀋がとても", [(0, 1), (1, 2), (2, 3), (3, 4), (4, 8)],
+                   [0, 1, 2, 3, 3]) == "<p>私は<b>𠮷</b>𠀋がとても</p>"
+    # मुझे चाय पसंद है, with "चाय" in tokens च|ाय and "café" in caf|é with its accent apart.
+    assert _placed(markup, "मुझे चाय पसंद", [(0, 4), (5, 6), (6, 8), (9, 13)], [0, 2, 1, 3]) == (
+        "<p>मुझे <b>चाय</b> पसंद</p>")
+    assert _placed(markup, "un cafe\u0301 noir", [(0, 2), (3, 6), (6, 8), (9, 13)],
+                   [0, 2, 1, 3]) == "<p>un <b>cafe\u0301</b> noir</p>"
+    # A Thai token that ends before its vowel sign (ฉ|ั) takes the sign.
+    assert _placed(markup, "ชาฉันชอบ", [(0, 3), (3, 5), (5, 8)], [2, 0, 1]) == (
+        "<p><b>ชาฉั</b>นชอบ</p>")
+
+
 def test_elements_kept_whole_still_cut_the_text():
     document = split_html('<p>Run <code translate="no">ls -l</code> now.</p>', "en")
     assert document.sentences == ["Run", "now."] and document.needs_alignment == []

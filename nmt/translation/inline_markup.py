@@ -10,8 +10,10 @@ as <img>. `place` gives the translation with every point's markup in it, once ea
 and nested as in the source (an element inside another stays inside it):
 
 - a pair encloses the target words aligned to the source words it enclosed (extended to whole
-  words where the target writes spaces between words, except on a side where the tag cut a
-  source word: H<sub>2</sub>O marks a piece of a word, and keeps to the aligned tokens);
+  words where the target writes spaces between words, not in Chinese, Japanese, Thai, Lao,
+  Khmer or Myanmar script, and except on a side where the tag cut a source word:
+  H<sub>2</sub>O marks a piece of a word, and keeps to the aligned tokens; never between a
+  character and its combining marks);
 - a lone start tag goes before the target words aligned to the rest of its sentence, a lone
   end tag after those aligned to the sentence up to it;
 - a void element (or a pair enclosing nothing) goes after the target of the word it follows
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import html
+import unicodedata
 from collections.abc import Iterator, Sequence
 from typing import Literal
 
@@ -257,11 +260,24 @@ class _Mapper:
         return round(start * share), max(round(end * share), round(start * share))
 
 
+# Scripts written without spaces between words, where a token is the unit a tag keeps to:
+# CJK ideographs (extensions B and later too), kana, and Thai, Lao, Myanmar and Khmer.
+_UNSPACED = ((0x0E00, 0x0EFF), (0x1000, 0x109F), (0x1780, 0x17FF), (0x19E0, 0x19FF),
+             (0x2E80, 0x9FFF), (0xA9E0, 0xA9FF), (0xAA60, 0xAA7F), (0xF900, 0xFAFF),
+             (0xFF66, 0xFF9F), (0x20000, 0x3FFFF))
+
+
 def _joins(char: str) -> bool:
-    """Whether `char` is part of a word in a script that writes spaces between words (not
-    the ideographs and kana of Chinese and Japanese, where a token is the unit)."""
-    return char.isalnum() and not ("\u3040" <= char <= "\u30ff" or "\u3400" <= char <= "\u9fff"
-                                   or "\uf900" <= char <= "\ufaff")
+    """Whether `char` is part of a word in a script that writes spaces between words: a
+    letter, a digit or a combining mark (the vowel signs of Devanagari, an accent written
+    apart), not of the scripts in `_UNSPACED`."""
+    code = ord(char)
+    return ((char.isalnum() or _is_mark(char))
+            and not any(low <= code <= high for low, high in _UNSPACED))
+
+
+def _is_mark(char: str) -> bool:
+    return unicodedata.category(char).startswith("M")
 
 
 def _inside_word(text: str, offset: int) -> bool:
@@ -281,5 +297,10 @@ def _whole_words(text: str, start: int, end: int, widen_start: bool = True,
     while widen_start and _inside_word(text, start):
         start -= 1
     while widen_end and _inside_word(text, end):
+        end += 1
+    # Never between a character and its combining marks, in any script.
+    while 0 < start < len(text) and _is_mark(text[start]):
+        start -= 1
+    while end < len(text) and _is_mark(text[end]):
         end += 1
     return start, end
