@@ -161,6 +161,24 @@ def test_a_quote_the_sentence_goes_on_after_stays_in_it():
         assert document.join(document.sentences) == text
 
 
+def test_a_long_thai_paragraph_is_cut_at_spaces():
+    """Thai (and Lao, Khmer, Myanmar) ends a sentence with a space, which sentencex does not
+    see: a paragraph longer than LONG_SEGMENT characters is cut at spaces into pieces of at
+    most that (it would be one sentence, cut at the model's length), a shorter one is not;
+    a language with its own stops is not cut at spaces at all."""
+    sentence = "วันนี้อากาศดีมากและฉันอยากไปเที่ยวทะเลกับครอบครัว"  # 49 characters
+    text = "  " + " ".join([sentence] * 12) + "\n" + " ".join([sentence] * 3)
+    document = split_text(text, "th")
+    assert len(document.sentences) == 5 and document.join(document.sentences) == text
+    assert all(len(s) <= paragraphs.LONG_SEGMENT for s in document.sentences)
+    assert document.sentences[-1] == " ".join([sentence] * 3)  # short enough: whole
+    assert split_text(text, "lo").sentences == document.sentences
+    html_document = split_html(f"<p>{html.escape(text)}</p>", "th-TH")
+    assert len(html_document.sentences) > 1
+    english = " ".join(["a clause without a stop"] * 30)
+    assert split_text(english, "en").sentences == [english]
+
+
 def test_whitespace_only_text_has_no_sentences():
     for text in ("", "   ", "\t\r\n \n", "\xa0\u3000"):
         document = split_text(text, "en")

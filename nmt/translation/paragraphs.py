@@ -22,7 +22,9 @@ also `de-DE` or `DE`) silently gets English rules, so a code is reduced to its l
 base first (`pt-BR` -> `pt`, `zh_Hant` -> `zh`); an unknown base still gets English rules,
 which suit most languages written with spaces and ".!?". Where sentencex cuts after a
 quotation that a Japanese, Chinese or Korean sentence goes on after (「本当？」と聞いた), the
-two pieces are one sentence again (`_quotes_rejoined`).
+two pieces are one sentence again (`_quotes_rejoined`). Thai, Lao, Khmer and Myanmar end a
+sentence with a space, which sentencex does not see: their text is cut at spaces where it
+would otherwise make a sentence of more than 200 characters (`_cut_at_spaces`).
 
 HTML (`split_html`) keeps every tag, attribute, comment, doctype, CDATA section and
 processing instruction as it was (attribute values such as alt or title are not translated)
@@ -305,7 +307,32 @@ def _segment_lengths(line: str, language: str) -> list[int]:
         return [len(line)]
     if "".join(segments) != shown:
         return [len(line)]
-    return [len(piece) for piece in _quotes_rejoined(segments, language) if piece]
+    segments = _quotes_rejoined(segments, language)
+    if language in SPACE_ENDS_SENTENCES:
+        segments = [cut for piece in segments for cut in _cut_at_spaces(piece, LONG_SEGMENT)]
+    return [len(piece) for piece in segments if piece]
+
+
+# Thai, Lao, Khmer and Myanmar end a sentence with a space (Khmer and Myanmar also with
+# "។" and "။"), which sentencex has no rule for: a paragraph would be one sentence, cut at the
+# model's length. A segment of them longer than LONG_SEGMENT characters is cut at spaces.
+SPACE_ENDS_SENTENCES = frozenset(("th", "lo", "km", "my"))
+LONG_SEGMENT = 200
+_WORD_AND_SPACE = re.compile(r"\s*\S+\s*")
+
+
+def _cut_at_spaces(piece: str, bound: int) -> list[str]:
+    """`piece` cut at spaces into pieces of at most `bound` characters (but for their
+    trailing spaces), each as long as it can be; a run without spaces longer than `bound`
+    stays whole."""
+    if len(piece) <= bound:
+        return [piece]
+    cuts = [""]
+    for word in _WORD_AND_SPACE.findall(piece):
+        if cuts[-1] and len(cuts[-1]) + len(word.rstrip()) > bound:
+            cuts.append("")
+        cuts[-1] += word
+    return cuts
 
 
 # A quotation that ends in a sentence's punctuation, and what sentencex cuts after it though
