@@ -120,3 +120,27 @@ def test_a_text_that_tells_no_language_apart_gets_nothing(five):
     for text in ("ok", "Hi", "x"):
         assert five.detect(text) == []
     assert five.detect("Bonjour")[0][0] == "fr"
+
+
+def test_text_is_read_as_nfkc_normalised():
+    """Half-width kana and full-width Latin letters are read as their usual forms: ｶﾀｶﾅ was
+    Chinese (0.68) among en, ja, ko, zh and de, Ｄｅｒ Ｈｕｎｄ barely German."""
+    identifier = LanguageIdentifier(["en", "de", "fr", "es", "it"])
+    assert identifier.detect("Ｄｅｒ Ｈｕｎｄ ｌäｕｆｔ ｓｃｈｎｅｌｌ") == identifier.detect(
+        "Der Hund läuft schnell")
+    assert best(LanguageIdentifier(["en", "ja", "ko", "zh", "de"]), "ｶﾀｶﾅ") == "ja"
+
+
+def test_kana_is_japanese_and_hangul_korean_where_served():
+    """A script that one served language writes settles it, short texts too; kanji alone,
+    which Chinese shares, is left to the ranking."""
+    identifier = LanguageIdentifier(["en", "ja-JP", "ko", "zh"])
+    assert identifier.detect("はい", limit=1) == [("ja-JP", 1.0)]
+    assert identifier.detect("東京タワー", limit=1) == [("ja-JP", 1.0)]
+    assert identifier.detect("안녕", limit=1) == [("ko", 1.0)]
+    assert identifier.detect("그는 「はい」라고 말했다")[0] == ("ko", 1.0)  # more Hangul than kana
+    # The others follow, ruled out.
+    assert [c for _, c in identifier.detect("はい", limit=4)] == [1.0, 0.0, 0.0, 0.0]
+    assert best(identifier, "你好，谢谢") == "zh"
+    # Korean not served: Hangul settles nothing.
+    assert LanguageIdentifier(["en", "zh"]).detect("안녕", limit=1)[0][1] < 1.0

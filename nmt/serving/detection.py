@@ -6,18 +6,29 @@ languages served: as accurate as lingua on our test sets' sentences and their fi
 words, four times faster and a twentieth of its size (docs/performance.md, "Language
 identification"). A served code is matched by its base (`pt-BR` -> `pt`); a served language
 py3langid does not know is never detected (the server says so at start).
+
+The text is NFKC-normalised first: half-width ｶﾀｶﾅ and full-width Ｌａｔｉｎ are rare forms of
+common letters, and are read as those (ｶﾀｶﾅ was Chinese). A script that only one served
+language writes settles it whatever the n-grams say: kana is Japanese, Hangul Korean (the
+script with more letters, where a text holds both), the others following with confidence 0;
+kanji alone, shared with Chinese, is left to the ranking.
 """
 
 from __future__ import annotations
 
 import logging
 import re
+import unicodedata
 from collections.abc import Sequence
 
 from py3langid.langid import MODEL_FILE, LanguageIdentifier as NaiveBayes
 
 log = logging.getLogger("nmt.serving")
 _LETTER = re.compile(r"[^\W\d_]")
+# The letters of scripts that one language writes: kana (not the "・" Chinese uses too) and
+# Hangul (syllables and jamo).
+_SCRIPTS = {"ja": re.compile(r"[\u3041-\u309f\u30a1-\u30fa\u30fc-\u30ff\u31f0-\u31ff]"),
+            "ko": re.compile(r"[\uac00-\ud7a3\u1100-\u11ff\u3131-\u318e]")}
 
 
 class LanguageIdentifier:
@@ -41,9 +52,23 @@ class LanguageIdentifier:
         """Up to `limit` (code served, confidence 0-1), best first; [] for a text without
         letters or without anything that tells the languages apart, or when no served
         language is known."""
+        text = unicodedata.normalize("NFKC", text)
         if not self._codes or not _LETTER.search(text):
             return []
-        ranked = self._model.rank(text)
+        ranked = [(self._codes[code], float(probability))
+                  for code, probability in self._model.rank(text)]
+        written = self._by_script(text)
+        if written is not None:  # certain: the others, in their order, have no chance
+            others = [(code, 0.0) for code, _ in ranked if code != written]
+            return [(written, 1.0), *others][:limit]
         if len(ranked) > 1 and ranked[0][1] - ranked[-1][1] < 1e-6:
             return []  # every language alike: nothing in the text told them apart ("ok")
-        return [(self._codes[code], float(probability)) for code, probability in ranked[:limit]]
+        return ranked[:limit]
+
+    def _by_script(self, text: str) -> str | None:
+        """The served code of the language whose own script `text` is written in, or None
+        (no such script, or its language not served)."""
+        counts = {base: len(letters.findall(text)) for base, letters in _SCRIPTS.items()
+                  if base in self._codes}
+        base = max(counts, key=counts.get, default=None)
+        return self._codes[base] if base is not None and counts[base] else None
