@@ -6,11 +6,16 @@ Two layouts, one interface (`encode`, `decode`, `pieces`, `special_ids`, `save`)
   here. Ids are SentencePiece's, with this project's conventions pad=0, unk=1, bos=2, eos=3.
   It is trained with `byte_fallback=True`, so any character outside the vocabulary becomes
   UTF-8 byte pieces instead of <unk>, and with SentencePiece's default `nmt_nfkc`
-  normalization (NFKC plus whitespace clean-up), so `decode(encode(x)) == normalize(x)`,
-  which equals `x` for most text. `character_coverage` defaults to 0.9995: the rarest 0.05%
-  of characters are left to byte fallback instead of taking whole vocabulary entries. That
-  matters for Japanese, Chinese and Korean, whose thousands of characters would otherwise
-  crowd a small vocabulary (SentencePiece's own advice), and costs Latin-script text nothing.
+  normalization (NFKC plus whitespace clean-up), so `decode(encode(x)) == normalize(x)`.
+  That is `x` for most Latin-script text, but not for Japanese or Chinese written with
+  full-width punctuation and digits (`？（１）` -> `?(1)`) or half-width katakana
+  (`ｶﾀｶﾅ` -> `カタカナ`): input and output are normalized alike, so a model trained with
+  this tokenizer writes the ASCII forms (docs/training.md, "Normalization", says how to
+  keep them: a tokenizer without normalization, given with --spm-model).
+  `character_coverage` defaults to 0.9995: the rarest 0.05% of characters are left to byte
+  fallback instead of taking whole vocabulary entries. That matters for Japanese, Chinese
+  and Korean, whose thousands of characters would otherwise crowd a small vocabulary
+  (SentencePiece's own advice), and costs Latin-script text nothing.
 - `VocabTokenizer`: Marian's layout, which OPUS-MT models use: a source and a target
   SentencePiece model that only split text into pieces, and `vocab.json`, one piece -> id
   table for both sides. Ids: eos `</s>`, unk `<unk>` and pad `<pad>` as the table says (0, 1

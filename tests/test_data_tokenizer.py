@@ -9,6 +9,7 @@ from pathlib import Path
 import datasets
 import numpy as np
 import pytest
+import sentencepiece as spm
 
 import data.encoding
 from data.corpus import DataError, read_prefix
@@ -284,3 +285,21 @@ def test_a_second_run_on_the_same_text_reuses_the_trained_tokenizer(tmp_path, mo
     other = datasets.Dataset.from_dict({"source": SMALL_TEXT[1:], "target": SMALL_TEXT[1:]})
     with pytest.raises(AssertionError, match="trained again"):
         train_or_load_tokenizer(tmp_path / "run4", other, config)
+
+
+def test_full_width_forms_are_normalized_unless_the_tokenizer_keeps_them(small_tokenizer,
+                                                                         tmp_path):
+    """docs/training.md, "Normalization": the tokenizer trained here rewrites full-width
+    punctuation and digits and half-width kana (nmt_nfkc), on both sides; one trained with
+    normalization_rule_name=identity, given with --spm-model, keeps them."""
+    text = "晴れですか？（はい）１２３ｶﾀｶﾅ、です。"
+    assert small_tokenizer.normalize(text) == "晴れですか?(はい)123カタカナ、です。"
+    corpus = tmp_path / "train.txt"
+    corpus.write_text((text + "\nIt is sunny? (yes) 123.\n") * 50, encoding="utf-8")
+    spm.SentencePieceTrainer.train(
+        input=str(corpus), model_prefix=str(tmp_path / "spm"), vocab_size=320,
+        normalization_rule_name="identity", byte_fallback=True, character_coverage=0.9995,
+        pad_id=0, unk_id=1, bos_id=2, eos_id=3, hard_vocab_limit=False, minloglevel=2)
+    kept = Tokenizer.load(tmp_path / "spm.model")
+    assert kept.normalize(text) == text
+    assert kept.decode(kept.encode([text])) == [text]
