@@ -32,6 +32,7 @@ from typing import Any
 
 from nmt.convert.common import ConversionError
 from transformer.config import SearchConfig
+from transformer.strategies import Beam, Sample, plan_search
 
 log = logging.getLogger(__name__)
 
@@ -55,15 +56,16 @@ _TOP_K, _TEMPERATURE = 50, 1.0
 def generate_settings(search: SearchConfig) -> dict[str, Any]:
     """generate's fields for `search`, as far as generate has them (the output limit is the
     model's: `max_length` is the caller's to give)."""
+    strategy = plan_search(search)
     settings: dict[str, Any] = {
-        "num_beams": search.beam_size if search.strategy == "beam" else 1,
-        "do_sample": search.strategy == "sample",
+        "num_beams": strategy.size if isinstance(strategy, Beam) else 1,
+        "do_sample": isinstance(strategy, Sample),
         "min_length": search.min_len,
         "num_return_sequences": search.nbest,
     }
-    if search.strategy == "beam":  # generate warns of a length penalty that it does not read
+    if isinstance(strategy, Beam):  # generate warns of a length penalty that it does not read
         settings["length_penalty"] = search.alpha
-    elif search.strategy == "sample":
+    elif isinstance(strategy, Sample):
         settings.update(top_k=search.top_k, temperature=search.temperature)
     return settings
 
@@ -95,7 +97,7 @@ def search_from_generate(values: dict[str, Any], path: Path,
         settings["strategy"] = "beam" if beams > 1 else "greedy"
     settings.update(_lengths(fields))
     returned = fields.integer("num_return_sequences", 1, minimum=1)
-    if settings["strategy"] == "sample" and returned > 1:
+    if sample and beams == 1 and returned > 1:
         log.warning("%s: num_return_sequences %d with sampling: translate.py draws one sample "
                     "per sentence (run it again for others).", path, returned)
     elif returned > beams:
