@@ -424,6 +424,25 @@ def test_missing_training_data_names_the_file_and_leaves_no_run_directory(tmp_pa
     assert not out.exists()
 
 
+def test_the_wmt_recipe_without_its_corpus_stops_naming_the_file(tmp_path, capsys,
+                                                                  monkeypatch):
+    """The paper's recipe reads WMT14 from $WMT14 (data/wmt14 by default): absent, train.py
+    stops in one line naming the file and where to get it, not training on the built-in
+    corpus."""
+    monkeypatch.delenv("WMT14", raising=False)
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "run"
+    assert train_cli.main(["--config", str(REPO / "configs/wmt_base_paper.yaml"),
+                           "--max-steps", "1", "--output-dir", str(out)]) == 2
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(
+        "train.py: error: data/wmt14/train.en: file not found"), captured.err
+    assert "get the corpus: WMT14 en-de" in lines[0] and "WMT14=DIR" in lines[0]
+    assert "built-in corpus" not in captured.err + captured.out
+    assert not out.exists()
+
+
 def test_r_drop_without_dropout_is_warned_of_before_training(tmp_path, capsys):
     missing = ["--train-prefix", str(tmp_path / "none"), "--output-dir", str(tmp_path / "run")]
     assert train_cli.main([*missing, "--rdrop", "5", "--dropout", "0"]) == 2
