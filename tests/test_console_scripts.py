@@ -43,7 +43,10 @@ def test_commands_run_from_another_directory(run_dir, env, tmp_path):
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [
         f"train.py: error: --config missing.yaml: no such file in the current directory "
-        f"({tmp_path / 'missing.yaml'}) nor in the project's folder ({REPO / 'missing.yaml'})"]
+        f"({tmp_path / 'missing.yaml'}) nor in the project's folder ({REPO / 'missing.yaml'} "
+        f"or {REPO / 'configs/missing.yaml'}); the recipes in {REPO / 'configs'}: "
+        f"{', '.join(sorted(p.stem for p in (REPO / 'configs').glob('*.yaml')))} "
+        "(--config NAME runs one)"]
 
 
 def test_a_recipe_is_read_from_here_first_then_from_the_project(tmp_path, monkeypatch):
@@ -55,6 +58,21 @@ def test_a_recipe_is_read_from_here_first_then_from_the_project(tmp_path, monkey
     assert recipes.find_recipe("configs/multi30k_cpu.yaml") == Path("configs/multi30k_cpu.yaml")
     with pytest.raises(SettingsError, match="nor in the project's folder"):
         recipes.find_recipe("configs/none.yaml")
+
+
+def test_a_shipped_recipe_is_found_by_its_name(tmp_path, monkeypatch):
+    """`--config multi30k_cpu` or `multi30k_cpu.yaml` from anywhere is configs/multi30k_cpu.yaml;
+    a name that is no recipe lists those that are."""
+    monkeypatch.chdir(tmp_path)
+    for name in ("multi30k_cpu", "multi30k_cpu.yaml"):
+        assert recipes.find_recipe(name) == REPO / "configs/multi30k_cpu.yaml"
+    with pytest.raises(SettingsError) as raised:
+        recipes.find_recipe("multi30k_cpux")
+    assert str(raised.value).endswith(
+        f"{REPO / 'configs/multi30k_cpux.yaml'}); the recipes in {REPO / 'configs'}: "
+        "enja_small, enja_student, multi30k_base_gpu, multi30k_cpu, multi30k_cpu_distilled, "
+        "multi30k_gpu, multi30k_small, multi30k_student, wmt_base_paper (--config NAME runs "
+        "one)"), raised.value
 
 
 def test_a_cache_directory_that_cannot_be_written_is_one_line(run_dir, env, tmp_path):

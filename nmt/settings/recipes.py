@@ -46,6 +46,7 @@ DEFAULTS_FILE = Path(__file__).with_name("defaults.yaml")
 # The project's folder (where train.py and configs/ are), where a relative --config path not
 # found from the current directory is looked for.
 PROJECT_DIR = Path(__file__).resolve().parents[2]
+RECIPES_DIR = PROJECT_DIR / "configs"  # the shipped recipes, found by name
 PRESET_KEY = derived.PRESET_KEY  # in the model section: the preset its other keys change
 
 
@@ -246,16 +247,26 @@ def _dumper():
 
 def find_recipe(path: str | Path) -> Path:
     """Where a --config path is: as given (relative to the current directory), else, for a
-    relative path, in the project's own folder (`configs/multi30k_cpu.yaml` from anywhere);
-    SettingsError naming both places when neither holds it."""
+    relative path, in the project's own folder (`configs/multi30k_cpu.yaml` from anywhere), and
+    a bare name in its configs/, with or without .yaml (`multi30k_cpu`); SettingsError naming
+    the places looked in and the shipped recipes when none holds it."""
     given = Path(path)
     if given.exists() or given.is_absolute():
         return given
-    shipped = PROJECT_DIR / given
-    if shipped.is_file():
-        return shipped
+    places = [PROJECT_DIR / given]
+    if len(given.parts) == 1:
+        places.append(RECIPES_DIR / given)
+        if given.suffix.lower() not in (".yaml", ".yml", ".json"):
+            places.append(RECIPES_DIR / f"{given}.yaml")
+    for place in places:
+        if place.is_file():
+            return place
+    shipped = sorted(recipe.stem for recipe in RECIPES_DIR.glob("*.yaml"))
+    listing = (f"; the recipes in {RECIPES_DIR}: {', '.join(shipped)} (--config NAME runs one)"
+               if shipped else "")
     raise SettingsError(f"--config {path}: no such file in the current directory "
-                        f"({Path.cwd() / given}) nor in the project's folder ({shipped})")
+                        f"({Path.cwd() / given}) nor in the project's folder "
+                        f"({' or '.join(str(place) for place in places)}){listing}")
 
 
 def read_recipe(path: str | Path) -> Layer:

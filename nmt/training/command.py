@@ -37,7 +37,8 @@ command line override it. On Linux train.py runs on mimalloc, which keeps
 XLA:CPU's step buffers mapped between steps; NMT_ALLOCATOR=system in the
 environment turns it off (nmt/runtime/allocator.py).""")
     parser.add_argument("--config", metavar="RECIPE", type=cli.given,
-                        help="recipe file (.yaml, or .json), e.g. configs/multi30k_small.yaml")
+                        help="recipe file (.yaml, or .json), e.g. configs/multi30k_small.yaml, "
+                             "or a recipe of configs/ by name (multi30k_small)")
     parser.add_argument("--resume", action="store_true",
                         help="continue the run in --output-dir (an error if it has none); "
                              "rerunning the same command without it resumes too")
