@@ -163,3 +163,51 @@ def test_a_process_killed_mid_run_ends_the_other_at_once(corpus, tmp_path, env):
     assert "the last intact checkpoint is step " in line and str(run / "checkpoints") in line
     assert line.endswith("start all processes again with the same command to resume from it")
     assert time.monotonic() - killed < 30
+
+
+# ----------------------------------------------------------------- the store, without processes
+
+
+class _Store:
+    """The distributed runtime client's key-value calls that the failure relay uses."""
+
+    def __init__(self):
+        self.values: dict[str, str] = {}
+
+    def key_value_set(self, key: str, value: str) -> None:
+        self.values[key] = value
+
+    def key_value_dir_get(self, prefix: str) -> list[tuple[str, str]]:
+        return [(key, value) for key, value in self.values.items() if key.startswith(prefix)]
+
+
+@pytest.fixture
+def store(monkeypatch) -> _Store:
+    """Process 1 of 12, its runtime's store in memory, and no failure relayed yet."""
+    from nmt.runtime import distributed
+
+    held = _Store()
+    monkeypatch.setattr(distributed, "_client", lambda: held)
+    monkeypatch.setattr(distributed, "_processes", lambda: (1, 12))
+    monkeypatch.setattr(distributed, "_relaying", False)
+    monkeypatch.setattr(distributed, "_exit_now", lambda status: None)
+    return held
+
+
+def test_a_process_that_relays_a_failure_publishes_no_echo_of_it(store):
+    from nmt.runtime import distributed
+
+    distributed.end_after_failure("RUN/spm.model: not found", 1)  # its own failure
+    assert store.values == {"nmt/failed/1": "RUN/spm.model: not found"}
+    store.values.clear()
+    relayed = distributed.PeerFailed("process 2 of 12 failed: RUN/spm.model: not found")
+    distributed.end_after_failure(str(relayed), 1)
+    assert store.values == {}
+
+
+def test_the_failure_named_is_the_lowest_process_that_published_in_number_order(store):
+    from nmt.runtime import distributed
+
+    store.values.update({"nmt/failed/10": "ten", "nmt/failed/2": "two", "nmt/failed/1": "me"})
+    assert distributed.peer_failure() == "process 2 of 12 failed: two; fix it and start all " \
+                                         "processes again"

@@ -95,7 +95,19 @@ _collectives = itertools.count()  # every process calls them in the same order
 
 
 class PeerFailed(RuntimeError):
-    """Another process of the run failed, or stopped answering; the message says which."""
+    """Another process of the run failed, or stopped answering; the message says which.
+
+    A process that raises it only relays what went wrong elsewhere: `end_after_failure` then
+    publishes nothing, so that a third process reads the failure itself, not an echo of it.
+    """
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        global _relaying
+        _relaying = True
+
+
+_relaying = False  # this process raised PeerFailed: its error line is another's
 
 
 def _client():
@@ -159,11 +171,10 @@ def peer_failure() -> str | None:
         return None
     me, count = _processes()
     try:
-        published = sorted(client.key_value_dir_get(f"{_PREFIX}/failed/"))
+        published = client.key_value_dir_get(f"{_PREFIX}/failed/")
     except jax.errors.JaxRuntimeError:
         return None
-    for key, line in published:
-        process = int(key.rsplit("/", 1)[1])
+    for process, line in sorted((int(key.rsplit("/", 1)[1]), line) for key, line in published):
         if process != me:
             return (f"process {process} of {count} failed: {line.rstrip('.')}; fix it and start "
                     "all processes again")
@@ -179,18 +190,20 @@ def _lost(err: Exception) -> str:
 def end_after_failure(line: str, status: int) -> None:
     """In a run of several processes, publish this process's error `line` for the others
     (waiting at a barrier, they end with it) and exit now with `status`: JAX's shutdown at
-    exit waits for every process, which a failed or stuck one never joins. Returns at once
-    with one process."""
+    exit waits for every process, which a failed or stuck one never joins. A process that
+    only relays another's failure (`PeerFailed`) publishes nothing. Returns at once with one
+    process."""
     client = _client()
-    if client is None:
-        return
     me, count = _processes()
-    try:
-        client.key_value_set(f"{_PREFIX}/failed/{me}", line)
-        if me == 0:  # the store lives in this process: give the others a moment to read it
-            time.sleep(2 * _SLICE_MS / 1000)
-    except jax.errors.JaxRuntimeError:
-        pass
+    if client is None or count == 1:
+        return
+    if not _relaying:
+        try:
+            client.key_value_set(f"{_PREFIX}/failed/{me}", line)
+            if me == 0:  # the store lives in this process: give the others time to read it
+                time.sleep(2 * _SLICE_MS / 1000)
+        except jax.errors.JaxRuntimeError:
+            pass
     _exit_now(status)
 
 

@@ -49,8 +49,11 @@ def out_of_memory(err: BaseException, run: RunConfig) -> TrainingError | None:
         f"{2 * run.optimizer.accum_steps} keeps the update's size in about half the memory.")
 
 
-# How a collective reports a process that went away (Gloo on CPUs, NCCL on GPUs).
-_LOST = re.compile(r"gloo|nccl|connection|socket|peer|UNAVAILABLE", re.IGNORECASE)
+# How a collective reports a process that went away: Gloo's "Connection reset/closed by
+# peer", NCCL's "remote process exited or there was a network error", the runtime's
+# UNAVAILABLE. A fault of this process's own device (a CUDA error) is not one of them.
+_LOST = re.compile(r"(reset|closed) by peer|remote process exited|network error|"
+                   r"broken pipe|UNAVAILABLE", re.IGNORECASE)
 
 
 def lost_process(err: BaseException, checkpoints: Checkpointer) -> PeerFailed | None:
