@@ -84,9 +84,9 @@ def _write_until_signalled(fd: int, data: bytes, done: int) -> tuple[int, list[i
     held = {signum: signal.getsignal(signum) for signum in _SIGNALS}
     held = {signum: handler for signum, handler in held.items()
             if handler not in (signal.SIG_IGN, None)}  # ignored ones stay ignored
-    for signum in held:
-        signal.signal(signum, lambda signum, frame: received.append(signum))
-    try:
+    try:  # the handlers are put back even if installing one of them fails
+        for signum in held:
+            signal.signal(signum, lambda signum, frame: received.append(signum))
         # After poll says a pipe is writable, a write of PIPE_BUF bytes at most does not block:
         # this loop waits only in poll, where a recorded signal is seen within _POLL_MS.
         piece = len(data) if stat.S_ISREG(os.fstat(fd).st_mode) else select.PIPE_BUF
