@@ -153,6 +153,8 @@ def test_a_quote_the_sentence_goes_on_after_stays_in_it():
         ("ko", "그는 “좋아.” |다음."),
         ("ja", "今日は晴れです。|「明日は？」と聞いた。"),
         ("ja", "彼は「本当？」|「うん。」と言った。"),
+        ("ja", "「ありがとう。」|ところで、明日は来ますか。"),  # と begins the next sentence
+        ("ja", "「はい。」|とても良い天気です。"),
     ]
     for language, cut in cases:
         text = cut.replace("|", "")
