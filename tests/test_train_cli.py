@@ -30,8 +30,8 @@ from nmt.models.model_dir import load_model
 from nmt.rundir import checkpoints as checkpoint
 from nmt.settings import recipes
 from nmt.settings.config import SettingsError
-from nmt.training.stopping import Limits
-from nmt.training.trainer import TrainingError, train
+from nmt.training.stopping import Limits, StopReason
+from nmt.training.trainer import Trainer, TrainingError, train
 from synthetic_corpus import write_corpus
 from trainer_hooks import poison_parameters_before
 
@@ -414,6 +414,32 @@ def test_a_validation_out_of_time_stops_translating_and_scores_nothing(corpus, e
     assert "bleu" not in last and 0 < last["translated"] < 40
     _, _, values = load_model(out / "model")
     assert (values["step"], values["chosen"]) == (3, "last step")
+
+
+def test_steps_interrupted_before_the_first_log_line_count_in_the_summary(
+        corpus, env, tmp_path, capsys, monkeypatch):
+    """Ctrl-C before the first "train" line: the summary's seconds in steps count the steps
+    of the window left open (it was 0.0)."""
+    monkeypatch.setenv("FLAX_NMT_CACHE", env["FLAX_NMT_CACHE"])
+    reached, one_step = Limits.reached, Trainer._train_one_step
+
+    def interrupted_after_five(self, step, epochs_completed, signals):
+        return StopReason.SIGINT if step >= 5 else reached(self, step, epochs_completed, signals)
+
+    def slow_step(self):
+        time.sleep(0.1)  # steps long enough to count in tenths of a second
+        return one_step(self)
+
+    monkeypatch.setattr(Limits, "reached", interrupted_after_five)
+    monkeypatch.setattr(Trainer, "_train_one_step", slow_step)
+    out = tmp_path / "run"
+    assert train_cli.main(["--no-progress", *_args(corpus, out, log_every=50)]) == 130
+    assert "train steps took 0.0 s" not in capsys.readouterr().out
+    lines = _all_lines(out)
+    assert not [line for line in lines if line["kind"] == "train"]
+    (summary,) = [line for line in lines if line["kind"] == "summary"]
+    assert summary["step"] == 5 and summary["steps_s"] >= 0.3, summary
+    assert checkpoint.complete_steps(out / "checkpoints") == [5]
 
 
 def test_missing_training_data_names_the_file_and_leaves_no_run_directory(tmp_path, capsys):

@@ -47,6 +47,13 @@ class RunLog:
         self.progress.show(line)
         self.clock.restart()
 
+    def steps_ended(self, window: MetricsWindow) -> None:
+        """After the last step: the seconds of a window left open (a run interrupted between
+        two log lines, which keeps the window's steps for the run that resumes it) count in
+        the steps' seconds, as a closed window's do."""
+        if window.steps or window.pending:
+            self.step_seconds += self.clock.elapsed()
+
     def compilations(self, step: int) -> None:
         """A "compile" line for each program compiled since the last one written."""
         for record in self.compile_log.since(self.compilations_logged):

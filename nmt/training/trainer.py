@@ -196,6 +196,7 @@ class Trainer:
                 raise BudgetTooShort(too_short)
             self.run_log.clock.restart()
             stopped = self._steps(stopped)
+            self.run_log.steps_ended(self.step_metrics)
         finally:  # an error, Ctrl-C or the end: no thread left reading or sampling batches
             self.batches.close()
             self.start.data.close()
