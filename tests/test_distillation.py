@@ -180,9 +180,13 @@ def test_an_out_on_a_filesystem_without_locks_is_refused_in_one_line(run_dir, co
     assert "put --out on a local disk" in err and len(err.splitlines()) == 1
 
 
-def test_original_pairs_kept_come_first(run_dir, corpus, tmp_path):
+def test_original_pairs_kept_come_first(run_dir, corpus, tmp_path, capsys):
+    """With --keep-original, the corpus is for a model of the teacher's size (two stages),
+    and the closing hint says so, naming no student preset."""
     out = tmp_path / "out"
     assert distil(run_dir, corpus, out, "--keep-original") == 0
+    hint = capsys.readouterr().err
+    assert "train a model of the teacher's size" in hint and "student" not in hint, hint
     source = corpus.with_suffix(".de").read_text(encoding="utf-8").splitlines()
     original = corpus.with_suffix(".en").read_text(encoding="utf-8").splitlines()
     assert (out / "train.de").read_text(encoding="utf-8").splitlines() == source + source

@@ -215,9 +215,15 @@ def distil(args: argparse.Namespace) -> int:
             translate_chunks(args, teachers, source, out)
             out.finish(-(-count_lines(source) // args.chunk_lines), lambda: iter_lines(source),
                        (lambda: iter_lines(target)) if target else None)
-    print(f"{out.source_file} and {out.target_file}: train a student with\n"
-          f"  python train.py --train-prefix {Path(args.out) / 'train'} --src {src} --tgt {tgt} "
-          "--valid-prefix PREFIX --preset student-6-2", file=sys.stderr)
+    train = f"python train.py --train-prefix {Path(args.out) / 'train'} --src {src} --tgt {tgt} "
+    if args.keep_original:  # the second stage of a model of the teacher's own size
+        print(f"{out.source_file} and {out.target_file}: the original pairs, then the "
+              "teacher's translations; train a model of the teacher's size on them (as "
+              f"configs/multi30k_cpu_distilled.yaml does) with\n  {train}--valid-prefix PREFIX "
+              "and the teacher's --preset", file=sys.stderr)
+    else:
+        print(f"{out.source_file} and {out.target_file}: train a student with\n  {train}"
+              "--valid-prefix PREFIX --preset student-6-2", file=sys.stderr)
     return 0
 
 
