@@ -95,6 +95,6 @@ def test_a_cache_directory_that_cannot_be_written_is_one_line(run_dir, env, tmp_
     lines = [line for line in done.stderr.strip().splitlines()
              if "reached the output limit" not in line]
     assert lines == [
-        f"nmt.runtime.compilation: WARNING: compiled programs are not kept, so every start "
+        f"translate.py: WARNING: compiled programs are not kept, so every start "
         f"compiles them again: the cache directory {blocker / 'cache' / 'jax'}: {blocker} is a "
         "file, not a directory; set FLAX_NMT_CACHE to a writable directory"]

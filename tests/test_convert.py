@@ -401,8 +401,8 @@ def test_transformers_rules_reproduce_generate_where_ours_differ(untrained, alph
 
 @pytest.fixture(scope="module")
 def learned_positions_dir(tmp_path_factory):
-    """A model directory whose model neither MarianMT nor CTranslate2 can express (learned
-    positions)."""
+    """A model directory whose model MarianMT cannot express (learned positions; CTranslate2
+    takes the table)."""
     from data.tokenizer import TokenizerConfig, train_tokenizer
 
     directory = tmp_path_factory.mktemp("learned")
@@ -439,9 +439,9 @@ def test_command_errors_are_one_line_and_write_nothing(case, expected_code, name
                                                        learned_positions_dir, trained_dir,
                                                        tmp_path,
                                                        capsys):
-    model, out = trained_dir, tmp_path / "out"
+    model, out, command = trained_dir, tmp_path / "out", "to-ctranslate2"
     if case == "learned positions":
-        model = learned_positions_dir
+        model, command = learned_positions_dir, "to-marian"
     elif case == "output not empty":
         out.mkdir()
         (out / "notes.txt").write_text("mine")
@@ -450,7 +450,7 @@ def test_command_errors_are_one_line_and_write_nothing(case, expected_code, name
         model.mkdir()
         if case == "incomplete model":
             (model / "config.json").write_bytes((trained_dir / "config.json").read_bytes())
-    code, err = convert(["to-ctranslate2", str(model), str(out)], capsys)
+    code, err = convert([command, str(model), str(out)], capsys)
     assert code == expected_code
     assert len(err) == 1 and err[0].startswith("python -m nmt.convert: error: ")
     assert named in err[0]
