@@ -490,7 +490,8 @@ class BatchIterator:
     def __init__(self, examples: Examples, config: BatchConfig = BatchConfig(), *,
                  state: dict | None = None, process_index: int | None = None,
                  process_count: int | None = None,
-                 resegmented: Callable[[int], Examples] | None = None):
+                 resegmented: Callable[[int], Examples] | None = None,
+                 grid: BucketGrid | None = None):
         if process_index is None or process_count is None:
             process_index, process_count = _jax_process()
         if config.num_devices % process_count:
@@ -508,9 +509,10 @@ class BatchIterator:
         state = state or {"epoch": 0, "position": 0}
         self._epoch, self._position = int(state["epoch"]), int(state["position"])
         # Sampled segmentations change the lengths every epoch, but not the shapes: those of
-        # the deterministic segmentation.
-        self._grid = (bucket_grid(examples.src_len, examples.tgt_len, config)
-                      if resegmented is not None and not config.packing else None)
+        # the deterministic segmentation (`grid`, where the sampler has built it already).
+        if grid is None and resegmented is not None and not config.packing:
+            grid = bucket_grid(examples.src_len, examples.tgt_len, config)
+        self._grid = grid if resegmented is not None else None
         self._planned_epoch: int | None = None
         self._plan: list[PlannedBatch] = []
         self._planned_examples = examples

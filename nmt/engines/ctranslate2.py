@@ -41,7 +41,7 @@ import numpy as np
 
 from data.config import INFERENCE_BATCH_TOKENS
 from data.tokenizer import TokenizerBase, load_tokenizer, tokenizer_present
-from nmt.engines import COMPUTE_TYPES, CTRANSLATE2_INSTALL
+from nmt.engines import COMPUTE_TYPES, CTRANSLATE2_INSTALL, searches_beyond_threads
 from nmt.engines.conversions import converted
 from nmt.models.alignment import Alignment
 from nmt.models.model_files import (
@@ -277,10 +277,8 @@ class CTranslate2Translator:
     def _searches(self, given: int, threads: int) -> int:
         """Batches translated at once, each on a thread at least: never more than `threads`
         (the threads in all, where given; EngineError for a `given` number above them)."""
-        if threads and given > threads:
-            raise EngineError(f"--searches {given} with --threads {threads}: each batch "
-                              "translated at once takes a thread of its own; give --searches "
-                              f"at most {threads}, or more --threads.")
+        if (refusal := searches_beyond_threads(given, threads)) is not None:
+            raise EngineError(refusal)
         if self.strategy.draws:
             # Sampling draws from one random stream per process: batches translated at once
             # would take their numbers in whatever order their threads come, and a seed would

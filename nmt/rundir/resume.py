@@ -113,11 +113,17 @@ def check_same_seed(run_dir: Path, run: RunConfig, saved: RunConfig | None) -> N
     training data: resuming with another would repeat and skip pairs mid-epoch and could move
     validation pairs into training."""
     if saved is not None and saved.optimizer.seed != run.optimizer.seed:
-        raise SettingsMismatch(
-            f"{run_dir} was trained with --seed {saved.optimizer.seed} (see "
-            f"{run_dir / RUN_CONFIG_FILE}), this run asks for --seed {run.optimizer.seed}: the "
-            "seed fixes the order of the training pairs and the validation pairs held out of "
-            f"them, so pass --seed {saved.optimizer.seed} to resume, or use a new --output-dir.")
+        raise SettingsMismatch(seed_mismatch(f"{run_dir} was trained",
+                                             f" (see {run_dir / RUN_CONFIG_FILE})",
+                                             saved.optimizer.seed, run.optimizer.seed))
+
+
+def seed_mismatch(trained: str, source: str, saved: int, seed: int) -> str:
+    """The error for resuming `trained` ("RUN was trained"), whose seed `saved` was read from
+    `source`, with another `seed`."""
+    return (f"{trained} with --seed {saved}{source}, this run asks for --seed {seed}: the seed "
+            "fixes the order of the training pairs and the validation pairs held out of them, "
+            f"so pass --seed {saved} to resume, or use a new --output-dir.")
 
 
 # Model settings a resumed run may change, as fairseq and Marian allow: they leave the
@@ -157,7 +163,9 @@ def batch_iterator(examples: Examples, config: BatchConfig, book: Bookkeeping, s
     says, so going on would repeat some and skip others. Records the plan in `book`."""
     position = book.iterator
     resegmented = sampled.examples if sampled is not None else None
-    batches = BatchIterator(examples, config, state=position, resegmented=resegmented)
+    grid = sampled.grid if sampled is not None else None
+    batches = BatchIterator(examples, config, state=position, resegmented=resegmented,
+                            grid=grid)
     saved = book.plan
     if saved is not None and position["position"] > 0 and plan_fingerprint(
             batches.plan(saved["epoch"])) != saved["fingerprint"]:
@@ -165,7 +173,7 @@ def batch_iterator(examples: Examples, config: BatchConfig, book: Bookkeeping, s
                     "--buckets, --accum, --subword-alpha, the device count or the training "
                     "data); the rest of epoch %d is skipped and training goes on with epoch %d",
                     step, position["epoch"], position["epoch"] + 1)
-        batches = BatchIterator(examples, config, resegmented=resegmented,
+        batches = BatchIterator(examples, config, resegmented=resegmented, grid=grid,
                                 state={"epoch": position["epoch"] + 1, "position": 0})
     epoch = batches.state["epoch"]
     book.plan = {"epoch": epoch, "fingerprint": plan_fingerprint(batches.plan(epoch))}

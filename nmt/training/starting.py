@@ -251,9 +251,7 @@ def _check_seed_unchanged(bookkeeping: Bookkeeping, seed: int, checkpoints: Chec
     may be gone): another would repeat and skip pairs mid-epoch."""
     if bookkeeping.seed not in (None, seed):
         checkpoints.close()
-        raise RunMismatch(
-            f"checkpoint step {resumed_from} in {checkpoints.directory} was trained with --seed "
-            f"{bookkeeping.seed}, this run asks for --seed {seed}: the seed fixes the order of "
-            "the training pairs and the validation pairs held out of them, so pass --seed "
-            f"{bookkeeping.seed} to resume, or use a new --output-dir.")
+        raise RunMismatch(resume.seed_mismatch(
+            f"checkpoint step {resumed_from} in {checkpoints.directory} was trained", "",
+            bookkeeping.seed, seed))
     bookkeeping.seed = seed

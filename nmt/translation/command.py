@@ -97,7 +97,7 @@ from pathlib import Path
 from typing import Sequence
 
 from data.config import INFERENCE_BATCH_TOKENS, DataError
-from nmt.engines import COMPUTE_TYPES, CTRANSLATE2_INSTALL, ENGINES
+from nmt.engines import COMPUTE_TYPES, CTRANSLATE2_INSTALL, ENGINES, searches_beyond_threads
 from nmt.runtime import cli
 from nmt.runtime.cli import UsageError
 from nmt.runtime.files import atomic_file
@@ -348,10 +348,8 @@ def check_engine_args(args: argparse.Namespace, ensembles: bool = True) -> None:
                          f"{MAX_ENGINE_THREADS} batches at once (each is a translator with "
                          "buffers of its own); give fewer.")
     if args.engine == "ctranslate2" and args.searches is not None and args.searches > 1:
-        if args.threads is not None and args.searches > args.threads:
-            raise UsageError(f"--searches {args.searches} with --threads {args.threads}: each "
-                             "batch translated at once takes a thread of its own; give "
-                             f"--searches at most {args.threads}, or more --threads.")
+        if (refusal := searches_beyond_threads(args.searches, args.threads)) is not None:
+            raise UsageError(refusal)
         if args.sample:
             raise UsageError(f"--searches {args.searches} with --sample: CTranslate2 samples "
                              "one batch at a time (its random stream is one per process, so "
