@@ -323,6 +323,10 @@ def _check_scoring(args: argparse.Namespace) -> None:
         if args.src_file == "-" and args.ref_file == "-":
             raise UsageError("--src-file - and --ref-file - would both read standard input; "
                              "give one of them as a file.")
+        if args.test_file == "-":  # its format is chosen by its suffix: stdin has none
+            raise UsageError("--test-file reads a .tsv, .jsonl or .parquet file, chosen by its "
+                             "suffix, and cannot read standard input; give --src-file - with "
+                             "--ref-file FILE, or save the pairs to a file.")
         for flag in ("dataset_config", "split"):
             if getattr(args, flag) and not args.dataset:
                 raise UsageError(f"--{flag.replace('_', '-')} names a part of a --dataset, and "
