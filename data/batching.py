@@ -251,26 +251,30 @@ def _cells(n_buckets: int) -> Iterator[tuple[int, int]]:
             yield i, diagonal - i
 
 
-def _count_shapes(counts: np.ndarray, buckets: np.ndarray, config: BatchConfig,
-                  min_fill: float) -> int:
-    """How many cells get batches of their own when cells need `min_fill` batches' worth."""
-    pools = counts.copy()
-    shapes = 0
-    for i, j in _cells(len(buckets)):
+def _cell_rows(counts: np.ndarray, buckets: np.ndarray, config: BatchConfig,
+               min_fill: float) -> np.ndarray:
+    """[n * n] the B of each cell's batches when cells need `min_fill` batches' worth of
+    pairs, the ones carried into them included; 0 for a cell whose pairs move on
+    (`_next_cell`) or that has none. The one carrying rule of `bucket_epoch` and
+    `bucket_grid`: it depends on counts alone, so every epoch gets the same shapes."""
+    n = len(buckets)
+    pools, rows = counts.copy(), np.zeros(n * n, np.int64)
+    for i, j in _cells(n):
         if not pools[i, j]:
             continue
+        max_rows = config.rows(int(buckets[i]), int(buckets[j]))
         target = _next_cell(i, j, counts)
-        if target is not None and pools[i, j] < min_fill * config.rows(buckets[i], buckets[j]):
+        if target is not None and pools[i, j] < min_fill * max_rows:
             pools[target] += pools[i, j]
         else:
-            shapes += 1
-    return shapes
+            rows[i * n + j] = _even_rows(int(pools[i, j]), max_rows, config.num_devices)
+    return rows
 
 
 def _min_fill(counts: np.ndarray, buckets: np.ndarray, config: BatchConfig) -> float:
     """The smallest fill threshold that keeps the shapes within `config.max_shapes`."""
     for min_fill in _MIN_FILLS:
-        if _count_shapes(counts, buckets, config, min_fill) <= config.max_shapes:
+        if np.count_nonzero(_cell_rows(counts, buckets, config, min_fill)) <= config.max_shapes:
             return min_fill
     return math.inf
 
@@ -300,7 +304,7 @@ def bucket_epoch(examples: Examples, config: BatchConfig, epoch: int, shuffle: b
     order = order[np.argsort(cell_id[order], kind="stable")]  # grouped by cell, random within
     starts = np.concatenate([[0], np.cumsum(counts.ravel())])
 
-    min_fill = _min_fill(counts, buckets, config)
+    rows = _cell_rows(counts, buckets, config, _min_fill(counts, buckets, config))
     carried: dict[tuple[int, int], np.ndarray] = {}
     batches: list[PlannedBatch] = []
     for i, j in _cells(n_buckets):
@@ -309,15 +313,11 @@ def bucket_epoch(examples: Examples, config: BatchConfig, epoch: int, shuffle: b
         pool = np.concatenate([carried.pop((i, j)), own]) if (i, j) in carried else own
         if not len(pool):
             continue
-        size_s, size_t = int(buckets[i]), int(buckets[j])
-        max_rows = config.rows(size_s, size_t)
-        target = _next_cell(i, j, counts)
-        if target is not None and len(pool) < min_fill * max_rows:
-            # Too few for batches of their own: the next larger cell takes them.
+        if not rows[flat]:  # too few for batches of their own: the next larger cell takes them
+            target = _next_cell(i, j, counts)
             carried[target] = np.concatenate([carried.get(target, pool[:0]), pool])
             continue
-        batches += _split_evenly(pool, _even_rows(len(pool), max_rows, config.num_devices),
-                                 size_s, size_t)
+        batches += _split_evenly(pool, int(rows[flat]), int(buckets[i]), int(buckets[j]))
     if shuffle:
         batches = [batches[k] for k in rng.permutation(len(batches))]
     return batches
@@ -356,17 +356,7 @@ def bucket_grid(src_len: np.ndarray, tgt_len: np.ndarray, config: BatchConfig) -
     n = len(buckets)
     counts = np.zeros((n, n), dtype=np.int64)
     np.add.at(counts, (np.searchsorted(buckets, src_len), np.searchsorted(buckets, tgt_len)), 1)
-    min_fill = _min_fill(counts, buckets, config)
-    pools, rows = counts.copy(), np.zeros(n * n, np.int64)
-    for i, j in _cells(n):  # bucket_epoch's carrying, with counts for pairs
-        if not pools[i, j]:
-            continue
-        max_rows = config.rows(int(buckets[i]), int(buckets[j]))
-        target = _next_cell(i, j, counts)
-        if target is not None and pools[i, j] < min_fill * max_rows:
-            pools[target] += pools[i, j]
-        else:
-            rows[i * n + j] = _even_rows(int(pools[i, j]), max_rows, config.num_devices)
+    rows = _cell_rows(counts, buckets, config, _min_fill(counts, buckets, config))
     with_batches = sorted(np.flatnonzero(rows).tolist(),  # least padding first
                           key=lambda c: (buckets[c // n] + buckets[c % n], c))
 
