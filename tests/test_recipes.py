@@ -192,3 +192,13 @@ def test_an_invalid_flag_value_names_the_flag(flags, message):
 
 def test_the_largest_seed_is_accepted():
     assert recipes.run_from_flat(seed=2**32 - 1).tokenizer.seed == 2**32 - 1
+
+
+@pytest.mark.parametrize("data, line", [(b"data:\n  src: \xe9n\n", 2),
+                                        (b"\xef\xbb\xbfmodel:\n  preset: small\n  # caf\xe9\n", 3)])
+def test_a_recipe_that_is_not_utf8_is_named_by_line_and_byte(tmp_path, data, line):
+    path = tmp_path / "recipe.yaml"
+    path.write_bytes(data)
+    with pytest.raises(SettingsError, match=rf"recipe.yaml line {line}: byte 0xe9 is not UTF-8; "
+                                            "save the recipe as UTF-8$"):
+        recipes.read_recipe(path)

@@ -281,7 +281,9 @@ def read_recipe(path: str | Path) -> Layer:
     try:
         # utf-8-sig: a byte order mark that an editor put first is not part of the recipe.
         text = path.read_text(encoding="utf-8-sig")
-    except (OSError, UnicodeDecodeError) as err:
+    except UnicodeDecodeError as err:
+        raise SettingsError(_not_utf8(path, err)) from None
+    except OSError as err:
         raise SettingsError(f"--config {path}: cannot read it ({err})") from None
     layer = _read_json(path, text) if path.suffix.lower() == ".json" else _read_yaml(path, text)
     if not any(layer.values()):
@@ -289,6 +291,13 @@ def read_recipe(path: str | Path) -> Layer:
                             "only comments); write its settings in it, or drop --config to use "
                             "train.py's defaults")
     return layer
+
+
+def _not_utf8(path: Path, err: UnicodeDecodeError) -> str:
+    """The line and byte where a recipe stops being UTF-8: an editor shows lines, not offsets."""
+    line = err.object[:err.start].count(b"\n") + 1
+    return (f"{path} line {line}: byte 0x{err.object[err.start]:02x} is not UTF-8; save the "
+            "recipe as UTF-8")
 
 
 def _read_json(path: Path, text: str) -> Layer:
