@@ -202,3 +202,14 @@ def test_a_recipe_that_is_not_utf8_is_named_by_line_and_byte(tmp_path, data, lin
     with pytest.raises(SettingsError, match=rf"recipe.yaml line {line}: byte 0xe9 is not UTF-8; "
                                             "save the recipe as UTF-8$"):
         recipes.read_recipe(path)
+
+
+@pytest.mark.parametrize("text, what", [("batching:\n  batch_tokens: ${BT:-4096}\n", "the number"),
+                                        ("optimizer:\n  peak_lr: ${LR}\n", "the number"),
+                                        ("batching:\n  packing: ${PACK:-true}\n", "true or false")])
+def test_a_variable_in_a_number_or_bool_setting_is_refused_as_such(tmp_path, monkeypatch, text,
+                                                                    what):
+    monkeypatch.setenv("LR", "1e-3")
+    with pytest.raises(SettingsError, match=r"recipe.yaml line 2: \w+\.\w+: \$\{\.\.\.\} is "
+                                            rf"expanded in string settings only; write {what}$"):
+        recipes.read_recipe(_recipe(tmp_path, text))

@@ -325,8 +325,7 @@ def _read_json(path: Path, text: str) -> Layer:
         if flat != PRESET_KEY and flat not in BY_FLAT_NAME:
             raise SettingsError(f"--config {path}: unknown setting {key!r}; keys are train.py "
                                 f"flag names, e.g. \"batch-tokens\"")
-        if isinstance(value, str):
-            value = expand_variables(value, f"--config {path}: {key!r}")
+        value = _expanded(value, BY_FLAT_NAME.get(flat), f"--config {path}: {key!r}")
         if flat == PRESET_KEY:
             layer["model"][PRESET_KEY] = (_preset(value, f"--config {path}: 'preset'"),
                                           f"--config {path} ('preset')")
@@ -421,12 +420,23 @@ def expand_variables(text: str, where: str) -> str:
     return os.path.expanduser(_VARIABLE.sub(value, text))
 
 
+def _expanded(value: Any, field: Field | None, where: str) -> Any:
+    """`value` with its variables expanded; SettingsError for a variable in a number or a bool,
+    which would read as a string (`${BT:-4096}` is "4096") and then fail as if quoted."""
+    if not isinstance(value, str):
+        return value
+    if field is not None and field.kind in (int, float, bool) and _VARIABLE.search(value):
+        what = "true or false" if field.kind is bool else "the number"
+        raise SettingsError(f"{where}: ${{...}} is expanded in string settings only; write "
+                            f"{what}")
+    return expand_variables(value, where)
+
+
 def _yaml_value(section: str, key: str, value: Any, where: str) -> Any:
-    if isinstance(value, str):
-        value = expand_variables(value, where)
+    field = BY_KEY.get((section, key))
+    value = _expanded(value, field, where)
     if section == "model" and key == PRESET_KEY:
         return _preset(value, where)
-    field = BY_KEY.get((section, key))
     if field is None:
         if (section, key) in _DERIVED:
             raise SettingsError(f"{where} is not a setting: it comes from "
