@@ -213,3 +213,34 @@ def test_a_variable_in_a_number_or_bool_setting_is_refused_as_such(tmp_path, mon
     with pytest.raises(SettingsError, match=r"recipe.yaml line 2: \w+\.\w+: \$\{\.\.\.\} is "
                                             rf"expanded in string settings only; write {what}$"):
         recipes.read_recipe(_recipe(tmp_path, text))
+
+
+@pytest.mark.parametrize("text, message", [
+    ("model:\n  dropout: !foo 0.2\n", r"line 2: model.dropout: recipes take no YAML tag !foo; "),
+    ("model:\n  dropout: !!python/object:os.system x\n",
+     r"line 2: model.dropout: recipes take no YAML tag !!python/object:os.system; "),
+    ("batching:\n  buckets: !!set {16, 32}\n", r"line 2: batching.buckets: recipes take no YAML "
+                                               r"tag !!set; write a plain value"),
+    ("data:\n  src: !!timestamp 'abc'\n", r"line 2: data.src: recipes take no YAML tag "
+                                          r"!!timestamp"),
+    ("batching:\n  buckets: [16, !!binary AAAA]\n", r"line 2: batching.buckets: recipes take no "
+                                                     r"YAML tag !!binary"),
+    ("model:\n  d_model: !!int abc\n", r"line 2: model.d_model: YAML cannot build this value "
+                                       r"\(ValueError: .*'abc'\); write a plain value$"),
+    ("model:\n  share_embeddings: !!bool abc\n", r"line 2: model.share_embeddings: YAML cannot "
+                                                 r"build this value \(KeyError: 'abc'\)"),
+    ("batching:\n  buckets: !!seq abc\n", r"line 2: batching.buckets: YAML cannot build this "
+                                          r"value \(expected a sequence node"),
+    ("batching:\n  buckets: &b [16, *b]\n", r"line 2: batching.buckets: the value holds itself"),
+])
+def test_yaml_tags_and_values_yaml_cannot_build_name_the_line(tmp_path, text, message):
+    with pytest.raises(SettingsError, match=r"recipe.yaml " + message):
+        recipes.read_recipe(_recipe(tmp_path, text))
+
+
+def test_plain_tags_dates_and_anchors_still_read(tmp_path):
+    layer = recipes.read_recipe(_recipe(tmp_path, "data:\n  src: !!str 2020\n  tgt: 2020-01-01\n"
+                                                  "model:\n  dropout: &d 0.2\n"
+                                                  "  attention_dropout: *d\n"))
+    assert (layer["data"]["src"][0], layer["data"]["tgt"][0]) == ("2020", "2020-01-01")
+    assert layer["model"]["attention_dropout"][0] == 0.2

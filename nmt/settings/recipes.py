@@ -219,6 +219,13 @@ _FLOAT = re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
                        |\.(?:nan|NaN|NAN))$""", re.X)  # YAML 1.2's floats, `1e-9` among them
 
 
+# YAML 1.1 types that YAML 1.2 dropped: a plain `2020-01-01` or `=` is a string to the loader.
+_NOT_IMPLIED = {f"tag:yaml.org,2002:{name}" for name in ("timestamp", "value", "yaml")}
+# The tags a recipe's value may have, written or implied: plain scalars, lists and mappings.
+_PLAIN_TAGS = {f"tag:yaml.org,2002:{name}"
+               for name in ("str", "int", "float", "bool", "null", "seq", "map")}
+
+
 @functools.cache
 def _loader():
     """YAML 1.1 with YAML 1.2's floats: `1e-9` is a number, not the string PyYAML makes it.
@@ -226,7 +233,9 @@ def _loader():
     import yaml
 
     class Loader(yaml.SafeLoader):
-        pass
+        yaml_implicit_resolvers = {
+            first: [(tag, pattern) for tag, pattern in resolvers if tag not in _NOT_IMPLIED]
+            for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
 
     Loader.add_implicit_resolver("tag:yaml.org,2002:float", _FLOAT, list("-+0123456789."))
     return Loader
@@ -379,9 +388,43 @@ def _read_yaml(path: Path, text: str) -> Layer:
             where = f"{path} line {line}: {written}.{key}"
             if key in layer[section]:
                 raise SettingsError(f"{where} is given twice; keep one")
-            value = construct(value_node, deep=True)
+            value = _constructed(construct, value_node, where)
             layer[section][key] = (_yaml_value(section, key, value, where), where)
     return layer
+
+
+def _constructed(construct: Callable, node, where: str) -> Any:
+    """The value of `node`; SettingsError for a tag other than plain YAML's (`!!set`,
+    `!!python/...`) or a value its tag cannot build (`!!int abc`), which PyYAML raises as
+    anything from ValueError to AttributeError."""
+    import yaml
+
+    _check_tags(node, where, ())
+    try:
+        return construct(node, deep=True)
+    except (yaml.YAMLError, ValueError, TypeError, LookupError) as err:
+        problem = getattr(err, "problem", None) or f"{type(err).__name__}: {err}"
+        raise SettingsError(f"{where}: YAML cannot build this value ({problem}); write a plain "
+                            "value") from None
+
+
+def _check_tags(node, where: str, within: tuple) -> None:
+    """SettingsError for a tag in `node`'s tree that is not plain YAML's, or an alias to a
+    list or mapping that holds it (`within`: the nodes around this one)."""
+    import yaml
+
+    if node.tag not in _PLAIN_TAGS:
+        tag = node.tag.replace("tag:yaml.org,2002:", "!!")
+        raise SettingsError(f"{where}: recipes take no YAML tag {tag}; write a plain value (a "
+                            "string, number, true or false, or list)")
+    if any(node is outer for outer in within):
+        raise SettingsError(f"{where}: the value holds itself (an alias to its own anchor); "
+                            "write the value out")
+    children = (node.value if isinstance(node, yaml.SequenceNode) else
+                [n for pair in node.value for n in pair] if isinstance(node, yaml.MappingNode)
+                else [])
+    for child in children:
+        _check_tags(child, where, (*within, node))
 
 
 def _key(node, where: str) -> tuple[str, int]:
