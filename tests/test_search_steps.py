@@ -189,3 +189,28 @@ def test_sampling_at_a_low_temperature_follows_the_likeliest_token_and_top_k_bou
     for row in drawn:
         ends = np.flatnonzero(row == EOS)
         assert len(ends) == 1 and (row[ends[0] + 1:] == PAD).all() and (row[:ends[0]] != PAD).all()
+
+
+def test_no_temperature_lets_a_banned_token_be_drawn():
+    """Banned tokens stay banned at any temperature: 1e9 must not lift their NEG_INF to the
+    others' level, and 1e-39 (every score / T overflowing) must still follow greedy, not
+    draw token 0 (PAD)."""
+    limit = 6
+    table = random_table(4, limit)
+    rows = 64
+
+    def run(strategy, seed):
+        state = greedy_state(History.empty(rows, limit), rows, limit, IDS)
+        done = greedy_steps(prefix_step(table), state, strategy, IDS,
+                            jnp.full((rows,), limit), limit, jnp.int32(0), jax.random.key(seed))
+        return greedy_outputs(done, PAD, 1)
+
+    greedy = run(Greedy(), 0)[0][:, 0]
+    tiny_t, tiny_scores, _ = run(Sample(temperature=1e-39), 1)
+    assert (tiny_t[:, 0] == greedy).all() and (tiny_scores > -100).all()
+    for seed in range(3):
+        tokens, scores, _ = run(Sample(temperature=1e9, min_len=2), seed)
+        assert (scores > -1000).all()
+        for row in tokens[:, 0]:
+            ends = np.flatnonzero(row == EOS)
+            assert len(ends) == 1 and ends[0] >= 1 and not np.isin(row[:ends[0]], [PAD, BOS]).any()

@@ -89,11 +89,15 @@ def _choose(strategy: Greedy | Sample, logits: Array, normalizer: Array, step: A
 
 def _draw(logprobs: Array, strategy: Sample, keys: Array) -> Array:
     """One token per row from softmax(logprobs / temperature), among the top k if k > 0,
-    each row drawn with its own key (keys [batch])."""
-    scaled = logprobs / strategy.temperature
+    each row drawn with its own key (keys [batch]). Banned tokens (`allowed_scores`) stay
+    at -inf whatever the temperature: dividing their NEG_INF by a large one would let them be
+    drawn. Scores are scaled from the row's best, which a tiny temperature keeps at 0."""
+    banned = logprobs <= NEG_INF / 2
+    best = jnp.max(jnp.where(banned, -jnp.inf, logprobs), axis=-1, keepdims=True)
+    scaled = jnp.where(banned, -jnp.inf, (logprobs - best) / strategy.temperature)
     if strategy.top_k > 0:
         kth_best = jax.lax.top_k(scaled, strategy.top_k)[0][:, -1:]
-        scaled = jnp.where(scaled < kth_best, NEG_INF, scaled)
+        scaled = jnp.where(scaled < kth_best, -jnp.inf, scaled)
     return jax.vmap(jax.random.categorical)(keys, scaled).astype(jnp.int32)
 
 
