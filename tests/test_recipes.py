@@ -244,3 +244,17 @@ def test_plain_tags_dates_and_anchors_still_read(tmp_path):
                                                   "  attention_dropout: *d\n"))
     assert (layer["data"]["src"][0], layer["data"]["tgt"][0]) == ("2020", "2020-01-01")
     assert layer["model"]["attention_dropout"][0] == 0.2
+
+
+def test_yaml_reads_integers_as_yaml_1_2_does(tmp_path):
+    layer = recipes.read_recipe(_recipe(tmp_path, "trainer:\n  eval_every: 010\n  log_every: 0o10\n"
+                                                  "  save_every: 0x10\n  keep_last: 1_0\n"))
+    assert {key: value for key, (value, _) in layer["trainer"].items()} == {
+        "eval_every": 10, "log_every": 8, "save_every": 16, "keep_last": 10}
+    # YAML 1.1's base 60 is a string, which an integer setting refuses.
+    with pytest.raises(SettingsError, match=r"line 2: trainer.max_steps must be an integer, got "
+                                            r"\"1:30\"$"):
+        recipes.read_recipe(_recipe(tmp_path, "trainer:\n  max_steps: 1:30\n"))
+    # And a string that reads as a number is written in quotes.
+    run = recipes.run_from_flat(output_dir="0o10", max_steps=5)
+    assert "output_dir: '0o10'" in recipes.dump(run)

@@ -217,10 +217,16 @@ _FLOAT = re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
                        |\.[0-9_]+(?:[eE][-+]?[0-9]+)?
                        |[-+]?\.(?:inf|Inf|INF)
                        |\.(?:nan|NaN|NAN))$""", re.X)  # YAML 1.2's floats, `1e-9` among them
+# YAML 1.2's integers (with 1.1's digit separators): `010` is 10, not 1.1's octal 8, and
+# `1:30` is a string, not 1.1's base-60 90.
+_INT = re.compile(r"^(?:[-+]?[0-9][0-9_]*|0o[0-7]+|0x[0-9a-fA-F]+)$")
+_NUMBER_STARTS = list("-+0123456789.")
 
 
-# YAML 1.1 types that YAML 1.2 dropped: a plain `2020-01-01` or `=` is a string to the loader.
-_NOT_IMPLIED = {f"tag:yaml.org,2002:{name}" for name in ("timestamp", "value", "yaml")}
+# YAML 1.1's forms that the loader does not read: types YAML 1.2 dropped (a plain
+# `2020-01-01` or `=` is a string) and 1.1's numbers, which `_INT` and `_FLOAT` replace.
+_NOT_IMPLIED = {f"tag:yaml.org,2002:{name}"
+                for name in ("timestamp", "value", "yaml", "int", "float")}
 # The tags a recipe's value may have, written or implied: plain scalars, lists and mappings.
 _PLAIN_TAGS = {f"tag:yaml.org,2002:{name}"
                for name in ("str", "int", "float", "bool", "null", "seq", "map")}
@@ -228,8 +234,9 @@ _PLAIN_TAGS = {f"tag:yaml.org,2002:{name}"
 
 @functools.cache
 def _loader():
-    """YAML 1.1 with YAML 1.2's floats: `1e-9` is a number, not the string PyYAML makes it.
-    Made at first use: translate.py's flags come from this module, and need no YAML."""
+    """YAML 1.1 with YAML 1.2's numbers: `1e-9` is a number, not the string PyYAML makes it,
+    and `010` is 10. Made at first use: translate.py's flags come from this module, and need
+    no YAML."""
     import yaml
 
     class Loader(yaml.SafeLoader):
@@ -237,20 +244,32 @@ def _loader():
             first: [(tag, pattern) for tag, pattern in resolvers if tag not in _NOT_IMPLIED]
             for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
 
-    Loader.add_implicit_resolver("tag:yaml.org,2002:float", _FLOAT, list("-+0123456789."))
+    Loader.add_implicit_resolver("tag:yaml.org,2002:int", _INT, _NUMBER_STARTS)
+    Loader.add_implicit_resolver("tag:yaml.org,2002:float", _FLOAT, _NUMBER_STARTS)
+    Loader.add_constructor("tag:yaml.org,2002:int", _construct_int)
     return Loader
+
+
+def _construct_int(loader, node) -> int:
+    """An integer as YAML 1.2 reads it (`!!int 1:30` is a ValueError, which `_constructed`
+    names): decimal, 0o octal or 0x hexadecimal."""
+    text = loader.construct_scalar(node).replace("_", "")
+    digits = text.lstrip("+-")
+    base = {"0o": 8, "0x": 16}.get(digits[:2], 10)
+    return (-1 if text.startswith("-") else 1) * int(digits, base)
 
 
 @functools.cache
 def _dumper():
-    """A dumper that knows the loader's floats, so that it quotes a string such as "1e3" (a
-    directory's name), which `_loader` would otherwise read back as a number."""
+    """A dumper that knows the loader's numbers, so that it quotes a string such as "1e3" or
+    "0o10" (a directory's name), which `_loader` would otherwise read back as a number."""
     import yaml
 
     class Dumper(yaml.SafeDumper):
         pass
 
-    Dumper.add_implicit_resolver("tag:yaml.org,2002:float", _FLOAT, list("-+0123456789."))
+    Dumper.add_implicit_resolver("tag:yaml.org,2002:int", _INT, _NUMBER_STARTS)
+    Dumper.add_implicit_resolver("tag:yaml.org,2002:float", _FLOAT, _NUMBER_STARTS)
     return Dumper
 
 
