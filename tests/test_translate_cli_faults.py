@@ -396,6 +396,13 @@ def test_both_sides_of_a_test_set_from_stdin_are_refused(capsys, no_model):
                                     "both read standard input; give one of them as a file.")
 
 
+def test_a_second_reference_file_is_refused_not_dropped(capsys, no_model):
+    status, line = _main(translate_cli.main, ["--model", "m", "--evaluate", "--src-file", "s",
+                                              "--ref-file", "r1", "--ref-file", "r2"], capsys)
+    assert status == 2 and line.startswith("translate.py: error: --ref-file is given twice "
+                                           "(r1, r2)")
+
+
 def test_a_test_file_from_stdin_is_refused(capsys, no_model):
     """Its format comes from its suffix, so "-" would be read as a file of that name."""
     status, line = _main(translate_cli.main, ["--model", "m", "--evaluate", "--test-file", "-",

@@ -221,12 +221,23 @@ def _add_plot_flags(plot) -> None:
                       help="one head, 0-based (default: mean over heads)")
 
 
+class _OneReference(argparse.Action):
+    """--ref-file given twice is refused: sacrebleu users would read it as two references,
+    and argparse would silently score against the last one only."""
+
+    def __call__(self, parser, namespace, value, option_string=None) -> None:
+        if getattr(namespace, self.dest, None) is not None:
+            parser.error(f"--ref-file is given twice ({getattr(namespace, self.dest)}, {value}); "
+                         "scores use one reference file: give one")
+        setattr(namespace, self.dest, value)
+
+
 def _add_evaluation_flags(ev) -> None:
     ev.add_argument("--evaluate", action="store_true",
                     help="translate a test set and print BLEU and chrF")
     ev.add_argument("--src-file", help="source sentences, one per line (- = stdin)")
-    ev.add_argument("--ref-file", help="reference translations, aligned with --src-file "
-                                       "(- = stdin)")
+    ev.add_argument("--ref-file", action=_OneReference,
+                    help="reference translations, aligned with --src-file (- = stdin)")
     ev.add_argument("--test-prefix", help="read PREFIX.SRC and PREFIX.TGT")
     ev.add_argument("--test-file", help="pairs as .tsv, .jsonl or .parquet (every pair "
                                         "scored, empty ones too)")
