@@ -478,6 +478,18 @@ def test_r_drop_without_dropout_is_warned_of_before_training(tmp_path, capsys):
     assert "--rdrop" not in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("schedule", ["inverse_sqrt", "noam"])
+def test_a_warm_up_as_long_as_the_run_is_warned_of_at_start(tmp_path, capsys, schedule):
+    missing = ["--train-prefix", str(tmp_path / "none"), "--output-dir", str(tmp_path / "run"),
+               "--schedule", schedule, "--max-steps", "3"]
+    assert train_cli.main([*missing, "--warmup", "100000"]) == 2
+    err = capsys.readouterr().err
+    assert (f"--warmup 100000 is not below --max-steps 3: the {schedule} learning rate warms up "
+            "for the whole run, reaching 3/100000 of its peak at the last step") in err, err
+    assert train_cli.main([*missing, "--warmup", "2"]) == 2
+    assert "--warmup" not in capsys.readouterr().err
+
+
 def test_a_bleu_tokenizer_that_cannot_run_fails_before_training(tmp_path, capsys,
                                                                monkeypatch):
     mecab = pytest.importorskip("sacrebleu.tokenizers.tokenizer_ja_mecab")

@@ -212,6 +212,18 @@ class RunConfig:
                                 f"be above --warmup {optimizer.warmup_steps}; raise it or set "
                                 f"--decay-steps.")
 
+    def warmup_warning(self) -> str | None:
+        """Why the learning rate never reaches its peak, a warm-up as long as the run; a
+        warning, not a refusal: a smoke run may keep its recipe's warm-up. None when it does."""
+        optimizer, max_steps = self.optimizer, self.trainer.max_steps
+        fitted = optimizer.schedule == "linear" and optimizer.decay_steps is None  # refused above
+        if fitted or not max_steps or optimizer.warmup_steps < max_steps:
+            return None
+        return (f"--warmup {optimizer.warmup_steps} is not below --max-steps {max_steps}: the "
+                f"{optimizer.schedule} learning rate warms up for the whole run, reaching "
+                f"{max_steps}/{optimizer.warmup_steps} of its peak at the last step; lower "
+                "--warmup unless this is a short test")
+
     # ------------------------------------------------------------------ derived values
 
     def model_for(self, tokenizer) -> ModelConfig:

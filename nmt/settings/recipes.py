@@ -29,6 +29,7 @@ import dataclasses
 import difflib
 import functools
 import json
+import logging
 import os
 import re
 import types
@@ -48,6 +49,8 @@ DEFAULTS_FILE = Path(__file__).with_name("defaults.yaml")
 PROJECT_DIR = Path(__file__).resolve().parents[2]
 RECIPES_DIR = PROJECT_DIR / "configs"  # the shipped recipes, found by name
 PRESET_KEY = derived.PRESET_KEY  # in the model section: the preset its other keys change
+
+log = logging.getLogger("train.py")
 
 
 # ----------------------------------------------------------------------------- fields
@@ -752,6 +755,8 @@ def resolve(defaults_layer: Layer, *layers: Layer) -> RunConfig:
     asked = merge(*layers)  # the defaults do not count
     run = build(defaults_layer, *layers, *derived.implied_layers(asked))
     _check_schedule_settings(run, asked, merge(defaults_layer))
+    if warning := run.warmup_warning():
+        log.warning(warning)
     if run.trainer.init_from and PRESET_KEY not in asked["model"]:
         # The run is named after the preset of the model's architecture, where one has it.
         run = dataclasses.replace(
