@@ -563,7 +563,27 @@ def test_a_recipes_preset_named_again_keeps_the_recipes_model_settings():
     recipe = ["--config", str(REPO / "configs" / "multi30k_cpu.yaml")]
     assert train_cli.resolve(recipe)[0].model.dropout == 0.1
     assert train_cli.resolve([*recipe, "--preset", "compact"])[0].model.dropout == 0.1
-    assert train_cli.resolve([*recipe, "--preset", "small"])[0].model == recipes.PRESETS["small"]
+
+
+def test_another_preset_keeps_the_recipes_numerics_and_names_what_it_replaces(tmp_path, caplog):
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("model:\n  preset: small\n  dropout: 0.3\n  d_model: 512\n"
+                      "  dtype: bfloat16\n  activation_dtype: float32\n")
+    with caplog.at_level("WARNING", logger="train.py"):
+        model = train_cli.resolve(["--config", str(recipe), "--preset", "tiny"])[0].model
+    assert model == dataclasses.replace(recipes.PRESETS["tiny"], dtype="bfloat16",
+                                        activation_dtype="float32")
+    assert [r.getMessage() for r in caplog.records] == [
+        f"--preset tiny replaces the recipe's model settings dropout=0.3, d_model=512 ({recipe} "
+        "lines 3, 4); give them as flags to keep them"]
+    caplog.clear()  # a flag beside the preset is kept, and a preset named again replaces nothing
+    with caplog.at_level("WARNING", logger="train.py"):
+        flags = ["--config", str(recipe), "--preset", "tiny", "--dropout", "0.2"]
+        assert train_cli.resolve(flags)[0].model.dropout == 0.2
+        again = ["--config", str(recipe), "--preset", "small"]
+        assert train_cli.resolve(again)[0].model.d_model == 512
+    assert [r.getMessage().split(" (")[0] for r in caplog.records] == [
+        "--preset tiny replaces the recipe's model settings d_model=512"]
 
 
 def test_an_error_names_the_users_settings_not_the_defaults(capsys):

@@ -538,15 +538,32 @@ SOURCE_KEYS = (("train_prefix", "train_file", "dataset", "builtin"),
 _GOES_WITH = {"dataset": ("dataset_config",)}  # a source's key -> those that go with it
 
 
+# Model settings that are the run's numerics, not the model's shape: they carry over to a
+# preset that a later layer names (a recipe's dtype: bfloat16 under --preset big).
+NUMERICS = ("dtype", "activation_dtype", "attention_impl")
+
+
 def merge(*layers: Layer) -> Layer:
     """One layer of `layers`, later ones winning. A layer that names a preset starts the
-    model afresh: model keys of earlier layers do not carry over to another preset, nor those
-    of the defaults (`defaults`) to any preset named. A layer that names a split's source
-    (`SOURCE_KEYS`) drops the other sources of that split that earlier layers named."""
-    merged = _empty()
+    model from it: model keys of earlier layers but `NUMERICS` do not carry over to another
+    preset, nor those of the defaults (`defaults`) to any preset named. A layer that names a
+    split's source (`SOURCE_KEYS`) drops the other sources of that split that earlier layers
+    named."""
+    return _merged(layers)[0]
+
+
+def _merged(layers: Iterable[Layer]) -> tuple[Layer, list[tuple[str, dict[str, tuple]]]]:
+    """`merge`'s layer, and for each preset that replaced model keys given by an earlier
+    layer (not the defaults) and not by its own: the preset's origin and those keys."""
+    merged, replaced = _empty(), []
     for layer in layers:
         if PRESET_KEY in layer["model"] and _starts_the_model(layer, merged):
-            merged["model"] = {}
+            model = merged["model"]
+            given = {key: value for key, value in model.items()
+                     if key not in (*layer["model"], *NUMERICS) and value[1] != "default"}
+            if given:
+                replaced.append((layer["model"][PRESET_KEY][1], given))
+            merged["model"] = {key: value for key, value in model.items() if key in NUMERICS}
         for keys in SOURCE_KEYS:
             if any(layer["data"].get(key, (None,))[0] for key in keys):
                 for key in keys:
@@ -554,7 +571,26 @@ def merge(*layers: Layer) -> Layer:
                         merged["data"].pop(name, None)
         for section, values in layer.items():
             merged[section].update(values)
-    return merged
+    return merged, replaced
+
+
+def _warn_of_replaced_model_keys(layers: Iterable[Layer]) -> None:
+    """A warning naming the model keys a preset flag replaced: they are not silently lost."""
+    for preset, given in _merged(layers)[1]:
+        values = ", ".join(f"{key}={value}" for key, (value, _) in given.items())
+        places = _places([origin for _, origin in given.values()])
+        log.warning("%s replaces the recipe's model settings %s (%s); give them as flags to "
+                    "keep them", preset, values, places)
+
+
+def _places(origins: list[str]) -> str:
+    """"recipe.yaml lines 3, 4" for lines of one recipe (`_read_yaml`'s origins), else the
+    origins as they are."""
+    found = [re.fullmatch(r"(.*) line (\d+): \S+", origin) for origin in origins]
+    if not all(found) or len({match.group(1) for match in found}) > 1:
+        return "; ".join(origins)
+    lines = ", ".join(match.group(2) for match in found)
+    return f"{found[0].group(1)} line{'s' * (len(found) > 1)} {lines}"
 
 
 def _starts_the_model(layer: Layer, merged: Layer) -> bool:
@@ -612,7 +648,9 @@ def add_flags(parser: argparse.ArgumentParser, defaults_layer: Layer | None = No
             preset = shown["model"].get(PRESET_KEY, ("small",))[0]
             group.add_argument("--preset", choices=sorted(PRESETS), default=None,
                                help=f"model size (default {preset}); the model flags below "
-                                    "change it")
+                                    "change it; one other than the recipe's replaces the "
+                                    f"recipe's model settings but {', '.join(NUMERICS)} (a "
+                                    "warning names those replaced)")
         add_section_flags(group, section, shown=shown[section],
                           default_note=_model_default(preset, shown["model"])
                           if section == "model" else None)
@@ -753,6 +791,7 @@ def resolve(defaults_layer: Layer, *layers: Layer) -> RunConfig:
     name imply (`nmt.settings.derived`: --init-from's architecture, --spm-model's vocabulary).
     train.py's flags and `load` both build their settings here."""
     asked = merge(*layers)  # the defaults do not count
+    _warn_of_replaced_model_keys(layers)
     run = build(defaults_layer, *layers, *derived.implied_layers(asked))
     _check_schedule_settings(run, asked, merge(defaults_layer))
     if warning := run.warmup_warning():
