@@ -10,7 +10,9 @@ Exports the model to CTranslate2 into a temporary folder, then, on the same sent
   CTranslate2 at each --compute-types (default float32 and int8 on the CPU, float16 and
   int8_float16 on a GPU): seconds and sentences/s after one warm-up pass (compilation not
   counted), sacreBLEU BLEU and chrF beside each, and for greedy how many outputs are
-  identical to ours token for token;
+  identical to ours token for token; every system searches the sentences as translate.py
+  --engine ctranslate2 does: cut to the model's positions, each under its own output limit
+  (the search's a * source length + b, --max-len-a and --max-len-b where given);
 - with transformers and torch installed (CPU only), greedy agreement of transformers'
   `generate` on the MarianMT export;
 - with --end-to-end, what a user waits for, each a new process, start to exit:
@@ -48,8 +50,9 @@ from bench.common import (
     test_set_parser,
     user_environment,
 )
+from nmt.models.translations import CallSources
 from nmt.runtime import allocator
-from transformer.config import BEAM_RULES
+from transformer.config import BEAM_RULES, ModelConfig, SearchConfig
 
 COMPUTE_TYPES = {"cpu": ("float32", "int8"), "cuda": ("float16", "int8_float16")}
 SHELL_SENTENCE = "A man in a blue shirt is standing on a ladder cleaning windows."
@@ -163,15 +166,16 @@ def main() -> None:
                    beam_rules=search.beam_rules, max_len_a=search.max_len_a,
                    max_len_b=search.max_len_b, searches=searches)
 
+    work = EngineWork.of(sources, tokenizer, values["model"], greedy)
     with tempfile.TemporaryDirectory() as tmp:
         exported = ctranslate2_export(args.model, Path(tmp))
         if exported is None:
             emit({"system": "ctranslate2", "skipped": "ctranslate2 is not installed", **common})
-        elif not compare_ctranslate2(args, exported, sources, tokenizer, values, ours, report):
+        elif not compare_ctranslate2(args, exported, work, tokenizer, values, ours, report):
             exported = None  # it cannot run on this device: nothing to time end to end either
         if args.device == "cpu":
-            marian_greedy_agreement(args, sources, ours["greedy"], decoding_length(values),
-                                    common, Path(tmp))
+            marian_greedy_agreement(args, work, ours["greedy"], values["model"], common,
+                                    Path(tmp))
         if args.end_to_end:  # the commands read the pairs timed in process (--limit's)
             prefix = write_test_set(Path(tmp) / "test", args, sources, references)
             end_to_end(argparse.Namespace(**{**vars(args), "test_prefix": prefix}), exported,
@@ -184,6 +188,30 @@ def write_test_set(prefix: Path, args, sources: list[str], references: list[str]
         Path(f"{prefix}.{lang}").write_text("".join(line + "\n" for line in lines),
                                             encoding="utf-8")
     return str(prefix)
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineWork:
+    """The sentences as `translate.py --engine ctranslate2` searches them, for the other
+    systems to search alike: each one's ids cut to the model's positions (`CallSources`, with
+    the same warning), its output limit in tokens, EOS included (the search's a * source
+    length + b, capped at the model's positions), and the groups of sentences that share a
+    limit. Empty sentences and limits of one token (EOS at once) translate to nothing."""
+
+    ids: list[list[int]]
+    groups: list[tuple[int, list[int]]]  # (limit, indices of its sentences), shortest first
+
+    @classmethod
+    def of(cls, sources: list[str], tokenizer, model: ModelConfig, search: SearchConfig
+           ) -> EngineWork:
+        call = CallSources.of(sources, tokenizer, model.max_len - 1, 1, None, None, 1,
+                              "test set", None)
+        groups: dict[int, list[int]] = {}
+        for i in call.todo:
+            limit = search.max_output_len(len(call.ids[i]) + 1, model.max_len)
+            if limit > 1:
+                groups.setdefault(limit, []).append(i)
+        return cls(call.ids, sorted(groups.items()))
 
 
 def decoding_length(values) -> int:
@@ -215,16 +243,17 @@ def ctranslate2_export(model_path: str, tmp: Path) -> Path | None:
     return export_ctranslate2(model_path, tmp / "ct2", "float32")
 
 
-def compare_ctranslate2(args, exported: Path, sources, tokenizer, values, ours, report) -> bool:
-    """CTranslate2 at each compute type (converted when loading): beam and greedy. False, after
-    one 'unavailable' record, when this build cannot run on the device (a CUDA 12 build on a
-    CUDA 13 machine fails at its first call, not at import)."""
+def compare_ctranslate2(args, exported: Path, work: EngineWork, tokenizer, values, ours,
+                        report) -> bool:
+    """CTranslate2 at each compute type (converted when loading): beam and greedy, on `work`.
+    False, after one 'unavailable' record, when this build cannot run on the device (a CUDA 12
+    build on a CUDA 13 machine fails at its first call, not at import)."""
     import ctranslate2
 
     if args.device == "cuda" and not ctranslate2_runs_on_cuda(exported):
         return False
 
-    pieces = [tokenizer.pieces(ids) for ids in tokenizer.encode(sources)]
+    pieces = [tokenizer.pieces(ids) for ids in work.ids]
     suppress = [[tokenizer.processor.id_to_piece(values["model"].pad_id)],
                 [tokenizer.processor.id_to_piece(values["model"].bos_id)]]
     alpha = values["search"].alpha
@@ -235,10 +264,9 @@ def compare_ctranslate2(args, exported: Path, sources, tokenizer, values, ours, 
                                      inter_threads=inter, intra_threads=intra)
 
         def run(beam: int, ct2=ct2):
-            results = ct2.translate_batch(
-                pieces, beam_size=beam, length_penalty=alpha, max_batch_size=args.batch_sentences,
-                suppress_sequences=suppress, max_decoding_length=decoding_length(values))
-            return [r.hypotheses[0] for r in results]
+            return ctranslate2_best(ct2, work, pieces, beam_size=beam, length_penalty=alpha,
+                                    max_batch_size=args.batch_sentences,
+                                    suppress_sequences=suppress)
 
         for mode, beam in ((f"beam {args.beam}", args.beam), ("greedy", 1)):
             hypotheses, seconds = timed(run, beam)
@@ -250,6 +278,22 @@ def compare_ctranslate2(args, exported: Path, sources, tokenizer, values, ours, 
                    [tokenizer.processor.decode_pieces(h) for h in hypotheses], seconds,
                    inter_threads=inter, intra_threads=intra, **extra)
     return True
+
+
+def ctranslate2_best(ct2, work: EngineWork, pieces: list[list[str]], **options
+                     ) -> list[list[str]]:
+    """CTranslate2's best hypothesis (pieces, no EOS) of each sentence: each group of `work`
+    under its own limit (max_decoding_length does not count EOS), all groups submitted at
+    once, as the engine submits them, so that the threads stay busy."""
+    submitted = [(rows, ct2.translate_batch([pieces[i] for i in rows], asynchronous=True,
+                                            max_decoding_length=limit - 1,
+                                            max_input_length=0, **options))
+                 for limit, rows in work.groups]
+    best: list[list[str]] = [[] for _ in pieces]
+    for rows, results in submitted:
+        for i, result in zip(rows, results):
+            best[i] = result.result().hypotheses[0]
+    return best
 
 
 def ctranslate2_runs_on_cuda(exported: Path) -> bool:
@@ -266,9 +310,10 @@ def ctranslate2_runs_on_cuda(exported: Path) -> bool:
     return True
 
 
-def marian_greedy_agreement(args, sources, our_greedy, max_new_tokens: int, common, tmp: Path
-                            ) -> None:
-    """Greedy outputs of transformers' generate on the MarianMT export against ours."""
+def marian_greedy_agreement(args, work: EngineWork, our_greedy, model_config: ModelConfig,
+                            common, tmp: Path) -> None:
+    """Greedy outputs of transformers' generate on the MarianMT export against ours, on
+    `work` (its ids are the export's: vocab.json maps each piece to our id)."""
     try:
         import torch
         import transformers
@@ -277,23 +322,26 @@ def marian_greedy_agreement(args, sources, our_greedy, max_new_tokens: int, comm
         return
     from nmt.convert.marian import export_marian
 
-    out = export_marian(args.model, tmp / "marian")
-    model = transformers.MarianMTModel.from_pretrained(out).eval()
-    tokenizer = transformers.MarianTokenizer.from_pretrained(out)
+    model = transformers.MarianMTModel.from_pretrained(export_marian(args.model, tmp / "marian"))
+    model.eval()
     torch.set_num_threads(args.threads)
-    same = 0
-    for start in range(0, len(sources), 32):
-        batch = tokenizer(sources[start:start + 32], return_tensors="pt", padding=True)
-        with torch.no_grad():
-            generated = model.generate(**batch, num_beams=1, do_sample=False,
-                                       max_new_tokens=max_new_tokens)
-        for row, ours in zip(generated.tolist(), our_greedy[start:start + 32]):
-            ids = row[1:]
-            eos = model.config.eos_token_id
-            ids = ids[: ids.index(eos)] if eos in ids else ids
-            same += ids == list(ours)
+    eos, pad = model_config.eos_id, model_config.pad_id
+    outputs: list[list[int]] = [[] for _ in work.ids]  # empty where `work` searches nothing
+    for limit, rows in work.groups:
+        for start in range(0, len(rows), 32):
+            chunk = rows[start:start + 32]
+            sources = [work.ids[i] + [eos] for i in chunk]
+            width = max(map(len, sources))
+            ids = torch.tensor([row + [pad] * (width - len(row)) for row in sources])
+            with torch.no_grad():
+                generated = model.generate(input_ids=ids, attention_mask=ids != pad,
+                                           num_beams=1, do_sample=False,
+                                           max_new_tokens=limit)  # EOS forced there, as ours
+            for row, i in zip(generated.tolist(), chunk):
+                outputs[i] = row[1:row.index(eos)] if eos in row[1:] else row[1:]
+    same = sum(out == list(ours) for out, ours in zip(outputs, our_greedy))
     emit({"system": "transformers", "search": "greedy", "greedy_identical": same,
-          "of": len(sources), **common})
+          "of": len(work.ids), **common})
 
 
 def wall(command: list[str], env: dict[str, str], stdin: str | None = None
