@@ -299,8 +299,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-len", type=int, default=128,
                         help="drop pairs longer than this (--max-tokens-per-sentence)")
     parser.add_argument("--pack-widths", type=lambda s: [int(w) for w in s.split(",")],
-                        default=[64, 128], help="packed row widths to compare, e.g. 64,128 "
-                                                "(each at least --max-len keeps pairs whole)")
+                        help="packed row widths to compare, e.g. 64,128, each at least "
+                             "--max-len, so that rows hold every pair kept (default: --max-len "
+                             "and twice it)")
     parser.add_argument("--max-batches", type=int, default=2000,
                         help="time at most this many batches")
     parser.add_argument("--scale", type=int, action="append", default=[],
@@ -318,6 +319,8 @@ def main(argv: list[str] | None = None) -> None:
             print(json.dumps(bench_scale(n_pairs, args, directory)), flush=True)
     if args.scale:
         return
+    if args.pack_widths is None:
+        args.pack_widths = [args.max_len, 2 * args.max_len]
     too_narrow = [w for w in args.pack_widths if w < args.max_len]
     if too_narrow:
         parser.error(f"--pack-widths {too_narrow} narrower than --max-len {args.max_len}: "
