@@ -18,6 +18,7 @@ LayerNorm, embedding lookups, the loss and the optimizer are not counted.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import math
@@ -33,8 +34,11 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from data.config import DataError
 from data.lines import read_lines
+from nmt.models.model_files import ModelDirError
 from nmt.runtime import allocator
+from nmt.runtime.cli import EXIT_USAGE, OneLineParser, fail
 from transformer.config import ModelConfig
 
 REPO = Path(__file__).resolve().parents[1]
@@ -105,6 +109,24 @@ def _int_at_least(text: str, least: int) -> int:
     if value < least:
         raise argparse.ArgumentTypeError(f"{value} is below {least}")
     return value
+
+
+def bench_parser(description: str) -> argparse.ArgumentParser:
+    """A parser whose every refusal is one line naming the flag (exit status 2), as
+    translate.py's."""
+    return OneLineParser(description=description)
+
+
+@contextlib.contextmanager
+def usage_errors(parser: argparse.ArgumentParser, *also: type[Exception]):
+    """Within it, a model directory or data file that cannot be used (ModelDirError,
+    DataError: their messages name the path and what to do), or an error of the types `also`
+    (a config's ValueError naming the setting given), ends the command with one line and
+    exit status 2, not a traceback."""
+    try:
+        yield
+    except (ModelDirError, DataError, *also) as error:
+        fail(parser.prog, str(error), EXIT_USAGE)
 
 
 def test_set_parser(description: str) -> argparse.ArgumentParser:

@@ -24,30 +24,50 @@ import time
 import numpy as np
 from flax import nnx
 
-from bench.common import emit, environment, on_gpu, run_peer
+from bench.common import (
+    bench_parser,
+    emit,
+    environment,
+    on_gpu,
+    positive_int,
+    run_peer,
+    usage_errors,
+)
 from nmt.runtime import allocator
-from transformer.config import SearchConfig, get_preset
+from transformer.config import PRESETS, SearchConfig, get_preset
 from transformer.model import Transformer
 from transformer.search import search_with_state
 
+FIRST_WORD = 4  # the lowest id of the random sources: 0-3 are the special tokens
 
-def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--preset", default="base")
-    parser.add_argument("--vocab", type=int, default=8000)
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The flags, with `config`: the model they describe (one line and exit status 2 for
+    a value it cannot take)."""
+    parser = bench_parser(__doc__.split("\n\n")[0])
+    parser.add_argument("--preset", default="base", choices=sorted(PRESETS))
+    parser.add_argument("--vocab", type=positive_int, default=8000)
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    parser.add_argument("--batch", type=int, default=64)
-    parser.add_argument("--src-len", type=int, default=20)
-    parser.add_argument("--out-len", type=int, default=20)
-    parser.add_argument("--beams", type=int, nargs="+", default=[1, 4],
+    parser.add_argument("--batch", type=positive_int, default=64)
+    parser.add_argument("--src-len", type=positive_int, default=20)
+    parser.add_argument("--out-len", type=positive_int, default=20)
+    parser.add_argument("--beams", type=positive_int, nargs="+", default=[1, 4],
                         help="1 runs greedy search, k > 1 beam search")
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--repeats", type=positive_int, default=3)
+    parser.add_argument("--rounds", type=positive_int, default=1)
     parser.add_argument("--compare", action="store_true",
                         help="also run transformers generate() and CTranslate2 (float32 on a "
                              "CPU; on a GPU generate() in --dtype and CTranslate2 in float16)")
-    parser.add_argument("--threads", type=int, default=2, help="threads the peers may use")
-    return parser.parse_args()
+    parser.add_argument("--threads", type=positive_int, default=2,
+                        help="threads the peers may use")
+    args = parser.parse_args(argv)
+    if args.vocab <= FIRST_WORD:
+        parser.error(f"--vocab {args.vocab}: the random sources draw from ids {FIRST_WORD} "
+                     "and up (below are the special tokens); give more")
+    with usage_errors(parser, ValueError):  # the config names the setting it cannot take
+        args.config = get_preset(args.preset, vocab_size=args.vocab, dtype=args.dtype,
+                                 max_len=max(512, args.src_len, args.out_len))
+    return args
 
 
 def search_config(beam: int, out_len: int) -> SearchConfig:
@@ -100,12 +120,11 @@ def run_peers(args) -> list[dict]:
 
 def main() -> None:
     args = parse_args()
-    config = get_preset(args.preset, vocab_size=args.vocab, dtype=args.dtype,
-                        max_len=max(512, args.src_len, args.out_len))
+    config = args.config
     model = Transformer(config, rngs=nnx.Rngs(0))
     graphdef, state = nnx.split(model)
     rng = np.random.default_rng(2)
-    src = rng.integers(4, args.vocab, size=(args.batch, args.src_len)).astype(np.int32)
+    src = rng.integers(FIRST_WORD, args.vocab, size=(args.batch, args.src_len)).astype(np.int32)
     src[:, -1] = config.eos_id
     emit({"bench": "decode", **environment(), "preset": args.preset, "vocab": args.vocab,
           "dtype": args.dtype, "batch": args.batch, "src_len": args.src_len,
