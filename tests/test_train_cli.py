@@ -490,6 +490,8 @@ def test_a_warm_up_as_long_as_the_run_is_warned_of_at_start(tmp_path, capsys, sc
             "for the whole run, reaching 3/100000 of its peak at the last step") in err, err
     assert train_cli.main([*missing, "--warmup", "2"]) == 2
     assert "--warmup" not in capsys.readouterr().err
+    assert train_cli.main(missing) == 2  # train.py's default warm-up (200 steps): a smoke run
+    assert "--warmup" not in capsys.readouterr().err
 
 
 def test_a_bleu_tokenizer_that_cannot_run_fails_before_training(tmp_path, capsys,

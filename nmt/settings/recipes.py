@@ -794,7 +794,8 @@ def resolve(defaults_layer: Layer, *layers: Layer) -> RunConfig:
     _warn_of_replaced_model_keys(layers)
     run = build(defaults_layer, *layers, *derived.implied_layers(asked))
     _check_schedule_settings(run, asked, merge(defaults_layer))
-    if warning := run.warmup_warning():
+    # train.py's own warm-up suits its default run: a short run that keeps it is a test.
+    if "warmup_steps" in asked["optimizer"] and (warning := run.warmup_warning()):
         log.warning(warning)
     if run.trainer.init_from and PRESET_KEY not in asked["model"]:
         # The run is named after the preset of the model's architecture, where one has it.
