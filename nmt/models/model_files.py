@@ -11,7 +11,14 @@ import json
 from pathlib import Path
 from typing import Any
 
-from data.tokenizer import TokenizerBase, load_tokenizer, tokenizer_present
+from data.tokenizer import (
+    SPECIAL_TOKENS_FILE,
+    VOCAB_FILE,
+    TokenizerBase,
+    VocabTokenizer,
+    load_tokenizer,
+    tokenizer_present,
+)
 from transformer.config import ModelConfig, SearchConfig
 from transformer.shortlist import SHORTLIST_FILE, Shortlist
 
@@ -98,22 +105,51 @@ def check_tokenizer(model_dir: Path, config: ModelConfig, tokenizer: TokenizerBa
     special ids (a different one would crash mid-translation or translate nonsense), and the
     same files where config.json records their sha256 (`recorded`; older exports do not)."""
     conf = model_dir / CONFIG_FILE
-    tok = model_dir / next(iter(tokenizer.files()))
+    sizes, ids = _tokenizer_tables(model_dir, tokenizer)
     if tokenizer.vocab_size != config.vocab_size:
         raise ModelDirError(
-            f"{tok} has {tokenizer.vocab_size} pieces but {conf} describes a model with "
-            f"{config.vocab_size} (its embedding rows): the SentencePiece model is not the one "
-            "the model was trained with; copy the run's own spm.model into the directory.")
+            f"{sizes} has {tokenizer.vocab_size} pieces but {conf} describes a model with "
+            f"{config.vocab_size} (its embedding rows): the tokenizer is not the one the model "
+            f"was trained with; {_restore_tokenizer(tokenizer)}.")
     for name, value in tokenizer.special_ids().items():
         if getattr(config, name) != value:
             raise ModelDirError(
-                f"{tok} has {name} {value} but {conf} says {getattr(config, name)}: the "
-                "SentencePiece model is not the one the model was trained with.")
+                f"{ids} has {name} {value} but {conf} says {getattr(config, name)}: the "
+                f"tokenizer is not the one the model was trained with; "
+                f"{_restore_tokenizer(tokenizer)}.")
     if recorded is not None and tokenizer.sha256 != recorded:
-        raise ModelDirError(
-            f"{tok} is not the tokenizer the model was trained with: its sha256 differs from "
-            f"the one {conf} records ({TOKENIZER_SHA256}); copy the run's own spm.model "
-            "into the directory, or export the model again.")
+        raise ModelDirError(f"{_differs_from_record(model_dir, tokenizer)}; "
+                            f"{_restore_tokenizer(tokenizer)}.")
+
+
+def _differs_from_record(model_dir: Path, tokenizer: TokenizerBase) -> str:
+    """What differs when the tokenizer's sha256 is not config.json's: one sha256 covers all
+    its files (`TokenizerBase.sha256`), so the file at fault is only known if there is one."""
+    conf, names = model_dir / CONFIG_FILE, list(tokenizer.files())
+    if len(names) == 1:
+        return (f"{model_dir / names[0]} is not the tokenizer the model was trained with: its "
+                f"sha256 differs from the one {conf} records ({TOKENIZER_SHA256})")
+    return (f"the tokenizer files ({', '.join(names)}) in {model_dir} differ from those "
+            f"recorded in {conf} ({TOKENIZER_SHA256}): the tokenizer is not the one the model "
+            "was trained with")
+
+
+def _tokenizer_tables(model_dir: Path, tokenizer: TokenizerBase) -> tuple[str, str]:
+    """(the file that gives the tokenizer's size, the files that give its special ids)."""
+    if isinstance(tokenizer, VocabTokenizer):  # Marian's layout: the table, not the models
+        return (str(model_dir / VOCAB_FILE),
+                f"{model_dir / VOCAB_FILE} with {model_dir / SPECIAL_TOKENS_FILE}")
+    first = str(model_dir / next(iter(tokenizer.files())))
+    return first, first
+
+
+def _restore_tokenizer(tokenizer: TokenizerBase) -> str:
+    """What to do about a model directory's tokenizer files that are not the model's."""
+    if isinstance(tokenizer, VocabTokenizer):
+        return (f"restore {', '.join(tokenizer.files())} from the model this one was converted "
+                "or exported from, or convert (python -m nmt.convert from-marian) or export "
+                "the model again")
+    return f"copy the run's own {TOKENIZER_FILE} into the directory, or export the model again"
 
 
 def resolve_model_dir(path: str | Path) -> Path:

@@ -1,0 +1,78 @@
+"""A model directory's files checked before the parameters are read (nmt.models.model_files):
+each fault is named by its file, with what to do about it."""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+
+import pytest
+import sentencepiece as spm
+from translate_model import sentences
+
+from nmt.models.model_files import ModelDirError, read_model_files
+
+SPECIAL = {"pad_token": "<pad>", "unk_token": "<unk>", "bos_token": "<s>", "eos_token": "</s>"}
+
+
+def _spm(seed: int) -> bytes:
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(sentences(200, seed=seed)),
+                                   model_writer=model, vocab_size=40, model_type="unigram",
+                                   character_coverage=1.0, minloglevel=2)
+    return model.getvalue()
+
+
+def _vocab(*models: bytes) -> dict[str, int]:
+    """vocab.json as a model trained here exports it: the special pieces, then the pieces."""
+    vocab = {piece: i for i, piece in enumerate(("<pad>", "<unk>", "<s>", "</s>"))}
+    for model in models:
+        processor = spm.SentencePieceProcessor(model_proto=model)
+        for i in range(processor.get_piece_size()):
+            vocab.setdefault(processor.id_to_piece(i), len(vocab))
+    return vocab
+
+
+@pytest.fixture(scope="module")
+def marian_model(tmp_path_factory):
+    """A tiny model exported in Marian's tokenizer layout (source.spm, target.spm, vocab.json,
+    special_tokens_map.json), as `python -m nmt.convert from-marian` leaves one."""
+    from flax import nnx
+
+    from data.tokenizer import VocabTokenizer
+    from nmt.models.model_dir import export_model
+    from transformer.config import get_preset
+    from transformer.model import Transformer
+
+    source, target = _spm(1), _spm(2)
+    tokenizer = VocabTokenizer(source, target, _vocab(source, target), SPECIAL)
+    config = get_preset("tiny", vocab_size=tokenizer.vocab_size, **tokenizer.special_ids())
+    params = nnx.state(Transformer(config, rngs=nnx.Rngs(0)), nnx.Param)
+    return export_model(tmp_path_factory.mktemp("marian") / "model", params, config, tokenizer)
+
+
+@pytest.fixture
+def model(marian_model, tmp_path):
+    """A copy of the Marian-layout model for one test to damage."""
+    return shutil.copytree(marian_model, tmp_path / "model")
+
+
+def test_the_marian_layout_model_reads(model):
+    assert read_model_files(model)[0] == model
+
+
+def test_a_changed_vocabulary_names_the_tokenizer_files_and_fitting_advice(model):
+    """One sha256 covers the tokenizer's files: the message names them all, not source.spm,
+    and says what restores a Marian layout (it has no spm.model)."""
+    vocab = json.loads((model / "vocab.json").read_text())
+    first, second = list(vocab)[-2:]
+    vocab[first], vocab[second] = vocab[second], vocab[first]
+    (model / "vocab.json").write_text(json.dumps(vocab))
+    with pytest.raises(ModelDirError) as info:
+        read_model_files(model)
+    message = str(info.value)
+    assert message.startswith(
+        f"the tokenizer files (source.spm, target.spm, vocab.json, special_tokens_map.json) in "
+        f"{model} differ from those recorded in {model / 'config.json'} (tokenizer_sha256)")
+    assert "spm.model" not in message and "nmt.convert from-marian" in message
