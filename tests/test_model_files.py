@@ -76,3 +76,15 @@ def test_a_changed_vocabulary_names_the_tokenizer_files_and_fitting_advice(model
         f"the tokenizer files (source.spm, target.spm, vocab.json, special_tokens_map.json) in "
         f"{model} differ from those recorded in {model / 'config.json'} (tokenizer_sha256)")
     assert "spm.model" not in message and "nmt.convert from-marian" in message
+
+
+@pytest.mark.parametrize("name", ["special_tokens_map.json", "vocab.json"])
+def test_a_missing_tokenizer_file_is_named(model, name):
+    """Without special_tokens_map.json the layout falls back to other special ids: the
+    missing file is named, not a mismatch of bos_id."""
+    (model / name).unlink()
+    with pytest.raises(ModelDirError) as info:
+        read_model_files(model)
+    assert str(info.value).startswith(
+        f"{model / name} is missing: {model / 'config.json'} lists it among the tokenizer's "
+        "files; restore source.spm, target.spm, vocab.json, special_tokens_map.json from")

@@ -110,16 +110,16 @@ def check_tokenizer(model_dir: Path, config: ModelConfig, tokenizer: TokenizerBa
         raise ModelDirError(
             f"{sizes} has {tokenizer.vocab_size} pieces but {conf} describes a model with "
             f"{config.vocab_size} (its embedding rows): the tokenizer is not the one the model "
-            f"was trained with; {_restore_tokenizer(tokenizer)}.")
+            f"was trained with; {_restore_tokenizer(list(tokenizer.files()))}.")
     for name, value in tokenizer.special_ids().items():
         if getattr(config, name) != value:
             raise ModelDirError(
                 f"{ids} has {name} {value} but {conf} says {getattr(config, name)}: the "
                 f"tokenizer is not the one the model was trained with; "
-                f"{_restore_tokenizer(tokenizer)}.")
+                f"{_restore_tokenizer(list(tokenizer.files()))}.")
     if recorded is not None and tokenizer.sha256 != recorded:
         raise ModelDirError(f"{_differs_from_record(model_dir, tokenizer)}; "
-                            f"{_restore_tokenizer(tokenizer)}.")
+                            f"{_restore_tokenizer(list(tokenizer.files()))}.")
 
 
 def _differs_from_record(model_dir: Path, tokenizer: TokenizerBase) -> str:
@@ -143,13 +143,27 @@ def _tokenizer_tables(model_dir: Path, tokenizer: TokenizerBase) -> tuple[str, s
     return first, first
 
 
-def _restore_tokenizer(tokenizer: TokenizerBase) -> str:
-    """What to do about a model directory's tokenizer files that are not the model's."""
-    if isinstance(tokenizer, VocabTokenizer):
-        return (f"restore {', '.join(tokenizer.files())} from the model this one was converted "
-                "or exported from, or convert (python -m nmt.convert from-marian) or export "
-                "the model again")
+def _restore_tokenizer(names: list[str]) -> str:
+    """What to do about a model directory's tokenizer files (`names`) that are not the
+    model's: an spm.model is the run's; Marian's layout comes from a conversion or export."""
+    if len(names) > 1:
+        return (f"restore {', '.join(names)} from the model this one was converted or exported "
+                "from, or convert (python -m nmt.convert from-marian) or export the model again")
     return f"copy the run's own {TOKENIZER_FILE} into the directory, or export the model again"
+
+
+def check_tokenizer_listed(model_dir: Path, values: dict[str, Any]) -> None:
+    """Every tokenizer file config.json lists ("tokenizer") is there: without
+    special_tokens_map.json, Marian's layout would read other special ids and be refused
+    as another tokenizer."""
+    listed = values.get("tokenizer")
+    names = [listed] if isinstance(listed, str) else listed if isinstance(listed, list) else []
+    names = [name for name in names if isinstance(name, str)]
+    for name in names:
+        if not (model_dir / name).is_file():
+            raise ModelDirError(
+                f"{model_dir / name} is missing: {model_dir / CONFIG_FILE} lists it among the "
+                f"tokenizer's files; {_restore_tokenizer(names)}.")
 
 
 def resolve_model_dir(path: str | Path) -> Path:
@@ -179,11 +193,12 @@ def read_model_files(path: str | Path) -> tuple[Path, TokenizerBase, dict[str, A
             raise ModelDirError(
                 f"{model_dir} is not a complete model directory: {name} ({what}) is missing; "
                 f"train with train.py, or write one with export_model.")
+    model_config, values = read_model_config(model_dir)
+    check_tokenizer_listed(model_dir, values)
     if not tokenizer_present(model_dir):
         raise ModelDirError(
             f"{model_dir} is not a complete model directory: {TOKENIZER_FILE} (SentencePiece "
             "model) is missing; copy the run's spm.model into it, or export the model again.")
-    model_config, values = read_model_config(model_dir)
     search = read_search_config(model_dir, values)
     tokenizer = load_tokenizer(model_dir)
     check_tokenizer(model_dir, model_config, tokenizer, values.get(TOKENIZER_SHA256))
