@@ -16,12 +16,13 @@ exactly the dictionary word.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import re
 import time
 
 import numpy as np
+
+from bench.common import bench_parser, positive_int, usage_errors
 
 # English word -> its German translations as a Multi30k model writes them (noun and
 # adjective forms); a pair is checked only where exactly one of them occurs.
@@ -137,23 +138,28 @@ def placement_accuracy(translator, cases: list[Case]) -> tuple[float, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = bench_parser(__doc__.split("\n\n")[0])
     parser.add_argument("--model", required=True, help="an English-German model directory")
     parser.add_argument("--source", required=True, help="English sentences, one per line")
-    parser.add_argument("--lines", type=int, default=1000, help="sentences read (default 1000)")
+    parser.add_argument("--lines", type=positive_int, default=1000,
+                        help="sentences read (default 1000)")
     args = parser.parse_args()
 
+    from data.lines import read_lines
     from nmt.models.model_dir import load_models
     from nmt.models.translator import Translator
 
-    model, tokenizer, values = load_models([args.model])
+    with usage_errors():
+        model, tokenizer, values = load_models([args.model])
+        sources = read_lines(args.source)[:args.lines]
     translator = Translator(model, tokenizer, values["search"])
-    from data.lines import read_lines
-
-    sources = read_lines(args.source)[:args.lines]
     targets = translator.translate(sources)
     cases = checked_cases(sources, targets)
     print(f"{len(cases)} checked words in {len(sources)} sentences")
+    if not cases:
+        parser.error(f"--source {args.source}: no word of its first {len(sources)} lines is "
+                     "one whose translation this benchmark knows; give English sentences "
+                     "(and an English-German --model)")
     print("layer | row         | exactly the answer: target argmax | both argmaxes")
     for layer, shifted, one, both in layer_table(translator, cases,
                                                  model.config.decoder_layers):

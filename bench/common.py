@@ -118,7 +118,7 @@ def bench_parser(description: str) -> argparse.ArgumentParser:
 
 
 @contextlib.contextmanager
-def usage_errors(parser: argparse.ArgumentParser, *also: type[Exception]):
+def usage_errors(*also: type[Exception]):
     """Within it, a model directory or data file that cannot be used (ModelDirError,
     DataError: their messages name the path and what to do), or an error of the types `also`
     (a config's ValueError naming the setting given), ends the command with one line and
@@ -126,13 +126,13 @@ def usage_errors(parser: argparse.ArgumentParser, *also: type[Exception]):
     try:
         yield
     except (ModelDirError, DataError, *also) as error:
-        fail(parser.prog, str(error), EXIT_USAGE)
+        fail(Path(sys.argv[0]).name, str(error), EXIT_USAGE)  # argparse's prog
 
 
 def test_set_parser(description: str) -> argparse.ArgumentParser:
     """A parser with the flags of the benchmarks that translate a real test set: the model,
     PREFIX.SRC and PREFIX.TGT."""
-    parser = argparse.ArgumentParser(description=description)
+    parser = bench_parser(description)
     parser.add_argument("--model", required=True, help="model or run directory")
     parser.add_argument("--test-prefix", required=True, help="PREFIX.SRC and PREFIX.TGT")
     parser.add_argument("--src", required=True)

@@ -64,7 +64,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.vocab <= FIRST_WORD:
         parser.error(f"--vocab {args.vocab}: the random sources draw from ids {FIRST_WORD} "
                      "and up (below are the special tokens); give more")
-    with usage_errors(parser, ValueError):  # the config names the setting it cannot take
+    with usage_errors(ValueError):  # the config names the setting it cannot take
         args.config = get_preset(args.preset, vocab_size=args.vocab, dtype=args.dtype,
                                  max_len=max(512, args.src_len, args.out_len))
     return args

@@ -45,9 +45,11 @@ from bench.common import (
     REPO,
     emit,
     environment,
+    non_negative_int,
     peer_environment,
     read_test_set,
     test_set_parser,
+    usage_errors,
     user_environment,
 )
 from nmt.models.translations import CallSources
@@ -112,7 +114,8 @@ def parse_args() -> argparse.Namespace:
                         help="our batches searched at once (default: translate.py's)")
     parser.add_argument("--batch-sentences", type=int, default=64,
                         help="CTranslate2 batch size (max_batch_size)")
-    parser.add_argument("--limit", type=int, default=0, help="first N test pairs (0 = all)")
+    parser.add_argument("--limit", type=non_negative_int, default=0,
+                        help="first N test pairs (0 = all)")
     parser.add_argument("--end-to-end", action="store_true",
                         help="also time translate.py and CTranslate2 as new processes")
     parser.add_argument("--repeats", type=int, default=3,
@@ -136,8 +139,9 @@ def main() -> None:
     from nmt.translation.scoring import evaluate
 
     enable_compilation_cache()  # as translate.py: programs it compiled before are read back
-    sources, references = read_test_set(args, args.limit)
-    models = {dtype: load_model(args.model, dtype=dtype) for dtype in args.dtypes}
+    with usage_errors():
+        sources, references = read_test_set(args, args.limit)
+        models = {dtype: load_model(args.model, dtype=dtype) for dtype in args.dtypes}
     _, tokenizer, values = models[args.dtypes[0]]
     beam = dataclasses.replace(values["search"], strategy="beam", beam_size=args.beam, nbest=1,
                                **search_overrides(args))

@@ -26,7 +26,14 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.common import emit, environment, read_test_set
+from bench.common import (
+    bench_parser,
+    emit,
+    environment,
+    non_negative_int,
+    read_test_set,
+    usage_errors,
+)
 from bench.exported import (
     COMPUTE_TYPES,
     ctranslate2_export,
@@ -45,7 +52,7 @@ class Point:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = bench_parser(__doc__.split("\n\n")[0])
     parser.add_argument("--model", action="append", required=True, metavar="NAME=DIR",
                         help="a model to measure, named in the table (give it once per model)")
     parser.add_argument("--test-prefix", required=True, help="PREFIX.SRC and PREFIX.TGT")
@@ -68,7 +75,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--batch-sentences", type=int, default=64,
                         help="CTranslate2 max_batch_size")
     parser.add_argument("--passes", type=int, default=3, help="timed passes (median)")
-    parser.add_argument("--limit", type=int, default=0, help="first N test pairs (0 = all)")
+    parser.add_argument("--limit", type=non_negative_int, default=0,
+                        help="first N test pairs (0 = all)")
     parser.add_argument("--plot", help="PNG of BLEU against sentences/s")
     args = parser.parse_args(argv)
     for size in args.shortlist:
@@ -96,10 +104,12 @@ def main() -> None:
     from nmt.runtime.compilation import enable_compilation_cache
 
     enable_compilation_cache()
-    sources, references = read_test_set(args, args.limit)
+    with usage_errors():
+        sources, references = read_test_set(args, args.limit)
+        models = read_models(args)
     common = {"sentences": len(sources), "beam": args.beam, **environment()}
     points: list[Point] = []
-    for name, path, shortlist in read_models(args):
+    for name, path, shortlist in models:
         def report(system: str, hypotheses: list[str], seconds: float, **extra) -> None:
             from nmt.translation.scoring import evaluate
 

@@ -28,6 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from bench.common import usage_errors
 from data.batching import PlannedBatch, batch_arrays, load_examples
 from data.config import BatchConfig, DataError
 from data.corpus import read_prefix
@@ -98,13 +99,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--width", type=int, default=24)
     args = parser.parse_args(argv)
 
-    try:
+    with usage_errors():
         tokenizer = Tokenizer.load(args.spm)
         pairs = read_prefix(args.prefix, args.src, args.tgt)
         pairs = pairs.select(range(min(len(pairs), 20 * args.rows)))  # enough to fill the batch
         batch = make_batch(encode_split(pairs, tokenizer), args.rows, args.width)
-    except DataError as error:
-        raise SystemExit(f"error: {error}") from None
     vocab = tokenizer.vocab_size
     reference = gradients(args.preset, vocab, batch, "float32", "float32")
     for dtype, activations in SETTINGS:

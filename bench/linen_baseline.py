@@ -85,17 +85,22 @@ class Seq2Seq(nn.Module):
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = common.bench_parser(__doc__.split("\n\n")[0])
     ap.add_argument("--preset", default="base", choices=["base", "small"])
-    ap.add_argument("--vocab", type=int, default=8000)
-    ap.add_argument("--batch", type=int, default=32)
-    ap.add_argument("--src-len", type=int, default=32)
-    ap.add_argument("--tgt-len", type=int, default=32)
-    ap.add_argument("--steps", type=int, default=10)
-    ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--threads", type=int, default=2, help="peer torch threads")
+    ap.add_argument("--vocab", type=common.positive_int, default=8000)
+    ap.add_argument("--batch", type=common.positive_int, default=32)
+    ap.add_argument("--src-len", type=common.positive_int, default=32)
+    ap.add_argument("--tgt-len", type=common.positive_int, default=32)
+    ap.add_argument("--steps", type=common.positive_int, default=10)
+    ap.add_argument("--warmup", type=common.non_negative_int, default=2)
+    ap.add_argument("--threads", type=common.positive_int, default=2, help="peer torch threads")
     ap.add_argument("--compare", action="store_true", help="also run the transformers step")
-    return ap.parse_args(argv)
+    args = ap.parse_args(argv)
+    try:
+        args.config = get_preset(args.preset, vocab_size=args.vocab)
+    except ValueError as error:  # no room for the special tokens
+        ap.error(f"--vocab {args.vocab}: {error}")
+    return args
 
 
 def measure(args, config) -> dict:
@@ -139,7 +144,7 @@ def measure(args, config) -> dict:
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    config = get_preset(args.preset, vocab_size=args.vocab)
+    config = args.config
     ours = measure(args, config)
     common.emit(ours)
     if args.compare:

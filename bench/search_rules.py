@@ -20,7 +20,7 @@ import argparse
 import dataclasses
 import time
 
-from bench.common import emit, environment, read_test_set, test_set_parser
+from bench.common import emit, environment, read_test_set, test_set_parser, usage_errors
 from nmt.runtime import allocator
 from transformer.config import BEAM_RULES
 
@@ -55,8 +55,9 @@ def main() -> None:
     from nmt.translation.scoring import evaluate
 
     enable_compilation_cache()
-    sources, references = read_test_set(args)
-    model, tokenizer, values = load_model(args.model)
+    with usage_errors():
+        sources, references = read_test_set(args)
+        model, tokenizer, values = load_model(args.model)
     stored = values["search"]
     changes = {"beam_size": args.beam, "alpha": args.alpha}
     base = dataclasses.replace(stored, nbest=1,

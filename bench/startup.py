@@ -13,7 +13,6 @@ tens of percent between runs).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import signal
@@ -27,7 +26,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from bench.common import emit
+from bench.common import bench_parser, emit, positive_int
 
 REPO = Path(__file__).resolve().parents[1]
 SENTENCE = "A man in a blue shirt is standing on a ladder cleaning windows."
@@ -136,9 +135,9 @@ def commands(model: str, workdir: str) -> dict[str, list[str] | None]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = bench_parser(__doc__.split("\n\n")[0])
     parser.add_argument("--model", required=True, help="a model directory")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=positive_int, default=3)
     parser.add_argument("--only", action="append",
                         help="the name of a command to time (repeatable; default: all)")
     args = parser.parse_args()

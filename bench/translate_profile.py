@@ -24,7 +24,13 @@ import time
 
 START = time.perf_counter()
 
-from bench.common import emit, environment, read_test_set, test_set_parser  # noqa: E402
+from bench.common import (  # noqa: E402
+    emit,
+    environment,
+    read_test_set,
+    test_set_parser,
+    usage_errors,
+)
 from nmt.runtime import allocator  # noqa: E402
 
 
@@ -53,8 +59,10 @@ def main() -> None:
 
     enable_compilation_cache()
     imported = time.perf_counter()
-    model, tokenizer, values = load_model(args.model, dtype=args.dtype)
-    loaded = time.perf_counter()
+    with usage_errors():
+        model, tokenizer, values = load_model(args.model, dtype=args.dtype)
+        loaded = time.perf_counter()
+        sources, _ = read_test_set(args)
     changes = {"beam_size": args.beam, "max_len_a": args.max_len_a, "max_len_b": args.max_len_b,
                "beam_rules": args.beam_rules}
     search = dataclasses.replace(values["search"], nbest=1,
@@ -62,7 +70,6 @@ def main() -> None:
     if args.greedy:
         search = dataclasses.replace(search, strategy="greedy", beam_size=1)
     translator = Translator(model, tokenizer, search)
-    sources, _ = read_test_set(args)
 
     first_start = time.perf_counter()
     translator.translate(sources)
