@@ -2,7 +2,7 @@
 
     python -m bench.search_rules --model runs/NAME/averaged \\
         --test-prefix ../shared/data/multi30k/valid --src en --tgt de
-    python -m bench.search_rules ... --rules exact fairseq --limits 1,50 1.5,10
+    python -m bench.search_rules ... --rules exact k-finished --limits 1,50 1.5,10
 
 Translates the same sentences with every --rules value (SearchConfig.beam_rules) and every
 --limits pair a,b (output limit a * source tokens + b), the model's other search settings
