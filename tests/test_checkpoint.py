@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import logging
 import re
 import shutil
@@ -399,7 +400,7 @@ def test_process_killed_during_async_save_leaves_no_readable_step(tmp_path):
 @pytest.mark.parametrize("text, what", [
     ("{bad", "JSONDecodeError"),
     ('{"model": {"d_model": 32, "bogus": 1}}', "bogus"),
-    ('{"model": {"dtype": "float16"}}', "dtype"),
+    (json.dumps({"model": {**get_preset("tiny").to_dict(), "dtype": "float16"}}), "dtype"),
     ("[1, 2]", "no 'model' section"),
 ])
 def test_damaged_model_config_is_named(tmp_path, text, what):

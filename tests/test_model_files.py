@@ -3,15 +3,16 @@ each fault is named by its file, with what to do about it."""
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import shutil
 
 import pytest
 import sentencepiece as spm
-from translate_model import sentences
 
-from nmt.models.model_files import ModelDirError, read_model_files
+from nmt.models.model_files import STORED_MODEL_FIELDS, ModelDirError, read_model_files
+from translate_model import sentences
 
 SPECIAL = {"pad_token": "<pad>", "unk_token": "<unk>", "bos_token": "<s>", "eos_token": "</s>"}
 
@@ -88,3 +89,32 @@ def test_a_missing_tokenizer_file_is_named(model, name):
     assert str(info.value).startswith(
         f"{model / name} is missing: {model / 'config.json'} lists it among the tokenizer's "
         "files; restore source.spm, target.spm, vocab.json, special_tokens_map.json from")
+
+
+def _drop_model_fields(model, *names: str) -> None:
+    values = json.loads((model / "config.json").read_text())
+    for name in names:
+        del values["model"][name]
+    (model / "config.json").write_text(json.dumps(values))
+
+
+def test_a_model_field_missing_from_config_json_is_named(model):
+    """A missing d_model is not the base model's 512 (refused as not divisible by the heads)."""
+    _drop_model_fields(model, "d_model")
+    with pytest.raises(ModelDirError) as info:
+        read_model_files(model)
+    assert str(info.value) == (
+        f"{model / 'config.json'}: not a valid model configuration (ValueError: ModelConfig "
+        "field d_model is missing: the file is damaged or was written by another tool.); "
+        "restore the config.json written with the model, or export the model again.")
+
+
+def test_an_export_older_than_the_later_model_fields_reads_with_their_defaults(model):
+    from transformer.config import ModelConfig
+
+    later = {"activation_dtype", "activation", "output_bias"}
+    assert later == {f.name for f in dataclasses.fields(ModelConfig)} - set(STORED_MODEL_FIELDS)
+    _drop_model_fields(model, *later)
+    config = read_model_files(model)[2]["model"]
+    assert (config.activation_dtype, config.activation, config.output_bias) == (
+        "auto", "relu", False)

@@ -75,18 +75,24 @@ def _largest_divisor_at_most(n: int, limit: int) -> int:
 
 class DictConfig:
     """`to_dict` and `from_dict` for frozen config dataclasses; `from_dict` rejects unknown keys
-    (a typo, or a file written by another version) instead of ignoring them."""
+    (a typo, or a file written by another version) instead of ignoring them, and missing
+    `required` ones instead of filling in their defaults."""
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)  # type: ignore[call-overload]
 
     @classmethod
-    def from_dict(cls, values: dict[str, Any]):
+    def from_dict(cls, values: dict[str, Any], required: tuple[str, ...] = ()):
         known = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
         unknown = sorted(set(values) - known)
         if unknown:
             raise ValueError(f"Unknown {cls.__name__} fields {unknown}; known fields: "
                              f"{sorted(known)}.")
+        missing = [name for name in required if name not in values]
+        if missing:
+            what = "field {} is" if len(missing) == 1 else "fields {} are"
+            raise ValueError(f"{cls.__name__} {what.format(', '.join(missing))} missing: the "
+                             "file is damaged or was written by another tool.")
         return cls(**values)
 
 

@@ -35,6 +35,14 @@ TOKENIZER_FILE = "spm.model"  # of a model trained here; see data.tokenizer for 
 # config.json's record of the tokenizer's files (`TokenizerBase.sha256`): another of the same
 # size and special ids would translate nonsense without an error.
 TOKENIZER_SHA256 = "tokenizer_sha256"
+# The ModelConfig fields every exported config.json has held, from the first export on: one
+# without them is damaged, not old. Fields added since (activation_dtype, activation,
+# output_bias) take their defaults when an older export lacks them.
+STORED_MODEL_FIELDS = (
+    "vocab_size", "d_model", "num_heads", "d_ff", "encoder_layers", "decoder_layers", "dropout",
+    "attention_dropout", "activation_dropout", "norm", "positional", "max_len",
+    "share_embeddings", "layer_norm_epsilon", "dtype", "attention_impl", "pad_id", "unk_id",
+    "bos_id", "eos_id")
 
 
 class ModelDirError(RuntimeError):
@@ -51,11 +59,12 @@ def read_model_config(model_dir: str | Path, name: str = CONFIG_FILE
         values = json.loads(path.read_text())
         if not isinstance(values, dict) or "model" not in values:
             raise ModelDirError(f"{path} has no 'model' section.")
-        return ModelConfig.from_dict(values["model"]), values
+        return ModelConfig.from_dict(values["model"], STORED_MODEL_FIELDS), values
     except (ValueError, TypeError) as err:  # not JSON, or settings this code does not know
         raise ModelDirError(
             f"{path}: not a valid model configuration ({type(err).__name__}: {err}); "
-            "restore the config.json written with the model.") from None
+            "restore the config.json written with the model, or export the model again."
+            ) from None
 
 
 def read_search_config(model_dir: Path, values: dict[str, Any], name: str = CONFIG_FILE
