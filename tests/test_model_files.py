@@ -11,7 +11,12 @@ import shutil
 import pytest
 import sentencepiece as spm
 
-from nmt.models.model_files import STORED_MODEL_FIELDS, ModelDirError, read_model_files
+from nmt.models.model_files import (
+    RUN_MARKERS,
+    STORED_MODEL_FIELDS,
+    ModelDirError,
+    read_model_files,
+)
 from translate_model import sentences
 
 SPECIAL = {"pad_token": "<pad>", "unk_token": "<unk>", "bos_token": "<s>", "eos_token": "</s>"}
@@ -118,3 +123,25 @@ def test_an_export_older_than_the_later_model_fields_reads_with_their_defaults(m
     config = read_model_files(model)[2]["model"]
     assert (config.activation_dtype, config.activation, config.output_bias) == (
         "auto", "relu", False)
+
+
+@pytest.mark.parametrize("marker", ["checkpoints", "config.yaml"])
+def test_a_run_that_has_not_exported_its_model_says_so(tmp_path, marker):
+    """Still training, or stopped before the export: not an incomplete model directory, and
+    the command that exports its latest checkpoint is the one train.py has."""
+    from nmt.rundir.checkpoints import CHECKPOINTS_DIR
+    from nmt.rundir.resume import RUN_CONFIG_FILE
+
+    assert RUN_MARKERS == (CHECKPOINTS_DIR, RUN_CONFIG_FILE)
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    if marker == "config.yaml":
+        (run / "checkpoints").rmdir()
+        (run / "config.yaml").write_text("model: {}\n")
+    with pytest.raises(ModelDirError) as info:
+        read_model_files(run)
+    assert str(info.value) == (
+        f"{run} is a run directory that has not exported its model yet (no model/): wait for "
+        "its training to finish, or write averaged/ from its latest checkpoint with python "
+        f"train.py --average-only --average-last 1 --output-dir {run} and pass "
+        f"{run / 'averaged'} to --model.")

@@ -45,6 +45,11 @@ STORED_MODEL_FIELDS = (
     "bos_id", "eos_id")
 
 
+# What marks a run directory (nmt.rundir's CHECKPOINTS_DIR and RUN_CONFIG_FILE): one without
+# MODEL_DIR is still training, or stopped before its export.
+RUN_MARKERS = ("checkpoints", "config.yaml")
+
+
 class ModelDirError(RuntimeError):
     """A model directory is missing, incomplete or inconsistent; the message says which file."""
 
@@ -185,6 +190,19 @@ def resolve_model_dir(path: str | Path) -> Path:
     return path
 
 
+def check_exported(model_dir: Path) -> None:
+    """ModelDirError for a run directory that has not exported its model yet: it has no
+    MODEL_DIR, and is itself no model directory."""
+    if (model_dir / CONFIG_FILE).exists() or (model_dir / PARAMS_FILE).exists():
+        return
+    if any((model_dir / marker).exists() for marker in RUN_MARKERS):
+        raise ModelDirError(
+            f"{model_dir} is a run directory that has not exported its model yet (no "
+            f"{MODEL_DIR}/): wait for its training to finish, or write averaged/ from its latest "
+            f"checkpoint with python train.py --average-only --average-last 1 --output-dir "
+            f"{model_dir} and pass {model_dir / 'averaged'} to --model.")
+
+
 def read_model_files(path: str | Path) -> tuple[Path, TokenizerBase, dict[str, Any]]:
     """(model directory, tokenizer, config dict) of a model or run directory, every file
     checked but the parameters, which are only checked present; ModelDirError naming the
@@ -197,6 +215,7 @@ def read_model_files(path: str | Path) -> tuple[Path, TokenizerBase, dict[str, A
             f"{model_dir} is a CTranslate2 export (model.bin), not a model directory of the JAX "
             "engine; translate with it by adding --engine ctranslate2, or pass the model "
             "directory it was exported from.")
+    check_exported(model_dir)
     for name, what in ((CONFIG_FILE, "model configuration"), (PARAMS_FILE, "parameters")):
         if not (model_dir / name).is_file():
             raise ModelDirError(
