@@ -70,7 +70,7 @@ def test_a_ctranslate2_that_cannot_run_on_the_gpu_is_recorded_as_unavailable(
     monkeypatch.setattr(ctranslate2, "Translator", BrokenCudaTranslator)
     reported = []
     usable = exported.compare_ctranslate2(
-        SimpleNamespace(device="cuda"), tmp_path, sources=["a"], tokenizer=None, values=None,
+        SimpleNamespace(device="cuda"), tmp_path, work=None, tokenizer=None, values=None,
         ours={}, report=lambda *args, **kwargs: reported.append(args))
     assert usable is False and reported == []
     records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
