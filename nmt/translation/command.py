@@ -226,6 +226,7 @@ class _OneReference(argparse.Action):
     and argparse would silently score against the last one only."""
 
     def __call__(self, parser, namespace, value, option_string=None) -> None:
+        del option_string  # argparse passes it; the message names the flag itself
         if getattr(namespace, self.dest, None) is not None:
             parser.error(f"--ref-file is given twice ({getattr(namespace, self.dest)}, {value}); "
                          "scores use one reference file: give one")
