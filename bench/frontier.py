@@ -36,9 +36,10 @@ from bench.common import (
 )
 from bench.exported import (
     COMPUTE_TYPES,
+    EngineWork,
+    ctranslate2_best,
     ctranslate2_export,
     ctranslate2_runs_on_cuda,
-    decoding_length,
 )
 from transformer.shortlist import Shortlist
 
@@ -198,8 +199,9 @@ def measure_ctranslate2(args, path: str, sources: list[str], report) -> None:
     from nmt.models.model_files import read_model_files
 
     _, tokenizer, values = read_model_files(path)
-    pieces = [tokenizer.pieces(ids) for ids in tokenizer.encode(sources)]
     config = values["model"]
+    work = EngineWork.of(sources, tokenizer, config, values["search"])
+    pieces = [tokenizer.pieces(ids) for ids in work.ids]
     suppress = [[tokenizer.pieces([config.pad_id])[0]], [tokenizer.pieces([config.bos_id])[0]]]
     from nmt.convert.common import ConversionError
 
@@ -219,11 +221,12 @@ def measure_ctranslate2(args, path: str, sources: list[str], report) -> None:
                                                 intra_threads=max(args.threads // inter, 1))
             for vmap in vmaps:
                 def run(vmap=vmap):
-                    results = translator.translate_batch(
-                        pieces, beam_size=args.beam, length_penalty=values["search"].alpha,
+                    best = ctranslate2_best(
+                        translator, work, pieces, beam_size=args.beam,
+                        length_penalty=values["search"].alpha,
                         max_batch_size=args.batch_sentences, suppress_sequences=suppress,
-                        max_decoding_length=decoding_length(values), use_vmap=vmap)
-                    return [tokenizer.processor.decode_pieces(r.hypotheses[0]) for r in results]
+                        use_vmap=vmap)
+                    return [tokenizer.processor.decode_pieces(h) for h in best]
 
                 hypotheses, seconds = median_seconds(run, args.passes)
                 report(f"ctranslate2 {compute}" + (" vmap" if vmap else ""), hypotheses,

@@ -63,3 +63,24 @@ def test_a_model_without_a_usable_shortlist_is_said_to_be_measured_without(short
         ("other", "ours shortlist"), ("plain", "ours shortlist")]
     assert "built for another SentencePiece model" in skipped[0]["skipped"]
     assert "has no shortlist.npz" in skipped[1]["skipped"]
+
+
+def test_ctranslate2_searches_as_ours_also_past_the_models_positions(run_dir, caplog):
+    """CTranslate2 gets the engine's cut sources and per-sentence output limits: a source
+    past the tiny model's 64 positions crashed it, and a flat limit let outputs run on."""
+    pytest.importorskip("ctranslate2")
+    from translate_model import sentences
+
+    lines = [*sentences(4, seed=2), " ".join(sentences(4, seed=5, min_words=8))]
+    args = args_of("--model", f"m={run_dir}", "--beam", "1", "--dtypes", "float32",
+                   "--compute-types", "float32", "--threads", "1", "--inter-threads", "1",
+                   "--passes", "1")
+    found = {}
+
+    def report(system, hypotheses, seconds, **extra):
+        found[system] = hypotheses
+
+    frontier.measure_ours(args, str(run_dir), None, lines, report)
+    frontier.measure_ctranslate2(args, str(run_dir), lines, report)
+    assert "a sentence of" in caplog.text  # the long one was cut, as the engine cuts it
+    assert found["ctranslate2 float32"] == found["ours float32"]
