@@ -3,6 +3,7 @@
 import asyncio
 import concurrent.futures
 import contextlib
+import logging
 import time
 
 from nmt.models.translations import Hypothesis
@@ -25,7 +26,7 @@ class SleepingTranslator:
             ENCODED.extend(sentences)
             return [sentence.split() for sentence in sentences]
 
-    def translate_nbest(self, sentences, ids):
+    def translate_nbest(self, sentences, ids, **warnings):
         assert len(ids) == len(sentences)
         time.sleep(SEARCH_SECONDS)
         return [[Hypothesis(" ".join(row), 0.0, ())] for row in ids]
@@ -153,3 +154,35 @@ def test_the_alternatives_search_counts_in_the_pairs_metrics_and_queue():
     assert 'nmt_sentences_translated_total{pair="de-en"} 3.0' in exposition
     assert 'nmt_batch_sentences_count{pair="de-en"} 2.0' in exposition
     assert 'nmt_queue_sentences{pair="de-en"} 5.0' in exposition
+
+
+def test_a_request_of_long_texts_logs_one_warning_that_counts_them(caplog):
+    """A request of 12 sentences past the model's 50 positions logs one warning, naming the
+    pair, the count and the longest, not one per sentence naming its place in the batch
+    (any client could flood the log with those, and they mean nothing to anyone)."""
+    from test_translator import NumberTokenizer, tiny_model
+
+    from nmt.models.translator import Translator
+    from transformer.config import SearchConfig
+
+    translator = Translator(tiny_model(max_len=50), NumberTokenizer(),
+                            SearchConfig(beam_size=2, max_len_b=3))
+    long_texts = [" ".join(["7"] * (55 + n % 6)) for n in range(12)]
+
+    async def main():
+        executor = concurrent.futures.ThreadPoolExecutor(1)
+        batcher = Batcher(translator, executor, gather_tokens=10_000, max_wait=0.0,
+                          max_queue=100, name="de-en")
+        batcher.start()
+        try:
+            return await batcher.translate(["5 6 7", *long_texts])
+        finally:
+            await batcher.stop()
+            executor.shutdown()
+
+    with caplog.at_level(logging.WARNING, logger="translate"):
+        found = asyncio.run(main())
+    assert len(found) == 13
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert warnings == ["de-en: 12 sentences longer than the model's 50 positions were cut to "
+                        "49 tokens (longest 60)"], warnings

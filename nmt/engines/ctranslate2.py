@@ -305,12 +305,13 @@ class CTranslate2Translator:
     def translate_all(self, sentences: Sequence[str],
                       progress: Callable[[int], None] | None = None, first_line: int = 1,
                       source: str = "input", ids: Sequence[Sequence[int]] | None = None,
-                      line_numbers: Sequence[int] | None = None) -> Translations:
+                      line_numbers: Sequence[int] | None = None,
+                      each_line: bool = True) -> Translations:
         """The n-best lists of `sentences` and the call's records, as `Translator.translate_all`
         gives them (its arguments mean the same); no batch records."""
         call = CallSources.of(sentences, self.tokenizer, self.max_source_len - 1,
                               self.strategy.nbest, ids, line_numbers, first_line, source,
-                              progress)
+                              progress, each_line)
         ids, results, todo, line_numbers = call.ids, call.results, call.todo, call.line_numbers
         limits = [self.search.max_output_len(len(row) + 1, self.model_config.max_len)
                   for row in ids]

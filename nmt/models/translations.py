@@ -44,16 +44,30 @@ class Translations:
 
 
 def truncate_sources(ids: list[list[int]], limit: int, line_numbers: Sequence[int],
-                     source: str) -> tuple[list[list[int]], list[int]]:
+                     source: str, each_line: bool = True) -> tuple[list[list[int]], list[int]]:
     """`ids` with every row over `limit` tokens (the model's positions less EOS) cut to fit,
     each with a warning naming its line, and the indices of those rows (the caller's rows
-    are not changed)."""
+    are not changed). `each_line=False` warns once, counting them (`summarise_truncated`)."""
     truncated = [i for i, row in enumerate(ids) if len(row) > limit]
+    if truncated and not each_line:
+        summarise_truncated([len(ids[i]) for i in truncated], limit, source)
     for i in truncated:
-        log.warning("%s line %d: a sentence of %d tokens, more than the model's %d (+ EOS); "
-                    "truncated to %d tokens", source, line_numbers[i], len(ids[i]), limit, limit)
+        if each_line:
+            log.warning("%s line %d: a sentence of %d tokens, more than the model's %d (+ EOS); "
+                        "truncated to %d tokens", source, line_numbers[i], len(ids[i]), limit,
+                        limit)
         ids[i] = ids[i][:limit]
     return ids, truncated
+
+
+def summarise_truncated(lengths: Sequence[int], limit: int, source: str) -> None:
+    """One warning for the sentences of `lengths` cut to `limit` tokens: the server's, whose
+    "lines" would be places in a batch of several clients' requests, one warning each a
+    flood that any client could cause."""
+    one = len(lengths) == 1
+    log.warning("%s: %d %s longer than the model's %d positions %s cut to %d tokens "
+                "(longest %d)", source, len(lengths), "sentence" if one else "sentences",
+                limit + 1, "was" if one else "were", limit, max(lengths))
 
 
 def refuse_long_sources(ids: list[list[int]], limit: int, first_line: int, source: str
@@ -72,9 +86,9 @@ def refuse_long_sources(ids: list[list[int]], limit: int, first_line: int, sourc
 @dataclasses.dataclass
 class CallSources:
     """What every engine's `translate_all` does before searching: the sentences' ids (encoded
-    unless given), cut to the model's positions with a warning naming each line, and the
-    empty sentences (blank, or of no tokens: a zero-width space alone) answered with empty
-    hypotheses. `todo`: the indices left to search."""
+    unless given), cut to the model's positions with a warning naming each line (or one for
+    them all: `each_line`), and the empty sentences (blank, or of no tokens: a zero-width
+    space alone) answered with empty hypotheses. `todo`: the indices left to search."""
 
     ids: list[list[int]]
     results: list[list[Hypothesis] | None]
@@ -85,8 +99,8 @@ class CallSources:
     @classmethod
     def of(cls, sentences: Sequence[str], tokenizer, limit: int, nbest: int,
            ids: Sequence[Sequence[int]] | None, line_numbers: Sequence[int] | None,
-           first_line: int, source: str, progress: Callable[[int], None] | None
-           ) -> "CallSources":
+           first_line: int, source: str, progress: Callable[[int], None] | None,
+           each_line: bool = True) -> "CallSources":
         if isinstance(sentences, (str, bytes)):
             raise TypeError("sentences must be a list of strings, got one "
                             f"{type(sentences).__name__}: pass [text] to translate one")
@@ -98,7 +112,7 @@ class CallSources:
             ids = tokenizer.encode(list(sentences), "source")
         elif len(ids) != len(sentences):
             raise ValueError(f"{len(ids)} rows of token ids for {len(sentences)} sentences")
-        rows, truncated = truncate_sources(list(ids), limit, line_numbers, source)
+        rows, truncated = truncate_sources(list(ids), limit, line_numbers, source, each_line)
         results: list[list[Hypothesis] | None] = [None] * len(sentences)
         empty = [i for i, sentence in enumerate(sentences) if not sentence.strip() or not rows[i]]
         for i in empty:

@@ -181,28 +181,28 @@ class Translator:
         return [nbest[0].text for nbest in self.translate_nbest(sentences)]
 
     def translate_nbest(self, sentences: Sequence[str], **options) -> list[list[Hypothesis]]:
-        """Up to `search.nbest` hypotheses per sentence, best first (`translate_all`'s
-        options)."""
+        """Up to `search.nbest` hypotheses per sentence, best first (`translate_all`'s options)."""
         return self.translate_all(sentences, **options).nbest
 
     def translate_all(self, sentences: Sequence[str],
                       progress: Callable[[int], None] | None = None, first_line: int = 1,
                       source: str = "input", ids: Sequence[Sequence[int]] | None = None,
                       line_numbers: Sequence[int] | None = None,
-                      stream: int | None = None) -> Translations:
+                      stream: int | None = None, each_line: bool = True) -> Translations:
         """The n-best lists of `sentences` (an empty one gives [""]) and the call's records.
         A list is shorter than `search.nbest` where the search found fewer (`real_hypotheses`).
 
-        `progress(n)` is told of every n sentences done, empty ones included. Warnings say
-        "`source` line N", N from `line_numbers` (one per sentence: a paragraph's sentences
-        share their line) or counted from `first_line`. `ids`: the sentences' source token
-        ids (`tokenizer.encode(sentences)`), where the caller has them already (the server
-        counts a request's tokens with them), so that they are not encoded twice. `stream`:
-        the call's sampling draws from the seed and this number alone (`BatchKeys`).
+        `progress(n)` is told of every n sentences done, empty ones included. Warnings say "`source`
+        line N", N from `line_numbers` (one per sentence: a paragraph's sentences share their line)
+        or counted from `first_line`; with `each_line=False`, one warning counts the call's (the
+        server's line numbers mean nothing to its clients). `ids`: the sentences' source token ids
+        (`tokenizer.encode(sentences)`), where the caller has them (the server counts a request's
+        tokens with them), so that they are not encoded twice. `stream`: the call's sampling draws
+        from the seed and this number alone (`BatchKeys`).
         """
         call = CallSources.of(sentences, self.tokenizer, self.max_source_len - 1,
                               self.strategy.nbest, ids, line_numbers, first_line, source,
-                              progress)
+                              progress, each_line)
         ids, results, todo, line_numbers = call.ids, call.results, call.todo, call.line_numbers
         reached_limit, batches = [], []
         for stats, rows, found, at_limit in self._search_batches([ids[i] for i in todo], stream):

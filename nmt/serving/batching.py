@@ -66,14 +66,18 @@ class Batcher:
     threads), so that a CPU's cores are all busy even with batches too small to spread
     over them; `refill_wait`: seconds a call short of its share waits for it (`_gather`);
     `across_requests=False` searches every request on its own (for comparison).
-    `max_queue`: sentences waiting at most. `on_batch` is told of every search call.
+    `max_queue`: sentences waiting at most. `on_batch` is told of every search call. `name`
+    (the model's pair) heads a call's one warning for its sentences cut to the model's
+    positions: a warning per sentence, naming its place in a batch of several clients'
+    requests, would tell no one anything, and any client could flood the log with them.
     """
 
     def __init__(self, translator, executor: concurrent.futures.Executor,
                  gather_tokens: int, max_wait: float, max_queue: int, searches: int = 1,
                  across_requests: bool = True, refill_wait: float = 0.0,
-                 on_batch: Callable[[BatchRecord], None] | None = None):
+                 on_batch: Callable[[BatchRecord], None] | None = None, name: str = "server"):
         self.translator = translator
+        self.name = name
         self.executor = executor
         self.gather_tokens = gather_tokens
         self.max_wait = max_wait
@@ -159,7 +163,7 @@ class Batcher:
         try:
             results = await asyncio.get_running_loop().run_in_executor(
                 self.executor, functools.partial(self.translator.translate_nbest, sentences,
-                                                 ids=ids))
+                                                 ids=ids, source=self.name, each_line=False))
         except Exception as err:  # noqa: BLE001 - every waiting request gets the error
             for job in jobs:
                 if not job.future.done():
