@@ -27,7 +27,8 @@ ALLOWED = {
     "add_source_eos": "ctranslate2 spec",
     # attributes of transformers', torch's, uvicorn's, shlex's, selenium's and Python's objects
     "_attn_implementation": "transformers config", "allow_tf32": "torch backends",
-    "should_exit": "uvicorn server", "whitespace_split": "shlex lexer",
+    "should_exit": "uvicorn server", "send_400_response": "uvicorn protocol hook",
+    "whitespace_split": "shlex lexer",
     "binary_location": "selenium options", "unraisablehook": "sys",
     "__qualname__": "a function's name, read by JAX",
     # html.parser.HTMLParser's callbacks, which its feed calls

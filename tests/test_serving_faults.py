@@ -556,6 +556,36 @@ def test_slow_headers_get_408_and_the_connection_closed(guarded):
                   'code="408",endpoint="other"') == counted_before + 2
 
 
+NOT_HTTP = (
+    (b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n", "not valid HTTP"),
+    (b"\x16\x03\x01\x00\xa5\x01\x00\x00\xa1\x03\x03\r\n\r\n", "use http://, not https://"),
+    (b"GET /health HTTP/1.1\r\nHost: x\r\nBad Header\r\n\r\n", "not valid HTTP"),
+)
+
+
+def test_bytes_that_are_not_http_get_a_json_400_counted_and_logged_as_ours(guarded):
+    """A Content-Length that is not a number, a TLS handshake on the plain port, a header line
+    without a colon: uvicorn answered them in plain text, uncounted, with a warning of its
+    own."""
+    counted_before = metric(guarded, "nmt_requests_total", 'code="400",endpoint="other"')
+    logged_before = len(guarded.log)
+    for data, says in NOT_HTTP:
+        [(status, headers, body)] = exchange(guarded, data, 1, wait=10)
+        assert (status, headers["content-type"], headers["connection"]) == (
+            400, "application/json", "close"), body
+        assert says in json.loads(body)["error"]
+    assert_live(guarded)
+    assert metric(guarded, "nmt_requests_total",
+                  'code="400",endpoint="other"') == counted_before + len(NOT_HTTP)
+    deadline = time.monotonic() + 5  # the log is read by a thread of its own
+    while time.monotonic() < deadline and "".join(guarded.log[logged_before:]).count(
+            "400 to 127.0.0.1") < len(NOT_HTTP):
+        time.sleep(0.1)
+    logged = "".join(guarded.log[logged_before:])
+    assert logged.count("400 to 127.0.0.1") == len(NOT_HTTP), logged
+    assert "Invalid HTTP request" not in logged
+
+
 def test_a_request_whose_client_left_is_not_searched(run_dir, env, engine):
     """The request waits a second for company; its client leaves after a fifth of that: the
     server searches nothing, and counts the request as aborted."""

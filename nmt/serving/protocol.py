@@ -1,5 +1,6 @@
 """The server's HTTP connections: uvicorn's h11 protocol, with a deadline for each request's
-line and headers, and the listening socket, bound before the models load.
+line and headers and a JSON answer to bytes that are not HTTP/1.1, and the listening socket,
+bound before the models load.
 
 uvicorn times out a connection that idles between requests (keep-alive), but not one that
 sends its headers a byte at a time, or nothing at all after connecting: a few hundred such
@@ -7,12 +8,18 @@ connections would hold every file descriptor. `HeaderDeadline` answers 408 and c
 connection whose request line and headers have not all arrived `header_timeout` seconds after
 it opened, or after the first byte of a request that follows another; the body then has its
 own deadline (`limits.BodyReader`).
+
+The server always uses this protocol (never uvicorn's httptools one): a request h11 cannot
+parse (a Content-Length that is not a number, a header line without a colon, a TLS handshake
+sent to the plain port) is answered 400 `{"error": ...}` with `Connection: close` and counted,
+where uvicorn wrote a plain-text 400 and a warning of its own.
 """
 
 from __future__ import annotations
 
 import asyncio
 import errno
+import logging
 import socket
 from typing import TYPE_CHECKING
 
@@ -26,19 +33,27 @@ from nmt.translation.errors import InputError
 if TYPE_CHECKING:
     from nmt.serving.metrics import Metrics
 
+log = logging.getLogger("nmt.serving")
+TLS_RECORD = b"\x16"  # the first byte of a TLS handshake: a client speaking https:// to us
+# uvicorn's warning for bytes h11 cannot parse; `send_400_response` logs a line of its own.
+UVICORN_INVALID = "Invalid HTTP request received."
+
 
 class HeaderDeadline(H11Protocol):
-    """uvicorn's h11 protocol, closing connections slow to send a request's headers."""
+    """uvicorn's h11 protocol, closing connections slow to send a request's headers, and
+    answering in JSON those whose bytes are not HTTP/1.1."""
 
     header_timeout = 10.0  # seconds; `with_header_timeout` makes a class with another
     metrics: Metrics | None = None  # where a 408 answered here is counted (endpoint "other")
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self._header_timer: asyncio.TimerHandle | None = None
+        self._first_byte = b""  # of the connection: a TLS handshake is told by it
         super().connection_made(transport)
         self._watch_headers()
 
     def data_received(self, data: bytes) -> None:
+        self._first_byte = self._first_byte or data[:1]
         super().data_received(data)
         self._watch_headers()
 
@@ -76,13 +91,45 @@ class HeaderDeadline(H11Protocol):
         if self.metrics is not None:  # no route is known before the request line has come
             self.metrics.observe_request("other", 408, self.header_timeout)
 
+    def send_400_response(self, msg: str) -> None:
+        """uvicorn calls this when h11 cannot parse what came: answered in JSON, as every
+        other error is, and counted (endpoint "other": no route is known)."""
+        if self.conn.our_state not in (h11.IDLE, h11.SEND_RESPONSE):  # an answer is under way
+            self.transport.close()
+            return
+        message = self._not_http()
+        body = error_body(message)
+        headers = [(b"content-type", b"application/json"), (b"connection", b"close"),
+                   (b"content-length", b"%d" % len(body))]
+        answer = h11.Response(status_code=400, headers=headers, reason=b"Bad Request")
+        for event in (answer, h11.Data(data=body), h11.EndOfMessage()):
+            self.transport.write(self.conn.send(event))
+        self.transport.close()
+        log.info("400 to %s: %s", "%s:%d" % self.client if self.client else "a client", message)
+        if self.metrics is not None:
+            self.metrics.observe_request("other", 400, 0.0)  # answered as the bytes came
+
+    def _not_http(self) -> str:
+        if self._first_byte == TLS_RECORD:
+            return ("the request is a TLS handshake, but this port speaks plain HTTP; use "
+                    "http://, not https://")
+        return ("the request is not valid HTTP/1.1: its request line, a header line (name: "
+                "value) or its body's framing (Content-Length, chunks) could not be read")
+
 
 def with_header_timeout(seconds: float, metrics: Metrics | None = None
                         ) -> type[HeaderDeadline]:
-    """`HeaderDeadline` with a deadline of `seconds`, counting its 408s in `metrics`
+    """`HeaderDeadline` with a deadline of `seconds`, counting its 408s and 400s in `metrics`
     (uvicorn makes one instance per connection)."""
+    logging.getLogger("uvicorn.error").addFilter(_drop_uvicorn_invalid)  # added once
     return type("HeaderDeadline", (HeaderDeadline,),
                 {"header_timeout": seconds, "metrics": metrics})
+
+
+def _drop_uvicorn_invalid(record: logging.LogRecord) -> bool:
+    """False for uvicorn's warning of a request it cannot parse, which `HeaderDeadline`
+    answers and logs itself."""
+    return record.msg != UVICORN_INVALID
 
 
 def listening_socket(host: str, port: int) -> socket.socket:
