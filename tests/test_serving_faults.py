@@ -296,6 +296,55 @@ def test_a_key_that_is_not_ascii_works_as_a_bearer_header_too():
         assert (refused.value.status, refused.value.message) == (403, "Invalid API key")
 
 
+def _within(seconds: float, done) -> bool:
+    """Whether `done()` comes true within `seconds` (asked every 0.1 s)."""
+    deadline = time.monotonic() + seconds
+    for _ in range(int(seconds * 10) + 1):
+        if done() or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    return done()
+
+
+def test_a_changed_keys_file_is_read_again_and_an_edit_never_turns_keys_off(
+        run_dir, env, tmp_path):
+    """Keys were read once at start: a revoked key kept working until a restart, a new one was
+    refused. Now a change is read within a second or so of a request; a change to a file
+    without a key, or none at all, keeps the keys before it, with one warning."""
+    keys = tmp_path / "keys.txt"
+    keys.write_text("first-key\n", encoding="utf-8")
+    server = Server.start(["--model", run_dir, *SHAPES, "--api-keys", keys], env)
+
+    def answers(*sent: str) -> tuple[int, ...]:
+        return tuple(server.request("POST", "/translate", {"q": "Hallo.", **PAIR,
+                                                           "api_key": key}, timeout=30)[0]
+                     for key in sent)
+
+    def logged(text: str) -> int:
+        return "".join(server.log).count(text)
+
+    try:
+        assert answers("first-key", "second-key") == (200, 403)
+        keys.write_text("second-key\n", encoding="utf-8")
+        assert _within(5, lambda: answers("first-key", "second-key") == (403, 200))
+        for edit in (lambda: keys.write_text("# no key left\n", encoding="utf-8"),
+                     keys.unlink):
+            warned = logged("WARNING: --api-keys")
+            edit()
+            assert _within(5, lambda: answers("second-key") == (200,)
+                           and logged("WARNING: --api-keys") > warned)
+            time.sleep(1.5)  # another look at the file, unchanged since: no second warning
+            assert answers("second-key", "first-key", "") == (200, 403, 403)
+            assert logged("WARNING: --api-keys") == warned + 1, "".join(server.log)
+        assert logged(f"WARNING: --api-keys {keys}: holds no key") == 1
+        keys.write_text("first-key\nthird-key\n", encoding="utf-8")
+        assert _within(5, lambda: answers("first-key", "third-key", "second-key")
+                       == (200, 200, 403))
+        assert logged(f"--api-keys {keys} changed; keys in use: 2") == 1
+    finally:
+        assert server.stop() == 0, "".join(server.log)
+
+
 def test_read_api_keys(tmp_path):
     from nmt.serving.limits import read_api_keys
 

@@ -37,6 +37,7 @@ import signal
 import threading
 import time
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import uvicorn
 
@@ -56,6 +57,9 @@ from nmt.translation.command import (
     search_config,
 )
 from nmt.translation.errors import InputError
+
+if TYPE_CHECKING:
+    from nmt.serving.service import KeyFile
 
 log = logging.getLogger("nmt.serving")
 PROG = "python -m nmt.serving"
@@ -496,14 +500,14 @@ def run(args: argparse.Namespace) -> int:
     from nmt.serving.service import Service
 
     check_args(args)
-    keys = read_keys(args.api_keys)
+    key_file = read_keys(args.api_keys)
     limits = ServerLimits(**{field: getattr(args, field) for _, field, _, _ in LIMIT_FLAGS})
     sock = listening_socket(args.host, args.port)  # before the models: a port in use ends it
     if args.engine == "jax":
         enable_compilation_cache()
-    service = Service(Catalog(load_served_models(args)), limits, Metrics(), keys,
-                      RateLimiter(RateLimits(args.req_limit, args.char_limit_per_minute)),
-                      alternatives_limit=args.alternatives_limit)
+    service = Service(Catalog(load_served_models(args)), limits, Metrics(),
+                      rate=RateLimiter(RateLimits(args.req_limit, args.char_limit_per_minute)),
+                      alternatives_limit=args.alternatives_limit, key_file=key_file)
     service.detect("")  # the language identifier loads now, not at the first request
     cli.done_starting()  # before the warm-up, which compiles for as long as it takes
     for model in service.catalog.models:
@@ -531,11 +535,14 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def read_keys(path: str | None) -> frozenset[str] | None:
-    """The keys of --api-keys (None without the flag); UsageError for a path that is empty,
-    unreadable or holds none."""
+def read_keys(path: str | None) -> KeyFile | None:
+    """The keys of --api-keys, a `KeyFile` that reads them again when the file changes (None
+    without the flag); UsageError for a path that is empty, unreadable or holds none."""
+    from nmt.serving.service import KeyFile, key_file_state
+
     if path is None:
         return None
+    state = key_file_state(path)  # before reading: a change while it is read is seen later
     try:
         keys = read_api_keys(path)
     except ValueError as err:
@@ -543,7 +550,7 @@ def read_keys(path: str | None) -> frozenset[str] | None:
     if any(" #" in key or "\t#" in key for key in keys):
         log.warning("--api-keys %s: a key holds ' #'; keys are read whole, so it is part of "
                     "the key (a comment is a line of its own, starting with #)", path)
-    return keys
+    return KeyFile(path, keys, state)
 
 
 class _Server(uvicorn.Server):

@@ -7,6 +7,9 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import hmac
+import logging
+import os
+import time
 from collections.abc import Awaitable, Sequence
 from typing import TypeVar
 
@@ -18,12 +21,62 @@ from nmt.serving.catalog import Catalog, ServedModel
 from nmt.serving.detection import LanguageIdentifier
 from nmt.serving.errors import ClientGone, RequestError
 from nmt.serving.file_store import FileStore
-from nmt.serving.limits import ServerLimits
+from nmt.serving.limits import ServerLimits, read_api_keys
 from nmt.serving.metrics import Metrics
 from nmt.serving.ratelimit import RateLimiter, RateLimits
 
 RETRY_AFTER_SECONDS = 1
+KEYS_CHECK_SECONDS = 1.0  # how often at most the keys file is looked at for a change
 T = TypeVar("T")
+log = logging.getLogger("nmt.serving")
+
+
+def key_file_state(path: str) -> tuple[int, ...] | None:
+    """What changes when the file (a link's target) is written, replaced or made unreadable
+    (ctime: chmod); None if it cannot be looked at."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
+
+
+class KeyFile:
+    """The keys of --api-keys, read again when the file changes (looked at no more than once
+    a second, by the requests that need a key), so that keys are added or revoked without a
+    restart. A change that leaves the file unreadable or without a key keeps the keys before
+    it, with one warning: an edit never turns authentication off."""
+
+    def __init__(self, path: str, keys: frozenset[str], state: tuple[int, ...] | None):
+        self.path, self.keys, self._state = path, keys, state  # state: when `keys` were read
+        self._checked = time.monotonic()
+
+    def current(self) -> frozenset[str]:
+        now = time.monotonic()
+        if now - self._checked >= KEYS_CHECK_SECONDS:
+            self._checked = now
+            self._reread()
+        return self.keys
+
+    def _reread(self) -> None:
+        state = key_file_state(self.path)
+        if state == self._state:
+            return
+        keys, fault = self._read()
+        if key_file_state(self.path) != state:
+            return  # written while it was read: read again at the next look
+        self._state = state
+        if fault:
+            log.warning("%s; the keys read before stay in use (%d)", fault, len(self.keys))
+            return
+        self.keys = keys
+        log.info("--api-keys %s changed; keys in use: %d", self.path, len(keys))
+
+    def _read(self) -> tuple[frozenset[str], str]:
+        try:
+            return read_api_keys(self.path), ""
+        except ValueError as err:
+            return self.keys, str(err)
 
 
 @dataclasses.dataclass
@@ -40,6 +93,11 @@ class Service:
     executor: concurrent.futures.Executor | None = None
     identifier: LanguageIdentifier | None = None  # made at start, or at the first /detect
     files: FileStore = dataclasses.field(default_factory=FileStore)  # translated files
+    key_file: KeyFile | None = None  # --api-keys: `api_keys` follows its changes
+
+    def __post_init__(self):
+        if self.key_file is not None:
+            self.api_keys = self.key_file.keys
 
     def detect(self, text: str) -> list[tuple[str, float]]:
         """(language, confidence 0-1) of `text`, best first, among the sources served."""
@@ -100,6 +158,8 @@ class Service:
     def check_key(self, key: str | None) -> None:
         """RequestError 403 unless keys are off or `key` is one of them (compared in constant
         time, so that the answer's timing does not tell how much of a key was right)."""
+        if self.key_file is not None:
+            self.api_keys = self.key_file.current()
         if self.api_keys is None:
             return
         if not key:
