@@ -432,8 +432,8 @@ def start_batchers(model, service, executor, args: argparse.Namespace) -> None:
     pair's batch metrics and its queue gauge."""
     from nmt.serving.batching import Batcher
 
-    def batcher(translator) -> Batcher:
-        made = Batcher(translator, executor, gather_tokens=args.gather_tokens,
+    def batcher(translator, name: str) -> Batcher:
+        made = Batcher(translator, executor, name=name, gather_tokens=args.gather_tokens,
                        searches=args.searches, max_wait=args.batch_wait_ms / 1000,
                        max_queue=args.max_queue, refill_wait=args.refill_wait_ms / 1000,
                        across_requests=args.batch_across_requests,
@@ -441,9 +441,9 @@ def start_batchers(model, service, executor, args: argparse.Namespace) -> None:
         made.start()
         return made
 
-    model.batcher = batcher(model.translator)
+    model.batcher = batcher(model.translator, model.pair)
     if model.alternatives is not None:
-        model.alternatives_batcher = batcher(model.alternatives)
+        model.alternatives_batcher = batcher(model.alternatives, f"{model.pair} alternatives")
     batchers = [b for b in (model.batcher, model.alternatives_batcher) if b is not None]
     service.metrics.track_queue(model.pair, lambda: sum(b.queued_sentences for b in batchers))
 
