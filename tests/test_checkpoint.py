@@ -17,6 +17,9 @@ import pytest
 
 from nmt.models import model_dir
 from nmt.rundir import checkpoints as checkpoint
+from nmt.rundir.bookkeeping import Bookkeeping
+from nmt.training.saving import CheckpointWriter
+from nmt.training.stopping import PausableClock, StopSignal
 from transformer.config import SearchConfig, get_preset
 from transformer.training import (
     OptimizerConfig,
@@ -409,3 +412,27 @@ def test_damaged_model_config_is_named(tmp_path, text, what):
         model_dir.read_model_config(tmp_path)
     assert str(tmp_path / model_dir.CONFIG_FILE) in str(info.value)
     assert what in str(info.value)
+
+
+class _RecordedSaves:
+    """A Checkpointer that records which steps were saved as interim."""
+
+    def __init__(self):
+        self.interim: dict[int, bool] = {}
+
+    def save(self, step, params, train, data, interim) -> None:
+        self.interim[step] = interim
+
+    def wait(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("step, interim", [(0, True), (7, True), (10, False), (20, False)])
+def test_a_save_at_stop_is_interim_unless_the_schedule_saves_its_step(step, interim):
+    """Step 0 (Ctrl-C before the first update) is no scheduled save, though 0 % N == 0:
+    a resumed run must neither keep nor average its untrained parameters."""
+    saves = _RecordedSaves()
+    state = type("State", (), {"params": {}, "step": step, "opt_state": {}, "rng": None})()
+    writer = CheckpointWriter(saves, None, StopSignal(), PausableClock(), interval=10)
+    writer.save(step, state, Bookkeeping(), at_stop=True)
+    assert saves.interim == {step: interim}

@@ -36,12 +36,14 @@ class CheckpointWriter:
              at_stop: bool = False) -> None:
         """Checkpoint `step`, unless it was written with this bookkeeping. `at_stop`: the
         run's last save, waited for; a step that neither the schedule nor a best score
-        saves is interim (`Checkpointer.save`): a resumed run does not keep it."""
+        saves is interim (`Checkpointer.save`): a resumed run does not keep it. Step 0 (a
+        stop before the first update) is one: its parameters are untrained."""
         current = bookkeeping.fingerprint()
         if self.saved == (step, current):
             return
         began = time.monotonic()
-        interim = at_stop and step % self.interval != 0 and step != bookkeeping.best_step
+        scheduled = step > 0 and step % self.interval == 0
+        interim = at_stop and not scheduled and step != bookkeeping.best_step
         with self.clock.paused(), self.signals.critical():
             self.checkpoints.save(step, state.params, checkpoint_items(state),
                                   bookkeeping.to_json(), interim)
