@@ -141,7 +141,8 @@ def test_final_save_keeps_the_closing_log_line_and_validation(corpus, bleus, tmp
     _run(corpus, out, max_steps=5, save_every=5, bleu_tokenize="intl")
     assert bleus.settings == [{"target_language": "de", "bleu_tokenize": "intl"}] * 3
     book = _saved_bookkeeping(out, 5)
-    assert book["last_eval"]["step"] == 5 and book["bad_evals"] == 1
+    # Off the --eval-every grid, the closing validation is the last but counts no patience.
+    assert book["last_eval"]["step"] == 5 and book["bad_evals"] == 0
     assert (book["best_metric"], book["best_score"], book["best_step"]) == ("bleu", 3.0, 4)
     assert book["window"] == []  # logged at step 5
     lines = _lines(out)
@@ -182,6 +183,31 @@ def test_best_step_has_a_checkpoint_and_is_the_one_exported(corpus, bleus, tmp_p
     assert checkpoint.complete_steps(out / checkpoint.BEST_DIR) == [8]
 
 
+def test_a_closing_validation_off_the_grid_counts_for_model_only_not_for_a_resumed_run(
+        corpus, bleus, tmp_path):
+    """A run stopped off the --eval-every grid (by --max-minutes; here --max-steps 5) validates
+    at its stop: its model/ takes that step when it scores best, but best/, the patience and
+    the checkpoints kept do not count it, so the resumed run stops early, keeps and exports
+    what an uninterrupted run would."""
+    out, settings = tmp_path / "run", {"early_stop_patience": 2, "save_every": 2}
+    bleus += [2.0, 1.0, 3.0]  # steps 2, 4, and the closing validation at 5: the best
+    summary = _run(corpus, out, max_steps=5, **settings)
+    assert (summary["best_step"], summary["best_score"]) == (5, 3.0)
+    assert (_exported(out)["step"], _exported(out)["bleu"]) == (5, 3.0)
+    book = _saved_bookkeeping(out, 5)
+    assert (book["best_step"], book["bad_evals"], book["last_eval"]["step"]) == (2, 1, 5)
+    evals = [line for line in _lines(out) if line["kind"] == "eval"]
+    assert [line.get("closing") for line in evals] == [None, None, True]
+    assert checkpoint.complete_steps(out / checkpoint.BEST_DIR) == [2]
+    assert (out / checkpoint.CHECKPOINTS_DIR / "5" / checkpoint.INTERIM_FILE).exists()
+
+    bleus += [1.5, 9.0]  # step 6, the second without a better one; step 8 must not come
+    summary = _run(corpus, out, max_steps=8, **settings)
+    assert (summary["stopped"], summary["steps"], summary["best_step"]) == ("early_stop", 6, 2)
+    assert _exported(out)["step"] == 2
+    assert checkpoint.complete_steps(out / checkpoint.CHECKPOINTS_DIR) == [2, 4, 6]
+
+
 def test_a_resumed_run_stops_at_the_loss_spike_an_uninterrupted_one_stops_at(
         corpus, bleus, tmp_path, monkeypatch):
     """--loss-spike compares a loss with the median of the last steps: the checkpoint keeps
@@ -200,7 +226,8 @@ def test_a_resumed_run_stops_at_the_loss_spike_an_uninterrupted_one_stops_at(
 def test_best_metric_picks_the_checkpoint(corpus, cache, monkeypatch, tmp_path, metric,
                                           best_step):
     # The same scores at steps 2, 4 and 5 (the closing validation): chrF is best at its
-    # highest, perplexity at its lowest. BLEU, best at step 2, must not decide.
+    # highest, perplexity at its lowest. BLEU, best at step 2, must not decide. model/ takes
+    # the closing validation's step 5, best/ (what a resumed run continues from) step 2.
     scores, bleu = {2: 2.0, 4: 3.0, 5: 1.0}, {2: 9.0, 4: 1.0, 5: 1.0}
     results = [{"loss": 1.0, "nll": 1.0, "accuracy": 0.5, "ppl": scores[step],
                 "chrf": scores[step], "bleu": bleu[step]} for step in (2, 4, 5)]
@@ -211,7 +238,7 @@ def test_best_metric_picks_the_checkpoint(corpus, cache, monkeypatch, tmp_path, 
     summary = _run(corpus, out, max_steps=5, best_metric=metric)
     assert (summary["best_metric"], summary["best_step"]) == (metric, best_step)
     assert summary["best_score"] == scores[best_step]
-    assert checkpoint.complete_steps(out / checkpoint.BEST_DIR) == [best_step]
+    assert checkpoint.complete_steps(out / checkpoint.BEST_DIR) == [{4: 4, 5: 2}[best_step]]
     exported = _exported(out)
     assert (exported["step"], exported[metric]) == (best_step, scores[best_step])
     assert exported["chosen"] == {"chrf": "best validation chrF",

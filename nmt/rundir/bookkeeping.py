@@ -69,18 +69,33 @@ class Bookkeeping:
         higher_is_better = BEST_METRICS[self.best_metric][1]
         return score > self.best_score if higher_is_better else score < self.best_score
 
-    def record(self, step: int, result: dict[str, Any]) -> bool | None:
+    def record(self, step: int, result: dict[str, Any], closing: bool = False) -> bool | None:
         """Record the validation of `step`; True if it is the new best, False if not, None
-        when it has no score of the best metric (BLEU or chrF without translated sentences)."""
+        when it has no score of the best metric (BLEU or chrF without translated sentences).
+
+        `closing`: the validation that closes a run off the --eval-every grid (a --max-minutes
+        stop, say), recorded as the last one only: the best and the patience stay those of the
+        scheduled validations, which a resumed run continues from as an uninterrupted run
+        would. `reported` counts it for the stopped run's own model/."""
         self.last_eval = {"step": step, **result}
         score = result.get(self.best_metric)
-        if score is None:
-            return None
+        if score is None or closing:
+            return None if score is None else self.improves(score)
         if self.improves(score):
             self.best_score, self.best_step, self.bad_evals = score, step, 0
             return True
         self.bad_evals += 1
         return False
+
+    def reported(self, step: int, eval_every: int) -> "Bookkeeping":
+        """What the run stopped at `step` exports and reports: this bookkeeping, with the
+        closing validation of `step` (`record`) counted as if scheduled."""
+        last = self.last_eval
+        if last is None or last["step"] != step or step % eval_every == 0:
+            return self
+        book = dataclasses.replace(self)  # record() replaces fields, and shares no list
+        book.record(step, {k: v for k, v in last.items() if k != "step"})
+        return book
 
     def restart_best(self, metric: str) -> None:
         """Track the best by `metric` from scratch."""

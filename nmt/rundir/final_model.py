@@ -39,14 +39,16 @@ def export_best_or_last(run_dir: Path, run: RunConfig, model_config: ModelConfig
                         tokenizer, book: Bookkeeping, saver: Checkpointer,
                         last_params: Any, last_step: int) -> Path:
     """Write model/: the parameters of the best step by the best metric, else of the last
-    step. Every process calls it (restoring is collective); process 0 writes."""
-    if book.best_step is not None:
-        params = saver.restore_params(last_params, book.best_step, best=True)
+    step. Every process calls it (restoring is collective); process 0 writes. The best step
+    may be the last, whose closing validation best/ does not hold (`Bookkeeping.reported`)."""
+    params = last_params
+    if book.best_step is None:
+        source = {"step": last_step, "chosen": "last step"}
+    else:
+        if book.best_step != last_step:
+            params = saver.restore_params(last_params, book.best_step, best=True)
         source = {"step": book.best_step, book.best_metric: book.best_score,
                   "chosen": f"best validation {book.metric_label}"}
-    else:
-        params = last_params
-        source = {"step": last_step, "chosen": "last step"}
     model_dir = run_dir / MODEL_DIR
     params = local_copy(params)
     if jax.process_index() == 0:

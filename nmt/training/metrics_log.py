@@ -101,7 +101,8 @@ class MetricsWriter:
         if self.tb is not None:
             try:
                 for key, value in values.items():
-                    if isinstance(value, (int, float)) and math.isfinite(value):
+                    if (isinstance(value, (int, float)) and not isinstance(value, bool)
+                            and math.isfinite(value)):  # not "closing": true
                         self.tb.add_scalar(f"{kind}/{key}", value, step)
             except OSError as err:
                 self._drop_tensorboard(err)

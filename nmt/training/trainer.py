@@ -127,7 +127,8 @@ class Trainer:
         self.state, self.step, self.train_step = start.state, start.step, start.train_step
         self.bookkeeping = start.bookkeeping
         # config.yaml is replaced only now: a resume that failed keeps the settings of the run.
-        self._write_run_config()
+        if self.is_main:
+            _write_run_config(run_dir, run)
         resume.carry_over_best(self.bookkeeping, run, start.bleu_tokenizer, start.checkpoints,
                                self.step, self.state.params)
         self.batches = BatchLoader(
@@ -258,7 +259,7 @@ class Trainer:
             self.run = schedule_fit.with_end(self.run, end)
             self.limits.schedule_end = end
             if self.is_main:
-                self._write_run_config()
+                _write_run_config(self.run_dir, self.run)
                 log.info(fitted_end.describe(end, self.limits.max_minutes,
                                              self.run_dir / resume.RUN_CONFIG_FILE))
             fitted_end.compiled = self.start.train_step_compiling(self.run.optimizer, self.state,
@@ -287,8 +288,9 @@ class Trainer:
         bookkeeping.recent_losses = list(self.step_metrics.recent)  # --loss-spike's reference
         self.checkpoint_writer.save(self.step, self.state, bookkeeping, at_stop)
 
-    def validate(self) -> StopReason | None:
-        """Validate, log, track the best metric; EARLY_STOP when early stopping says stop."""
+    def validate(self, closing: bool = False) -> StopReason | None:
+        """Validate, log, track the best metric; EARLY_STOP when early stopping says stop.
+        `closing`: at a stop off the --eval-every grid; only this run's model/ counts it."""
         self.step_metrics.read_back()
         began = time.monotonic()
         with self.run_log.clock.paused():
@@ -299,15 +301,16 @@ class Trainer:
                                                  self.limits.validation_deadline)
             allocator.release_free_memory()
             self.limits.closing.validated(time.monotonic() - began)
-            self.run_log.write("eval", self.step, result)
+            self.run_log.write("eval", self.step, {**result, "closing": True} if closing
+                               else result)
             bookkeeping = self.bookkeeping
-            improved = bookkeeping.record(self.step, result)
-            if improved:
+            improved = bookkeeping.record(self.step, result, closing)
+            if improved and not closing:
                 self.checkpoint_writer.save_best(self.step, self.state.params, bookkeeping)
                 # The checkpoint of the same step records this best step: best/ and the
                 # bookkeeping a resumed run reads always agree.
                 self.save()
-            echo(describe(self.step, result) + best_note(bookkeeping, improved))
+            echo(describe(self.step, result) + best_note(bookkeeping, improved, closing))
             stop = improved is not None and bookkeeping.out_of_patience(
                 self.run.trainer.early_stop_patience)
             return StopReason.EARLY_STOP if stop else None
@@ -316,15 +319,16 @@ class Trainer:
         """The closing validation, unless this step was validated or none was trained."""
         last = self.bookkeeping.last_eval
         if self.step > 0 and (last is None or last["step"] != self.step):
-            self.validate()
+            self.validate(closing=self.step % self.run.trainer.eval_every != 0)
 
     # ------------------------------------------------------------------------- the end
 
     def finish(self, stopped: StopReason) -> dict[str, Any]:
         """Export the model translate.py loads (and the average), close, print the summary."""
         allocator.release_free_memory()  # the steps' buffers, before averaging's
-        model_dir = _export(self.run_dir, self.run, self.start, self.bookkeeping,
-                            self.state.params, self.step)
+        book = self.bookkeeping.reported(self.step, self.run.trainer.eval_every)
+        model_dir = _export(self.run_dir, self.run, self.start, book, self.state.params,
+                            self.step)
         barrier("exported")
         self.run_log.compilations(self.step)
         self.run_log.write("summary", self.step,
@@ -332,18 +336,13 @@ class Trainer:
                             "peak_rss_gb": allocator.peak_resident_gb()})
         self.close()
         summary = build_summary(self.run, self.run_dir, model_dir, self.step, stopped,
-                                self.bookkeeping, self.limits.minutes_so_far(),
+                                book, self.limits.minutes_so_far(),
                                 self.start.data.valid_sources)
         summary["time"] = self.run_log.time_spent(self.train_step, self.batches)
         summary["peak_rss_gb"] = allocator.peak_resident_gb()
         if self.is_main:
             print_summary(summary, self.run_dir)
         return summary
-
-    def _write_run_config(self) -> None:
-        """config.yaml: the run's settings as they are now (process 0 writes it)."""
-        if self.is_main:
-            write_atomically(self.run_dir / resume.RUN_CONFIG_FILE, recipes.dump(self.run))
 
     def close(self, quietly: bool = False) -> None:
         """Wait for checkpoints in flight and release the files. `quietly`: after an error,
@@ -382,6 +381,11 @@ def _export(run_dir: Path, run: RunConfig, start: Start, bookkeeping: Bookkeepin
                                                start.data.tokenizer, run.trainer.average_last)
         echo(f"Averaged checkpoints {steps} into {model_dir}")
     return model_dir
+
+
+def _write_run_config(run_dir: Path, run: RunConfig) -> None:
+    """config.yaml: the run's settings as they are now (process 0 writes it)."""
+    write_atomically(run_dir / resume.RUN_CONFIG_FILE, recipes.dump(run))
 
 
 def _resumed_run(run_dir: Path) -> RunConfig | None:

@@ -102,9 +102,13 @@ def describe(step: int, result: dict[str, Any]) -> str:
     return line
 
 
-def best_note(bookkeeping: Bookkeeping, improved: bool | None) -> str:
+def best_note(bookkeeping: Bookkeeping, improved: bool | None, closing: bool = False) -> str:
     """What the validation's line adds about the best score (`improved` as
-    `Bookkeeping.record` says): that this is the best, or which is, or nothing."""
+    `Bookkeeping.record` says): that this is the best, or which is, or nothing. `closing`:
+    a validation at a stop off the --eval-every grid (`Bookkeeping.record`)."""
+    if improved and closing:
+        return (f" (best {bookkeeping.metric_label}, exported to model/; a resumed run "
+                "counts only the validations every --eval-every steps)")
     if improved:
         return f" (best {bookkeeping.metric_label})"
     if improved is False:
