@@ -147,7 +147,12 @@ class TokenizerConfig:
             raise DataError(f"model_type must be 'unigram' or 'bpe', got {self.model_type!r}")
         if self.subword_nbest != -1 and (self.subword_alpha is None or self.model_type == "bpe"):
             raise nbest_without_unigram(self.subword_nbest)
-        if self.vocab_size < 300:
+        if self.spm_model is not None:  # the given model's size: any that holds a piece
+            if self.vocab_size < 5:
+                raise DataError(
+                    f"--spm-model {self.spm_model} has {self.vocab_size} pieces: it needs the 4 "
+                    "special ids and at least one piece more; train it with a larger vocab_size")
+        elif self.vocab_size < 300:  # the tokenizers trained here hold 256 byte pieces
             raise DataError(
                 f"vocab_size {self.vocab_size} is too small: 256 byte pieces and 4 special ids "
                 "are always in the vocabulary; use --vocab-size 300 or more")

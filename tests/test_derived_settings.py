@@ -4,12 +4,16 @@ vocabulary size)."""
 
 from __future__ import annotations
 
+import io
+
 import pytest
+import sentencepiece as spm
 
 import train as train_cli
+from data.config import DataError, TokenizerConfig
 from nmt.settings import recipes
 from nmt.settings.config import SettingsError
-from translate_model import make_model
+from translate_model import make_model, sentences
 
 
 @pytest.fixture(scope="module")
@@ -41,6 +45,29 @@ def test_spm_model_in_a_recipe_equals_the_flag(model_dir, tmp_path):
     assert loaded == train_cli.resolve(["--config", str(recipe)])[0]
     assert loaded == train_cli.resolve(["--spm-model", str(spm)])[0]
     assert loaded.tokenizer.vocab_size == 300  # the model's pieces, not the default size
+
+
+def _spm_model(path, vocab_size: int, byte_fallback: bool):
+    """A BPE model trained with spm_train's own defaults, save for this project's ids."""
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(sentences(200, seed=2)),
+                                   model_writer=model, model_type="bpe", vocab_size=vocab_size,
+                                   byte_fallback=byte_fallback, pad_id=0, unk_id=1, bos_id=2,
+                                   eos_id=3, minloglevel=2)
+    path.write_bytes(model.getvalue())
+    return path
+
+
+def test_a_given_spm_model_under_300_pieces_is_its_vocabulary(tmp_path):
+    """The 300-piece minimum is for tokenizers trained here (256 byte pieces); a model given
+    with --spm-model needs only the 4 special ids and a piece."""
+    small = _spm_model(tmp_path / "small.model", 120, byte_fallback=False)
+    run, _ = train_cli.resolve(["--spm-model", str(small)])
+    assert run.tokenizer.vocab_size == 120
+    with pytest.raises(DataError, match="vocab_size 299 is too small"):
+        TokenizerConfig(vocab_size=299)
+    with pytest.raises(DataError, match=f"--spm-model {small} has 4 pieces"):
+        TokenizerConfig(vocab_size=4, spm_model=str(small))
 
 
 def test_a_recipe_conflicting_with_init_from_is_refused_by_load_too(model_dir, tmp_path):
