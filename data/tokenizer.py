@@ -196,10 +196,21 @@ class Tokenizer(TokenizerBase):
         in lower case: "unigram", "bpe", "word" or "char"."""
         from sentencepiece import sentencepiece_model_pb2
 
+        return sentencepiece_model_pb2.TrainerSpec.ModelType.Name(
+            self._trainer_spec().model_type).lower()
+
+    @property
+    def byte_fallback(self) -> bool:
+        """Whether characters outside the vocabulary become UTF-8 byte pieces (else <unk>):
+        always so in the models trained here, not in every model given with --spm-model."""
+        return self._trainer_spec().byte_fallback
+
+    def _trainer_spec(self):
+        from sentencepiece import sentencepiece_model_pb2
+
         proto = sentencepiece_model_pb2.ModelProto()
         proto.ParseFromString(self.model_bytes)
-        return sentencepiece_model_pb2.TrainerSpec.ModelType.Name(
-            proto.trainer_spec.model_type).lower()
+        return proto.trainer_spec
 
     def vocabulary(self) -> list[str]:
         """The piece of each id, in id order."""

@@ -99,3 +99,20 @@ def test_the_settings_warnings_reach_stderr_formatted_as_the_runs_logs(model_dir
     err = capsys.readouterr().err.splitlines()
     assert err[0].startswith(f"WARNING train.py: --init-from {model_dir} was trained for de->en")
     assert err[1].startswith("train.py: error: --output-dir") and len(err) == 2
+
+
+def test_a_given_spm_model_without_byte_fallback_is_warned_of_once(tmp_path, caplog):
+    """Without byte fallback the characters the model has not seen become <unk>: one line
+    says so; a model with byte fallback passes without it."""
+    bare = _spm_model(tmp_path / "bare.model", 120, byte_fallback=False)
+    with caplog.at_level("WARNING", logger="train.py"):
+        train_cli.resolve(["--spm-model", str(bare)])
+    assert [record.getMessage() for record in caplog.records] == [
+        f"--spm-model {bare} has no byte fallback: characters it has not seen become <unk> "
+        "(\u2047) in training and translation; train it with --byte_fallback=true to avoid "
+        "that"]
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="train.py"):
+        train_cli.resolve(["--spm-model", str(_spm_model(tmp_path / "bytes.model", 400,
+                                                         byte_fallback=True))])
+    assert not caplog.records

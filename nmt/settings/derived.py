@@ -134,14 +134,16 @@ def _tokenizer_can_hold(vocab_size: int) -> bool:
 def spm_model_vocabulary(path: str, asked: Layer) -> Layer:
     """With --spm-model, the run's vocabulary is that model's: a layer setting vocab_size to
     its size. SettingsError if the file is no usable SentencePiece model or the recipe or
-    flags ask for another size; --tokenizer-type does not apply (a warning says so)."""
+    flags ask for another size; --tokenizer-type does not apply, and a model without byte
+    fallback turns unseen characters into <unk> (a warning says each)."""
     from data.config import DataError
     from data.tokenizer import Tokenizer  # loads SentencePiece: only when a model is given
 
     try:
-        pieces = Tokenizer.load(path).vocab_size
+        given = Tokenizer.load(path)
     except DataError as err:
         raise SettingsError(f"--spm-model: {err}") from None
+    pieces = given.vocab_size
     tokenizer = asked["tokenizer"]
     if "vocab_size" in tokenizer and tokenizer["vocab_size"][0] != pieces:
         value, origin = tokenizer["vocab_size"]
@@ -153,4 +155,8 @@ def spm_model_vocabulary(path: str, asked: Layer) -> Layer:
     if "model_type" in tokenizer:
         log.warning("--tokenizer-type does not apply with --spm-model %s: no tokenizer is "
                     "trained", path)
+    if not given.byte_fallback:
+        log.warning("--spm-model %s has no byte fallback: characters it has not seen become "
+                    "<unk> (\u2047) in training and translation; train it with "
+                    "--byte_fallback=true to avoid that", path)
     return _layer("tokenizer", {"vocab_size": pieces}, f"--spm-model {path} (vocab_size)")
