@@ -221,7 +221,9 @@ class Tokenizer(TokenizerBase):
         return self.model_bytes, self.model_bytes
 
     def encode(self, texts: Sequence[str], side: Side = "source") -> list[list[int]]:
-        """Token ids of each text, without BOS or EOS (one model for both sides)."""
+        """Token ids of each text, without BOS or EOS (one model for both sides); ValueError
+        for a text that is not valid Unicode."""
+        _check_unicode(texts)
         return self.processor.encode(list(texts), out_type=int)
 
     def check_sampling(self, alpha: float, nbest: int) -> None:
@@ -241,12 +243,14 @@ class Tokenizer(TokenizerBase):
 
     def sample(self, texts: Sequence[str], side: Side, alpha: float, nbest: int
                ) -> list[list[int]]:
+        _check_unicode(texts)
         # One worker: several would share the draws in whatever order they run.
         return self.processor.encode(list(texts), out_type=int, enable_sampling=True,
                                      alpha=alpha, nbest_size=nbest, num_threads=1)
 
     def token_spans(self, texts: Sequence[str], side: Side = "source"
                     ) -> list[tuple[list[int], list[tuple[int, int]]]]:
+        _check_unicode(texts)
         return [_spans_of(self.processor, text) for text in texts]
 
     def decode(self, ids: Iterable[Sequence[int]]) -> list[str]:
@@ -344,7 +348,9 @@ class VocabTokenizer(TokenizerBase):
         return self.source_bytes, self.target_bytes
 
     def encode(self, texts: Sequence[str], side: Side = "source") -> list[list[int]]:
-        """Token ids of each text, without EOS."""
+        """Token ids of each text, without EOS; ValueError for a text that is not valid
+        Unicode."""
+        _check_unicode(texts)
         processor = self.source if side == "source" else self.target
         unk = self.ids.unk
         out = []
@@ -382,6 +388,21 @@ class VocabTokenizer(TokenizerBase):
 
     def normalize(self, text: str) -> str:
         return self.target.normalize(text).replace("\u2581", " ").removeprefix(" ")
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _check_unicode(texts: Sequence[str]) -> None:
+    """ValueError naming the first text that holds a lone UTF-16 surrogate (what bytes that
+    are not UTF-8 become when decoded with errors="surrogateescape", or a JSON \\ud800
+    escape): no character, no UTF-8, and SentencePiece refuses it with a bare TypeError."""
+    for index, text in enumerate(texts):
+        if isinstance(text, str) and (found := _SURROGATE.search(text)):
+            raise ValueError(
+                f"text {index} is not valid Unicode: it holds U+{ord(found.group()):04X} (at "
+                f"character {found.start()}), half of a UTF-16 surrogate pair and no "
+                "character; decode its bytes as UTF-8, or drop the character")
 
 
 def _spans_of(processor: spm.SentencePieceProcessor, text: str, shift: int = 0

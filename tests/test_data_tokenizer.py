@@ -101,6 +101,15 @@ def test_round_trip_and_no_unk_for_unseen_characters(small_tokenizer):
     assert decoded[:7] == texts[:7]  # these are left alone by normalization
 
 
+def test_a_text_with_a_lone_surrogate_is_refused_by_index_and_code_point(small_tokenizer):
+    """Not Unicode (undecodable bytes under surrogateescape): SentencePiece's own error was a
+    TypeError naming neither the text nor the character."""
+    for method in (small_tokenizer.encode, small_tokenizer.token_spans):
+        with pytest.raises(ValueError, match=r"^text 1 is not valid Unicode: it holds U\+D800 "
+                                             r"\(at character 1\)"):
+            method(["ok", "a\ud800b"])
+
+
 def test_decode_stops_at_eos_and_ignores_pad_and_bos(small_tokenizer):
     ids = small_tokenizer.encode(["Der Hund", "fox"])
     rows = np.zeros((2, 12), np.int32)
