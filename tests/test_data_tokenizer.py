@@ -155,6 +155,28 @@ def test_a_vocabulary_too_large_for_the_text_is_fitted_to_it(caplog):
     assert more.vocab_size == tokenizer.vocab_size
 
 
+def test_a_bpe_vocabulary_too_large_for_the_text_says_how_many_pieces_it_never_uses(caplog):
+    """SentencePiece's most for BPE is far above what a small text uses (pieces merged on the
+    way to whole words); the model is kept, and one info line counts them and names a size."""
+    with caplog.at_level(logging.INFO, logger="data.tokenizer"):
+        tokenizer = train_tokenizer(SMALL_TEXT, TokenizerConfig(vocab_size=800, model_type="bpe"))
+    processor = tokenizer.processor
+    used = {i for row in tokenizer.encode(SMALL_TEXT) for i in row}
+    merged = [i for i in range(tokenizer.vocab_size) if len(processor.id_to_piece(i)) > 1
+              and not (processor.is_byte(i) or processor.is_control(i) or processor.is_unknown(i))]
+    unused = sum(i not in used for i in merged)
+    assert tokenizer.vocab_size == 800 and unused > len(merged) / 4
+    assert [record.getMessage() for record in caplog.records] == [
+        f"BPE: {unused} of the {len(merged)} merged pieces never occur in the segmentation of "
+        "the training text (the model never sees them); --vocab-size 800 is more than this "
+        f"text supports: about {800 - unused} suits it (or --tokenizer-type unigram, which is "
+        "fitted to the text)"]
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="data.tokenizer"):
+        train_tokenizer(SMALL_TEXT, TokenizerConfig(vocab_size=350, model_type="bpe"))
+    assert caplog.records[0].getMessage().endswith("(the model never sees them)")
+
+
 def test_a_one_shot_text_too_small_for_the_vocabulary_names_the_size_that_works():
     with pytest.raises(DataError, match=r"--vocab-size 5000 is too large.*use --vocab-size \d+"):
         train_tokenizer(iter(SMALL_TEXT), TokenizerConfig(vocab_size=5000))
