@@ -396,6 +396,14 @@ def test_both_sides_of_a_test_set_from_stdin_are_refused(capsys, no_model):
                                     "both read standard input; give one of them as a file.")
 
 
+def test_a_sentence_argument_that_is_not_utf8_is_named(capsys, no_model):
+    """Python decodes such argv bytes to lone surrogates, which SentencePiece cannot take."""
+    status, line = _main(translate_cli.main, ["--model", "m", "ok", "Ein \udcffMann"], capsys)
+    assert status == 2 and line == ("translate.py: error: sentence argument 2 is not valid "
+                                    "UTF-8 (byte 0xff at character 5); give UTF-8 text, or "
+                                    "use --input FILE")
+
+
 def test_a_second_reference_file_is_refused_not_dropped(capsys, no_model):
     status, line = _main(translate_cli.main, ["--model", "m", "--evaluate", "--src-file", "s",
                                               "--ref-file", "r1", "--ref-file", "r2"], capsys)

@@ -288,6 +288,13 @@ def _check_inputs(args: argparse.Namespace) -> None:
     default."""
     if args.input is not None and args.sentences:
         raise UsageError("give sentences as arguments or --input FILE, not both.")
+    for number, sentence in enumerate(args.sentences, 1):
+        try:
+            sentence.encode("utf-8")
+        except UnicodeEncodeError as err:  # bytes the locale could not decode: surrogates
+            raise UsageError(f"sentence argument {number} is not valid UTF-8 (byte "
+                             f"{ord(sentence[err.start]) - 0xDC00:#04x} at character "
+                             f"{err.start + 1}); give UTF-8 text, or use --input FILE") from None
     if args.plot_attention and len(args.sentences) != 1:
         raise UsageError("--plot-attention needs exactly one SENTENCE argument.")
     if args.plot_attention and len(args.model) > 1:
