@@ -109,7 +109,7 @@ def test_an_interim_step_stops_counting_once_a_later_step_is_saved(tmp_path):
         saver.save(step, params, train, {})
     saver.save(23, params, train, {}, interim=True)
     saver.wait()
-    assert saver.steps() == [20, 23]  # the newest is kept: the run resumes from it
+    assert saver.steps() == [10, 20, 23]  # the newest is kept too: the run resumes from it
     assert (tmp_path / "checkpoints" / "23" / checkpoint.INTERIM_FILE).exists()
     saver.close()
 
@@ -125,6 +125,21 @@ def test_an_interim_step_stops_counting_once_a_later_step_is_saved(tmp_path):
     assert resumed.steps() == [35, 40]
     assert not (tmp_path / "checkpoints" / "35" / checkpoint.INTERIM_FILE).exists()
     resumed.close()
+
+
+def test_keep_last_counts_only_the_save_every_steps(tmp_path):
+    """Steps saved for a best score (interim) neither push the --save-every checkpoints out
+    of --keep-last nor stay once a later step is saved; the newest stays, whatever it is."""
+    params, train = _split(_trained_state(0))
+    saver = checkpoint.Checkpointer(tmp_path, keep_last=3)
+    for step in range(5, 70, 5):  # every 20 on schedule, each one between for a best score
+        saver.save(step, params, train, {}, interim=step % 20 != 0)
+    saver._last.wait_until_finished()  # orbax's own deletion, before our seal
+    assert saver.steps() == [20, 40, 60, 65]
+    saver.save(80, params, train, {})
+    saver.wait()
+    assert saver.steps() == [40, 60, 80]
+    saver.close()
 
 
 def test_a_run_without_interim_steps_deletes_the_oldest_as_soon_as_a_save_is_final(tmp_path):
@@ -146,7 +161,7 @@ def test_with_keep_last_1_an_interim_step_goes_only_once_the_next_is_sealed(tmp_
     saver.save(20, params, train, {})
     saver.save(23, params, train, {}, interim=True)
     saver.wait()
-    assert saver.steps() == [23]
+    assert saver.steps() == [20, 23]  # the last of the schedule, and the newest
     saver.close()
     # The resumed run: its next save fails after orbax finalized it (sealing it does not).
     resumed = checkpoint.Checkpointer(tmp_path, keep_last=1, async_save=False)
@@ -427,12 +442,14 @@ class _RecordedSaves:
         pass
 
 
-@pytest.mark.parametrize("step, interim", [(0, True), (7, True), (10, False), (20, False)])
-def test_a_save_at_stop_is_interim_unless_the_schedule_saves_its_step(step, interim):
+@pytest.mark.parametrize("step, at_stop, interim", [
+    (0, True, True), (7, True, True), (10, True, False), (20, False, False), (15, False, True)])
+def test_a_save_is_interim_unless_the_schedule_saves_its_step(step, at_stop, interim):
     """Step 0 (Ctrl-C before the first update) is no scheduled save, though 0 % N == 0:
-    a resumed run must neither keep nor average its untrained parameters."""
+    a resumed run must neither keep nor average its untrained parameters. A step saved for
+    its best score (15) does not count in --keep-last either: best/ keeps its parameters."""
     saves = _RecordedSaves()
     state = type("State", (), {"params": {}, "step": step, "opt_state": {}, "rng": None})()
     writer = CheckpointWriter(saves, None, StopSignal(), PausableClock(), interval=10)
-    writer.save(step, state, Bookkeeping(), at_stop=True)
+    writer.save(step, state, Bookkeeping(), at_stop=at_stop)
     assert saves.interim == {step: interim}

@@ -9,9 +9,10 @@ A run directory holds two kinds of saved state:
     train   {"step", "opt_state", "rng"}, StandardSave;
     data    JSON: the data iterator's state, the trainer's bookkeeping (the best
             --best-metric score and its step, patience, metrics of the unfinished log window).
-  The last `keep_last` are kept. A step saved only because the run stopped there (a signal,
-  a time limit: an "interim" step, marked by an INTERIM file) stops counting once a later
-  step is saved, and is deleted: a run interrupted and resumed keeps, and averages, the
+  The last `keep_last` steps of the --save-every schedule are kept, and the newest. A step
+  saved off the schedule (for a best score, or because the run stopped there: a signal, a
+  time limit; an "interim" step, marked by an INTERIM file) never counts among them, and is
+  deleted once a later step is saved: a run interrupted and resumed keeps, and averages, the
   steps an uninterrupted one keeps. Parameters are a separate item so that averaging and export
   read them without knowing the optimizer's state structure.
 - `best/<step>/`: parameters of the checkpoint with the best validation score so far (BLEU by
@@ -27,6 +28,7 @@ loads: see `nmt.models.model_dir`.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import hashlib
 import json
@@ -34,7 +36,7 @@ import logging
 import re
 import shutil
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -246,6 +248,32 @@ def _abstract(tree: Any) -> Any:
     return jax.tree.map(ocp.utils.to_shape_dtype_struct, tree)
 
 
+def kept_steps(steps: list[int], keep_last: int, is_interim: Callable[[int], bool]
+               ) -> set[int]:
+    """The checkpoints --keep-last keeps of `steps`: the last `keep_last` of those the
+    --save-every schedule saved, and the newest step, which a resumed run starts from. An
+    interim step (saved for a best score, whose parameters best/ keeps, or because the run
+    stopped there) counts in neither: an uninterrupted run keeps, and averages, the same steps
+    whatever its best scores, as fairseq's --keep-interval-updates and Marian do."""
+    steps = sorted(steps)
+    scheduled = [step for step in steps if not is_interim(step)]
+    return set(scheduled[-keep_last:]) | set(steps[-1:])
+
+
+@dataclasses.dataclass(frozen=True)
+class _KeepLast:
+    """`kept_steps` as orbax's preservation policy, applied as soon as a save is final; an
+    interim step goes only at the next seal (`Checkpointer._keep_last`), once the step after
+    it has its checksums."""
+
+    keep_last: int
+    is_interim: Callable[[int], bool]
+
+    def should_preserve(self, checkpoints: Sequence[Any], *, context: Any) -> list[bool]:
+        kept = kept_steps([info.step for info in checkpoints], self.keep_last, self.is_interim)
+        return [info.step in kept or self.is_interim(info.step) for info in checkpoints]
+
+
 class Checkpointer:
     """The run's two orbax managers: the last `keep_last` steps and the best by BLEU (one).
 
@@ -262,14 +290,15 @@ class Checkpointer:
         for directory in (self.directory, self.best_directory):
             _put_back(directory)  # a process killed while saving a step again
         barrier(f"put back {self.run_dir}")
-        # Orbax deletes the oldest steps as soon as a save is finalized, counting the interim
-        # steps of earlier runs too: `_keep_last` removes those at the next seal.
-        interim = [step for step in self.steps() if self._is_interim(step)]
+        self._interim: set[int] = set()  # steps saved as interim, marked when sealed
+        # Orbax deletes the scheduled steps no longer kept as soon as a save is finalized, by
+        # the rule of `_keep_last`; the interim steps that rule passes over go at the next seal.
         self._last = ocp.CheckpointManager(
             self.directory,
             options=ocp.CheckpointManagerOptions(
-                max_to_keep=keep_last + len(interim), enable_async_checkpointing=async_save,
-                cleanup_tmp_directories=True, create=True),
+                preservation_policy=_KeepLast(keep_last, self._is_interim),
+                enable_async_checkpointing=async_save, cleanup_tmp_directories=True,
+                create=True),
             item_names=_ITEMS)
         self._best = ocp.CheckpointManager(
             self.best_directory,
@@ -279,15 +308,15 @@ class Checkpointer:
             item_names=("params", "data"))
         self._pending: tuple[Path, int] | None = None  # the save in flight
         self._failed = False  # a save failed: its partial files go again at close
-        self._interim: set[int] = set()  # steps saved as interim, marked when sealed
 
     # ------------------------------------------------------------------ saving
 
     def save(self, step: int, params: Any, train: dict[str, Any], data: dict[str, Any],
              interim: bool = False) -> None:
         """Start saving step `step` in the background; returns once arrays are copied.
-        `interim`: saved only because the run stopped there; it leaves the last `keep_last`
-        once a later step is saved."""
+        `interim`: saved off the --save-every schedule (for a best score, or because the run
+        stopped there); it never counts in the last `keep_last`, and goes once a later step
+        is saved."""
         with self._writing(self.directory, step):
             self._seal()
             (self._interim.add if interim else self._interim.discard)(step)
@@ -359,15 +388,14 @@ class Checkpointer:
         self._keep_last()
 
     def _keep_last(self) -> None:
-        """Delete all but the last `keep_last` steps, where an interim step older than the
-        newest does not count (and goes): an uninterrupted run never saved it."""
+        """Delete all but the steps `kept_steps` keeps."""
         steps = self.steps()
-        counted = [step for step in steps[:-1] if not self._is_interim(step)] + steps[-1:]
-        for step in sorted(set(steps) - set(counted[-self.keep_last:])):
+        for step in sorted(set(steps) - kept_steps(steps, self.keep_last, self._is_interim)):
             _clear_step(self._last, self.directory, step)
 
     def _is_interim(self, step: int) -> bool:
-        return (self.directory / str(step) / INTERIM_FILE).exists()
+        """Saved as interim by this process (marked when sealed), or marked on disk."""
+        return step in self._interim or (self.directory / str(step) / INTERIM_FILE).exists()
 
     def discard_best(self, keep: int | None) -> list[int]:
         """Delete every step of best/ but `keep` (None: all); returns the steps deleted.

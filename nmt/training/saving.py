@@ -35,15 +35,15 @@ class CheckpointWriter:
     def save(self, step: int, state: Any, bookkeeping: Bookkeeping,
              at_stop: bool = False) -> None:
         """Checkpoint `step`, unless it was written with this bookkeeping. `at_stop`: the
-        run's last save, waited for; a step that neither the schedule nor a best score
-        saves is interim (`Checkpointer.save`): a resumed run does not keep it. Step 0 (a
-        stop before the first update) is one: its parameters are untrained."""
+        run's last save, waited for. A step off the --save-every schedule (saved for a best
+        score, or at a stop) is interim (`Checkpointer.save`): it never counts in
+        --keep-last, and a resumed run does not keep it. Step 0 (a stop before the first
+        update) is one: its parameters are untrained."""
         current = bookkeeping.fingerprint()
         if self.saved == (step, current):
             return
         began = time.monotonic()
-        scheduled = step > 0 and step % self.interval == 0
-        interim = at_stop and not scheduled and step != bookkeeping.best_step
+        interim = step == 0 or step % self.interval != 0
         with self.clock.paused(), self.signals.critical():
             self.checkpoints.save(step, state.params, checkpoint_items(state),
                                   bookkeeping.to_json(), interim)

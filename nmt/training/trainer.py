@@ -12,7 +12,8 @@ The run directory it leaves:
 
     config.yaml        every setting of the run (a recipe: `train.py --config` continues it)
     spm.model          the SentencePiece model
-    checkpoints/<N>/   the last --keep-last checkpoints (nmt.rundir.checkpoints)
+    checkpoints/<N>/   the last --keep-last --save-every checkpoints, and the newest
+                       (nmt.rundir.checkpoints)
     best/<N>/          parameters with the best validation score so far (--best-metric)
     model/             the model translate.py loads: the best step, else the last
     averaged/          with --average-last N: the mean of the last N checkpoints
