@@ -285,6 +285,21 @@ def test_resume_keeps_or_restarts_the_best_by_metric_and_bleu_tokenizer(corpus, 
     assert checkpoint.complete_steps(out / checkpoint.BEST_DIR) == [6]
 
 
+def test_resumed_with_eval_sentences_0_a_bleu_best_is_dropped_and_model_is_the_last_step(
+        corpus, bleus, tmp_path, caplog):
+    """No later step can be scored by BLEU: the carried-over best would be model/ for ever."""
+    out = tmp_path / "run"
+    bleus += [1.0, 2.0]  # steps 2 and 4
+    _run(corpus, out, max_steps=4)
+    with caplog.at_level(logging.WARNING, logger="trainer"):
+        summary = _run(corpus, out, max_steps=6, eval_sentences=0)
+    assert ("--eval-sentences 0 scores no BLEU: the best step so far (4) no longer counts, "
+            "and model/ is the last step") in caplog.text
+    assert summary["best_step"] is None
+    assert (_exported(out)["step"], _exported(out)["chosen"]) == (6, "last step")
+    assert checkpoint.complete_steps(out / checkpoint.BEST_DIR) == []
+
+
 def test_resume_after_early_stop_stops_at_once(corpus, bleus, tmp_path, capsys):
     out = tmp_path / "run"
     bleus += [2.0, 1.0]

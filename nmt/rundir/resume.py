@@ -186,8 +186,10 @@ def carry_over_best(book: Bookkeeping, run: RunConfig, bleu_tokenizer: str,
 
     A run resumed with another --best-metric, or with BLEU tokenized another way, tracks the
     best afresh: the saved best score does not compare with the new ones. The validation of
-    the step resumed from starts it when it holds the new score. best/ must then hold the
-    best step the bookkeeping records and nothing else.
+    the step resumed from starts it when it holds the new score. A run resumed with
+    --eval-sentences 0 computes no BLEU or chrF: a best by either is dropped, so that model/ is
+    the last step, not one no later step can beat. best/ must then hold the best step the
+    bookkeeping records and nothing else.
     """
     metric = run.trainer.best_metric or book.best_metric  # no flag: keep the run's metric
     old_tokenizer, book.bleu_tokenizer = book.bleu_tokenizer, bleu_tokenizer
@@ -205,6 +207,12 @@ def carry_over_best(book: Bookkeeping, run: RunConfig, bleu_tokenizer: str,
                  else "at the next validation")
         log.warning("the best step so far was chosen by %s; from now on %s chooses best/ and "
                     "model/, starting %s", old, now, start)
+    elif metric != "ppl" and run.trainer.eval_sentences == 0 and book.best_step is not None:
+        log.warning("--eval-sentences 0 scores no %s: the best step so far (%d) no longer "
+                    "counts, and model/ is the last step (--best-metric ppl chooses by "
+                    "perplexity)", book.metric_label, book.best_step)
+        saver.discard_best(keep=None)
+        book.restart_best(metric)
     _check_best_directory(book, saver, step)
 
 
