@@ -257,12 +257,26 @@ class BatchConfig:
                 f"(--max-tokens-per-sentence {self.max_len}, at most the model's max_len): "
                 f"raise --pack-width to {self.max_len} or more, or lower "
                 "--max-tokens-per-sentence")
-        if self.batch_tokens // self.width < self.num_devices:
-            raise DataError(
-                f"a batch of {self.batch_tokens} tokens (--batch-tokens x --accum) holds "
-                f"{self.batch_tokens // self.width} packed rows of width {self.width}, fewer "
-                f"than the {self.num_devices} it needs (devices x --accum); use --batch-tokens "
-                f"{self.width * self.num_devices} or more, or a smaller --pack-width")
+        # Until the corpus gives the width (`data.packing.fit_width`, which makes a new config
+        # and so checks again), max_len is only a bound on it: a budget too small for rows of
+        # max_len can still hold enough rows of the pairs the corpus has.
+        if self.pack_width is not None or self.fitted_width is not None:
+            self._check_rows()
+
+    def _check_rows(self) -> None:
+        if self.batch_tokens // self.width >= self.num_devices:
+            return
+        if self.pack_width is not None:
+            source, remedy = "--pack-width", "a smaller --pack-width"
+        else:
+            source = ("the longest pair kept, rounded up to a multiple of 8"
+                      if self.fitted_width is not None else "--max-tokens-per-sentence")
+            remedy = "lower --max-tokens-per-sentence"
+        raise DataError(
+            f"a batch of {self.batch_tokens} tokens (--batch-tokens x --accum) holds "
+            f"{self.batch_tokens // self.width} packed rows of width {self.width} ({source}), "
+            f"fewer than the {self.num_devices} it needs (devices x --accum); use --batch-tokens "
+            f"{self.width * self.num_devices} or more, or {remedy}")
 
     @property
     def width(self) -> int:
@@ -274,6 +288,7 @@ class BatchConfig:
     def rows_per_batch(self) -> int:
         """Packed rows of one batch: the token budget over the width, a multiple of the
         device count."""
+        self._check_rows()  # checked here too while the width is not yet the corpus's
         rows = self.batch_tokens // self.width
         return rows - rows % self.num_devices
 

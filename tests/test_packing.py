@@ -20,7 +20,7 @@ from data.batching import (
     plan_stats,
 )
 from data.config import BatchConfig, DataError
-from data.packing import PackedBatch, pack_epoch, pack_rows, packed_arrays
+from data.packing import PackedBatch, fit_width, pack_epoch, pack_rows, packed_arrays
 from data.store import TokenStore
 from transformer.config import get_preset
 from transformer.layers import MultiHeadAttention, Packing
@@ -118,11 +118,31 @@ def test_width_and_budget_errors_name_both_values():
                                         r"kept \(--max-tokens-per-sentence 32"):
         BatchConfig(max_len=32, pack_width=16)
     with pytest.raises(DataError, match=r"a batch of 100 tokens .* holds 1 packed rows of "
-                                        r"width 64, fewer than the 2 it needs .* --batch-tokens "
-                                        r"128"):
-        BatchConfig(batch_tokens=100, max_len=64, num_devices=2)
+                                        r"width 64 \(--pack-width\), fewer than the 2 it needs "
+                                        r".* --batch-tokens 128"):
+        BatchConfig(batch_tokens=100, max_len=32, pack_width=64, num_devices=2)
     with pytest.raises(DataError, match="longer than the row width 8"):
         pack_rows(np.array([9]), np.array([3]), np.array([0]), 8)
+
+
+def test_the_row_budget_is_checked_at_the_corpus_width_not_max_len():
+    # 128 tokens hold 2 rows of max_len 64 but 5 of the corpus's width 24: 4 devices fit.
+    pairs = _random_pairs(200, seed=6, longest=20)
+    assert max(pairs.src_len.max(), pairs.tgt_len.max()) == 20
+    config = BatchConfig(batch_tokens=128, max_len=64, num_devices=4)
+    fitted = fit_width(config, pairs.src_len, pairs.tgt_len)
+    assert (fitted.width, fitted.rows_per_batch) == (24, 4)
+    assert {b.num_rows for b in pack_epoch(pairs.src_len, pairs.tgt_len, fitted, 0)} == {4}
+    too_small = dataclasses.replace(config, batch_tokens=64)
+    with pytest.raises(DataError, match=r"a batch of 64 tokens .* holds 2 packed rows of width "
+                                        r"24 \(the longest pair kept, rounded up to a multiple "
+                                        r"of 8\), fewer than the 4 it needs .* --batch-tokens 96 "
+                                        r"or more, or lower --max-tokens-per-sentence"):
+        fit_width(too_small, pairs.src_len, pairs.tgt_len)
+    # A config never fitted to a corpus refuses to plan rather than make batches of 0 rows.
+    with pytest.raises(DataError, match=r"holds 1 packed rows of width 64 "
+                                        r"\(--max-tokens-per-sentence\), fewer than the 4"):
+        pack_epoch(pairs.src_len, pairs.tgt_len, too_small, 0)
 
 
 # ----------------------------------------------------------------------------- the model
