@@ -39,6 +39,8 @@ ALLOWED = {
     "log_message": "BaseHTTPRequestHandler method", "daemon_threads": "ThreadingMixIn option",
     # fields of nmt.runtime.files.FileState, compared whole
     "inode": "FileState field", "mtime_ns": "FileState field",
+    # orbax's preservation-policy hook, which its CheckpointManager calls (--keep-last)
+    "should_preserve": "orbax preservation policy",
     # a signal handler's second argument
     "frame": "signal handler signature",
     # what pytest calls by name
