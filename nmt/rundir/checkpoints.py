@@ -564,8 +564,5 @@ def average_checkpoints(run_dir: str | Path, last: int, config: ModelConfig
             total = params if total is None else jax.tree.map(jnp.add, total, params)
     finally:
         manager.close()
-    if len(steps) < last:
-        log.warning("averaging %d checkpoints: only %d of the requested %d are usable",
-                    len(steps), len(steps), last)
     mean = jax.tree.map(lambda x: x / len(steps), total)
     return mean, steps
