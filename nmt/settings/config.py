@@ -93,7 +93,7 @@ class TrainerConfig:
               "default: zh, ja-mecab or ko-mecab for a Chinese, Japanese or Korean target, "
               "else 13a")
     save_every: int | None = setting(None, "checkpoint every N steps (default: --eval-every)")
-    keep_last: int = setting(5, "keep the last K checkpoints")
+    keep_last: int = setting(5, "keep the last K --save-every checkpoints (and the newest)")
     average_last: int | None = setting(
         None, "at the end of training, write averaged/: the mean of the last N checkpoints "
               "(train.py --average-only averages an existing run without training)")
