@@ -14,8 +14,10 @@ Each shape's batch size B is fixed: at most `batch_tokens // max(S, T)` (so the 
 `B * max(S, T) <= batch_tokens` always holds) and a multiple of `num_devices`. Cells are filled
 in order of size. A cell with too few pairs for one full batch passes them on to the next
 larger cell (one bucket up in S or T, towards S = T) and makes no shape of its own; a cell with
-enough is cut into the fewest batches that fit the budget, all of one size B, so its last batch
-has only a few all-pad rows instead of being half empty. Cell sizes do not change between
+enough is cut into the fewest batches that fit the budget, all of one size B, its pairs spread
+evenly over them (their counts differ by at most one), so no batch is half empty: the all-pad
+rows that B's rounding to a multiple of `num_devices` adds are shared out too, not left to the
+last batch. Cell sizes do not change between
 epochs, so neither do the shapes: a few dozen on real corpora (`plan_stats` reports them).
 Sampled segmentations (`data.sampling`) change the lengths every epoch; their epochs keep the
 shapes of the deterministic segmentation (`BucketGrid`, `grid_epoch`).
@@ -229,19 +231,24 @@ def _next_cell(i: int, j: int, counts: np.ndarray) -> tuple[int, int] | None:
 
 def _even_rows(pairs: int, max_rows: int, multiple: int) -> int:
     """B that cuts `pairs` into the fewest batches of at most `max_rows`, all of one size:
-    the smallest multiple of `multiple` that holds them in that many batches, so only the
-    last batch has all-pad rows, fewer than `multiple` per batch plus one."""
+    the smallest multiple of `multiple` that holds them in that many batches, so those
+    batches have fewer than `multiple` all-pad rows each, plus one."""
     n_batches = -(-pairs // max_rows)
     rows = -(-pairs // n_batches)
     return rows + -rows % multiple
 
 
 def _split_evenly(pool: np.ndarray, rows: int, size_s: int, size_t: int) -> list[PlannedBatch]:
-    """Cut `pool` into batches of `rows` rows, the last one padded with all-pad rows."""
+    """Cut `pool` into the fewest batches of `rows` rows, its pairs in order and spread
+    evenly: each batch holds floor or ceil(len(pool) / batches) of them, then all-pad rows.
+    Left to the last batch, the padding of B rounded up to a multiple of the devices could
+    all but empty it (9 pairs, B = 8: 8 and 1 real rows; spread, 5 and 4)."""
     n_batches = -(-len(pool) // rows)
-    padded = np.concatenate([pool, np.full(n_batches * rows - len(pool), -1)])
-    return [PlannedBatch(size_s, size_t, padded[b * rows:(b + 1) * rows])
-            for b in range(n_batches)]
+    real = np.full(n_batches, len(pool) // n_batches)
+    real[:len(pool) % n_batches] += 1
+    padded = np.full((n_batches, rows), -1, np.int64)
+    padded[np.arange(rows) < real[:, None]] = pool  # row-major: the pairs keep their order
+    return [PlannedBatch(size_s, size_t, batch) for batch in padded]
 
 
 def _cells(n_buckets: int) -> Iterator[tuple[int, int]]:

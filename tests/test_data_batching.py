@@ -13,9 +13,14 @@ from data.batching import (
     DEFAULT_BUCKETS,
     BatchConfig,
     BatchIterator,
+    Examples,
+    _even_rows,
+    _split_evenly,
     batch_arrays,
     bucket_epoch,
+    bucket_grid,
     eval_batches,
+    grid_epoch,
     inference_batches,
     load_examples,
     plan_stats,
@@ -129,6 +134,54 @@ def test_max_shapes_bounds_the_shapes(encoded):
     assert bounded.num_shapes <= 4
     assert bounded.real_tokens == unbounded.real_tokens  # still every pair once
     assert bounded.padding_waste > unbounded.padding_waste
+
+
+def test_a_cell_spreads_its_pairs_evenly_over_its_batches():
+    # B rounded up to a multiple of the devices once left every all-pad row to the last
+    # batch: 9 pairs in B = 8 rows gave 8 and 1 real rows, 17 pairs on 8 devices 16 and 1.
+    rng = np.random.default_rng(0)
+    cases = [(9, 8, 4), (17, 16, 8), (10, 4, 1)] + [
+        (int(rng.integers(1, 300)), int(rng.integers(1, 70)), int(rng.choice([1, 2, 3, 4, 8])))
+        for _ in range(500)]
+    for pairs, max_rows, devices in cases:
+        max_rows = max(max_rows, devices)
+        rows = _even_rows(pairs, max_rows, devices)
+        pool = rng.permutation(1000)[:pairs]
+        batches = _split_evenly(pool, rows, 12, 16)
+        assert len(batches) == -(-pairs // rows)  # the shapes of a plain cut into B rows
+        assert all(len(b.rows) == rows and (b.src_len, b.tgt_len) == (12, 16) for b in batches)
+        real = [b.rows[b.rows >= 0] for b in batches]
+        assert np.concatenate(real).tolist() == pool.tolist()  # each pair once, in order
+        counts = [len(r) for r in real]
+        assert max(counts) - min(counts) <= 1, (pairs, max_rows, devices, counts)
+        assert all((b.rows[len(r):] == -1).all() for b, r in zip(batches, real))
+    assert [sum(b.rows >= 0) for b in _split_evenly(np.arange(9), 8, 4, 4)] == [5, 4]
+    assert [sum(b.rows >= 0) for b in _split_evenly(np.arange(10), 4, 4, 4)] == [4, 3, 3]
+
+
+@pytest.mark.parametrize("devices", [1, 3, 8])
+def test_bucketed_and_grid_epochs_fill_a_cells_batches_within_one_pair(devices):
+    rng = np.random.default_rng(devices)
+    src_len = rng.integers(2, 64, 3000)
+    tgt_len = np.clip(src_len + rng.integers(-4, 5, 3000), 2, 64)
+    config = BatchConfig(packing=False, batch_tokens=1024, max_len=64, buckets=BUCKETS,
+                         num_devices=devices)
+    # A sampled epoch: lengths change by a token or two, the grid's shapes stay.
+    jitter = [np.clip(n + rng.integers(-2, 2, len(n)), 1, 64) for n in (src_len, tgt_len)]
+    grid = bucket_grid(src_len, tgt_len, config)
+    plans = [bucket_epoch(Examples(None, np.arange(3000), src_len, tgt_len), config, 0),
+             grid_epoch(Examples(None, np.arange(3000), *jitter), grid, config, 0)]
+    for plan in plans:
+        rows = np.concatenate([b.rows for b in plan])
+        assert sorted(rows[rows >= 0].tolist()) == list(range(3000))
+        cells: dict[tuple[int, int, int], list[int]] = {}
+        for b in plan:
+            assert len(b.rows) % devices == 0
+            cells.setdefault((len(b.rows), b.src_len, b.tgt_len), []).append(
+                int((b.rows >= 0).sum()))
+        for (size, _, _), real in cells.items():  # a shape is one cell's
+            assert len(real) == -(-sum(real) // size)  # as many batches as a plain cut
+            assert max(real) - min(real) <= 1, (size, real)
 
 
 def test_plan_depends_on_seed_and_epoch_only(encoded):
