@@ -195,7 +195,7 @@ def test_detect_with_libretranslatepy_and_source_auto(server):
     assert german[0]["language"] == "de" and french[0]["language"] == "fr"
     assert 50 < german[0]["confidence"] <= 100
     assert [d["confidence"] for d in german] == sorted(d["confidence"] for d in german)[::-1]
-    assert {d["language"] for d in german} <= {"de", "fr"}  # only the languages served
+    assert {d["language"] for d in german} <= {"de", "fr", "en"}  # only the languages served
     status, answer = server.post_json("/detect", {"q": "12345 !!"})
     assert (status, answer) == (200, [])  # no letters: nothing to tell a language by
     status, answer = server.post_json("/detect", {"q": ""})
@@ -209,10 +209,9 @@ def test_detect_with_libretranslatepy_and_source_auto(server):
     assert [d["language"] for d in answer["detectedLanguage"]] == ["de", "de"]
 
 
-def test_source_auto_tells_each_text_of_a_list_apart():
-    """In-process (Starlette's test client), with models that say which they are: a list of
-    a German and a French text, source auto, has each text detected on its own and
-    translated by its own model, in the list's order."""
+def fake_client(*pairs: str):
+    """In-process (Starlette's test client): a server of `pairs` ("de:en") whose models say
+    which they are ("de-en: SENTENCE"), and the list of every sentence they were given."""
     from types import SimpleNamespace
 
     from starlette.testclient import TestClient
@@ -224,22 +223,79 @@ def test_source_auto_tells_each_text_of_a_list_apart():
     from nmt.serving.metrics import Metrics
     from nmt.serving.service import Service
 
-    def model(index: int, source: str) -> ServedModel:
+    searched: list[str] = []
+
+    def model(index: int, pair: str) -> ServedModel:
+        source, target = pair.split(":")
+
         async def search(batch):
-            return [[Hypothesis(f"{source}: {len(sentence)}", 0.0, ())] for sentence in batch]
+            searched.extend(batch)
+            return [[Hypothesis(f"{source}-{target}: {sentence}", 0.0, ())]
+                    for sentence in batch]
 
-        translator = SimpleNamespace(search=SimpleNamespace(nbest=1))
-        return ServedModel(index, source, "en", "runs/x", translator,
-                           batcher=SimpleNamespace(translate=search))
+        translator = SimpleNamespace(search=SimpleNamespace(nbest=1, beam_size=4),
+                                     describe=lambda: "fake")
+        batcher = SimpleNamespace(translate=search)
+        return ServedModel(index, source, target, f"runs/{source}-{target}", translator,
+                           batcher=batcher, alternatives_batcher=batcher)
 
-    service = Service(Catalog([model(0, "de"), model(1, "fr")]), ServerLimits(), Metrics(),
-                      ready=True)
-    client = TestClient(build_app(service))
+    service = Service(Catalog([model(n, pair) for n, pair in enumerate(pairs)]),
+                      ServerLimits(), Metrics(), ready=True, alternatives_limit=2)
+    return TestClient(build_app(service)), searched
+
+
+ENGLISH = "The children are playing football in the park after school."
+
+
+def test_source_auto_tells_each_text_of_a_list_apart():
+    """A list of a German and a French text, source auto, has each text detected on its own
+    and translated by its own model, in the list's order."""
+    client, _ = fake_client("de:en", "fr:en")
     answer = client.post("/translate", json={"q": [GERMAN, FRENCH, GERMAN], "source": "auto",
                                              "target": "en"}).json()
     assert [d["language"] for d in answer["detectedLanguage"]] == ["de", "fr", "de"]
-    assert answer["translatedText"] == [f"de: {len(GERMAN)}", f"fr: {len(FRENCH)}",
-                                        f"de: {len(GERMAN)}"]
+    assert answer["translatedText"] == [f"de-en: {GERMAN}", f"fr-en: {FRENCH}",
+                                        f"de-en: {GERMAN}"]
+
+
+def test_source_auto_detects_even_with_one_source_and_knows_the_target():
+    """Source auto detects among the sources and targets served, with one source too: a
+    text already in the target language comes back as it is, one in a served target goes
+    through its own model, and the confidence is the one detected."""
+    client, searched = fake_client("de:en")
+
+    def auto(q, target="en", **more):
+        answer = client.post("/translate", json={"q": q, "source": "auto", "target": target,
+                                                 **more})
+        assert answer.status_code == 200, answer.text
+        return answer.json()
+
+    english = auto(ENGLISH)
+    assert english["translatedText"] == ENGLISH and searched == []
+    assert english["detectedLanguage"]["language"] == "en"
+    assert 50 < english["detectedLanguage"]["confidence"] <= 100
+    german = auto(GERMAN)
+    assert german["translatedText"] == f"de-en: {GERMAN}"
+    assert german["detectedLanguage"]["language"] == "de"
+    assert auto([ENGLISH, GERMAN])["translatedText"] == [ENGLISH, f"de-en: {GERMAN}"]
+    markup = f"<p>{ENGLISH[:-1]} <b>today</b>.</p>"
+    assert auto(markup, format="html")["translatedText"] == markup
+    assert auto(f"<p>{GERMAN}</p>", format="html")["translatedText"] == \
+        f"<p>de-en: {GERMAN}</p>"
+    detected = client.post("/detect", json={"q": ENGLISH}).json()
+    assert detected[0]["language"] == "en"
+    assert {d["language"] for d in detected} <= {"de", "en"}
+    url = client.post("/translate_file", data={"source": "auto", "target": "en"}, files={
+        "file": ("a.txt", f"{ENGLISH}\n".encode(), "text/plain")}).json()["translatedFileUrl"]
+    assert client.get(url).content == f"{ENGLISH}\n".encode()
+
+    client, searched = fake_client("de:en", "en:de")
+    german = auto(GERMAN, target="de")
+    assert german["translatedText"] == GERMAN and searched == []
+    assert german["detectedLanguage"]["language"] == "de"
+    english = auto(ENGLISH, target="de")
+    assert english["translatedText"] == f"en-de: {ENGLISH}"
+    assert english["detectedLanguage"]["language"] == "en"
 
 
 def test_sentences_are_joined_with_the_target_languages_spaces():

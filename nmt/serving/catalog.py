@@ -55,12 +55,8 @@ class Catalog:
         return ", ".join(m.pair for m in self.models)
 
     def find(self, source: str, target: str) -> ServedModel:
-        """The model for source -> target; source "auto" picks the one source served for
-        `target`. RequestError (400) naming the pairs served otherwise."""
-        if source == "auto":
-            sources = [m.source for m in self.models if m.target == target]
-            if len(sources) == 1:
-                source = sources[0]
+        """The model for source -> target; RequestError (400) naming the pairs served if
+        there is none."""
         model = self._by_pair.get((source, target))
         if model is None:
             raise RequestError(400, f"no model for {_code(source)}->{_code(target)}: this "

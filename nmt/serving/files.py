@@ -65,11 +65,13 @@ async def translate_file(request: Request) -> JSONResponse:
     service.charge(request, 1, characters)
     sample = [s for document in prepared.documents for s in document.sentences][:50]
     model, _ = service.source_model(source, target, sample)
-    if model.source != language:
-        prepared = await _prepare(data, filename, model.source)
-    translated = await unless_client_leaves(
-        request, _translate_in_parts(service, model, prepared.documents))
-    rebuilt = await asyncio.to_thread(prepared.rebuild, translated)
+    rebuilt = data  # no model: the file is in the language asked for already
+    if model is not None:
+        if model.source != language:
+            prepared = await _prepare(data, filename, model.source)
+        translated = await unless_client_leaves(
+            request, _translate_in_parts(service, model, prepared.documents))
+        rebuilt = await asyncio.to_thread(prepared.rebuild, translated)
     name = service.files.put(rebuilt, filename, document_files.media_type(filename))
     return JSONResponse({"translatedFileUrl": str(request.url_for("download_file",
                                                                   name=name))})

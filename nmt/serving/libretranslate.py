@@ -93,13 +93,21 @@ async def translate(request: Request) -> JSONResponse:
     service.limits.check_characters(sum(map(len, texts)))
     service.limits.check_texts(len(texts))
     service.charge(request, len(texts), sum(map(len, texts)))
-    chosen = service.text_models(source, target, texts)
-    models = [model for model, _ in chosen]
-    documents = [FORMATS[form](text, model.source) for text, model in zip(texts, models)]
-    service.limits.check_sentences(sum(max(1, len(d.sentences)) for d in documents))
+    # Languages are told by the words of a text, not by its tags.
+    readable = texts if form == "text" else [" ".join(split_html(text, "en").sentences)
+                                             for text in texts]
+    chosen = service.text_models(source, target, readable)
+    rows = [n for n, (model, _) in enumerate(chosen) if model is not None]
+    models = [chosen[n][0] for n in rows]
+    documents = [FORMATS[form](texts[n], model.source) for n, model in zip(rows, models)]
+    service.limits.check_sentences(sum(max(1, len(d.sentences)) for d in documents)
+                                   + len(texts) - len(rows))
     ranks = await unless_client_leaves(request, translate_by_model(
         service, models, documents, alternatives + 1 if alternatives else 0))
-    results = [[rank[n] for rank in ranks] for n in range(len(documents))]
+    # A text with no model comes back as it is, without alternatives.
+    results = [[text] for text in texts]
+    for row, n in enumerate(rows):
+        results[n] = [rank[row] for rank in ranks]
     answer: dict[str, Any] = {
         "translatedText": [r[0] for r in results] if is_list else results[0][0]}
     detected = [language for _, language in chosen]
@@ -165,7 +173,7 @@ async def join_documents(service: Service, model, documents: list[Document],
 
 async def detect(request: Request) -> JSONResponse:
     """LibreTranslate's POST /detect: [{"language": code, "confidence": 0-100}, ...], best
-    first, among the languages the server translates from."""
+    first, among the languages served (sources and targets)."""
     service: Service = request.app.state.service
     params = await request_params(request, service.limits)
     service.check_key(api_key(request, params))

@@ -99,30 +99,38 @@ class Service:
         if self.key_file is not None:
             self.api_keys = self.key_file.keys
 
-    def detect(self, text: str) -> list[tuple[str, float]]:
-        """(language, confidence 0-1) of `text`, best first, among the sources served."""
+    def languages(self) -> list[str]:
+        """The codes served, as a source or as a target, sorted."""
+        return sorted({code for m in self.catalog.models for code in (m.source, m.target)})
+
+    def detect(self, text: str, limit: int = 3) -> list[tuple[str, float]]:
+        """Up to `limit` (language, confidence 0-1) of `text`, best first, among the languages
+        served: the targets too, so that a text already in the language asked for is told."""
         if self.identifier is None:
-            self.identifier = LanguageIdentifier(sorted({m.source for m in self.catalog.models}))
-        return self.identifier.detect(text)
+            self.identifier = LanguageIdentifier(self.languages())
+        return self.identifier.detect(text, limit)
 
     def source_model(self, source: str, target: str, texts: Sequence[str]
-                     ) -> tuple[ServedModel, dict | None]:
-        """(the model for source -> target, LibreTranslate's detectedLanguage or None).
-        Source "auto" with several sources served for `target` is told by the texts'
-        language, detected among those sources (the first of them when nothing tells)."""
-        sources = [m.source for m in self.catalog.models if m.target == target]
-        if source != "auto" or len(sources) < 2:
-            model = self.catalog.find(source, target)
-            return model, ({"language": model.source, "confidence": 100.0}
-                           if source == "auto" else None)
-        found = [(code, confidence) for code, confidence in self.detect(" ".join(texts))
-                 if code in sources]
-        code, confidence = found[0] if found else (sources[0], 0.0)
-        return (self.catalog.find(code, target),
-                {"language": code, "confidence": round(confidence * 100, 1)})
+                     ) -> tuple[ServedModel | None, dict | None]:
+        """(the model for source -> target, None where the texts come back as they are;
+        LibreTranslate's detectedLanguage, None for a source given). Source "auto" is the
+        texts' language, detected among the languages served and chosen among those that
+        go to `target`: its sources, and the target itself, whose texts come back as they
+        are (the first source, confidence 0, when nothing tells)."""
+        if source != "auto":
+            return self.catalog.find(source, target), None
+        choices = [m.source for m in self.catalog.models if m.target == target]
+        if target in self.languages():
+            choices.append(target)
+        if not choices:
+            self.catalog.find(source, target)  # 400: no pair goes to `target`
+        ranked = dict(self.detect(" ".join(texts), limit=len(self.languages())))
+        code = next((code for code in ranked if code in choices), choices[0])
+        detected = {"language": code, "confidence": round(ranked.get(code, 0.0) * 100, 1)}
+        return (None if code == target else self.catalog.find(code, target)), detected
 
     def text_models(self, source: str, target: str, texts: Sequence[str]
-                    ) -> list[tuple[ServedModel, dict | None]]:
+                    ) -> list[tuple[ServedModel | None, dict | None]]:
         """`source_model` of each text: with source "auto", each text's language is
         detected on its own."""
         if source != "auto":
