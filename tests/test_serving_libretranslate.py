@@ -136,7 +136,7 @@ def test_suggest_spec_and_frontend_settings(server):
     assert {"/translate", "/detect", "/translate_file", "/languages"} <= set(spec["paths"])
     source = spec["paths"]["/translate"]["post"]["requestBody"]["content"][
         "application/json"]["schema"]["properties"]["source"]
-    assert source["enum"] == ["de", "fr", "auto"]
+    assert source["enum"] == ["de", "en", "fr", "auto"]
     status, _, body = server.request("GET", "/frontend/settings")
     settings = json.loads(body)
     assert settings["suggestions"] is False and ".docx" in settings["supportedFilesFormat"]
@@ -296,6 +296,30 @@ def test_source_auto_detects_even_with_one_source_and_knows_the_target():
     english = auto(ENGLISH, target="de")
     assert english["translatedText"] == f"en-de: {ENGLISH}"
     assert english["detectedLanguage"]["language"] == "en"
+
+
+def test_a_language_to_itself_comes_back_as_it_is():
+    """A pair whose source is its target, that language served (as a source or a target),
+    is LibreTranslate's identity translation: texts, HTML and files come back as they are,
+    with no alternatives and no search; a language not served is still refused."""
+    client, searched = fake_client("de:en")
+    markup = "<p>Zwei <b>Hunde</b> spielen.</p>"
+    for language, q, more in (("en", ENGLISH, {}), ("de", GERMAN, {}),
+                              ("en", [ENGLISH, "", "Two dogs."], {}),
+                              ("de", markup, {"format": "html"}),
+                              ("en", ENGLISH, {"alternatives": 2})):
+        answer = client.post("/translate", json={"q": q, "source": language,
+                                                 "target": language, **more})
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["translatedText"] == q
+        assert answer.json().get("alternatives", []) == []
+    url = client.post("/translate_file", data={"source": "en", "target": "en"}, files={
+        "file": ("a.txt", b"Two dogs.\n", "text/plain")}).json()["translatedFileUrl"]
+    assert client.get(url).content == b"Two dogs.\n"
+    assert searched == []
+    answer = client.post("/translate", json={"q": "Hi.", "source": "fr", "target": "fr"})
+    assert answer.status_code == 400
+    assert answer.json()["error"] == "no model for fr->fr: this server translates de-en"
 
 
 def test_sentences_are_joined_with_the_target_languages_spaces():

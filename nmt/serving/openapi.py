@@ -34,10 +34,11 @@ def _body(properties: dict[str, Any], required: list[str], form: str = "") -> di
 
 def describe(service: Service) -> dict[str, Any]:
     """The OpenAPI document of `service`."""
-    sources = sorted({m.source for m in service.catalog.models})
-    targets = sorted({m.target for m in service.catalog.models})
-    code = {"type": "string", "enum": [*sources, "auto"]}
-    target = {"type": "string", "enum": targets}
+    # A language served as a source or as a target is a source and a target: to itself,
+    # its texts come back as they are.
+    languages = service.languages()
+    code = {"type": "string", "enum": [*languages, "auto"]}
+    target = {"type": "string", "enum": languages}
     key = {"type": "string", "description": "API key (or Authorization: Bearer KEY)"}
     text_or_list = {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]}
     detected = {"type": "object", "properties": {"language": {"type": "string"},

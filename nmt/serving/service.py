@@ -113,10 +113,14 @@ class Service:
     def source_model(self, source: str, target: str, texts: Sequence[str]
                      ) -> tuple[ServedModel | None, dict | None]:
         """(the model for source -> target, None where the texts come back as they are;
-        LibreTranslate's detectedLanguage, None for a source given). Source "auto" is the
-        texts' language, detected among the languages served and chosen among those that
-        go to `target`: its sources, and the target itself, whose texts come back as they
-        are (the first source, confidence 0, when nothing tells)."""
+        LibreTranslate's detectedLanguage, None for a source given). A source that is the
+        target, a language served, has no model (RequestError 400 for any other pair not
+        served). Source "auto" is the texts' language, detected among the languages served
+        and chosen among those that go to `target`: its sources, and the target itself,
+        whose texts come back as they are (the first source, confidence 0, when nothing
+        tells)."""
+        if source == target and source in self.languages():
+            return None, None
         if source != "auto":
             return self.catalog.find(source, target), None
         choices = [m.source for m in self.catalog.models if m.target == target]
