@@ -14,7 +14,7 @@ import logging
 import pytest
 from conftest import SHARED_DATA
 
-from nmt.serving.detection import LanguageIdentifier
+from nmt.serving.detection import LanguageIdentifier, has_letters
 
 MULTI30K = SHARED_DATA / "multi30k"
 SENTENCES = 200
@@ -144,3 +144,8 @@ def test_kana_is_japanese_and_hangul_korean_where_served():
     assert best(identifier, "你好，谢谢") == "zh"
     # Korean not served: Hangul settles nothing.
     assert LanguageIdentifier(["en", "zh"]).detect("안녕", limit=1)[0][1] < 1.0
+
+
+def test_has_letters_tells_what_a_model_could_translate():
+    assert not any(map(has_letters, [*NO_LETTERS, "\U0001F600\U0001F44D", "¿¡ 42 ‰"]))
+    assert all(map(has_letters, [*WRITTEN.values(), "ｶﾀｶﾅ", "a1", "ß"]))

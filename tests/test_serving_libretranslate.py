@@ -322,6 +322,31 @@ def test_a_language_to_itself_comes_back_as_it_is():
     assert answer.json()["error"] == "no model for fr->fr: this server translates de-en"
 
 
+def test_a_text_without_letters_comes_back_as_it_is():
+    """Emoji, digits and punctuation are no language and nothing to translate: each such
+    text of a request comes back as it is, without a search (a model would make words of
+    it); source auto says the first source, with confidence 0."""
+    client, searched = fake_client("de:en", "fr:en")
+    emoji, digits = "\U0001F600\U0001F600", "3.14 + 2 = 5.14 !!"
+    answer = client.post("/translate", json={"q": [GERMAN, emoji, digits], "source": "de",
+                                             "target": "en"}).json()
+    assert answer["translatedText"] == [f"de-en: {GERMAN}", emoji, digits]
+    assert searched == [GERMAN]
+    answer = client.post("/translate", json={"q": [emoji, FRENCH], "source": "auto",
+                                             "target": "en", "alternatives": 1}).json()
+    assert answer["translatedText"] == [emoji, f"fr-en: {FRENCH}"]
+    assert answer["detectedLanguage"][0] == {"language": "de", "confidence": 0.0}
+    assert answer["alternatives"][0] == []
+    markup = "<p>\U0001F600 <b>12</b></p>"
+    answer = client.post("/translate", json={"q": markup, "source": "fr", "target": "en",
+                                             "format": "html"}).json()
+    assert answer["translatedText"] == markup
+    url = client.post("/translate_file", data={"source": "auto", "target": "en"}, files={
+        "file": ("a.txt", f"{emoji}\n12\n".encode(), "text/plain")}).json()["translatedFileUrl"]
+    assert client.get(url).content == f"{emoji}\n12\n".encode()
+    assert searched == [GERMAN, FRENCH]
+
+
 def test_sentences_are_joined_with_the_target_languages_spaces():
     """In-process, a ja->en model: the sentences of a Japanese text, which touch, are
     joined with a space in English, in text, in HTML and in a .txt file."""

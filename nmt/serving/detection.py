@@ -31,6 +31,12 @@ _SCRIPTS = {"ja": re.compile(r"[\u3041-\u309f\u30a1-\u30fa\u30fc-\u30ff\u31f0-\u
             "ko": re.compile(r"[\uac00-\ud7a3\u1100-\u11ff\u3131-\u318e]")}
 
 
+def has_letters(text: str) -> bool:
+    """Whether `text` has a letter of any script (what a language is told by, and what a
+    model translates: digits, punctuation and emoji are none)."""
+    return bool(_LETTER.search(unicodedata.normalize("NFKC", text)))
+
+
 class LanguageIdentifier:
     """Detects the language of texts among `languages` (the codes served)."""
 
@@ -52,9 +58,9 @@ class LanguageIdentifier:
         """Up to `limit` (code served, confidence 0-1), best first; [] for a text without
         letters or without anything that tells the languages apart, or when no served
         language is known."""
-        text = unicodedata.normalize("NFKC", text)
-        if not self._codes or not _LETTER.search(text):
+        if not self._codes or not has_letters(text):
             return []
+        text = unicodedata.normalize("NFKC", text)
         ranked = [(self._codes[code], float(probability))
                   for code, probability in self._model.rank(text)]
         written = self._by_script(text)

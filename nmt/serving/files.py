@@ -12,11 +12,13 @@ a random name, which is what the download URL holds.
 from __future__ import annotations
 
 import asyncio
+import itertools
 
 from starlette.datastructures import UploadFile
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from nmt.serving.detection import has_letters
 from nmt.serving.errors import RequestError, shown
 from nmt.serving.file_store import KEEP_SECONDS, safe_name
 from nmt.serving.libretranslate import join_documents
@@ -63,9 +65,12 @@ async def translate_file(request: Request) -> JSONResponse:
     if characters > service.limits.max_file_characters:
         raise _too_many_characters(service.limits.max_file_characters, characters)
     service.charge(request, 1, characters)
-    sample = [s for document in prepared.documents for s in document.sentences][:50]
+    # The language is told by the first sentences with letters (those without are no
+    # language, and a file of none comes back as it is).
+    sample = list(itertools.islice((s for document in prepared.documents
+                                    for s in document.sentences if has_letters(s)), 50))
     model, _ = service.source_model(source, target, sample)
-    rebuilt = data  # no model: the file is in the language asked for already
+    rebuilt = data  # no model: the file is in the language asked for already, or has no letters
     if model is not None:
         if model.source != language:
             prepared = await _prepare(data, filename, model.source)

@@ -18,7 +18,7 @@ from starlette.requests import Request
 from nmt.models.translations import Hypothesis
 from nmt.serving.batching import QueueFull
 from nmt.serving.catalog import Catalog, ServedModel
-from nmt.serving.detection import LanguageIdentifier
+from nmt.serving.detection import LanguageIdentifier, has_letters
 from nmt.serving.errors import ClientGone, RequestError
 from nmt.serving.file_store import FileStore
 from nmt.serving.limits import ServerLimits, read_api_keys
@@ -115,14 +115,17 @@ class Service:
         """(the model for source -> target, None where the texts come back as they are;
         LibreTranslate's detectedLanguage, None for a source given). A source that is the
         target, a language served, has no model (RequestError 400 for any other pair not
-        served). Source "auto" is the texts' language, detected among the languages served
-        and chosen among those that go to `target`: its sources, and the target itself,
-        whose texts come back as they are (the first source, confidence 0, when nothing
-        tells)."""
+        served). Texts without a letter (digits, punctuation, emoji) have no model either:
+        there is nothing to translate. Source "auto" is the texts' language, detected among
+        the languages served and chosen among those that go to `target`: its sources, and
+        the target itself, whose texts come back as they are (the first source, confidence
+        0, when nothing tells)."""
+        readable = any(map(has_letters, texts))
         if source == target and source in self.languages():
             return None, None
         if source != "auto":
-            return self.catalog.find(source, target), None
+            model = self.catalog.find(source, target)
+            return (model if readable else None), None
         choices = [m.source for m in self.catalog.models if m.target == target]
         if target in self.languages():
             choices.append(target)
@@ -131,14 +134,14 @@ class Service:
         ranked = dict(self.detect(" ".join(texts), limit=len(self.languages())))
         code = next((code for code in ranked if code in choices), choices[0])
         detected = {"language": code, "confidence": round(ranked.get(code, 0.0) * 100, 1)}
-        return (None if code == target else self.catalog.find(code, target)), detected
+        if code == target or not readable:
+            return None, detected
+        return self.catalog.find(code, target), detected
 
     def text_models(self, source: str, target: str, texts: Sequence[str]
                     ) -> list[tuple[ServedModel | None, dict | None]]:
         """`source_model` of each text: with source "auto", each text's language is
         detected on its own."""
-        if source != "auto":
-            return [self.source_model(source, target, texts)] * len(texts)
         return [self.source_model(source, target, [text]) for text in texts]
 
     async def align(self, model: ServedModel, sources: Sequence[str],
