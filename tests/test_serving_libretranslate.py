@@ -347,6 +347,21 @@ def test_a_text_without_letters_comes_back_as_it_is():
     assert searched == [GERMAN, FRENCH]
 
 
+def test_a_null_or_empty_format_is_text():
+    client, _ = fake_client("de:en")
+    for given in ({"format": None}, {"format": ""}):
+        answer = client.post("/translate", json={"q": "<b>Hund</b>", "source": "de",
+                                                 "target": "en", **given})
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["translatedText"] == "de-en: <b>Hund</b>"  # not read as HTML
+    answer = client.post("/translate", data={"q": "Hund", "source": "de", "target": "en",
+                                              "format": ""})
+    assert answer.status_code == 200 and answer.json()["translatedText"] == "de-en: Hund"
+    answer = client.post("/translate", json={"q": "Hund", "source": "de", "target": "en",
+                                             "format": "xml"})
+    assert answer.status_code == 400 and "use text or html" in answer.json()["error"]
+
+
 def test_sentences_are_joined_with_the_target_languages_spaces():
     """In-process, a ja->en model: the sentences of a Japanese text, which touch, are
     joined with a space in English, in text, in HTML and in a .txt file."""

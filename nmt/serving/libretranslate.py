@@ -84,7 +84,8 @@ async def translate(request: Request) -> JSONResponse:
     texts, is_list = _texts(params)
     source = _text_param(params, "source")
     target = _text_param(params, "target")
-    form = _text_param(params, "format", "text")
+    # Null or empty is text, as LibreTranslate reads it.
+    form = _text_param(params, "format") if params.get("format") not in (None, "") else "text"
     if form not in FORMATS:
         raise RequestError(400, f"Invalid request: format {shown(form)}: use text or html")
     alternatives = _alternatives(params, service.alternatives_limit)
