@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import logging
+import types
+from pathlib import Path
 
 import pytest
 from conftest import SHALLOW
@@ -14,6 +16,7 @@ from nmt.settings import recipes
 from nmt.settings.config import SettingsError
 from nmt.training import schedule_fit
 from nmt.training.metrics_log import METRICS_FILE
+from nmt.training.stopping import Limits, PausableClock
 from nmt.training.trainer import train
 from synthetic_corpus import write_corpus
 
@@ -22,23 +25,131 @@ def test_the_end_is_the_last_step_the_time_left_allows():
     fit = schedule_fit.EndFit(first_step=0, warmup_steps=400, max_steps=None)
     # Timed from an eighth into the warm-up, fitted a tenth before its end.
     assert [step for step in range(400) if fit.wants_clock(step)] == [50, 360]
-    assert fit.after_step(50, now=100.0, seconds_left=1000.0) is None
-    assert fit.after_step(100, now=110.0, seconds_left=990.0) is None  # not yet
-    end = fit.after_step(360, now=255.0, seconds_left=845.0)  # 0.5 s a step
+    assert fit.after_step(50, now=100.0, seconds_left=1000.0, periodic=0.0) is None
+    assert fit.after_step(100, now=110.0, seconds_left=990.0, periodic=0.0) is None  # not yet
+    end = fit.after_step(360, now=255.0, seconds_left=845.0, periodic=0.0)  # 0.5 s a step
     assert fit.step_seconds == pytest.approx(0.5)
     assert end == 360 + int(845 * (1 - schedule_fit.RESERVE) / 0.5)
+    # Validation and checkpoints add their share to each step left.
+    assert fit.end_at(360, 845.0, periodic=0.25) == 360 + int(845 * (1 - schedule_fit.RESERVE)
+                                                              / 0.75)
 
     capped = schedule_fit.EndFit(first_step=0, warmup_steps=400, max_steps=1000)
-    capped.after_step(50, 100.0, 1000.0)
-    assert capped.after_step(360, 255.0, 845.0) == 1000  # the limit of steps first
+    capped.after_step(50, 100.0, 1000.0, 0.0)
+    assert capped.after_step(360, 255.0, 845.0, 0.0) == 1000  # the limit of steps first
 
     # A resumed run times its own steps; a short warm-up is timed over what it leaves.
     resumed = schedule_fit.EndFit(first_step=300, warmup_steps=310, max_steps=None)
     assert (resumed.timed_from, resumed.fit_at) == (301, 309)
-    resumed.after_step(301, 0.0, 100.0)
-    assert resumed.after_step(309, 0.0, 100.0) > 309  # never before the fit (or the warm-up)
+    resumed.after_step(301, 0.0, 100.0, 0.0)
+    assert resumed.after_step(309, 0.0, 100.0, 0.0) > 309  # never before the fit (or warm-up)
     past = schedule_fit.EndFit(first_step=500, warmup_steps=400, max_steps=None)
     assert (past.timed_from, past.fit_at) == (501, 502)
+
+
+class _Compiling:
+    """The train step for a fitted end, compiled `seconds` after it was asked for."""
+
+    def __init__(self, now: list[float], seconds: float):
+        self.now, self.ready_at = now, now[0] + seconds
+        self.seconds_compiling_in_calls = 0.0
+
+    def ready(self) -> bool:
+        return self.now[0] >= self.ready_at
+
+    def wait(self) -> None:
+        self.now[0] = max(self.now[0], self.ready_at)
+
+
+class _Run:
+    """Steps of a fake clock through `FittedEnd`, with the trainer's order of work after a
+    step: the fit (or the switch to the step compiled for its end), then a validation and a
+    checkpoint where due (the clock paused)."""
+
+    def __init__(self, monkeypatch, eval_every: int, step_s: float, warmup: int = 20,
+                 compile_s: float = 3.0):
+        self.now = [1000.0]
+        monkeypatch.setattr("nmt.training.stopping.time.monotonic", lambda: self.now[0])
+        run = recipes.run_from_flat(schedule="linear", warmup=warmup, max_minutes=1.0,
+                                    eval_every=eval_every)
+        self.limits = Limits(run.trainer, started=1000.0)
+        self.clock = PausableClock()
+        self.fitted = schedule_fit.FittedEnd(run, 0, self.limits, self.clock)
+        self.eval_every, self.step_s, self.compile_s, self.step = eval_every, step_s, compile_s, 0
+        self.ends: dict[int, int] = {}  # step: the end fitted after it
+        self.switched: list[int] = []   # the steps after which a compiled step took over
+        self.running = _Compiling(self.now, 0.0)
+
+    def steps(self, last: int, validation_s: float, save_s: float = 0.5) -> None:
+        while self.step < last:
+            self.step += 1
+            self.now[0] += self.step_s
+            fitted = self.fitted
+            if fitted.compiled is not None:
+                running, self.running = self.running, fitted.train_step(self.step, self.running)
+                if self.running is not running:
+                    self.switched.append(self.step)
+            elif (end := fitted.end_after(self.step, types.SimpleNamespace(
+                    block_until_ready=lambda: None))) is not None:
+                self.ends[self.step] = end
+                fitted.compiled = _Compiling(self.now, self.compile_s)
+            if self.step % self.eval_every == 0:
+                with self.clock.paused():
+                    self.now[0] += validation_s
+                    self.limits.closing.validated(validation_s)
+                    self.now[0] += save_s
+                    self.limits.closing.saved(save_s)
+
+    def expected(self, step: int, periodic: float, compile_s: float = 0.0) -> int:
+        left = self.limits.seconds_left() - compile_s
+        return step + int(left * (1 - schedule_fit.RESERVE) / (self.step_s + periodic))
+
+
+def test_the_fit_counts_validations_and_saves_and_refits_once_after_one(monkeypatch):
+    # The first validation comes after the warm-up: the fit counts none; the refit after it
+    # counts its time and the checkpoint's, one each --eval-every (40) steps, and reserves
+    # the time the first end's step took to compile (waited for at the warm-up's end).
+    run = _Run(monkeypatch, eval_every=40, step_s=0.02)
+    run.steps(18, validation_s=1.5)
+    assert run.ends == {18: run.expected(18, 0.0)}
+    assert run.fitted.fit.step_seconds == pytest.approx(0.02)
+    run.steps(40, validation_s=1.5)
+    assert run.ends.keys() == {18} and run.switched == [20]
+    assert run.fitted.compile_seconds == pytest.approx(3.0)
+    run.steps(41, validation_s=1.5)
+    assert run.ends[41] == run.expected(41, (1.5 + 0.5) / 40, 3.0) < run.ends[18] - 100
+    assert "in place of" in run.fitted.describe(run.ends[41], 1.0, Path("config.yaml"))
+    # The updates since the warm-up followed the first end: the step for the new one takes
+    # over at the next, after waiting for its compile.
+    run.steps(42, validation_s=1.5)
+    assert run.switched == [20, 42] and run.fitted.replaced == run.ends[18]
+    run.steps(200, validation_s=3.0)
+    assert run.ends.keys() == {18, 41}  # once
+
+
+def test_a_validation_in_the_timed_steps_is_not_a_step_and_its_compile_is_refitted(
+        monkeypatch):
+    # A validation at step 19, inside the steps timed (5 to 36), takes 4 s (an untrained
+    # model translates to the length limit): the steps' time leaves it out, the fit counts it
+    # once in 19 steps, and the next validation's 0.4 s replaces it before the decay begins
+    # (after step 40): the schedule is then the linear one to the refitted end, the step
+    # compiled for it waited for at the warm-up's end.
+    run = _Run(monkeypatch, eval_every=19, step_s=0.05, warmup=40, compile_s=0.02)
+    run.steps(36, validation_s=4.0, save_s=0.2)
+    assert run.fitted.fit.step_seconds == pytest.approx(0.05)
+    assert run.ends == {36: run.expected(36, (4.0 + 0.2) / 19)}
+    run.steps(39, validation_s=0.4, save_s=0.2)
+    assert run.switched == [37]
+    assert run.ends[39] == run.expected(39, (0.4 + 0.2) / 19, 0.05) > run.ends[36] + 100
+    run.steps(40, validation_s=0.4, save_s=0.2)
+    assert run.switched == [37, 40] and run.fitted.wait_from == 40
+
+
+def test_a_refit_that_moves_the_end_little_keeps_it(monkeypatch):
+    # Measured before the fit and the same after: no second compile, nor its time reserved.
+    run = _Run(monkeypatch, eval_every=5, step_s=0.05, compile_s=0.0)
+    run.steps(60, validation_s=0.3, save_s=0.1)
+    assert len(run.ends) == 1 and run.fitted.refitted and run.fitted.replaced is None
 
 
 def test_what_is_known_before_any_step_is_set_at_once():

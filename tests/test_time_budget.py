@@ -55,6 +55,20 @@ def test_the_closing_work_is_a_share_of_the_budget_until_measured():
     assert quick.writing() == pytest.approx(5.0)  # never less
 
 
+def test_the_clock_of_steps_leaves_out_every_paused_block(clock):
+    steps = PausableClock()
+    start = steps.now()
+    clock[0] += 2.0
+    with steps.paused():  # a validation
+        clock[0] += 5.0
+        with steps.paused():  # the checkpoint of a new best score, inside it
+            clock[0] += 1.0
+    steps.restart()  # a log line: the window's clock starts again, not the steps'
+    clock[0] += 3.0
+    assert steps.elapsed() == pytest.approx(3.0)
+    assert steps.now() - start == pytest.approx(5.0)
+
+
 def test_steps_are_queued_ahead_on_accelerators_only():
     """XLA:CPU gives each queued step a buffer of its own, so a CPU waits for every step."""
     assert steps_in_flight("cpu") == 0

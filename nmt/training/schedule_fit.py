@@ -5,8 +5,21 @@ run's last step, and the rate reaches zero just after it. A limit of steps gives
 once. A limit of minutes gives it only once steps have been timed: the warm-up does not depend
 on the end, so the run starts with an end far away (`UNFITTED`), times steps of the warm-up,
 fixes the end from the time left, and runs the step compiled for that end from the last
-update of the warm-up on. The run is then the linear schedule to that step, exactly;
-config.yaml records the step, and a resume goes on to the same one.
+update of the warm-up on.
+
+Each step left costs the time of a step timed on the clock that leaves out validation and
+saving (`PausableClock.now`), plus its share of the periodic work: the last validation's
+seconds over --eval-every and the slowest checkpoint save's over --save-every (as
+`ClosingTime` measured them). What is not measured yet counts as nothing, and a validation's
+first time includes compiling the search, so the end is refitted once, after the first
+validation that follows the fit (where that moves it by more than `REFIT_TOLERANCE`). Where
+that comes before the decay begins, the run is the linear schedule to the refitted end
+exactly; after, the updates since the warm-up followed the first end, and the rate moves onto
+the line to the new one at the next update (the step compiled for it waited for, as long as
+the first end's took), a change of at most the share of the shorter line already run (small:
+the first validation comes early). Only this schedule has an end to fit: noam and
+inverse_sqrt run until the run's limit stops them. config.yaml records the end, and a resume
+goes on to it.
 """
 
 from __future__ import annotations
@@ -26,12 +39,13 @@ from transformer.config import OptimizerConfig
 
 if TYPE_CHECKING:
     from nmt.runtime.compilation import AheadOfTime
-    from nmt.training.stopping import Limits
+    from nmt.training.stopping import Limits, PausableClock
 
 log = logging.getLogger(__name__)
 
 UNFITTED = 1_000_000_000  # the end compiled before the fit: the warm-up is the same for any
-RESERVE = 0.03            # of the time left, kept for validation, checkpoints and the export
+RESERVE = 0.03            # of the time left: slack for steps slower than those timed
+REFIT_TOLERANCE = 0.02    # of the steps left: a refit that moves the end less keeps it
 
 
 def needs_fit(optimizer: OptimizerConfig) -> bool:
@@ -78,7 +92,8 @@ class EndFit:
 
     The first eighth of the warm-up left is not timed (its steps are slower: memory being
     mapped, caches filling); the fit comes a tenth before the warm-up's end, leaving those
-    steps for compiling the step with the end.
+    steps for compiling the step with the end. The times are those of a clock that leaves
+    out validation and saving: their cost comes in as `periodic`, seconds a step.
     """
 
     def __init__(self, first_step: int, warmup_steps: int, max_steps: int | None):
@@ -93,7 +108,8 @@ class EndFit:
         """Whether `after_step` needs the time after this step (the device waited for)."""
         return step in (self.timed_from, self.fit_at)
 
-    def after_step(self, step: int, now: float, seconds_left: float) -> int | None:
+    def after_step(self, step: int, now: float, seconds_left: float,
+                   periodic: float) -> int | None:
         """The end, at the step the fit is made; None before and after it."""
         if step == self.timed_from:
             self._start = now
@@ -101,7 +117,13 @@ class EndFit:
         if step != self.fit_at or self._start is None:
             return None
         self.step_seconds = (now - self._start) / (step - self.timed_from)
-        reach = step + int(seconds_left * (1 - RESERVE) / max(self.step_seconds, 1e-9))
+        return self.end_at(step, seconds_left, periodic)
+
+    def end_at(self, step: int, seconds_left: float, periodic: float) -> int:
+        """The last step `seconds_left` allows after `step`, each step taking the time timed
+        plus `periodic`."""
+        cost = max(self.step_seconds + periodic, 1e-9)
+        reach = step + int(seconds_left * (1 - RESERVE) / cost)
         end = reach if self.max_steps is None else min(reach, self.max_steps)
         end = max(end, self.warmup_steps + 1, step + 1)
         if jax.process_count() > 1:  # one schedule for all: process 0's clock
@@ -111,38 +133,75 @@ class EndFit:
 
 class FittedEnd:
     """The end fitted while the run trains: `EndFit` over the warm-up (None where the end is
-    known), then the train step compiled for the end, which takes over once it is compiled,
-    and at the latest before the first update whose rate the end sets."""
+    known), refitted once after the first validation that follows the fit; then the train
+    step compiled for the end, which takes over once it is compiled, and at the latest
+    before the first update whose rate it changes: the warm-up's end, or for a refit past
+    it, the next update (the refit reserves the time the first compile took for the wait)."""
 
-    def __init__(self, optimizer: OptimizerConfig, first_step: int, max_steps: int | None):
-        self.fit = (EndFit(first_step, optimizer.warmup_steps, max_steps)
+    def __init__(self, run: RunConfig, first_step: int, limits: Limits, clock: PausableClock):
+        optimizer = run.optimizer
+        self.fit = (EndFit(first_step, optimizer.warmup_steps, limits.max_steps)
                     if needs_fit(optimizer) else None)
-        self.warmup_steps = optimizer.warmup_steps
-        self.step_seconds: float | None = None  # of the steps timed, once fitted
+        self.limits, self.clock = limits, clock
+        self.every = (run.trainer.eval_every, run.trainer.save_interval)
+        self.warmup_steps = self.wait_from = optimizer.warmup_steps
+        self.end: int | None = None        # fitted
+        self.replaced: int | None = None   # the end a refit replaced
+        self.validations_at_fit, self.refitted = 0, False
         self.compiled: AheadOfTime | None = None  # the step for the fitted end, until it runs
+        self.compiling_since = 0.0  # on the monotonic clock
+        self.compile_seconds = 0.0  # of the step for the first end, until it took over
 
-    def end_after(self, step: int, last_loss: jax.Array, limits: Limits) -> int | None:
-        """The end, after the step that fits it (once); None after any other."""
-        if self.fit is None or not self.fit.wants_clock(step):
+    def periodic_seconds(self) -> float:
+        """Seconds a step of the validations and checkpoint saves, as measured so far."""
+        closing, (eval_every, save_every) = self.limits.closing, self.every
+        return ((closing.validation_seconds or 0.0) / eval_every
+                + (closing.save_seconds or 0.0) / save_every)
+
+    def end_after(self, step: int, last_loss: jax.Array) -> int | None:
+        """The end, after the step that fits it and after the one that refits it to a
+        different one; None after any other."""
+        if self.fit is None or self.refitted:
             return None
-        last_loss.block_until_ready()  # the steps timed are finished, not only queued
-        end = self.fit.after_step(step, time.monotonic(), limits.seconds_left())
-        if end is not None:
-            self.step_seconds, self.fit = self.fit.step_seconds, None
+        if self.end is None:
+            if not self.fit.wants_clock(step):
+                return None
+            last_loss.block_until_ready()  # the steps timed are finished, not only queued
+            self.end = self.fit.after_step(step, self.clock.now(), self.limits.seconds_left(),
+                                           self.periodic_seconds())
+            self.validations_at_fit = self.limits.closing.validations
+            self.compiling_since = time.monotonic()
+            return self.end
+        if self.limits.closing.validations == self.validations_at_fit:
+            return None
+        self.refitted = True
+        left, periodic = self.limits.seconds_left(), self.periodic_seconds()
+        if abs(self.fit.end_at(step, left, periodic) - self.end) <= REFIT_TOLERANCE * max(
+                self.end - step, 0):
+            return None
+        # A new end: its train step is compiled and waited for, as long as the first's took.
+        end = self.fit.end_at(step, max(left - self.compile_seconds, 0.0), periodic)
+        self.wait_from = max(step, self.warmup_steps)
+        self.replaced, self.end = self.end, end
+        self.compiling_since = time.monotonic()
         return end
 
     def describe(self, end: int, max_minutes: float, recorded_in: Path) -> str:
         """The log line of the fitted end: where, and from what."""
-        return (f"learning rate: linear to zero after step {end}, the last the run's limits "
-                f"allow ({max_minutes:g} minutes at {self.step_seconds:.3g} s a step; "
+        refit = "" if self.replaced is None else (
+            f" in place of {self.replaced} (refitted after a validation)")
+        return (f"learning rate: linear to zero after step {end}{refit}, the last the run's "
+                f"limits allow ({max_minutes:g} minutes at {self.fit.step_seconds:.3g} s a step "
+                f"and {self.periodic_seconds():.3g} s more for validation and checkpoints; "
                 f"recorded in {recorded_in})")
 
     def train_step(self, step: int, running: AheadOfTime) -> AheadOfTime:
         """The train step for the updates after `step`: `running`, or the one compiled for
-        the end once it is ready (or the warm-up is over: then after waiting for it)."""
-        if self.compiled is None or (step < self.warmup_steps and not self.compiled.ready()):
+        the end once it is ready (or the updates it changes begin: then after waiting)."""
+        if self.compiled is None or (step < self.wait_from and not self.compiled.ready()):
             return running
         self.compiled.wait()
+        self.compile_seconds = time.monotonic() - self.compiling_since
         self.compiled.seconds_compiling_in_calls += running.seconds_compiling_in_calls
         fitted, self.compiled = self.compiled, None
         return fitted

@@ -38,10 +38,12 @@ class StopReason(enum.StrEnum):
 
 
 class PausableClock:
-    """Seconds since `restart()`, less the time spent inside `paused()` blocks (they nest)."""
+    """Seconds since `restart()`, less the time spent inside `paused()` blocks (they nest);
+    `now()` is the monotonic clock less every paused block, across restarts."""
 
     def __init__(self):
         self._depth = 0
+        self._paused_ever = 0.0
         self.restart()
 
     def restart(self) -> None:
@@ -56,10 +58,16 @@ class PausableClock:
         finally:
             self._depth -= 1
             if self._depth == 0:
-                self._paused += time.monotonic() - begin
+                spent = time.monotonic() - begin
+                self._paused += spent
+                self._paused_ever += spent
 
     def elapsed(self) -> float:
         return time.monotonic() - self._start - self._paused
+
+    def now(self) -> float:
+        """A time whose differences leave out the paused blocks (validation and saving)."""
+        return time.monotonic() - self._paused_ever
 
 
 class StopSignal:
@@ -150,11 +158,13 @@ class ClosingTime:
         self.writing_prior = max(self.LEAST_SECONDS, self.WRITING_SHARE * budget_seconds)
         self.writes = 3 if averaging else 2
         self.validation_seconds: float | None = None
+        self.validations = 0  # measured so far (the schedule's fit refits after one)
         self.save_seconds: float | None = None
         self.step_seconds = 0.0
 
     def validated(self, seconds: float) -> None:
         self.validation_seconds = seconds
+        self.validations += 1
 
     def saved(self, seconds: float) -> None:
         self.save_seconds = max(seconds, self.save_seconds or 0.0)

@@ -148,7 +148,7 @@ class Trainer:
                                                   self.run_log.clock, run.trainer.save_interval,
                                                   self.limits.closing.saved)
         self.last_loss: jax.Array | None = None  # of the newest step, still on the device
-        self.fitted_end = schedule_fit.FittedEnd(run.optimizer, self.step, self.limits.max_steps)
+        self.fitted_end = schedule_fit.FittedEnd(run, self.step, self.limits, self.run_log.clock)
         self.hooks = self._periodic_work()
 
     def _periodic_work(self) -> Hooks:
@@ -251,12 +251,12 @@ class Trainer:
     # ------------------------------------------------------------------------- periodic work
 
     def _fit_schedule(self) -> None:
-        """A linear schedule without an end: fix it from the steps timed (once), then run the
-        step compiled for it from the last update of the warm-up on (schedule_fit)."""
+        """A linear schedule without an end: fix it from the steps timed (refitted once after
+        a validation), then run the step compiled for it (schedule_fit)."""
         fitted_end = self.fitted_end
         if fitted_end.compiled is not None:
             self.train_step = fitted_end.train_step(self.step, self.train_step)
-        elif (end := fitted_end.end_after(self.step, self.last_loss, self.limits)) is not None:
+        elif (end := fitted_end.end_after(self.step, self.last_loss)) is not None:
             self.run = schedule_fit.with_end(self.run, end)
             self.limits.schedule_end = end
             if self.is_main:
