@@ -196,8 +196,10 @@ def test_detect_with_libretranslatepy_and_source_auto(server):
     assert 50 < german[0]["confidence"] <= 100
     assert [d["confidence"] for d in german] == sorted(d["confidence"] for d in german)[::-1]
     assert {d["language"] for d in german} <= {"de", "fr", "en"}  # only the languages served
+    # No letters: nothing to tell a language by, but an answer to read the first entry of.
     status, answer = server.post_json("/detect", {"q": "12345 !!"})
-    assert (status, answer) == (200, [])  # no letters: nothing to tell a language by
+    assert (status, answer) == (200, [{"language": "de", "confidence": 0.0}])
+    assert client.detect("\U0001F600")[0] == {"language": "de", "confidence": 0.0}
     status, answer = server.post_json("/detect", {"q": ""})
     assert status == 400 and "missing q" in answer["error"]
     for text, language in ((GERMAN, "de"), (FRENCH, "fr")):

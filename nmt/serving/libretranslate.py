@@ -174,7 +174,7 @@ async def join_documents(service: Service, model, documents: list[Document],
 
 async def detect(request: Request) -> JSONResponse:
     """LibreTranslate's POST /detect: [{"language": code, "confidence": 0-100}, ...], best
-    first, among the languages served (sources and targets)."""
+    first, among the languages served (sources and targets); one entry at least."""
     service: Service = request.app.state.service
     params = await request_params(request, service.limits)
     service.check_key(api_key(request, params))
@@ -184,8 +184,11 @@ async def detect(request: Request) -> JSONResponse:
                                 "Invalid request: q must be a string")
     service.limits.check_characters(len(q))
     service.charge(request, 1, len(q))
+    # Never empty, as LibreTranslate's (its clients read the first entry): a text that tells
+    # nothing (no letters) gets the first language served, with confidence 0.
+    found = service.detect(q) or [(language, 0.0) for language in service.languages()[:1]]
     return JSONResponse([{"language": code, "confidence": round(confidence * 100, 1)}
-                         for code, confidence in service.detect(q)])
+                         for code, confidence in found])
 
 
 async def suggest(request: Request) -> JSONResponse:
