@@ -136,6 +136,21 @@ def test_opennmt_gives_translate_py_translations(server, translations):
     assert status == 200 and json.loads(body)[0]["model_id"] == 0
 
 
+def test_opennmt_keeps_the_whitespace_around_src():
+    """In-process: OpenNMT-py puts a src's leading and trailing whitespace around its tgt;
+    the model is given the words only."""
+    from test_serving_libretranslate import fake_client
+
+    client, searched = fake_client("de:en")
+    answer = client.post("/translator/translate", json=[
+        {"src": "  Der Hund. \n", "id": 0}, {"src": "Die Katze.", "id": 0},
+        {"src": " \t", "id": 0}])
+    assert answer.status_code == 200, answer.text
+    assert [r["tgt"] for r in answer.json()[0]] == ["  de-en: Der Hund. \n",
+                                                    "de-en: Die Katze.", " \tde-en: "]
+    assert searched == ["Der Hund.", "Die Katze.", ""]
+
+
 def test_languages_health_and_metrics(server):
     status, _, body = server.request("GET", "/languages")
     assert status == 200

@@ -5,7 +5,8 @@ the server's own `app.health`).
     -> [[{"src": ..., "tgt": ..., "n_best": N, "pred_score": ...}, ...], ...]
 
 The outer list has one list per n-best rank, each in input order, as OpenNMT-py answers.
-Each src is translated as one segment (OpenNMT-py does not split sentences); `id` picks the
+Each src is translated as one segment (OpenNMT-py does not split sentences), without the
+whitespace at its edges, which goes back around its tgt as OpenNMT-py puts it; `id` picks the
 model (its position among the server's --model flags), and may be left out when one is served.
 """
 
@@ -35,6 +36,12 @@ def _items(request: Request, body: bytes, limits: ServerLimits) -> list[dict]:
     return items
 
 
+def _edges(src: str) -> tuple[str, str]:
+    """The whitespace before and after the words of `src` (all of it before, if it has none)."""
+    before = src[:len(src) - len(src.lstrip())]
+    return before, src[len(src.rstrip()):] if before != src else ""
+
+
 async def translate(request: Request) -> JSONResponse:
     service: Service = request.app.state.service
     service.check_key(api_key(request))
@@ -46,8 +53,10 @@ async def translate(request: Request) -> JSONResponse:
     groups: dict[int, list[int]] = {}
     for n, model in enumerate(models):
         groups.setdefault(model.id, []).append(n)
+    # The whitespace around a src goes around its translation, as OpenNMT-py keeps it.
+    edges = [_edges(item["src"]) for item in items]
     answers = await unless_client_leaves(request, asyncio.gather(*(
-        service.translate(models[rows[0]], [items[n]["src"] for n in rows])
+        service.translate(models[rows[0]], [items[n]["src"].strip() for n in rows])
         for rows in groups.values())))
     hypotheses: list = [None] * len(items)
     for rows, nbest_lists in zip(groups.values(), answers):
@@ -55,9 +64,10 @@ async def translate(request: Request) -> JSONResponse:
             hypotheses[n] = nbest
     ranks = max(len(nbest) for nbest in hypotheses)
     return JSONResponse([
-        [{"src": item["src"], "tgt": nbest[rank].text, "n_best": len(nbest),
+        [{"src": item["src"], "tgt": before + nbest[rank].text + after, "n_best": len(nbest),
           "pred_score": nbest[rank].score}
-         for item, nbest in zip(items, hypotheses) if rank < len(nbest)]
+         for item, nbest, (before, after) in zip(items, hypotheses, edges)
+         if rank < len(nbest)]
         for rank in range(ranks)])
 
 
