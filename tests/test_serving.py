@@ -151,6 +151,18 @@ def test_opennmt_keeps_the_whitespace_around_src():
     assert searched == ["Der Hund.", "Die Katze.", ""]
 
 
+def test_opennmt_without_an_id_uses_model_0():
+    from test_serving_libretranslate import fake_client
+
+    client, _ = fake_client("de:en", "fr:en")
+    answer = client.post("/translator/translate", json=[{"src": "Hund."},
+                                                        {"src": "Chien.", "id": 1}])
+    assert answer.status_code == 200, answer.text
+    assert [r["tgt"] for r in answer.json()[0]] == ["de-en: Hund.", "fr-en: Chien."]
+    answer = client.post("/translator/translate", json=[{"src": "Hund.", "id": 2}])
+    assert answer.status_code == 400 and "0 (de-en), 1 (fr-en)" in answer.json()["error"]
+
+
 def test_languages_health_and_metrics(server):
     status, _, body = server.request("GET", "/languages")
     assert status == 200

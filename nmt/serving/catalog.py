@@ -64,9 +64,11 @@ class Catalog:
         return model
 
     def by_id(self, model_id: object) -> ServedModel:
-        """The model with OpenNMT-py id `model_id`; the only one when it is None."""
+        """The model with OpenNMT-py id `model_id`; None (no id given) is id 0, as
+        OpenNMT-py reads it, or the only model served."""
         if model_id is None and len(self.models) == 1:
             return self.models[0]
+        model_id = 0 if model_id is None else model_id
         if isinstance(model_id, int) and not isinstance(model_id, bool):
             for model in self.models:
                 if model_id == model.id:

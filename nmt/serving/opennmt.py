@@ -7,7 +7,8 @@ the server's own `app.health`).
 The outer list has one list per n-best rank, each in input order, as OpenNMT-py answers.
 Each src is translated as one segment (OpenNMT-py does not split sentences), without the
 whitespace at its edges, which goes back around its tgt as OpenNMT-py puts it; `id` picks the
-model (its position among the server's --model flags), and may be left out when one is served.
+model (its position among the server's --model flags, from 0); left out, it is 0, as
+OpenNMT-py reads it.
 """
 
 from __future__ import annotations
