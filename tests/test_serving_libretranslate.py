@@ -224,6 +224,7 @@ def fake_client(*pairs: str):
     from nmt.serving.limits import ServerLimits
     from nmt.serving.metrics import Metrics
     from nmt.serving.service import Service
+    from transformer.config import SearchConfig
 
     searched: list[str] = []
 
@@ -235,8 +236,7 @@ def fake_client(*pairs: str):
             return [[Hypothesis(f"{source}-{target}: {sentence}", 0.0, ())]
                     for sentence in batch]
 
-        translator = SimpleNamespace(search=SimpleNamespace(nbest=1, beam_size=4),
-                                     describe=lambda: "fake")
+        translator = SimpleNamespace(search=SearchConfig(), describe=lambda: "fake")
         batcher = SimpleNamespace(translate=search)
         return ServedModel(index, source, target, f"runs/{source}-{target}", translator,
                            batcher=batcher, alternatives_batcher=batcher)
@@ -362,6 +362,22 @@ def test_a_null_or_empty_format_is_text():
     answer = client.post("/translate", json={"q": "Hund", "source": "de", "target": "en",
                                              "format": "xml"})
     assert answer.status_code == 400 and "use text or html" in answer.json()["error"]
+
+
+def test_what_clients_of_libretranslate_and_opennmt_py_read_is_there():
+    """The page's typing debounce (frontendTimeout), a negative alternatives read as 0, and
+    OpenNMT-py's fields of /translator/models."""
+    client, _ = fake_client("de:en")
+    assert client.get("/frontend/settings").json()["frontendTimeout"] == 500
+    for count in (-1, "-3", -10**12):
+        answer = client.post("/translate", json={"q": "Hund.", "source": "de", "target": "en",
+                                                 "alternatives": count})
+        assert answer.status_code == 200, answer.text
+        assert answer.json() == {"translatedText": "de-en: Hund."}
+    models = client.get("/translator/models").json()
+    assert models[0]["models"] == ["runs/de-en"] and models[0]["timeout"] == -1
+    assert models[0]["opt"]["beam_size"] == 4 and models[0]["loaded"] is True
+    assert models[0]["model_id"] == 0 and models[0]["path"] == "runs/de-en"
 
 
 def test_sentences_are_joined_with_the_target_languages_spaces():

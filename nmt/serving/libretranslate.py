@@ -37,6 +37,7 @@ from nmt.translation.paragraphs import (
 )
 
 FORMATS = {"text": split_text, "html": split_html}
+FRONTEND_TIMEOUT_MS = 500  # LibreTranslate's default --frontend-timeout
 
 
 def _texts(params: dict[str, Any]) -> tuple[list[str], bool]:
@@ -61,17 +62,21 @@ def _text_param(params: dict[str, Any], name: str, default: str | None = None) -
 
 
 def _alternatives(params: dict[str, Any], limit: int) -> int:
-    """How many alternatives: an integer, or a string of ASCII digits (a form field)."""
+    """How many alternatives: an integer, or a string of ASCII digits (a form field), with a
+    minus sign or not; a negative count is 0, as LibreTranslate reads it."""
     given = params.get("alternatives", 0)
-    count, digits = given, given.strip() if isinstance(given, str) else ""
+    count, text = given, given.strip() if isinstance(given, str) else ""
+    sign, digits = (-1, text[1:]) if text.startswith("-") else (1, text)
     if digits.isascii() and digits.isdigit():
-        count = int(digits) if len(digits) <= 9 else limit + 1  # past the limit: refused below
+        # Past the limit (refused below) if too long to read.
+        count = sign * (int(digits) if len(digits) <= 9 else limit + 1)
     elif isinstance(given, float) and given.is_integer():
         count = int(given)
     if not isinstance(count, int) or isinstance(count, bool):
         raise RequestError(400, f"Invalid request: alternatives must be an integer, got "
                                 f"{shown(given)}")
-    if not 0 <= count <= limit:
+    count = max(count, 0)
+    if count > limit:
         raise RequestError(400, f"Invalid request: alternatives {shown(given)}: this server "
                                 f"gives 0 to {limit} (--alternatives-limit)")
     return count
@@ -207,6 +212,9 @@ async def frontend_settings(request: Request) -> JSONResponse:
     return JSONResponse({"apiKeys": service.api_keys is not None,
                          "keyRequired": service.api_keys is not None,
                          "charLimit": service.limits.max_characters,
+                         # LibreTranslate's page waits this long (ms) after a keystroke
+                         # before it translates.
+                         "frontendTimeout": FRONTEND_TIMEOUT_MS,
                          "suggestions": False,
                          "filesTranslation": True,
                          "supportedFilesFormat": list(FILE_SUFFIXES),

@@ -73,8 +73,12 @@ async def translate(request: Request) -> JSONResponse:
 
 
 async def models(request: Request) -> JSONResponse:
+    """OpenNMT-py's GET /translator/models: its fields (model_id, models, opt: the model's
+    search settings, loaded, timeout: -1, never unloaded) and the pair and path of each."""
     service: Service = request.app.state.service
     return JSONResponse([{"model_id": m.id, "source": m.source, "target": m.target,
-                          "path": m.path, "loaded": service.ready}
+                          "path": m.path, "models": [m.path],
+                          "opt": m.translator.search.to_dict(), "loaded": service.ready,
+                          "timeout": -1}
                          for m in service.catalog.models])
 
