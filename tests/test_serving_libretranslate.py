@@ -300,6 +300,16 @@ def test_source_auto_detects_even_with_one_source_and_knows_the_target():
     assert english["detectedLanguage"]["language"] == "en"
 
 
+def test_source_auto_refuses_a_language_read_that_does_not_go_to_the_target():
+    """On a de:en server, English text asked into German has no model: it is refused naming
+    the language read, not passed off as German returned as it is."""
+    client, searched = fake_client("de:en")
+    answer = client.post("/translate", json={"q": ENGLISH, "source": "auto", "target": "de"})
+    assert answer.status_code == 400 and searched == []
+    assert answer.json()["error"].startswith("the text reads as en (")
+    assert "does not translate en->de" in answer.json()["error"]
+
+
 def test_a_language_to_itself_comes_back_as_it_is():
     """A pair whose source is its target, that language served (as a source or a target),
     is LibreTranslate's identity translation: texts, HTML and files come back as they are,

@@ -117,7 +117,7 @@ class Service:
         target, a language served, has no model (RequestError 400 for any other pair not
         served). Texts without a letter (digits, punctuation, emoji) have no model either:
         there is nothing to translate. Source "auto" is the texts' language, detected among
-        the languages served and chosen among those that go to `target`: its sources, and
+        the languages served; it must go to `target` (400 if not): one of its sources, or
         the target itself, whose texts come back as they are (the first source, confidence
         0, when nothing tells)."""
         readable = any(map(has_letters, texts))
@@ -132,7 +132,11 @@ class Service:
         if not choices:
             self.catalog.find(source, target)  # 400: no pair goes to `target`
         ranked = dict(self.detect(" ".join(texts), limit=len(self.languages())))
-        code = next((code for code in ranked if code in choices), choices[0])
+        code = next(iter(ranked), choices[0]) if readable else choices[0]
+        if code not in choices:  # as LibreTranslate: a language read that cannot go there
+            raise RequestError(400, f"the text reads as {code} ({ranked[code]:.0%} sure), and "
+                                    f"this server does not translate {code}->{target}: it "
+                                    f"translates {self.catalog.pairs()}")
         detected = {"language": code, "confidence": round(ranked.get(code, 0.0) * 100, 1)}
         if code == target or not readable:
             return None, detected
