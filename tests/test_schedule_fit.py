@@ -106,25 +106,29 @@ class _Run:
 
 
 def test_the_fit_counts_validations_and_saves_and_refits_once_after_one(monkeypatch):
-    # The first validation comes after the warm-up: the fit counts none; the refit after it
-    # counts its time and the checkpoint's, one each --eval-every (40) steps, and reserves
-    # the time the first end's step took to compile (waited for at the warm-up's end).
+    # The first validation comes after the warm-up: the fit counts none. That validation
+    # compiles the search (9 s), so no refit follows it: its time would be charged to every
+    # later one. The refit after the second counts that one's time (1.5 s) and the
+    # checkpoint's, one each --eval-every (40) steps, and reserves the time the first end's
+    # step took to compile (waited for at the warm-up's end).
     run = _Run(monkeypatch, eval_every=40, step_s=0.02)
     run.steps(18, validation_s=1.5)
     assert run.ends == {18: run.expected(18, 0.0)}
     assert run.fitted.fit.step_seconds == pytest.approx(0.02)
-    run.steps(40, validation_s=1.5)
+    run.steps(40, validation_s=9.0)
     assert run.ends.keys() == {18} and run.switched == [20]
     assert run.fitted.compile_seconds == pytest.approx(3.0)
-    run.steps(41, validation_s=1.5)
-    assert run.ends[41] == run.expected(41, (1.5 + 0.5) / 40, 3.0) < run.ends[18] - 100
-    assert "in place of" in run.fitted.describe(run.ends[41], 1.0, Path("config.yaml"))
+    run.steps(80, validation_s=1.5)
+    assert run.ends.keys() == {18}  # not after the first validation
+    run.steps(81, validation_s=1.5)
+    assert run.ends[81] == run.expected(81, (1.5 + 0.5) / 40, 3.0) < run.ends[18] - 100
+    assert "in place of" in run.fitted.describe(run.ends[81], 1.0, Path("config.yaml"))
     # The updates since the warm-up followed the first end: the step for the new one takes
     # over at the next, after waiting for its compile.
-    run.steps(42, validation_s=1.5)
-    assert run.switched == [20, 42] and run.fitted.replaced == run.ends[18]
+    run.steps(82, validation_s=1.5)
+    assert run.switched == [20, 82] and run.fitted.replaced == run.ends[18]
     run.steps(200, validation_s=3.0)
-    assert run.ends.keys() == {18, 41}  # once
+    assert run.ends.keys() == {18, 81}  # once
 
 
 def test_a_validation_in_the_timed_steps_is_not_a_step_and_its_compile_is_refitted(

@@ -12,7 +12,8 @@ saving (`PausableClock.now`), plus its share of the periodic work: the last vali
 seconds over --eval-every and the slowest checkpoint save's over --save-every (as
 `ClosingTime` measured them). What is not measured yet counts as nothing, and a validation's
 first time includes compiling the search, so the end is refitted once, after the first
-validation that follows the fit (where that moves it by more than `REFIT_TOLERANCE`). Where
+validation that follows the fit and is not the process's first (whose compile would be
+charged to every later one), where that moves it by more than `REFIT_TOLERANCE`. Where
 that comes before the decay begins, the run is the linear schedule to the refitted end
 exactly; after, the updates since the warm-up followed the first end, and the rate moves onto
 the line to the new one at the next update (the step compiled for it waited for, as long as
@@ -133,7 +134,8 @@ class EndFit:
 
 class FittedEnd:
     """The end fitted while the run trains: `EndFit` over the warm-up (None where the end is
-    known), refitted once after the first validation that follows the fit; then the train
+    known), refitted once after the first validation that follows the fit and is not the
+    process's first (that one compiles the search); then the train
     step compiled for the end, which takes over once it is compiled, and at the latest
     before the first update whose rate it changes: the warm-up's end, or for a refit past
     it, the next update (the refit reserves the time the first compile took for the wait)."""
@@ -172,8 +174,8 @@ class FittedEnd:
             self.validations_at_fit = self.limits.closing.validations
             self.compiling_since = time.monotonic()
             return self.end
-        if self.limits.closing.validations == self.validations_at_fit:
-            return None
+        if self.limits.closing.validations <= max(self.validations_at_fit, 1):
+            return None  # none since the fit, or only the first, which compiled the search
         self.refitted = True
         left, periodic = self.limits.seconds_left(), self.periodic_seconds()
         if abs(self.fit.end_at(step, left, periodic) - self.end) <= REFIT_TOLERANCE * max(
