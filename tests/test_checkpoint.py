@@ -142,6 +142,23 @@ def test_keep_last_counts_only_the_save_every_steps(tmp_path):
     saver.close()
 
 
+def test_an_interim_step_stays_interim_when_the_process_dies_before_sealing_it(tmp_path):
+    """A best-score step whose process is killed before the next save has no INTERIM file
+    yet: the run resumed from it must still count it out of --keep-last."""
+    params, train = _split(_trained_state(0))
+    killed = checkpoint.Checkpointer(tmp_path, keep_last=2)
+    for step, interim in ((20, False), (40, False), (50, True)):
+        killed.save(step, params, train, {}, interim=interim)
+    killed._last.wait_until_finished()
+    killed._last.close(), killed._best.close()  # no seal: as if killed here
+    resumed = checkpoint.Checkpointer(tmp_path, keep_last=2)
+    resumed.save(60, params, train, {})
+    resumed.wait()
+    assert resumed.steps() == [40, 60]
+    resumed.close()
+    assert not list((tmp_path / "checkpoints").glob("interim-*"))
+
+
 def test_a_run_without_interim_steps_deletes_the_oldest_as_soon_as_a_save_is_final(tmp_path):
     """Not at the next save: a run never holds more than --keep-last finished steps."""
     params, train = _split(_trained_state(0))

@@ -59,6 +59,9 @@ _ITEMS = ("params", "train", "data")
 CHECKSUMS_FILE = "SHA256SUMS"
 ASIDE_SUFFIX = ".replaced"  # a step set aside while it is saved again (`_set_aside`)
 INTERIM_FILE = "INTERIM"  # in a step saved only because the run stopped there
+# Beside the steps: an interim step's mark until it is sealed (a process killed before then
+# must not leave it counted as scheduled).
+INTERIM_PENDING = "interim-{step}"
 
 
 class CheckpointError(RuntimeError):
@@ -320,6 +323,9 @@ class Checkpointer:
         with self._writing(self.directory, step):
             self._seal()
             (self._interim.add if interim else self._interim.discard)(step)
+            if jax.process_index() == 0:
+                pending = self.directory / INTERIM_PENDING.format(step=step)
+                pending.touch() if interim else pending.unlink(missing_ok=True)
             _set_aside(self._last, self.directory, step)
             self._pending = (self.directory, step)
             self._last.save(step, args=ocp.args.Composite(
@@ -380,10 +386,12 @@ class Checkpointer:
                 for step in complete_steps(directory):
                     step_dir = directory / str(step)
                     if not (step_dir / CHECKSUMS_FILE).exists():
-                        if directory == self.directory and step in self._interim:
+                        if directory == self.directory and self._is_interim(step):
                             (step_dir / INTERIM_FILE).touch()
                         write_checksums(step_dir)
                 _put_back(directory)  # the steps saved again are sealed: their old ones go
+            for pending in self.directory.glob(INTERIM_PENDING.format(step="*")):
+                pending.unlink()  # sealed, or of a save that never finished
         barrier(f"sealed {self.run_dir}")
         self._keep_last()
 
@@ -394,8 +402,10 @@ class Checkpointer:
             _clear_step(self._last, self.directory, step)
 
     def _is_interim(self, step: int) -> bool:
-        """Saved as interim by this process (marked when sealed), or marked on disk."""
-        return step in self._interim or (self.directory / str(step) / INTERIM_FILE).exists()
+        """Saved as interim by this process, or marked on disk: sealed, or still pending
+        (saved by a process killed before it sealed the step)."""
+        return (step in self._interim or (self.directory / str(step) / INTERIM_FILE).exists()
+                or (self.directory / INTERIM_PENDING.format(step=step)).exists())
 
     def discard_best(self, keep: int | None) -> list[int]:
         """Delete every step of best/ but `keep` (None: all); returns the steps deleted.
