@@ -258,3 +258,18 @@ def test_yaml_reads_integers_as_yaml_1_2_does(tmp_path):
     # And a string that reads as a number is written in quotes.
     run = recipes.run_from_flat(output_dir="0o10", max_steps=5)
     assert "output_dir: '0o10'" in recipes.dump(run)
+
+
+def test_a_string_setting_written_bare_as_a_number_keeps_its_text(tmp_path):
+    """config.yaml files written before YAML 1.2's numbers hold `08` or `0o10` bare (1.1
+    read them as strings): they still load as the names they are, and integer settings
+    get plain ints that dump as numbers."""
+    layer = recipes.read_recipe(_recipe(tmp_path, "data:\n  valid_prefix: 08\n"
+                                                  "trainer:\n  output_dir: 0o10\n"
+                                                  "  eval_every: 0x10\n"
+                                                  "batching:\n  buckets: [0x10, 32]\n"))
+    assert layer["data"]["valid_prefix"][0] == "08"
+    assert layer["trainer"]["output_dir"][0] == "0o10"
+    eval_every = layer["trainer"]["eval_every"][0]
+    assert eval_every == 16 and type(eval_every) is int
+    assert layer["batching"]["buckets"][0] == (16, 32)

@@ -141,6 +141,8 @@ def _checked(field: Field, value: Any, where: str, takes: str = "") -> Any:
             return None
         raise SettingsError(f"{where} must be {_TYPE_NAMES[field.kind]}{takes}, got null; "
                             "remove the key to use the default")
+    if isinstance(value, _WrittenInt):
+        value = value.text if field.kind is str else int(value)
     if field.kind is tuple:
         return _buckets(value, where)
     if field.kind is float and isinstance(value, int) and not isinstance(value, bool):
@@ -176,8 +178,8 @@ def _buckets(value: Any, where: str) -> tuple[int, ...]:
             buckets = tuple(int(v) for v in value.split(",") if v.strip())
         except ValueError:
             pass
-    elif isinstance(value, (list, tuple)) and all(type(v) is int for v in value):
-        buckets = tuple(value)
+    elif isinstance(value, (list, tuple)) and all(type(v) in (int, _WrittenInt) for v in value):
+        buckets = tuple(map(int, value))
     if not buckets:
         shown = json.dumps(value, ensure_ascii=False)
         raise SettingsError(f"{where}: expected comma-separated integers such as 16,32,64, or "
@@ -253,13 +255,27 @@ def _loader():
     return Loader
 
 
+class _WrittenInt(int):
+    """An integer written in another form than its decimal one (`08`, `0o10`, `0x1f`): a
+    string setting takes it as written. config.yaml files written before YAML 1.2's numbers
+    hold such strings bare (1.1 read `08` and `0o10` as strings)."""
+
+    text: str
+
+
 def _construct_int(loader, node) -> int:
     """An integer as YAML 1.2 reads it (`!!int 1:30` is a ValueError, which `_constructed`
     names): decimal, 0o octal or 0x hexadecimal."""
-    text = loader.construct_scalar(node).replace("_", "")
+    written = loader.construct_scalar(node)
+    text = written.replace("_", "")
     digits = text.lstrip("+-")
     base = {"0o": 8, "0x": 16}.get(digits[:2], 10)
-    return (-1 if text.startswith("-") else 1) * int(digits, base)
+    value = (-1 if text.startswith("-") else 1) * int(digits, base)
+    if written == str(value):
+        return value
+    number = _WrittenInt(value)
+    number.text = written
+    return number
 
 
 @functools.cache
