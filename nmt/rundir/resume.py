@@ -170,8 +170,9 @@ def batch_iterator(examples: Examples, config: BatchConfig, book: Bookkeeping, s
     if saved is not None and position["position"] > 0 and plan_fingerprint(
             batches.plan(saved["epoch"])) != saved["fingerprint"]:
         log.warning("the batch plan changed since step %d was saved (--batch-tokens, "
-                    "--buckets, --accum, --subword-alpha, the device count or the training "
-                    "data); the rest of epoch %d is skipped and training goes on with epoch %d",
+                    "--buckets, --accum, --subword-alpha, the device count, the training "
+                    "data or this version's batching); the rest of epoch %d is skipped and "
+                    "training goes on with epoch %d",
                     step, position["epoch"], position["epoch"] + 1)
         batches = BatchIterator(examples, config, resegmented=resegmented, grid=grid,
                                 state={"epoch": position["epoch"] + 1, "position": 0})
