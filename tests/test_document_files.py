@@ -524,3 +524,39 @@ def _broken_docx() -> list[bytes]:
 def test_a_file_that_is_not_a_docx_is_refused_as_such(data):
     with pytest.raises(ValueError, match=r"not a valid \.docx"):
         prepare(data, "broken.docx", "en")
+
+
+def _texts_of(data: bytes) -> list[str]:
+    """The text of every w:t of the document's body, in order."""
+    return [t.text or "" for t in _open(data).element.body.iter(qn("w:t"))]
+
+
+def _wrapped(wrapper: str, text: str):
+    """`text` in a run inside `wrapper` (a content control's runs inside its w:sdtContent)."""
+    outer = OxmlElement(wrapper)
+    for name, value in {"w:ins": {"w:id": "1", "w:author": "A"}, "w:dir": {"w:val": "rtl"},
+                        "w:fldSimple": {"w:instr": " PAGE "}}.get(wrapper, {}).items():
+        outer.set(qn(name), value)
+    inner = outer
+    if wrapper == "w:sdt":
+        inner = OxmlElement("w:sdtContent")
+        outer.append(inner)
+    run, t = OxmlElement("w:r"), OxmlElement("w:t")
+    t.text = text
+    run.append(t)
+    inner.append(run)
+    return outer
+
+
+@pytest.mark.parametrize("wrapper", ["w:ins", "w:smartTag", "w:customXml", "w:dir",
+                                     "w:fldSimple", "w:sdt"])
+def test_docx_text_in_other_wrappers_keeps_the_spaces_around_it(wrapper):
+    document = docx.Document()
+    paragraph = document.add_paragraph("The quick ")
+    paragraph._p.append(_wrapped(wrapper, "brown"))
+    paragraph.add_run(" fox jumps.")
+    data = _saved(document)
+    assert _texts_of(_translate(prepare(data, "w.docx", "en"), _identity)) == [
+        "The quick ", "brown", " fox jumps."]
+    assert _texts_of(_translate(prepare(data, "w.docx", "en"), _upper)) == [
+        "THE QUICK ", "brown", " FOX JUMPS."]

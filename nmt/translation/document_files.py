@@ -13,7 +13,8 @@ A text file is one `split_text` document (a UTF-8 BOM kept aside, line endings a
 an HTML page one `split_html` document. In a .docx each paragraph (of the body, of tables at
 any depth, of headers and footers) is one HTML fragment whose runs are inline elements: a run
 of text `<span data-r="N">`, a tab `<span data-r="N"> </span>` (a space to the model), a
-picture, a symbol or a whole field `<img data-r="N">`, a hyperlink `<a data-h="N">` around
+picture, a symbol, a whole field or text in any other wrapper (a tracked insertion, a smart
+tag, a content control...) `<img data-r="N">`, a hyperlink `<a data-h="N">` around
 its runs, and a line break `<br data-r="N">`, which ends a sentence as a line does.
 `split_html` translates each sentence whole and puts the tags back around the words they
 enclosed (`nmt.translation.inline_markup`), so on rebuild each run gets the text now inside
@@ -23,7 +24,8 @@ spaces between words, mostly) goes to the run next to it, a picture or field get
 it had around it, and a translation under the identity gives every run its text back.
 
 Not translated, kept as they are: text boxes, footnotes and endnotes, comments, content
-controls (w:sdt), tracked changes, smart tags, field results, alt text, hidden text (w:vanish).
+controls (w:sdt), tracked changes, smart tags, custom XML, simple fields and their results,
+text in a direction override (w:dir, w:bdo), alt text, hidden text (w:vanish).
 A .docx is refused (ValueError) when it is not a readable Word file or unpacks to more than
 MAX_UNPACKED_BYTES, counted as it unpacks (the sizes a zip states are the sender's to write).
 """
@@ -271,8 +273,10 @@ class _Fragment:
         _note_spacing(list(_flat(self.top)))
 
     def _units(self, parent) -> list[_Unit]:
-        """The units among `parent`'s children; other children (paragraph properties,
-        bookmarks, content controls...) are none and stay where they are."""
+        """The units among `parent`'s children: a child holding text in a wrapper (a
+        tracked insertion, smart tag, content control, simple field...) is an "other" unit,
+        kept with the spaces around it; the rest (paragraph properties, bookmarks...) are
+        none and stay where they are."""
         _split_runs(parent)
         units: list[_Unit] = []
         field: _Unit | None = None
@@ -293,6 +297,8 @@ class _Fragment:
                     unit.source = unit.run.text
             elif name == "hyperlink":
                 self._add(units, "link", [child]).inner = self._units(child)
+            elif next(child.iter(_W + "t"), None) is not None:
+                self._add(units, "other", [child])  # a tracked insertion, smart tag...
         return units
 
     def _add(self, units: list[_Unit], kind: str, elements: list) -> _Unit:
