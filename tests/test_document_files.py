@@ -186,6 +186,19 @@ def test_html_translation_changes_text_only():
                    '<script>var x = "no";</script>').encode()
 
 
+def test_html_declaring_another_charset_is_declared_utf8_as_it_is_sent():
+    head = ('<html><head>\n<META CharSet=\'ISO-8859-1\' >\n<!-- <meta charset="latin1"> -->\n'
+            '<meta http-equiv="Content-Type" content="text/html; charset=windows-1252"/>\n'
+            '<meta name="description" content="charset=latin1">')
+    page = head + '</head><body><p>Caf&eacute; &#233;t&eacute;.</p></body></html>'
+    out = _translate(prepare(page.encode(), "page.html", "fr"), _identity).decode()
+    assert out == (head.replace("ISO-8859-1", "utf-8").replace("windows-1252", "utf-8")
+                   + "</head><body><p>Café été.</p></body></html>")
+    declared = '<meta charset="UTF-8"><meta http-equiv="content-type" content="text/html">'
+    data = (declared + "<p>Déjà vu.</p>").encode()
+    assert _translate(prepare(data, "page.html", "fr"), _identity) == data
+
+
 # ------------------------------------------------------------------------------- .docx
 
 

@@ -10,7 +10,8 @@ Two phases, so that a server can refuse a file by its `characters` before transl
 it, and translate the sentences of all its documents in one batched search in between.
 
 A text file is one `split_text` document (a UTF-8 BOM kept aside, line endings as they were),
-an HTML page one `split_html` document. In a .docx each paragraph (of the body, of tables at
+an HTML page one `split_html` document (a charset its meta elements name set to utf-8, as
+the translation is UTF-8). In a .docx each paragraph (of the body, of tables at
 any depth, of headers and footers) is one HTML fragment whose runs are inline elements: a run
 of text `<span data-r="N">`, a tab `<span data-r="N"> </span>` (a space to the model), a
 picture, a symbol, a whole field or text in any other wrapper (a tracked insertion, a smart
@@ -108,8 +109,11 @@ def prepare(data: bytes, filename: str, language: str,
         return _prepare_docx(data, language, max_characters)
     text = _decode(data)
     bom = _BOM if text.startswith(_BOM) else ""
-    document = (split_text if kind == ".txt" else split_html)(text[len(bom):], language)
-    return Prepared([document], lambda texts: (bom + _one(texts)).encode("utf-8"))
+    if kind == ".txt":
+        return Prepared([split_text(text[len(bom):], language)],
+                        lambda texts: (bom + _one(texts)).encode("utf-8"))
+    return Prepared([split_html(text[len(bom):], language)],
+                    lambda texts: (bom + _declared_utf8(_one(texts))).encode("utf-8"))
 
 
 def _one(texts: list[str]) -> str:
@@ -124,6 +128,48 @@ def _decode(data: bytes) -> str:
     except UnicodeDecodeError as err:
         raise ValueError(f"not UTF-8 text: byte 0x{data[err.start]:02x} at offset "
                          f"{err.start}; save it as UTF-8") from None
+
+
+# The charset a meta element names: its charset attribute, or the parameter in the content of
+# one with http-equiv="Content-Type".
+_CHARSET = re.compile(r"""(charset\s*=\s*["']?)([^"'\s;>/]+)""", re.IGNORECASE)
+
+
+def _declared_utf8(page: str) -> str:
+    """`page` with each meta element naming a charset other than UTF-8 naming UTF-8 instead,
+    all else as it was: the page goes out (and is saved) as UTF-8 bytes, which a browser
+    would read as the charset the page declared."""
+    parser = _CharsetMetas()
+    parser.feed(page)
+    parser.close()
+    line_starts = [0] + [match.end() for match in re.finditer("\n", page)]
+    out, done = [], 0
+    for (line, column), tag in parser.found:
+        start = line_starts[line - 1] + column
+        if page.startswith(tag, start):
+            out += [page[done:start], _CHARSET.sub(_utf8, tag, count=1)]
+            done = start + len(tag)
+    return "".join(out) + page[done:]
+
+
+def _utf8(match: re.Match) -> str:
+    name = match[2] if match[2].lower() in ("utf-8", "utf8") else "utf-8"
+    return match[1] + name
+
+
+class _CharsetMetas(HTMLParser):
+    """Where the meta elements that declare a charset start in a page (line from 1, column)
+    and their start tags as written; tags in comments and scripts are none."""
+
+    def __init__(self):
+        super().__init__(convert_charrefs=False)
+        self.found: list[tuple[tuple[int, int], str]] = []
+
+    def handle_starttag(self, tag, attrs):
+        values = {name: value or "" for name, value in attrs}
+        if tag == "meta" and ("charset" in values
+                              or values.get("http-equiv", "").lower() == "content-type"):
+            self.found.append((self.getpos(), self.get_starttag_text()))
 
 
 # ----------------------------------------------------------------------------- .docx
