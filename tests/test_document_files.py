@@ -12,6 +12,7 @@ that a paragraph's runs follow their words as they would with a model's alignmen
 from __future__ import annotations
 
 import io
+import random
 import re
 import struct
 import zipfile
@@ -361,6 +362,30 @@ def test_docx_rebuild_gives_each_run_the_text_inside_its_span():
     out = _open(prepared.rebuild(
         ['<span data-r="0">Uno</span> <span data-r="2">tres</span> fin.'])).paragraphs[0]
     assert _runs(out) == [("Uno ", None, None), ("", True, None), ("tres fin.", None, None)]
+
+
+def _random_runs(rng: random.Random) -> list[str]:
+    """A sentence with one to three spaces between words and some at its ends, cut at random
+    places (runs of spaces alone among them)."""
+    words = "The quick brown fox jumps over the lazy dog. It was not amused!".split()
+    words = words[:rng.randint(2, len(words))]
+    text = "".join(word + " " * rng.choice([1, 1, 2, 3]) for word in words).rstrip()
+    text = " " * rng.choice([0, 1, 2]) + text + " " * rng.choice([0, 1, 2])
+    cuts = sorted(rng.sample(range(1, len(text)), min(len(text) - 1, rng.randint(1, 9))))
+    return [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)])]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_docx_identity_gives_runs_cut_anywhere_their_spaces_back(seed):
+    rng = random.Random(seed)
+    for _ in range(25):
+        runs = _random_runs(rng)
+        document = docx.Document()
+        paragraph = document.add_paragraph()
+        for i, text in enumerate(runs):
+            paragraph.add_run(text).bold = i % 2 == 1
+        translated = _translate(prepare(_saved(document), "r.docx", "en"), _identity)
+        assert [run.text for run in _open(translated).paragraphs[0].runs] == runs
 
 
 def _add_field(paragraph, instruction: str, result: str) -> None:

@@ -21,7 +21,8 @@ its runs, and a line break `<br data-r="N">`, which ends a sentence as a line do
 enclosed (`nmt.translation.inline_markup`), so on rebuild each run gets the text now inside
 its span and the runs are put in the order their tags now have: bold, italic, fonts and links
 stay on their words when a translation reorders them. Text left outside every span (the
-spaces between words, mostly) goes to the run next to it, a picture or field gets the spaces
+spaces between words, mostly) goes to the run next to it (spaces between two runs split by
+how many each had at that edge), a picture or field gets the spaces
 it had around it, and a translation under the identity gives every run its text back.
 
 Not translated, kept as they are: text boxes, footnotes and endnotes, comments, content
@@ -420,20 +421,48 @@ class _Texts:
     def texts(self) -> dict[int, str]:
         """What each text run's span holds, and each piece outside text spans given to the
         text run before it or after it: spaces to the one whose tag they touch where only
-        one does, else as `_neighbour` says."""
+        one does, split between the two where both do (`_split_spaces`), else as
+        `_neighbour` says."""
         self._drop_tab_spaces()
         self._space_others()
         owners = [n if kind == "text" else None for n, kind in zip(self.numbers, self.kinds)]
         texts: dict[int, list[str]] = {}
-        for i, text in enumerate(self.pieces):
-            owner = owners[i]
-            if owner is None and text:
-                touching = {owners[i - 1] if i else None, _at(owners, i + 1)} - {None}
-                owner = (touching.pop() if len(touching) == 1 and not text.strip() else
-                         self._neighbour(text, _last(owners[:i]), _first(owners[i + 1:])))
-            if owner is not None:
-                texts.setdefault(owner, []).append(text)
+        for i in range(len(self.pieces)):
+            for owner, part in self._owned(owners, i, texts):
+                texts.setdefault(owner, []).append(part)
         return {number: "".join(parts) for number, parts in texts.items()}
+
+    def _owned(self, owners: list[int | None], i: int,
+               texts: dict[int, list[str]]) -> list[tuple[int, str]]:
+        """Piece `i` as (text run, part of it) pairs: the run whose span holds it, else the
+        neighbour or neighbours it goes to (`texts`: what the runs hold so far)."""
+        text = self.pieces[i]
+        if owners[i] is not None or not text:
+            return [(owners[i], text)] if owners[i] is not None else []
+        before, after = owners[i - 1] if i else None, _at(owners, i + 1)
+        if not text.strip() and None not in (before, after) and before != after:
+            return self._split_spaces(text, before, after, "".join(texts.get(before, [])))
+        if not text.strip() and (before, after) != (None, None):
+            return [(before if after is None else after, text)]
+        owner = self._neighbour(text, _last(owners[:i]), _first(owners[i + 1:]))
+        return [(owner, text)] if owner is not None else []
+
+    def _split_spaces(self, text: str, before: int, after: int,
+                      held: str) -> list[tuple[int, str]]:
+        """Spaces between the spans of two text runs, the run before holding `held` so far:
+        to the run before as many as its source ended with and it lacks, to the run after as
+        many as its source began with, what is left over to the run before (to the run after
+        where the run before did not end with a space); so each gets back the spaces it had
+        at that edge."""
+        ending, beginning = self.units[before].source, self.units[after].source
+        lacking = _edge_spaces(ending[::-1]) - _edge_spaces(held[::-1])
+        to_before = max(0, min(lacking, len(text)))
+        to_after = min(_edge_spaces(beginning), len(text) - to_before)
+        if _edge_spaces(ending[::-1]) == 0:
+            to_after = len(text) if to_after else 0
+        cut = len(text) - to_after
+        return [(owner, part) for owner, part in ((before, text[:cut]), (after, text[cut:]))
+                if part]
 
     def _pieces_of(self, kind: str) -> dict[int, list[int]]:
         """The units of `kind` in the translation: number -> the indices of their pieces."""
@@ -571,6 +600,11 @@ def _split_runs(parent) -> None:
             new.extend(group)  # moved out of `run`
             previous.addnext(new)
             previous = new
+
+
+def _edge_spaces(text: str) -> int:
+    """How many white-space characters `text` begins with."""
+    return len(text) - len(text.lstrip())
 
 
 def _at(items: list, index: int):
