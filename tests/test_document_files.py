@@ -425,6 +425,22 @@ def test_docx_fields_stay_whole_and_untranslated_when_words_move():
     assert " ".join("".join(words).split()) == "report. the of page is This"
 
 
+def test_docx_a_field_across_paragraphs_is_left_whole_and_what_follows_translated():
+    document = docx.Document()
+    document.add_paragraph("Contents.")
+    first = document.add_paragraph()
+    _add_field(first, ' TOC \\o "1-3" ', "Introduction chapter")
+    document.add_paragraph("Methods chapter")
+    last = document.add_paragraph("Results chapter")
+    last._p.append(first._p.r_lst[-1])  # the field's end moved to the third paragraph
+    last.add_run(" closes it.")
+    document.add_paragraph("After the field.")
+    translated = _open(_translate(prepare(_saved(document), "toc.docx", "en"), _upper))
+    assert [p.text for p in translated.paragraphs] == [
+        "CONTENTS.", "Introduction chapter", "Methods chapter", "Results chapter CLOSES IT.",
+        "AFTER THE FIELD."]
+
+
 def test_docx_page_number_fields_in_a_footer_keep_their_spaces():
     document = docx.Document()
     footer = document.sections[0].footer.paragraphs[0]

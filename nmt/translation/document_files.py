@@ -216,7 +216,7 @@ def _prepare_docx(data: bytes, language: str, max_characters: int | None) -> Pre
 def _fragments(document, max_characters: int | None) -> list[_Fragment]:
     """The paragraphs with text to translate; TooManyCharacters once they pass the limit."""
     fragments, characters = [], 0
-    for paragraph in _paragraphs(document):
+    for paragraph, depth in _in_fields(_paragraphs(document)):
         text = paragraph.text
         if not text.strip():
             continue
@@ -224,10 +224,21 @@ def _fragments(document, max_characters: int | None) -> list[_Fragment]:
         if max_characters is not None and characters > max_characters:
             raise TooManyCharacters(f"the file has more than {max_characters} characters to "
                                     "translate")
-        fragment = _Fragment(paragraph)
+        fragment = _Fragment(paragraph, depth)
         if fragment.has_text:
             fragments.append(fragment)
     return fragments
+
+
+def _in_fields(paragraphs: Iterator) -> Iterator[tuple]:
+    """Each paragraph with the number of fields open where it begins: a field (a table of
+    contents) may span the paragraphs of a container (the body, a cell, a header)."""
+    parent, depth = None, 0
+    for paragraph in paragraphs:
+        if paragraph._p.getparent() is not parent:
+            parent, depth = paragraph._p.getparent(), 0
+        yield paragraph, depth
+        depth = max(0, depth + _field_depth(paragraph._p))
 
 
 def _open_docx(data: bytes):
@@ -311,31 +322,33 @@ class _Fragment:
     """A paragraph as HTML (the module's docstring shows how), and written back from its
     translation."""
 
-    def __init__(self, paragraph):
+    def __init__(self, paragraph, depth: int = 0):
+        """`depth`: the fields open where the paragraph begins (begun in one before it)."""
         self.paragraph = paragraph
         self.units: list[_Unit] = []  # all of them, by number
-        self.top = self._units(paragraph._p)
+        self.top = self._units(paragraph._p, depth)
         self.markup = "".join(map(self._markup, self.top))
         self.has_text = any(unit.source.strip() for unit in self.units)
         _note_spacing(list(_flat(self.top)))
 
-    def _units(self, parent) -> list[_Unit]:
+    def _units(self, parent, depth: int = 0) -> list[_Unit]:
         """The units among `parent`'s children: a child holding text in a wrapper (a
         tracked insertion, smart tag, content control, simple field...) is an "other" unit,
         kept with the spaces around it; the rest (paragraph properties, bookmarks...) are
-        none and stay where they are."""
+        none and stay where they are. A field, from the child that begins it (or from the
+        first, while `depth` fields begun before `parent` are open) to the one that ends it,
+        is one "other" unit."""
         _split_runs(parent)
         units: list[_Unit] = []
         field: _Unit | None = None
-        depth = 0
         for child in list(parent):
             name = _local(child)
-            if field is not None:  # inside a field: everything up to its end
+            if depth > 0 or _field_depth(child) > 0:  # inside a field: up to its end
+                if field is None:
+                    field = self._add(units, "other", [])
                 field.elements.append(child)
-                depth += _field_depth(child) if name == "r" else 0
+                depth = max(0, depth + _field_depth(child))
                 field = field if depth > 0 else None
-            elif name == "r" and _field_depth(child) > 0:
-                field, depth = self._add(units, "other", [child]), _field_depth(child)
             elif name == "r":
                 kind = _run_kind(child)
                 unit = self._add(units, kind, [child])
@@ -537,10 +550,11 @@ def _local(element) -> str:
     return tag.rsplit("}", 1)[-1] if isinstance(tag, str) else ""
 
 
-def _field_depth(run) -> int:
-    """How many fields the run begins (its w:fldChar begin) less how many it ends."""
+def _field_depth(element) -> int:
+    """How many fields the element (a run, a paragraph...) begins (its w:fldChar begin) less
+    how many it ends."""
     depth = 0
-    for char in run.iter(_W + "fldChar"):
+    for char in element.iter(_W + "fldChar"):
         kind = char.get(_W + "fldCharType")
         depth += 1 if kind == "begin" else -1 if kind == "end" else 0
     return depth
