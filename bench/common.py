@@ -25,6 +25,7 @@ import math
 import os
 import platform
 import resource
+import socket
 import subprocess
 import sys
 import time
@@ -109,6 +110,13 @@ def _int_at_least(text: str, least: int) -> int:
     if value < least:
         raise argparse.ArgumentTypeError(f"{value} is below {least}")
     return value
+
+
+def free_port() -> int:
+    """A port on 127.0.0.1 that nothing listens on now, for a server to be started on."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def bench_parser(description: str) -> argparse.ArgumentParser:

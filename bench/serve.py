@@ -27,11 +27,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import json
 import os
 import re
 import shlex
+import signal
 import statistics
 import subprocess
 import sys
@@ -40,9 +42,10 @@ import time
 import urllib.request
 from pathlib import Path
 
-from bench.common import positive_int, read_test_set, test_set_parser
+from bench.common import free_port, positive_int, read_test_set, test_set_parser, usage_errors
 from data.config import INFERENCE_BATCH_TOKENS
 from nmt.runtime import allocator
+from nmt.runtime.cli import EXIT_FAULT, EXIT_INTERRUPTED, EXIT_SIGNALLED, fail
 from transformer.config import BEAM_RULES
 
 SEARCH_FLAGS = ("beam_rules", "max_len_a", "max_len_b")
@@ -50,48 +53,138 @@ SEARCH_FLAGS = ("beam_rules", "max_len_a", "max_len_b")
 REPO = Path(__file__).resolve().parents[1]
 
 
+# The server's command line; a test puts a stand-in here.
+SERVER = [sys.executable, "-m", "nmt.serving"]
+
+
+class ServerStartError(Exception):
+    """The server could not start: its own one-line reason (a port in use, no model)."""
+
+
+class ServerExited(Exception):
+    """The server exited while it was being measured."""
+
+
+class _Terminated(BaseException):
+    """SIGTERM, raised as Ctrl-C raises KeyboardInterrupt (no `except Exception` stops it)."""
+
+
+def _terminate(*_) -> None:
+    raise _Terminated
+
+
+@contextlib.contextmanager
+def ending_in_one_line():
+    """Within it, SIGTERM unwinds as Ctrl-C does, through the `finally` blocks that stop the
+    server; either ends the command in one line (exit 143, 130), as does a server that exited
+    under load (exit 1)."""
+    previous = signal.signal(signal.SIGTERM, _terminate)
+    prog = Path(sys.argv[0]).name
+    try:
+        yield
+    except KeyboardInterrupt:
+        fail(prog, "interrupted", EXIT_INTERRUPTED)
+    except _Terminated:
+        fail(prog, "terminated", EXIT_SIGNALLED["SIGTERM"])
+    except ServerExited as err:
+        fail(prog, str(err), EXIT_FAULT)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 class ServerProcess:
-    """`python -m nmt.serving` on a free port, ready (its /health answered 200)."""
+    """`python -m nmt.serving` on a free port (or the --port in `args`), ready: its /health
+    says "ok". Asked, not read from its log, which --quiet keeps to warnings. Stopped again
+    should anything, an interrupt included, end the wait."""
 
     def __init__(self, args: list[str], start_timeout: float = 900):
+        self.port = _port_in(args) or free_port()
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "nmt.serving", "--port", "0", *args], cwd=REPO,
+            [*SERVER, "--port", str(self.port), *args], cwd=REPO,
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        self.port: int | None = None
         self.log: list[str] = []
-        listening = threading.Event()
-
-        def drain():
-            for line in self.process.stderr:
-                self.log.append(line)
-                found = re.search(r"listening on http://[\d.]+:(\d+)", line)
-                if found:
-                    self.port = int(found.group(1))
-                    listening.set()
-
-        threading.Thread(target=drain, daemon=True).start()
+        self._drain = threading.Thread(target=self._read_log, daemon=True)
+        self._drain.start()
         started = time.monotonic()
-        deadline = started + start_timeout
-        while not (listening.is_set() and "ready:" in "".join(self.log[-3:])):
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                self.process.kill()
-                raise RuntimeError("the server did not start:\n" + "".join(self.log[-20:]))
-            time.sleep(0.5)
+        try:
+            self._wait_ready(started + start_timeout)
+        except BaseException:  # an interrupt too: no server is left behind
+            self.stop()
+            raise
         self.ready_seconds = time.monotonic() - started
+
+    def _read_log(self) -> None:
+        for line in self.process.stderr:
+            self.log.append(line)
+
+    def _wait_ready(self, deadline: float) -> None:
+        while not self._healthy():
+            if self.process.poll() is not None:
+                raise ServerStartError(f"the server did not start: {self.last_line()}")
+            if time.monotonic() > deadline:
+                raise ServerStartError(f"the server was not ready in time: {self.last_line()}")
+            time.sleep(0.2)
+
+    def _healthy(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health",
+                                        timeout=5) as reply:
+                return json.load(reply).get("status") == "ok"
+        except (OSError, ValueError):  # not listening yet, 503 while loading
+            return False
+
+    def last_line(self) -> str:
+        """The server's last line on stderr, less its `PROG: error: `."""
+        if self.process.poll() is not None:
+            self._drain.join(5)
+        lines = [line.strip() for line in self.log if line.strip()]
+        if not lines:
+            return f"no output (exit status {self.process.poll()})"
+        return lines[-1].split(": error: ", 1)[-1]
 
     def rss_mib(self) -> float:
         status = Path(f"/proc/{self.process.pid}/status").read_text()
         return int(re.search(r"VmRSS:\s+(\d+) kB", status).group(1)) / 1024
 
+    def check_running(self, grace: float = 0.0) -> None:
+        """ServerExited if the server has exited, or does within `grace` seconds."""
+        try:
+            self.process.wait(grace)
+        except subprocess.TimeoutExpired:
+            return
+        else:
+            raise ServerExited(f"the server exited (status {self.process.returncode}): "
+                               f"{self.last_line()}")
+
     def stop(self) -> int:
         self.process.terminate()
-        return self.process.wait(120)
+        try:
+            return self.process.wait(120)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            return self.process.wait()
+
+
+def _port_in(args: list[str]) -> int | None:
+    """The last --port in the server's flags, as its parser reads them."""
+    port = None
+    for i, arg in enumerate(args):
+        if arg == "--port" and i + 1 < len(args):
+            port = args[i + 1]
+        elif arg.startswith("--port="):
+            port = arg.removeprefix("--port=")
+    return int(port) if port is not None and port.isdigit() else None
 
 
 async def _client(port: int, sentences: list[str], start: int, stop_at: float,
                   source: str, target: str, latencies: list[float], errors: list[str]) -> None:
-    """One keep-alive connection sending one sentence per request until `stop_at`."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    """One keep-alive connection sending one sentence per request until `stop_at`; one the
+    server closes or breaks ends it, as one error."""
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    except OSError as err:
+        errors.append(f"could not connect: {err}")
+        return
     n = start
     try:
         while time.monotonic() < stop_at:
@@ -102,6 +195,9 @@ async def _client(port: int, sentences: list[str], start: int, stop_at: float,
             writer.write(b"POST /translate HTTP/1.1\r\nHost: bench\r\nContent-Type: "
                          b"application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
             status_line = await reader.readline()
+            if not status_line:
+                errors.append("the server closed the connection")
+                return
             length = 0
             while (line := await reader.readline()) not in (b"\r\n", b""):
                 if line.lower().startswith(b"content-length:"):
@@ -111,6 +207,8 @@ async def _client(port: int, sentences: list[str], start: int, stop_at: float,
                 errors.append(status_line.decode().strip() + " " + answer.decode()[:200])
             else:
                 latencies.append(time.monotonic() - began)
+    except (OSError, asyncio.IncompleteReadError) as err:
+        errors.append(f"the connection broke: {type(err).__name__}")
     finally:
         writer.close()
 
@@ -126,10 +224,12 @@ def _search_calls(port: int) -> tuple[float, float]:
     return totals["count"], totals["sum"]
 
 
-def load(port: int, sentences: list[str], clients: int, seconds: float, source: str,
-         target: str) -> dict:
+def load(server: ServerProcess, sentences: list[str], clients: int, seconds: float,
+         source: str, target: str) -> dict:
     """`clients` concurrent clients for `seconds`: throughput, latency, errors, and the
-    sentences per search call the server made of them."""
+    sentences per search call the server made of them. ServerExited if it exited."""
+    port = server.port
+    server.check_running()
     calls_before, searched_before = _search_calls(port)
     latencies: list[float] = []
     errors: list[str] = []
@@ -143,6 +243,7 @@ def load(port: int, sentences: list[str], clients: int, seconds: float, source: 
     start = time.monotonic()
     asyncio.run(run())
     elapsed = time.monotonic() - start
+    server.check_running(grace=1.0 if errors else 0.0)  # a closed connection: has it exited?
     cuts = statistics.quantiles(latencies, n=100) if len(latencies) >= 2 else [float("nan")] * 99
     calls, searched = (after - before for after, before in
                        zip(_search_calls(port), (calls_before, searched_before)))
@@ -242,7 +343,6 @@ def call_ceilings(args: argparse.Namespace, sentences: list[str], counts: list[i
 
 
 def main(argv=None) -> int:
-    allocator.preload()  # as translate.py and the server: mimalloc under XLA:CPU
     parser = test_set_parser(__doc__.splitlines()[0])
     parser.add_argument("--clients", default="1,8,32,128",
                         help="concurrent client counts (default 1,8,32,128)")
@@ -272,14 +372,20 @@ def main(argv=None) -> int:
                              "--batch-wait-ms 2' (and --buckets for the ceiling)")
     parser.add_argument("--json", help="write the figures here too")
     args = parser.parse_args(argv)
-    sentences, _ = read_test_set(args)
-    sentences = [s for s in sentences if s.strip()]
-    counts = [int(c) for c in args.clients.split(",")]
     modes = args.modes.split(",")
     unknown = set(modes) - {"batched", "unbatched", "ceiling", "calls", "sorted-calls"}
     if unknown:
         parser.error(f"--modes: unknown mode(s) {', '.join(sorted(unknown))}; the modes are "
                      "batched, unbatched, ceiling, calls and sorted-calls")
+    with ending_in_one_line(), usage_errors(ServerStartError):
+        return measure(args, modes)
+
+
+def measure(args: argparse.Namespace, modes: list[str]) -> int:
+    """What `modes` name, printed as it goes; the report in --json too."""
+    sentences, _ = read_test_set(args)
+    sentences = [s for s in sentences if s.strip()]
+    counts = [int(c) for c in args.clients.split(",")]
     report: dict = {"model": args.model, "test_set": args.test_prefix, "seconds": args.seconds,
                     "rounds": args.rounds}
     # With --rounds the ceiling's translator is loaded first, so that its passes can alternate
@@ -318,7 +424,7 @@ def main(argv=None) -> int:
         try:
             for round_ in range(rounds):
                 for clients in counts:
-                    row = load(server.port, sentences, clients, args.seconds, args.src,
+                    row = load(server, sentences, clients, args.seconds, args.src,
                                args.tgt)
                     row.update(rss_mib=server.rss_mib(), round=round_)
                     rows.append(row)
@@ -372,9 +478,9 @@ def against_ceiling(rows: list[dict], passes: list[dict], counts: list[int]) -> 
 
 def memory_check(server: ServerProcess, sentences: list[str], args) -> dict:
     """RSS after one minute of 32 clients and after `memory_minutes`."""
-    first = load(server.port, sentences, 32, 60, args.src, args.tgt)
+    first = load(server, sentences, 32, 60, args.src, args.tgt)
     after_one = server.rss_mib()
-    rest = load(server.port, sentences, 32, 60 * (args.memory_minutes - 1), args.src, args.tgt)
+    rest = load(server, sentences, 32, 60 * (args.memory_minutes - 1), args.src, args.tgt)
     at_end = server.rss_mib()
     result = {"rss_after_1_min_mib": after_one, "rss_at_end_mib": at_end,
               "minutes": args.memory_minutes, "errors": first["errors"] + rest["errors"],
@@ -386,4 +492,5 @@ def memory_check(server: ServerProcess, sentences: list[str], args) -> dict:
 
 
 if __name__ == "__main__":
+    allocator.preload()  # as translate.py and the server: mimalloc under XLA:CPU
     sys.exit(main())

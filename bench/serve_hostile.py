@@ -23,7 +23,8 @@ import threading
 import time
 from pathlib import Path
 
-from bench.serve import ServerProcess
+from bench.common import usage_errors
+from bench.serve import ServerProcess, ServerStartError, ending_in_one_line
 
 PAIR = ("de", "en")
 KEY = "bench-key-0123456789"
@@ -99,7 +100,8 @@ def main() -> None:
     parser.add_argument("--server-flags", default="",
                         help="more flags for python -m nmt.serving, as one string")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as scratch:
+    with (ending_in_one_line(), usage_errors(ServerStartError),
+          tempfile.TemporaryDirectory() as scratch):
         keys = Path(scratch) / "keys.txt"
         keys.write_text(KEY + "\n")
         server = ServerProcess(["--model", args.model, "--api-keys", str(keys),

@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -26,7 +25,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from bench.common import bench_parser, emit, positive_int
+from bench.common import bench_parser, emit, free_port, positive_int
 
 REPO = Path(__file__).resolve().parents[1]
 SENTENCE = "A man in a blue shirt is standing on a ladder cleaning windows."
@@ -71,12 +70,6 @@ def timed(command: list[str], stdin: str | None = None, timeout: float = 600.0,
     return {"first_line_s": round(first[0] if first else total, 3),
             "exit_s": round(total, 3),
             "last_line": (out_lines[-1].strip() if out_lines else "")[:120]}
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def served(model: str, timeout: float = 600.0) -> dict[str, float | str]:

@@ -3,6 +3,12 @@ its own round (a machine whose speed moves between rounds moves both sides), and
 that bound a server are what they say (a share of the clients each; sorted: one length)."""
 
 import argparse
+import asyncio
+import os
+import signal
+import sys
+import threading
+import time
 
 import pytest
 
@@ -69,3 +75,107 @@ def test_calls_hold_a_share_of_the_clients_and_sorted_calls_one_length_each(monk
         # In the test set's order: calls are consecutive sentences, lengths mixed.
         assert sorted(calls) == sorted(sentences[i:i + 4] for i in range(0, 16, 4))
         assert max(spans) >= 5
+
+
+# A stand-in for `python -m nmt.serving`: writes its pid to $FAKE_PID, then as $FAKE_SERVER
+# says refuses to start, hangs while "loading", or serves /health and /metrics (logging
+# nothing, as --quiet) and exits with status 3 at the first POST.
+FAKE_SERVER = """
+import http.server, os, sys, time
+open(os.environ["FAKE_PID"], "w").write(str(os.getpid()))
+mode, port = os.environ["FAKE_SERVER"], int(sys.argv[sys.argv.index("--port") + 1])
+if mode == "refuse":
+    sys.exit("python -m nmt.serving: error: could not serve on 127.0.0.1: address in use")
+if mode == "hang":
+    time.sleep(20)
+    sys.exit(0)
+class Handler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    def do_GET(self):
+        body = b'{"status": "ok"}' if self.path == "/health" else b""
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def do_POST(self):
+        os._exit(3)
+    def log_message(self, *args):
+        pass
+http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler).serve_forever()
+"""
+
+
+@pytest.fixture
+def fake_server(monkeypatch, tmp_path):
+    """Sets the stand-in's behaviour; the path its pid is written to."""
+    script = tmp_path / "fake_server.py"
+    script.write_text(FAKE_SERVER)
+    monkeypatch.setattr(serve, "SERVER", [sys.executable, str(script)])
+    monkeypatch.setenv("FAKE_PID", str(tmp_path / "pid"))
+
+    def behave(mode: str):
+        monkeypatch.setenv("FAKE_SERVER", mode)
+        return tmp_path / "pid"
+    return behave
+
+
+def _gone(pid_file) -> bool:
+    try:
+        os.kill(int(pid_file.read_text()), 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def test_an_interrupt_during_start_up_stops_the_server(fake_server, monkeypatch):
+    pid_file = fake_server("hang")
+    waits = iter(range(20))
+
+    def healthy(self):
+        if next(waits) == 3:  # the server has started by now
+            raise KeyboardInterrupt
+        return False
+    monkeypatch.setattr(serve.ServerProcess, "_healthy", healthy)
+    with pytest.raises(KeyboardInterrupt):
+        serve.ServerProcess([])
+    assert _gone(pid_file)
+
+
+def test_sigterm_during_start_up_stops_the_server_and_is_one_line(fake_server, capsys):
+    pid_file = fake_server("hang")
+    timer = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGTERM))
+    timer.start()
+    try:
+        with pytest.raises(SystemExit) as ended, serve.ending_in_one_line():
+            serve.ServerProcess([])
+    finally:
+        timer.cancel()
+    assert ended.value.code == 143 and _gone(pid_file)
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.endswith(": error: terminated")
+
+
+def test_a_server_that_cannot_start_gives_its_own_reason(fake_server):
+    fake_server("refuse")
+    with pytest.raises(serve.ServerStartError, match=r"^the server did not start: could not "
+                                                     r"serve on 127.0.0.1: address in use$"):
+        serve.ServerProcess([])
+
+
+def test_a_server_that_exits_under_load_ends_each_client_once_and_the_run(fake_server):
+    fake_server("serve quietly")  # ready without a line of log, as under --quiet
+    for check in ("client", "load"):
+        server = serve.ServerProcess([], start_timeout=30)
+        try:
+            if check == "client":
+                errors: list[str] = []
+                began = time.monotonic()
+                asyncio.run(serve._client(server.port, ["Ein Mann."], 0, began + 10, "de",
+                                          "en", [], errors))
+                assert len(errors) == 1 and time.monotonic() - began < 5
+            else:
+                with pytest.raises(serve.ServerExited,
+                                   match=r"^the server exited \(status 3\)"):
+                    serve.load(server, ["Ein Mann."], 2, 10, "de", "en")
+        finally:
+            server.stop()

@@ -32,6 +32,8 @@ SCRIPTS = {
                                       "--tgt en --limit -1"),
     "frontier no model": ("frontier", "--model m={missing} --test-prefix {test} --src de "
                                       "--tgt en"),
+    "serve no test": ("serve", "--model {model} --test-prefix {missing} --src de --tgt en"),
+    "serve_hostile no model": ("serve_hostile", "--model {missing}"),
 }
 
 
