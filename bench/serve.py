@@ -344,7 +344,7 @@ def call_ceilings(args: argparse.Namespace, sentences: list[str], counts: list[i
 
 def main(argv=None) -> int:
     parser = test_set_parser(__doc__.splitlines()[0])
-    parser.add_argument("--clients", default="1,8,32,128",
+    parser.add_argument("--clients", type=client_counts, default="1,8,32,128",
                         help="concurrent client counts (default 1,8,32,128)")
     parser.add_argument("--seconds", type=positive_int, default=60,
                         help="load per client count (default 60)")
@@ -381,11 +381,16 @@ def main(argv=None) -> int:
         return measure(args, modes)
 
 
+def client_counts(text: str) -> list[int]:
+    """argparse type: client counts, comma-separated, each at least 1."""
+    return [positive_int(part) for part in text.split(",")]
+
+
 def measure(args: argparse.Namespace, modes: list[str]) -> int:
     """What `modes` name, printed as it goes; the report in --json too."""
     sentences, _ = read_test_set(args)
     sentences = [s for s in sentences if s.strip()]
-    counts = [int(c) for c in args.clients.split(",")]
+    counts = args.clients
     report: dict = {"model": args.model, "test_set": args.test_prefix, "seconds": args.seconds,
                     "rounds": args.rounds}
     # With --rounds the ceiling's translator is loaded first, so that its passes can alternate

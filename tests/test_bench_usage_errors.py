@@ -32,6 +32,12 @@ SCRIPTS = {
                                       "--tgt en --limit -1"),
     "frontier no model": ("frontier", "--model m={missing} --test-prefix {test} --src de "
                                       "--tgt en"),
+    "serve clients 0": ("serve", "--model {model} --test-prefix {test} --src de --tgt en "
+                                 "--clients 1,0"),
+    "serve clients abc": ("serve", "--model {model} --test-prefix {test} --src de --tgt en "
+                                   "--clients abc"),
+    "serve clients -2": ("serve", "--model {model} --test-prefix {test} --src de --tgt en "
+                                  "--clients -2"),
     "serve no test": ("serve", "--model {model} --test-prefix {missing} --src de --tgt en"),
     "serve_hostile no model": ("serve_hostile", "--model {missing}"),
 }
