@@ -37,7 +37,7 @@ import jax.numpy as jnp
 
 from data.config import DataError
 from data.lines import read_lines
-from nmt.models.model_files import ModelDirError
+from nmt.models.model_files import ModelDirError, read_model_config, resolve_model_dir
 from nmt.runtime import allocator
 from nmt.runtime.cli import EXIT_USAGE, OneLineParser, fail
 from transformer.config import ModelConfig
@@ -153,6 +153,18 @@ def read_test_set(args: argparse.Namespace, limit: int = 0) -> tuple[list[str], 
     Lines end at "\n" only, as translate.py reads them (`data.lines`)."""
     sides = [read_lines(f"{args.test_prefix}.{lang}") for lang in (args.src, args.tgt)]
     return (sides[0][:limit], sides[1][:limit]) if limit else (sides[0], sides[1])
+
+
+def model_pair(model: str) -> tuple[str, str]:
+    """(source, target) recorded with `model`, a model or run directory: the pair the server
+    serves it as. ModelDirError if it records none."""
+    model_dir = resolve_model_dir(model)
+    _, values = read_model_config(model_dir)
+    pair = values.get("source_lang"), values.get("target_lang")
+    if not all(pair):
+        raise ModelDirError(f"{model_dir / 'config.json'} records no source_lang and "
+                            "target_lang: export the model again from its run")
+    return pair
 
 
 def call_times(function, *args, reps: int) -> list[float]:

@@ -1,10 +1,11 @@
 """The server against bodies built to stall it: `python -m bench.serve_hostile --model M`.
 
 Starts `python -m nmt.serving` on 127.0.0.1 (with --api-keys, so that every body is also a
-request without a key) and sends, one at a time, the bodies below that fit its default
-1 MiB limit. For each it prints the answer's status, the seconds until it came, and the
-longest wait for `GET /health` while it was being handled (asked every 50 ms from another
-connection): how long one request held up everyone else.
+request without a key) and sends, one at a time, the bodies below that fit its default 1 MiB
+limit, in the language pair recorded with the model (another pair is refused with 400). For
+each it prints the answer's status, the seconds until it came, and the longest wait for
+`GET /health` while it was being handled (asked every 50 ms from another connection): how
+long one request held up everyone else.
 
     form-fields              349,000 urlencoded fields `q=&` (one 1 MiB body), with the key
     form-fields-no-key       the same without a key
@@ -23,10 +24,9 @@ import threading
 import time
 from pathlib import Path
 
-from bench.common import usage_errors
+from bench.common import model_pair, usage_errors
 from bench.serve import ServerProcess, ServerStartError, ending_in_one_line
 
-PAIR = ("de", "en")
 KEY = "bench-key-0123456789"
 
 
@@ -102,13 +102,14 @@ def main() -> None:
     args = parser.parse_args()
     with (ending_in_one_line(), usage_errors(ServerStartError),
           tempfile.TemporaryDirectory() as scratch):
+        pair = model_pair(args.model)  # as the server serves it: a keyed body is answered
         keys = Path(scratch) / "keys.txt"
         keys.write_text(KEY + "\n")
         server = ServerProcess(["--model", args.model, "--api-keys", str(keys),
                                 *args.server_flags.split()])
         try:
             print(f"{'case':24} {'status':>6} {'seconds':>8} {'longest /health wait':>21}")
-            for name, (kind, body) in bodies(*PAIR).items():
+            for name, (kind, body) in bodies(*pair).items():
                 if args.cases and name not in args.cases:
                     continue
                 health = HealthWatch(server.port, args.timeout)

@@ -179,3 +179,43 @@ def test_a_server_that_exits_under_load_ends_each_client_once_and_the_run(fake_s
                     serve.load(server, ["Ein Mann."], 2, 10, "de", "en")
         finally:
             server.stop()
+
+
+class _StillServer:
+    def __init__(self, args):
+        self.port = None
+
+    def stop(self):
+        return 0
+
+
+class _NoWatch:
+    def __init__(self, port, timeout):
+        pass
+
+    def stop(self):
+        return 0.0
+
+
+def test_hostile_bodies_carry_the_models_own_pair(run_dir, tmp_path, monkeypatch, capsys):
+    """An en->de model (given as its run directory) gets en->de bodies: a keyed body is
+    answered, not refused for a pair the server does not serve."""
+    import json
+
+    from bench import serve_hostile
+
+    values = json.loads((run_dir / "model" / "config.json").read_text())
+    values.update(source_lang="en", target_lang="de")
+    (tmp_path / "ende" / "model").mkdir(parents=True)
+    (tmp_path / "ende" / "model" / "config.json").write_text(json.dumps(values))
+    pairs = []
+    real_bodies = serve_hostile.bodies
+    monkeypatch.setattr(serve_hostile, "bodies",
+                        lambda *pair: pairs.append(pair) or real_bodies(*pair))
+    monkeypatch.setattr(serve_hostile, "ServerProcess", _StillServer)
+    monkeypatch.setattr(serve_hostile, "HealthWatch", _NoWatch)
+    monkeypatch.setattr(serve_hostile, "post", lambda *args: (200, b""))
+    monkeypatch.setattr(sys, "argv", ["serve_hostile.py", "--model", str(tmp_path / "ende"),
+                                      "--cases", "form-fields"])
+    serve_hostile.main()
+    assert pairs == [("en", "de")]
