@@ -102,6 +102,17 @@ def non_negative_float(text: str) -> float:
     return value
 
 
+def positive_float(text: str) -> float:
+    """argparse type: a finite number > 0 (seconds to wait)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 < value < math.inf:
+        raise argparse.ArgumentTypeError(f"{text} is not a finite number > 0")
+    return value
+
+
 def _int_at_least(text: str, least: int) -> int:
     try:
         value = int(text)

@@ -16,7 +16,6 @@ long one request held up everyone else.
 
 from __future__ import annotations
 
-import argparse
 import http.client
 import json
 import tempfile
@@ -24,7 +23,7 @@ import threading
 import time
 from pathlib import Path
 
-from bench.common import model_pair, usage_errors
+from bench.common import bench_parser, model_pair, positive_float, usage_errors
 from bench.serve import ServerProcess, ServerStartError, ending_in_one_line
 
 KEY = "bench-key-0123456789"
@@ -92,10 +91,11 @@ class HealthWatch:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = bench_parser(__doc__.splitlines()[0])
     parser.add_argument("--model", required=True, help="the model directory to serve")
-    parser.add_argument("--cases", nargs="+", help="cases to send (default: all)")
-    parser.add_argument("--timeout", type=float, default=600,
+    parser.add_argument("--cases", nargs="+", choices=list(bodies("", "")),
+                        help="cases to send (default: all)")
+    parser.add_argument("--timeout", type=positive_float, default=600,
                         help="seconds to wait for each answer (default 600)")
     parser.add_argument("--server-flags", default="",
                         help="more flags for python -m nmt.serving, as one string")

@@ -39,6 +39,9 @@ SCRIPTS = {
     "serve clients -2": ("serve", "--model {model} --test-prefix {test} --src de --tgt en "
                                   "--clients -2"),
     "serve no test": ("serve", "--model {model} --test-prefix {missing} --src de --tgt en"),
+    "serve_hostile cases": ("serve_hostile", "--model {model} --cases form-field"),
+    "serve_hostile timeout 0": ("serve_hostile", "--model {model} --timeout 0"),
+    "serve_hostile timeout nan": ("serve_hostile", "--model {model} --timeout nan"),
     "serve_hostile no model": ("serve_hostile", "--model {missing}"),
 }
 
