@@ -25,7 +25,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from bench.common import bench_parser, emit, free_port, positive_int
+from bench.common import bench_parser, emit, free_port, model_pair, positive_int, usage_errors
 
 REPO = Path(__file__).resolve().parents[1]
 SENTENCE = "A man in a blue shirt is standing on a ladder cleaning windows."
@@ -74,18 +74,25 @@ def timed(command: list[str], stdin: str | None = None, timeout: float = 600.0,
 
 def served(model: str, timeout: float = 600.0) -> dict[str, float | str]:
     """The server: seconds to its first line, to /health ready, to one translation."""
+    source, target = model_pair(model)  # a run directory too, as the server takes it
     port = free_port()
     start = time.perf_counter()
     process = subprocess.Popen(
         [sys.executable, "-m", "nmt.serving", "--model", model, "--port", str(port)],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    first = process.stdout.readline() and time.perf_counter() - start
-    threading.Thread(target=process.stdout.read, daemon=True).start()  # never blocks on a pipe
+    lines = [process.stdout.readline()]
+    first = lines[0] and time.perf_counter() - start
+    # Read on, so that the server never blocks on a full pipe; its last line says why it ended.
+    reader = threading.Thread(target=lambda: lines.extend(process.stdout), daemon=True)
+    reader.start()
     base = f"http://127.0.0.1:{port}"
     try:
         while True:
             if time.perf_counter() - start > timeout or process.poll() is not None:
-                raise SystemExit(f"the server at {base} did not become ready")
+                reader.join(5)
+                said = [line.strip() for line in lines if line.strip()]
+                raise SystemExit(f"the server at {base} did not become ready: "
+                                 f"{said[-1] if said else 'no output'}")
             try:
                 with urllib.request.urlopen(f"{base}/health", timeout=5) as reply:
                     if json.load(reply).get("status") == "ok":
@@ -94,8 +101,7 @@ def served(model: str, timeout: float = 600.0) -> dict[str, float | str]:
                 pass
             time.sleep(0.05)
         ready = time.perf_counter() - start
-        pair = json.loads((Path(model) / "config.json").read_text())
-        body = {"q": SENTENCE, "source": pair["source_lang"], "target": pair["target_lang"]}
+        body = {"q": SENTENCE, "source": source, "target": target}
         request = urllib.request.Request(
             f"{base}/translate", data=json.dumps(body).encode(),
             headers={"Content-Type": "application/json"})
@@ -154,8 +160,9 @@ def main() -> None:
                     return served(args.model)
                 return timed(command, stdin, first_line_only=first_only)
 
-            once()  # fills the caches: the runs timed are warm
-            runs = [once() for _ in range(args.repeats)]
+            with usage_errors():  # a model directory that is not one
+                once()  # fills the caches: the runs timed are warm
+                runs = [once() for _ in range(args.repeats)]
             figures = {key: statistics.median(run[key] for run in runs)
                        for key in runs[0] if key.endswith("_s")}
             emit({"command": name, **figures, "runs": runs, **common})

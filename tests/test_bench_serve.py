@@ -219,3 +219,29 @@ def test_hostile_bodies_carry_the_models_own_pair(run_dir, tmp_path, monkeypatch
                                       "--cases", "form-fields"])
     serve_hostile.main()
     assert pairs == [("en", "de")]
+
+
+def test_startup_says_why_the_server_did_not_start(run_dir, tmp_path):
+    """bench.startup's server timing ends with the server's own last line (here: a model
+    directory without its parameters), and takes a run directory as the server does."""
+    import json
+
+    from bench import startup
+
+    values = json.loads((run_dir / "model" / "config.json").read_text())
+    (tmp_path / "run" / "model").mkdir(parents=True)
+    (tmp_path / "run" / "model" / "config.json").write_text(json.dumps(values))
+    with pytest.raises(SystemExit) as ended:
+        startup.served(str(tmp_path / "run"), timeout=120)
+    assert str(ended.value).startswith("the server at http://127.0.0.1:")
+    assert "did not become ready: " in str(ended.value)
+    assert str(tmp_path / "run") in str(ended.value).split("ready: ")[1]
+
+
+def test_startup_times_a_run_directory_to_its_answer(run_dir):
+    """Given a run directory (the model in model/), the answer is timed: the pair is read
+    from the model directory, not from RUN/config.json after the server is ready."""
+    from bench import startup
+
+    figures = startup.served(str(run_dir), timeout=120)
+    assert 0 < figures["ready_s"] <= figures["exit_s"]

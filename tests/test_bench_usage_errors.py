@@ -15,6 +15,7 @@ SCRIPTS = {
     "linen vocab 3": ("linen_baseline", "--preset small --vocab 3 --batch 2 --src-len 4 "
                                         "--tgt-len 4 --steps 1"),
     "startup repeats 0": ("startup", "--model {model} --repeats 0"),
+    "startup no model": ("startup", "--model {missing} --only nmt-serve"),
     "alignment lines 0": ("alignment", "--model {model} --source {test}.en --lines 0"),
     "alignment no model": ("alignment", "--model {missing} --source {test}.en"),
     "alignment no source": ("alignment", "--model {model} --source {missing}.en"),
