@@ -21,6 +21,7 @@ import json
 import math
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -42,6 +43,13 @@ os.environ.setdefault("ENJA", str(SHARED_DATA / "small_parallel_enja"))
 if not os.environ.get("FLAX_NMT_CACHE"):
     os.environ["FLAX_NMT_CACHE"] = tempfile.mkdtemp(prefix="flax-nmt-tests-")
     atexit.register(shutil.rmtree, os.environ["FLAX_NMT_CACHE"], ignore_errors=True)
+
+# A shell starts a background job (`pytest &`, a script's `... &`) with SIGINT ignored, which
+# every process it starts inherits: the tests of Ctrl-C would then send a signal nobody gets
+# (a write waiting on a reader hung for good). The tests, and through exec the commands they
+# start, take SIGINT as a terminal's Ctrl-C.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 # One OpenMP thread per process (torch, CTranslate2, OpenBLAS), for the tests and the processes
 # they start: the two workers share two cores, and a pool of two threads in each spins against
