@@ -167,18 +167,22 @@ def test_at_the_limit_eos_is_forced_and_scored_by_its_own_probability_unless_fre
     np.testing.assert_allclose(free[0, 0], 2 * math.log(1 - 5e-6), atol=1e-5)
 
 
+def run_greedy_steps(table, strategy, seed: int, limit: int, rows: int = 64):
+    """greedy_outputs (tokens, scores, lengths) of `rows` rows searched under `strategy`."""
+    state = greedy_state(History.empty(rows, limit), rows, limit, IDS)
+    done = greedy_steps(prefix_step(table), state, strategy, IDS, jnp.full((rows,), limit),
+                        limit, jnp.int32(0), jax.random.key(seed))
+    return greedy_outputs(done, PAD, 1)
+
+
 def test_sampling_at_a_low_temperature_follows_the_likeliest_token_and_top_k_bounds_draws():
     """The step's distribution is all the sampler sees: at temperature 0.01 it draws the
     likeliest token, and with top_k 1 nothing else either; every draw is an allowed token."""
     limit = 6
     table = random_table(3, limit)
-    rows = 64
 
     def run(strategy, seed):
-        state = greedy_state(History.empty(rows, limit), rows, limit, IDS)
-        done = greedy_steps(prefix_step(table), state, strategy, IDS,
-                            jnp.full((rows,), limit), limit, jnp.int32(0), jax.random.key(seed))
-        return greedy_outputs(done, PAD, 1)[0][:, 0]
+        return run_greedy_steps(table, strategy, seed, limit)[0][:, 0]
 
     greedy = run(Greedy(), 0)
     assert (run(Sample(temperature=0.01), 1) == greedy).all()
@@ -197,13 +201,9 @@ def test_no_temperature_lets_a_banned_token_be_drawn():
     draw token 0 (PAD)."""
     limit = 6
     table = random_table(4, limit)
-    rows = 64
 
     def run(strategy, seed):
-        state = greedy_state(History.empty(rows, limit), rows, limit, IDS)
-        done = greedy_steps(prefix_step(table), state, strategy, IDS,
-                            jnp.full((rows,), limit), limit, jnp.int32(0), jax.random.key(seed))
-        return greedy_outputs(done, PAD, 1)
+        return run_greedy_steps(table, strategy, seed, limit)
 
     greedy = run(Greedy(), 0)[0][:, 0]
     tiny_t, tiny_scores, _ = run(Sample(temperature=1e-39), 1)
