@@ -200,6 +200,17 @@ def test_html_declaring_another_charset_is_declared_utf8_as_it_is_sent():
     assert _translate(prepare(data, "page.html", "fr"), _identity) == data
 
 
+def test_xhtml_declaring_another_encoding_is_declared_utf8_as_it_is_sent():
+    page = ("<?xml version='1.0' encoding='ISO-8859-1'?>\n"
+            '<html xmlns="http://www.w3.org/1999/xhtml"><body><p>Caf&#233;.</p>'
+            "<pre>&lt;?xml encoding='latin1'?&gt;</pre></body></html>")
+    out = _translate(prepare(page.encode(), "page.html", "fr"), _identity).decode()
+    assert out == page.replace("ISO-8859-1", "utf-8").replace("&#233;", "é")
+    declared = '<?xml version="1.0" encoding="UTF-8"?><p>Déjà vu.</p>'
+    assert _translate(prepare(declared.encode(), "page.html", "fr"), _identity) == (
+        declared.encode())
+
+
 # ------------------------------------------------------------------------------- .docx
 
 

@@ -134,12 +134,16 @@ def _decode(data: bytes) -> str:
 # The charset a meta element names: its charset attribute, or the parameter in the content of
 # one with http-equiv="Content-Type".
 _CHARSET = re.compile(r"""(charset\s*=\s*["']?)([^"'\s;>/]+)""", re.IGNORECASE)
+# The encoding an XHTML page's XML declaration names, which an XML reader of the saved page
+# follows before any meta element.
+_XML_ENCODING = re.compile(r"""\A(\s*<\?xml\s[^>]*?\bencoding\s*=\s*["'])([^"']+)""")
 
 
 def _declared_utf8(page: str) -> str:
-    """`page` with each meta element naming a charset other than UTF-8 naming UTF-8 instead,
-    all else as it was: the page goes out (and is saved) as UTF-8 bytes, which a browser
-    would read as the charset the page declared."""
+    """`page` with its XML declaration and each meta element naming a charset other than
+    UTF-8 naming UTF-8 instead, all else as it was: the page goes out (and is saved) as UTF-8
+    bytes, which a browser would read as the charset the page declared."""
+    page = _XML_ENCODING.sub(_utf8, page, count=1)
     parser = _CharsetMetas()
     parser.feed(page)
     parser.close()
