@@ -334,6 +334,23 @@ def test_a_language_to_itself_comes_back_as_it_is():
     assert answer.json()["error"] == "no model for fr->fr: this server translates de-en"
 
 
+def test_a_model_served_for_a_language_to_itself_is_used():
+    """A model served as en:en (a paraphraser, a normalizer) translates its texts and files,
+    source auto included: the identity is for languages no such model serves."""
+    client, searched = fake_client("de:en", "en:en")
+    for source in ("en", "auto"):
+        answer = client.post("/translate", json={"q": ENGLISH, "source": source,
+                                                 "target": "en"}).json()
+        assert answer["translatedText"] == f"en-en: {ENGLISH}"
+    assert answer["detectedLanguage"]["language"] == "en"
+    url = client.post("/translate_file", data={"source": "en", "target": "en"}, files={
+        "file": ("a.txt", b"Two dogs.\n", "text/plain")}).json()["translatedFileUrl"]
+    assert client.get(url).content == b"en-en: Two dogs.\n"
+    assert searched == [ENGLISH, ENGLISH, "Two dogs."]
+    answer = client.post("/translate", json={"q": GERMAN, "source": "de", "target": "de"})
+    assert answer.json()["translatedText"] == GERMAN
+
+
 def test_a_text_without_letters_comes_back_as_it_is():
     """Emoji, digits and punctuation are no language and nothing to translate: each such
     text of a request comes back as it is, without a search (a model would make words of

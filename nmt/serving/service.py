@@ -114,20 +114,21 @@ class Service:
                      ) -> tuple[ServedModel | None, dict | None]:
         """(the model for source -> target, None where the texts come back as they are;
         LibreTranslate's detectedLanguage, None for a source given). A source that is the
-        target, a language served, has no model (RequestError 400 for any other pair not
-        served). Texts without a letter (digits, punctuation, emoji) have no model either:
-        there is nothing to translate. Source "auto" is the texts' language, detected among
-        the languages served; it must go to `target` (400 if not): one of its sources, or
-        the target itself, whose texts come back as they are (the first source, confidence
-        0, when nothing tells)."""
+        target, a language served, has no model unless one is served for that pair (a
+        paraphraser, a normalizer); RequestError 400 for any other pair not served. Texts
+        without a letter (digits, punctuation, emoji) have no model either: there is nothing
+        to translate. Source "auto" is the texts' language, detected among the languages
+        served; it must go to `target` (400 if not): one of its sources, or the target
+        itself, whose texts come back as they are unless a model serves that pair (the first
+        source, confidence 0, when nothing tells)."""
         readable = any(map(has_letters, texts))
-        if source == target and source in self.languages():
+        if source == target and source in self.languages() and not self.serves(source, source):
             return None, None
         if source != "auto":
             model = self.catalog.find(source, target)
             return (model if readable else None), None
         choices = [m.source for m in self.catalog.models if m.target == target]
-        if target in self.languages():
+        if target in self.languages() and target not in choices:
             choices.append(target)
         if not choices:
             self.catalog.find(source, target)  # 400: no pair goes to `target`
@@ -138,9 +139,12 @@ class Service:
                                     f"this server does not translate {code}->{target}: it "
                                     f"translates {self.catalog.pairs()}")
         detected = {"language": code, "confidence": round(ranked.get(code, 0.0) * 100, 1)}
-        if code == target or not readable:
+        if (code == target and not self.serves(code, target)) or not readable:
             return None, detected
         return self.catalog.find(code, target), detected
+
+    def serves(self, source: str, target: str) -> bool:
+        return any(m.source == source and m.target == target for m in self.catalog.models)
 
     def text_models(self, source: str, target: str, texts: Sequence[str]
                     ) -> list[tuple[ServedModel | None, dict | None]]:
