@@ -553,6 +553,8 @@ def test_the_page_translates_in_a_browser(server, expected, browser, tmp_path):
     assert all(url.startswith(server.url) for url in requests_made), requests_made
     console = [entry["message"] for entry in browser.get_log("browser")]
     assert not [line for line in console if "Content Security Policy" in line], console
+    assert not [line for line in console if "favicon" in line], console  # answered, no 404
+    assert 'code="404"' not in server.request("GET", "/metrics")[2].decode()
 
 
 def test_the_page_shows_a_settings_error_instead_of_throwing(server, browser):
@@ -578,7 +580,8 @@ def test_the_page_shows_a_settings_error_instead_of_throwing(server, browser):
 
 class PageStub:
     """The page with its security headers, as the server sends it, in front of a stand-in for
-    the rest: /frontend/settings offers `PAIRS`, and /translate answers `reply(body)`:
+    the rest, all under a proxy's sub-path (/mt/, so the page must ask relative paths):
+    /mt/frontend/settings offers `PAIRS`, and /mt/translate answers `reply(body)`:
     (status, reason, content type, body, seconds to wait first); by default the text, its
     target's code in front. `asked` holds the bodies /translate was sent, in order."""
 
@@ -598,13 +601,18 @@ class PageStub:
                 pass
 
             def do_GET(self):
-                if self.path == "/":
+                if self.path == "/mt/":
                     self.send(200, "OK", "text/html; charset=utf-8", page(), page_headers())
-                else:
+                elif self.path == "/mt/frontend/settings":
                     self.send(200, "OK", "application/json", json.dumps(
                         {"apiKeys": False, "charLimit": 200, "pairs": stub.PAIRS}))
+                else:
+                    self.send(404, "Not Found", "text/plain", "not under /mt/")
 
             def do_POST(self):
+                if self.path != "/mt/translate":
+                    self.send(404, "Not Found", "text/plain", "not under /mt/")
+                    return
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 stub.asked.append(body)
                 status, reason, kind, text, wait = stub.reply(body)
@@ -643,18 +651,21 @@ class PageStub:
         from selenium.webdriver.common.by import By
         from selenium.webdriver.support.ui import Select, WebDriverWait
 
-        browser.get(self.url + "/")
+        browser.get(self.url + "/mt/")
         wait = WebDriverWait(browser, 30)
         wait.until(lambda driver: Select(driver.find_element(By.ID, "pair")).options)
         return (lambda name: browser.find_element(By.ID, name)), wait
+
+    def stop(self) -> None:
+        self.http.shutdown()
+        self.http.server_close()
 
 
 @pytest.fixture
 def page_stub():
     stub = PageStub()
     yield stub
-    stub.http.shutdown()
-    stub.http.server_close()
+    stub.stop()
 
 
 def _no_page_errors(browser) -> None:
@@ -702,6 +713,20 @@ def test_the_page_shows_an_error_answer_that_is_not_json(page_stub, browser):
     wait.until(lambda driver: find("error").text.startswith("200"))
     assert find("error").text == "200 OK: the answer holds no translation"
     assert find("translation").text == ""
+    _no_page_errors(browser)
+
+
+def test_the_page_says_when_the_server_is_gone(page_stub, browser):
+    """A server stopped after the page was opened is named as out of reach, not only with
+    the browser's own words for a failed fetch."""
+    find, wait = page_stub.open(browser)
+    page_stub.stop()
+    find("source-text").send_keys("Hallo Welt.")
+    find("translate-button").click()
+    wait.until(lambda driver: find("error").text)
+    assert find("error").text.startswith("cannot reach the server (")
+    assert find("error").text.endswith("): is it still running?")
+    assert find("translate-button").is_enabled()
     _no_page_errors(browser)
 
 

@@ -74,6 +74,12 @@ async def index(request: Request) -> HTMLResponse:
     return HTMLResponse(page(), headers=page_headers())
 
 
+async def no_icon(request: Request) -> Response:
+    """GET /favicon.ico, which a browser asks for with the page: nothing, rather than a 404
+    counted as a client's error each time the page is opened."""
+    return Response(status_code=204)
+
+
 async def health(request: Request) -> JSONResponse:
     """GET /health and OpenNMT-py's GET /translator/health: {"status": "ok", ...} once ready
     (what OpenNMT-py's clients look for), else 503 with what it is doing."""
@@ -95,6 +101,7 @@ async def spec(request: Request) -> JSONResponse:
 
 ROUTES = [
     Route("/", index, methods=["GET"]),
+    Route("/favicon.ico", no_icon, methods=["GET"]),
     Route("/translate", libretranslate.translate, methods=["POST"]),
     Route("/detect", libretranslate.detect, methods=["POST"]),
     Route("/translate_file", files.translate_file, methods=["POST"]),
