@@ -7,6 +7,7 @@ test checks that).
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 
@@ -87,6 +88,31 @@ def test_a_damaged_file_is_removed_and_the_program_compiled_again(store, caplog)
     (record,) = caplog.records
     assert str(path) in record.getMessage() and "compiling the program again" in \
         record.getMessage()
+
+
+def test_a_damaged_file_that_cannot_be_removed_is_left_and_the_program_compiled(
+        store, caplog, monkeypatch):
+    """A read-only directory, or another user's file: the call still answers, and the
+    warning does not claim the file was removed."""
+    traces: list = []
+    salt = _salt()
+    x = np.ones((2, 5), np.float32)
+    _stored_jit(salt, traces)(2.0, x)
+    (path,) = store.iterdir()
+    path.write_bytes(path.read_bytes()[:1000])
+
+    def read_only(self, missing_ok=False):
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(self))
+
+    monkeypatch.setattr(type(path), "unlink", read_only)
+    with caplog.at_level(logging.WARNING, logger="transformer.stored"):
+        out = _stored_jit(salt, traces)(2.0, x)
+    np.testing.assert_allclose(out, x * 2.0 * salt + 1, rtol=1e-6)
+    assert len(traces) == 2
+    (record,) = [r for r in caplog.records if str(path) in r.getMessage()]
+    message = record.getMessage()
+    assert "could not remove it (Read-only file system)" in message
+    assert "compiling the program in memory" in message and "removed it" not in message
 
 
 def test_a_program_served_by_the_compilation_cache_is_compiled_afresh_to_be_stored(

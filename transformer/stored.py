@@ -159,9 +159,7 @@ class StoredJit:
             # A stored executable that loads but cannot run (a backend's serialization
             # fault): forget it and compile the program as jit would.
             path = self._path(key)
-            log.warning("the stored program %s failed (%s); removed it and compiling the "
-                        "program again", path, error)
-            path.unlink(missing_ok=True)
+            _discard(path, f"the stored program {path} failed ({error})")
             self._compiled[key] = None
             self._unproven.discard(key)
             return self.jitted(*args)
@@ -218,9 +216,8 @@ class StoredJit:
                 self._unproven.add(key)
                 return compiled
             except Exception as error:  # a truncated or foreign file: compile it again
-                log.warning("could not load the stored program %s (%s: %s); removed it and "
-                            "compiling the program again", path, type(error).__name__, error)
-                path.unlink(missing_ok=True)
+                _discard(path, f"could not load the stored program {path} "
+                               f"({type(error).__name__}: {error})")
         lowered = self.jitted.trace(*args).lower()
         _compilation.served_by_cache = False
         compiled = lowered.compile()
@@ -240,6 +237,19 @@ class StoredJit:
         else:
             prune(path.parent, _max_bytes)
         return compiled
+
+
+def _discard(path: Path, problem: str) -> None:
+    """Remove a stored program that cannot be used, and say so; in a directory this process
+    cannot write the file stays, and its program is compiled in memory instead."""
+    try:
+        path.unlink(missing_ok=True)
+    except OSError as error:
+        log.warning("%s; could not remove it (%s), so compiling the program in memory; delete "
+                    "the file, or keep programs in a directory this user can write",
+                    problem, error.strerror or error)
+    else:
+        log.warning("%s; removed it and compiling the program again", problem)
 
 
 def _compile_afresh(lowered: jax.stages.Lowered) -> jax.stages.Compiled:
