@@ -127,6 +127,28 @@ def test_invalid_search_config_names_the_field(overrides, field):
         SearchConfig(**overrides)
 
 
+def _wrongly_typed(cls):
+    """(field, value) for each of `cls`'s fields declared int, float or bool, with values of
+    other types that Python would let through: true for 1, "no" as truthy, "0.1" and null."""
+    wrong = {"int": (2.5, True, "4", None), "float": ("0.1", True, None), "bool": ("no", 1, None)}
+    for field in dataclasses.fields(cls):
+        kind, _, optional = field.type.partition(" | ")
+        for value in wrong.get(kind, ()):
+            if not (value is None and optional == "None"):
+                yield field.name, value
+
+
+@pytest.mark.parametrize("cls, field, value", [
+    (cls, field, value) for cls in (SearchConfig,) for field, value in _wrongly_typed(cls)])
+def test_wrongly_typed_config_value_names_the_field(cls, field, value):
+    with pytest.raises(ValueError, match=rf"{cls.__name__}\.{field} must be"):
+        cls(**{field: value})
+
+
+def test_integers_do_for_float_config_fields():
+    assert SearchConfig(alpha=1, max_len_a=0, temperature=2).max_len_a == 0
+
+
 def test_config_round_trips_through_json_dict():
     config = get_preset("small", vocab_size=1234, norm="pre")
     assert ModelConfig.from_dict(config.to_dict()) == config

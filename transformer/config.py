@@ -12,9 +12,12 @@ flags and its recipe schema from these declarations (`nmt.settings.recipes`).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import numbers
+import types
+import typing
 from typing import Any, Literal, Mapping
 
 from transformer.strategies import plan_search
@@ -62,6 +65,46 @@ def check_finite_fields(config: Any) -> None:
     calls it first."""
     check_finite(type(config).__name__,
                  {f.name: getattr(config, f.name) for f in dataclasses.fields(config)})
+
+
+# The plain types a field may declare (besides Literal choices), as error messages name them.
+_TYPE_NAMES = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+
+
+@functools.cache
+def _declared_types(cls: type) -> dict[str, tuple[type, bool]]:
+    """{field: (its type, whether it may be None)} for the fields of `cls` declared int, float,
+    bool or str, each optionally `| None`; Literal fields are checked against their choices."""
+    hints = typing.get_type_hints(cls)
+    declared = {}
+    for field in dataclasses.fields(cls):
+        hint = hints[field.name]
+        union = typing.get_origin(hint) in (typing.Union, types.UnionType)
+        args = typing.get_args(hint) if union else (hint,)
+        rest = [arg for arg in args if arg is not type(None)]
+        if len(rest) == 1 and rest[0] in _TYPE_NAMES:
+            declared[field.name] = (rest[0], len(rest) < len(args))
+    return declared
+
+
+def check_field_types(config: Any) -> None:
+    """ValueError naming the first field of a config dataclass whose value is not of the type
+    it declares. An int will do for a float (JSON and YAML write 0.0 as 0), but a bool is no
+    number, though Python counts it an int (a file's true would read as 1), and only a bool is
+    a bool (the string "no" is truthy)."""
+    for name, (kind, optional) in _declared_types(type(config)).items():
+        value = getattr(config, name)
+        if value is None and optional:
+            continue
+        if kind is bool:
+            fits = isinstance(value, bool)
+        else:
+            fits = (isinstance(value, (int, float) if kind is float else kind)
+                    and not isinstance(value, bool))
+        if not fits:
+            unset = ", or unset" if optional else ""
+            raise ValueError(f"{type(config).__name__}.{name} must be {_TYPE_NAMES[kind]}"
+                             f"{unset}, got {value!r}.")
 
 
 def _check_choice(name: str, value: Any, choices: tuple[Any, ...]) -> None:
@@ -355,6 +398,7 @@ class SearchConfig(DictConfig):
         return super().from_dict(values)
 
     def validate(self) -> None:
+        check_field_types(self)
         check_finite_fields(self)
         _check_choice("SearchConfig.strategy", self.strategy, ("beam", "greedy", "sample"))
         _check_choice("SearchConfig.length_penalty", self.length_penalty, ("gnmt", "power"))
