@@ -220,6 +220,41 @@ def test_unexpected_errors_are_one_line_unless_debugging(tmp_path, capsys, monke
         train_cli.main([])
 
 
+@pytest.mark.parametrize("command", [["translate.py", "--model", "{model}", "Hallo."],
+                                     ["train.py", "--max-steps", "1", "--output-dir", "{out}"],
+                                     ["-m", "nmt.serving", "--model", "{model}", "--port", "0"]])
+def test_a_backend_jax_lacks_in_jax_platforms_is_one_usage_line(command, run_dir, env,
+                                                                tmp_path):
+    """JAX's own error for JAX_PLATFORMS=cuda without CUDA is an empty AssertionError."""
+    argv = [arg.format(model=run_dir, out=tmp_path / "run") for arg in command]
+    result = subprocess.run([sys.executable, *argv], cwd=REPO, capture_output=True, text=True,
+                            env={**env, "JAX_PLATFORMS": "cuda"}, timeout=300)
+    assert result.returncode == 2, result.stderr
+    line = _one_line(result.stderr)
+    assert "error: JAX_PLATFORMS=cuda: JAX has no such backend on this machine" in line
+    assert "'.[cuda]'" in line and "unset JAX_PLATFORMS" in line
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("value, fix", [("gpu", "'.[cuda]'"), ("tpu", "'.[tpu]'"),
+                                        ("bogus", "name a backend JAX has")])
+def test_jax_platforms_names_the_extra_to_install(value, fix, monkeypatch):
+    import jax
+
+    from nmt.runtime import cli
+
+    def unknown():
+        raise RuntimeError("Unable to initialize backend 'rocm'")
+
+    monkeypatch.setenv("JAX_PLATFORMS", value)
+    monkeypatch.setattr(jax, "devices", unknown)
+    with pytest.raises(cli.UsageError, match=f"^JAX_PLATFORMS={value}: JAX has no such") as err:
+        cli.check_jax_platforms()
+    assert fix in str(err.value) and "rocm" not in str(err.value)
+    monkeypatch.setenv("JAX_PLATFORMS", "")
+    cli.check_jax_platforms()  # unset: JAX picks, nothing is asked
+
+
 def test_logging_follows_stderr_across_calls(monkeypatch):
     """Each main() logs to the sys.stderr of its own call, at its own level: a stream closed
     since an earlier call (a test's capture, a notebook cell) is never written to."""

@@ -235,6 +235,29 @@ def allocator_status() -> allocator.Status:
         raise UsageError(str(err)) from None
 
 
+def check_jax_platforms() -> None:
+    """UsageError where JAX_PLATFORMS names a backend JAX cannot start here, before the first
+    device is asked for: JAX's own error is empty (cuda) or names another backend (gpu)."""
+    value = os.environ.get("JAX_PLATFORMS", "").strip()
+    if not value:
+        return
+    import jax
+
+    try:
+        jax.devices()
+    except (AssertionError, RuntimeError):
+        names = {name.strip().lower() for name in value.split(",")}
+        if names & {"cuda", "gpu"}:
+            fix = ("install JAX for CUDA, pip install -e '.[cuda]' (or '.[cuda12]' for older "
+                   "drivers) as the README says")
+        elif "tpu" in names:
+            fix = "install JAX for TPUs, pip install -e '.[tpu]' as the README says"
+        else:
+            fix = "name a backend JAX has (cpu; cuda or tpu with their extras)"
+        raise UsageError(f"JAX_PLATFORMS={value}: JAX has no such backend on this machine; "
+                         f"{fix}, or unset JAX_PLATFORMS to use the devices JAX finds") from None
+
+
 def writable_directory(path: Path, flag: str) -> None:
     """UsageError unless `path` is, or can be created as, a directory this process can write."""
     problem = unwritable(path)

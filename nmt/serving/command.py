@@ -504,6 +504,7 @@ def run(args: argparse.Namespace) -> int:
     limits = ServerLimits(**{field: getattr(args, field) for _, field, _, _ in LIMIT_FLAGS})
     sock = listening_socket(args.host, args.port)  # before the models: a port in use ends it
     if args.engine == "jax":
+        cli.check_jax_platforms()
         enable_compilation_cache()
     service = Service(Catalog(load_served_models(args)), limits, Metrics(),
                       rate=RateLimiter(RateLimits(args.req_limit, args.char_limit_per_minute)),

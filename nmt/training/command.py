@@ -111,6 +111,7 @@ def _main(argv: list[str] | None, started: float) -> int:
         raise cli.UsageError(str(err)) from None
     cli.allocator_status()  # a bad NMT_ALLOCATOR ends here; the trainer logs the line
     initialize_distributed(args.coordinator, args.num_processes, args.process_id)
+    cli.check_jax_platforms()
     _setup_logging()
     _same_settings_on_every_process(run)
     _warn_of_r_drop_without_dropout(run)

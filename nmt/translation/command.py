@@ -458,6 +458,7 @@ def load(args: argparse.Namespace):
     directory, UsageError for search settings the model cannot take."""
     if args.engine == "ctranslate2":
         return load_ctranslate2(args)
+    cli.check_jax_platforms()
     enable_compilation_cache()
     # JAX loads only now: argument and path errors above answer at once.
     from nmt.models.model_dir import ModelDirError, load_models
