@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import logging
 import os
 import shutil
 import signal
@@ -182,8 +183,6 @@ def test_only_a_commands_own_process_starts_without_the_collector():
 
 
 def test_library_tracebacks_are_not_logged_unless_debugging(monkeypatch, capsys):
-    import logging
-
     from nmt.runtime import cli
 
     monkeypatch.delenv(cli.DEBUG_VARIABLE, raising=False)
@@ -255,11 +254,40 @@ def test_jax_platforms_names_the_extra_to_install(value, fix, monkeypatch):
     cli.check_jax_platforms()  # unset: JAX picks, nothing is asked
 
 
+def test_compilation_cache_write_failures_are_one_logged_warning(tmp_path, monkeypatch,
+                                                                  caplog):
+    """JAX warns for each program it cannot write to its cache (a full disk: all of them)."""
+    import warnings
+
+    import jax
+
+    from nmt.runtime import compilation
+
+    shown = []
+    monkeypatch.setattr(warnings, "showwarning", lambda message, *_: shown.append(message))
+    monkeypatch.setattr(jax.config, "update", lambda *_: None)  # this process's cache stays
+    monkeypatch.setattr(compilation.stored, "keep_programs_in", lambda _: None)
+    monkeypatch.setattr(compilation, "_write_failure_told", False)
+    compilation.enable_compilation_cache(tmp_path / "jax")
+    with caplog.at_level(logging.WARNING, logger="nmt.runtime.compilation"), \
+            warnings.catch_warnings():
+        warnings.simplefilter("always")
+        for name in ("jit_stage", "jit__beam_start"):
+            warnings.warn(f"Error writing persistent compilation cache entry for '{name}': "
+                          "OSError: [Errno 28] No space left on device")
+        warnings.warn("another warning")
+    (record,) = caplog.records
+    assert record.getMessage().startswith(
+        f"could not write to the compilation cache {tmp_path / 'jax'} (OSError: [Errno 28] No "
+        "space left on device)")
+    assert "free some space, or set FLAX_NMT_CACHE" in record.getMessage()
+    assert [str(message) for message in shown] == ["another warning"]
+
+
 def test_logging_follows_stderr_across_calls(monkeypatch):
     """Each main() logs to the sys.stderr of its own call, at its own level: a stream closed
     since an earlier call (a test's capture, a notebook cell) is never written to."""
     import io
-    import logging
 
     from nmt.runtime import cli
 

@@ -115,6 +115,25 @@ def test_a_damaged_file_that_cannot_be_removed_is_left_and_the_program_compiled(
     assert "compiling the program in memory" in message and "removed it" not in message
 
 
+def test_a_full_disk_is_said_once_and_the_programs_still_run(store, caplog, monkeypatch):
+    def full(path, data):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(stored, "write_atomically", full)
+    monkeypatch.setattr(stored, "_told_disk_full", False)
+    traces: list = []
+    salt = _salt()
+    with caplog.at_level(logging.WARNING, logger="transformer.stored"):
+        for width in (2, 3, 4):
+            x = np.ones(width, np.float32)
+            np.testing.assert_allclose(_stored_jit(salt, traces)(2.0, x), x * 2.0 * salt + 1,
+                                       rtol=1e-6)
+    assert len(traces) == 3 and not list(store.glob("*.exe"))
+    (record,) = caplog.records
+    assert f"not stored in {store}: No space left on device" in record.getMessage()
+    assert "free some space" in record.getMessage()
+
+
 def test_a_program_served_by_the_compilation_cache_is_compiled_afresh_to_be_stored(
         store, monkeypatch):
     """XLA:CPU writes an executable that JAX's persistent cache served without some of its

@@ -18,6 +18,7 @@ its code, so the directory must be as trusted as the compilation cache beside it
 
 from __future__ import annotations
 
+import errno
 import functools
 import hashlib
 import logging
@@ -233,7 +234,7 @@ class StoredJit:
             # Whole or not at all: other processes may load from this directory meanwhile.
             write_atomically(path, pickle.dumps((payload, in_tree, out_tree)))
         except Exception as error:  # a full disk, or a backend that cannot serialize
-            log.debug("did not store %s: %s", path, error)
+            _not_stored(path, error)
         else:
             prune(path.parent, _max_bytes)
         return compiled
@@ -250,6 +251,21 @@ def _discard(path: Path, problem: str) -> None:
                     problem, error.strerror or error)
     else:
         log.warning("%s; removed it and compiling the program again", problem)
+
+
+_told_disk_full = False  # a full disk fails every store: said once per process
+
+
+def _not_stored(path: Path, error: Exception) -> None:
+    global _told_disk_full
+    if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+        if not _told_disk_full:
+            _told_disk_full = True
+            log.warning("compiled programs are not stored in %s: %s, so the next start "
+                        "compiles them again; free some space, or keep programs on another "
+                        "disk", path.parent, error.strerror)
+        return
+    log.debug("did not store %s: %s", path, error)
 
 
 def _compile_afresh(lowered: jax.stages.Lowered) -> jax.stages.Compiled:

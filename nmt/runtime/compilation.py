@@ -14,6 +14,7 @@ import contextvars
 import dataclasses
 import logging
 import threading
+import warnings
 from collections import Counter
 from pathlib import Path
 from typing import Iterator
@@ -52,6 +53,33 @@ def enable_compilation_cache(directory: str | Path | None = None,
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
     stored.keep_programs_in(default_cache_dir() / "programs" if programs is None else programs)
+    global _cache_directory, _show_other
+    _cache_directory = directory
+    if warnings.showwarning is not _show_warning:
+        _show_other, warnings.showwarning = warnings.showwarning, _show_warning
+
+
+# JAX warns once per program that its cache could not write (a full disk: every program).
+_WRITE_FAILED = "Error writing persistent compilation cache entry"
+_cache_directory: str | Path | None = None
+_show_other = warnings.showwarning
+_write_failure_told = False
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """warnings.showwarning that turns JAX's raw warnings about cache writes into one logged
+    line naming the directory and the fix; other warnings show as before."""
+    global _write_failure_told
+    if not str(message).startswith(_WRITE_FAILED):
+        _show_other(message, category, filename, lineno, file, line)
+        return
+    if not _write_failure_told:
+        _write_failure_told = True
+        reason = str(message).split(": ", 1)[-1]  # past "... entry for 'jit_step'"
+        log.warning("could not write to the compilation cache %s (%s), so programs compiled "
+                    "from now on are not kept for the next start; free some space, or set "
+                    "FLAX_NMT_CACHE to a writable directory with room", _cache_directory,
+                    reason)
 
 
 @dataclasses.dataclass(frozen=True)
