@@ -9,7 +9,7 @@ import pytest
 from flax import nnx
 
 from transformer.cache import BLOCK, DecoderCache
-from transformer.config import PRESETS, ModelConfig, SearchConfig, get_preset
+from transformer.config import PRESETS, ModelConfig, OptimizerConfig, SearchConfig, get_preset
 from transformer.kernels import dropout
 from transformer.layers import (
     AddNorm,
@@ -139,7 +139,8 @@ def _wrongly_typed(cls):
 
 
 @pytest.mark.parametrize("cls, field, value", [
-    (cls, field, value) for cls in (SearchConfig,) for field, value in _wrongly_typed(cls)])
+    (cls, field, value) for cls in (ModelConfig, OptimizerConfig, SearchConfig)
+    for field, value in _wrongly_typed(cls)])
 def test_wrongly_typed_config_value_names_the_field(cls, field, value):
     with pytest.raises(ValueError, match=rf"{cls.__name__}\.{field} must be"):
         cls(**{field: value})
@@ -147,6 +148,8 @@ def test_wrongly_typed_config_value_names_the_field(cls, field, value):
 
 def test_integers_do_for_float_config_fields():
     assert SearchConfig(alpha=1, max_len_a=0, temperature=2).max_len_a == 0
+    assert ModelConfig(dropout=0, layer_norm_epsilon=1).dropout == 0
+    assert OptimizerConfig(label_smoothing=0, clip_norm=1, lr_scale=2).label_smoothing == 0
 
 
 def test_config_round_trips_through_json_dict():

@@ -194,6 +194,7 @@ class ModelConfig(DictConfig):
         return self.d_model // self.num_heads
 
     def validate(self) -> None:
+        check_field_types(self)
         check_finite_fields(self)
         positive = ("vocab_size", "d_model", "num_heads", "d_ff", "encoder_layers",
                     "decoder_layers", "max_len")
@@ -303,6 +304,7 @@ class OptimizerConfig(DictConfig):
         self.validate()
 
     def validate(self) -> None:
+        check_field_types(self)
         check_finite_fields(self)
         _check_choice("OptimizerConfig.schedule", self.schedule, SCHEDULES)
         if not isinstance(self.warmup_steps, int) or self.warmup_steps < 1:
