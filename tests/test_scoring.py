@@ -3,7 +3,8 @@ for the target language."""
 
 import pytest
 
-from nmt.translation.scoring import MetricError, bleu_metric, bleu_tokenizer_for, evaluate
+from nmt.translation.scoring import (MetricError, bleu_metric, bleu_settings, bleu_tokenizer_for,
+                                    evaluate)
 
 
 @pytest.mark.parametrize("language, tokenizer", [
@@ -46,3 +47,7 @@ def test_japanese_bleu_without_mecab_says_what_to_install(monkeypatch):
         evaluate(["猫"], ["猫"], target_language="ja")
     with pytest.raises(MetricError, match="unknown BLEU tokenizer 'mecab'; choose one of.*13a"):
         bleu_metric("ja", "mecab")
+    with pytest.raises(MetricError, match=r"^--bleu-tokenize: BLEU tokenizer ja-mecab needs "
+                                          r"MeCab: pip install 'sacrebleu\[ja\]'") as given:
+        bleu_settings("en", "ja-mecab")
+    assert "bleu_tokenize" not in str(given.value)

@@ -502,7 +502,10 @@ def test_a_bleu_tokenizer_that_cannot_run_fails_before_training(tmp_path, capsys
     for flags, message in (
             (["--tgt", "ja"], "BLEU tokenizer ja-mecab (sacreBLEU's choice for target language "
                               "'ja') needs MeCab: pip install 'sacrebleu[ja]'"),
-            (["--bleu-tokenize", "mecab"], "unknown BLEU tokenizer 'mecab'")):
+            (["--bleu-tokenize", "ja-mecab"], "train.py: error: --bleu-tokenize: BLEU "
+                                              "tokenizer ja-mecab needs MeCab"),
+            (["--bleu-tokenize", "mecab"], "train.py: error: --bleu-tokenize: unknown BLEU "
+                                           "tokenizer 'mecab'")):
         assert train_cli.main([*flags, "--output-dir", str(out)]) == 2
         assert message in capsys.readouterr().err
     assert not out.exists()

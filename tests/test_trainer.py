@@ -31,7 +31,7 @@ from nmt.training.metrics_log import METRICS_FILE, MetricsWriter, summarize_wind
 from nmt.training.run_data import prepare_data
 from nmt.training.summary import print_summary, scoring_command
 from nmt.training.trainer import TrainingError, train
-from nmt.training.validation import Validator
+from nmt.training.validation import Validator, describe_bleu
 from nmt.translation import scoring
 from synthetic_corpus import syllable_sentences, write_corpus
 from trainer_hooks import poison_parameters_before
@@ -133,13 +133,19 @@ def _exported(run_dir: Path) -> dict:
 # ----------------------------------------------------------------------------- checkpoints
 
 
-def test_final_save_keeps_the_closing_log_line_and_validation(corpus, bleus, tmp_path):
+def test_final_save_keeps_the_closing_log_line_and_validation(corpus, bleus, tmp_path,
+                                                               caplog):
     """Step 5 is saved in the loop; the closing log line and validation then change the
     bookkeeping, which must be saved again, or a resumed run repeats them."""
     out = tmp_path / "run"
     bleus += [1.0, 3.0, 2.0]  # steps 2, 4 and the closing validation at 5 (not the best)
-    _run(corpus, out, max_steps=5, save_every=5, bleu_tokenize="intl")
+    with caplog.at_level(logging.INFO, logger="nmt.training.trainer"):
+        _run(corpus, out, max_steps=5, save_every=5, bleu_tokenize="intl")
     assert bleus.settings == [{"target_language": "de", "bleu_tokenize": "intl"}] * 3
+    said = [r.getMessage() for r in caplog.records if "BLEU" in r.getMessage()]
+    assert said == ["validation scores BLEU with sacreBLEU's intl tokenizer (--bleu-tokenize)"]
+    assert describe_bleu("13a", False).endswith("(the target language's; --bleu-tokenize "
+                                                 "picks another)")
     book = _saved_bookkeeping(out, 5)
     # Off the --eval-every grid, the closing validation is the last but counts no patience.
     assert book["last_eval"]["step"] == 5 and book["bad_evals"] == 0

@@ -66,7 +66,7 @@ from nmt.training.saving import CheckpointWriter
 from nmt.training.starting import Start, prepare_start
 from nmt.training.stopping import Limits, StopReason, StopSignal, steps_in_flight
 from nmt.training.summary import announce, build_summary, echo, print_summary
-from nmt.training.validation import best_note, describe
+from nmt.training.validation import best_note, describe, describe_bleu
 from transformer.training import shard_batch
 
 log = logging.getLogger(__name__)
@@ -210,6 +210,9 @@ class Trainer:
         """What the run is about to do, and EARLY_STOP if it already ran out of patience."""
         announce(self.run, self.state.params, self.start.model_config, self.start.data,
                  self.limits.describe(self.batches.batches_per_epoch), self.run_dir)
+        if self.run.trainer.eval_sentences and self.is_main:
+            given = self.run.trainer.bleu_tokenize is not None
+            log.info(describe_bleu(self.start.bleu_tokenizer, given))
         stopped = None
         patience = self.run.trainer.early_stop_patience
         if self.bookkeeping.out_of_patience(patience):

@@ -90,6 +90,13 @@ class _OutOfTime(Exception):
     """The time budget ran out while validation was translating."""
 
 
+def describe_bleu(tokenizer: str, given: bool) -> str:
+    """Which tokenizer validation's BLEU uses, said once at the start: the scores of runs
+    tokenized otherwise do not compare."""
+    how = "--bleu-tokenize" if given else "the target language's; --bleu-tokenize picks another"
+    return f"validation scores BLEU with sacreBLEU's {tokenizer} tokenizer ({how})"
+
+
 def describe(step: int, result: dict[str, Any]) -> str:
     """One line of a validation's results."""
     bleu = result.get("bleu")

@@ -45,7 +45,7 @@ def bleu_settings(args: argparse.Namespace, values: dict) -> dict[str, str | Non
     try:
         return scoring.bleu_settings(languages(args, values)[1], args.bleu_tokenize)
     except scoring.MetricError as err:
-        raise UsageError(f"--bleu-tokenize: {err}" if args.bleu_tokenize else str(err)) from None
+        raise UsageError(str(err)) from None
 
 
 def check_languages(args: argparse.Namespace, values: dict) -> None:

@@ -62,13 +62,14 @@ def bleu_metric(target_language: str | None = None, tokenize: str | None = None
     except (AssertionError, ImportError, OSError, RuntimeError) as err:
         # RuntimeError: MeCab is missing; AssertionError: MeCab has another dictionary than
         # sacreBLEU requires; OSError: spm/flores models cannot be downloaded.
-        chosen = ("bleu_tokenize" if tokenize else
-                  f"sacreBLEU's choice for target language {target_language!r}")
+        # A given tokenizer is named by the flag that bleu_settings puts in front.
+        chosen = ("" if tokenize else
+                  f" (sacreBLEU's choice for target language {target_language!r})")
         extra = _PIP_EXTRA_FOR_TOKENIZER.get(name)
         why = (f"needs MeCab: pip install 'sacrebleu[{extra}]' (or pip install -e '.[cjk]')"
                if extra else f"cannot be set up here ({type(err).__name__}: "
                              f"{str(err).strip()})")
-        raise MetricError(f"BLEU tokenizer {name} ({chosen}) {why}; or pick another BLEU "
+        raise MetricError(f"BLEU tokenizer {name}{chosen} {why}; or pick another BLEU "
                           "tokenizer: --bleu-tokenize char scores characters and needs "
                           "nothing.") from None
 
@@ -77,8 +78,11 @@ def bleu_settings(target_language: str | None, bleu_tokenize: str | None
                   ) -> dict[str, str | None]:
     """The keyword arguments of `evaluate` that choose BLEU's tokenizer, checked first:
     MetricError if it is unknown or cannot run here (MeCab missing), before any translating
-    or training."""
-    bleu_metric(target_language, bleu_tokenize)
+    or training; one given as `bleu_tokenize` is named by its flag, --bleu-tokenize."""
+    try:
+        bleu_metric(target_language, bleu_tokenize)
+    except MetricError as err:
+        raise MetricError(f"--bleu-tokenize: {err}" if bleu_tokenize else str(err)) from None
     return {"target_language": target_language, "bleu_tokenize": bleu_tokenize}
 
 
