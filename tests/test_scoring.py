@@ -3,8 +3,13 @@ for the target language."""
 
 import pytest
 
-from nmt.translation.scoring import (MetricError, bleu_metric, bleu_settings, bleu_tokenizer_for,
-                                    evaluate)
+from nmt.translation.scoring import (
+    MetricError,
+    bleu_metric,
+    bleu_settings,
+    bleu_tokenizer_for,
+    evaluate,
+)
 
 
 @pytest.mark.parametrize("language, tokenizer", [

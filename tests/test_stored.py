@@ -101,7 +101,7 @@ def test_a_damaged_file_that_cannot_be_removed_is_left_and_the_program_compiled(
     (path,) = store.iterdir()
     path.write_bytes(path.read_bytes()[:1000])
 
-    def read_only(self, missing_ok=False):
+    def read_only(self, **_):
         raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(self))
 
     monkeypatch.setattr(type(path), "unlink", read_only)
