@@ -74,6 +74,28 @@ def test_each_shape_static_argument_and_identity_is_its_own_program(store):
     assert len(traces) == 5
 
 
+def test_two_functions_of_one_name_are_two_programs(store):
+    """The disk key holds where a function is defined and its code, not its name alone: two
+    functions named alike with one signature each run their own program."""
+    salt = _salt()
+    x = np.arange(4, dtype=np.float32)
+
+    def make(offset):
+        if offset:
+            def f(y):
+                return y * salt - 100
+        else:
+            def f(y):
+                return y * salt
+        return f
+
+    np.testing.assert_allclose(stored.StoredJit(make(0))(x), x * salt)
+    np.testing.assert_allclose(stored.StoredJit(make(1))(x), x * salt - 100)
+    np.testing.assert_allclose(stored.StoredJit(lambda y: y + salt)(x), x + salt)
+    np.testing.assert_allclose(stored.StoredJit(lambda y: y - salt)(x), x - salt)
+    assert len(list(store.iterdir())) == 4
+
+
 def test_a_damaged_file_is_removed_and_the_program_compiled_again(store, caplog):
     traces: list = []
     salt = _salt()

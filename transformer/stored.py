@@ -21,6 +21,7 @@ from __future__ import annotations
 import errno
 import functools
 import hashlib
+import inspect
 import logging
 import os
 import pickle
@@ -108,6 +109,17 @@ def _single_device(leaves) -> bool:
     return True
 
 
+def _origin(fn: Callable) -> str:
+    """Where `fn` is defined and a digest of its code, so that two functions of one name (two
+    lambdas, a `step` in two modules) are two programs; the source of this package is in
+    `_environment` already, but callers may live outside it."""
+    try:  # the source, not the code object: a set constant's marshal differs per process
+        digest = hashlib.sha256(inspect.getsource(fn).encode()).hexdigest()
+    except (OSError, TypeError):  # defined in a string or a prompt: its name only
+        digest = ""
+    return f"{getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', fn.__name__)} {digest}"
+
+
 class StoredJit:
     """jax.jit of `fn` whose compiled programs are also kept on disk (`keep_programs_in`).
 
@@ -121,6 +133,7 @@ class StoredJit:
     def __init__(self, fn: Callable, *, identity: Callable[[], str] | None = None,
                  static_args: int = 0, donate_argnums: tuple[int, ...] = ()):
         self.name = fn.__name__
+        self.origin = _origin(fn)
         self._identity = identity
         self.static_args = static_args
         self.donate_argnums = donate_argnums
@@ -200,7 +213,7 @@ class StoredJit:
 
     def _path(self, key: tuple) -> Path:
         static, tree, signature = key
-        text = "\n".join([_environment(), self.name, self.identity, stable_repr(static),
+        text = "\n".join([_environment(), self.origin, self.identity, stable_repr(static),
                           stable_repr(tree), repr(signature)])
         return _directory / f"{self.name}-{hashlib.sha256(text.encode()).hexdigest()[:40]}.exe"
 
