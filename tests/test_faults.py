@@ -221,7 +221,9 @@ def test_unexpected_errors_are_one_line_unless_debugging(tmp_path, capsys, monke
 
 @pytest.mark.parametrize("command", [["translate.py", "--model", "{model}", "Hallo."],
                                      ["train.py", "--max-steps", "1", "--output-dir", "{out}"],
-                                     ["-m", "nmt.serving", "--model", "{model}", "--port", "0"]])
+                                     ["-m", "nmt.serving", "--model", "{model}", "--port", "0"],
+                                     ["-m", "nmt.distillation", "--teacher", "{model}",
+                                      "--train-prefix", "{out}/corpus", "--out", "{out}"]])
 def test_a_backend_jax_lacks_in_jax_platforms_is_one_usage_line(command, run_dir, env,
                                                                 tmp_path):
     """JAX's own error for JAX_PLATFORMS=cuda without CUDA is an empty AssertionError."""

@@ -191,6 +191,7 @@ def distil(args: argparse.Namespace) -> int:
     for flag, value in (("--chunk-lines", args.chunk_lines), ("--batch-tokens", args.batch_tokens)):
         if value < 1:
             raise UsageError(f"{flag} must be >= 1, got {value}.")
+    cli.check_jax_platforms()
     teachers, src, tgt = read_teachers(args.teacher, args.src, args.tgt)
     source, target = corpus_files(args, src, tgt)
     search = search_settings(args, teachers)
