@@ -256,9 +256,10 @@ def test_jax_platforms_names_the_extra_to_install(value, fix, monkeypatch):
     cli.check_jax_platforms()  # unset: JAX picks, nothing is asked
 
 
-def test_compilation_cache_write_failures_are_one_logged_warning(tmp_path, monkeypatch,
-                                                                  caplog):
-    """JAX warns for each program it cannot write to its cache (a full disk: all of them)."""
+def test_compilation_cache_write_and_read_failures_are_one_logged_warning_each(
+        tmp_path, monkeypatch, caplog):
+    """JAX warns for each program it cannot write to its cache (a full disk: all of them) or
+    read from it (a damaged entry): each is one logged line."""
     import warnings
 
     import jax
@@ -269,7 +270,7 @@ def test_compilation_cache_write_failures_are_one_logged_warning(tmp_path, monke
     monkeypatch.setattr(warnings, "showwarning", lambda message, *_: shown.append(message))
     monkeypatch.setattr(jax.config, "update", lambda *_: None)  # this process's cache stays
     monkeypatch.setattr(compilation.stored, "keep_programs_in", lambda _: None)
-    monkeypatch.setattr(compilation, "_write_failure_told", False)
+    monkeypatch.setattr(compilation, "_failures_told", set())
     compilation.enable_compilation_cache(tmp_path / "jax")
     with caplog.at_level(logging.WARNING, logger="nmt.runtime.compilation"), \
             warnings.catch_warnings():
@@ -277,12 +278,17 @@ def test_compilation_cache_write_failures_are_one_logged_warning(tmp_path, monke
         for name in ("jit_stage", "jit__beam_start"):
             warnings.warn(f"Error writing persistent compilation cache entry for '{name}': "
                           "OSError: [Errno 28] No space left on device")
+            warnings.warn(f"Error reading persistent compilation cache entry for '{name}': "
+                          "XlaRuntimeError: INVALID_ARGUMENT: truncated")
         warnings.warn("another warning")
-    (record,) = caplog.records
-    assert record.getMessage().startswith(
+    written, read = caplog.records
+    assert written.getMessage().startswith(
         f"could not write to the compilation cache {tmp_path / 'jax'} (OSError: [Errno 28] No "
         "space left on device)")
-    assert "free some space, or set FLAX_NMT_CACHE" in record.getMessage()
+    assert "free some space, or set FLAX_NMT_CACHE" in written.getMessage()
+    assert read.getMessage().startswith(
+        f"could not read an entry of the compilation cache {tmp_path / 'jax'} "
+        "(XlaRuntimeError: INVALID_ARGUMENT: truncated), so its program was compiled again")
     assert [str(message) for message in shown] == ["another warning"]
 
 

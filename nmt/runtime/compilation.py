@@ -59,27 +59,33 @@ def enable_compilation_cache(directory: str | Path | None = None,
         _show_other, warnings.showwarning = warnings.showwarning, _show_warning
 
 
-# JAX warns once per program that its cache could not write (a full disk: every program).
-_WRITE_FAILED = "Error writing persistent compilation cache entry"
+# JAX warns once per program that its cache could not write (a full disk: every program) or
+# read (a damaged entry); each is told once, as a logged line naming the directory.
+_CACHE_FAILURES = {
+    "Error writing persistent compilation cache entry":
+        "could not write to the compilation cache {directory} ({reason}), so programs "
+        "compiled from now on are not kept for the next start; free some space, or set "
+        "FLAX_NMT_CACHE to a writable directory with room",
+    "Error reading persistent compilation cache entry":
+        "could not read an entry of the compilation cache {directory} ({reason}), so its "
+        "program was compiled again; if this repeats, delete that directory",
+}
 _cache_directory: str | Path | None = None
 _show_other = warnings.showwarning
-_write_failure_told = False
+_failures_told: set[str] = set()
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
-    """warnings.showwarning that turns JAX's raw warnings about cache writes into one logged
-    line naming the directory and the fix; other warnings show as before."""
-    global _write_failure_told
-    if not str(message).startswith(_WRITE_FAILED):
+    """warnings.showwarning that turns JAX's raw warnings about cache writes and reads into
+    one logged line each, naming the directory and the fix; other warnings show as before."""
+    failure = next((start for start in _CACHE_FAILURES if str(message).startswith(start)), None)
+    if failure is None:
         _show_other(message, category, filename, lineno, file, line)
         return
-    if not _write_failure_told:
-        _write_failure_told = True
+    if failure not in _failures_told:
+        _failures_told.add(failure)
         reason = str(message).split(": ", 1)[-1]  # past "... entry for 'jit_step'"
-        log.warning("could not write to the compilation cache %s (%s), so programs compiled "
-                    "from now on are not kept for the next start; free some space, or set "
-                    "FLAX_NMT_CACHE to a writable directory with room", _cache_directory,
-                    reason)
+        log.warning(_CACHE_FAILURES[failure].format(directory=_cache_directory, reason=reason))
 
 
 @dataclasses.dataclass(frozen=True)
