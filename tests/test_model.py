@@ -438,6 +438,22 @@ def test_cache_prefill_of_several_positions_equals_teacher_forcing(beam):
     np.testing.assert_allclose(jnp.concatenate(pieces, 1), full, atol=1e-5)
 
 
+def test_decoding_past_the_cache_is_refused():
+    """A cache made for 4 positions holds one block of 16; a 17th would overwrite its last
+    slots and give wrong logits. A known index past them is refused, and so is a step
+    longer than the whole cache under jit, where the index is traced."""
+    model = compiled_model()
+    rng = np.random.default_rng(3)
+    src, tgt = random_batch(rng, 1, 4, 64), random_batch(rng, 1, 17, 64)
+    memory, src_mask = model.encode(src), model.source_mask(src)
+    cache = model.init_cache(memory, max_len=4)
+    _, full = model.decode(memory, src_mask, tgt[:, :16], cache)
+    with pytest.raises(ValueError, match="from position 16 .* holds 16; .*max_len=17"):
+        model.model.decode(memory, src_mask, tgt[:, 16:], full)
+    with pytest.raises(ValueError, match="needs a cache of 17 positions, but this one holds 16"):
+        model.decode(memory, src_mask, tgt, cache)
+
+
 def test_beam_cache_follows_parents_without_copying_keys():
     """After beams change parents, each beam attends over its new history exactly."""
     model = compiled_model()

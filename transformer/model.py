@@ -215,6 +215,9 @@ class Transformer(nnx.Module):
     def init_cache(self, memory: Array, max_len: int, beam_size: int = 1) -> DecoderCache:
         """Cache for decoding up to `max_len` target positions over `memory`.
 
+        It holds `max_len` rounded up to whole blocks (`transformer.cache.capacity`, the
+        cache's `max_len`); every `decode` with it must keep cache.index + tgt_len within that.
+
         Allocates self-attention keys/values for `beam_size` beams of each sentence (the
         decoder's rows b*k .. b*k+k-1 are the beams of sentence b) and `max_len` positions,
         and projects the encoder output [batch, src_len, d_model] to cross-attention
@@ -240,7 +243,10 @@ class Transformer(nnx.Module):
         memory [batch, src_len, d_model]; src_mask [batch, 1, 1, src_len]; tgt_ids
         [batch, tgt_len] decoder inputs (BOS + target[:-1] in training). Without a cache,
         position i sees target positions <= i (teacher forcing). With a cache, tgt_ids are
-        the positions cache.index .. index+tgt_len-1 and the updated cache is returned.
+        the positions cache.index .. index+tgt_len-1 and the updated cache is returned;
+        index + tgt_len must not exceed the cache's max_len (ValueError where the index is
+        known; under jit a traced index is not checked, and positions past the cache would
+        overwrite its last slots).
         Returns (logits float32 [batch, tgt_len, vocab], cache or None); with `candidates`
         (int32 [K] token ids, a shortlist) the logits are those of the K candidates only.
         """
@@ -288,6 +294,7 @@ class Transformer(nnx.Module):
         """New positions over the cache: each layer writes their keys and values into every
         beam's own slots (in place inside the search loop), then attends over the cache."""
         tgt_len = x.shape[1]
+        cache.check_room(tgt_len)
         self_mask = cache.causal_mask(tgt_len)
         beam_slot = cache.slots_with_step(tgt_len)
         new_keys, new_values = [], []
