@@ -196,6 +196,22 @@ def test_padding_and_all_pad_rows_do_not_change_the_loss():
         assert float(padded[name]) == pytest.approx(float(base[name]), rel=1e-6), name
 
 
+@pytest.mark.parametrize("rdrop", [0.0, 2.0])
+def test_non_finite_logits_at_padding_reach_neither_the_loss_nor_its_gradient(rdrop):
+    rng = np.random.default_rng(4)
+    logits = jnp.asarray(rng.normal(size=(2, 5, 11)), jnp.float32)
+    targets = jnp.asarray([[4, 5, 6, 3, 0], [4, 5, 6, 3, 0]], jnp.int32)  # a pair of passes
+    broken = logits.at[:, 4, 0].set(jnp.nan).at[:, 4, 1].set(jnp.inf)
+
+    def loss(x):
+        return training.token_loss_sums(x, targets, 0.1, rdrop=rdrop)["loss_sum"]
+
+    assert float(loss(broken)) == pytest.approx(float(loss(logits)), rel=1e-6)
+    grad = jax.grad(loss)(broken)
+    np.testing.assert_array_equal(grad[:, 4], 0.0)
+    np.testing.assert_allclose(grad, jax.grad(loss)(logits), rtol=1e-6, atol=1e-7)
+
+
 @pytest.mark.parametrize("preset_changes", [{}, {"share_embeddings": False, "output_bias": True}],
                          ids=["tied", "own-projection-with-bias"])
 @pytest.mark.parametrize("eps", [0.0, 0.1])

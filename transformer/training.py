@@ -132,9 +132,14 @@ def token_loss_sums(logits: Array, targets: Array, label_smoothing: float, pad_i
     No one-hot [batch, tgt_len, vocab] is built: with lp = logits - logsumexp(logits),
     nll = logsumexp - logits[y] and -sum_v lp[v] = V * logsumexp - sum_v logits[v].
     """
-    logits = logits.astype(jnp.float32)
     vocab = logits.shape[-1]
     weights = (targets != pad_id).astype(jnp.float32)                # [batch, tgt_len]
+    keep = weights > 0
+    # Zeros at padding before anything is computed from the logits: whatever they hold there
+    # (NaN, inf) then reaches neither the sums nor their gradient, where a select after the
+    # loss would pass NaN on (0 * NaN). An element-wise select, which XLA fuses into the
+    # reductions below.
+    logits = jnp.where(keep[..., None], logits.astype(jnp.float32), 0.0)
     max_logit = jnp.max(logits, axis=-1)
     lse = max_logit + jnp.log(jnp.sum(jnp.exp(logits - max_logit[..., None]), axis=-1))
     target_logit = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
@@ -146,10 +151,8 @@ def token_loss_sums(logits: Array, targets: Array, label_smoothing: float, pad_i
     else:
         loss = nll
     correct = (target_logit >= max_logit).astype(jnp.float32)
-    keep = weights > 0
 
     def masked_sum(x):
-        # where, not multiply: whatever the logits at padding are, they cannot leak in.
         return jnp.sum(jnp.where(keep, x, 0.0))
 
     sums = {
