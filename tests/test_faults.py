@@ -619,6 +619,32 @@ def test_a_flipped_byte_in_a_checkpoint_is_detected_and_skipped(tmp_path, caplog
     saver.close()
 
 
+def test_a_damaged_step_above_the_run_is_set_aside_and_costs_no_good_checkpoint(tmp_path,
+                                                                               caplog):
+    """A damaged (or foreign) step numbered above the run's is skipped on resume; it must not
+    count as the newest step in --keep-last, or the good steps saved after it are deleted."""
+    import jax.numpy as jnp
+
+    saver, params_like, train_like = _save_steps(tmp_path, [1, 2])
+    saver.close()
+    steps = tmp_path / "checkpoints"
+    shutil.copytree(steps / "2", steps / "100")
+    for victim in (steps / "100" / "params" / "d").iterdir():
+        with victim.open("r+b") as f:
+            f.truncate(victim.stat().st_size // 2)
+    saver = checkpoint.Checkpointer(tmp_path, keep_last=1, async_save=False)
+    assert saver.restore(params_like, train_like).step == 2
+    for step in (3, 4):
+        saver.save(step, {"w": jnp.full((4, 3), float(step))}, {"step": jnp.asarray(step)},
+                   {"step": step})
+    saver.wait()
+    assert saver.steps() == [4]  # not [100]: 3 and 4 were deleted for it
+    saver.close()
+    aside = steps / "100.skipped"
+    assert aside.is_dir() and f"moved it to {aside}" in caplog.text
+    assert checkpoint.complete_steps(steps) == [4]  # what --average-last reads
+
+
 def test_a_failed_save_keeps_the_earlier_checkpoints(tmp_path, monkeypatch):
     import errno
 

@@ -58,6 +58,7 @@ _ITEMS = ("params", "train", "data")
 # Written into a step directory once orbax has finalized it: `sha256sum -c SHA256SUMS` format.
 CHECKSUMS_FILE = "SHA256SUMS"
 ASIDE_SUFFIX = ".replaced"  # a step set aside while it is saved again (`_set_aside`)
+SKIPPED_SUFFIX = ".skipped"  # a step a restore skipped, damaged or unreadable (`_move_skipped`)
 INTERIM_FILE = "INTERIM"  # in a step saved only because the run stopped there
 # Beside the steps: an interim step's mark until it is sealed (a process killed before then
 # must not leave it counted as scheduled).
@@ -459,7 +460,8 @@ class Checkpointer:
         """Restore the newest complete checkpoint (or `step`) onto the given templates.
 
         The templates (live arrays or ShapeDtypeStructs) give structure, dtypes and shardings.
-        A checkpoint that fails to read is skipped in favour of the one before it. Returns None
+        A checkpoint that fails to read is skipped in favour of the one before it, and set
+        aside (`_move_skipped`) once an older one restores. Returns None
         when there is no complete checkpoint; raises CheckpointError when there are some but
         none can be restored (most often: the model or optimizer state no longer matches the
         templates), rather than let the caller start over in a directory that holds a run.
@@ -471,9 +473,7 @@ class Checkpointer:
             if damage is not None:
                 if step is not None:
                     raise CheckpointError(f"{self.directory / str(candidate)}: {damage}.")
-                log.warning("skipping damaged checkpoint %s: %s", self.directory / str(candidate),
-                            damage)
-                failures.append((candidate, CheckpointError(damage)))
+                failures.append((candidate, CheckpointError(damage), "damaged"))
                 continue
             try:
                 restored = self._last.restore(candidate, args=ocp.args.Composite(
@@ -485,26 +485,13 @@ class Checkpointer:
                     raise CheckpointError(
                         f"{self.directory / str(candidate)}: cannot restore ({_brief(err)})."
                     ) from err
-                log.warning("skipping unreadable checkpoint %s: %s",
-                            self.directory / str(candidate), _brief(err))
-                failures.append((candidate, err))
+                failures.append((candidate, err, "unreadable"))
                 continue
+            _move_skipped(self.directory, failures)
+            self._last.reload()
             return Restored(candidate, restored.params, dict(restored.train), dict(restored.data))
         if failures:
-            newest, err = failures[0]
-            if _is_shape_mismatch(err):
-                raise CheckpointError(
-                    f"{self.directory}: the model's shapes differ from those of its checkpoints "
-                    f"(steps {sorted(candidates)}; {_brief(err)}): the run was started with "
-                    "other model settings (--preset, --d-model, --vocab-size, ...); give the "
-                    "same ones again (the run's config.yaml, or model/config.json, records "
-                    "them), or use another --output-dir for these.") from err
-            raise CheckpointError(
-                f"{self.directory}: none of the complete checkpoints (steps "
-                f"{sorted(candidates)}) can be restored; step {newest}: {_brief(err)}. They "
-                f"were written with other settings or another version of this code, or are "
-                f"damaged: use another --output-dir, or delete {self.directory} and "
-                f"{self.best_directory} to start this run over.") from err
+            raise _none_restored(self.directory, self.best_directory, failures)
         return None
 
     def restore_params(self, params_like: Any, step: int, best: bool = False) -> Any:
@@ -523,6 +510,44 @@ class Checkpointer:
                 f"{directory / str(step)}: cannot restore the parameters ({_brief(err)})."
             ) from err
         return restored.params
+
+
+def _move_skipped(directory: Path, failures: list[tuple[int, Exception, str]]) -> None:
+    """Set aside the steps a restore skipped for an older one: renamed `<step>.skipped`, so
+    that neither --keep-last, the newest step nor --average-last counts them (a damaged or
+    foreign step numbered above the run's would have the good ones deleted)."""
+    for step, err, kind in failures:
+        path = directory / str(step)
+        aside = directory / f"{step}{SKIPPED_SUFFIX}"
+        number = 1
+        while aside.exists():
+            number += 1
+            aside = directory / f"{step}{SKIPPED_SUFFIX}{number}"
+        if jax.process_index() == 0:
+            path.rename(aside)
+        log.warning("skipping %s checkpoint %s: %s; moved it to %s, where the run no longer "
+                    "counts it (delete it once looked at)", kind, path,
+                    str(err) if kind == "damaged" else _brief(err), aside)
+    barrier(f"skipped {directory}")
+
+
+def _none_restored(directory: Path, best_directory: Path,
+                   failures: list[tuple[int, Exception, str]]) -> CheckpointError:
+    """The error for checkpoints none of which restores: another model's shapes, or other."""
+    steps = sorted(step for step, _, _ in failures)
+    newest, err, _ = failures[0]
+    if _is_shape_mismatch(err):
+        return CheckpointError(
+            f"{directory}: the model's shapes differ from those of its checkpoints (steps "
+            f"{steps}; {_brief(err)}): the run was started with other model settings "
+            "(--preset, --d-model, --vocab-size, ...); give the same ones again (the run's "
+            "config.yaml, or model/config.json, records them), or use another --output-dir "
+            "for these.")
+    return CheckpointError(
+        f"{directory}: none of the complete checkpoints (steps {steps}) can be restored; step "
+        f"{newest}: {_brief(err)}. They were written with other settings or another version "
+        f"of this code, or are damaged: use another --output-dir, or delete {directory} and "
+        f"{best_directory} to start this run over.")
 
 
 # ----------------------------------------------------------------------------- averaging
