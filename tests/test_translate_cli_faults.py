@@ -221,6 +221,30 @@ def test_evaluation_outputs_that_are_inputs_are_refused(flags, named, tmp_path, 
     assert src.read_text() == "Ein Mann.\n" and ref.read_text() == "A man.\n"
 
 
+@pytest.mark.parametrize("flags", [
+    ["--output", "{src}"],
+    ["--input", "-", "--output", "{src}"],
+    ["--evaluate", "--src-file", "-", "--ref-file", "{ref}", "--hyp-file", "{src}"],
+])
+def test_an_output_that_is_the_file_on_standard_input_is_refused(flags, tmp_path, capsys,
+                                                                 monkeypatch, no_model):
+    """`translate.py --output x.de < x.de` would replace the text it reads."""
+    src, ref = tmp_path / "t.de", tmp_path / "t.en"
+    src.write_text("Ein Mann.\n")
+    ref.write_text("A man.\n")
+    fill = {"{src}": str(src), "{ref}": str(ref)}
+    with open(src) as stdin:
+        monkeypatch.setattr(sys, "stdin", stdin)
+        status, line = _main(translate_cli.main, ["--model", "m", *[fill.get(flag, flag)
+                                                                    for flag in flags]], capsys)
+        assert status == 2
+        assert f"{src}: is the file standard input reads" in line
+        assert src.read_text() == "Ein Mann.\n"
+        status, line = _main(translate_cli.main, ["--model", "m", "--output",
+                                                  tmp_path / "other.en"], capsys)
+    assert "standard input" not in line and "--model m: no such directory" in line
+
+
 def test_an_output_that_is_a_test_prefix_file_is_refused(tmp_path):
     from nmt.translation import evaluation
 

@@ -8,6 +8,7 @@ import argparse
 import dataclasses
 import logging
 import os
+import stat
 import sys
 import time
 from pathlib import Path
@@ -206,18 +207,43 @@ def check_output_paths(args: argparse.Namespace) -> dict[str, FileState | None]:
     outputs = [(name, getattr(args, name)) for name in OUTPUT_FLAGS if getattr(args, name)]
     inputs = [(_flag(name), getattr(args, name)) for name in INPUT_FLAGS
               if getattr(args, name, None) not in (None, "-")]
+    stdin_file = _stdin_file() if reads_stdin(args) else None
     for index, (flag, value) in enumerate(outputs):
         path, name = Path(value), _flag(flag)
         if path.is_dir():
             raise UsageError(f"{name} {path}: is a directory; give a file name.")
         _check_writable(name, path)
         check_not_an_input(name, path, inputs)
+        if stdin_file is not None and path.exists() and os.path.samestat(path.stat(),
+                                                                         stdin_file):
+            raise UsageError(f"{name} {path}: is the file standard input reads; writing it "
+                             "would replace the text read from there; give another output "
+                             "path.")
         for earlier, other in outputs[:index]:
             if _same_file(path, other):
                 raise UsageError(f"{name} {path}: is the same file as {_flag(earlier)} "
                                  f"{other}; give each output its own path.")
         states[flag] = file_state(output_target(path))
     return states
+
+
+def reads_stdin(args: argparse.Namespace) -> bool:
+    """Whether the flags read standard input: the text to translate (no sentences, no --input
+    or --input -), or a test set's file given as -."""
+    if any(getattr(args, name, None) == "-" for name in ("src_file", "ref_file", "test_file")):
+        return True
+    return (args.input in (None, "-") and not args.sentences
+            and not (args.evaluate or args.score))
+
+
+def _stdin_file() -> os.stat_result | None:
+    """The status of the file standard input reads (`< FILE`); None for a pipe, a terminal
+    or none: only a file can also be an output."""
+    try:
+        status = os.fstat(sys.stdin.fileno())
+    except (AttributeError, OSError, ValueError):  # None, closed, or replaced by a test
+        return None
+    return status if stat.S_ISREG(status.st_mode) else None
 
 
 def _check_writable(name: str, path: Path) -> None:
