@@ -220,11 +220,13 @@ def stream_chunks(fd: int, max_lines: int, where: str = "<stdin>",
     A chunk holds every complete line already available, at most `max_lines`; the reader
     blocks only while it has no line at all. So `cat file |` gives full chunks and a terminal
     gives one line per chunk. A line with invalid UTF-8, or longer than `max_line_bytes`,
-    raises DataError after the lines before it have been yielded.
+    raises DataError after the lines before it have been yielded; the first line holding a
+    carriage return is warned of (old Mac line endings read as one line), as `iter_lines`
+    warns of them all at its end.
     """
     ready: list[bytes] = []  # complete lines read but not yet handed out
     pending = _PendingLine(max_line_bytes)
-    eof = False
+    eof = told_carriage_return = False
     next_line = 1
     while True:
         while (len(ready) < max_lines and not eof and not pending.too_long
@@ -250,6 +252,11 @@ def stream_chunks(fd: int, max_lines: int, where: str = "<stdin>",
                 if lines:
                     yield next_line, lines
                 raise
+            if "\r" in lines[-1] and not told_carriage_return:
+                told_carriage_return = True
+                log.warning("%s line %d: a carriage return (\\r) inside the line, so it may be "
+                            "several sentences read as one (later lines not counted): %s",
+                            where, next_line + len(lines) - 1, _CR_HINT)
         yield next_line, lines
         next_line += len(lines)
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import logging
 import os
 import re
 import shutil
@@ -152,6 +153,21 @@ def test_stream_chunks_name_the_line_with_invalid_utf8():
     with pytest.raises(DataError, match=r"<stdin> line 8: invalid UTF-8"):
         next(chunks)
     os.close(read_fd)
+
+
+def test_stream_chunks_warn_of_carriage_returns_inside_a_line(caplog):
+    """Old Mac line endings on stdin are one line, as from a file: said once, where first."""
+    read_fd, write_fd = os.pipe()
+    os.write(write_fd, b"Ein Mann.\r\nZwei.\nEins.\rZwei.\rDrei.\rVier.\nAuch\rhier.\n")
+    os.close(write_fd)
+    with caplog.at_level(logging.WARNING, logger="data"):
+        chunks = list(stream_chunks(read_fd, max_lines=2))
+    os.close(read_fd)
+    assert [line for _, lines in chunks for line in lines][2:] == [
+        "Eins.\rZwei.\rDrei.\rVier.", "Auch\rhier."]
+    (warning,) = [record.getMessage() for record in caplog.records]
+    assert warning.startswith("<stdin> line 3: a carriage return (\\r) inside the line")
+    assert "tr '\\r' '\\n'" in warning
 
 
 def test_byte_order_mark_is_not_text(tmp_path):
