@@ -204,6 +204,36 @@ def test_discard_best_keeps_only_the_recorded_step(tmp_path):
     saver.close()
 
 
+def test_a_damaged_or_missing_best_step_is_read_from_its_checkpoint(tmp_path, caplog):
+    """checkpoints/<best step> holds best/<step>'s parameters: a damaged best/ loses nothing
+    while it is kept, at export (`restore_params`) and on resume, which writes best/ again."""
+    from nmt.rundir import resume
+
+    params, train = _split(_trained_state(2))
+    params_like, _ = _split(_trained_state(0))
+    saver = checkpoint.Checkpointer(tmp_path)
+    saver.save(2, params, train, {})
+    saver.save_best(2, params, {"ppl": 9.0, "step": 2})
+    saver.wait()
+    best = tmp_path / checkpoint.BEST_DIR / "2"
+    for victim in (best / "params" / "d").iterdir():
+        with victim.open("r+b") as f:
+            f.truncate(victim.stat().st_size // 2)
+    _assert_trees_equal(saver.restore_params(params_like, 2, best=True), params)
+    assert f"{best} is damaged" in caplog.text and "checkpoints/2, which holds" in caplog.text
+    book = Bookkeeping(best_metric="ppl", best_score=9.0, best_step=2)
+    resume._check_best_directory(book, saver, 2, params_like)
+    saver.wait()
+    assert book.best_step == 2 and checkpoint.unusable(best) is None
+    _assert_trees_equal(saver.restore_params(params_like, 2, best=True), params)
+    shutil.rmtree(best)
+    shutil.rmtree(tmp_path / checkpoint.CHECKPOINTS_DIR / "2")
+    with pytest.raises(checkpoint.CheckpointError, match=r"best/2 is missing, and .*checkpoints/2"
+                       r", which holds the same parameters, is missing: delete"):
+        saver.restore_params(params_like, 2, best=True)
+    saver.close()
+
+
 def _save_trained_states(run_dir: Path, steps: list[int]) -> list:
     """Checkpoints of `_trained_state(n)` at each step n."""
     saver = checkpoint.Checkpointer(run_dir, keep_last=5)

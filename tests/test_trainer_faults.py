@@ -147,6 +147,23 @@ def test_sigterm_during_averaging_leaves_a_complete_average(corpus, env, tmp_pat
     _no_partial_checkpoints(out)
 
 
+def test_a_checkpoint_unreadable_at_the_export_is_a_fault_while_running(corpus, env, tmp_path,
+                                                                         monkeypatch, capsys):
+    """Exit 1, as for faults while running: the flags and paths were fine (it was 2)."""
+    out = tmp_path / "export"
+
+    def average(run_dir, *args):
+        raise checkpoint.CheckpointError(f"{run_dir / 'checkpoints'}: every checkpoint is "
+                                         "damaged.")
+
+    monkeypatch.setattr(nmt.rundir.final_model, "average_checkpoints", average)
+    monkeypatch.setenv("FLAX_NMT_CACHE", env["FLAX_NMT_CACHE"])
+    status = train_cli.main(_args(corpus, out, 20, average_last=1) + ["--no-progress"])
+    line = [x for x in capsys.readouterr().err.splitlines() if x.startswith("train.py: error:")]
+    assert status == 1 and line == [f"train.py: error: {out / 'checkpoints'}: every checkpoint "
+                                    "is damaged."]
+
+
 def test_a_second_ctrl_c_during_a_save_aborts_after_it(corpus, env, tmp_path, monkeypatch):
     out = tmp_path / "twice"
     real_save = checkpoint.Checkpointer.save

@@ -495,21 +495,50 @@ class Checkpointer:
         return None
 
     def restore_params(self, params_like: Any, step: int, best: bool = False) -> Any:
-        """Only the parameters of checkpoint `step` (of `best/` when `best`)."""
-        manager, directory = ((self._best, self.best_directory) if best
-                              else (self._last, self.directory))
-        damage = damaged_file(directory / str(step))
-        if damage is not None:
-            raise CheckpointError(f"{directory / str(step)}: {damage}; delete it to fall back "
-                                  "to the checkpoints before it.")
+        """Only the parameters of checkpoint `step`. `best`: of best/<step>, or, where that
+        is damaged or missing, of checkpoints/<step>, which holds the same ones (a warning
+        says so)."""
+        if not best:
+            return _read_params(self._last, self.directory / str(step), params_like)
+        path = self.best_directory / str(step)
         try:
-            restored = manager.restore(step, args=ocp.args.Composite(
-                params=ocp.args.StandardRestore(_abstract(params_like))))
-        except Exception as err:  # noqa: BLE001 - name the directory whatever went wrong
-            raise CheckpointError(
-                f"{directory / str(step)}: cannot restore the parameters ({_brief(err)})."
-            ) from err
-        return restored.params
+            if (problem := unusable(path)) is not None:
+                raise CheckpointError(f"{path} {problem}")
+            return _read_params(self._best, path, params_like)
+        except CheckpointError as err:
+            fallback = self.directory / str(step)
+            if (gone := unusable(fallback)) is not None:
+                raise CheckpointError(
+                    f"{str(err).rstrip('.')}, and {fallback}, which holds the same parameters, "
+                    f"{gone}: delete {path} (the run then tracks the best afresh), or restore "
+                    "either.") from err
+            log.warning("%s; reading best step %d's parameters from %s, which holds the same",
+                        str(err).rstrip("."), step, fallback)
+            return _read_params(self._last, fallback, params_like)
+
+
+def unusable(step_dir: Path) -> str | None:
+    """Why the step directory `step_dir` cannot be read ("is missing", ...), or None."""
+    if not step_dir.exists():
+        return "is missing"
+    if not is_complete_step_dir(step_dir):
+        return "is incomplete"
+    damage = damaged_file(step_dir)
+    return None if damage is None else f"is damaged ({damage})"
+
+
+def _read_params(manager: ocp.CheckpointManager, step_dir: Path, params_like: Any) -> Any:
+    damage = damaged_file(step_dir)
+    if damage is not None:
+        raise CheckpointError(f"{step_dir}: {damage}; delete it to fall back to the "
+                              "checkpoints before it.")
+    try:
+        restored = manager.restore(int(step_dir.name), args=ocp.args.Composite(
+            params=ocp.args.StandardRestore(_abstract(params_like))))
+    except Exception as err:  # noqa: BLE001 - name the directory whatever went wrong
+        raise CheckpointError(
+            f"{step_dir}: cannot restore the parameters ({_brief(err)}).") from err
+    return restored.params
 
 
 def _move_skipped(directory: Path, failures: list[tuple[int, Exception, str]]) -> None:

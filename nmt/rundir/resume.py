@@ -16,7 +16,13 @@ from data.sampling import SampledEpochs
 from data.tokenizer import MODEL_FILE, tokenizer_present
 from nmt.models.model_files import MODEL_DIR
 from nmt.rundir.bookkeeping import Bookkeeping
-from nmt.rundir.checkpoints import CHECKPOINTS_DIR, Checkpointer, complete_steps
+from nmt.rundir.checkpoints import (
+    CHECKPOINTS_DIR,
+    Checkpointer,
+    CheckpointError,
+    complete_steps,
+    unusable,
+)
 from nmt.settings import recipes
 from nmt.settings.config import RunConfig, SettingsError
 from transformer.config import ModelConfig
@@ -214,7 +220,7 @@ def carry_over_best(book: Bookkeeping, run: RunConfig, bleu_tokenizer: str,
                     "perplexity)", book.metric_label, book.best_step)
         saver.discard_best(keep=None)
         book.restart_best(metric)
-    _check_best_directory(book, saver, step)
+    _check_best_directory(book, saver, step, params)
 
 
 def _start_best_from_last_validation(book: Bookkeeping, saver: Checkpointer, step: int,
@@ -226,15 +232,24 @@ def _start_best_from_last_validation(book: Bookkeeping, saver: Checkpointer, ste
         saver.save_best(step, params, {book.best_metric: book.best_score, "step": step})
 
 
-def _check_best_directory(book: Bookkeeping, saver: Checkpointer, step: int) -> None:
+def _check_best_directory(book: Bookkeeping, saver: Checkpointer, step: int, params) -> None:
     """best/ must hold the best step the bookkeeping records and nothing else: a step saved
-    there after the checkpoint resumed from belongs to a run being redone."""
+    there after the checkpoint resumed from belongs to a run being redone. A best step whose
+    best/ is damaged or missing is written again from checkpoints/<step>, which holds the
+    same parameters, while that is kept."""
     discarded = saver.discard_best(keep=book.best_step)
     if discarded:
         log.warning("deleted %s steps %s: saved after step %d, where this run starts",
                     saver.best_directory, discarded, step)
-    if book.best_step is not None and saver.best_step() != book.best_step:
-        log.warning("%s holds no step %d, which checkpoint %d records as the best (%s "
-                    "%.2f); tracking the best %s afresh from here", saver.best_directory,
-                    book.best_step, step, book.metric_label, book.best_score, book.metric_label)
+    best = book.best_step
+    if best is None or unusable(saver.best_directory / str(best)) is None:
+        return
+    try:
+        params = saver.restore_params(params, best, best=True)  # warns of what it reads
+    except CheckpointError as err:
+        log.warning("%s; tracking the best %s afresh from step %d", str(err).split(": delete")[0],
+                    book.metric_label, step)
+        saver.discard_best(keep=None)
         book.restart_best(book.best_metric)
+        return
+    saver.save_best(best, params, {book.best_metric: book.best_score, "step": best})

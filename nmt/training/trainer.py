@@ -41,7 +41,7 @@ import jax
 
 from nmt.rundir import final_model, resume
 from nmt.rundir.bookkeeping import Bookkeeping
-from nmt.rundir.checkpoints import CHECKPOINTS_DIR, SaveError, complete_steps
+from nmt.rundir.checkpoints import CHECKPOINTS_DIR, CheckpointError, SaveError, complete_steps
 from nmt.rundir.lock import LOCK_FILE, RunLock
 from nmt.runtime import allocator, cli
 from nmt.runtime.compilation import CompileLog, enable_compilation_cache
@@ -376,14 +376,19 @@ def _closed_after(trainer: Trainer, err: BaseException) -> BaseException | None:
 def _export(run_dir: Path, run: RunConfig, start: Start, bookkeeping: Bookkeeping,
             params: Any, step: int) -> Path:
     """model/ (the best step, else the last) and, with --average-last, averaged/; returns
-    the one translate.py is pointed to."""
-    model_dir = final_model.export_best_or_last(
-        run_dir, run, start.model_config, start.data.tokenizer, bookkeeping,
-        start.checkpoints, params, step)
-    if run.trainer.average_last:
-        model_dir, steps = final_model.average(run_dir, run, start.model_config,
-                                               start.data.tokenizer, run.trainer.average_last)
-        echo(f"Averaged checkpoints {steps} into {model_dir}")
+    the one translate.py is pointed to. A checkpoint found unreadable here is a fault while
+    running (exit 1), not a usage error as at the start."""
+    try:
+        model_dir = final_model.export_best_or_last(
+            run_dir, run, start.model_config, start.data.tokenizer, bookkeeping,
+            start.checkpoints, params, step)
+        if run.trainer.average_last:
+            model_dir, steps = final_model.average(run_dir, run, start.model_config,
+                                                   start.data.tokenizer,
+                                                   run.trainer.average_last)
+            echo(f"Averaged checkpoints {steps} into {model_dir}")
+    except CheckpointError as err:
+        raise TrainingError(str(err)) from err
     return model_dir
 
 
