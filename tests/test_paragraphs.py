@@ -163,6 +163,40 @@ def test_a_quote_the_sentence_goes_on_after_stays_in_it():
         assert document.join(document.sentences) == text
 
 
+def test_ordinals_list_numbers_and_titles_stay_in_their_sentence():
+    """sentencex cuts after "2." before a German noun, after a line's "1." and after "M." in
+    French: each is one sentence again, while a year or a sentence's end before a new
+    sentence is still cut."""
+    # Each text's sentences, "|" where it is cut.
+    cases = [
+        ("de", "Der 2. Weltkrieg begann 1939."),
+        ("de", "Das 20. Jahrhundert war lang."),
+        ("de", "Sie belegte den 2. Platz."),
+        ("de", "1. FC Köln gewann."),
+        ("de", "1. Einleitung"),
+        ("de", "Kapitel 2. Methoden werden beschrieben."),
+        ("de-AT", "Das 2. Kapitel. |Der 3. Abschnitt."),
+        ("nb", "Den 2. Verdenskrig."),
+        ("en", "  1. Introduction. |Then more."),
+        ("en", "2.1. Methods"),
+        ("fr", "M. Dupont est arrivé."),
+        ("fr", "Mme. Durand"),
+        ("fr", "Mme Durand est là. |Mlle. Roux aussi."),
+        ("fr", "J’ai vu M. Dupont. |Il va bien."),
+        # Still cut: a year, a number in a language without dotted ordinals, a number that is
+        # not at the start of its line.
+        ("de", "Er kam 1939. |Dann ging er."),
+        ("fr", "Il est arrivé 2. |Puis il est parti."),
+        ("en", "Chapter 2. |Methods."),
+        ("en", "It was 1. |Then 2. |Then 3."),
+    ]
+    for language, cut in cases:
+        text = cut.replace("|", "")
+        document = split_text(text, language)
+        assert document.sentences == [s.strip() for s in cut.split("|")], (language, text)
+        assert document.join(document.sentences) == text
+
+
 def test_a_long_thai_paragraph_is_cut_at_spaces():
     """Thai (and Lao, Khmer, Myanmar) ends a sentence with a space, which sentencex does not
     see: a paragraph longer than LONG_SEGMENT characters is cut at spaces into pieces of at

@@ -22,9 +22,13 @@ also `de-DE` or `DE`) silently gets English rules, so a code is reduced to its l
 base first (`pt-BR` -> `pt`, `zh_Hant` -> `zh`); an unknown base still gets English rules,
 which suit most languages written with spaces and ".!?". Where sentencex cuts after a
 quotation that a Japanese, Chinese or Korean sentence goes on after (「本当？」と聞いた), the
-two pieces are one sentence again (`_quotes_rejoined`). Thai, Lao, Khmer and Myanmar end a
-sentence with a space, which sentencex does not see: their text is cut at spaces where it
-would otherwise make a sentence of more than 200 characters (`_cut_at_spaces`).
+two pieces are one sentence again (`_quotes_rejoined`); so are a list item's number at the
+start of a line and what follows it ("1. Einleitung"), an ordinal written with a full stop
+and the word after it in languages that write them so ("Der 2. Weltkrieg", `ORDINAL_DOT`),
+and a title that sentencex does not know and the name after it ("M. Dupont"). Thai, Lao,
+Khmer and Myanmar end a sentence with a space, which sentencex does not see: their text is
+cut at spaces where it would otherwise make a sentence of more than 200 characters
+(`_cut_at_spaces`).
 
 HTML (`split_html`) keeps every tag, attribute, comment, doctype, CDATA section and
 processing instruction as it was (attribute values such as alt or title are not translated)
@@ -307,7 +311,7 @@ def _segment_lengths(line: str, language: str) -> list[int]:
         return [len(line)]
     if "".join(segments) != shown:
         return [len(line)]
-    segments = _quotes_rejoined(segments, language)
+    segments = _numbers_and_titles_rejoined(_quotes_rejoined(segments, language), language)
     if language in SPACE_ENDS_SENTENCES:
         segments = [cut for piece in segments for cut in _cut_at_spaces(piece, LONG_SEGMENT)]
     return [len(piece) for piece in segments if piece]
@@ -358,6 +362,40 @@ def _quotes_rejoined(segments: list[str], language: str) -> list[str]:
     for piece in segments[1:]:
         quote = _QUOTE_END.search(joined[-1])
         if quote and goes_on.match(joined[-1][quote.start():] + piece, len(quote.group())):
+            joined[-1] += piece
+        else:
+            joined.append(piece)
+    return joined
+
+
+# Languages that write an ordinal as its number and a full stop ("der 2. Weltkrieg", "den 2.
+# verdenskrig", "2. sijalle"), which sentencex takes for a sentence's end before a capital.
+ORDINAL_DOT = frozenset(("bs", "cs", "da", "de", "et", "eu", "fi", "fo", "hr", "hu", "is", "lv",
+                         "nb", "nn", "no", "pl", "sk", "sl", "sr", "tr"))
+# A segment ending in a number of one to three digits and "." ("2.", "20.", "2.1."): an
+# ordinal there. A year is no ordinal, so "Er kam 1939. Dann ging er." is still cut; a
+# sentence that ends in a small number before a word ("Er wurde 2. Dann ...") is not.
+_ORDINAL_END = re.compile(r"(?:^|(?<=[\s(\[]))(?:\d{1,3}\.)+\s+$")
+# A line that starts with a list item's or a heading's number ("1. Einleitung", "2.1. Methods").
+_LIST_NUMBER = re.compile(r"\s*(?:\d{1,3}\.)+\s+")
+# Titles written before a name with a full stop that sentencex does not know, per language.
+_TITLES = {"fr": ("M", "MM", "Mme", "Mmes", "Mlle", "Mlles", "Mgr", "Dr", "Pr", "Me")}
+_TITLE_END = {language: re.compile(rf"(?:^|(?<=[\s(]))(?:{'|'.join(titles)})\.\s+$")
+              for language, titles in _TITLES.items()}
+
+
+def _numbers_and_titles_rejoined(segments: list[str], language: str) -> list[str]:
+    """sentencex's `segments` with each that cannot end a sentence joined to the next: a
+    list item's number at the start of the line, in every language; before a word, an
+    ordinal (in `ORDINAL_DOT` languages) and a title (`_TITLES`)."""
+    ordinal = language in ORDINAL_DOT
+    title = _TITLE_END.get(language)
+    joined = segments[:1]
+    for piece in segments[1:]:
+        last = joined[-1]
+        before_word = piece[:1].isalpha() and (
+            (ordinal and _ORDINAL_END.search(last)) or (title and title.search(last)))
+        if before_word or (len(joined) == 1 and _LIST_NUMBER.fullmatch(last)):
             joined[-1] += piece
         else:
             joined.append(piece)
