@@ -215,6 +215,21 @@ def test_a_long_thai_paragraph_is_cut_at_spaces():
     assert split_text(english, "en").sentences == [english]
 
 
+def test_khmer_sentences_end_at_their_stops():
+    """sentencex has no rule for Khmer's "។" and "៕": a sentence ends after them where a
+    space or the text's end follows, before a long paragraph is cut at spaces, so such a
+    paragraph is cut between its sentences rather than inside one."""
+    text = "ខ្ញុំស្រឡាញ់អ្នក។ តើអ្នកសុខសប្បាយទេ។  «បាទ។» ផ្លែឈើ ស្វាយ ចេក ។ល។ ចប់៕"
+    document = split_text(text, "km")
+    assert document.sentences == ["ខ្ញុំស្រឡាញ់អ្នក។", "តើអ្នកសុខសប្បាយទេ។", "«បាទ។»",
+                                  "ផ្លែឈើ ស្វាយ ចេក ។ល។", "ចប់៕"]
+    assert document.join(document.sentences) == text
+    sentence = "ខ្ញុំ ចង់ ទៅ លេង សមុទ្រ ជាមួយ គ្រួសារ របស់ ខ្ញុំ។"  # 9 words, 49 characters
+    paragraph = " ".join([sentence] * 10)
+    assert split_text(paragraph, "km").sentences == [sentence] * 10
+    assert split_html(f"<p>{paragraph}</p>", "km-KH").sentences == [sentence] * 10
+
+
 def test_whitespace_only_text_has_no_sentences():
     for text in ("", "   ", "\t\r\n \n", "\xa0\u3000"):
         document = split_text(text, "en")

@@ -28,7 +28,7 @@ and the word after it in languages that write them so ("Der 2. Weltkrieg", `ORDI
 and a title that sentencex does not know and the name after it ("M. Dupont"). Thai, Lao,
 Khmer and Myanmar end a sentence with a space, which sentencex does not see: their text is
 cut at spaces where it would otherwise make a sentence of more than 200 characters
-(`_cut_at_spaces`).
+(`_cut_at_spaces`); Khmer's "។" and "៕" end a sentence first (`_STOPS`).
 
 HTML (`split_html`) keeps every tag, attribute, comment, doctype, CDATA section and
 processing instruction as it was (attribute values such as alt or title are not translated)
@@ -312,15 +312,22 @@ def _segment_lengths(line: str, language: str) -> list[int]:
     if "".join(segments) != shown:
         return [len(line)]
     segments = _numbers_and_titles_rejoined(_quotes_rejoined(segments, language), language)
+    stops = _STOPS.get(language)
+    if stops is not None:
+        segments = [cut for piece in segments for cut in stops.findall(piece)]
     if language in SPACE_ENDS_SENTENCES:
         segments = [cut for piece in segments for cut in _cut_at_spaces(piece, LONG_SEGMENT)]
     return [len(piece) for piece in segments if piece]
 
 
 # Thai, Lao, Khmer and Myanmar end a sentence with a space (Khmer and Myanmar also with
-# "។" and "။"), which sentencex has no rule for: a paragraph would be one sentence, cut at the
-# model's length. A segment of them longer than LONG_SEGMENT characters is cut at spaces.
+# "។" and "။"), which sentencex has no rule for: a paragraph with no stop would be one
+# sentence, cut at the model's length. A segment of them longer than LONG_SEGMENT characters is cut at spaces.
 SPACE_ENDS_SENTENCES = frozenset(("th", "lo", "km", "my"))
+# Sentence ends that sentencex has no rule for (it knows Myanmar's "။"): Khmer's khan "។" and
+# bariyosan "៕", cut after where a space or the end follows (closing quotes kept with them),
+# so that "។ល។" ("etc.") stays whole; the pieces are cut at spaces only if still too long.
+_STOPS = {"km": re.compile(r".*?[។៕]+[\"'”’»)\]]*(?:\s+|\Z)|.+", re.DOTALL)}
 LONG_SEGMENT = 200
 _WORD_AND_SPACE = re.compile(r"\s*\S+\s*")
 
