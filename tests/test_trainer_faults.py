@@ -106,6 +106,30 @@ def test_disk_full_during_a_save_then_resume_continues_exactly(uninterrupted, co
     _assert_same_metrics(out, uninterrupted)
 
 
+def test_disk_full_at_the_checkpoint_of_a_new_best_keeps_the_previous_best(corpus, env,
+                                                                          tmp_path, monkeypatch,
+                                                                          capsys):
+    """best/ keeps one step: were it written before the checkpoint of the same step, a full
+    disk at that checkpoint would leave neither the previous best nor the new one's
+    bookkeeping, though the error says best/ is as it was."""
+    out = tmp_path / "best"
+    real_save = ocp.CheckpointManager.save
+
+    def save(self, step, *args, **kwargs):
+        if step == 40 and str(self.directory).endswith("checkpoints"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_save(self, step, *args, **kwargs)
+
+    monkeypatch.setattr(ocp.CheckpointManager, "save", save)
+    monkeypatch.setenv("FLAX_NMT_CACHE", env["FLAX_NMT_CACHE"])
+    status = train_cli.main(_args(corpus, out, best_metric="ppl") + ["--no-progress"])
+    out_text, err = capsys.readouterr()
+    assert status == 1 and "best/ and model/ are as they were" in err
+    assert "(best perplexity)" in out_text.split("step 40:")[-1]  # a new best, at step 40
+    assert checkpoint.complete_steps(out / "best") == [20]
+    _no_partial_checkpoints(out)
+
+
 def test_sigterm_during_validation_saves_a_complete_checkpoint_that_resumes_exactly(
         uninterrupted, corpus, env, tmp_path, monkeypatch):
     out = _start_like(uninterrupted, tmp_path / "term")

@@ -17,9 +17,10 @@ A run directory holds two kinds of saved state:
   read them without knowing the optimizer's state structure.
 - `best/<step>/`: parameters of the checkpoint with the best validation score so far (BLEU by
   default; `--best-metric`), kept by a second manager with `max_to_keep=1`. The trainer saves
-  here only when the score improves
-  (and writes `checkpoints/<step>/` at the same step, so the bookkeeping that names the best
-  step is saved with it), so the newest save is the best one.
+  here only when the score improves, after writing `checkpoints/<step>/` at the same step
+  (whose bookkeeping names the best step, and whose parameters stand in for a damaged or
+  missing best/<step>), so the newest save is the best one, and a failure to write the
+  checkpoint leaves the previous best in place.
 
 The exported model (`model/`, or `averaged/` from `--average-last`) is what translate.py
 loads: see `nmt.models.model_dir`.

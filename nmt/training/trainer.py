@@ -310,10 +310,11 @@ class Trainer:
             bookkeeping = self.bookkeeping
             improved = bookkeeping.record(self.step, result, closing)
             if improved and not closing:
-                self.checkpoint_writer.save_best(self.step, self.state.params, bookkeeping)
-                # The checkpoint of the same step records this best step: best/ and the
-                # bookkeeping a resumed run reads always agree.
+                # The checkpoint first: it records this best step, and a failure to write it
+                # leaves best/ as it was (best/ keeps one step); checkpoints/<step> holds the
+                # parameters a resumed run finds missing in best/ if best/ fails.
                 self.save()
+                self.checkpoint_writer.save_best(self.step, self.state.params, bookkeeping)
             echo(describe(self.step, result) + best_note(bookkeeping, improved, closing))
             stop = improved is not None and bookkeeping.out_of_patience(
                 self.run.trainer.early_stop_patience)
