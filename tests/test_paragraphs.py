@@ -136,6 +136,24 @@ def test_languages_use_their_rules():
         "pt", "zh", "en", "xx", ""]
 
 
+def test_three_letter_codes_are_the_languages_two_letter_ones():
+    """ISO 639-2 and 639-3 codes (and NLLB's jpn_Jpan) get the rules of their language, not
+    English ones: Japanese and Chinese spacing, German ordinals, Khmer stops."""
+    assert [segmenter_language(c) for c in ("jpn", "jpn_Jpan", "zho_Hant", "cmn", "chi", "kor",
+                                            "tha", "lao", "khm", "mya", "deu", "ger", "fra",
+                                            "yue", "xyz")] == [
+        "ja", "ja", "zh", "zh", "zh", "ko", "th", "lo", "km", "my", "de", "de", "fr", "yue",
+        "xyz"]
+    assert paragraphs.respaced(" ", False, "晴れです。", "jpn") == ""
+    assert paragraphs.respaced(" ", False, "晴れです。", "zho_Hans") == ""
+    assert split_text("今日は晴れです。明日は雨です。", "jpn").join(
+        ["It is sunny today.", "It will rain tomorrow."], target="eng") == (
+        "It is sunny today. It will rain tomorrow.")
+    assert split_text("Der 2. Weltkrieg begann 1939. Dann.", "deu").sentences == [
+        "Der 2. Weltkrieg begann 1939.", "Dann."]
+    assert split_text("ខ្ញុំ។ តើ។", "khm").sentences == ["ខ្ញុំ។", "តើ។"]
+
+
 def test_a_quote_the_sentence_goes_on_after_stays_in_it():
     """sentencex cuts after a quote that ends in "?" or "。" where Japanese, Chinese and
     Korean go on without a space ("と聞いた", "라고 말했다"): the sentence stays whole, as
