@@ -23,13 +23,13 @@ base first (`pt-BR` -> `pt`, `zh_Hant` -> `zh`), and a three-letter code to the 
 one (`jpn` or `jpn_Jpan` -> `ja`, for the languages in `_TWO_LETTER`); an unknown base still
 gets English rules, which suit most languages written with spaces and ".!?". Where
 sentencex cuts after a quotation that a Japanese, Chinese or Korean sentence goes on after
-(「本当？」と聞いた), the two pieces are one sentence again (`_quotes_rejoined`); so are a list item's number at the
-start of a line and what follows it ("1. Einleitung"), an ordinal written with a full stop
-and the word after it in languages that write them so ("Der 2. Weltkrieg", `ORDINAL_DOT`),
-and a title that sentencex does not know and the name after it ("M. Dupont"). Thai, Lao,
-Khmer and Myanmar end a sentence with a space, which sentencex does not see: their text is
-cut at spaces where it would otherwise make a sentence of more than 200 characters
-(`_cut_at_spaces`); Khmer's "។" and "៕" end a sentence first (`_STOPS`).
+(「本当？」と聞いた), the two pieces are one sentence again (`_quotes_rejoined`); so are a
+list item's number at the start of a line and what follows it ("1. Einleitung"), an ordinal
+written with a full stop and the word after it in languages that write them so ("Der 2.
+Weltkrieg", `ORDINAL_DOT`), and a title that sentencex does not know and the name after it
+("M. Dupont"). Khmer's "។" and "៕" end a sentence (`_STOPS`). Thai, Lao, Khmer and Myanmar
+end a sentence with a space, which sentencex does not see: their text is cut at spaces where
+it would otherwise make a sentence of more than 200 characters (`_cut_at_spaces`).
 
 HTML (`split_html`) keeps every tag, attribute, comment, doctype, CDATA section and
 processing instruction as it was (attribute values such as alt or title are not translated)
@@ -345,7 +345,8 @@ def _segment_lengths(line: str, language: str) -> list[int]:
 
 # Thai, Lao, Khmer and Myanmar end a sentence with a space (Khmer and Myanmar also with
 # "។" and "။"), which sentencex has no rule for: a paragraph with no stop would be one
-# sentence, cut at the model's length. A segment of them longer than LONG_SEGMENT characters is cut at spaces.
+# sentence, cut at the model's length. A segment of them longer than LONG_SEGMENT
+# characters is cut at spaces.
 SPACE_ENDS_SENTENCES = frozenset(("th", "lo", "km", "my"))
 # Sentence ends that sentencex has no rule for (it knows Myanmar's "။"): Khmer's khan "។" and
 # bariyosan "៕", cut after where a space or the end follows (closing quotes kept with them),
