@@ -275,6 +275,31 @@ def test_average_of_fewer_checkpoints_than_asked_is_their_mean(tmp_path, caplog)
     _assert_mean_of(mean, states[0], states[1])
 
 
+def test_an_unreadable_checkpoint_is_left_out_of_the_average_for_the_one_before(tmp_path,
+                                                                                caplog):
+    """A step damaged without checksums to tell (written by an earlier version, or its
+    SHA256SUMS gone) is skipped with a warning, as resume skips it."""
+    states = _save_trained_states(tmp_path, [1, 2, 3])
+    newest = tmp_path / checkpoint.CHECKPOINTS_DIR / "3"
+    (newest / checkpoint.CHECKSUMS_FILE).unlink()
+    for victim in (newest / "params" / "d").iterdir():
+        with victim.open("r+b") as f:
+            f.truncate(victim.stat().st_size // 2)
+    mean, steps = checkpoint.average_checkpoints(tmp_path, 2, CONFIG)
+    assert steps == [1, 2] and f"not averaging unreadable checkpoint {newest}" in caplog.text
+    _assert_mean_of(mean, states[0], states[1])
+
+
+def test_averaging_with_another_model_names_the_step_and_the_settings(tmp_path):
+    _save_trained_states(tmp_path, [1, 2])
+    wider = dataclasses.replace(CONFIG, d_model=CONFIG.d_model + 6)
+    step = re.escape(str(tmp_path.absolute() / checkpoint.CHECKPOINTS_DIR / "2"))
+    with pytest.raises(checkpoint.CheckpointError,
+                       match=rf"^{step}: an array of the model is .* in the checkpoint: the model"
+                             r" of RUN/config.yaml is not the one the run trained; give"):
+        checkpoint.average_checkpoints(tmp_path, 2, wider, "RUN/config.yaml")
+
+
 def test_incomplete_checkpoints_are_ignored_on_restore(tmp_path):
     state = _trained_state(1)
     params, train = _split(state)

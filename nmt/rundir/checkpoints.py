@@ -597,10 +597,12 @@ def _read_only_manager(directory: Path) -> ocp.CheckpointManager:
         absl_log.setLevel(level)
 
 
-def average_checkpoints(run_dir: str | Path, last: int, config: ModelConfig
-                        ) -> tuple[Any, list[int]]:
+def average_checkpoints(run_dir: str | Path, last: int, config: ModelConfig,
+                        settings: str = "config.yaml") -> tuple[Any, list[int]]:
     """Mean of the parameters of the newest `last` complete checkpoints of `run_dir`, for a
-    model of `config`.
+    model of `config` (read from `settings`, named in the error when it is not the model the
+    checkpoints hold). A damaged or unreadable checkpoint is left out, with a warning, for the
+    one before it.
 
     Averages in float32 with a running sum, so memory is two copies of the parameters.
     Returns (params as nnx.State, the steps averaged).
@@ -608,26 +610,59 @@ def average_checkpoints(run_dir: str | Path, last: int, config: ModelConfig
     run_dir = Path(run_dir)
     if last < 1:
         raise ValueError(f"--average-last must be >= 1, got {last}.")
-    steps = complete_steps(run_dir / CHECKPOINTS_DIR)
+    directory = run_dir.absolute() / CHECKPOINTS_DIR
+    steps = complete_steps(directory)
     if not steps:
         raise CheckpointError(f"{run_dir / CHECKPOINTS_DIR}: no complete checkpoints to average.")
-    damaged = {step: damaged_file(run_dir / CHECKPOINTS_DIR / str(step)) for step in steps}
-    for step, damage in damaged.items():
-        if damage is not None:
-            log.warning("not averaging damaged checkpoint %d: %s", step, damage)
-    steps = [step for step in steps if damaged[step] is None][-last:]
-    if not steps:
-        raise CheckpointError(f"{run_dir / CHECKPOINTS_DIR}: every checkpoint is damaged.")
     _, params_like, _ = abstract_params(config)
-    manager = _read_only_manager(run_dir.absolute() / CHECKPOINTS_DIR)
-    total = None
+    manager = _read_only_manager(directory)
+    total, averaged = None, []
     try:
-        for step in steps:
-            params = manager.restore(step, args=ocp.args.Composite(
-                params=ocp.args.StandardRestore(params_like))).params
+        for step in reversed(steps):
+            if len(averaged) == last:
+                break
+            if (params := _params_to_average(manager, directory / str(step), params_like,
+                                             settings)) is None:
+                continue
             params = jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), params)
             total = params if total is None else jax.tree.map(jnp.add, total, params)
+            averaged.append(step)
     finally:
         manager.close()
-    mean = jax.tree.map(lambda x: x / len(steps), total)
-    return mean, steps
+    if not averaged:
+        raise CheckpointError(f"{run_dir / CHECKPOINTS_DIR}: no checkpoint can be read (the "
+                              "warnings above say why); nothing to average.")
+    mean = jax.tree.map(lambda x: x / len(averaged), total)
+    return mean, sorted(averaged)
+
+
+def _params_to_average(manager: ocp.CheckpointManager, step_dir: Path, params_like: Any,
+                       settings: str) -> Any | None:
+    """The parameters of `step_dir`, or None (with a warning) when it is damaged or cannot be
+    read; a CheckpointError when they are not the model's: every step's would differ."""
+    damage = damaged_file(step_dir)
+    if damage is not None:
+        log.warning("not averaging damaged checkpoint %s: %s", step_dir, damage)
+        return None
+    try:
+        params = manager.restore(int(step_dir.name), args=ocp.args.Composite(
+            params=ocp.args.StandardRestore(params_like))).params
+    except Exception as err:  # noqa: BLE001 - orbax and tensorstore raise many kinds
+        if _is_shape_mismatch(err) or "Structure mismatch" in str(err):
+            differ = (_brief(err) if _is_shape_mismatch(err)
+                      else "its parameters are not the model's (other layers or names)")
+            raise _not_the_model(step_dir, differ, settings) from err
+        log.warning("not averaging unreadable checkpoint %s: %s", step_dir, _brief(err))
+        return None
+    # Without shardings to place them, orbax returns the arrays as stored, whatever the shape.
+    for got, want in zip(jax.tree.leaves(params), jax.tree.leaves(params_like)):
+        if got.shape != want.shape:
+            raise _not_the_model(step_dir, f"an array of the model is {want.shape} now and "
+                                 f"{got.shape} in the checkpoint", settings)
+    return params
+
+
+def _not_the_model(step_dir: Path, differ: str, settings: str) -> CheckpointError:
+    return CheckpointError(
+        f"{step_dir}: {differ}: the model of {settings} is not the one the run trained; give "
+        "the run's model settings (model/config.json records them).")

@@ -58,10 +58,10 @@ def export_best_or_last(run_dir: Path, run: RunConfig, model_config: ModelConfig
 
 
 def average(run_dir: Path, run: RunConfig, model_config: ModelConfig, tokenizer,
-            last: int) -> tuple[Path, list[int]]:
+            last: int, settings: str = "the run's settings") -> tuple[Path, list[int]]:
     """Write averaged/: the mean of the last `last` checkpoints (process 0 writes); returns
     the directory and the steps averaged."""
-    params, steps = average_checkpoints(run_dir, last, model_config)
+    params, steps = average_checkpoints(run_dir, last, model_config, settings)
     if jax.process_index() == 0:
         for warning in (fewer_than_asked(steps, last), warm_up_in_average(steps, run)):
             if warning:

@@ -214,10 +214,13 @@ def _average_only(run: RunConfig, run_dir) -> int:
     from nmt.rundir.lock import RunLock
 
     with RunLock(run_dir):
-        saved = resume.saved_run(run_dir) or run  # the run's model, not today's flags
+        saved = resume.saved_run(run_dir)  # the run's model, not today's flags
+        config = run_dir / resume.RUN_CONFIG_FILE
+        settings = str(config) if saved else f"the flags given ({config} is missing)"
+        saved = saved or run
         tokenizer = load_tokenizer(run_dir)
         out, steps = final_model.average(run_dir, saved, saved.model_for(tokenizer), tokenizer,
-                                         run.trainer.average_last)
+                                         run.trainer.average_last, settings)
     print(f"Averaged checkpoints {steps} into {out}")
     print(f"Translate: python translate.py --model {out} \"...\"")
     return 0
