@@ -280,6 +280,17 @@ def test_identity_alignments_give_the_markup_back():
         assert document.join(document.sentences) == markup
 
 
+def test_an_empty_element_before_one_of_spaces_stays_before_it():
+    """<img> then <a> </a> (spaces only) before a word: each goes before that word, in the
+    order written (the spaces may leave the <a>: no word was in it)."""
+    markup = '<p>A dog <img src=x><a href="y"> </a> barks.</p>'
+    document = split_html(markup, "en")
+    for aligned in ({0: _identity(document.sentences[0])}, None):
+        out = document.join(document.sentences, aligned)
+        assert out.index("<img") < out.index("<a ") and out.count("<a ") == 1, out
+        assert out.replace(" ", "") == markup.replace(" ", "")
+
+
 def characters(text: str) -> list[tuple[int, int]]:
     return [(i, i + 1) for i, char in enumerate(text) if not char.isspace()]
 

@@ -152,6 +152,13 @@ def _want(node: _Node, source: str, mapper: _Mapper) -> None:
             found = mapper.target_range(start, end)
             child.want = (found[0] if child.start else node.want[0],
                           found[1] if child.end else node.want[1])
+    # One before another element with only spaces between them stays in front of it (the
+    # word after it may be past an element of spaces only, as in <img> <a> </a> word).
+    for child, after in reversed(list(zip(node.children, node.children[1:]))):
+        if (child.want[0] == child.want[1] and _before_the_next(source, child)
+                and after.start is not None
+                and not source[child.start.offset:after.start.offset].strip()):
+            child.want = (after.want[0], after.want[0])
 
 
 def _lay_out(node: _Node, target: str) -> None:
@@ -196,6 +203,16 @@ def _render(root: _Node, target: str, parts: list[str]) -> int:
             stack.append((node, True))
             stack.extend((child, False) for child in reversed(node.children))
     return position
+
+
+def _before_the_next(source: str, child: _Node) -> bool:
+    """Whether `child` holds nothing and goes before the word after it (`_beside_a_word`)."""
+    if child.start is None:
+        return False
+    offset = child.start.offset
+    empty = child.start.kind != "open" or (child.end is not None
+                                           and child.end.offset <= offset)
+    return empty and (offset == 0 or source[offset - 1].isspace())
 
 
 def _beside_a_word(source: str, offset: int, mapper: _Mapper) -> int:
