@@ -33,9 +33,10 @@ import urllib.parse
 from collections import Counter
 from itertools import zip_longest
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 import datasets
+import pyarrow.parquet as pq
 
 from data.arrow_text import cached_pairs, file_digest
 from data.config import DEFAULT_LOCALE_DIR, CorpusSpec, DataError
@@ -228,16 +229,26 @@ def _column_text(text, row: int, column: str, origin: str) -> str:
 def _hf_pairs(ds: datasets.Dataset, src: str, tgt: str, origin: str,
               batch_size: int = 10_000) -> Iterator[tuple[str, str]]:
     """(source, target) of each row of a Hugging Face split, every row kept and nothing
-    stripped, read batch by batch.
+    stripped, read batch by batch (`_column_pairs`)."""
+    return _column_pairs(ds.features, lambda columns: ds.select_columns(columns).iter(batch_size),
+                         src, tgt, origin)
+
+
+def _column_pairs(features: datasets.Features,
+                  batches: Callable[[list[str]], Iterable[dict[str, list]]],
+                  src: str, tgt: str, origin: str) -> Iterator[tuple[str, str]]:
+    """(source, target) of each row of a table with `features`, whose `batches(columns)` gives
+    those columns batch by batch as lists of Python values, every row kept and nothing
+    stripped.
 
     Reads the standard `translation` column (dicts keyed by language), else columns named
     `src` and `tgt`, else columns already named `source` and `target`. A missing (null) value
     in a language column gives ""; a null in the `translation` column, or a value that is not
     a string, raises `DataError` naming the row.
     """
-    columns = ds.column_names
+    columns = list(features)
     if "translation" in columns:
-        feature = ds.features["translation"]
+        feature = features["translation"]
         languages = getattr(feature, "languages", None) or list(getattr(feature, "keys", list)())
         if languages and (src not in languages or tgt not in languages):
             raise DataError(
@@ -245,7 +256,7 @@ def _hf_pairs(ds: datasets.Dataset, src: str, tgt: str, origin: str,
                 f"found {sorted(languages)}; set --src/--tgt to languages the dataset has"
             )
         row = 0
-        for batch in ds.select_columns(["translation"]).iter(batch_size=batch_size):
+        for batch in batches(["translation"]):
             for pair in batch["translation"]:
                 yield _pick_pair(pair, src, tgt,
                                  f"{origin} row {row} (0-based), column 'translation'")
@@ -254,7 +265,7 @@ def _hf_pairs(ds: datasets.Dataset, src: str, tgt: str, origin: str,
     for src_column, tgt_column in ((src, tgt), ("source", "target")):
         if src_column in columns and tgt_column in columns:
             row = 0
-            for batch in ds.select_columns([src_column, tgt_column]).iter(batch_size):
+            for batch in batches([src_column, tgt_column]):
                 for s, t in zip(batch[src_column], batch[tgt_column]):
                     yield (_column_text(s, row, src_column, origin),
                            _column_text(t, row, tgt_column, origin))
@@ -289,16 +300,41 @@ def _first_line(err: Exception) -> str:
     return text.splitlines()[0] if text else type(err).__name__
 
 
-def _open_parquet(path: Path) -> datasets.Dataset:
+def _parquet_pairs(path: Path, src: str, tgt: str, batch_size: int = 10_000
+                   ) -> Iterator[tuple[str, str]]:
+    """The rows of a parquet file as `_column_pairs` reads them, streamed batch by batch from
+    the file's current bytes (`datasets.Dataset.from_parquet` caches by path and modification
+    time, and would give the old rows of a file rewritten within the same second)."""
+    parquet, features = _open_parquet(path)  # a file that is not parquet fails here, at once
+
+    def batches(columns: list[str]) -> Iterator[dict[str, list]]:
+        with parquet:
+            try:
+                for batch in parquet.iter_batches(batch_size=batch_size, columns=columns):
+                    yield batch.to_pydict()
+            except Exception as err:  # noqa: BLE001 - pyarrow raises many kinds
+                raise _unreadable_parquet(path, err) from None
+
+    return _column_pairs(features, batches, src, tgt, origin=str(path))
+
+
+def _open_parquet(path: Path) -> tuple[pq.ParquetFile, datasets.Features]:
+    """The parquet file `path`, opened, and the features that `datasets` reads it with (its
+    own metadata, as `datasets` wrote it, else the columns' Arrow types)."""
     if not path.is_file():
         raise DataError(f"{path}: file not found; check the path")
     try:
-        return datasets.Dataset.from_parquet(str(path))
+        parquet = pq.ParquetFile(str(path))
+        return parquet, datasets.Features.from_arrow_schema(parquet.schema_arrow)
     except Exception as err:  # noqa: BLE001 - pyarrow and datasets raise many kinds
-        raise DataError(
-            f"{path}: not a readable parquet file ({_first_line(err)}); check the file, or "
-            "give the pairs as .tsv or .jsonl"
-        ) from None
+        raise _unreadable_parquet(path, err) from None
+
+
+def _unreadable_parquet(path: Path, err: Exception) -> DataError:
+    return DataError(
+        f"{path}: not a readable parquet file ({_first_line(err)}); check the file, or "
+        "give the pairs as .tsv or .jsonl"
+    )
 
 
 def _file_pairs(path: Path, src: str, tgt: str) -> Iterator[tuple[str, str]]:
@@ -309,7 +345,7 @@ def _file_pairs(path: Path, src: str, tgt: str) -> Iterator[tuple[str, str]]:
     if suffix in (".jsonl", ".json"):
         return _jsonl_pairs(path, src, tgt)
     if suffix == ".parquet":
-        return _hf_pairs(_open_parquet(path), src, tgt, origin=str(path))
+        return _parquet_pairs(path, src, tgt)
     raise DataError(
         f"{path}: unknown file type {suffix!r}; use .tsv, .jsonl or .parquet, or "
         "aligned text files with --train-prefix, --valid-prefix or --test-prefix"

@@ -297,6 +297,22 @@ def test_dataset_null_side_is_dropped_and_counted(tmp_path, caplog):
     assert "dropped 1 of 3 pairs with an empty side (1 empty source, 0 empty target)" in caplog.text
 
 
+def test_rewritten_parquet_gives_its_new_pairs_even_with_the_same_mtime(tmp_path):
+    """The pairs come from the file's bytes: datasets' parquet reader keeps its own cache by
+    path and modification time, which a file rewritten within the same second shares."""
+    path = tmp_path / "train.parquet"
+    spec = CorpusSpec(train_file=str(path), valid_file=str(path), src="en", tgt="de")
+    old, new = [("a b", "x"), ("c", "y z")], [("new one", "neu eins"), ("new two", "neu zwei")]
+    datasets.Dataset.from_dict({"en": [s for s, _ in old], "de": [t for _, t in old]}
+                               ).to_parquet(str(path))
+    stamp = path.stat().st_mtime_ns
+    assert as_pairs(load_corpus(spec)["train"]) == old
+    datasets.Dataset.from_dict({"en": [s for s, _ in new], "de": [t for _, t in new]}
+                               ).to_parquet(str(path))
+    os.utime(path, ns=(stamp, stamp))
+    assert as_pairs(load_corpus(spec)["train"]) == new
+
+
 def test_dataset_value_that_is_not_text_names_row_and_column(tmp_path):
     path = tmp_path / "ints.parquet"
     datasets.Dataset.from_dict({"en": ["a", "b"], "de": [7, 8]}).to_parquet(str(path))
