@@ -16,14 +16,14 @@ import json
 import logging
 import os
 from pathlib import Path
-from typing import BinaryIO, Iterable, Iterator
+from typing import BinaryIO, Iterable, Iterator, Sequence
 
 import datasets
 import pyarrow as pa
 
 from data.config import DataError, default_cache_dir
 from data.disk import ENCODED_BYTES_PER_TEXT_BYTE, TEXT_BYTES_PER_TEXT_BYTE, check_free_space
-from data.lines import is_regular_file
+from data.lines import is_regular_file, recording_carriage_returns, warn_carriage_returns
 from transformer.atomic_files import atomic_file, write_atomically
 
 log = logging.getLogger("data")
@@ -59,10 +59,13 @@ def open_pairs(path: Path, key: str) -> datasets.Dataset:
 
 
 class _Counts:
-    """Pairs read, kept, and dropped for an empty side."""
+    """Pairs read, kept, and dropped for an empty side; the carriage-return warnings given."""
 
     def __init__(self):
         self.read = self.kept = self.empty_src = self.empty_tgt = 0
+        # (file, lines, first line) per file that `iter_lines` warned of carriage returns in;
+        # the file by its position among the input's files, a copy elsewhere shares the entry.
+        self.carriage_returns: list[tuple[int, int, int]] = []
 
     def log(self, origin: str, cached: Path | None = None) -> None:
         """The counts, as the first reading found them when read from `cached`."""
@@ -83,7 +86,11 @@ class _Counts:
     def from_json(cls, values: dict) -> "_Counts":
         counts = cls()
         for name in vars(counts):
-            setattr(counts, name, values[name])
+            if name != "carriage_returns":
+                setattr(counts, name, values[name])
+        # Absent from the entries written before the warnings were kept: none to repeat.
+        counts.carriage_returns = [(int(file), int(lines), int(first))
+                                   for file, lines, first in values.get("carriage_returns", [])]
         return counts
 
 
@@ -114,10 +121,12 @@ def _write(pairs: Iterable[tuple[str, str]], sink: BinaryIO, digest) -> _Counts:
     return counts
 
 
-def _open_cached(directory: Path, key: str, origin: str) -> datasets.Dataset | None:
+def _open_cached(directory: Path, key: str, origin: str, files: Sequence[str | Path]
+                 ) -> datasets.Dataset | None:
     """The dataset of cache entry `key` (`KEY.json` and `KEY.arrow`), or None when it is
     absent, or incomplete or damaged (a file removed, truncated or overwritten), which the
-    caller then writes again."""
+    caller then writes again. The carriage-return warnings of its first reading are given
+    again, naming `files`, the input's files."""
     meta, arrow = directory / f"{key}.json", directory / f"{key}.arrow"
     if not meta.is_file():
         return None
@@ -126,25 +135,31 @@ def _open_cached(directory: Path, key: str, origin: str) -> datasets.Dataset | N
         dataset = open_pairs(arrow, key)
         if len(dataset) != counts.kept:
             raise ValueError(f"{len(dataset)} pairs, not the {counts.kept} written")
-    except (OSError, ValueError, KeyError, TypeError, pa.ArrowException) as err:
+        carriage_returns = [(str(files[file]), lines, first)
+                            for file, lines, first in counts.carriage_returns]
+    except (OSError, ValueError, KeyError, IndexError, TypeError, pa.ArrowException) as err:
         log.warning("%s: the text cache entry %s is incomplete or damaged (%s); reading the "
                     "input again", origin, arrow, err)
         return None
+    for where, lines, first in carriage_returns:
+        warn_carriage_returns(where, lines, first)
     counts.log(origin, cached=arrow)
     return dataset
 
 
 def cached_pairs(pairs: Iterator[tuple[str, str]], origin: str, key: str | None,
-                 input_bytes: int = 0, cache_dir: str | Path | None = None
-                 ) -> datasets.Dataset:
+                 input_bytes: int = 0, cache_dir: str | Path | None = None,
+                 files: Sequence[str | Path] = ()) -> datasets.Dataset:
     """The pairs of `pairs` as a memory-mapped `source`/`target` dataset, from the cache
     when `key` (a digest of the input, `file_digest`) is there, else streamed into it.
+    `files` are the files that `pairs` reads: the carriage returns warned of in one
+    (`iter_lines`) are warned of again when the pairs come from the cache.
 
     `input_bytes` (the size of the input, 0 if unknown) checks the disk before reading: the
     text and its encoding must fit. Raises `DataError` when no pair has two non-empty sides.
     """
     directory = _text_dir(cache_dir)
-    if key is not None and (cached := _open_cached(directory, key, origin)) is not None:
+    if key is not None and (cached := _open_cached(directory, key, origin, files)) is not None:
         return cached
     check_free_space(directory, (TEXT_BYTES_PER_TEXT_BYTE + ENCODED_BYTES_PER_TEXT_BYTE)
                      * input_bytes, f"reading and encoding {origin}")
@@ -155,8 +170,12 @@ def cached_pairs(pairs: Iterator[tuple[str, str]], origin: str, key: str | None,
         # Input read once is named by a digest of its pairs, known only once they are written.
         os.replace(written, path if key else directory / f"{digest.hexdigest()}.arrow")
 
-    with atomic_file(directory / f"{key or 'stream'}.arrow", publish=publish) as sink:
+    names = [str(file) for file in files]
+    with (atomic_file(directory / f"{key or 'stream'}.arrow", publish=publish) as sink,
+          recording_carriage_returns() as carriage_returns):
         counts = _write(pairs, sink, digest if key is None else None)
+        counts.carriage_returns = [(names.index(where), lines, first)
+                                   for where, lines, first in carriage_returns if where in names]
         counts.log(origin)
         if not counts.kept:
             raise DataError(

@@ -121,7 +121,7 @@ def _files_pairs(paths: list[Path], how: str, origin: str,
                  pairs: Iterator[tuple[str, str]]) -> datasets.Dataset:
     """The pairs that reading the files `paths` gives, through the cache (`cached_pairs`)."""
     size = sum(path.stat().st_size for path in paths if is_regular_file(path))
-    return cached_pairs(pairs, origin, file_digest(paths, how), input_bytes=size)
+    return cached_pairs(pairs, origin, file_digest(paths, how), input_bytes=size, files=paths)
 
 
 def read_prefix(prefix: str | Path, src: str, tgt: str) -> datasets.Dataset:

@@ -22,6 +22,8 @@ A path may name any readable file that is not a directory: a pipe (`<(command)`,
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import logging
 import os
 import select
@@ -140,10 +142,32 @@ _CR_HINT = ("lines end in \\r alone (old Mac line endings?) and are split on \\n
             "convert the file with tr '\\r' '\\n' < FILE > FILE.unix (or dos2unix -c mac FILE)")
 
 
-def _warn_carriage_returns(where: str, count: int, first: int) -> None:
+# The list that `recording_carriage_returns` yields, while inside it.
+_CR_RECORD: contextvars.ContextVar[list | None] = contextvars.ContextVar("carriage_returns",
+                                                                         default=None)
+
+
+def warn_carriage_returns(where: str, count: int, first: int) -> None:
+    """Warn that `count` lines of file `where`, the first line `first`, hold a carriage return
+    ("\\r") that does not end them; recorded too inside `recording_carriage_returns`."""
     log.warning("%s: a carriage return (\\r) inside %d of its lines (the first: line %d), "
                 "so each may be several sentences read as one: %s", where, count, first,
                 _CR_HINT)
+    if (record := _CR_RECORD.get()) is not None:
+        record.append((where, count, first))
+
+
+@contextlib.contextmanager
+def recording_carriage_returns() -> Iterator[list[tuple[str, int, int]]]:
+    """A list that gets (file, lines, first line) of each carriage-return warning given inside
+    (`warn_carriage_returns`): a cache of what was read keeps them, to warn again when it is
+    read instead of the files."""
+    record: list[tuple[str, int, int]] = []
+    token = _CR_RECORD.set(record)
+    try:
+        yield record
+    finally:
+        _CR_RECORD.reset(token)
 
 
 def open_text(path: str | Path, missing_hint: str = "check the path"):
@@ -179,7 +203,7 @@ def iter_lines(path: str | Path, missing_hint: str = "check the path",
                 first_cr = first_cr or line_no
             yield line
     if with_cr:
-        _warn_carriage_returns(str(path), with_cr, first_cr)
+        warn_carriage_returns(str(path), with_cr, first_cr)
 
 
 def read_lines(path: str | Path) -> list[str]:

@@ -245,6 +245,38 @@ def test_old_mac_line_endings_are_warned_about_once_per_file(tmp_path, caplog):
     assert not caplog.records
 
 
+def test_carriage_returns_are_warned_about_again_when_read_from_the_cache(tmp_path, caplog):
+    """A second reading comes from the text cache and warns as the first did, naming the
+    files read (a copy elsewhere shares the entry); an entry written before the warnings were
+    kept still opens, with none to give."""
+    from data.arrow_text import file_digest
+    from data.config import default_cache_dir
+
+    def warnings(prefix: Path) -> list[str]:
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="data"):
+            assert as_pairs(read_prefix(prefix, "en", "de")) == [("one\rtwo", "eins zwei")]
+        return [r.getMessage().split(" (old Mac")[0] for r in caplog.records
+                if r.levelno == logging.WARNING]
+
+    for copy in ("first", "copy"):
+        (tmp_path / copy).mkdir()
+        (tmp_path / copy / "mac.en").write_bytes(b"one\rtwo\r\n")
+        (tmp_path / copy / "mac.de").write_bytes(b"eins zwei\n")
+    first, copy = tmp_path / "first" / "mac", tmp_path / "copy" / "mac"
+    expected = (f"{first}.en: a carriage return (\\r) inside 1 of its lines (the first: line 1), "
+                "so each may be several sentences read as one: lines end in \\r alone")
+    assert warnings(first) == [expected]
+    assert warnings(first) == [expected]  # from the cache
+    assert warnings(copy) == [expected.replace(str(first), str(copy))]
+    key = file_digest([f"{first}.en", f"{first}.de"], "prefix")
+    meta = default_cache_dir() / "text" / f"{key}.json"
+    values = json.loads(meta.read_text())
+    del values["carriage_returns"]
+    meta.write_text(json.dumps(values))
+    assert warnings(first) == []
+
+
 def test_a_long_line_of_carriage_returns_is_named_as_such(tmp_path):
     from data import lines
 
