@@ -9,13 +9,16 @@ import hashlib
 import logging
 import os
 import shutil
+import signal
 import sys
 import tempfile
+import threading
 from pathlib import Path
 from typing import Callable, Iterator
 
 import datasets
 import multiprocess
+import multiprocess.pool
 import numpy as np
 import pyarrow as pa
 import sentencepiece as spm
@@ -210,20 +213,55 @@ def _jax_running() -> bool:
     return bool(started and started())
 
 
+def _start_worker() -> None:
+    """A worker's first act: Ctrl-C, which reaches the whole process group, is this
+    process's to handle (it ends the workers), not theirs to print tracebacks for."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    datasets.disable_progress_bars()  # one bar a worker would interleave
+
+
+def _terminate(signum: int, frame) -> None:
+    raise SystemExit(128 + signum)
+
+
 @contextlib.contextmanager
-def _safe_workers():
-    """`Dataset.map`'s worker processes started fresh (spawned) where JAX runs: a fork of a
-    process in which JAX's threads run can deadlock. Elsewhere they are forked, which needs
-    no `if __name__ == "__main__":` guard in the calling script."""
-    if not _jax_running():
-        yield
-        return
-    method = multiprocess.get_start_method(allow_none=True)
-    multiprocess.set_start_method("spawn", force=True)
+def _worker_pool(processes: int) -> Iterator[multiprocess.pool.Pool]:
+    """A pool of `processes` worker processes, joined when the block ends and terminated
+    when an exception ends it: no worker outlives an error, Ctrl-C or SIGTERM here.
+
+    The workers are spawned rather than forked where JAX runs (a fork of a process in which
+    JAX's threads run can deadlock), and they ignore SIGINT from their start. In the main
+    thread, a SIGTERM whose action is the default (killing this process, and leaving the
+    workers behind) raises SystemExit(143) while the block runs, so that it ends them."""
+    context = multiprocess.get_context("spawn" if _jax_running() else None)
+    main_thread = threading.current_thread() is threading.main_thread()
+    with _signals_set({signal.SIGINT: signal.SIG_IGN} if main_thread else {}):
+        # Ignored from the fork on: a Ctrl-C before `_start_worker` runs ends no worker.
+        pool = context.Pool(processes, initializer=_start_worker)
+    terminating = main_thread and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+    try:
+        with _signals_set({signal.SIGTERM: _terminate} if terminating else {}):
+            yield pool
+    except BaseException:
+        # A second Ctrl-C must not cut the ending short (it takes well under a second).
+        with _signals_set({signal.SIGINT: signal.SIG_IGN, signal.SIGTERM: signal.SIG_IGN}
+                          if main_thread else {}):
+            pool.terminate()
+        raise
+    pool.close()
+    pool.join()
+
+
+@contextlib.contextmanager
+def _signals_set(handlers: dict) -> Iterator[None]:
+    """The signal handlers `handlers` (signal: handler) while the block runs; the earlier
+    ones after it."""
+    previous = {signum: signal.signal(signum, handler) for signum, handler in handlers.items()}
     try:
         yield
     finally:
-        multiprocess.set_start_method(method, force=True)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 def _encode_to(target: Path, split: datasets.Dataset, tokenizer: TokenizerBase,
@@ -270,16 +308,26 @@ def _encoded_rounds(split: datasets.Dataset, tokenizer: TokenizerBase, num_proc:
     for start in range(0, len(split), ENCODE_ROUND_PAIRS):
         end = min(start + ENCODE_ROUND_PAIRS, len(split))
         directory = work / f"map-{start}"
-        with _safe_workers():
-            encoded = split.select(range(start, end)).map(
-                _EncodeBatch(tokenizer), batched=True, batch_size=2000,
-                num_proc=num_proc if num_proc > 1 else None, remove_columns=split.column_names,
-                features=_ENCODED_FEATURES, cache_file_name=str(directory / "encoded.arrow"),
-                new_fingerprint=hashlib.md5(f"{work.name}-{start}".encode()).hexdigest(),
-                desc=f"encoding pairs {start}-{end} of {len(split)}")
-        yield encoded
-        del encoded
+        shares = [(split.select(range(start + first, start + last)), tokenizer,
+                   str(directory / f"{first}.arrow"))
+                  for first, last in share_bounds(end - start, min(num_proc, end - start))]
+        if len(shares) > 1:
+            with _worker_pool(len(shares)) as pool:
+                files = pool.starmap(_encode_rows, shares)
+        else:
+            files = [_encode_rows(*shares[0])]
+        for file in files:
+            yield datasets.Dataset.from_file(file)
         shutil.rmtree(directory)
+
+
+def _encode_rows(rows: datasets.Dataset, tokenizer: TokenizerBase, path: str) -> str:
+    """Encode `rows` into the Arrow file `path` (in a worker process, or in this one)."""
+    rows.map(_EncodeBatch(tokenizer), batched=True, batch_size=2000,
+             remove_columns=rows.column_names, features=_ENCODED_FEATURES,
+             cache_file_name=path, new_fingerprint=hashlib.md5(path.encode()).hexdigest(),
+             desc=f"encoding {len(rows)} pairs")
+    return path
 
 
 def encode_split(split: datasets.Dataset, tokenizer: TokenizerBase,

@@ -1,8 +1,13 @@
 """SentencePiece tokenizer: id conventions, round trips in several scripts, reuse, encoding
 cache."""
 
+import contextlib
 import logging
 import os
+import signal
+import subprocess
+import sys
+import time
 import unicodedata
 from pathlib import Path
 
@@ -30,6 +35,7 @@ from data.tokenizer import (
 CORPORA = {"multi30k": Path(os.environ["MULTI30K"]),
            "small_parallel_enja": Path(os.environ["ENJA"]),
            "korean-english": Path(__file__).resolve().parents[2] / "shared/data/korean-english"}
+ROOT = Path(__file__).resolve().parents[1]
 MISSING = [str(path) for path in CORPORA.values() if not path.is_dir()]
 needs_shared = pytest.mark.skipif(bool(MISSING),
                                   reason=f"{', '.join(MISSING)} not found (shared data absent)")
@@ -273,6 +279,82 @@ def test_encoding_with_worker_processes_in_rounds(small_tokenizer, tmp_path, mon
         "src.ids", "src.offsets", "store.json", "tgt.ids", "tgt.offsets"]
     assert encoded.src.to_lists() == small_tokenizer.encode(SMALL_TEXT)
     assert encoded.tgt.to_lists() == small_tokenizer.encode(SMALL_TEXT[::-1])
+
+
+# Encodes with two spawned workers (as where JAX runs) that each mark their start, then sleep.
+_SLOW_ENCODING = """
+import os, sys, time
+sys.path.insert(0, sys.argv[1])
+import datasets
+import data.encoding
+from nmt.runtime.cli import guarded
+
+
+class SlowTokenizer:
+    fingerprint = "slow"
+
+    def encode(self, texts, side):
+        open(os.path.join(sys.argv[2], str(os.getpid())), "w").close()
+        time.sleep(60)
+        return [[1] for _ in texts]
+
+
+if __name__ == "__main__":
+    datasets.disable_progress_bars()
+    data.encoding._jax_running = lambda: True
+    split = datasets.Dataset.from_dict({"source": ["a b"] * 100, "target": ["c"] * 100})
+    sys.exit(guarded("probe", lambda: data.encoding.encode_split(
+        split, SlowTokenizer(), sys.argv[3], num_proc=2) is None))
+"""
+
+
+def _session(leader: int) -> list[int]:
+    """The processes of the session that `leader` started (itself included)."""
+    members = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rpartition(")")[2].split()
+        except OSError:  # ended meanwhile
+            continue
+        if int(fields[3]) == leader and fields[0] != "Z":
+            members.append(int(stat.parent.name))
+    return members
+
+
+@pytest.mark.parametrize("signum, group, status", [
+    (signal.SIGINT, True, 130),    # Ctrl-C at a terminal: the whole process group
+    (signal.SIGINT, False, 130),   # kill -INT of the command alone
+    (signal.SIGTERM, False, 143),
+], ids=["ctrl-c", "sigint", "sigterm"])
+def test_a_signal_while_workers_encode_ends_them_with_one_line(signum, group, status, tmp_path):
+    """The command ends within seconds, says `interrupted` and nothing more after SIGINT
+    (no worker's traceback), and leaves no process and no temporary store behind."""
+    (tmp_path / "slow.py").write_text(_SLOW_ENCODING)
+    marks, cache = tmp_path / "marks", tmp_path / "cache"
+    marks.mkdir()
+    command = subprocess.Popen(
+        [sys.executable, str(tmp_path / "slow.py"), str(ROOT), str(marks), str(cache)],
+        stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while len(list(marks.iterdir())) < 2 and command.poll() is None:
+            assert time.monotonic() < deadline, "the workers never started encoding"
+            time.sleep(0.1)
+        (os.killpg if group else os.kill)(command.pid, signum)
+        _, err = command.communicate(timeout=20)
+        deadline = time.monotonic() + 10
+        while (left := _session(command.pid)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(command.pid, signal.SIGKILL)
+        command.kill()
+        command.wait()
+    assert command.returncode == status, err
+    assert not left, f"processes left behind: {left}"
+    assert [line for line in err.splitlines() if line.strip()] == (
+        ["probe: interrupted"] if signum == signal.SIGINT else []), err
+    assert not list((cache / "encoded").iterdir())
 
 
 @needs_shared
