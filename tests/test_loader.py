@@ -12,7 +12,7 @@ import pytest
 
 from data.batching import BatchConfig, BatchIterator, load_examples
 from data.config import DataError
-from nmt.training.loader import THREAD_NAME, BatchLoader
+from nmt.training.loader import THREAD_NAME, BatchLoader, StopRequested
 
 CONFIG = BatchConfig(packing=False, batch_tokens=64, max_len=16, buckets=(8, 16),
                      num_devices=1)
@@ -132,6 +132,36 @@ def test_ctrl_c_in_the_consumer_leaves_no_thread():
             _wait_until(lambda: loader._queue.full())
             raise KeyboardInterrupt
     assert not loader._thread.is_alive() and not _loader_threads()
+
+
+class Stuck(Failing):
+    """Batches as `Failing`'s, but the one at `stuck_at` takes until `release` is set."""
+
+    def __init__(self, stuck_at: int):
+        super().__init__()
+        self.stuck_at, self.release = stuck_at, threading.Event()
+
+    def __next__(self) -> dict:
+        if self.position == self.stuck_at:
+            self.release.wait()
+        return super().__next__()
+
+
+def test_a_stop_requested_while_waiting_for_a_batch_ends_the_wait():
+    """A batch that never comes does not hold up the stop: `next()` gives up within a look
+    at `stop_requested`, and the batches taken before stay taken."""
+    stop = threading.Event()
+    iterator = Stuck(stuck_at=2)
+    with BatchLoader(iterator, depth=2, stop_requested=stop.is_set) as loader:
+        assert [int(next(loader)["i"][0]) for _ in range(2)] == [0, 1]
+        threading.Timer(0.3, stop.set).start()
+        begin = time.monotonic()
+        with pytest.raises(StopRequested):
+            next(loader)
+        assert 0.3 <= time.monotonic() - begin < 2.0
+        assert loader.state == {"epoch": 0, "position": 2}  # of the next batch to take
+        iterator.release.set()
+    assert not loader._thread.is_alive()
 
 
 def test_a_loader_never_read_starts_no_thread():

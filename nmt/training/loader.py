@@ -13,9 +13,15 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 THREAD_NAME = "batch-loader"
+# Seconds between looks at the caller's `stop_requested` while `next()` waits for a batch.
+STOP_CHECK_SECONDS = 0.2
+
+
+class StopRequested(Exception):
+    """`next()` stopped waiting for a batch not yet built: `stop_requested()` said so."""
 
 
 class BatchLoader:
@@ -25,12 +31,16 @@ class BatchLoader:
     An error of the iterator (a DataError, say) is raised by the `next()` that would have
     returned its batch, as itself. The thread starts at `start()` or the first `next()`, so a
     loader built but never read holds no thread; `close()` (or leaving a `with` block) stops it.
+    While `next()` waits for a batch, it asks `stop_requested()` every `STOP_CHECK_SECONDS` and
+    raises `StopRequested` when it answers True (a signal asked the run to stop): a batch
+    that takes long to build, or never comes, does not hold up the stop.
     """
 
-    def __init__(self, iterator: Any, depth: int = 4):
+    def __init__(self, iterator: Any, depth: int = 4,
+                 stop_requested: Callable[[], bool] = lambda: False):
         if depth < 1:
             raise ValueError(f"depth must be >= 1, got {depth}")
-        self.iterator, self.depth = iterator, depth
+        self.iterator, self.depth, self.stop_requested = iterator, depth, stop_requested
         # Read before the thread moves the iterator on (the first epoch's count: sampled
         # segmentations change it a little from epoch to epoch).
         self.batches_per_epoch: int = iterator.batches_per_epoch
@@ -59,7 +69,7 @@ class BatchLoader:
         self.start()
         self._window_ready += self._queue.qsize()
         begin = time.perf_counter()
-        item = self._queue.get()
+        item = self._take()
         waited = time.perf_counter() - begin
         self.wait_seconds += waited
         self._window_wait += waited
@@ -70,6 +80,14 @@ class BatchLoader:
             raise item
         self.state, self.epochs_completed, batch = item
         return batch
+
+    def _take(self) -> Any:
+        while True:
+            try:
+                return self._queue.get(timeout=STOP_CHECK_SECONDS)
+            except queue.Empty:
+                if self.stop_requested():
+                    raise StopRequested("stopped waiting for the next batch") from None
 
     def window(self) -> dict[str, float]:
         """The figures of the batches taken since the last call: `data_wait_s`, the seconds
