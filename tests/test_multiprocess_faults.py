@@ -149,10 +149,7 @@ def test_a_process_killed_mid_run_ends_the_other_at_once(corpus, tmp_path, env):
                         "--eval-every", "10")
                  for k in range(PROCESSES)]
     try:
-        deadline = time.monotonic() + 120
-        while not (run / "checkpoints" / "10" / CHECKSUMS_FILE).exists():
-            assert time.monotonic() < deadline and processes[0].poll() is None, processes
-            time.sleep(0.2)
+        _after_checkpoint_10(processes, run)
         os.kill(processes[1].pid, signal.SIGKILL)
         killed = time.monotonic()
     finally:
@@ -163,6 +160,31 @@ def test_a_process_killed_mid_run_ends_the_other_at_once(corpus, tmp_path, env):
     assert "the last intact checkpoint is step " in line and str(run / "checkpoints") in line
     assert line.endswith("start all processes again with the same command to resume from it")
     assert time.monotonic() - killed < 30
+
+
+def _after_checkpoint_10(processes: list[subprocess.Popen], run: Path) -> None:
+    deadline = time.monotonic() + 120
+    while not (run / "checkpoints" / "10" / CHECKSUMS_FILE).exists():
+        assert time.monotonic() < deadline and processes[0].poll() is None, processes
+        time.sleep(0.2)
+
+
+@pytest.mark.parametrize("victim", [0, 1])
+def test_sigterm_to_one_process_stops_every_process_saving(corpus, tmp_path, env, victim):
+    """SIGTERM to one process only: all agree on the reason, save the same checkpoint and
+    exit 143, as one process would."""
+    port, run = _free_port(), tmp_path / "run"
+    processes = [_train(run, corpus, k, port, env, "--max-steps", "100000",
+                        "--eval-every", "10")
+                 for k in range(PROCESSES)]
+    try:
+        _after_checkpoint_10(processes, run)
+        os.kill(processes[victim].pid, signal.SIGTERM)
+    finally:
+        ended = _all_ended(processes, timeout=90)
+    assert [status for status, _ in ended] == [143, 143], ended
+    saved = [int(p.name) for p in (run / "checkpoints").iterdir() if p.name.isdigit()]
+    assert max(saved) > 10 and (run / "checkpoints" / str(max(saved)) / CHECKSUMS_FILE).exists()
 
 
 # ----------------------------------------------------------------- the store, without processes

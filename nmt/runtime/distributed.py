@@ -81,11 +81,11 @@ def initialize_distributed(coordinator: str | None = None, num_processes: int | 
     return True
 
 
-def any_process(flag: bool) -> bool:
-    """True if `flag` is True on any process (a collective: every process must call it)."""
+def max_over_processes(value: int) -> int:
+    """The largest of every process's `value` (a collective: every process must call it)."""
     if jax.process_count() == 1:
-        return flag
-    return bool(np.any(multihost_utils.process_allgather(np.array(flag))))
+        return value
+    return int(np.max(multihost_utils.process_allgather(np.array(value, np.int32))))
 
 
 WAIT_LIMIT_S = 3600  # the longest wait for the slowest process: process 0 reads the corpus

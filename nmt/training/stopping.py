@@ -16,7 +16,7 @@ from typing import Any
 
 import jax
 
-from nmt.runtime.distributed import any_process
+from nmt.runtime.distributed import max_over_processes
 from nmt.settings.config import TrainerConfig
 
 
@@ -187,6 +187,10 @@ class ClosingTime:
         return (self.in_flight + 1) * self.step_seconds + validation + self.writing()
 
 
+# the reasons processes agree on, the stronger last: a signal to one stops them all as it
+_AGREED = (None, StopReason.MAX_MINUTES, StopReason.SIGINT, StopReason.SIGTERM)
+
+
 class Limits:
     """The run's limits of steps, epochs and minutes; the minutes count from `started` (the
     command's start, on the monotonic clock) and include the closing work (`ClosingTime`):
@@ -224,11 +228,12 @@ class Limits:
         if jax.process_count() > 1 and step % 10:
             return None
         deadline = self.steps_deadline
-        want = signals.received is not None or (deadline is not None
-                                                and time.monotonic() >= deadline)
-        if any_process(want):
-            return signals.received or StopReason.MAX_MINUTES
-        return None
+        clock = deadline is not None and time.monotonic() >= deadline
+        mine = (_AGREED.index(signals.received) if signals.received is not None
+                else _AGREED.index(StopReason.MAX_MINUTES) if clock else 0)
+        # every process stops for the same reason (it decides what they save and write): a
+        # signal any of them received, else the clock
+        return _AGREED[max_over_processes(mine)]
 
     def seconds_left(self) -> float | None:
         """Seconds left for steps."""
