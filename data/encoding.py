@@ -311,7 +311,9 @@ def _encoded_rounds(split: datasets.Dataset, tokenizer: TokenizerBase, num_proc:
         shares = [(split.select(range(start + first, start + last)), tokenizer,
                    str(directory / f"{first}.arrow"))
                   for first, last in share_bounds(end - start, min(num_proc, end - start))]
-        if len(shares) > 1:
+        if len(shares) > 1:  # the workers show no bars: one line a round says where it is
+            log.info("encoding pairs %d-%d of %d in %d processes", start, end, len(split),
+                     len(shares))
             with _worker_pool(len(shares)) as pool:
                 files = pool.starmap(_encode_rows, shares)
         else:
