@@ -119,6 +119,33 @@ def test_processes_given_different_settings_are_refused(corpus, tmp_path, env):
     assert not (tmp_path / "run" / "checkpoints").exists()
 
 
+def test_average_only_on_some_processes_is_refused_by_name(corpus, tmp_path, env):
+    port = _free_port()
+    processes = [_train(tmp_path / "run", corpus, k, port, env, "--max-steps", "6",
+                        "--average-last", "2", *extra)
+                 for k, extra in enumerate((["--average-only"], []))]
+    for status, line in _all_ended(processes):
+        assert status == 2, line
+        assert line == ("train.py: error: the processes were given different settings: "
+                        "--average-only is true on process 0, false on process 1; give every "
+                        "process the same flags and recipe, and start them again.")
+
+
+def test_average_only_with_several_processes_writes_the_average(corpus, tmp_path, env):
+    """Process 0 holds the run directory's lock (as in training) and writes averaged/; the
+    others read the checkpoints with it."""
+    run, flags = tmp_path / "run", ["--max-steps", "4", "--eval-every", "2"]
+    port = _free_port()
+    trained = _all_ended([_train(run, corpus, k, port, env, *flags) for k in range(PROCESSES)])
+    assert [status for status, _ in trained] == [0, 0], trained
+    port = _free_port()
+    processes = [_train(run, corpus, k, port, env, *flags, "--average-only", "--average-last",
+                        "2") for k in range(PROCESSES)]
+    ended = _all_ended(processes, timeout=90)
+    assert [status for status, _ in ended] == [0, 0], ended
+    assert (run / "averaged" / "config.json").is_file()
+
+
 def test_processes_without_a_shared_run_directory_end_in_one_line_each(corpus, tmp_path,
                                                                         env):
     """--output-dir run from two working directories: the same setting, two directories, as

@@ -113,7 +113,7 @@ def _main(argv: list[str] | None, started: float) -> int:
     initialize_distributed(args.coordinator, args.num_processes, args.process_id)
     cli.check_jax_platforms()
     _setup_logging()
-    _same_settings_on_every_process(run)
+    _same_settings_on_every_process(run, args)
     _warn_of_r_drop_without_dropout(run)
     return _run(run, args, started)
 
@@ -129,16 +129,16 @@ def _warn_of_r_drop_without_dropout(run: RunConfig) -> None:
             "out", run.optimizer.rdrop)
 
 
-def _same_settings_on_every_process(run: RunConfig) -> None:
+def _same_settings_on_every_process(run: RunConfig, args: argparse.Namespace) -> None:
     """UsageError naming the settings in which the processes of one run differ (checked
     here, before they fail far apart in a collective); nothing with one process."""
     import json
 
     from nmt.runtime.distributed import PeerFailed, gather
 
-    values = {"--preset": run.preset, **{field.flag: getattr(getattr(run, field.section),
-                                                             field.name)
-                                         for field in recipes.FIELDS}}
+    values = {"--preset": run.preset, "--average-only": args.average_only,
+              **{field.flag: getattr(getattr(run, field.section), field.name)
+                 for field in recipes.FIELDS}}
     try:
         texts = gather("settings", json.dumps(values, sort_keys=True, default=str))
     except PeerFailed as err:
@@ -208,12 +208,20 @@ def _run(run: RunConfig, args: argparse.Namespace, started: float) -> int:
 
 
 def _average_only(run: RunConfig, run_dir) -> int:
-    """Write averaged/ from the run's checkpoints, holding the run directory's lock."""
+    """Write averaged/ from the run's checkpoints, process 0 holding the run directory's
+    lock (as the trainer's does); the others join it in reading the checkpoints."""
+    import contextlib
+
+    import jax
+
     from data.tokenizer import load_tokenizer
     from nmt.rundir import final_model, resume
     from nmt.rundir.lock import RunLock
+    from nmt.runtime.distributed import barrier
 
-    with RunLock(run_dir):
+    lock = RunLock(run_dir) if jax.process_index() == 0 else contextlib.nullcontext()
+    with lock:
+        barrier("run directory locked")  # the others wait for process 0's lock, or its error
         saved = resume.saved_run(run_dir)  # the run's model, not today's flags
         config = run_dir / resume.RUN_CONFIG_FILE
         settings = str(config) if saved else f"the flags given ({config} is missing)"
