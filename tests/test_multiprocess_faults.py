@@ -119,6 +119,24 @@ def test_processes_given_different_settings_are_refused(corpus, tmp_path, env):
     assert not (tmp_path / "run" / "checkpoints").exists()
 
 
+def test_processes_given_different_process_counts_are_refused_by_name(corpus, tmp_path, env):
+    """Process 1 told of 3 processes, process 0 of 2: JAX starts both, and each would wait an
+    hour for the other at the first barrier."""
+    port = _free_port()
+    processes = [_train(tmp_path / "run", corpus, k, port, env, "--max-steps", "4",
+                        "--num-processes", str(count))
+                 for k, count in enumerate((2, 3))]
+    began = time.monotonic()
+    ended = _all_ended(processes, timeout=90)
+    assert [status for status, _ in ended] == [2, 2], ended
+    for _, line in ended:
+        assert line.startswith("train.py: error: "), line
+        assert "--num-processes is " in line and line.endswith(
+            "give every process the same --num-processes and --coordinator, and start them "
+            "again"), line
+    assert time.monotonic() - began < 60
+
+
 def test_average_only_on_some_processes_is_refused_by_name(corpus, tmp_path, env):
     port = _free_port()
     processes = [_train(tmp_path / "run", corpus, k, port, env, "--max-steps", "6",

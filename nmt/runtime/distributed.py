@@ -65,7 +65,8 @@ def initialize_distributed(coordinator: str | None = None, num_processes: int | 
     """Call `jax.distributed.initialize` when this is one of several processes.
 
     Must run before anything touches JAX devices. With explicit arguments they are passed on;
-    otherwise JAX detects the cluster from the launcher's environment. Returns True if it ran.
+    otherwise JAX detects the cluster from the launcher's environment. Returns True if it ran;
+    ValueError when the processes were given different --num-processes.
     """
     explicit = any(v is not None for v in (coordinator, num_processes, process_id))
     if not explicit and not _cluster_env_present():
@@ -78,7 +79,31 @@ def initialize_distributed(coordinator: str | None = None, num_processes: int | 
     if process_id is not None:
         kwargs["process_id"] = process_id
     jax.distributed.initialize(**kwargs)
+    _same_process_count()
     return True
+
+
+COUNT_LIMIT_S = 120  # every process has connected when initialize returns: they come at once
+
+
+def _same_process_count(limit_s: float = COUNT_LIMIT_S) -> None:
+    """ValueError naming --num-processes when this process was given another count than
+    process 0 (the others wait for a process that never comes); published and compared
+    first, before any other wait."""
+    client = _client()
+    me, count = _processes()
+    if client is None:
+        return
+    client.key_value_set(f"{_PREFIX}/processes/{me}", str(count))
+    deadline = time.monotonic() + limit_s
+    for process in range(1, count) if me == 0 else [0]:
+        theirs = int(_read(client, f"{_PREFIX}/processes/{process}", process, count,
+                           "the start", deadline, limit_s))
+        if theirs != count:
+            raise ValueError(
+                f"--num-processes is {count} on process {me}, {theirs} on process {process}; "
+                "give every process the same --num-processes and --coordinator, and start "
+                "them again")
 
 
 def max_over_processes(value: int) -> int:
@@ -136,22 +161,25 @@ def gather(name: str, value: str, limit_s: float = WAIT_LIMIT_S) -> list[str]:
     prefix = f"{_PREFIX}/{next(_collectives)}/"
     client.key_value_set(prefix + str(me), value)
     deadline = time.monotonic() + limit_s
-    values = []
-    for process in range(count):
-        while True:
-            try:
-                values.append(client.blocking_key_value_get(prefix + str(process), _SLICE_MS))
-                break
-            except jax.errors.JaxRuntimeError as err:
-                if "DEADLINE_EXCEEDED" not in str(err):
-                    raise PeerFailed(_lost(err)) from None
-            if (failure := peer_failure()) is not None:
-                raise PeerFailed(failure)
-            if time.monotonic() > deadline:
-                raise PeerFailed(
-                    f"process {process} of {count} has not reached '{name}' in {limit_s:.0f} "
-                    "s; it may be stuck or have died: stop all processes and start them again")
-    return values
+    return [_read(client, prefix + str(process), process, count, name, deadline, limit_s)
+            for process in range(count)]
+
+
+def _read(client, key: str, process: int, count: int, name: str, deadline: float,
+          limit_s: float) -> str:
+    """The value `process` sets at `key`, waited for in slices (see `gather`)."""
+    while True:
+        try:
+            return client.blocking_key_value_get(key, _SLICE_MS)
+        except jax.errors.JaxRuntimeError as err:
+            if "DEADLINE_EXCEEDED" not in str(err):
+                raise PeerFailed(_lost(err)) from None
+        if (failure := peer_failure()) is not None:
+            raise PeerFailed(failure)
+        if time.monotonic() > deadline:
+            raise PeerFailed(
+                f"process {process} of {count} has not reached '{name}' in {limit_s:.0f} "
+                "s; it may be stuck or have died: stop all processes and start them again")
 
 
 def barrier(name: str) -> None:

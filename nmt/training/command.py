@@ -110,7 +110,10 @@ def _main(argv: list[str] | None, started: float) -> int:
     except ValueError as err:
         raise cli.UsageError(str(err)) from None
     cli.allocator_status()  # a bad NMT_ALLOCATOR ends here; the trainer logs the line
-    initialize_distributed(args.coordinator, args.num_processes, args.process_id)
+    try:
+        initialize_distributed(args.coordinator, args.num_processes, args.process_id)
+    except ValueError as err:  # another --num-processes on another process
+        raise cli.UsageError(str(err)) from None
     cli.check_jax_platforms()
     _setup_logging()
     _same_settings_on_every_process(run, args)
