@@ -90,6 +90,53 @@ def test_a_process_that_fails_ends_the_wait_of_the_others(env):
     assert time.monotonic() - began < 60
 
 
+# Process 1 waits at a barrier that process 0 reaches late, as while process 0 reads the corpus.
+STARTING_WORKER = """
+import sys, time
+from pathlib import Path
+from nmt.runtime import cli
+from nmt.runtime.distributed import (PeerFailed, barrier, end_after_failure,
+                                     initialize_distributed)
+
+def main():
+    initialize_distributed(sys.argv[1], 2, int(sys.argv[2]))
+    barrier("started")
+    if sys.argv[2] == "1":
+        Path(sys.argv[3]).touch()
+    else:
+        time.sleep(8)
+    barrier("corpus read")  # process 1 set its key here before the signal: both pass
+    try:
+        barrier("tokenizer")
+    except PeerFailed as err:
+        raise cli.Fault(str(err)) from None
+    return 0
+
+sys.exit(cli.guarded("worker", main, end_after_failure))
+"""
+
+
+def test_sigterm_while_starting_ends_the_process_at_once(tmp_path, env):
+    """JAX's preemption notifier catches SIGTERM: the process waited on at the barrier."""
+    coordinator, waiting = f"127.0.0.1:{_free_port()}", tmp_path / "waiting"
+    env = {**env, "JAX_PLATFORMS": "cpu"}
+    processes = [_start([sys.executable, "-c", STARTING_WORKER, coordinator, str(k),
+                         str(waiting)], env)
+                 for k in range(PROCESSES)]
+    try:
+        deadline = time.monotonic() + 60
+        while not waiting.exists():
+            assert time.monotonic() < deadline and processes[1].poll() is None, processes
+            time.sleep(0.1)
+        os.kill(processes[1].pid, signal.SIGTERM)
+        (status1, line1) = _ended(processes[1], timeout=5)
+    finally:
+        (status0, line0), _ = _all_ended(processes, timeout=30)
+    assert (status1, line1) == (143, "worker: terminated (SIGTERM)")
+    assert (status0, line0) == (1, "worker: error: process 1 of 2 failed: terminated (SIGTERM); "
+                                   "fix it and start all processes again")
+
+
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory) -> list[str]:
     root = tmp_path_factory.mktemp("corpus")

@@ -15,6 +15,7 @@ import errno
 import gc
 import logging
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Callable, NoReturn
@@ -35,6 +36,21 @@ class UsageError(Exception):
 
 class Fault(Exception):
     """Running met a fault the user can fix (disk full, a damaged file; exit status 1)."""
+
+
+class Terminated(BaseException):
+    """SIGTERM outside the trainer's own handling (`stop_on_sigterm`; exit status 143)."""
+
+
+def stop_on_sigterm() -> None:
+    """Take SIGTERM back from JAX's distributed runtime, whose preemption notifier catches it
+    and lets the process wait on at a barrier: it raises Terminated, which `guarded` turns
+    into one line. The trainer's own handler (saving first) replaces it while training."""
+    signal.signal(signal.SIGTERM, _terminated)
+
+
+def _terminated(signum, frame) -> NoReturn:
+    raise Terminated
 
 
 def debugging() -> bool:
@@ -104,9 +120,13 @@ def guarded(prog: str, main: Callable[[], int],
         return main()
     except SystemExit:
         raise
-    except KeyboardInterrupt:
-        print(f"{prog}: interrupted", file=sys.stderr, flush=True)
-        return EXIT_INTERRUPTED
+    except (KeyboardInterrupt, Terminated) as err:
+        line = "interrupted" if isinstance(err, KeyboardInterrupt) else "terminated (SIGTERM)"
+        status = EXIT_SIGNALLED["SIGINT" if isinstance(err, KeyboardInterrupt) else "SIGTERM"]
+        print(f"{prog}: {line}", file=sys.stderr, flush=True)
+        if failed is not None:  # the other processes of a run end too, not wait for this one
+            failed(line, status)
+        return status
     except (UsageError, Fault) as err:
         line, status = str(err), EXIT_USAGE if isinstance(err, UsageError) else EXIT_FAULT
     except OSError as err:

@@ -22,6 +22,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import multihost_utils
 
+from nmt.runtime import cli
+
 _CLUSTER_ENV = ("JAX_COORDINATOR_ADDRESS", "COORDINATOR_ADDRESS", "MEGASCALE_COORDINATOR_ADDRESS")
 
 
@@ -79,6 +81,7 @@ def initialize_distributed(coordinator: str | None = None, num_processes: int | 
     if process_id is not None:
         kwargs["process_id"] = process_id
     jax.distributed.initialize(**kwargs)
+    cli.stop_on_sigterm()  # JAX's preemption notifier caught it: the waits never ended
     _same_process_count()
     return True
 
