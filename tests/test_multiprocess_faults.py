@@ -325,3 +325,13 @@ def test_the_failure_named_is_the_lowest_process_that_published_in_number_order(
     store.values.update({"nmt/failed/10": "ten", "nmt/failed/2": "two", "nmt/failed/1": "me"})
     assert distributed.peer_failure() == "process 2 of 12 failed: two; fix it and start all " \
                                          "processes again"
+
+
+def test_the_resume_command_of_several_processes_joins_them(monkeypatch):
+    from nmt.training import summary
+
+    monkeypatch.setattr(summary.jax, "process_count", lambda: 2)
+    monkeypatch.setattr(summary, "coordinator_address", lambda: "host0:1234")
+    assert summary.resume_command(Path("run")) == (
+        "on each process K (0 to 1): python train.py --config run/config.yaml --output-dir run "
+        "--resume --coordinator host0:1234 --num-processes 2 --process-id K")

@@ -145,6 +145,13 @@ def _client():
     return distributed.global_state.client
 
 
+def coordinator_address() -> str | None:
+    """The HOST:PORT the processes met at (None with one process)."""
+    from jax._src import distributed
+
+    return distributed.global_state.coordinator_address
+
+
 def _processes() -> tuple[int, int]:
     """(this process, how many), without starting a JAX backend."""
     from jax._src import distributed

@@ -13,6 +13,7 @@ from tqdm import tqdm
 
 from nmt.runtime import allocator
 from nmt.runtime.cpu_features import bfloat16_warning
+from nmt.runtime.distributed import coordinator_address
 from nmt.settings.config import BEST_METRICS, RunConfig
 from nmt.training.stopping import StopReason
 
@@ -77,9 +78,15 @@ def scoring_command(model_dir: Path, run: RunConfig) -> str:
 
 
 def resume_command(run_dir: Path) -> str:
-    """The command that continues the run in `run_dir` with exactly its recorded settings."""
-    return (f"python train.py --config {run_dir / 'config.yaml'} --output-dir {run_dir} "
-            "--resume")
+    """The command that continues the run in `run_dir` with exactly its recorded settings;
+    with several processes, the one for each process K, with the flags that join them."""
+    command = (f"python train.py --config {run_dir / 'config.yaml'} --output-dir {run_dir} "
+               "--resume")
+    count = jax.process_count()
+    if count == 1:
+        return command
+    return (f"on each process K (0 to {count - 1}): {command} --coordinator "
+            f"{coordinator_address()} --num-processes {count} --process-id K")
 
 
 def print_summary(summary: dict[str, Any], run_dir: Path) -> None:
