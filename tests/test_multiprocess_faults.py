@@ -335,3 +335,28 @@ def test_the_resume_command_of_several_processes_joins_them(monkeypatch):
     assert summary.resume_command(Path("run")) == (
         "on each process K (0 to 1): python train.py --config run/config.yaml --output-dir run "
         "--resume --coordinator host0:1234 --num-processes 2 --process-id K")
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "nosuchhost.invalid"])
+def test_a_coordinator_that_never_answers_is_named_in_bounded_time(monkeypatch, caplog, host):
+    """Process 1 checks that something answers at --coordinator before JAX waits there in
+    silence (5 minutes, then a C++ abort)."""
+    from nmt.runtime import distributed
+
+    def initialize(**kwargs):
+        raise AssertionError("JAX was left to wait")
+
+    monkeypatch.setattr(distributed, "CONNECT_LIMIT_S", 2)
+    monkeypatch.setattr(distributed.jax.distributed, "initialize", initialize)
+    coordinator = f"{host}:{_free_port()}"  # nothing listens there
+    began = time.monotonic()
+    with caplog.at_level("INFO"), pytest.raises(ValueError) as raised:
+        distributed.initialize_distributed(coordinator, 2, 1)
+    assert time.monotonic() - began < 10
+    assert f"connecting to {coordinator} (waiting up to 2 s)" in caplog.messages
+    said = {"127.0.0.1": "nothing answered there in 2 s (Connection refused); start process 0 "
+                         "with the same --coordinator, or give its address and port",
+            "nosuchhost.invalid": "no host nosuchhost.invalid is known (Name or service not "
+                                  "known); give process 0's address and port, the same on "
+                                  "every process"}[host]
+    assert str(raised.value) == f"--coordinator {coordinator}: {said}"

@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+import socket
 import sys
 import time
 from typing import Any, NoReturn
@@ -68,7 +69,8 @@ def initialize_distributed(coordinator: str | None = None, num_processes: int | 
 
     Must run before anything touches JAX devices. With explicit arguments they are passed on;
     otherwise JAX detects the cluster from the launcher's environment. Returns True if it ran;
-    ValueError when the processes were given different --num-processes.
+    ValueError when nothing answers at --coordinator, or the processes were given different
+    --num-processes.
     """
     explicit = any(v is not None for v in (coordinator, num_processes, process_id))
     if not explicit and not _cluster_env_present():
@@ -80,10 +82,44 @@ def initialize_distributed(coordinator: str | None = None, num_processes: int | 
         kwargs["num_processes"] = num_processes
     if process_id is not None:
         kwargs["process_id"] = process_id
-    jax.distributed.initialize(**kwargs)
+    place = coordinator or "the other processes (the launcher's coordinator)"
+    logging.getLogger(__name__).info("connecting to %s (waiting up to %d s)", place,
+                                     CONNECT_LIMIT_S)
+    deadline = time.monotonic() + CONNECT_LIMIT_S
+    if coordinator is not None and process_id:  # process 0 starts the coordinator
+        _reach_coordinator(coordinator, deadline)
+    jax.distributed.initialize(
+        **kwargs, initialization_timeout=max(10, int(deadline - time.monotonic())))
     cli.stop_on_sigterm()  # JAX's preemption notifier caught it: the waits never ended
     _same_process_count()
     return True
+
+
+CONNECT_LIMIT_S = 300  # how long a process waits for the others to start (JAX's default)
+
+
+def _reach_coordinator(coordinator: str, deadline: float) -> None:
+    """ValueError naming --coordinator when nothing answers at it by `deadline` (JAX would
+    wait as long in silence, then abort with a C++ trace), or its host has no address."""
+    host, _, port = coordinator.rpartition(":")
+    while True:
+        try:
+            with socket.create_connection((host.strip("[]"), int(port)), timeout=5):
+                return
+        except socket.gaierror as err:
+            if err.errno != socket.EAI_AGAIN:
+                raise ValueError(f"--coordinator {coordinator}: no host {host} is known "
+                                 f"({err.strerror}); give process 0's address and port, the "
+                                 "same on every process") from None
+            failure = err
+        except OSError as err:
+            failure = err
+        if time.monotonic() + 1 > deadline:
+            raise ValueError(
+                f"--coordinator {coordinator}: nothing answered there in {CONNECT_LIMIT_S} s "
+                f"({failure.strerror or failure}); start process 0 with the same --coordinator, "
+                "or give its address and port")
+        time.sleep(1)
 
 
 COUNT_LIMIT_S = 120  # every process has connected when initialize returns: they come at once

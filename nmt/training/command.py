@@ -112,7 +112,7 @@ def _main(argv: list[str] | None, started: float) -> int:
     cli.allocator_status()  # a bad NMT_ALLOCATOR ends here; the trainer logs the line
     try:
         initialize_distributed(args.coordinator, args.num_processes, args.process_id)
-    except ValueError as err:  # another --num-processes on another process
+    except ValueError as err:  # no coordinator, another --num-processes on another process
         raise cli.UsageError(str(err)) from None
     cli.check_jax_platforms()
     _setup_logging()
