@@ -15,6 +15,8 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
+import time
 
 import orbax.checkpoint as ocp
 import pytest
@@ -151,6 +153,35 @@ def test_sigterm_during_validation_saves_a_complete_checkpoint_that_resumes_exac
     result = _run(_args(corpus, out), env)
     assert result.returncode == 0, result.stderr[-3000:]
     _assert_same_metrics(out, uninterrupted)
+
+
+def test_sigterm_while_the_next_batch_is_slow_to_come_stops_at_once(corpus, env, tmp_path,
+                                                                   monkeypatch):
+    """A batch that takes long to build (a new epoch's plan on a huge corpus) does not hold
+    up a stop: the wait ends, the step before it is saved, and the run exits as stopped."""
+    import data.batching
+
+    out = tmp_path / "slow"
+    real_batch_arrays, built, released = data.batching.batch_arrays, [], threading.Event()
+
+    def batch_arrays(*args, **kwargs):
+        built.append(1)
+        if len(built) == 8:  # the signal once the batches built before are taken
+            threading.Timer(3, os.kill, (os.getpid(), signal.SIGTERM)).start()
+            released.wait(120)  # longer than the test waits
+            raise RuntimeError("the run ended while this batch was being built")
+        return real_batch_arrays(*args, **kwargs)
+
+    monkeypatch.setattr(data.batching, "batch_arrays", batch_arrays)
+    began = time.monotonic()
+    try:
+        summary = train(_in_process(corpus, out, monkeypatch, env, 40), out)
+    finally:
+        released.set()
+    assert time.monotonic() - began < 100
+    assert summary["stopped"] == "SIGTERM" and summary["steps"] < 8
+    assert checkpoint.complete_steps(out / "checkpoints")[-1] == summary["steps"]
+    _no_partial_checkpoints(out)
 
 
 def test_sigterm_during_averaging_leaves_a_complete_average(corpus, env, tmp_path,

@@ -58,7 +58,7 @@ from nmt.training.errors import (
     out_of_memory,
 )
 from nmt.training.hooks import Hooks, Periodic
-from nmt.training.loader import BatchLoader
+from nmt.training.loader import BatchLoader, StopRequested
 from nmt.training.metrics_log import MetricsWindow
 from nmt.training.platform_check import BudgetForecast
 from nmt.training.run_log import RunLog
@@ -132,10 +132,9 @@ class Trainer:
             _write_run_config(run_dir, run)
         resume.carry_over_best(self.bookkeeping, run, start.bleu_tokenizer, start.checkpoints,
                                self.step, self.state.params)
-        self.batches = BatchLoader(
-            resume.batch_iterator(start.data.train_examples, start.data.batch_config,
-                                  self.bookkeeping, self.step, start.data.train_sampling),
-            run.trainer.loader_depth)
+        self.signals = StopSignal()
+        self.batches = _batch_loader(start, self.bookkeeping, self.step,
+                                     run.trainer.loader_depth, self.signals)
         self.forecast = BudgetForecast(run.trainer.written_for, jax.devices()[0].platform,
                                        self.limits, self.batches.batches_per_epoch)
         self.run_log = RunLog(run_dir, self.step, self.is_main, compile_log)
@@ -143,7 +142,6 @@ class Trainer:
             self.bookkeeping.window, self.step + 1,
             functools.partial(divergence, start.checkpoints, start.resumed_from),
             spike=run.trainer.loss_spike, recent=self.bookkeeping.recent_losses)
-        self.signals = StopSignal()
         self.checkpoint_writer = CheckpointWriter(start.checkpoints, start.saved, self.signals,
                                                   self.run_log.clock, run.trainer.save_interval,
                                                   self.limits.closing.saved)
@@ -213,11 +211,8 @@ class Trainer:
         if self.run.trainer.eval_sentences and self.is_main:
             given = self.run.trainer.bleu_tokenize is not None
             log.info(describe_bleu(self.start.bleu_tokenizer, given))
-        stopped = None
-        patience = self.run.trainer.early_stop_patience
-        if self.bookkeeping.out_of_patience(patience):
-            echo(_out_of_patience(self.bookkeeping, self.step, patience))
-            stopped = StopReason.EARLY_STOP
+        stopped = _out_of_patience(self.bookkeeping, self.step,
+                                   self.run.trainer.early_stop_patience)
         if (warning := self.forecast.at_start()) and self.is_main and stopped is None:
             log.warning(warning)
         return stopped
@@ -230,7 +225,11 @@ class Trainer:
             if stopped is not None:
                 break
             began = time.monotonic()
-            self.last_loss = self._train_one_step()["loss"]
+            try:
+                self.last_loss = self._train_one_step()["loss"]
+            except StopRequested:  # a signal came while the next batch was being built
+                stopped = self.signals.received
+                break
             # Let the host run at most `steps_in_flight` steps ahead of the device (waiting,
             # not reading values): the time budget and signals then act within a step or
             # two, and queued steps do not pile up in memory.
@@ -393,6 +392,17 @@ def _export(run_dir: Path, run: RunConfig, start: Start, bookkeeping: Bookkeepin
     return model_dir
 
 
+def _batch_loader(start: Start, bookkeeping: Bookkeeping, step: int, depth: int,
+                  signals: StopSignal) -> BatchLoader:
+    """The training batches after `step`, built ahead on a thread. Alone, a signal ends a
+    wait for one; several processes agree on stopping every 10 steps instead."""
+    data, alone = start.data, jax.process_count() == 1
+    return BatchLoader(
+        resume.batch_iterator(data.train_examples, data.batch_config, bookkeeping, step,
+                              data.train_sampling),
+        depth, stop_requested=lambda: alone and signals.received is not None)
+
+
 def _write_run_config(run_dir: Path, run: RunConfig) -> None:
     """config.yaml: the run's settings as they are now (process 0 writes it)."""
     write_atomically(run_dir / resume.RUN_CONFIG_FILE, recipes.dump(run))
@@ -408,12 +418,17 @@ def _resumed_run(run_dir: Path) -> RunConfig | None:
         raise TrainingError(str(err)) from None
 
 
-def _out_of_patience(bookkeeping: Bookkeeping, step: int, patience: int) -> str:
-    """Why a run that stopped early does not train on when started again."""
-    return (f"Not training: this run stopped early at step {step}, {bookkeeping.bad_evals} "
-            f"validations after its best {bookkeeping.metric_label} "
-            f"({bookkeeping.best_score:.2f} at step {bookkeeping.best_step}), and "
-            f"--early-stop-patience is {patience}; raise it to train on.")
+def _out_of_patience(bookkeeping: Bookkeeping, step: int, patience: int
+                     ) -> StopReason | None:
+    """EARLY_STOP for a run that stopped early and is started again, saying why it does not
+    train on; None for one that may train."""
+    if not bookkeeping.out_of_patience(patience):
+        return None
+    echo(f"Not training: this run stopped early at step {step}, {bookkeeping.bad_evals} "
+         f"validations after its best {bookkeeping.metric_label} "
+         f"({bookkeeping.best_score:.2f} at step {bookkeeping.best_step}), and "
+         f"--early-stop-patience is {patience}; raise it to train on.")
+    return StopReason.EARLY_STOP
 
 
 def _aborted(step: int, last: int | None) -> str:
