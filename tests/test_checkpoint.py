@@ -529,14 +529,3 @@ def test_a_save_is_interim_unless_the_schedule_saves_its_step(step, at_stop, int
     writer = CheckpointWriter(saves, None, StopSignal(), PausableClock(), interval=10)
     writer.save(step, state, Bookkeeping(), at_stop=at_stop)
     assert saves.interim == {step: interim}
-
-
-def test_an_average_from_the_last_warm_up_step_on_is_not_warned_of():
-    """Step `warmup` ends the warm-up (the peak rate): an average starting there is past it."""
-    from types import SimpleNamespace
-
-    from nmt.rundir.final_model import warm_up_in_average
-
-    run = SimpleNamespace(optimizer=SimpleNamespace(warmup_steps=20))
-    assert warm_up_in_average([20, 25, 30], run) is None
-    assert "start at step 19, within the 20-step" in warm_up_in_average([19, 25], run)

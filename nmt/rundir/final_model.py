@@ -88,7 +88,7 @@ def warm_up_in_average(steps: list[int], run: RunConfig) -> str | None:
     warm-up (a run stopped early by its time budget, say), where the weights are far from
     those it ended with. None when it does not."""
     warmup = run.optimizer.warmup_steps
-    if not steps or steps[0] >= warmup:  # step `warmup` has the peak rate: past the warm-up
+    if not steps or steps[0] > warmup:
         return None
     return (f"the averaged checkpoints start at step {steps[0]}, within the {warmup}-step "
             f"learning-rate warm-up: {AVERAGED_DIR}/ may translate worse than {MODEL_DIR}/; "
