@@ -178,16 +178,18 @@ def test_best_step_has_a_checkpoint_and_is_the_one_exported(corpus, bleus, tmp_p
     assert _saved_bookkeeping(out, 6)["best_step"] == 6
 
     # Had the run died after writing best/6 but before checkpoints/6, the resumed run (from
-    # step 4, whose best step 4 best/6 replaced) deletes best/6 and starts the best afresh.
+    # step 4, whose best step 4 best/6 replaced) deletes best/6 and writes best/4 again from
+    # checkpoints/4: the best stays step 4's, above the later steps' scores.
     shutil.rmtree(out / checkpoint.CHECKPOINTS_DIR / "6")
     bleus += [0.4, 0.5]  # steps 6 and 8
     with caplog.at_level(logging.WARNING, logger="trainer"):
         summary = _run(corpus, out, max_steps=8, save_every=4)
-    assert "holds no step 4" in caplog.text
-    assert (summary["best_step"], summary["best_score"]) == (8, 0.5)
+    assert "saved after step 4, where this run starts" in caplog.text
+    assert f"{out / checkpoint.CHECKPOINTS_DIR / '4'}, which holds the same" in caplog.text
+    assert (summary["best_step"], summary["best_score"]) == (4, 2.0)
     exported = _exported(out)
-    assert (exported["step"], exported["bleu"]) == (8, 0.5)
-    assert checkpoint.complete_steps(out / checkpoint.BEST_DIR) == [8]
+    assert (exported["step"], exported["bleu"]) == (4, 2.0)
+    assert checkpoint.complete_steps(out / checkpoint.BEST_DIR) == [4]
 
 
 def test_a_closing_validation_off_the_grid_counts_for_model_only_not_for_a_resumed_run(
