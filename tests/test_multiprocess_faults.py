@@ -49,9 +49,16 @@ def _ended(process: subprocess.Popen, timeout: float = 120) -> tuple[int, str]:
 
 def _all_ended(processes: list[subprocess.Popen], timeout: float = 120
                ) -> list[tuple[int, str]]:
-    """`_ended` of each process; none is left running, whatever fails."""
+    """`_ended` of each process; none is left running, whatever fails (a failure says how
+    the processes before the one still running ended)."""
+    ended: list[tuple[int, str]] = []
     try:
-        return [_ended(process, timeout) for process in processes]
+        for process in processes:
+            try:
+                ended.append(_ended(process, timeout))
+            except pytest.fail.Exception as err:
+                pytest.fail(f"process {len(ended)}: {err}; before it: {ended}")
+        return ended
     finally:
         for process in processes:
             if process.poll() is None:
