@@ -237,6 +237,21 @@ def test_a_backend_jax_lacks_in_jax_platforms_is_one_usage_line(command, run_dir
     assert not (tmp_path / "run").exists()
 
 
+def test_a_peer_failing_while_the_process_counts_are_compared_is_a_fault(tmp_path, capsys,
+                                                                         monkeypatch):
+    """Another process failing or going silent at the start is relayed in one line (exit 1),
+    not as an unexpected error."""
+    from nmt.runtime import distributed
+
+    def initialize(*args):
+        raise distributed.PeerFailed("process 1 of 2 failed: interrupted")
+
+    monkeypatch.setattr(distributed, "initialize_distributed", initialize)
+    status = train_cli.main(["--max-steps", "1", "--output-dir", str(tmp_path / "run")])
+    line = _one_line(capsys.readouterr().err)
+    assert status == 1 and line == "train.py: error: process 1 of 2 failed: interrupted"
+
+
 @pytest.mark.parametrize("value, fix", [("gpu", "'.[cuda]'"), ("tpu", "'.[tpu]'"),
                                         ("bogus", "name a backend JAX has")])
 def test_jax_platforms_names_the_extra_to_install(value, fix, monkeypatch):

@@ -103,7 +103,7 @@ def _main(argv: list[str] | None, started: float) -> int:
     _not_an_exported_model(run.output_dir())
     cli.writable_cache(PROG)
     # Before anything touches JAX devices; and not before parsing: --help loads no JAX.
-    from nmt.runtime.distributed import check_process_flags, initialize_distributed
+    from nmt.runtime.distributed import PeerFailed, check_process_flags, initialize_distributed
 
     try:
         check_process_flags(args.coordinator, args.num_processes, args.process_id)
@@ -114,6 +114,8 @@ def _main(argv: list[str] | None, started: float) -> int:
         initialize_distributed(args.coordinator, args.num_processes, args.process_id)
     except ValueError as err:  # no coordinator, another --num-processes on another process
         raise cli.UsageError(str(err)) from None
+    except PeerFailed as err:  # another process failed or went silent while comparing counts
+        raise cli.Fault(str(err)) from None
     cli.check_jax_platforms()
     _setup_logging()
     _same_settings_on_every_process(run, args)
