@@ -271,6 +271,26 @@ def test_jax_platforms_names_the_extra_to_install(value, fix, monkeypatch):
     cli.check_jax_platforms()  # unset: JAX picks, nothing is asked
 
 
+def test_jax_platforms_with_its_plugin_installed_gives_jaxs_reason(monkeypatch):
+    """The CUDA plugin installed but no GPU visible (a container without --gpus): JAX's
+    reason, not advice to install what is there."""
+    import jax
+
+    from nmt.runtime import cli
+
+    def no_gpu():
+        raise RuntimeError("Unable to initialize backend 'cuda': no CUDA-capable device")
+
+    monkeypatch.setenv("JAX_PLATFORMS", "cuda")
+    monkeypatch.setattr(jax, "devices", no_gpu)
+    monkeypatch.setattr(cli, "_installed", lambda prefix: prefix == "jax-cuda")
+    with pytest.raises(cli.UsageError) as err:
+        cli.check_jax_platforms()
+    assert "jax-cuda plugin is installed but could not start a device (Unable to " in str(
+        err.value)
+    assert "no CUDA-capable device" in str(err.value) and "pip install" not in str(err.value)
+
+
 def test_compilation_cache_write_and_read_failures_are_one_logged_warning_each(
         tmp_path, monkeypatch, caplog):
     """JAX warns for each program it cannot write to its cache (a full disk: all of them) or

@@ -265,8 +265,16 @@ def check_jax_platforms() -> None:
 
     try:
         jax.devices()
-    except (AssertionError, RuntimeError):
+    except (AssertionError, RuntimeError) as err:
         names = {name.strip().lower() for name in value.split(",")}
+        plugin = ("jax-cuda" if names & {"cuda", "gpu"} else
+                  "libtpu" if "tpu" in names else None)
+        if plugin is not None and _installed(plugin):  # there, but it found no device
+            raise UsageError(
+                f"JAX_PLATFORMS={value}: JAX's {plugin} plugin is installed but could not "
+                f"start a device ({str(err).strip() or type(err).__name__}); check that one "
+                "is visible (nvidia-smi, CUDA_VISIBLE_DEVICES, the driver), or unset "
+                "JAX_PLATFORMS to use the devices JAX finds") from None
         if names & {"cuda", "gpu"}:
             fix = ("install JAX for CUDA, pip install -e '.[cuda]' (or '.[cuda12]' for older "
                    "drivers) as the README says")
@@ -276,6 +284,14 @@ def check_jax_platforms() -> None:
             fix = "name a backend JAX has (cpu; cuda or tpu with their extras)"
         raise UsageError(f"JAX_PLATFORMS={value}: JAX has no such backend on this machine; "
                          f"{fix}, or unset JAX_PLATFORMS to use the devices JAX finds") from None
+
+
+def _installed(prefix: str) -> bool:
+    """Whether a Python distribution whose name starts with `prefix` is installed."""
+    from importlib import metadata
+
+    return any((dist.metadata["Name"] or "").lower().startswith(prefix)
+               for dist in metadata.distributions())
 
 
 def writable_directory(path: Path, flag: str) -> None:
