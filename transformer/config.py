@@ -68,7 +68,17 @@ def check_finite_fields(config: Any) -> None:
 
 
 # The plain types a field may declare (besides Literal choices), as error messages name them.
-_TYPE_NAMES = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+TYPE_NAMES = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+
+
+def fits_type(kind: type, value: Any) -> bool:
+    """Whether `value` is of the plain type `kind`. An int will do for a float (JSON and YAML
+    write 0.0 as 0), but a bool is no number, though Python counts it an int (a file's true
+    would read as 1), and only a bool is a bool (the string "no" is truthy)."""
+    if kind is bool:
+        return isinstance(value, bool)
+    return isinstance(value, (int, float) if kind is float else kind) and not isinstance(
+        value, bool)
 
 
 @functools.cache
@@ -82,28 +92,21 @@ def _declared_types(cls: type) -> dict[str, tuple[type, bool]]:
         union = typing.get_origin(hint) in (typing.Union, types.UnionType)
         args = typing.get_args(hint) if union else (hint,)
         rest = [arg for arg in args if arg is not type(None)]
-        if len(rest) == 1 and rest[0] in _TYPE_NAMES:
+        if len(rest) == 1 and rest[0] in TYPE_NAMES:
             declared[field.name] = (rest[0], len(rest) < len(args))
     return declared
 
 
 def check_field_types(config: Any) -> None:
     """ValueError naming the first field of a config dataclass whose value is not of the type
-    it declares. An int will do for a float (JSON and YAML write 0.0 as 0), but a bool is no
-    number, though Python counts it an int (a file's true would read as 1), and only a bool is
-    a bool (the string "no" is truthy)."""
+    it declares (`fits_type`)."""
     for name, (kind, optional) in _declared_types(type(config)).items():
         value = getattr(config, name)
         if value is None and optional:
             continue
-        if kind is bool:
-            fits = isinstance(value, bool)
-        else:
-            fits = (isinstance(value, (int, float) if kind is float else kind)
-                    and not isinstance(value, bool))
-        if not fits:
+        if not fits_type(kind, value):
             unset = ", or unset" if optional else ""
-            raise ValueError(f"{type(config).__name__}.{name} must be {_TYPE_NAMES[kind]}"
+            raise ValueError(f"{type(config).__name__}.{name} must be {TYPE_NAMES[kind]}"
                              f"{unset}, got {value!r}.")
 
 

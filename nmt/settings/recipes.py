@@ -41,7 +41,7 @@ from data.config import DEFAULT_BUCKETS, DataError, check_buckets
 from nmt.runtime import cli
 from nmt.settings import derived
 from nmt.settings.config import RENAMED_SECTIONS, SECTIONS, Layer, RunConfig, SettingsError
-from transformer.config import PRESETS, get_preset
+from transformer.config import PRESETS, TYPE_NAMES, fits_type, get_preset
 
 DEFAULTS_FILE = Path(__file__).with_name("defaults.yaml")
 # The project's folder (where train.py and configs/ are), where a relative --config path not
@@ -129,8 +129,7 @@ def _empty() -> Layer:
     return {section: {} for section in SECTIONS}
 
 
-_TYPE_NAMES = {int: "an integer", float: "a number", str: "a string", bool: "true or false",
-               tuple: "a list of integers such as [16, 32, 64], or 'default'"}
+_TYPE_NAMES = {**TYPE_NAMES, tuple: "a list of integers such as [16, 32, 64], or 'default'"}
 
 
 def _checked(field: Field, value: Any, where: str, takes: str = "") -> Any:
@@ -147,8 +146,7 @@ def _checked(field: Field, value: Any, where: str, takes: str = "") -> Any:
         return _buckets(value, where)
     if field.kind is float and isinstance(value, int) and not isinstance(value, bool):
         value = float(value)
-    # bool is a subclass of int in Python, but true is not a batch size.
-    if not isinstance(value, field.kind) or (field.kind is not bool and isinstance(value, bool)):
+    if not fits_type(field.kind, value):  # true is not a batch size, nor "no" false
         hint = ""
         if isinstance(value, str) and field.kind in (int, float):
             try:
