@@ -8,6 +8,7 @@ import dataclasses
 import hashlib
 import logging
 import os
+import pickle
 import shutil
 import signal
 import sys
@@ -18,7 +19,7 @@ from typing import Callable, Iterator
 
 import datasets
 import multiprocess
-import multiprocess.pool
+import multiprocess.connection
 import numpy as np
 import pyarrow as pa
 import sentencepiece as spm
@@ -213,43 +214,84 @@ def _jax_running() -> bool:
     return bool(started and started())
 
 
-def _start_worker() -> None:
-    """A worker's first act: Ctrl-C, which reaches the whole process group, is this
-    process's to handle (it ends the workers), not theirs to print tracebacks for."""
+def _encode_in_worker(rows: datasets.Dataset, tokenizer: TokenizerBase, path: str) -> None:
+    """A worker process's encoding of `rows` into `path`. Ctrl-C, which reaches the whole
+    process group, is the parent's to handle (it ends the workers), not theirs to print
+    tracebacks for. An error is left pickled beside `path`, for the parent to raise."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a fork inherits the parent's `_terminate`
     datasets.disable_progress_bars()  # one bar a worker would interleave
+    try:
+        _encode_rows(rows, tokenizer, path)
+    except Exception as err:  # noqa: BLE001 - raised again in the parent
+        try:
+            error = pickle.dumps(err)
+        except Exception:  # noqa: BLE001 - an error that does not pickle: its text
+            error = pickle.dumps(RuntimeError(f"{type(err).__name__}: {err}"))
+        Path(path + ".error").write_bytes(error)
+        sys.exit(1)
 
 
 def _terminate(signum: int, frame) -> None:
     raise SystemExit(128 + signum)
 
 
-@contextlib.contextmanager
-def _worker_pool(processes: int) -> Iterator[multiprocess.pool.Pool]:
-    """A pool of `processes` worker processes, joined when the block ends and terminated
-    when an exception ends it: no worker outlives an error, Ctrl-C or SIGTERM here.
+def _run_workers(shares: list[tuple[datasets.Dataset, TokenizerBase, str]],
+                 names: list[str]) -> None:
+    """Encode each share in a process of its own, returning once every one has written its
+    file; `names[i]` says which pairs share i holds. A worker that ends otherwise (an error,
+    or killed: by the OOM killer, say) ends the others and the encoding, and so does an
+    exception here (Ctrl-C, or SIGTERM): no worker outlives the call.
 
     The workers are spawned rather than forked where JAX runs (a fork of a process in which
     JAX's threads run can deadlock), and they ignore SIGINT from their start. In the main
     thread, a SIGTERM whose action is the default (killing this process, and leaving the
-    workers behind) raises SystemExit(143) while the block runs, so that it ends them."""
+    workers behind) raises SystemExit(143) while they run, so that it ends them."""
     context = multiprocess.get_context("spawn" if _jax_running() else None)
     main_thread = threading.current_thread() is threading.main_thread()
-    with _signals_set({signal.SIGINT: signal.SIG_IGN} if main_thread else {}):
-        # Ignored from the fork on: a Ctrl-C before `_start_worker` runs ends no worker.
-        pool = context.Pool(processes, initializer=_start_worker)
+    workers = [context.Process(target=_encode_in_worker, args=share, daemon=True)
+               for share in shares]
     terminating = main_thread and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
     try:
         with _signals_set({signal.SIGTERM: _terminate} if terminating else {}):
-            yield pool
+            with _signals_set({signal.SIGINT: signal.SIG_IGN} if main_thread else {}):
+                for worker in workers:  # ignored from the fork on, inherited by the workers
+                    worker.start()
+            running = {worker.sentinel: i for i, worker in enumerate(workers)}
+            while running:
+                for sentinel in multiprocess.connection.wait(list(running)):
+                    i = running.pop(sentinel)
+                    workers[i].join()
+                    if workers[i].exitcode != 0:
+                        raise _worker_error(workers[i].exitcode, shares[i][2], names[i])
     except BaseException:
-        # A second Ctrl-C must not cut the ending short (it takes well under a second).
+        # Killed, not asked to end: a worker holds no lock this process waits on. A second
+        # Ctrl-C must not cut the ending short (it takes well under a second).
         with _signals_set({signal.SIGINT: signal.SIG_IGN, signal.SIGTERM: signal.SIG_IGN}
                           if main_thread else {}):
-            pool.terminate()
+            for worker in workers:
+                if worker.pid is not None and worker.exitcode is None:
+                    worker.kill()
+            for worker in workers:
+                if worker.pid is not None:
+                    worker.join(timeout=10)
         raise
-    pool.close()
-    pool.join()
+
+
+def _worker_error(exitcode: int, path: str, name: str) -> BaseException:
+    """The error to raise for the worker encoding `name` into `path` that ended with
+    `exitcode`: its own, when it left one."""
+    with contextlib.suppress(OSError, pickle.UnpicklingError, AttributeError, ImportError):
+        return pickle.loads(Path(path + ".error").read_bytes())
+    if exitcode < 0:
+        killed = ", killed: out of memory?" if -exitcode == signal.SIGKILL else ""
+        how = f"signal {-exitcode} ({signal.Signals(-exitcode).name}{killed})"
+    else:
+        how = f"exit status {exitcode}"
+    return DataError(
+        f"a worker process encoding {name} ended with {how}; run again with more memory, or "
+        "fewer encoding processes (one per core this process may use by default: start it "
+        "under `taskset -c 0-3` for 4, say)")
 
 
 @contextlib.contextmanager
@@ -308,28 +350,30 @@ def _encoded_rounds(split: datasets.Dataset, tokenizer: TokenizerBase, num_proc:
     for start in range(0, len(split), ENCODE_ROUND_PAIRS):
         end = min(start + ENCODE_ROUND_PAIRS, len(split))
         directory = work / f"map-{start}"
+        bounds = share_bounds(end - start, min(num_proc, end - start))
         shares = [(split.select(range(start + first, start + last)), tokenizer,
-                   str(directory / f"{first}.arrow"))
-                  for first, last in share_bounds(end - start, min(num_proc, end - start))]
+                   str(directory / f"{first}.arrow")) for first, last in bounds]
         if len(shares) > 1:  # the workers show no bars: one line a round says where it is
             log.info("encoding pairs %d-%d of %d in %d processes", start, end, len(split),
                      len(shares))
-            with _worker_pool(len(shares)) as pool:
-                files = pool.starmap(_encode_rows, shares)
+            directory.mkdir(parents=True, exist_ok=True)
+            _run_workers(shares, [f"pairs {start + first}-{start + last} of {len(split)}"
+                                  for first, last in bounds])
         else:
-            files = [_encode_rows(*shares[0])]
-        for file in files:
+            _encode_rows(*shares[0])
+        for _, _, file in shares:
+            if not os.path.exists(file):  # a worker exits 0 only once its file is written
+                raise DataError(f"{file}, written by a worker process, is missing; run again")
             yield datasets.Dataset.from_file(file)
         shutil.rmtree(directory)
 
 
-def _encode_rows(rows: datasets.Dataset, tokenizer: TokenizerBase, path: str) -> str:
+def _encode_rows(rows: datasets.Dataset, tokenizer: TokenizerBase, path: str) -> None:
     """Encode `rows` into the Arrow file `path` (in a worker process, or in this one)."""
     rows.map(_EncodeBatch(tokenizer), batched=True, batch_size=2000,
              remove_columns=rows.column_names, features=_ENCODED_FEATURES,
              cache_file_name=path, new_fingerprint=hashlib.md5(path.encode()).hexdigest(),
              desc=f"encoding {len(rows)} pairs")
-    return path
 
 
 def encode_split(split: datasets.Dataset, tokenizer: TokenizerBase,

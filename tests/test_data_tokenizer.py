@@ -281,31 +281,52 @@ def test_encoding_with_worker_processes_in_rounds(small_tokenizer, tmp_path, mon
     assert encoded.tgt.to_lists() == small_tokenizer.encode(SMALL_TEXT[::-1])
 
 
-# Encodes with two spawned workers (as where JAX runs) that each mark their start, then sleep.
+# Encodes with two spawned workers (as where JAX runs) that each mark their start, then sleep;
+# with "idle", the first worker's share takes no time (and the worker is then idle).
 _SLOW_ENCODING = """
 import os, sys, time
 sys.path.insert(0, sys.argv[1])
 import datasets
 import data.encoding
-from nmt.runtime.cli import guarded
+from data.config import DataError
+from nmt.runtime.cli import Fault, guarded
 
 
 class SlowTokenizer:
     fingerprint = "slow"
 
     def encode(self, texts, side):
-        open(os.path.join(sys.argv[2], str(os.getpid())), "w").close()
-        time.sleep(60)
+        slow = sys.argv[4] == "busy" or texts[0] not in ("a b", "c")
+        open(os.path.join(sys.argv[2], f"{os.getpid()}-{'slow' if slow else 'fast'}"),
+             "w").close()
+        if slow:
+            time.sleep(60)
         return [[1] for _ in texts]
 
 
 if __name__ == "__main__":
     datasets.disable_progress_bars()
     data.encoding._jax_running = lambda: True
-    split = datasets.Dataset.from_dict({"source": ["a b"] * 100, "target": ["c"] * 100})
-    sys.exit(guarded("probe", lambda: data.encoding.encode_split(
-        split, SlowTokenizer(), sys.argv[3], num_proc=2) is None))
+    split = datasets.Dataset.from_dict({"source": ["a b"] * 50 + ["d e"] * 50,
+                                        "target": ["c"] * 50 + ["f"] * 50})
+
+
+    def encode():
+        try:
+            return data.encoding.encode_split(split, SlowTokenizer(), sys.argv[3], num_proc=2)
+        except DataError as err:  # as train.py turns it into one line
+            raise Fault(str(err)) from None
+
+    sys.exit(guarded("probe", lambda: encode() is None))
 """
+
+
+def _started(marks: Path, workers: str) -> bool:
+    """Whether both workers are busy (`busy`), or the fast share and the slow one started."""
+    names = [mark.name for mark in marks.iterdir()]
+    if workers == "busy":
+        return len(names) == 2
+    return {name.split("-")[1] for name in names} == {"fast", "slow"}
 
 
 def _session(leader: int) -> list[int]:
@@ -321,26 +342,34 @@ def _session(leader: int) -> list[int]:
     return members
 
 
-@pytest.mark.parametrize("signum, group, status", [
-    (signal.SIGINT, True, 130),    # Ctrl-C at a terminal: the whole process group
-    (signal.SIGINT, False, 130),   # kill -INT of the command alone
-    (signal.SIGTERM, False, 143),
-], ids=["ctrl-c", "sigint", "sigterm"])
-def test_a_signal_while_workers_encode_ends_them_with_one_line(signum, group, status, tmp_path):
+@pytest.mark.parametrize("signum, whom, workers, status", [
+    (signal.SIGINT, "group", "busy", 130),    # Ctrl-C at a terminal: the whole process group
+    (signal.SIGINT, "command", "busy", 130),  # kill -INT of the command alone
+    (signal.SIGTERM, "command", "busy", 143),
+    (signal.SIGTERM, "group", "idle", 143),   # systemd's stop, Slurm's scancel, GNU timeout
+    (signal.SIGKILL, "worker", "busy", 1),    # the OOM killer
+], ids=["ctrl-c", "sigint", "sigterm", "group-sigterm", "worker-killed"])
+def test_a_signal_while_workers_encode_ends_them_with_one_line(signum, whom, workers, status,
+                                                                tmp_path):
     """The command ends within seconds, says `interrupted` and nothing more after SIGINT
-    (no worker's traceback), and leaves no process and no temporary store behind."""
+    (no worker's traceback), says which worker ended and what to do when one is killed,
+    and leaves no process and no temporary store behind."""
     (tmp_path / "slow.py").write_text(_SLOW_ENCODING)
     marks, cache = tmp_path / "marks", tmp_path / "cache"
     marks.mkdir()
     command = subprocess.Popen(
-        [sys.executable, str(tmp_path / "slow.py"), str(ROOT), str(marks), str(cache)],
+        [sys.executable, str(tmp_path / "slow.py"), str(ROOT), str(marks), str(cache), workers],
         stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         deadline = time.monotonic() + 60
-        while len(list(marks.iterdir())) < 2 and command.poll() is None:
+        while not _started(marks, workers) and command.poll() is None:
             assert time.monotonic() < deadline, "the workers never started encoding"
             time.sleep(0.1)
-        (os.killpg if group else os.kill)(command.pid, signum)
+        time.sleep(1 if workers == "idle" else 0)  # the fast share written
+        if whom == "worker":  # a mark's name starts with its worker's process id
+            os.kill(int(min(marks.iterdir()).name.split("-")[0]), signum)
+        else:
+            (os.killpg if whom == "group" else os.kill)(command.pid, signum)
         _, err = command.communicate(timeout=20)
         deadline = time.monotonic() + 10
         while (left := _session(command.pid)) and time.monotonic() < deadline:
@@ -352,8 +381,14 @@ def test_a_signal_while_workers_encode_ends_them_with_one_line(signum, group, st
         command.wait()
     assert command.returncode == status, err
     assert not left, f"processes left behind: {left}"
-    assert [line for line in err.splitlines() if line.strip()] == (
-        ["probe: interrupted"] if signum == signal.SIGINT else []), err
+    lines = [line for line in err.splitlines() if line.strip()]
+    if whom == "worker":
+        assert len(lines) == 1 and lines[0].startswith(
+            "probe: error: a worker process encoding pairs "), err
+        assert "ended with signal 9 (SIGKILL, killed: out of memory?); run again with more " \
+               "memory, or fewer encoding processes" in lines[0], err
+    else:
+        assert lines == (["probe: interrupted"] if signum == signal.SIGINT else []), err
     assert not list((cache / "encoded").iterdir())
 
 
