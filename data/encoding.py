@@ -278,6 +278,11 @@ def _run_workers(shares: list[tuple[datasets.Dataset, TokenizerBase, str]],
         raise
 
 
+class WorkerDied(RuntimeError):
+    """A worker process encoding pairs ended without finishing (killed, or crashed): a fault
+    of the machine while running, not of the data or the flags."""
+
+
 def _worker_error(exitcode: int, path: str, name: str) -> BaseException:
     """The error to raise for the worker encoding `name` into `path` that ended with
     `exitcode`: its own, when it left one."""
@@ -288,7 +293,7 @@ def _worker_error(exitcode: int, path: str, name: str) -> BaseException:
         how = f"signal {-exitcode} ({signal.Signals(-exitcode).name}{killed})"
     else:
         how = f"exit status {exitcode}"
-    return DataError(
+    return WorkerDied(
         f"a worker process encoding {name} ended with {how}; run again with more memory, or "
         "fewer encoding processes (one per core this process may use by default: start it "
         "under `taskset -c 0-3` for 4, say)")

@@ -289,7 +289,7 @@ sys.path.insert(0, sys.argv[1])
 import datasets
 import data.encoding
 from data.config import DataError
-from nmt.runtime.cli import Fault, guarded
+from nmt.runtime.cli import Fault, UsageError, guarded
 
 
 class SlowTokenizer:
@@ -314,8 +314,10 @@ if __name__ == "__main__":
     def encode():
         try:
             return data.encoding.encode_split(split, SlowTokenizer(), sys.argv[3], num_proc=2)
-        except DataError as err:  # as train.py turns it into one line
+        except data.encoding.WorkerDied as err:  # as train.py: a fault, exit 1
             raise Fault(str(err)) from None
+        except DataError as err:  # as train.py: a usage error, exit 2
+            raise UsageError(str(err)) from None
 
     sys.exit(guarded("probe", lambda: encode() is None))
 """

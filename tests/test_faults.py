@@ -252,6 +252,23 @@ def test_a_peer_failing_while_the_process_counts_are_compared_is_a_fault(tmp_pat
     assert status == 1 and line == "train.py: error: process 1 of 2 failed: interrupted"
 
 
+def test_an_encoding_worker_that_died_is_a_fault_while_running(tmp_path, capsys,
+                                                                monkeypatch):
+    """A worker killed while encoding (out of memory) is the machine's fault: exit 1, as
+    faults while running are, not 2 as a bad corpus is."""
+    import data.corpus
+    from data.encoding import WorkerDied
+
+    def died(*args):
+        raise WorkerDied("a worker process encoding pairs 0-50 of 100 ended with signal 9")
+
+    monkeypatch.setattr(data.corpus, "check_files", died)
+    status = train_cli.main(["--max-steps", "1", "--output-dir", str(tmp_path / "run")])
+    line = _one_line(capsys.readouterr().err)
+    assert (status, line) == (1, "train.py: error: a worker process encoding pairs 0-50 of "
+                                 "100 ended with signal 9")
+
+
 @pytest.mark.parametrize("value, fix", [("gpu", "'.[cuda]'"), ("tpu", "'.[tpu]'"),
                                         ("bogus", "name a backend JAX has")])
 def test_jax_platforms_names_the_extra_to_install(value, fix, monkeypatch):

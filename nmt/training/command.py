@@ -178,6 +178,7 @@ def _run(run: RunConfig, args: argparse.Namespace, started: float) -> int:
 
     from data.config import DataError
     from data.corpus import check_files
+    from data.encoding import WorkerDied
     from nmt.rundir import resume
     from nmt.rundir.checkpoints import CHECKPOINTS_DIR, CheckpointError, SaveError, complete_steps
     from nmt.rundir.lock import LockingUnsupported, RunDirectoryInUse
@@ -203,7 +204,8 @@ def _run(run: RunConfig, args: argparse.Namespace, started: float) -> int:
         summary = train(run, run_dir, started)
     except (RunMismatch, BudgetTooShort) as err:  # flags that do not fit the run
         raise cli.UsageError(str(err)) from None
-    except (TrainingError, SaveError, MetricsWriteError, RunDirectoryInUse, PeerFailed) as err:
+    except (TrainingError, SaveError, MetricsWriteError, RunDirectoryInUse, PeerFailed,
+            WorkerDied) as err:
         raise cli.Fault(str(err)) from None
     except (DataError, CheckpointError, MetricError, resume.ResumeError,
             LockingUnsupported) as err:
