@@ -234,6 +234,29 @@ def test_a_damaged_or_missing_best_step_is_read_from_its_checkpoint(tmp_path, ca
     saver.close()
 
 
+def test_the_best_step_is_hashed_once_where_it_is_read(tmp_path, monkeypatch):
+    """Reading best/<step>, or checkpoints/<step> in its place, verifies each one's
+    checksums once (a big model's checkpoint takes seconds to hash), not once to choose it
+    and again to read it."""
+    params, train = _split(_trained_state(2))
+    params_like, _ = _split(_trained_state(0))
+    saver = checkpoint.Checkpointer(tmp_path)
+    saver.save(2, params, train, {})
+    saver.save_best(2, params, {"ppl": 9.0, "step": 2})
+    saver.wait()
+    hashed = []
+    real = checkpoint.damaged_file
+    monkeypatch.setattr(checkpoint, "damaged_file",
+                        lambda step_dir: hashed.append(step_dir.parent.name) or real(step_dir))
+    _assert_trees_equal(saver.restore_params(params_like, 2, best=True), params)
+    assert hashed == [checkpoint.BEST_DIR]
+    shutil.rmtree(tmp_path / checkpoint.BEST_DIR / "2")
+    hashed.clear()
+    _assert_trees_equal(saver.restore_params(params_like, 2, best=True), params)
+    assert hashed == [checkpoint.CHECKPOINTS_DIR]
+    saver.close()
+
+
 def _save_trained_states(run_dir: Path, steps: list[int]) -> list:
     """Checkpoints of `_trained_state(n)` at each step n."""
     saver = checkpoint.Checkpointer(run_dir, keep_last=5)

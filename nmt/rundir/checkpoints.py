@@ -505,7 +505,7 @@ class Checkpointer:
         try:
             if (problem := unusable(path)) is not None:
                 raise CheckpointError(f"{path} {problem}")
-            return _read_params(self._best, path, params_like)
+            return _read_params(self._best, path, params_like, checked=True)
         except CheckpointError as err:
             fallback = self.directory / str(step)
             if (gone := unusable(fallback)) is not None:
@@ -515,7 +515,7 @@ class Checkpointer:
                     "either.") from err
             log.warning("%s; reading best step %d's parameters from %s, which holds the same",
                         str(err).rstrip("."), step, fallback)
-            return _read_params(self._last, fallback, params_like)
+            return _read_params(self._last, fallback, params_like, checked=True)
 
 
 def unusable(step_dir: Path) -> str | None:
@@ -528,8 +528,11 @@ def unusable(step_dir: Path) -> str | None:
     return None if damage is None else f"is damaged ({damage})"
 
 
-def _read_params(manager: ocp.CheckpointManager, step_dir: Path, params_like: Any) -> Any:
-    damage = damaged_file(step_dir)
+def _read_params(manager: ocp.CheckpointManager, step_dir: Path, params_like: Any,
+                 checked: bool = False) -> Any:
+    """The parameters in `step_dir`; `checked`: its checksums were just verified (`unusable`),
+    so they are not read again (a big model's checkpoint takes seconds to hash)."""
+    damage = None if checked else damaged_file(step_dir)
     if damage is not None:
         raise CheckpointError(f"{step_dir}: {damage}; delete it to fall back to the "
                               "checkpoints before it.")
