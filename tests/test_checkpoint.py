@@ -204,17 +204,24 @@ def test_discard_best_keeps_only_the_recorded_step(tmp_path):
     saver.close()
 
 
+def _saved_as_best_and_checkpoint(run_dir: Path):
+    """(a Checkpointer, the parameters it saved as step 2 in checkpoints/ and best/, a tree
+    of the same shapes to restore into)."""
+    params, train = _split(_trained_state(2))
+    params_like, _ = _split(_trained_state(0))
+    saver = checkpoint.Checkpointer(run_dir)
+    saver.save(2, params, train, {})
+    saver.save_best(2, params, {"ppl": 9.0, "step": 2})
+    saver.wait()
+    return saver, params, params_like
+
+
 def test_a_damaged_or_missing_best_step_is_read_from_its_checkpoint(tmp_path, caplog):
     """checkpoints/<best step> holds best/<step>'s parameters: a damaged best/ loses nothing
     while it is kept, at export (`restore_params`) and on resume, which writes best/ again."""
     from nmt.rundir import resume
 
-    params, train = _split(_trained_state(2))
-    params_like, _ = _split(_trained_state(0))
-    saver = checkpoint.Checkpointer(tmp_path)
-    saver.save(2, params, train, {})
-    saver.save_best(2, params, {"ppl": 9.0, "step": 2})
-    saver.wait()
+    saver, params, params_like = _saved_as_best_and_checkpoint(tmp_path)
     best = tmp_path / checkpoint.BEST_DIR / "2"
     for victim in (best / "params" / "d").iterdir():
         with victim.open("r+b") as f:
@@ -238,12 +245,7 @@ def test_the_best_step_is_hashed_once_where_it_is_read(tmp_path, monkeypatch):
     """Reading best/<step>, or checkpoints/<step> in its place, verifies each one's
     checksums once (a big model's checkpoint takes seconds to hash), not once to choose it
     and again to read it."""
-    params, train = _split(_trained_state(2))
-    params_like, _ = _split(_trained_state(0))
-    saver = checkpoint.Checkpointer(tmp_path)
-    saver.save(2, params, train, {})
-    saver.save_best(2, params, {"ppl": 9.0, "step": 2})
-    saver.wait()
+    saver, params, params_like = _saved_as_best_and_checkpoint(tmp_path)
     hashed = []
     real = checkpoint.damaged_file
     monkeypatch.setattr(checkpoint, "damaged_file",

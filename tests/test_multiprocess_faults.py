@@ -243,12 +243,9 @@ def test_processes_without_a_shared_run_directory_end_in_one_line_each(corpus, t
 
 def test_a_process_killed_mid_run_ends_the_other_at_once(corpus, tmp_path, env):
     """kill -9 of process 1 after the checkpoint of step 10: process 0 names it and ends."""
-    port, run = _free_port(), tmp_path / "run"
-    processes = [_train(run, corpus, k, port, env, "--max-steps", "100000",
-                        "--eval-every", "10")
-                 for k in range(PROCESSES)]
+    run = tmp_path / "run"
+    processes = _past_checkpoint_10(run, corpus, env)
     try:
-        _after_checkpoint_10(processes, run)
         os.kill(processes[1].pid, signal.SIGKILL)
         killed = time.monotonic()
     finally:
@@ -261,23 +258,31 @@ def test_a_process_killed_mid_run_ends_the_other_at_once(corpus, tmp_path, env):
     assert time.monotonic() - killed < 30
 
 
-def _after_checkpoint_10(processes: list[subprocess.Popen], run: Path) -> None:
+def _past_checkpoint_10(run: Path, corpus, env) -> list[subprocess.Popen]:
+    """The processes of a long run, once its checkpoint of step 10 is sealed (none left
+    running if it never comes)."""
+    port = _free_port()
+    processes = [_train(run, corpus, k, port, env, "--max-steps", "100000",
+                        "--eval-every", "10")
+                 for k in range(PROCESSES)]
     deadline = time.monotonic() + 120
-    while not (run / "checkpoints" / "10" / CHECKSUMS_FILE).exists():
-        assert time.monotonic() < deadline and processes[0].poll() is None, processes
-        time.sleep(0.2)
+    try:
+        while not (run / "checkpoints" / "10" / CHECKSUMS_FILE).exists():
+            assert time.monotonic() < deadline and processes[0].poll() is None, processes
+            time.sleep(0.2)
+    except BaseException:
+        _all_ended(processes, timeout=60)
+        raise
+    return processes
 
 
 @pytest.mark.parametrize("victim", [0, 1])
 def test_sigterm_to_one_process_stops_every_process_saving(corpus, tmp_path, env, victim):
     """SIGTERM to one process only: all agree on the reason, save the same checkpoint and
     exit 143, as one process would."""
-    port, run = _free_port(), tmp_path / "run"
-    processes = [_train(run, corpus, k, port, env, "--max-steps", "100000",
-                        "--eval-every", "10")
-                 for k in range(PROCESSES)]
+    run = tmp_path / "run"
+    processes = _past_checkpoint_10(run, corpus, env)
     try:
-        _after_checkpoint_10(processes, run)
         os.kill(processes[victim].pid, signal.SIGTERM)
     finally:
         ended = _all_ended(processes, timeout=90)
