@@ -182,8 +182,9 @@ def test_a_quote_the_sentence_goes_on_after_stays_in_it():
 
 
 def test_ordinals_list_numbers_and_titles_stay_in_their_sentence():
-    """sentencex cuts after "2." before a German noun, after a line's "1." and after "M." in
-    French: each is one sentence again, while a year or a sentence's end before a new
+    """sentencex cuts after "2." before a German noun, after a line's "1.", after "M." in
+    French, "Mevr." in Dutch, "Dña." in Spanish and inside "Dipl.-Ing.": each is one sentence
+    again, while a year or a sentence's end before a new
     sentence is still cut."""
     # Each text's sentences, "|" where it is cut.
     cases = [
@@ -201,6 +202,10 @@ def test_ordinals_list_numbers_and_titles_stay_in_their_sentence():
         ("fr", "Mme. Durand"),
         ("fr", "Mme Durand est là. |Mlle. Roux aussi."),
         ("fr", "J’ai vu M. Dupont. |Il va bien."),
+        ("nl", "Mevr. Jansen kwam. |Mw. de Vries ook."),
+        ("es", "Dña. García llegó. |D. Pérez también."),
+        ("de", "Dipl.-Ing. Müller kam. |Dr.-Ing. Roth auch."),
+        ("en", "It ended. |- Then more."),
         # Still cut: a year, a number in a language without dotted ordinals, a number that is
         # not at the start of its line.
         ("de", "Er kam 1939. |Dann ging er."),

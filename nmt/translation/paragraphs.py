@@ -26,9 +26,10 @@ sentencex cuts after a quotation that a Japanese, Chinese or Korean sentence goe
 (「本当？」と聞いた), the two pieces are one sentence again (`_quotes_rejoined`); so are a
 list item's number at the start of a line and what follows it ("1. Einleitung"), an ordinal
 written with a full stop and the word after it in languages that write them so ("Der 2.
-Weltkrieg", `ORDINAL_DOT`), and a title that sentencex does not know and the name after it
-("M. Dupont"). Khmer's "។" and "៕" end a sentence (`_STOPS`). Thai, Lao, Khmer and Myanmar
-end a sentence with a space, which sentencex does not see: their text is cut at spaces where
+Weltkrieg", `ORDINAL_DOT`), a title that sentencex does not know and the name after it
+("M. Dupont", "Mevr. Jansen", "Dña. García"), and a word cut at a hyphen ("Dipl.-Ing.").
+Khmer's "។" and "៕" end a sentence (`_STOPS`). Thai, Lao, Khmer and Myanmar end a sentence
+with a space, which sentencex does not see: their text is cut at spaces where
 it would otherwise make a sentence of more than 200 characters (`_cut_at_spaces`).
 
 HTML (`split_html`) keeps every tag, attribute, comment, doctype, CDATA section and
@@ -410,15 +411,22 @@ _ORDINAL_END = re.compile(r"(?:^|(?<=[\s(\[]))(?:\d{1,3}\.)+\s+$")
 # A line that starts with a list item's or a heading's number ("1. Einleitung", "2.1. Methods").
 _LIST_NUMBER = re.compile(r"\s*(?:\d{1,3}\.)+\s+")
 # Titles written before a name with a full stop that sentencex does not know, per language.
-_TITLES = {"fr": ("M", "MM", "Mme", "Mmes", "Mlle", "Mlles", "Mgr", "Dr", "Pr", "Me")}
-_TITLE_END = {language: re.compile(rf"(?:^|(?<=[\s(]))(?:{'|'.join(titles)})\.\s+$")
+_TITLES = {"fr": ("M", "MM", "Mme", "Mmes", "Mlle", "Mlles", "Mgr", "Dr", "Pr", "Me"),
+           "nl": ("Mevr", "Mw", "Mej", "Dhr", "Ir", "Drs", "Mr"),
+           "es": ("D", "Dña", "Sr", "Sra", "Srta", "Dr", "Dra", "Lic", "Ing"),
+           "de": ("Ing",)}
+_TITLE_END = {language: re.compile(rf"(?:^|(?<=[\s(-]))(?:{'|'.join(titles)})\.\s+$")
               for language, titles in _TITLES.items()}
+# A segment that starts with a hyphen straight after the last one's full stop is one word
+# cut in two ("Dipl.-Ing.", "z.B.-Wert").
+_HYPHENS = frozenset("-\u2010\u2011")
 
 
 def _numbers_and_titles_rejoined(segments: list[str], language: str) -> list[str]:
     """sentencex's `segments` with each that cannot end a sentence joined to the next: a
-    list item's number at the start of the line, in every language; before a word, an
-    ordinal (in `ORDINAL_DOT` languages) and a title (`_TITLES`)."""
+    list item's number at the start of the line, and a cut inside a hyphenated word
+    ("Dipl.-Ing."), in every language; before a word, an ordinal (in `ORDINAL_DOT`
+    languages) and a title (`_TITLES`)."""
     ordinal = language in ORDINAL_DOT
     title = _TITLE_END.get(language)
     joined = segments[:1]
@@ -426,7 +434,8 @@ def _numbers_and_titles_rejoined(segments: list[str], language: str) -> list[str
         last = joined[-1]
         before_word = piece[:1].isalpha() and (
             (ordinal and _ORDINAL_END.search(last)) or (title and title.search(last)))
-        if before_word or (len(joined) == 1 and _LIST_NUMBER.fullmatch(last)):
+        inside_word = piece[:1] in _HYPHENS and last.endswith(".")
+        if before_word or inside_word or (len(joined) == 1 and _LIST_NUMBER.fullmatch(last)):
             joined[-1] += piece
         else:
             joined.append(piece)
