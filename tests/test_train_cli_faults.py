@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import signal
 import urllib.error
 from pathlib import Path
@@ -176,6 +177,30 @@ def test_dropout_and_dtype_may_change_on_resume_and_the_model_records_them(
     assert train_cli.main([*scratch, "--max-steps", "6", "--d-model", "30"]) == 2
     assert "was trained with a different model (d_model: saved 24, now 30)" in _error_line(
         capsys)
+
+
+def test_a_model_edited_in_config_yaml_is_refused_in_one_line(model, corpus, tmp_path, capsys):
+    """Resuming with --config of a config.yaml whose model was edited agrees with that file,
+    but not with the checkpoints: one line names the shapes, without the traceback that each
+    of orbax's abandoned array reads would print."""
+    import gc
+
+    out = tmp_path / "run"
+    scratch = [*(a for a in _fine_tune(model, corpus, out) if a not in ("--init-from",
+                                                                          str(model))),
+               "--preset", "tiny", "--vocab-size", "320"]
+    assert train_cli.main(scratch) == 0
+    config = out / "config.yaml"
+    config.write_text(config.read_text().replace("model: {preset: tiny}",
+                                                 "model: {preset: tiny, d_model: 30}"))
+    capsys.readouterr()
+    assert train_cli.main(["--config", str(config), "--max-steps", "4"]) == 2
+    gc.collect()  # abandoned reads print when collected
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if not line.startswith("INFO")]
+    assert len(lines) == 1, err[-3000:]
+    assert "the model's shapes differ from those of its checkpoints" in lines[0]
+    assert re.search(r"is \([\d, ]*30,?\) now and \([\d, ]*24,?\) in the checkpoint", lines[0])
 
 
 def test_another_seed_is_refused_on_resume_without_config_yaml(model, corpus, tmp_path,

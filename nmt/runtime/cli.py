@@ -210,14 +210,20 @@ class _NoLibraryTracebacks(logging.Filter):
         return not (library and (record.exc_info or "Traceback" in record.getMessage()))
 
 
-def _quiet_closed_loop(default: Callable) -> Callable:
-    """An unraisable-exception hook that drops "Event loop is closed": after a failed save,
-    TensorStore's write callbacks keep arriving at orbax's closed event loop, each printing a
-    traceback Python then ignores (a hundred when the disk fills)."""
+def _quiet_abandoned_io(default: Callable) -> Callable:
+    """An unraisable-exception hook that drops what orbax's abandoned I/O prints, each a
+    traceback Python then ignores, for a failure our code reports in one line:
+    - "Event loop is closed": after a failed save, TensorStore's write callbacks keep arriving
+      at orbax's closed event loop (a hundred when the disk fills);
+    - a read coroutine of orbax's that raised after the restore it served had failed (another
+      model's shapes: one per array, each with a TensorStore spec of fifty lines)."""
 
     def hook(unraisable) -> None:
         value = unraisable.exc_value
         if isinstance(value, RuntimeError) and str(value) == "Event loop is closed":
+            return
+        code = getattr(unraisable.object, "cr_code", None)
+        if code is not None and f"{os.sep}orbax{os.sep}" in code.co_filename:
             return
         default(unraisable)
 
@@ -233,7 +239,7 @@ def setup_logging(level: int, fmt: str, quiet_loggers: tuple[str, ...]) -> None:
     handler.setFormatter(logging.Formatter(fmt))
     if not debugging():
         handler.addFilter(_NoLibraryTracebacks((*quiet_loggers, "asyncio")))
-        sys.unraisablehook = _quiet_closed_loop(sys.__unraisablehook__)
+        sys.unraisablehook = _quiet_abandoned_io(sys.__unraisablehook__)
     logging.basicConfig(level=level, handlers=[handler], force=True)
     # An earlier set-up in this process (translate.py quiets `data`) must not mute this one's.
     for name in _quieted - set(quiet_loggers):
