@@ -199,10 +199,35 @@ def test_library_tracebacks_are_not_logged_unless_debugging(monkeypatch, capsys)
     assert "ERROR nmt.training.trainer: ours" in err and "no exception: kept" in err
 
     ignored = []
-    hook = cli._quiet_closed_loop(ignored.append)
+    hook = cli._quiet_abandoned_io(ignored.append)
     for value in (RuntimeError("Event loop is closed"), RuntimeError("other")):
-        hook(type("Unraisable", (), {"exc_value": value})())
+        hook(type("Unraisable", (), {"exc_value": value, "object": None})())
     assert [str(u.exc_value) for u in ignored] == ["other"]
+
+
+def test_a_program_compiling_ahead_of_time_is_finished_before_the_process_exits(tmp_path):
+    """A start-up check that fails while the train step compiles in the background ends the
+    command: the compilation is waited for, not stopped inside XLA, which aborted the
+    process (exit 134 or 139 instead of the error's 2)."""
+    done = tmp_path / "traced"
+    script = f"""
+import time
+import jax, jax.numpy as jnp
+from nmt.runtime.compilation import AheadOfTime, CompileLog
+
+def step(state, batch):
+    time.sleep(1.0)  # still tracing when the main thread returns
+    open({str(done)!r}, "w").close()
+    return batch["x"] @ state
+
+ahead = AheadOfTime(jax.jit(step), CompileLog(), "step")
+ahead.start(jax.ShapeDtypeStruct((4, 4), jnp.float32),
+            {{"x": jax.ShapeDtypeStruct((2, 4), jnp.float32)}})
+"""
+    result = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert done.exists()
 
 
 def test_unexpected_errors_are_one_line_unless_debugging(tmp_path, capsys, monkeypatch):

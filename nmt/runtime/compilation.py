@@ -216,7 +216,9 @@ class AheadOfTime:
             except BaseException as err:  # noqa: BLE001 - handed to the caller in `wait`
                 self._error = err
 
-        self._thread = threading.Thread(target=compile_program, name=label, daemon=True)
+        # Not a daemon: one still compiling when the interpreter exits (a check after the
+        # start failed) would be stopped inside XLA, which aborts the process (exit 134, 139).
+        self._thread = threading.Thread(target=compile_program, name=label)
         self._thread.start()
 
     def ready(self) -> bool:

@@ -21,7 +21,7 @@ from data.packing import PACKED_KEYS
 from data.tokenizer import load_tokenizer, tokenizer_present
 from nmt.rundir import resume
 from nmt.rundir.bookkeeping import Bookkeeping
-from nmt.rundir.checkpoints import CHECKPOINTS_DIR, Checkpointer, complete_steps
+from nmt.rundir.checkpoints import CHECKPOINTS_DIR, Checkpointer, CheckpointError, complete_steps
 from nmt.runtime.compilation import AheadOfTime, CompileLog
 from nmt.runtime.distributed import local_copy
 from nmt.settings.config import RunConfig
@@ -218,7 +218,11 @@ def _restore(checkpoints: Checkpointer, state: Any, bookkeeping: Bookkeeping, ru
              ) -> tuple[Any, Bookkeeping, int | None]:
     """The state and bookkeeping of the latest checkpoint, and its step; those given (and
     None) when there is none."""
-    restored = checkpoints.restore(state.params, checkpoint_items(state))
+    try:
+        restored = checkpoints.restore(state.params, checkpoint_items(state))
+    except CheckpointError:
+        checkpoints.close()  # its threads, left running, abort the interpreter at exit
+        raise
     if restored is None:
         return state, bookkeeping, None
     state = state.replace(params=restored.params, step=restored.train["step"],
