@@ -296,6 +296,22 @@ def test_the_shortlist_command_refuses_bad_counts_and_misaligned_corpora(shortli
     assert "has 2 lines but" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("text", ["", "\n\n\n"], ids=["empty", "empty-lines"])
+def test_the_shortlist_command_refuses_a_corpus_without_text_and_keeps_the_shortlist(
+        shortlisted, tmp_path, capsys, text):
+    from nmt.distillation import shortlist as command
+
+    before = (shortlisted / "model" / "shortlist.npz").read_bytes()
+    for lang in ("de", "en"):
+        (tmp_path / f"c.{lang}").write_text(text)
+    assert command.main(["--model", str(shortlisted / "model"),
+                         "--train-prefix", str(tmp_path / "c")]) == 1
+    err = capsys.readouterr().err.strip()
+    assert f"{tmp_path}/c.de and {tmp_path}/c.en hold no pair of non-empty lines" in err, err
+    assert len(err.splitlines()) == 1
+    assert (shortlisted / "model" / "shortlist.npz").read_bytes() == before
+
+
 @pytest.mark.parametrize("flags, message", [
     (["--ctranslate2-map", "{tmp}/nodir/map.txt"], "--ctranslate2-map {tmp}/nodir/map.txt: the "
                                                    "directory {tmp}/nodir does not exist"),

@@ -73,7 +73,8 @@ def check_args(args: argparse.Namespace) -> None:
 
 def read_pairs(prefix: str, src: str, tgt: str, tokenizer) -> list[tuple[list[int],
                                                                           list[int]]]:
-    """The corpus's pairs as token ids; InputError naming a missing or misaligned file."""
+    """The corpus's pairs as token ids; InputError naming a missing or misaligned file, or a
+    corpus without a pair of tokens (empty lines only), which would build an empty table."""
     paths = [Path(f"{prefix}.{lang}") for lang in (src, tgt)]
     for path in paths:
         if not path.is_file():
@@ -88,7 +89,12 @@ def read_pairs(prefix: str, src: str, tgt: str, tokenizer) -> list[tuple[list[in
         targets = tokenizer.encode(list(iter_lines(paths[1])), "target")
     except DataError as err:
         raise InputError(str(err)) from None
-    return list(zip(sources, targets))
+    pairs = list(zip(sources, targets))
+    if not any(source and target for source, target in pairs):
+        raise InputError(f"{paths[0]} and {paths[1]} hold no pair of non-empty lines: there is "
+                         "nothing to build a shortlist from; give --train-prefix a corpus with "
+                         "lines.")
+    return pairs
 
 
 def run(args: argparse.Namespace) -> int:
