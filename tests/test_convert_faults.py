@@ -277,9 +277,14 @@ def test_generate_is_told_the_models_search(changes, told, model, tmp_path, caps
 
 @pytest.mark.parametrize("edit, named", [
     ({"num_beams": 6}, "num_beams is 6 but nmt_search"),
+    ({"max_length": 10}, "max_length is 10 but nmt_search (the search settings the model was "
+                         "exported with) gives 65"),
+    ({"max_new_tokens": 10}, "max_new_tokens is 10 but nmt_search (the search settings the "
+                             "model was exported with) leaves it unset"),
+    ({"min_new_tokens": 3}, "min_new_tokens is 3 but nmt_search"),
     ({"nmt_search": {"beam_size": 0}}, "nmt_search holds no valid search settings"),
     ({"nmt_search": {"beam": 4}}, "nmt_search holds no valid search settings"),
-])
+], ids=["num_beams", "max_length", "max_new_tokens", "min_new_tokens", "invalid", "unknown"])
 def test_edited_search_settings_are_not_ignored(edit, named, exported, tmp_path, capsys):
     directory = spoiled(exported, tmp_path)
     path = directory / "generation_config.json"

@@ -51,17 +51,21 @@ _IGNORED_SAMPLING = {"top_p": 1.0, "typical_p": 1.0, "min_p": None, "top_h": Non
                      "epsilon_cutoff": 0.0, "eta_cutoff": 0.0}
 # transformers' defaults of the settings read here (GenerationConfig's).
 _TOP_K, _TEMPERATURE = 50, 1.0
+# generate's length fields that replace max_length and min_length where set; an export
+# leaves them unset.
+REPLACING_LENGTHS = ("max_new_tokens", "min_new_tokens")
 
 
-def generate_settings(search: SearchConfig) -> dict[str, Any]:
-    """generate's fields for `search`, as far as generate has them (the output limit is the
-    model's: `max_length` is the caller's to give)."""
+def generate_settings(search: SearchConfig, max_len: int) -> dict[str, Any]:
+    """generate's fields for `search` in a model of `max_len` positions, as far as generate
+    has them."""
     strategy = plan_search(search)
     settings: dict[str, Any] = {
         "num_beams": strategy.size if isinstance(strategy, Beam) else 1,
         "do_sample": isinstance(strategy, Sample),
         "min_length": search.min_len,
         "num_return_sequences": search.nbest,
+        "max_length": max_len + 1,  # transformers counts the decoder's start token
     }
     if isinstance(strategy, Beam):  # generate warns of a length penalty that it does not read
         settings["length_penalty"] = search.alpha

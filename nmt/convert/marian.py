@@ -352,8 +352,7 @@ def generation_config(config: ModelConfig, search: SearchConfig) -> dict[str, An
         "forced_eos_token_id": config.eos_id,
         "pad_token_id": config.pad_id,
         "bad_words_ids": [[config.pad_id], [config.bos_id]],
-        **generate_settings(search),
-        "max_length": config.max_len + 1,  # transformers counts the decoder's start token
+        **generate_settings(search, config.max_len),
         SEARCH_FIELD: search.to_dict(),
     }
 

@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from nmt.convert.common import ConversionError, check_output_dir, staged_directory
-from nmt.convert.generation import generate_settings, search_from_generate
+from nmt.convert.generation import REPLACING_LENGTHS, generate_settings, search_from_generate
 from nmt.convert.marian import MARIAN_LAYER_NORM_EPS, SEARCH_FIELD, from_marian_state, marian_shapes
 from transformer.config import ModelConfig, SearchConfig
 
@@ -260,21 +260,22 @@ def model_config(config: dict[str, Any], state: dict[str, np.ndarray], tokenizer
         raise ConversionError(f"{path / 'config.json'}: {message}") from None
 
 
-def search_config(directory: Path, never_generated: set[int]) -> SearchConfig:
+def search_config(directory: Path, never_generated: set[int], max_len: int) -> SearchConfig:
     """The imported model's search settings: those a model exported from here carries
     (generation_config.json's SEARCH_FIELD), so that it searches as before; else those with
     which `generate` searches, read from generation_config.json (or config.json) by
-    `nmt.convert.generation` (`never_generated`: PAD and the decoder's start token)."""
+    `nmt.convert.generation` (`never_generated`: PAD and the decoder's start token; `max_len`:
+    the model's positions)."""
     path = directory / "generation_config.json"
     if not path.is_file():
         path = directory / "config.json"
     values = _read_json(path, "")
     if SEARCH_FIELD in values:
-        return _exported_search(values, path)
+        return _exported_search(values, path, max_len)
     return search_from_generate(values, path, never_generated)
 
 
-def _exported_search(values: dict[str, Any], path: Path) -> SearchConfig:
+def _exported_search(values: dict[str, Any], path: Path, max_len: int) -> SearchConfig:
     """SEARCH_FIELD's settings, refused if invalid or if generate's own fields were edited
     since (they would be ignored)."""
     remove = f"or remove {SEARCH_FIELD} to import generate's settings instead"
@@ -285,13 +286,15 @@ def _exported_search(values: dict[str, Any], path: Path) -> SearchConfig:
     except (ValueError, TypeError) as err:
         raise ConversionError(f"{path}: {SEARCH_FIELD} holds no valid search settings ({err}); "
                               f"correct it, {remove}.") from None
-    for name, ours in generate_settings(search).items():
-        # Exports before greedy search was written as num_beams 1 gave the beam size.
-        if name in values and values[name] not in (
-                ours, search.beam_size if name == "num_beams" else ours):
+    told = {**generate_settings(search, max_len), **dict.fromkeys(REPLACING_LENGTHS)}
+    # Exports before greedy search was written as num_beams 1 gave the beam size.
+    earlier = {"num_beams": search.beam_size}
+    for name, ours in told.items():
+        if name in values and values[name] not in (ours, earlier.get(name, ours)):
+            gives = "leaves it unset" if ours is None else f"gives {json.dumps(ours)}"
             raise ConversionError(
-                f"{path}: {name} is {values[name]} but {SEARCH_FIELD} (the search settings the "
-                f"model was exported with) has {ours}; make them agree, {remove}.")
+                f"{path}: {name} is {json.dumps(values[name])} but {SEARCH_FIELD} (the search "
+                f"settings the model was exported with) {gives}; make them agree, {remove}.")
     return search
 
 
@@ -408,7 +411,7 @@ def import_marian(marian_dir: str | Path, out_dir: str | Path) -> Path:
     state = read_weights(weights)
     config = model_config(raw, state, tokenizer, directory)
     check_weights(state, config, weights, directory)
-    search = search_config(directory, {tokenizer.ids.pad, tokenizer.ids.bos})
+    search = search_config(directory, {tokenizer.ids.pad, tokenizer.ids.bos}, config.max_len)
     _, params, _ = abstract_params(config)
     nnx.replace_by_pure_dict(params, from_marian_state(state, config))
     languages = {key: raw[key] for key in ("source_lang", "target_lang") if key in raw}
