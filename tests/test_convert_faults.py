@@ -293,6 +293,22 @@ def test_edited_search_settings_are_not_ignored(edit, named, exported, tmp_path,
                    "remove nmt_search")
 
 
+def test_settings_an_export_cannot_search_with_are_named_in_a_warning(model, exported,
+                                                                      tmp_path, capsys):
+    """generate settings added to an export are not refused (the model still translates) but
+    named, as on an import without nmt_search; the export's own search comes back."""
+    directory = spoiled(exported, tmp_path)
+    path = directory / "generation_config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "no_repeat_ngram_size": 3}))
+    code, err = convert(["from-marian", directory, tmp_path / "back"], capsys)
+    assert code == 0, err
+    assert err[0] == (f"python -m nmt.convert: warning: {path}: no_repeat_ngram_size 3: "
+                      "translate.py's search has no equivalent, so it is ignored; translations "
+                      "may differ from generate's.")
+    assert not any("warning" in line for line in err[1:]), err
+    assert load_model(tmp_path / "back")[2]["search"] == load_model(model)[2]["search"]
+
+
 # ----------------------------------------------------------------------------- paths
 
 

@@ -109,13 +109,21 @@ def search_from_generate(values: dict[str, Any], path: Path,
                                                    "as generate requires")
     else:
         settings["nbest"] = returned
+    warn_of_ignored(values, path, never_generated)
+    return SearchConfig(**settings)
+
+
+def warn_of_ignored(values: dict[str, Any], path: Path, never_generated: set[int]) -> None:
+    """One warning naming the settings in `values` that our search has no form for: the
+    import goes on without them, and the user learns that generate's output may differ."""
+    fields = _Fields(values, path)
+    sample = fields.boolean("do_sample")
     ignored = fields.ignored(dict(_IGNORED, **(_IGNORED_SAMPLING if sample else {})),
                              never_generated)
     if ignored:
         log.warning("%s: %s: translate.py's search has no equivalent, so %s ignored; "
                     "translations may differ from generate's.", path, ", ".join(ignored),
                     "they are" if len(ignored) > 1 else "it is")
-    return SearchConfig(**settings)
 
 
 def _lengths(fields: _Fields) -> dict[str, Any]:

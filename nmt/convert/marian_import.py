@@ -34,7 +34,12 @@ from typing import Any
 import numpy as np
 
 from nmt.convert.common import ConversionError, check_output_dir, staged_directory
-from nmt.convert.generation import REPLACING_LENGTHS, generate_settings, search_from_generate
+from nmt.convert.generation import (
+    REPLACING_LENGTHS,
+    generate_settings,
+    search_from_generate,
+    warn_of_ignored,
+)
 from nmt.convert.marian import MARIAN_LAYER_NORM_EPS, SEARCH_FIELD, from_marian_state, marian_shapes
 from transformer.config import ModelConfig, SearchConfig
 
@@ -271,13 +276,16 @@ def search_config(directory: Path, never_generated: set[int], max_len: int) -> S
         path = directory / "config.json"
     values = _read_json(path, "")
     if SEARCH_FIELD in values:
-        return _exported_search(values, path, max_len)
+        search = _exported_search(values, path, max_len)
+        warn_of_ignored(values, path, never_generated)
+        return search
     return search_from_generate(values, path, never_generated)
 
 
 def _exported_search(values: dict[str, Any], path: Path, max_len: int) -> SearchConfig:
     """SEARCH_FIELD's settings, refused if invalid or if generate's own fields were edited
-    since (they would be ignored)."""
+    since (they would be ignored; settings our search has no form for are `warn_of_ignored`'s
+    to name)."""
     remove = f"or remove {SEARCH_FIELD} to import generate's settings instead"
     try:
         if not isinstance(values[SEARCH_FIELD], dict):
