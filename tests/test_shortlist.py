@@ -318,9 +318,13 @@ def test_the_shortlist_command_refuses_a_corpus_without_text_and_keeps_the_short
     (["--ctranslate2-map", "{tmp}"], "--ctranslate2-map {tmp} is a directory"),
     (["--model", ""], "argument --model: '' is blank"),  # not the current directory
     (["--src", " "], "argument --src: ' ' is blank"),
-], ids=["map-directory", "map-is-directory", "blank-model", "blank-language"])
-def test_the_shortlist_command_refuses_bad_paths_before_any_work(shortlisted, tmp_path, capsys,
-                                                                flags, message):
+    # The model translates de->en: an en->de table would be the wrong way round.
+    (["--src", "en", "--tgt", "de"], "--src en, but --model {model} was trained with --src de"),
+    (["--tgt", "de"], "--tgt de, but --model {model} was trained with --tgt en"),
+], ids=["map-directory", "map-is-directory", "blank-model", "blank-language", "flipped",
+        "other-target"])
+def test_the_shortlist_command_refuses_bad_flags_before_any_work(shortlisted, tmp_path, capsys,
+                                                                 flags, message):
     from nmt.distillation import shortlist as command
 
     before = (shortlisted / "model" / "shortlist.npz").read_bytes()
@@ -332,7 +336,8 @@ def test_the_shortlist_command_refuses_bad_paths_before_any_work(shortlisted, tm
         status = parser_exit.code
     assert status == 2
     err = capsys.readouterr().err.strip()
-    assert message.format(tmp=tmp_path) in err and len(err.splitlines()) == 1, err
+    message = message.format(tmp=tmp_path, model=shortlisted / "model")
+    assert message in err and len(err.splitlines()) == 1, err
     assert (shortlisted / "model" / "shortlist.npz").read_bytes() == before
 
 

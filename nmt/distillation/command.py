@@ -122,18 +122,27 @@ def read_teachers(paths: list[str], src: str | None, tgt: str | None) -> tuple[T
         languages = languages or (path, pair)
         first_values = first_values or values
         checksums.append(model_checksum(model_dir, list(tokenizer.files())))
-    stored_src, stored_tgt = languages[1]
-    for flag, given, stored in (("--src", src, stored_src), ("--tgt", tgt, stored_tgt)):
-        if given and stored and given != stored:
-            raise UsageError(f"{flag} {given}, but --teacher {paths[0]} was trained with "
-                             f"{flag} {stored}; distil with a teacher of the corpus's pair.")
-    src, tgt = src or stored_src, tgt or stored_tgt
-    if not src or not tgt:
-        raise UsageError("the teacher stores no languages: give --src and --tgt.")
+    src, tgt = languages_to_use(src, tgt, languages[1], f"--teacher {paths[0]}",
+                                "distil with a teacher of the corpus's pair")
     if src == tgt:  # a model that copies or rewrites its language
         raise UsageError(f"source and target are both {src!r}: the distilled corpus's two "
                          f"files would be one, train.{src}; give other --src or --tgt codes.")
     return Teachers(paths, first_values, tuple(checksums)), src, tgt
+
+
+def languages_to_use(src: str | None, tgt: str | None, stored: tuple[str | None, str | None],
+                     model: str, advice: str) -> tuple[str, str]:
+    """--src and --tgt, each defaulting to the language `model` (a flag and its path) stores;
+    UsageError for a flag contradicting it, which would pair the corpus's sides the wrong
+    way round, or for languages neither gives."""
+    for flag, given, trained in (("--src", src, stored[0]), ("--tgt", tgt, stored[1])):
+        if given and trained and given != trained:
+            raise UsageError(f"{flag} {given}, but {model} was trained with {flag} {trained}; "
+                             f"{advice}.")
+    src, tgt = src or stored[0], tgt or stored[1]
+    if not src or not tgt:
+        raise UsageError(f"{model} stores no languages: give --src and --tgt.")
+    return src, tgt
 
 
 def corpus_files(args: argparse.Namespace, src: str, tgt: str) -> tuple[Path, Path | None]:

@@ -98,6 +98,7 @@ def read_pairs(prefix: str, src: str, tgt: str, tokenizer) -> list[tuple[list[in
 
 
 def run(args: argparse.Namespace) -> int:
+    from nmt.distillation.command import languages_to_use
     from nmt.models.model_files import ModelDirError, read_model_files, stored_languages
     from transformer.shortlist import SHORTLIST_FILE, build_shortlist
 
@@ -106,10 +107,9 @@ def run(args: argparse.Namespace) -> int:
         model_dir, tokenizer, values = read_model_files(args.model)
     except (ModelDirError, DataError) as err:
         raise InputError(str(err)) from None
-    stored_src, stored_tgt = stored_languages(values)
-    src, tgt = args.src or stored_src, args.tgt or stored_tgt
-    if not src or not tgt:
-        raise UsageError("the model stores no languages: give --src and --tgt.")
+    src, tgt = languages_to_use(args.src, args.tgt, stored_languages(values),
+                                f"--model {args.model}", "build the shortlist with the model's "
+                                "languages (leave --src and --tgt out)")
     config = values["model"]
     special = max(config.pad_id, config.unk_id, config.bos_id, config.eos_id) + 1
     if special > len({config.pad_id, config.unk_id, config.bos_id, config.eos_id}):
