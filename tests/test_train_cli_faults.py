@@ -422,3 +422,22 @@ def test_a_later_logging_set_up_unmutes_what_an_earlier_one_quieted():
     cli.setup_logging(logging.INFO, "%(message)s", ("jax",))  # as train.py does
     assert logging.getLogger("data").getEffectiveLevel() == logging.INFO
     assert logging.getLogger("jax").getEffectiveLevel() == logging.WARNING
+
+
+def test_regularization_left_out_on_resume_is_said_to_change(model, corpus, tmp_path, capsys):
+    """A run trained with --rdrop and subword sampling, resumed without the flags, goes on
+    without them (as fairseq and Marian resume with the new flags): one info line says so,
+    and none where they stay."""
+    out = tmp_path / "run"
+    scratch = [*(a for a in _fine_tune(model, corpus, out) if a not in ("--init-from",
+                                                                          str(model))),
+               "--preset", "tiny", "--vocab-size", "320"]
+    assert train_cli.main([*scratch, "--rdrop", "2", "--subword-alpha", "0.1"]) == 0
+    capsys.readouterr()
+    assert train_cli.main([*scratch, "--max-steps", "4"]) == 0
+    err = capsys.readouterr().err
+    assert ("INFO trainer: resuming with rdrop 2.0 -> 0.0, subword_alpha 0.1 -> None changed"
+            in err.splitlines())
+    assert recipes.load(out / "config.yaml").optimizer.rdrop == 0.0
+    assert train_cli.main([*scratch, "--max-steps", "6"]) == 0
+    assert "resuming with" not in capsys.readouterr().err

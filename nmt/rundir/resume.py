@@ -1,8 +1,8 @@
 """Resuming a run: what must match the run being resumed, and what is carried over.
 
 A run directory is resumed with the settings it was trained with where they matter (the
-model, the tokenizer, the seed); the batch plan and the metric that picks the best checkpoint
-may change, and the checks here say what happens then.
+model, the tokenizer, the seed); the batch plan, the metric that picks the best checkpoint and
+the regularization may change, and the checks here say what happens then.
 """
 
 from __future__ import annotations
@@ -150,8 +150,7 @@ def check_same_model(run_dir: Path, model: ModelConfig, saved: RunConfig | None)
     allowed = [name for name in changed if name in MAY_CHANGE_ON_RESUME]
     if allowed:
         log.info("resuming with %s changed; the parameters' layout is the same",
-                 ", ".join(f"{name} {getattr(then, name)!r} -> {getattr(model, name)!r}"
-                           for name in allowed))
+                 _changes(then, model, allowed))
     diff = [name for name in changed if name not in MAY_CHANGE_ON_RESUME]
     if diff:
         changes = ", ".join(f"{k}: saved {getattr(then, k)!r}, now {getattr(model, k)!r}"
@@ -159,6 +158,33 @@ def check_same_model(run_dir: Path, model: ModelConfig, saved: RunConfig | None)
         raise SettingsMismatch(f"{run_dir / RUN_CONFIG_FILE} was trained with a different "
                                f"model ({changes}); pass the same model flags to resume, or a "
                                "new --output-dir.")
+
+
+def _changes(then, now, names) -> str:
+    """"name old -> new" for each of `names`, as the resume lines list changed settings."""
+    return ", ".join(f"{name} {getattr(then, name)!r} -> {getattr(now, name)!r}"
+                     for name in names)
+
+
+# Training settings a resumed run may change, as fairseq and Marian allow: they change what
+# the steps from the resume on optimize, not what the checkpoints hold.
+TRAINING_NOTED_ON_RESUME = {"optimizer": ("rdrop", "label_smoothing"),
+                            "tokenizer": ("subword_alpha", "subword_nbest")}
+
+
+def note_changed_training(run: RunConfig, saved: RunConfig | None) -> None:
+    """A flag left out on resume takes its default (R-Drop off, no subword sampling): one
+    info line names each setting of TRAINING_NOTED_ON_RESUME that differs from the run's."""
+    if saved is None:
+        return
+    changes = []
+    for section, names in TRAINING_NOTED_ON_RESUME.items():
+        then, now = getattr(saved, section), getattr(run, section)
+        changed = [name for name in names if getattr(then, name) != getattr(now, name)]
+        if changed:
+            changes.append(_changes(then, now, changed))
+    if changes:
+        log.info("resuming with %s changed", ", ".join(changes))
 
 
 def batch_iterator(examples: Examples, config: BatchConfig, book: Bookkeeping, step: int,

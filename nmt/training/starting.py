@@ -167,6 +167,7 @@ def _prepare_data(run: RunConfig, run_dir: Path, model_config: ModelConfig) -> P
         data = prepare_data(run, run_dir, run.model.max_len)
         if resuming:
             resume.check_same_model(run_dir, model_config, saved)
+            resume.note_changed_training(run, saved)
             resume.check_same_seed(run_dir, run, saved)
     except resume.SettingsMismatch as err:
         raise RunMismatch(str(err)) from None
