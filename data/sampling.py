@@ -15,7 +15,10 @@ deterministic one for that epoch. Validation and translation never sample.
 Reproducible: SentencePiece restarts its generator from one process-wide seed at every call,
 so each call (a chunk of pairs, one side) is seeded with (seed, epoch, chunk, side) under a
 lock that keeps every other sampler of the process from reseeding it: a resumed run sees the
-epochs an uninterrupted one saw, and no two chunks or sides repeat each other's draws. The
+epochs an uninterrupted one saw, and no two chunks or sides repeat each other's draws.
+SentencePiece 0.2.2 and 0.2.3 mix a per-process random value into that generator, so the
+same seed draws alike only within one process: sampling starts with a probe drawn here and in
+a new process, and is refused where the two differ (`check_draws_repeat`). The
 next epoch is sampled on a thread of its own while the current one trains; `close()` (and the
 interpreter's exit) stops it between chunks, since a thread killed inside SentencePiece aborts
 the process.
@@ -25,7 +28,10 @@ from __future__ import annotations
 
 import atexit
 import hashlib
+import json
 import logging
+import subprocess
+import sys
 import threading
 import time
 import weakref
@@ -35,7 +41,7 @@ import numpy as np
 import sentencepiece as spm
 
 from data.batching import Examples, bucket_grid
-from data.config import BatchConfig
+from data.config import BatchConfig, DataError
 from data.store import Ragged, TokenStore
 from data.tokenizer import TokenizerBase
 
@@ -50,6 +56,42 @@ def chunk_seed(seed: int, epoch: int, start: int, side: str) -> int:
     beginning at `start`, in `epoch` of a run seeded `seed`."""
     digest = hashlib.sha256(f"subword-sampling|{seed}|{epoch}|{start}|{side}".encode()).digest()
     return int.from_bytes(digest[:4], "little")
+
+
+# A probe of SentencePiece's seeding: the same draw here and in a new process, or not.
+_PROBE_TEXTS = ["a quick brown fox jumps over the lazy dog near the riverbank at dawn",
+                "zwölf Boxkämpfer jagen Viktor quer über den großen Sylter Deich"] * 4
+_PROBE_SEED = 20_171_206
+
+
+def check_draws_repeat(tokenizer: TokenizerBase, alpha: float, nbest: int) -> None:
+    """DataError unless a seeded draw gives the same ids in another process: SentencePiece
+    0.2.2 and 0.2.3 mix a per-process random value into their generator, so a resumed run,
+    or each process of a multi-process one, would see other segmentations than the seed
+    promises. Call it holding `_SENTENCEPIECE_DRAWS`."""
+    spm.set_random_generator_seed(_PROBE_SEED)
+    here = tokenizer.sample(_PROBE_TEXTS, "source", alpha, nbest)
+    if _draw_in_new_process(tokenizer.model_bytes, alpha, nbest) != here:
+        raise DataError(
+            f"subword sampling (--subword-alpha) needs draws that repeat for the same seed, "
+            f"and the installed sentencepiece {spm.__version__} draws differently in every "
+            "process (a resumed run would train on other segmentations than the run it "
+            "continues): install one that repeats them (pip install 'sentencepiece<0.2.2'), "
+            "or drop --subword-alpha")
+
+
+def _draw_in_new_process(model_bytes: bytes, alpha: float, nbest: int) -> list[list[int]]:
+    """The probe's draw (as `Tokenizer.sample` draws) in a fresh Python process."""
+    script = (
+        "import json, sys\n"
+        "import sentencepiece as spm\n"
+        "processor = spm.SentencePieceProcessor(model_proto=sys.stdin.buffer.read())\n"
+        f"spm.set_random_generator_seed({_PROBE_SEED})\n"
+        f"print(json.dumps(processor.encode({_PROBE_TEXTS!r}, out_type=int, "
+        f"enable_sampling=True, alpha={alpha!r}, nbest_size={nbest!r}, num_threads=1)))\n")
+    done = subprocess.run([sys.executable, "-c", script], input=model_bytes,
+                          capture_output=True, timeout=120, check=True)
+    return json.loads(done.stdout)
 
 
 class SamplingStopped(RuntimeError):
@@ -67,8 +109,9 @@ class SampledEpochs:
 
     def __init__(self, examples: Examples, texts: datasets.Dataset, tokenizer: TokenizerBase,
                  *, alpha: float, nbest: int, seed: int, config: BatchConfig):
-        with _SENTENCEPIECE_DRAWS:  # the check draws too
+        with _SENTENCEPIECE_DRAWS:  # the checks draw too
             tokenizer.check_sampling(alpha, nbest)
+            check_draws_repeat(tokenizer, alpha, nbest)
         self.deterministic, self.texts, self.tokenizer = examples, texts, tokenizer
         self.alpha, self.nbest, self.seed = alpha, nbest, seed
         # A packed row may be wider than max_len (rounded up to 8), but positions are not.
@@ -85,6 +128,7 @@ class SampledEpochs:
         self._pending: dict[int, tuple[threading.Thread, list]] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        self._abandoned: set[int] = set()  # epochs before one asked for, no longer sampled
         _open.add(self)
 
     def examples(self, epoch: int) -> Examples:
@@ -118,6 +162,11 @@ class SampledEpochs:
         self._start(epoch)
         with self._lock:
             pending = self._pending.pop(epoch, None)
+            # An epoch before this one (a resumed run's check of its saved epoch started the
+            # one after it) is never asked for again: its thread stops at its next chunk.
+            for earlier in [e for e in self._pending if e < epoch]:
+                del self._pending[earlier]
+                self._abandoned.add(earlier)
         if pending is None and epoch not in self._done:
             raise SamplingStopped(f"epoch {epoch} asked of closed subword sampling")
         if pending is not None:
@@ -146,6 +195,8 @@ class SampledEpochs:
         for start in range(0, len(kept), TEXT_CHUNK):
             if self._stop.is_set():
                 raise SamplingStopped(f"epoch {epoch} was being sampled when sampling closed")
+            if epoch in self._abandoned:
+                raise SamplingStopped(f"epoch {epoch} was abandoned")
             positions = np.arange(start, min(start + TEXT_CHUNK, len(kept)))
             chunk = self.texts[kept.index[positions].tolist()]
             src, tgt = (self._draw(chunk[side], side, chunk_seed(self.seed, epoch, start, side))

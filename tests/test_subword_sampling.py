@@ -4,6 +4,7 @@ batch limits, and refused where the tokenizer or the settings cannot sample."""
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import logging
 import os
 import subprocess
@@ -173,6 +174,59 @@ def test_a_process_that_exits_while_the_next_epoch_is_sampled_exits_cleanly(tmp_
     assert (done.returncode, done.stdout) == (0, "exiting\n"), done.stderr[-2000:]
 
 
+def test_an_epoch_sampled_in_another_process_is_the_same(corpus, tmp_path):
+    """A resumed run, and each process of a multi-process one, draws its epochs in a process
+    of its own: the same seed and epoch must give the same ids there."""
+    texts, tokenizer, _ = corpus
+    here = hashlib.sha256(repr(_rows(_epochs(corpus).examples(1))).encode()).hexdigest()
+    (tmp_path / "spm.model").write_bytes(tokenizer.model_bytes)
+    script = textwrap.dedent("""
+        import hashlib, sys
+        import datasets
+        from data.batching import BatchConfig, load_examples
+        from data.encoding import encode_split
+        from data.sampling import SampledEpochs
+        from data.tokenizer import Tokenizer
+        from synthetic_corpus import syllable_sentences
+        tokenizer = Tokenizer.load(%r)
+        src, tgt = syllable_sentences(300, 0), syllable_sentences(300, 1)
+        texts = datasets.Dataset.from_dict({"source": src, "target": tgt})
+        config = BatchConfig(batch_tokens=512, max_len=64)
+        store = encode_split(texts, tokenizer, %r, num_proc=1)
+        examples = SampledEpochs(load_examples(store, config), texts, tokenizer, alpha=0.5,
+                                 nbest=-1, seed=0, config=config).examples(1)
+        rows = [(examples.store.src.row(int(i)).tolist(),
+                 examples.store.tgt.row(int(i)).tolist()) for i in examples.index]
+        print(hashlib.sha256(repr(rows).encode()).hexdigest())
+    """ % (str(tmp_path / "spm.model"), str(tmp_path / "cache")))
+    tests_dir = Path(__file__).parent
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tests_dir.parent), str(tests_dir)])}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == here
+
+
+def test_a_sentencepiece_whose_draws_differ_between_processes_is_refused(corpus,
+                                                                        monkeypatch):
+    """Where the probe drawn in a new process differs from this process's, sampling would
+    not repeat on resume: one line names the installed version and what to install."""
+    monkeypatch.setattr(sampling, "_draw_in_new_process", lambda *args: [[5, 6, 7]])
+    with pytest.raises(DataError, match=r"the installed sentencepiece \S+ draws differently "
+                       r"in every process .*pip install 'sentencepiece<0.2.2'"):
+        _epochs(corpus)
+
+
+def test_an_epoch_before_the_one_asked_for_is_abandoned(corpus, monkeypatch):
+    """A resumed run checks its saved epoch's plan, which starts sampling the epoch after
+    it; once a later epoch is asked for, that one is dropped, not kept for the whole run."""
+    epochs = _epochs(corpus)
+    epochs.examples(0)                  # starts epoch 1 in the background
+    epochs.examples(3)                  # the run goes on from epoch 3: starts epoch 4
+    assert sorted(epochs._pending) == [4]
+    epochs.close()
+
+
 @pytest.mark.parametrize("bucketed", [{}, {"batch_tokens": 256, "packing": False}],
                          ids=["packed", "bucketed"])
 def test_resumed_batches_are_the_uninterrupted_ones_with_sampling_on(corpus, bucketed):
@@ -291,7 +345,7 @@ def test_a_tokenizer_that_cannot_sample_is_refused_in_one_line(corpus):
     spm.SentencePieceTrainer.train(
         sentence_iterator=iter(texts["source"]), model_writer=words, vocab_size=40,
         model_type="word", pad_id=0, unk_id=1, bos_id=2, eos_id=3, minloglevel=3)
-    with pytest.raises(DataError, match="word or char model.*drop --subword-alpha"):
+    with pytest.raises(DataError, match="a word model.*drop --subword-alpha"):
         _epochs((texts, Tokenizer(words.getvalue()), store))
     marian = VocabTokenizer(tokenizer.model_bytes, tokenizer.model_bytes,
                             {p: i for i, p in enumerate(tokenizer.vocabulary())},
