@@ -113,6 +113,9 @@ class CorpusSpec:
         return self.builtin or not (self.train_prefix or self.train_file or self.dataset)
 
 
+TRAINED_TYPES = ("unigram", "bpe")  # the SentencePiece algorithms a tokenizer is trained with
+
+
 @dataclasses.dataclass(frozen=True)
 class TokenizerConfig:
     """How to train the SentencePiece model (see `data.tokenizer` for the defaults' reasons),
@@ -143,7 +146,7 @@ class TokenizerConfig:
     def __post_init__(self) -> None:
         _check_finite(self)
         check_sampling_settings(self.subword_alpha, self.subword_nbest)
-        if self.model_type not in ("unigram", "bpe"):
+        if self.model_type not in TRAINED_TYPES:
             raise DataError(f"model_type must be 'unigram' or 'bpe', got {self.model_type!r}")
         if self.subword_nbest != -1 and (self.subword_alpha is None or self.model_type == "bpe"):
             raise nbest_without_unigram(self.subword_nbest)

@@ -116,3 +116,24 @@ def test_a_given_spm_model_without_byte_fallback_is_warned_of_once(tmp_path, cap
         train_cli.resolve(["--spm-model", str(_spm_model(tmp_path / "bytes.model", 400,
                                                          byte_fallback=True))])
     assert not caplog.records
+
+
+def test_a_given_spm_model_brings_its_type_and_its_runs_config_yaml_warns_of_nothing(
+        tmp_path, caplog):
+    """config.yaml lists every setting, model_type included: it records the given model's
+    type, so `--config RUN/config.yaml` resumes without a warning; only a --tokenizer-type
+    other than the model's is warned of."""
+    bpe = _spm_model(tmp_path / "bpe.model", 400, byte_fallback=True)
+    with caplog.at_level("WARNING", logger="train.py"):
+        run, _ = train_cli.resolve(["--spm-model", str(bpe)])
+        saved = _recipe(tmp_path, recipes.dump(run))
+        assert train_cli.resolve(["--config", str(saved)])[0] == run
+        train_cli.resolve(["--spm-model", str(bpe), "--tokenizer-type", "bpe"])
+    assert run.tokenizer.model_type == "bpe"
+    assert "model_type: bpe" in saved.read_text()
+    assert not caplog.records
+    with caplog.at_level("WARNING", logger="train.py"):
+        train_cli.resolve(["--spm-model", str(bpe), "--tokenizer-type", "unigram"])
+    assert [record.getMessage() for record in caplog.records] == [
+        f"--tokenizer-type unigram does not apply: --spm-model {bpe} is a bpe model, and no "
+        "tokenizer is trained"]

@@ -1,6 +1,6 @@
 """Settings that follow from files the settings name: the architecture of the model given by
 `trainer.init_from`, the vocabulary size of the SentencePiece model given by
-`tokenizer.spm_model`.
+`tokenizer.spm_model` (and its type).
 
 `nmt.settings.recipes.resolve` applies them, so train.py's flags and `recipes.load` build the
 same settings. A layer is `{section: {name: (value, origin)}}` (`nmt.settings.recipes.Layer`);
@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from data.config import TokenizerConfig
+from data.config import TRAINED_TYPES, TokenizerConfig
 from nmt.settings.config import SECTIONS, Layer, SettingsError
 from transformer.config import ARCHITECTURE, PRESETS, ModelConfig
 
@@ -134,8 +134,9 @@ def _tokenizer_can_hold(vocab_size: int) -> bool:
 def spm_model_vocabulary(path: str, asked: Layer) -> Layer:
     """With --spm-model, the run's vocabulary is that model's: a layer setting vocab_size to
     its size. SettingsError if the file is no usable SentencePiece model or the recipe or
-    flags ask for another size; --tokenizer-type does not apply, and a model without byte
-    fallback turns unseen characters into <unk> (a warning says each)."""
+    flags ask for another size. The tokenizer type is the model's: another one asked for does
+    not apply, and a model without byte fallback turns unseen characters into <unk> (a
+    warning says each)."""
     from data.config import DataError
     from data.tokenizer import Tokenizer  # loads SentencePiece: only when a model is given
 
@@ -152,11 +153,15 @@ def spm_model_vocabulary(path: str, asked: Layer) -> Layer:
             f"--vocab-size {value} but --spm-model {path} has {pieces} pieces{where}; drop "
             f"--vocab-size (or set it to {pieces}), or train a new tokenizer without "
             "--spm-model.")
-    if "model_type" in tokenizer:
-        log.warning("--tokenizer-type does not apply with --spm-model %s: no tokenizer is "
-                    "trained", path)
+    own_type = given.model_type
+    if "model_type" in tokenizer and tokenizer["model_type"][0] != own_type:
+        log.warning("%s does not apply: --spm-model %s is a %s model, and no tokenizer is "
+                    "trained", tokenizer["model_type"][1], path, own_type)
     if not given.byte_fallback:
         log.warning("--spm-model %s has no byte fallback: characters it has not seen become "
                     "<unk> (\u2047) in training and translation; train it with "
                     "--byte_fallback=true to avoid that", path)
-    return _layer("tokenizer", {"vocab_size": pieces}, f"--spm-model {path} (vocab_size)")
+    layer = _layer("tokenizer", {"vocab_size": pieces}, f"--spm-model {path} (vocab_size)")
+    if own_type in TRAINED_TYPES:  # config.yaml records the model's type (word and char: none)
+        layer["tokenizer"]["model_type"] = (own_type, f"--spm-model {path} (model_type)")
+    return layer
