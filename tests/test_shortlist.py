@@ -3,6 +3,7 @@ the candidate lists, the search restricted to them, and the commands that build 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import jax
@@ -204,6 +205,38 @@ def test_saved_shortlist_loads_equal_and_a_damaged_one_is_named(tmp_path):
         Shortlist.load(tmp_path / "bad.npz")
     assert "(not a NumPy .npz archive); build it again" in str(refused.value)
     assert "pickle" not in str(refused.value)
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda s: {"translations": s.translations[:, :1]},
+     "probabilities are float32 (40, 3), translations (40, 1)"),
+    (lambda s: {"translations": s.translations.T}, "translations (3, 40)"),
+    (lambda s: {"translations": s.translations.astype(np.float32)},
+     "translations are float32 (40, 3), not 2-D ids"),
+    (lambda s: {"translations": np.where(s.translations >= 0, s.translations + 30, -1)},
+     "translations hold ids outside -1 to 39"),
+    (lambda s: {"translations": np.full_like(s.translations, -2)}, "outside -1 to 39"),
+    (lambda s: {"by_frequency": s.by_frequency[:10]}, "by_frequency is not the ids 4 to 39"),
+    (lambda s: {"by_frequency": s.by_frequency + 1}, "by_frequency is not the ids 4 to 39"),
+    (lambda s: {"by_frequency": np.concatenate([s.by_frequency[:-1], s.by_frequency[:1]])},
+     "by_frequency is not the ids 4 to 39, each once"),
+    (lambda s: {"always": -3}, "always -3 is not between 0 and the vocabulary's 40"),
+    (lambda s: {"always": 41}, "always 41 is not between 0"),
+    (lambda s: {"special": 0}, "special 0 is not between 0 and the vocabulary's 40"),
+    (lambda s: {"special": 40}, "special 40 is not between"),
+], ids=["narrower", "transposed", "float-ids", "ids-past-vocab", "negative-ids",
+        "cut-by-frequency", "by-frequency-past-vocab", "by-frequency-repeats", "negative-always",
+        "always-past-vocab", "no-special", "all-special"])
+def test_a_shortlist_whose_arrays_do_not_fit_together_is_named_with_what_is_wrong(
+        tmp_path, damage, message):
+    """A search would index past such a table, or pick wrong candidates without a word."""
+    shortlist = hand_made()
+    dataclasses.replace(shortlist, **damage(shortlist)).save(tmp_path / "shortlist.npz")
+    with pytest.raises(ValueError) as refused:
+        Shortlist.load(tmp_path / "shortlist.npz")
+    assert str(refused.value).startswith(f"{tmp_path / 'shortlist.npz'} is not a readable "
+                                         f"shortlist ("), refused.value
+    assert message in str(refused.value) and "build it again" in str(refused.value)
 
 
 # ----------------------------------------------------------------------------- the commands

@@ -88,21 +88,53 @@ class Shortlist:
 
     @classmethod
     def load(cls, path: str | Path) -> Shortlist:
-        """The stored table; ValueError naming the file if it cannot be read."""
+        """The stored table; ValueError naming the file and what is wrong if it cannot be
+        read or its arrays do not fit together (a search would index past them)."""
         # np.load reads what is not an archive as a pickle, and refuses it with advice to
         # allow pickles: the file is damaged or another file, never a pickle of ours.
         if Path(path).is_file() and not zipfile.is_zipfile(path):
-            raise ValueError(f"{path} is not a readable shortlist (not a NumPy .npz archive); "
-                             "build it again with python -m nmt.distillation.shortlist.")
+            raise _unreadable(path, "not a NumPy .npz archive")
         try:
             with np.load(path) as stored:
                 settings = json.loads(bytes(stored["settings"]).decode())
-                return cls(stored["translations"], stored["probabilities"],
-                           stored["by_frequency"], int(settings["always"]),
-                           int(settings["special"]), str(settings["tokenizer"]))
-        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as err:
-            raise ValueError(f"{path} is not a readable shortlist ({err}); build it again with "
-                             "python -m nmt.distillation.shortlist.") from None
+                shortlist = cls(stored["translations"], stored["probabilities"],
+                                stored["by_frequency"], int(settings["always"]),
+                                int(settings["special"]), str(settings["tokenizer"]))
+        except (OSError, ValueError, KeyError, TypeError, EOFError,
+                zipfile.BadZipFile) as err:
+            raise _unreadable(path, err) from None
+        problem = shortlist._inconsistency()
+        if problem:
+            raise _unreadable(path, problem)
+        return shortlist
+
+    def _inconsistency(self) -> str | None:
+        """What in the arrays does not fit together, or None: checked where a table is read,
+        since `candidates` indexes with its ids."""
+        translations, by_frequency = self.translations, self.by_frequency
+        if translations.ndim != 2 or not np.issubdtype(translations.dtype, np.integer):
+            return f"translations are {translations.dtype} {translations.shape}, not 2-D ids"
+        if self.probabilities.shape != translations.shape \
+                or not np.issubdtype(self.probabilities.dtype, np.floating):
+            return (f"probabilities are {self.probabilities.dtype} {self.probabilities.shape}, "
+                    f"translations {translations.shape}")
+        vocab = self.vocab_size
+        if not 0 < self.special < vocab:
+            return f"special {self.special} is not between 0 and the vocabulary's {vocab}"
+        if not 0 <= self.always <= vocab:
+            return f"always {self.always} is not between 0 and the vocabulary's {vocab}"
+        if translations.size and not -1 <= translations.min() <= translations.max() < vocab:
+            return f"translations hold ids outside -1 to {vocab - 1}"
+        if not (np.issubdtype(by_frequency.dtype, np.integer) and by_frequency.shape
+                == (vocab - self.special,) and np.array_equal(np.sort(by_frequency),
+                                                              np.arange(self.special, vocab))):
+            return f"by_frequency is not the ids {self.special} to {vocab - 1}, each once"
+        return None
+
+
+def _unreadable(path: str | Path, why: object) -> ValueError:
+    return ValueError(f"{path} is not a readable shortlist ({why}); build it again with "
+                      "python -m nmt.distillation.shortlist.")
 
 
 def _add_in_order(chosen: np.ndarray, tokens: np.ndarray, size: int) -> None:
