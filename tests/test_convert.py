@@ -386,6 +386,28 @@ def test_the_exported_max_length_stops_generate_where_our_search_stops(untrained
     assert out == list(found.nbest[0][0].tokens) + [3]
 
 
+def test_a_flat_output_limit_stops_generate_where_our_search_stops(tmp_path):
+    """A model whose search stops at 20 tokens whatever the source (max_len_a 0) exports a
+    max_length that stops generate there too, not at the model's positions."""
+    from translate_model import make_model
+
+    run = make_model(tmp_path / "run")
+    path = run / "model" / "config.json"
+    values = json.loads(path.read_text())
+    values["search"].update(strategy="greedy", max_len_a=0.0, max_len_b=20)
+    path.write_text(json.dumps(values))
+    out = marian.export_marian(run, tmp_path / "hf")
+    model, tokenizer, stored = load_model(run)
+    sentence = sentences(1, seed=7)[0]
+    found = Translator(model, tokenizer, stored["search"]).translate_all([sentence])
+    assert found.reached_limit == [1] and len(found.nbest[0][0].tokens) == 19  # EOS the 20th
+    hf_model = transformers.MarianMTModel.from_pretrained(out).eval()
+    batch = transformers.MarianTokenizer.from_pretrained(out)([sentence], return_tensors="pt")
+    with torch.no_grad():
+        generated = hf_model.generate(**batch)[0, 1:].tolist()
+    assert generated == list(found.nbest[0][0].tokens) + [model.config.eos_id]
+
+
 @pytest.mark.parametrize("alpha", [1.0, 0.6])
 def test_transformers_rules_reproduce_generate_where_ours_differ(untrained, alpha):
     hf_pair, model, tokenizer = untrained

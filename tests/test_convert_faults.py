@@ -246,7 +246,11 @@ def test_a_round_trip_through_marian_searches_as_before(model, exported, tmp_pat
      {"num_beams": 1, "do_sample": True, "top_k": 5, "temperature": 0.7, "min_length": 0}),
     ({"beam_size": 4, "nbest": 2},
      {"num_beams": 4, "do_sample": False, "length_penalty": 0.6, "num_return_sequences": 2}),
-], ids=["greedy", "sample", "nbest"])
+    ({"max_len_a": 0.0, "max_len_b": 20}, {"max_length": 21}),  # tokens after the start token
+    ({"max_len_a": 0.0, "max_len_b": 90}, {"max_length": 65}),  # capped by the 64 positions
+    ({"max_len_a": 1.0, "max_len_b": 5}, {"max_length": 65}),  # generate's cannot grow
+], ids=["greedy", "sample", "nbest", "flat limit", "flat limit past the positions",
+        "growing limit"])
 def test_generate_is_told_the_models_search(changes, told, model, tmp_path, capsys):
     """generation_config.json says the stored search in generate's words, which an import
     without nmt_search reads back (the length penalty and limit stay generate's)."""
@@ -271,8 +275,27 @@ def test_generate_is_told_the_models_search(changes, told, model, tmp_path, caps
     assert code == 0, err
     imported = load_model(tmp_path / "generate")[2]["search"]
     kept = ("strategy", "nbest", "min_len", "top_k", "temperature",
-            *(("beam_size", "alpha") if stored.strategy == "beam" else ()))
+            *(("beam_size", "alpha") if stored.strategy == "beam" else ()),
+            # a flat limit within the model's 64 positions comes back whole
+            *(("max_len_a", "max_len_b") if generation["max_length"] <= 64 else ()))
     assert {k: getattr(imported, k) for k in kept} == {k: getattr(stored, k) for k in kept}
+
+
+def test_an_earlier_export_of_a_flat_limit_imports(model, tmp_path, capsys):
+    """Exports made before a flat output limit was written as max_length wrote the model's
+    positions + 1; they still import, with their own search."""
+    source = tmp_path / "model"
+    shutil.copytree(model, source)
+    values = json.loads((source / "config.json").read_text())
+    values["search"].update(max_len_a=0.0, max_len_b=20)
+    (source / "config.json").write_text(json.dumps(values))
+    code, err = convert(["to-marian", source, tmp_path / "marian"], capsys)
+    assert code == 0, err
+    path = tmp_path / "marian" / "generation_config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "max_length": 65}))
+    code, err = convert(["from-marian", tmp_path / "marian", tmp_path / "back"], capsys)
+    assert code == 0, err
+    assert load_model(tmp_path / "back")[2]["search"] == load_model(source)[2]["search"]
 
 
 @pytest.mark.parametrize("edit, named", [

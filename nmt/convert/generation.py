@@ -11,7 +11,9 @@ translates it:
   `max_length - 1` tokens: max_len_a 0, max_len_b `max_length - 1`; `max_new_tokens`, where
   set, replaces it (max_len_b `max_new_tokens`). Either is capped by the model's positions, as
   it is in transformers. Without either the import keeps our 1.5 x source + 15 (`generate`
-  would stop at 19 tokens, its default `max_length` 20, and warn).
+  would stop at 19 tokens, its default `max_length` 20, and warn). An export writes a flat
+  limit (max_len_a 0) as `max_length`, and one that grows with the source as the model's
+  positions + 1.
 - `min_length` counts the start token too and is compared before EOS is added, so the output
   has at least `min_length` tokens, EOS included: min_len `min_length`; `min_new_tokens`
   counts the tokens before EOS: min_len `min_new_tokens + 1`.
@@ -65,13 +67,21 @@ def generate_settings(search: SearchConfig, max_len: int) -> dict[str, Any]:
         "do_sample": isinstance(strategy, Sample),
         "min_length": search.min_len,
         "num_return_sequences": search.nbest,
-        "max_length": max_len + 1,  # transformers counts the decoder's start token
+        "max_length": generate_max_length(search, max_len),
     }
     if isinstance(strategy, Beam):  # generate warns of a length penalty that it does not read
         settings["length_penalty"] = search.alpha
     elif isinstance(strategy, Sample):
         settings.update(top_k=search.top_k, temperature=search.temperature)
     return settings
+
+
+def generate_max_length(search: SearchConfig, max_len: int) -> int:
+    """generate's max_length for our output limit: a flat one (max_len_a 0) as it is, capped
+    by the model's positions; else the positions, as generate's limit cannot grow with the
+    source. It counts the decoder's start token, so the output stops where ours does."""
+    flat = search.max_len_a == 0
+    return (search.max_output_len(0, max_len) if flat else max_len) + 1
 
 
 def search_from_generate(values: dict[str, Any], path: Path,

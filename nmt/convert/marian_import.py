@@ -295,8 +295,9 @@ def _exported_search(values: dict[str, Any], path: Path, max_len: int) -> Search
         raise ConversionError(f"{path}: {SEARCH_FIELD} holds no valid search settings ({err}); "
                               f"correct it, {remove}.") from None
     told = {**generate_settings(search, max_len), **dict.fromkeys(REPLACING_LENGTHS)}
-    # Exports before greedy search was written as num_beams 1 gave the beam size.
-    earlier = {"num_beams": search.beam_size}
+    # What earlier exports wrote: the beam size before greedy search was num_beams 1, the
+    # model's positions before a flat output limit was max_length.
+    earlier = {"num_beams": search.beam_size, "max_length": max_len + 1}
     for name, ours in told.items():
         if name in values and values[name] not in (ours, earlier.get(name, ours)):
             gives = "leaves it unset" if ours is None else f"gives {json.dumps(ours)}"
