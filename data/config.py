@@ -148,7 +148,9 @@ class TokenizerConfig:
         check_sampling_settings(self.subword_alpha, self.subword_nbest)
         if self.model_type not in TRAINED_TYPES:
             raise DataError(f"model_type must be 'unigram' or 'bpe', got {self.model_type!r}")
-        if self.subword_nbest != -1 and (self.subword_alpha is None or self.model_type == "bpe"):
+        # A given model's own type decides, not model_type: data.tokenizer checks it.
+        trains_bpe = self.model_type == "bpe" and self.spm_model is None
+        if self.subword_nbest != -1 and (self.subword_alpha is None or trains_bpe):
             raise nbest_without_unigram(self.subword_nbest)
         if self.spm_model is not None:  # the given model's size: any that holds a piece
             if self.vocab_size < 5:

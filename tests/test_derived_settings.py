@@ -47,11 +47,13 @@ def test_spm_model_in_a_recipe_equals_the_flag(model_dir, tmp_path):
     assert loaded.tokenizer.vocab_size == 300  # the model's pieces, not the default size
 
 
-def _spm_model(path, vocab_size: int, byte_fallback: bool):
-    """A BPE model trained with spm_train's own defaults, save for this project's ids."""
+def _spm_model(path, vocab_size: int, byte_fallback: bool, model_type: str = "bpe"):
+    """A model (BPE unless `model_type` says) trained with spm_train's own defaults, save for
+    this project's ids."""
     model = io.BytesIO()
     spm.SentencePieceTrainer.train(sentence_iterator=iter(sentences(200, seed=2)),
-                                   model_writer=model, model_type="bpe", vocab_size=vocab_size,
+                                   model_writer=model, model_type=model_type,
+                                   vocab_size=vocab_size,
                                    byte_fallback=byte_fallback, pad_id=0, unk_id=1, bos_id=2,
                                    eos_id=3, minloglevel=2)
     path.write_bytes(model.getvalue())
@@ -137,3 +139,21 @@ def test_a_given_spm_model_brings_its_type_and_its_runs_config_yaml_warns_of_not
     assert [record.getMessage() for record in caplog.records] == [
         f"--tokenizer-type unigram does not apply: --spm-model {bpe} is a bpe model, and no "
         "tokenizer is trained"]
+
+
+def test_subword_nbest_with_a_given_unigram_model_is_not_refused_as_bpe(tmp_path):
+    """With --spm-model the given model's type decides whether --subword-nbest applies
+    (data.tokenizer checks it), not a --tokenizer-type bpe that does not apply to it: the
+    flags and the Python API take unigram sampling from the N best."""
+    from data.tokenizer import Tokenizer
+
+    unigram = str(_spm_model(tmp_path / "unigram.model", 300, byte_fallback=True,
+                             model_type="unigram"))
+    run, _ = train_cli.resolve(["--spm-model", unigram, "--tokenizer-type", "bpe",
+                                "--subword-alpha", "0.1", "--subword-nbest", "64"])
+    by_api = recipes.run_from_flat(spm_model=unigram, tokenizer_type="bpe", subword_alpha=0.1,
+                                   subword_nbest=64)
+    assert (run.tokenizer.subword_nbest, by_api.tokenizer.subword_nbest) == (64, 64)
+    Tokenizer.load(unigram).check_sampling(0.1, 64)
+    with pytest.raises(DataError, match="--subword-nbest 64 chooses among the N best"):
+        TokenizerConfig(model_type="bpe", subword_alpha=0.1, subword_nbest=64)
