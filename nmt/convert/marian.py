@@ -342,9 +342,9 @@ SEARCH_FIELD = "nmt_search"
 def generation_config(config: ModelConfig, search: SearchConfig) -> dict[str, Any]:
     """generation_config.json: our search defaults as far as `generate` has them
     (`nmt.convert.generation`: greedy as num_beams 1, sampling as do_sample, min_len, nbest,
-    the output limit as max_length), and whole under `SEARCH_FIELD`. PAD and BOS are never generated (as in our search);
-    `length_penalty` divides the log-probability by length ** alpha, not by GNMT's
-    ((5 + length) / 6) ** alpha."""
+    the output limit as max_length), and whole under `SEARCH_FIELD`. PAD and BOS are never
+    generated (as in our search); `length_penalty` divides the log-probability by
+    length ** alpha, not by GNMT's ((5 + length) / 6) ** alpha."""
     return {
         "decoder_start_token_id": config.bos_id,
         "bos_token_id": config.bos_id,
