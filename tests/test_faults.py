@@ -722,6 +722,36 @@ def test_a_damaged_step_above_the_run_is_set_aside_and_costs_no_good_checkpoint(
     assert checkpoint.complete_steps(steps) == [4]  # what --average-last reads
 
 
+def test_every_process_names_a_skipped_step_before_process_0_moves_it(tmp_path, caplog,
+                                                                      monkeypatch):
+    """Process 0 renames the step for all; a process that chose its name after the rename
+    found `.skipped` taken and said the step went to `.skipped2`. Two threads stand in for
+    two processes sharing the run directory, process 1 the slower."""
+    import threading
+    import time
+
+    steps = tmp_path / "checkpoints"
+    (steps / "100").mkdir(parents=True)
+    meeting = threading.Barrier(2, timeout=30)
+    local = threading.local()
+    monkeypatch.setattr(checkpoint, "barrier", lambda name: meeting.wait())
+    monkeypatch.setattr(checkpoint.jax, "process_index", lambda: local.index)
+
+    def process(index: int) -> None:
+        local.index = index
+        time.sleep(0.3 * index)
+        checkpoint._move_skipped(steps, [(100, ValueError("unreadable"), "damaged")])
+
+    threads = [threading.Thread(target=process, args=(i,)) for i in (0, 1)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert (steps / "100.skipped").is_dir() and not (steps / "100").exists()
+    assert caplog.text.count(f"moved it to {steps / '100.skipped'},") == 2, caplog.text
+    assert ".skipped2" not in caplog.text
+
+
 def test_a_failed_save_keeps_the_earlier_checkpoints(tmp_path, monkeypatch):
     import errno
 

@@ -549,19 +549,26 @@ def _move_skipped(directory: Path, failures: list[tuple[int, Exception, str]]) -
     """Set aside the steps a restore skipped for an older one: renamed `<step>.skipped`, so
     that neither --keep-last, the newest step nor --average-last counts them (a damaged or
     foreign step numbered above the run's would have the good ones deleted)."""
-    for step, err, kind in failures:
-        path = directory / str(step)
-        aside = directory / f"{step}{SKIPPED_SUFFIX}"
-        number = 1
-        while aside.exists():
-            number += 1
-            aside = directory / f"{step}{SKIPPED_SUFFIX}{number}"
+    moves = [(directory / str(step), _free_aside_name(directory, step), err, kind)
+             for step, err, kind in failures]
+    barrier(f"named skipped {directory}")  # every process names them before any is moved
+    for path, aside, err, kind in moves:
         if jax.process_index() == 0:
             path.rename(aside)
         log.warning("skipping %s checkpoint %s: %s; moved it to %s, where the run no longer "
                     "counts it (delete it once looked at)", kind, path,
                     str(err) if kind == "damaged" else _brief(err), aside)
     barrier(f"skipped {directory}")
+
+
+def _free_aside_name(directory: Path, step: int) -> Path:
+    """`<step>.skipped`, or `.skipped2`, `.skipped3`, ... where that is taken."""
+    aside = directory / f"{step}{SKIPPED_SUFFIX}"
+    number = 1
+    while aside.exists():
+        number += 1
+        aside = directory / f"{step}{SKIPPED_SUFFIX}{number}"
+    return aside
 
 
 def _none_restored(directory: Path, best_directory: Path,
