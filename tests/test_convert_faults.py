@@ -121,7 +121,12 @@ def test_a_config_that_does_not_fit_the_weights_names_field_and_shape(changes, n
     ({"d_model": 24.0}, "d_model is 24.0 but must be a positive integer"),
     ({"dropout": 2.0}, "config.json: dropout must be in [0, 1), got 2.0"),
     ({"layer_norm_eps": 0}, "config.json: layer_norm_eps must be > 0, got 0"),
-], ids=["eps", "vocab_size", "positions", "d_model", "dropout", "eps 0"])
+    ({"decoder_start_token_id": [2]}, "decoder_start_token_id is [2] but must be a token id "
+                                      "(an integer >= 0)"),
+    ({"pad_token_id": [0]}, "pad_token_id is [0] but must be a token id"),
+    ({"eos_token_id": -1}, "eos_token_id is -1 but must be a token id"),
+], ids=["eps", "vocab_size", "positions", "d_model", "dropout", "eps 0", "decoder start",
+        "pad", "eos"])
 def test_a_config_value_of_the_wrong_kind_is_named(changes, named, exported, tmp_path, capsys):
     assert_refused(spoiled(exported, tmp_path, **changes), tmp_path, capsys, named)
 

@@ -51,7 +51,10 @@ _WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 # not the checkpoint's.
 _DIMENSIONS = ("d_model", "encoder_layers", "decoder_layers", "encoder_attention_heads",
                "decoder_attention_heads", "encoder_ffn_dim", "decoder_ffn_dim")
-_INTEGERS = (*_DIMENSIONS, "vocab_size", "decoder_vocab_size", "max_position_embeddings")
+# config.json's integers, each with its least value (a token id may be 0).
+_INTEGERS = {**dict.fromkeys((*_DIMENSIONS, "vocab_size", "decoder_vocab_size",
+                              "max_position_embeddings"), 1),
+             **dict.fromkeys(("pad_token_id", "eos_token_id", "decoder_start_token_id"), 0)}
 _FRACTIONS = ("dropout", "attention_dropout", "activation_dropout", "layer_norm_eps")
 # config.json's names of the ModelConfig fields whose names differ, for ModelConfig's errors.
 _CONFIG_KEYS = {"num_heads": "encoder_attention_heads", "d_ff": "encoder_ffn_dim",
@@ -119,11 +122,12 @@ def _check_numbers(config: dict[str, Any], path: Path) -> None:
         return ConversionError(f"{path}: {name} is {config[name]!r} but must be {what}; use the "
                                "config.json that came with the weights.")
 
-    for name in _INTEGERS:
+    for name, least in _INTEGERS.items():
         value = config.get(name)
         if name in config and not (name == "decoder_vocab_size" and value is None):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise wrong(name, "a positive integer")
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                kind = "a positive integer" if least else "a token id (an integer >= 0)"
+                raise wrong(name, kind)
     for name in _FRACTIONS:
         value = config.get(name)
         if name in config and (isinstance(value, bool) or not isinstance(value, (int, float))
