@@ -76,7 +76,8 @@ def test_each_shape_static_argument_and_identity_is_its_own_program(store):
 
 def test_two_functions_of_one_name_are_two_programs(store):
     """The disk key holds where a function is defined and its code, not its name alone: two
-    functions named alike with one signature each run their own program."""
+    functions named alike with one signature each run their own program, two lambdas on one
+    line too."""
     salt = _salt()
     x = np.arange(4, dtype=np.float32)
 
@@ -94,6 +95,10 @@ def test_two_functions_of_one_name_are_two_programs(store):
     np.testing.assert_allclose(stored.StoredJit(lambda y: y + salt)(x), x + salt)
     np.testing.assert_allclose(stored.StoredJit(lambda y: y - salt)(x), x - salt)
     assert len(list(store.iterdir())) == 4
+    double, halve = stored.StoredJit(lambda y: y * 2), stored.StoredJit(lambda y: y / 2)
+    np.testing.assert_allclose(double(x), x * 2)
+    np.testing.assert_allclose(halve(x), x / 2)  # not the program stored for `double`
+    assert len(list(store.iterdir())) == 6
 
 
 def test_a_damaged_file_is_removed_and_the_program_compiled_again(store, caplog):

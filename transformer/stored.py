@@ -112,12 +112,18 @@ def _single_device(leaves) -> bool:
 def _origin(fn: Callable) -> str:
     """Where `fn` is defined and a digest of its code, so that two functions of one name (two
     lambdas, a `step` in two modules) are two programs; the source of this package is in
-    `_environment` already, but callers may live outside it."""
+    `_environment` already, but callers may live outside it. Two lambdas on one line share
+    their source: the column where the body starts tells them apart."""
     try:  # the source, not the code object: a set constant's marshal differs per process
         digest = hashlib.sha256(inspect.getsource(fn).encode()).hexdigest()
     except (OSError, TypeError):  # defined in a string or a prompt: its name only
         digest = ""
-    return f"{getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', fn.__name__)} {digest}"
+    code = getattr(fn, "__code__", None)
+    columns = [] if code is None else [col for _, _, col, end in code.co_positions()
+                                       if col is not None and end is not None and end > col]
+    column = f" col {columns[0]}" if columns else ""
+    name = getattr(fn, "__qualname__", fn.__name__)
+    return f"{getattr(fn, '__module__', '')}.{name} {digest}{column}"
 
 
 class StoredJit:
