@@ -377,6 +377,22 @@ def test_path_mistakes_are_usage_errors(model, exported, tmp_path, capsys):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ct2", "file"]
 
 
+@pytest.mark.parametrize("quantization", ["bfloat16", "int8_bfloat16"])
+def test_bfloat16_without_torch_is_a_usage_error(quantization, model, tmp_path, capsys,
+                                                 monkeypatch):
+    """CTranslate2 converts to bfloat16 with torch; without it the export says so in one
+    line before anything is written."""
+    monkeypatch.setitem(sys.modules, "torch", None)  # `import torch` fails
+    code, err = convert(["to-ctranslate2", model, tmp_path / "ct2", "--quantization",
+                         quantization], capsys)
+    assert code == 2 and len(err) == 1, err
+    assert err[0] == (f"{ERROR}--quantization {quantization} needs torch, with which CTranslate2 "
+                      "converts weights to bfloat16, and it is not installed: pip install torch "
+                      "--index-url https://download.pytorch.org/whl/cpu (the CPU build), or "
+                      "choose another quantization (float16, int8_float16).")
+    assert not any(tmp_path.iterdir())
+
+
 # ----------------------------------------------------------------------------- files written
 
 

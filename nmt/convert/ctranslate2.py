@@ -137,6 +137,7 @@ def export_ctranslate2(model_path: str | Path, out_dir: str | Path,
     if quantization not in QUANTIZATIONS:
         raise ConversionError(f"quantization {quantization!r} is not one of CTranslate2's: "
                               f"{', '.join(QUANTIZATIONS)}.")
+    _check_bfloat16_converter(quantization)
     params, tokenizer, values = load_params(model_path)
     spec = build_spec(params, values["model"], tokenizer)
     spec.optimize(quantization=quantization)
@@ -150,6 +151,21 @@ def export_ctranslate2(model_path: str | Path, out_dir: str | Path,
         if shortlist_path.is_file():  # CTranslate2's translate_batch(use_vmap=True) reads it
             write_vocabulary_map(Shortlist.load(shortlist_path), tokenizer, tmp / VMAP_FILE)
     return Path(out_dir)
+
+
+def _check_bfloat16_converter(quantization: str) -> None:
+    """CTranslate2 converts weights to bfloat16 with torch: without it, say so before any work
+    (CTranslate2 would stop halfway with a RuntimeError)."""
+    if "bfloat16" not in quantization:
+        return
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        raise ConversionError(
+            f"--quantization {quantization} needs torch, with which CTranslate2 converts weights "
+            "to bfloat16, and it is not installed: pip install torch --index-url "
+            "https://download.pytorch.org/whl/cpu (the CPU build), or choose another "
+            "quantization (float16, int8_float16).") from None
 
 
 def write_vocabulary_map(shortlist, tokenizer, path: str | Path) -> None:
