@@ -238,7 +238,8 @@ class Tokenizer(TokenizerBase):
                 "unigram")
         if nbest != -1 and self.model_type == "bpe":  # BPE-dropout has no N best to draw from
             raise nbest_without_unigram(
-                nbest, ", and this run's spm.model is a BPE model (--spm-model)")
+                nbest, ", and this run's spm.model is a BPE model (the one --spm-model or "
+                "--init-from gave)")
 
     def sample(self, texts: Sequence[str], side: Side, alpha: float, nbest: int
                ) -> list[list[int]]:

@@ -441,3 +441,21 @@ def test_regularization_left_out_on_resume_is_said_to_change(model, corpus, tmp_
     assert recipes.load(out / "config.yaml").optimizer.rdrop == 0.0
     assert train_cli.main([*scratch, "--max-steps", "6"]) == 0
     assert "resuming with" not in capsys.readouterr().err
+
+
+def test_subword_nbest_fine_tuning_a_bpe_model_is_refused_naming_init_from(
+        model, corpus, tmp_path, capsys):
+    """The BPE tokenizer came with --init-from, not --spm-model: the one line says so,
+    rather than name only the flag the user did not give."""
+    out = tmp_path / "bpe"
+    scratch = [*(a for a in _fine_tune(model, corpus, out) if a not in ("--init-from",
+                                                                          str(model))),
+               "--preset", "tiny", "--vocab-size", "320", "--tokenizer-type", "bpe"]
+    assert train_cli.main(scratch) == 0
+    capsys.readouterr()
+    assert train_cli.main(_fine_tune(out / "model", corpus, tmp_path / "tuned", 2,
+                                     "--subword-alpha", "0.1", "--subword-nbest", "64")) == 2
+    line = _error_line(capsys)
+    assert ("--subword-nbest 64 chooses among the N best segmentations of unigram sampling, "
+            "and this run's spm.model is a BPE model (the one --spm-model or --init-from "
+            "gave)") in line
