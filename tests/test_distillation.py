@@ -135,6 +135,7 @@ def test_a_finished_distillation_is_reused_and_another_recipe_refused(run_dir, c
     before = (out / "train.en").read_bytes()
     monkeypatch.setattr(command, "make_translator", lambda *a: pytest.fail("translated again"))
     assert distil(run_dir, corpus, out) == 0
+    assert distil(run_dir, corpus, out, "--chunk-lines", "5") == 0  # the files are the same
     assert (out / "train.en").read_bytes() == before
     capsys.readouterr()
     assert distil(run_dir, corpus, out, "--beam", "2") == 2
@@ -321,9 +322,28 @@ def test_a_recipe_with_nothing_translated_is_replaced_and_one_with_parts_refused
     DistillationDir(out, recipe(teachers=("b",))).write_part(0, ["x"])
     for other, differs in ((recipe(), "its teachers differ from"),
                            (recipe(teachers=("b",), corpus="d"), "its corpus differs from"),
-                           (recipe(corpus="d", seed=1), "its teachers, corpus and seed differ")):
+                           (recipe(corpus="d", seed=1), "its teachers, corpus and --seed differ")):
         with pytest.raises(OtherDistillation, match=differs):
             DistillationDir(out, other).claim()
+
+
+def test_another_chunk_size_is_refused_while_unfinished_and_reused_once_finished(tmp_path):
+    """An unfinished output's parts are numbered in chunks of its size: with another size, a
+    part of the expected length could hold other lines' translations."""
+    out = tmp_path / "out"
+    DistillationDir(out, recipe()).claim()
+    DistillationDir(out, recipe()).write_part(0, ["x"])
+    with pytest.raises(OtherDistillation, match=r"holds an unfinished distillation saved in "
+                                                r"chunks of 8 lines; continue it with "
+                                                r"--chunk-lines 8, or choose another --out"):
+        DistillationDir(out, recipe(chunk_lines=4)).claim()
+    with pytest.raises(OtherDistillation, match=r"\(its --dtype, --chunk-lines and "
+                                                r"--keep-original differ from"):
+        DistillationDir(out, recipe(chunk_lines=4, dtype="bfloat16", keep_original=True)).claim()
+    DistillationDir(out, recipe()).finish(1, lambda: ["a"], None)
+    DistillationDir(out, recipe(chunk_lines=4)).claim()
+    with pytest.raises(OtherDistillation, match=r"\(its --dtype and --keep-original differ"):
+        DistillationDir(out, recipe(chunk_lines=4, dtype="bfloat16", keep_original=True)).claim()
 
 
 def test_finishing_with_no_part_writes_the_files_without_parts(tmp_path):
@@ -347,7 +367,7 @@ def test_sampling_draws_from_the_seed_and_another_seed_is_another_recipe(run_dir
     capsys.readouterr()
     assert distil(run_dir, corpus, tmp_path / "1", *sample, "--seed", "999") == 2
     err = capsys.readouterr().err
-    assert "holds another distillation (its seed differs" in err and len(err.splitlines()) == 1
+    assert "holds another distillation (its --seed differs" in err and len(err.splitlines()) == 1
     # Beam search draws nothing: its output is reused whatever the seed.
     assert distil(run_dir, corpus, shutil.copytree(distilled, tmp_path / "beam"),
                   "--seed", "7") == 0

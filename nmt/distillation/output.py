@@ -31,6 +31,11 @@ RECIPE_FILE = "distillation.json"
 PARTS_DIR = "parts"
 # Part of every recipe: raise it when the same recipe would write something else.
 FORMAT_VERSION = 1
+# The flag that sets each recipe field set by one flag, to name it in a refusal.
+FIELD_FLAGS = {"src": "--src", "tgt": "--tgt", "dtype": "--dtype", "chunk_lines": "--chunk-lines",
+               "keep_original": "--keep-original", "seed": "--seed"}
+# Fields that number the parts only: a finished output's files are the same whatever they say.
+PARTS_ONLY_FIELDS = ("chunk_lines",)
 
 
 class OtherDistillation(ValueError):
@@ -56,10 +61,12 @@ class Recipe:
     def to_json(self) -> dict[str, Any]:
         return {"format": FORMAT_VERSION, **dataclasses.asdict(self)}
 
-    def differences(self, stored: dict[str, Any]) -> list[str]:
-        """The fields in which a stored recipe differs from this one."""
+    def differences(self, stored: dict[str, Any], finished: bool = False) -> list[str]:
+        """The fields in which a stored recipe differs from this one (for a `finished`
+        output, those its result files depend on)."""
         mine = json.loads(json.dumps(self.to_json()))  # tuples as lists, as stored
-        return [name for name in mine if stored.get(name) != mine[name]]
+        ignored = PARTS_ONLY_FIELDS if finished else ()
+        return [name for name in mine if name not in ignored and stored.get(name) != mine[name]]
 
 
 class DistillationDir:
@@ -97,7 +104,7 @@ class DistillationDir:
         """Make OUT this recipe's, or check that it is: `OtherDistillation` if it holds
         another recipe's output (or files of anything else), naming what differs. Another
         recipe with nothing translated yet (a command refused after claiming OUT) is
-        replaced."""
+        replaced; a finished output is reused whatever --chunk-lines says."""
         recipe_file = self.root / RECIPE_FILE
         if recipe_file.is_file() and not self._holds_work():
             recipe_file.unlink()
@@ -109,18 +116,27 @@ class DistillationDir:
             except ValueError:
                 raise OtherDistillation(f"{recipe_file} is damaged; delete {self.root} or "
                                         "choose another --out.") from None
-            differs = self.recipe.differences(stored)
+            differs = self.recipe.differences(stored, finished=self.finished())
             if differs:
-                names = " and ".join(filter(None, (", ".join(differs[:-1]), differs[-1])))
-                # "teachers" is plural: "its teachers differ", "its corpus differs".
-                verb = "differ" if len(differs) > 1 or differs == ["teachers"] else "differs"
-                raise OtherDistillation(
-                    f"{self.root} holds another distillation (its {names} {verb} from this "
-                    "command's); choose another --out, or delete it to distil again.")
+                raise OtherDistillation(self._refusal(differs, stored))
             return
         self._refuse_foreign()
         self.root.mkdir(parents=True, exist_ok=True)
         write_atomically(recipe_file, json.dumps(self.recipe.to_json(), indent=2) + "\n")
+
+    def _refusal(self, differs: list[str], stored: dict[str, Any]) -> str:
+        """The line refusing OUT's stored recipe, naming the fields in `differs` by their
+        flags."""
+        if differs == ["chunk_lines"]:  # an unfinished output: its parts are numbered by it
+            return (f"{self.root} holds an unfinished distillation saved in chunks of "
+                    f"{stored['chunk_lines']} lines; continue it with --chunk-lines "
+                    f"{stored['chunk_lines']}, or choose another --out.")
+        flags = [FIELD_FLAGS.get(name, name) for name in differs]
+        names = " and ".join(filter(None, (", ".join(flags[:-1]), flags[-1])))
+        # "teachers" is plural: "its teachers differ", "its corpus differs".
+        verb = "differ" if len(differs) > 1 or differs == ["teachers"] else "differs"
+        return (f"{self.root} holds another distillation (its {names} {verb} from this "
+                "command's); choose another --out, or delete it to distil again.")
 
     def _holds_work(self) -> bool:
         """Whether OUT holds anything but its recipe (and lock): a part, or a result file."""
