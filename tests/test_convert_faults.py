@@ -406,6 +406,25 @@ def source_of(command: str, model: Path, exported: Path) -> Path:
 
 
 @pytest.mark.parametrize("command", COMMANDS)
+def test_an_out_that_is_a_symbolic_link_is_refused(command, model, exported, tmp_path, capsys):
+    """Outputs are renamed into place, which would replace a link (to an empty directory, or
+    to nothing yet) by a directory of its own: the link is refused and left as it was."""
+    source = source_of(command, model, exported)
+    (tmp_path / "empty").mkdir()
+    for target in ("empty", "missing"):
+        link = tmp_path / f"to-{target}"
+        link.symlink_to(target)
+        code, err = convert([command, source, link], capsys)
+        assert code == 2 and len(err) == 1, err
+        assert err[0] == (f"{ERROR}OUT {link} is a symbolic link (to {target}), which the "
+                          f"output would replace; give the directory it points to "
+                          f"({tmp_path / target}) or a new path."), err[0]
+        assert link.is_symlink() and os.readlink(link) == target
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty", "to-empty", "to-missing"]
+    assert not any((tmp_path / "empty").iterdir())
+
+
+@pytest.mark.parametrize("command", COMMANDS)
 def test_written_files_follow_the_umask(command, model, exported, tmp_path, capsys):
     source = source_of(command, model, exported)
     previous = os.umask(0o022)

@@ -9,8 +9,9 @@ Face hub) and writes a model directory that translate.py loads and train.py --in
 fine-tunes.
 
 MODEL is a model directory (runs/NAME/model, runs/NAME/averaged) or a run directory (its
-model/ is used). OUT must not exist or be empty; it is written whole or not at all: after an
-error, Ctrl-C (exit status 130) or SIGTERM (143) nothing of it is left.
+model/ is used). OUT must not exist or be empty, and not be a symbolic link; it is written
+whole or not at all: after an error, Ctrl-C (exit status 130) or SIGTERM (143) nothing of it
+is left.
 """
 
 from __future__ import annotations

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import signal
 from collections.abc import Iterator
 from pathlib import Path
@@ -129,7 +130,13 @@ def load_params(model_path):
 
 
 def check_output_dir(path: Path) -> None:
-    """Refuse an output path that is a file or a directory with something in it."""
+    """Refuse an output path that is a file, a directory with something in it, or a symbolic
+    link (the finished directory is renamed onto the path, which would replace the link
+    rather than fill the directory it points to)."""
+    if path.is_symlink():
+        raise ConversionError(
+            f"OUT {path} is a symbolic link (to {os.readlink(path)}), which the output would "
+            f"replace; give the directory it points to ({path.resolve()}) or a new path.")
     if path.exists() and (not path.is_dir() or any(path.iterdir())):
         what = "is a file" if not path.is_dir() else "exists and is not empty"
         raise ConversionError(f"output {path} {what}; choose a new directory (or remove it).")
