@@ -125,8 +125,10 @@ def test_a_config_that_does_not_fit_the_weights_names_field_and_shape(changes, n
                                       "(an integer >= 0)"),
     ({"pad_token_id": [0]}, "pad_token_id is [0] but must be a token id"),
     ({"eos_token_id": -1}, "eos_token_id is -1 but must be a token id"),
+    ({"share_encoder_decoder_embeddings": "yes"},
+     "config.json: share_encoder_decoder_embeddings must be true or false, got 'yes'"),
 ], ids=["eps", "vocab_size", "positions", "d_model", "dropout", "eps 0", "decoder start",
-        "pad", "eos"])
+        "pad", "eos", "shared embeddings"])
 def test_a_config_value_of_the_wrong_kind_is_named(changes, named, exported, tmp_path, capsys):
     assert_refused(spoiled(exported, tmp_path, **changes), tmp_path, capsys, named)
 

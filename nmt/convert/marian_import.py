@@ -58,7 +58,8 @@ _INTEGERS = {**dict.fromkeys((*_DIMENSIONS, "vocab_size", "decoder_vocab_size",
 _FRACTIONS = ("dropout", "attention_dropout", "activation_dropout", "layer_norm_eps")
 # config.json's names of the ModelConfig fields whose names differ, for ModelConfig's errors.
 _CONFIG_KEYS = {"num_heads": "encoder_attention_heads", "d_ff": "encoder_ffn_dim",
-                "max_len": "max_position_embeddings", "layer_norm_epsilon": "layer_norm_eps"}
+                "max_len": "max_position_embeddings", "layer_norm_epsilon": "layer_norm_eps",
+                "share_embeddings": "share_encoder_decoder_embeddings"}
 # OPUS-MT's vocab.json numbers the pieces of its training data, so a few pieces of its
 # SentencePiece models may be missing (they read as unknown, in Marian too); more than this
 # share means the files belong to different models.
