@@ -374,3 +374,23 @@ def test_a_coordinator_that_never_answers_is_named_in_bounded_time(monkeypatch, 
                                   "known); give process 0's address and port, the same on "
                                   "every process"}[host]
     assert str(raised.value) == f"--coordinator {coordinator}: {said}"
+
+
+def test_processes_that_never_all_connect_end_in_one_line_in_bounded_time(tmp_path):
+    """Process 0 told of a process that never comes (another --num-processes on it, or one
+    never started) waits inside JAX's connect, which no signal ends and whose own limit
+    aborts with a C++ stack trace: at the limit the process ends with one line instead."""
+    coordinator = f"127.0.0.1:{_free_port()}"
+    script = ("from nmt.runtime import distributed\n"
+              "distributed.CONNECT_LIMIT_S = 3\n"
+              f"distributed.initialize_distributed({coordinator!r}, 2, 0)\n")
+    began = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    lines = [line for line in done.stderr.splitlines() if not line.startswith("INFO")]
+    assert (done.returncode, len(lines)) == (2, 1), done.stderr[-3000:]
+    assert lines[0].endswith(
+        f"error: not all 2 processes connected to {coordinator} within 3 s: start all 2 "
+        "processes, each with the same --num-processes and --coordinator (and a --process-id "
+        "of its own), and check that they can reach each other"), lines[0]
+    assert time.monotonic() - began < 60

@@ -15,6 +15,7 @@ import logging
 import os
 import socket
 import sys
+import threading
 import time
 from typing import Any, NoReturn
 
@@ -88,14 +89,39 @@ def initialize_distributed(coordinator: str | None = None, num_processes: int | 
     deadline = time.monotonic() + CONNECT_LIMIT_S
     if coordinator is not None and process_id:  # process 0 starts the coordinator
         _reach_coordinator(coordinator, deadline)
-    jax.distributed.initialize(
-        **kwargs, initialization_timeout=max(10, int(deadline - time.monotonic())))
+    watch = _end_in_one_line_at(deadline, place, num_processes)
+    try:  # JAX's own limit comes later: at its limit it aborts with a C++ stack trace
+        jax.distributed.initialize(
+            **kwargs, initialization_timeout=int(deadline - time.monotonic()) + 30)
+    finally:
+        watch.cancel()
     cli.stop_on_sigterm()  # JAX's preemption notifier caught it: the waits never ended
     _same_process_count()
     return True
 
 
 CONNECT_LIMIT_S = 300  # how long a process waits for the others to start (JAX's default)
+
+
+def _end_in_one_line_at(deadline: float, place: str, count: int | None) -> threading.Timer:
+    """A timer that ends the process at `deadline` with one line (exit 2) while the processes
+    are still meeting: one was not started, or was given another --num-processes or
+    --coordinator, and the others wait for it inside JAX, whose connect cannot be
+    interrupted."""
+    every = f"all {count} processes" if count else "every process"
+    line = (f"{os.path.basename(sys.argv[0]) or 'python'}: error: not {every} connected to "
+            f"{place} within {CONNECT_LIMIT_S} s: start {every}, each with the same "
+            "--num-processes and --coordinator (and a --process-id of its own), and check that "
+            "they can reach each other")
+
+    def expire() -> None:
+        print(line, file=sys.stderr, flush=True)
+        os._exit(cli.EXIT_USAGE)
+
+    timer = threading.Timer(max(0.0, deadline - time.monotonic()), expire)
+    timer.daemon = True
+    timer.start()
+    return timer
 
 
 def _reach_coordinator(coordinator: str, deadline: float) -> None:
