@@ -385,7 +385,17 @@ def test_an_export_made_by_hand_is_used_and_one_without_settings_refused(run_dir
     export = export_ctranslate2(run_dir, tmp_path / "ct2", "int8")
     translator, values = open_translator(export, lambda s: s)
     assert values["source_lang"] == "de" and translator.translate(LINES[:2])[0]
-    (export / "nmt_config.json").unlink()
+    settings = export / "nmt_config.json"
+    values = json.loads(settings.read_text())
+    settings.write_text(json.dumps({**values, "search": {**values["search"], "beam_size": "4"}}))
+    with pytest.raises(ModelDirError, match=r"nmt_config.json: invalid 'search' settings .*"
+                       r"restore the nmt_config.json written with the model"):
+        open_translator(export, lambda s: s)
+    settings.write_text(json.dumps({**values, "model": {**values["model"], "d_model": "x"}}))
+    with pytest.raises(ModelDirError, match=r"nmt_config.json: not a valid model configuration"
+                       r".*restore the nmt_config.json written with the model"):
+        open_translator(export, lambda s: s)
+    settings.unlink()
     with pytest.raises(ModelDirError, match="without nmt_config.json.*to-ctranslate2"):
         open_translator(export, lambda s: s)
 

@@ -68,7 +68,7 @@ def read_model_config(model_dir: str | Path, name: str = CONFIG_FILE
     except (ValueError, TypeError) as err:  # not JSON, or settings this code does not know
         raise ModelDirError(
             f"{path}: not a valid model configuration ({type(err).__name__}: {err}); "
-            "restore the config.json written with the model, or export the model again."
+            f"restore the {name} written with the model, or export the model again."
             ) from None
 
 
@@ -86,7 +86,7 @@ def read_search_config(model_dir: Path, values: dict[str, Any], name: str = CONF
     except (ValueError, TypeError) as err:
         raise ModelDirError(
             f"{path}: invalid 'search' settings ({type(err).__name__}: {err}); correct that "
-            "value in the file (or restore the config.json written with the model), or "
+            f"value in the file (or restore the {name} written with the model), or "
             "export the model again.") from None
 
 
