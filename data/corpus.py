@@ -172,8 +172,13 @@ def _tsv_pairs(path: Path) -> Iterator[tuple[str, str]]:
         yield fields[0], fields[1]
 
 
+# Half of a UTF-16 surrogate pair: what JSON's "\\ud83d" escape alone decodes to.
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 def _pick_pair(inner, src: str, tgt: str, where: str) -> tuple[str, str]:
-    """Return (source, target) from a `{src: .., tgt: ..}` dict."""
+    """Return (source, target) from a `{src: .., tgt: ..}` dict; DataError for a side that is
+    not a string or not whole characters."""
     if not isinstance(inner, dict) or src not in inner or tgt not in inner:
         found = sorted(inner) if isinstance(inner, dict) else type(inner).__name__
         raise DataError(
@@ -186,7 +191,21 @@ def _pick_pair(inner, src: str, tgt: str, where: str) -> tuple[str, str]:
             f"{where}: values for {src!r} and {tgt!r} must be strings, got {pair!r}; fix or "
             "remove that entry"
         )
+    _check_whole_characters(pair, src, tgt, where)
     return pair
+
+
+def _check_whole_characters(pair: tuple[str, str], src: str, tgt: str, where: str) -> None:
+    """DataError naming the side of `pair` that holds a lone surrogate: caught here, where
+    the line is known, not when the cache fails to encode it."""
+    for side, key, text in (("source", src, pair[0]), ("target", tgt, pair[1])):
+        if found := _SURROGATE.search(text):
+            raise DataError(
+                f"{where}: the {side} ({key!r}) holds a lone surrogate escape "
+                f"\\u{ord(found.group()):04x} (at character {found.start()}), half of a "
+                "character such as an emoji cut in two, which no file can store; write the "
+                "whole character (or both halves of its escape) or remove that entry"
+            )
 
 
 _JSON_LINES = ("; a .json or .jsonl file must be JSON Lines, one object per line (a JSON array "

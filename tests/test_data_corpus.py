@@ -551,3 +551,14 @@ def test_a_hub_dataset_offline_fails_at_once_in_one_line(monkeypatch):
     assert "cannot be reached from here and the dataset is not in the local cache" in message
     assert "--train-prefix" in message and "\n" not in message
     assert not datasets.config.HF_HUB_OFFLINE  # offline only while it tried
+
+
+def test_a_lone_surrogate_escape_in_json_lines_names_line_and_side(tmp_path):
+    """An emoji's escape cut in half decodes to no character; it is refused where it is read,
+    not when the cache cannot write it."""
+    path = tmp_path / "cut.jsonl"
+    path.write_text('{"en": "fine", "de": "gut"}\n{"en": "smile", "de": "L\\u00e4cheln \\ud83d"}\n')
+    with pytest.raises(DataError, match=r"cut\.jsonl line 2: the target \('de'\) holds a lone "
+                                        r"surrogate escape \\ud83d \(at character 8\).*remove "
+                                        r"that entry$"):
+        load_corpus(CorpusSpec(train_file=str(path), valid_file=str(path)))
