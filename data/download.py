@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import http.client
 import shutil
 import sys
 import urllib.error
 import urllib.request
+import zlib
 from pathlib import Path
 
 # name -> (base URL, {our file: upstream file}, the variable the recipes read, its default)
@@ -37,6 +39,12 @@ CORPORA = {
          for lang in ("en", "ja")},
         "ENJA", "data/enja"),
 }
+
+
+# What a fetch that did not complete raises: no network, a dropped connection
+# (IncompleteRead is an HTTPException), or a .gz cut short (EOFError, zlib.error).
+_FETCH_ERRORS = (urllib.error.URLError, TimeoutError, OSError, http.client.HTTPException,
+                 EOFError, zlib.error)
 
 
 def download(name: str, directory: Path) -> None:
@@ -124,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         fetched = fetch(args.corpus)  # all of it before anything is written
-    except (urllib.error.URLError, TimeoutError, OSError) as err:
+    except _FETCH_ERRORS as err:
         reason = getattr(err, "reason", err)
         print(f"{parser.prog}: error: cannot fetch {args.corpus} ({reason}); this needs "
               "network access to raw.githubusercontent.com. By hand: "

@@ -976,3 +976,30 @@ def test_downloading_offline_is_one_line(tmp_path, capsys, monkeypatch):
     assert "cannot fetch multi30k" in line and "network" in line
     # ... and how to do it by hand: the files, their decompression and their names here.
     assert "gunzip each .gz first" in line and "val.en.gz -> valid.en" in line
+
+
+@pytest.mark.parametrize("cut", ["gzip cut short", "connection dropped", "corrupt gzip"])
+def test_a_download_that_does_not_complete_is_one_line(cut, tmp_path, capsys, monkeypatch):
+    """A .gz that ends early or is damaged, or a connection closed mid-file, is told as a
+    failed fetch with the way to do it by hand, not as a traceback."""
+    import gzip
+    import http.client
+    import io
+
+    from data import download
+
+    whole = gzip.compress(b"A man rides a bicycle.\n" * 100)
+    body = {"gzip cut short": whole[:40], "corrupt gzip": whole[:10] + b"\x07" * 40,
+            "connection dropped": b""}[cut]
+
+    class Response(io.BytesIO):
+        def read(self, *args):
+            if cut == "connection dropped":
+                raise http.client.IncompleteRead(b"A man", 1000)
+            return super().read(*args)
+
+    monkeypatch.setattr(download.urllib.request, "urlopen", lambda *a, **k: Response(body))
+    assert download.main(["multi30k", str(tmp_path / "m")]) == 1
+    line = _one_line(capsys.readouterr().err)
+    assert "cannot fetch multi30k" in line and "By hand:" in line and "Traceback" not in line
+    assert not (tmp_path / "m").exists()
