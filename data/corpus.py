@@ -253,6 +253,14 @@ def _hf_pairs(ds: datasets.Dataset, src: str, tgt: str, origin: str,
                          src, tgt, origin)
 
 
+def _nulls_as_empty(translation):
+    """A `translation` value with its missing (null) sides as "", as a language column reads
+    them; anything but a dict is left for `_pick_pair` to refuse."""
+    if not isinstance(translation, dict):
+        return translation
+    return {language: "" if text is None else text for language, text in translation.items()}
+
+
 def _column_pairs(features: datasets.Features,
                   batches: Callable[[list[str]], Iterable[dict[str, list]]],
                   src: str, tgt: str, origin: str) -> Iterator[tuple[str, str]]:
@@ -261,9 +269,9 @@ def _column_pairs(features: datasets.Features,
     stripped.
 
     Reads the standard `translation` column (dicts keyed by language), else columns named
-    `src` and `tgt`, else columns already named `source` and `target`. A missing (null) value
-    in a language column gives ""; a null in the `translation` column, or a value that is not
-    a string, raises `DataError` naming the row.
+    `src` and `tgt`, else columns already named `source` and `target`. A missing (null) side,
+    in a language column or in the `translation` column, gives ""; a null in place of a whole
+    translation, or a value that is not a string, raises `DataError` naming the row.
     """
     columns = list(features)
     if "translation" in columns:
@@ -277,7 +285,7 @@ def _column_pairs(features: datasets.Features,
         row = 0
         for batch in batches(["translation"]):
             for pair in batch["translation"]:
-                yield _pick_pair(pair, src, tgt,
+                yield _pick_pair(_nulls_as_empty(pair), src, tgt,
                                  f"{origin} row {row} (0-based), column 'translation'")
                 row += 1
         return

@@ -351,14 +351,13 @@ def test_dataset_value_that_is_not_text_names_row_and_column(tmp_path):
     with pytest.raises(DataError, match=r"ints\.parquet row 0 \(0-based\), column 'de': expected "
                                         r"a string, got int 7"):
         read_file(path, "en", "de")
-    # A null inside the translation column, or instead of it, names its row too.
-    for rows, bad in (([{"en": "a", "de": "b"}, {"en": "c", "de": None}], 1),
-                      ([None, {"en": "c", "de": "d"}], 0)):
-        path = tmp_path / f"translation{bad}.parquet"
-        datasets.Dataset.from_dict({"translation": rows}).to_parquet(str(path))
-        with pytest.raises(DataError, match=rf"translation{bad}\.parquet row {bad} \(0-based\), "
-                                            r"column 'translation'"):
-            read_file(path, "en", "de")
+    # A null instead of the whole translation names its row too.
+    path = tmp_path / "translation.parquet"
+    datasets.Dataset.from_dict({"translation": [None, {"en": "c", "de": "d"}]}).to_parquet(
+        str(path))
+    with pytest.raises(DataError, match=r"translation\.parquet row 0 \(0-based\), "
+                                        r"column 'translation'"):
+        read_file(path, "en", "de")
 
 
 def test_unreadable_parquet_or_dataset_directory_is_named(tmp_path):
@@ -562,3 +561,20 @@ def test_a_lone_surrogate_escape_in_json_lines_names_line_and_side(tmp_path):
                                         r"surrogate escape \\ud83d \(at character 8\).*remove "
                                         r"that entry$"):
         load_corpus(CorpusSpec(train_file=str(path), valid_file=str(path)))
+
+
+def test_a_null_side_of_the_translation_column_is_dropped_and_counted(tmp_path, caplog):
+    """As in flat language columns: in a parquet file, a save_to_disk directory and a test set."""
+    rows = [{"en": "a b", "de": "x"}, {"en": "c", "de": None}, {"en": None, "de": "y"},
+            {"en": "d", "de": "z"}]
+    ds = datasets.Dataset.from_dict({"translation": rows})
+    ds.to_parquet(str(tmp_path / "t.parquet"))
+    ds.save_to_disk(str(tmp_path / "saved"))
+    with caplog.at_level(logging.INFO, logger="data"):
+        from_parquet = read_file(tmp_path / "t.parquet", "en", "de")
+    assert as_pairs(from_parquet) == [("a b", "x"), ("d", "z")]
+    assert "dropped 2 of 4 pairs with an empty side (1 empty source, 1 empty target)" in caplog.text
+    assert as_pairs(read_hf(str(tmp_path / "saved"), None, "en", "de")["train"]) == [
+        ("a b", "x"), ("d", "z")]
+    assert read_hf_split(str(tmp_path / "saved"), None, "train", "en", "de") == (
+        ["a b", "c", "", "d"], ["x", "", "y", "z"], "train")
