@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
 import datasets
+import numpy as np
 import pyarrow.parquet as pq
 
 from data.arrow_text import cached_pairs, file_digest
@@ -665,7 +666,8 @@ def hold_out_validation(train: datasets.Dataset, fraction: float, max_pairs: int
                         ) -> tuple[datasets.Dataset, datasets.Dataset]:
     """Split a seeded slice of `fraction` of `train` (at most `max_pairs`, at least 1) off.
 
-    Returns (train, validation); the same seed and data always give the same slice.
+    Returns (train, validation); the same seed and data always give the same slice, and the
+    training pairs whose source is a held-out source are dropped (`_without_sources_of`).
     """
     n = len(train)
     if n < 2:
@@ -678,7 +680,27 @@ def hold_out_validation(train: datasets.Dataset, fraction: float, max_pairs: int
         "no validation split given: held out %d of %d training pairs (seed %d) as validation",
         size, n, seed,
     )
-    return parts["train"], parts["test"]
+    return _without_sources_of(parts["train"], parts["test"]), parts["test"]
+
+
+def _without_sources_of(train: datasets.Dataset, validation: datasets.Dataset
+                        ) -> datasets.Dataset:
+    """`train` less its pairs whose source is also a source of `validation`: a pair that the
+    corpus holds twice would otherwise be scored on text the model trained on."""
+    held_out = set(validation["source"])
+    kept = np.flatnonzero(np.fromiter((source not in held_out
+                                       for source in iter_text(train, ["source"])),
+                                      dtype=bool, count=len(train)))
+    if len(kept) == len(train):
+        return train
+    if not len(kept):
+        raise DataError(f"every one of the {len(train)} training pairs left after holding out "
+                        "validation has a held-out source; give a validation set "
+                        "(--valid-prefix or --valid-file) or more training pairs")
+    log.info("dropped %d of %d training pairs whose source is also a held-out validation "
+             "source (pairs the corpus holds more than once)", len(train) - len(kept),
+             len(train))
+    return train.select(kept)
 
 
 def _read_training_source(spec: CorpusSpec) -> dict[str, datasets.Dataset]:

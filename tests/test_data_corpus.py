@@ -578,3 +578,23 @@ def test_a_null_side_of_the_translation_column_is_dropped_and_counted(tmp_path, 
         ("a b", "x"), ("d", "z")]
     assert read_hf_split(str(tmp_path / "saved"), None, "train", "en", "de") == (
         ["a b", "c", "", "d"], ["x", "", "y", "z"], "train")
+
+
+def test_held_out_sources_are_not_trained_on(tmp_path, caplog):
+    """A corpus that holds pairs twice: the held-out slice is the one it always was, and the
+    training pairs with one of its sources are dropped, counted in the log."""
+    pairs = [(f"sentence {i}", f"Satz {i}") for i in range(150)] * 2 + [("once", "einmal")]
+    spec = CorpusSpec(train_prefix=str(write_prefix(tmp_path / "train", pairs)), seed=5,
+                      valid_fraction=0.1)
+    with caplog.at_level(logging.INFO, logger="data"):
+        corpus = load_corpus(spec)
+    held_out = {source for source, _ in as_pairs(corpus["validation"])}
+    trained = as_pairs(corpus["train"])
+    assert held_out and not held_out & {source for source, _ in trained}
+    unsplit = read_prefix(spec.train_prefix, "en", "de").train_test_split(
+        test_size=30, seed=5, shuffle=True)
+    assert as_pairs(corpus["validation"]) == as_pairs(unsplit["test"])
+    assert trained == [pair for pair in as_pairs(unsplit["train"]) if pair[0] not in held_out]
+    assert (f"dropped {271 - len(trained)} of 271 training pairs whose source is also a "
+            "held-out validation source") in caplog.text
+    assert as_pairs(load_corpus(spec)["train"]) == trained
