@@ -41,7 +41,7 @@ import pyarrow.parquet as pq
 
 from data.arrow_text import cached_pairs, file_digest
 from data.config import DEFAULT_LOCALE_DIR, CorpusSpec, DataError
-from data.lines import count_lines, is_regular_file, iter_lines
+from data.lines import COMPRESSIONS, count_lines, is_regular_file, iter_lines
 
 log = logging.getLogger("data")
 
@@ -87,24 +87,30 @@ def check_files(spec: CorpusSpec) -> None:
 def _prefix_not_found(path: Path, prefix: str | Path, src: str, tgt: str,
                       flag: str = "--train/valid/test-prefix", where: str = "") -> DataError:
     """The error for file `path` of `prefix` missing: which files the prefix reads, and
-    the likely slip where there is one (a language suffix given, or a directory)."""
+    the likely slip where there is one (the file compressed, a language suffix given, or a
+    directory)."""
     prefix = str(prefix)
-    hint = ""
-    for language in (src, tgt):
-        if prefix.endswith(f".{language}"):
-            hint = (f"; drop the language suffix: {flag} {prefix.removesuffix(f'.{language}')}")
-            break
-    else:
-        if Path(prefix).is_dir():
-            hint = (f"; {prefix} is a directory: give the files' path without the language "
-                    f"suffix, such as {Path(prefix) / 'train'} for "
-                    f"{Path(prefix) / f'train.{src}'}")
-            found = sorted(p.with_suffix("") for p in Path(prefix).glob(f"*.{src}")
-                           if p.with_suffix(f".{tgt}").is_file())
-            if found:
-                hint = f"; {prefix} is a directory: give {flag} {found[0]}"
+    compressed = next((c for c in COMPRESSIONS if Path(f"{path}{c.suffix}").is_file()), None)
+    hint = (f"; {compressed.decompress_hint(f'{path}{compressed.suffix}')}" if compressed
+            else _prefix_slip(prefix, src, tgt, flag))
     return DataError(f"{path}: file not found; {flag} {prefix} with --src {src} --tgt {tgt} "
                      f"reads {prefix}.{src} and {prefix}.{tgt}{hint}{where}")
+
+
+def _prefix_slip(prefix: str, src: str, tgt: str, flag: str) -> str:
+    """"; what to give instead" for a prefix given with its language suffix or as the
+    directory that holds the files, else ""."""
+    for language in (src, tgt):
+        if prefix.endswith(f".{language}"):
+            return f"; drop the language suffix: {flag} {prefix.removesuffix(f'.{language}')}"
+    if not Path(prefix).is_dir():
+        return ""
+    found = sorted(p.with_suffix("") for p in Path(prefix).glob(f"*.{src}")
+                   if p.with_suffix(f".{tgt}").is_file())
+    if found:
+        return f"; {prefix} is a directory: give {flag} {found[0]}"
+    return (f"; {prefix} is a directory: give the files' path without the language "
+            f"suffix, such as {Path(prefix) / 'train'} for {Path(prefix) / f'train.{src}'}")
 
 
 def _check_regular(path: Path) -> None:
@@ -374,6 +380,10 @@ def _file_pairs(path: Path, src: str, tgt: str) -> Iterator[tuple[str, str]]:
         return _jsonl_pairs(path, src, tgt)
     if suffix == ".parquet":
         return _parquet_pairs(path, src, tgt)
+    for compression in COMPRESSIONS:
+        if suffix == compression.suffix:
+            raise DataError(f"{compression.decompress_hint(path)} and give {path.with_suffix('')}"
+                            "; compressed files are not read")
     raise DataError(
         f"{path}: unknown file type {suffix!r}; use .tsv, .jsonl or .parquet, or "
         "aligned text files with --train-prefix, --valid-prefix or --test-prefix"

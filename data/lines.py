@@ -29,7 +29,7 @@ import os
 import select
 import stat
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, NamedTuple
 
 from data.config import DataError
 
@@ -92,10 +92,36 @@ def _cjk_encodings(raw: bytes) -> list[str]:
     return found
 
 
+class Compression(NamedTuple):
+    """A compressed format that corpora come in and that is read only once decompressed."""
+
+    name: str
+    suffix: str
+    magic: bytes  # the first bytes of such a file
+    tool: str  # the command that decompresses it
+
+    def decompress_hint(self, path: str | Path) -> str:
+        """What to do with `path`, a file of this format named with its suffix."""
+        return f"{path} is {self.name}-compressed: decompress it first ({self.tool} -k {path})"
+
+
+COMPRESSIONS = (
+    Compression("gzip", ".gz", b"\x1f\x8b", "gunzip"),
+    Compression("xz", ".xz", b"\xfd7zXZ\x00", "unxz"),
+    Compression("bzip2", ".bz2", b"BZh", "bunzip2"),
+    Compression("zstd", ".zst", b"\x28\xb5\x2f\xfd", "unzstd"),
+)
+
+
 def _conversion_hint(raw: bytes, line_no: int) -> str:
-    """How to convert text whose bytes are not UTF-8: UTF-16 (a byte order mark, or NUL bytes
-    between characters), or the Japanese, Korean or Chinese encoding the bytes read as,
-    needs another conversion than a one-byte encoding such as Latin-1."""
+    """How to convert text whose bytes are not UTF-8: a compressed file (its first bytes),
+    UTF-16 (a byte order mark, or NUL bytes between characters), or the Japanese, Korean or
+    Chinese encoding the bytes read as, needs another conversion than a one-byte encoding such
+    as Latin-1."""
+    compression = next((c for c in COMPRESSIONS if raw.startswith(c.magic)), None)
+    if line_no == 1 and compression:
+        return (f"it is {compression.name}-compressed, not text: decompress it first "
+                f"({compression.tool} -c FILE > TEXT_FILE) and give the text file")
     if (line_no == 1 and raw.startswith(_UTF16_BOMS)) or raw.count(b"\x00") * 4 >= len(raw) > 1:
         return ("it looks like UTF-16: convert it with iconv -f UTF-16 -t UTF-8 (not LATIN1, "
                 "which would turn it into garbage that still reads as text)")

@@ -22,6 +22,7 @@ from data.corpus import (
     read_hf_split,
     read_prefix,
 )
+from data.lines import iter_lines
 
 MULTI30K = Path(os.environ["MULTI30K"])  # conftest.py: the shared copy unless set
 
@@ -598,3 +599,38 @@ def test_held_out_sources_are_not_trained_on(tmp_path, caplog):
     assert (f"dropped {271 - len(trained)} of 271 training pairs whose source is also a "
             "held-out validation source") in caplog.text
     assert as_pairs(load_corpus(spec)["train"]) == trained
+
+
+@pytest.mark.parametrize("module, name, tool, suffix", [
+    ("gzip", "gzip", "gunzip", ".gz"), ("lzma", "xz", "unxz", ".xz"),
+    ("bz2", "bzip2", "bunzip2", ".bz2")])
+def test_a_compressed_corpus_is_told_to_be_decompressed(tmp_path, module, name, tool, suffix):
+    """Compressed files are not read; each way of giving one says to decompress it."""
+    compress = __import__(module).compress
+    text = "".join(f"sentence {i} ü\n" for i in range(50)).encode()
+    prefix = tmp_path / "train"
+    # Compressed bytes under a text file's name: not Latin-1 text, as their bytes suggest.
+    Path(f"{prefix}.en").write_bytes(compress(text))
+    Path(f"{prefix}.de").write_bytes(text)
+    with pytest.raises(DataError, match=rf"train\.en line 1: invalid UTF-8 .*; it is {name}-"
+                                        rf"compressed, not text: decompress it first \({tool} "):
+        read_prefix(prefix, "en", "de")
+    # The prefix's file compressed and named so: the compressed file is named.
+    Path(f"{prefix}.en").rename(f"{prefix}.en{suffix}")
+    with pytest.raises(DataError, match=rf"train\.en: file not found; .*; \S*train\.en{suffix} "
+                                        rf"is {name}-compressed: decompress it first \({tool} "
+                                        rf"-k \S*train\.en{suffix}\)"):
+        read_prefix(prefix, "en", "de")
+    tsv = tmp_path / f"pairs.tsv{suffix}"
+    tsv.write_bytes(compress(b"a\tb\n"))
+    with pytest.raises(DataError, match=rf"pairs\.tsv{suffix} is {name}-compressed: decompress it "
+                                        rf"first \({tool} -k \S*\) and give \S*pairs\.tsv; "):
+        read_file(tsv, "en", "de")
+
+
+def test_zstd_bytes_are_told_to_be_decompressed(tmp_path):
+    path = tmp_path / "train.en"
+    path.write_bytes(b"\x28\xb5\x2f\xfd\x04\x58\x00\x00")
+    with pytest.raises(DataError, match=r"it is zstd-compressed, not text: decompress it first "
+                                        r"\(unzstd -c FILE > TEXT_FILE\)"):
+        next(iter_lines(path))
