@@ -26,6 +26,7 @@ import dataclasses
 import hashlib
 import json
 import logging
+import os
 import re
 import socket
 import struct
@@ -439,11 +440,26 @@ def _hub_offline(offline: bool):
         datasets.config.HF_HUB_OFFLINE, huggingface_hub.constants.HF_HUB_OFFLINE = saved
 
 
+def _check_not_a_local_path(name: str) -> None:
+    """DataError for a dataset name that is a file, or a path (not a hub name: at most one
+    "/", never first) to a directory that does not exist: the hub would not know it either."""
+    if Path(name).is_file():
+        raise DataError(f"{name}: is a file, not a dataset: give a file of pairs with "
+                        "--train-file (--valid-file, --test-file), and --dataset a directory "
+                        "written by save_to_disk or a hub name")
+    looks_local = (name.startswith(("/", "./", "../", "~")) or name.count("/") > 1
+                   or os.sep != "/" and os.sep in name)
+    if looks_local and not Path(name).exists():
+        raise DataError(f"{name}: no such directory; give --dataset a directory written by "
+                        "save_to_disk, or a hub name such as wmt14 (with --dataset-config de-en)")
+
+
 def _load_hf(name: str, config: str | None) -> datasets.DatasetDict:
     """Open a dataset saved with `save_to_disk` (a directory) or from the hub by name+config.
 
     A lone `Dataset` becomes the split `train`. Nothing is read into memory yet.
     """
+    _check_not_a_local_path(name)
     if Path(name).is_dir():
         try:
             loaded = datasets.load_from_disk(name)

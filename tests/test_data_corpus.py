@@ -634,3 +634,26 @@ def test_zstd_bytes_are_told_to_be_decompressed(tmp_path):
     with pytest.raises(DataError, match=r"it is zstd-compressed, not text: decompress it first "
                                         r"\(unzstd -c FILE > TEXT_FILE\)"):
         next(iter_lines(path))
+
+
+def test_a_file_or_a_missing_local_path_given_as_dataset_is_not_a_hub_name(tmp_path,
+                                                                          monkeypatch):
+    """Only a name (one "/" at most, never first) is looked for on the hub; a file of pairs
+    is told to go to --train-file."""
+    from data import corpus
+
+    def no_hub(*args, **kwargs):
+        raise AssertionError("the hub was asked")
+
+    monkeypatch.setattr(corpus.socket, "create_connection", no_hub)
+    monkeypatch.setattr(corpus.datasets, "load_dataset", no_hub)
+    parquet = tmp_path / "train.parquet"
+    datasets.Dataset.from_dict({"en": ["a"], "de": ["b"]}).to_parquet(str(parquet))
+    with pytest.raises(DataError, match=r"train\.parquet: is a file, not a dataset: give a file "
+                                        r"of pairs with --train-file"):
+        load_corpus(CorpusSpec(dataset=str(parquet)))
+    monkeypatch.chdir(tmp_path)
+    for missing in (str(tmp_path / "saved"), "./saved", "../saved", "~/saved", "data/en-de/saved"):
+        with pytest.raises(DataError, match=rf"^{re.escape(missing)}: no such directory; give "
+                                            r"--dataset a directory written by save_to_disk"):
+            read_hf_split(missing, None, "test", "en", "de")
