@@ -165,19 +165,41 @@ def _line_count_error(src_path: Path, tgt_path: Path) -> DataError:
 
 def _tsv_pairs(path: Path) -> Iterator[tuple[str, str]]:
     """`source<TAB>target` lines as they are; a blank line is an empty pair. A line with
-    other than exactly one TAB is an error."""
+    other than exactly one TAB is an error. Fields are never unquoted: those that a CSV writer
+    quoted are warned of, once, at the end."""
+    quoted = first_quoted = 0
     for line_no, line in enumerate(iter_lines(path), start=1):
-        fields = line.split("\t")
-        if len(fields) != 2:
-            if not line.strip():
-                fields = ["", ""]
-            else:
-                raise DataError(
-                    f"{path} line {line_no}: expected 2 TAB-separated fields (source<TAB>target), "
-                    f"found {len(fields)}; remove the stray TABs or use aligned text files "
-                    "with --train-prefix, --valid-prefix or --test-prefix"
-                )
+        fields = _tsv_fields(path, line_no, line)
+        if any(map(_csv_quoted, fields)):
+            quoted += 1
+            first_quoted = first_quoted or line_no
         yield fields[0], fields[1]
+    if quoted:
+        log.warning("%s: %d lines (the first: line %d) hold a field in double quotes with "
+                    "doubled quotes inside, as CSV writers such as pandas' to_csv quote "
+                    "them; TSV fields are read as they are, never unquoted, so the quotes "
+                    "are trained on: write the file without quoting (quoting=csv.QUOTE_NONE) "
+                    "or as JSON Lines", path, quoted, first_quoted)
+
+
+def _tsv_fields(path: Path, line_no: int, line: str) -> list[str]:
+    """The two fields of one TSV line (two empty ones for a blank line); DataError for a line
+    with other than one TAB."""
+    fields = line.split("\t")
+    if len(fields) == 2:
+        return fields
+    if not line.strip():
+        return ["", ""]
+    raise DataError(
+        f"{path} line {line_no}: expected 2 TAB-separated fields (source<TAB>target), "
+        f"found {len(fields)}; remove the stray TABs or use aligned text files "
+        "with --train-prefix, --valid-prefix or --test-prefix"
+    )
+
+
+def _csv_quoted(field: str) -> bool:
+    """Whether `field` reads as CSV quoting: in double quotes, with a quote doubled inside."""
+    return len(field) > 2 and field[0] == field[-1] == '"' and '""' in field[1:-1]
 
 
 # Half of a UTF-16 surrogate pair: what JSON's "\\ud83d" escape alone decodes to.

@@ -657,3 +657,19 @@ def test_a_file_or_a_missing_local_path_given_as_dataset_is_not_a_hub_name(tmp_p
         with pytest.raises(DataError, match=rf"^{re.escape(missing)}: no such directory; give "
                                             r"--dataset a directory written by save_to_disk"):
             read_hf_split(missing, None, "test", "en", "de")
+
+
+def test_csv_quoted_tsv_fields_are_warned_of_and_kept_as_written(tmp_path, caplog):
+    """A TSV written with CSV quoting (pandas' to_csv(sep="\\t")): the quotes are not taken
+    off, and one warning counts the lines that hold such a field."""
+    path = tmp_path / "pandas.tsv"
+    path.write_text('plain\t"quoted" speech\n"He said ""hi""."\t"Er sagte ""hallo""."\n'
+                    'ok\tgut\n"x"\t"A ""b"""\n')
+    with caplog.at_level(logging.INFO, logger="data"):
+        pairs = as_pairs(read_file(path, "en", "de"))
+    assert pairs[1] == ('"He said ""hi""."', '"Er sagte ""hallo""."')
+    assert pairs[0] == ("plain", '"quoted" speech')
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1
+    assert re.match(r"\S*pandas\.tsv: 2 lines \(the first: line 2\) hold a field in double "
+                    r"quotes with doubled quotes inside.*never unquoted", warnings[0])
