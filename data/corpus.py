@@ -42,7 +42,7 @@ import pyarrow.parquet as pq
 
 from data.arrow_text import cached_pairs, file_digest
 from data.config import DEFAULT_LOCALE_DIR, CorpusSpec, DataError
-from data.lines import COMPRESSIONS, count_lines, is_regular_file, iter_lines
+from data.lines import COMPRESSIONS, SURROGATE, count_lines, is_regular_file, iter_lines
 
 log = logging.getLogger("data")
 
@@ -202,10 +202,6 @@ def _csv_quoted(field: str) -> bool:
     return len(field) > 2 and field[0] == field[-1] == '"' and '""' in field[1:-1]
 
 
-# Half of a UTF-16 surrogate pair: what JSON's "\\ud83d" escape alone decodes to.
-_SURROGATE = re.compile("[\ud800-\udfff]")
-
-
 def _pick_pair(inner, src: str, tgt: str, where: str) -> tuple[str, str]:
     """Return (source, target) from a `{src: .., tgt: ..}` dict; DataError for a side that is
     not a string or not whole characters."""
@@ -229,7 +225,7 @@ def _check_whole_characters(pair: tuple[str, str], src: str, tgt: str, where: st
     """DataError naming the side of `pair` that holds a lone surrogate: caught here, where
     the line is known, not when the cache fails to encode it."""
     for side, key, text in (("source", src, pair[0]), ("target", tgt, pair[1])):
-        if found := _SURROGATE.search(text):
+        if found := SURROGATE.search(text):
             raise DataError(
                 f"{where}: the {side} ({key!r}) holds a lone surrogate escape "
                 f"\\u{ord(found.group()):04x} (at character {found.start()}), half of a "

@@ -26,6 +26,7 @@ import contextlib
 import contextvars
 import logging
 import os
+import re
 import select
 import stat
 from pathlib import Path
@@ -36,6 +37,9 @@ from data.config import DataError
 log = logging.getLogger("data")
 
 BOM = "\ufeff"  # the UTF-8 byte order mark, as text
+# Half of a UTF-16 surrogate pair, which no UTF-8 text holds: what a JSON "\\ud83d" escape
+# alone decodes to, or bytes that are not UTF-8 read with errors="surrogateescape".
+SURROGATE = re.compile("[\ud800-\udfff]")
 MAX_LINE_BYTES = 4 << 20  # 4 MiB: a thousand times a long paragraph
 _READ_SIZE = 1 << 16
 _UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")

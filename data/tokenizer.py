@@ -41,6 +41,7 @@ from typing import Iterable, Literal, Sequence
 import sentencepiece as spm
 
 from data.config import DataError, TokenizerConfig, nbest_without_unigram
+from data.lines import SURROGATE
 
 log = logging.getLogger(__name__)
 
@@ -390,7 +391,6 @@ class VocabTokenizer(TokenizerBase):
         return self.target.normalize(text).replace("\u2581", " ").removeprefix(" ")
 
 
-_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def _check_unicode(texts: Sequence[str]) -> None:
@@ -398,7 +398,7 @@ def _check_unicode(texts: Sequence[str]) -> None:
     are not UTF-8 become when decoded with errors="surrogateescape", or a JSON \\ud800
     escape): no character, no UTF-8, and SentencePiece refuses it with a bare TypeError."""
     for index, text in enumerate(texts):
-        if isinstance(text, str) and (found := _SURROGATE.search(text)):
+        if isinstance(text, str) and (found := SURROGATE.search(text)):
             raise ValueError(
                 f"text {index} is not valid Unicode: it holds U+{ord(found.group()):04X} (at "
                 f"character {found.start()}), half of a UTF-16 surrogate pair and no "
