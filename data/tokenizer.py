@@ -405,12 +405,19 @@ def _check_unicode(texts: Sequence[str]) -> None:
                 "character; decode its bytes as UTF-8, or drop the character")
 
 
+# How `encode` returns pieces with their offsets: before sentencepiece 0.2.2, as an immutable
+# proto whose offsets the wrapper has made character offsets; from 0.2.2, as a proto with
+# SentencePiece's own byte offsets.
+_BYTE_OFFSETS = tuple(map(int, spm.__version__.split(".")[:3])) >= (0, 2, 2)
+_WITH_OFFSETS = {"return_type": "proto"} if _BYTE_OFFSETS else {"out_type": "immutable_proto"}
+
+
 def _spans_of(processor: spm.SentencePieceProcessor, text: str, shift: int = 0
               ) -> tuple[list[int], list[tuple[int, int]]]:
-    """(ids, character spans) of `text` from SentencePiece's byte offsets of each piece's
+    """(ids, character spans) of `text` from SentencePiece's offsets of each piece's
     surface, leading spaces left out."""
-    pieces = processor.encode(text, return_type="proto").pieces
-    char_at = _char_offsets(text)
+    pieces = processor.encode(text, **_WITH_OFFSETS).pieces
+    char_at = _char_offsets(text) if _BYTE_OFFSETS else range(len(text) + 1)
     spans = []
     for piece in pieces:
         start, end = char_at[piece.begin], char_at[piece.end]

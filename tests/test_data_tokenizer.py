@@ -116,6 +116,21 @@ def test_a_text_with_a_lone_surrogate_is_refused_by_index_and_code_point(small_t
             method(["ok", "a\ud800b"])
 
 
+def test_token_spans_are_the_encoded_ids_and_the_characters_each_covers(small_tokenizer):
+    """Where a word alignment meets the text (inline markup): the ids `encode` gives, and
+    each token's characters, leading spaces left out, in order and within the text."""
+    text = "Der Hund läuft 🙂 schnell."
+    [(ids, spans)] = small_tokenizer.token_spans([text])
+    assert ids == small_tokenizer.encode([text])[0]
+    assert len(spans) == len(ids)
+    pieces = [small_tokenizer.processor.id_to_piece(i).replace("\u2581", "") for i in ids]
+    for piece, (start, end) in zip(pieces, spans):
+        if not piece.startswith("<0x"):  # a byte piece covers part of its character
+            assert text[start:end] == piece, (piece, text[start:end])
+    assert [start for start, _ in spans] == sorted(start for start, _ in spans)
+    assert "".join(text[a:b] for a, b in spans if b > a).startswith("DerHund")
+
+
 def test_decode_stops_at_eos_and_ignores_pad_and_bos(small_tokenizer):
     ids = small_tokenizer.encode(["Der Hund", "fox"])
     rows = np.zeros((2, 12), np.int32)
