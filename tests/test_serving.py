@@ -875,3 +875,26 @@ def test_a_served_model_compacts_every_batch_and_warm_up_compiles_what_that_need
                                          for n in (1, 2, 3, 5, 8, 10, 12, 14)])
     assert any(len(stats.stage_rows) > 1 for stats in done.batches)
     assert serving.records == []
+
+
+def test_the_status_says_compiling_from_the_start_of_each_models_warm_up():
+    """/health said "loading" until the first search shape had compiled, the longest; it
+    names the pair being compiled from its start."""
+    from types import SimpleNamespace
+
+    from nmt.serving.command import warm_up
+
+    service = SimpleNamespace(status="loading")
+    seen = []
+
+    def warm(progress, pair):
+        seen.append(service.status)
+        progress(1, 2)
+        seen.append(service.status)
+
+    models = [SimpleNamespace(pair=pair, translator=SimpleNamespace(
+        engine="jax", warm_up=lambda progress, pair=pair: warm(progress, pair)))
+        for pair in ("de-en", "en-de")]
+    warm_up(models, service, threading.Event())
+    assert seen == ["compiling de-en search", "compiling de-en search 1/2",
+                    "compiling en-de search", "compiling en-de search 1/2"]

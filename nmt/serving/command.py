@@ -422,6 +422,7 @@ def warm_up(models, service, stopping: threading.Event) -> None:
                 raise _Stopping
 
         start = time.perf_counter()
+        service.status = f"compiling {model.pair} search"  # the first shape takes longest
         model.translator.warm_up(progress)
         log.info("%s: %s in %.1f s", model.pair, "search compiled" if model.translator.engine
                  == "jax" else "warmed up", time.perf_counter() - start)
