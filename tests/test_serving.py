@@ -898,3 +898,16 @@ def test_the_status_says_compiling_from_the_start_of_each_models_warm_up():
     warm_up(models, service, threading.Event())
     assert seen == ["compiling de-en search", "compiling de-en search 1/2",
                     "compiling en-de search", "compiling en-de search 1/2"]
+
+
+def test_json_bodies_in_utf_16_32_or_with_a_byte_order_mark_are_read():
+    """RFC 8259 JSON, as Flask reads it for LibreTranslate and OpenNMT-py: UTF-8 with a byte
+    order mark, UTF-16 and UTF-32 were refused as malformed."""
+    from nmt.serving.params import RequestError, parse_json
+
+    value = {"q": "Grüße 🙂", "source": "de"}
+    text = json.dumps(value, ensure_ascii=False)
+    for encoding in ("utf-8", "utf-8-sig", "utf-16", "utf-16-le", "utf-16-be", "utf-32"):
+        assert parse_json(text.encode(encoding)) == value, encoding
+    with pytest.raises(RequestError, match=r"not valid UTF-16-LE \(at byte \d+\); send UTF-8"):
+        parse_json('{"q": "x"}'.encode("utf-16-le") + b"\x00\xd8")

@@ -36,7 +36,7 @@ def decode(data: bytes, what: str) -> str:
 def parse_json(body: bytes) -> Any:
     """The JSON value of `body`; RequestError 400 for anything that is not JSON text."""
     try:
-        value = json.loads(decode(body, "request body"))
+        value = json.loads(_json_text(body))
     except json.JSONDecodeError as err:
         raise RequestError(400, f"malformed JSON in the request body: {err.msg} (line "
                                 f"{err.lineno}, column {err.colno})") from None
@@ -47,6 +47,20 @@ def parse_json(body: bytes) -> Any:
                                 f"({' '.join(str(err).split()[:8])}...)") from None
     _check_whole_characters(value)
     return value
+
+
+def _json_text(body: bytes) -> str:
+    """`body` as text: UTF-8, with or without a byte order mark, or UTF-16 or UTF-32, told
+    apart by its first bytes as RFC 8259 and LibreTranslate's and OpenNMT-py's Flask read it."""
+    encoding = json.detect_encoding(body)
+    if encoding == "utf-8":
+        return decode(body, "request body")
+    try:
+        return body.decode(encoding)
+    except UnicodeDecodeError as err:
+        name = encoding.upper().replace("-SIG", "")
+        raise RequestError(400, f"the request body is not valid {name} (at byte "
+                                f"{err.start}); send UTF-8 text") from None
 
 
 def _check_whole_characters(value: Any) -> None:
