@@ -14,7 +14,11 @@ from nmt.translation.scoring import (
 
 @pytest.mark.parametrize("language, tokenizer", [
     ("zh", "zh"), ("zh_TW", "zh"), ("ja", "ja-mecab"), ("ja-JP", "ja-mecab"),
-    ("ko", "ko-mecab"), ("KO", "ko-mecab"), ("de", "13a"), ("jv", "13a"), (None, "13a")])
+    ("ko", "ko-mecab"), ("KO", "ko-mecab"), ("de", "13a"), ("jv", "13a"), (None, "13a"),
+    # Three-letter codes, as FLORES and NLLB write them: 13a would score a Japanese sentence
+    # as one "word".
+    ("jpn", "ja-mecab"), ("jpn_Jpan", "ja-mecab"), ("zho", "zh"), ("cmn", "zh"),
+    ("kor", "ko-mecab"), ("deu", "13a")])
 def test_bleu_tokenizer_follows_the_target_language(language, tokenizer):
     assert bleu_tokenizer_for(language) == tokenizer
 

@@ -20,7 +20,7 @@ Each line is then split by sentencex (Wikimedia's segmenter, rules for about 300
 Its language codes are lower-case MediaWiki codes, and a code it does not know (`xx`, but
 also `de-DE` or `DE`) silently gets English rules, so a code is reduced to its lower-case
 base first (`pt-BR` -> `pt`, `zh_Hant` -> `zh`), and a three-letter code to the two-letter
-one (`jpn` or `jpn_Jpan` -> `ja`, for the languages in `_TWO_LETTER`); an unknown base still
+one (`jpn` or `jpn_Jpan` -> `ja`, for the languages `language_codes` knows); an unknown base still
 gets English rules, which suit most languages written with spaces and ".!?". Where
 sentencex cuts after a quotation that a Japanese, Chinese or Korean sentence goes on after
 (「本当？」と聞いた), the two pieces are one sentence again (`_quotes_rejoined`); so are a
@@ -83,6 +83,7 @@ from sentencex import segment
 
 from nmt.models.alignment import Alignment
 from nmt.translation.inline_markup import Kind, Point, pair_points, place
+from nmt.translation.language_codes import base_language
 
 # Line breaks: "\n", "\r\n" and a lone "\r"; not U+2028 and the like (data.lines says why).
 _LINE = re.compile(r"[^\r\n]+")
@@ -270,32 +271,10 @@ class _Builder:
                         points)
 
 
-# ISO 639-2 (bibliographic and terminological) and 639-3 codes, as the two-letter codes that
-# sentencex and this module know: the languages this module treats apart (no space between
-# sentences, their own stops, ordinals, titles, quotes), then widely translated others.
-_TWO_LETTER = {
-    **dict.fromkeys(("zho", "chi", "cmn"), "zh"), "jpn": "ja", "kor": "ko", "tha": "th",
-    "lao": "lo", "khm": "km", **dict.fromkeys(("mya", "bur"), "my"),
-    **dict.fromkeys(("fra", "fre"), "fr"), **dict.fromkeys(("deu", "ger"), "de"),
-    "dan": "da", "nob": "nb", "nno": "nn", "nor": "no", "fin": "fi",
-    **dict.fromkeys(("isl", "ice"), "is"), "fao": "fo", **dict.fromkeys(("est", "ekk"), "et"),
-    **dict.fromkeys(("lav", "lvs"), "lv"), **dict.fromkeys(("ces", "cze"), "cs"),
-    **dict.fromkeys(("slk", "slo"), "sk"), "pol": "pl", "slv": "sl", "hrv": "hr", "bos": "bs",
-    "srp": "sr", "hun": "hu", "tur": "tr", **dict.fromkeys(("eus", "baq"), "eu"),
-    "eng": "en", "spa": "es", "por": "pt", "ita": "it", **dict.fromkeys(("nld", "dut"), "nl"),
-    "swe": "sv", "rus": "ru", "ukr": "uk", "bul": "bg", **dict.fromkeys(("ron", "rum"), "ro"),
-    "cat": "ca", **dict.fromkeys(("ell", "gre"), "el"), "ara": "ar", "heb": "he",
-    **dict.fromkeys(("fas", "per", "pes"), "fa"), "hin": "hi", "vie": "vi", "ind": "id",
-}
-
-
 def segmenter_language(language: str) -> str:
-    """The code sentencex is given for `language`: its lower-case base (pt-BR -> pt), since
-    sentencex gives English rules to any code it does not know, region forms included; a
-    three-letter code (ISO 639-2 or 639-3) is the language's two-letter one where
-    `_TWO_LETTER` has it (jpn_Jpan -> ja, zho -> zh, deu -> de)."""
-    base = re.split(r"[-_]", language.strip().lower(), maxsplit=1)[0]
-    return _TWO_LETTER.get(base, base)
+    """The code sentencex is given for `language`: its base language (`base_language`), since
+    sentencex gives English rules to any code it does not know, region forms included."""
+    return base_language(language)
 
 
 def split_text(text: str, language: str) -> Document:

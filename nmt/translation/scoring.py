@@ -8,8 +8,9 @@ by `translate.py --evaluate`.
 from __future__ import annotations
 
 import dataclasses
-import re
 from typing import TYPE_CHECKING, Sequence
+
+from nmt.translation.language_codes import base_language
 
 if TYPE_CHECKING:
     import sacrebleu
@@ -40,10 +41,9 @@ class MetricError(ValueError):
 
 def bleu_tokenizer_for(target_language: str | None) -> str:
     """The tokenizer for a target language code: ja -> ja-mecab, zh -> zh, ko -> ko-mecab,
-    as sacreBLEU picks them, and also for region forms ("ja-JP", "zh_TW"), which sacreBLEU
-    leaves at 13a; anything else (or None) -> 13a."""
-    base = re.split(r"[-_]", target_language or "")[0].lower()
-    return _BLEU_TOKENIZER_FOR_LANGUAGE.get(base, "13a")
+    as sacreBLEU picks them, and also for region and three-letter forms ("ja-JP", "zh_TW",
+    "jpn_Jpan", "kor"), which sacreBLEU leaves at 13a; anything else (or None) -> 13a."""
+    return _BLEU_TOKENIZER_FOR_LANGUAGE.get(base_language(target_language or ""), "13a")
 
 
 def bleu_metric(target_language: str | None = None, tokenize: str | None = None
