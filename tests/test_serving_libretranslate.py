@@ -202,6 +202,11 @@ def test_detect_with_libretranslatepy_and_source_auto(server):
     assert client.detect("\U0001F600")[0] == {"language": "de", "confidence": 0.0}
     status, answer = server.post_json("/detect", {"q": ""})
     assert status == 400 and "missing q" in answer["error"]
+    # A list: one answer for the texts together, as LibreTranslate gives.
+    status, answer = server.post_json("/detect", {"q": [GERMAN, GERMAN]})
+    assert status == 200 and answer[0]["language"] == "de", answer
+    status, answer = server.post_json("/detect", {"q": [GERMAN, 3]})
+    assert status == 400 and "a list of strings" in answer["error"]
     for text, language in ((GERMAN, "de"), (FRENCH, "fr")):
         status, auto = translate(server, text, source="auto")
         status, known = translate(server, text, source=language)

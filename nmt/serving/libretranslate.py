@@ -179,19 +179,20 @@ async def join_documents(service: Service, model, documents: list[Document],
 
 async def detect(request: Request) -> JSONResponse:
     """LibreTranslate's POST /detect: [{"language": code, "confidence": 0-100}, ...], best
-    first, among the languages served (sources and targets); one entry at least."""
+    first, among the languages served (sources and targets); one entry at least. A list of
+    texts gets one answer for all of them, as LibreTranslate gives, read as source "auto"
+    reads a list."""
     service: Service = request.app.state.service
     params = await request_params(request, service.limits)
     service.check_key(api_key(request, params))
-    q = params.get("q")
-    if not isinstance(q, str) or not q:
-        raise RequestError(400, "Invalid request: missing q parameter" if not q else
-                                "Invalid request: q must be a string")
-    service.limits.check_characters(len(q))
-    service.charge(request, 1, len(q))
+    texts, _ = _texts(params)
+    characters = sum(map(len, texts))
+    service.limits.check_characters(characters)
+    service.charge(request, len(texts), characters)
     # Never empty, as LibreTranslate's (its clients read the first entry): a text that tells
     # nothing (no letters) gets the first language served, with confidence 0.
-    found = service.detect(q) or [(language, 0.0) for language in service.languages()[:1]]
+    found = (service.detect(" ".join(texts))
+             or [(language, 0.0) for language in service.languages()[:1]])
     return JSONResponse([{"language": code, "confidence": round(confidence * 100, 1)}
                          for code, confidence in found])
 
