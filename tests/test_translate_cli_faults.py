@@ -646,3 +646,40 @@ def test_a_full_disk_while_exporting_names_the_file_and_leaves_nothing(run_dir, 
         export_model(out, nnx.state(model, nnx.Param), model.config, tokenizer)
     assert info.value.filename == str(out / "params.msgpack")
     assert list(tmp_path.iterdir()) == []
+
+
+# ----------------------------------------------------------------------------- --score
+
+
+@pytest.mark.parametrize("flags", [
+    # Was ignored: the search renormalises over K candidates, --score over the vocabulary.
+    ["--shortlist", "20"], ["--beam", "5"], ["--alpha", "1.0"], ["--length-penalty", "power"],
+    ["--beam-rules", "exact"], ["--max-len-a", "2"], ["--max-len-b", "9"], ["--min-len", "3"],
+    ["--nbest", "2"], ["--greedy"], ["--sample"], ["--temperature", "0.5"], ["--top-k", "5"],
+])
+def test_score_refuses_search_flags_before_loading(flags, capsys, no_model):
+    status, line = _main(translate_cli.main, ["--model", "m", "--score", "--test-prefix", "t",
+                                              *flags], capsys)
+    assert status == 2, line
+    assert line.startswith(f"translate.py: error: {flags[0]} does not apply with --score, "
+                           "which scores each reference over the whole vocabulary"), line
+
+
+def test_score_is_the_same_whatever_search_the_model_stores(run_dir, tmp_path, capsys):
+    """--score searches nothing: stored settings that no flag may override change no score."""
+    (tmp_path / "s.de").write_text("Ein Mann fährt Fahrrad.\nDer Hund.\n")
+    (tmp_path / "r.en").write_text("A man rides a bike.\nThe dog runs in the park.\n")
+    sampling = tmp_path / "model"
+    shutil.copytree(run_dir / "model", sampling)
+    values = json.loads((sampling / "config.json").read_text())
+    values["search"].update(strategy="sample", top_k=7, temperature=0.3, min_len=40,
+                            max_len_a=0.0, max_len_b=1)
+    (sampling / "config.json").write_text(json.dumps(values))
+    scores = []
+    for model in (run_dir, sampling):
+        status = translate_cli.main(["--model", str(model), "-q", "--score", "--src-file",
+                                     str(tmp_path / "s.de"), "--ref-file",
+                                     str(tmp_path / "r.en")])
+        scores.append(capsys.readouterr().out)
+        assert status == 0
+    assert scores[0] == scores[1] and len(scores[0].splitlines()) == 2

@@ -72,7 +72,8 @@ are written, so a bad path costs no translation time.
 prints the log-probability (natural log, EOS included) the model gives each reference, one
 line per pair, without searching (force decoding, as fairseq's --score-reference or
 marian-scorer); --normalize divides by the reference's tokens. It takes the same test-set
-flags as --evaluate and works with ensembles.
+flags as --evaluate and works with ensembles; it searches nothing, and refuses the search flags
+(--shortlist included: each reference is scored over the whole vocabulary).
 
 Everything but translations and scores goes to stderr. Exit status: 0 on success, 1 for a bad
 model directory or input (the message names the file and line), 2 for invalid flags, values
@@ -324,9 +325,12 @@ def _check_scoring(args: argparse.Namespace) -> None:
     if args.normalize and not args.score:
         raise UsageError("--normalize only applies with --score.")
     if args.score:
-        for flag in ("hyp_file", "report", "nbest", "plot_attention", "bleu_tokenize"):
+        for flag in ("hyp_file", "report", "plot_attention", "bleu_tokenize"):
             if getattr(args, flag):
                 raise UsageError(f"--{flag.replace('_', '-')} does not apply with --score.")
+        if search_flags := search_flags_given(args):
+            raise UsageError(f"{search_flags[0]} does not apply with --score, which scores each "
+                             "reference over the whole vocabulary without searching; drop it.")
     mode = "--evaluate" if args.evaluate else "--score" if args.score else None
     if mode:
         if args.sentences or args.input is not None:
@@ -407,6 +411,15 @@ def given_search_fields(args: argparse.Namespace) -> frozenset[str]:
     if args.greedy or args.sample or args.beam is not None or args.nbest is not None:
         given.add("strategy")
     return frozenset(given)
+
+
+def search_flags_given(args: argparse.Namespace) -> list[str]:
+    """The search flags given (--beam, --greedy, --shortlist...), in the order of --help:
+    what --score, which searches nothing, refuses rather than ignores."""
+    flags = [field.flag for field in recipes.FIELDS if field.section == "search"
+             and getattr(args, field.flat_name, None) is not None]
+    return flags + [f"--{name}" for name in ("greedy", "sample", "shortlist")
+                    if getattr(args, name)]
 
 
 def search_config(stored, args: argparse.Namespace):
