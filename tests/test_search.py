@@ -580,3 +580,18 @@ def test_top_k_over_vocab_equals_lax_top_k_ties_included(n, k):
         np.testing.assert_array_equal(values, want_values)
         np.testing.assert_array_equal(indices, want_indices)
         assert indices.dtype == jnp.int32
+
+
+@pytest.mark.parametrize("strategy", ["greedy", "beam", "sample"])
+def test_a_min_len_beyond_32_bits_searches_as_one_at_the_models_positions(strategy):
+    """Every output then ends at its limit, which gives way to no min_len; this min_len once
+    ended in an OverflowError inside the compiled search."""
+    model = sharp_model(seed=5)
+    src = sources(np.random.default_rng(4), [10, 3, 6], 64)
+    config = SearchConfig(strategy=strategy, beam_size=3, max_len_a=0.5, max_len_b=4)
+    at_positions = search(model, src, dataclasses.replace(config, min_len=model.config.max_len),
+                          rng=jax.random.key(0))
+    beyond = search(model, src, dataclasses.replace(config, min_len=3_000_000_000),
+                    rng=jax.random.key(0))
+    np.testing.assert_array_equal(beyond.tokens, at_positions.tokens)
+    np.testing.assert_array_equal(beyond.lengths[:, 0], [9, 5, 7])  # 0.5 x source + 4

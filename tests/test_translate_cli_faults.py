@@ -683,3 +683,14 @@ def test_score_is_the_same_whatever_search_the_model_stores(run_dir, tmp_path, c
         scores.append(capsys.readouterr().out)
         assert status == 0
     assert scores[0] == scores[1] and len(scores[0].splitlines()) == 2
+
+
+def test_a_min_len_beyond_32_bits_translates_as_one_at_the_models_positions(run_dir, capsys):
+    """It once ended in an unexpected OverflowError inside the compiled search."""
+    outputs = []
+    for min_len in ("64", "3000000000"):  # the model's max_len, and beyond int32
+        status = translate_cli.main(["--model", str(run_dir), "-q", "--min-len", min_len,
+                                     "Der Hund.", "Ein Mann fährt Fahrrad."])
+        outputs.append(capsys.readouterr().out)
+        assert status == 0
+    assert outputs[0] == outputs[1] and len(outputs[0].splitlines()) == 2

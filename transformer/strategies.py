@@ -105,6 +105,11 @@ _BEAM_RULES = {
 
 _KINDS: dict[str, type[Strategy]] = {"greedy": Greedy, "sample": Sample, "beam": Beam}
 
+# Search steps are counted in int32, so no output reaches this length: a larger min_len bans
+# EOS at exactly the steps this one does (the output limit, at most the model's positions,
+# gives way to neither), and only this one can be compared with a step in compiled code.
+LONGEST_OUTPUT = 2**31 - 1
+
 
 def strategy_kind(name: str) -> type[Strategy]:
     """The class of the strategy `SearchConfig.strategy` names (a KeyError for no name)."""
@@ -123,13 +128,14 @@ def plan_search(config) -> Strategy:
             f"SearchConfig.nbest ({config.nbest}) needs beam search; strategy "
             f"{config.strategy!r} gives one hypothesis per sentence. Use strategy='beam' "
             "or nbest=1.")
+    min_len = min(config.min_len, LONGEST_OUTPUT)
     if kind is Greedy:
-        return Greedy(min_len=config.min_len)
+        return Greedy(min_len=min_len)
     if kind is Sample:
         return Sample(temperature=float(config.temperature), top_k=config.top_k,
-                      min_len=config.min_len)
+                      min_len=min_len)
     stopping, eos_among_best_k, forced_eos_free = _BEAM_RULES[config.beam_rules]
     return Beam(size=config.beam_size, nbest=config.nbest, alpha=float(config.alpha),
                 power_penalty=config.length_penalty == "power", stopping=stopping,
                 eos_among_best_k=eos_among_best_k, forced_eos_free=forced_eos_free,
-                min_len=config.min_len)
+                min_len=min_len)
