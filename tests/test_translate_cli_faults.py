@@ -694,3 +694,26 @@ def test_a_min_len_beyond_32_bits_translates_as_one_at_the_models_positions(run_
         outputs.append(capsys.readouterr().out)
         assert status == 0
     assert outputs[0] == outputs[1] and len(outputs[0].splitlines()) == 2
+
+
+@pytest.mark.parametrize("engine", ["jax", "ctranslate2"])
+def test_a_top_k_above_the_vocabulary_names_the_flag_or_the_stored_setting(engine, run_dir,
+                                                                           tmp_path, capsys,
+                                                                           monkeypatch):
+    """Was 'top_k 301 is ...' (the field), and with ctranslate2 an unexpected ValueError."""
+    if engine == "ctranslate2":
+        pytest.importorskip("ctranslate2")
+        monkeypatch.setenv("FLAX_NMT_CACHE", str(tmp_path / "cache"))  # its conversion
+    stored = tmp_path / "model"
+    shutil.copytree(run_dir / "model", stored)
+    values = json.loads((stored / "config.json").read_text())
+    values["search"].update(strategy="sample", top_k=400)
+    (stored / "config.json").write_text(json.dumps(values))
+    for model, flags, named in ((run_dir, ["--sample", "--top-k", "301"], "--top-k 301"),
+                                (stored, [], "the model's stored top_k 400")):
+        status, line = _main(translate_cli.main, ["--model", model, "-q", "--engine", engine,
+                                                  *flags, "Hallo."], capsys)
+        assert status == 2, line
+        assert line == (f"translate.py: error: invalid search settings for this model: {named} "
+                        "is larger than the model's vocabulary (300 tokens); use a smaller "
+                        "value, or 0 for no limit.")

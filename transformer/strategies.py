@@ -15,6 +15,19 @@ import enum
 from typing import Union
 
 
+class TopKTooLarge(ValueError):
+    """A top-k larger than the tokens a search chooses among: a mistake in the settings, not a
+    no-op. `naming` words it for a caller that calls the setting otherwise (a flag)."""
+
+    def __init__(self, top_k: int, what: str, tokens: int):
+        self.top_k, self.what, self.tokens = top_k, what, tokens
+        super().__init__(self.naming("top_k"))
+
+    def naming(self, setting: str) -> str:
+        return (f"{setting} {self.top_k} is larger than {self.what} ({self.tokens} tokens); "
+                "use a smaller value, or 0 for no limit.")
+
+
 @dataclasses.dataclass(frozen=True)
 class Greedy:
     """The likeliest allowed token at every step (EOS is not allowed before `min_len`)."""
@@ -43,11 +56,10 @@ class Sample:
     draws = True
 
     def check_vocabulary(self, vocab_size: int, what: str = "the model's vocabulary") -> None:
-        """A top-k larger than the vocabulary (`what`: or the candidate tokens a shortlist
-        leaves) is a mistake in the settings, not a no-op."""
+        """TopKTooLarge where top_k exceeds the vocabulary (`what`: or the candidate tokens a
+        shortlist leaves)."""
         if self.top_k > vocab_size:
-            raise ValueError(f"top_k {self.top_k} is larger than {what} ({vocab_size} "
-                             "tokens); use a smaller value, or 0 for no limit.")
+            raise TopKTooLarge(self.top_k, what, vocab_size)
 
 
 class Stopping(enum.Enum):

@@ -107,7 +107,7 @@ from nmt.settings import recipes
 from nmt.translation import evaluation, streams
 from nmt.translation.errors import InputError
 from transformer.config import MAX_SEED, check_finite
-from transformer.strategies import Beam, Sample, strategy_kind
+from transformer.strategies import Beam, Sample, TopKTooLarge, strategy_kind
 
 log = logging.getLogger("translate.py")
 
@@ -497,12 +497,21 @@ def load(args: argparse.Namespace):
                                 seed=args.seed, searches=args.searches or default_searches(),
                                 shortlist=shortlist, shortlist_size=args.shortlist or 0)
     except ValueError as err:  # settings only the loaded model can refuse (--top-k, --shortlist)
-        raise UsageError(f"invalid search settings for this model: {err}") from None
+        raise refused_by_this_model(err, args) from None
     log.info("%s %s loaded in %.2f s; search: %s", "model" if len(args.model) == 1 else
              "ensemble of", ", ".join(args.model), time.perf_counter() - start,
              ", ".join(f"{k}={v}" for k, v in dataclasses.asdict(search).items()))
     log.info(cli.allocator_status().line)
     return model, tokenizer, values, translator
+
+
+def refused_by_this_model(err: ValueError, args: argparse.Namespace) -> UsageError:
+    """A search setting the loaded model refuses, named as the user knows it: --top-k, or the
+    model's stored top_k (library callers read SearchConfig's field name)."""
+    message = str(err)
+    if isinstance(err, TopKTooLarge):
+        message = err.naming("--top-k" if args.top_k is not None else "the model's stored top_k")
+    return UsageError(f"invalid search settings for this model: {message}")
 
 
 def read_shortlist(path: str, tokenizer):
@@ -537,6 +546,8 @@ def load_ctranslate2(args: argparse.Namespace):
         raise InputError(str(err)) from None
     except EngineError as err:
         raise UsageError(str(err)) from None
+    except TopKTooLarge as err:
+        raise refused_by_this_model(err, args) from None
     except MissingEngine as err:
         raise InputError(str(err)) from None
     log.info("model %s loaded in %.2f s on %s; search: %s", args.model[0],
