@@ -399,7 +399,7 @@ def test_a_test_set_side_of_dash_is_stdin(run_dir, env, tmp_path):
     def run(flags: list, stdin: Path | None = None):
         with open(stdin or os.devnull) as source:
             return subprocess.run([sys.executable, "translate.py", "--model", str(run_dir),
-                                   "--greedy", "-q", *map(str, flags)], cwd=REPO, env=env,
+                                   "-q", *map(str, flags)], cwd=REPO, env=env,
                                   stdin=source, capture_output=True, text=True, timeout=240)
 
     from_files = run(["--score", "--src-file", src, "--ref-file", ref])
@@ -409,7 +409,7 @@ def test_a_test_set_side_of_dash_is_stdin(run_dir, env, tmp_path):
         result = run(["--score", *flags], stdin)
         assert result.returncode == 0, result.stderr
         assert result.stdout == from_files.stdout
-    result = run(["--evaluate", "--src-file", "-", "--ref-file", ref], src)
+    result = run(["--evaluate", "--greedy", "--src-file", "-", "--ref-file", ref], src)
     assert result.returncode == 0 and result.stdout.startswith("BLEU = "), result.stderr
 
 
