@@ -278,7 +278,7 @@ def test_translate_py_with_every_token_as_candidate_translates_as_without(shortl
     (["--shortlist", "3"], 2, "a batch needs at least 5 candidates"),
     (["--shortlist", "50", "--engine", "ctranslate2"], 2, "searched by --engine jax"),
     (["--shortlist", "20", "--sample", "--top-k", "30"], 2,
-     "top_k 30 is larger than --shortlist's candidates (20 tokens)"),
+     "--top-k 30 is larger than --shortlist's candidates (20 tokens)"),
 ], ids=["zero", "below-specials", "ctranslate2", "top-k"])
 def test_translate_py_refuses_a_shortlist_it_cannot_use_in_one_line(shortlisted, flags, code,
                                                                    message, capsys):
