@@ -65,7 +65,9 @@ class Sample:
 class Stopping(enum.Enum):
     """When a sentence's beam search is done (`transformer.search.beam.can_improve`)."""
 
-    # The best live beam, scored as if it ended now, does not beat the k-th finished one.
+    # The best live beam, its log-probability divided by the penalty of its length so far
+    # (without the EOS it would still need, as transformers' test), does not beat the k-th
+    # finished one.
     BEST_ALIVE_NOW = "best alive now"
     # No live beam could beat the nbest-th finished one even at the length limit.
     BOUND_AT_LIMIT = "bound at limit"
