@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import shutil
 import threading
 import time
@@ -17,13 +18,17 @@ import types
 from pathlib import Path
 from typing import Callable
 
+import jax
+import jax.numpy as jnp
 import pytest
 from conftest import SHALLOW
 
 import nmt.training.run_data
+import nmt.training.trainer
 from data.sampling import SampledEpochs
 from nmt.models import model_dir
 from nmt.rundir import checkpoints as checkpoint
+from nmt.rundir.bookkeeping import Bookkeeping
 from nmt.settings import recipes
 from nmt.settings.config import SettingsError, TrainerConfig
 from nmt.training import loader, stopping, validation
@@ -591,3 +596,47 @@ def test_spm_model_is_the_tokenizer_and_must_stay_it_on_resume(corpus, cache, mo
                                         r"eos ids \(-1, 0, 1, 2\).* spm_train --pad_id=0"):
         prepare_data(run.replace(tokenizer={"spm_model": f"{defaults}.model"}),
                      tmp_path / "fresh", 64)
+
+
+def _poison_parameters_after(monkeypatch, step: int) -> None:
+    """NaN parameters after update `step`, whose own loss (computed before it) stays finite:
+    what an update too large does."""
+    train_one_step = nmt.training.trainer.Trainer._train_one_step
+
+    def poisoned(self):
+        metrics = train_one_step(self)
+        if self.step == step:
+            self.state = self.state.replace(
+                params=jax.tree.map(lambda x: x * jnp.nan, self.state.params))
+        return metrics
+
+    monkeypatch.setattr(nmt.training.trainer.Trainer, "_train_one_step", poisoned)
+
+
+def test_a_validation_of_parameters_an_update_broke_stops_as_diverged(corpus, bleus,
+                                                                       tmp_path, monkeypatch):
+    """Step 4's loss is finite, its update leaves NaN: its validation says the run diverged
+    at step 4 before anything records a NaN perplexity as the best (NaN < x is always False,
+    so nothing would beat it) or writes a bare NaN into metrics.jsonl."""
+    out = tmp_path / "run"
+    _poison_parameters_after(monkeypatch, step=4)
+    with pytest.raises(TrainingError, match=r"became nan/[0-9.e+-]+ at step 4 \(learning rate "
+                                            r"[0-9.e+-]+\); the newest checkpoint is step 2.*"
+                                            r"Lower --lr-scale/--peak-lr"):
+        _run(corpus, out, max_steps=8, best_metric="ppl", save_every=2, eval_sentences=0)
+    assert checkpoint.complete_steps(out / checkpoint.BEST_DIR) == [2]
+
+    def strict(constant):
+        raise ValueError(f"{constant} is not JSON")
+
+    lines = [json.loads(line, parse_constant=strict)
+             for line in (out / METRICS_FILE).read_text().splitlines()]
+    assert [line["step"] for line in lines if line["kind"] == "eval"] == [2]
+
+
+def test_nan_never_improves_and_a_recorded_nan_is_beaten():
+    book = Bookkeeping(best_metric="ppl")
+    assert not book.improves(math.nan) and book.improves(5.0)
+    book.best_score, book.best_step = math.nan, 3  # recorded by an older version
+    assert book.improves(5.0)
+    assert not Bookkeeping(best_metric="bleu", best_score=1.0).improves(math.nan)

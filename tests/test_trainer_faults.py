@@ -138,11 +138,11 @@ def test_sigterm_during_validation_saves_a_complete_checkpoint_that_resumes_exac
     real_scores = nmt.training.validation.Validator.scores
     calls = []
 
-    def scores(self, graphdef, params, deadline=None):
+    def scores(self, graphdef, params, not_finite, deadline=None):
         calls.append(1)
         if len(calls) == 2:  # the validation of step 40
             os.kill(os.getpid(), signal.SIGTERM)
-        return real_scores(self, graphdef, params, deadline)
+        return real_scores(self, graphdef, params, not_finite, deadline)
 
     monkeypatch.setattr(nmt.training.validation.Validator, "scores", scores)
     summary = train(_in_process(corpus, out, monkeypatch, env, 10**6), out)
@@ -279,3 +279,25 @@ def test_the_printed_resume_command_trains_on_under_average_last(corpus, env, tm
     assert checkpoint.complete_steps(out / "checkpoints")[-1] == 40
     _, _, values = load_model(out / "averaged")
     assert values["averaged_steps"][-1] == 40
+
+
+def test_a_run_whose_updates_blow_up_the_model_validates_to_bleu_zero_not_a_crash(
+        corpus, env, tmp_path, monkeypatch):
+    """--peak-lr 1e5 takes the loss from 6 to 1e10 in one update, finite: a model that far gone
+    scores every hypothesis below the search's floor, and validation counts each translation
+    as empty (it ended in an IndexError)."""
+    out = tmp_path / "blown"
+    summary = train(_in_process(corpus, out, monkeypatch, env, 2, schedule="inverse_sqrt",
+                                peak_lr=1e5, eval_every=1, eval_sentences=3), out)
+    evals = [line for line in _lines(out) if line["kind"] == "eval"]
+    assert [line["step"] for line in evals] == [1, 2] and summary["steps"] == 2
+    assert evals[-1]["loss"] > 1e6 and evals[-1]["bleu"] == 0.0
+
+
+@pytest.mark.parametrize("flag", ["--peak-lr", "--lr-scale"])
+def test_a_learning_rate_beyond_float32_is_refused_naming_its_flag(flag, capsys):
+    schedule = "noam" if flag == "--lr-scale" else "inverse_sqrt"
+    assert train_cli.main(["--schedule", schedule, flag, "1e39"]) == 2
+    line = capsys.readouterr().err.strip()
+    assert "\n" not in line and f"given by {flag} 1e+39" in line
+    assert "must be at most 3.403e+38, the largest float32" in line

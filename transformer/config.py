@@ -256,6 +256,7 @@ ARCHITECTURE = ("d_model", "num_heads", "d_ff", "encoder_layers", "decoder_layer
 
 # SentencePiece's random generator (subword sampling) takes an unsigned 32-bit seed.
 MAX_SEED = 2**32 - 1
+FLOAT32_MAX = float.fromhex("0x1.fffffep+127")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -330,6 +331,11 @@ class OptimizerConfig(DictConfig):
             if not getattr(self, name) > 0:
                 raise ValueError(f"OptimizerConfig.{name} must be > 0, "
                                  f"got {getattr(self, name)!r}.")
+        for name in ("lr_scale", "peak_lr"):
+            if getattr(self, name) > FLOAT32_MAX:  # the schedule computes the rate in float32
+                raise ValueError(f"OptimizerConfig.{name} must be at most {FLOAT32_MAX:.4g}, the "
+                                 f"largest float32 (the learning rate is one), got "
+                                 f"{getattr(self, name)!r}.")
         for name in ("adam_b1", "adam_b2"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ValueError(f"OptimizerConfig.{name} must be in [0, 1), "

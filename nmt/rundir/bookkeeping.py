@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from typing import Any
 
 from nmt.settings.config import BEST_METRICS
@@ -63,8 +64,11 @@ class Bookkeeping:
         return cls(**{k: v for k, v in values.items() if k in known})
 
     def improves(self, score: float) -> bool:
-        """Whether `score` of the best metric beats the best so far."""
-        if self.best_score is None:
+        """Whether `score` of the best metric beats the best so far; NaN never does (nothing
+        would beat it after), and any number beats a NaN an older version recorded."""
+        if math.isnan(score):
+            return False
+        if self.best_score is None or math.isnan(self.best_score):
             return True
         higher_is_better = BEST_METRICS[self.best_metric][1]
         return score > self.best_score if higher_is_better else score < self.best_score

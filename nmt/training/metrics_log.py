@@ -171,6 +171,7 @@ class MetricsWindow:
         self.tokens_before = sum(m["tokens"] for m in self.steps)  # counted by an earlier run
         self.pending: list[dict[str, jax.Array]] = []  # on the device
         self.pending_first_step = next_step
+        self.latest = self.steps[-1] if self.steps else None  # the last step's, read back
         self.on_diverged = on_diverged
         self.spike = spike
         # A checkpoint written before the history was kept has the window's losses alone.
@@ -198,9 +199,17 @@ class MetricsWindow:
                         f"{len(self.recent)} steps ({median:.4g}; --loss-spike "
                         f"{self.spike:g})")
             self.recent.append(loss)
-            self.steps.append({k: float(v) for k, v in metrics.items()})
+            self.latest = {k: float(v) for k, v in metrics.items()}
+            self.steps.append(self.latest)
         self.pending_first_step += len(self.pending)
         self.pending = []
+
+    def not_finite(self, loss: float) -> Exception:
+        """The divergence error (`on_diverged`) for a validation `loss` that is not finite after
+        the last step read back: its update broke the parameters, its own loss being finite."""
+        step = self.pending_first_step - 1
+        last = self.latest or {"grad_norm": math.nan, "learning_rate": math.nan}
+        return self.on_diverged(step, {**last, "loss": loss}, "not finite")
 
     def close(self, seconds: float, started: float) -> dict[str, float] | None:
         """The log line of the window (None when empty), then an empty window. `seconds` is

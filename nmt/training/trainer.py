@@ -301,6 +301,7 @@ class Trainer:
             # allocated, and theirs before the steps go on: neither adds to the other's peak.
             allocator.release_free_memory()
             result = self.start.validator.scores(self.start.graphdef, self.state.params,
+                                                 self.step_metrics.not_finite,
                                                  self.limits.validation_deadline)
             allocator.release_free_memory()
             self.limits.closing.validated(time.monotonic() - began)

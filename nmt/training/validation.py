@@ -40,10 +40,14 @@ class Validator:
         self.sentences = min(sentences, len(data.valid_sources))
 
     def scores(self, graphdef: nnx.GraphDef, params: nnx.State,
+               not_finite: Callable[[float], Exception],
                deadline: float | None = None) -> dict[str, Any]:
         """loss, nll, ppl and accuracy per validation token; bleu, chrf, sentences and
         translate_s when sentences are translated. Past `deadline` (time.monotonic()), the
-        translating stops: no bleu or chrf then, and `translated` says how far it got."""
+        translating stops: no bleu or chrf then, and `translated` says how far it got.
+
+        A loss that is not finite raises `not_finite(loss)`: an update left the parameters
+        so (its own loss, computed before it, was finite), and nothing else here holds."""
         sums = None
         for batch in eval_batches(self.data.valid_examples, self.data.eval_batch_config):
             with self.compile_log.labelled(f"eval_step [{AheadOfTime.describe(batch)}]"):
@@ -54,6 +58,8 @@ class Validator:
         result = {"loss": sums["loss_sum"] / tokens, "nll": sums["nll_sum"] / tokens,
                   "ppl": math.exp(min(sums["nll_sum"] / tokens, 700.0)),
                   "accuracy": sums["correct"] / tokens}
+        if not math.isfinite(result["loss"]):
+            raise not_finite(result["loss"])
         if self.sentences:
             result.update(self._translation_scores(nnx.merge(graphdef, local_copy(params)),
                                                    deadline))
@@ -74,7 +80,7 @@ class Validator:
 
         try:
             with self.compile_log.labelled(f"search [{n} validation sentences]"):
-                hyps = [nbest[0].text for nbest in translator.translate_nbest(
+                hyps = [_best_text(nbest) for nbest in translator.translate_nbest(
                     sources, source="validation set", progress=until_deadline)]
         except _OutOfTime:
             return {"translated": done, "sentences": n,
@@ -84,6 +90,12 @@ class Validator:
             self.echo(f"  SRC: {src}\n  REF: {ref}\n  HYP: {hyp}")
         return {"bleu": scores.bleu, "chrf": scores.chrf, "sentences": n,
                 "translate_s": round(time.monotonic() - t0, 1)}
+
+
+def _best_text(nbest: list) -> str:
+    """The best hypothesis's text, or "" where the search kept none: it keeps none scored
+    below its floor (NEG_INF / 2), which a model at a loss of 1e10 per token never passes."""
+    return nbest[0].text if nbest else ""
 
 
 class _OutOfTime(Exception):
