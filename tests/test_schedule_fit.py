@@ -74,7 +74,8 @@ class _Run:
                                     eval_every=eval_every)
         self.limits = Limits(run.trainer, started=1000.0)
         self.clock = PausableClock()
-        self.fitted = schedule_fit.FittedEnd(run, 0, self.limits, self.clock)
+        self.fitted = schedule_fit.FittedEnd(run, 0, self.limits, self.clock,
+                                             batches_per_epoch=1000)
         self.eval_every, self.step_s, self.compile_s, self.step = eval_every, step_s, compile_s, 0
         self.ends: dict[int, int] = {}  # step: the end fitted after it
         self.switched: list[int] = []   # the steps after which a compiled step took over
@@ -224,3 +225,15 @@ def test_a_run_on_a_time_budget_follows_the_linear_schedule_to_the_fitted_end(
         assert line["lr"] == pytest.approx(_expected_lr(line["step"], peak, warmup, end),
                                            rel=1e-5, abs=1e-12)
     assert lines[-1]["lr"] == pytest.approx(peak / (end + 1 - warmup), rel=1e-5)
+
+
+def test_a_limit_of_epochs_caps_the_end_fitted_to_the_minutes(monkeypatch):
+    # 2 epochs of 39 batches stop the run at step 78, long before 10 minutes do: the line
+    # must reach zero there, not at the step the minutes would allow.
+    monkeypatch.setattr("nmt.training.stopping.time.monotonic", lambda: 1000.0)
+    run = recipes.run_from_flat(schedule="linear", warmup=10, max_minutes=10.0, max_epochs=2)
+    limits = Limits(run.trainer, started=1000.0)
+    fitted = schedule_fit.FittedEnd(run, 0, limits, PausableClock(), batches_per_epoch=39)
+    fit = fitted.fit
+    assert fit.after_step(fit.timed_from, 0.0, limits.seconds_left(), 0.0) is None
+    assert fit.after_step(fit.fit_at, 0.1, limits.seconds_left(), 0.0) == 78

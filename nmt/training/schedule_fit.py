@@ -89,7 +89,8 @@ def resolve(run: RunConfig, saved: RunConfig | None) -> RunConfig:
 
 class EndFit:
     """Times steps of the warm-up and fixes the schedule's last step (the rate is zero after it):
-    the last step the time left allows (less `RESERVE`), or the limit of steps if sooner.
+    the last step the time left allows (less `RESERVE`), or the step a limit of steps or epochs
+    stops the run at (`max_steps`) if sooner.
 
     The first eighth of the warm-up left is not timed (its steps are slower: memory being
     mapped, caches filling); the fit comes a tenth before the warm-up's end, leaving those
@@ -140,9 +141,12 @@ class FittedEnd:
     before the first update whose rate it changes: the warm-up's end, or for a refit past
     it, the next update (the refit reserves the time the first compile took for the wait)."""
 
-    def __init__(self, run: RunConfig, first_step: int, limits: Limits, clock: PausableClock):
+    def __init__(self, run: RunConfig, first_step: int, limits: Limits, clock: PausableClock,
+                 batches_per_epoch: int):
         optimizer = run.optimizer
-        self.fit = (EndFit(first_step, optimizer.warmup_steps, limits.max_steps)
+        # No later than a limit of steps or epochs stops the run: the rate is zero there.
+        self.fit = (EndFit(first_step, optimizer.warmup_steps,
+                           limits.total_steps(batches_per_epoch))
                     if needs_fit(optimizer) else None)
         self.limits, self.clock = limits, clock
         self.every = (run.trainer.eval_every, run.trainer.save_interval)

@@ -146,7 +146,8 @@ class Trainer:
                                                   self.run_log.clock, run.trainer.save_interval,
                                                   self.limits.closing.saved)
         self.last_loss: jax.Array | None = None  # of the newest step, still on the device
-        self.fitted_end = schedule_fit.FittedEnd(run, self.step, self.limits, self.run_log.clock)
+        self.fitted_end = schedule_fit.FittedEnd(run, self.step, self.limits, self.run_log.clock,
+                                                 self.batches.batches_per_epoch)
         self.hooks = self._periodic_work()
 
     def _periodic_work(self) -> Hooks:
@@ -305,8 +306,7 @@ class Trainer:
                                                  self.limits.validation_deadline)
             allocator.release_free_memory()
             self.limits.closing.validated(time.monotonic() - began)
-            self.run_log.write("eval", self.step, {**result, "closing": True} if closing
-                               else result)
+            self.run_log.write("eval", self.step, result | {"closing": True} if closing else result)
             bookkeeping = self.bookkeeping
             improved = bookkeeping.record(self.step, result, closing)
             if improved and not closing:
