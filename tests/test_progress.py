@@ -63,3 +63,16 @@ def test_training_progress_in_a_log_names_step_loss_speed_and_time_left(capsys, 
     quiet.open(TrainerConfig(progress=False), total=100, initial=0)
     quiet.advance(None)
     assert capsys.readouterr().err == ""
+
+
+def test_the_time_left_is_that_of_the_first_limit_of_steps_or_minutes(monkeypatch):
+    # 100 of 400 steps in 10 s: the steps end in 30 s, an hour before the minutes would.
+    monkeypatch.setenv(progress.INTERVAL_VARIABLE, "3600")
+    shown = Progress()
+    shown.open(TrainerConfig(progress=True), total=400, initial=0)
+    for _ in range(100):
+        shown.advance(seconds_left=3600.0)
+    assert shown._line(10.0).endswith(f"ETA {progress.clock_time(30.0)}")
+    shown.advance(seconds_left=5.0)  # the minutes first now
+    assert shown._line(10.0).endswith(f"ETA {progress.clock_time(5.0)}")
+    shown.close()

@@ -60,9 +60,11 @@ class Progress:
             parts += [f"loss {self.latest['loss']:.3f}",
                       f"{self.latest['tokens_per_s']:,.0f} tokens/s"]
         parts.append(f"elapsed {clock_time(elapsed)}")
-        left = self.seconds_left
-        if left is None and self.total is not None and self.step > self.first:
-            left = elapsed / (self.step - self.first) * (self.total - self.step)
+        # Whichever limit comes first: the steps at this pace, or the minutes.
+        estimates = [] if self.seconds_left is None else [self.seconds_left]
+        if self.total is not None and self.step > self.first:
+            estimates.append(elapsed / (self.step - self.first) * (self.total - self.step))
+        left = min(estimates, default=None)
         if left is not None:
             parts.append(f"ETA {clock_time(left)}")
         return "progress: " + ", ".join(parts)
