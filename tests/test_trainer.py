@@ -247,7 +247,7 @@ def test_best_metric_picks_the_checkpoint(corpus, cache, monkeypatch, tmp_path, 
                 "chrf": scores[step], "bleu": bleu[step]} for step in (2, 4, 5)]
     monkeypatch.setenv("FLAX_NMT_CACHE", str(cache))
     monkeypatch.setattr(Validator, "scores",
-                        lambda self, graphdef, params, deadline=None: results.pop(0))
+                        lambda self, graphdef, params, not_finite, deadline=None: results.pop(0))
     out = tmp_path / "run"
     summary = _run(corpus, out, max_steps=5, best_metric=metric)
     assert (summary["best_metric"], summary["best_step"]) == (metric, best_step)
