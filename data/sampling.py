@@ -60,7 +60,7 @@ def chunk_seed(seed: int, epoch: int, start: int, side: str) -> int:
 
 # A probe of SentencePiece's seeding: the same draw here and in a new process, or not.
 _PROBE_TEXTS = ["a quick brown fox jumps over the lazy dog near the riverbank at dawn",
-                "zwölf Boxkämpfer jagen Viktor quer über den großen Sylter Deich"] * 4
+                "zwölf Boxkämpfer jagen Viktor quer über den großen Sylter Deich"] * 32
 _PROBE_SEED = 20_171_206
 
 
@@ -81,7 +81,8 @@ def check_draws_repeat(tokenizer: TokenizerBase, alpha: float, nbest: int) -> No
 
 
 def _draw_in_new_process(model_bytes: bytes, alpha: float, nbest: int) -> list[list[int]]:
-    """The probe's draw (as `Tokenizer.sample` draws) in a fresh Python process."""
+    """The probe's draw (as `Tokenizer.sample` draws) in a fresh Python process; DataError
+    naming the child's own error where it cannot draw."""
     script = (
         "import json, sys\n"
         "import sentencepiece as spm\n"
@@ -89,9 +90,29 @@ def _draw_in_new_process(model_bytes: bytes, alpha: float, nbest: int) -> list[l
         f"spm.set_random_generator_seed({_PROBE_SEED})\n"
         f"print(json.dumps(processor.encode({_PROBE_TEXTS!r}, out_type=int, "
         f"enable_sampling=True, alpha={alpha!r}, nbest_size={nbest!r}, num_threads=1)))\n")
-    done = subprocess.run([sys.executable, "-c", script], input=model_bytes,
-                          capture_output=True, timeout=120, check=True)
-    return json.loads(done.stdout)
+    try:
+        done = subprocess.run([sys.executable, "-c", script], input=model_bytes,
+                              capture_output=True, timeout=_PROBE_SECONDS)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        raise _probe_failed(str(err)) from None
+    lines = done.stdout.decode(errors="replace").splitlines()
+    try:
+        if done.returncode == 0 and lines:
+            return json.loads(lines[-1])  # the last line: anything a start-up hook printed
+    except ValueError:                    # before it is not the draw
+        pass
+    said = done.stderr.decode(errors="replace").strip().splitlines()
+    raise _probe_failed(said[-1] if said else f"exit status {done.returncode}, no draw printed")
+
+
+_PROBE_SECONDS = 120
+
+
+def _probe_failed(reason: str) -> DataError:
+    return DataError(
+        f"subword sampling (--subword-alpha) starts by drawing a probe in a new Python process "
+        f"({sys.executable}), which failed: {reason}; make that interpreter able to import "
+        "sentencepiece, or drop --subword-alpha")
 
 
 class SamplingStopped(RuntimeError):

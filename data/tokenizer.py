@@ -408,7 +408,8 @@ def _check_unicode(texts: Sequence[str]) -> None:
 # How `encode` returns pieces with their offsets: before sentencepiece 0.2.2, as an immutable
 # proto whose offsets the wrapper has made character offsets; from 0.2.2, as a proto with
 # SentencePiece's own byte offsets.
-_BYTE_OFFSETS = tuple(map(int, spm.__version__.split(".")[:3])) >= (0, 2, 2)
+_BYTE_OFFSETS = tuple(int(re.match(r"\d*", part).group() or 0)  # "0.2.2rc1" too
+                      for part in spm.__version__.split(".")[:3]) >= (0, 2, 2)
 _WITH_OFFSETS = {"return_type": "proto"} if _BYTE_OFFSETS else {"out_type": "immutable_proto"}
 
 

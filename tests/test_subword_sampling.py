@@ -217,6 +217,31 @@ def test_a_sentencepiece_whose_draws_differ_between_processes_is_refused(corpus,
         _epochs(corpus)
 
 
+def test_a_probe_that_cannot_run_names_the_interpreters_own_error(corpus, tmp_path,
+                                                                  monkeypatch):
+    """The probe's process is the interpreter running this one: where it fails (no
+    sentencepiece importable there), one line gives its last error line, not a traceback of
+    the probe's script; what it prints before the draw does not count as the draw."""
+    import stat
+
+    python = sys.executable
+
+    def interpreter(name: str, body: str) -> str:
+        path = tmp_path / name
+        path.write_text(f"#!/bin/sh\n{body}\n")
+        path.chmod(path.stat().st_mode | stat.S_IEXEC)
+        return str(path)
+
+    monkeypatch.setattr(sampling.sys, "executable", interpreter(
+        "broken", "echo \"ModuleNotFoundError: No module named 'sentencepiece'\" >&2; exit 1"))
+    with pytest.raises(DataError, match=r"drawing a probe in a new Python process \(.*broken\), "
+                       r"which failed: ModuleNotFoundError: No module named 'sentencepiece'; "):
+        _epochs(corpus)
+    monkeypatch.setattr(sampling.sys, "executable", interpreter(
+        "chatty", f"echo 'a greeting from a start-up hook'; exec {python} \"$@\""))
+    assert _rows(_epochs(corpus).examples(0)) == _rows(_epochs(corpus, seed=0).examples(0))
+
+
 def test_an_epoch_before_the_one_asked_for_is_abandoned(corpus, monkeypatch):
     """A resumed run checks its saved epoch's plan, which starts sampling the epoch after
     it; once a later epoch is asked for, that one is dropped, not kept for the whole run."""
