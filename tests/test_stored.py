@@ -77,7 +77,7 @@ def test_each_shape_static_argument_and_identity_is_its_own_program(store):
 def test_two_functions_of_one_name_are_two_programs(store):
     """The disk key holds where a function is defined and its code, not its name alone: two
     functions named alike with one signature each run their own program, two lambdas on one
-    line too."""
+    line too, and one lambda made with two default values."""
     salt = _salt()
     x = np.arange(4, dtype=np.float32)
 
@@ -99,6 +99,9 @@ def test_two_functions_of_one_name_are_two_programs(store):
     np.testing.assert_allclose(double(x), x * 2)
     np.testing.assert_allclose(halve(x), x / 2)  # not the program stored for `double`
     assert len(list(store.iterdir())) == 6
+    adders = [stored.StoredJit(lambda y, k=k: y + k) for k in (1.0, 100.0)]
+    np.testing.assert_allclose(adders[1](x), x + 100.0)  # after k=1.0's: its own program
+    np.testing.assert_allclose(adders[0](x), x + 1.0)
 
 
 def test_a_damaged_file_is_removed_and_the_program_compiled_again(store, caplog):

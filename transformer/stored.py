@@ -113,7 +113,8 @@ def _origin(fn: Callable) -> str:
     """Where `fn` is defined and a digest of its code, so that two functions of one name (two
     lambdas, a `step` in two modules) are two programs; the source of this package is in
     `_environment` already, but callers may live outside it. Two lambdas on one line share
-    their source: the column where the body starts tells them apart."""
+    their source: the column where the body starts tells them apart, and default values
+    two functions made by one expression."""
     try:  # the source, not the code object: a set constant's marshal differs per process
         digest = hashlib.sha256(inspect.getsource(fn).encode()).hexdigest()
     except (OSError, TypeError):  # defined in a string or a prompt: its name only
@@ -122,8 +123,12 @@ def _origin(fn: Callable) -> str:
     columns = [] if code is None else [col for _, _, col, end in code.co_positions()
                                        if col is not None and end is not None and end > col]
     column = f" col {columns[0]}" if columns else ""
+    # One `def` or lambda made with other default values ([lambda y, k=k: ...]) is another
+    # function; what it closes over is the caller's `identity` to say.
+    defaults = [getattr(fn, name, None) for name in ("__defaults__", "__kwdefaults__")]
+    given = f" defaults {stable_repr(defaults)}" if any(defaults) else ""
     name = getattr(fn, "__qualname__", fn.__name__)
-    return f"{getattr(fn, '__module__', '')}.{name} {digest}{column}"
+    return f"{getattr(fn, '__module__', '')}.{name} {digest}{column}{given}"
 
 
 class StoredJit:
