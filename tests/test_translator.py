@@ -475,3 +475,20 @@ def test_bfloat16_products_translate_a_peaked_model_as_float32_does():
     # 64-token vocabulary into float32 logits.
     assert len(low_precision) >= 8 * low.config.decoder_layers + 1, products
     assert any(line.split("->")[-1].strip().endswith("x64xf32>") for line in low_precision)
+
+
+def test_a_best_hypothesis_scored_below_neg_inf_is_still_returned():
+    """A model whose training blew up scores its outputs below NEG_INF (-1e9), where the
+    search's unfilled n-best places lie: the best is real all the same, so every sentence has
+    a translation (validation and translate.py stopped with an IndexError)."""
+    import numpy as np
+
+    from nmt.models.translator import real_hypotheses
+    from transformer.search.result import SearchResult
+    from transformer.search.tokens import NEG_INF
+
+    tokens = np.array([[[5, 3, 0], [6, 3, 0]]], np.int32)
+    result = SearchResult(tokens, np.array([[-1.5e10, NEG_INF]], np.float32),
+                          np.array([[2, 2]], np.int32), np.array([3], np.int32), 2, 2, (1,))
+    [best] = real_hypotheses(result, 0, NumberTokenizer(), eos_id=3)
+    assert best.tokens == (5,) and best.score == pytest.approx(-1.5e10)

@@ -370,9 +370,11 @@ def real_hypotheses(result: SearchResult, row: int, tokenizer, eos_id: int
     """Sentence `row`'s hypotheses, best first, without the n-best places the search left
     unfilled (scored NEG_INF): a sentence may have fewer hypotheses than nbest, e.g. EOS alone
     under an output limit of one token, or a vocabulary with fewer tokens than the beam. The
-    best is always real: EOS is forced at the output limit."""
-    found = [(ids, score) for ids, score in zip(result.token_ids(row, eos_id), result.scores[row])
-             if score > NEG_INF / 2]
+    best is always real, kept whatever its score (a model whose training blew up scores
+    below NEG_INF): EOS is forced at the output limit."""
+    hypotheses = zip(result.token_ids(row, eos_id), result.scores[row])
+    found = [(ids, score) for place, (ids, score) in enumerate(hypotheses)
+             if place == 0 or score > NEG_INF / 2]
     return [Hypothesis(tokenizer.decode([ids])[0], float(score), tuple(ids))
             for ids, score in found]
 
