@@ -379,7 +379,7 @@ class SearchConfig(DictConfig):
     beam_rules: BeamRules = setting(
         "heuristic", "when hypotheses finish and search stops: heuristic: an EOS among a "
                      "step's k best candidates finishes, and a sentence stops once k have "
-                     "finished and its best live beam, scored as if it ended now, does not "
+                     "finished and its best live beam, scored at its length so far, does not "
                      "beat the k-th of them (transformers' test); exact: any EOS among the "
                      "2k best finishes, and a sentence stops only when no live beam could beat "
                      "its nbest-th finished one even at the length limit (the beam's best "
