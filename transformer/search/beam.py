@@ -149,7 +149,8 @@ def can_improve(best_alive: Array, finished_score: Array, step: Array, strategy:
     if strategy.stopping is Stopping.K_FINISHED:
         # fairseq, Marian and CTranslate2 (patience 1): done once k hypotheses have finished.
         return finished_score[:, -1] <= NEG_INF / 2
-    # The best live beam, scored as if it ended now, against the k-th finished hypothesis
+    # The best live beam, scored at its length so far (without the EOS it would still need),
+    # against the k-th finished hypothesis
     # (transformers' generate with early_stopping=False). Exact when alpha = 0.
     return best_alive / penalty(strategy, step + 1) > finished_score[:, -1]
 
