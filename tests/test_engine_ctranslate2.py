@@ -208,8 +208,11 @@ def test_an_export_computed_in_another_type_names_its_stored_weights(run_dir, tm
 
 def test_sampling_maps_top_k_temperature_and_seed(cache, run_dir):
     greedy = both(run_dir / "model", search_config(strategy="greedy", nbest=1))[0]
+    # In float32 as `greedy`: int8's rounding can turn a near tie of the tiny model the other
+    # way (it did for one line once the tokenizer was trained by sentencepiece 0.2.1).
     top1, _ = open_translator(run_dir, lambda s: search_config(strategy="sample", nbest=1,
-                                                               top_k=1, temperature=0.7))
+                                                               top_k=1, temperature=0.7),
+                              compute_type="float32")
     assert tokens(top1.translate_all(LINES)) == tokens(greedy)  # top-k 1 is greedy
     wide = search_config(strategy="sample", nbest=1, temperature=1.5)
     draws = [open_translator(run_dir, lambda s: wide, seed=seed)[0].translate(LINES * 3)

@@ -733,7 +733,7 @@ def test_top_k_beyond_the_vocabulary_is_a_usage_error(run_dir, monkeypatch):
     monkeypatch.setattr(translate_cli, "enable_compilation_cache", lambda: None)
     args = translate_cli.build_parser().parse_args(
         ["--model", str(run_dir), "--sample", "--top-k", "100000", "Hallo."])
-    with pytest.raises(translate_cli.UsageError, match="top_k 100000.*300 tokens"):
+    with pytest.raises(translate_cli.UsageError, match="--top-k 100000.*300 tokens"):
         translate_cli.run(args)
 
 
