@@ -284,8 +284,8 @@ def test_the_printed_resume_command_trains_on_under_average_last(corpus, env, tm
 def test_a_run_whose_updates_blow_up_the_model_validates_to_bleu_zero_not_a_crash(
         corpus, env, tmp_path, monkeypatch):
     """--peak-lr 1e5 takes the loss from 6 to 1e10 in one update, finite: a model that far gone
-    scores every hypothesis below the search's floor, and validation counts each translation
-    as empty (it ended in an IndexError)."""
+    scores every hypothesis below the floor of the search's unfilled places, and its best is
+    kept all the same (validation ended in an IndexError): BLEU 0, not a crash."""
     out = tmp_path / "blown"
     summary = train(_in_process(corpus, out, monkeypatch, env, 2, schedule="inverse_sqrt",
                                 peak_lr=1e5, eval_every=1, eval_sentences=3), out)

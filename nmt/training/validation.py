@@ -80,7 +80,7 @@ class Validator:
 
         try:
             with self.compile_log.labelled(f"search [{n} validation sentences]"):
-                hyps = [_best_text(nbest) for nbest in translator.translate_nbest(
+                hyps = [nbest[0].text for nbest in translator.translate_nbest(
                     sources, source="validation set", progress=until_deadline)]
         except _OutOfTime:
             return {"translated": done, "sentences": n,
@@ -90,12 +90,6 @@ class Validator:
             self.echo(f"  SRC: {src}\n  REF: {ref}\n  HYP: {hyp}")
         return {"bleu": scores.bleu, "chrf": scores.chrf, "sentences": n,
                 "translate_s": round(time.monotonic() - t0, 1)}
-
-
-def _best_text(nbest: list) -> str:
-    """The best hypothesis's text, or "" where the search kept none: it keeps none scored
-    below its floor (NEG_INF / 2), which a model at a loss of 1e10 per token never passes."""
-    return nbest[0].text if nbest else ""
 
 
 class _OutOfTime(Exception):
