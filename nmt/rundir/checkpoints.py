@@ -239,9 +239,12 @@ def _brief(err: Exception, limit: int = 300) -> str:
     differs is said in a phrase of ours: orbax's ends in advice on its own API."""
     text = str(err).strip().rstrip(".") or type(err).__name__
     if found := _SHAPE_MISMATCH.search(text):
-        return (f"an array of the model is {found.group(1)} now and {found.group(2)} in the "
-                "checkpoint")
+        return _shapes_differ(found.group(1), found.group(2))
     return text if len(text) <= limit else text[:limit] + " ..."
+
+
+def _shapes_differ(now: Any, stored: Any) -> str:
+    return f"an array of the model is {now} now and {stored} in the checkpoint"
 
 
 def _is_shape_mismatch(err: Exception) -> bool:
@@ -500,12 +503,16 @@ class Checkpointer:
         is damaged or missing, of checkpoints/<step>, which holds the same ones (a warning
         says so)."""
         if not best:
-            return _read_params(self._last, self.directory / str(step), params_like)
+            step_dir = self.directory / str(step)
+            if (damage := damaged_file(step_dir)) is not None:
+                raise CheckpointError(f"{step_dir}: {damage}; delete it to fall back to the "
+                                      "checkpoints before it.")
+            return _read_params(self._last, step_dir, params_like)
         path = self.best_directory / str(step)
         try:
             if (problem := unusable(path)) is not None:
                 raise CheckpointError(f"{path} {problem}")
-            return _read_params(self._best, path, params_like, checked=True)
+            return _read_params(self._best, path, params_like)
         except CheckpointError as err:
             fallback = self.directory / str(step)
             if (gone := unusable(fallback)) is not None:
@@ -515,7 +522,7 @@ class Checkpointer:
                     "either.") from err
             log.warning("%s; reading best step %d's parameters from %s, which holds the same",
                         str(err).rstrip("."), step, fallback)
-            return _read_params(self._last, fallback, params_like, checked=True)
+            return _read_params(self._last, fallback, params_like)
 
 
 def unusable(step_dir: Path) -> str | None:
@@ -528,14 +535,9 @@ def unusable(step_dir: Path) -> str | None:
     return None if damage is None else f"is damaged ({damage})"
 
 
-def _read_params(manager: ocp.CheckpointManager, step_dir: Path, params_like: Any,
-                 checked: bool = False) -> Any:
-    """The parameters in `step_dir`; `checked`: its checksums were just verified (`unusable`),
-    so they are not read again (a big model's checkpoint takes seconds to hash)."""
-    damage = None if checked else damaged_file(step_dir)
-    if damage is not None:
-        raise CheckpointError(f"{step_dir}: {damage}; delete it to fall back to the "
-                              "checkpoints before it.")
+def _read_params(manager: ocp.CheckpointManager, step_dir: Path, params_like: Any) -> Any:
+    """The parameters in `step_dir`, whose checksums the caller verified (a big model's
+    checkpoint takes seconds to hash: once is enough)."""
     try:
         restored = manager.restore(int(step_dir.name), args=ocp.args.Composite(
             params=ocp.args.StandardRestore(_abstract(params_like))))
@@ -658,8 +660,9 @@ def _params_to_average(manager: ocp.CheckpointManager, step_dir: Path, params_li
         params = manager.restore(int(step_dir.name), args=ocp.args.Composite(
             params=ocp.args.StandardRestore(params_like))).params
     except Exception as err:  # noqa: BLE001 - orbax and tensorstore raise many kinds
-        if _is_shape_mismatch(err) or "Structure mismatch" in str(err):
-            differ = (_brief(err) if _is_shape_mismatch(err)
+        shapes = _is_shape_mismatch(err)
+        if shapes or "Structure mismatch" in str(err):
+            differ = (_brief(err) if shapes
                       else "its parameters are not the model's (other layers or names)")
             raise _not_the_model(step_dir, differ, settings) from err
         log.warning("not averaging unreadable checkpoint %s: %s", step_dir, _brief(err))
@@ -667,8 +670,7 @@ def _params_to_average(manager: ocp.CheckpointManager, step_dir: Path, params_li
     # Without shardings to place them, orbax returns the arrays as stored, whatever the shape.
     for got, want in zip(jax.tree.leaves(params), jax.tree.leaves(params_like)):
         if got.shape != want.shape:
-            raise _not_the_model(step_dir, f"an array of the model is {want.shape} now and "
-                                 f"{got.shape} in the checkpoint", settings)
+            raise _not_the_model(step_dir, _shapes_differ(want.shape, got.shape), settings)
     return params
 
 
