@@ -135,10 +135,12 @@ def languages_to_use(src: str | None, tgt: str | None, stored: tuple[str | None,
     """--src and --tgt, each defaulting to the language `model` (a flag and its path) stores;
     UsageError for a flag contradicting it, which would pair the corpus's sides the wrong
     way round, or for languages neither gives."""
-    for flag, given, trained in (("--src", src, stored[0]), ("--tgt", tgt, stored[1])):
-        if given and trained and given != trained:
-            raise UsageError(f"{flag} {given}, but {model} was trained with {flag} {trained}; "
-                             f"{advice}.")
+    from nmt.models.model_files import contradicted_language
+
+    if contradiction := contradicted_language(src, tgt, stored):
+        flag, given, trained = contradiction
+        raise UsageError(f"{flag} {given}, but {model} was trained with {flag} {trained}; "
+                         f"{advice}.")
     src, tgt = src or stored[0], tgt or stored[1]
     if not src or not tgt:
         raise UsageError(f"{model} stores no languages: give --src and --tgt.")

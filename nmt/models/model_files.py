@@ -257,3 +257,14 @@ def stored_languages(values: dict[str, Any]) -> tuple[str | None, str | None]:
     data = values.get("data", {})
     return (values.get("source_lang") or data.get("src"),
             values.get("target_lang") or data.get("tgt"))
+
+
+def contradicted_language(src: str | None, tgt: str | None,
+                          stored: tuple[str | None, str | None]) -> tuple[str, str, str] | None:
+    """(flag, given, stored) of the first of --src and --tgt given as another language than
+    the model stores (`stored_languages`), or None: it would translate, or pair a corpus's
+    sides, in a direction the model never learned."""
+    for flag, given, recorded in (("--src", src, stored[0]), ("--tgt", tgt, stored[1])):
+        if given and recorded and given != recorded:
+            return flag, given, recorded
+    return None

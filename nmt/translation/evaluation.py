@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import IO
 
 from data.config import DataError
-from nmt.models.model_files import stored_languages
+from nmt.models.model_files import contradicted_language, stored_languages
 from nmt.runtime.cli import UsageError
 from nmt.runtime.files import FileState, write_atomically
 from nmt.translation import scoring
@@ -53,11 +53,11 @@ def check_languages(args: argparse.Namespace, values: dict) -> None:
     test set would be translated in a direction the model never learned, and scored, and
     sentences would be split by another language's rules."""
     stored = stored_languages(values)
-    for flag, given, recorded in (("--src", args.src, stored[0]), ("--tgt", args.tgt, stored[1])):
-        if given and recorded and given != recorded:
-            raise UsageError(f"{flag} {given}, but the model translates {'->'.join(stored)} "
-                             f"(recorded with it); give {flag} {recorded}, or leave --src and "
-                             "--tgt out to use the model's.")
+    if contradiction := contradicted_language(args.src, args.tgt, stored):
+        flag, given, recorded = contradiction
+        raise UsageError(f"{flag} {given}, but the model translates {'->'.join(stored)} "
+                         f"(recorded with it); give {flag} {recorded}, or leave --src and "
+                         "--tgt out to use the model's.")
 
 
 def evaluation_data(args: argparse.Namespace, values: dict) -> tuple[list[str], list[str], str]:
