@@ -89,7 +89,8 @@ def search_from_generate(values: dict[str, Any], path: Path,
     """The SearchConfig that searches as `generate` does with `values` (generation_config.json
     or config.json, at `path`); `never_generated`: the ids our search never emits (PAD, the
     decoder's start), which `bad_words_ids` may name. ConversionError names a field whose value
-    generate would not take either, or that our search cannot hold."""
+    generate would not take either, or that our search cannot hold; the settings it has no
+    form for are `warn_of_ignored`'s to name."""
     fields = _Fields(values, path)
     beams = fields.integer("num_beams", 1, minimum=1)
     sample = fields.boolean("do_sample")
@@ -119,7 +120,6 @@ def search_from_generate(values: dict[str, Any], path: Path,
                                                    "as generate requires")
     else:
         settings["nbest"] = returned
-    warn_of_ignored(values, path, never_generated)
     return SearchConfig(**settings)
 
 

@@ -280,11 +280,10 @@ def search_config(directory: Path, never_generated: set[int], max_len: int) -> S
     if not path.is_file():
         path = directory / "config.json"
     values = _read_json(path, "")
-    if SEARCH_FIELD in values:
-        search = _exported_search(values, path, max_len)
-        warn_of_ignored(values, path, never_generated)
-        return search
-    return search_from_generate(values, path, never_generated)
+    search = (_exported_search(values, path, max_len) if SEARCH_FIELD in values
+              else search_from_generate(values, path, never_generated))
+    warn_of_ignored(values, path, never_generated)
+    return search
 
 
 def _exported_search(values: dict[str, Any], path: Path, max_len: int) -> SearchConfig:

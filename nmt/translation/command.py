@@ -416,8 +416,7 @@ def given_search_fields(args: argparse.Namespace) -> frozenset[str]:
 def search_flags_given(args: argparse.Namespace) -> list[str]:
     """The search flags given (--beam, --greedy, --shortlist...), in the order of --help:
     what --score, which searches nothing, refuses rather than ignores."""
-    flags = [field.flag for field in recipes.FIELDS if field.section == "search"
-             and getattr(args, field.flat_name, None) is not None]
+    flags = [source.split()[0] for _, source in recipes.from_args(args)["search"].values()]
     return flags + [f"--{name}" for name in ("greedy", "sample", "shortlist")
                     if getattr(args, name)]
 
