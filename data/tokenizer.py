@@ -391,8 +391,6 @@ class VocabTokenizer(TokenizerBase):
         return self.target.normalize(text).replace("\u2581", " ").removeprefix(" ")
 
 
-
-
 def _check_unicode(texts: Sequence[str]) -> None:
     """ValueError naming the first text that holds a lone UTF-16 surrogate (what bytes that
     are not UTF-8 become when decoded with errors="surrogateescape", or a JSON \\ud800

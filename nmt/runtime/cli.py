@@ -121,8 +121,9 @@ def guarded(prog: str, main: Callable[[], int],
     except SystemExit:
         raise
     except (KeyboardInterrupt, Terminated) as err:
-        line = "interrupted" if isinstance(err, KeyboardInterrupt) else "terminated (SIGTERM)"
-        status = EXIT_SIGNALLED["SIGINT" if isinstance(err, KeyboardInterrupt) else "SIGTERM"]
+        line, signal_name = (("interrupted", "SIGINT") if isinstance(err, KeyboardInterrupt)
+                             else ("terminated (SIGTERM)", "SIGTERM"))
+        status = EXIT_SIGNALLED[signal_name]
         print(f"{prog}: {line}", file=sys.stderr, flush=True)
         if failed is not None:  # the other processes of a run end too, not wait for this one
             failed(line, status)

@@ -25,8 +25,6 @@ _TWO_LETTER = {
 }
 
 
-
-
 def base_language(code: str) -> str:
     """The lower-case base of `code` (pt-BR -> pt), and a three-letter code (ISO 639-2 or
     639-3) as the language's two-letter one where `_TWO_LETTER` has it (jpn_Jpan -> ja, zho
