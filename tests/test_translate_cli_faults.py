@@ -717,3 +717,21 @@ def test_a_top_k_above_the_vocabulary_names_the_flag_or_the_stored_setting(engin
         assert line == (f"translate.py: error: invalid search settings for this model: {named} "
                         "is larger than the model's vocabulary (300 tokens); use a smaller "
                         "value, or 0 for no limit.")
+
+
+def test_a_beam_beyond_the_memory_is_refused_by_its_flag_not_killed(run_dir, capsys,
+                                                                    monkeypatch):
+    """Was killed by the kernel (exit 137) after minutes: a beam's attention memory grows
+    with its square."""
+    from nmt.models import batch_plan
+    from nmt.runtime.memory import DeviceMemory
+
+    monkeypatch.setattr(batch_plan, "device_memory",
+                        lambda: DeviceMemory("the host", 8 * 2**30, 4 * 2**30))
+    status, line = _main(translate_cli.main, ["--model", run_dir, "-q", "--beam", "100000",
+                                              "Hallo."], capsys)
+    assert status == 2
+    assert line.startswith("translate.py: error: invalid search settings for this model: "
+                           "--beam 100000 needs up to ")
+    assert line.endswith(" more than the 4.0 GiB free on the host; give --beam "
+                         f"{line.split('give --beam ')[1].split()[0]} or less.")

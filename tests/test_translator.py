@@ -1,5 +1,8 @@
 """nmt.models.translator.Translator: text in, text out, around search."""
 
+import dataclasses
+import re
+
 import pytest
 from conftest import SHALLOW
 from flax import nnx
@@ -492,3 +495,48 @@ def test_a_best_hypothesis_scored_below_neg_inf_is_still_returned():
                           np.array([[2, 2]], np.int32), np.array([3], np.int32), 2, 2, (1,))
     [best] = real_hypotheses(result, 0, NumberTokenizer(), eos_id=3)
     assert best.tokens == (5,) and best.score == pytest.approx(-1.5e10)
+
+
+@pytest.mark.parametrize("beam", [64, 256])
+def test_the_attention_memory_a_beam_is_refused_by_is_at_most_what_its_search_allocates(beam):
+    """The check that refuses a beam (`check_search_memory`) must never refuse one whose
+    search would fit: its figure is a lower bound of the compiled step's temporary memory, and
+    it is most of it at large beams (the scores over every beam's slots dominate)."""
+    from nmt.models.batch_plan import attention_bytes
+    from transformer.search import compile_search
+
+    search = SearchConfig(beam_size=beam, max_len_b=8)
+    translator = Translator(tiny_model(), NumberTokenizer(), search)
+    heads = translator.model_config.num_heads
+    shape = translator.search_shapes()[0]
+    programs = compile_search(translator.graphdef, translator.state, shape, search,
+                              halvings=False)
+    allocated = max(program.memory_analysis().temp_size_in_bytes for program in programs)
+    one_shape = dataclasses.replace(translator.plan, batch_tokens=shape[0] * shape[1] * beam,
+                                    buckets=(shape[1],))
+    assert one_shape.search_shapes() == [shape]
+    estimate = attention_bytes(one_shape, search, heads, translator.model_config.max_len)
+    assert estimate <= allocated
+    if beam == 256:
+        assert estimate > allocated / 2
+
+
+def test_a_beam_whose_attention_cannot_fit_is_refused_naming_one_that_fits(monkeypatch):
+    from nmt.models import batch_plan
+    from nmt.runtime.memory import DeviceMemory
+
+    monkeypatch.setattr(batch_plan, "device_memory",
+                        lambda: DeviceMemory("the host", 2**30, 2**30))
+    Translator(tiny_model(), NumberTokenizer(), SearchConfig(beam_size=64))
+    with pytest.raises(ValueError, match=r"SearchConfig.beam_size 4096 needs up to [0-9.]+ GiB .* "
+                                         r"more than the 1.0 GiB free on the host; give "
+                                         r"SearchConfig.beam_size (\d+) or less") as refused:
+        Translator(tiny_model(), NumberTokenizer(), SearchConfig(beam_size=4096))
+    fits = int(re.search(r"give SearchConfig.beam_size (\d+)", str(refused.value)).group(1))
+    Translator(tiny_model(), NumberTokenizer(), SearchConfig(beam_size=fits))
+    with pytest.raises(ValueError, match="needs up to"):
+        Translator(tiny_model(), NumberTokenizer(), SearchConfig(beam_size=fits + 1))
+    # Where the memory is unknown nothing is refused.
+    monkeypatch.setattr(batch_plan, "device_memory",
+                        lambda: DeviceMemory("the host", None, None))
+    Translator(tiny_model(), NumberTokenizer(), SearchConfig(beam_size=4096))

@@ -252,3 +252,10 @@ def attention_over_own_slots(scores: Array, beam_slot: Array, mask: Array, q_len
     weights = jax.nn.softmax(per_position, axis=-1)
     weights = jnp.where(own, weights[..., None], 0.0)
     return weights.reshape(batch, heads, beam * q_len, max_len * beam)
+
+
+def attention_scores_bytes(sentences: int, beam: int, heads: int, max_len: int) -> int:
+    """Bytes one decoder layer's self-attention holds at a search's last step, float32 scores
+    and their softmax: each of the sentences * beam queries scores all capacity(max_len) *
+    beam slots of its sentence, so this grows with the square of the beam."""
+    return 2 * 4 * sentences * beam * heads * capacity(max_len) * beam

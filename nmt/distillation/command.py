@@ -184,8 +184,12 @@ def make_translator(args: argparse.Namespace, teachers: Teachers):
     except (ModelDirError, DataError) as err:
         raise InputError(str(err)) from None
     search = search_settings(args, teachers)
-    return Translator(model, tokenizer, search, batch_tokens=args.batch_tokens,
-                      seed=args.seed, searches=default_searches(), compact_after=0)
+    try:
+        return Translator(model, tokenizer, search, batch_tokens=args.batch_tokens,
+                          seed=args.seed, searches=default_searches(), compact_after=0)
+    except ValueError as err:  # settings only the loaded teachers can refuse (a beam too large)
+        raise UsageError(f"invalid search settings for these teachers: "
+                         f"{name_flags(str(err))}") from None
 
 
 def search_settings(args: argparse.Namespace, teachers: Teachers):

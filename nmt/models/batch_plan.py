@@ -17,6 +17,9 @@ import numpy as np
 
 from data.batching import inference_batches, single_batch, source_width
 from data.tokenizer import SpecialIds
+from nmt.runtime.memory import DeviceMemory, device_memory, gib
+from transformer.cache import attention_scores_bytes
+from transformer.config import SearchConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,3 +91,41 @@ class BatchPlan:
                 return [single_batch(ids, min(fitting), width, special)]
         return list(inference_batches(ids, batch_tokens=self.budget(ids), buckets=self.buckets,
                                       special=special))
+
+
+def attention_bytes(plan: BatchPlan, search: SearchConfig, heads: int, model_max_len: int
+                    ) -> int:
+    """The most memory one decoder layer's self-attention scores take in any batch shape
+    `plan` searches, at its output limit (`transformer.cache.attention_scores_bytes`)."""
+    return max(attention_scores_bytes(rows, plan.rows_per_sentence, heads,
+                                      search.max_output_len(width, model_max_len))
+               for rows, width in plan.search_shapes())
+
+
+def check_search_memory(plan: BatchPlan, search: SearchConfig, heads: int, model_max_len: int,
+                        memory: DeviceMemory | None = None) -> None:
+    """ValueError where a search's attention alone needs more memory than is free (default:
+    the device's, `device_memory`): on a CPU the kernel would kill the process without a
+    word. Names the largest beam that fits."""
+    memory = memory or device_memory()
+    if memory.free is None:
+        return
+
+    def need(beam: int) -> int:
+        return attention_bytes(dataclasses.replace(plan, rows_per_sentence=beam), search,
+                               heads, model_max_len)
+
+    beam = plan.rows_per_sentence
+    if need(beam) <= memory.free:
+        return
+    low, high = 0, beam  # need(high) does not fit; need(low) does, or low is 0
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (middle, high) if need(middle) <= memory.free else (low, middle)
+    remedy = (f"give SearchConfig.beam_size {low} or less" if low else
+              f"give a batch size below {plan.batch_tokens} source tokens")
+    raise ValueError(
+        f"SearchConfig.beam_size {beam} needs up to {gib(need(beam))} for one layer's attention "
+        f"scores in a batch of the longest sentences (each beam scores every beam's cached "
+        f"positions, so this grows with the square of the beam), more than the "
+        f"{gib(memory.free)} free on {memory.where}; {remedy}.")

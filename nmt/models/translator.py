@@ -28,7 +28,7 @@ from flax import nnx
 from data.batching import inference_batches
 from data.config import INFERENCE_BATCH_TOKENS, INFERENCE_BUCKETS, buckets_up_to
 from nmt.models.alignment import Alignment, align
-from nmt.models.batch_plan import BatchPlan
+from nmt.models.batch_plan import BatchPlan, check_search_memory
 from nmt.models.translations import (
     BatchStats,
     CallSources,
@@ -144,10 +144,7 @@ class Translator:
         self.model_config, self.tokenizer = model.config, tokenizer
         self.search, self.searches = search, searches
         self.max_source_len = self.model_config.max_len
-        # No bucket is wider than the model's positions: sources are cut to max_len tokens.
-        self.plan = BatchPlan(batch_tokens,
-                              buckets_up_to(self.max_source_len, buckets or INFERENCE_BUCKETS),
-                              self.strategy.rows_per_sentence, on_cpu=cpu_backend())
+        self.plan = search_plan(model, search, batch_tokens, buckets)
         self.compact_after = compact_after if self.plan.on_cpu else None
         self.keys = BatchKeys(jax.random.key(seed), self.strategy.draws)
         # What spans calls, shared by the threads that call at once.
@@ -363,6 +360,25 @@ class Translator:
         hypotheses = [real_hypotheses(result, row, self.tokenizer, self.model_config.eos_id)
                       for row in np.flatnonzero(real)]
         return stats, index[real], hypotheses, index[real & result.reached_limit()]
+
+
+def search_plan(model: Transformer | Ensemble, search: SearchConfig, batch_tokens: int,
+                buckets: Sequence[int] | None) -> BatchPlan:
+    """How a translator of `model` cuts calls into batches. No bucket is wider than the
+    model's positions (sources are cut to max_len tokens). ValueError where the search
+    cannot fit in the memory there is (`check_search_memory`)."""
+    max_len = model.config.max_len
+    plan = BatchPlan(batch_tokens, buckets_up_to(max_len, buckets or INFERENCE_BUCKETS),
+                     plan_search(search).rows_per_sentence, on_cpu=cpu_backend())
+    check_search_memory(plan, search, most_heads(model), max_len)
+    return plan
+
+
+def most_heads(model: Transformer | Ensemble) -> int:
+    """The most attention heads of the model's decoder, or of an ensemble's members (they
+    decode one after another)."""
+    members = model.models if isinstance(model, Ensemble) else [model]
+    return max(member.config.num_heads for member in members)
 
 
 def real_hypotheses(result: SearchResult, row: int, tokenizer, eos_id: int

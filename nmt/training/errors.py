@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import re
 from typing import Any
 
@@ -10,6 +9,7 @@ import jax
 
 from nmt.rundir.checkpoints import Checkpointer
 from nmt.runtime.distributed import PeerFailed, peer_failure
+from nmt.runtime.memory import device_memory, gib
 from nmt.settings.config import RunConfig
 
 
@@ -35,7 +35,7 @@ def out_of_memory(err: BaseException, run: RunConfig) -> TrainingError | None:
             "RESOURCE_EXHAUSTED" not in text and "Out of memory" not in text):
         return None
     asked = re.search(r"(\d+) bytes", text)
-    amount = (f"XLA asked for {_gib(int(asked.group(1)))} ({asked.group(1)} bytes)" if asked
+    amount = (f"XLA asked for {gib(int(asked.group(1)))} ({asked.group(1)} bytes)" if asked
               else "XLA could not allocate a buffer")
     batching = run.batching
     width = f"--max-tokens-per-sentence (now {min(batching.max_len, run.model.max_len)})"
@@ -43,7 +43,7 @@ def out_of_memory(err: BaseException, run: RunConfig) -> TrainingError | None:
         width += f" or --pack-width (now {batching.pack_width})"
     halves = max(batching.batch_tokens // 2, 1)
     return TrainingError(
-        f"out of memory while training: {amount}, and {_memory_there_is()}. Lower "
+        f"out of memory while training: {amount}, and {device_memory().describe()}. Lower "
         f"--batch-tokens (now {batching.batch_tokens}), or the width of the widest batch, "
         f"{width}: attention's memory grows with its square; --batch-tokens {halves} --accum "
         f"{2 * run.optimizer.accum_steps} keeps the update's size in about half the memory.")
@@ -73,29 +73,6 @@ def lost_process(err: BaseException, checkpoints: Checkpointer) -> PeerFailed | 
                                f"({text[:200]})")
     return PeerFailed(f"{cause}; {intact}: start all processes again with the same command "
                       "to resume from it")
-
-
-def _memory_there_is() -> str:
-    """How much memory the first device has (and has free), or for a CPU the host."""
-    device = jax.local_devices()[0]
-    try:
-        stats = device.memory_stats() or {}
-    except Exception:  # noqa: BLE001 - a platform without memory statistics
-        stats = {}
-    if "bytes_limit" in stats:
-        free = stats["bytes_limit"] - stats.get("bytes_in_use", 0)
-        return (f"the {device.platform.upper()} has {_gib(stats['bytes_limit'])} "
-                f"({_gib(free)} free)")
-    try:
-        page = os.sysconf("SC_PAGE_SIZE")
-        total, free = page * os.sysconf("SC_PHYS_PAGES"), page * os.sysconf("SC_AVPHYS_PAGES")
-    except (ValueError, OSError):
-        return "the host's memory is unknown"
-    return f"the host has {_gib(total)} of memory ({_gib(free)} free)"
-
-
-def _gib(size: int) -> str:
-    return f"{size / 2**30:.1f} GiB"
 
 
 def divergence(checkpoints: Checkpointer, resumed_from: int | None, bad_step: int,

@@ -505,9 +505,10 @@ def load(args: argparse.Namespace):
 
 
 def refused_by_this_model(err: ValueError, args: argparse.Namespace) -> UsageError:
-    """A search setting the loaded model refuses, named as the user knows it: --top-k, or the
-    model's stored top_k (library callers read SearchConfig's field name)."""
-    message = str(err)
+    """A search setting the loaded model refuses (a top-k beyond its vocabulary, a beam its
+    memory cannot hold), named as the user knows it: by its flag, or the model's stored top_k
+    (library callers read SearchConfig's field names)."""
+    message = name_flags(str(err))
     if isinstance(err, TopKTooLarge):
         message = err.naming("--top-k" if args.top_k is not None else "the model's stored top_k")
     return UsageError(f"invalid search settings for this model: {message}")

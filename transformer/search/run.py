@@ -92,12 +92,13 @@ def check_candidates(candidates: np.ndarray, model_config) -> np.ndarray:
 
 def compile_search(graphdef: nnx.GraphDef, state: nnx.State, batch_shape: tuple[int, int],
                    config: SearchConfig, halvings: bool = True,
-                   candidates: int | None = None) -> None:
+                   candidates: int | None = None) -> list:
     """Compile (or load from the compilation cache) the programs a search of a batch of
     `batch_shape` (rows, padded source length) runs, without running them: its start and its
     loop, and with `halvings` the loop and compaction at every halving of the rows
     (`compact`); `candidates`: the size of a shortlist's candidate list, if searched with
-    one. Thread-safe: a later search of that shape finds them compiled."""
+    one. Thread-safe: a later search of that shape finds them compiled. Returns the compiled
+    programs in that order (their `memory_analysis()` says what each allocates)."""
     rows, width = batch_shape
     programs = programs_for(graphdef, state)
     strategy = _planned(config)
@@ -105,16 +106,17 @@ def compile_search(graphdef: nnx.GraphDef, state: nnx.State, batch_shape: tuple[
     max_len = config.max_output_len(width, programs.model_config.max_len)
     int32 = functools.partial(jax.ShapeDtypeStruct, dtype=jnp.int32)
     start = loop.start.compile(strategy, max_len, state, int32((rows, width)), int32((rows,)))
+    compiled = [start]
     sources, loop_state = _shapes_of(start.out_info)
     while True:
-        loop.resume.compile(strategy, max_len, state, sources, loop_state, int32(()),
-                            jax.random.key(0),
-                            None if candidates is None else int32((candidates,)))
+        compiled.append(loop.resume.compile(
+            strategy, max_len, state, sources, loop_state, int32(()), jax.random.key(0),
+            None if candidates is None else int32((candidates,))))
         if not halvings or rows == 1:
-            return
+            return compiled
         rows //= 2
-        compacted = compact_rows.compile(sources, loop_state, int32((rows,)))
-        sources, loop_state = _shapes_of(compacted.out_info)
+        compiled.append(compact_rows.compile(sources, loop_state, int32((rows,))))
+        sources, loop_state = _shapes_of(compiled[-1].out_info)
 
 
 @functools.lru_cache(maxsize=64)
