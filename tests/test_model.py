@@ -597,6 +597,22 @@ def test_a_sequence_longer_than_the_positions_is_refused_with_the_limit():
     model.init_cache(memory, max_len=16)
 
 
+def test_decoding_past_the_positions_is_refused_where_the_cache_has_room():
+    """A cache holds whole blocks of 16: made for a model of 20 positions it has room for
+    32, and positions 20 to 31 read the table's last row. Refused by position, as a full
+    forward refuses them."""
+    model = Transformer(get_preset("tiny", max_len=20), rngs=nnx.Rngs(0))
+    src = jnp.full((1, 4), 5, jnp.int32)
+    memory, src_mask = model.encode(src), model.source_mask(src)
+    cache = model.init_cache(memory, max_len=20)
+    assert cache.max_len == 32
+    _, cache = model.decode(memory, src_mask, jnp.full((1, 19), 6, jnp.int32), cache)
+    _, cache = model.decode(memory, src_mask, jnp.full((1, 1), 6, jnp.int32), cache)
+    with pytest.raises(ValueError, match="1 position.* from position 20 passes the model's "
+                                         "max_len 20"):
+        model.decode(memory, src_mask, jnp.full((1, 1), 6, jnp.int32), cache)
+
+
 def test_swish_feed_forward_is_x_sigmoid_x_between_the_projections():
     config = get_preset("tiny", activation="swish", dropout=0.0)
     ffn = FeedForward(config, rngs=nnx.Rngs(0))

@@ -125,12 +125,17 @@ class DecoderCache:
         return jax.lax.dynamic_update_slice_in_dim(
             self.beam_slot, own_slots(batch, beam, q_len), self.index, 2)
 
-    def check_room(self, q_len: int) -> None:
-        """ValueError when the next `q_len` positions would not fit in the cache, where that is
-        known without running: writes past `max_len` land on the last slots (the update's
-        start is clamped) and give wrong logits without a sign. Under jit the index is traced
-        and only `q_len` alone is checked; the search bounds its steps by `max_len` instead."""
+    def check_room(self, q_len: int, positions: int) -> None:
+        """ValueError when the next `q_len` positions would not fit in the cache or pass the
+        model's `positions`, where that is known without running: writes past `max_len` land
+        on the last slots (the update's start is clamped), and positions past the model's
+        table read its last row (the cache holds whole blocks, so it can have room past it);
+        both give wrong logits without a sign. Under jit the index is traced and only `q_len`
+        alone is checked; the search bounds its steps by both instead."""
         index = 0 if isinstance(self.index, jax.core.Tracer) else int(self.index)
+        if index + q_len > positions:
+            raise ValueError(f"decoding {q_len} position(s) from position {index} passes the "
+                             f"model's max_len {positions}: it has no positions after that.")
         if index + q_len > self.max_len:
             raise ValueError(f"decoding {q_len} position(s) from position {index} needs a cache "
                              f"of {index + q_len} positions, but this one holds {self.max_len}; "

@@ -294,7 +294,7 @@ class Transformer(nnx.Module):
         """New positions over the cache: each layer writes their keys and values into every
         beam's own slots (in place inside the search loop), then attends over the cache."""
         tgt_len = x.shape[1]
-        cache.check_room(tgt_len)
+        cache.check_room(tgt_len, self.config.max_len)
         self_mask = cache.causal_mask(tgt_len)
         beam_slot = cache.slots_with_step(tgt_len)
         new_keys, new_values = [], []
