@@ -568,6 +568,31 @@ def test_a_docx_of_more_characters_than_asked_stops_being_read_there():
         prepare(data, "x.docx", "en", max_characters=999)
 
 
+@pytest.mark.parametrize("name, unit", [("x.txt", "Twenty characters...\n"),
+                                        ("x.htm", "<p>Twenty characters...</p>")])
+def test_a_text_or_page_of_more_characters_than_asked_stops_being_cut_there(
+        monkeypatch, name, unit):
+    """The segmenter is asked for no more text than the limit and the paragraph that passes
+    it (a page's paragraphs; a text file's none: its characters but spaces are already too
+    many), so that a large file past the limit costs no more than the limit."""
+    from nmt.translation import paragraphs
+
+    segmented = []
+    segment_lengths = paragraphs._segment_lengths
+
+    def recorded(line: str, language: str) -> list[int]:
+        segmented.append(line)
+        return segment_lengths(line, language)
+
+    monkeypatch.setattr(paragraphs, "_segment_lengths", recorded)
+    data = (unit * 10_000).encode()
+    assert prepare(data, name, "en", max_characters=200_000).characters == 10_000 * 20
+    segmented.clear()
+    with pytest.raises(document_files.TooManyCharacters, match="more than 999 characters"):
+        prepare(data, name, "en", max_characters=999)
+    assert len("".join(segmented)) <= 999 + len("Twenty characters...")
+
+
 def _zip(files: dict[str, bytes]) -> bytes:
     out = io.BytesIO()
     with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as archive:

@@ -131,3 +131,45 @@ def test_never_fitting_is_413_before_any_429_and_retry_after_is_the_longest_wait
     assert err.headers == {"Retry-After": "55"}
     clock[0] += 55
     limiter.charge("a", 1, 5)
+
+
+def test_a_file_from_a_client_past_its_limit_is_refused_before_it_is_read(monkeypatch):
+    """--req-limit 3: once a client's requests are spent, its next file is refused 429 without
+    being read (cut into sentences); a file past --file-char-limit was read up to the limit,
+    and counts as a request."""
+    from types import SimpleNamespace
+
+    from starlette.testclient import TestClient
+
+    from nmt.models.translations import Hypothesis
+    from nmt.serving.app import build_app
+    from nmt.serving.catalog import Catalog, ServedModel
+    from nmt.serving.limits import ServerLimits
+    from nmt.serving.metrics import Metrics
+    from nmt.serving.service import Service
+    from nmt.translation import document_files
+
+    read = []
+    prepare = document_files.prepare
+    monkeypatch.setattr(document_files, "prepare",
+                        lambda data, *args: read.append(len(data)) or prepare(data, *args))
+
+    async def search(batch):
+        return [[Hypothesis(sentence, 0.0, ())] for sentence in batch]
+
+    model = ServedModel(0, "de", "en", "runs/x", SimpleNamespace(search=None),
+                        batcher=SimpleNamespace(translate=search))
+    service = Service(Catalog([model]), ServerLimits(max_file_characters=100), Metrics(),
+                      rate=RateLimiter(RateLimits(requests=3)), ready=True)
+    client = TestClient(build_app(service))
+
+    def translate_file(text: str) -> int:
+        return client.post("/translate_file", data={"source": "de", "target": "en"},
+                           files={"file": ("a.txt", text.encode())}).status_code
+
+    assert translate_file("Ja.") == 200
+    assert translate_file("Ja. " * 100) == 413  # read up to the limit: it counts
+    assert translate_file("Ja.") == 200
+    assert read == [3, 400, 3]
+    assert translate_file("Ein langer Satz. " * 1000) == 429
+    assert read == [3, 400, 3]

@@ -57,14 +57,9 @@ async def translate_file(request: Request) -> JSONResponse:
             raise RequestError(400, f"Invalid request: missing {name} parameter")
     data, filename = await upload.read(), upload.filename or ""
     await upload.close()
-    # Sentences are cut by the rules of the source language (English ones until "auto" is
-    # told, cut again if it tells another).
-    language = source if source != "auto" else "en"
-    prepared = await _prepare(data, filename, language, service.limits.max_file_characters)
-    characters = prepared.characters
-    if characters > service.limits.max_file_characters:
-        raise _too_many_characters(service.limits.max_file_characters, characters)
-    service.charge(request, 1, characters)
+    service.charge(request, 1, 0)  # a client past its limits is refused before the file is read
+    prepared = await _prepare_within_limit(request, service, data, filename, source)
+    service.charge(request, 1, prepared.characters)
     # The language is told by the first sentences with letters (those without are no
     # language, and a file of none comes back as it is).
     sample = list(itertools.islice((s for document in prepared.documents
@@ -72,7 +67,7 @@ async def translate_file(request: Request) -> JSONResponse:
     model, _ = service.source_model(source, target, sample)
     rebuilt = data  # no model: the file is in the language asked for already, or has no letters
     if model is not None:
-        if model.source != language:
+        if model.source != _cutting_language(source):
             prepared = await _prepare(data, filename, model.source)
         translated = await unless_client_leaves(
             request, _translate_in_parts(service, model, prepared.documents))
@@ -82,25 +77,35 @@ async def translate_file(request: Request) -> JSONResponse:
                                                                   name=name))})
 
 
-def _too_many_characters(limit: int, characters: int | None = None) -> RequestError:
-    """413 for a file of more than `limit` characters to translate (`characters`, where
-    counted to the end)."""
-    has = (f"{characters} characters to translate, more than" if characters is not None
-           else "more characters to translate than")
-    return RequestError(413, f"the file has {has} this server's limit of {limit} "
-                             "(--file-char-limit)")
+def _cutting_language(source: str) -> str:
+    """The language whose rules cut a file's sentences: the source, English ones until
+    "auto" is told (the file is cut again if it tells another)."""
+    return source if source != "auto" else "en"
+
+
+async def _prepare_within_limit(request: Request, service: Service, data: bytes,
+                                filename: str, source: str):
+    """The file cut into documents, read no further than --file-char-limit: a file past it
+    is refused 413 and counts as one request of no characters, since it was read that far."""
+    limit = service.limits.max_file_characters
+    try:
+        return await _prepare(data, filename, _cutting_language(source), limit)
+    except document_files.TooManyCharacters:
+        service.keep_charge(request)
+        raise RequestError(413, f"the file has more characters to translate than this "
+                                f"server's limit of {limit} (--file-char-limit)") from None
 
 
 async def _prepare(data: bytes, filename: str, language: str,
                    max_characters: int | None = None):
     """The file cut into documents to translate, on a thread (a small .docx can take seconds,
-    which the event loop must not wait for); RequestError 400 for a file that cannot be, 413
-    for one of more than `max_characters`."""
+    which the event loop must not wait for); RequestError 400 for a file that cannot be,
+    TooManyCharacters for one of more than `max_characters`."""
     try:
         return await asyncio.to_thread(document_files.prepare, data, filename, language,
                                        max_characters)
     except document_files.TooManyCharacters:
-        raise _too_many_characters(max_characters) from None
+        raise  # a ValueError too, but the caller's to answer
     except ValueError as err:
         raise RequestError(400, f"Invalid request: {shown(filename, 60)}: {err}") from None
 

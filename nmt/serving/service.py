@@ -195,10 +195,17 @@ class Service:
 
     def charge(self, request: Request, texts: int, characters: int) -> None:
         """Count a request against its client's rate limits (429 or 413 past them), until
-        `refund` gives it back."""
+        `refund` gives it back. Charged again (a file, once it is read and its characters
+        known), the new charge replaces the first: a client past its limits is refused before
+        the work of reading, and then pays for what was read."""
         if self.rate.limits:
+            self.refund(request)
             client = request.client.host if request.client else "unknown"
             request.state.rate_charge = self.rate.charge(client, texts, characters)
+
+    def keep_charge(self, request: Request) -> None:
+        """Keep the request's charge whatever it is answered: it was worked on."""
+        request.state.rate_charge = None
 
     def refund(self, request: Request) -> None:
         """Give back the request's charge, if it was charged: it was refused, not served."""

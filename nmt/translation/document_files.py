@@ -51,7 +51,7 @@ from docx.oxml import OxmlElement
 from docx.text.run import Run
 from lxml import etree
 
-from nmt.translation.paragraphs import Document, split_html, split_text
+from nmt.translation.paragraphs import Document, TooManyCharacters, split_html, split_text
 
 MEDIA_TYPES = {
     ".txt": "text/plain; charset=utf-8",
@@ -94,26 +94,22 @@ def media_type(filename: str) -> str:
     return MEDIA_TYPES[kind_of(filename)]
 
 
-class TooManyCharacters(ValueError):
-    """A file holds more text than the caller's limit: found while reading, before the work
-    of cutting all of it into sentences."""
-
-
 def prepare(data: bytes, filename: str, language: str,
             max_characters: int | None = None) -> Prepared:
     """`data`, a file named `filename`, cut into documents for sentences in `language`;
     ValueError saying what is wrong with a file that cannot be read, TooManyCharacters as
-    soon as a .docx's paragraphs hold more than `max_characters` (a few kilobytes of zip can
-    hold a million paragraphs)."""
+    soon as what is read holds more than `max_characters` to translate (a .docx's paragraphs
+    as they are read: a few kilobytes of zip can hold a million; a text's or a page's
+    sentences as they are cut), so that an oversized file costs no more than the limit."""
     kind = kind_of(filename)
     if kind == ".docx":
         return _prepare_docx(data, language, max_characters)
     text = _decode(data)
     bom = _BOM if text.startswith(_BOM) else ""
     if kind == ".txt":
-        return Prepared([split_text(text[len(bom):], language)],
+        return Prepared([split_text(text[len(bom):], language, max_characters)],
                         lambda texts: (bom + _one(texts)).encode("utf-8"))
-    return Prepared([split_html(text[len(bom):], language)],
+    return Prepared([split_html(text[len(bom):], language, max_characters)],
                     lambda texts: (bom + _declared_utf8(_one(texts))).encode("utf-8"))
 
 

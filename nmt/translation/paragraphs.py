@@ -238,18 +238,33 @@ def _shifted(alignment: Alignment, by: int) -> Alignment:
         (max(a - by, 0), max(b - by, 0)) for a, b in alignment.target_spans])
 
 
-class _Builder:
-    """A Document under construction: text to keep and sentences to translate, in order."""
+class TooManyCharacters(ValueError):
+    """A text holds more to translate than the caller's limit: found while it is cut, before
+    the work of cutting all of it."""
 
-    def __init__(self):
+
+class _Builder:
+    """A Document under construction: text to keep and sentences to translate, in order;
+    TooManyCharacters once the sentences pass `max_characters` (None: no limit)."""
+
+    def __init__(self, max_characters: int | None = None):
         self.sentences: list[str] = []
         self.points: list[tuple[Point, ...]] = []
         self.between: list[list[str]] = [[]]
+        self.max_characters = max_characters
+        self.characters = 0
 
     def keep(self, text: str) -> None:
         self.between[-1].append(text)
 
+    def check_room(self, text: str) -> None:
+        """TooManyCharacters if the sentences of `text`, about to be cut, cannot fit: they
+        hold all of it but its whitespace, so a long line is refused before it is cut."""
+        self._refuse_past(self.characters + sum(map(len, text.split())))
+
     def translate(self, sentence: str, points: tuple[Point, ...] = ()) -> None:
+        self.characters += len(sentence)
+        self._refuse_past(self.characters)
         self.sentences.append(sentence)
         self.points.append(points)
         self.between.append([])
@@ -265,6 +280,11 @@ class _Builder:
             position = stop
         self.keep(kept(position, end))
 
+    def _refuse_past(self, characters: int) -> None:
+        if self.max_characters is not None and characters > self.max_characters:
+            raise TooManyCharacters(f"the text has more than {self.max_characters} characters "
+                                    "to translate")
+
     def document(self, markup: bool = False) -> Document:
         points = self.points if any(self.points) else []
         return Document(self.sentences, ["".join(parts) for parts in self.between], markup,
@@ -277,10 +297,12 @@ def segmenter_language(language: str) -> str:
     return base_language(language)
 
 
-def split_text(text: str, language: str) -> Document:
+def split_text(text: str, language: str, max_characters: int | None = None) -> Document:
     """`text` cut into lines, and each line into sentences with sentencex's rules for
-    `language` (a code such as "de" or "pt-BR"; unknown ones get English rules)."""
-    builder = _Builder()
+    `language` (a code such as "de" or "pt-BR"; unknown ones get English rules);
+    TooManyCharacters as soon as the sentences hold more than `max_characters`."""
+    builder = _Builder(max_characters)
+    builder.check_room(text)
     builder.add(sentence_spans(text, segmenter_language(language)), len(text),
                 lambda a, b: text[a:b], lambda a, b: text[a:b])
     return builder.document()
@@ -421,11 +443,12 @@ def _numbers_and_titles_rejoined(segments: list[str], language: str) -> list[str
     return joined
 
 
-def split_html(markup: str, language: str) -> Document:
+def split_html(markup: str, language: str, max_characters: int | None = None) -> Document:
     """The text of HTML `markup` cut into sentences (see the module's docstring for what is
-    kept verbatim); join gives the markup with tags and attributes as they were."""
+    kept verbatim); join gives the markup with tags and attributes as they were.
+    TooManyCharacters as soon as the sentences hold more than `max_characters`."""
     code = segmenter_language(language)
-    builder = _Builder()
+    builder = _Builder(max_characters)
     flow = _Flow()
     for piece, translate, by_line, inline in _runs(markup):
         if (translate and not by_line) or inline is not None:
@@ -443,6 +466,7 @@ def split_html(markup: str, language: str) -> Document:
 def _add_html_text(builder: _Builder, raw: str, language: str, by_line: bool) -> None:
     """A run of HTML text: sentences unescaped, the text around them as written."""
     plain, where = unescape_with_offsets(raw)
+    builder.check_room(plain)
     builder.add(sentence_spans(plain, language, by_line), len(plain),
                 lambda a, b: plain[a:b], lambda a, b: raw[where[a]:where[b]])
 
@@ -478,6 +502,7 @@ class _Flow:
     def flush(self, builder: _Builder, language: str) -> None:
         """Add the flow to `builder` and start a new one."""
         raw, plain = "".join(self.raw), "".join(self.plain)
+        builder.check_room(plain)
         partners = [point.partner for point in pair_points(
             [(offset, "", kind, name) for offset, _, _, kind, name in self.tags])]
         kept = 0  # the flow's markup up to here is in `builder`
