@@ -517,6 +517,55 @@ def test_an_alignment_past_the_timeout_is_a_504():
     assert status == 504 and "(--timeout)" in error and "\n" not in error
 
 
+def test_behind_a_proxys_sub_path_the_file_url_and_spec_carry_the_url_prefix():
+    """--url-prefix /mt: translatedFileUrl and /spec's server begin with it; a request is
+    taken with it (a proxy that passes it, a client that comes straight) or without it (one
+    that strips it), and a file past --max-body-bytes still gets the file's bound. Without
+    the flag, the URL is the request's own."""
+    from starlette.testclient import TestClient
+
+    from nmt.serving.app import build_app
+    from nmt.serving.limits import ServerLimits
+
+    service, _ = _file_service(ServerLimits(), align=None)
+    client = TestClient(build_app(service, url_prefix="/mt"))
+    text = "Ein Hund.\n" + "\n" * 1_200_000  # more bytes than a body that is not a file
+    for path in ("/translate_file", "/mt/translate_file"):
+        answer = client.post(path, data=PAIR, files={"file": ("a.txt", text.encode())})
+        assert answer.status_code == 200, answer.text
+        url = answer.json()["translatedFileUrl"]
+        assert url.startswith("http://testserver/mt/download_file/")
+        name = url.rsplit("/", 1)[1]
+        for download in (f"/mt/download_file/{name}", f"/download_file/{name}"):
+            assert client.get(download).content.decode() == "EIN HUND." + text[9:]
+    assert client.get("/mt/spec").json()["servers"] == [{"url": "/mt"}]
+    assert 'endpoint="/translate_file"} 2.0' in service.metrics.exposition().decode()
+
+    plain = TestClient(build_app(_file_service(ServerLimits(), align=None)[0]))
+    answer = plain.post("/translate_file", data=PAIR, files={"file": ("a.txt", b"Hund.")})
+    assert answer.json()["translatedFileUrl"].startswith("http://testserver/download_file/")
+    assert "servers" not in plain.get("/spec").json()
+    assert plain.post("/mt/translate_file", data=PAIR,
+                      files={"file": ("a.txt", b"Hund.")}).status_code == 404
+
+
+def test_url_prefix_is_read_as_a_path_or_refused_in_one_line(capsys):
+    from nmt.serving import command
+
+    def prefix(value: str) -> str:
+        return command.build_parser().parse_args(["--model", "m", "--url-prefix",
+                                                  value]).url_prefix
+
+    assert [prefix(value) for value in ("/mt", "mt/", "/a/b/", "/", "")] == [
+        "/mt", "/mt", "/a/b", "", ""]
+    for value in ("/m t", "/mt?x=1", "http://host/mt", "/a//b"):
+        with pytest.raises(SystemExit) as exited:
+            prefix(value)
+        err = capsys.readouterr().err
+        assert exited.value.code == 2 and len(err.strip().splitlines()) == 1, err
+        assert f"{value!r} is not a URL path" in err and "--url-prefix" in err
+
+
 def test_a_translated_file_larger_than_the_store_is_refused_and_drops_no_other(monkeypatch):
     from nmt.serving import file_store
     from nmt.serving.errors import RequestError

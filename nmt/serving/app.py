@@ -96,7 +96,12 @@ async def metrics(request: Request) -> Response:
 
 
 async def spec(request: Request) -> JSONResponse:
-    return JSONResponse(openapi.describe(request.app.state.service))
+    """GET /spec; under --url-prefix, its server is that path, which clients put before the
+    paths it lists."""
+    document = openapi.describe(request.app.state.service)
+    if request.scope.get("root_path"):
+        document["servers"] = [{"url": request.scope["root_path"]}]
+    return JSONResponse(document)
 
 
 ROUTES = [
@@ -224,6 +229,25 @@ class RequestMetrics:
                                                      time.perf_counter() - start)
 
 
+class URLPrefix:
+    """ASGI middleware for a server reached at a path behind a reverse proxy (--url-prefix
+    /mt): a request is taken with the path or without it (a proxy that strips it) and routed
+    without it, and the path is the ASGI root_path, which the URLs the server writes
+    (translatedFileUrl) begin with."""
+
+    def __init__(self, app, prefix: str):
+        self.app = app
+        self.prefix = prefix
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http":
+            path = scope["path"]
+            if path == self.prefix or path.startswith(self.prefix + "/"):
+                path = path[len(self.prefix):] or "/"
+            scope = {**scope, "path": path, "root_path": self.prefix}
+        await self.app(scope, receive, send)
+
+
 class JSONCORSMiddleware(CORSMiddleware):
     """Starlette's CORS middleware, its refused preflights answered as JSON errors too."""
 
@@ -238,10 +262,11 @@ class JSONCORSMiddleware(CORSMiddleware):
                             status_code=400, headers=headers)
 
 
-def build_app(service: Service, lifespan=None, cors_origins: Sequence[str] = ("*",)
-              ) -> Starlette:
+def build_app(service: Service, lifespan=None, cors_origins: Sequence[str] = ("*",),
+              url_prefix: str = "") -> Starlette:
     """The application; `cors_origins`: the web origins whose pages may read its answers
-    ("*": any; none: no CORS headers, so browsers keep answers from other origins' pages)."""
+    ("*": any; none: no CORS headers, so browsers keep answers from other origins' pages);
+    `url_prefix`: the path it is reached at behind a proxy ("/mt"; "": none)."""
     app = Starlette(routes=ROUTES, lifespan=lifespan,
                     exception_handlers={RequestError: request_error, HTTPException: http_error})
     app.state.service = service
@@ -255,4 +280,6 @@ def build_app(service: Service, lifespan=None, cors_origins: Sequence[str] = ("*
                            allow_headers=["Authorization", "Content-Type"],
                            expose_headers=["Retry-After"], max_age=CORS_MAX_AGE)
     app.add_middleware(RequestMetrics, service=service)
+    if url_prefix:
+        app.add_middleware(URLPrefix, prefix=url_prefix)  # outermost: all else sees the route
     return app

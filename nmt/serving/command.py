@@ -33,6 +33,7 @@ import dataclasses
 import logging
 import math
 import os
+import re
 import signal
 import threading
 import time
@@ -123,6 +124,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help="web origins whose pages may read the answers, comma-separated "
                              "(default *: any, as LibreTranslate; e.g. https://example.org; "
                              "'' for none)")
+    server.add_argument("--url-prefix", type=_url_prefix, default="", metavar="PATH",
+                        help="the path a reverse proxy serves this server at, e.g. /mt (as "
+                             "LibreTranslate's --url-prefix): the URLs it answers with carry "
+                             "it, and requests are taken with it or without it (a proxy that "
+                             "strips it); default: none")
     server.add_argument("--req-limit", type=int, default=0, metavar="N",
                         help="requests per minute a client may send (a list of N texts counts "
                              "N); 429 with Retry-After past it (default 0: no limit)")
@@ -183,6 +189,15 @@ def _int_list(text: str) -> tuple[int, ...]:
         return tuple(int(part) for part in text.split(","))
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected integers such as 16,32,64, got {text!r}")
+
+
+def _url_prefix(text: str) -> str:
+    """--url-prefix as a path from "/" without a trailing one ("mt/" is "/mt"; "/" none)."""
+    path = "/" + text.strip("/")
+    if not re.fullmatch(r"[\w.~!$&'()*+,;=:@/-]+", path, re.ASCII) or "//" in path:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a URL path: give the path a proxy "
+                                         "serves this server at, such as /mt")
+    return "" if path == "/" else path
 
 
 def check_args(args: argparse.Namespace) -> None:
@@ -518,7 +533,8 @@ def run(args: argparse.Namespace) -> int:
     if args.engine == "jax":
         log.info(cli.allocator_status().line)
     origins = [origin.strip() for origin in args.cors_origins.split(",") if origin.strip()]
-    app = build_app(service, make_lifespan(service, args), cors_origins=origins)
+    app = build_app(service, make_lifespan(service, args), cors_origins=origins,
+                    url_prefix=args.url_prefix)
     grace = math.ceil(limits.longest_request(args.alternatives_limit))  # for a stop
     server = _Server(uvicorn.Config(
         app, log_config=None, access_log=args.access_log, lifespan="on", ws="none",
