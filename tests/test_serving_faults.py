@@ -566,6 +566,54 @@ def test_url_prefix_is_read_as_a_path_or_refused_in_one_line(capsys):
         assert f"{value!r} is not a URL path" in err and "--url-prefix" in err
 
 
+def test_a_download_keeps_its_name_as_sent_beside_an_ascii_one():
+    """Content-Disposition carries the uploaded name, its folders dropped, in RFC 6266's
+    filename* (UTF-8, percent-encoded), with the ASCII name for clients that read only
+    filename; a name of ASCII letters has that alone."""
+    import urllib.parse
+
+    from starlette.testclient import TestClient
+
+    from nmt.serving.app import build_app
+    from nmt.serving.limits import ServerLimits
+
+    client = TestClient(build_app(_file_service(ServerLimits(), align=None)[0]))
+
+    def downloaded_as(name: str) -> tuple[str, str]:
+        answer = client.post("/translate_file", data=PAIR, files={"file": (name, b"Hund.")})
+        url = answer.json()["translatedFileUrl"]
+        header = client.get(url[url.index("/download_file/"):]).headers["content-disposition"]
+        params = dict(part.strip().split("=", 1) for part in header.split(";")[1:])
+        if "filename*" not in params:
+            return header, params["filename"].strip('"')
+        charset, _, encoded = params["filename*"].split("'", 2)
+        return header, urllib.parse.unquote(encoded, encoding=charset, errors="strict")
+
+    header, name = downloaded_as("报告 2024.txt")
+    assert name == "报告 2024.txt"
+    assert header == ("attachment; filename=\"___2024.txt\"; "
+                      "filename*=UTF-8''%E6%8A%A5%E5%91%8A%202024.txt")
+    assert downloaded_as("..\\Berichte/.Größe; 100%.html")[1] == "Größe; 100%.html"
+    assert downloaded_as("notes-1.txt") == ('attachment; filename="notes-1.txt"', "notes-1.txt")
+
+
+def test_translate_file_refuses_a_body_that_is_not_a_multipart_form_415():
+    from starlette.testclient import TestClient
+
+    from nmt.serving.app import build_app
+    from nmt.serving.limits import ServerLimits
+
+    service, searched = _file_service(ServerLimits(), align=None)
+    client = TestClient(build_app(service))
+    for answer in (client.post("/translate_file", json=PAIR),
+                   client.post("/translate_file", data=PAIR),
+                   client.post("/translate_file", content=b"Hund.")):
+        assert answer.status_code == 415, answer.text
+        assert "send the file as multipart/form-data" in answer.json()["error"]
+    assert answer.json()["error"].startswith("a request body of type 'none' is not read here")
+    assert searched == []
+
+
 def test_a_translated_file_larger_than_the_store_is_refused_and_drops_no_other(monkeypatch):
     from nmt.serving import file_store
     from nmt.serving.errors import RequestError

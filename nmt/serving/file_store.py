@@ -8,6 +8,7 @@ import collections
 import dataclasses
 import re
 import time
+import urllib.parse
 import uuid
 
 from nmt.serving.errors import RequestError
@@ -62,5 +63,21 @@ class FileStore:
 
 def safe_name(filename: str) -> str:
     """The file's base name with only letters, digits, '.', '-' and '_' (at most 100)."""
+    return re.sub(r"[^\w.-]", "_", _base_name(filename), flags=re.ASCII) or "file"
+
+
+def content_disposition(filename: str) -> str:
+    """The Content-Disposition of a download of `filename`: its `safe_name`, and where that
+    differs its base name as sent, in RFC 6266's UTF-8 form (filename*), which browsers
+    prefer ("报告 2024.txt" rather than "___2024.txt")."""
+    fallback, original = safe_name(filename), _base_name(filename)
+    if not original or original == fallback:
+        return f'attachment; filename="{fallback}"'
+    encoded = urllib.parse.quote(original, safe="!#$&+-.^_`|~", errors="replace")
+    return f"attachment; filename=\"{fallback}\"; filename*=UTF-8''{encoded}"
+
+
+def _base_name(filename: str) -> str:
+    """The name without its folders, control characters or leading dots (at most 100)."""
     base = re.split(r"[\\/]", filename)[-1]
-    return re.sub(r"[^\w.-]", "_", base, flags=re.ASCII).lstrip(".")[-100:] or "file"
+    return re.sub(r"[\x00-\x1f\x7f]", "", base).lstrip(".")[-100:]

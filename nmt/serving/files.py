@@ -20,9 +20,9 @@ from starlette.responses import JSONResponse, Response
 
 from nmt.serving.detection import has_letters
 from nmt.serving.errors import RequestError, shown
-from nmt.serving.file_store import KEEP_SECONDS, safe_name
+from nmt.serving.file_store import KEEP_SECONDS, content_disposition
 from nmt.serving.libretranslate import join_documents
-from nmt.serving.params import api_key, read_multipart
+from nmt.serving.params import api_key, content_type, read_multipart
 from nmt.serving.service import Service, unless_client_leaves
 from nmt.translation import document_files
 
@@ -31,9 +31,11 @@ _FIELDS = 8  # form fields besides the file: source, target, api_key and a few a
 
 async def _upload(request: Request) -> tuple[UploadFile, dict[str, str]]:
     """The uploaded file and the text fields of a multipart form."""
-    if not request.headers.get("content-type", "").lower().startswith("multipart/form-data"):
-        raise RequestError(400, "Invalid request: send the file as multipart/form-data "
-                                "(curl -F file=@report.docx -F source=en -F target=de)")
+    kind = content_type(request)
+    if kind != "multipart/form-data":
+        raise RequestError(415, f"a request body of type {shown(kind or 'none')} is not read "
+                                "here; send the file as multipart/form-data (curl -F "
+                                "file=@report.docx -F source=en -F target=de)")
     fields: dict[str, str] = {}
     upload = None
     form = await read_multipart(request, max_fields=_FIELDS, max_files=1)
@@ -131,5 +133,5 @@ async def download_file(request: Request) -> Response:
         raise RequestError(404, f"no translated file {shown(name, 60)}: files are kept "
                                 f"{KEEP_SECONDS // 60} minutes after their translation; "
                                 "translate it again")
-    return Response(kept.data, media_type=kept.media_type, headers={
-        "Content-Disposition": f"attachment; filename=\"{safe_name(kept.filename)}\""})
+    return Response(kept.data, media_type=kept.media_type,
+                    headers={"Content-Disposition": content_disposition(kept.filename)})
