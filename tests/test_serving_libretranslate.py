@@ -381,6 +381,22 @@ def test_a_text_without_letters_comes_back_as_it_is():
     assert searched == [GERMAN, FRENCH]
 
 
+def test_a_sentence_without_letters_inside_a_text_or_file_comes_back_as_it_is():
+    """As a whole text without a letter: a line "2024" or a table cell "12" between
+    sentences is not searched, in every alternative and in files."""
+    client, searched = fake_client("de:en")
+    text = "Hallo.\n2024\nWelt."
+    answer = client.post("/translate", json={"q": text, "source": "de", "target": "en",
+                                             "alternatives": 2}).json()
+    assert answer["translatedText"] == "de-en: Hallo.\n2024\nde-en: Welt."
+    assert searched == ["Hallo.", "Welt."]
+    assert all("\n2024\n" in alternative for alternative in answer["alternatives"])
+    url = client.post("/translate_file", data={"source": "de", "target": "en"}, files={
+        "file": ("a.txt", b"Hund\n12\n", "text/plain")}).json()["translatedFileUrl"]
+    assert client.get(url).content == b"de-en: Hund\n12\n"
+    assert searched == ["Hallo.", "Welt.", "Hund"]
+
+
 def test_a_null_or_empty_format_is_text():
     client, _ = fake_client("de:en")
     for given in ({"format": None}, {"format": ""}):

@@ -21,7 +21,7 @@ from starlette.responses import JSONResponse, Response
 from nmt.serving.detection import has_letters
 from nmt.serving.errors import RequestError, shown
 from nmt.serving.file_store import KEEP_SECONDS, content_disposition
-from nmt.serving.libretranslate import join_documents
+from nmt.serving.libretranslate import join_documents, translate_sentences
 from nmt.serving.params import api_key, content_type, read_multipart
 from nmt.serving.service import Service, unless_client_leaves
 from nmt.translation import document_files
@@ -120,8 +120,8 @@ async def _translate_in_parts(service: Service, model, documents) -> list[str]:
     step = service.limits.part_sentences
     translations = []
     for start in range(0, len(sentences), step):
-        found = await service.translate(model, sentences[start:start + step])
-        translations += [nbest[0].text for nbest in found]
+        translations += (await translate_sentences(service, model,
+                                                   sentences[start:start + step]))[0]
     return await join_documents(service, model, documents, translations)
 
 

@@ -24,6 +24,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 
 from nmt.serving.catalog import language_name
+from nmt.serving.detection import has_letters
 from nmt.serving.errors import RequestError, shown
 from nmt.serving.params import api_key, request_params
 from nmt.serving.service import Service, unless_client_leaves
@@ -155,10 +156,25 @@ async def translate_documents(service: Service, model, documents: list[Document]
     """The documents translated: one list of texts per n-best rank (one rank unless `ranks`,
     which asks the model's n-best search for that many), inline markup placed by alignment."""
     sentences = [sentence for document in documents for sentence in document.sentences]
-    hypotheses = await service.translate(model, sentences, alternatives=ranks > 0)
-    return [await join_documents(service, model, documents,
-                                 [nbest[min(rank, len(nbest) - 1)].text for nbest in hypotheses])
-            for rank in range(max(ranks, 1))]
+    return [await join_documents(service, model, documents, translations)
+            for translations in await translate_sentences(service, model, sentences, ranks)]
+
+
+async def translate_sentences(service: Service, model, sentences: list[str], ranks: int = 0
+                              ) -> list[list[str]]:
+    """The translation of each sentence, one list per n-best rank (as `translate_documents`);
+    a sentence without a letter (a number, a bullet, an emoji) is its own translation in
+    every rank, as a whole text without one is: a model would make words of it."""
+    readable = [n for n, sentence in enumerate(sentences) if has_letters(sentence)]
+    hypotheses = await service.translate(model, [sentences[n] for n in readable],
+                                         alternatives=ranks > 0) if readable else []
+    ranked = []
+    for rank in range(max(ranks, 1)):
+        translations = list(sentences)
+        for n, nbest in zip(readable, hypotheses):
+            translations[n] = nbest[min(rank, len(nbest) - 1)].text
+        ranked.append(translations)
+    return ranked
 
 
 async def join_documents(service: Service, model, documents: list[Document],
