@@ -918,6 +918,25 @@ def test_search_bounds_are_named_when_a_model_passes_them(run_dir):
     assert load("--beam", "64", "--buckets", "16")  # at the bound
 
 
+@pytest.mark.parametrize("engine", ["jax", "ctranslate2"])
+def test_a_top_k_above_the_vocabulary_is_named_by_its_flag(engine, run_dir, tmp_path,
+                                                           monkeypatch):
+    """Was the field's name (top_k), and with ctranslate2 an unexpected TopKTooLarge."""
+    from nmt.runtime.cli import UsageError
+    from nmt.serving import command
+
+    if engine == "ctranslate2":
+        pytest.importorskip("ctranslate2")
+        monkeypatch.setenv("FLAX_NMT_CACHE", str(tmp_path / "cache"))  # its conversion
+    args = command.build_parser().parse_args(["--model", str(run_dir), "--engine", engine,
+                                              "--sample", "--top-k", "301"])
+    command.check_args(args)
+    with pytest.raises(UsageError, match=f"^--model {run_dir}: invalid search settings for "
+                                         "this model: --top-k 301 is larger than the model's "
+                                         r"vocabulary \(300 tokens\)"):
+        command.load_served_models(args)
+
+
 def test_languages_given_against_the_models_record_are_warned_of(run_dir, caplog):
     from nmt.serving import command
 

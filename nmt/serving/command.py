@@ -55,9 +55,11 @@ from nmt.translation.command import (
     given_search_fields,
     name_flags,
     read_shortlist,
+    refused_by_this_model,
     search_config,
 )
 from nmt.translation.errors import InputError
+from transformer.strategies import TopKTooLarge
 
 if TYPE_CHECKING:
     from nmt.serving.service import KeyFile
@@ -374,8 +376,7 @@ def load_translator(flag: str, path: str, args: argparse.Namespace):
                                 seed=args.seed, buckets=args.buckets, compact_after=0,
                                 shortlist=shortlist, shortlist_size=args.shortlist or 0)
     except ValueError as err:
-        raise UsageError(f"--model {flag}: invalid search settings: "
-                         f"{name_flags(str(err))}") from None
+        raise UsageError(f"--model {flag}: {refused_by_this_model(err, args)}") from None
     return translator, {**values, "search": search}
 
 
@@ -400,6 +401,8 @@ def load_ctranslate2_translator(flag: str, path: str, args: argparse.Namespace):
         raise InputError(str(err)) from None
     except EngineError as err:
         raise UsageError(f"--model {flag}: {err}") from None
+    except TopKTooLarge as err:
+        raise UsageError(f"--model {flag}: {refused_by_this_model(err, args)}") from None
 
 
 def check_bounds(flag: str, translator, args: argparse.Namespace) -> int:
