@@ -167,13 +167,27 @@ def test_what_is_known_before_any_step_is_set_at_once():
     assert schedule_fit.for_compiling(timed.optimizer).decay_steps == schedule_fit.UNFITTED
 
 
-@pytest.mark.parametrize("flags, message", [
-    ({"max_epochs": 3}, "with only --max-epochs, set --decay-steps"),
-    ({"max_steps": 10}, "--max-steps 10, which must be above --warmup 10"),
-])
-def test_a_linear_schedule_with_nothing_to_end_at_is_refused(flags, message):
-    with pytest.raises(SettingsError, match=message):
-        recipes.run_from_flat(schedule="linear", warmup=10, **flags)
+def test_a_linear_schedule_that_would_end_in_its_warm_up_is_refused():
+    with pytest.raises(SettingsError, match="--max-steps 10, which must be above --warmup 10"):
+        recipes.run_from_flat(schedule="linear", warmup=10, max_steps=10)
+
+
+@pytest.mark.parametrize("flags", [{"max_epochs": 2}, {"max_epochs": 2, "max_steps": 500}])
+def test_a_limit_of_epochs_ends_the_line_where_it_stops_the_run_without_a_clock(flags):
+    """2 epochs of 39 batches stop the run at step 78, before any --max-steps 500: the line
+    ends there, known once the epoch's batches are (after the step compiled), not at 500."""
+    run = recipes.run_from_flat(schedule="linear", warmup=10, **flags)
+    assert schedule_fit.resolve(run, None).optimizer.decay_steps is None
+    limits = Limits(run.trainer)
+    fitted = schedule_fit.FittedEnd(run, 0, limits, PausableClock(), batches_per_epoch=39)
+    assert fitted.fit is None  # nothing timed
+    assert fitted.end_after(1, None) == 78
+    assert fitted.end_after(2, None) is None  # once
+    assert "linear to zero after step 78, where the run's limit stops it (" in fitted.describe(
+        78, None, Path("config.yaml"))
+    # An epoch shorter than the warm-up: the run stops before any decay, as asked.
+    short = schedule_fit.FittedEnd(run, 0, limits, PausableClock(), batches_per_epoch=3)
+    assert short.end_after(1, None) == 11
 
 
 def _lines(run_dir) -> list[dict]:
@@ -225,6 +239,30 @@ def test_a_run_on_a_time_budget_follows_the_linear_schedule_to_the_fitted_end(
         assert line["lr"] == pytest.approx(_expected_lr(line["step"], peak, warmup, end),
                                            rel=1e-5, abs=1e-12)
     assert lines[-1]["lr"] == pytest.approx(peak / (end + 1 - warmup), rel=1e-5)
+
+
+def test_a_run_of_epochs_follows_the_linear_schedule_to_their_last_step(tmp_path, monkeypatch,
+                                                                         caplog):
+    """--max-epochs with --max-steps farther: the line ends at the epochs' last step (it
+    ended at --max-steps, so the rate was far from zero when the run stopped)."""
+    monkeypatch.setenv("FLAX_NMT_CACHE", str(tmp_path / "cache"))
+    warmup, peak = 6, 2e-3
+    settings = {"preset": "tiny", **SHALLOW, "vocab_size": 320, "batch_tokens": 256,
+                "train_prefix": write_corpus(tmp_path, 200, 0, "train"), "valid_prefix": None,
+                "buckets": (16,), "warmup": warmup, "schedule": "linear", "peak_lr": peak,
+                "log_every": 1, "eval_every": 10_000, "eval_sentences": 0, "save_every": 10_000,
+                "progress": False, "samples": 0}
+    out = tmp_path / "run"
+    with caplog.at_level(logging.INFO, logger="nmt.training.trainer"):
+        summary = train(recipes.run_from_flat(**settings, max_epochs=2, max_steps=10_000), out)
+    end = recipes.load_saved(out / RUN_CONFIG_FILE).optimizer.decay_steps
+    assert (summary["stopped"], summary["steps"]) == ("max_epochs", end)
+    assert f"linear to zero after step {end}, where the run's limit stops it" in caplog.text
+    lines = _lines(out)
+    assert [line["step"] for line in lines] == list(range(1, end + 1))
+    for line in lines:
+        assert line["lr"] == pytest.approx(_expected_lr(line["step"], peak, warmup, end),
+                                           rel=1e-5, abs=1e-12), line["step"]
 
 
 def test_a_limit_of_epochs_caps_the_end_fitted_to_the_minutes(monkeypatch):

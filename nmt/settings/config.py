@@ -196,18 +196,13 @@ class RunConfig:
         self._check_schedule_end()
 
     def _check_schedule_end(self) -> None:
-        """A linear schedule without --decay-steps ends at the run's limit of steps or
-        minutes (nmt.training.schedule_fit): one of them must be there to end at."""
+        """A linear schedule without --decay-steps ends at the run's limit of steps, epochs or
+        minutes (nmt.training.schedule_fit): a limit of steps must leave it a decay."""
         optimizer = self.optimizer
         if optimizer.schedule != "linear" or optimizer.decay_steps is not None:
             return
         max_steps, max_minutes = self.trainer.limits()
-        if max_steps is None and max_minutes is None:
-            raise SettingsError("--schedule linear ends at --decay-steps N, or else at "
-                                "--max-steps or --max-minutes; with only --max-epochs, set "
-                                "--decay-steps (the start of training prints the steps of an "
-                                "epoch).")
-        if max_minutes is None and max_steps <= optimizer.warmup_steps:
+        if max_minutes is None and max_steps is not None and max_steps <= optimizer.warmup_steps:
             raise SettingsError(f"--schedule linear ends at --max-steps {max_steps}, which must "
                                 f"be above --warmup {optimizer.warmup_steps}; raise it or set "
                                 f"--decay-steps.")

@@ -2,7 +2,8 @@
 
 `--schedule linear` without `--decay-steps` ends where the run stops: its last update is the
 run's last step, and the rate reaches zero just after it. A limit of steps gives that step at
-once. A limit of minutes gives it only once steps have been timed: the warm-up does not depend
+once; one of epochs (and steps) once the data's batches per epoch are known, after the step
+compiled. A limit of minutes gives it only once steps have been timed: the warm-up does not depend
 on the end, so the run starts with an end far away (`UNFITTED`), times steps of the warm-up,
 fixes the end from the time left, and runs the step compiled for that end from the last
 update of the warm-up on.
@@ -82,9 +83,9 @@ def resolve(run: RunConfig, saved: RunConfig | None) -> RunConfig:
                  before.decay_steps)
         return with_end(run, before.decay_steps)
     max_steps, max_minutes = run.trainer.limits()
-    if max_minutes is None and max_steps is not None:
+    if max_minutes is None and max_steps is not None and run.trainer.max_epochs is None:
         return with_end(run, max_steps)
-    return run
+    return run  # the clock decides, or a limit of epochs, once its steps are known (FittedEnd)
 
 
 class EndFit:
@@ -145,9 +146,14 @@ class FittedEnd:
                  batches_per_epoch: int):
         optimizer = run.optimizer
         # No later than a limit of steps or epochs stops the run: the rate is zero there.
-        self.fit = (EndFit(first_step, optimizer.warmup_steps,
-                           limits.total_steps(batches_per_epoch))
-                    if needs_fit(optimizer) else None)
+        stop = limits.total_steps(batches_per_epoch)
+        timed = needs_fit(optimizer) and limits.max_minutes is not None
+        self.fit = EndFit(first_step, optimizer.warmup_steps, stop) if timed else None
+        # Without a clock the end is where steps or epochs stop the run, known now (the epoch's
+        # steps were not when the step compiled); it takes over as a fitted end does.
+        self.at_stop = (max(stop, optimizer.warmup_steps + 1)
+                        if needs_fit(optimizer) and not timed else None)
+        self.stop_described = limits.describe(batches_per_epoch)
         self.limits, self.clock = limits, clock
         self.every = (run.trainer.eval_every, run.trainer.save_interval)
         self.warmup_steps = self.wait_from = optimizer.warmup_steps
@@ -167,6 +173,10 @@ class FittedEnd:
     def end_after(self, step: int, last_loss: jax.Array) -> int | None:
         """The end, after the step that fits it and after the one that refits it to a
         different one; None after any other."""
+        if self.at_stop is not None:
+            self.end, self.at_stop, self.refitted = self.at_stop, None, True
+            self.compiling_since = time.monotonic()
+            return self.end
         if self.fit is None or self.refitted:
             return None
         if self.end is None:
@@ -192,8 +202,11 @@ class FittedEnd:
         self.compiling_since = time.monotonic()
         return end
 
-    def describe(self, end: int, max_minutes: float, recorded_in: Path) -> str:
+    def describe(self, end: int, max_minutes: float | None, recorded_in: Path) -> str:
         """The log line of the fitted end: where, and from what."""
+        if self.fit is None:
+            return (f"learning rate: linear to zero after step {end}, where the run's limit "
+                    f"stops it ({self.stop_described}; recorded in {recorded_in})")
         refit = "" if self.replaced is None else (
             f" in place of {self.replaced} (refitted after a validation)")
         return (f"learning rate: linear to zero after step {end}{refit}, the last the run's "

@@ -221,10 +221,10 @@ class Limits:
         """Why to stop before the next step, or None."""
         if self.max_steps is not None and step >= self.max_steps:
             return StopReason.MAX_STEPS
+        if self.max_epochs is not None and epochs_completed >= self.max_epochs:
+            return StopReason.MAX_EPOCHS  # a limit asked for, before the end fitted to it
         if self.schedule_end is not None and step >= self.schedule_end:
             return StopReason.DECAY_STEPS
-        if self.max_epochs is not None and epochs_completed >= self.max_epochs:
-            return StopReason.MAX_EPOCHS
         if jax.process_count() > 1 and step % 10:
             return None
         deadline = self.steps_deadline
