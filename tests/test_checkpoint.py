@@ -241,6 +241,50 @@ def test_a_damaged_or_missing_best_step_is_read_from_its_checkpoint(tmp_path, ca
     saver.close()
 
 
+def _damage(step_dir: Path) -> None:
+    for victim in (step_dir / "params" / "d").iterdir():
+        with victim.open("r+b") as f:
+            f.truncate(victim.stat().st_size // 2)
+
+
+def test_a_lost_best_step_is_written_again_from_the_model_that_holds_it(tmp_path, caplog):
+    """best/<step> damaged and checkpoints/<step> gone (--keep-last deleted it): model/, whose
+    config.json records that step and score, holds its parameters, so the best and model/
+    stay that step. Were model/ another step, the best starts afresh from the validation of
+    the step resumed from, as the warning says."""
+    from data.tokenizer import TokenizerConfig, train_tokenizer
+    from nmt.rundir import resume
+
+    saver, params, params_like = _saved_as_best_and_checkpoint(tmp_path)
+    texts = [f"sentence number {i} with some words {i * 7}" for i in range(300)]
+    tokenizer = train_tokenizer(texts, TokenizerConfig(vocab_size=300, model_type="bpe"))
+    model = tmp_path / model_dir.MODEL_DIR
+    model_dir.export_model(model, params, CONFIG, tokenizer, None,
+                           {"step": 2, "ppl": 9.0, "chosen": "best validation perplexity"})
+    best = tmp_path / checkpoint.BEST_DIR / "2"
+    _damage(best)
+    shutil.rmtree(tmp_path / checkpoint.CHECKPOINTS_DIR / "2")
+    current = jax.device_put(params_like)  # the parameters of the step resumed from, 3
+    book = Bookkeeping(best_metric="ppl", best_score=9.0, best_step=2,
+                       last_eval={"step": 3, "ppl": 12.0})
+    resume._check_best_directory(book, saver, 3, current)
+    saver.wait()
+    assert (book.best_step, book.best_score) == (2, 9.0) and checkpoint.unusable(best) is None
+    _assert_trees_equal(saver.restore_params(params_like, 2, best=True), params)
+    assert f"writing best step 2 again from {model}" in caplog.text
+
+    _damage(best)
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, "step": 1}))
+    resume._check_best_directory(book, saver, 3, current)
+    saver.wait()
+    assert (book.best_step, book.best_score) == (3, 12.0) and saver.best_step() == 3
+    _assert_trees_equal(saver.restore_params(params_like, 3, best=True), params_like)
+    assert ("and model/ does not hold that step; tracking the best perplexity afresh, starting "
+            "from the validation of step 3") in caplog.text
+    saver.close()
+
+
 def test_the_best_step_is_hashed_once_where_it_is_read(tmp_path, monkeypatch):
     """Reading best/<step>, or checkpoints/<step> in its place, verifies each one's
     checksums once (a big model's checkpoint takes seconds to hash), not once to choose it

@@ -7,14 +7,21 @@ the regularization may change, and the checks here say what happens then.
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+from flax import nnx, serialization
 
 from data.batching import BatchIterator, Examples, plan_fingerprint
 from data.config import BatchConfig
 from data.sampling import SampledEpochs
 from data.tokenizer import MODEL_FILE, tokenizer_present
-from nmt.models.model_files import MODEL_DIR
+from nmt.models.model_dir import ModelDirError, check_shapes
+from nmt.models.model_files import CONFIG_FILE, MODEL_DIR, PARAMS_FILE
 from nmt.rundir.bookkeeping import Bookkeeping
 from nmt.rundir.checkpoints import (
     CHECKPOINTS_DIR,
@@ -26,6 +33,7 @@ from nmt.rundir.checkpoints import (
 from nmt.settings import recipes
 from nmt.settings.config import RunConfig, SettingsError
 from transformer.config import ModelConfig
+from transformer.training import place_replicated
 
 log = logging.getLogger("trainer")
 
@@ -236,10 +244,8 @@ def carry_over_best(book: Bookkeeping, run: RunConfig, bleu_tokenizer: str,
             _start_best_from_last_validation(book, saver, step, params)
         now = book.metric_label + (f" tokenized with {bleu_tokenizer}" if metric == "bleu"
                                    else "")
-        start = (f"from the validation of step {step}" if book.best_step is not None
-                 else "at the next validation")
         log.warning("the best step so far was chosen by %s; from now on %s chooses best/ and "
-                    "model/, starting %s", old, now, start)
+                    "model/, starting %s", old, now, _where_the_best_starts(book, step))
     elif metric != "ppl" and run.trainer.eval_sentences == 0 and book.best_step is not None:
         log.warning("--eval-sentences 0 scores no %s: the best step so far (%d) no longer "
                     "counts, and model/ is the last step (--best-metric ppl chooses by "
@@ -258,11 +264,17 @@ def _start_best_from_last_validation(book: Bookkeeping, saver: Checkpointer, ste
         saver.save_best(step, params, {book.best_metric: book.best_score, "step": step})
 
 
+def _where_the_best_starts(book: Bookkeeping, step: int) -> str:
+    """Where a best tracked afresh from `step` starts, as the warnings say it."""
+    return (f"from the validation of step {step}" if book.best_step is not None
+            else "at the next validation")
+
+
 def _check_best_directory(book: Bookkeeping, saver: Checkpointer, step: int, params) -> None:
     """best/ must hold the best step the bookkeeping records and nothing else: a step saved
     there after the checkpoint resumed from belongs to a run being redone. A best step whose
     best/ is damaged or missing is written again from checkpoints/<step>, which holds the
-    same parameters, while that is kept."""
+    same parameters, while that is kept, else from model/, while that holds the step."""
     discarded = saver.discard_best(keep=book.best_step)
     if discarded:
         log.warning("deleted %s steps %s: saved after step %d, where this run starts",
@@ -271,11 +283,44 @@ def _check_best_directory(book: Bookkeeping, saver: Checkpointer, step: int, par
     if best is None or unusable(saver.best_directory / str(best)) is None:
         return
     try:
-        params = saver.restore_params(params, best, best=True)  # warns of what it reads
+        best_params = saver.restore_params(params, best, best=True)  # warns of what it reads
     except CheckpointError as err:
-        log.warning("%s; tracking the best %s afresh from step %d", str(err).split(": delete")[0],
-                    book.metric_label, step)
-        saver.discard_best(keep=None)
-        book.restart_best(book.best_metric)
-        return
-    saver.save_best(best, params, {book.best_metric: book.best_score, "step": best})
+        lost = str(err).split(": delete")[0]
+        model_dir = saver.run_dir / MODEL_DIR
+        best_params = _exported_best(model_dir, book, params)
+        if best_params is None:
+            _track_best_afresh(book, saver, step, params, lost)
+            return
+        log.warning("%s; writing best step %d again from %s, which holds the same parameters",
+                    lost, best, model_dir)
+    saver.save_best(best, best_params, {book.best_metric: book.best_score, "step": best})
+
+
+def _track_best_afresh(book: Bookkeeping, saver: Checkpointer, step: int, params,
+                       lost: str) -> None:
+    """The best step's parameters are nowhere (`lost` says why): the best starts again from
+    the validation of the step resumed from, as a run resumed with another metric does."""
+    saver.discard_best(keep=None)
+    book.restart_best(book.best_metric)
+    _start_best_from_last_validation(book, saver, step, params)
+    log.warning("%s, and %s/ does not hold that step; tracking the best %s afresh, starting "
+                "%s", lost, MODEL_DIR, book.metric_label, _where_the_best_starts(book, step))
+
+
+def _exported_best(model_dir: Path, book: Bookkeeping, like: Any) -> Any | None:
+    """The best step's parameters as `model_dir` holds them (float32, as trained), placed as
+    `like` is; None unless its config.json records that step with its score."""
+    try:
+        values = json.loads((model_dir / CONFIG_FILE).read_text(encoding="utf-8"))
+        if (values.get("step"), values.get(book.best_metric)) != (book.best_step,
+                                                                    book.best_score):
+            return None
+        pure = serialization.msgpack_restore((model_dir / PARAMS_FILE).read_bytes())
+        check_shapes(model_dir, like, pure)
+    except (OSError, ValueError, TypeError, AttributeError, ModelDirError):
+        return None  # no model/, or one that is damaged: it holds nothing to read
+    params = jax.tree.map(lambda leaf: leaf, like)  # a copy: the run's own are kept
+    nnx.replace_by_pure_dict(params, pure)
+    # Every process read the same file: each fills its own devices from its copy.
+    return jax.tree.map(lambda new, old: place_replicated(np.asarray(new, old.dtype),
+                                                          old.sharding), params, like)
