@@ -20,6 +20,7 @@ from typing import Callable, Iterator
 import datasets
 import multiprocess
 import multiprocess.connection
+import multiprocess.resource_tracker
 import numpy as np
 import pyarrow as pa
 import sentencepiece as spm
@@ -219,6 +220,8 @@ def _encode_in_worker(rows: datasets.Dataset, tokenizer: TokenizerBase, path: st
     process group, is the parent's to handle (it ends the workers), not theirs to print
     tracebacks for. An error is left pickled beside `path`, for the parent to raise."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # Blocked since the start (`_interrupts_deferred`): one pending since then is dropped now.
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a fork inherits the parent's `_terminate`
     datasets.disable_progress_bars()  # one bar a worker would interleave
     try:
@@ -244,19 +247,24 @@ def _run_workers(shares: list[tuple[datasets.Dataset, TokenizerBase, str]],
     exception here (Ctrl-C, or SIGTERM): no worker outlives the call.
 
     The workers are spawned rather than forked where JAX runs (a fork of a process in which
-    JAX's threads run can deadlock), and they ignore SIGINT from their start. In the main
+    JAX's threads run can deadlock), and they ignore SIGINT from their start. A Ctrl-C while
+    they start (seconds, where each imports JAX) ends them once started. In the main
     thread, a SIGTERM whose action is the default (killing this process, and leaving the
     workers behind) raises SystemExit(143) while they run, so that it ends them."""
     context = multiprocess.get_context("spawn" if _jax_running() else None)
+    if context.get_start_method() == "spawn":  # before `_interrupts_deferred`: starting the
+        multiprocess.resource_tracker.ensure_running()  # tracker unblocks SIGINT
     main_thread = threading.current_thread() is threading.main_thread()
     workers = [context.Process(target=_encode_in_worker, args=share, daemon=True)
                for share in shares]
     terminating = main_thread and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
     try:
         with _signals_set({signal.SIGTERM: _terminate} if terminating else {}):
-            with _signals_set({signal.SIGINT: signal.SIG_IGN} if main_thread else {}):
-                for worker in workers:  # ignored from the fork on, inherited by the workers
+            with _interrupts_deferred() if main_thread else contextlib.nullcontext([]) as noted:
+                for worker in workers:
                     worker.start()
+            if noted:
+                raise KeyboardInterrupt
             running = {worker.sentinel: i for i, worker in enumerate(workers)}
             while running:
                 for sentinel in multiprocess.connection.wait(list(running)):
@@ -309,6 +317,22 @@ def _signals_set(handlers: dict) -> Iterator[None]:
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+
+
+@contextlib.contextmanager
+def _interrupts_deferred() -> Iterator[list[int]]:
+    """SIGINT noted in the list yielded, not acted on, while the block starts workers (a
+    KeyboardInterrupt inside a start would leave its process unknown, and running). It is
+    blocked in this thread meanwhile, so that a worker starts with it blocked (inherited
+    through fork and exec): one still importing when Ctrl-C reaches the process group does
+    not print a traceback, and drops it once it ignores SIGINT (`_encode_in_worker`)."""
+    noted: list[int] = []
+    with _signals_set({signal.SIGINT: lambda signum, frame: noted.append(signum)}):
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        try:
+            yield noted
+        finally:  # a SIGINT pending meanwhile is noted as the mask is restored
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
 
 
 def _encode_to(target: Path, split: datasets.Dataset, tokenizer: TokenizerBase,

@@ -1,13 +1,16 @@
 """The token store: memory-mapped batches equal in-memory ones, resumption, shares that join
 into the whole, bounded memory, and streamed reading into the cache."""
 
+import contextlib
 import json
 import logging
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
+import time
 import tracemalloc
 from pathlib import Path
 
@@ -26,6 +29,7 @@ from data.store import TokenStore, join_stores, write_store
 from data.tokenizer import TokenizerConfig, train_tokenizer
 
 WORKER = Path(__file__).with_name("data_share_worker.py")
+ROOT = Path(__file__).resolve().parents[1]
 
 LAYOUTS = {
     "packed": BatchConfig(batch_tokens=256, max_len=40, max_ratio=3.0, num_devices=2),
@@ -366,3 +370,54 @@ def test_the_tokenizer_sample_streamed_from_the_cache_is_the_seeded_rows(tmp_pat
     chosen = pairs.select(rows)
     assert sorted(streamed) == sorted(list(chosen["source"]) + list(chosen["target"]))
     assert sample_rows(len(pairs), 500, seed=3) is None  # all of a small corpus
+
+
+# ----------------------------------------------------------------------------- encoding
+
+# Each worker's start takes seconds here, as where a spawned worker imports JAX.
+_SLOW_START = """
+import multiprocess.context, os, sys, time
+_start = multiprocess.context.SpawnProcess.start
+
+
+def _slow_start(self):
+    _start(self)
+    open(os.path.join(sys.argv[2], f"started-{self.pid}"), "w").close()
+    time.sleep(3)
+
+
+multiprocess.context.SpawnProcess.start = _slow_start
+"""
+
+
+def test_ctrl_c_while_the_workers_start_ends_the_encoding(tmp_path):
+    """Ctrl-C (SIGINT to the process group) while the encoding's worker processes start is
+    acted on once they are started: the command says `interrupted` and exits 130 with no
+    process, no worker's traceback and no temporary store left, not encoding to the end."""
+    from test_data_tokenizer import _SLOW_ENCODING, _session
+
+    (tmp_path / "slow.py").write_text(_SLOW_START + _SLOW_ENCODING)
+    marks, cache = tmp_path / "marks", tmp_path / "cache"
+    marks.mkdir()
+    command = subprocess.Popen(
+        [sys.executable, str(tmp_path / "slow.py"), str(ROOT), str(marks), str(cache), "busy"],
+        stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not list(marks.glob("started-*")) and command.poll() is None:
+            assert time.monotonic() < deadline, "no worker started"
+            time.sleep(0.05)
+        os.killpg(command.pid, signal.SIGINT)  # the first worker started, the second not
+        _, err = command.communicate(timeout=30)  # the workers encode for 60 s
+        deadline = time.monotonic() + 10
+        while (left := _session(command.pid)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(command.pid, signal.SIGKILL)
+        command.kill()
+        command.wait()
+    assert command.returncode == 130, err
+    assert [line for line in err.splitlines() if line.strip()] == ["probe: interrupted"], err
+    assert not left, f"processes left behind: {left}"
+    assert not list((cache / "encoded").iterdir())
