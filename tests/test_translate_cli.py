@@ -328,6 +328,36 @@ def test_html_lines_keep_inline_tags_around_the_words_the_alignment_gives():
     assert calls == [["A man rides.", "Bye."]]
 
 
+def _upper_translator(calls: list) -> SimpleNamespace:
+    """A translator that upper-cases each sentence and records the sentences and their line
+    numbers of each call."""
+    def translate_all(sentences, progress=None, first_line=1, source="", line_numbers=None):
+        calls.append((list(sentences), list(line_numbers)))
+        return SimpleNamespace(nbest=[[SimpleNamespace(text=s.upper(), score=0.0)]
+                                      for s in sentences], reached_limit=[])
+
+    return SimpleNamespace(translate_all=translate_all)
+
+
+def test_html_input_is_one_document_whose_scripts_comments_and_kept_elements_span_lines():
+    """--html reads its lines as one page: a script, style, comment or translate="no"
+    element over several lines (and chunks) stays as written, the text around them is
+    translated, and each input line gives one output line, its sentences told their line."""
+    page = ["<html><head><style>", "p { color: red; }", "</style>", "<script>",
+            'if (a < b) { alert("Hello world."); }', "</script></head><body>", "<!--",
+            "Internal note.", "-->", "<p>A man rides.", "A dog runs.</p>",
+            '<p translate="no">', "Keep this.", "</p>", "</body></html>"]
+    chunks = [(1, page[:5]), (6, page[5:8]), (9, page[8:])]  # cut inside each element
+    calls, out = [], io.StringIO()
+    count, _ = streams.translate_chunks(_upper_translator(calls), chunks, out, "page.html",
+                                        False, paragraphs=streams.Paragraphs("en", html=True))
+    assert count == len(page)
+    translated = {10: "<p>A MAN RIDES.", 11: "A DOG RUNS.</p>"}
+    assert out.getvalue().splitlines() == [translated.get(n, line)
+                                           for n, line in enumerate(page, 1)]
+    assert calls == [(["A man rides.", "A dog runs."], [10, 11])]
+
+
 def test_scores_are_printed_before_the_files_are_written(tmp_path):
     source, reference = tmp_path / "test.de", tmp_path / "test.en"
     source.write_text("ein mann fährt fahrrad\nzwei kinder spielen am strand\n",

@@ -443,23 +443,26 @@ def _numbers_and_titles_rejoined(segments: list[str], language: str) -> list[str
     return joined
 
 
-def split_html(markup: str, language: str, max_characters: int | None = None) -> Document:
+def split_html(markup: str, language: str, max_characters: int | None = None,
+               by_line: bool = False) -> Document:
     """The text of HTML `markup` cut into sentences (see the module's docstring for what is
     kept verbatim); join gives the markup with tags and attributes as they were.
-    TooManyCharacters as soon as the sentences hold more than `max_characters`."""
+    TooManyCharacters as soon as the sentences hold more than `max_characters`. `by_line`:
+    no sentence spans a line break anywhere (not only in <pre>), so that the joined
+    translation has the markup's lines, one for one (translate.py --html)."""
     code = segmenter_language(language)
     builder = _Builder(max_characters)
     flow = _Flow()
-    for piece, translate, by_line, inline in _runs(markup):
-        if (translate and not by_line) or inline is not None:
+    for piece, translate, lined, inline in _runs(markup):
+        if (translate and not lined) or inline is not None:
             flow.add(piece, inline)
             continue
-        flow.flush(builder, code)
+        flow.flush(builder, code, by_line)
         if translate:
-            _add_html_text(builder, piece, code, by_line)
+            _add_html_text(builder, piece, code, lined)
         else:
             builder.keep(piece)
-    flow.flush(builder, code)
+    flow.flush(builder, code, by_line)
     return builder.document(markup=True)
 
 
@@ -499,14 +502,15 @@ class _Flow:
         self.raw.append(piece)
         self.length += len(piece)
 
-    def flush(self, builder: _Builder, language: str) -> None:
-        """Add the flow to `builder` and start a new one."""
+    def flush(self, builder: _Builder, language: str, by_line: bool = False) -> None:
+        """Add the flow to `builder` and start a new one; `by_line`: its sentences end at
+        line breaks."""
         raw, plain = "".join(self.raw), "".join(self.plain)
         builder.check_room(plain)
         partners = [point.partner for point in pair_points(
             [(offset, "", kind, name) for offset, _, _, kind, name in self.tags])]
         kept = 0  # the flow's markup up to here is in `builder`
-        for start, end in sentence_spans(plain, language, by_line=False):
+        for start, end in sentence_spans(plain, language, by_line):
             first, last = self._sentence_markup(start, end, partners)
             builder.keep(raw[kept:first])
             points = [(offset - start, raw[a:b], kind, name)

@@ -86,20 +86,17 @@ def translate_paragraphs(translator, lines: Sequence[str], where: str, first_lin
                          html: bool = False, target: str | None = None
                          ) -> tuple[list[str], list[int]]:
     """Each line translated as a paragraph: cut into sentences for `language`
-    (`nmt.translation.paragraphs.split_text`, or `split_html` with `html`), the sentences of
-    all lines searched in one call, and each line joined back around its translations with
-    its whitespace (and markup) as it was, but for the space between sentences, which
-    follows the `target` language (`Document.join`). Also the lines with a translation that
-    reached the output limit."""
-    from nmt.translation.paragraphs import split_html, split_text  # sentencex
-
-    split = split_html if html else split_text
-    documents = [split(line, language) for line in lines]
+    (`nmt.translation.paragraphs.split_text`), the sentences of all lines searched in one
+    call, and each line joined back around its translations with its whitespace as it was,
+    but for the space between sentences, which follows the `target` language
+    (`Document.join`). With `html`, the lines are one HTML document (`split_html`, by line):
+    a script, comment or translate="no" element spans lines, and each line still gives one
+    output line. Also the lines with a translation that reached the output limit."""
+    documents, line_of = _documents(lines, language, html)
     sentences = [sentence for document in documents for sentence in document.sentences]
-    line_of = [first_line + i for i, document in enumerate(documents)
-               for _ in document.sentences]
     if sentences:  # not blank lines only
-        done = translator.translate_all(sentences, source=where, line_numbers=line_of)
+        done = translator.translate_all(sentences, source=where,
+                                        line_numbers=[first_line + n for n in line_of])
         translations, reached_limit = [nbest[0].text for nbest in done.nbest], done.reached_limit
     else:
         translations, reached_limit = [], []
@@ -114,7 +111,26 @@ def translate_paragraphs(translator, lines: Sequence[str], where: str, first_lin
         start += len(document.sentences)
     if progress is not None:
         progress(len(lines))
-    return joined, reached_limit
+    return (joined[0].split("\n") if html else joined), reached_limit
+
+
+def _documents(lines: Sequence[str], language: str, html: bool) -> tuple[list, list[int]]:
+    """The documents that `translate_paragraphs` translates: a line each, or with `html` one
+    of all lines, cut into sentences by line; and the line (from 0) of each sentence."""
+    from nmt.translation.paragraphs import split_html, split_text  # sentencex
+
+    if not html:
+        documents = [split_text(line, language) for line in lines]
+        return documents, [i for i, document in enumerate(documents)
+                           for _ in document.sentences]
+    document = split_html("\n".join(lines), language, by_line=True)
+    line_of, line = [], 0
+    for gap, points in zip(document.between, document.points or [()] * len(
+            document.sentences)):
+        line += gap.count("\n")
+        line_of.append(line)
+        line += sum(point.markup.count("\n") for point in points)  # a tag across lines
+    return [document], line_of
 
 
 def _alignments(translator, documents, translations: Sequence[str]) -> list[dict]:
@@ -149,6 +165,8 @@ def translate_chunks(translator, chunks, out: IO[str], where: str, nbest: bool,
     """Translate (first line number, lines) chunks, writing and flushing each; returns the
     lines translated, and those whose translation reached the output limit."""
     total, reached_limit = 0, []
+    if paragraphs is not None and paragraphs.html:
+        chunks = whole_input(chunks)
     for first_line, lines in chunks:
         text, reached = output_text(translator, lines, where, first_line, nbest, progress,
                                     paragraphs)
@@ -157,6 +175,16 @@ def translate_chunks(translator, chunks, out: IO[str], where: str, nbest: bool,
         total += len(lines)
         reached_limit += reached
     return total, reached_limit
+
+
+def whole_input(chunks) -> list[tuple[int, list[str]]]:
+    """The (first line number, lines) chunks as one: an HTML document is translated whole,
+    since its scripts, comments and translate="no" elements span lines (and chunks)."""
+    first, lines = None, []
+    for start, chunk in chunks:
+        first = start if first is None else first
+        lines += chunk
+    return [] if first is None else [(first, lines)]
 
 
 def progress_bar(total: int, quiet: bool) -> LineCounter:
