@@ -181,6 +181,25 @@ def test_a_quote_the_sentence_goes_on_after_stays_in_it():
         assert document.join(document.sentences) == text
 
 
+def test_a_quote_that_opens_a_sentence_starts_it():
+    """sentencex leaves a quotation mark that opens the next sentence at the end of the one
+    before ('Er sagte es. "' + 'Und ...'): it goes with the sentence it opens, while one
+    that closes a quote stays with its sentence."""
+    cases = [
+        ("de", 'Er sagte es. |"Und wir teilen es.'),
+        ("en", "He said it. |'And we share it."),
+        ("en", "He left. |“Yes,” she said."),
+        ("de", "Er ging. |„Ja“, sagte sie."),
+        ("en", 'He said "Go." |Then he left.'),
+        ("en", '"Go." |"Now!" she said.'),
+    ]
+    for language, cut in cases:
+        text = cut.replace("|", "")
+        document = split_text(text, language)
+        assert document.sentences == [s.strip() for s in cut.split("|")], text
+        assert document.join(document.sentences) == text
+
+
 def test_ordinals_list_numbers_and_titles_stay_in_their_sentence():
     """sentencex cuts after "2." before a German noun, after a line's "1.", after "M." in
     French, "Mevr." in Dutch, "Dña." in Spanish and inside "Dipl.-Ing.": each is one sentence

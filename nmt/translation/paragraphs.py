@@ -27,7 +27,9 @@ sentencex cuts after a quotation that a Japanese, Chinese or Korean sentence goe
 list item's number at the start of a line and what follows it ("1. Einleitung"), an ordinal
 written with a full stop and the word after it in languages that write them so ("Der 2.
 Weltkrieg", `ORDINAL_DOT`), a title that sentencex does not know and the name after it
-("M. Dupont", "Mevr. Jansen", "Dña. García"), and a word cut at a hyphen ("Dipl.-Ing.").
+("M. Dupont", "Mevr. Jansen", "Dña. García"), and a word cut at a hyphen ("Dipl.-Ing.");
+a quotation mark after a space, which sentencex leaves at the end of a sentence though it
+opens the next ('Er sagte es. "Und ...'), starts the next (`_opening_quotes_moved`).
 Khmer's "។" and "៕" end a sentence (`_STOPS`). Thai, Lao, Khmer and Myanmar end a sentence
 with a space, which sentencex does not see: their text is cut at spaces where
 it would otherwise make a sentence of more than 200 characters (`_cut_at_spaces`).
@@ -337,6 +339,7 @@ def _segment_lengths(line: str, language: str) -> list[int]:
     if "".join(segments) != shown:
         return [len(line)]
     segments = _numbers_and_titles_rejoined(_quotes_rejoined(segments, language), language)
+    segments = _opening_quotes_moved(segments)
     stops = _STOPS.get(language)
     if stops is not None:
         segments = [cut for piece in segments for cut in stops.findall(piece)]
@@ -399,6 +402,24 @@ def _quotes_rejoined(segments: list[str], language: str) -> list[str]:
         else:
             joined.append(piece)
     return joined
+
+
+# Quotation marks that open a quote after a space ("..., „...", «...», ‚...'), which
+# sentencex leaves at the end of the sentence before: 'Er sagte es. "' + 'Und wir ...'.
+_OPENING_QUOTES = re.compile(r"""(?<=\s)["'“„«‘‚‹]+$""")
+
+
+def _opening_quotes_moved(segments: list[str]) -> list[str]:
+    """`segments` with quotation marks that end one after a space, and so open a quote that
+    the next segment (starting without a space) holds, moved to the start of that one."""
+    moved = segments[:1]
+    for piece in segments[1:]:
+        quotes = _OPENING_QUOTES.search(moved[-1])
+        if quotes and piece[:1] and not piece[:1].isspace():
+            moved[-1] = moved[-1][:quotes.start()]
+            piece = quotes.group() + piece
+        moved.append(piece)
+    return moved
 
 
 # Languages that write an ordinal as its number and a full stop ("der 2. Weltkrieg", "den 2.
