@@ -8,6 +8,7 @@ the resumed run must log what an uninterrupted one logs.
 from __future__ import annotations
 
 import errno
+import json
 import os
 import re
 import shlex
@@ -279,6 +280,25 @@ def test_the_printed_resume_command_trains_on_under_average_last(corpus, env, tm
     assert checkpoint.complete_steps(out / "checkpoints")[-1] == 40
     _, _, values = load_model(out / "averaged")
     assert values["averaged_steps"][-1] == 40
+
+
+def test_rerunning_a_finished_run_writes_no_checkpoint_again(uninterrupted, corpus, env,
+                                                             tmp_path, monkeypatch):
+    """A finished run started again has nothing to train: its newest checkpoint, optimizer
+    state included, is left as it is (a rerun on a nearly full disk must not need its space),
+    though the run's epochs have moved on since the process that trained it started."""
+    out = tmp_path / "finished"
+    shutil.copytree(uninterrupted, out)
+    last = out / "checkpoints" / "60"
+    before = {path: (path.stat().st_mtime_ns, path.read_bytes())
+              for path in sorted(last.rglob("*")) if path.is_file()}
+    saved = json.loads((last / "data" / "metadata").read_text())
+    assert saved["iterator"]["epoch"] > saved["plan"]["epoch"]  # epochs passed since it started
+    summary = train(_in_process(corpus, out, monkeypatch, env), out)
+    assert summary["steps"] == 60
+    after = {path: (path.stat().st_mtime_ns, path.read_bytes())
+             for path in sorted(last.rglob("*")) if path.is_file()}
+    assert after == before
 
 
 def test_a_run_whose_updates_blow_up_the_model_validates_to_bleu_zero_not_a_crash(

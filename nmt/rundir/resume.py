@@ -200,15 +200,18 @@ def batch_iterator(examples: Examples, config: BatchConfig, book: Bookkeeping, s
     """The training batches from the saved position, unless the batch plan it indexes has
     changed (batch settings, --accum, subword sampling, the device count or the training data
     did). Then the epoch in progress is cut short: its pairs are no longer where the position
-    says, so going on would repeat some and skip others. Records the plan in `book`."""
+    says, so going on would repeat some and skip others. Records the plan in `book` unless
+    the recorded one still holds: any epoch's plan is checked the same way, and a rerun of a
+    finished run, its bookkeeping unchanged, then writes no checkpoint again."""
     position = book.iterator
     resegmented = sampled.examples if sampled is not None else None
     grid = sampled.grid if sampled is not None else None
     batches = BatchIterator(examples, config, state=position, resegmented=resegmented,
                             grid=grid)
     saved = book.plan
-    if saved is not None and position["position"] > 0 and plan_fingerprint(
-            batches.plan(saved["epoch"])) != saved["fingerprint"]:
+    changed = saved is not None and position["position"] > 0 and plan_fingerprint(
+        batches.plan(saved["epoch"])) != saved["fingerprint"]
+    if changed:
         log.warning("the batch plan changed since step %d was saved (--batch-tokens, "
                     "--buckets, --accum, --subword-alpha, the device count, the training "
                     "data or this version's batching); the rest of epoch %d is skipped and "
@@ -216,8 +219,9 @@ def batch_iterator(examples: Examples, config: BatchConfig, book: Bookkeeping, s
                     step, position["epoch"], position["epoch"] + 1)
         batches = BatchIterator(examples, config, resegmented=resegmented, grid=grid,
                                 state={"epoch": position["epoch"] + 1, "position": 0})
-    epoch = batches.state["epoch"]
-    book.plan = {"epoch": epoch, "fingerprint": plan_fingerprint(batches.plan(epoch))}
+    if saved is None or changed or position["position"] == 0:
+        epoch = batches.state["epoch"]
+        book.plan = {"epoch": epoch, "fingerprint": plan_fingerprint(batches.plan(epoch))}
     return batches
 
 
