@@ -165,10 +165,14 @@ def test_a_quote_the_sentence_goes_on_after_stays_in_it():
         ("ja", "「本当？」って聞いた。"),
         ("zh", "他问：“真的吗？”然后走了。|下一句。"),
         ("ko", '그는 "좋아."라고 말했다. |다음 문장.'),
+        ("ko", '그녀는 "가고 싶지 않았습니다." 라고 말했다. |다음 문장.'),
+        ("ko", '"좋아요." 이라고 했다.'),
+        ("ko", '그는 "좋아." 고 말했다.'),
         ("en", 'He said "Really?" and left. |Next.'),
         # New sentences: after "。”" in Chinese, after a space in Korean, before a quote.
         ("zh", "他说：“好。”|我走了。"),
         ("ko", "그는 “좋아.” |다음."),
+        ("ko", '그는 "좋아." |고양이가 왔다.'),  # a word that begins with 고
         ("ja", "今日は晴れです。|「明日は？」と聞いた。"),
         ("ja", "彼は「本当？」|「うん。」と言った。"),
         ("ja", "「ありがとう。」|ところで、明日は来ますか。"),  # と begins the next sentence

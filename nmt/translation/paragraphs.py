@@ -378,14 +378,15 @@ def _cut_at_spaces(piece: str, bound: int) -> list[str]:
 # A quotation that ends in a sentence's punctuation, and what sentencex cuts after it though
 # the sentence goes on: a quotative particle in Japanese (「本当？」と聞いた), a question or an
 # exclamation in Chinese (“真的吗？”然后走了; after "。”" a new sentence starts), a
-# particle joined to the quote in Korean ("좋아."라고 말했다; a new sentence would follow a
-# space). Elsewhere sentencex keeps such a quote in its sentence. A Japanese sentence may
-# itself begin with と: ところで, とても, とにかく, ... start one.
-_QUOTE_END = re.compile(r"[.!?。！？．][\"'”’」』）)]+$")
+# particle in Korean, joined to the quote or after a space ("좋아."라고 말했다, "좋아." 라고
+# 말했다; any other word after a space starts a new sentence). Elsewhere sentencex keeps
+# such a quote in its sentence. A Japanese sentence may itself begin with と: ところで,
+# とても, とにかく, ... start one.
+_QUOTE_END = re.compile(r"[.!?。！？．][\"'”’」』）)]+(?=\s*$)")
 _GOES_ON = {"ja": re.compile(r"と(?!ころ|ても|にかく|りあえず|もかく|はいえ|きどき|うとう|"
                              r"たん|なり|つぜん)|って|など|なんて"),
             "zh": re.compile(r"(?<=[!?！？][\"'”’」』）)])[^\s\"'“‘「『（(]"),
-            "ko": re.compile(r"[\uac00-\ud7a3]")}
+            "ko": re.compile(r"[\uac00-\ud7a3]|\s+(?:이?라고|이?라며|고)(?![\uac00-\ud7a3])")}
 
 
 def _quotes_rejoined(segments: list[str], language: str) -> list[str]:
