@@ -4,6 +4,7 @@ error, Ctrl-C, SIGTERM's SystemExit, a full disk, a failed rename) leaves a temp
 from __future__ import annotations
 
 import errno
+import fcntl
 import io
 import os
 import signal
@@ -290,6 +291,29 @@ def test_two_writers_of_one_directory_each_fill_their_own(tmp_path):
         (other / "params").write_text("second")
     assert _names(out) == ["params"] and (out / "params").read_text() == "second"
     assert _names(tmp_path) == ["model"]
+
+
+def test_staging_directories_killed_writers_left_are_removed(tmp_path):
+    """A killed export's staging directory that is still young is passed over for the next
+    number, not taken; once it is a minute old and unlocked, the next export removes it, while
+    another writer's, locked, stays."""
+    busy, dead = tmp_path / ".model.partial", tmp_path / ".model.partial.2"
+    for staging in (busy, dead):
+        staging.mkdir()
+        (staging / "params").write_text("half")
+    stale = time.time() - 2 * files.ABANDONED_AFTER
+    os.utime(dead, (stale, stale))
+    os.utime(busy, (stale, stale))
+    holder = os.open(busy, os.O_RDONLY)  # a writer at work holds its lock
+    try:
+        fcntl.flock(holder, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        with atomic_directory(tmp_path / "model") as staging:
+            assert staging == tmp_path / ".model.partial.1"
+            (staging / "params").write_text("new")
+    finally:
+        os.close(holder)
+    assert (tmp_path / "model" / "params").read_text() == "new"
+    assert busy.is_dir() and not dead.exists()
 
 
 def test_a_file_replaced_keeps_its_permissions(tmp_path):

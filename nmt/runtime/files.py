@@ -64,10 +64,14 @@ def partial_path(path: str | Path, number: int = 0) -> Path:
 
 def partial_paths(path: str | Path) -> list[Path]:
     """The temporaries of `path` that exist now (being written, or left by a killed writer)."""
-    path = Path(path)
-    pattern = re.compile(re.escape(path.name + PARTIAL_SUFFIX) + r"(\.[0-9]+)?")
+    return _numbered(partial_path(path))
+
+
+def _numbered(first: Path) -> list[Path]:
+    """`first` and its numbered siblings (`first`.1, ...) that exist now."""
+    pattern = re.compile(re.escape(first.name) + r"(\.[0-9]+)?")
     with contextlib.suppress(OSError):
-        return sorted(p for p in path.parent.iterdir() if pattern.fullmatch(p.name))
+        return sorted(p for p in first.parent.iterdir() if pattern.fullmatch(p.name))
     return []
 
 
@@ -139,12 +143,12 @@ def _first_free(path: Path, name_of: Callable[[Path, int], Path],
                 f"{what} {name_of(path, 0)}.N within the last minute; wait for them")
 
 
-def _remove_abandoned(path: Path, keep: Path) -> None:
-    """Remove the temporaries of `path` whose writers are gone (killed with SIGKILL)."""
-    for other in partial_paths(path):
-        if other != keep and (fd := _take_over(other)) is not None:
-            with contextlib.suppress(OSError):
-                other.unlink()
+def _remove_abandoned(temporaries: list[Path], keep: Path, flags: int = os.O_WRONLY) -> None:
+    """Remove the `temporaries` (files, or directories opened with `flags` O_RDONLY) whose
+    writers are gone (killed with SIGKILL), by `_take_over`'s rule."""
+    for other in temporaries:
+        if other != keep and (fd := _take_over(other, flags)) is not None:
+            _remove_tree(other)
             os.close(fd)
 
 
@@ -200,7 +204,7 @@ def atomic_file(path: str | Path, mode: str = "w", since: FileState | None | str
 
     def claim(path: Path) -> tuple[int, Path]:
         fd, partial = _claim(path)
-        _remove_abandoned(path, keep=partial)
+        _remove_abandoned(partial_paths(path), keep=partial)
         return fd, partial
 
     def publish(partial: Path, path: Path) -> None:
@@ -277,10 +281,12 @@ def atomic_directory(path: str | Path) -> Iterator[Path]:
 def _claim_staging(path: Path) -> tuple[Path, int]:
     """(a new empty staging directory for `path` that this process alone fills, the open
     descriptor holding its flock): `.NAME.partial`, or the next free number while other
-    writers fill theirs; that of a killed writer is emptied and taken over."""
+    writers fill theirs; that of a killed writer is emptied and taken over, and the others
+    killed writers left are removed."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, staging = _first_free(path, staging_path, _new_directory, os.O_RDONLY,
                               _empty_directory, "staging directories")
+    _remove_abandoned(_numbered(staging_path(path)), keep=staging, flags=os.O_RDONLY)
     return staging, fd
 
 
