@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import errno
 import functools
 import json
 import logging
@@ -342,6 +343,31 @@ def test_average_of_fewer_checkpoints_than_asked_is_their_mean(tmp_path, caplog)
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
     assert steps == [1, 2]
     _assert_mean_of(mean, states[0], states[1])
+
+
+def test_a_short_average_says_whether_checkpoints_were_left_out_as_damaged():
+    """Fewer checkpoints averaged than --average-last asked for: a run that saved no more,
+    or one whose damaged checkpoints were skipped, which the warning must not call absent."""
+    from nmt.rundir.final_model import fewer_than_asked
+
+    assert fewer_than_asked([2, 3], 2, 3) is None
+    assert fewer_than_asked([2, 3], 3, 2).endswith("the run has no more complete ones")
+    assert fewer_than_asked([2, 3], 3, 3).endswith(
+        "1 more were left out as damaged or unreadable (the warnings above name them)")
+
+
+def test_a_full_disk_at_the_export_says_what_running_again_does(tmp_path, monkeypatch):
+    """The same advice fits a training run and --average-only, which trains nothing."""
+    from nmt.rundir import final_model
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(final_model, "export_model", full)
+    with pytest.raises(checkpoint.SaveError) as raised:
+        final_model._export(tmp_path / "averaged")
+    assert str(raised.value).endswith(
+        "then run the same command again, which writes averaged/ from the checkpoints.")
 
 
 def test_an_unreadable_checkpoint_is_left_out_of_the_average_for_the_one_before(tmp_path,

@@ -11,7 +11,14 @@ import jax
 
 from nmt.models.model_dir import MODEL_DIR, export_model
 from nmt.rundir.bookkeeping import Bookkeeping
-from nmt.rundir.checkpoints import AVERAGED_DIR, Checkpointer, SaveError, average_checkpoints
+from nmt.rundir.checkpoints import (
+    AVERAGED_DIR,
+    CHECKPOINTS_DIR,
+    Checkpointer,
+    SaveError,
+    average_checkpoints,
+    complete_steps,
+)
 from nmt.runtime.distributed import local_copy
 from nmt.settings.config import RunConfig
 from transformer.config import ModelConfig
@@ -28,7 +35,8 @@ def _export(model_dir: Path, *args, **kwargs) -> None:
         raise SaveError(
             f"cannot write {model_dir}: {err.strerror}; the checkpoints and the earlier "
             f"{model_dir.name}/ (if any) are intact: free some space (or fix the cause), then "
-            "run the same command again (it resumes from the last checkpoint).") from err
+            f"run the same command again, which writes {model_dir.name}/ from the "
+            "checkpoints.") from err
 
 
 def languages(run: RunConfig) -> dict[str, str]:
@@ -63,7 +71,9 @@ def average(run_dir: Path, run: RunConfig, model_config: ModelConfig, tokenizer,
     the directory and the steps averaged."""
     params, steps = average_checkpoints(run_dir, last, model_config, settings)
     if jax.process_index() == 0:
-        for warning in (fewer_than_asked(steps, last), warm_up_in_average(steps, run)):
+        complete = len(complete_steps(run_dir / CHECKPOINTS_DIR))
+        for warning in (fewer_than_asked(steps, last, complete),
+                        warm_up_in_average(steps, run)):
             if warning:
                 log.warning(warning)
     out = run_dir / AVERAGED_DIR
@@ -74,13 +84,16 @@ def average(run_dir: Path, run: RunConfig, model_config: ModelConfig, tokenizer,
     return out, steps
 
 
-def fewer_than_asked(steps: list[int], last: int) -> str | None:
+def fewer_than_asked(steps: list[int], last: int, complete: int) -> str | None:
     """That the average holds fewer checkpoints than --average-last asked for (a run shorter
-    than that many saves), or None."""
+    than that many saves, or of `complete` checkpoints some left out as damaged), or None."""
     if len(steps) >= last:
         return None
+    skipped = complete - len(steps)
+    why = (f"{skipped} more were left out as damaged or unreadable (the warnings above name "
+           "them)" if skipped > 0 else "the run has no more complete ones")
     return (f"{AVERAGED_DIR}/ is the mean of {len(steps)} checkpoint(s), steps {steps}, fewer "
-            f"than --average-last {last}: the run has no more complete ones")
+            f"than --average-last {last}: {why}")
 
 
 def warm_up_in_average(steps: list[int], run: RunConfig) -> str | None:
