@@ -511,14 +511,16 @@ class _Flow:
         # Tags: (plain offset, raw start, raw end, kind, name).
         self.tags: list[tuple[int, int, int, Kind, str]] = []
         self.length = 0  # of the raw flow
+        self.plain_length = 0
 
     def add(self, piece: str, inline: tuple[Kind, str] | None) -> None:
         if inline is not None:
-            plain_at = sum(map(len, self.plain))
-            self.tags.append((plain_at, self.length, self.length + len(piece), *inline))
+            self.tags.append((self.plain_length, self.length, self.length + len(piece),
+                              *inline))
         else:
             plain, where = unescape_with_offsets(piece)
             self.plain.append(plain)
+            self.plain_length += len(plain)
             self.starts += [self.length + w for w in where[:-1]]
             self.ends += [self.length + w for w in where[1:]]
         self.raw.append(piece)
@@ -531,24 +533,32 @@ class _Flow:
         builder.check_room(plain)
         partners = [point.partner for point in pair_points(
             [(offset, "", kind, name) for offset, _, _, kind, name in self.tags])]
+        # The tags are in order of both offsets: each sentence finds its own by bisection,
+        # so that a flow of many sentences and tags takes linear time.
+        offsets = [offset for offset, *_ in self.tags]
+        raw_starts = [a for _, a, *_ in self.tags]
         kept = 0  # the flow's markup up to here is in `builder`
         for start, end in sentence_spans(plain, language, by_line):
-            first, last = self._sentence_markup(start, end, partners)
+            first, last = self._sentence_markup(start, end, partners, offsets)
             builder.keep(raw[kept:first])
+            inside = self.tags[bisect.bisect_left(raw_starts, first):
+                               bisect.bisect_left(raw_starts, last)]
             points = [(offset - start, raw[a:b], kind, name)
-                      for offset, a, b, kind, name in self.tags if first <= a < last]
+                      for offset, a, b, kind, name in inside]
             builder.translate(plain[start:end], tuple(pair_points(points)))
             kept = last
         builder.keep(raw[kept:])
         self.__init__()
 
-    def _sentence_markup(self, start: int, end: int, partners: list[int | None]
-                         ) -> tuple[int, int]:
+    def _sentence_markup(self, start: int, end: int, partners: list[int | None],
+                         offsets: list[int]) -> tuple[int, int]:
         """[first, last) of the flow's markup that sentence [start, end) of the plain text
         takes: its characters, with the tags inside it and those at its edges whose partner
-        is inside (a tag pair around the whole sentence stays outside it)."""
+        is inside (a tag pair around the whole sentence stays outside it). `offsets`: each
+        tag's plain offset, in order."""
         first, last = self.starts[start], self.ends[end - 1]
-        for (offset, a, b, kind, _), partner in zip(self.tags, partners):
+        for index in [*_indices_of(offsets, start), *_indices_of(offsets, end)]:
+            (offset, a, b, kind, _), partner = self.tags[index], partners[index]
             if partner is None or not start < self.tags[partner][0] < end:
                 continue
             if offset == start and kind == "open":
@@ -556,6 +566,11 @@ class _Flow:
             elif offset == end and kind == "close":
                 last = max(last, b)
         return first, last
+
+
+def _indices_of(values: list[int], value: int) -> range:
+    """Where `value` is in the sorted `values`."""
+    return range(bisect.bisect_left(values, value), bisect.bisect_right(values, value))
 
 
 def unescape_with_offsets(raw: str) -> tuple[str, list[int]]:
