@@ -268,7 +268,8 @@ def _readable_now(fd: int) -> bool:
 
 
 def stream_chunks(fd: int, max_lines: int, where: str = "<stdin>",
-                  max_line_bytes: int = MAX_LINE_BYTES) -> Iterator[tuple[int, list[str]]]:
+                  max_line_bytes: int = MAX_LINE_BYTES, warn_carriage_return: bool = True
+                  ) -> Iterator[tuple[int, list[str]]]:
     """(number of the first line, lines) from file descriptor `fd`, in order.
 
     A chunk holds every complete line already available, at most `max_lines`; the reader
@@ -276,11 +277,13 @@ def stream_chunks(fd: int, max_lines: int, where: str = "<stdin>",
     gives one line per chunk. A line with invalid UTF-8, or longer than `max_line_bytes`,
     raises DataError after the lines before it have been yielded; the first line holding a
     carriage return is warned of (old Mac line endings read as one line), as `iter_lines`
-    warns of them all at its end.
+    warns of them all at its end; not with `warn_carriage_return` False, for a file that
+    `iter_lines` has read (and warned of) before.
     """
     ready: list[bytes] = []  # complete lines read but not yet handed out
     pending = _PendingLine(max_line_bytes)
-    eof = told_carriage_return = False
+    eof = False
+    told_carriage_return = not warn_carriage_return
     next_line = 1
     while True:
         while (len(ready) < max_lines and not eof and not pending.too_long

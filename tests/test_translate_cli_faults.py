@@ -9,6 +9,7 @@ the runs that translate are subprocesses on the tiny model of tests/translate_mo
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 import math
 import os
@@ -735,3 +736,27 @@ def test_a_beam_beyond_the_memory_is_refused_by_its_flag_not_killed(run_dir, cap
                            "--beam 100000 needs up to ")
     assert line.endswith(" more than the 4.0 GiB free on the host; give --beam "
                          f"{line.split('give --beam ')[1].split()[0]} or less.")
+
+
+def test_a_carriage_return_in_an_input_file_is_warned_of_once(tmp_path, caplog):
+    """--input FILE is read twice, counted and checked first, then translated: its carriage
+    returns are warned of by the first reading only."""
+    from types import SimpleNamespace
+
+    from nmt.translation import streams
+
+    def translate_all(lines, progress=None, first_line=1, source=""):
+        return SimpleNamespace(nbest=[[SimpleNamespace(text=line, score=0.0)] for line in lines],
+                               reached_limit=[])
+
+    source = tmp_path / "in.en"
+    source.write_bytes(b"One.\rTwo.\nThree.\n")
+    args = SimpleNamespace(nbest=None, plot_attention=None, sentences=[], input=str(source),
+                           quiet=True, chunk_lines=1)
+    with caplog.at_level("WARNING"):
+        count = streams.count_valid_lines(str(source))
+        out = io.StringIO()
+        streams.translate_input(SimpleNamespace(translate_all=translate_all), args, count, out,
+                                None, None)
+    assert out.getvalue() == "One. Two.\nThree.\n"  # one output line per input line
+    assert [r.getMessage().count("carriage return") for r in caplog.records] == [1]

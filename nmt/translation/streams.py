@@ -327,10 +327,12 @@ def check_stdin(advice: str = "give sentences as arguments, --input FILE, or pip
         raise InputError(f"standard input is closed: {advice}") from None
 
 
-def file_chunks(path: str, chunk_lines: int):
-    """(first line number, lines) of a file or pipe, `chunk_lines` at a time."""
+def file_chunks(path: str, chunk_lines: int, checked: bool = False):
+    """(first line number, lines) of a file or pipe, `chunk_lines` at a time; `checked`: the
+    file was read before (`count_valid_lines`), which warned of its carriage returns."""
     with open(path, "rb") as handle:
-        yield from stream_chunks(handle.fileno(), chunk_lines, where=path)
+        yield from stream_chunks(handle.fileno(), chunk_lines, where=path,
+                                 warn_carriage_return=not checked)
 
 
 def translate_input(translator, args: argparse.Namespace, input_line_count: int | None,
@@ -356,8 +358,9 @@ def translate_input(translator, args: argparse.Namespace, input_line_count: int 
     elif args.input not in (None, "-"):
         with progress_bar(input_line_count or 0, args.quiet) as bar:  # none for a pipe
             count, reached_limit = translate_chunks(
-                translator, file_chunks(args.input, args.chunk_lines), out, args.input, nbest,
-                bar.update, paragraphs)
+                translator, file_chunks(args.input, args.chunk_lines,
+                                        checked=input_line_count is not None),
+                out, args.input, nbest, bar.update, paragraphs)
     else:
         if on_terminal(sys.stdin) and not args.quiet:
             print("translate.py: reading sentences from the terminal, one per line; Ctrl-D "
