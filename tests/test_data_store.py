@@ -2,6 +2,7 @@
 into the whole, bounded memory, and streamed reading into the cache."""
 
 import contextlib
+import errno
 import json
 import logging
 import os
@@ -421,3 +422,78 @@ def test_ctrl_c_while_the_workers_start_ends_the_encoding(tmp_path):
     assert [line for line in err.splitlines() if line.strip()] == ["probe: interrupted"], err
     assert not left, f"processes left behind: {left}"
     assert not list((cache / "encoded").iterdir())
+
+
+def _letters_split_and_tokenizer() -> tuple[datasets.Dataset, object]:
+    """Pairs, and the smallest vocabulary of their letters: about one id per byte of text,
+    four times as many bytes of ids as a large vocabulary gives."""
+    rng = np.random.default_rng(0)
+    words = ["".join(rng.choice(list("abcdefghijklmnopqrstuvwxyz"), 7)) for _ in range(400)]
+    texts = [" ".join(rng.choice(words, 9)) for _ in range(600)]
+    split = datasets.Dataset.from_dict({"source": texts, "target": texts[::-1]})
+    return split, train_tokenizer(texts, TokenizerConfig(vocab_size=300))
+
+
+def _encoding_peak_bytes(split, tokenizer, cache: Path, monkeypatch) -> int:
+    """Bytes on disk when encoding `split` (in one round) peaks: its store and the Arrow
+    files it is written from, both there as the last rows are written."""
+    from data import encoding
+    from data.store import store_bytes
+
+    write, arrow_bytes = encoding.write_store, []
+
+    def measured(directory, tables):
+        def sized(tables):
+            for table in tables:
+                arrow_bytes.extend(os.path.getsize(f["filename"]) for f in table.cache_files)
+                yield table
+
+        rows = write(directory, sized(tables))
+        arrow_bytes.append(store_bytes(directory))
+        return rows
+
+    monkeypatch.setattr(encoding, "write_store", measured)
+    encoding.encode_split(split, tokenizer, cache, num_proc=1)
+    monkeypatch.setattr(encoding, "write_store", write)
+    return sum(arrow_bytes)
+
+
+def test_encoding_that_would_not_fit_the_free_disk_stops_before_writing(tmp_path,
+                                                                        monkeypatch):
+    """The free-space check before encoding counts the tokenizer's own ids: with a small
+    vocabulary the encoding takes several times the text, and a disk one byte short of
+    its peak is refused before anything is written, not filled."""
+    from data import encoding
+
+    split, tokenizer = _letters_split_and_tokenizer()
+    peak = _encoding_peak_bytes(split, tokenizer, tmp_path / "measured", monkeypatch)
+    assert peak > 5 * split.data.nbytes  # ids of letters: 4 bytes a byte of text, twice
+
+    class Usage:
+        free = peak - 1
+
+    monkeypatch.setattr(disk.shutil, "disk_usage", lambda path: Usage)
+    with pytest.raises(DataError, match=f"encoding 600 pairs needs about .* in "
+                       f"{re.escape(str(tmp_path / 'cache' / 'encoded'))} but only"):
+        encoding.encode_split(split, tokenizer, tmp_path / "cache", num_proc=1)
+    assert not list((tmp_path / "cache" / "encoded").iterdir())
+
+
+def test_a_disk_full_while_encoding_names_the_cache_and_leaves_nothing(tmp_path, monkeypatch):
+    """A full disk met while the store is written (the estimate was short, or another
+    process filled the disk) is one line naming the cache directory and what to do, where
+    the write's own error named no file; the temporary store is removed."""
+    from data import encoding, store
+
+    split, tokenizer = _letters_split_and_tokenizer()
+
+    def full(self, values, lengths):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))  # as write(2) gives it
+
+    monkeypatch.setattr(store._SideWriter, "add", full)
+    with pytest.raises(DataError) as error:
+        encoding.encode_split(split, tokenizer, tmp_path / "cache", num_proc=1)
+    assert str(error.value) == (
+        f"encoding 600 pairs in {tmp_path / 'cache' / 'encoded'}: no space left on device; "
+        "free some space, or set FLAX_NMT_CACHE to a directory on a larger disk")
+    assert not list((tmp_path / "cache" / "encoded").iterdir())
