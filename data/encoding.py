@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import fcntl
 import hashlib
 import logging
 import os
@@ -14,6 +15,7 @@ import signal
 import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -367,17 +369,57 @@ def _encode_to(target: Path, split: datasets.Dataset, tokenizer: TokenizerBase,
     check_free_space(target.parent, encoded_bytes(split, tokenizer), what)
     num_proc = default_workers(len(split)) if num_proc is None else num_proc
     _discard_damaged(target)
+    with _temporary_store(target) as tmp:
+        try:
+            write_store(tmp, _encoded_rounds(split, tokenizer, num_proc, tmp))
+            tmp.rename(target)
+            sync_directory(target.parent)
+        except OSError as err:  # another process finished the same entry first (theirs is
+            if not is_store(target):  # identical), or this one failed
+                raise_if_disk_full(err, target.parent, what)
+                raise
+
+
+# Seconds after which an unlocked temporary store has lost its writer (as `nmt.runtime.files`
+# rules for its temporaries): a writer locks the one it creates at once.
+_ABANDONED_AFTER = 60.0
+
+
+@contextlib.contextmanager
+def _temporary_store(target: Path) -> Iterator[Path]:
+    """A new directory beside `target` to write its store in, removed after the block unless
+    renamed. It is flocked while this process (or a worker it forked) lives, so that the next
+    encoding of `target` tells it from one whose writer was killed (`_remove_abandoned`)."""
+    _remove_abandoned(target)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    lock = os.open(tmp, os.O_RDONLY)
     try:
-        write_store(tmp, _encoded_rounds(split, tokenizer, num_proc, tmp))
-        tmp.rename(target)
-        sync_directory(target.parent)
-    except OSError as err:
-        if not is_store(target):
-            raise_if_disk_full(err, target.parent, what)
-            raise
-    finally:  # another process finished the same entry first (theirs is identical), or failed
+        with contextlib.suppress(OSError):  # no flock here: then nobody removes it but us
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        yield tmp
+    finally:
         shutil.rmtree(tmp, ignore_errors=True)
+        os.close(lock)
+
+
+def _remove_abandoned(target: Path) -> None:
+    """Remove the temporary stores of `target` left by processes killed while writing them
+    (SIGKILL, a crash): unlocked, and older than `_ABANDONED_AFTER`."""
+    for tmp in target.parent.glob(f".{target.name}-*"):
+        try:
+            fd = os.open(tmp, os.O_RDONLY)
+        except OSError:  # removed meanwhile
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            abandoned = time.time() - os.fstat(fd).st_mtime > _ABANDONED_AFTER
+        except OSError:  # its writer holds it
+            abandoned = False
+        finally:
+            os.close(fd)
+        if abandoned:
+            log.info("removing %s, left by an encoding that was killed", tmp)
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _discard_damaged(target: Path) -> None:
@@ -505,17 +547,15 @@ def _encode_share(split: datasets.Dataset, tokenizer: TokenizerBase,
 def _join(target: Path, parts: list[Path]) -> None:
     """Join the stores `parts` into `target`, through a temporary directory beside it."""
     _discard_damaged(target)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
-    try:
-        rows = join_stores(tmp, parts)
-        tmp.rename(target)
-        sync_directory(target.parent)
-        log.info("joined %d shares (%d pairs) into %s", len(parts), rows, target)
-    except OSError:  # another run sharing the cache joined the same shares first (and may
-        if not is_store(target):  # have removed them): its store is identical
-            raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    with _temporary_store(target) as tmp:
+        try:
+            rows = join_stores(tmp, parts)
+            tmp.rename(target)
+            sync_directory(target.parent)
+            log.info("joined %d shares (%d pairs) into %s", len(parts), rows, target)
+        except OSError:  # another run sharing the cache joined the same shares first (and
+            if not is_store(target):  # may have removed them): its store is identical
+                raise
 
 
 def encode_corpus(corpus: datasets.DatasetDict, tokenizer: TokenizerBase,

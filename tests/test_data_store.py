@@ -3,6 +3,7 @@ into the whole, bounded memory, and streamed reading into the cache."""
 
 import contextlib
 import errno
+import fcntl
 import json
 import logging
 import os
@@ -11,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import tracemalloc
 from pathlib import Path
@@ -497,3 +499,58 @@ def test_a_disk_full_while_encoding_names_the_cache_and_leaves_nothing(tmp_path,
         f"encoding 600 pairs in {tmp_path / 'cache' / 'encoded'}: no space left on device; "
         "free some space, or set FLAX_NMT_CACHE to a directory on a larger disk")
     assert not list((tmp_path / "cache" / "encoded").iterdir())
+
+
+# An encoding into the store sys.argv[2] killed with SIGKILL once it writes its temporary.
+_KILLED_ENCODING = """
+import os, signal, sys
+sys.path.insert(0, sys.argv[1])
+from pathlib import Path
+import datasets
+from data import encoding
+
+target = Path(sys.argv[2])
+encoding._store_path = lambda *args: target
+
+
+class KilledWhileEncoding:
+    fingerprint = "killed"
+
+    def encode(self, texts, side):
+        if list(target.parent.glob(f".{target.name}-*")):
+            os.kill(os.getpid(), signal.SIGKILL)
+        return [[5] for _ in texts]
+
+
+split = datasets.Dataset.from_dict({"source": ["a"] * 9, "target": ["b"] * 9})
+encoding.encode_split(split, KilledWhileEncoding(), num_proc=1)
+"""
+
+
+def test_a_temporary_store_left_by_a_killed_encoding_is_removed_by_the_next(tmp_path, caplog):
+    """The temporary directory of an encoding killed with SIGKILL is removed by the next
+    encoding of the same split, once a minute old; a writer's own, locked however old, and
+    one just made (its writer may not have locked it yet) are left alone."""
+    from data import encoding
+
+    split, tokenizer = _letters_split_and_tokenizer()
+    target = encoding._store_path(split, tokenizer, tmp_path)
+    target.parent.mkdir(parents=True)
+    killed = subprocess.run([sys.executable, "-c", _KILLED_ENCODING, str(ROOT), str(target)])
+    assert killed.returncode == -signal.SIGKILL
+    abandoned, = target.parent.glob(f".{target.name}-*")
+    new = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    hour_ago = time.time() - 3600
+    os.utime(abandoned, (hour_ago, hour_ago))
+    writing = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    lock = os.open(writing, os.O_RDONLY)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # as its writer holds it
+        os.utime(writing, (hour_ago, hour_ago))
+        with caplog.at_level(logging.INFO, logger="data"):
+            store = encoding.encode_split(split, tokenizer, tmp_path, num_proc=1)
+        assert not abandoned.exists() and writing.exists() and new.exists()
+    finally:
+        os.close(lock)
+    assert f"removing {abandoned}, left by an encoding that was killed" in caplog.text
+    assert store.src.to_lists() == tokenizer.encode(split["source"])
