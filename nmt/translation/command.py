@@ -42,9 +42,11 @@ and each line is joined back from their translations with its whitespace as it w
 output line per input line. Truncation and output-limit warnings name the input line. It gives
 one translation per line, so it is off with --nbest, --score and --plot-attention (and
 refused with them when asked for); --no-split-sentences translates each line as one segment.
---html does the same for lines of HTML: every tag is kept, text is cut at block tags, and
-inline tags (<b>, <a href>, <span>...) go back around the words they enclosed, by the model's
-alignment (`nmt.translation.inline_markup`).
+--html reads the input as one HTML page (whole, before translating it: a <script>, comment or
+translate="no" element may span lines) and does the same for it line by line: every tag is
+kept, text is cut at block tags and line breaks, and inline tags (<b>, <a href>, <span>...) go
+back around the words they enclosed, by the model's alignment
+(`nmt.translation.inline_markup`).
 
 Search settings default to the model's stored SearchConfig; flags override them.
 
@@ -193,7 +195,8 @@ def _add_input_output_flags(io) -> None:
                          "(default: on, --evaluate included; off with --nbest, --score and "
                          "--plot-attention, which give each line's own results)")
     io.add_argument("--html", action="store_true",
-                    help="treat each input line as HTML, as --split-sentences does text: every "
+                    help="read the input as one HTML page, translated line for line as "
+                         "--split-sentences does text: every "
                          "tag kept, the text between block tags translated sentence by "
                          "sentence, inline tags (<b>, <a>, ...) put back around the words "
                          "they enclosed by the model's alignment")
@@ -305,7 +308,7 @@ def _check_inputs(args: argparse.Namespace) -> None:
 
         check_plot_path(args.plot_attention)
     if args.html and args.split_sentences is False:
-        raise UsageError("--html cuts each line's text at its block tags and into sentences; "
+        raise UsageError("--html cuts the page's text at its block tags and into sentences; "
                          "--no-split-sentences does not apply with it.")
     if args.split_sentences or args.html:
         mode = "--html" if args.html else "--split-sentences"
