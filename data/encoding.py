@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import fcntl
 import hashlib
 import logging
 import os
 import pickle
+import secrets
 import shutil
 import signal
 import sys
@@ -391,7 +393,7 @@ def _temporary_store(target: Path) -> Iterator[Path]:
     renamed. It is flocked while this process (or a worker it forked) lives, so that the next
     encoding of `target` tells it from one whose writer was killed (`_remove_abandoned`)."""
     _remove_abandoned(target)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    tmp = _new_directory(target)
     lock = os.open(tmp, os.O_RDONLY)
     try:
         with contextlib.suppress(OSError):  # no flock here: then nobody removes it but us
@@ -400,6 +402,17 @@ def _temporary_store(target: Path) -> Iterator[Path]:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
         os.close(lock)
+
+
+def _new_directory(target: Path) -> Path:
+    """A new directory `.NAME-RANDOM` beside `target`, with the permissions of any new
+    directory (mkdtemp's are 0700, which a cache shared with other users must not get)."""
+    for _ in range(100):
+        tmp = target.with_name(f".{target.name}-{secrets.token_hex(4)}")
+        with contextlib.suppress(FileExistsError):
+            tmp.mkdir()
+            return tmp
+    raise FileExistsError(errno.EEXIST, "100 temporary names were all taken", str(target))
 
 
 def _remove_abandoned(target: Path) -> None:

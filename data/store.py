@@ -112,23 +112,35 @@ def _file_sizes(meta: dict) -> dict[str, int]:
 
 def store_damage(path: str | Path) -> str | None:
     """What makes the store in directory `path` unusable (no metadata, or a file missing or
-    of another size than the metadata says), None when it is complete."""
+    of another size than the metadata says), None when it is complete. A store this user
+    may not read is not damaged: `DataError` says so (another user's, in a shared cache)."""
     path = Path(path)
     try:
         meta = json.loads((path / META_FILE).read_text())
         sizes = _file_sizes(meta)
     except FileNotFoundError:
         return f"no {META_FILE}"
+    except PermissionError as err:
+        raise _not_readable(path, err) from err
     except (OSError, ValueError, KeyError, TypeError) as err:
         return f"{META_FILE} unreadable: {err}"
     for name, size in sizes.items():
         try:
             found = (path / name).stat().st_size
+        except PermissionError as err:
+            raise _not_readable(path, err) from err
         except OSError:
             return f"{name} missing"
         if found != size:
             return f"{name} holds {found} bytes, not {size}"
     return None
+
+
+def _not_readable(path: Path, err: PermissionError) -> DataError:
+    return DataError(
+        f"{err.filename or path}: permission denied reading the encoded store {path}; have "
+        f"its owner make it readable (chmod -R a+rX {path}), or set FLAX_NMT_CACHE to a "
+        "cache of your own")
 
 
 def is_store(path: str | Path) -> bool:

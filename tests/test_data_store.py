@@ -10,6 +10,7 @@ import os
 import re
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -554,3 +555,45 @@ def test_a_temporary_store_left_by_a_killed_encoding_is_removed_by_the_next(tmp_
         os.close(lock)
     assert f"removing {abandoned}, left by an encoding that was killed" in caplog.text
     assert store.src.to_lists() == tokenizer.encode(split["source"])
+
+
+@pytest.mark.parametrize("umask", [0o002, 0o022])
+def test_a_store_gets_the_permissions_of_any_new_directory(umask, tmp_path):
+    """A store's directory and files are made with the umask's permissions, as any new
+    file is: with umask 002 the group shares the cache (mkdtemp's 0700 shut it out)."""
+    from data import encoding
+
+    split, tokenizer = _letters_split_and_tokenizer()
+    previous = os.umask(umask)
+    try:
+        store = encoding.encode_split(split, tokenizer, tmp_path, num_proc=1)
+    finally:
+        os.umask(previous)
+    assert stat.S_IMODE(store.path.stat().st_mode) == 0o777 & ~umask
+    assert {stat.S_IMODE(f.stat().st_mode) for f in store.path.iterdir()} == {0o666 & ~umask}
+
+
+def test_a_store_this_user_may_not_read_is_one_line_not_damage(tmp_path, monkeypatch):
+    """Another user's store in a shared cache that this one may not read is named, with
+    what to do, in one line; it is not taken for damaged and moved aside (which another
+    user's directory refuses, with a traceback)."""
+    from data import encoding
+
+    split, tokenizer = _letters_split_and_tokenizer()
+    target = encoding.encode_split(split, tokenizer, tmp_path, num_proc=1).path
+    read_text = Path.read_text
+
+    def denied(self, *args, **kwargs):  # as a directory of another user's, mode 0700
+        if self.parent == target:
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(self))
+        return read_text(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "read_text", denied)
+    with pytest.raises(DataError) as error:
+        encoding.encode_split(split, tokenizer, tmp_path, num_proc=1)
+    assert str(error.value) == (
+        f"{target / 'store.json'}: permission denied reading the encoded store {target}; "
+        f"have its owner make it readable (chmod -R a+rX {target}), or set FLAX_NMT_CACHE "
+        "to a cache of your own")
+    monkeypatch.undo()
+    assert TokenStore.open(target).src.to_lists() == tokenizer.encode(split["source"])
