@@ -105,6 +105,7 @@ class Examples:
 @dataclasses.dataclass(frozen=True)
 class FilterStats:
     total: int
+    empty: int  # a side of no tokens, EOS alone
     too_long: int
     bad_ratio: int
     kept: int
@@ -133,28 +134,33 @@ def store_in_memory(encoded: datasets.Dataset) -> TokenStore:
 def load_examples(encoded: TokenStore | datasets.Dataset, config: BatchConfig = BatchConfig(),
                   name: str = "train", ids: SpecialIds = SpecialIds()) -> Examples:
     """The pairs of an encoded split (a token store, or a dataset with `src_ids` and
-    `tgt_ids`, read into memory) that pass the length and length-ratio filters.
+    `tgt_ids`, read into memory) with two non-empty sides that pass the length and
+    length-ratio filters. A side is empty when it has no tokens: reading drops blank lines,
+    but not those of characters that encode to nothing (U+200B, U+FEFF survive `strip`).
 
     Reads only the offsets of a store. Logs how many pairs each filter dropped; raises
     `DataError` if none are left.
     """
     store = encoded if isinstance(encoded, TokenStore) else store_in_memory(encoded)
     src_len, tgt_len = store.src.lengths() + 1, store.tgt.lengths() + 1
-    too_long = (src_len > config.max_len) | (tgt_len > config.max_len)
+    empty = (src_len == 1) | (tgt_len == 1)
+    too_long = ~empty & ((src_len > config.max_len) | (tgt_len > config.max_len))
     ratio = np.maximum(src_len, tgt_len) / np.minimum(src_len, tgt_len)
-    bad_ratio = ~too_long & (ratio > config.max_ratio)
-    keep = np.flatnonzero(~too_long & ~bad_ratio)
-    stats = FilterStats(len(src_len), int(too_long.sum()), int(bad_ratio.sum()), len(keep))
+    bad_ratio = ~empty & ~too_long & (ratio > config.max_ratio)
+    keep = np.flatnonzero(~empty & ~too_long & ~bad_ratio)
+    stats = FilterStats(len(src_len), int(empty.sum()), int(too_long.sum()),
+                        int(bad_ratio.sum()), len(keep))
     log.info(
-        "%s: kept %d of %d pairs; dropped %d longer than %d tokens, %d with length ratio > %g",
-        name, stats.kept, stats.total, stats.too_long, config.max_len, stats.bad_ratio,
-        config.max_ratio,
+        "%s: kept %d of %d pairs; dropped %d with an empty side (no tokens), %d longer than "
+        "%d tokens, %d with length ratio > %g", name, stats.kept, stats.total, stats.empty,
+        stats.too_long, config.max_len, stats.bad_ratio, config.max_ratio,
     )
     if not len(keep):
         raise DataError(
-            f"{name}: no pairs left after filtering {stats.total} pairs ({stats.too_long} longer "
-            f"than {config.max_len} tokens: --max-tokens-per-sentence, at most the model's "
-            f"--max-len; {stats.bad_ratio} with length ratio > {config.max_ratio:g}); raise "
+            f"{name}: no pairs left after filtering {stats.total} pairs ({stats.empty} with an "
+            f"empty side; {stats.too_long} longer than {config.max_len} tokens: "
+            "--max-tokens-per-sentence, at most the model's --max-len; "
+            f"{stats.bad_ratio} with length ratio > {config.max_ratio:g}); raise "
             "--max-tokens-per-sentence (and --max-len) or check the data"
         )
     if len(keep) < stats.total:

@@ -277,8 +277,8 @@ def test_filters_drop_and_count(caplog):
         examples = load_examples(encoded, config)
     # 71 > 64 tokens; 41 / 3 > 9 (target vs source); 31 / 2 > 9; 3/4 and 11/13 are kept.
     assert examples.index.tolist() == [0, 4]
-    assert ("kept 2 of 5 pairs; dropped 1 longer than 64 tokens, 2 with length ratio > 9"
-            in caplog.text)
+    assert ("kept 2 of 5 pairs; dropped 0 with an empty side (no tokens), 1 longer than 64 "
+            "tokens, 2 with length ratio > 9" in caplog.text)
     assert examples.src_len.tolist() == [4, 11] and examples.tgt_len.tolist() == [4, 13]
     batches = list(eval_batches(examples, config, process_index=0, process_count=1))
     rows = [row.tolist() for b in batches for row in b["src"] if row.any()]
@@ -297,10 +297,31 @@ def test_length_ratio_filter_keeps_pairs_at_exactly_the_limit():
     assert load_examples(encoded, config).index.tolist() == [0, 2, 4]
 
 
+def test_a_side_of_no_tokens_is_dropped_and_counted_as_empty(tmp_path, caplog):
+    """A line of characters that encode to no token (U+200B, U+FEFF: not blank to
+    `str.strip`, so reading keeps it) makes an empty side: the pair is dropped and counted
+    with the empty ones, not trained on as EOS alone."""
+    from data.encoding import encode_split
+    from data.tokenizer import TokenizerConfig, train_tokenizer
+
+    texts = ["a small house", "\u200b", "the old tree", "\ufeff", "green hills"]
+    tokenizer = train_tokenizer(texts, TokenizerConfig(vocab_size=300))
+    split = datasets.Dataset.from_dict({"source": texts, "target": texts[::-1]})
+    store = encode_split(split, tokenizer, tmp_path, num_proc=1)
+    assert [len(ids) for ids in store.src.to_lists()][1::2] == [0, 0]
+    config = BatchConfig(packing=False, max_len=64, max_ratio=100.0, buckets=BUCKETS,
+                         batch_tokens=512)  # no pair too unequal
+    with caplog.at_level(logging.INFO, logger="data"):
+        examples = load_examples(store, config)
+    assert examples.index.tolist() == [0, 2, 4]
+    assert min(examples.src_len.min(), examples.tgt_len.min()) > 1
+    assert "kept 3 of 5 pairs; dropped 2 with an empty side (no tokens), 0 longer" in caplog.text
+
+
 def test_no_pairs_left_is_an_error():
     encoded = datasets.Dataset.from_dict({"src_ids": [[5] * 100], "tgt_ids": [[6] * 100]})
-    with pytest.raises(DataError, match=r"train: no pairs left after filtering 1 pairs \(1 "
-                                        r"longer than 64 tokens: --max-tokens-per-sentence"):
+    with pytest.raises(DataError, match=r"train: no pairs left after filtering 1 pairs \(0 "
+                       r"with an empty side; 1 longer than 64 tokens: --max-tokens-per-sentence"):
         load_examples(encoded, BatchConfig(packing=False, max_len=64, buckets=BUCKETS,
                                            batch_tokens=512))
 
