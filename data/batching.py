@@ -530,7 +530,8 @@ class BatchIterator:
 
     @property
     def epochs_completed(self) -> int:
-        """Epochs whose every batch has been yielded (the count is the same every epoch)."""
+        """Epochs whose every batch has been yielded (the current epoch's own count of
+        batches, which packing or sampled segmentations make differ between epochs)."""
         return self._epoch + (self._position >= self.batches_per_epoch)
 
     @property
