@@ -24,11 +24,16 @@ def gib(n_bytes: float) -> str:
     return f"{n_bytes / (1 << 30):.1f} GiB"
 
 
+def free_space(directory: str | Path) -> int:
+    """Bytes free on the filesystem that holds, or will hold, `directory`."""
+    return shutil.disk_usage(_existing(Path(directory))).free
+
+
 def check_free_space(directory: str | Path, needed: float, what: str) -> None:
     """DataError naming the estimate and the free space when `what` would need `needed`
     bytes in `directory` and the filesystem has fewer free."""
     directory = Path(directory)
-    free = shutil.disk_usage(_existing(directory)).free
+    free = free_space(directory)
     if needed > free:
         raise DataError(
             f"{what} needs about {gib(needed)} in {directory} but only {gib(free)} is free; "
@@ -44,8 +49,8 @@ def raise_if_disk_full(err: OSError, directory: str | Path, what: str) -> None:
 
 
 # Disk per byte of input text, checked before it is read (the encoding is checked again with
-# the tokenizer's own ids, `data.encoding.encoded_bytes`): its copy as Arrow strings (1.0, with
-# a margin), and its encoding at the default 8,000 pieces, the store plus the workers' Arrow
-# files beside it: 1.9x the text of Multi30k's train split, 2.2x small_parallel_enja's.
+# the tokenizer's ids, `data.encoding._check_room_to_encode`): its copy as Arrow strings (1.0,
+# with a margin), and its encoding at the default 8,000 pieces, the store plus the workers'
+# Arrow files beside it: 1.9x the text of Multi30k's train split, 2.2x small_parallel_enja's.
 TEXT_BYTES_PER_TEXT_BYTE = 1.1
 ENCODED_BYTES_PER_TEXT_BYTE = 2.5

@@ -31,7 +31,7 @@ import sentencepiece as spm
 
 from data.config import DataError, TokenizerConfig, default_cache_dir
 from data.corpus import iter_text
-from data.disk import check_free_space, raise_if_disk_full
+from data.disk import check_free_space, free_space, raise_if_disk_full
 from data.store import (
     TokenStore,
     arrow_file_rows,
@@ -339,7 +339,7 @@ def _interrupts_deferred() -> Iterator[list[int]]:
             signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
 
 
-# Pairs whose ids estimate the encoding's disk (`encoded_bytes`).
+# Pairs whose ids estimate the encoding's disk (`_check_room_to_encode`).
 _SIZE_SAMPLE_PAIRS = 2000
 # Margin over the sample's estimate: over 50 seeds, a sample's ids per pair were within 2.5%
 # of the whole split's (the train splits of small_parallel_enja and Multi30k, 320 to 8,000
@@ -347,19 +347,30 @@ _SIZE_SAMPLE_PAIRS = 2000
 _SIZE_MARGIN = 1.2
 
 
-def encoded_bytes(split: datasets.Dataset, tokenizer: TokenizerBase) -> float:
-    """Disk that encoding `split` takes at its peak: the store, and beside it one round of the
-    workers' Arrow files (`_encoded_rounds`), both 4 bytes an id, estimated from the ids of a
-    sample. Per byte of text it ranges from 1.9 (8,000 pieces, Multi30k) to 7.8 (320 pieces,
-    as many ids as letters), so no constant fits every vocabulary."""
+def encoding_peak_bytes(pairs: int, ids_per_pair: float) -> float:
+    """Disk that encoding `pairs` pairs of `ids_per_pair` ids (both sides) takes at its peak:
+    the store, and beside it one round of the workers' Arrow files (`_encoded_rounds`), both
+    4 bytes an id. Per byte of text that is 1.9 (8,000 pieces, Multi30k) to 7.8 (320 pieces,
+    about an id a letter): no constant fits every vocabulary."""
+    store_pair = 4 * ids_per_pair + 2 * 8  # + int64 offsets
+    arrow_pair = 4 * ids_per_pair + 2 * 4  # + int32 offsets
+    return store_pair * pairs + arrow_pair * min(pairs, ENCODE_ROUND_PAIRS)
+
+
+def _check_room_to_encode(directory: Path, split: datasets.Dataset,
+                          tokenizer: TokenizerBase, what: str) -> None:
+    """`check_free_space` for encoding `split` into `directory`. A SentencePiece id stands for
+    a byte of text or more, but for the word-start mark each side may begin with: a bound
+    that needs no encoding. Only where that does not fit are a sample's ids counted."""
+    pairs = max(len(split), 1)
+    if encoding_peak_bytes(pairs, split.data.nbytes / pairs + 2) <= free_space(directory):
+        return
     rows = sample_rows(len(split), _SIZE_SAMPLE_PAIRS, seed=0)
     sample = split if rows is None else split.select(rows)
     ids = sum(len(row) for side in ("source", "target")
               for row in tokenizer.encode(sample[side], side))
-    store_pair = 4 * ids / max(len(sample), 1) + 2 * 8  # + int64 offsets
-    arrow_pair = 4 * ids / max(len(sample), 1) + 2 * 4  # + int32 offsets
-    return _SIZE_MARGIN * (store_pair * len(split)
-                           + arrow_pair * min(len(split), ENCODE_ROUND_PAIRS))
+    check_free_space(directory, _SIZE_MARGIN * encoding_peak_bytes(
+        len(split), ids / max(len(sample), 1)), what)
 
 
 def _encode_to(target: Path, split: datasets.Dataset, tokenizer: TokenizerBase,
@@ -368,7 +379,7 @@ def _encode_to(target: Path, split: datasets.Dataset, tokenizer: TokenizerBase,
     temporary directory beside it: a store there is always complete."""
     target.parent.mkdir(parents=True, exist_ok=True)
     what = f"encoding {len(split)} pairs"
-    check_free_space(target.parent, encoded_bytes(split, tokenizer), what)
+    _check_room_to_encode(target.parent, split, tokenizer, what)
     num_proc = default_workers(len(split)) if num_proc is None else num_proc
     _discard_damaged(target)
     with _temporary_store(target) as tmp:
