@@ -760,3 +760,16 @@ def test_a_carriage_return_in_an_input_file_is_warned_of_once(tmp_path, caplog):
                                 None, None)
     assert out.getvalue() == "One. Two.\nThree.\n"  # one output line per input line
     assert [r.getMessage().count("carriage return") for r in caplog.records] == [1]
+
+
+def test_a_model_trained_with_cudnn_attention_translates_on_a_cpu(run_dir, tmp_path, capsys):
+    """Was 'unexpected RuntimeError: cuDNN is not detected', and with --dtype float32
+    'unexpected ValueError'; cuDNN's attention is the GPU's, XLA's elsewhere."""
+    stored = tmp_path / "model"
+    shutil.copytree(run_dir / "model", stored)
+    values = json.loads((stored / "config.json").read_text())
+    values["model"].update(dtype="bfloat16", attention_impl="cudnn")
+    (stored / "config.json").write_text(json.dumps(values))
+    for flags in ([], ["--dtype", "float32"]):
+        assert translate_cli.main(["--model", str(stored), *flags, "-q", "Hallo."]) == 0
+        assert capsys.readouterr().out.strip()

@@ -176,9 +176,7 @@ def load_model(path: str | Path, dtype: str | None = None
     """
     # Every file but the parameters first: a bad one fails before the slow part.
     model_dir, tokenizer, values = read_model_files(path)
-    model_config = values["model"]
-    if dtype is not None:
-        model_config = dataclasses.replace(model_config, dtype=dtype)
+    model_config = inference_config(values["model"], dtype, jax.devices()[0].platform)
     _warn_once(bfloat16_warning(jax.devices()[0].platform, model_config.dtype))
     graphdef, params, rest = abstract_params(model_config)
     try:
@@ -191,6 +189,21 @@ def load_model(path: str | Path, dtype: str | None = None
     params = jax.device_put(params)  # one transfer, where jnp.asarray runs a program per shape
     model = nnx.merge(graphdef, params, rest)
     return model, tokenizer, {**values, "model": model_config}
+
+
+def inference_config(stored: ModelConfig, dtype: str | None, platform: str) -> ModelConfig:
+    """The stored model's config for translating on `platform` ("cpu", "gpu", "tpu"), in
+    `dtype` where given. float32 means float32 throughout: a model trained with bfloat16
+    activations gets "auto" ones. cuDNN's attention, which a run that trained with it
+    records, is kept only where it runs (a GPU, in bfloat16); elsewhere XLA's."""
+    cudnn_here = platform == "gpu" and (dtype or stored.dtype) == "bfloat16"
+    attention = None if stored.attention_impl == "cudnn" and not cudnn_here \
+        else stored.attention_impl
+    if dtype is None:
+        return dataclasses.replace(stored, attention_impl=attention)
+    activations = "auto" if dtype == "float32" else stored.activation_dtype
+    return dataclasses.replace(stored, dtype=dtype, activation_dtype=activations,
+                               attention_impl=attention)
 
 
 @functools.cache
