@@ -290,6 +290,26 @@ def test_an_ensemble_of_teachers_distils_with_their_mean(run_dir, corpus, tmp_pa
     assert len((out / "train.en").read_text(encoding="utf-8").splitlines()) == CORPUS_LINES
 
 
+def test_teachers_of_two_dtypes_are_recorded_and_described_as_both(run_dir, tmp_path):
+    """The recipe recorded the first teacher's dtype alone, so a rerun with --dtype float32
+    (which computes otherwise) was taken for the same distillation."""
+    from nmt.models.model_dir import load_models
+    from nmt.models.translator import Translator
+    from transformer.config import SearchConfig
+
+    config = json.loads((run_dir / "model" / "config.json").read_text())
+    bfloat16 = teacher_copy(run_dir, tmp_path, "bf16",
+                            model={**config["model"], "dtype": "bfloat16"})
+    teachers, _, _ = command.read_teachers([str(run_dir), bfloat16, str(run_dir)], None, None)
+    assert teachers.dtypes == "float32+bfloat16"
+    model, tokenizer, _ = load_models([str(run_dir), bfloat16])
+    assert Translator(model, tokenizer, SearchConfig(strategy="greedy")).describe() == \
+        "jax float32+bfloat16"
+    model, tokenizer, _ = load_models([str(run_dir), bfloat16], dtype="float32")
+    assert Translator(model, tokenizer, SearchConfig(strategy="greedy")).compute_type == \
+        "float32"
+
+
 def test_teachers_of_two_spm_models_are_refused_before_out_is_claimed(run_dir, corpus,
                                                                       tmp_path, capsys):
     from data.tokenizer import TokenizerConfig, train_tokenizer

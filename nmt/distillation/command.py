@@ -92,6 +92,7 @@ class Teachers:
     paths: list[str]
     values: dict   # the first teacher's stored settings
     checksums: tuple[str, ...]
+    dtypes: str    # the stored dtypes they compute in, each once, "+"-joined
 
 
 def read_teachers(paths: list[str], src: str | None, tgt: str | None) -> tuple[Teachers, str,
@@ -103,7 +104,7 @@ def read_teachers(paths: list[str], src: str | None, tgt: str | None) -> tuple[T
     from nmt.engines.conversions import model_checksum
     from nmt.models.model_files import ModelDirError, read_model_files, stored_languages
 
-    checksums, first_values, languages, fingerprint = [], None, None, None
+    checksums, first_values, languages, fingerprint, dtypes = [], None, None, None, {}
     for path in paths:
         try:
             model_dir, tokenizer, values = read_model_files(path)
@@ -122,12 +123,13 @@ def read_teachers(paths: list[str], src: str | None, tgt: str | None) -> tuple[T
         languages = languages or (path, pair)
         first_values = first_values or values
         checksums.append(model_checksum(model_dir, list(tokenizer.files())))
+        dtypes[values["model"].dtype] = None
     src, tgt = languages_to_use(src, tgt, languages[1], f"--teacher {paths[0]}",
                                 "distil with a teacher of the corpus's pair")
     if src == tgt:  # a model that copies or rewrites its language
         raise UsageError(f"source and target are both {src!r}: the distilled corpus's two "
                          f"files would be one, train.{src}; give other --src or --tgt codes.")
-    return Teachers(paths, first_values, tuple(checksums)), src, tgt
+    return Teachers(paths, first_values, tuple(checksums), "+".join(dtypes)), src, tgt
 
 
 def languages_to_use(src: str | None, tgt: str | None, stored: tuple[str | None, str | None],
@@ -212,8 +214,8 @@ def distil(args: argparse.Namespace) -> int:
     search = search_settings(args, teachers)
     recipe = Recipe(teachers.checksums,
                     file_digest([p for p in (source, target) if p], "distillation") or "",
-                    src, tgt, dataclasses.asdict(search), args.dtype or
-                    teachers.values["model"].dtype, args.chunk_lines, args.keep_original,
+                    src, tgt, dataclasses.asdict(search), args.dtype or teachers.dtypes,
+                    args.chunk_lines, args.keep_original,
                     args.seed if plan_search(search).draws else None)
     out = DistillationDir(args.out, recipe)
     with contextlib.ExitStack() as held:

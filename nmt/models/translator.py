@@ -142,6 +142,7 @@ class Translator:
                                                     self.strategy) if shortlist is not None else 0)
         self.graphdef, self.state = nnx.split(model)
         self.model_config, self.tokenizer = model.config, tokenizer
+        self.compute_type = compute_types(model)  # "float32", or an ensemble's, "+"-joined
         self.search, self.searches = search, searches
         self.max_source_len = self.model_config.max_len
         self.plan = search_plan(model, search, batch_tokens, buckets)
@@ -155,10 +156,6 @@ class Translator:
         self._compiled_shapes: set[tuple[tuple[int, int], bool]] = set()
 
     engine = "jax"
-
-    @property
-    def compute_type(self) -> str:
-        return self.model_config.dtype
 
     def describe(self) -> str:
         """The engine and its compute type, as the commands and /health name them."""
@@ -374,11 +371,21 @@ def search_plan(model: Transformer | Ensemble, search: SearchConfig, batch_token
     return plan
 
 
+def members(model: Transformer | Ensemble) -> list[Transformer]:
+    """The models that decode: an ensemble's members, or the model itself."""
+    return list(model.models) if isinstance(model, Ensemble) else [model]
+
+
 def most_heads(model: Transformer | Ensemble) -> int:
     """The most attention heads of the model's decoder, or of an ensemble's members (they
     decode one after another)."""
-    members = model.models if isinstance(model, Ensemble) else [model]
-    return max(member.config.num_heads for member in members)
+    return max(member.config.num_heads for member in members(model))
+
+
+def compute_types(model: Transformer | Ensemble) -> str:
+    """The dtype the model computes in; an ensemble's members' each once, "+"-joined (each
+    keeps its own stored dtype unless --dtype gives one)."""
+    return "+".join(dict.fromkeys(member.config.dtype for member in members(model)))
 
 
 def real_hypotheses(result: SearchResult, row: int, tokenizer, eos_id: int
