@@ -90,7 +90,7 @@ def _run(programs, state, batch):
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--prefix", default=MULTI30K_TRAIN, help="aligned PREFIX.SRC/.TGT")
     parser.add_argument("--src", default="en")
     parser.add_argument("--tgt", default="de")

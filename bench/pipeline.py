@@ -286,7 +286,7 @@ def bench_scale(n_pairs: int, args: argparse.Namespace, directory: Path) -> dict
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--synthetic", type=int, default=0,
                         help="also benchmark a synthetic corpus of N pairs (e.g. 1000000)")
     parser.add_argument("--vocab-size", type=int, default=8000)

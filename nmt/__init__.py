@@ -1,13 +1,16 @@
 """The application around the `transformer` library and the `data` pipeline, grouped by what
 it does (each subpackage's docstring says what it holds):
 
-    runtime      process plumbing: one-line errors, atomic files, several processes, caches
-    models       a trained model with its tokenizer: the model directory and the Translator
-    settings     a run's settings: RunConfig, recipes and train.py's flags
-    rundir       the run directory: checkpoints, resume, the final models, the lock
-    translation  translate.py: input and output, evaluation, scoring, attention plots
-    training     train.py: the loop and what runs in it
-    convert      models to and from transformers' MarianMT and CTranslate2
+    runtime       process plumbing: one-line errors, atomic files, several processes, caches
+    models        a trained model with its tokenizer: the model directory and the Translator
+    convert       models to and from transformers' MarianMT and CTranslate2
+    engines       other engines behind the Translator's interface: CTranslate2
+    settings      a run's settings: RunConfig, recipes and train.py's flags
+    rundir        the run directory: checkpoints, resume, the final models, the lock
+    translation   translate.py: input and output, evaluation, scoring, attention plots
+    distillation  a teacher's translations of a corpus, and vocabulary shortlists
+    serving       the HTTP server: LibreTranslate's and OpenNMT-py's APIs
+    training      train.py: the loop and what runs in it
 
 Each imports only those above it in this list (tests/test_layering.py holds that).
 

@@ -186,7 +186,8 @@ def _add_input_output_flags(io) -> None:
                          "or TPU; with --engine ctranslate2, its inter_threads: 2 where there "
                          "are 2 cores or more)")
     io.add_argument("--chunk-lines", type=int, default=DEFAULT_CHUNK_LINES,
-                    help="stdin: translate at most this many waiting lines per call "
+                    help="translate at most this many lines per call: the waiting lines of "
+                         "stdin, the chunks --input is read in "
                          f"(default {DEFAULT_CHUNK_LINES})")
     io.add_argument("--split-sentences", action=argparse.BooleanOptionalAction, default=None,
                     help="treat each input line as a paragraph: translate its sentences (split "
