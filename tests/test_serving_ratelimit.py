@@ -133,10 +133,9 @@ def test_never_fitting_is_413_before_any_429_and_retry_after_is_the_longest_wait
     limiter.charge("a", 1, 5)
 
 
-def test_a_file_from_a_client_past_its_limit_is_refused_before_it_is_read(monkeypatch):
-    """--req-limit 3: once a client's requests are spent, its next file is refused 429 without
-    being read (cut into sentences); a file past --file-char-limit was read up to the limit,
-    and counts as a request."""
+def _file_client(monkeypatch, rate: RateLimits, max_file_characters: int):
+    """A server of an echoing de->en model with `rate`'s limits: (a function posting a .txt
+    of a text to /translate_file and returning the status, the byte sizes of the files read)."""
     from types import SimpleNamespace
 
     from starlette.testclient import TestClient
@@ -159,17 +158,36 @@ def test_a_file_from_a_client_past_its_limit_is_refused_before_it_is_read(monkey
 
     model = ServedModel(0, "de", "en", "runs/x", SimpleNamespace(search=None),
                         batcher=SimpleNamespace(translate=search))
-    service = Service(Catalog([model]), ServerLimits(max_file_characters=100), Metrics(),
-                      rate=RateLimiter(RateLimits(requests=3)), ready=True)
+    service = Service(Catalog([model]), ServerLimits(max_file_characters=max_file_characters),
+                      Metrics(), rate=RateLimiter(rate), ready=True)
     client = TestClient(build_app(service))
 
     def translate_file(text: str) -> int:
         return client.post("/translate_file", data={"source": "de", "target": "en"},
                            files={"file": ("a.txt", text.encode())}).status_code
 
+    return translate_file, read
+
+
+def test_a_file_from_a_client_past_its_limit_is_refused_before_it_is_read(monkeypatch):
+    """--req-limit 3: once a client's requests are spent, its next file is refused 429 without
+    being read (cut into sentences); a file past --file-char-limit was read up to the limit,
+    and counts as a request."""
+    translate_file, read = _file_client(monkeypatch, RateLimits(requests=3), 100)
     assert translate_file("Ja.") == 200
     assert translate_file("Ja. " * 100) == 413  # read up to the limit: it counts
     assert translate_file("Ja.") == 200
     assert read == [3, 400, 3]
     assert translate_file("Ein langer Satz. " * 1000) == 429
     assert read == [3, 400, 3]
+
+
+def test_a_file_past_the_characters_a_minute_counts_as_a_request_as_it_was_read(monkeypatch):
+    """--char-limit-per-minute 1000: a file of 3,200 characters is refused 413 once read, and
+    that reading counts against --req-limit 3 (it was free, so such files were read forever)."""
+    translate_file, read = _file_client(
+        monkeypatch, RateLimits(requests=3, characters=1000), 100_000)
+    long = "Ein langer Satz. " * 200
+    assert [translate_file(long) for _ in range(3)] == [413] * 3
+    assert translate_file(long) == 429
+    assert len(read) == 3

@@ -197,11 +197,20 @@ class Service:
         """Count a request against its client's rate limits (429 or 413 past them), until
         `refund` gives it back. Charged again (a file, once it is read and its characters
         known), the new charge replaces the first: a client past its limits is refused before
-        the work of reading, and then pays for what was read."""
-        if self.rate.limits:
-            self.refund(request)
-            client = request.client.host if request.client else "unknown"
+        the work of reading, and then pays for what was read; where that is refused, the
+        first charge stays, refused or not (the file was read)."""
+        if not self.rate.limits:
+            return
+        client = request.client.host if request.client else "unknown"
+        earlier = getattr(request.state, "rate_cost", None)
+        self.refund(request)
+        try:
             request.state.rate_charge = self.rate.charge(client, texts, characters)
+        except RequestError:
+            if earlier is not None:  # it fitted a moment ago, and nothing ran since
+                self.rate.charge(client, *earlier)
+            raise
+        request.state.rate_cost = (texts, characters)
 
     def keep_charge(self, request: Request) -> None:
         """Keep the request's charge whatever it is answered: it was worked on."""
