@@ -173,7 +173,7 @@ def test_a_linear_schedule_that_would_end_in_its_warm_up_is_refused():
 
 
 @pytest.mark.parametrize("flags", [{"max_epochs": 2}, {"max_epochs": 2, "max_steps": 500}])
-def test_a_limit_of_epochs_ends_the_line_where_it_stops_the_run_without_a_clock(flags):
+def test_a_limit_of_epochs_ends_the_line_where_it_stops_the_run_without_a_clock(flags, caplog):
     """2 epochs of 39 batches stop the run at step 78, before any --max-steps 500: the line
     ends there, known once the epoch's batches are (after the step compiled), not at 500."""
     run = recipes.run_from_flat(schedule="linear", warmup=10, **flags)
@@ -185,9 +185,11 @@ def test_a_limit_of_epochs_ends_the_line_where_it_stops_the_run_without_a_clock(
     assert fitted.end_after(2, None) is None  # once
     assert "linear to zero after step 78, where the run's limit stops it (" in fitted.describe(
         78, None, Path("config.yaml"))
-    # An epoch shorter than the warm-up: the run stops before any decay, as asked.
-    short = schedule_fit.FittedEnd(run, 0, limits, PausableClock(), batches_per_epoch=3)
+    # Epochs shorter than the warm-up: the run stops before any decay, and is warned of.
+    with caplog.at_level(logging.WARNING, logger="nmt.training.schedule_fit"):
+        short = schedule_fit.FittedEnd(run, 0, limits, PausableClock(), batches_per_epoch=3)
     assert short.end_after(1, None) == 11
+    assert "the run stops at step 6, within its warm-up of 10 steps" in caplog.text
 
 
 def _lines(run_dir) -> list[dict]:

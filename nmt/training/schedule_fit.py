@@ -150,9 +150,16 @@ class FittedEnd:
         timed = needs_fit(optimizer) and limits.max_minutes is not None
         self.fit = EndFit(first_step, optimizer.warmup_steps, stop) if timed else None
         # Without a clock the end is where steps or epochs stop the run, known now (the epoch's
-        # steps were not when the step compiled); it takes over as a fitted end does.
+        # steps were not when the step compiled); it takes over as a fitted end does. With
+        # packing or subword sampling later epochs differ by a few batches from the first, whose
+        # count this is: the run then stops at the end (nothing is learned after it), or a few
+        # steps before it.
         self.at_stop = (max(stop, optimizer.warmup_steps + 1)
                         if needs_fit(optimizer) and not timed else None)
+        if self.at_stop is not None and stop <= optimizer.warmup_steps:
+            log.warning("--schedule linear: the run stops at step %d, within its warm-up of %d "
+                        "steps, so its rate never decays; lower --warmup", stop,
+                        optimizer.warmup_steps)
         self.stop_described = limits.describe(batches_per_epoch)
         self.limits, self.clock = limits, clock
         self.every = (run.trainer.eval_every, run.trainer.save_interval)
