@@ -540,3 +540,18 @@ def test_a_beam_whose_attention_cannot_fit_is_refused_naming_one_that_fits(monke
     monkeypatch.setattr(batch_plan, "device_memory",
                         lambda: DeviceMemory("the host", None, None))
     Translator(tiny_model(), NumberTokenizer(), SearchConfig(beam_size=4096))
+
+
+def test_a_batch_whose_attention_cannot_fit_even_in_greedy_search_names_the_batch_size(
+        monkeypatch):
+    """Greedy search has no beam to lower: the batch's tokens are what to give less of."""
+    from nmt.models import batch_plan
+    from nmt.runtime.memory import DeviceMemory
+
+    monkeypatch.setattr(batch_plan, "device_memory",
+                        lambda: DeviceMemory("the host", 2**20, 2**10))
+    with pytest.raises(ValueError, match=r"^a batch of 4096 source tokens \(--batch-tokens\) "
+                                         r"needs up to .* more than the 0.0 GiB free on the "
+                                         r"host; give a smaller --batch-tokens\.$"):
+        Translator(tiny_model(), NumberTokenizer(), SearchConfig(strategy="greedy"),
+                   batch_tokens=4096)

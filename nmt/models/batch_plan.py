@@ -122,10 +122,14 @@ def check_search_memory(plan: BatchPlan, search: SearchConfig, heads: int, model
     while high - low > 1:
         middle = (low + high) // 2
         low, high = (middle, high) if need(middle) <= memory.free else (low, middle)
-    remedy = (f"give SearchConfig.beam_size {low} or less" if low else
-              f"give a batch size below {plan.batch_tokens} source tokens")
+    more = f"more than the {gib(memory.free)} free on {memory.where}"
+    if not low:  # not even one row per sentence: the batch is too large (any strategy)
+        raise ValueError(
+            f"a batch of {plan.batch_tokens} source tokens (--batch-tokens) needs up to "
+            f"{gib(need(1))} for one layer's attention scores over its longest sentences, "
+            f"{more}; give a smaller --batch-tokens.")
     raise ValueError(
         f"SearchConfig.beam_size {beam} needs up to {gib(need(beam))} for one layer's attention "
         f"scores in a batch of the longest sentences (each beam scores every beam's cached "
-        f"positions, so this grows with the square of the beam), more than the "
-        f"{gib(memory.free)} free on {memory.where}; {remedy}.")
+        f"positions, so this grows with the square of the beam), {more}; give "
+        f"SearchConfig.beam_size {low} or less.")
