@@ -444,6 +444,20 @@ def test_html_lines_matter_only_where_they_show():
         "<pre>first line\nsecond line. X</pre><p>After pre.</p>")
 
 
+@pytest.mark.parametrize("newline", ["&#10;", "&#xA;", "&NewLine;", "&#13;&#10;"])
+def test_by_line_html_cuts_at_written_line_breaks_not_encoded_ones(newline):
+    """translate.py --html (by_line) cuts a sentence where the markup breaks its line, but an
+    encoded line break is a space there as in the server's cut."""
+    markup = f"<p>Ein Mann{newline}fährt. Ein Hund\nläuft. Zwei <b>Kinder{newline}spielen</b>.</p>"
+    lined, served = split_html(markup, "de", by_line=True), split_html(markup, "de")
+    assert lined.sentences == [f"Ein Mann{html.unescape(newline)}fährt.", "Ein Hund", "läuft.",
+                               f"Zwei Kinder{html.unescape(newline)}spielen."]
+    assert served.sentences == [lined.sentences[0], "Ein Hund\nläuft.", lined.sentences[3]]
+    joined = lined.join([sentence.upper() for sentence in lined.sentences])
+    assert joined == "<p>EIN MANN FÄHRT. EIN HUND\nLÄUFT. ZWEI <b>KINDER SPIELEN</b>.</p>"
+    assert joined.count("\n") == markup.count("\n")
+
+
 def test_html_verbatim_elements():
     markup = ("<p>Translate me.</p><code translate=\"no\">f(). <code>g().</code> h().</code>"
               "<p>And me.</p><template><p>Not me.</p></template><div translate=no>No. "

@@ -90,6 +90,7 @@ from nmt.translation.language_codes import base_language
 # Line breaks: "\n", "\r\n" and a lone "\r"; not U+2028 and the like (data.lines says why).
 _LINE = re.compile(r"[^\r\n]+")
 _LINE_BREAK = re.compile(r"\r\n?|\n")
+_LINE_BREAK_CHARACTER = re.compile(r"[\r\n]")  # one of a line break's characters
 # sentencex 1.0.32 panics on a capital letter, a non-ASCII space and "." ("D\xa0.") and on
 # a few more such cases (it slices bytes as if every space were one byte): it is shown a
 # copy with these spaces made " ", which has the same characters and so the same offsets.
@@ -305,19 +306,23 @@ def split_text(text: str, language: str, max_characters: int | None = None) -> D
     TooManyCharacters as soon as the sentences hold more than `max_characters`."""
     builder = _Builder(max_characters)
     builder.check_room(text)
-    builder.add(sentence_spans(text, segmenter_language(language)), len(text),
+    builder.add(sentence_spans(text, segmenter_language(language), line_spans(text)), len(text),
                 lambda a, b: text[a:b], lambda a, b: text[a:b])
     return builder.document()
 
 
-def sentence_spans(text: str, language: str, by_line: bool = True
+def line_spans(text: str) -> list[tuple[int, int]]:
+    """(start, end) of each line of `text` that holds anything, its line break left out."""
+    return [match.span() for match in _LINE.finditer(text)]
+
+
+def sentence_spans(text: str, language: str, lines: Sequence[tuple[int, int]] | None = None
                    ) -> Iterator[tuple[int, int]]:
     """(start, end) of each sentence of `text`, stripped and in order; `language` is a
-    sentencex code. By line, no sentence spans a line break; else sentencex reads line
-    breaks as spaces (a blank line still ends a sentence)."""
-    lines = ((m.start(), m.group()) for m in _LINE.finditer(text)) if by_line else [(0, text)]
-    for offset, line in lines:
-        for length in _segment_lengths(line, language):
+    sentencex code. Given `lines` ((start, end) of each, as `line_spans`), no sentence spans
+    two; else sentencex reads line breaks as spaces (a blank line still ends a sentence)."""
+    for offset, end in lines if lines is not None else [(0, len(text))]:
+        for length in _segment_lengths(text[offset:end], language):
             piece = text[offset:offset + length]
             core = piece.strip()
             if core:
@@ -470,8 +475,9 @@ def split_html(markup: str, language: str, max_characters: int | None = None,
     """The text of HTML `markup` cut into sentences (see the module's docstring for what is
     kept verbatim); join gives the markup with tags and attributes as they were.
     TooManyCharacters as soon as the sentences hold more than `max_characters`. `by_line`:
-    no sentence spans a line break anywhere (not only in <pre>), so that the joined
-    translation has the markup's lines, one for one (translate.py --html)."""
+    no sentence spans a line break of the markup anywhere (not only in <pre>), so that the
+    joined translation has the markup's lines, one for one (translate.py --html); outside
+    <pre>, an encoded one ("&#10;") is a space still, as without `by_line`."""
     code = segmenter_language(language)
     builder = _Builder(max_characters)
     flow = _Flow()
@@ -492,7 +498,8 @@ def _add_html_text(builder: _Builder, raw: str, language: str, by_line: bool) ->
     """A run of HTML text: sentences unescaped, the text around them as written."""
     plain, where = unescape_with_offsets(raw)
     builder.check_room(plain)
-    builder.add(sentence_spans(plain, language, by_line), len(plain),
+    lines = line_spans(plain) if by_line else None
+    builder.add(sentence_spans(plain, language, lines), len(plain),
                 lambda a, b: plain[a:b], lambda a, b: raw[where[a]:where[b]])
 
 
@@ -528,7 +535,7 @@ class _Flow:
 
     def flush(self, builder: _Builder, language: str, by_line: bool = False) -> None:
         """Add the flow to `builder` and start a new one; `by_line`: its sentences end at
-        line breaks."""
+        the line breaks of the markup as written (`_written_lines`)."""
         raw, plain = "".join(self.raw), "".join(self.plain)
         builder.check_room(plain)
         partners = [point.partner for point in pair_points(
@@ -538,7 +545,8 @@ class _Flow:
         offsets = [offset for offset, *_ in self.tags]
         raw_starts = [a for _, a, *_ in self.tags]
         kept = 0  # the flow's markup up to here is in `builder`
-        for start, end in sentence_spans(plain, language, by_line):
+        lines = self._written_lines(raw, plain) if by_line else None
+        for start, end in sentence_spans(plain, language, lines):
             first, last = self._sentence_markup(start, end, partners, offsets)
             builder.keep(raw[kept:first])
             inside = self.tags[bisect.bisect_left(raw_starts, first):
@@ -549,6 +557,15 @@ class _Flow:
             kept = last
         builder.keep(raw[kept:])
         self.__init__()
+
+    def _written_lines(self, raw: str, plain: str) -> list[tuple[int, int]]:
+        """The lines of the flow's `plain` text where the markup `raw` breaks its lines: an
+        encoded line break ("&#10;") is a space to the browser and to the server, and stays
+        inside its line, so that a sentence is cut as the server cuts it."""
+        written = _LINE_BREAK_CHARACTER.sub(
+            lambda match: match.group() if raw[self.starts[match.start()]] == match.group()
+            else " ", plain)
+        return line_spans(written)
 
     def _sentence_markup(self, start: int, end: int, partners: list[int | None],
                          offsets: list[int]) -> tuple[int, int]:
