@@ -5,19 +5,14 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import errno
-import fcntl
 import hashlib
 import logging
 import os
 import pickle
-import secrets
 import shutil
 import signal
 import sys
-import tempfile
 import threading
-import time
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -47,7 +42,12 @@ from data.tokenizer import (
     tokenizer_present,
     train_tokenizer,
 )
-from transformer.atomic_files import sync_directory, write_atomically
+from transformer.atomic_files import (
+    new_directory,
+    remove_abandoned,
+    sync_directory,
+    write_atomically,
+)
 
 log = logging.getLogger("data")
 
@@ -393,57 +393,25 @@ def _encode_to(target: Path, split: datasets.Dataset, tokenizer: TokenizerBase,
                 raise
 
 
-# Seconds after which an unlocked temporary store has lost its writer (as `nmt.runtime.files`
-# rules for its temporaries): a writer locks the one it creates at once.
-_ABANDONED_AFTER = 60.0
-
-
 @contextlib.contextmanager
 def _temporary_store(target: Path) -> Iterator[Path]:
     """A new directory beside `target` to write its store in, removed after the block unless
     renamed. It is flocked while this process (or a worker it forked) lives, so that the next
     encoding of `target` tells it from one whose writer was killed (`_remove_abandoned`)."""
     _remove_abandoned(target)
-    tmp = _new_directory(target)
-    lock = os.open(tmp, os.O_RDONLY)
+    lock, tmp = new_directory(target)
     try:
-        with contextlib.suppress(OSError):  # no flock here: then nobody removes it but us
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         yield tmp
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
         os.close(lock)
 
 
-def _new_directory(target: Path) -> Path:
-    """A new directory `.NAME-RANDOM` beside `target`, with the permissions of any new
-    directory (mkdtemp's are 0700, which a cache shared with other users must not get)."""
-    for _ in range(100):
-        tmp = target.with_name(f".{target.name}-{secrets.token_hex(4)}")
-        with contextlib.suppress(FileExistsError):
-            tmp.mkdir()
-            return tmp
-    raise FileExistsError(errno.EEXIST, "100 temporary names were all taken", str(target))
-
-
 def _remove_abandoned(target: Path) -> None:
     """Remove the temporary stores of `target` left by processes killed while writing them
-    (SIGKILL, a crash): unlocked, and older than `_ABANDONED_AFTER`."""
-    for tmp in target.parent.glob(f".{target.name}-*"):
-        try:
-            fd = os.open(tmp, os.O_RDONLY)
-        except OSError:  # removed meanwhile
-            continue
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            abandoned = time.time() - os.fstat(fd).st_mtime > _ABANDONED_AFTER
-        except OSError:  # its writer holds it
-            abandoned = False
-        finally:
-            os.close(fd)
-        if abandoned:
-            log.info("removing %s, left by an encoding that was killed", tmp)
-            shutil.rmtree(tmp, ignore_errors=True)
+    (SIGKILL, a crash), by `transformer.atomic_files.take_over`'s rule."""
+    remove_abandoned(target.parent.glob(f".{target.name}-*"), removing=lambda tmp: log.info(
+        "removing %s, left by an encoding that was killed", tmp))
 
 
 def _discard_damaged(target: Path) -> None:
@@ -454,10 +422,11 @@ def _discard_damaged(target: Path) -> None:
         return
     log.warning("encoded store %s is incomplete or damaged (%s); encoding it again", target,
                 damage)
-    aside = Path(tempfile.mkdtemp(prefix=f".{target.name}-damaged-", dir=target.parent))
+    lock, aside = new_directory(target, "damaged-")
     with contextlib.suppress(FileNotFoundError):  # another process moved it first
         target.rename(aside / target.name)
     shutil.rmtree(aside, ignore_errors=True)
+    os.close(lock)
 
 
 def _encoded_rounds(split: datasets.Dataset, tokenizer: TokenizerBase, num_proc: int,

@@ -5,35 +5,114 @@ The content goes to a temporary beside the file, is flushed and fsynced, renamed
 file, and the directory is fsynced so that the rename itself survives a crash; any failure
 (an error, Ctrl-C, the SystemExit of a SIGTERM handler) removes the temporary and leaves the
 earlier file as it was. Only the standard library: every layer may use it (`data` too).
-`nmt.runtime.files` wraps it with temporaries that survive their writer being killed and a
-check that nobody else wrote the file meanwhile.
+
+A temporary that outlives a call (a directory filled by a long job) is held with an flock by
+its writer; the kernel releases that lock however its process ends, so the next writer of the
+same path recognises one whose writer was killed (SIGKILL, a crash) and takes it over or
+removes it. `nmt.runtime.files` wraps all this with temporaries of its own names and a check
+that nobody else wrote the file meanwhile.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import os
 import secrets
+import shutil
+import time
 from pathlib import Path
-from typing import IO, Callable, Iterator
+from typing import IO, Callable, Iterable, Iterator
 
 DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 _TEXT = {"encoding": "utf-8", "newline": "\n"}
 _NAMES_TRIED = 100
+ABANDONED_AFTER = 60.0  # seconds: an unlocked temporary this old has lost its writer
 
 
 def new_temporary(path: Path) -> tuple[int, Path]:
     """(open descriptor, name) of a new file beside `path`, created with the permissions of
     any new file (mkstemp's are 0600, which a file shared with other users must not get)."""
+    return _create_beside(path, f".{path.name}.", ".tmp", lambda name: os.open(
+        name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+
+
+def new_directory(path: Path, label: str = "") -> tuple[int, Path]:
+    """(open descriptor holding its flock, name) of a new directory `.NAME-LABELRANDOM` beside
+    `path` (`create_directory`)."""
+    return _create_beside(path, f".{path.name}-{label}", "", create_directory)
+
+
+def _create_beside(path: Path, prefix: str, suffix: str, create: Callable[[Path], int]
+                   ) -> tuple[int, Path]:
+    """(`create(name)`, name) for the first free of `_NAMES_TRIED` random names
+    PREFIX-RANDOM-SUFFIX beside `path`; `create` raises FileExistsError for a taken one."""
     for _ in range(_NAMES_TRIED):
-        temporary = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
-        try:
-            return os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), temporary
-        except FileExistsError:
-            continue
+        name = path.with_name(f"{prefix}{secrets.token_hex(4)}{suffix}")
+        with contextlib.suppress(FileExistsError):
+            return create(name), name
     raise FileExistsError(errno.EEXIST, f"{_NAMES_TRIED} temporary names were all taken",
                           str(path))
+
+
+def create_directory(name: Path) -> int:
+    """An open descriptor, holding its flock (`hold`), of the new directory `name`
+    (FileExistsError where one is there), made with the permissions of any new directory
+    (mkdtemp's are 0700, which a cache shared with other users must not get)."""
+    name.mkdir()
+    return hold(os.open(name, os.O_RDONLY))
+
+
+def hold(fd: int) -> int:
+    """Take the flock of `fd`, a temporary this process has just created, so that the next
+    writer of the same path tells it from one whose writer was killed; returns `fd`."""
+    with contextlib.suppress(OSError):  # no flock here: then nobody takes it but its creator
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    return fd
+
+
+def take_over(name: Path, flags: int = os.O_RDONLY) -> int | None:
+    """An open descriptor of the temporary `name` (a file opened with `flags`, or a directory
+    with O_RDONLY), holding its flock, when its writer is gone (the kernel released its lock);
+    None while a writer holds it. One modified within ABANDONED_AFTER seconds is left alone:
+    its writer may have created it and not yet locked it."""
+    try:
+        fd = os.open(name, flags)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        st, named = os.fstat(fd), os.lstat(name)
+        if ((st.st_dev, st.st_ino) == (named.st_dev, named.st_ino)  # not replaced meanwhile
+                and time.time() - st.st_mtime > ABANDONED_AFTER):
+            return fd
+    except OSError:  # its writer holds it (or no flock here), or it is gone
+        pass
+    os.close(fd)
+    return None
+
+
+def remove_abandoned(temporaries: Iterable[Path], flags: int = os.O_RDONLY,
+                     removing: Callable[[Path], None] = lambda name: None) -> None:
+    """Remove those of `temporaries` whose writers are gone (`take_over`), each announced to
+    `removing` first."""
+    for name in list(temporaries):
+        if (fd := take_over(name, flags)) is not None:
+            try:
+                removing(name)
+                remove_tree(name)
+            finally:
+                os.close(fd)
+
+
+def remove_tree(path: Path) -> None:
+    """Remove the file, link or directory tree `path`, as much of it as can be removed."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        with contextlib.suppress(OSError):
+            path.unlink(missing_ok=True)
 
 
 def sync_directory(directory: Path) -> None:

@@ -15,12 +15,9 @@ meantime is kept, and this writer's complete file is kept beside it (`ChangedMea
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import re
-import shutil
 import stat
-import time
 from pathlib import Path
 from typing import IO, Callable, Iterator, NamedTuple
 
@@ -30,7 +27,7 @@ from transformer import atomic_files
 PARTIAL_SUFFIX = ".partial"
 KEPT_SUFFIX = ".kept"
 _MAX_WRITERS = 100  # temporaries PATH.partial, PATH.partial.1, ... tried
-ABANDONED_AFTER = 60.0  # seconds: an unlocked temporary this old has lost its writer
+ABANDONED_AFTER = atomic_files.ABANDONED_AFTER  # an unlocked temporary this old is abandoned
 
 
 class ChangedMeanwhile(Fault):
@@ -82,42 +79,12 @@ def staging_path(path: str | Path, number: int = 0) -> Path:
     return path.with_name(f".{path.name}{PARTIAL_SUFFIX}" + (f".{number}" if number else ""))
 
 
-def _lock(fd: int) -> bool:
-    """True when this process now holds the flock of `fd`; False while another does (or
-    where the file system has no flock: then only a file this process created is its own)."""
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        return False
-    return True
-
-
-def _take_over(name: Path, flags: int = os.O_WRONLY) -> int | None:
-    """An open descriptor of the temporary `name` (a file, or a directory opened with
-    O_RDONLY), locked by this process, when its writer is gone (killed: the kernel released
-    its lock); None while a writer holds it. One modified within ABANDONED_AFTER seconds is
-    left alone: its writer may have created it and not yet locked it."""
-    try:
-        fd = os.open(name, flags)
-    except OSError:
-        return None
-    try:
-        if _lock(fd):
-            st, named = os.fstat(fd), os.lstat(name)
-            if ((st.st_dev, st.st_ino) == (named.st_dev, named.st_ino)
-                    and time.time() - st.st_mtime > ABANDONED_AFTER):
-                return fd
-    except OSError:
-        pass
-    os.close(fd)
-    return None
-
-
 def _claim(path: Path) -> tuple[int, Path]:
     """(open descriptor, name) of a temporary for `path` that this process alone writes,
     locked: a new one, or an emptied one whose writer was killed."""
     return _first_free(path, partial_path,
-                       lambda name: os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666),
+                       lambda name: atomic_files.hold(
+                           os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)),
                        os.O_WRONLY, lambda fd, name: os.ftruncate(fd, 0), "temporaries")
 
 
@@ -125,31 +92,27 @@ def _first_free(path: Path, name_of: Callable[[Path, int], Path],
                 create: Callable[[Path], int], flags: int, empty: Callable[[int, Path], None],
                 what: str) -> tuple[int, Path]:
     """(open descriptor holding its flock, name) of the first of `name_of(path, 0)`,
-    `name_of(path, 1)`, ... this process can have: one `create` makes now (FileExistsError
-    where one is there), or one whose writer was killed, taken over and emptied (`empty`)."""
+    `name_of(path, 1)`, ... this process can have: one `create` makes now, its flock held
+    (FileExistsError where one is there), or one whose writer was killed, taken over and
+    emptied (`empty`)."""
     for number in range(_MAX_WRITERS):
         candidate = name_of(path, number)
         try:
             fd = create(candidate)
         except FileExistsError:
-            fd = _take_over(candidate, flags)
+            fd = atomic_files.take_over(candidate, flags)
             if fd is None:
                 continue  # another writer's
             empty(fd, candidate)
-            return fd, candidate
-        _lock(fd)  # for the next writer's look; ours by creating it either way
         return fd, candidate
     raise Fault(f"{path}: {_MAX_WRITERS} other processes are writing it, or have left their "
                 f"{what} {name_of(path, 0)}.N within the last minute; wait for them")
 
 
 def _remove_abandoned(temporaries: list[Path], keep: Path, flags: int = os.O_WRONLY) -> None:
-    """Remove the `temporaries` (files, or directories opened with `flags` O_RDONLY) whose
-    writers are gone (killed with SIGKILL), by `_take_over`'s rule."""
-    for other in temporaries:
-        if other != keep and (fd := _take_over(other, flags)) is not None:
-            _remove_tree(other)
-            os.close(fd)
+    """Remove the `temporaries` but `keep` (files, or directories opened with `flags` O_RDONLY)
+    whose writers are gone (killed with SIGKILL), by `atomic_files.take_over`'s rule."""
+    atomic_files.remove_abandoned((other for other in temporaries if other != keep), flags)
 
 
 def _keep_aside(partial: Path, path: Path) -> Path:
@@ -260,7 +223,7 @@ def atomic_directory(path: str | Path) -> Iterator[Path]:
     staging, lock = _claim_staging(path)
     # What a process killed with SIGKILL between the two renames below left behind:
     _restore(aside, path)
-    _remove_tree(aside)
+    atomic_files.remove_tree(aside)
     try:
         yield staging
         _sync_tree(staging)
@@ -268,14 +231,14 @@ def atomic_directory(path: str | Path) -> Iterator[Path]:
             path.rename(aside)
         staging.rename(path)
     except BaseException:
-        _remove_tree(staging)
+        atomic_files.remove_tree(staging)
         with contextlib.suppress(OSError):  # else the earlier one stays at `aside`
             _restore(aside, path)
         raise
     finally:
         os.close(lock)
         if path.exists():
-            _remove_tree(aside)
+            atomic_files.remove_tree(aside)
 
 
 def _claim_staging(path: Path) -> tuple[Path, int]:
@@ -284,34 +247,21 @@ def _claim_staging(path: Path) -> tuple[Path, int]:
     writers fill theirs; that of a killed writer is emptied and taken over, and the others
     killed writers left are removed."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, staging = _first_free(path, staging_path, _new_directory, os.O_RDONLY,
+    fd, staging = _first_free(path, staging_path, atomic_files.create_directory, os.O_RDONLY,
                               _empty_directory, "staging directories")
     _remove_abandoned(_numbered(staging_path(path)), keep=staging, flags=os.O_RDONLY)
     return staging, fd
 
 
-def _new_directory(name: Path) -> int:
-    name.mkdir()
-    return os.open(name, os.O_RDONLY)
-
-
 def _empty_directory(fd: int, name: Path) -> None:
     for child in list(name.iterdir()):
-        _remove_tree(child)
+        atomic_files.remove_tree(child)
 
 
 def _restore(aside: Path, path: Path) -> None:
     """Put the earlier directory back where a failure (or a kill) took it away."""
     if aside.exists() and not path.exists():
         aside.rename(path)
-
-
-def _remove_tree(path: Path) -> None:
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path, ignore_errors=True)
-    else:
-        with contextlib.suppress(OSError):
-            path.unlink(missing_ok=True)
 
 
 def _sync_tree(directory: Path) -> None:
