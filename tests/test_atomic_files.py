@@ -1,16 +1,26 @@
 """transformer.atomic_files: the one way a file is written whole. After any failure the file
 is the old one and no temporary is left; a written file is fsynced before its rename and its
-directory after; the data cache writes through it."""
+directory after; the data cache writes through it. A temporary directory is its writer's
+until the writer is gone, even when another process looks at it the moment it is made."""
 
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
-from transformer.atomic_files import atomic_file, write_atomically
+from transformer.atomic_files import (
+    ABANDONED_AFTER,
+    atomic_file,
+    new_directory,
+    remove_abandoned,
+    write_atomically,
+)
 
 
 class Boom(Exception):
@@ -137,6 +147,53 @@ def test_only_w_and_wb_are_accepted(tmp_path):
         with atomic_file(tmp_path / "out.txt", "a"):
             pass
     assert _names(tmp_path) == []
+
+
+def scan_at_the_first_lock(monkeypatch, under: Path, seconds: float = 0.1) -> threading.Event:
+    """Make another process's look for abandoned temporaries fall on the moment a writer locks
+    its new temporary: the first flock taken of something under `under` finds that look
+    holding the lock for `seconds`. The Event is set once the look has let go."""
+    real_flock, let_go = fcntl.flock, threading.Event()
+
+    def end_the_look(look: int) -> None:
+        os.close(look)
+        let_go.set()
+
+    def flock(fd: int, operation: int) -> None:
+        named = Path(os.readlink(f"/proc/self/fd/{fd}"))
+        if not let_go.is_set() and named.is_relative_to(under.resolve()):
+            monkeypatch.setattr(fcntl, "flock", real_flock)
+            look = os.open(f"/proc/self/fd/{fd}", os.O_RDONLY)  # its own open file, as a process's
+            real_flock(look, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            threading.Timer(seconds, end_the_look, [look]).start()
+        real_flock(fd, operation)
+
+    monkeypatch.setattr(fcntl, "flock", flock)
+    return let_go
+
+
+def age(path: Path) -> None:
+    """Make `path` look as last modified well over ABANDONED_AFTER seconds ago."""
+    stale = time.time() - 2 * ABANDONED_AFTER
+    os.utime(path, (stale, stale))
+
+
+def test_a_new_directory_stays_its_writers_when_looked_at_as_it_is_made(tmp_path, monkeypatch):
+    """Another process's look for abandoned temporaries may hold a new directory's lock when
+    its writer takes it: the writer waits, and a later look, once the directory is old, leaves
+    it to its writer. (Not waiting left it unlocked, removed while still being written.)"""
+    let_go = scan_at_the_first_lock(monkeypatch, tmp_path)
+    lock, tmp = new_directory(tmp_path / "store")
+    try:
+        assert let_go.wait(10)
+        (tmp / "part").write_text("being written")
+        age(tmp)
+        remove_abandoned([tmp])
+        assert (tmp / "part").read_text() == "being written"
+    finally:
+        os.close(lock)
+    remove_abandoned([tmp])  # its writer gone: now it is abandoned
+    assert not tmp.exists()
 
 
 # ----------------------------------------------------------------------------- users

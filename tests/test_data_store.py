@@ -22,6 +22,7 @@ import datasets
 import numpy as np
 import pyarrow as pa
 import pytest
+from test_atomic_files import age, scan_at_the_first_lock
 
 from data import arrow_text, disk
 from data.batching import BatchConfig, BatchIterator, batch_arrays, load_examples, plan_batches
@@ -554,6 +555,25 @@ def test_a_temporary_store_left_by_a_killed_encoding_is_removed_by_the_next(tmp_
     finally:
         os.close(lock)
     assert f"removing {abandoned}, left by an encoding that was killed" in caplog.text
+    assert store.src.to_lists() == tokenizer.encode(split["source"])
+
+
+def test_a_temporary_store_looked_at_as_it_is_made_stays_its_writers(tmp_path, monkeypatch):
+    """Another encoding's look for abandoned temporary stores may hold a new one's lock when
+    its writer takes it; an encoding of the same split a minute later must still leave that
+    store to its writer (it removed it while it was being written)."""
+    from data import encoding
+
+    split, tokenizer = _letters_split_and_tokenizer()
+    target = encoding._store_path(split, tokenizer, tmp_path)
+    target.parent.mkdir(parents=True)
+    let_go = scan_at_the_first_lock(monkeypatch, target.parent)
+    with encoding._temporary_store(target) as tmp:
+        assert let_go.wait(10)
+        (tmp / "store-part").write_text("being written")
+        age(tmp)
+        store = encoding.encode_split(split, tokenizer, tmp_path, num_proc=1)
+        assert (tmp / "store-part").read_text() == "being written"
     assert store.src.to_lists() == tokenizer.encode(split["source"])
 
 

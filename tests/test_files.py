@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from test_atomic_files import age, scan_at_the_first_lock
 
 from nmt.runtime import files
 from nmt.runtime.files import atomic_directory, atomic_file, write_atomically
@@ -314,6 +315,23 @@ def test_staging_directories_killed_writers_left_are_removed(tmp_path):
         os.close(holder)
     assert (tmp_path / "model" / "params").read_text() == "new"
     assert busy.is_dir() and not dead.exists()
+
+
+def test_a_staging_directory_looked_at_as_it_is_made_stays_its_writers(tmp_path, monkeypatch):
+    """Another export's look for abandoned staging directories may hold a new one's lock
+    when its writer takes it; an export of the same model a minute later must then take a
+    staging directory of its own, not empty the one still being filled."""
+    out = tmp_path / "model"
+    let_go = scan_at_the_first_lock(monkeypatch, tmp_path)
+    with atomic_directory(out) as staging:
+        assert let_go.wait(10)
+        (staging / "params").write_text("first")
+        age(staging)
+        with atomic_directory(out) as other:
+            assert other != staging
+            (other / "params").write_text("second")
+        assert (staging / "params").read_text() == "first"
+    assert (out / "params").read_text() == "first"
 
 
 def test_a_file_replaced_keeps_its_permissions(tmp_path):

@@ -66,9 +66,13 @@ def create_directory(name: Path) -> int:
 
 def hold(fd: int) -> int:
     """Take the flock of `fd`, a temporary this process has just created, so that the next
-    writer of the same path tells it from one whose writer was killed; returns `fd`."""
+    writer of the same path tells it from one whose writer was killed; returns `fd`.
+
+    It waits: another process's `take_over` may hold the lock at this moment, and lets go at
+    once (a new temporary is young). Not waiting left the temporary unlocked for good, to be
+    removed or emptied by a later look while still being written."""
     with contextlib.suppress(OSError):  # no flock here: then nobody takes it but its creator
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_EX)
     return fd
 
 
