@@ -382,6 +382,7 @@ def test_the_server_loads_each_models_shortlist_and_names_it_in_its_engine(short
     model = str(shortlisted / "model")
     args = server.build_parser().parse_args(["--model", model, "--shortlist", "50"])
     server.check_args(args)
+    server.apply_backend_defaults(args)  # as load_served_models does: --batch-tokens
     translator, _ = server.load_translator(model, model, args)
     assert translator.shortlist_size == 50
     assert translator.describe() == "jax float32, shortlist of 50"
