@@ -1,7 +1,6 @@
 """The token store: memory-mapped batches equal in-memory ones, resumption, shares that join
 into the whole, bounded memory, and streamed reading into the cache."""
 
-import contextlib
 import errno
 import fcntl
 import json
@@ -399,7 +398,7 @@ def test_ctrl_c_while_the_workers_start_ends_the_encoding(tmp_path):
     """Ctrl-C (SIGINT to the process group) while the encoding's worker processes start is
     acted on once they are started: the command says `interrupted` and exits 130 with no
     process, no worker's traceback and no temporary store left, not encoding to the end."""
-    from test_data_tokenizer import _SLOW_ENCODING, _session
+    from test_data_tokenizer import _SLOW_ENCODING, _ended, _reap
 
     (tmp_path / "slow.py").write_text(_SLOW_START + _SLOW_ENCODING)
     marks, cache = tmp_path / "marks", tmp_path / "cache"
@@ -413,15 +412,9 @@ def test_ctrl_c_while_the_workers_start_ends_the_encoding(tmp_path):
             assert time.monotonic() < deadline, "no worker started"
             time.sleep(0.05)
         os.killpg(command.pid, signal.SIGINT)  # the first worker started, the second not
-        _, err = command.communicate(timeout=30)  # the workers encode for 60 s
-        deadline = time.monotonic() + 10
-        while (left := _session(command.pid)) and time.monotonic() < deadline:
-            time.sleep(0.1)
+        err, left = _ended(command, timeout=30)  # the workers encode for 60 s
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(command.pid, signal.SIGKILL)
-        command.kill()
-        command.wait()
+        _reap(command)
     assert command.returncode == 130, err
     assert [line for line in err.splitlines() if line.strip()] == ["probe: interrupted"], err
     assert not left, f"processes left behind: {left}"

@@ -346,6 +346,24 @@ def _started(marks: Path, workers: str) -> bool:
     return {name.split("-")[1] for name in names} == {"fast", "slow"}
 
 
+def _ended(command: subprocess.Popen, timeout: float) -> tuple[str, list[int]]:
+    """(stderr, the processes of its session still there after up to 10 s) once `command`
+    ends within `timeout` seconds: its workers must not outlive it."""
+    _, err = command.communicate(timeout=timeout)
+    deadline = time.monotonic() + 10
+    while (left := _session(command.pid)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return err, left
+
+
+def _reap(command: subprocess.Popen) -> None:
+    """Kill `command`'s whole session, whatever a test left running."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(command.pid, signal.SIGKILL)
+    command.kill()
+    command.wait()
+
+
 def _session(leader: int) -> list[int]:
     """The processes of the session that `leader` started (itself included)."""
     members = []
@@ -387,15 +405,9 @@ def test_a_signal_while_workers_encode_ends_them_with_one_line(signum, whom, wor
             os.kill(int(min(marks.iterdir()).name.split("-")[0]), signum)
         else:
             (os.killpg if whom == "group" else os.kill)(command.pid, signum)
-        _, err = command.communicate(timeout=20)
-        deadline = time.monotonic() + 10
-        while (left := _session(command.pid)) and time.monotonic() < deadline:
-            time.sleep(0.1)
+        err, left = _ended(command, timeout=20)
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(command.pid, signal.SIGKILL)
-        command.kill()
-        command.wait()
+        _reap(command)
     assert command.returncode == status, err
     assert not left, f"processes left behind: {left}"
     lines = [line for line in err.splitlines() if line.strip()]

@@ -71,6 +71,16 @@ def _unmarked(document: Document, marked: str, escape=lambda sentence: sentence)
                   marked)
 
 
+def assert_cut_as_marked(cases: list[tuple[str, str]]) -> None:
+    """Each (language, text with "|" where it is cut): split_text gives those sentences, and
+    its join gives the text back."""
+    for language, cut in cases:
+        text = cut.replace("|", "")
+        document = split_text(text, language)
+        assert document.sentences == [s.strip() for s in cut.split("|")], (language, text)
+        assert document.join(document.sentences) == text
+
+
 @pytest.mark.parametrize("text", TRICKY_TEXTS)
 def test_identity_translation_gives_the_text_back(text):
     for language in ("en", "de", "ja", "xx"):
@@ -178,11 +188,7 @@ def test_a_quote_the_sentence_goes_on_after_stays_in_it():
         ("ja", "「ありがとう。」|ところで、明日は来ますか。"),  # と begins the next sentence
         ("ja", "「はい。」|とても良い天気です。"),
     ]
-    for language, cut in cases:
-        text = cut.replace("|", "")
-        document = split_text(text, language)
-        assert document.sentences == [s.strip() for s in cut.split("|")], text
-        assert document.join(document.sentences) == text
+    assert_cut_as_marked(cases)
 
 
 def test_a_quote_that_opens_a_sentence_starts_it():
@@ -197,11 +203,7 @@ def test_a_quote_that_opens_a_sentence_starts_it():
         ("en", 'He said "Go." |Then he left.'),
         ("en", '"Go." |"Now!" she said.'),
     ]
-    for language, cut in cases:
-        text = cut.replace("|", "")
-        document = split_text(text, language)
-        assert document.sentences == [s.strip() for s in cut.split("|")], text
-        assert document.join(document.sentences) == text
+    assert_cut_as_marked(cases)
 
 
 def test_ordinals_list_numbers_and_titles_stay_in_their_sentence():
@@ -236,11 +238,7 @@ def test_ordinals_list_numbers_and_titles_stay_in_their_sentence():
         ("en", "Chapter 2. |Methods."),
         ("en", "It was 1. |Then 2. |Then 3."),
     ]
-    for language, cut in cases:
-        text = cut.replace("|", "")
-        document = split_text(text, language)
-        assert document.sentences == [s.strip() for s in cut.split("|")], (language, text)
-        assert document.join(document.sentences) == text
+    assert_cut_as_marked(cases)
 
 
 def test_a_long_thai_paragraph_is_cut_at_spaces():
