@@ -558,7 +558,7 @@ def test_url_prefix_is_read_as_a_path_or_refused_in_one_line(capsys):
 
     assert [prefix(value) for value in ("/mt", "mt/", "/a/b/", "/", "")] == [
         "/mt", "/mt", "/a/b", "", ""]
-    for value in ("/m t", "/mt?x=1", "http://host/mt", "/a//b"):
+    for value in ("/m t", "/mt?x=1", "http://host/mt", "/a//b", "../mt", "/mt/./x"):
         with pytest.raises(SystemExit) as exited:
             prefix(value)
         err = capsys.readouterr().err

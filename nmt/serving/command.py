@@ -196,7 +196,9 @@ def _int_list(text: str) -> tuple[int, ...]:
 def _url_prefix(text: str) -> str:
     """--url-prefix as a path from "/" without a trailing one ("mt/" is "/mt"; "/" none)."""
     path = "/" + text.strip("/")
-    if not re.fullmatch(r"[\w.~!$&'()*+,;=:@/-]+", path, re.ASCII) or "//" in path:
+    dot_segment = any(part in (".", "..") for part in path.split("/"))
+    if not re.fullmatch(r"[\w.~!$&'()*+,;=:@/-]+", path, re.ASCII) or "//" in path \
+            or dot_segment:  # a browser resolves "/../mt" to another path than the one sent
         raise argparse.ArgumentTypeError(f"{text!r} is not a URL path: give the path a proxy "
                                          "serves this server at, such as /mt")
     return "" if path == "/" else path
