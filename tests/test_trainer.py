@@ -26,6 +26,7 @@ from conftest import SHALLOW
 import nmt.training.run_data
 import nmt.training.trainer
 from data.sampling import SampledEpochs
+from data.tokenizer import load_tokenizer
 from nmt.models import model_dir
 from nmt.rundir import checkpoints as checkpoint
 from nmt.rundir.bookkeeping import Bookkeeping
@@ -457,13 +458,27 @@ def test_run_config_checks_limits_and_early_stopping():
 
 
 def _earlier_run(tmp_path: Path, **settings) -> Path:
-    """A run directory as an earlier run left it: spm.model and config.yaml with its settings."""
+    """A run directory as an earlier run left it: spm.model, config.yaml with its settings
+    and a checkpoint trained with them (its files only: the checks come before reading it)."""
     out = tmp_path / "run"
-    out.mkdir()
+    (out / "checkpoints" / "100" / "params").mkdir(parents=True)
+    (out / "checkpoints" / "100" / "params" / "leaf").write_bytes(b"parameters")
+    (out / "checkpoints" / "100" / "_CHECKPOINT_METADATA").write_text('{"item_handlers": {}}')
     (out / model_dir.TOKENIZER_FILE).write_bytes(b"an earlier run's SentencePiece model")
     (out / "config.yaml").write_text(recipes.dump(recipes.run_from_flat(preset="tiny",
                                                                       **settings)))
     return out
+
+
+def test_a_start_that_took_no_step_leaves_no_tokenizer_to_be_refused(corpus, bleus, tmp_path):
+    """A first start that failed (a budget too short) leaves spm.model and config.yaml but no
+    checkpoint: a start with another --vocab-size trains its own tokenizer, not an error."""
+    out = _earlier_run(tmp_path, vocab_size=400)
+    shutil.rmtree(out / "checkpoints")
+    bleus += [1.0]
+    _run(corpus, out, max_steps=1, eval_every=1)  # --vocab-size 320
+    assert load_tokenizer(out).vocab_size == 320
+    assert recipes.load_saved(out / "config.yaml").tokenizer.vocab_size == 320
 
 
 def test_resume_with_another_tokenizer_type_is_an_error(tmp_path):

@@ -17,9 +17,17 @@ import numpy as np
 from flax import nnx, serialization
 
 from data.batching import BatchIterator, Examples, plan_fingerprint
-from data.config import BatchConfig
+from data.config import BatchConfig, DataError
 from data.sampling import SampledEpochs
-from data.tokenizer import MODEL_FILE, tokenizer_present
+from data.tokenizer import (
+    MODEL_FILE,
+    SOURCE_SPM,
+    SPECIAL_TOKENS_FILE,
+    TARGET_SPM,
+    VOCAB_FILE,
+    load_tokenizer,
+    tokenizer_present,
+)
 from nmt.models.model_dir import ModelDirError, check_shapes
 from nmt.models.model_files import CONFIG_FILE, MODEL_DIR, PARAMS_FILE
 from nmt.rundir.bookkeeping import Bookkeeping
@@ -77,35 +85,73 @@ def check_tokenizer_present(run_dir: Path) -> None:
 
 def check_same_tokenizer(run_dir: Path, run: RunConfig, saved: RunConfig | None) -> None:
     """An existing spm.model is reused; fail if this run asks for a different one."""
+    mismatch = tokenizer_mismatch(run_dir, run, saved)
+    if mismatch is not None:
+        raise SettingsMismatch(mismatch)
+
+
+def tokenizer_mismatch(run_dir: Path, run: RunConfig, saved: RunConfig | None) -> str | None:
+    """Why the run directory's tokenizer, by the settings it was recorded with, is not the one
+    this run asks for; None when it is (or nothing was recorded)."""
     if saved is None or not tokenizer_present(run_dir):
-        return
+        return None
     path = run_dir / RUN_CONFIG_FILE
     if run.trainer.init_from and not saved.trainer.init_from:  # its checkpoints would win
-        raise SettingsMismatch(
-            f"the run in {run_dir} was trained from scratch (see {path}), this run asks for "
-            f"--init-from {run.trainer.init_from}: drop --init-from to resume the run, or use "
-            "a new --output-dir to fine-tune that model.")
+        return (f"the run in {run_dir} was trained from scratch (see {path}), this run asks for "
+                f"--init-from {run.trainer.init_from}: drop --init-from to resume the run, or "
+                "use a new --output-dir to fine-tune that model.")
     if saved.trainer.init_from and run.trainer.init_from != saved.trainer.init_from:
-        raise SettingsMismatch(
-            f"the run in {run_dir} started from the model in --init-from "
-            f"{saved.trainer.init_from} (see {path}), this run asks for "
-            f"{run.trainer.init_from or 'none'}: pass --init-from {saved.trainer.init_from} to "
-            "resume it, or use a new --output-dir.")
+        return (f"the run in {run_dir} started from the model in --init-from "
+                f"{saved.trainer.init_from} (see {path}), this run asks for "
+                f"{run.trainer.init_from or 'none'}: pass --init-from {saved.trainer.init_from} "
+                "to resume it, or use a new --output-dir.")
     if run.trainer.init_from:
-        return  # data.encoding checks that the run's tokenizer is the model's
+        return None  # data.encoding checks that the run's tokenizer is the model's
     if saved.tokenizer.spm_model and not run.tokenizer.spm_model:
-        raise SettingsMismatch(
-            f"the run in {run_dir} uses the SentencePiece model of --spm-model "
-            f"{saved.tokenizer.spm_model} (see {path}): pass that flag again to resume it.")
+        return (f"the run in {run_dir} uses the SentencePiece model of --spm-model "
+                f"{saved.tokenizer.spm_model} (see {path}): pass that flag again to resume it.")
     if run.tokenizer.spm_model:
-        return  # data.tokenizer checks that it is the run's spm.model
+        return None  # data.tokenizer checks that it is the run's spm.model
     for name, flag in (("model_type", "--tokenizer-type"), ("vocab_size", "--vocab-size")):
         then, now = getattr(saved.tokenizer, name), getattr(run.tokenizer, name)
         if then != now:
-            raise SettingsMismatch(
-                f"{run_dir / MODEL_FILE} was trained with {flag} {then} (see {path}), this run "
-                f"asks for {flag} {now}: pass {flag} {then} to resume with it, or use a new "
-                "--output-dir to train a new tokenizer.")
+            return (f"{run_dir / MODEL_FILE} was trained with {flag} {then} (see {path}), this "
+                    f"run asks for {flag} {now}: pass {flag} {then} to resume with it, or use a "
+                    "new --output-dir to train a new tokenizer.")
+    return None
+
+
+TOKENIZER_FILES = (MODEL_FILE, SOURCE_SPM, TARGET_SPM, VOCAB_FILE, SPECIAL_TOKENS_FILE)
+
+
+def discard_unused_tokenizer(run_dir: Path, run: RunConfig, saved: RunConfig | None) -> None:
+    """A run directory without a checkpoint trained nothing with its tokenizer (a start that
+    failed: its budget too short, a bad flag found late): one that these settings would not
+    reuse is removed, so that the run makes its own rather than being refused."""
+    if complete_steps(run_dir / CHECKPOINTS_DIR) or not tokenizer_present(run_dir):
+        return
+    if tokenizer_mismatch(run_dir, run, saved) is None and not _other_than_given(run_dir, run):
+        return
+    for name in TOKENIZER_FILES:
+        (run_dir / name).unlink(missing_ok=True)
+    log.info("%s holds no checkpoint: its tokenizer, left by a start that took no step, is "
+             "replaced by this run's", run_dir)
+
+
+def _other_than_given(run_dir: Path, run: RunConfig) -> bool:
+    """Whether the run directory's tokenizer differs from the one --init-from or --spm-model
+    gives (False when that one cannot be read: its own check says so later)."""
+    given = run.trainer.init_from or run.tokenizer.spm_model
+    if not given:
+        return False
+    try:
+        wanted = load_tokenizer(given).fingerprint
+    except (DataError, OSError, RuntimeError):
+        return False
+    try:
+        return load_tokenizer(run_dir).fingerprint != wanted
+    except (DataError, OSError, RuntimeError):
+        return True  # damaged, and nothing was trained with it
 
 
 def check_same_languages(run_dir: Path, run: RunConfig, saved: RunConfig | None) -> None:

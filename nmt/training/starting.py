@@ -82,6 +82,7 @@ def prepare_start(run: RunConfig, run_dir: Path, compile_log: CompileLog) -> Sta
     --init-from, TrainingError when its files are missing or damaged."""
     bleu = validation_bleu(run)  # before any work: a BLEU tokenizer that is missing fails
     mesh = make_mesh()
+    _discard_unused_tokenizer(run, run_dir)
     # The model is initialized (and its initialization compiled) in the background while the
     # data is prepared, for the vocabulary the tokenizer is expected to have.
     model_config = _expected_model(run, run_dir)
@@ -110,6 +111,18 @@ def prepare_start(run: RunConfig, run_dir: Path, compile_log: CompileLog) -> Sta
                  state=state, train_step=train_step, validator=validator,
                  checkpoints=checkpoints, bookkeeping=bookkeeping,
                  bleu_tokenizer=bleu_tokenizer, resumed_from=resumed_from, saved=saved)
+
+
+def _discard_unused_tokenizer(run: RunConfig, run_dir: Path) -> None:
+    """Process 0 removes a tokenizer that a start which took no step left and this run would
+    not reuse (`resume.discard_unused_tokenizer`); the others load the one it then writes."""
+    if jax.process_index() != 0:
+        return
+    try:
+        saved = resume.saved_run(run_dir)
+    except resume.ResumeError:
+        return  # an unreadable config.yaml: _prepare_data says so
+    resume.discard_unused_tokenizer(run_dir, run, saved)
 
 
 def _expected_model(run: RunConfig, run_dir: Path) -> ModelConfig:
@@ -160,9 +173,9 @@ def _prepare_data(run: RunConfig, run_dir: Path, model_config: ModelConfig) -> P
     saved = resume.saved_run(run_dir)
     try:
         resume.check_tokenizer_present(run_dir)
-        resume.check_same_tokenizer(run_dir, run, saved)
         resuming = bool(complete_steps(run_dir / CHECKPOINTS_DIR))
         if resuming:
+            resume.check_same_tokenizer(run_dir, run, saved)
             resume.check_same_languages(run_dir, run, saved)
         data = prepare_data(run, run_dir, run.model.max_len)
         if resuming:
