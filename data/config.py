@@ -231,6 +231,8 @@ class BatchConfig:
     def __post_init__(self) -> None:
         _check_finite(self)
         check_buckets(self.buckets)
+        if self.batch_tokens < 1:  # else refused only once the corpus is encoded, as rows
+            raise DataError(f"--batch-tokens must be >= 1, got {self.batch_tokens}")
         if self.max_shapes < 1:
             raise DataError(f"max_shapes must be >= 1, got {self.max_shapes}")
         if self.num_devices < 1:

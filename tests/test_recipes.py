@@ -181,6 +181,10 @@ def test_yaml_reads_scientific_numbers_as_numbers(tmp_path):
     (["--seed", "-1"], r"seed must be an integer from 0 to 4294967295 \(2\*\*32 - 1\), got -1 "
                        r"\(given by --seed -1\)"),
     (["--seed", str(2**32)], r"seed must be an integer from 0 to 4294967295 .*, got 4294967296"),
+    # Refused here, not once the tokenizer is trained and the corpus encoded.
+    (["--batch-tokens", "0"], r"^--batch-tokens must be >= 1, got 0 \(given by --batch-tokens "
+                              r"0\)$"),
+    (["--batch-tokens", "-1", "--no-packing"], r"^--batch-tokens must be >= 1, got -1 "),
 ])
 def test_an_invalid_flag_value_names_the_flag(flags, message):
     parser = argparse.ArgumentParser()
