@@ -50,6 +50,24 @@ def test_flags_keep_their_names_and_map_to_sections():
     assert run.preset == "tiny" and run.model.d_model == 24
 
 
+def test_the_help_says_when_the_defaults_model_settings_apply(tmp_path):
+    """defaults.yaml's dropout is for a run that names no preset; naming one, the default
+    preset included, starts the model from the preset, and --help says so."""
+    parser = argparse.ArgumentParser()
+    recipes.add_flags(parser, recipes.defaults())
+    dropout = next(a for a in parser._actions if "--dropout" in a.option_strings)
+    assert dropout.help.endswith("(default 0.0 when neither --preset nor the recipe names a "
+                                 "preset, which runs compact; a preset named, compact included, "
+                                 "gives its own)")
+    compact = recipes.PRESETS["compact"]
+    assert compact.dropout != 0.0
+    named = recipes.from_args(parser.parse_args(["--preset", "compact"]))
+    in_recipe = recipes.read_recipe(_recipe(tmp_path, "model:\n  preset: compact\n"))
+    assert recipes.build(recipes.defaults()).model == dataclasses.replace(compact, dropout=0.0)
+    assert recipes.build(recipes.defaults(), named).model == compact
+    assert recipes.build(recipes.defaults(), in_recipe).model == compact
+
+
 def test_a_flag_given_as_none_unsets_what_the_recipe_sets(tmp_path):
     recipe = recipes.read_recipe(_recipe(tmp_path, "optimizer:\n  clip_norm: 1.0\n"
                                                    "trainer:\n  max_steps: 500\n"))

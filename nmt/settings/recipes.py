@@ -672,12 +672,13 @@ def add_flags(parser: argparse.ArgumentParser, defaults_layer: Layer | None = No
 
 def _model_default(preset: str, shown: dict[str, tuple[Any, str]]) -> Callable[[Field], str]:
     """The help's default of a model flag: the preset's, but where the defaults set a value
-    for the default preset alone (`defaults`)."""
+    for a run that names no preset (`defaults`): one named, the default's own included,
+    starts the model from the preset (`merge`)."""
     def note(field: Field) -> str:
         if field.name not in shown:
             return "default: the preset's"
-        return (f"default {shown[field.name][0]} with the default preset, {preset}; with "
-                "another, the preset's")
+        return (f"default {shown[field.name][0]} when neither --preset nor the recipe names a "
+                f"preset, which runs {preset}; a preset named, {preset} included, gives its own")
     return note
 
 
