@@ -179,6 +179,25 @@ def test_dropout_and_dtype_may_change_on_resume_and_the_model_records_them(
         capsys)
 
 
+def test_a_run_resumed_without_its_preset_is_refused_naming_it(model, corpus, tmp_path,
+                                                               capsys):
+    """The refusal names the run's --preset, and no info line about the settings that may
+    change comes before it: the run does not resume."""
+    out = tmp_path / "run"
+    scratch = [a for a in _fine_tune(model, corpus, out) if a not in ("--init-from", str(model))]
+    assert train_cli.main([*scratch, "--preset", "tiny", "--vocab-size", "320"]) == 0
+    capsys.readouterr()
+    assert train_cli.main([*scratch, "--vocab-size", "320", "--max-steps", "4"]) == 2
+    err = capsys.readouterr().err
+    assert "resuming with" not in err
+    lines = [line for line in err.splitlines() if line.startswith("train.py: error:")]
+    assert len(lines) == 1, err
+    assert f"{out / 'config.yaml'} was trained with a different model (d_model: saved 24, now" in (
+        lines[0])
+    assert re.search(r"; pass --preset tiny \(the run's, this run's is \w+\) and its model "
+                     r"flags to resume, or a new --output-dir\.$", lines[0]), lines[0]
+
+
 def test_a_model_edited_in_config_yaml_is_refused_in_one_line(model, corpus, tmp_path, capsys):
     """Resuming with --config of a config.yaml whose model was edited agrees with that file,
     but not with the checkpoints: one line names the shapes, without the traceback that each

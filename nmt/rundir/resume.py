@@ -192,26 +192,31 @@ MAY_CHANGE_ON_RESUME = ("dropout", "attention_dropout", "activation_dropout", "d
                         "activation_dtype", "attention_impl")
 
 
-def check_same_model(run_dir: Path, model: ModelConfig, saved: RunConfig | None) -> None:
-    """Resuming with a different model would fail deep inside orbax; say so up front. The
-    settings of MAY_CHANGE_ON_RESUME may change: one info line names them."""
+def check_same_model(run_dir: Path, model: ModelConfig, saved: RunConfig | None,
+                     preset: str) -> None:
+    """Resuming with a different model would fail deep inside orbax; say so up front, naming
+    the run's --preset where this run's (`preset`) differs. The settings of
+    MAY_CHANGE_ON_RESUME may change: one info line names them, once nothing is refused."""
     if saved is None:
         return
     then = saved.model
     changed = [name for name in ModelConfig.__dataclass_fields__
                if name not in ("vocab_size", "pad_id", "unk_id", "bos_id", "eos_id")
                and getattr(then, name) != getattr(model, name)]
-    allowed = [name for name in changed if name in MAY_CHANGE_ON_RESUME]
-    if allowed:
-        log.info("resuming with %s changed; the parameters' layout is the same",
-                 _changes(then, model, allowed))
     diff = [name for name in changed if name not in MAY_CHANGE_ON_RESUME]
     if diff:
         changes = ", ".join(f"{k}: saved {getattr(then, k)!r}, now {getattr(model, k)!r}"
                             for k in diff)
+        flags = ("the same model flags" if saved.preset == preset else
+                 f"--preset {saved.preset} (the run's, this run's is {preset}) and its model "
+                 "flags")
         raise SettingsMismatch(f"{run_dir / RUN_CONFIG_FILE} was trained with a different "
-                               f"model ({changes}); pass the same model flags to resume, or a "
-                               "new --output-dir.")
+                               f"model ({changes}); pass {flags} to resume, or a new "
+                               "--output-dir.")
+    allowed = [name for name in changed if name in MAY_CHANGE_ON_RESUME]
+    if allowed:
+        log.info("resuming with %s changed; the parameters' layout is the same",
+                 _changes(then, model, allowed))
 
 
 def _changes(then, now, names) -> str:

@@ -179,7 +179,7 @@ def _prepare_data(run: RunConfig, run_dir: Path, model_config: ModelConfig) -> P
             resume.check_same_languages(run_dir, run, saved)
         data = prepare_data(run, run_dir, run.model.max_len)
         if resuming:
-            resume.check_same_model(run_dir, model_config, saved)
+            resume.check_same_model(run_dir, model_config, saved, run.preset)
             resume.note_changed_training(run, saved)
             resume.check_same_seed(run_dir, run, saved)
     except resume.SettingsMismatch as err:
