@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import SHALLOW_FLAGS
+from conftest import SHALLOW_FLAGS, xla_flags
 
 from nmt.rundir.checkpoints import CHECKSUMS_FILE
 from synthetic_corpus import write_corpus
@@ -188,6 +188,26 @@ def test_processes_given_different_process_counts_are_refused_by_name(corpus, tm
         assert "--num-processes is " in line and line.endswith(
             "give every process the same --num-processes and --coordinator, and start them "
             "again"), line
+    assert time.monotonic() - began < 60
+
+
+def test_processes_with_different_device_counts_are_refused_by_name(corpus, tmp_path, env):
+    """Process 0 with one CPU device, process 1 with two: batches are split evenly over each
+    process's devices, and the run used to end in a checkpoint's collective with a reshape
+    error naming neither."""
+    port = _free_port()
+    processes = [_train(tmp_path / "run", corpus, k, port,
+                        {**env, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": xla_flags(devices)},
+                        "--max-steps", "4")
+                 for k, devices in enumerate((1, 2))]
+    began = time.monotonic()
+    ended = _all_ended(processes, timeout=90)
+    fix = ("give every process the same number of devices (CUDA_VISIBLE_DEVICES on GPUs, "
+           "--xla_force_host_platform_device_count in XLA_FLAGS on CPUs), and start them again")
+    assert ended == [
+        (2, f"train.py: error: process 0 has 1 device, process 1 has 2 devices; {fix}"),
+        (2, f"train.py: error: process 1 has 2 devices, process 0 has 1 device; {fix}")]
+    assert not (tmp_path / "run" / "checkpoints").exists()
     assert time.monotonic() - began < 60
 
 

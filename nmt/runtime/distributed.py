@@ -69,9 +69,9 @@ def initialize_distributed(coordinator: str | None = None, num_processes: int | 
     """Call `jax.distributed.initialize` when this is one of several processes.
 
     Must run before anything touches JAX devices. With explicit arguments they are passed on;
-    otherwise JAX detects the cluster from the launcher's environment. Returns True if it ran;
-    ValueError when nothing answers at --coordinator, or the processes were given different
-    --num-processes.
+    otherwise JAX detects the cluster from the launcher's environment. Returns True if it ran
+    (JAX's backend is then up); ValueError when nothing answers at --coordinator, or the
+    processes were given different --num-processes or have different numbers of devices.
     """
     explicit = any(v is not None for v in (coordinator, num_processes, process_id))
     if not explicit and not _cluster_env_present():
@@ -97,6 +97,7 @@ def initialize_distributed(coordinator: str | None = None, num_processes: int | 
         watch.cancel()
     cli.stop_on_sigterm()  # JAX's preemption notifier caught it: the waits never ended
     _same_process_count()
+    _same_device_count()
     return True
 
 
@@ -155,20 +156,52 @@ def _same_process_count(limit_s: float = COUNT_LIMIT_S) -> None:
     """ValueError naming --num-processes when this process was given another count than
     process 0 (the others wait for a process that never comes); published and compared
     first, before any other wait."""
+    me, count = _processes()
+    differs = _first_other("processes", count, limit_s)
+    if differs is not None:
+        process, theirs = differs
+        raise ValueError(
+            f"--num-processes is {count} on process {me}, {theirs} on process {process}; "
+            "give every process the same --num-processes and --coordinator, and start them "
+            "again")
+
+
+def _same_device_count(limit_s: float = COUNT_LIMIT_S) -> None:
+    """ValueError when another process has another number of local devices: batches are
+    split evenly over each process's devices, and a run that started so would fail later
+    in a collective with a message that names neither the processes nor their devices."""
+    cli.check_jax_platforms()  # starts the backend, or ends in its own line
+    me, _ = _processes()
+    mine = jax.local_device_count()
+    differs = _first_other("devices", mine, limit_s)
+    if differs is not None:
+        process, theirs = differs
+        raise ValueError(
+            f"process {me} has {_devices(mine)}, process {process} has {_devices(theirs)}; "
+            "give every process the same number of devices (CUDA_VISIBLE_DEVICES on GPUs, "
+            "--xla_force_host_platform_device_count in XLA_FLAGS on CPUs), and start them "
+            "again")
+
+
+def _devices(count: int) -> str:
+    return f"{count} device" + ("s" if count != 1 else "")
+
+
+def _first_other(topic: str, mine: int, limit_s: float) -> tuple[int, int] | None:
+    """(process, its value) of a process whose `topic` value differs from this one's `mine`,
+    None when none does: process 0 compares with every other, the others with process 0."""
     client = _client()
     me, count = _processes()
     if client is None:
-        return
-    client.key_value_set(f"{_PREFIX}/processes/{me}", str(count))
+        return None
+    client.key_value_set(f"{_PREFIX}/{topic}/{me}", str(mine))
     deadline = time.monotonic() + limit_s
     for process in range(1, count) if me == 0 else [0]:
-        theirs = int(_read(client, f"{_PREFIX}/processes/{process}", process, count,
+        theirs = int(_read(client, f"{_PREFIX}/{topic}/{process}", process, count,
                            "the start", deadline, limit_s))
-        if theirs != count:
-            raise ValueError(
-                f"--num-processes is {count} on process {me}, {theirs} on process {process}; "
-                "give every process the same --num-processes and --coordinator, and start "
-                "them again")
+        if theirs != mine:
+            return process, theirs
+    return None
 
 
 def max_over_processes(value: int) -> int:
