@@ -92,6 +92,51 @@ def test_yaml_round_trip(tmp_path):
     assert recipes.dump(loaded) == path.read_text()
 
 
+def test_a_dump_reads_back_as_the_same_run_whatever_its_text(tmp_path, monkeypatch):
+    """A flag's `$`, `${X}` and `~` are the text given (the shell has expanded what it
+    would): the run's config.yaml writes them so that they read back as given, where a
+    recipe's `${X}` is a variable and `~` the home directory."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("X", raising=False)
+    run = recipes.run_from_flat(source="cost ${X} here, $5, $$ and ~", output_dir="runs/${HOME}x",
+                                train_prefix="$HOME/${X:-y}/train",
+                                test_prefix="~no-such-user-here/test")
+    path = _recipe(tmp_path, recipes.dump(run))
+    assert recipes.load_saved(path) == run
+    assert recipes.load(path) == run
+    assert recipes.dump(recipes.load_saved(path)) == path.read_text()
+    # A path that `~` begins, built without the settings' expansion, keeps its meaning: ./~
+    odd = run.replace(trainer={"output_dir": "~/x"})
+    back = recipes.load_saved(_recipe(tmp_path, recipes.dump(odd)))
+    assert back.trainer.output_dir == "./~/x"
+
+
+def test_a_path_flag_and_a_recipe_path_read_a_leading_tilde_alike(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    parser = argparse.ArgumentParser()
+    recipes.add_flags(parser)
+    # `--output-dir=~/x`: the shell expands no `~` after `=`.
+    flags = recipes.from_args(parser.parse_args(["--output-dir=~/x", "--train-file=~/p.tsv",
+                                                 "--source", "~/notes"]))
+    run = recipes.build(recipes.defaults(), flags)
+    assert (run.trainer.output_dir, run.data.train_file) == (str(tmp_path / "x"),
+                                                             str(tmp_path / "p.tsv"))
+    assert run.data.source == "~/notes"  # text, not a path
+    recipe = recipes.read_recipe(_recipe(tmp_path, "trainer:\n  output_dir: ~/x\ndata:\n"
+                                                   "  train_file: ~/p.tsv\n  source: ~/notes\n"))
+    assert recipes.build(recipes.defaults(), recipe) == run
+
+
+def test_a_recipe_writes_a_dollar_sign_as_two(tmp_path, monkeypatch):
+    monkeypatch.delenv("X", raising=False)
+    layer = recipes.read_recipe(_recipe(tmp_path, "data:\n  source: 'costs $$5 ($${X}), $3'\n"))
+    assert layer["data"]["source"][0] == "costs $5 (${X}), $3"
+    with pytest.raises(SettingsError, match=r"recipe.yaml line 2: data.source: needs the "
+                                            r"environment variable X \(or write \$\{X:-DEFAULT\} "
+                                            r"in the recipe, or \$\$\{X\} for the text itself\)$"):
+        recipes.read_recipe(_recipe(tmp_path, "data:\n  source: costs ${X}\n"))
+
+
 @pytest.mark.parametrize("text", ['{"max-steps": 5, "max_steps": 7}',
                                   '{"max_steps": 5, "max_steps": 7}'])
 def test_a_json_recipe_setting_one_flag_twice_is_refused(tmp_path, text):

@@ -15,7 +15,9 @@ loads (`train:` for `optimizer:`, `nmt.settings.config.RENAMED_SECTIONS`), so ol
 run directories keep working; `dump` writes today's names. Flat JSON recipes keyed by flag
 names ({"batch-tokens": 4096}) load too. A run is built from layers, later ones winning:
 train.py's defaults (`nmt/settings/defaults.yaml`), the recipe, the flags; a layer that names
-a split's source (`--train-file`) replaces the source earlier ones named. Unknown sections
+a split's source (`--train-file`) replaces the source earlier ones named. A recipe's strings
+may name environment variables (`${MULTI30K:-data/multi30k}`, `$$` for a `$`), and a path
+setting's leading `~`, in a recipe or a flag, is the home directory. Unknown sections
 and keys, wrong types and invalid values are `SettingsError`s naming the file, line and key
 (or flag).
 
@@ -120,6 +122,21 @@ assert len(BY_FLAT_NAME) == len(FIELDS), "two settings share a flag"
 _DERIVED = {(section, f.name): f.metadata["derived"] for section, cls in SECTIONS.items()
             for f in dataclasses.fields(cls) if f.metadata.get("derived")}
 
+# The settings that name a file or directory: a leading `~` in them is the home directory,
+# in a recipe and a flag alike (the shell leaves `--output-dir=~/x` as it is).
+PATH_KEYS = frozenset({
+    ("tokenizer", "spm_model"), ("trainer", "output_dir"), ("trainer", "init_from"),
+    *(("data", name) for name in ("train_prefix", "valid_prefix", "test_prefix", "train_file",
+                                  "valid_file", "test_file", "dataset", "locale_dir"))})
+assert PATH_KEYS <= set(BY_KEY), "a path key names no setting"
+
+
+def _at_home(field: Field, value: Any) -> Any:
+    """`value` with a leading `~` made the home directory, for a path setting."""
+    if (field.section, field.name) in PATH_KEYS and isinstance(value, str):
+        return os.path.expanduser(value)
+    return value
+
 
 # ----------------------------------------------------------------------------- layers
 
@@ -163,7 +180,7 @@ def _checked(field: Field, value: Any, where: str, takes: str = "") -> Any:
         raise SettingsError(f"{where}: {value!r} is not one of {', '.join(field.choices)}")
     if field.kind is str and not value.strip():
         raise SettingsError(f"{where} is blank; give a value, or remove the key for the default")
-    return value
+    return _at_home(field, value)
 
 
 def _buckets(value: Any, where: str) -> tuple[int, ...]:
@@ -480,23 +497,28 @@ def _is_null(node) -> bool:
     return node.tag == "tag:yaml.org,2002:null"
 
 
-_VARIABLE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+# `${NAME}` or `${NAME:-default}`, or `$$`: one `$` as it is (how `dump` writes a `$`).
+_VARIABLE = re.compile(r"\$\$|\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
 
 def expand_variables(text: str, where: str) -> str:
     """`${NAME}` and `${NAME:-default}` in a recipe's string value, from the environment: a
     recipe names where its data usually lies and a user points it elsewhere without editing
     it (`MULTI30K=~/data/multi30k python train.py --config ...`). As in the shell, the
-    default replaces a variable that is unset or empty."""
+    default replaces a variable that is unset or empty. `$$` is one `$`, so that any text
+    can be written."""
     def value(match: re.Match) -> str:
         name, default = match.group(1), match.group(2)
+        if name is None:
+            return "$"
         if os.environ.get(name) or (name in os.environ and default is None):
             return os.environ[name]  # as in the shell: an empty NAME takes :-'s default
         if default is None:
             raise SettingsError(f"{where}: needs the environment variable {name} (or write "
-                                f"${{{name}:-DEFAULT}} in the recipe)")
+                                f"${{{name}:-DEFAULT}} in the recipe, or $${{{name}}} for the "
+                                "text itself)")
         return default
-    return os.path.expanduser(_VARIABLE.sub(value, text))
+    return _VARIABLE.sub(value, text)
 
 
 def _expanded(value: Any, field: Field | None, where: str) -> Any:
@@ -504,7 +526,8 @@ def _expanded(value: Any, field: Field | None, where: str) -> Any:
     which would read as a string (`${BT:-4096}` is "4096") and then fail as if quoted."""
     if not isinstance(value, str):
         return value
-    if field is not None and field.kind in (int, float, bool) and _VARIABLE.search(value):
+    variables = any(match.group(1) for match in _VARIABLE.finditer(value))
+    if field is not None and field.kind in (int, float, bool) and variables:
         what = "true or false" if field.kind is bool else "the number"
         raise SettingsError(f"{where}: ${{...}} is expanded in string settings only; write "
                             f"{what}")
@@ -734,7 +757,7 @@ def _flag_parser(field: Field):
         if field.optional and text.lower() == "none" and field.kind is not str:
             return UNSET
         if field.kind is str:
-            return cli.given(text)
+            return _at_home(field, cli.given(text))
         if field.kind is tuple:
             try:
                 return _buckets(text, field.flag)
@@ -790,7 +813,7 @@ def dump(run: RunConfig) -> str:
             if (section, field.name) == ("tokenizer", "vocab_size") and run.trainer.init_from:
                 notes[section] = "  # vocab_size: the model's, as trainer.init_from gives it\n"
                 continue
-            values[field.name] = list(value) if isinstance(value, tuple) else value
+            values[field.name] = _written(field, value)
         sections[section] = values
     head = ("# Every setting of this run. `python train.py --config THIS_FILE` continues it (its\n"
             "# trainer.output_dir); add --output-dir NEW to train the same settings anew.\n")
@@ -799,6 +822,19 @@ def dump(run: RunConfig) -> str:
                      + notes.get(section, "")
                      for section, values in sections.items())
     return head + body
+
+
+def _written(field: Field, value: Any) -> Any:
+    """`value` as a recipe writes it, so that reading it gives `value` back: `$` as `$$`
+    (`expand_variables`), and a path that `~` begins, where it is not the home directory
+    (`_at_home`), as ./~."""
+    if isinstance(value, tuple):
+        return list(value)
+    if not isinstance(value, str):
+        return value
+    if _at_home(field, value) != value:
+        value = f"./{value}"
+    return value.replace("$", "$$")
 
 
 def resolve(defaults_layer: Layer, *layers: Layer) -> RunConfig:
