@@ -562,8 +562,9 @@ def test_no_argument_defaults():
     assert train_cli.resolve(["--preset", "small"])[0].model == recipes.PRESETS["small"]
     assert train_cli.resolve(["--preset", "compact"])[0].model == recipes.PRESETS["compact"]
     # The help says what the defaults set for the default preset.
-    assert re.search(r"\(default 0\.0 with the default preset, compact; with another, the\s+"
-                     r"preset's\)", " ".join(train_cli.build_parser().format_help().split()))
+    assert re.search(r"\(default 0\.0 when neither --preset nor the recipe names a preset, "
+                     r"which runs compact; a preset named, compact included, gives its own\)",
+                     " ".join(train_cli.build_parser().format_help().split()))
 
 
 def test_a_recipes_preset_named_again_keeps_the_recipes_model_settings():
