@@ -15,6 +15,7 @@ from nmt.rundir.resume import RUN_CONFIG_FILE
 from nmt.settings import recipes
 from nmt.settings.config import SettingsError
 from nmt.training import schedule_fit
+from nmt.training.errors import RunMismatch
 from nmt.training.metrics_log import METRICS_FILE
 from nmt.training.stopping import Limits, PausableClock
 from nmt.training.trainer import train
@@ -167,6 +168,38 @@ def test_what_is_known_before_any_step_is_set_at_once():
     assert schedule_fit.for_compiling(timed.optimizer).decay_steps == schedule_fit.UNFITTED
 
 
+def test_a_resume_at_the_end_is_refused_only_where_its_limit_allows_more_steps():
+    """At the end the rate is zero: a limit past it would train nothing; short of the end,
+    or where the limits stop the run there anyway, the run goes on or finishes."""
+    config = Path("run/config.yaml")
+    saved = schedule_fit.with_end(
+        recipes.run_from_flat(schedule="linear", warmup=2, max_steps=4), 4)
+
+    def refusal(reached: int, **limits) -> str | None:
+        run = recipes.run_from_flat(schedule="linear", warmup=2, **limits)
+        return schedule_fit.nothing_left(schedule_fit.resolve(run, saved), saved, reached,
+                                         config)
+
+    assert refusal(4, max_steps=8) == (
+        "--max-steps 8 trains no further: the run's checkpoint is at step 4, and its linear "
+        "learning rate is zero after step 4, the end fitted to its earlier limit (decay_steps "
+        "in run/config.yaml); --decay-steps 8 extends the line, or use a new --output-dir.")
+    assert refusal(3, max_steps=8) is None  # goes on to step 4
+    assert refusal(4, max_steps=4) is None  # finished: a rerun of the same command
+    assert "--max-minutes 3 trains no further" in refusal(4, max_minutes=3.0)
+    assert "--decay-steps N (a step after 4, where it should now end)" in refusal(
+        4, max_minutes=3.0)
+    assert refusal(4, max_epochs=2) is None  # the epochs it trained are not known to be fewer
+    epochs = schedule_fit.with_end(
+        recipes.run_from_flat(schedule="linear", warmup=2, max_epochs=2), 4)
+    run = recipes.run_from_flat(schedule="linear", warmup=2, max_epochs=3)
+    assert "--max-epochs 3 trains no further" in schedule_fit.nothing_left(
+        schedule_fit.resolve(run, epochs), epochs, 4, config)
+    given = recipes.run_from_flat(schedule="linear", warmup=2, max_steps=8, decay_steps=8)
+    assert schedule_fit.nothing_left(given, saved, 4, config) is None  # extended
+    assert schedule_fit.nothing_left(given, None, 4, config) is None
+
+
 def test_a_linear_schedule_that_would_end_in_its_warm_up_is_refused():
     with pytest.raises(SettingsError, match="--max-steps 10, which must be above --warmup 10"):
         recipes.run_from_flat(schedule="linear", warmup=10, max_steps=10)
@@ -229,12 +262,13 @@ def test_a_run_on_a_time_budget_follows_the_linear_schedule_to_the_fitted_end(
         assert line["lr"] == pytest.approx(_expected_lr(line["step"], peak, warmup, end),
                                            rel=1e-5, abs=1e-12), line["step"]
 
-    # Resumed with a limit past the end: the end fitted before stays, and the run stops
-    # there at once (its last update was taken).
-    with caplog.at_level(logging.INFO, logger="nmt.training.schedule_fit"):
-        resumed = train(recipes.run_from_flat(**settings, max_steps=end + 5), out)
+    # Resumed with a limit past the end, which it reached: the end fitted before stays, its
+    # rate is zero, so the run is refused, naming the --decay-steps that extends the line.
+    with caplog.at_level(logging.INFO, logger="nmt.training.schedule_fit"), pytest.raises(
+            RunMismatch, match=rf"--max-steps {end + 5} trains no further.*--decay-steps "
+                               rf"{end + 5} extends the line"):
+        train(recipes.run_from_flat(**settings, max_steps=end + 5), out)
     assert f"linear to zero after step {end}, the end this run fitted before" in caplog.text
-    assert (resumed["stopped"], resumed["steps"]) == ("decay_steps", end)
     lines = _lines(out)
     assert [line["step"] for line in lines] == list(range(1, end + 1))
     for line in lines:

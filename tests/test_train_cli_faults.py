@@ -198,6 +198,28 @@ def test_a_run_resumed_without_its_preset_is_refused_naming_it(model, corpus, tm
                      r"flags to resume, or a new --output-dir\.$", lines[0]), lines[0]
 
 
+def test_a_linear_schedule_at_its_end_is_refused_a_higher_limit_naming_decay_steps(
+        model, corpus, tmp_path, capsys):
+    """The rate is zero after the end fitted to --max-steps 4: resumed with --max-steps 8 the
+    run would train nothing, so it is refused before compiling, naming the --decay-steps
+    that extends the line; given it, the run trains on to the new limit."""
+    out = tmp_path / "run"
+    scratch = [*(a for a in _fine_tune(model, corpus, out, 4) if a not in ("--init-from",
+                                                                             str(model))),
+               "--preset", "tiny", "--vocab-size", "320", "--schedule", "linear"]
+    assert train_cli.main(scratch) == 0
+    assert recipes.load(out / "config.yaml").optimizer.decay_steps == 4
+    capsys.readouterr()
+    assert train_cli.main([*scratch, "--max-steps", "8"]) == 2
+    assert (f"--max-steps 8 trains no further: the run's checkpoint is at step 4, and its "
+            "linear learning rate is zero after step 4, the end fitted to its earlier limit "
+            f"(decay_steps in {out / 'config.yaml'}); --decay-steps 8 extends the line, or use "
+            "a new --output-dir.") in _error_line(capsys)
+    assert recipes.load(out / "config.yaml").optimizer.decay_steps == 4
+    assert train_cli.main([*scratch, "--max-steps", "8", "--decay-steps", "8"]) == 0
+    assert "Finished after 8 steps (max_steps" in capsys.readouterr().out
+
+
 def test_a_model_edited_in_config_yaml_is_refused_in_one_line(model, corpus, tmp_path, capsys):
     """Resuming with --config of a config.yaml whose model was edited agrees with that file,
     but not with the checkpoints: one line names the shapes, without the traceback that each

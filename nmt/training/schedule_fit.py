@@ -21,7 +21,8 @@ the line to the new one at the next update (the step compiled for it waited for,
 the first end's took), a change of at most the share of the shorter line already run (small:
 the first validation comes early). Only this schedule has an end to fit: noam and
 inverse_sqrt run until the run's limit stops them. config.yaml records the end, and a resume
-goes on to it.
+goes on to it; one that has reached it while its limit now allows more steps is refused
+(`nothing_left`): the rate is zero there, and only a new --decay-steps extends the line.
 """
 
 from __future__ import annotations
@@ -86,6 +87,33 @@ def resolve(run: RunConfig, saved: RunConfig | None) -> RunConfig:
     if max_minutes is None and max_steps is not None and run.trainer.max_epochs is None:
         return with_end(run, max_steps)
     return run  # the clock decides, or a limit of epochs, once its steps are known (FittedEnd)
+
+
+def nothing_left(run: RunConfig, saved: RunConfig | None, reached: int, recorded_in: Path
+                 ) -> str | None:
+    """Why a resumed run would train nothing, though its limit now allows more steps: its
+    newest checkpoint (step `reached`) is at the end of the linear schedule that config.yaml
+    (`recorded_in`, read as `saved`) records, where the rate is zero; None where it trains on.
+    A run short of that end goes on to it; one whose limits stop it there anyway finishes."""
+    end = known_end(run.optimizer)
+    if saved is None or end is None or end != known_end(saved.optimizer) or reached < end:
+        return None
+    max_steps, max_minutes = run.trainer.limits()
+    epochs, epochs_before = run.trainer.max_epochs, saved.trainer.max_epochs
+    if max_steps is not None and max_steps <= end:
+        return None
+    if epochs is not None and (epochs_before is None or epochs <= epochs_before):
+        return None  # epochs already trained, or not known to be fewer
+    if max_steps is not None:
+        limit, extend = f"--max-steps {max_steps}", f"--decay-steps {max_steps} extends"
+    else:
+        limit = (f"--max-epochs {epochs}" if epochs is not None
+                 else f"--max-minutes {max_minutes:g}")
+        extend = f"--decay-steps N (a step after {end}, where it should now end) extends"
+    return (f"{limit} trains no further: the run's checkpoint is at step {reached}, and its "
+            f"linear learning rate is zero after step {end}, the end fitted to its earlier "
+            f"limit (decay_steps in {recorded_in}); {extend} the line, or use a new "
+            "--output-dir.")
 
 
 class EndFit:

@@ -81,6 +81,7 @@ def prepare_start(run: RunConfig, run_dir: Path, compile_log: CompileLog) -> Sta
     RunMismatch when `run_dir` holds a run with another model, tokenizer, seed or
     --init-from, TrainingError when its files are missing or damaged."""
     bleu = validation_bleu(run)  # before any work: a BLEU tokenizer that is missing fails
+    _check_schedule_left(run, run_dir)
     mesh = make_mesh()
     _discard_unused_tokenizer(run, run_dir)
     # The model is initialized (and its initialization compiled) in the background while the
@@ -111,6 +112,21 @@ def prepare_start(run: RunConfig, run_dir: Path, compile_log: CompileLog) -> Sta
                  state=state, train_step=train_step, validator=validator,
                  checkpoints=checkpoints, bookkeeping=bookkeeping,
                  bleu_tokenizer=bleu_tokenizer, resumed_from=resumed_from, saved=saved)
+
+
+def _check_schedule_left(run: RunConfig, run_dir: Path) -> None:
+    """RunMismatch for a run resumed at the end of its linear schedule with a limit that
+    allows more steps (`schedule_fit.nothing_left`), before anything compiles."""
+    steps = complete_steps(run_dir / CHECKPOINTS_DIR)
+    if not steps:
+        return
+    try:
+        saved = resume.saved_run(run_dir)
+    except resume.ResumeError:
+        return  # an unreadable config.yaml: _prepare_data says so
+    why = schedule_fit.nothing_left(run, saved, steps[-1], run_dir / resume.RUN_CONFIG_FILE)
+    if why is not None:
+        raise RunMismatch(why)
 
 
 def _discard_unused_tokenizer(run: RunConfig, run_dir: Path) -> None:
