@@ -13,6 +13,7 @@ import pytest
 from nmt.distillation import command
 from nmt.distillation.output import DistillationDir, OtherDistillation, Recipe
 from nmt.rundir.lock import RunLock
+from transformer.config import SearchConfig
 from translate_model import sentences
 
 CORPUS_LINES = 30
@@ -56,7 +57,7 @@ def test_every_source_line_gets_the_teachers_translation_on_its_line(run_dir, co
     assert capsys.readouterr().out.splitlines() == targets
     assert not (distilled / "parts").exists()
     recipe = json.loads((distilled / "distillation.json").read_text())
-    assert recipe["search"]["beam_size"] == 3 and recipe["chunk_lines"] == 8
+    assert recipe["search"]["size"] == 3 and recipe["chunk_lines"] == 8
 
 
 def test_translations_that_reached_the_output_limit_are_named_by_corpus_line(run_dir,
@@ -147,6 +148,32 @@ def test_a_finished_distillation_is_reused_and_another_recipe_refused(run_dir, c
         f.write("Ein neuer satz.\n")
     assert distil(run_dir, other / "train", out) == 2
     assert "its corpus differs" in capsys.readouterr().err
+
+
+def test_search_settings_the_strategy_never_reads_reuse_the_output(run_dir, corpus, tmp_path,
+                                                                    monkeypatch, capsys):
+    """Beam flags under --greedy change nothing, and neither does a recipe stored whole (as
+    before the search was narrowed to what runs); another strategy is another search."""
+    out = tmp_path / "out"
+    assert distil(run_dir, corpus, out, "--greedy") == 0
+    monkeypatch.setattr(command, "make_translator", lambda *a: pytest.fail("translated again"))
+    assert distil(run_dir, corpus, out, "--greedy", "--beam", "1", "--alpha", "0.9",
+                  "--beam-rules", "exact") == 0
+    recipe_file = out / "distillation.json"
+    stored = json.loads(recipe_file.read_text())
+    assert stored["search"]["strategy"] == "greedy" and "alpha" not in stored["search"]
+    old = {**stored, "search": {**SearchConfig().to_dict(), "strategy": "greedy", "beam_size": 3,
+                                "max_len_a": 1.5, "max_len_b": 15}}
+    recipe_file.write_text(json.dumps(old))
+    assert distil(run_dir, corpus, out, "--greedy", "--max-len-a", "1.5", "--max-len-b",
+                  "15") == 0
+    capsys.readouterr()
+    for flags in (["--greedy", "--max-len-b", "16"], ["--beam", "1", "--max-len-a", "1.5",
+                                                      "--max-len-b", "15"]):
+        assert distil(run_dir, corpus, out, *flags) == 2
+        err = capsys.readouterr().err
+        assert "holds another distillation (its search differs" in err, flags
+        assert len(err.splitlines()) == 1
 
 
 def test_a_second_distillation_into_an_out_in_use_is_refused_in_one_line(run_dir, corpus,

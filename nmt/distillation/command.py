@@ -30,7 +30,7 @@ from pathlib import Path
 from data.arrow_text import file_digest
 from data.config import DataError
 from data.lines import count_lines, iter_lines
-from nmt.distillation.output import DistillationDir, OtherDistillation, Recipe
+from nmt.distillation.output import DistillationDir, OtherDistillation, Recipe, search_recipe
 from nmt.rundir.lock import LockingUnsupported, RunDirectoryInUse
 from nmt.runtime import cli
 from nmt.runtime.cli import UsageError
@@ -214,7 +214,7 @@ def distil(args: argparse.Namespace) -> int:
     search = search_settings(args, teachers)
     recipe = Recipe(teachers.checksums,
                     file_digest([p for p in (source, target) if p], "distillation") or "",
-                    src, tgt, dataclasses.asdict(search), args.dtype or teachers.dtypes,
+                    src, tgt, search_recipe(search), args.dtype or teachers.dtypes,
                     args.chunk_lines, args.keep_original,
                     args.seed if plan_search(search).draws else None)
     out = DistillationDir(args.out, recipe)

@@ -16,6 +16,7 @@ another command is distilling into at the time.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import json
 import shutil
 from collections.abc import Callable, Iterable, Sequence
@@ -26,6 +27,8 @@ from data.lines import count_lines
 from nmt.rundir.lock import LOCK_FILE, RunLock
 from nmt.translation.streams import one_line
 from transformer.atomic_files import atomic_file, write_atomically
+from transformer.config import SearchConfig
+from transformer.strategies import plan_search
 
 RECIPE_FILE = "distillation.json"
 PARTS_DIR = "parts"
@@ -42,6 +45,27 @@ class OtherDistillation(ValueError):
     """The output directory holds a distillation of something else."""
 
 
+def search_recipe(search: SearchConfig) -> dict[str, Any]:
+    """What of `search` the translations depend on: the strategy that runs, with the settings
+    it reads only (a beam's --alpha under --greedy changes nothing), and the output limit."""
+    strategy = plan_search(search)
+    settings = {name: value.value if isinstance(value, enum.Enum) else value
+                for name, value in dataclasses.asdict(strategy).items()}
+    return {"strategy": search.strategy, **settings, "max_len_a": search.max_len_a,
+            "max_len_b": search.max_len_b}
+
+
+def stored_search(search: Any) -> Any:
+    """A stored recipe's search as `search_recipe` words it: recipes written before it held
+    the whole SearchConfig (with "beam_size"), which is read and narrowed alike."""
+    if isinstance(search, dict) and "beam_size" in search:
+        try:
+            return search_recipe(SearchConfig.from_dict(search))
+        except (TypeError, ValueError):  # damaged, or of another version: it differs
+            return search
+    return search
+
+
 @dataclasses.dataclass(frozen=True)
 class Recipe:
     """Everything the translations depend on: equal recipes give equal files."""
@@ -50,7 +74,7 @@ class Recipe:
     corpus: str                # digest of the source file (and the target, if kept)
     src: str
     tgt: str
-    search: dict[str, Any]     # the SearchConfig the teachers searched with
+    search: dict[str, Any]     # the search the teachers ran (`search_recipe`)
     dtype: str
     chunk_lines: int
     keep_original: bool
@@ -66,6 +90,7 @@ class Recipe:
         output, those its result files depend on)."""
         mine = json.loads(json.dumps(self.to_json()))  # tuples as lists, as stored
         ignored = PARTS_ONLY_FIELDS if finished else ()
+        stored = {**stored, "search": stored_search(stored.get("search"))}
         return [name for name in mine if name not in ignored and stored.get(name) != mine[name]]
 
 
