@@ -3,7 +3,9 @@ that is not there) with one line naming it and exit status 2, before measuring a
 traceback, no figure of nothing (tokens/s 0.0, a NaN loss), no pair silently dropped."""
 
 import importlib
+import json
 import sys
+import time
 
 import pytest
 
@@ -61,3 +63,83 @@ def test_a_mistake_is_one_line_and_exit_status_2(case, run_dir, tmp_path, monkey
     assert out == ""
     [line] = err.splitlines()
     assert line.startswith(f"{name}.py: error: ")
+
+
+@pytest.fixture
+def pairs(tmp_path, monkeypatch) -> str:
+    """200 made-up pairs (PREFIX.en, PREFIX.de), encoded into a cache of the test's own."""
+    from synthetic_corpus import write_corpus
+
+    monkeypatch.setenv("FLAX_NMT_CACHE", str(tmp_path / "cache"))
+    return write_corpus(tmp_path, 200, 0, "train")
+
+
+def _layouts(monkeypatch, *flags: str) -> None:
+    monkeypatch.setattr(sys, "argv", ["layouts.py", *flags])
+    importlib.import_module("bench.layouts").main()
+
+
+def test_layouts_refuses_a_warmup_that_leaves_no_batch_to_time(pairs, monkeypatch, capsys):
+    with pytest.raises(SystemExit) as refused:
+        _layouts(monkeypatch, "--prefix", pairs, "--preset", "tiny", "--vocab", "320",
+                 "--batch-tokens", "512", "--max-len", "48", "--steps", "1", "--warmup",
+                 "1000")
+    out, err = capsys.readouterr()
+    assert (refused.value.code, out) == (2, "")
+    # The corpus was encoded first: its progress bar, then the one line.
+    *encoding, line = [text for text in err.splitlines() if text.strip()]
+    assert all("encoding 200 pairs" in text for text in encoding), err
+    assert line.startswith("layouts.py: error: --warmup 1000 leaves no batch to time: an "
+                           f"epoch of {pairs} holds "), line
+    assert line.endswith("bucketed batches of --batch-tokens 512; give a smaller --warmup or "
+                         "--batch-tokens, or more pairs"), line
+
+
+class _SlowStep:
+    """A train step that takes `seconds` a call and computes nothing: what the benchmark
+    divides by is then known."""
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+
+    def lower(self, state, batch):
+        return self
+
+    def compile(self):
+        return self
+
+    def __call__(self, state, batch):
+        import jax.numpy as jnp
+
+        time.sleep(self.seconds)
+        return state, {"loss": jnp.zeros(())}
+
+
+def test_layouts_times_the_batches_the_epoch_holds_when_fewer_than_steps(pairs, monkeypatch,
+                                                                          capsys):
+    """--steps 1000 of an epoch of a few batches: step_s is the time of each batch timed,
+    not the time of them all over 1000. With 3 devices every batch splits evenly over them,
+    as the trainer's do."""
+    from types import SimpleNamespace
+
+    from bench import layouts
+
+    step, rows = _SlowStep(0.02), set()
+
+    def shard_batch(arrays, mesh):
+        rows.add(len(arrays["src"]))
+        return arrays
+
+    monkeypatch.setattr(layouts.jax, "device_count", lambda: 3)
+    monkeypatch.setattr(layouts, "training", SimpleNamespace(
+        make_mesh=lambda: None, OptimizerConfig=lambda **_: None,
+        create_train_state=lambda *_: (None, None, 0),
+        make_train_step=lambda *_: step, shard_batch=shard_batch))
+    _layouts(monkeypatch, "--prefix", pairs, "--preset", "tiny", "--vocab", "320",
+             "--batch-tokens", "512", "--max-len", "48", "--steps", "1000", "--warmup", "1")
+    records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r["layout"] for r in records] == ["bucketed", "packed"]
+    for record in records:
+        assert 1 <= record["steps"] < 1000, record
+        assert step.seconds <= record["step_s"] < 10 * step.seconds, record
+    assert rows and all(count % 3 == 0 for count in rows), rows
