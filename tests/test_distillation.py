@@ -86,22 +86,22 @@ def test_an_interrupted_run_resumes_without_gaps_or_repeats(run_dir, corpus, dis
                                                             tmp_path, monkeypatch):
     write_part, written = DistillationDir.write_part, []
 
-    def interrupted_after_two(self, chunk, translations):
+    def interrupted_after_two(self, chunk, translations, dropped=()):
         if len(written) == 2:
             raise KeyboardInterrupt
         written.append(chunk)
-        write_part(self, chunk, translations)
+        write_part(self, chunk, translations, dropped)
 
     monkeypatch.setattr(DistillationDir, "write_part", interrupted_after_two)
     out = tmp_path / "out"
     assert distil(run_dir, corpus, out) == 130
-    assert sorted(p.name for p in (out / "parts").iterdir()) == ["000000.en", "000001.en"]
+    assert sorted(p.name for p in (out / "parts").glob("*.en")) == ["000000.en", "000001.en"]
     assert not (out / "train.en").exists()
     # A part cut short (by an older chunking, or by hand) is translated again.
     (out / "parts" / "000001.en").write_text("one line only\n")
     written.clear()
-    monkeypatch.setattr(DistillationDir, "write_part", lambda self, chunk, translations: (
-        written.append(chunk), write_part(self, chunk, translations)))
+    monkeypatch.setattr(DistillationDir, "write_part", lambda self, chunk, *rest: (
+        written.append(chunk), write_part(self, chunk, *rest)))
     assert distil(run_dir, corpus, out) == 0
     assert written == [1, 2, 3]
     for name in ("train.de", "train.en"):
@@ -117,10 +117,10 @@ def test_a_sampled_distillation_resumes_to_the_uninterrupted_runs_files(run_dir,
     assert distil(run_dir, corpus, straight, *sample) == 0
     write_part = DistillationDir.write_part
 
-    def interrupted_after_two(self, chunk, translations):
+    def interrupted_after_two(self, chunk, translations, dropped=()):
         if chunk == 2:
             raise KeyboardInterrupt
-        write_part(self, chunk, translations)
+        write_part(self, chunk, translations, dropped)
 
     monkeypatch.setattr(DistillationDir, "write_part", interrupted_after_two)
     assert distil(run_dir, corpus, resumed, *sample) == 130
@@ -220,6 +220,53 @@ def test_original_pairs_kept_come_first(run_dir, corpus, tmp_path, capsys):
     assert (out / "train.de").read_text(encoding="utf-8").splitlines() == source + source
     targets = (out / "train.en").read_text(encoding="utf-8").splitlines()
     assert len(targets) == 2 * CORPUS_LINES and targets[:CORPUS_LINES] == original
+
+
+def test_lines_too_long_for_the_teacher_are_left_out_with_one_warning(run_dir, corpus, tmp_path,
+                                                                     monkeypatch, capsys):
+    """Cut to the model's 64 positions, a line would be paired with the translation of its
+    start: it is left out of both files, counted once, and a resumed run writes the same."""
+    lines = corpus.with_suffix(".de").read_text(encoding="utf-8").splitlines()
+    long = " ".join(sentences(40, seed=9))  # far over 63 tokens
+    for number in (3, 9, 10, 30):  # in the first, second and last chunk
+        lines[number - 1] = long
+    (tmp_path / "long.de").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    kept = [line for n, line in enumerate(lines, 1) if n not in (3, 9, 10, 30)]
+    (tmp_path / "short.de").write_text("\n".join(kept) + "\n", encoding="utf-8")
+    assert distil(run_dir, tmp_path / "short", tmp_path / "short_out", "--greedy") == 0
+    write_part = DistillationDir.write_part
+
+    def interrupted_after_one(self, chunk, translations, dropped=()):
+        if chunk == 1:
+            raise KeyboardInterrupt
+        write_part(self, chunk, translations, dropped)
+
+    monkeypatch.setattr(DistillationDir, "write_part", interrupted_after_one)
+    out = tmp_path / "out"
+    assert distil(run_dir, tmp_path / "long", out, "--greedy") == 130
+    monkeypatch.setattr(DistillationDir, "write_part", write_part)
+    capsys.readouterr()
+    assert distil(run_dir, tmp_path / "long", out, "--greedy") == 0
+    warnings = capsys.readouterr().err.splitlines()
+    assert not [w for w in warnings if "truncated" in w or "cut to" in w], warnings
+    ours = [w for w in warnings if "left out" in w]
+    assert len(ours) == 1 and ours[0].startswith(
+        f"distillation: 4 line(s) of {tmp_path / 'long.de'} longer than the teacher's "
+        "positions"), warnings
+    assert "line(s) 3, 9, 10, 30;" in ours[0]
+    assert (out / "train.de").read_text(encoding="utf-8").splitlines() == kept
+    assert (out / "train.en").read_bytes() == (tmp_path / "short_out" / "train.en").read_bytes()
+
+
+def test_finishing_leaves_the_dropped_lines_out_of_the_distilled_pairs_only(tmp_path):
+    out = DistillationDir(tmp_path / "out", recipe(chunk_lines=2, keep_original=True))
+    out.claim()
+    out.write_part(0, ["A", ""], dropped=[2])
+    out.write_part(1, ["", "D"], dropped=[3])
+    assert out.done_part(0, 2) and not out.done_part(2, 2)
+    assert out.finish(2, lambda: ["a", "b", "c", "d"], lambda: ["1", "2", "3", "4"]) == [2, 3]
+    assert out.source_file.read_text().splitlines() == ["a", "b", "c", "d", "a", "d"]
+    assert out.target_file.read_text().splitlines() == ["1", "2", "3", "4", "A", "D"]
 
 
 def teacher_copy(run_dir, tmp_path, name: str, **stored) -> str:

@@ -8,8 +8,11 @@ teacher's translations instead of the references:
         --train-prefix data/multi30k/train --src en --tgt de --out data/multi30k-distilled
     python train.py --config configs/multi30k_student.yaml
 
-OUT receives train.SRC and train.TGT, aligned line for line with the corpus (with
---keep-original, the original pairs come first, then the distilled ones). The work is saved
+OUT receives train.SRC and train.TGT, aligned line for line (with --keep-original, the
+original pairs come first, then the distilled ones). A source line longer than the teacher's
+positions is left out of the distilled pairs, and all such lines are counted in one warning:
+the teacher would translate its start only, and a student trained on the pair would learn to
+leave the rest of a long sentence untranslated. The work is saved
 chunk by chunk: after an interruption the same command continues where it stopped, and once
 finished it answers at once. A directory holding a distillation of other teachers, another
 corpus, other search settings or (when sampling) another --seed is refused.
@@ -231,8 +234,10 @@ def distil(args: argparse.Namespace) -> int:
                      args.out)
         else:
             translate_chunks(args, teachers, source, out)
-            out.finish(-(-count_lines(source) // args.chunk_lines), lambda: iter_lines(source),
-                       (lambda: iter_lines(target)) if target else None)
+            dropped = out.finish(-(-count_lines(source) // args.chunk_lines),
+                                 lambda: iter_lines(source),
+                                 (lambda: iter_lines(target)) if target else None)
+            warn_dropped(source, dropped)
     train = f"python train.py --train-prefix {Path(args.out) / 'train'} --src {src} --tgt {tgt} "
     if args.keep_original:  # the second stage of a model of the teacher's own size
         print(f"{out.source_file} and {out.target_file}: the original pairs, then the "
@@ -247,7 +252,8 @@ def distil(args: argparse.Namespace) -> int:
 
 def translate_chunks(args: argparse.Namespace, teachers: Teachers, source: Path,
                      out: DistillationDir) -> None:
-    """Every chunk of `source` not yet saved, translated and saved, with progress; then
+    """Every chunk of `source` not yet saved, translated and saved, with progress (a line
+    longer than the teacher's positions is left untranslated and recorded as dropped); then
     one warning naming the corpus lines whose translation reached the output limit (in the
     chunks translated by this run), as translate.py's."""
     total = count_lines(source)
@@ -264,16 +270,36 @@ def translate_chunks(args: argparse.Namespace, teachers: Teachers, source: Path,
         for number, lines in enumerate(chunks(source, args.chunk_lines)):
             if number not in todo:
                 continue
-            result = translator.translate_all(lines, progress=bar.update,
-                                              first_line=number * args.chunk_lines + 1,
+            first = number * args.chunk_lines + 1
+            ids = translator.tokenizer.encode(lines, "source")
+            kept = [i for i, row in enumerate(ids) if len(row) < translator.max_source_len]
+            result = translator.translate_all([lines[i] for i in kept], progress=bar.update,
+                                              ids=[ids[i] for i in kept],
+                                              line_numbers=[first + i for i in kept],
                                               source=str(source), stream=number)
-            out.write_part(number, [nbest[0].text for nbest in result.nbest])
+            bar.update(len(lines) - len(kept))
+            texts = [""] * len(lines)
+            for i, nbest in zip(kept, result.nbest):
+                texts[i] = nbest[0].text
+            out.write_part(number, texts, sorted(set(range(first, first + len(lines)))
+                                                 - {first + i for i in kept}))
             reached_limit.extend(result.reached_limit)  # corpus line numbers
             done += len(lines)
             elapsed = time.perf_counter() - start
             log.info("chunk %d saved: %d sentences in %.0f s (%.1f sentences/s)", number + 1,
                      done, elapsed, done / elapsed)
     warn_reached_limit(translator, reached_limit, log)
+
+
+def warn_dropped(source: Path, lines: list[int]) -> None:
+    """One warning for the corpus `lines` left out of the distilled pairs (too long for the
+    teacher), naming the first of them."""
+    if not lines:
+        return
+    shown = ", ".join(map(str, lines[:10])) + (", ..." if len(lines) > 10 else "")
+    log.warning("%d line(s) of %s longer than the teacher's positions were left out of the "
+                "distilled pairs (the teacher would translate their start only): line(s) %s; "
+                "split them into shorter sentences to keep them", len(lines), source, shown)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -4,8 +4,11 @@ chunk so that an interrupted run resumes where it stopped and a finished one is 
     OUT/distillation.json  what is distilled (`Recipe`): teachers, corpus digest, search,
                            sampling seed
     OUT/parts/000003.TGT   the translations of chunk 3, each part written whole
+    OUT/parts/000003.dropped  the corpus lines of chunk 3 left out (too long to translate
+                           whole), one number a line; written before the part
     OUT/train.SRC          the corpus, aligned line for line with
-    OUT/train.TGT          the teacher's translations (after the original pairs, if kept)
+    OUT/train.TGT          the teacher's translations (after the original pairs, if kept),
+                           both without the lines left out
     OUT/.lock              held while a command writes in OUT (`nmt.rundir.lock`)
 
 The result files are written once every chunk is done; parts/ is then removed. A directory
@@ -177,29 +180,46 @@ class DistillationDir:
     def part_path(self, chunk: int) -> Path:
         return self.parts / f"{chunk:06d}.{self.recipe.tgt}"
 
-    def done_part(self, chunk: int, lines: int) -> bool:
-        """Whether chunk's part is written whole with its `lines` translations (a part of
-        another length, from an older run's chunking, is translated again)."""
-        path = self.part_path(chunk)
-        return path.is_file() and count_lines(path) == lines
+    def dropped_path(self, chunk: int) -> Path:
+        return self.parts / f"{chunk:06d}.dropped"
 
-    def write_part(self, chunk: int, translations: Sequence[str]) -> None:
+    def done_part(self, chunk: int, lines: int) -> bool:
+        """Whether chunk's part is written whole with its `lines` translations, and the lines
+        it leaves out (a part of another length, from an older run's chunking, or without
+        them, from a version that kept every line, is translated again)."""
+        path = self.part_path(chunk)
+        return path.is_file() and count_lines(path) == lines \
+            and self.dropped_path(chunk).is_file()
+
+    def write_part(self, chunk: int, translations: Sequence[str],
+                   dropped: Sequence[int] = ()) -> None:
+        """Save chunk's translations, one per corpus line (a line left out has one too, never
+        written to the result files), and `dropped`, the corpus line numbers left out."""
         self.parts.mkdir(exist_ok=True)
+        write_atomically(self.dropped_path(chunk), "".join(f"{n}\n" for n in dropped))
         write_atomically(self.part_path(chunk), "".join(f"{one_line(t)}\n" for t in translations))
 
     def finish(self, chunks: int, sources: Callable[[], Iterable[str]],
-               originals: Callable[[], Iterable[str]] | None) -> None:
+               originals: Callable[[], Iterable[str]] | None) -> list[int]:
         """Write the result files from the source lines, the kept original targets (or None)
-        and every part, then remove the parts. Each file is written whole; the corpus is
-        streamed, never held."""
+        and every part, the lines the parts left out left out of the distilled pairs, then
+        remove the parts; return those corpus line numbers. Each file is written whole; the
+        corpus is streamed, never held."""
+        dropped = {int(n) for chunk in range(chunks) if self.dropped_path(chunk).is_file()
+                   for n in self.dropped_path(chunk).read_text(encoding="utf-8").split()}
         with atomic_file(self.source_file, "w") as out:
-            for _ in range(2 if originals is not None else 1):
+            if originals is not None:
                 out.writelines(f"{line}\n" for line in sources())
+            out.writelines(f"{line}\n" for n, line in enumerate(sources(), 1) if n not in dropped)
         with atomic_file(self.target_file, "w") as out:
             if originals is not None:
                 out.writelines(f"{line}\n" for line in originals())
+            number = 0
             for chunk in range(chunks):
                 with self.part_path(chunk).open(encoding="utf-8") as part:
-                    shutil.copyfileobj(part, out)
+                    for number, line in enumerate(part, number + 1):
+                        if number not in dropped:
+                            out.write(line)
         if self.parts.exists():  # none where no chunk was translated
             shutil.rmtree(self.parts)
+        return sorted(dropped)
