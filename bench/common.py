@@ -130,10 +130,10 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def bench_parser(description: str) -> argparse.ArgumentParser:
+def bench_parser(description: str, **options: Any) -> argparse.ArgumentParser:
     """A parser whose every refusal is one line naming the flag (exit status 2), as
-    translate.py's."""
-    return OneLineParser(description=description)
+    translate.py's; `options` as argparse's (formatter_class)."""
+    return OneLineParser(description=description, **options)
 
 
 @contextlib.contextmanager

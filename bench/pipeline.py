@@ -32,6 +32,7 @@ from pathlib import Path
 import numpy as np
 import psutil
 
+from bench.common import bench_parser, non_negative_int, positive_int
 from data.batching import BatchIterator, load_examples, plan_stats
 from data.config import BatchConfig, CorpusSpec, TokenizerConfig
 from data.corpus import iter_text, load_corpus
@@ -286,25 +287,25 @@ def bench_scale(n_pairs: int, args: argparse.Namespace, directory: Path) -> dict
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--synthetic", type=int, default=0,
+    parser = bench_parser(__doc__.split("\n\n")[0])
+    parser.add_argument("--synthetic", type=non_negative_int, default=0,
                         help="also benchmark a synthetic corpus of N pairs (e.g. 1000000)")
-    parser.add_argument("--vocab-size", type=int, default=8000)
-    parser.add_argument("--max-sentences", type=int, default=1_000_000,
+    parser.add_argument("--vocab-size", type=positive_int, default=8000)
+    parser.add_argument("--max-sentences", type=positive_int, default=1_000_000,
                         help="SentencePiece training sample (sentences)")
-    parser.add_argument("--long-tail", type=int, default=0,
+    parser.add_argument("--long-tail", type=non_negative_int, default=0,
                         help="also benchmark a synthetic corpus of N pairs with a long tail "
                              "of long sentences")
-    parser.add_argument("--batch-tokens", type=int, default=4096)
-    parser.add_argument("--max-len", type=int, default=128,
+    parser.add_argument("--batch-tokens", type=positive_int, default=4096)
+    parser.add_argument("--max-len", type=positive_int, default=128,
                         help="drop pairs longer than this (--max-tokens-per-sentence)")
     parser.add_argument("--pack-widths", type=lambda s: [int(w) for w in s.split(",")],
                         help="packed row widths to compare, e.g. 64,128, each at least "
                              "--max-len, so that rows hold every pair kept (default: --max-len "
                              "and twice it)")
-    parser.add_argument("--max-batches", type=int, default=2000,
+    parser.add_argument("--max-batches", type=positive_int, default=2000,
                         help="time at most this many batches")
-    parser.add_argument("--scale", type=int, action="append", default=[],
+    parser.add_argument("--scale", type=positive_int, action="append", default=[],
                         help="also time train.py to its first step on N recombined real "
                              "pairs, cold and cached (repeatable)")
     parser.add_argument("--scale-dir", type=Path, default=None,

@@ -51,8 +51,9 @@ from transformer.config import PRESETS, get_preset
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    """The flags, with `config`: the model they describe (one line and exit status 2 for
+    a value it cannot take)."""
+    ap = common.bench_parser(__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--preset", default="base", choices=sorted(PRESETS))
     ap.add_argument("--d-model", type=int)
     ap.add_argument("--layers", type=int, help="encoder and decoder layers, each")
@@ -80,6 +81,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = ap.parse_args(argv)
     if args.compare and args.rdrop:
         ap.error("--rdrop: the peer's step has no R-Drop to compare with; drop --compare")
+    if args.vocab < 4:
+        ap.error(f"--vocab {args.vocab}: ids 0 to 3 are the model's special tokens (3 ends a "
+                 "sentence); give 4 or more")
+    devices = jax.local_device_count()
+    if args.batch % devices:  # every device takes an equal share of the rows
+        ap.error(f"--batch {args.batch} is not a multiple of the {devices} devices here; give "
+                 f"a multiple of {devices}")
+    with common.usage_errors(ValueError):  # the config names the setting it cannot take
+        args.config = model_config(args)
     return args
 
 
@@ -113,7 +123,7 @@ class OurStep:
 
     def __init__(self, args):
         self.args = args
-        self.config = model_config(args)
+        self.config = args.config
         self.optimizer_config = training.OptimizerConfig(accum_steps=args.accum_steps,
                                                          rdrop=args.rdrop)
         self.mesh = training.make_mesh()

@@ -4,10 +4,14 @@ traceback, no figure of nothing (tokens/s 0.0, a NaN loss), no pair silently dro
 
 import importlib
 import json
+import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
 
 SCRIPTS = {
     "linen steps 0": ("linen_baseline", "--preset small --vocab 300 --batch 2 --src-len 4 "
@@ -46,6 +50,14 @@ SCRIPTS = {
     "serve_hostile timeout 0": ("serve_hostile", "--model {model} --timeout 0"),
     "serve_hostile timeout nan": ("serve_hostile", "--model {model} --timeout nan"),
     "serve_hostile no model": ("serve_hostile", "--model {missing}"),
+    "train vocab 3": ("train", "--preset tiny --vocab 3 --batch 2 --src-len 4 --tgt-len 4 "
+                               "--steps 1"),
+    "train heads 0": ("train", "--preset tiny --heads 0 --vocab 64 --batch 2 --src-len 4 "
+                               "--tgt-len 4 --steps 1"),
+    "train d-model 10 heads 3": ("train", "--preset tiny --d-model 10 --heads 3 --vocab 64 "
+                                          "--batch 2 --src-len 4 --tgt-len 4 --steps 1"),
+    "pipeline batch-tokens 0": ("pipeline", "--batch-tokens 0"),
+    "pipeline max-batches 0": ("pipeline", "--max-batches 0"),
 }
 
 
@@ -143,3 +155,18 @@ def test_layouts_times_the_batches_the_epoch_holds_when_fewer_than_steps(pairs, 
         assert 1 <= record["steps"] < 1000, record
         assert step.seconds <= record["step_s"] < 10 * step.seconds, record
     assert rows and all(count % 3 == 0 for count in rows), rows
+
+
+def test_train_refuses_a_batch_the_devices_cannot_share(env):
+    """--batch 3 on two devices: each device takes an equal share of the rows."""
+    from conftest import xla_flags
+
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.train", "--preset", "tiny", "--vocab", "64", "--batch",
+         "3", "--src-len", "8", "--tgt-len", "8", "--steps", "2", "--warmup", "1"],
+        cwd=ROOT, env={**env, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": xla_flags(2)},
+        capture_output=True, text=True, timeout=300)
+    assert (done.returncode, done.stdout) == (2, ""), done.stderr[-3000:]
+    assert done.stderr.splitlines() == [
+        "train.py: error: --batch 3 is not a multiple of the 2 devices here; give a multiple "
+        "of 2; see train.py --help"]
