@@ -114,6 +114,23 @@ def test_a_config_that_does_not_fit_the_weights_names_field_and_shape(changes, n
     assert_refused(spoiled(exported, tmp_path, **changes), tmp_path, capsys, *named)
 
 
+@pytest.mark.parametrize("name, shape", [("final_logits_bias", (1, 10)),
+                                         ("model.decoder.layers.1.fc1.weight", (7, 24))])
+def test_one_tensor_unlike_the_rest_is_blamed_not_the_config(name, shape, exported, tmp_path,
+                                                             capsys):
+    """The embedding and the first fc1 agree with config.json: a tensor of another shape is
+    the one at fault, and config.json is not said to be another model's."""
+    from safetensors.numpy import load_file, save_file
+
+    directory = spoiled(exported, tmp_path)
+    state = load_file(str(directory / "model.safetensors"))
+    state[name] = np.zeros(shape, np.float32)
+    save_file(state, str(directory / "model.safetensors"))
+    line = assert_refused(directory, tmp_path, capsys, f"{name} has shape {shape} but the other "
+                          "tensors", "the file is damaged: download it again")
+    assert "came with them" not in line
+
+
 @pytest.mark.parametrize("changes, named", [
     ({"layer_norm_eps": "x"}, "layer_norm_eps is 'x' but must be a number >= 0"),
     ({"vocab_size": -1}, "vocab_size is -1 but must be a positive integer"),

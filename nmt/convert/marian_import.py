@@ -388,13 +388,29 @@ def _check_shape(name: str, shape: tuple, dims: tuple, config: ModelConfig, weig
             "d_ff": "decoder_ffn_dim" if name.startswith("model.decoder") else "encoder_ffn_dim"}
     if len(shape) == len(dims):
         for dim, size, wanted in zip(dims, shape, expected):
-            if size != wanted and not isinstance(dim, int):
+            if size != wanted and not isinstance(dim, int) and _shows(name, dim):
                 raise ConversionError(
                     f"{weights}: {name} has shape {shape} but {conf}'s {keys[dim]} {wanted} "
                     f"makes it {expected}; the weights have {keys[dim]} {size}: use the "
                     "config.json that came with them.")
+            if size != wanted and not isinstance(dim, int):
+                raise ConversionError(
+                    f"{weights}: {name} has shape {shape} but the other tensors (and {conf}'s "
+                    f"{keys[dim]} {wanted}) make it {expected}; the file is damaged: download "
+                    "it again.")
     raise ConversionError(f"{weights}: {name} has shape {shape} but {conf} makes it "
                           f"{expected}; the files belong to different models.")
+
+
+def _shows(name: str, dim: str) -> bool:
+    """Whether `name` is the tensor that shows the weights' `dim`, checked before the others
+    that have it (`marian_shapes`' order): where it agrees with config.json, another tensor
+    that does not is the one at fault."""
+    if dim in ("vocab_size", "d_model"):
+        return name in ("model.shared.weight", "model.encoder.embed_tokens.weight")
+    if dim == "max_len":
+        return name.endswith(".embed_positions.weight")
+    return re.fullmatch(r"model\.(encoder|decoder)\.layers\.0\.fc1\.weight", name) is not None
 
 
 def import_marian(marian_dir: str | Path, out_dir: str | Path) -> Path:
