@@ -186,6 +186,16 @@ def test_a_resume_at_the_end_is_refused_only_where_its_limit_allows_more_steps()
         "in run/config.yaml); --decay-steps 8 extends the line, or use a new --output-dir.")
     assert refusal(3, max_steps=8) is None  # goes on to step 4
     assert refusal(4, max_steps=4) is None  # finished: a rerun of the same command
+    # The limits that fitted the end, given again: the finished run finishes again.
+    for limits in ({"max_minutes": 3.0}, {"max_minutes": 3.0, "max_steps": 100}):
+        before = schedule_fit.with_end(recipes.run_from_flat(schedule="linear", warmup=2,
+                                                             **limits), 4)
+        assert schedule_fit.nothing_left(before, before, 4, config) is None
+    timed = schedule_fit.with_end(recipes.run_from_flat(schedule="linear", warmup=2,
+                                                        max_minutes=3.0), 4)
+    assert "--max-minutes 5 trains no further" in schedule_fit.nothing_left(
+        schedule_fit.with_end(recipes.run_from_flat(schedule="linear", warmup=2,
+                                                    max_minutes=5.0), 4), timed, 4, config)
     assert "--max-minutes 3 trains no further" in refusal(4, max_minutes=3.0)
     assert "--decay-steps N (a step after 4, where it should now end)" in refusal(
         4, max_minutes=3.0)
