@@ -253,6 +253,49 @@ def test_split_sentences_is_on_unless_a_mode_gives_each_lines_own_results():
                                         "--ref-file", "b"))
 
 
+
+def test_evaluate_splits_lines_with_nbest_as_without_it(tmp_path):
+    """--evaluate scores the best hypothesis of each line (fairseq-generate's rule), so --nbest
+    changes the search only: lines are split as without it, --split-sentences is accepted
+    with it, and --no-split-sentences still turns splitting off."""
+    source, reference = tmp_path / "test.de", tmp_path / "test.en"
+    source.write_text("Ein Mann. Eine Frau.\n", encoding="utf-8")
+    reference.write_text("EIN MANN. EINE FRAU.\n", encoding="utf-8")
+    evaluate = ["--evaluate", "--src-file", str(source), "--ref-file", str(reference), "-q"]
+    for flags, split in ((["--nbest", "1"], True), (["--nbest", "2", "--split-sentences"], True),
+                         (["--nbest", "1", "--no-split-sentences"], False)):
+        args = _parse(*evaluate, *flags)
+        translate_cli.check_args(args)
+        assert args.split_sentences is split, flags
+        calls = []
+
+        def translate_all(lines, **kwargs):
+            calls.append(list(lines))
+            return SimpleNamespace(nbest=[[SimpleNamespace(text=line.upper(), score=0.0)]
+                                          for line in lines], reached_limit=[])
+
+        translator = SimpleNamespace(translate_all=translate_all, search=search_config(),
+                                     describe=lambda: "fake float32")
+        report, _ = evaluation.run_evaluation(translator, args, {}, io.StringIO())
+        assert calls == ([["Ein Mann.", "Eine Frau."]] if split else [["Ein Mann. Eine Frau."]])
+        assert report["split_sentences"] is split and "seed" not in report
+
+
+def test_the_report_records_the_splitting_and_the_seed_of_a_sample(tmp_path):
+    source, reference = tmp_path / "test.de", tmp_path / "test.en"
+    source.write_text("ein mann fährt fahrrad\n", encoding="utf-8")
+    reference.write_text("EIN MANN FÄHRT FAHRRAD\n", encoding="utf-8")
+    report_file = tmp_path / "report.json"
+    args = _parse("--evaluate", "--src-file", str(source), "--ref-file", str(reference),
+                  "--no-split-sentences", "--sample", "--seed", "7", "--report",
+                  str(report_file), "-q")
+    translate_cli.check_args(args)
+    translator = _fake_translator()
+    translator.search = search_config(strategy="sample", nbest=1)
+    evaluation.run_evaluation(translator, args, {}, io.StringIO())
+    report = json.loads(report_file.read_text())
+    assert (report["split_sentences"], report["seed"], round(report["bleu"])) == (False, 7, 100)
+
 def test_split_lines_are_translated_in_one_call_and_records_name_lines():
     """All sentences of a chunk go to one call, told the input line of each sentence, so
     that its truncation warnings and output-limit records name input lines, not places in

@@ -42,6 +42,8 @@ and each line is joined back from their translations with its whitespace as it w
 output line per input line. Truncation and output-limit warnings name the input line. It gives
 one translation per line, so it is off with --nbest, --score and --plot-attention (and
 refused with them when asked for); --no-split-sentences translates each line as one segment.
+--evaluate scores the best hypothesis of each line (fairseq-generate's rule), so there --nbest
+changes only the search, never whether lines are split.
 --html reads the input as one HTML page (whole, before translating it: a <script>, comment or
 translate="no" element may span lines) and does the same for it line by line: every tag is
 kept, text is cut at block tags and line breaks, and inline tags (<b>, <a href>, <span>...) go
@@ -193,8 +195,9 @@ def _add_input_output_flags(io) -> None:
                     help="treat each input line as a paragraph: translate its sentences (split "
                          "with sentencex for the source language: --src, else the model's, "
                          "else en) and join them back into one output line, whitespace kept "
-                         "(default: on, --evaluate included; off with --nbest, --score and "
-                         "--plot-attention, which give each line's own results)")
+                         "(default: on, --evaluate included, with or without --nbest; off "
+                         "with --nbest, --score and --plot-attention otherwise, which give "
+                         "each line's own results)")
     io.add_argument("--html", action="store_true",
                     help="read the input as one HTML page, translated line for line as "
                          "--split-sentences does text: every "
@@ -311,14 +314,18 @@ def _check_inputs(args: argparse.Namespace) -> None:
     if args.html and args.split_sentences is False:
         raise UsageError("--html cuts the page's text at its block tags and into sentences; "
                          "--no-split-sentences does not apply with it.")
+    # --evaluate scores the best of each n-best list (as fairseq-generate does): --nbest
+    # leaves its lines split as they would be without it.
+    nbest_lines = bool(args.nbest) and not args.evaluate
     if args.split_sentences or args.html:
         mode = "--html" if args.html else "--split-sentences"
-        for flag in ("nbest", "score", "plot_attention", *(("evaluate",) if args.html else ())):
-            if getattr(args, flag):
-                raise UsageError(f"{mode} gives one translation per input line and does not "
-                                 f"apply with --{flag.replace('_', '-')}.")
+        given = {"nbest": nbest_lines, "score": args.score,
+                 "plot_attention": args.plot_attention, "evaluate": args.html and args.evaluate}
+        if refused := [flag for flag, on in given.items() if on]:
+            raise UsageError(f"{mode} gives one translation per input line and does not "
+                             f"apply with --{refused[0].replace('_', '-')}.")
     if args.split_sentences is None:  # on, unless a mode gives each line's own results
-        args.split_sentences = not (args.nbest or args.score or args.plot_attention)
+        args.split_sentences = not (nbest_lines or args.score or args.plot_attention)
 
 
 def _check_scoring(args: argparse.Namespace) -> None:

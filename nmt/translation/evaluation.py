@@ -29,6 +29,7 @@ from nmt.translation.streams import (
     translate_lines,
     translate_paragraphs,
 )
+from transformer.strategies import Sample, strategy_kind
 
 log = logging.getLogger("translate.py")
 
@@ -171,7 +172,10 @@ def run_evaluation(translator, args: argparse.Namespace, values: dict, out: IO[s
     report = {**scores.to_dict(), "test_set": description, "sentences": len(sources),
               "model": models, "engine": translator.describe(),
               "search": dataclasses.asdict(translator.search),
+              "split_sentences": bool(args.split_sentences),
               "translate_seconds": round(seconds, 3), "hyp_file": args.hyp_file}
+    if strategy_kind(translator.search.strategy) is Sample:  # what reproduces the samples
+        report["seed"] = args.seed
     if args.report:
         write_atomically(args.report, json.dumps(report, indent=2, ensure_ascii=False) + "\n",
                          since.get("report", "now"))
