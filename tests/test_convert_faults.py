@@ -64,10 +64,11 @@ def spoiled(exported: Path, tmp_path: Path, **changes) -> Path:
     return directory
 
 
-def assert_refused(directory: Path, tmp_path: Path, capsys, *named: str) -> str:
-    """from-marian exits 2 with one line naming `named`, and writes nothing."""
+def assert_refused(directory: Path, tmp_path: Path, capsys, *named: str, status: int = 2) -> str:
+    """from-marian exits `status` (2: a usage error; 1: a damaged file) with one line naming
+    `named`, and writes nothing."""
     code, err = convert(["from-marian", directory, tmp_path / "out"], capsys)
-    assert code == 2 and len(err) == 1, err
+    assert code == status and len(err) == 1, err
     assert err[0].startswith(ERROR), err[0]
     for text in named:
         assert text in err[0], err[0]
@@ -127,7 +128,7 @@ def test_one_tensor_unlike_the_rest_is_blamed_not_the_config(name, shape, export
     state[name] = np.zeros(shape, np.float32)
     save_file(state, str(directory / "model.safetensors"))
     line = assert_refused(directory, tmp_path, capsys, f"{name} has shape {shape} but the other "
-                          "tensors", "the file is damaged: download it again")
+                          "tensors", "the file is damaged: download it again", status=1)
     assert "came with them" not in line
 
 
@@ -168,7 +169,8 @@ def test_an_unreadable_pytorch_file_is_said_why(case, exported, tmp_path, capsys
         else:
             path.write_text("hello")
             named = "not a PyTorch checkpoint (torch.save's zip archive), or a truncated one"
-    assert_refused(directory, tmp_path, capsys, f"{path} cannot be read: {named}")
+    assert_refused(directory, tmp_path, capsys, f"{path} cannot be read: {named}",
+                   status=2 if case == "safetensors" else 1)  # a misnamed file, or a damaged one
 
 
 @pytest.mark.parametrize("key", ["encoder_ffn_dim", "decoder_attention_heads", "d_model"])
@@ -244,8 +246,27 @@ def test_a_damaged_tokenizer_file_of_a_marian_model_is_named(name, exported, tmp
     directory = spoiled(exported, tmp_path)
     (directory / name).write_text("{")
     line = assert_refused(directory, tmp_path, capsys, f"{directory / name} is not valid JSON",
-                          "download the tokenizer files with the model")
+                          "download the tokenizer files with the model", status=1)
     assert "unexpected" not in line
+
+
+@pytest.mark.parametrize("name", ["model.safetensors", "source.spm", "config.json"])
+def test_a_damaged_file_of_a_marian_model_is_a_fault(name, exported, tmp_path, capsys):
+    """Exit 1, as to-marian's for a damaged model file: the input is at fault, not the
+    command (a file left out is a usage error, exit 2)."""
+    directory = spoiled(exported, tmp_path)
+    path = directory / name
+    if name == "model.safetensors":
+        os.truncate(path, path.stat().st_size // 2)
+    else:
+        path.write_text("garbage")
+    line = assert_refused(directory, tmp_path, capsys, f"{directory}", name, "download",
+                          status=1)
+    assert "unexpected" not in line
+    path.unlink()
+    shutil.rmtree(tmp_path / "out", ignore_errors=True)
+    assert_refused(directory, tmp_path, capsys, str(path) if name != "model.safetensors"
+                   else "has no weights", status=2)
 
 
 # ----------------------------------------------------------------------------- search settings

@@ -64,7 +64,7 @@ def check_paths_given(args) -> None:
 def _main(argv: Sequence[str] | None) -> int:
     args = build_parser().parse_args(argv)
     from data.config import DataError
-    from nmt.convert.common import ConversionError, check_interrupted
+    from nmt.convert.common import ConversionError, DamagedFile, check_interrupted
     from nmt.models.model_dir import ModelDirError
 
     check_paths_given(args)
@@ -82,6 +82,8 @@ def _main(argv: Sequence[str] | None) -> int:
     except ImportError as err:
         raise cli.UsageError(f"{err.name or err} is not installed: the conversions need the "
                              "export extra; pip install -e '.[export]'") from None
+    except DamagedFile as err:
+        raise cli.Fault(str(err)) from None
     except ConversionError as err:
         raise cli.UsageError(str(err)) from None
     except (ModelDirError, DataError) as err:  # a damaged file of MODEL (its tokenizer)

@@ -22,6 +22,11 @@ class ConversionError(ValueError):
     file and what to do."""
 
 
+class DamagedFile(ConversionError):
+    """An input file that is there but cannot be read (truncated, not of its format, or one
+    tensor unlike the rest): a fault in the input (exit 1), not in the command (exit 2)."""
+
+
 class Terminated(SystemExit):
     """SIGTERM, unwinding like an error so that temporary files are removed (exit 143)."""
 

@@ -33,7 +33,12 @@ from typing import Any
 
 import numpy as np
 
-from nmt.convert.common import ConversionError, check_output_dir, staged_directory
+from nmt.convert.common import (
+    ConversionError,
+    DamagedFile,
+    check_output_dir,
+    staged_directory,
+)
 from nmt.convert.generation import (
     REPLACING_LENGTHS,
     generate_settings,
@@ -72,7 +77,7 @@ def _read_json(path: Path, what: str) -> dict[str, Any]:
     try:
         value = json.loads(path.read_text(encoding="utf-8"))
     except (ValueError, UnicodeDecodeError) as err:
-        raise ConversionError(f"{path} is not valid JSON ({err}); download the file again.")
+        raise DamagedFile(f"{path} is not valid JSON ({err}); download the file again.") from None
     if not isinstance(value, dict):
         raise ConversionError(f"{path} must hold a JSON object.")
     return value
@@ -152,8 +157,8 @@ def read_weights(path: Path) -> dict[str, np.ndarray]:
         try:
             return load_file(str(path))
         except Exception as err:  # noqa: BLE001 - safetensors' errors name no file
-            raise ConversionError(f"{path} cannot be read ({_one_line(err)}); download it "
-                                  "again.") from None
+            raise DamagedFile(f"{path} cannot be read ({_one_line(err)}); download it "
+                              "again.") from None
     try:
         import torch
     except ImportError:
@@ -162,22 +167,25 @@ def read_weights(path: Path) -> dict[str, np.ndarray]:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # noqa: BLE001 - torch's errors name no file
-        raise ConversionError(f"{path} cannot be read: {_torch_failure(path, err)}") from None
+        raise _torch_failure(path, err) from None
     return {name: value.float().numpy() for name, value in state.items()}
 
 
-def _torch_failure(path: Path, err: Exception) -> str:
+def _torch_failure(path: Path, err: Exception) -> ConversionError:
     """Why torch.load failed, in words: for a file that is not a zip archive (torch.save's
-    format) torch falls back to its legacy unpickler, whose errors say nothing (KeyError(36))."""
+    format) torch falls back to its legacy unpickler, whose errors say nothing (KeyError(36)).
+    A file misnamed is the command's mistake; any other, a damaged file."""
     with open(path, "rb") as f:
         head = f.read(9)
+    if head[8:9] == b"{" and head[:4] != b"PK\x03\x04":  # an 8-byte header length, then JSON
+        return ConversionError(f"{path} cannot be read: it holds safetensors data, not a "
+                               "PyTorch checkpoint; rename it model.safetensors.")
     if head[:4] == b"PK\x03\x04":
-        return f"a damaged or truncated zip archive ({_one_line(err)}); download it again."
-    if head[8:9] == b"{":  # safetensors: an 8-byte header length, then its JSON
-        return ("it holds safetensors data, not a PyTorch checkpoint; rename it "
-                "model.safetensors.")
-    return ("not a PyTorch checkpoint (torch.save's zip archive), or a truncated one "
-            f"({path.stat().st_size} bytes); download it again.")
+        return DamagedFile(f"{path} cannot be read: a damaged or truncated zip archive "
+                           f"({_one_line(err)}); download it again.")
+    return DamagedFile(f"{path} cannot be read: not a PyTorch checkpoint (torch.save's zip "
+                       f"archive), or a truncated one ({path.stat().st_size} bytes); download it "
+                       "again.")
 
 
 def _one_line(err: Exception) -> str:
@@ -188,7 +196,13 @@ def read_tokenizer(directory: Path, decoder_start: int | None = None):
     """MarianTokenizer's files as a VocabTokenizer (special tokens as its configs name them;
     the decoder starts from `decoder_start`, by default the pad id)."""
     from data.config import DataError
-    from data.tokenizer import VocabTokenizer, read_special_tokens
+    from data.tokenizer import (
+        SOURCE_SPM,
+        TARGET_SPM,
+        VOCAB_FILE,
+        VocabTokenizer,
+        read_special_tokens,
+    )
 
     special: dict[str, str] = {}
     try:
@@ -205,8 +219,10 @@ def read_tokenizer(directory: Path, decoder_start: int | None = None):
                                   f"{decoder_start} is not in vocab.json.")
         return VocabTokenizer(*tokenizer.sentencepiece_models(), tokenizer.vocab,
                               {**special, "bos_token": tokenizer.id_to_piece[decoder_start]})
-    except DataError as err:
-        raise ConversionError(f"{err}; download the tokenizer files with the model.") from None
+    except DataError as err:  # a file left out is the command's mistake; any other, damaged
+        whole = all((directory / name).is_file() for name in (SOURCE_SPM, TARGET_SPM, VOCAB_FILE))
+        raise (DamagedFile if whole else ConversionError)(
+            f"{err}; download the tokenizer files with the model.") from None
 
 
 def check_pieces(directory: Path, tokenizer) -> None:
@@ -394,7 +410,7 @@ def _check_shape(name: str, shape: tuple, dims: tuple, config: ModelConfig, weig
                     f"makes it {expected}; the weights have {keys[dim]} {size}: use the "
                     "config.json that came with them.")
             if size != wanted and not isinstance(dim, int):
-                raise ConversionError(
+                raise DamagedFile(
                     f"{weights}: {name} has shape {shape} but the other tensors (and {conf}'s "
                     f"{keys[dim]} {wanted}) make it {expected}; the file is damaged: download "
                     "it again.")
