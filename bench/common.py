@@ -161,9 +161,16 @@ def test_set_parser(description: str) -> argparse.ArgumentParser:
 
 def read_test_set(args: argparse.Namespace, limit: int = 0) -> tuple[list[str], list[str]]:
     """(sources, references) of `test_set_parser`'s flags; the first `limit` pairs if > 0.
-    Lines end at "\n" only, as translate.py reads them (`data.lines`)."""
-    sides = [read_lines(f"{args.test_prefix}.{lang}") for lang in (args.src, args.tgt)]
-    return (sides[0][:limit], sides[1][:limit]) if limit else (sides[0], sides[1])
+    Lines end at "\n" only, as translate.py reads them (`data.lines`). DataError naming both
+    files where they differ in length, whatever `limit`: every pair after the first missing
+    line would be scored against another sentence's reference."""
+    paths = [f"{args.test_prefix}.{lang}" for lang in (args.src, args.tgt)]
+    sources, references = (read_lines(path) for path in paths)
+    if len(sources) != len(references):
+        raise DataError(f"{paths[0]} has {len(sources)} lines but {paths[1]} has "
+                        f"{len(references)}; give a source and a reference file of one line "
+                        "per pair")
+    return (sources[:limit], references[:limit]) if limit else (sources, references)
 
 
 def model_pair(model: str) -> tuple[str, str]:

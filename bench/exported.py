@@ -54,6 +54,7 @@ from bench.common import (
 )
 from nmt.models.translations import CallSources
 from nmt.runtime import allocator
+from nmt.translation.scoring import bleu_tokenizer_for
 from transformer.config import BEAM_RULES, ModelConfig, SearchConfig
 
 COMPUTE_TYPES = {"cpu": ("float32", "int8"), "cuda": ("float16", "int8_float16")}
@@ -65,8 +66,8 @@ CT2_SCRIPT = """
 import sys, time
 start = time.perf_counter()
 import ctranslate2, sacrebleu, sentencepiece
-model, source, reference, device, compute, threads, beam, alpha, batch, length, inter = \
-    sys.argv[1:12]
+(model, source, reference, device, compute, threads, beam, alpha, batch, length, inter,
+ tokenize) = sys.argv[1:13]
 translator = ctranslate2.Translator(model, device=device, compute_type=compute,
                                     inter_threads=int(inter),
                                     intra_threads=max(int(threads) // int(inter), 1))
@@ -83,7 +84,8 @@ results = translator.translate_batch(
 hypotheses = [sp.decode_pieces(r.hypotheses[0]) for r in results]
 if reference != "-":
     refs = read(reference)
-    print(f"BLEU = {sacrebleu.corpus_bleu(hypotheses, [refs]).score:.2f}")
+    bleu = sacrebleu.corpus_bleu(hypotheses, [refs], tokenize=tokenize)
+    print(f"BLEU = {bleu.score:.2f}")
     print(f"chrF2 = {sacrebleu.corpus_chrf(hypotheses, [refs]).score:.2f}")  # as translate.py
 else:
     print(hypotheses[0])
@@ -118,6 +120,7 @@ def parse_args() -> argparse.Namespace:
                         help="first N test pairs (0 = all)")
     parser.add_argument("--end-to-end", action="store_true",
                         help="also time translate.py and CTranslate2 as new processes")
+    parser.add_argument("--bleu-tokenize", help="sacreBLEU tokenizer (default: by --tgt)")
     parser.add_argument("--repeats", type=int, default=3,
                         help="runs of each warm end-to-end command (the median is reported)")
     return parser.parse_args()
@@ -136,10 +139,11 @@ def main() -> None:
     from nmt.models.model_dir import load_model
     from nmt.models.translator import Translator, default_searches
     from nmt.runtime.compilation import enable_compilation_cache
-    from nmt.translation.scoring import evaluate
+    from nmt.translation.scoring import MetricError, bleu_settings, evaluate
 
     enable_compilation_cache()  # as translate.py: programs it compiled before are read back
-    with usage_errors():
+    with usage_errors(MetricError):  # before anything is timed
+        bleu = bleu_settings(args.tgt, args.bleu_tokenize)
         sources, references = read_test_set(args, args.limit)
         models = {dtype: load_model(args.model, dtype=dtype) for dtype in args.dtypes}
     _, tokenizer, values = models[args.dtypes[0]]
@@ -150,7 +154,7 @@ def main() -> None:
               **environment()}
 
     def report(name: str, mode: str, hypotheses: list[str], seconds: float, **extra) -> None:
-        scores = evaluate(hypotheses, references, target_language=args.tgt)
+        scores = evaluate(hypotheses, references, **bleu)
         emit({"system": name, "search": mode, "seconds": round(seconds, 2),
               "sentences_per_s": round(len(sources) / seconds, 1), "bleu": round(scores.bleu, 2),
               "chrf": round(scores.chrf, 2), **extra, "bleu_signature": scores.bleu_signature,
@@ -235,6 +239,11 @@ def search_flags(args) -> list[str]:
     """The same settings as translate.py flags."""
     return [part for name, value in search_overrides(args).items()
             for part in (f"--{name.replace('_', '-')}", str(value))]
+
+
+def bleu_flags(args) -> list[str]:
+    """--bleu-tokenize for translate.py --evaluate, where given."""
+    return ["--bleu-tokenize", args.bleu_tokenize] if args.bleu_tokenize else []
 
 
 def ctranslate2_export(model_path: str, tmp: Path) -> Path | None:
@@ -383,7 +392,7 @@ def end_to_end(args, exported: Path | None, beam, values, common) -> None:
             flags = ["--beam", str(args.beam), *search_flags(args), "--dtype", dtype, "-q"]
             evaluate = [sys.executable, "translate.py", "--model", str(args.model),
                         "--evaluate", "--test-prefix", args.test_prefix, "--src", args.src,
-                        "--tgt", args.tgt, *flags]
+                        "--tgt", args.tgt, *bleu_flags(args), *flags]
             seconds, line = wall(evaluate, env)
             emit({"system": f"ours {dtype}", "end_to_end": "translate.py --evaluate, empty "
                   "compilation cache", "seconds": round(seconds, 2), "output": line,
@@ -402,7 +411,8 @@ def end_to_end(args, exported: Path | None, beam, values, common) -> None:
                                             args.inter_threads):
         script = [sys.executable, "-c", CT2_SCRIPT, str(exported), source, reference,
                   args.device, compute, str(args.threads), str(args.beam), str(beam.alpha),
-                  str(args.batch_sentences), str(decoding_length(values)), str(inter)]
+                  str(args.batch_sentences), str(decoding_length(values)), str(inter),
+                  args.bleu_tokenize or bleu_tokenizer_for(args.tgt)]
         layout = {"inter_threads": inter, "intra_threads": max(args.threads // inter, 1)}
         emit({"system": f"ctranslate2 {compute}", "end_to_end": "load, tokenize, translate, "
               "score the test set", **repeated(args.repeats, script, env), **layout, **common})
@@ -426,7 +436,7 @@ def engine_end_to_end(args, compute: str, inter: int, common) -> None:
                  "-q"]
         evaluate = [sys.executable, "translate.py", "--model", str(args.model), "--evaluate",
                     "--test-prefix", args.test_prefix, "--src", args.src, "--tgt", args.tgt,
-                    *flags]
+                    *bleu_flags(args), *flags]
         system = f"ours on ctranslate2 {compute}"
         seconds, line = wall(evaluate, env)
         emit({"system": system, "end_to_end": "translate.py --evaluate, converting into an "

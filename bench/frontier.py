@@ -79,6 +79,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--limit", type=non_negative_int, default=0,
                         help="first N test pairs (0 = all)")
     parser.add_argument("--plot", help="PNG of BLEU against sentences/s")
+    parser.add_argument("--bleu-tokenize", help="sacreBLEU tokenizer (default: by --tgt)")
     args = parser.parse_args(argv)
     for size in args.shortlist:
         if size < 1:  # 0 would measure the search without a shortlist a second time
@@ -103,22 +104,22 @@ def median_seconds(fn, passes: int):
 def main() -> None:
     args = parse_args()
     from nmt.runtime.compilation import enable_compilation_cache
+    from nmt.translation.scoring import MetricError, bleu_settings, evaluate
 
     enable_compilation_cache()
-    with usage_errors():
+    with usage_errors(MetricError):  # before the passes: each may take hours
+        bleu = bleu_settings(args.tgt, args.bleu_tokenize)
         sources, references = read_test_set(args, args.limit)
         models = read_models(args)
     common = {"sentences": len(sources), "beam": args.beam, **environment()}
     points: list[Point] = []
     for name, path, shortlist in models:
         def report(system: str, hypotheses: list[str], seconds: float, **extra) -> None:
-            from nmt.translation.scoring import evaluate
-
-            bleu = evaluate(hypotheses, references, target_language=args.tgt).bleu
-            point = Point(name, system, len(sources) / seconds, bleu)
+            score = evaluate(hypotheses, references, **bleu).bleu
+            point = Point(name, system, len(sources) / seconds, score)
             points.append(point)
             emit({"model": name, "path": path, "system": system, "seconds": round(seconds, 3),
-                  "sentences_per_s": round(point.sentences_per_s, 1), "bleu": round(bleu, 2),
+                  "sentences_per_s": round(point.sentences_per_s, 1), "bleu": round(score, 2),
                   **extra, **common})
 
         measure_ours(args, path, shortlist, sources, report)

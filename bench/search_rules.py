@@ -52,10 +52,11 @@ def main() -> None:
     from nmt.models.model_dir import load_model
     from nmt.models.translator import Translator
     from nmt.runtime.compilation import enable_compilation_cache
-    from nmt.translation.scoring import evaluate
+    from nmt.translation.scoring import MetricError, bleu_settings, evaluate
 
     enable_compilation_cache()
-    with usage_errors():
+    with usage_errors(MetricError):  # before anything is timed
+        bleu = bleu_settings(args.tgt, args.bleu_tokenize)
         sources, references = read_test_set(args)
         model, tokenizer, values = load_model(args.model)
     stored = values["search"]
@@ -77,8 +78,7 @@ def main() -> None:
             done = translator.translate_all(sources)
             seconds = time.perf_counter() - start
             hypotheses = [nbest[0].text for nbest in done.nbest]
-            scores = evaluate(hypotheses, references, target_language=args.tgt,
-                              bleu_tokenize=args.bleu_tokenize)
+            scores = evaluate(hypotheses, references, **bleu)
             stats = done.batches
             emit({"rules": rule, "max_len_a": search.max_len_a, "max_len_b": search.max_len_b,
                   "beam": search.beam_size, "alpha": search.alpha,

@@ -21,6 +21,20 @@ def test_a_test_set_is_split_on_line_feeds_only(tmp_path):
                                             ["A man.", "Two dogs."])
 
 
+
+def test_a_test_set_whose_files_differ_in_length_is_refused_whatever_the_limit(tmp_path):
+    """A missing line shifts every later pair against another sentence's reference; --limit
+    cutting both to the same length must not hide it."""
+    from data.config import DataError
+
+    (tmp_path / "t.de").write_text("Ein Mann.\nDie Katze.\nZwei Kinder.\n", encoding="utf-8")
+    (tmp_path / "t.en").write_text("A man.\nThe cat.\n", encoding="utf-8")
+    args = argparse.Namespace(test_prefix=str(tmp_path / "t"), src="de", tgt="en")
+    for limit in (0, 1, 2):
+        with pytest.raises(DataError, match=f"^{tmp_path / 't.de'} has 3 lines but "
+                                            f"{tmp_path / 't.en'} has 2; "):
+            read_test_set(args, limit=limit)
+
 def test_host_usage_passes_on_the_status_a_shell_gives_and_answers_help(capsys):
     from bench import host_usage
 

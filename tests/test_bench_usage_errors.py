@@ -77,6 +77,72 @@ def test_a_mistake_is_one_line_and_exit_status_2(case, run_dir, tmp_path, monkey
     assert line.startswith(f"{name}.py: error: ")
 
 
+SCORED = {"frontier": "--model m={model} --dtypes float32 --compute-types --passes 1",
+          "exported": "--model {model} --dtypes float32 --compute-types float32",
+          "search_rules": "--model {model}"}
+
+
+def _refused_before_measuring(name, flags, monkeypatch, capsys) -> str:
+    """The one line `name` ends with, given `flags`; loading a model to measure fails the
+    test (a test set or BLEU tokenizer that cannot be used must not wait for the passes)."""
+    from nmt.models import model_dir
+
+    def measured(*args, **kwargs):
+        raise AssertionError(f"{name} loaded a model to measure before refusing")
+
+    monkeypatch.setattr(model_dir, "load_model", measured)
+    monkeypatch.setattr(sys, "argv", [f"{name}.py", *flags.split()])
+    with pytest.raises(SystemExit) as refused:
+        importlib.import_module(f"bench.{name}").main()
+    out, err = capsys.readouterr()
+    assert (refused.value.code, out) == (2, ""), err
+    [line] = err.splitlines()
+    assert line.startswith(f"{name}.py: error: ")
+    return line
+
+
+@pytest.mark.parametrize("name, limit", [*((name, "") for name in SCORED),
+                                         ("frontier", " --limit 1"), ("exported", " --limit 1")])
+def test_a_test_set_whose_files_differ_in_length_is_refused_naming_both(name, limit, run_dir,
+                                                                         tmp_path, monkeypatch,
+                                                                         capsys):
+    """Also where --limit cuts both files to the same length."""
+    (tmp_path / "fr.de").write_text("Ein Mann.\nDie Katze.\nZwei Kinder.\n", encoding="utf-8")
+    (tmp_path / "fr.en").write_text("A man.\nThe cat.\n", encoding="utf-8")
+    flags = (SCORED[name].format(model=run_dir) + limit
+             + f" --test-prefix {tmp_path / 'fr'} --src de --tgt en")
+    line = _refused_before_measuring(name, flags, monkeypatch, capsys)
+    assert line.endswith(f"{tmp_path / 'fr.de'} has 3 lines but {tmp_path / 'fr.en'} has 2; "
+                         "give a source and a reference file of one line per pair"), line
+
+
+@pytest.mark.parametrize("name", SCORED)
+def test_a_bleu_tokenizer_that_cannot_run_is_refused_before_measuring(name, run_dir, tmp_path,
+                                                                      monkeypatch, capsys):
+    """--tgt ja scores BLEU on MeCab's words: without MeCab the command ends at once."""
+    mecab = pytest.importorskip("sacrebleu.tokenizers.tokenizer_ja_mecab")
+    monkeypatch.setattr(mecab, "MeCab", None)  # as where sacrebleu[ja] is not installed
+    for lang, text in (("de", "Ein Mann.\n"), ("ja", "男性。\n")):
+        (tmp_path / f"test.{lang}").write_text(text, encoding="utf-8")
+    flags = (SCORED[name].format(model=run_dir)
+             + f" --test-prefix {tmp_path / 'test'} --src de --tgt ja")
+    line = _refused_before_measuring(name, flags, monkeypatch, capsys)
+    assert "BLEU tokenizer ja-mecab (sacreBLEU's choice for target language 'ja') needs " \
+           "MeCab" in line, line
+    assert "--bleu-tokenize char" in line, line
+
+
+@pytest.mark.parametrize("name", SCORED)
+def test_a_bleu_tokenizer_given_is_checked_before_measuring(name, run_dir, tmp_path,
+                                                            monkeypatch, capsys):
+    for lang in ("de", "en"):
+        (tmp_path / f"test.{lang}").write_text("Ein Mann.\n", encoding="utf-8")
+    flags = (SCORED[name].format(model=run_dir) + " --bleu-tokenize nonsense"
+             + f" --test-prefix {tmp_path / 'test'} --src de --tgt en")
+    line = _refused_before_measuring(name, flags, monkeypatch, capsys)
+    assert "--bleu-tokenize: unknown BLEU tokenizer 'nonsense'" in line, line
+
+
 @pytest.fixture
 def pairs(tmp_path, monkeypatch) -> str:
     """200 made-up pairs (PREFIX.en, PREFIX.de), encoded into a cache of the test's own."""
