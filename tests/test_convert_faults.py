@@ -399,6 +399,9 @@ def test_path_mistakes_are_usage_errors(model, exported, tmp_path, capsys):
         (["to-marian", tmp_path / "ct2", tmp_path / "out"], "MODEL",
          "is a CTranslate2 export (model.bin), not a model directory of this project; pass the "
          "model directory it was exported from"),
+        (["from-marian", tmp_path / "ct2", tmp_path / "out"], "MARIAN_DIR",
+         "is a CTranslate2 export (model.bin), not a MarianMT model directory; pass a MarianMT "
+         "model's directory (translate.py reads the export with --engine ctranslate2)"),
         *[([command, exported if command == "from-marian" else model, "/proc/x"], "OUT",
            "/proc/x cannot be created (No such file or directory); choose another")
           for command in COMMANDS

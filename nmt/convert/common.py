@@ -92,7 +92,7 @@ def model_directory(path: str | Path) -> Path:
         what = "does not exist"
     elif not path.is_dir():
         what = "is a file"
-    elif (path / "model.bin").is_file() and not (path / "params.msgpack").exists():
+    elif is_ctranslate2_export(path):
         what = "is a CTranslate2 export (model.bin), not a model directory of this project"
         fix = ("pass the model directory it was exported from (translate.py reads the export "
                "with --engine ctranslate2)")
@@ -105,6 +105,11 @@ def model_directory(path: str | Path) -> Path:
     else:
         return path
     raise ConversionError(f"MODEL {path} {what}; {fix}.")
+
+
+def is_ctranslate2_export(path: Path) -> bool:
+    """Whether `path` holds a CTranslate2 export (model.bin), which no conversion reads."""
+    return (path / "model.bin").is_file() and not (path / "params.msgpack").exists()
 
 
 def _transformers_model_type(path: Path) -> str | None:

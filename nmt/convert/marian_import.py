@@ -37,6 +37,7 @@ from nmt.convert.common import (
     ConversionError,
     DamagedFile,
     check_output_dir,
+    is_ctranslate2_export,
     staged_directory,
 )
 from nmt.convert.generation import (
@@ -448,6 +449,10 @@ def import_marian(marian_dir: str | Path, out_dir: str | Path) -> Path:
                 f"pass {directory.name}" if hub_id else "")
         raise ConversionError(f"{directory} is not a directory; pass a MarianMT model's "
                               f"directory (config.json, weights, tokenizer files).{hint}")
+    if is_ctranslate2_export(directory):
+        raise ConversionError(f"MARIAN_DIR {directory} is a CTranslate2 export (model.bin), not "
+                              "a MarianMT model directory; pass a MarianMT model's directory "
+                              "(translate.py reads the export with --engine ctranslate2).")
     check_output_dir(out)
     raw = read_marian_config(directory)
     tokenizer = read_tokenizer(directory, raw.get("decoder_start_token_id"))
