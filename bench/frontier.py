@@ -13,14 +13,17 @@ For each model, on the same test set, beam search (--beam, the model's alpha and
   threads, and with the shortlist as CTranslate2's vocabulary map (`use_vmap`) where the
   model has one.
 Each is timed over --passes passes after one warm-up pass (compilation not counted; the
-median is reported). One JSON line per measurement, then a table, and with --plot a PNG of
-BLEU against sentences/s.
+median is reported). One JSON line per measurement, then one naming the frontier (the
+measurements no other is both at least as fast as and at least as good as, and better in
+one), a table marking it, and with --plot a PNG of BLEU against sentences/s with the frontier
+drawn as a line.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import statistics
 import tempfile
 import time
@@ -125,6 +128,7 @@ def main() -> None:
         measure_ours(args, path, shortlist, sources, report)
         if args.compute_types:
             measure_ctranslate2(args, path, sources, report)
+    emit({"frontier": [dataclasses.asdict(p) for p in frontier(points)]})
     print_table(points)
     if args.plot:
         plot(points, args.plot, f"{args.test_prefix}, beam {args.beam}")
@@ -234,11 +238,26 @@ def measure_ctranslate2(args, path: str, sources: list[str], report) -> None:
                        seconds, inter_threads=inter)
 
 
+def dominates(better: Point, other: Point) -> bool:
+    """Whether `better` is at least as fast and as good as `other`, and ahead in one."""
+    return (better.sentences_per_s >= other.sentences_per_s and better.bleu >= other.bleu
+            and (better.sentences_per_s > other.sentences_per_s or better.bleu > other.bleu))
+
+
+def frontier(points: list[Point]) -> list[Point]:
+    """The points no other dominates, slowest (and best) first: the fastest translation at
+    each quality. Equal points are all kept, as neither beats the other."""
+    kept = [p for p in points if not any(dominates(q, p) for q in points)]
+    return sorted(kept, key=lambda p: (p.sentences_per_s, -p.bleu))
+
+
 def print_table(points: list[Point]) -> None:
-    print("| model | system | sentences/s | BLEU |")
-    print("|---|---|---|---|")
+    front = frontier(points)
+    print("| model | system | sentences/s | BLEU | frontier |")
+    print("|---|---|---|---|---|")
     for p in points:
-        print(f"| {p.model} | {p.system} | {p.sentences_per_s:,.1f} | {p.bleu:.2f} |")
+        mark = "yes" if p in front else ""
+        print(f"| {p.model} | {p.system} | {p.sentences_per_s:,.1f} | {p.bleu:.2f} | {mark} |")
 
 
 def plot(points: list[Point], path: str, title: str) -> None:
@@ -248,7 +267,11 @@ def plot(points: list[Point], path: str, title: str) -> None:
     figure = Figure(figsize=(8, 5.5))
     FigureCanvasAgg(figure)
     axes = figure.add_subplot()
-    markers = dict(zip(dict.fromkeys(p.model for p in points), "osD^v<>p*"))
+    # One marker per model, repeated past the nine there are (labels tell them apart).
+    markers = dict(zip(dict.fromkeys(p.model for p in points), itertools.cycle("osD^v<>p*")))
+    front = frontier(points)
+    axes.plot([p.sentences_per_s for p in front], [p.bleu for p in front], color="gray",
+              linestyle="--", linewidth=1, zorder=0)
     for p in points:
         color = "tab:blue" if p.system.startswith("ours") else "tab:orange"
         axes.scatter(p.sentences_per_s, p.bleu, marker=markers[p.model], color=color)
@@ -257,8 +280,8 @@ def plot(points: list[Point], path: str, title: str) -> None:
     axes.set_xscale("log")
     axes.set_xlabel("sentences/s (log scale)")
     axes.set_ylabel("BLEU")
-    axes.set_title(f"BLEU against speed: {title}\n(blue: ours, orange: CTranslate2)",
-                   fontsize=9)
+    axes.set_title(f"BLEU against speed: {title}\n(blue: ours, orange: CTranslate2; dashed: "
+                   "the fastest at each BLEU)", fontsize=9)
     axes.grid(True, alpha=0.3)
     figure.tight_layout()
     figure.savefig(path, dpi=120)

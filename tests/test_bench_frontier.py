@@ -1,12 +1,15 @@
 """bench.frontier's checks before it measures anything: the --shortlist sizes each model's
-shortlist can give, and why a model gets no shortlist rows."""
+shortlist can give, and why a model gets no shortlist rows; and the frontier it reports: the
+measurements no other is both at least as fast as and at least as good as."""
 
 import json
 import shutil
+import sys
 
 import pytest
 
 from bench import frontier
+from bench.frontier import Point
 from transformer.shortlist import Shortlist
 
 
@@ -84,3 +87,69 @@ def test_ctranslate2_searches_as_ours_also_past_the_models_positions(run_dir, ca
     frontier.measure_ctranslate2(args, str(run_dir), lines, report)
     assert "a sentence of" in caplog.text  # the long one was cut, as the engine cuts it
     assert found["ctranslate2 float32"] == found["ours float32"]
+
+
+def test_the_frontier_leaves_out_a_point_another_is_as_fast_and_better_than():
+    slow_best, fast_worst = Point("a", "ours float32", 100, 40), Point("a", "ct2 int8", 300, 30)
+    middle = Point("b", "ours bfloat16", 200, 35)
+    beaten = Point("b", "ours float32", 150, 34)  # middle is faster and better
+    as_fast_worse = Point("c", "ours float32", 200, 33)  # middle: as fast, better
+    as_good_slower = Point("c", "ct2 int8", 250, 30)  # fast_worst: as good, faster
+    points = [beaten, fast_worst, as_fast_worse, slow_best, as_good_slower, middle]
+    assert frontier.frontier(points) == [slow_best, middle, fast_worst]
+
+
+def test_equal_points_are_all_on_the_frontier_and_one_point_is_its_own():
+    one, same = Point("a", "ours float32", 100, 30), Point("b", "ours float32", 100, 30)
+    assert frontier.frontier([one, same]) == [one, same]
+    assert frontier.frontier([one]) == [one]
+    assert frontier.frontier([]) == []
+
+
+def test_the_table_marks_the_frontier(capsys):
+    frontier.print_table([Point("a", "ours float32", 100, 30), Point("a", "ct2", 90, 29)])
+    assert capsys.readouterr().out.splitlines() == [
+        "| model | system | sentences/s | BLEU | frontier |", "|---|---|---|---|---|",
+        "| a | ours float32 | 100.0 | 30.00 | yes |", "| a | ct2 | 90.0 | 29.00 |  |"]
+
+
+def test_the_plot_takes_more_models_than_markers_and_draws_the_frontier(tmp_path,
+                                                                        monkeypatch):
+    from matplotlib.figure import Figure
+
+    drawn = []
+    monkeypatch.setattr(Figure, "savefig", lambda figure, path, **_: drawn.append(figure))
+    points = [Point(f"m{i}", "ours float32", 100 + 10 * i, 40 - i) for i in range(10)]
+    points.append(Point("m9", "ct2 int8", 90, 30))  # slower and worse than all: off it
+    frontier.plot(points, str(tmp_path / "f.png"), "ten models")
+    [line] = drawn[0].axes[0].lines
+    assert line.get_xydata().tolist() == [[100 + 10 * i, 40 - i] for i in range(10)]
+    markers = {collection.get_paths()[0].vertices.tobytes()
+               for collection in drawn[0].axes[0].collections}
+    assert len(markers) == 9  # each model its marker, the tenth the first again
+
+
+def test_the_frontier_is_reported_after_the_measurements(run_dir, tmp_path, monkeypatch,
+                                                         capsys):
+    lines = ["Ein Mann steht auf einer Leiter.", "Zwei Hunde spielen im Schnee."]
+    for lang in ("de", "en"):
+        (tmp_path / f"test.{lang}").write_text("".join(line + "\n" for line in lines),
+                                               encoding="utf-8")
+
+    def measure_ours(args, path, shortlist, sources, report):
+        report("ours float32", lines, 2.0)  # slow, every line right
+        report("ours bfloat16", ["", ""], 1.0)  # faster, nothing right
+        report("ours bfloat16 again", ["", ""], 1.5)  # as bad and slower
+
+    monkeypatch.setattr(frontier, "measure_ours", measure_ours)
+    monkeypatch.setattr(sys, "argv", [
+        "frontier.py", "--model", f"m={run_dir}", "--test-prefix", str(tmp_path / "test"),
+        "--src", "de", "--tgt", "en", "--compute-types", "--plot", str(tmp_path / "f.png")])
+    frontier.main()
+    out = capsys.readouterr().out.splitlines()
+    [front] = [json.loads(line)["frontier"] for line in out if '"frontier"' in line]
+    assert [(p["system"], p["sentences_per_s"], round(p["bleu"])) for p in front] == [
+        ("ours float32", 1.0, 100), ("ours bfloat16", 2.0, 0)]
+    assert [line.rsplit("|", 2)[-2].strip() for line in out if line.startswith("| m |")
+            ] == ["yes", "yes", ""]
+    assert (tmp_path / "f.png").read_bytes()[:4] == b"\x89PNG"
