@@ -436,6 +436,28 @@ def test_bfloat16_without_torch_is_a_usage_error(quantization, model, tmp_path, 
     assert not any(tmp_path.iterdir())
 
 
+def test_a_bfloat16_export_prints_no_warning_from_inside_ctranslate2(exported, tmp_path,
+                                                                    capsys):
+    """CTranslate2 hands our read-only arrays (an output bias) to torch.from_numpy, which
+    warns (once a process, hence a process of its own) of writes that never happen."""
+    from safetensors.numpy import load_file, save_file
+
+    pytest.importorskip("ctranslate2")
+    pytest.importorskip("torch")
+    directory = spoiled(exported, tmp_path)
+    state = load_file(str(directory / "model.safetensors"))
+    bias = state["final_logits_bias"]
+    state["final_logits_bias"] = np.random.default_rng(0).normal(size=bias.shape).astype(bias.dtype)
+    save_file(state, str(directory / "model.safetensors"))
+    assert convert(["from-marian", directory, tmp_path / "biased"], capsys)[0] == 0
+    out = tmp_path / "ct2"
+    result = subprocess.run([sys.executable, "-m", "nmt.convert", "to-ctranslate2",
+                             str(tmp_path / "biased"), str(out), "--quantization", "bfloat16"],
+                            cwd=REPO, text=True, capture_output=True, timeout=300)
+    assert result.returncode == 0 and result.stderr.splitlines() == [f"Wrote {out}"], \
+        result.stderr
+
+
 # ----------------------------------------------------------------------------- files written
 
 

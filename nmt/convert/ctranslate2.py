@@ -18,6 +18,7 @@ training did), and LayerNorm keeps the model's own epsilon, so the export is exa
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -140,7 +141,11 @@ def export_ctranslate2(model_path: str | Path, out_dir: str | Path,
     _check_bfloat16_converter(quantization)
     params, tokenizer, values = load_params(model_path)
     spec = build_spec(params, values["model"], tokenizer)
-    spec.optimize(quantization=quantization)
+    with warnings.catch_warnings():
+        # bfloat16: CTranslate2 converts our read-only arrays with torch.from_numpy, which
+        # warns of writes that nothing makes.
+        warnings.filterwarnings("ignore", "The given NumPy array is not writable", UserWarning)
+        spec.optimize(quantization=quantization)
     settings = json.loads((resolve_model_dir(model_path) / CONFIG_FILE).read_text("utf-8"))
     settings[EXPORT_WEIGHTS_FIELD] = quantization
     shortlist_path = resolve_model_dir(model_path) / SHORTLIST_FILE
