@@ -63,6 +63,20 @@ _HELP_LOCAL = (
 )
 
 
+@dataclasses.dataclass(frozen=True)
+class Reader:
+    """The command a file of pairs is read for, as its messages name it: what the file's text
+    becomes there, and that command's own flags for aligned text files, the other way to give
+    the pairs (a message naming another command's flags sends the reader astray)."""
+
+    text_becomes: str  # "trained on", "translated and scored"
+    aligned_flags: str  # "--train-prefix, --valid-prefix or --test-prefix"
+
+
+TRAINING = Reader("trained on", "--train-prefix, --valid-prefix or --test-prefix")
+HELD_OUT = dataclasses.replace(TRAINING, text_becomes="scored")  # train.py's valid/test files
+
+
 # ---------------------------------------------------------------------------------------------
 # Pairs -> Dataset
 
@@ -165,13 +179,13 @@ def _line_count_error(src_path: Path, tgt_path: Path) -> DataError:
     )
 
 
-def _tsv_pairs(path: Path) -> Iterator[tuple[str, str]]:
+def _tsv_pairs(path: Path, reader: Reader) -> Iterator[tuple[str, str]]:
     """`source<TAB>target` lines as they are; a blank line is an empty pair. A line with
     other than exactly one TAB is an error. Fields are never unquoted: those that a CSV writer
-    quoted are warned of, once, at the end."""
+    quoted are warned of, once, at the end, in `reader`'s words."""
     quoted = first_quoted = 0
     for line_no, line in enumerate(iter_lines(path), start=1):
-        fields = _tsv_fields(path, line_no, line)
+        fields = _tsv_fields(path, line_no, line, reader)
         if any(map(_csv_quoted, fields)):
             quoted += 1
             first_quoted = first_quoted or line_no
@@ -180,23 +194,27 @@ def _tsv_pairs(path: Path) -> Iterator[tuple[str, str]]:
         log.warning("%s: %d lines (the first: line %d) hold a field in double quotes with "
                     "doubled quotes inside, as CSV writers such as pandas' to_csv quote "
                     "them; TSV fields are read as they are, never unquoted, so the quotes "
-                    "are trained on: write the file without quoting (quoting=csv.QUOTE_NONE) "
-                    "or as JSON Lines", path, quoted, first_quoted)
+                    "are read as text (%s): write the file without quoting "
+                    "(quoting=csv.QUOTE_NONE) or as JSON Lines", path, quoted, first_quoted,
+                    reader.text_becomes)
 
 
-def _tsv_fields(path: Path, line_no: int, line: str) -> list[str]:
+def _tsv_fields(path: Path, line_no: int, line: str, reader: Reader) -> list[str]:
     """The two fields of one TSV line (two empty ones for a blank line); DataError for a line
-    with other than one TAB."""
+    with other than one TAB, naming `reader`'s flags for aligned text files."""
     fields = line.split("\t")
     if len(fields) == 2:
         return fields
     if not line.strip():
         return ["", ""]
-    raise DataError(
-        f"{path} line {line_no}: expected 2 TAB-separated fields (source<TAB>target), "
-        f"found {len(fields)}; remove the stray TABs or use aligned text files "
-        "with --train-prefix, --valid-prefix or --test-prefix"
-    )
+    if len(fields) == 1:
+        fault, fix = ("the target column is missing (no TAB)",
+                      "add a TAB and the target to that line")
+    else:
+        fault, fix = (f"{len(fields) - 1} TABs, where source<TAB>target has one",
+                      "remove the stray TABs")
+    raise DataError(f"{path} line {line_no}: {fault}; {fix}, or give the pairs as aligned text "
+                    f"files with {reader.aligned_flags}")
 
 
 def _csv_quoted(field: str) -> bool:
@@ -392,11 +410,12 @@ def _unreadable_parquet(path: Path, err: Exception) -> DataError:
     )
 
 
-def _file_pairs(path: Path, src: str, tgt: str) -> Iterator[tuple[str, str]]:
-    """The pairs of one `.tsv`, `.jsonl`/`.json` or `.parquet` file, chosen by its suffix."""
+def _file_pairs(path: Path, src: str, tgt: str, reader: Reader) -> Iterator[tuple[str, str]]:
+    """The pairs of one `.tsv`, `.jsonl`/`.json` or `.parquet` file, chosen by its suffix;
+    errors name `reader`'s flags."""
     suffix = path.suffix.lower()
     if suffix == ".tsv":
-        return _tsv_pairs(path)
+        return _tsv_pairs(path, reader)
     if suffix in (".jsonl", ".json"):
         return _jsonl_pairs(path, src, tgt)
     if suffix == ".parquet":
@@ -407,23 +426,27 @@ def _file_pairs(path: Path, src: str, tgt: str) -> Iterator[tuple[str, str]]:
                             "; compressed files are not read")
     raise DataError(
         f"{path}: unknown file type {suffix!r}; use .tsv, .jsonl or .parquet, or "
-        "aligned text files with --train-prefix, --valid-prefix or --test-prefix"
+        f"aligned text files with {reader.aligned_flags}"
     )
 
 
-def read_file_texts(path: str | Path, src: str, tgt: str) -> tuple[list[str], list[str]]:
+def read_file_texts(path: str | Path, src: str, tgt: str, reader: Reader
+                    ) -> tuple[list[str], list[str]]:
     """(sources, targets) of one `.tsv`, `.jsonl`/`.json` or `.parquet` file, chosen by its
     suffix, with every pair kept as written: nothing stripped, empty sides kept (a blank .tsv
-    line is an empty pair). For scoring, where dropping a pair would change the score."""
-    pairs = list(_file_pairs(Path(path), src, tgt))
+    line is an empty pair). For scoring, where dropping a pair would change the score; the
+    messages speak to `reader`, the command that scores."""
+    pairs = list(_file_pairs(Path(path), src, tgt, reader))
     return [s for s, _ in pairs], [t for _, t in pairs]
 
 
-def read_file(path: str | Path, src: str, tgt: str) -> datasets.Dataset:
+def read_file(path: str | Path, src: str, tgt: str, reader: Reader = TRAINING
+              ) -> datasets.Dataset:
     """Read one `.tsv`, `.jsonl`/`.json` or `.parquet` file, chosen by its suffix, for
-    training, streamed: sides stripped, pairs with an empty side dropped and counted."""
+    train.py (`reader`: TRAINING, or HELD_OUT for its valid and test files), streamed: sides
+    stripped, pairs with an empty side dropped and counted."""
     path = Path(path)
-    pairs = _file_pairs(path, src, tgt)  # checks the suffix before anything is read
+    pairs = _file_pairs(path, src, tgt, reader)  # checks the suffix before anything is read
     return _files_pairs([path], f"{path.suffix.lower()}|{src}|{tgt}", str(path), pairs)
 
 
@@ -782,7 +805,7 @@ def load_corpus(spec: CorpusSpec) -> datasets.DatasetDict:
         if prefix:
             splits[split] = read_prefix(prefix, spec.src, spec.tgt)
         elif path:
-            splits[split] = read_file(path, spec.src, spec.tgt)
+            splits[split] = read_file(path, spec.src, spec.tgt, HELD_OUT)
     if "validation" not in splits:
         splits["train"], splits["validation"] = hold_out_validation(
             splits["train"], spec.valid_fraction, spec.max_valid, spec.seed

@@ -13,10 +13,12 @@ import pytest
 from data.corpus import (
     CorpusSpec,
     DataError,
+    Reader,
     check_files,
     hash_split,
     load_corpus,
     read_file,
+    read_file_texts,
     read_gettext_pairs,
     read_hf,
     read_hf_split,
@@ -293,9 +295,27 @@ def test_a_long_line_of_carriage_returns_is_named_as_such(tmp_path):
 def test_tsv_with_extra_tab_names_line(tmp_path):
     tsv = tmp_path / "bad.tsv"
     tsv.write_text("a\tb\nc\td\te\n", encoding="utf-8")
-    with pytest.raises(DataError,
-                       match=r"bad\.tsv line 2: expected 2 TAB-separated fields.*found 3"):
+    with pytest.raises(DataError, match=r"bad\.tsv line 2: 2 TABs, where source<TAB>target has "
+                                        r"one; remove the stray TABs, or give the pairs as "
+                                        r"aligned text files with --train-prefix, "
+                                        r"--valid-prefix or --test-prefix$"):
         read_file(tsv, "en", "de")
+
+
+def test_tsv_line_without_a_tab_is_told_its_target_is_missing_in_the_readers_words(tmp_path):
+    """A line with no TAB lacks its target (no TABs to remove), and the fix names the flags of
+    the command that reads the file: translate.py has no --train-prefix."""
+    tsv = tmp_path / "short.tsv"
+    tsv.write_text("a\tb\nDie Katze.\n", encoding="utf-8")
+    with pytest.raises(DataError, match=r"short\.tsv line 2: the target column is missing "
+                                        r"\(no TAB\); add a TAB and the target to that line, "
+                                        r"or give the pairs as aligned text files with "
+                                        r"--train-prefix, --valid-prefix or --test-prefix$"):
+        read_file(tsv, "en", "de")
+    scoring = Reader("translated and scored", "--test-prefix PREFIX")
+    for path in (tsv, tmp_path / "pairs.txt"):
+        with pytest.raises(DataError, match=r"aligned text files with --test-prefix PREFIX$"):
+            read_file_texts(path, "en", "de", scoring)
 
 
 def test_unknown_suffix_and_two_sources_are_errors(tmp_path):
@@ -673,3 +693,9 @@ def test_csv_quoted_tsv_fields_are_warned_of_and_kept_as_written(tmp_path, caplo
     assert len(warnings) == 1
     assert re.match(r"\S*pandas\.tsv: 2 lines \(the first: line 2\) hold a field in double "
                     r"quotes with doubled quotes inside.*never unquoted", warnings[0])
+    assert "the quotes are read as text (trained on)" in warnings[0]
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="data"):
+        read_file_texts(path, "en", "de", Reader("translated and scored", "-"))
+    assert [r.getMessage() for r in caplog.records
+            if "the quotes are read as text (translated and scored)" in r.getMessage()]

@@ -222,6 +222,25 @@ def test_evaluation_keeps_every_pair_of_a_dataset_or_test_file(tmp_path):
                                         "t"))
 
 
+
+def test_a_test_files_messages_speak_of_translate_pys_flags(tmp_path, caplog):
+    """A --test-file line without its target, and a CSV-quoted field, are told in
+    translate.py's words: its own flags for aligned files (it has no --train-prefix), and the
+    quotes translated and scored (not trained on)."""
+    tsv = tmp_path / "test.tsv"
+    tsv.write_text("Ein Mann.\tA man.\nDie Katze.\n", encoding="utf-8")
+    with pytest.raises(translate_cli.InputError) as raised:
+        evaluation.evaluation_data(_parse("--evaluate", "--test-file", str(tsv)), {})
+    assert str(raised.value) == (
+        f"{tsv} line 2: the target column is missing (no TAB); add a TAB and the target to "
+        "that line, or give the pairs as aligned text files with --test-prefix PREFIX or "
+        "--src-file with --ref-file")
+    tsv.write_text('"Ein ""Mann"""\tA man.\n', encoding="utf-8")
+    with caplog.at_level(logging.WARNING, logger="data"):
+        evaluation.evaluation_data(_parse("--evaluate", "--test-file", str(tsv)), {})
+    assert [r for r in caplog.records if "the quotes are read as text (translated and scored)"
+            in r.getMessage() and "trained" not in r.getMessage()]
+
 def _fake_translator():
     """Translates by upper-casing, with the interface run_evaluation uses."""
     def translate_all(lines, progress=None, first_line=1, source=""):

@@ -101,13 +101,14 @@ def _named_test_set(args: argparse.Namespace, values: dict
 def _test_file(path: str, src: str | None, tgt: str | None
                ) -> tuple[list[str], list[str], str]:
     """Every pair of a .tsv, .jsonl or .parquet test file, kept as written."""
-    from data.corpus import read_file_texts  # loads `datasets`: only for these formats
+    from data.corpus import Reader, read_file_texts  # loads `datasets`: only these formats
 
     if Path(path).suffix.lower() != ".tsv" and not (src and tgt):
         raise UsageError(f"--test-file {path} needs --src and --tgt to pick its languages (the "
                          "model does not record them).")
     try:
-        sources, references = read_file_texts(path, src, tgt)
+        sources, references = read_file_texts(path, src, tgt, Reader(
+            "translated and scored", "--test-prefix PREFIX or --src-file with --ref-file"))
     except DataError as err:
         raise InputError(str(err)) from None
     languages = f" {src}->{tgt}" if src and tgt else ""
