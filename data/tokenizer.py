@@ -378,11 +378,14 @@ class VocabTokenizer(TokenizerBase):
 
     def decode(self, ids: Iterable[Sequence[int]]) -> list[str]:
         """Text of each id row, stopping at EOS, ignoring pad; pieces joined by the target
-        model (as Marian and transformers' MarianTokenizer join them)."""
+        model as SentencePiece's decode (Marian's, `Tokenizer.decode`) joins them: the word
+        boundaries before any text give no space, one at the end does (transformers'
+        MarianTokenizer strips the text as well)."""
         # A piece the target model lacks (the table holds both sides' pieces) comes back
-        # verbatim from decode_pieces: its word-boundary marks still need to become spaces.
+        # verbatim from decode_pieces: its word-boundary marks still need to become spaces,
+        # except those before any text, which SentencePiece drops from the pieces it knows.
         return [self.target.decode_pieces(self.pieces(self._strip_specials(row), "target"))
-                .replace("\u2581", " ").strip() for row in ids]
+                .lstrip("\u2581").replace("\u2581", " ") for row in ids]
 
     def pieces(self, ids: Sequence[int], side: Side = "source") -> list[str]:
         return [self.id_to_piece.get(int(i), self.special_tokens["unk_token"]) for i in ids]

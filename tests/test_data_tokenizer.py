@@ -233,6 +233,26 @@ def test_damaged_model_file_is_named(small_tokenizer, tmp_path):
         train_or_load_tokenizer(tmp_path, corpus, TokenizerConfig(vocab_size=350))
 
 
+def test_marians_layout_decodes_the_pieces_of_a_model_as_sentencepiece_does(small_tokenizer):
+    """What to-marian writes (the model as both sides' SentencePiece model, vocab.json of its
+    pieces) reads back as the same text: a word boundary before any text gives no space, one
+    at the end a space, and a piece the target model lacks its spaces alike."""
+    from data.tokenizer import VocabTokenizer
+
+    vocab = {piece: i for i, piece in enumerate(small_tokenizer.vocabulary())}
+    marian = VocabTokenizer(small_tokenizer.model_bytes, small_tokenizer.model_bytes, vocab)
+    space = small_tokenizer.processor.piece_to_id("\u2581")
+    assert small_tokenizer.processor.id_to_piece(space) == "\u2581"
+    words = small_tokenizer.encode(["Der Hund", "fox"])
+    rows = [[space, *words[0]], [*words[0], space], [space, space, *words[1], space, space],
+            [space], words[1], []]
+    assert marian.decode(rows) == small_tokenizer.decode(rows)
+    assert small_tokenizer.decode(rows[:2]) == ["Der Hund", "Der Hund "]
+    lacking = dict(vocab, **{"\u2581Zq\u2581x": len(vocab)})  # a source-only piece
+    other = VocabTokenizer(small_tokenizer.model_bytes, small_tokenizer.model_bytes, lacking)
+    assert other.decode([[space, len(vocab), *words[1]]]) == ["Zq x fox"]
+
+
 def test_a_special_tokens_map_that_is_not_an_object_is_named(small_tokenizer, tmp_path):
     from data.tokenizer import VocabTokenizer, load_tokenizer
 
