@@ -57,10 +57,6 @@ _SPLIT_ALIASES = {
     "dev": "validation",
     "test": "test",
 }
-_HELP_LOCAL = (
-    "use local files instead: --train-prefix PREFIX with --src/--tgt (reads PREFIX.SRC and "
-    "PREFIX.TGT), a .tsv/.jsonl/.parquet file, or a directory written by save_to_disk"
-)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,10 +67,18 @@ class Reader:
 
     text_becomes: str  # "trained on", "translated and scored"
     aligned_flags: str  # "--train-prefix, --valid-prefix or --test-prefix"
+    file_flags: str = "--train-file (--valid-file, --test-file)"  # for a .tsv/.jsonl/.parquet
+    local_files: str = ("--train-prefix PREFIX with --src/--tgt (reads PREFIX.SRC and "
+                        "PREFIX.TGT), a .tsv/.jsonl/.parquet file with --train-file")
 
 
 TRAINING = Reader("trained on", "--train-prefix, --valid-prefix or --test-prefix")
 HELD_OUT = dataclasses.replace(TRAINING, text_becomes="scored")  # train.py's valid/test files
+SCORING = Reader(  # translate.py's --evaluate and --score
+    "translated and scored", "--test-prefix PREFIX or --src-file with --ref-file",
+    file_flags="--test-file",
+    local_files="--test-prefix PREFIX with --src/--tgt (reads PREFIX.SRC and PREFIX.TGT), "
+                "--src-file with --ref-file, a .tsv/.jsonl/.parquet file with --test-file")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -483,13 +487,13 @@ def _hub_offline(offline: bool):
         datasets.config.HF_HUB_OFFLINE, huggingface_hub.constants.HF_HUB_OFFLINE = saved
 
 
-def _check_not_a_local_path(name: str) -> None:
+def _check_not_a_local_path(name: str, reader: Reader) -> None:
     """DataError for a dataset name that is a file, or a path (not a hub name: at most one
     "/", never first) to a directory that does not exist: the hub would not know it either."""
     if Path(name).is_file():
         raise DataError(f"{name}: is a file, not a dataset: give a file of pairs with "
-                        "--train-file (--valid-file, --test-file), and --dataset a directory "
-                        "written by save_to_disk or a hub name")
+                        f"{reader.file_flags}, and --dataset a directory written by "
+                        "save_to_disk or a hub name")
     looks_local = (name.startswith(("/", "./", "../", "~")) or name.count("/") > 1
                    or os.sep != "/" and os.sep in name)
     if looks_local and not Path(name).exists():
@@ -497,12 +501,13 @@ def _check_not_a_local_path(name: str) -> None:
                         "save_to_disk, or a hub name such as wmt14 (with --dataset-config de-en)")
 
 
-def _load_hf(name: str, config: str | None) -> datasets.DatasetDict:
+def _load_hf(name: str, config: str | None, reader: Reader) -> datasets.DatasetDict:
     """Open a dataset saved with `save_to_disk` (a directory) or from the hub by name+config.
 
-    A lone `Dataset` becomes the split `train`. Nothing is read into memory yet.
+    A lone `Dataset` becomes the split `train`. Nothing is read into memory yet. Errors
+    name `reader`'s flags for local files.
     """
-    _check_not_a_local_path(name)
+    _check_not_a_local_path(name, reader)
     if Path(name).is_dir():
         try:
             loaded = datasets.load_from_disk(name)
@@ -521,23 +526,25 @@ def _load_hf(name: str, config: str | None) -> datasets.DatasetDict:
                                           "dataset is not in the local cache; ")
             raise DataError(
                 f"could not load dataset {name!r} (config {config!r}) from the Hugging Face hub "
-                f"({where}{_first_line(err)}); {_HELP_LOCAL}"
+                f"({where}{_first_line(err)}); use local files instead: {reader.local_files}, "
+                "or a directory written by save_to_disk"
             ) from None
     if isinstance(loaded, datasets.Dataset):
         loaded = datasets.DatasetDict({"train": loaded})
     return loaded
 
 
-def read_hf_split(name: str, config: str | None, split: str, src: str, tgt: str
-                  ) -> tuple[list[str], list[str], str]:
-    """(sources, targets, split name found) of one split, for scoring a test set.
+def read_hf_split(name: str, config: str | None, split: str, src: str, tgt: str,
+                  reader: Reader = SCORING) -> tuple[list[str], list[str], str]:
+    """(sources, targets, split name found) of one split, for scoring a test set (its
+    messages speak to `reader`, the command that scores).
 
     Only that split is read; the dataset needs no train split. Unlike `read_hf`, every pair is
     kept as it is (not stripped; a missing side is ""), so that scores cover the whole test
     set as sacreBLEU would on the same data. `split` may be the dataset's own name or one of
     ours with its aliases ("valid" or "dev" find "validation").
     """
-    loaded = _load_hf(name, config)
+    loaded = _load_hf(name, config, reader)
     wanted = _SPLIT_ALIASES.get(split, split)
     found = split if split in loaded else next(
         (s for s in sorted(loaded) if _SPLIT_ALIASES.get(s, s) == wanted), None)
@@ -550,7 +557,7 @@ def read_hf_split(name: str, config: str | None, split: str, src: str, tgt: str
 
 def read_hf(name: str, config: str | None, src: str, tgt: str) -> datasets.DatasetDict:
     """Load a dataset saved with `save_to_disk` (a directory) or from the hub by name+config."""
-    loaded = _load_hf(name, config)
+    loaded = _load_hf(name, config, TRAINING)
     result = {}
     for split_name, split in loaded.items():
         ours = _SPLIT_ALIASES.get(split_name)

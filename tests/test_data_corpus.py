@@ -11,6 +11,7 @@ import datasets
 import pytest
 
 from data.corpus import (
+    SCORING,
     CorpusSpec,
     DataError,
     Reader,
@@ -103,6 +104,30 @@ def test_hub_name_offline_gives_one_sentence(monkeypatch):
     assert "\n" not in message
     assert "'wmt14'" in message and "--train-prefix" in message
     assert info.value.__cause__ is None
+
+
+def test_a_test_sets_dataset_errors_name_translates_flags_not_trains(tmp_path, monkeypatch):
+    """read_hf_split reads translate.py's --dataset: a file, or a hub name that cannot load,
+    is sent to its --test-file and --test-prefix (train.py's flags would be refused there)."""
+    import huggingface_hub.constants
+
+    pairs = tmp_path / "trans.jsonl"
+    pairs.write_text('{"de": "a", "en": "b"}\n')
+    with pytest.raises(DataError) as info:
+        read_hf_split(str(pairs), None, "test", "de", "en", SCORING)
+    assert str(info.value) == (f"{pairs}: is a file, not a dataset: give a file of pairs with "
+                               "--test-file, and --dataset a directory written by save_to_disk "
+                               "or a hub name")
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    with pytest.raises(DataError) as info:
+        read_hf_split("surely-not-a-cached/dataset", None, "test", "de", "en", SCORING)
+    message = str(info.value)
+    assert message.endswith("; use local files instead: --test-prefix PREFIX with --src/--tgt "
+                            "(reads PREFIX.SRC and PREFIX.TGT), --src-file with --ref-file, a "
+                            ".tsv/.jsonl/.parquet file with --test-file, or a directory written "
+                            "by save_to_disk"), message
+    assert "--train" not in message and "--valid" not in message
 
 
 def test_missing_language_in_dataset_names_expected_and_found(tmp_path):

@@ -579,6 +579,19 @@ def test_an_empty_test_set_is_one_line_before_the_model_loads(mode, tmp_path, ca
                          "these the right files?).")
 
 
+def test_a_file_given_as_dataset_is_sent_to_test_file_before_the_model_loads(tmp_path, capsys,
+                                                                              no_model):
+    """translate.py has no --train-file: its --dataset errors name its own flags."""
+    pairs = tmp_path / "trans.jsonl"
+    pairs.write_text('{"de": "a", "en": "b"}\n')
+    status, line = _main(translate_cli.main, ["--model", "m", "--evaluate", "--src", "de",
+                                              "--tgt", "en", "--dataset", pairs], capsys)
+    assert status == 1, line
+    assert line.endswith(f"{pairs}: is a file, not a dataset: give a file of pairs with "
+                         "--test-file, and --dataset a directory written by save_to_disk or a "
+                         "hub name"), line
+
+
 def test_a_stored_nan_setting_is_refused_naming_the_file(run_dir, tmp_path, capsys,
                                                          monkeypatch):
     from nmt.models.model_dir import ModelDirError, load_model

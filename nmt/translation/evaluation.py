@@ -101,14 +101,13 @@ def _named_test_set(args: argparse.Namespace, values: dict
 def _test_file(path: str, src: str | None, tgt: str | None
                ) -> tuple[list[str], list[str], str]:
     """Every pair of a .tsv, .jsonl or .parquet test file, kept as written."""
-    from data.corpus import Reader, read_file_texts  # loads `datasets`: only these formats
+    from data.corpus import SCORING, read_file_texts  # loads `datasets`: only these formats
 
     if Path(path).suffix.lower() != ".tsv" and not (src and tgt):
         raise UsageError(f"--test-file {path} needs --src and --tgt to pick its languages (the "
                          "model does not record them).")
     try:
-        sources, references = read_file_texts(path, src, tgt, Reader(
-            "translated and scored", "--test-prefix PREFIX or --src-file with --ref-file"))
+        sources, references = read_file_texts(path, src, tgt, SCORING)
     except DataError as err:
         raise InputError(str(err)) from None
     languages = f" {src}->{tgt}" if src and tgt else ""
@@ -118,14 +117,14 @@ def _test_file(path: str, src: str | None, tgt: str | None
 def _dataset_split(args, src, tgt) -> tuple[list[str], list[str], str]:
     """Every pair of --split, kept as it is: an empty source gives an empty hypothesis that
     is scored against its reference, as with --src-file/--ref-file."""
-    from data.corpus import read_hf_split  # loads `datasets`: only for datasets
+    from data.corpus import SCORING, read_hf_split  # loads `datasets`: only for datasets
 
     if not (src and tgt):
         raise UsageError("--dataset needs --src and --tgt (the model does not record its "
                          "languages).")
     try:
         sources, references, split = read_hf_split(args.dataset, args.dataset_config,
-                                                   args.split or "test", src, tgt)
+                                                   args.split or "test", src, tgt, SCORING)
     except DataError as err:
         raise InputError(str(err)) from None
     return sources, references, f"{args.dataset}[{split}] {src}->{tgt}"
