@@ -170,15 +170,17 @@ def test_what_is_known_before_any_step_is_set_at_once():
 
 def test_a_resume_at_the_end_is_refused_only_where_its_limit_allows_more_steps():
     """At the end the rate is zero: a limit past it would train nothing; short of the end,
-    or where the limits stop the run there anyway, the run goes on or finishes."""
+    where a limit stops the run at once, or given the run's own limits, it goes on or
+    finishes."""
     config = Path("run/config.yaml")
     saved = schedule_fit.with_end(
         recipes.run_from_flat(schedule="linear", warmup=2, max_steps=4), 4)
 
-    def refusal(reached: int, **limits) -> str | None:
+    def refusal(reached: int, before: object = saved, epochs_trained: int = 0, **limits
+                ) -> str | None:
         run = recipes.run_from_flat(schedule="linear", warmup=2, **limits)
-        return schedule_fit.nothing_left(schedule_fit.resolve(run, saved), saved, reached,
-                                         config)
+        return schedule_fit.nothing_left(schedule_fit.resolve(run, before), before, reached,
+                                         epochs_trained, config)
 
     assert refusal(4, max_steps=8) == (
         "--max-steps 8 trains no further: the run's checkpoint is at step 4, and its linear "
@@ -187,27 +189,29 @@ def test_a_resume_at_the_end_is_refused_only_where_its_limit_allows_more_steps()
     assert refusal(3, max_steps=8) is None  # goes on to step 4
     assert refusal(4, max_steps=4) is None  # finished: a rerun of the same command
     # The limits that fitted the end, given again: the finished run finishes again.
-    for limits in ({"max_minutes": 3.0}, {"max_minutes": 3.0, "max_steps": 100}):
+    for limits in ({"max_minutes": 3.0}, {"max_minutes": 3.0, "max_steps": 100},
+                   {"max_steps": 6, "max_epochs": 1}):
         before = schedule_fit.with_end(recipes.run_from_flat(schedule="linear", warmup=2,
                                                              **limits), 4)
-        assert schedule_fit.nothing_left(before, before, 4, config) is None
+        assert refusal(4, before, **limits) is None
     timed = schedule_fit.with_end(recipes.run_from_flat(schedule="linear", warmup=2,
                                                         max_minutes=3.0), 4)
-    assert "--max-minutes 5 trains no further" in schedule_fit.nothing_left(
-        schedule_fit.with_end(recipes.run_from_flat(schedule="linear", warmup=2,
-                                                    max_minutes=5.0), 4), timed, 4, config)
+    assert "--max-minutes 5 trains no further" in refusal(4, timed, max_minutes=5.0)
     assert "--max-minutes 3 trains no further" in refusal(4, max_minutes=3.0)
     assert "--decay-steps N (a step after 4, where it should now end)" in refusal(
         4, max_minutes=3.0)
-    assert refusal(4, max_epochs=2) is None  # the epochs it trained are not known to be fewer
-    epochs = schedule_fit.with_end(
-        recipes.run_from_flat(schedule="linear", warmup=2, max_epochs=2), 4)
-    run = recipes.run_from_flat(schedule="linear", warmup=2, max_epochs=3)
-    assert "--max-epochs 3 trains no further" in schedule_fit.nothing_left(
-        schedule_fit.resolve(run, epochs), epochs, 4, config)
+    # A limit of epochs is spent only where the checkpoint has trained that many, whatever
+    # the earlier limit was (it may not be what stopped the run).
+    assert refusal(4, epochs_trained=2, max_epochs=2) is None
+    assert "--max-epochs 2 trains no further" in refusal(4, epochs_trained=1, max_epochs=2)
+    steps_and_epoch = schedule_fit.with_end(recipes.run_from_flat(
+        schedule="linear", warmup=2, max_steps=4, max_epochs=1), 4)
+    assert "--max-steps 12 trains no further" in refusal(4, steps_and_epoch, max_steps=12,
+                                                         max_epochs=1)
+    assert refusal(4, steps_and_epoch, epochs_trained=1, max_steps=12, max_epochs=1) is None
     given = recipes.run_from_flat(schedule="linear", warmup=2, max_steps=8, decay_steps=8)
-    assert schedule_fit.nothing_left(given, saved, 4, config) is None  # extended
-    assert schedule_fit.nothing_left(given, None, 4, config) is None
+    assert schedule_fit.nothing_left(given, saved, 4, 0, config) is None  # extended
+    assert schedule_fit.nothing_left(given, None, 4, 0, config) is None
 
 
 def test_a_linear_schedule_that_would_end_in_its_warm_up_is_refused():

@@ -216,6 +216,10 @@ def test_a_linear_schedule_at_its_end_is_refused_a_higher_limit_naming_decay_ste
             f"(decay_steps in {out / 'config.yaml'}); --decay-steps 8 extends the line, or use "
             "a new --output-dir.") in _error_line(capsys)
     assert recipes.load(out / "config.yaml").optimizer.decay_steps == 4
+    # A limit of epochs the checkpoint has not trained is refused too, whatever the limits
+    # that stopped the run were.
+    assert train_cli.main([*scratch, "--max-steps", "none", "--max-epochs", "50"]) == 2
+    assert _error_line(capsys).startswith("train.py: error: --max-epochs 50 trains no further")
     assert train_cli.main([*scratch, "--max-steps", "8", "--decay-steps", "8"]) == 0
     assert "Finished after 8 steps (max_steps" in capsys.readouterr().out
 

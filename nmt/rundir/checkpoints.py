@@ -525,6 +525,17 @@ class Checkpointer:
             return _read_params(self._last, fallback, params_like)
 
 
+def epochs_trained(step_dir: Path) -> int:
+    """The epochs whose batches the step had begun past, from the bookkeeping it saved (the
+    JSON item "data"), read without restoring it: a lower bound of the epochs it completed
+    (0 when unreadable)."""
+    try:
+        iterator = json.loads((step_dir / "data" / "metadata").read_text())["iterator"]
+        return int(iterator["epoch"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0
+
+
 def unusable(step_dir: Path) -> str | None:
     """Why the step directory `step_dir` cannot be read ("is missing", ...), or None."""
     if not step_dir.exists():

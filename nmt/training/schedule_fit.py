@@ -89,24 +89,25 @@ def resolve(run: RunConfig, saved: RunConfig | None) -> RunConfig:
     return run  # the clock decides, or a limit of epochs, once its steps are known (FittedEnd)
 
 
-def nothing_left(run: RunConfig, saved: RunConfig | None, reached: int, recorded_in: Path
-                 ) -> str | None:
+def nothing_left(run: RunConfig, saved: RunConfig | None, reached: int, epochs_trained: int,
+                 recorded_in: Path) -> str | None:
     """Why a resumed run would train nothing, though its limit now allows more steps: its
-    newest checkpoint (step `reached`) is at the end of the linear schedule that config.yaml
-    (`recorded_in`, read as `saved`) records, where the rate is zero; None where it trains on.
-    A run short of that end goes on to it; one whose limits stop it there anyway, or are the
-    run's own (the finishing command again), finishes."""
+    newest checkpoint (step `reached`, past `epochs_trained` epochs at least) is at the end
+    of the linear schedule that config.yaml (`recorded_in`, read as `saved`) records, where
+    the rate is zero; None where it trains on. A run short of that end goes on to it; one that
+    a limit stops at once (its steps or epochs reached), or that is given the run's own
+    limits (the finishing command again), finishes."""
     end = known_end(run.optimizer)
     if saved is None or end is None or end != known_end(saved.optimizer) or reached < end:
         return None
     max_steps, max_minutes = run.trainer.limits()
-    epochs, epochs_before = run.trainer.max_epochs, saved.trainer.max_epochs
-    if (max_steps, max_minutes, epochs) == (*saved.trainer.limits(), epochs_before):
+    epochs = run.trainer.max_epochs
+    if (max_steps, max_minutes, epochs) == (*saved.trainer.limits(), saved.trainer.max_epochs):
         return None  # the command that finished the run, run again: it finishes again
-    if max_steps is not None and max_steps <= end:
+    if max_steps is not None and max_steps <= reached:
         return None
-    if epochs is not None and (epochs_before is None or epochs <= epochs_before):
-        return None  # epochs already trained, or not known to be fewer
+    if epochs is not None and epochs <= epochs_trained:
+        return None
     if max_steps is not None:
         limit, extend = f"--max-steps {max_steps}", f"--decay-steps {max_steps} extends"
     else:

@@ -21,7 +21,13 @@ from data.packing import PACKED_KEYS
 from data.tokenizer import load_tokenizer, tokenizer_present
 from nmt.rundir import resume
 from nmt.rundir.bookkeeping import Bookkeeping
-from nmt.rundir.checkpoints import CHECKPOINTS_DIR, Checkpointer, CheckpointError, complete_steps
+from nmt.rundir.checkpoints import (
+    CHECKPOINTS_DIR,
+    Checkpointer,
+    CheckpointError,
+    complete_steps,
+    epochs_trained,
+)
 from nmt.runtime.compilation import AheadOfTime, CompileLog
 from nmt.runtime.distributed import local_copy
 from nmt.settings.config import RunConfig
@@ -124,7 +130,9 @@ def _check_schedule_left(run: RunConfig, run_dir: Path) -> None:
         saved = resume.saved_run(run_dir)
     except resume.ResumeError:
         return  # an unreadable config.yaml: _prepare_data says so
-    why = schedule_fit.nothing_left(run, saved, steps[-1], run_dir / resume.RUN_CONFIG_FILE)
+    newest = run_dir / CHECKPOINTS_DIR / str(steps[-1])
+    why = schedule_fit.nothing_left(run, saved, steps[-1], epochs_trained(newest),
+                                    run_dir / resume.RUN_CONFIG_FILE)
     if why is not None:
         raise RunMismatch(why)
 
