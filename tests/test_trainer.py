@@ -481,6 +481,22 @@ def test_a_start_that_took_no_step_leaves_no_tokenizer_to_be_refused(corpus, ble
     assert recipes.load_saved(out / "config.yaml").tokenizer.vocab_size == 320
 
 
+def test_a_tokenizer_that_no_config_recorded_is_not_reused_by_a_first_step(corpus, bleus,
+                                                                           tmp_path):
+    """A start that failed before writing config.yaml (every pair filtered out, say) leaves
+    only spm.model: its settings are unknown, so the run trains its own rather than taking
+    one of 300 pieces for --vocab-size 320 and recording 320."""
+    from data.tokenizer import TokenizerConfig, train_tokenizer
+    from translate_model import sentences
+
+    out = tmp_path / "run"
+    train_tokenizer(sentences(300, seed=3), TokenizerConfig(vocab_size=300)).save(out)
+    assert load_tokenizer(out).vocab_size == 300
+    bleus += [1.0]
+    _run(corpus, out, max_steps=1, eval_every=1)  # --vocab-size 320
+    assert load_tokenizer(out).vocab_size == 320
+
+
 def test_resume_with_another_tokenizer_type_is_an_error(tmp_path):
     out = _earlier_run(tmp_path, tokenizer_type="unigram", vocab_size=320)
     with pytest.raises(TrainingError, match=r"spm.model was trained with --tokenizer-type "

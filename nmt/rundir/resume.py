@@ -127,10 +127,15 @@ TOKENIZER_FILES = (MODEL_FILE, SOURCE_SPM, TARGET_SPM, VOCAB_FILE, SPECIAL_TOKEN
 def discard_unused_tokenizer(run_dir: Path, run: RunConfig, saved: RunConfig | None) -> None:
     """A run directory without a checkpoint trained nothing with its tokenizer (a start that
     failed: its budget too short, a bad flag found late): one that these settings would not
-    reuse is removed, so that the run makes its own rather than being refused."""
+    reuse, or whose settings no config.yaml recorded (the start failed before writing it), is
+    removed, so that the run makes its own (from the tokenizer cache where the text and
+    settings are the same) rather than being refused or training on another."""
     if complete_steps(run_dir / CHECKPOINTS_DIR) or not tokenizer_present(run_dir):
         return
-    if tokenizer_mismatch(run_dir, run, saved) is None and not _other_than_given(run_dir, run):
+    given = run.trainer.init_from or run.tokenizer.spm_model
+    unrecorded = saved is None and not given  # a given one is compared with the file itself
+    if (not unrecorded and tokenizer_mismatch(run_dir, run, saved) is None
+            and not _other_than_given(run_dir, run)):
         return
     for name in TOKENIZER_FILES:
         (run_dir / name).unlink(missing_ok=True)
