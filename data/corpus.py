@@ -44,7 +44,14 @@ import pyarrow.parquet as pq
 
 from data.arrow_text import cached_pairs, file_digest
 from data.config import DEFAULT_LOCALE_DIR, CorpusSpec, DataError
-from data.lines import COMPRESSIONS, SURROGATE, count_lines, is_regular_file, iter_lines
+from data.lines import (
+    COMPRESSIONS,
+    CR_HINT,
+    SURROGATE,
+    count_lines,
+    is_regular_file,
+    iter_lines,
+)
 
 log = logging.getLogger("data")
 
@@ -217,8 +224,17 @@ def _tsv_fields(path: Path, line_no: int, line: str, reader: Reader) -> list[str
     else:
         fault, fix = (f"{len(fields) - 1} TABs, where source<TAB>target has one",
                       "remove the stray TABs")
+    if "\r" in line:  # old Mac line endings: the whole file, or much of it, is this line
+        raise _carriage_returns(path, line_no, fault)
     raise DataError(f"{path} line {line_no}: {fault}; {fix}, or give the pairs as aligned text "
                     f"files with {reader.aligned_flags}")
+
+
+def _carriage_returns(path: Path, line_no: int, fault: str) -> DataError:
+    """The error for a line that fails to parse and holds carriage returns: its lines end in
+    "\\r" alone, and converting the file mends it, where the fault's own fix would not."""
+    return DataError(f"{path} line {line_no}: {fault}, and the line holds carriage returns "
+                     f"(\\r): {CR_HINT}")
 
 
 def _csv_quoted(field: str) -> bool:
@@ -270,6 +286,8 @@ def _jsonl_pairs(path: Path, src: str, tgt: str) -> Iterator[tuple[str, str]]:
         try:
             record = json.loads(line)
         except json.JSONDecodeError as err:
+            if "\r" in line:
+                raise _carriage_returns(path, line_no, f"not valid JSON ({err.msg})") from None
             hint = _JSON_LINES if line.lstrip().startswith("[") else ""
             raise DataError(f"{path} line {line_no}: not valid JSON ({err.msg}){hint}") from None
         if not isinstance(record, dict):

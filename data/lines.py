@@ -162,13 +162,13 @@ def _too_long(where: str, line_no: int, limit: int, carriage_returns: bool = Fal
     if carriage_returns:  # old Mac line endings: the "\n" this reader splits on never comes
         return DataError(
             f"{where} line {line_no}: longer than {size} without a line break (\\n), and it "
-            f"holds carriage returns (\\r): {_CR_HINT}")
+            f"holds carriage returns (\\r): {CR_HINT}")
     return DataError(
         f"{where} line {line_no}: longer than {size} without a line break; give text with "
         "one sentence per line (split that line), or check that this is the file you meant")
 
 
-_CR_HINT = ("lines end in \\r alone (old Mac line endings?) and are split on \\n only; "
+CR_HINT = ("lines end in \\r alone (old Mac line endings?) and are split on \\n only; "
             "convert the file with tr '\\r' '\\n' < FILE > FILE.unix (or dos2unix -c mac FILE)")
 
 
@@ -182,7 +182,7 @@ def warn_carriage_returns(where: str, count: int, first: int) -> None:
     ("\\r") that does not end them; recorded too inside `recording_carriage_returns`."""
     log.warning("%s: a carriage return (\\r) inside %d of its lines (the first: line %d), "
                 "so each may be several sentences read as one: %s", where, count, first,
-                _CR_HINT)
+                CR_HINT)
     if (record := _CR_RECORD.get()) is not None:
         record.append((where, count, first))
 
@@ -313,7 +313,7 @@ def stream_chunks(fd: int, max_lines: int, where: str = "<stdin>",
                 told_carriage_return = True
                 log.warning("%s line %d: a carriage return (\\r) inside the line, so it may be "
                             "several sentences read as one (later lines not counted): %s",
-                            where, next_line + len(lines) - 1, _CR_HINT)
+                            where, next_line + len(lines) - 1, CR_HINT)
         yield next_line, lines
         next_line += len(lines)
 

@@ -343,6 +343,25 @@ def test_tsv_line_without_a_tab_is_told_its_target_is_missing_in_the_readers_wor
             read_file_texts(path, "en", "de", scoring)
 
 
+@pytest.mark.parametrize("name,text,fault", [
+    ("cr.tsv", "a\tx\rb\ty\r", "2 TABs, where source<TAB>target has one"),
+    ("cr.jsonl", '{"en": "a", "de": "x"}\r{"en": "b", "de": "y"}\r', "not valid JSON (Extra data)"),
+])
+def test_a_file_of_old_mac_lines_is_told_to_convert_its_line_ends(name, text, fault, tmp_path):
+    """Lines ending in "\\r" alone read as one line: its TABs or its JSON fail, and the fix
+    is converting the file, not removing TABs."""
+    path = tmp_path / name
+    path.write_bytes(text.encode())
+    for read in (lambda: read_file(path, "en", "de"),
+                 lambda: read_file_texts(path, "en", "de", SCORING)):
+        with pytest.raises(DataError) as info:
+            read()
+        assert str(info.value) == (
+            f"{path} line 1: {fault}, and the line holds carriage returns (\\r): lines end in "
+            "\\r alone (old Mac line endings?) and are split on \\n only; convert the file "
+            "with tr '\\r' '\\n' < FILE > FILE.unix (or dos2unix -c mac FILE)")
+
+
 def test_unknown_suffix_and_two_sources_are_errors(tmp_path):
     with pytest.raises(DataError, match=r"unknown file type '\.txt'"):
         read_file(tmp_path / "a.txt", "en", "de")
