@@ -278,13 +278,32 @@ _JSON_LINES = ("; a .json or .jsonl file must be JSON Lines, one object per line
                "converts with: jq -c '.[]' FILE > FILE.jsonl)")
 
 
+class _RepeatedKey(Exception):
+    def __init__(self, key: str):
+        super().__init__(key)
+        self.key = key
+
+
+def _object_without_repeats(pairs: list[tuple[str, object]]) -> dict:
+    """A JSON object as a dict; _RepeatedKey for a key given twice, whose first value a plain
+    dict would drop without a word."""
+    record = dict(pairs)
+    if len(record) < len(pairs):
+        raise _RepeatedKey(next(key for key, _ in pairs if sum(k == key for k, _ in pairs) > 1))
+    return record
+
+
 def _jsonl_pairs(path: Path, src: str, tgt: str) -> Iterator[tuple[str, str]]:
     """One pair per JSON object, flat or under a `translation` key; blank lines skipped."""
     for line_no, line in enumerate(iter_lines(path), start=1):
         if not line.strip():
             continue
         try:
-            record = json.loads(line)
+            record = json.loads(line, object_pairs_hook=_object_without_repeats)
+        except _RepeatedKey as err:
+            raise DataError(f"{path} line {line_no}: the key {err.key!r} appears twice in one "
+                            "object (JSON readers keep only its last value); remove one of them"
+                            ) from None
         except json.JSONDecodeError as err:
             if "\r" in line:
                 raise _carriage_returns(path, line_no, f"not valid JSON ({err.msg})") from None

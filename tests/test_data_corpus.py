@@ -362,6 +362,18 @@ def test_a_file_of_old_mac_lines_is_told_to_convert_its_line_ends(name, text, fa
             "with tr '\\r' '\\n' < FILE > FILE.unix (or dos2unix -c mac FILE)")
 
 
+def test_a_key_twice_in_a_json_object_is_refused_naming_line_and_key(tmp_path):
+    """A repeated key, flat or under "translation", would lose its first sentence unseen."""
+    path = tmp_path / "twice.jsonl"
+    for record, key in (('{"en": "a", "de": "x", "en": "b"}', "en"),
+                        ('{"translation": {"en": "a", "de": "x", "de": "y"}}', "de")):
+        path.write_text('{"en": "ok", "de": "gut"}\n' + record + "\n")
+        with pytest.raises(DataError) as info:
+            read_file_texts(path, "en", "de", SCORING)
+        assert str(info.value) == (f"{path} line 2: the key {key!r} appears twice in one object "
+                                   "(JSON readers keep only its last value); remove one of them")
+
+
 def test_unknown_suffix_and_two_sources_are_errors(tmp_path):
     with pytest.raises(DataError, match=r"unknown file type '\.txt'"):
         read_file(tmp_path / "a.txt", "en", "de")
