@@ -245,8 +245,12 @@ def _csv_quoted(field: str) -> bool:
 def _pick_pair(inner, src: str, tgt: str, where: str) -> tuple[str, str]:
     """Return (source, target) from a `{src: .., tgt: ..}` dict; DataError for a side that is
     not a string or not whole characters."""
-    if not isinstance(inner, dict) or src not in inner or tgt not in inner:
-        found = sorted(inner) if isinstance(inner, dict) else type(inner).__name__
+    if not isinstance(inner, dict):
+        value = "null" if inner is None else f"{type(inner).__name__} {inner!r:.60}"
+        raise DataError(f"{where}: the translation is {value}, not an object of language keys "
+                        f"such as {{{src!r}: .., {tgt!r}: ..}}; fix or remove that entry")
+    if src not in inner or tgt not in inner:
+        found = sorted(inner)
         raise DataError(
             f"{where}: expected language keys {src!r} and {tgt!r}, found {found}; "
             "set --src/--tgt to keys that the data has"
@@ -312,7 +316,12 @@ def _jsonl_pairs(path: Path, src: str, tgt: str) -> Iterator[tuple[str, str]]:
         if not isinstance(record, dict):
             raise DataError(f"{path} line {line_no}: expected a JSON object, got "
                             f"{line[:60]!r}{_JSON_LINES}")
-        inner = record.get("translation", record)  # flat, or nested under "translation"
+        nested = record.get("translation")
+        if isinstance(nested, dict) or ("translation" in record
+                                        and not (src in record and tgt in record)):
+            inner = nested  # {"translation": {...}}; not an object: `_pick_pair` says so
+        else:
+            inner = record  # flat, perhaps with a "translation" field of its own ("manual")
         yield _pick_pair(inner, src, tgt, where=f"{path} line {line_no}")
 
 
@@ -348,6 +357,19 @@ def _nulls_as_empty(translation):
     return {language: "" if text is None else text for language, text in translation.items()}
 
 
+def _by_language(value, src: str, tgt: str):
+    """A `TranslationVariableLanguages` value ({"language": [..], "translation": [..]}, any
+    number of texts per language) as {language: text}: a language given twice keeps its first
+    text, and `src` or `tgt` missing from the row is a missing (null) side."""
+    if not isinstance(value, dict):
+        return value
+    texts = {src: None, tgt: None}
+    for language, text in zip(value["language"], value["translation"]):
+        if texts.get(language) is None:
+            texts[language] = text
+    return texts
+
+
 def _column_pairs(features: datasets.Features,
                   batches: Callable[[list[str]], Iterable[dict[str, list]]],
                   src: str, tgt: str, origin: str) -> Iterator[tuple[str, str]]:
@@ -355,14 +377,16 @@ def _column_pairs(features: datasets.Features,
     those columns batch by batch as lists of Python values, every row kept and nothing
     stripped.
 
-    Reads the standard `translation` column (dicts keyed by language), else columns named
-    `src` and `tgt`, else columns already named `source` and `target`. A missing (null) side,
+    Reads the standard `translation` column (dicts keyed by language, or a variable-languages
+    column's lists, `_by_language`), else columns named `src` and `tgt`, else columns already
+    named `source` and `target`. A missing (null) side,
     in a language column or in the `translation` column, gives ""; a null in place of a whole
     translation, or a value that is not a string, raises `DataError` naming the row.
     """
     columns = list(features)
     if "translation" in columns:
         feature = features["translation"]
+        variable = isinstance(feature, datasets.TranslationVariableLanguages)
         languages = getattr(feature, "languages", None) or list(getattr(feature, "keys", list)())
         if languages and (src not in languages or tgt not in languages):
             raise DataError(
@@ -372,6 +396,8 @@ def _column_pairs(features: datasets.Features,
         row = 0
         for batch in batches(["translation"]):
             for pair in batch["translation"]:
+                if variable:
+                    pair = _by_language(pair, src, tgt)
                 yield _pick_pair(_nulls_as_empty(pair), src, tgt,
                                  f"{origin} row {row} (0-based), column 'translation'")
                 row += 1

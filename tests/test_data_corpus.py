@@ -374,6 +374,46 @@ def test_a_key_twice_in_a_json_object_is_refused_naming_line_and_key(tmp_path):
                                    "(JSON readers keep only its last value); remove one of them")
 
 
+def test_a_translation_that_is_not_an_object_is_named_as_such_not_sent_to_src_tgt(tmp_path):
+    """A null translation is the row's fault (no --src/--tgt reads it); a flat record's own
+    "translation" field that is not an object is metadata, and its language keys are read."""
+    path = tmp_path / "null.jsonl"
+    path.write_text('{"translation": {"en": "a", "de": "b"}}\n{"translation": null}\n')
+    with pytest.raises(DataError) as info:
+        read_file_texts(path, "en", "de", SCORING)
+    assert str(info.value) == (f"{path} line 2: the translation is null, not an object of "
+                               "language keys such as {'en': .., 'de': ..}; fix or remove that "
+                               "entry")
+    path.write_text('{"en": "a", "de": "b", "translation": "manual"}\n')
+    assert read_file_texts(path, "en", "de", SCORING) == (["a"], ["b"])
+    saved = str(tmp_path / "saved")
+    datasets.DatasetDict({"test": datasets.Dataset.from_dict(
+        {"translation": [{"en": "a", "de": "b"}, None]},
+        features=datasets.Features({"translation": datasets.Translation(["de", "en"])}),
+    )}).save_to_disk(saved)
+    with pytest.raises(DataError) as info:
+        read_hf_split(saved, None, "test", "en", "de")
+    assert str(info.value).startswith(f"{saved}[test] row 1 (0-based), column 'translation': "
+                                      "the translation is null, not an object of language keys")
+
+
+def test_a_variable_languages_translation_column_is_read_by_language(tmp_path):
+    """datasets.TranslationVariableLanguages rows ({"language": [..], "translation": [..]}):
+    the first text of each language; a language the row lacks is a missing side."""
+    features = datasets.Features(
+        {"translation": datasets.TranslationVariableLanguages(["de", "en", "fr"])})
+    rows = [{"en": "a", "de": ["x", "y"]}, {"en": "b", "fr": "z"}, {"en": "c", "de": "w"}]
+    saved = str(tmp_path / "saved")
+    dataset = datasets.Dataset.from_dict({"translation": rows}, features=features)
+    datasets.DatasetDict({"train": dataset, "test": dataset}).save_to_disk(saved)
+    assert read_hf_split(saved, None, "test", "en", "de") == (["a", "b", "c"], ["x", "", "w"],
+                                                              "test")
+    assert as_pairs(read_hf(saved, None, "de", "en")["train"]) == [("x", "a"), ("w", "c")]
+    dataset.to_parquet(str(tmp_path / "variable.parquet"))
+    assert read_file_texts(tmp_path / "variable.parquet", "en", "de", SCORING) == (
+        ["a", "b", "c"], ["x", "", "w"])
+
+
 def test_unknown_suffix_and_two_sources_are_errors(tmp_path):
     with pytest.raises(DataError, match=r"unknown file type '\.txt'"):
         read_file(tmp_path / "a.txt", "en", "de")
