@@ -102,7 +102,7 @@ def check_files(spec: CorpusSpec) -> None:
             if path.exists():
                 _check_regular(path)
             else:
-                raise _prefix_not_found(path, prefix, spec.src, spec.tgt, f"--{split}-prefix",
+                raise prefix_not_found(path, prefix, spec.src, spec.tgt, f"--{split}-prefix",
                                         where)
     for path in (Path(f) for f in (spec.train_file, spec.valid_file, spec.test_file) if f):
         if path.exists():
@@ -112,7 +112,7 @@ def check_files(spec: CorpusSpec) -> None:
                             + (where[2:] or "check the --train/valid/test-file flags"))
 
 
-def _prefix_not_found(path: Path, prefix: str | Path, src: str, tgt: str,
+def prefix_not_found(path: Path, prefix: str | Path, src: str, tgt: str,
                       flag: str = "--train/valid/test-prefix", where: str = "") -> DataError:
     """The error for file `path` of `prefix` missing: which files the prefix reads, and
     the likely slip where there is one (the file compressed, a language suffix given, or a
@@ -170,7 +170,7 @@ def read_prefix(prefix: str | Path, src: str, tgt: str) -> datasets.Dataset:
         if path.exists():
             _check_regular(path)
         else:
-            raise _prefix_not_found(path, prefix, src, tgt)
+            raise prefix_not_found(path, prefix, src, tgt)
     return _files_pairs([src_path, tgt_path], "prefix", f"{prefix}.{{{src},{tgt}}}",
                         _aligned_lines(src_path, tgt_path))
 

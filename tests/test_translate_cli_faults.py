@@ -592,6 +592,22 @@ def test_a_file_given_as_dataset_is_sent_to_test_file_before_the_model_loads(tmp
                          "hub name"), line
 
 
+def test_a_missing_test_prefix_file_is_told_the_likely_slip_before_the_model_loads(
+        tmp_path, capsys, no_model):
+    """--test-prefix's files missing: the compressed file or the language suffix is named, as
+    train.py's prefixes are."""
+    (tmp_path / "test.de").write_text("a\n")
+    (tmp_path / "test.en.gz").write_bytes(b"")
+    for prefix, hint in ((tmp_path / "test", f"{tmp_path}/test.en.gz is gzip-compressed"),
+                         (tmp_path / "test.de", f"drop the language suffix: --test-prefix "
+                                                f"{tmp_path}/test")):
+        status, line = _main(translate_cli.main, ["--model", "m", "--evaluate", "--src", "de",
+                                                  "--tgt", "en", "--test-prefix", prefix], capsys)
+        assert status == 1, line
+        assert f"--test-prefix {prefix} with --src de --tgt en reads {prefix}.de and" in line
+        assert hint in line, line
+
+
 def test_a_stored_nan_setting_is_refused_naming_the_file(run_dir, tmp_path, capsys,
                                                          monkeypatch):
     from nmt.models.model_dir import ModelDirError, load_model

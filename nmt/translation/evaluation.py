@@ -90,12 +90,25 @@ def _named_test_set(args: argparse.Namespace, values: dict
             if getattr(args, flag, None):
                 check_not_an_input(f"--{flag.replace('_', '-')}", getattr(args, flag),
                                    [("--test-prefix's", src_path), ("--test-prefix's", ref_path)])
+    if args.test_prefix:
+        _check_test_prefix(args.test_prefix, src_path, ref_path, src, tgt)
     sources, references = read_lines(src_path, "--src-file"), read_lines(ref_path, "--ref-file")
     src_path, ref_path = shown(src_path), shown(ref_path)
     if len(sources) != len(references):
         raise InputError(f"{src_path} has {len(sources)} lines but {ref_path} has "
                          f"{len(references)}; line N of one must translate line N of the other.")
     return sources, references, f"{src_path} -> {ref_path}"
+
+
+def _check_test_prefix(prefix: str, src_path: str, ref_path: str, src: str, tgt: str) -> None:
+    """InputError for a file of --test-prefix that is missing, told as train.py tells its
+    prefixes' (the file compressed, a language suffix given, or a directory)."""
+    for path in (src_path, ref_path):
+        if not Path(path).exists():
+            from data.corpus import prefix_not_found  # loads `datasets`: only when missing
+
+            raise InputError(str(prefix_not_found(Path(path), prefix, src, tgt,
+                                                  "--test-prefix")))
 
 
 def _test_file(path: str, src: str | None, tgt: str | None
