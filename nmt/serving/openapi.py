@@ -40,7 +40,8 @@ def describe(service: Service) -> dict[str, Any]:
     code = {"type": "string", "enum": [*languages, "auto"]}
     target = {"type": "string", "enum": languages}
     key = {"type": "string", "description": "API key (or Authorization: Bearer KEY)"}
-    text_or_list = {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]}
+    strings = {"type": "array", "items": {"type": "string"}}
+    text_or_list = {"oneOf": [{"type": "string"}, strings]}
     detected = {"type": "object", "properties": {"language": {"type": "string"},
                                                  "confidence": {"type": "number"}}}
     paths = {
@@ -57,8 +58,11 @@ def describe(service: Service) -> dict[str, Any]:
                 "api_key": key}, ["q", "source", "target"]),
             "responses": _answers({"type": "object", "properties": {
                 "translatedText": text_or_list,
-                "alternatives": {"type": "array"},
-                "detectedLanguage": detected}})}},
+                # The shape of q: one of each for a text, a list of them for a list (anyOf,
+                # since an empty list of alternatives is both).
+                "alternatives": {"anyOf": [strings, {"type": "array", "items": strings}]},
+                "detectedLanguage": {"oneOf": [detected,
+                                               {"type": "array", "items": detected}]}}})}},
         "/detect": {"post": {
             "summary": "Identify the language of a text, among the sources served",
             "requestBody": _body({"q": {"type": "string"}, "api_key": key}, ["q"]),
