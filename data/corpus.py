@@ -572,6 +572,9 @@ def _load_hf(name: str, config: str | None, reader: Reader) -> datasets.DatasetD
     """
     _check_not_a_local_path(name, reader)
     if Path(name).is_dir():
+        if config:
+            raise DataError(f"{name}: --dataset-config {config}, but a save_to_disk directory "
+                            "has no configurations; drop --dataset-config")
         try:
             loaded = datasets.load_from_disk(name)
         except Exception as err:  # noqa: BLE001 - not a dataset directory, or a damaged one

@@ -414,6 +414,18 @@ def test_a_variable_languages_translation_column_is_read_by_language(tmp_path):
         ["a", "b", "c"], ["x", "", "w"])
 
 
+def test_a_config_for_a_save_to_disk_directory_is_refused_not_ignored(tmp_path):
+    saved = str(tmp_path / "saved")
+    datasets.DatasetDict({"test": datasets.Dataset.from_dict({"en": ["a"], "de": ["b"]})}
+                         ).save_to_disk(saved)
+    for read in (lambda: read_hf_split(saved, "de-en", "test", "en", "de"),
+                 lambda: read_hf(saved, "de-en", "en", "de")):
+        with pytest.raises(DataError) as info:
+            read()
+        assert str(info.value) == (f"{saved}: --dataset-config de-en, but a save_to_disk "
+                                   "directory has no configurations; drop --dataset-config")
+
+
 def test_unknown_suffix_and_two_sources_are_errors(tmp_path):
     with pytest.raises(DataError, match=r"unknown file type '\.txt'"):
         read_file(tmp_path / "a.txt", "en", "de")
