@@ -64,20 +64,28 @@ def fetch(name: str) -> dict[str, bytes]:
 
 
 def write(name: str, directory: Path, fetched: dict[str, bytes]) -> None:
-    """Write the files of corpus `name` into `directory`, created if needed; a failed write
-    leaves no directory that it created."""
+    """Write the files of corpus `name` into `directory`, created if needed. Each is written
+    under a temporary name and all are renamed into place only once every one is written: a
+    failed write (a full disk) leaves the files an earlier run wrote as they were, never new
+    ones beside old, and no directory that it created."""
     _, _, variable, default = CORPORA[name]
     created = _missing_directories(directory)
+    staged = {directory / ours: directory / f".{ours}.partial" for ours in fetched}
     try:
         directory.mkdir(parents=True, exist_ok=True)
-        for ours, data in fetched.items():
-            (directory / ours).write_bytes(data)
-            lines = data.count(b"\n")
-            print(f"{directory / ours}: {lines} lines", flush=True)
+        for partial, data in zip(staged.values(), fetched.values()):
+            partial.write_bytes(data)
+        for final, partial in staged.items():
+            partial.replace(final)
     except BaseException:
+        for partial in staged.values():
+            partial.unlink(missing_ok=True)
         if created:
             shutil.rmtree(created[-1], ignore_errors=True)  # the outermost one it created
         raise
+    for final, data in zip(staged, fetched.values()):
+        lines = data.count(b"\n")
+        print(f"{final}: {lines} lines", flush=True)
     if directory.resolve() == Path(default).resolve():
         print("Done. The recipes read it from here: python train.py --config configs/...")
     else:

@@ -1003,3 +1003,36 @@ def test_a_download_that_does_not_complete_is_one_line(cut, tmp_path, capsys, mo
     line = _one_line(capsys.readouterr().err)
     assert "cannot fetch multi30k" in line and "By hand:" in line and "Traceback" not in line
     assert not (tmp_path / "m").exists()
+
+
+def test_a_download_whose_write_fails_leaves_the_earlier_files_as_they_were(
+        tmp_path, capsys, monkeypatch):
+    """A full disk on the second file must not leave the first one new beside an old second:
+    aligned files that no longer match."""
+    import errno
+
+    from data import download
+
+    target = tmp_path / "m"
+    target.mkdir()
+    names = list(download.CORPORA["multi30k"][1])
+    for name in names:
+        (target / name).write_text("old\n")
+    fetched = {name: b"new\n" for name in names}
+    monkeypatch.setattr(download, "fetch", lambda name: fetched)
+    real_write, written = Path.write_bytes, []
+
+    def write_bytes(path: Path, data: bytes) -> int:
+        if written:
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        written.append(path)
+        return real_write(path, data)
+
+    monkeypatch.setattr(Path, "write_bytes", write_bytes)
+    assert download.main(["multi30k", str(target)]) == 1
+    assert "No space left on device" in _one_line(capsys.readouterr().err)
+    assert sorted(p.name for p in target.iterdir()) == sorted(names)  # no temporaries left
+    assert {(target / name).read_text() for name in names} == {"old\n"}
+    monkeypatch.setattr(Path, "write_bytes", real_write)
+    assert download.main(["multi30k", str(target)]) == 0
+    assert {(target / name).read_text() for name in names} == {"new\n"}
