@@ -10,7 +10,8 @@ from test_serving_libretranslate import FRENCH, GERMAN, fake_client
 
 from nmt.models.translations import Hypothesis
 
-_TYPES = {"object": dict, "array": list, "string": str, "integer": int, "number": (int, float)}
+_TYPES = {"object": dict, "array": list, "string": str, "integer": int, "number": (int, float),
+          "boolean": bool}
 
 
 def fits(value, schema: dict, where: str = "answer") -> list[str]:
@@ -23,7 +24,8 @@ def fits(value, schema: dict, where: str = "answer") -> list[str]:
             return []
         return [f"{where}: {value!r} fits {fitting} of {choices}"]
     kind = schema.get("type")
-    if kind and (not isinstance(value, _TYPES[kind]) or isinstance(value, bool)):
+    if kind and (not isinstance(value, _TYPES[kind])
+                 or isinstance(value, bool) != (kind == "boolean")):
         return [f"{where}: {value!r} is not {kind}"]
     if "enum" in schema and value not in schema["enum"]:
         return [f"{where}: {value!r} not in {schema['enum']}"]
@@ -79,3 +81,58 @@ def test_translate_answers_fit_the_spec_for_a_text_and_a_list():
         assert len(body["alternatives"]) == 2
         assert fits(body, schema) == [], body
     assert untyped_arrays(schema) == []
+
+
+def test_every_route_of_the_application_is_in_the_spec():
+    """The spec's paths and methods are the application's routes, each with the statuses it
+    can answer: a GET that reads no key or body lists no 403, 415 or 429."""
+    from nmt.serving.app import ROUTES
+
+    client, _ = fake_client("de:en")
+    spec = client.get("/spec").json()["paths"]
+    routes = {(route.path, method.lower()) for route in ROUTES
+              for method in route.methods if method != "HEAD"}
+    assert {(path, method) for path, item in spec.items() for method in item} == routes
+    for path, method in routes:
+        statuses = set(spec[path][method]["responses"])
+        if method == "get":
+            assert not statuses & {"403", "415", "429"}, (path, statuses)
+        else:
+            assert {"408", "413", "500"} <= statuses, (path, statuses)
+    assert "404" in spec["/download_file/{name}"]["get"]["responses"]
+
+
+def test_answers_and_requests_fit_the_spec_route_by_route():
+    """/detect takes a list q; /translate takes its fields in the query string alone; a
+    download comes as the media type listed; OpenNMT-py's src is required and its answer typed."""
+    client, _ = fake_client("de:en")
+    spec = client.get("/spec").json()["paths"]
+    detect = spec["/detect"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    assert fits([GERMAN, GERMAN], detect["properties"]["q"]) == []
+    answer = client.post("/detect", json={"q": [GERMAN, GERMAN]})
+    assert fits(answer.json(), answer_schema(client, "/detect", "post", 200)) == []
+
+    translate = spec["/translate"]["post"]
+    assert translate["requestBody"]["required"] is False
+    assert {p["name"] for p in translate["parameters"] if p["in"] == "query"} >= {
+        "q", "source", "target", "api_key"}
+    answer = client.post("/translate?q=Hund&q=Katze&source=de&target=en")
+    assert answer.json() == {"translatedText": ["de-en: Hund", "de-en: Katze"]}
+
+    url = client.post("/translate_file", data={"source": "de", "target": "en"}, files={
+        "file": ("a.txt", b"Hund\n", "text/plain")}).json()["translatedFileUrl"]
+    download = spec["/download_file/{name}"]["get"]["responses"]
+    assert client.get(url).headers["content-type"] in download["200"]["content"]
+    gone = client.get("/download_file/nothing.txt")
+    assert gone.status_code == 404 and "application/json" in download["404"]["content"]
+
+    opennmt = spec["/translator/translate"]["post"]
+    item = opennmt["requestBody"]["content"]["application/json"]["schema"]["items"]
+    assert item["required"] == ["src"]
+    answer = client.post("/translator/translate", json=[{"src": "Hund"}])
+    assert fits(answer.json(), answer_schema(client, "/translator/translate", "post", 200)) == []
+    for path in ("/translator/models", "/frontend/settings", "/languages"):
+        assert fits(client.get(path).json(), answer_schema(client, path, "get", 200)) == []
+    for path in ("/health", "/translator/health"):
+        assert fits(client.get(path).json(), answer_schema(client, path, "get", 200)) == []
+    assert untyped_arrays(spec) == []
