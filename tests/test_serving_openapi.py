@@ -136,3 +136,21 @@ def test_answers_and_requests_fit_the_spec_route_by_route():
     for path in ("/health", "/translator/health"):
         assert fits(client.get(path).json(), answer_schema(client, path, "get", 200)) == []
     assert untyped_arrays(spec) == []
+
+
+def test_the_key_refusal_says_how_to_send_a_key_on_opennmt_routes_too():
+    """OpenNMT-py's body is a list, with no field for api_key: the refusal names the ways
+    that work there, which do, as /spec says."""
+    client, _ = fake_client("de:en")
+    client.app.state.service.api_keys = frozenset({"KEY1"})
+    refused = client.post("/translator/translate", json=[{"src": "Hund"}])
+    message = refused.json()["error"]
+    assert refused.status_code == 403
+    assert "?api_key=KEY" in message and "Authorization: Bearer KEY" in message
+    for query, headers in (("?api_key=KEY1", {}), ("", {"Authorization": "Bearer KEY1"})):
+        answer = client.post(f"/translator/translate{query}", json=[{"src": "Hund"}],
+                             headers=headers)
+        assert answer.status_code == 200, answer.text
+    parameters = client.get("/spec").json()["paths"]["/translator/translate"]["post"][
+        "parameters"]
+    assert "Authorization: Bearer KEY" in parameters[0]["description"]

@@ -186,8 +186,12 @@ class Service:
         if self.api_keys is None:
             return
         if not key:
-            raise RequestError(403, "this server needs an API key: send api_key with the "
-                                    "request; ask the server's operator for one")
+            # Said so that it works on every route: OpenNMT-py's body is a list, with no
+            # field for a key.
+            raise RequestError(403, "this server needs an API key: send it as ?api_key=KEY "
+                                    "(or an api_key field of a LibreTranslate request) or "
+                                    "Authorization: Bearer KEY; ask the server's operator "
+                                    "for one")
         # A header's bytes that are not UTF-8 come as surrogates (`api_key`): compared as sent.
         sent = key.encode("utf-8", "surrogateescape")
         if not any(hmac.compare_digest(sent, known.encode()) for known in self.api_keys):
