@@ -131,7 +131,7 @@ def test_opennmt_gives_translate_py_translations(server, translations):
     assert all(r["n_best"] == 1 and isinstance(r["pred_score"], float) for r in answer[0])
     status, models = server.post_json("/translator/translate", [{"src": POOL[0], "id": 7}],
                                       headers={"Authorization": f"Bearer {KEY}"})
-    assert status == 400 and "0 (de-en)" in models["error"]
+    assert status == 400 and "0 (de->en)" in models["error"]
     status, _, body = server.request("GET", "/translator/models")
     assert status == 200 and json.loads(body)[0]["model_id"] == 0
 
@@ -160,7 +160,7 @@ def test_opennmt_without_an_id_uses_model_0():
     assert answer.status_code == 200, answer.text
     assert [r["tgt"] for r in answer.json()[0]] == ["de-en: Hund.", "fr-en: Chien."]
     answer = client.post("/translator/translate", json=[{"src": "Hund.", "id": 2}])
-    assert answer.status_code == 400 and "0 (de-en), 1 (fr-en)" in answer.json()["error"]
+    assert answer.status_code == 400 and "0 (de->en), 1 (fr->en)" in answer.json()["error"]
 
 
 def test_languages_health_and_metrics(server):
@@ -237,7 +237,7 @@ BAD_REQUESTS = [
     ("empty q", {"q": "", "source": "de", "target": "en"}, 400, "missing q parameter"),
     ("q of numbers", {"q": [1, 2], "source": "de", "target": "en"}, 400, "list of strings"),
     ("unknown pair", {"q": "Hallo.", "source": "fr", "target": "en"}, 400,
-     "no model for fr->en: this server translates de-en"),
+     "no model for fr->en: this server translates de->en"),
     ("missing target", {"q": "Hallo.", "source": "de"}, 400, "missing target parameter"),
     ("unknown format", {"q": "Hallo.", "source": "de", "target": "en", "format": "pdf"}, 400,
      "format 'pdf'"),

@@ -336,7 +336,20 @@ def test_a_language_to_itself_comes_back_as_it_is():
     assert searched == []
     answer = client.post("/translate", json={"q": "Hi.", "source": "fr", "target": "fr"})
     assert answer.status_code == 400
-    assert answer.json()["error"] == "no model for fr->fr: this server translates de-en"
+    assert answer.json()["error"] == "no model for fr->fr: this server translates de->en"
+
+
+def test_messages_name_pairs_of_hyphenated_codes_readably():
+    """A pair is named source->target in messages, since "pt-BR-zh-Hant" could be cut
+    anywhere; /health keeps its documented "source-target"."""
+    client, _ = fake_client("pt-BR:zh-Hant", "en:de")
+    answer = client.post("/translate", json={"q": "Olá.", "source": "pt-BR", "target": "de"})
+    assert answer.status_code == 400
+    assert answer.json()["error"] == ("no model for pt-BR->de: this server translates "
+                                      "pt-BR->zh-Hant, en->de")
+    answer = client.post("/translator/translate", json=[{"src": "Olá.", "id": 7}])
+    assert answer.json()["error"].endswith("the ids served are 0 (pt-BR->zh-Hant), 1 (en->de)")
+    assert client.get("/health").json()["models"] == ["pt-BR-zh-Hant", "en-de"]
 
 
 def test_a_model_served_for_a_language_to_itself_is_used():

@@ -41,7 +41,14 @@ class ServedModel:
 
     @property
     def pair(self) -> str:
+        """The pair as /health and the metrics label it ("de-en")."""
         return f"{self.source}-{self.target}"
+
+    @property
+    def direction(self) -> str:
+        """The pair as messages name it, readable with codes that hold a hyphen too
+        ("pt-BR->zh-Hant", where "pt-BR-zh-Hant" could be cut anywhere)."""
+        return f"{self.source}->{self.target}"
 
 
 class Catalog:
@@ -52,7 +59,7 @@ class Catalog:
         self._by_pair = {(m.source, m.target): m for m in self.models}
 
     def pairs(self) -> str:
-        return ", ".join(m.pair for m in self.models)
+        return ", ".join(m.direction for m in self.models)
 
     def find(self, source: str, target: str) -> ServedModel:
         """The model for source -> target; RequestError (400) naming the pairs served if
@@ -73,7 +80,7 @@ class Catalog:
             for model in self.models:
                 if model_id == model.id:
                     return model
-        ids = ", ".join(f"{m.id} ({m.pair})" for m in self.models)
+        ids = ", ".join(f"{m.id} ({m.direction})" for m in self.models)
         raise RequestError(400, f"no model with id {shown(model_id)}: the ids served are {ids}")
 
     def languages(self) -> list[dict]:
