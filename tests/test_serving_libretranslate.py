@@ -352,6 +352,19 @@ def test_messages_name_pairs_of_hyphenated_codes_readably():
     assert client.get("/health").json()["models"] == ["pt-BR-zh-Hant", "en-de"]
 
 
+def test_language_names_keep_the_region_and_script_of_their_codes():
+    """pt-BR and pt-PT, zh-Hant and zh-Hans served side by side are four names in a menu,
+    not Portuguese twice and Chinese twice."""
+    client, _ = fake_client("pt-BR:en", "pt_PT:en", "zh-Hant:zh-Hans", "de:en", "xx-YY:en")
+    names = {entry["code"]: entry["name"] for entry in client.get("/languages").json()}
+    assert names == {"pt-BR": "Portuguese (BR)", "pt_PT": "Portuguese (PT)",
+                     "zh-Hant": "Chinese (Hant)", "zh-Hans": "Chinese (Hans)",
+                     "de": "German", "en": "English", "xx-YY": "xx-YY"}
+    settings = client.get("/frontend/settings").json()["language"]
+    assert settings == {"source": {"code": "pt-BR", "name": "Portuguese (BR)"},
+                        "target": {"code": "en", "name": "English"}}
+
+
 def test_a_model_served_for_a_language_to_itself_is_used():
     """A model served as en:en (a paraphraser, a normalizer) translates its texts and files,
     source auto included: the identity is for languages no such model serves."""

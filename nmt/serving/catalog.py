@@ -102,4 +102,11 @@ def _code(text: str) -> str:
 
 
 def language_name(code: str) -> str:
-    return LANGUAGE_NAMES.get(code.split("-")[0].split("_")[0].lower(), code)
+    """The name of the language of `code`, with the region or script the code gives
+    ("Portuguese (BR)", "Chinese (Hant)"), so that variants served side by side are told
+    apart in a menu; a code whose language is not known here is named by itself."""
+    language, *variant = [part for part in code.replace("_", "-").split("-") if part] or [""]
+    name = LANGUAGE_NAMES.get(language.lower())
+    if name is None:
+        return code
+    return f"{name} ({', '.join(variant)})" if variant else name
