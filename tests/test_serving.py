@@ -791,6 +791,25 @@ def test_the_page_sends_a_request_once_and_shows_only_the_latest_answer(page_stu
     _no_page_errors(browser)
 
 
+def test_the_page_sends_no_empty_text(page_stub, browser):
+    """An empty box, or one of spaces alone, is not sent (the server would refuse it as a
+    request without q): the page asks for text instead."""
+    from selenium.webdriver.common.keys import Keys
+
+    find, wait = page_stub.open(browser)
+    find("translate-button").click()
+    assert find("error").text == "type some text to translate"
+    find("source-text").send_keys("Hallo Welt.")
+    find("translate-button").click()
+    wait.until(lambda driver: find("translation").text == "en: Hallo Welt.")
+    find("source-text").clear()
+    find("source-text").send_keys("  \n ", Keys.CONTROL, Keys.ENTER)
+    assert (find("error").text, find("translation").text) == ("type some text to translate", "")
+    assert [body["q"] for body in page_stub.asked] == ["Hallo Welt."]
+    assert find("translate-button").is_enabled()
+    _no_page_errors(browser)
+
+
 def test_the_page_writes_right_to_left_text_right_to_left(page_stub, browser):
     """The text and its translation each take the direction of their first letters, and the
     translation is marked with its language (for screen readers, fonts, hyphenation)."""
