@@ -613,3 +613,13 @@ def test_random_markup_round_trips():
 
 def _markup_pieces(markup: str) -> list[str]:
     return [piece for piece, is_text, _ in _pieces(markup) if not is_text]
+
+
+def test_a_sentence_joined_as_itself_keeps_its_tags_whatever_its_alignment():
+    """An untranslated sentence (one without letters) is its own translation: its tags go
+    back where they were, not where an alignment of the text with itself would put them."""
+    document = split_html('<p><b>12</b> 345 678</p>', "de")
+    mirrored = Alignment([(0, 2), (3, 6), (7, 10)], [(0, 2), (3, 6), (7, 10)],
+                         np.eye(3, dtype=np.float32)[::-1].copy())
+    assert document.join(["12 345 678"], {0: mirrored}) == '<p><b>12</b> 345 678</p>'
+    assert document.join(["12 345 678."], {0: mirrored}) == '<p>12 345 <b>678</b>.</p>'

@@ -599,3 +599,82 @@ def test_translate_file_text_and_html_and_its_refusals(server):
     assert status == 400 and "not UTF-8" in json.loads(answer)["error"]
     status, _, answer = server.request("GET", "/download_file/nothing-here.docx")
     assert status == 404
+
+
+# ------------------------------------------------------- markup of a sentence kept as it is
+
+
+def _reversing_service(aligned: list):
+    """A Service in this process whose model upper-cases a sentence and aligns each target
+    word with the source word at the mirrored place (so any tag placed by it moves); the
+    pairs sent to be aligned go to `aligned`."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from nmt.models.alignment import Alignment
+    from nmt.models.translations import Hypothesis
+    from nmt.serving.catalog import Catalog, ServedModel
+    from nmt.serving.limits import ServerLimits
+    from nmt.serving.metrics import Metrics
+    from nmt.serving.service import Service
+
+    def spans(text):
+        return [m.span() for m in re.finditer(r"\S+", text)]
+
+    def align(sources, targets):
+        aligned.extend(zip(sources, targets))
+        found = []
+        for source, target in zip(sources, targets):
+            s, t = spans(source), spans(target)
+            weights = np.full((len(t), len(s)), 0.01, np.float32)
+            for j in range(len(t)):
+                weights[j, len(s) - 1 - min(j, len(s) - 1)] = 1
+            found.append(Alignment(s, t, weights))
+        return found
+
+    async def search(batch):
+        return [[Hypothesis(sentence.upper(), 0.0, ())] for sentence in batch]
+
+    translator = SimpleNamespace(search=SimpleNamespace(nbest=1), align=align)
+    model = ServedModel(0, "de", "en", "runs/x", translator,
+                        batcher=SimpleNamespace(translate=search))
+    return Service(Catalog([model]), ServerLimits(), Metrics(), ready=True)
+
+
+def test_a_sentence_without_letters_keeps_its_markup_where_it_was():
+    """A sentence without letters comes back as it is, so its inline tags stay around the
+    same characters: no alignment is asked for it (a model's alignment of a text with itself
+    may move them), in HTML and in .docx runs alike."""
+    import docx
+    from starlette.testclient import TestClient
+
+    from nmt.serving.app import build_app
+
+    aligned: list = []
+    client = TestClient(build_app(_reversing_service(aligned)))
+    markup = ('<p>Hallo <i>Welt</i>.</p><p><b>12</b> 345 678</p>'
+              '<td>10 <a href="/x">20</a> 30 40</td>')
+    answer = client.post("/translate", json={"q": markup, "source": "de", "target": "en",
+                                             "format": "html"})
+    assert answer.status_code == 200, answer.text
+    translated = answer.json()["translatedText"]
+    assert translated.endswith('<p><b>12</b> 345 678</p><td>10 <a href="/x">20</a> 30 40</td>')
+    assert translated.startswith("<p><i>HALLO</i> WELT.</p>")  # by the alignment
+    assert aligned == [("Hallo Welt.", "HALLO WELT.")]
+
+    aligned.clear()
+    document = docx.Document()
+    paragraph = document.add_paragraph()
+    paragraph.add_run("12").bold = True
+    paragraph.add_run(" 345 678")
+    data = io.BytesIO()
+    document.save(data)
+    answer = client.post("/translate_file", data={"source": "de", "target": "en"},
+                         files={"file": ("numbers.docx", data.getvalue())})
+    assert answer.status_code == 200, answer.text
+    url = answer.json()["translatedFileUrl"]
+    result = docx.Document(io.BytesIO(client.get(url[url.index("/download_file/"):]).content))
+    assert [(run.text, run.bold) for run in result.paragraphs[0].runs] == [
+        ("12", True), (" 345 678", None)]
+    assert aligned == []

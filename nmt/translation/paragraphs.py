@@ -156,13 +156,14 @@ class Document:
         return [i for i, points in enumerate(self.points) if points]
 
     def join(self, translations: Sequence[str],
-             alignments: Mapping[int, Alignment] | None = None,
+             alignments: Mapping[int, Alignment | None] | None = None,
              target: str | None = None) -> str:
         """The text with translations[i] in place of sentences[i]; ValueError unless there
         is one translation per sentence. A sentence's inline markup goes where
         alignments[i] (its word alignment with its translation) sends it, or by position
-        without one. With `target`, the translations' language, the space between two
-        sentences follows its custom (`respaced`); without, it is the source's."""
+        without one or where the translation is the sentence itself. With `target`, the
+        translations' language, the space between two sentences follows its custom
+        (`respaced`); without, it is the source's."""
         if isinstance(translations, str) or len(translations) != len(self.sentences):
             count = "a string" if isinstance(translations, str) else len(translations)
             raise ValueError(f"{count} translations for {len(self.sentences)} sentences; give "
@@ -175,13 +176,15 @@ class Document:
         return "".join(parts)
 
     def _in_place(self, i: int, translation: str,
-                  alignments: Mapping[int, Alignment] | None) -> str:
+                  alignments: Mapping[int, Alignment | None] | None) -> str:
         """A translation as a stretch of one line, escaped in markup, with its inline tags."""
         text = _LINE_BREAK.sub(" ", translation).strip()
         points = self.points[i] if self.points else ()
         if points:
             stripped = _LINE_BREAK.sub(" ", translation)
-            alignment = (alignments or {}).get(i)
+            # A sentence translated as itself (one without letters) keeps its tags where
+            # they were: placing by position is exact for the same text, an alignment not.
+            alignment = None if translation == self.sentences[i] else (alignments or {}).get(i)
             if alignment is not None and stripped != text:  # offsets of the text as aligned
                 alignment = _shifted(alignment, len(stripped) - len(stripped.lstrip()))
             return place(points, self.sentences[i], text, alignment)
@@ -227,9 +230,10 @@ def markup_pairs(documents: Sequence[Document], translations: Sequence[str]
 
 
 def alignments_by_document(documents: Sequence[Document],
-                           found: Sequence[Alignment] | None) -> list[dict[int, Alignment]]:
-    """`found` (the alignments of `markup_pairs`, in its order; None: none) as each
-    document's sentence -> alignment, for `Document.join`."""
+                           found: Sequence[Alignment | None] | None
+                           ) -> list[dict[int, Alignment | None]]:
+    """`found` (the alignments of `markup_pairs`, in its order; None: none, or none for
+    that pair) as each document's sentence -> alignment, for `Document.join`."""
     remaining = iter(found or ())
     return [{i: alignment for i, alignment in zip(document.needs_alignment, remaining)}
             for document in documents]
