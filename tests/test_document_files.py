@@ -311,6 +311,31 @@ def test_docx_line_breaks_and_tabs_inside_a_sentence_stay_where_they_were():
         assert len(paragraph._p.xpath(".//w:br")) == len(paragraph._p.xpath(".//w:tab")) == 1
 
 
+def test_docx_a_tab_run_takes_no_word_from_the_runs_beside_it():
+    """A tab (a run of its own, sent as an element of one space) stays between the words it
+    was between, and the bold run before it gets no word more."""
+    document = docx.Document()
+    paragraph = document.add_paragraph()
+    paragraph.add_run("Name").bold = True
+    paragraph.add_run("\tder Besitzer des Hauses")
+    prepared = prepare(_saved(document), "owners.docx", "de")
+    target = "Name of the owners of the house"
+
+    def fake(sentence: str) -> tuple[str, Alignment]:
+        # Name->Name, of->des, the->der, owners->Besitzer, of->des, the->der, house->Hauses
+        source = [m.span() for m in re.finditer(r"\S+", sentence)]
+        spans = [m.span() for m in re.finditer(r"\S+", target)]
+        weights = np.full((len(spans), len(source)), 0.01, np.float32)
+        for j, i in enumerate((0, 3, 1, 2, 3, 1, 4)):
+            weights[j, i] = 1.0
+        return target, Alignment(source, spans, weights)
+
+    paragraph = _open(_translate(prepared, fake)).paragraphs[0]
+    assert paragraph.runs[0].text == "Name" and paragraph.runs[0].bold
+    assert paragraph.text.replace(" ", "") == "Name\toftheownersofthehouse"
+    assert len(paragraph._p.xpath(".//w:tab")) == 1
+
+
 def test_docx_pictures_and_empty_runs_are_kept_in_place():
     document = docx.Document()
     paragraph = document.add_paragraph()

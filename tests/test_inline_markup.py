@@ -425,3 +425,14 @@ def test_markup_nested_thousands_deep_is_placed_without_recursion():
                                                   {0: 0, 1: 1, 2: 2, 3: 3})})
     assert out.count("<b>") == 5000 and out.count("</b>") == 1000
     assert re.sub("<[^>]*>", "", out) == "A X Y."
+
+
+def test_an_element_of_spaces_only_takes_no_word_of_the_translation():
+    """An element holding only spaces (each tab of a .docx is one) goes beside the word it
+    touched: it takes no target word, and the element before it keeps its own."""
+    markup = "<p><b>Name</b><span> </span>der Besitzer des Hauses</p>"
+    target = "Name of the owners of the house"
+    # Name->Name, of->des, the->der, owners->Besitzer, of->des, the->der, house->Hauses
+    out = translate(markup, target, {0: 0, 1: 3, 2: 1, 3: 2, 4: 3, 5: 1, 6: 4})
+    assert out == "<p><b>Name</b><span></span> of the owners of the house</p>"
+    check_tags(out, markup)

@@ -16,8 +16,9 @@ and nested as in the source (an element inside another stays inside it):
   character and its combining marks);
 - a lone start tag goes before the target words aligned to the rest of its sentence, a lone
   end tag after those aligned to the sentence up to it;
-- a void element (or a pair enclosing nothing) goes after the target of the word it follows
-  without a space, else before the target of the word after it.
+- a void element (or a pair enclosing nothing, or only spaces where the text changed) goes
+  after the target of the word it follows without a space, else before the target of the
+  word after it.
 
 Elements side by side take the order of their words in the target, as the words did; where
 two would overlap, the later one starts where the earlier ends (and may enclose nothing). A
@@ -140,12 +141,15 @@ def _tree(points: Sequence[Point]) -> _Node:
 
 def _want(node: _Node, source: str, mapper: _Mapper) -> None:
     """Where each element inside `node` wants to be in the target, by the alignment of the
-    source characters it held (a lone tag's other side: `node`'s own). A void tag, and a
-    stray end tag inside a pair, hold nothing: each goes beside the word it touched."""
+    source characters it held (a lone tag's other side: `node`'s own). A void tag, a stray
+    end tag inside a pair, and an element of spaces only (a .docx tab) in a changed text
+    hold no word: each goes beside the word it touched, rather than take a word of the
+    target (in the same text, positions are exact and keep each space in its element)."""
     for child in node.children:
         start = child.start.offset if child.start else 0
         end = child.end.offset if child.end else len(source)
-        if child.start is not None and child.start.kind != "open" or start >= end:
+        if (child.start is not None and child.start.kind != "open" or start >= end
+                or not source[start:end].strip() and source != mapper.target):
             at = _beside_a_word(source, start, mapper)
             child.want = (at, at)
         else:
