@@ -45,15 +45,15 @@ def cache(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def ending_dir(run_dir, tmp_path_factory) -> Path:
-    """The tiny model with an output bias, as a trained model behaves: PAD and BOS never
-    likely (CTranslate2 renormalizes over the tokens a search may produce, ours does not, so
-    the two score alike only where those have no probability), and EOS likely enough that
-    about half the translations end before their limit, at lengths from 1 to 30 tokens."""
+    """The tiny model with an output bias: PAD and BOS never likely, and EOS likely enough
+    that about half the translations end before their limit, at lengths from 1 to 30 tokens."""
     return ending_model(run_dir, tmp_path_factory.mktemp("ending") / "model")
 
 
-def ending_model(run_dir: Path, out: Path, **overrides) -> Path:
-    """`ending_dir`'s model, with `overrides` of its ModelConfig, written to `out`."""
+def ending_model(run_dir: Path, out: Path, pad_logit: float | None = None, **overrides) -> Path:
+    """`ending_dir`'s model, with `overrides` of its ModelConfig, written to `out`; with
+    `pad_logit`, PAD's output row is zero and its bias `pad_logit`, so that PAD has that logit
+    at every step (a probability from about e-20 to e-5 at 10)."""
     import numpy as np
     from flax import nnx
 
@@ -71,6 +71,9 @@ def ending_model(run_dir: Path, out: Path, **overrides) -> Path:
     bias = params["output_bias"]
     bias[...] = (bias[...].at[config.pad_id].set(-1e4).at[config.bos_id].set(-1e4)
                  .at[config.eos_id].set(18.0))
+    if pad_logit is not None:
+        table[...] = table[...].at[config.pad_id].set(0.0)  # PAD is never an input
+        bias[...] = bias[...].at[config.pad_id].set(pad_logit)
     export_model(out, params, config, tokenizer, search_config())
     return out
 
@@ -162,6 +165,52 @@ def test_settings_give_jax_output(cache, ending_dir, changes):
         assert {len(nbest) for nbest in theirs.nbest + ours.nbest} == {1}
         assert tokens(theirs) == tokens(ours)
         assert scores(theirs) == pytest.approx(scores(ours), abs=1e-4)
+
+
+@pytest.mark.parametrize("changes", [
+    dict(strategy="greedy", nbest=1),
+    dict(strategy="beam", beam_size=3, nbest=2, beam_rules="k-finished", length_penalty="power"),
+    dict(strategy="beam", beam_size=4, nbest=1, beam_rules="k-finished", length_penalty="power",
+         alpha=1.0, max_len_a=2.0),
+], ids=["greedy", "beam-nbest", "beam-alpha"])
+def test_pad_with_some_probability_scores_as_jax(cache, run_dir, tmp_path_factory, changes,
+                                                 caplog):
+    """PAD keeps some probability at every step, as label smoothing leaves it, without ranking
+    among the beams: the scores are JAX's, which bans PAD after the softmax (banning it before,
+    CTranslate2's suppress_sequences, renormalizes the other tokens: 1e-3 apart here)."""
+    directory = ending_model(run_dir, tmp_path_factory.mktemp("pad") / "model", pad_logit=10.0)
+    ours, theirs = both(directory, search_config(**changes))
+    ended = set(range(1, len(LINES) + 1)) - set(ours.reached_limit) - set(theirs.reached_limit)
+    assert len(ended) >= 10
+    assert tokens(theirs, ended) == tokens(ours, ended)
+    assert scores(theirs, ended) == pytest.approx(scores(ours, ended), abs=1e-4)
+    assert "PAD or BOS" not in caplog.text
+
+
+def test_a_search_that_produces_pad_is_searched_again_without_it(cache, run_dir, tmp_path,
+                                                                  caplog):
+    """Where PAD is likely enough to be CTranslate2's choice, the sentence is searched again
+    with PAD and BOS banned: no hypothesis holds them, greedy texts are JAX's, and one warning
+    names the first line, once per translator."""
+    from nmt.models.model_dir import load_models
+    from nmt.models.translator import Translator
+
+    directory = ending_model(run_dir, tmp_path / "model", pad_logit=30.0)
+    greedy = search_config(strategy="greedy", nbest=1)
+    model, tokenizer, _ = load_models([directory])
+    ours = Translator(model, tokenizer, greedy).translate_all(LINES)
+    translator, _ = open_translator(directory, lambda stored: greedy, compute_type="float32")
+    for _ in range(2):
+        theirs = translator.translate_all(LINES)
+        assert tokens(theirs) == tokens(ours)
+    assert not {0, 2} & {t for nbest in tokens(theirs) for h in nbest for t in h}
+    warnings = [r.getMessage() for r in caplog.records if "PAD or BOS" in r.getMessage()]
+    assert len(warnings) == 1 and warnings[0].startswith("input line ")
+    beam = search_config(strategy="beam", beam_size=3, nbest=3, beam_rules="k-finished",
+                         length_penalty="power")
+    translator, _ = open_translator(directory, lambda stored: beam, compute_type="float32")
+    assert not {0, 2} & {t for nbest in tokens(translator.translate_all(LINES))
+                         for h in nbest for t in h}
 
 
 def test_two_batches_at_once_where_there_are_two_cores(monkeypatch):

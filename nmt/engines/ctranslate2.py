@@ -17,13 +17,20 @@ The search settings mean what they mean for the JAX engine (`search_options`):
 - output limits are per sentence (a * source length + b, EOS included): sentences are sent in
   groups of one limit each, so that every sentence stops where the JAX search would;
 - PAD and BOS are never produced and EOS not before min_len, as in `transformer.search`.
+  Ours bans PAD and BOS after the softmax, keeping the other tokens' probabilities; CTranslate2
+  bans only before it (`suppress_sequences`), renormalizing over the rest, which would shift
+  every score, since a trained model gives PAD and BOS some probability (label smoothing). So
+  CTranslate2 searches without the ban, and a sentence with PAD or BOS in a hypothesis is
+  searched again with them banned before the softmax (its scores renormalized; one warning
+  names the first such line).
 
 Where the engines differ: CTranslate2 scores a token against the tokens a step may produce
-(while min_len bans EOS, the others share its probability; a trained model gives PAD and BOS
-no probability, so elsewhere the scores agree), and a beam hypothesis cut at its output limit
-without the EOS forced there, which ours adds. So greedy outputs are equal, and so are beam
-outputs that end before their limit; where a beam reaches it, CTranslate2 may rank a cut
-hypothesis above one that ended, and the best translations can differ.
+while EOS or PAD and BOS are banned (min_len; a sentence searched again), and a beam hypothesis
+cut at its output limit without the EOS forced there, which ours adds; a PAD or BOS that takes
+a place in a beam and later drops out can also change which hypotheses remain, though a trained
+model ranks them far below its beams. So greedy outputs are equal, and so are beam outputs that
+end before their limit; where a beam reaches it, CTranslate2 may rank a cut hypothesis above
+one that ended, and the best translations can differ.
 """
 
 from __future__ import annotations
@@ -271,7 +278,8 @@ class CTranslate2Translator:
         vocabulary = tokenizer.vocabulary()
         self._ids = {piece: i for i, piece in enumerate(vocabulary)}
         self._eos = vocabulary[model_config.eos_id]
-        self._suppress = [[vocabulary[model_config.pad_id]], [vocabulary[model_config.bos_id]]]
+        self._banned = (vocabulary[model_config.pad_id], vocabulary[model_config.bos_id])
+        self._warned_banned = False
         self._batch = max(batch_tokens // self.strategy.rows_per_sentence, 1)
 
     def _searches(self, given: int, threads: int) -> int:
@@ -315,50 +323,74 @@ class CTranslate2Translator:
         ids, results, todo, line_numbers = call.ids, call.results, call.todo, call.line_numbers
         limits = [self.search.max_output_len(len(row) + 1, self.model_config.max_len)
                   for row in ids]
-        reached_limit = []
-        for i, (nbest, at_limit) in self._search(todo, ids, limits, progress):
+        reached_limit, searched_again = [], []
+        for i, (nbest, at_limit, banned) in self._search(todo, ids, limits, progress):
             results[i] = nbest
             if at_limit:
                 reached_limit.append(line_numbers[i])
+            if banned:
+                searched_again.append(line_numbers[i])
+        if searched_again and not self._warned_banned:
+            self._warned_banned = True
+            log.warning("%s line %d: CTranslate2's search produced PAD or BOS, which the JAX "
+                        "engine bans after the softmax; searched again with them banned before "
+                        "it, so its scores are renormalized over the other tokens (said once)",
+                        source, min(searched_again))
         return Translations(results, call.truncated_lines,  # type: ignore
                             sorted(reached_limit), [])
 
     def _search(self, todo: list[int], ids: list[list[int]], limits: list[int],
                 progress: Callable[[int], None] | None):
-        """Yields (index, (n-best hypotheses, whether the best reached its limit)) of every
-        sentence of `todo`, searched in groups that share an output limit, so that each stops
-        where the JAX search would. Every group is submitted at once, so CTranslate2's threads
-        stay busy; they come back in order of their limits, which follow the source lengths.
-        (One call under the longest limit, searching again the few sentences that came near
-        their own, was 5 to 10% slower on test2016: returning every finished hypothesis to
-        check them costs more than smaller batches do.)"""
+        """Yields (index, (n-best hypotheses, whether the best reached its limit, whether it
+        was searched again with PAD and BOS banned)) of every sentence of `todo`, searched in
+        groups that share an output limit, so that each stops where the JAX search would.
+        Every group is submitted at once, so CTranslate2's threads stay busy; they come back
+        in order of their limits, which follow the source lengths. (One call under the longest
+        limit, searching again the few sentences that came near their own, was 5 to 10%
+        slower on test2016: returning every finished hypothesis to check them costs more than
+        smaller batches do.)"""
         groups: dict[int, list[int]] = collections.defaultdict(list)
         for i in todo:
             groups[limits[i]].append(i)
-        submitted = [(rows, self._submit([ids[i] for i in rows], limit))
+        submitted = [(limit, rows, self._submit([ids[i] for i in rows], limit))
                      for limit, rows in sorted(groups.items()) if limit > 1]
         if 1 in groups:
-            yield from self._eos_at_once(groups[1], ids)
+            yield from ((i, (*found, False)) for i, found in self._eos_at_once(groups[1], ids))
             if progress is not None:
                 progress(len(groups[1]))
-        for rows, results in submitted:
+        again: dict[int, list[int]] = collections.defaultdict(list)
+        for limit, rows, results in submitted:
+            done = 0
+            for i, result in zip(rows, results):
+                result = result.result()
+                if any(piece in self._banned for pieces in result.hypotheses for piece in pieces):
+                    again[limit].append(i)
+                    continue
+                done += 1
+                hypotheses, ended = self._hypotheses(result)
+                yield i, (hypotheses, not ended[0], False)
+            if progress is not None and done:
+                progress(done)
+        for limit, rows in sorted(again.items()):
+            results = self._submit([ids[i] for i in rows], limit,
+                                   suppress_sequences=[[piece] for piece in self._banned])
             for i, result in zip(rows, results):
                 hypotheses, ended = self._hypotheses(result.result())
-                yield i, (hypotheses, not ended[0])
+                yield i, (hypotheses, not ended[0], True)
             if progress is not None:
                 progress(len(rows))
 
-    def _submit(self, rows: list[list[int]], limit: int) -> list:
+    def _submit(self, rows: list[list[int]], limit: int, **ban) -> list:
         """CTranslate2's asynchronous results of `rows` (source ids) under output `limit`
-        (tokens, EOS included; at least 2), min_len giving way to it as in the JAX search."""
+        (tokens, EOS included; at least 2), min_len giving way to it as in the JAX search;
+        `ban`: CTranslate2's suppress_sequences, where given."""
         options = {**self.options, "min_decoding_length": min(
             self.options["min_decoding_length"], limit - 1)}
         return self.model.translate_batch(
             [self.tokenizer.pieces(row, "source") for row in rows], asynchronous=True,
             max_batch_size=self._batch, batch_type="tokens", max_input_length=0,
             max_decoding_length=limit - 1,  # CTranslate2 does not count EOS
-            return_end_token=True, return_scores=True, suppress_sequences=self._suppress,
-            **options)
+            return_end_token=True, return_scores=True, **ban, **options)
 
     def _eos_at_once(self, rows: list[int], ids: list[list[int]]):
         """Yields what `_search` does for sentences whose output limit is one token, which
