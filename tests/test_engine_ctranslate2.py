@@ -625,3 +625,32 @@ def test_the_server_without_ctranslate2_ends_in_one_line(run_dir, capsys, monkey
     assert main(["--model", str(run_dir), "--engine", "ctranslate2", "--port", "0"]) == 1
     err = capsys.readouterr().err.strip()
     assert err.endswith("pip install -e '.[ct2]'") and len(err.splitlines()) == 1, err
+
+
+def served(run_dir: Path, *flags: str):
+    """The server's models for `flags` (its --model and --engine ctranslate2 given)."""
+    from nmt.serving.command import build_parser, check_args, load_served_models
+
+    args = build_parser().parse_args(["--model", str(run_dir), "--engine", "ctranslate2",
+                                      "--port", "0", *flags])
+    check_args(args)
+    return load_served_models(args)
+
+
+def test_the_server_searches_alternatives_without_min_len(cache, run_dir, caplog):
+    """--greedy --min-len 2 serves: the alternatives (a beam search, which CTranslate2 cannot
+    run with min_len) go without it and one warning says so; a beam flag CTranslate2 lacks
+    is named as given, for the alternatives."""
+    from nmt.runtime.cli import UsageError
+
+    model = served(run_dir, "--greedy", "--min-len", "2")[0]
+    assert (model.translator.search.min_len, model.alternatives.search.min_len) == (2, 0)
+    assert model.alternatives.strategy.nbest == 4
+    assert "--min-len 2: the alternatives (--alternatives-limit 3) are searched without it" \
+        in caplog.text
+    assert served(run_dir, "--greedy", "--min-len", "2", "--alternatives-limit", "0")[0] \
+        .alternatives is None
+    with pytest.raises(UsageError, match=r"--length-penalty gnmt: CTranslate2's beam search has "
+                       r"only --length-penalty power; .* \(for the alternatives' beam search; "
+                       r"--alternatives-limit 0 gives none\)$"):
+        served(run_dir, "--greedy", "--length-penalty", "gnmt")

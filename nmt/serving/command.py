@@ -340,13 +340,23 @@ def alternatives_translator(flag: str, path: str, translator, args: argparse.Nam
     if args.engine == "ctranslate2":
         from nmt.engines.ctranslate2 import EngineError, open_translator
 
+        if search.min_len:
+            # CTranslate2's beam search renormalizes while EOS is banned (`engine_search`
+            # refuses it): the alternatives, a beam search of their own, go without min_len.
+            origin = "--min-len" if args.min_len is not None else "the model's stored min_len"
+            log.warning("--model %s: %s %d: the alternatives (--alternatives-limit %d) are "
+                        "searched without it, as CTranslate2's beam search scores hypotheses "
+                        "otherwise while EOS is banned; give --alternatives-limit 0 for none",
+                        flag, origin, search.min_len, args.alternatives_limit)
+            search = dataclasses.replace(search, min_len=0)
         try:
-            return open_translator(path, lambda stored: search, given=frozenset(),
+            return open_translator(path, lambda stored: search, given=given_search_fields(args),
                                    compute_type=engine_compute_type(args),
                                    threads=args.threads or 0, searches=args.searches,
                                    batch_tokens=args.batch_tokens, seed=args.seed)[0]
         except EngineError as err:
-            raise UsageError(f"--model {flag}: {err}") from None
+            raise UsageError(f"--model {flag}: {err} (for the alternatives' beam search; "
+                             "--alternatives-limit 0 gives none)") from None
     from flax import nnx
 
     from nmt.models.translator import Translator
