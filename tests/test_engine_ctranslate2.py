@@ -654,3 +654,22 @@ def test_the_server_searches_alternatives_without_min_len(cache, run_dir, caplog
                        r"only --length-penalty power; .* \(for the alternatives' beam search; "
                        r"--alternatives-limit 0 gives none\)$"):
         served(run_dir, "--greedy", "--length-penalty", "gnmt")
+
+
+def test_the_server_takes_the_engines_searches_unless_given(cache, run_dir, caplog,
+                                                             monkeypatch):
+    """--searches not given is CTranslate2's choice, said nothing of: sampling searches one
+    batch at a time and --threads 1 one batch; a number given is checked as translate.py
+    checks it."""
+    from nmt.engines import ctranslate2 as engine
+    from nmt.runtime.cli import UsageError
+
+    monkeypatch.setattr(engine, "cpu_cores", lambda: 4)
+    for flags, searches in ((["--sample"], 1), (["--threads", "1"], 1), ([], 2),
+                            (["--searches", "3"], 3)):
+        caplog.clear()
+        parsed = served(run_dir, *flags, "--alternatives-limit", "0")
+        assert parsed[0].translator.searches == searches, flags
+        assert "--searches" not in caplog.text, flags
+    with pytest.raises(UsageError, match="--searches 2 with --sample"):
+        served(run_dir, "--sample", "--searches", "2")

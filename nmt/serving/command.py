@@ -275,12 +275,11 @@ def parse_model_flag(value: str) -> tuple[str | None, str | None, str]:
 
 def apply_backend_defaults(args: argparse.Namespace) -> None:
     """Fill in --batch-tokens and --searches where not given: their defaults depend on whether
-    the search runs on a CPU (CTranslate2 here always does)."""
+    the search runs on a CPU (CTranslate2 here always does). CTranslate2's translators pick
+    their own --searches (`load_served_models`): one when sampling, never beyond --threads,
+    and only a number the user gave is checked against those."""
     if args.engine == "ctranslate2":
         args.batch_tokens = args.batch_tokens or CPU_BATCH_TOKENS
-        from nmt.engines.ctranslate2 import default_searches
-
-        args.searches = args.searches or default_searches()
         return
     import jax
 
@@ -323,6 +322,8 @@ def load_served_models(args: argparse.Namespace):
         alternatives = (alternatives_translator(flag, path, translator, args)
                         if args.alternatives_limit else None)
         served.append(ServedModel(index, source, target, path, translator, alternatives))
+    if args.searches is None:  # CTranslate2's: the calls its translators take at once
+        args.searches = max(model.translator.searches for model in served)
     return served
 
 
@@ -352,7 +353,7 @@ def alternatives_translator(flag: str, path: str, translator, args: argparse.Nam
         try:
             return open_translator(path, lambda stored: search, given=given_search_fields(args),
                                    compute_type=engine_compute_type(args),
-                                   threads=args.threads or 0, searches=args.searches,
+                                   threads=args.threads or 0, searches=args.searches or 0,
                                    batch_tokens=args.batch_tokens, seed=args.seed)[0]
         except EngineError as err:
             raise UsageError(f"--model {flag}: {err} (for the alternatives' beam search; "
@@ -407,7 +408,7 @@ def load_ctranslate2_translator(flag: str, path: str, args: argparse.Namespace):
     try:
         return open_translator(path, search_for, given=given_search_fields(args),
                                compute_type=engine_compute_type(args),
-                               threads=args.threads or 0, searches=args.searches,
+                               threads=args.threads or 0, searches=args.searches or 0,
                                batch_tokens=args.batch_tokens, seed=args.seed)
     except (ModelDirError, DataError, MissingEngine) as err:
         raise InputError(str(err)) from None
