@@ -673,3 +673,27 @@ def test_the_server_takes_the_engines_searches_unless_given(cache, run_dir, capl
         assert "--searches" not in caplog.text, flags
     with pytest.raises(UsageError, match="--searches 2 with --sample"):
         served(run_dir, "--sample", "--searches", "2")
+
+
+def test_the_server_refuses_buckets_and_warms_up_without_compiling(cache, run_dir, caplog):
+    """--buckets, which only the JAX search reads, is refused in one line; the warm-up says
+    it warms up (status and log), not that it compiled a batch shape."""
+    import threading
+    from types import SimpleNamespace
+
+    from nmt.runtime.cli import UsageError
+    from nmt.serving.command import warm_up
+
+    with pytest.raises(UsageError, match=r"^--buckets does not apply with --engine "
+                       r"ctranslate2: .*; drop --buckets\.$"):
+        served(run_dir, "--buckets", "16,32")
+    caplog.set_level(logging.INFO, logger="nmt.serving")
+    [model] = served(run_dir, "--alternatives-limit", "0")
+    service = SimpleNamespace(status="loading")
+    seen = []
+    warm = model.translator.warm_up
+    model.translator.warm_up = lambda progress: (seen.append(service.status), warm(progress),
+                                                 seen.append(service.status))
+    warm_up([model], service, threading.Event())
+    assert seen == [f"warming up {model.pair}"] * 2
+    assert "compiled" not in caplog.text and f"{model.pair}: warmed up in" in caplog.text

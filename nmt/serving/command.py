@@ -207,6 +207,9 @@ def _url_prefix(text: str) -> str:
 def check_args(args: argparse.Namespace) -> None:
     """Flag values argparse cannot check; raises UsageError."""
     check_engine_args(args, ensembles=False)
+    if args.engine == "ctranslate2" and args.buckets is not None:
+        raise UsageError("--buckets does not apply with --engine ctranslate2: CTranslate2 "
+                         "batches sentences without bucket widths; drop --buckets.")
     for flag in args.model:  # a malformed pair before any model loads
         parse_model_flag(flag)
     _check_limits(args)
@@ -443,20 +446,27 @@ class _Stopping(Exception):
 
 
 def warm_up(models, service, stopping: threading.Event) -> None:
-    """Compile every model's search shapes (in a search thread), then mark ready."""
+    """Compile every model's search shapes (in a search thread; CTranslate2 compiles nothing
+    and translates a sentence), then mark ready."""
     for model in models:
+        compiles = model.translator.engine == "jax"
+
         def progress(done: int, total: int, pair=model.pair) -> None:
-            service.status = f"compiling {pair} search {done}/{total}"
-            if done == total or done % 10 == 0:
-                log.info("%s: search compiled for %d of %d batch shapes", pair, done, total)
+            if compiles:
+                service.status = f"compiling {pair} search {done}/{total}"
+                if done == total or done % 10 == 0:
+                    log.info("%s: search compiled for %d of %d batch shapes", pair, done,
+                             total)
             if stopping.is_set():
                 raise _Stopping
 
         start = time.perf_counter()
-        service.status = f"compiling {model.pair} search"  # the first shape takes longest
+        # The first shape takes longest: the status names the pair from the start.
+        service.status = (f"compiling {model.pair} search" if compiles
+                          else f"warming up {model.pair}")
         model.translator.warm_up(progress)
-        log.info("%s: %s in %.1f s", model.pair, "search compiled" if model.translator.engine
-                 == "jax" else "warmed up", time.perf_counter() - start)
+        log.info("%s: %s in %.1f s", model.pair, "search compiled" if compiles else "warmed up",
+                 time.perf_counter() - start)
 
 
 def start_batchers(model, service, executor, args: argparse.Namespace) -> None:
