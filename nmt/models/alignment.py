@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import threading
 from collections.abc import Sequence
 
 import numpy as np
@@ -22,9 +21,7 @@ import numpy as np
 # the step that predicts it.
 ALIGNMENT_LAYER = -1
 SHIFTED = False
-# Batch rows are padded up to one of these, and source and translation to one width: few
-# shapes, all compiled at start (`alignment_shapes`), for one pass far cheaper than a search.
-ROW_BUCKETS = (1, 4, 16, 64)
+ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64)  # batch rows padded up to one of these
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,7 +43,7 @@ def align(graphdef, state, tokenizer, widths: Sequence[int], sources: Sequence[s
           targets: Sequence[str], layer: int = ALIGNMENT_LAYER, shifted: bool = SHIFTED
           ) -> list[Alignment]:
     """The `Alignment` of each (source, target) pair under the model split as (graphdef,
-    state), its rows padded to `ROW_BUCKETS` and both sides to one of `widths` (the
+    state), its rows padded to `ROW_BUCKETS` and its widths to one of `widths` (the
     translator's buckets; the widest is the model's positions, past which tokens are cut)."""
     max_len = widths[-1]
     src = tokenizer.token_spans(sources, "source")
@@ -63,8 +60,10 @@ def align(graphdef, state, tokenizer, widths: Sequence[int], sources: Sequence[s
 
 def _align_batch(graphdef, state, ids, widths, src, tgt, layer, shifted) -> list[Alignment]:
     rows = next(r for r in ROW_BUCKETS if r >= len(src))
-    width = _width(widths, max(len(i) for i, _ in [*src, *tgt]) + 1)
-    src_ids, tgt_in = _padded(ids, rows, width)
+    src_width = _width(widths, max(len(i) for i, _ in src) + 1)
+    tgt_width = _width(widths, max(len(i) for i, _ in tgt) + 1)
+    src_ids = np.full((rows, src_width), ids.pad, np.int32)
+    tgt_in = np.full((rows, tgt_width), ids.pad, np.int32)
     for row, ((s, _), (t, _)) in enumerate(zip(src, tgt)):
         src_ids[row, :len(s) + 1] = [*s, ids.eos]
         tgt_in[row, :len(t) + 1] = [ids.bos, *t]
@@ -74,25 +73,6 @@ def _align_batch(graphdef, state, ids, widths, src, tgt, layer, shifted) -> list
     return [Alignment(s_spans, t_spans,
                       weights[row, first:first + len(t), :len(s)].astype(np.float32))
             for row, ((s, s_spans), (t, t_spans)) in enumerate(zip(src, tgt))]
-
-
-def alignment_shapes(widths: Sequence[int]) -> list[tuple[int, int]]:
-    """Every (rows, width) batch that `align` passes through the model, given `widths`."""
-    return [(rows, width) for width in widths for rows in ROW_BUCKETS]
-
-
-def compile_alignment(graphdef, state, ids, shape: tuple[int, int],
-                      layer: int = ALIGNMENT_LAYER) -> None:
-    """Compile the pass `align` makes over a batch of `shape` (rows, width), by making it
-    once over padding: the first request with inline markup then waits for no compiler."""
-    src_ids, tgt_in = _padded(ids, *shape)
-    src_ids[:, 0], tgt_in[:, 0] = ids.eos, ids.bos
-    np.asarray(_cross_attention()(graphdef, state, src_ids, tgt_in, layer))
-
-
-def _padded(ids, rows: int, width: int) -> tuple[np.ndarray, np.ndarray]:
-    """(source ids, decoder inputs) [rows, width], all padding."""
-    return (np.full((rows, width), ids.pad, np.int32), np.full((rows, width), ids.pad, np.int32))
 
 
 def aligned_targets(weights: np.ndarray, sources: Sequence[int]) -> list[int]:
@@ -112,18 +92,8 @@ def _width(widths: Sequence[int], length: int) -> int:
     return next((w for w in widths if w >= length), widths[-1])
 
 
-def _cross_attention():
-    """The compiled pass (`_make_cross_attention`), made once though threads ask at once (the
-    warm-up's do): a second one made would compile its shapes apart from the first's."""
-    with _MAKING:
-        return _make_cross_attention()
-
-
-_MAKING = threading.Lock()
-
-
 @functools.cache
-def _make_cross_attention():
+def _cross_attention():
     """The compiled pass: (graphdef, state, src_ids, tgt_in, layer) -> [rows, tgt, src], decoder
     layer `layer`'s cross-attention averaged over heads. Made at first use: this module is
     imported without JAX where no model is (the HTML placement that reads alignments)."""

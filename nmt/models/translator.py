@@ -27,7 +27,7 @@ from flax import nnx
 
 from data.batching import inference_batches
 from data.config import INFERENCE_BATCH_TOKENS, INFERENCE_BUCKETS, buckets_up_to
-from nmt.models.alignment import Alignment, align, alignment_shapes, compile_alignment
+from nmt.models.alignment import Alignment, align
 from nmt.models.batch_plan import BatchPlan, check_search_memory
 from nmt.models.translations import (
     BatchStats,
@@ -247,23 +247,20 @@ class Translator:
         return align(self.graphdef, self.state, self.tokenizer, self.buckets, sources, targets)
 
     def warm_up(self, progress: Callable[[int, int], None] | None = None) -> None:
-        """Compile the search for every shape of `search_shapes` (`compile_search`), with the
-        programs compaction needs unless this translator never compacts, and `align`'s pass
-        for every shape of `alignment_shapes` (where the tokenizer gives token spans), several
-        shapes at once (`compile_threads`); `progress(done, total)` after each. An exception
-        from `progress` stops the shapes not yet started."""
-        shapes, compacts = self.search_shapes(), self.compact_after is not None
-        aligning = alignment_shapes(self.buckets) if hasattr(self.tokenizer, "token_spans") else []
-        pool = concurrent.futures.ThreadPoolExecutor(compile_threads(
-            len(shapes) + len(aligning), searching=False), thread_name_prefix="compile")
+        """Compile the search for every shape of `search_shapes` (`compile_search`), with
+        the programs compaction needs unless this translator never compacts, several shapes
+        at once (`compile_threads`); `progress(done, total)` after each. An exception from
+        `progress` stops the shapes not yet started."""
+        shapes = self.search_shapes()
+        compacts = self.compact_after is not None
+        pool = concurrent.futures.ThreadPoolExecutor(
+            compile_threads(len(shapes), searching=False), thread_name_prefix="compile")
         try:
-            futures = [pool.submit(self._compile, shape, compacts) for shape in shapes] + [
-                pool.submit(compile_alignment, self.graphdef, self.state, self.tokenizer.ids,
-                            shape) for shape in aligning]
+            futures = [pool.submit(self._compile, shape, compacts) for shape in shapes]
             for done, future in enumerate(concurrent.futures.as_completed(futures), 1):
                 future.result()
                 if progress is not None:
-                    progress(done, len(futures))
+                    progress(done, len(shapes))
         finally:
             pool.shutdown(wait=False, cancel_futures=True)
         if compacts:
