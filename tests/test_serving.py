@@ -22,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from serving_process import ENGINE_FLAGS, REPO, Server
+from serving_process import ENGINE_FLAGS, REPO, Server, for_engine
 
 from translate_model import sentences
 
@@ -58,8 +58,8 @@ def engine(request) -> list[str]:
 
 @pytest.fixture(scope="module")
 def server(run_dir, env, keys_file, engine):
-    server = Server.start(["--model", run_dir, "--api-keys", keys_file, *SERVER_FLAGS, *engine],
-                          env)
+    server = Server.start(["--model", run_dir, "--api-keys", keys_file,
+                           *for_engine(SERVER_FLAGS, engine), *engine], env)
     yield server
     assert server.stop() == 0, "".join(server.log)
 
@@ -374,7 +374,7 @@ def test_32_concurrent_clients_get_their_own_translations(server, expected):
 def strict_server(run_dir, env, engine):
     """A server whose first request waits a second for company, with a half-second timeout
     and room for 20 waiting sentences."""
-    server = Server.start(["--model", run_dir, *SHAPES,
+    server = Server.start(["--model", run_dir, *for_engine(SHAPES, engine),
                            "--timeout", "0.5", "--batch-wait-ms", "1000",
                            "--queue-sentences", "20", *engine], env)
     yield server
@@ -408,7 +408,7 @@ def test_sigterm_answers_every_accepted_request_and_exits_0(run_dir, env, engine
     requests or so, each waiting up to half a second for company): every request the server
     accepted gets its translations, a request that came too late is refused, and the server
     exits 0 after the last answer."""
-    server = Server.start(["--model", run_dir, *SHAPES,
+    server = Server.start(["--model", run_dir, *for_engine(SHAPES, engine),
                            "--batch-wait-ms", "500", "--gather-tokens", "100", "--searches", "1",
                            *engine], env)
     answers: list[tuple[int, object, int]] = []

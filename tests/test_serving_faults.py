@@ -19,7 +19,7 @@ import socket
 import time
 
 import pytest
-from serving_process import ENGINE_FLAGS, Server
+from serving_process import ENGINE_FLAGS, Server, for_engine
 
 from translate_model import sentences
 
@@ -40,7 +40,7 @@ def guarded(run_dir, env, tmp_path_factory, engine):
     """A server with keys, a queue of 8 sentences and a one-second deadline for headers."""
     keys = tmp_path_factory.mktemp("keys") / "keys.txt"
     keys.write_text(KEYS, encoding="utf-8")
-    server = Server.start(["--model", run_dir, *SHAPES, "--api-keys", keys,
+    server = Server.start(["--model", run_dir, *for_engine(SHAPES, engine), "--api-keys", keys,
                            "--queue-sentences", QUEUE, "--max-sentences", 200,
                            "--header-timeout", 1, "--body-timeout", 2, *engine], env)
     yield server
@@ -735,8 +735,8 @@ def test_bytes_that_are_not_http_get_a_json_400_counted_and_logged_as_ours(guard
 def test_a_request_whose_client_left_is_not_searched(run_dir, env, engine):
     """The request waits a second for company; its client leaves after a fifth of that: the
     server searches nothing, and counts the request as aborted."""
-    server = Server.start(["--model", run_dir, *SHAPES, "--batch-wait-ms", "1000", *engine],
-                          env)
+    server = Server.start(["--model", run_dir, *for_engine(SHAPES, engine), "--batch-wait-ms",
+                           "1000", *engine], env)
     try:
         calls = metric(server, "nmt_batch_sentences_count", 'pair="de-en"')
         with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
