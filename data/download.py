@@ -73,8 +73,12 @@ def write(name: str, directory: Path, fetched: dict[str, bytes]) -> None:
     staged = {directory / ours: directory / f".{ours}.partial" for ours in fetched}
     try:
         directory.mkdir(parents=True, exist_ok=True)
-        for partial, data in zip(staged.values(), fetched.values()):
-            partial.write_bytes(data)
+        for (final, partial), data in zip(staged.items(), fetched.values()):
+            try:
+                partial.write_bytes(data)
+            except OSError as err:
+                err.filename = str(final)  # the file the user asked for, not its temporary
+                raise
         for final, partial in staged.items():
             partial.replace(final)
     except BaseException:
