@@ -72,13 +72,16 @@ def timed(command: list[str], stdin: str | None = None, timeout: float = 600.0,
             "last_line": (out_lines[-1].strip() if out_lines else "")[:120]}
 
 
-def served(model: str, timeout: float = 600.0) -> dict[str, float | str]:
-    """The server: seconds to its first line, to /health ready, to one translation."""
+def served(model: str, timeout: float = 600.0,
+           server_args: tuple[str, ...] = ()) -> dict[str, float | str]:
+    """The server: seconds to its first line, to /health ready, to one translation;
+    `server_args` are more of its flags (a test's fewer shapes to compile)."""
     source, target = model_pair(model)  # a run directory too, as the server takes it
     port = free_port()
     start = time.perf_counter()
     process = subprocess.Popen(
-        [sys.executable, "-m", "nmt.serving", "--model", model, "--port", str(port)],
+        [sys.executable, "-m", "nmt.serving", "--model", model, "--port", str(port),
+         *server_args],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines = [process.stdout.readline()]
     first = lines[0] and time.perf_counter() - start
