@@ -390,6 +390,32 @@ def test_html_lines_keep_inline_tags_around_the_words_the_alignment_gives():
     assert calls == [["A man rides.", "Bye."]]
 
 
+def test_html_sentences_translated_as_themselves_are_not_aligned():
+    """--html: a sentence without letters comes back as it is, with its tags where they
+    were; it is not sent for alignment (an alignment of a text with itself may move them),
+    and the sentence after it still gets its own alignment."""
+    from nmt.models.alignment import Alignment
+
+    def translate_all(sentences, progress=None, first_line=1, source="", line_numbers=None):
+        translated = {"12 345 678": "12 345 678", "A man rides.": "Reitet ein Mann."}
+        return SimpleNamespace(nbest=[[SimpleNamespace(text=translated[s], score=0.0)]
+                                      for s in sentences], reached_limit=[])
+
+    aligned = []
+
+    def align(sources, targets):
+        aligned.append((list(sources), list(targets)))
+        weights = np.eye(4, dtype=np.float32)[[2, 0, 1, 3]]
+        return [Alignment([(0, 1), (2, 5), (6, 11), (11, 12)],
+                          [(0, 6), (7, 10), (11, 15), (15, 16)], weights)]
+
+    translator = SimpleNamespace(translate_all=translate_all, align=align)
+    lines = ["<p><b>12</b> 345 678</p>", '<p>A <b>man</b> <a href="/x">rides</a>.</p>']
+    out, _ = streams.translate_paragraphs(translator, lines, "in.html", 1, "en", html=True)
+    assert out == ["<p><b>12</b> 345 678</p>", '<p><a href="/x">Reitet</a> ein <b>Mann</b>.</p>']
+    assert aligned == [(["A man rides."], ["Reitet ein Mann."])]
+
+
 def _upper_translator(calls: list) -> SimpleNamespace:
     """A translator that upper-cases each sentence and records the sentences and their line
     numbers of each call."""

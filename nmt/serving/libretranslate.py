@@ -183,15 +183,8 @@ async def join_documents(service: Service, model, documents: list[Document],
     their sentences, inline markup placed by the model's word alignment, the space between
     sentences as the model's target language writes it."""
     sources, targets = markup_pairs(documents, translations)
-    # A sentence that is its own translation (one without letters) is not aligned: `join`
-    # keeps its tags where they were.
-    changed = [k for k, (source, target) in enumerate(zip(sources, targets)) if source != target]
-    found = await service.align(model, [sources[k] for k in changed],
-                                [targets[k] for k in changed])
-    every: list = [None] * len(sources)
-    for k, alignment in zip(changed, found or ()):
-        every[k] = alignment
-    aligned = alignments_by_document(documents, every)
+    found = await service.align(model, sources, targets)
+    aligned = alignments_by_document(documents, translations, found)
     texts, offset = [], 0
     for document, alignments in zip(documents, aligned):
         count = len(document.sentences)

@@ -219,24 +219,35 @@ def respaced(gap: str, markup: bool, before: str, target: str | None) -> str:
 
 def markup_pairs(documents: Sequence[Document], translations: Sequence[str]
                  ) -> tuple[list[str], list[str]]:
-    """(sources, translations) of the sentences that hold inline markup, in document order:
-    what to align; `translations` has one per sentence of all the documents, in order."""
-    sources, targets, offset = [], [], 0
-    for document in documents:
-        sources += [document.sentences[i] for i in document.needs_alignment]
-        targets += [translations[offset + i] for i in document.needs_alignment]
-        offset += len(document.sentences)
-    return sources, targets
+    """(sources, translations) of the sentences to align, in document order: those holding
+    inline markup, less those translated as themselves (one without letters), whose tags
+    `join` keeps where they were; `translations` has one per sentence of all the documents."""
+    pairs = [(source, target) for _, _, source, target in _to_align(documents, translations)]
+    return [source for source, _ in pairs], [target for _, target in pairs]
 
 
-def alignments_by_document(documents: Sequence[Document],
+def alignments_by_document(documents: Sequence[Document], translations: Sequence[str],
                            found: Sequence[Alignment | None] | None
                            ) -> list[dict[int, Alignment | None]]:
     """`found` (the alignments of `markup_pairs`, in its order; None: none, or none for
     that pair) as each document's sentence -> alignment, for `Document.join`."""
     remaining = iter(found or ())
-    return [{i: alignment for i, alignment in zip(document.needs_alignment, remaining)}
-            for document in documents]
+    by_document: list[dict[int, Alignment | None]] = [{} for _ in documents]
+    for d, i, _, _ in _to_align(documents, translations):
+        by_document[d][i] = next(remaining, None)
+    return by_document
+
+
+def _to_align(documents: Sequence[Document], translations: Sequence[str]
+              ) -> Iterator[tuple[int, int, str, str]]:
+    """(document, sentence index, sentence, translation) of each sentence `markup_pairs`
+    aligns."""
+    offset = 0
+    for d, document in enumerate(documents):
+        for i in document.needs_alignment:
+            if translations[offset + i] != document.sentences[i]:
+                yield d, i, document.sentences[i], translations[offset + i]
+        offset += len(document.sentences)
 
 
 def _shifted(alignment: Alignment, by: int) -> Alignment:

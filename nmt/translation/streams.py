@@ -141,7 +141,7 @@ def _alignments(translator, documents, translations: Sequence[str]) -> list[dict
     sources, targets = markup_pairs(documents, translations)
     align = getattr(translator, "align", None)
     found = align(sources, targets) if sources and align is not None else None
-    return alignments_by_document(documents, found)
+    return alignments_by_document(documents, translations, found)
 
 
 def output_text(translator, lines: Sequence[str], where: str, first_line: int, nbest: bool,
