@@ -110,8 +110,10 @@ def main():
     barrier("started")
     if sys.argv[2] == "1":
         Path(sys.argv[3]).touch()
-    else:
-        time.sleep(8)
+    else:  # late: until process 1 has ended (the test says so), or 60 s
+        deadline = time.monotonic() + 60
+        while not Path(sys.argv[4]).exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
     barrier("corpus read")  # process 1 set its key here before the signal: both pass
     try:
         barrier("tokenizer")
@@ -126,9 +128,10 @@ sys.exit(cli.guarded("worker", main, end_after_failure))
 def test_sigterm_while_starting_ends_the_process_at_once(tmp_path, env):
     """JAX's preemption notifier catches SIGTERM: the process waited on at the barrier."""
     coordinator, waiting = f"127.0.0.1:{_free_port()}", tmp_path / "waiting"
+    ended = tmp_path / "ended"
     env = {**env, "JAX_PLATFORMS": "cpu"}
     processes = [_start([sys.executable, "-c", STARTING_WORKER, coordinator, str(k),
-                         str(waiting)], env)
+                         str(waiting), str(ended)], env)
                  for k in range(PROCESSES)]
     try:
         deadline = time.monotonic() + 60
@@ -138,6 +141,7 @@ def test_sigterm_while_starting_ends_the_process_at_once(tmp_path, env):
         os.kill(processes[1].pid, signal.SIGTERM)
         (status1, line1) = _ended(processes[1], timeout=5)
     finally:
+        ended.touch()
         (status0, line0), _ = _all_ended(processes, timeout=30)
     assert (status1, line1) == (143, "worker: terminated (SIGTERM)")
     assert (status0, line0) == (1, "worker: error: process 1 of 2 failed: terminated (SIGTERM); "
