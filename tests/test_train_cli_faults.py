@@ -14,6 +14,7 @@ from pathlib import Path
 
 import jax
 import pytest
+from conftest import SHALLOW_FLAGS
 
 import nmt.training.trainer
 import nmt.training.validation
@@ -147,9 +148,10 @@ def test_init_from_given_to_a_run_trained_from_scratch_is_refused(model, corpus,
     fine-tune: here its own model/, whose tokenizer is the run's."""
     out = tmp_path / "scratch"
     scratch = [a for a in _fine_tune(model, corpus, out) if a not in ("--init-from", str(model))]
-    assert train_cli.main([*scratch, "--preset", "tiny", "--vocab-size", "320"]) == 0
-    assert train_cli.main([*scratch, "--preset", "tiny", "--init-from", str(out / "model"),
-                           "--max-steps", "4"]) == 2
+    assert train_cli.main([*scratch, "--preset", "tiny", "--vocab-size", "320",
+                           *SHALLOW_FLAGS]) == 0
+    assert train_cli.main([*scratch, "--preset", "tiny", *SHALLOW_FLAGS, "--init-from",
+                           str(out / "model"), "--max-steps", "4"]) == 2
     assert (f"the run in {out} was trained from scratch (see {out / 'config.yaml'}), this run "
             f"asks for --init-from {out / 'model'}: drop --init-from to resume the run, or use "
             "a new --output-dir") in _error_line(capsys)
@@ -164,7 +166,7 @@ def test_dropout_and_dtype_may_change_on_resume_and_the_model_records_them(
     out = tmp_path / "run"
     scratch = [*(a for a in _fine_tune(model, corpus, out) if a not in ("--init-from",
                                                                           str(model))),
-               "--preset", "tiny", "--vocab-size", "320"]
+               "--preset", "tiny", "--vocab-size", "320", *SHALLOW_FLAGS]
     assert train_cli.main(scratch) == 0
     capsys.readouterr()
     assert train_cli.main([*scratch, "--max-steps", "4", "--dropout", "0.2",
@@ -185,9 +187,11 @@ def test_a_run_resumed_without_its_preset_is_refused_naming_it(model, corpus, tm
     change comes before it: the run does not resume."""
     out = tmp_path / "run"
     scratch = [a for a in _fine_tune(model, corpus, out) if a not in ("--init-from", str(model))]
-    assert train_cli.main([*scratch, "--preset", "tiny", "--vocab-size", "320"]) == 0
+    assert train_cli.main([*scratch, "--preset", "tiny", "--vocab-size", "320",
+                           *SHALLOW_FLAGS]) == 0
     capsys.readouterr()
-    assert train_cli.main([*scratch, "--vocab-size", "320", "--max-steps", "4"]) == 2
+    assert train_cli.main([*scratch, "--vocab-size", "320", *SHALLOW_FLAGS, "--max-steps",
+                           "4"]) == 2
     err = capsys.readouterr().err
     assert "resuming with" not in err
     lines = [line for line in err.splitlines() if line.startswith("train.py: error:")]
@@ -206,7 +210,8 @@ def test_a_linear_schedule_at_its_end_is_refused_a_higher_limit_naming_decay_ste
     out = tmp_path / "run"
     scratch = [*(a for a in _fine_tune(model, corpus, out, 4) if a not in ("--init-from",
                                                                              str(model))),
-               "--preset", "tiny", "--vocab-size", "320", "--schedule", "linear"]
+               "--preset", "tiny", "--vocab-size", "320", *SHALLOW_FLAGS,
+               "--schedule", "linear"]
     assert train_cli.main(scratch) == 0
     assert recipes.load(out / "config.yaml").optimizer.decay_steps == 4
     capsys.readouterr()
@@ -233,11 +238,12 @@ def test_a_model_edited_in_config_yaml_is_refused_in_one_line(model, corpus, tmp
     out = tmp_path / "run"
     scratch = [*(a for a in _fine_tune(model, corpus, out) if a not in ("--init-from",
                                                                           str(model))),
-               "--preset", "tiny", "--vocab-size", "320"]
+               "--preset", "tiny", "--vocab-size", "320", *SHALLOW_FLAGS]
     assert train_cli.main(scratch) == 0
     config = out / "config.yaml"
-    config.write_text(config.read_text().replace("model: {preset: tiny}",
-                                                 "model: {preset: tiny, d_model: 30}"))
+    text = config.read_text()
+    config.write_text(text.replace("model: {preset: tiny,", "model: {preset: tiny, d_model: 30,"))
+    assert config.read_text() != text
     capsys.readouterr()
     assert train_cli.main(["--config", str(config), "--max-steps", "4"]) == 2
     gc.collect()  # abandoned reads print when collected
@@ -255,7 +261,7 @@ def test_another_seed_is_refused_on_resume_without_config_yaml(model, corpus, tm
     out = tmp_path / "run"
     scratch = [*(a for a in _fine_tune(model, corpus, out) if a not in ("--init-from",
                                                                           str(model))),
-               "--preset", "tiny", "--vocab-size", "320"]
+               "--preset", "tiny", "--vocab-size", "320", *SHALLOW_FLAGS]
     assert train_cli.main(scratch) == 0
     (out / "config.yaml").unlink()
     assert train_cli.main([*scratch, "--max-steps", "4", "--seed", "5"]) == 2
@@ -476,7 +482,7 @@ def test_regularization_left_out_on_resume_is_said_to_change(model, corpus, tmp_
     out = tmp_path / "run"
     scratch = [*(a for a in _fine_tune(model, corpus, out) if a not in ("--init-from",
                                                                           str(model))),
-               "--preset", "tiny", "--vocab-size", "320"]
+               "--preset", "tiny", "--vocab-size", "320", *SHALLOW_FLAGS]
     assert train_cli.main([*scratch, "--rdrop", "2", "--subword-alpha", "0.1"]) == 0
     capsys.readouterr()
     assert train_cli.main([*scratch, "--max-steps", "4"]) == 0
@@ -495,7 +501,8 @@ def test_subword_nbest_fine_tuning_a_bpe_model_is_refused_naming_init_from(
     out = tmp_path / "bpe"
     scratch = [*(a for a in _fine_tune(model, corpus, out) if a not in ("--init-from",
                                                                           str(model))),
-               "--preset", "tiny", "--vocab-size", "320", "--tokenizer-type", "bpe"]
+               "--preset", "tiny", "--vocab-size", "320", *SHALLOW_FLAGS,
+               "--tokenizer-type", "bpe"]
     assert train_cli.main(scratch) == 0
     capsys.readouterr()
     assert train_cli.main(_fine_tune(out / "model", corpus, tmp_path / "tuned", 2,
