@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 
 import pytest
+from conftest import SHALLOW_FLAGS
 
 import train as train_cli
 from nmt.settings.config import TrainerConfig
@@ -79,7 +80,8 @@ def test_a_run_on_another_platform_warns_at_start_and_forecasts(tmp_path, caplog
     train_prefix = write_corpus(tmp_path, 300, 0, "train")
     valid_prefix = write_corpus(tmp_path, 20, 1, "valid")
     run, _ = train_cli.resolve([
-        "--preset", "tiny", "--train-prefix", train_prefix, "--valid-prefix", valid_prefix,
+        "--preset", "tiny", *SHALLOW_FLAGS, "--train-prefix", train_prefix,
+        "--valid-prefix", valid_prefix,
         "--vocab-size", "320", "--batch-tokens", "256", "--buckets", "16",
         "--max-tokens-per-sentence", "16", "--max-steps", "14", "--eval-every", "100",
         "--eval-sentences", "0", "--no-progress", "--written-for", "tpu",
