@@ -21,8 +21,8 @@ def test_rdrop_is_refused_beside_the_peer_that_has_none(capsys):
 
 
 def test_the_rdrop_weight_reaches_the_step_that_is_timed():
-    args = bench_train.parse_args(["--preset", "tiny", "--rdrop", "5", "--batch", "2",
-                                   "--src-len", "4", "--tgt-len", "4"])
+    args = bench_train.parse_args(["--preset", "tiny", "--layers", "1", "--rdrop", "5",
+                                   "--batch", "2", "--src-len", "4", "--tgt-len", "4"])
     step = bench_train.OurStep(args)
     assert step.optimizer_config.rdrop == 5.0
     result = step.measure()
