@@ -12,8 +12,10 @@ offline.
 from __future__ import annotations
 
 import argparse
+import errno
 import gzip
 import http.client
+import os
 import shutil
 import sys
 import urllib.error
@@ -65,9 +67,11 @@ def fetch(name: str) -> dict[str, bytes]:
 
 def write(name: str, directory: Path, fetched: dict[str, bytes]) -> None:
     """Write the files of corpus `name` into `directory`, created if needed. Each is written
-    under a temporary name and all are renamed into place only once every one is written: a
-    failed write (a full disk) leaves the files an earlier run wrote as they were, never new
-    ones beside old, and no directory that it created."""
+    under a temporary name and all are renamed into place only once every one is written and
+    no destination is in the way (a directory); a rename that still fails puts back the files
+    renamed before it. A failure (a full disk) leaves the files an earlier run wrote as they
+    were, never new ones beside old, and no directory that it created; its error names the
+    final file, not the temporary."""
     _, _, variable, default = CORPORA[name]
     created = _missing_directories(directory)
     staged = {directory / ours: directory / f".{ours}.partial" for ours in fetched}
@@ -79,8 +83,10 @@ def write(name: str, directory: Path, fetched: dict[str, bytes]) -> None:
             except OSError as err:
                 err.filename = str(final)  # the file the user asked for, not its temporary
                 raise
-        for final, partial in staged.items():
-            partial.replace(final)
+        for final in staged:
+            if final.is_dir():
+                raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(final))
+        _replace_all(staged)
     except BaseException:
         for partial in staged.values():
             partial.unlink(missing_ok=True)
@@ -94,6 +100,32 @@ def write(name: str, directory: Path, fetched: dict[str, bytes]) -> None:
         print("Done. The recipes read it from here: python train.py --config configs/...")
     else:
         print(f"Done. Use it with: {variable}={directory} python train.py --config configs/...")
+
+
+def _replace_all(staged: dict[Path, Path]) -> None:
+    """Rename each temporary onto its final file, all or none: each old file is first moved
+    aside, so a failed rename can put back every one renamed before it."""
+    done: list[tuple[Path, Path | None]] = []  # (final, its old file moved aside, or None)
+    for final, partial in staged.items():
+        aside = final.with_name(f".{final.name}.old")
+        try:
+            if os.path.lexists(final):
+                final.replace(aside)
+                done.append((final, aside))
+            else:
+                done.append((final, None))
+            partial.replace(final)
+        except OSError as err:
+            for renamed, old in reversed(done):
+                if old is None:
+                    renamed.unlink(missing_ok=True)
+                elif old.exists():
+                    old.replace(renamed)
+            err.filename = str(final)  # the file the user asked for, not its temporary
+            raise
+    for _, aside in done:
+        if aside is not None:
+            aside.unlink(missing_ok=True)
 
 
 def _missing_directories(directory: Path) -> list[Path]:
@@ -153,9 +185,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         write(args.corpus, args.directory, fetched)
     except OSError as err:
+        fix = ("move it out of the way" if isinstance(err, IsADirectoryError)
+               else "free some space")
         print(f"{parser.prog}: error: cannot write {err.filename or args.directory} "
-              f"({err.strerror or err}); free some space or choose another directory, and "
-              "run it again",
+              f"({err.strerror or err}); {fix} or choose another directory, and run it again",
               file=sys.stderr)
         return 1
     return 0
