@@ -317,9 +317,9 @@ def _jsonl_pairs(path: Path, src: str, tgt: str) -> Iterator[tuple[str, str]]:
             raise DataError(f"{path} line {line_no}: expected a JSON object, got "
                             f"{line[:60]!r}{_JSON_LINES}")
         nested = record.get("translation")
-        if isinstance(nested, dict) or ("translation" in record
+        if isinstance(nested, dict) or ("translation" in record and nested is None
                                         and not (src in record and tgt in record)):
-            inner = nested  # {"translation": {...}}; not an object: `_pick_pair` says so
+            inner = nested  # {"translation": {...}}; null: `_pick_pair` blames the row
         else:
             inner = record  # flat, perhaps with a "translation" field of its own ("manual")
         yield _pick_pair(inner, src, tgt, where=f"{path} line {line_no}")

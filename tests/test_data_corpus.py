@@ -386,6 +386,11 @@ def test_a_translation_that_is_not_an_object_is_named_as_such_not_sent_to_src_tg
                                "entry")
     path.write_text('{"en": "a", "de": "b", "translation": "manual"}\n')
     assert read_file_texts(path, "en", "de", SCORING) == (["a"], ["b"])
+    path.write_text('{"en": "a", "translation": "manual"}\n')  # metadata; a language missing
+    with pytest.raises(DataError) as info:
+        read_file_texts(path, "en", "de", SCORING)
+    assert str(info.value) == (f"{path} line 1: expected language keys 'en' and 'de', found "
+                               "['en', 'translation']; set --src/--tgt to keys that the data has")
     saved = str(tmp_path / "saved")
     datasets.DatasetDict({"test": datasets.Dataset.from_dict(
         {"translation": [{"en": "a", "de": "b"}, None]},
