@@ -390,14 +390,18 @@ def test_html_lines_keep_inline_tags_around_the_words_the_alignment_gives():
     assert calls == [["A man rides.", "Bye."]]
 
 
-def test_html_sentences_translated_as_themselves_are_not_aligned():
-    """--html: a sentence without letters comes back as it is, with its tags where they
-    were; it is not sent for alignment (an alignment of a text with itself may move them),
-    and the sentence after it still gets its own alignment."""
+def test_sentences_without_letters_are_their_own_translations_never_searched_or_aligned():
+    """A sentence without letters (a number, a bullet) comes back as it is, as on the
+    server, with its tags where they were under --html: the model, which would make words of
+    it, never sees it, no alignment is asked for it, and the sentence after it still gets
+    its own alignment."""
     from nmt.models.alignment import Alignment
 
+    searched = []
+
     def translate_all(sentences, progress=None, first_line=1, source="", line_numbers=None):
-        translated = {"12 345 678": "12 345 678", "A man rides.": "Reitet ein Mann."}
+        searched.append((list(sentences), list(line_numbers)))
+        translated = {"A man rides.": "Reitet ein Mann.", "One.": "Eins."}
         return SimpleNamespace(nbest=[[SimpleNamespace(text=translated[s], score=0.0)]
                                       for s in sentences], reached_limit=[])
 
@@ -413,7 +417,13 @@ def test_html_sentences_translated_as_themselves_are_not_aligned():
     lines = ["<p><b>12</b> 345 678</p>", '<p>A <b>man</b> <a href="/x">rides</a>.</p>']
     out, _ = streams.translate_paragraphs(translator, lines, "in.html", 1, "en", html=True)
     assert out == ["<p><b>12</b> 345 678</p>", '<p><a href="/x">Reitet</a> ein <b>Mann</b>.</p>']
+    assert searched == [(["A man rides."], [2])]
     assert aligned == [(["A man rides."], ["Reitet ein Mann."])]
+    searched.clear()
+    out, _ = streams.translate_paragraphs(translator, ["12 345", "• 3.", "One."], "in.de", 1,
+                                          "en")
+    assert out == ["12 345", "• 3.", "Eins."]
+    assert searched == [(["One."], [3])]
 
 
 def _upper_translator(calls: list) -> SimpleNamespace:

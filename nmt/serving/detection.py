@@ -23,18 +23,13 @@ from collections.abc import Sequence
 
 from py3langid.langid import MODEL_FILE, LanguageIdentifier as NaiveBayes
 
+from nmt.translation.paragraphs import has_letters
+
 log = logging.getLogger("nmt.serving")
-_LETTER = re.compile(r"[^\W\d_]")
 # The letters of scripts that one language writes: kana (not the "・" Chinese uses too) and
 # Hangul (syllables and jamo).
 _SCRIPTS = {"ja": re.compile(r"[\u3041-\u309f\u30a1-\u30fa\u30fc-\u30ff\u31f0-\u31ff]"),
             "ko": re.compile(r"[\uac00-\ud7a3\u1100-\u11ff\u3131-\u318e]")}
-
-
-def has_letters(text: str) -> bool:
-    """Whether `text` has a letter of any script (what a language is told by, and what a
-    model translates: digits, punctuation and emoji are none)."""
-    return bool(_LETTER.search(unicodedata.normalize("NFKC", text)))
 
 
 class LanguageIdentifier:

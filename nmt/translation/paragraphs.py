@@ -79,6 +79,7 @@ import bisect
 import dataclasses
 import html
 import re
+import unicodedata
 from collections.abc import Callable, Iterator, Mapping, Sequence
 
 from sentencex import segment
@@ -88,6 +89,7 @@ from nmt.translation.inline_markup import Kind, Point, pair_points, place
 from nmt.translation.language_codes import base_language
 
 # Line breaks: "\n", "\r\n" and a lone "\r"; not U+2028 and the like (data.lines says why).
+_LETTER = re.compile(r"[^\W\d_]")
 _LINE = re.compile(r"[^\r\n]+")
 _LINE_BREAK = re.compile(r"\r\n?|\n")
 _LINE_BREAK_CHARACTER = re.compile(r"[\r\n]")  # one of a line break's characters
@@ -215,6 +217,12 @@ def respaced(gap: str, markup: bool, before: str, target: str | None) -> str:
                 len(pieces))
     return "".join(piece for piece, _, _ in pieces[:ends]) + " " + "".join(
         piece for piece, _, _ in pieces[ends:])
+
+
+def has_letters(text: str) -> bool:
+    """Whether `text` has a letter of any script (what a language is told by, and what a
+    model translates: digits, punctuation and emoji are none)."""
+    return bool(_LETTER.search(unicodedata.normalize("NFKC", text)))
 
 
 def markup_pairs(documents: Sequence[Document], translations: Sequence[str]

@@ -91,15 +91,22 @@ def translate_paragraphs(translator, lines: Sequence[str], where: str, first_lin
     but for the space between sentences, which follows the `target` language
     (`Document.join`). With `html`, the lines are one HTML document (`split_html`, by line):
     a script, comment or translate="no" element spans lines, and each line still gives one
-    output line. Also the lines with a translation that reached the output limit."""
+    output line. A sentence without letters is its own translation, as on the server. Also
+    the lines with a translation that reached the output limit."""
+    from nmt.translation.paragraphs import has_letters
+
     documents, line_of = _documents(lines, language, html)
     sentences = [sentence for document in documents for sentence in document.sentences]
-    if sentences:  # not blank lines only
-        done = translator.translate_all(sentences, source=where,
-                                        line_numbers=[first_line + n for n in line_of])
-        translations, reached_limit = [nbest[0].text for nbest in done.nbest], done.reached_limit
-    else:
-        translations, reached_limit = [], []
+    # A sentence without a letter (a number, a bullet, an emoji) is its own translation, as
+    # on the server: a model would make words of it.
+    readable = [n for n, sentence in enumerate(sentences) if has_letters(sentence)]
+    translations, reached_limit = list(sentences), []
+    if readable:
+        done = translator.translate_all([sentences[n] for n in readable], source=where,
+                                        line_numbers=[first_line + line_of[n] for n in readable])
+        for n, nbest in zip(readable, done.nbest):
+            translations[n] = nbest[0].text
+        reached_limit = done.reached_limit
     joined, start = [], 0
     for document, alignments in zip(documents, _alignments(translator, documents,
                                                            translations)):
