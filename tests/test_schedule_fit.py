@@ -214,6 +214,33 @@ def test_a_resume_at_the_end_is_refused_only_where_its_limit_allows_more_steps()
     assert schedule_fit.nothing_left(given, None, 4, 0, config) is None
 
 
+def test_a_decay_steps_not_after_the_step_reached_is_refused_where_a_limit_allows_more():
+    """The rate is zero after a --decay-steps the checkpoint has reached: a limit that allows
+    more steps would train nothing, whatever end config.yaml records; one that stops the run
+    at once finishes it."""
+    config = Path("run/config.yaml")
+    saved = schedule_fit.with_end(
+        recipes.run_from_flat(schedule="linear", warmup=2, max_epochs=1), 19)
+
+    def refusal(decay_steps: int, before: object = saved, epochs_trained: int = 1, **limits
+                ) -> str | None:
+        run = recipes.run_from_flat(schedule="linear", warmup=2, decay_steps=decay_steps,
+                                    **limits)
+        return schedule_fit.nothing_left(run, before, 19, epochs_trained, config)
+
+    assert refusal(10, max_epochs=2) == (
+        "--decay-steps 10 is not after step 19, where the run's checkpoint is: --max-epochs 2 "
+        "would train nothing (the linear learning rate is zero after step 10); give a "
+        "--decay-steps after step 19, or use a new --output-dir.")
+    assert refusal(19, None, max_steps=30).startswith("--decay-steps 19 is not after step 19")
+    assert refusal(19, max_steps=30).startswith("--max-steps 30 trains no further")  # recorded
+    assert "--max-minutes 3 would train nothing" in refusal(10, max_minutes=3.0)
+    assert "--max-epochs 2 would train nothing" in refusal(10, None, max_epochs=2)
+    assert refusal(20, max_epochs=2) is None      # goes on to step 20
+    assert refusal(10, max_epochs=1) is None      # the epoch limit stops it at once
+    assert refusal(10, max_steps=19) is None
+
+
 def test_a_linear_schedule_that_would_end_in_its_warm_up_is_refused():
     with pytest.raises(SettingsError, match="--max-steps 10, which must be above --warmup 10"):
         recipes.run_from_flat(schedule="linear", warmup=10, max_steps=10)
@@ -283,6 +310,11 @@ def test_a_run_on_a_time_budget_follows_the_linear_schedule_to_the_fitted_end(
                                rf"{end + 5} extends the line"):
         train(recipes.run_from_flat(**settings, max_steps=end + 5), out)
     assert f"linear to zero after step {end}, the end this run fitted before" in caplog.text
+    # A --decay-steps the checkpoint has passed would train nothing too.
+    with pytest.raises(RunMismatch, match=rf"--decay-steps {end - 10} is not after step {end}, "
+                       rf"where the run's checkpoint is: --max-steps {end + 5} would train "
+                       rf"nothing .*give a --decay-steps after step {end}"):
+        train(recipes.run_from_flat(**settings, max_steps=end + 5, decay_steps=end - 10), out)
     lines = _lines(out)
     assert [line["step"] for line in lines] == list(range(1, end + 1))
     for line in lines:

@@ -22,7 +22,8 @@ the first end's took), a change of at most the share of the shorter line already
 the first validation comes early). Only this schedule has an end to fit: noam and
 inverse_sqrt run until the run's limit stops them. config.yaml records the end, and a resume
 goes on to it; one that has reached it while its limit now allows more steps is refused
-(`nothing_left`): the rate is zero there, and only a new --decay-steps extends the line.
+(`nothing_left`): the rate is zero there, and only a new --decay-steps extends the line (one
+not after the step reached is refused as well).
 """
 
 from __future__ import annotations
@@ -92,32 +93,42 @@ def resolve(run: RunConfig, saved: RunConfig | None) -> RunConfig:
 def nothing_left(run: RunConfig, saved: RunConfig | None, reached: int, epochs_trained: int,
                  recorded_in: Path) -> str | None:
     """Why a resumed run would train nothing, though its limit now allows more steps: its
-    newest checkpoint (step `reached`, past `epochs_trained` epochs at least) is at the end
-    of the linear schedule that config.yaml (`recorded_in`, read as `saved`) records, where
-    the rate is zero; None where it trains on. A run short of that end goes on to it; one that
-    a limit stops at once (its steps or epochs reached), or that is given the run's own
-    limits (the finishing command again), finishes."""
+    newest checkpoint (step `reached`, past `epochs_trained` epochs at least) is at or past
+    the end of its linear schedule, where the rate is zero: the end config.yaml (`recorded_in`,
+    read as `saved`) records, or a --decay-steps given now; None where it trains on. A run
+    short of that end goes on to it; one that a limit stops at once (its steps or epochs
+    reached), or that is given the run's own limits and end (the finishing command again),
+    finishes."""
     end = known_end(run.optimizer)
-    if saved is None or end is None or end != known_end(saved.optimizer) or reached < end:
+    if end is None or reached < end:
         return None
+    recorded = saved is not None and end == known_end(saved.optimizer)
+    if recorded and _limits(run) == _limits(saved):
+        return None  # the command that finished the run, run again: it finishes again
     max_steps, max_minutes = run.trainer.limits()
     epochs = run.trainer.max_epochs
-    if (max_steps, max_minutes, epochs) == (*saved.trainer.limits(), saved.trainer.max_epochs):
-        return None  # the command that finished the run, run again: it finishes again
     if max_steps is not None and max_steps <= reached:
         return None
     if epochs is not None and epochs <= epochs_trained:
         return None
-    if max_steps is not None:
-        limit, extend = f"--max-steps {max_steps}", f"--decay-steps {max_steps} extends"
-    else:
-        limit = (f"--max-epochs {epochs}" if epochs is not None
-                 else f"--max-minutes {max_minutes:g}")
-        extend = f"--decay-steps N (a step after {end}, where it should now end) extends"
+    limit = (f"--max-steps {max_steps}" if max_steps is not None
+             else f"--max-epochs {epochs}" if epochs is not None
+             else f"--max-minutes {max_minutes:g}")
+    if not recorded:  # an end given now, which the run has already reached
+        return (f"--decay-steps {end} is not after step {reached}, where the run's checkpoint "
+                f"is: {limit} would train nothing (the linear learning rate is zero after step "
+                f"{end}); give a --decay-steps after step {reached}, or use a new --output-dir.")
+    extend = (f"--decay-steps {max_steps} extends" if max_steps is not None
+              else f"--decay-steps N (a step after {end}, where it should now end) extends")
     return (f"{limit} trains no further: the run's checkpoint is at step {reached}, and its "
             f"linear learning rate is zero after step {end}, the end fitted to its earlier "
             f"limit (decay_steps in {recorded_in}); {extend} the line, or use a new "
             "--output-dir.")
+
+
+def _limits(run: RunConfig) -> tuple[int | None, float | None, int | None]:
+    """The run's limits of steps, minutes and epochs."""
+    return (*run.trainer.limits(), run.trainer.max_epochs)
 
 
 class EndFit:
