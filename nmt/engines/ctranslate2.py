@@ -463,8 +463,14 @@ class CTranslate2Translator:
         return out
 
     def warm_up(self, progress: Callable[[int, int], None] | None = None) -> None:
-        """Translate one sentence, so that the first request finds every thread started."""
-        self.translate(["."])
+        """Translate one sentence, so that the first request finds every thread started. It
+        is no one's input: were it searched again without PAD and BOS, the once-only warning
+        would name its line and be spent before any request could be reported."""
+        warned, self._warned_banned = self._warned_banned, True
+        try:
+            self.translate(["."])
+        finally:
+            self._warned_banned = warned
         if progress is not None:
             progress(1, 1)
 
