@@ -266,9 +266,9 @@ def test_processes_without_a_shared_run_directory_end_in_one_line_each(corpus, t
 
 
 def test_a_process_killed_mid_run_ends_the_other_at_once(corpus, tmp_path, env):
-    """kill -9 of process 1 after the checkpoint of step 10: process 0 names it and ends."""
+    """kill -9 of process 1 after the checkpoint of step 5: process 0 names it and ends."""
     run = tmp_path / "run"
-    processes = _past_checkpoint_10(run, corpus, env)
+    processes = _past_checkpoint_5(run, corpus, env)
     try:
         os.kill(processes[1].pid, signal.SIGKILL)
         killed = time.monotonic()
@@ -282,16 +282,17 @@ def test_a_process_killed_mid_run_ends_the_other_at_once(corpus, tmp_path, env):
     assert time.monotonic() - killed < 30
 
 
-def _past_checkpoint_10(run: Path, corpus, env) -> list[subprocess.Popen]:
-    """The processes of a long run, once its checkpoint of step 10 is sealed (none left
-    running if it never comes)."""
+def _past_checkpoint_5(run: Path, corpus, env) -> list[subprocess.Popen]:
+    """The processes of a long run, once its checkpoint of step 5 is sealed (none left
+    running if it never comes). Saved without validating, and before the processes' first
+    agreement on stopping (step 10), which a signal then needs to wait for only once."""
     port = _free_port()
     processes = [_train(run, corpus, k, port, env, "--max-steps", "100000",
-                        "--eval-every", "10")
+                        "--save-every", "5", "--eval-every", "100000")
                  for k in range(PROCESSES)]
     deadline = time.monotonic() + 120
     try:
-        while not (run / "checkpoints" / "10" / CHECKSUMS_FILE).exists():
+        while not (run / "checkpoints" / "5" / CHECKSUMS_FILE).exists():
             assert time.monotonic() < deadline and processes[0].poll() is None, processes
             time.sleep(0.2)
     except BaseException:
@@ -305,14 +306,14 @@ def test_sigterm_to_one_process_stops_every_process_saving(corpus, tmp_path, env
     """SIGTERM to one process only: all agree on the reason, save the same checkpoint and
     exit 143, as one process would."""
     run = tmp_path / "run"
-    processes = _past_checkpoint_10(run, corpus, env)
+    processes = _past_checkpoint_5(run, corpus, env)
     try:
         os.kill(processes[victim].pid, signal.SIGTERM)
     finally:
         ended = _all_ended(processes, timeout=90)
     assert [status for status, _ in ended] == [143, 143], ended
-    # The stop's checkpoint: of a later step, or step 10's own where the signal came before
-    # step 11 (a loaded machine); complete either way.
+    # The stop's checkpoint: of the step where the processes next agree (10, or a later one
+    # on a loaded machine); complete.
     saved = [int(p.name) for p in (run / "checkpoints").iterdir() if p.name.isdigit()]
     assert (run / "checkpoints" / str(max(saved)) / CHECKSUMS_FILE).exists()
 
