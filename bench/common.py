@@ -130,10 +130,17 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def bench_prog() -> str:
+    """The running benchmark as it is started, `python -m bench.NAME` (a benchmark imports
+    the bench package, so runs only so), for its usage errors and --help to name."""
+    return f"python -m bench.{Path(sys.argv[0]).stem}"
+
+
 def bench_parser(description: str, **options: Any) -> argparse.ArgumentParser:
     """A parser whose every refusal is one line naming the flag (exit status 2), as
-    translate.py's; `options` as argparse's (formatter_class)."""
-    return OneLineParser(description=description, **options)
+    translate.py's, and naming the benchmark as `bench_prog`; `options` as argparse's
+    (formatter_class)."""
+    return OneLineParser(prog=bench_prog(), description=description, **options)
 
 
 @contextlib.contextmanager
@@ -145,7 +152,7 @@ def usage_errors(*also: type[Exception]):
     try:
         yield
     except (ModelDirError, DataError, *also) as error:
-        fail(Path(sys.argv[0]).name, str(error), EXIT_USAGE)  # argparse's prog
+        fail(bench_prog(), str(error), EXIT_USAGE)  # as bench_parser names it
 
 
 def test_set_parser(description: str) -> argparse.ArgumentParser:

@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from bench.common import usage_errors
+from bench.common import bench_prog, usage_errors
 from data.batching import PlannedBatch, batch_arrays, load_examples
 from data.config import BatchConfig, DataError
 from data.corpus import read_prefix
@@ -89,7 +89,7 @@ def summary(errors: dict[str, float], worst: int = 5) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog=bench_prog(), description=__doc__.split("\n\n")[0])
     parser.add_argument("--spm", required=True, help="SentencePiece model, e.g. RUN/spm.model")
     parser.add_argument("--prefix", required=True, help="pairs in PREFIX.SRC and PREFIX.TGT")
     parser.add_argument("--src", default="en")

@@ -88,7 +88,8 @@ def measure(name: str, languages: list[str]) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.language_id",
+                                     description=__doc__.split("\n\n")[0])
     parser.add_argument("--languages", default="en,de,fr,ja,ko")
     args = parser.parse_args()
     languages = args.languages.split(",")

@@ -19,9 +19,7 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import time
-from pathlib import Path
 
 import jax
 import numpy as np
@@ -56,7 +54,7 @@ def epoch_plan(name: str, config: BatchConfig, examples, args):
         config = fit_width(config, examples.src_len, examples.tgt_len)
     plan = plan_batches(examples, config, epoch=0)
     if len(plan) <= args.warmup:
-        fail(Path(sys.argv[0]).name, f"--warmup {args.warmup} leaves no batch to time: an epoch of "
+        fail(common.bench_prog(), f"--warmup {args.warmup} leaves no batch to time: an epoch of "
              f"{args.prefix} holds {len(plan)} {name} batches of --batch-tokens "
              f"{args.batch_tokens}; give a smaller --warmup or --batch-tokens, or more pairs",
              EXIT_USAGE)

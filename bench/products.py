@@ -166,7 +166,7 @@ def dispatch_times(reps: int) -> list[float]:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__,
+    ap = argparse.ArgumentParser(prog=common.bench_prog(), description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--preset", default="base", choices=sorted(PRESETS))
     ap.add_argument("--vocab", type=common.positive_int, default=8000)

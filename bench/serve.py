@@ -42,7 +42,14 @@ import time
 import urllib.request
 from pathlib import Path
 
-from bench.common import free_port, positive_int, read_test_set, test_set_parser, usage_errors
+from bench.common import (
+    bench_prog,
+    free_port,
+    positive_int,
+    read_test_set,
+    test_set_parser,
+    usage_errors,
+)
 from data.config import INFERENCE_BATCH_TOKENS
 from nmt.runtime import allocator
 from nmt.runtime.cli import EXIT_FAULT, EXIT_INTERRUPTED, EXIT_SIGNALLED, fail
@@ -79,7 +86,7 @@ def ending_in_one_line():
     server; either ends the command in one line (exit 143, 130), as does a server that exited
     under load (exit 1)."""
     previous = signal.signal(signal.SIGTERM, _terminate)
-    prog = Path(sys.argv[0]).name
+    prog = bench_prog()
     try:
         yield
     except KeyboardInterrupt:

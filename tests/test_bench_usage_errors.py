@@ -56,6 +56,7 @@ SCRIPTS = {
                                "--tgt-len 4 --steps 1"),
     "train d-model 10 heads 3": ("train", "--preset tiny --d-model 10 --heads 3 --vocab 64 "
                                           "--batch 2 --src-len 4 --tgt-len 4 --steps 1"),
+    "train batch 0": ("train", "--preset tiny --batch 0"),
     "pipeline batch-tokens 0": ("pipeline", "--batch-tokens 0"),
     "pipeline max-batches 0": ("pipeline", "--max-batches 0"),
 }
@@ -74,7 +75,8 @@ def test_a_mistake_is_one_line_and_exit_status_2(case, run_dir, tmp_path, monkey
     assert refused.value.code == 2, (out, err)
     assert out == ""
     [line] = err.splitlines()
-    assert line.startswith(f"{name}.py: error: ")
+    assert line.startswith(f"python -m bench.{name}: error: ")  # as it is run
+    assert "--help" not in line or line.endswith(f"; see python -m bench.{name} --help")
 
 
 SCORED = {"frontier": "--model m={model} --dtypes float32 --compute-types --passes 1",
@@ -97,7 +99,7 @@ def _refused_before_measuring(name, flags, monkeypatch, capsys) -> str:
     out, err = capsys.readouterr()
     assert (refused.value.code, out) == (2, ""), err
     [line] = err.splitlines()
-    assert line.startswith(f"{name}.py: error: ")
+    assert line.startswith(f"python -m bench.{name}: error: ")  # as it is run
     return line
 
 
@@ -168,8 +170,8 @@ def test_layouts_refuses_a_warmup_that_leaves_no_batch_to_time(pairs, monkeypatc
     # lines), then the one line, with no traceback.
     *_, line = [text for text in err.splitlines() if text.strip()]
     assert "Traceback" not in err, err
-    assert line.startswith("layouts.py: error: --warmup 1000 leaves no batch to time: an "
-                           f"epoch of {pairs} holds "), line
+    assert line.startswith("python -m bench.layouts: error: --warmup 1000 leaves no batch to "
+                           f"time: an epoch of {pairs} holds "), line
     assert line.endswith("bucketed batches of --batch-tokens 512; give a smaller --warmup or "
                          "--batch-tokens, or more pairs"), line
 
@@ -235,5 +237,5 @@ def test_train_refuses_a_batch_the_devices_cannot_share(env):
         capture_output=True, text=True, timeout=300)
     assert (done.returncode, done.stdout) == (2, ""), done.stderr[-3000:]
     assert done.stderr.splitlines() == [
-        "train.py: error: --batch 3 is not a multiple of the 2 devices here; give a multiple "
-        "of 2; see train.py --help"]
+        "python -m bench.train: error: --batch 3 is not a multiple of the 2 devices here; give "
+        "a multiple of 2; see python -m bench.train --help"]
