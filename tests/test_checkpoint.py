@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import SHALLOW
 
 from nmt.models import model_dir
 from nmt.rundir import checkpoints as checkpoint
@@ -30,7 +31,8 @@ from transformer.training import (
     make_train_step,
 )
 
-CONFIG = get_preset("tiny", vocab_size=67)
+# Bookkeeping of saved arrays: one layer each side saves, restores and compiles less.
+CONFIG = get_preset("tiny", vocab_size=67, **SHALLOW)
 
 
 def _batch(seed: int, rows: int = 4, length: int = 7) -> dict[str, np.ndarray]:
