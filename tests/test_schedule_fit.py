@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from conftest import SHALLOW
 
+from nmt.rundir.checkpoints import epochs_trained
 from nmt.rundir.resume import RUN_CONFIG_FILE
 from nmt.settings import recipes
 from nmt.settings.config import SettingsError
@@ -180,7 +181,7 @@ def test_a_resume_at_the_end_is_refused_only_where_its_limit_allows_more_steps()
                 ) -> str | None:
         run = recipes.run_from_flat(schedule="linear", warmup=2, **limits)
         return schedule_fit.nothing_left(schedule_fit.resolve(run, before), before, reached,
-                                         epochs_trained, config)
+                                         lambda: epochs_trained, config)
 
     assert refusal(4, max_steps=8) == (
         "--max-steps 8 trains no further: the run's checkpoint is at step 4, and its linear "
@@ -210,8 +211,8 @@ def test_a_resume_at_the_end_is_refused_only_where_its_limit_allows_more_steps()
                                                          max_epochs=1)
     assert refusal(4, steps_and_epoch, epochs_trained=1, max_steps=12, max_epochs=1) is None
     given = recipes.run_from_flat(schedule="linear", warmup=2, max_steps=8, decay_steps=8)
-    assert schedule_fit.nothing_left(given, saved, 4, 0, config) is None  # extended
-    assert schedule_fit.nothing_left(given, None, 4, 0, config) is None
+    assert schedule_fit.nothing_left(given, saved, 4, lambda: 0, config) is None  # extended
+    assert schedule_fit.nothing_left(given, None, 4, lambda: 0, config) is None
 
 
 def test_a_decay_steps_not_after_the_step_reached_is_refused_where_a_limit_allows_more():
@@ -226,7 +227,7 @@ def test_a_decay_steps_not_after_the_step_reached_is_refused_where_a_limit_allow
                 ) -> str | None:
         run = recipes.run_from_flat(schedule="linear", warmup=2, decay_steps=decay_steps,
                                     **limits)
-        return schedule_fit.nothing_left(run, before, 19, epochs_trained, config)
+        return schedule_fit.nothing_left(run, before, 19, lambda: epochs_trained, config)
 
     assert refusal(10, max_epochs=2) == (
         "--decay-steps 10 is not after step 19, where the run's checkpoint is: --max-epochs 2 "
@@ -345,6 +346,36 @@ def test_a_run_of_epochs_follows_the_linear_schedule_to_their_last_step(tmp_path
     for line in lines:
         assert line["lr"] == pytest.approx(_expected_lr(line["step"], peak, warmup, end),
                                            rel=1e-5, abs=1e-12), line["step"]
+
+    # The checkpoint at the second epoch's end saved its last position in it: both epochs
+    # count as trained, so a limit added to --max-epochs 2 finishes the run as it stands.
+    for more in ({"max_minutes": 30.0}, {"max_steps": end + 100}):
+        summary = train(recipes.run_from_flat(**settings, max_epochs=2, **more), out)
+        assert (summary["stopped"], summary["steps"]) == ("max_epochs", end)
+    with pytest.raises(RunMismatch, match="--max-epochs 3 trains no further"):
+        train(recipes.run_from_flat(**settings, max_epochs=3), out)
+    # One stopped inside its first epoch by its steps has not trained it: the epoch's
+    # batches, known once the data is, tell so (before, an epoch begun counts).
+    inside = tmp_path / "inside"
+    assert train(recipes.run_from_flat(**settings, max_steps=warmup + 2), inside)["steps"] == (
+        warmup + 2) < end // 2
+    with pytest.raises(RunMismatch, match="--max-epochs 1 trains no further"):
+        train(recipes.run_from_flat(**settings, max_epochs=1), inside)
+
+
+def test_an_epoch_counts_as_trained_where_the_saved_position_is_at_its_end(tmp_path):
+    data = tmp_path / "7" / "data"
+    data.mkdir(parents=True)
+    batches = {0: 19, 1: 18}.__getitem__  # sampled segmentations vary them by epoch
+    for (epoch, position), trained in {(0, 0): 0, (0, 5): 0, (0, 19): 1, (1, 18): 2,
+                                       (1, 17): 1}.items():
+        (data / "metadata").write_text(json.dumps(
+            {"iterator": {"epoch": epoch, "position": position}}))
+        assert epochs_trained(data.parent, batches) == trained, (epoch, position)
+        # Without the batches, an epoch begun counts (at most one too many).
+        assert epochs_trained(data.parent) == epoch + (position > 0)
+    (data / "metadata").write_text("{")
+    assert epochs_trained(data.parent, batches) == 0
 
 
 def test_a_limit_of_epochs_caps_the_end_fitted_to_the_minutes(monkeypatch):

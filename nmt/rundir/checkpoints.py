@@ -525,15 +525,20 @@ class Checkpointer:
             return _read_params(self._last, fallback, params_like)
 
 
-def epochs_trained(step_dir: Path) -> int:
-    """The epochs whose batches the step had begun past, from the bookkeeping it saved (the
-    JSON item "data"), read without restoring it: a lower bound of the epochs it completed
-    (0 when unreadable)."""
+def epochs_trained(step_dir: Path, batches_in: Callable[[int], int] | None = None) -> int:
+    """The epochs the step had completed, from the data position it saved (the JSON item
+    "data"), read without restoring it: those before the epoch it was in, and that one too
+    where the position is at its end. `batches_in(epoch)`: the batches of that epoch's plan
+    (the training iterator's count); without it an epoch begun counts, one too many where
+    the step was inside it. 0 when unreadable."""
     try:
         iterator = json.loads((step_dir / "data" / "metadata").read_text())["iterator"]
-        return int(iterator["epoch"])
+        epoch, position = int(iterator["epoch"]), int(iterator["position"])
     except (OSError, ValueError, KeyError, TypeError):
         return 0
+    if position == 0:
+        return epoch
+    return epoch + (batches_in is None or position >= batches_in(epoch))
 
 
 def unusable(step_dir: Path) -> str | None:

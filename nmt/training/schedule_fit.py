@@ -32,7 +32,7 @@ import dataclasses
 import logging
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import jax
 import numpy as np
@@ -90,10 +90,11 @@ def resolve(run: RunConfig, saved: RunConfig | None) -> RunConfig:
     return run  # the clock decides, or a limit of epochs, once its steps are known (FittedEnd)
 
 
-def nothing_left(run: RunConfig, saved: RunConfig | None, reached: int, epochs_trained: int,
-                 recorded_in: Path) -> str | None:
+def nothing_left(run: RunConfig, saved: RunConfig | None, reached: int,
+                 epochs_trained: Callable[[], int], recorded_in: Path) -> str | None:
     """Why a resumed run would train nothing, though its limit now allows more steps: its
-    newest checkpoint (step `reached`, past `epochs_trained` epochs at least) is at or past
+    newest checkpoint (step `reached`, past `epochs_trained()` epochs, asked only where a
+    limit of epochs decides: counting them may need the epoch's batches) is at or past
     the end of its linear schedule, where the rate is zero: the end config.yaml (`recorded_in`,
     read as `saved`) records, or a --decay-steps given now; None where it trains on. A run
     short of that end goes on to it; one that a limit stops at once (its steps or epochs
@@ -109,7 +110,7 @@ def nothing_left(run: RunConfig, saved: RunConfig | None, reached: int, epochs_t
     epochs = run.trainer.max_epochs
     if max_steps is not None and max_steps <= reached:
         return None
-    if epochs is not None and epochs <= epochs_trained:
+    if epochs is not None and epochs <= epochs_trained():
         return None
     limit = (f"--max-steps {max_steps}" if max_steps is not None
              else f"--max-epochs {epochs}" if epochs is not None

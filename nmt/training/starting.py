@@ -9,6 +9,7 @@ settings can continue.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from data.batching import BatchIterator
 from data.config import DataError
 from data.packing import PACKED_KEYS
 from data.tokenizer import load_tokenizer, tokenizer_present
@@ -87,7 +89,7 @@ def prepare_start(run: RunConfig, run_dir: Path, compile_log: CompileLog) -> Sta
     RunMismatch when `run_dir` holds a run with another model, tokenizer, seed or
     --init-from, TrainingError when its files are missing or damaged."""
     bleu = validation_bleu(run)  # before any work: a BLEU tokenizer that is missing fails
-    _check_schedule_left(run, run_dir)
+    _check_schedule_left(run, run_dir, None)
     mesh = make_mesh()
     _discard_unused_tokenizer(run, run_dir)
     # The model is initialized (and its initialization compiled) in the background while the
@@ -96,6 +98,7 @@ def prepare_start(run: RunConfig, run_dir: Path, compile_log: CompileLog) -> Sta
     with ThreadPoolExecutor(1) as pool:
         created = pool.submit(_create_state, run, run_dir, model_config, mesh, compile_log)
         data = _prepare_data(run, run_dir, model_config)
+        _check_schedule_left(run, run_dir, data)
         graphdef, state, train_step = created.result()
     if run.model_for(data.tokenizer) != model_config:  # a vocabulary fitted to a small corpus
         model_config = run.model_for(data.tokenizer)
@@ -120,9 +123,12 @@ def prepare_start(run: RunConfig, run_dir: Path, compile_log: CompileLog) -> Sta
                  bleu_tokenizer=bleu_tokenizer, resumed_from=resumed_from, saved=saved)
 
 
-def _check_schedule_left(run: RunConfig, run_dir: Path) -> None:
+def _check_schedule_left(run: RunConfig, run_dir: Path, data: PreparedCorpus | None) -> None:
     """RunMismatch for a run resumed at the end of its linear schedule with a limit that
-    allows more steps (`schedule_fit.nothing_left`), before anything compiles."""
+    allows more steps (`schedule_fit.nothing_left`). Before the data is prepared (`data`
+    None) an epoch the checkpoint had begun counts as trained, so that what is refused then,
+    before anything compiles, is refused for certain; after, that epoch's batches tell
+    whether it had trained its last (a checkpoint at an epoch's end saves its last position)."""
     steps = complete_steps(run_dir / CHECKPOINTS_DIR)
     if not steps:
         return
@@ -131,10 +137,21 @@ def _check_schedule_left(run: RunConfig, run_dir: Path) -> None:
     except resume.ResumeError:
         return  # an unreadable config.yaml: _prepare_data says so
     newest = run_dir / CHECKPOINTS_DIR / str(steps[-1])
-    why = schedule_fit.nothing_left(run, saved, steps[-1], epochs_trained(newest),
+    batches_in = None if data is None else functools.partial(_batches_in, data)
+    why = schedule_fit.nothing_left(run, saved, steps[-1],
+                                    lambda: epochs_trained(newest, batches_in),
                                     run_dir / resume.RUN_CONFIG_FILE)
     if why is not None:
         raise RunMismatch(why)
+
+
+def _batches_in(data: PreparedCorpus, epoch: int) -> int:
+    """The batches of `epoch`, as the training iterator plans them (`resume.batch_iterator`)."""
+    sampling = data.train_sampling
+    return BatchIterator(data.train_examples, data.batch_config,
+                         state={"epoch": epoch, "position": 0},
+                         resegmented=None if sampling is None else sampling.examples,
+                         grid=None if sampling is None else sampling.grid).batches_per_epoch
 
 
 def _discard_unused_tokenizer(run: RunConfig, run_dir: Path) -> None:
