@@ -240,6 +240,12 @@ def test_a_decay_steps_not_after_the_step_reached_is_refused_where_a_limit_allow
     assert refusal(20, max_epochs=2) is None      # goes on to step 20
     assert refusal(10, max_epochs=1) is None      # the epoch limit stops it at once
     assert refusal(10, max_steps=19) is None
+    # Recorded by a run that finished at once with it: a new end must still come after 19.
+    recorded = schedule_fit.with_end(saved, 10)
+    run = schedule_fit.resolve(recipes.run_from_flat(schedule="linear", warmup=2, max_epochs=2),
+                               recorded)
+    assert "--decay-steps N (a step after 19, where it should now end)" in (
+        schedule_fit.nothing_left(run, recorded, 19, lambda: 1, config))
 
 
 def test_a_linear_schedule_that_would_end_in_its_warm_up_is_refused():

@@ -120,7 +120,7 @@ def nothing_left(run: RunConfig, saved: RunConfig | None, reached: int,
                 f"is: {limit} would train nothing (the linear learning rate is zero after step "
                 f"{end}); give a --decay-steps after step {reached}, or use a new --output-dir.")
     extend = (f"--decay-steps {max_steps} extends" if max_steps is not None
-              else f"--decay-steps N (a step after {end}, where it should now end) extends")
+              else f"--decay-steps N (a step after {reached}, where it should now end) extends")
     return (f"{limit} trains no further: the run's checkpoint is at step {reached}, and its "
             f"linear learning rate is zero after step {end}, the end fitted to its earlier "
             f"limit (decay_steps in {recorded_in}); {extend} the line, or use a new "
