@@ -621,7 +621,7 @@ def test_two_processes(corpus, env, tmp_path):
     out = tmp_path / "mp"
     # A corpus of its own, so that the encoding is not in the module's cache already.
     corpus = {**corpus, "train": write_corpus(tmp_path, 600, 7, "train")}
-    args = _args(corpus, out, max_steps=10, eval_every=10) + [
+    args = _args(corpus, out, max_steps=2, eval_every=2) + [
         "--coordinator", f"localhost:{port}", "--num-processes", "2"]
     procs = [subprocess.Popen([sys.executable, "train.py", *args, "--process-id", str(i)],
                               cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -635,7 +635,7 @@ def test_two_processes(corpus, env, tmp_path):
               for _, stderr in outputs]
     assert shares == [[("0", "300", "0")], [("300", "600", "1")]], [
         stderr[-2000:] for _, stderr in outputs]
-    assert checkpoint.complete_steps(out / "checkpoints") == [10]
+    assert checkpoint.complete_steps(out / "checkpoints") == [2]
     load_model(out)
 
 
