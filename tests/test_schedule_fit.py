@@ -185,8 +185,9 @@ def test_a_resume_at_the_end_is_refused_only_where_its_limit_allows_more_steps()
 
     assert refusal(4, max_steps=8) == (
         "--max-steps 8 trains no further: the run's checkpoint is at step 4, and its linear "
-        "learning rate is zero after step 4, the end fitted to its earlier limit (decay_steps "
-        "in run/config.yaml); --decay-steps 8 extends the line, or use a new --output-dir.")
+        "learning rate is zero after step 4, the end it records (decay_steps in "
+        "run/config.yaml, given or fitted to its earlier limit); --decay-steps 8 extends the "
+        "line, or use a new --output-dir.")
     assert refusal(3, max_steps=8) is None  # goes on to step 4
     assert refusal(4, max_steps=4) is None  # finished: a rerun of the same command
     # The limits that fitted the end, given again: the finished run finishes again.

@@ -217,9 +217,9 @@ def test_a_linear_schedule_at_its_end_is_refused_a_higher_limit_naming_decay_ste
     capsys.readouterr()
     assert train_cli.main([*scratch, "--max-steps", "8"]) == 2
     assert (f"--max-steps 8 trains no further: the run's checkpoint is at step 4, and its "
-            "linear learning rate is zero after step 4, the end fitted to its earlier limit "
-            f"(decay_steps in {out / 'config.yaml'}); --decay-steps 8 extends the line, or use "
-            "a new --output-dir.") in _error_line(capsys)
+            "linear learning rate is zero after step 4, the end it records (decay_steps in "
+            f"{out / 'config.yaml'}, given or fitted to its earlier limit); --decay-steps 8 "
+            "extends the line, or use a new --output-dir.") in _error_line(capsys)
     assert recipes.load(out / "config.yaml").optimizer.decay_steps == 4
     # A limit of epochs the checkpoint has not trained is refused too, whatever the limits
     # that stopped the run were.

@@ -122,9 +122,9 @@ def nothing_left(run: RunConfig, saved: RunConfig | None, reached: int,
     extend = (f"--decay-steps {max_steps} extends" if max_steps is not None
               else f"--decay-steps N (a step after {reached}, where it should now end) extends")
     return (f"{limit} trains no further: the run's checkpoint is at step {reached}, and its "
-            f"linear learning rate is zero after step {end}, the end fitted to its earlier "
-            f"limit (decay_steps in {recorded_in}); {extend} the line, or use a new "
-            "--output-dir.")
+            f"linear learning rate is zero after step {end}, the end it records (decay_steps "
+            f"in {recorded_in}, given or fitted to its earlier limit); {extend} the line, or "
+            "use a new --output-dir.")
 
 
 def _limits(run: RunConfig) -> tuple[int | None, float | None, int | None]:
