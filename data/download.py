@@ -103,29 +103,43 @@ def write(name: str, directory: Path, fetched: dict[str, bytes]) -> None:
 
 
 def _replace_all(staged: dict[Path, Path]) -> None:
-    """Rename each temporary onto its final file, all or none: each old file is first moved
-    aside, so a failed rename can put back every one renamed before it."""
-    done: list[tuple[Path, Path | None]] = []  # (final, its old file moved aside, or None)
-    for final, partial in staged.items():
-        aside = final.with_name(f".{final.name}.old")
-        try:
+    """Rename each temporary onto its final file, all or none: each old file is first kept
+    as a second link (or copy), so that every rename stays atomic and a failure or Ctrl-C
+    puts back every file renamed before it."""
+    done: list[tuple[Path, Path | None]] = []  # (final, its old file kept aside, or None)
+    try:
+        for final, partial in staged.items():
+            aside = None
             if os.path.lexists(final):
-                final.replace(aside)
-                done.append((final, aside))
+                aside = final.with_name(f".{final.name}.old")
+                aside.unlink(missing_ok=True)  # left by a run that was killed
+                _keep(final, aside)
+            done.append((final, aside))
+            try:
+                partial.replace(final)
+            except OSError as err:
+                err.filename = str(final)  # the file the user asked for, not its temporary
+                raise
+    except BaseException:
+        for renamed, old in reversed(done):
+            if old is None:
+                renamed.unlink(missing_ok=True)
+            elif os.path.lexists(renamed) and os.path.samefile(old, renamed):
+                old.unlink()  # not replaced yet (renaming a link onto itself does nothing)
             else:
-                done.append((final, None))
-            partial.replace(final)
-        except OSError as err:
-            for renamed, old in reversed(done):
-                if old is None:
-                    renamed.unlink(missing_ok=True)
-                elif old.exists():
-                    old.replace(renamed)
-            err.filename = str(final)  # the file the user asked for, not its temporary
-            raise
+                old.replace(renamed)
+        raise
     for _, aside in done:
         if aside is not None:
             aside.unlink(missing_ok=True)
+
+
+def _keep(path: Path, aside: Path) -> None:
+    """`aside` as a second name of `path` (a copy where the file system has no hard links)."""
+    try:
+        os.link(path, aside)
+    except OSError:
+        shutil.copy2(path, aside)
 
 
 def _missing_directories(directory: Path) -> list[Path]:

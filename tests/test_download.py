@@ -62,3 +62,24 @@ def test_a_rename_that_fails_puts_back_the_files_renamed_before_it(
     assert download.main(["multi30k", str(target)]) == 0
     assert {(target / n).read_text() for n in NAMES} == {"new\n"}
     assert sorted(p.name for p in target.iterdir()) == sorted(NAMES)
+
+
+def test_ctrl_c_among_the_renames_puts_back_every_old_file(tmp_path, monkeypatch, fetched):
+    """Ctrl-C while the files are renamed into place: every file is back as it was, none
+    missing, no temporary or kept old copy left (a stale one from a killed run included)."""
+    target = tmp_path / "m"
+    _old(target, skip="valid.en")
+    (target / ".train.en.old").write_text("stale\n")
+    real_replace = Path.replace
+
+    def replace(self: Path, to):
+        if self.name == ".valid.de.partial":
+            raise KeyboardInterrupt
+        return real_replace(self, to)
+
+    monkeypatch.setattr(Path, "replace", replace)
+    with pytest.raises(KeyboardInterrupt):
+        download.write("multi30k", target, fetched)
+    assert not (target / "valid.en").exists()
+    assert {(target / n).read_text() for n in NAMES if n != "valid.en"} == {"old\n"}
+    assert sorted(p.name for p in target.iterdir()) == sorted(set(NAMES) - {"valid.en"})
