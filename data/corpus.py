@@ -316,10 +316,12 @@ def _jsonl_pairs(path: Path, src: str, tgt: str) -> Iterator[tuple[str, str]]:
         if not isinstance(record, dict):
             raise DataError(f"{path} line {line_no}: expected a JSON object, got "
                             f"{line[:60]!r}{_JSON_LINES}")
-        nested = record.get("translation")
-        if isinstance(nested, dict) or ("translation" in record and nested is None
-                                        and not (src in record and tgt in record)):
-            inner = nested  # {"translation": {...}}; null: `_pick_pair` blames the row
+        nested, languages = record.get("translation"), (src in record, tgt in record)
+        if isinstance(nested, dict) or ("translation" in record and (
+                not any(languages) or nested is None and not all(languages))):
+            # {"translation": {...}}; null, or a list or text with no language key beside
+            # it: `_pick_pair` blames the row or names what the translation is
+            inner = nested
         else:
             inner = record  # flat, perhaps with a "translation" field of its own ("manual")
         yield _pick_pair(inner, src, tgt, where=f"{path} line {line_no}")

@@ -391,6 +391,14 @@ def test_a_translation_that_is_not_an_object_is_named_as_such_not_sent_to_src_tg
         read_file_texts(path, "en", "de", SCORING)
     assert str(info.value) == (f"{path} line 1: expected language keys 'en' and 'de', found "
                                "['en', 'translation']; set --src/--tgt to keys that the data has")
+    for record, shown in (('["A man.", "Ein Mann."]', "list ['A man.', 'Ein Mann.']"),
+                          ('"Ein Mann.", "id": 1', "str 'Ein Mann.'")):
+        path.write_text('{"translation": ' + record + '}\n')  # no language key beside it
+        with pytest.raises(DataError) as info:
+            read_file_texts(path, "en", "de", SCORING)
+        assert str(info.value) == (f"{path} line 1: the translation is {shown}, not an object "
+                                   "of language keys such as {'en': .., 'de': ..}; fix or "
+                                   "remove that entry")
     saved = str(tmp_path / "saved")
     datasets.DatasetDict({"test": datasets.Dataset.from_dict(
         {"translation": [{"en": "a", "de": "b"}, None]},
