@@ -424,6 +424,10 @@ def test_sentences_without_letters_are_their_own_translations_never_searched_or_
                                           "en")
     assert out == ["12 345", "• 3.", "Eins."]
     assert searched == [(["One."], [3])]
+    # Into Japanese, the spaces after them stay: "1. 2.3." would read as another number.
+    out, _ = streams.translate_paragraphs(translator, ["1. 2. 3.", "One. 100%. One."], "in.de",
+                                          1, "en", target="ja")
+    assert out == ["1. 2. 3.", "Eins.100%. Eins."]
 
 
 def _upper_translator(calls: list) -> SimpleNamespace:

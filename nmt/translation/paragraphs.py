@@ -164,15 +164,17 @@ class Document:
         is one translation per sentence. A sentence's inline markup goes where
         alignments[i] (its word alignment with its translation) sends it, or by position
         without one or where the translation is the sentence itself. With `target`, the
-        translations' language, the space between two sentences follows its custom
-        (`respaced`); without, it is the source's."""
+        translations' language, the space after a translated sentence follows its custom
+        (`respaced`); without, and after a sentence kept as it is, it is the source's."""
         if isinstance(translations, str) or len(translations) != len(self.sentences):
             count = "a string" if isinstance(translations, str) else len(translations)
             raise ValueError(f"{count} translations for {len(self.sentences)} sentences; give "
                              "a list with one translation per sentence, in order.")
         parts = [self.between[0]]
         for i, (translation, after) in enumerate(zip(translations, self.between[1:])):
-            if i > 0:
+            # The space after a sentence kept as it is (one without letters) stays the
+            # source's: "1. 2. 3." into Japanese is not "1. 2.3.".
+            if i > 0 and translations[i - 1] != self.sentences[i - 1]:
                 parts[-1] = respaced(parts[-1], self.markup, translations[i - 1], target)
             parts += [self._in_place(i, translation, alignments), after]
         return "".join(parts)
