@@ -12,6 +12,11 @@ from transformer.atomic_files import DISK_FULL
 _MORE_SPACE = "free some space, or set FLAX_NMT_CACHE to a directory on a larger disk"
 
 
+class DiskFull(DataError):
+    """The cache's disk has no room for a corpus: the machine's state, not the command's
+    mistake (train.py exits 1, as for a checkpoint that a full disk stops)."""
+
+
 def _existing(path: Path) -> Path:
     """`path`, or its nearest ancestor that exists (the cache may not be created yet)."""
     path = path.absolute()
@@ -30,21 +35,21 @@ def free_space(directory: str | Path) -> int:
 
 
 def check_free_space(directory: str | Path, needed: float, what: str) -> None:
-    """DataError naming the estimate and the free space when `what` would need `needed`
+    """DiskFull naming the estimate and the free space when `what` would need `needed`
     bytes in `directory` and the filesystem has fewer free."""
     directory = Path(directory)
     free = free_space(directory)
     if needed > free:
-        raise DataError(
+        raise DiskFull(
             f"{what} needs about {gib(needed)} in {directory} but only {gib(free)} is free; "
             f"{_MORE_SPACE}")
 
 
 def raise_if_disk_full(err: OSError, directory: str | Path, what: str) -> None:
-    """DataError naming `directory` in place of `err` when `err` says its disk is full (a
+    """DiskFull naming `directory` in place of `err` when `err` says its disk is full (a
     write's error names no file, and the estimate checked before was too low)."""
     if err.errno in DISK_FULL:
-        raise DataError(f"{what} in {directory}: {os.strerror(err.errno).lower()}; "
+        raise DiskFull(f"{what} in {directory}: {os.strerror(err.errno).lower()}; "
                         f"{_MORE_SPACE}") from err
 
 

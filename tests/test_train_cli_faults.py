@@ -511,3 +511,21 @@ def test_subword_nbest_fine_tuning_a_bpe_model_is_refused_naming_init_from(
     assert ("--subword-nbest 64 chooses among the N best segmentations of unigram sampling, "
             "and this run's spm.model is a BPE model (the one --spm-model or --init-from "
             "gave)") in line
+
+
+def test_a_cache_disk_without_room_is_a_fault_in_one_line(corpus, tmp_path, capsys,
+                                                          monkeypatch):
+    """No room for the corpus' cache is the machine's state, not a mistake in the command:
+    exit status 1, as for a checkpoint that a full disk stops, with the estimate named."""
+    from data import disk
+
+    class Usage:
+        free = 10_000  # bytes
+
+    monkeypatch.setenv("FLAX_NMT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(disk.shutil, "disk_usage", lambda path: Usage)
+    assert train_cli.main(["--train-prefix", corpus["train"], "--valid-prefix",
+                           corpus["valid"], "--preset", "tiny", "--max-steps", "2",
+                           "--no-progress", "--output-dir", str(tmp_path / "run")]) == 1
+    line = _error_line(capsys)
+    assert "but only 0.0 GiB is free; free some space, or set FLAX_NMT_CACHE" in line, line

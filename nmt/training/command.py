@@ -178,6 +178,7 @@ def _run(run: RunConfig, args: argparse.Namespace, started: float) -> int:
 
     from data.config import DataError
     from data.corpus import check_files
+    from data.disk import DiskFull
     from data.encoding import WorkerDied
     from nmt.rundir import resume
     from nmt.rundir.checkpoints import CHECKPOINTS_DIR, CheckpointError, SaveError, complete_steps
@@ -205,7 +206,7 @@ def _run(run: RunConfig, args: argparse.Namespace, started: float) -> int:
     except (RunMismatch, BudgetTooShort) as err:  # flags that do not fit the run
         raise cli.UsageError(str(err)) from None
     except (TrainingError, SaveError, MetricsWriteError, RunDirectoryInUse, PeerFailed,
-            WorkerDied) as err:
+            WorkerDied, DiskFull) as err:
         raise cli.Fault(str(err)) from None
     except (DataError, CheckpointError, MetricError, resume.ResumeError,
             LockingUnsupported) as err:
