@@ -362,11 +362,19 @@ def test_split_lines_are_joined_with_the_target_languages_spaces():
     assert translate_cli.paragraphs(args, {}) == streams.Paragraphs("en", False, "de")
 
 
+def _reitet_ein_mann():
+    """The alignment of "Reitet ein Mann." with "A man rides.": target word j attends to
+    source word [2, 0, 1, 3][j]."""
+    from nmt.models.alignment import Alignment
+
+    weights = np.eye(4, dtype=np.float32)[[2, 0, 1, 3]]
+    return Alignment([(0, 1), (2, 5), (6, 11), (11, 12)],
+                     [(0, 6), (7, 10), (11, 15), (15, 16)], weights)
+
+
 def test_html_lines_keep_inline_tags_around_the_words_the_alignment_gives():
     """--html: each line is HTML; a sentence with inline tags is translated once, whole, and
     the translator's alignment of it with its translation places the tags."""
-    from nmt.models.alignment import Alignment
-
     calls = []
 
     def translate_all(sentences, progress=None, first_line=1, source="", line_numbers=None):
@@ -377,10 +385,7 @@ def test_html_lines_keep_inline_tags_around_the_words_the_alignment_gives():
 
     def align(sources, targets):
         assert (sources, targets) == (["A man rides."], ["Reitet ein Mann."])
-        # Reitet ein Mann . <- A man rides . : target j attends to source pairs[j]
-        weights = np.eye(4, dtype=np.float32)[[2, 0, 1, 3]]
-        return [Alignment([(0, 1), (2, 5), (6, 11), (11, 12)],
-                          [(0, 6), (7, 10), (11, 15), (15, 16)], weights)]
+        return [_reitet_ein_mann()]
 
     translator = SimpleNamespace(translate_all=translate_all, align=align)
     lines = ['<p>A <b>man</b> <a href="/x">rides</a>.</p>', "<ul><li>Bye.</li></ul>"]
@@ -395,8 +400,6 @@ def test_sentences_without_letters_are_their_own_translations_never_searched_or_
     server, with its tags where they were under --html: the model, which would make words of
     it, never sees it, no alignment is asked for it, and the sentence after it still gets
     its own alignment."""
-    from nmt.models.alignment import Alignment
-
     searched = []
 
     def translate_all(sentences, progress=None, first_line=1, source="", line_numbers=None):
@@ -409,9 +412,7 @@ def test_sentences_without_letters_are_their_own_translations_never_searched_or_
 
     def align(sources, targets):
         aligned.append((list(sources), list(targets)))
-        weights = np.eye(4, dtype=np.float32)[[2, 0, 1, 3]]
-        return [Alignment([(0, 1), (2, 5), (6, 11), (11, 12)],
-                          [(0, 6), (7, 10), (11, 15), (15, 16)], weights)]
+        return [_reitet_ein_mann()]
 
     translator = SimpleNamespace(translate_all=translate_all, align=align)
     lines = ["<p><b>12</b> 345 678</p>", '<p>A <b>man</b> <a href="/x">rides</a>.</p>']
