@@ -24,7 +24,6 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 
 from nmt.serving.catalog import language_name
-from nmt.serving.detection import has_letters
 from nmt.serving.errors import RequestError, shown
 from nmt.serving.params import api_key, request_params
 from nmt.serving.service import Service, unless_client_leaves
@@ -33,6 +32,7 @@ from nmt.translation.paragraphs import (
     Document,
     alignments_by_document,
     markup_pairs,
+    readable as readable_positions,
     split_html,
     split_text,
 )
@@ -165,7 +165,7 @@ async def translate_sentences(service: Service, model, sentences: list[str], ran
     """The translation of each sentence, one list per n-best rank (as `translate_documents`);
     a sentence without a letter (a number, a bullet, an emoji) is its own translation in
     every rank, as a whole text without one is: a model would make words of it."""
-    readable = [n for n, sentence in enumerate(sentences) if has_letters(sentence)]
+    readable = readable_positions(sentences)
     hypotheses = await service.translate(model, [sentences[n] for n in readable],
                                          alternatives=ranks > 0) if readable else []
     ranked = []

@@ -227,6 +227,12 @@ def has_letters(text: str) -> bool:
     return bool(_LETTER.search(unicodedata.normalize("NFKC", text)))
 
 
+def readable(sentences: Sequence[str]) -> list[int]:
+    """The positions of the sentences a model translates: those with a letter. Any other (a
+    number, a bullet, an emoji) is its own translation, since a model would make words of it."""
+    return [n for n, sentence in enumerate(sentences) if has_letters(sentence)]
+
+
 def markup_pairs(documents: Sequence[Document], translations: Sequence[str]
                  ) -> tuple[list[str], list[str]]:
     """(sources, translations) of the sentences to align, in document order: those holding

@@ -93,13 +93,11 @@ def translate_paragraphs(translator, lines: Sequence[str], where: str, first_lin
     a script, comment or translate="no" element spans lines, and each line still gives one
     output line. A sentence without letters is its own translation, as on the server. Also
     the lines with a translation that reached the output limit."""
-    from nmt.translation.paragraphs import has_letters
+    from nmt.translation.paragraphs import readable as readable_positions
 
     documents, line_of = _documents(lines, language, html)
     sentences = [sentence for document in documents for sentence in document.sentences]
-    # A sentence without a letter (a number, a bullet, an emoji) is its own translation, as
-    # on the server: a model would make words of it.
-    readable = [n for n, sentence in enumerate(sentences) if has_letters(sentence)]
+    readable = readable_positions(sentences)  # the rest are their own translations
     translations, reached_limit = list(sentences), []
     if readable:
         done = translator.translate_all([sentences[n] for n in readable], source=where,
