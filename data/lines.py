@@ -9,7 +9,8 @@ a file with old Mac line endings ("\\r" alone) would otherwise be read as one lo
 Invalid UTF-8 raises `DataError` naming the file, the line, the byte and its column (in
 characters), and how to convert the file: from the Japanese, Korean or Chinese encoding its
 bytes read as, where they do (Shift-JIS, EUC-JP, EUC-KR, GB18030), since converting those
-from Latin-1 gives garbage that still reads as text.
+from Latin-1 gives garbage that still reads as text. A line holding a NUL byte is refused the
+same way: ASCII in UTF-16 without a byte order mark is valid UTF-8, one NUL per character.
 
 A line longer than `MAX_LINE_BYTES` is a `DataError` naming its number: no sentence is that
 long, and such a "line" (a binary file, a file of NUL bytes, a text without line breaks)
@@ -117,6 +118,27 @@ COMPRESSIONS = (
 )
 
 
+UTF16_HINT = ("it looks like UTF-16: convert it with iconv -f UTF-16 -t UTF-8 (not LATIN1, "
+              "which would turn it into garbage that still reads as text)")
+
+
+def _nul_heavy(raw: bytes) -> bool:
+    """True when NUL bytes are a quarter of `raw` or more: UTF-16, whose ASCII characters
+    each carry a NUL byte (and so read as valid UTF-8 with no byte order mark)."""
+    return raw.count(b"\x00") * 4 >= len(raw) > 0
+
+
+def _holds_nul(raw: bytes, where: str, line_no: int) -> DataError:
+    """The error for a line that decodes but holds NUL bytes, which no text holds."""
+    nuls = raw.count(b"\x00")
+    column = len(raw[:raw.index(b"\x00")].decode("utf-8")) + 1
+    hint = UTF16_HINT if nuls > 1 and _nul_heavy(raw) else (  # one alone: a stray byte
+        "remove them (tr -d '\\000' < FILE > FILE.clean), or check that this is the file "
+        "you meant")
+    return DataError(f"{where} line {line_no}: {nuls} NUL byte{'s' if nuls > 1 else ''} "
+                     f"(\\x00), the first at column {column}, and text holds none; {hint}")
+
+
 def _conversion_hint(raw: bytes, line_no: int) -> str:
     """How to convert text whose bytes are not UTF-8: a compressed file (its first bytes),
     UTF-16 (a byte order mark, or NUL bytes between characters), or the Japanese, Korean or
@@ -126,9 +148,8 @@ def _conversion_hint(raw: bytes, line_no: int) -> str:
     if line_no == 1 and compression:
         return (f"it is {compression.name}-compressed, not text: decompress it first "
                 f"({compression.tool} -c FILE > TEXT_FILE) and give the text file")
-    if (line_no == 1 and raw.startswith(_UTF16_BOMS)) or raw.count(b"\x00") * 4 >= len(raw) > 1:
-        return ("it looks like UTF-16: convert it with iconv -f UTF-16 -t UTF-8 (not LATIN1, "
-                "which would turn it into garbage that still reads as text)")
+    if (line_no == 1 and raw.startswith(_UTF16_BOMS)) or _nul_heavy(raw):
+        return UTF16_HINT
     names = _cjk_encodings(raw)
     if names:
         commands = " or ".join(f"iconv -f {name} -t UTF-8" for name in names)
@@ -142,7 +163,7 @@ def _conversion_hint(raw: bytes, line_no: int) -> str:
 
 def decode_line(raw: bytes, where: str, line_no: int) -> str:
     """One line as text without its "\\r\\n" or "\\n" ending; DataError naming the line if it is
-    not UTF-8."""
+    not UTF-8 or holds a NUL byte (UTF-16 without a byte order mark, or not text at all)."""
     raw = raw.removesuffix(b"\n").removesuffix(b"\r")
     try:
         line = raw.decode("utf-8")
@@ -153,6 +174,8 @@ def decode_line(raw: bytes, where: str, line_no: int) -> str:
         raise DataError(
             f"{where} line {line_no}: invalid UTF-8 (byte {raw[err.start]:#04x} at column "
             f"{column}{byte}); {_conversion_hint(raw, line_no)}") from None
+    if "\x00" in line:  # valid UTF-8 all the same: ASCII in UTF-16, or binary bytes
+        raise _holds_nul(raw, where, line_no)
     return line.removeprefix(BOM) if line_no == 1 else line
 
 

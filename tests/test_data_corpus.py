@@ -191,6 +191,43 @@ def test_invalid_utf8_counts_its_column_in_characters(tmp_path):
         read_prefix(tmp_path / "train", "en", "de")
 
 
+UTF16 = "it looks like UTF-16: convert it with iconv -f UTF-16 -t UTF-8"
+
+
+@pytest.mark.parametrize("name, data, message", [
+    # ASCII in UTF-16 without a byte order mark (iconv -t UTF-16LE) is valid UTF-8.
+    ("train.en", "a red cat\nthe dog\n".encode("utf-16-le"), rf"line 1: 9 NUL bytes .*{UTF16}"),
+    ("train.en", "a red cat\nthe dog\n".encode("utf-16-be"), rf"line 1: 10 NUL bytes .*{UTF16}"),
+    ("pairs.tsv", "a red cat\teine Katze\n".encode("utf-16-le"), rf"line 1: .*{UTF16}"),
+    ("train.en", b"a b\nc\x00d\n", r"line 2: 1 NUL byte \(\\x00\), the first at column 2, "
+                                   r"and text holds none; remove them \(tr -d '\\000'"),
+    ("pairs.tsv", b"a\tA\nb\x00\tB\n", r"line 2: 1 NUL byte .*; remove them"),
+    ("pairs.jsonl", b'{"en": "a", "de": "A\x00"}\n', r"line 1: 1 NUL byte .*; remove them"),
+])
+def test_a_line_holding_nul_bytes_is_refused_naming_file_and_line(tmp_path, name, data, message):
+    """NUL bytes are valid UTF-8 but no text: UTF-16 read as UTF-8 would train on garbage."""
+    write_prefix(tmp_path / "train", [("a b", "A B"), ("c d", "C D")])
+    (tmp_path / name).write_bytes(data)
+    with pytest.raises(DataError, match=re.escape(str(tmp_path / name)) + " " + message):
+        if name.startswith("train."):
+            read_prefix(tmp_path / "train", "en", "de")
+        else:
+            read_file(tmp_path / name, "en", "de")
+
+
+def test_translate_input_holding_nul_bytes_is_refused(tmp_path):
+    """Standard input and --input files are read by `stream_chunks`: the lines before come out."""
+    from data import lines
+
+    path = tmp_path / "in.txt"
+    path.write_bytes(b"Ein Hund.\n" + "Zwei.\n".encode("utf-16-le"))
+    with open(path, "rb") as handle:
+        chunks = lines.stream_chunks(handle.fileno(), 10, where=str(path))
+        assert next(chunks) == (1, ["Ein Hund."])
+        with pytest.raises(DataError, match=r"in\.txt line 2: 5 NUL bytes .*UTF-16"):
+            next(chunks)
+
+
 def test_missing_file_is_named(tmp_path):
     (tmp_path / "train.en").write_text("a\n")
     with pytest.raises(DataError, match=r"train\.de: file not found"):
