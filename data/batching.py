@@ -131,6 +131,14 @@ def store_in_memory(encoded: datasets.Dataset) -> TokenStore:
     return TokenStore(_flat_ids(encoded, "src_ids"), _flat_ids(encoded, "tgt_ids"))
 
 
+def too_unequal(src_len: np.ndarray, tgt_len: np.ndarray, max_ratio: float) -> np.ndarray:
+    """[N] bool: pairs whose longer side has more than `max_ratio` times the tokens of the
+    shorter. Lengths come with EOS or BOS, which the ratio leaves out: 10 tokens to 1 is 10,
+    not 11 / 2, as corpus cleaning counts words."""
+    src_tokens, tgt_tokens = src_len - 1, tgt_len - 1
+    return np.maximum(src_tokens, tgt_tokens) > max_ratio * np.minimum(src_tokens, tgt_tokens)
+
+
 def load_examples(encoded: TokenStore | datasets.Dataset, config: BatchConfig = BatchConfig(),
                   name: str = "train", ids: SpecialIds = SpecialIds()) -> Examples:
     """The pairs of an encoded split (a token store, or a dataset with `src_ids` and
@@ -145,22 +153,22 @@ def load_examples(encoded: TokenStore | datasets.Dataset, config: BatchConfig = 
     src_len, tgt_len = store.src.lengths() + 1, store.tgt.lengths() + 1
     empty = (src_len == 1) | (tgt_len == 1)
     too_long = ~empty & ((src_len > config.max_len) | (tgt_len > config.max_len))
-    ratio = np.maximum(src_len, tgt_len) / np.minimum(src_len, tgt_len)
-    bad_ratio = ~empty & ~too_long & (ratio > config.max_ratio)
+    bad_ratio = ~empty & ~too_long & too_unequal(src_len, tgt_len, config.max_ratio)
     keep = np.flatnonzero(~empty & ~too_long & ~bad_ratio)
     stats = FilterStats(len(src_len), int(empty.sum()), int(too_long.sum()),
                         int(bad_ratio.sum()), len(keep))
     log.info(
         "%s: kept %d of %d pairs; dropped %d with an empty side (no tokens), %d longer than "
-        "%d tokens, %d with length ratio > %g", name, stats.kept, stats.total, stats.empty,
-        stats.too_long, config.max_len, stats.bad_ratio, config.max_ratio,
+        "%d positions (tokens + EOS or BOS), %d with token ratio > %g", name, stats.kept,
+        stats.total, stats.empty, stats.too_long, config.max_len, stats.bad_ratio,
+        config.max_ratio,
     )
     if not len(keep):
         raise DataError(
             f"{name}: no pairs left after filtering {stats.total} pairs ({stats.empty} with an "
-            f"empty side; {stats.too_long} longer than {config.max_len} tokens: "
-            "--max-tokens-per-sentence, at most the model's --max-len; "
-            f"{stats.bad_ratio} with length ratio > {config.max_ratio:g}); raise "
+            f"empty side; {stats.too_long} longer than {config.max_len} positions, tokens + "
+            "EOS or BOS: --max-tokens-per-sentence, at most the model's --max-len; "
+            f"{stats.bad_ratio} with token ratio > {config.max_ratio:g}); raise "
             "--max-tokens-per-sentence (and --max-len) or check the data"
         )
     if len(keep) < stats.total:

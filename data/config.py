@@ -193,25 +193,27 @@ def check_sampling_settings(alpha: float | None, nbest: int) -> None:
 class BatchConfig:
     """How training pairs are filtered and batched.
 
-    `max_len` counts the EOS (source) or BOS (target) token; it is also the widest batch
-    (the last bucket used is `max_len` itself, also when it is beyond the last of `buckets`).
-    The trainer caps it at the model's max_len. `max_ratio` drops pairs whose longer side is
-    more than this many times the shorter (lengths with EOS), as Moses' clean-corpus and
-    fairseq do. `num_devices` is the global device count: every batch size is a multiple of
-    it (and so of the process count). `max_shapes` bounds the distinct (B, S, T) shapes, and
-    so the compilations of the train step: on large corpora, cells need more pairs before they
-    get a shape of their own (see `data.batching.bucket_epoch`). With `packing`, buckets and
-    max_shapes do not apply: every batch is [batch_tokens // width rows, width]
-    (`data.packing`).
+    `max_len` counts positions, a side's tokens and its EOS (source) or BOS (target) token;
+    it is also the widest batch (the last bucket used is `max_len` itself, also when it is
+    beyond the last of `buckets`). The trainer caps it at the model's max_len. `max_ratio`
+    drops pairs whose longer side has more than this many times the tokens of the shorter
+    (without EOS or BOS), as Moses' clean-corpus counts words. `num_devices` is the global
+    device count: every batch size is a multiple of it (and so of the process count).
+    `max_shapes` bounds the distinct (B, S, T) shapes, and so the compilations of the train
+    step: on large corpora, cells need more pairs before they get a shape of their own (see
+    `data.batching.bucket_epoch`). With `packing`, buckets and max_shapes do not apply: every
+    batch is [batch_tokens // width rows, width] (`data.packing`).
     """
 
     batch_tokens: int = setting(
         4096, "tokens per micro-batch, padding included (an update holds K times that under "
               "--accum K)")
-    max_len: int = setting(256, "drop training pairs longer than this many tokens",
-                           flag="--max-tokens-per-sentence")
+    max_len: int = setting(256, "drop training pairs with a side longer than this many "
+                                "positions: its tokens plus the EOS (source) or BOS (target) "
+                                "token", flag="--max-tokens-per-sentence")
     max_ratio: float = setting(9.0, "drop training pairs whose longer side has more than this "
-                                    "many times the tokens of the shorter")
+                                    "many times the tokens of the shorter (EOS and BOS not "
+                                    "counted)")
     buckets: tuple[int, ...] = setting(
         DEFAULT_BUCKETS, "padded batch lengths, comma-separated, or 'default'")
     max_shapes: int = setting(48, "bucketed batches: at most this many batch shapes (each "

@@ -275,10 +275,10 @@ def test_filters_drop_and_count(caplog):
                          batch_tokens=512)
     with caplog.at_level(logging.INFO, logger="data"):
         examples = load_examples(encoded, config)
-    # 71 > 64 tokens; 41 / 3 > 9 (target vs source); 31 / 2 > 9; 3/4 and 11/13 are kept.
+    # 71 > 64 positions; 40 / 2 > 9 (target vs source); 30 / 1 > 9; 3/4 and 10/12 are kept.
     assert examples.index.tolist() == [0, 4]
     assert ("kept 2 of 5 pairs; dropped 0 with an empty side (no tokens), 1 longer than 64 "
-            "tokens, 2 with length ratio > 9" in caplog.text)
+            "positions (tokens + EOS or BOS), 2 with token ratio > 9" in caplog.text)
     assert examples.src_len.tolist() == [4, 11] and examples.tgt_len.tolist() == [4, 13]
     batches = list(eval_batches(examples, config, process_index=0, process_count=1))
     rows = [row.tolist() for b in batches for row in b["src"] if row.any()]
@@ -287,14 +287,28 @@ def test_filters_drop_and_count(caplog):
 
 
 def test_length_ratio_filter_keeps_pairs_at_exactly_the_limit():
-    """Guards max_ratio as "more than this many times" (Moses, fairseq): 27 / 3 = 9 is kept
-    with max_ratio 9, 28 / 3 is dropped, whichever side is the longer (lengths with EOS)."""
-    src = [[5] * 2, [5] * 2, [5] * 26, [5] * 27, [5] * 4]
-    tgt = [[6] * 26, [6] * 27, [6] * 2, [6] * 2, [6] * 4]
+    """Guards max_ratio as "more than this many times" the tokens (Moses' clean-corpus): 18 / 2
+    and 9 / 1 are kept with max_ratio 9, 19 / 2 and 10 / 1 dropped, whichever side is the
+    longer. EOS and BOS are not tokens of the text: with them 10 / 1 would be 11 / 2."""
+    src = [[5] * 2, [5] * 2, [5] * 18, [5] * 19, [5] * 4, [5] * 9, [5] * 10, [5], [5]]
+    tgt = [[6] * 18, [6] * 19, [6] * 2, [6] * 2, [6] * 4, [6], [6], [6] * 9, [6] * 10]
     encoded = datasets.Dataset.from_dict({"src_ids": src, "tgt_ids": tgt})
     config = BatchConfig(packing=False, max_len=64, max_ratio=9.0, buckets=BUCKETS,
                          batch_tokens=512)
-    assert load_examples(encoded, config).index.tolist() == [0, 2, 4]
+    assert load_examples(encoded, config).index.tolist() == [0, 2, 4, 5, 7]
+
+
+def test_the_length_limit_counts_positions_and_says_so(caplog):
+    """--max-tokens-per-sentence 64 keeps 63 tokens a side: EOS (source) or BOS (target)
+    takes the 64th position, and the log names positions, not tokens."""
+    src = [[5] * 63, [5] * 64, [5] * 3, [5] * 3]
+    tgt = [[6] * 3, [6] * 3, [6] * 63, [6] * 64]
+    encoded = datasets.Dataset.from_dict({"src_ids": src, "tgt_ids": tgt})
+    config = BatchConfig(packing=False, max_len=64, max_ratio=100.0, buckets=BUCKETS,
+                         batch_tokens=512)
+    with caplog.at_level(logging.INFO, logger="data"):
+        assert load_examples(encoded, config).index.tolist() == [0, 2]
+    assert "2 longer than 64 positions (tokens + EOS or BOS)" in caplog.text
 
 
 def test_a_side_of_no_tokens_is_dropped_and_counted_as_empty(tmp_path, caplog):
@@ -321,7 +335,8 @@ def test_a_side_of_no_tokens_is_dropped_and_counted_as_empty(tmp_path, caplog):
 def test_no_pairs_left_is_an_error():
     encoded = datasets.Dataset.from_dict({"src_ids": [[5] * 100], "tgt_ids": [[6] * 100]})
     with pytest.raises(DataError, match=r"train: no pairs left after filtering 1 pairs \(0 "
-                       r"with an empty side; 1 longer than 64 tokens: --max-tokens-per-sentence"):
+                       r"with an empty side; 1 longer than 64 positions, tokens \+ EOS or BOS: "
+                       r"--max-tokens-per-sentence"):
         load_examples(encoded, BatchConfig(packing=False, max_len=64, buckets=BUCKETS,
                                            batch_tokens=512))
 

@@ -58,7 +58,8 @@ def eval_batch_config(run: RunConfig, model_max_len: int, devices: int) -> Batch
     """Batching of the validation loss: every pair the model can take, whatever its length
     or length ratio (the training filters do not apply). Packed like training (one shape),
     or bucketed."""
-    # No pair of at most model_max_len tokens a side (EOS included) has a larger ratio.
+    # A side of at most model_max_len positions holds at most model_max_len - 1 tokens (the
+    # ratio's counts): no pair the model takes has a larger ratio.
     any_ratio = float(model_max_len)
     if run.batching.packing:
         return dataclasses.replace(
