@@ -71,9 +71,10 @@ class _Counts:
         """The counts, as the first reading found them when read from `cached`."""
         dropped = self.read - self.kept
         if dropped:
-            log.info("%s: dropped %d of %d pairs with an empty side (%d empty source, %d "
-                     "empty target)", origin, dropped, self.read, self.empty_src,
-                     self.empty_tgt)
+            both = self.empty_src + self.empty_tgt - dropped  # counted in each of the two
+            parts = f"{self.empty_src - both} empty source, {self.empty_tgt - both} empty target"
+            log.info("%s: dropped %d of %d pairs with an empty side (%s%s)", origin, dropped,
+                     self.read, parts, f", {both} both empty" if both else "")
         if cached is None:
             log.info("%s: %d pairs", origin, self.kept)
         else:

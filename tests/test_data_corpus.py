@@ -287,6 +287,20 @@ def test_empty_lines_are_dropped_and_counted(tmp_path, caplog):
     assert "dropped 2 of 7 pairs with an empty side (1 empty source, 1 empty target)" in caplog.text
 
 
+def test_the_empty_side_counts_add_up_to_the_pairs_dropped(tmp_path, caplog):
+    """A pair with two empty sides is counted once, as such, not as an empty source and an
+    empty target; from the cache too."""
+    tsv = tmp_path / "blank.tsv"
+    tsv.write_text("a\tA\n\nb\t\n\tC\n")
+    expected = ("dropped 3 of 4 pairs with an empty side (1 empty source, 1 empty target, 1 "
+                "both empty)")
+    for _ in range(2):
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="data"):
+            assert as_pairs(read_file(tsv, "en", "de")) == [("a", "A")]
+        assert expected in caplog.text
+
+
 def test_old_mac_line_endings_are_warned_about_once_per_file(tmp_path, caplog):
     """Lines split on "\\n" only: a file whose lines end in "\\r" alone is one line, which
     is kept as it is but warned about, once for each file, with how to convert it."""
