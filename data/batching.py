@@ -39,7 +39,7 @@ import hashlib
 import logging
 import math
 from collections import Counter
-from typing import TYPE_CHECKING, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Callable, Iterator, NamedTuple, Sequence
 
 import numpy as np
 
@@ -139,15 +139,30 @@ def too_unequal(src_len: np.ndarray, tgt_len: np.ndarray, max_ratio: float) -> n
     return np.maximum(src_tokens, tgt_tokens) > max_ratio * np.minimum(src_tokens, tgt_tokens)
 
 
+class LengthLimit(NamedTuple):
+    """What sets a split's `BatchConfig.max_len`, and how to raise it, as its errors say."""
+
+    setting: str
+    remedy: str
+
+
+TRAINING_LIMIT = LengthLimit("--max-tokens-per-sentence, at most the model's --max-len",
+                             "raise --max-tokens-per-sentence (and --max-len)")
+# Validation keeps every pair that the model's positions hold (whatever the training filters).
+VALIDATION_LIMIT = LengthLimit("the model's --max-len (validation pairs are never filtered by "
+                               "--max-tokens-per-sentence)", "raise --max-len")
+
+
 def load_examples(encoded: TokenStore | datasets.Dataset, config: BatchConfig = BatchConfig(),
-                  name: str = "train", ids: SpecialIds = SpecialIds()) -> Examples:
+                  name: str = "train", ids: SpecialIds = SpecialIds(),
+                  limit: LengthLimit = TRAINING_LIMIT) -> Examples:
     """The pairs of an encoded split (a token store, or a dataset with `src_ids` and
     `tgt_ids`, read into memory) with two non-empty sides that pass the length and
     length-ratio filters. A side is empty when it has no tokens: reading drops blank lines,
     but not those of characters that encode to nothing (U+200B, U+FEFF survive `strip`).
 
     Reads only the offsets of a store. Logs how many pairs each filter dropped; raises
-    `DataError` if none are left.
+    `DataError` if none are left, naming `limit` as what sets the length filter.
     """
     store = encoded if isinstance(encoded, TokenStore) else store_in_memory(encoded)
     src_len, tgt_len = store.src.lengths() + 1, store.tgt.lengths() + 1
@@ -167,9 +182,8 @@ def load_examples(encoded: TokenStore | datasets.Dataset, config: BatchConfig = 
         raise DataError(
             f"{name}: no pairs left after filtering {stats.total} pairs ({stats.empty} with an "
             f"empty side; {stats.too_long} longer than {config.max_len} positions, tokens + "
-            "EOS or BOS: --max-tokens-per-sentence, at most the model's --max-len; "
-            f"{stats.bad_ratio} with token ratio > {config.max_ratio:g}); raise "
-            "--max-tokens-per-sentence (and --max-len) or check the data"
+            f"EOS or BOS: {limit.setting}; {stats.bad_ratio} with token ratio > "
+            f"{config.max_ratio:g}); {limit.remedy} or check the data"
         )
     if len(keep) < stats.total:
         src_len, tgt_len = src_len[keep], tgt_len[keep]

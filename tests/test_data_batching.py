@@ -341,6 +341,28 @@ def test_no_pairs_left_is_an_error():
                                            batch_tokens=512))
 
 
+def test_a_validation_set_emptied_by_the_length_filter_is_told_to_raise_max_len(tmp_path):
+    """Validation is cut at the model's --max-len, never at --max-tokens-per-sentence: the
+    error names that limit, not the training filter's flag."""
+    from nmt.settings import recipes
+    from nmt.training.run_data import prepare_data
+    from synthetic_corpus import write_corpus
+
+    train = write_corpus(tmp_path, 200, 0, "train")
+    for lang, word in (("en", "red"), ("de", "rot")):
+        (tmp_path / f"long.{lang}").write_text(" ".join([word] * 200) + "\n")
+    run = recipes.run_from_flat(preset="tiny", train_prefix=train,
+                                valid_prefix=str(tmp_path / "long"), vocab_size=320,
+                                max_tokens_per_sentence=32)
+    with pytest.raises(DataError) as info:
+        prepare_data(run, tmp_path / "run", model_max_len=64)
+    message = str(info.value)
+    assert message.startswith("validation: no pairs left after filtering 1 pairs")
+    assert ("1 longer than 64 positions, tokens + EOS or BOS: the model's --max-len "
+            "(validation pairs are never filtered by --max-tokens-per-sentence)" in message)
+    assert message.endswith("; raise --max-len or check the data")
+
+
 def test_eval_batches_give_every_pair_once(encoded):
     config = BatchConfig(packing=False, batch_tokens=512, max_len=64, buckets=BUCKETS)
     examples = load_examples(encoded, config)

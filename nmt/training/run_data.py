@@ -10,7 +10,7 @@ from pathlib import Path
 import datasets
 import jax
 
-from data.batching import Examples, load_examples
+from data.batching import VALIDATION_LIMIT, Examples, load_examples
 from data.config import DEFAULT_BUCKETS, BatchConfig, CorpusSpec, DataError
 from data.corpus import load_corpus
 from data.encoding import encode_shared, train_or_load_tokenizer
@@ -120,7 +120,7 @@ def prepare_data(run: RunConfig, run_dir: Path, model_max_len: int) -> PreparedC
     valid_batch_config = eval_batch_config(run, model_max_len, devices)
     train_examples = load_examples(encoded["train"], batch_config, "train", tokenizer.ids)
     valid_examples = load_examples(encoded["validation"], valid_batch_config, "validation",
-                                   tokenizer.ids)
+                                   tokenizer.ids, VALIDATION_LIMIT)
     # Validation translates the pairs it scores: none that the length filter dropped.
     valid = corpus["validation"].select(valid_examples.index)
     batch_config = fit_width(batch_config, train_examples.src_len, train_examples.tgt_len)
