@@ -40,7 +40,7 @@ import datasets
 import numpy as np
 import sentencepiece as spm
 
-from data.batching import Examples, bucket_grid
+from data.batching import Examples, bucket_grid, too_unequal
 from data.config import BatchConfig, DataError
 from data.store import Ragged, TokenStore
 from data.tokenizer import TokenizerBase
@@ -248,8 +248,8 @@ class SampledEpochs:
         kept = self.deterministic
         src_len = np.fromiter(map(len, src), np.int32, len(src)) + 1      # with EOS / BOS
         tgt_len = np.fromiter(map(len, tgt), np.int32, len(tgt)) + 1
-        ratio = np.maximum(src_len, tgt_len) / np.minimum(src_len, tgt_len)
-        broken = (np.maximum(src_len, tgt_len) > self.longest) | (ratio > self.max_ratio)
+        broken = ((np.maximum(src_len, tgt_len) > self.longest)
+                  | too_unequal(src_len, tgt_len, self.max_ratio))
         if self.grid is not None:
             broken |= self.grid.cells(src_len, tgt_len) < 0
         refused = np.flatnonzero(broken)

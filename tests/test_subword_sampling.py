@@ -102,6 +102,32 @@ def test_a_pair_sampled_past_the_limits_keeps_its_deterministic_segmentation(cor
         assert (len(got[0]) + 1, len(got[1]) + 1) == (held.src_len[k], held.tgt_len[k])
 
 
+def _token_ratio(examples) -> np.ndarray:
+    """[N] the longer side's tokens over the shorter's (lengths without EOS or BOS)."""
+    src, tgt = examples.src_len - 1, examples.tgt_len - 1
+    return np.maximum(src, tgt) / np.minimum(src, tgt)
+
+
+def test_a_pair_sampled_past_the_length_ratio_keeps_its_deterministic_segmentation(corpus):
+    """The ratio a sampled pair is held to is the filter's, counted in tokens: under a limit
+    most fixed pairs meet, sampled pairs more unequal than it keep their fixed ids."""
+    texts, tokenizer, store = corpus
+    config = BatchConfig(batch_tokens=512, max_len=64, packing=False)
+    kept = load_examples(store, config)
+    tight = dataclasses.replace(config, max_ratio=float(np.percentile(_token_ratio(kept), 90)))
+
+    def epoch0(limits):
+        return SampledEpochs(kept, texts, tokenizer, alpha=0.2, nbest=-1, seed=0,
+                             config=limits).examples(0)
+
+    loose, held = epoch0(config), epoch0(tight)
+    too_unequal = set(np.flatnonzero(_token_ratio(loose) > tight.max_ratio).tolist())
+    assert too_unequal
+    fixed = _rows(kept)
+    for k, (sampled, got) in enumerate(zip(_rows(loose), _rows(held))):
+        assert got == (fixed[k] if k in too_unequal else sampled), k
+
+
 def test_packed_rows_wider_than_max_len_take_no_sampled_pair_longer_than_it(corpus):
     """A packed row's width is the longest pair rounded up to 8; a sampled pair between
     max_len and that width would have positions the model does not have."""
