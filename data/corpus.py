@@ -266,9 +266,10 @@ def _pick_pair(inner, src: str, tgt: str, where: str) -> tuple[str, str]:
 
 
 def _check_whole_characters(pair: tuple[str, str], src: str, tgt: str, where: str) -> None:
-    """DataError naming the side of `pair` that holds a lone surrogate: caught here, where
-    the line is known, not when the cache fails to encode it."""
+    """DataError naming the side of `pair` that holds a lone surrogate, caught here, where
+    the line is known, not when the cache fails to encode it; or a NUL (`_check_no_nul`)."""
     for side, key, text in (("source", src, pair[0]), ("target", tgt, pair[1])):
+        _check_no_nul(text, f"{where}: the {side} ({key!r})")
         if found := SURROGATE.search(text):
             raise DataError(
                 f"{where}: the {side} ({key!r}) holds a lone surrogate escape "
@@ -276,6 +277,14 @@ def _check_whole_characters(pair: tuple[str, str], src: str, tgt: str, where: st
                 "character such as an emoji cut in two, which no file can store; write the "
                 "whole character (or both halves of its escape) or remove that entry"
             )
+
+
+def _check_no_nul(text: str, what: str) -> None:
+    """DataError for a value holding a NUL character (a JSON "\\u0000", a table's string),
+    which a text file's line may not hold either (`data.lines.decode_line`)."""
+    if (first := text.find("\x00")) >= 0:
+        raise DataError(f"{what} holds a NUL character (\\u0000, at character {first}), and "
+                        "text holds none; remove it or that entry")
 
 
 _JSON_LINES = ("; a .json or .jsonl file must be JSON Lines, one object per line (a JSON array "
@@ -340,6 +349,7 @@ def _column_text(text, row: int, column: str, origin: str) -> str:
             f"{type(text).__name__} {text!r}; store the sentences as text, or set --src/--tgt "
             "to the text columns"
         )
+    _check_no_nul(text, f"{origin} row {row} (0-based), column {column!r}")
     return text
 
 

@@ -553,6 +553,21 @@ def test_dataset_value_that_is_not_text_names_row_and_column(tmp_path):
         read_file(path, "en", "de")
 
 
+def test_a_nul_character_in_a_json_or_table_value_is_refused_naming_it(tmp_path):
+    """A NUL written as a JSON escape, or held in a table's string, never passes the line
+    reader's check of raw bytes; it is refused all the same, naming the entry."""
+    jsonl = tmp_path / "pairs.jsonl"
+    jsonl.write_text('{"en": "a", "de": "A"}\n{"translation": {"en": "b\\u0000c", "de": "B"}}\n')
+    with pytest.raises(DataError, match=re.escape(f"{jsonl} line 2: the source ('en') holds a "
+                                                  "NUL character (\\u0000, at character 1)")):
+        read_file(jsonl, "en", "de")
+    table = tmp_path / "pairs.parquet"
+    datasets.Dataset.from_dict({"en": ["a", "b"], "de": ["A", "\x00B"]}).to_parquet(str(table))
+    with pytest.raises(DataError, match=r"pairs\.parquet row 1 \(0-based\), column 'de' holds a "
+                                        r"NUL character \(\\u0000, at character 0\)"):
+        load_corpus(CorpusSpec(train_file=str(table)))
+
+
 def test_unreadable_parquet_or_dataset_directory_is_named(tmp_path):
     bad = tmp_path / "bad.parquet"
     bad.write_text("not parquet\n")
