@@ -266,9 +266,22 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(corpus, env, tmp_path, mo
     assert not (tmp_path / "nan" / "model").exists()
 
 
-def test_resume_flag_without_checkpoints_is_an_error(tmp_path, capsys):
-    assert train_cli.main(["--resume", "--output-dir", str(tmp_path / "none")]) == 2
-    assert "holds no complete checkpoint" in capsys.readouterr().err
+@pytest.mark.parametrize("flag", ["--resume", "--average-only"])
+def test_resume_or_average_without_checkpoints_is_an_error(flag, tmp_path, capsys):
+    """A path that is no run at all is named as such (a mistyped --output-dir), and
+    --average-only is never told to drop itself, which would start training."""
+    missing, flags = tmp_path / "none", [flag] + ["--average-last", "2"] * (flag != "--resume")
+    assert train_cli.main([*flags, "--output-dir", str(missing)]) == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"train.py: error: {flag}: there is no run directory {missing}; check --output-dir "
+        "(or the recipe's output_dir).")
+    (missing / "checkpoints").mkdir(parents=True)
+    assert train_cli.main([*flags, "--output-dir", str(missing)]) == 2
+    fix = ("drop it to start a new run there" if flag == "--resume" else
+           "train there first, or give the --output-dir of a run that has saved checkpoints")
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"train.py: error: {flag}: {missing / 'checkpoints'} holds no complete checkpoint; "
+        f"{fix}.")
 
 
 def test_recipe_file_and_flag_precedence(tmp_path):

@@ -193,9 +193,7 @@ def _run(run: RunConfig, args: argparse.Namespace, started: float) -> int:
     run_dir = run.output_dir()
     has_checkpoints = bool(complete_steps(run_dir / CHECKPOINTS_DIR))
     if (args.resume or args.average_only) and not has_checkpoints:
-        flag = "--resume" if args.resume else "--average-only"
-        raise cli.UsageError(f"{flag}: {run_dir / CHECKPOINTS_DIR} holds no complete checkpoint"
-                             "; drop it to start a new run there.")
+        raise _no_checkpoints("--resume" if args.resume else "--average-only", run_dir)
     try:
         if args.average_only:
             return _average_only(run, run_dir)
@@ -213,6 +211,20 @@ def _run(run: RunConfig, args: argparse.Namespace, started: float) -> int:
         raise cli.UsageError(str(err)) from None
     # Saved and resumable, but not finished: `train.py ... && translate.py ...` stops here.
     return cli.EXIT_SIGNALLED.get(summary["stopped"], 0)
+
+
+def _no_checkpoints(flag: str, run_dir: Path) -> cli.UsageError:
+    """The error for --resume or --average-only of a run with nothing saved: a path that is
+    no run at all is most likely a mistyped --output-dir."""
+    from nmt.rundir.checkpoints import CHECKPOINTS_DIR
+
+    if not run_dir.is_dir():
+        return cli.UsageError(f"{flag}: there is no run directory {run_dir}; check "
+                              "--output-dir (or the recipe's output_dir).")
+    fix = ("drop it to start a new run there" if flag == "--resume" else
+           "train there first, or give the --output-dir of a run that has saved checkpoints")
+    return cli.UsageError(f"{flag}: {run_dir / CHECKPOINTS_DIR} holds no complete checkpoint; "
+                          f"{fix}.")
 
 
 def _average_only(run: RunConfig, run_dir) -> int:
