@@ -509,14 +509,15 @@ class BatchIterator:
 
     `state` is JSON-serializable, {"epoch": e, "position": p}, and names the next batch;
     an iterator built with a saved state yields exactly the batches the original would have.
-    Process index and count default to JAX's.
+    Process index and count default to JAX's. `describe`: log the plan of the epoch it starts
+    in (off where it is built only to count an epoch's batches).
     """
 
     def __init__(self, examples: Examples, config: BatchConfig = BatchConfig(), *,
                  state: dict | None = None, process_index: int | None = None,
                  process_count: int | None = None,
                  resegmented: Callable[[int], Examples] | None = None,
-                 grid: BucketGrid | None = None):
+                 grid: BucketGrid | None = None, describe: bool = True):
         if process_index is None or process_count is None:
             process_index, process_count = _jax_process()
         if config.num_devices % process_count:
@@ -542,8 +543,9 @@ class BatchIterator:
         self._plan: list[PlannedBatch] = []
         self._planned_examples = examples
         plan = self.plan(self._epoch)
-        log.info("batches per epoch: %s",
-                 plan_stats(self._planned_examples, config, plan=plan).summary())
+        if describe:
+            log.info("batches per epoch: %s",
+                     plan_stats(self._planned_examples, config, plan=plan).summary())
 
     @property
     def state(self) -> dict:

@@ -357,8 +357,12 @@ def test_a_run_of_epochs_follows_the_linear_schedule_to_their_last_step(tmp_path
     # The checkpoint at the second epoch's end saved its last position in it: both epochs
     # count as trained, so a limit added to --max-epochs 2 finishes the run as it stands.
     for more in ({"max_minutes": 30.0}, {"max_steps": end + 100}):
-        summary = train(recipes.run_from_flat(**settings, max_epochs=2, **more), out)
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="data"):
+            summary = train(recipes.run_from_flat(**settings, max_epochs=2, **more), out)
         assert (summary["stopped"], summary["steps"]) == ("max_epochs", end)
+        # Counting the epoch's batches for that check does not log the plan a second time.
+        assert caplog.text.count("batches per epoch:") == 1, caplog.text
     with pytest.raises(RunMismatch, match="--max-epochs 3 trains no further"):
         train(recipes.run_from_flat(**settings, max_epochs=3), out)
     # One stopped inside its first epoch by its steps has not trained it: the epoch's

@@ -151,7 +151,8 @@ def _batches_in(data: PreparedCorpus, epoch: int) -> int:
     return BatchIterator(data.train_examples, data.batch_config,
                          state={"epoch": epoch, "position": 0},
                          resegmented=None if sampling is None else sampling.examples,
-                         grid=None if sampling is None else sampling.grid).batches_per_epoch
+                         grid=None if sampling is None else sampling.grid,
+                         describe=False).batches_per_epoch
 
 
 def _discard_unused_tokenizer(run: RunConfig, run_dir: Path) -> None:
