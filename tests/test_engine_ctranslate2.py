@@ -384,6 +384,24 @@ def test_conversion_is_reused_then_rebuilt_when_the_model_changes(run_dir, tmp_p
     assert json.loads((changed / "nmt_config.json").read_text())["search"]["beam_size"] == 5
 
 
+# Checksum records of other shapes, made from the record as written.
+OTHER_RECORDS = {"null": lambda kept: None, "a list": lambda kept: [],
+                 "files of another shape": lambda kept: {**kept, "files": 1},
+                 "no checksum": lambda kept: {"files": kept["files"]},
+                 "a checksum not a string": lambda kept: {**kept, "checksum": None}}
+
+
+@pytest.mark.parametrize("shape", OTHER_RECORDS)
+def test_a_checksum_record_of_another_shape_is_computed_again(shape, run_dir, tmp_path):
+    model, files, root = run_dir / "model", ["spm.model"], tmp_path / "cache"
+    checksum = conversions.model_checksum(model, files, root)
+    [record] = (root / "checksums").iterdir()
+    kept = json.loads(record.read_text())
+    record.write_text(json.dumps(OTHER_RECORDS[shape](kept)))
+    assert conversions.model_checksum(model, files, root) == checksum
+    assert json.loads(record.read_text()) == kept
+
+
 def test_damaged_conversion_is_rebuilt_with_a_warning(run_dir, tmp_path, caplog):
     model = model_copy(run_dir, tmp_path)
     entry = conversions.converted(model, ["spm.model"], "float32", tmp_path / "cache")

@@ -71,9 +71,10 @@ def model_checksum(model_dir: Path, tokenizer_files: list[str], root: Path | Non
     stamp = [[f.name, f.stat().st_size, f.stat().st_mtime_ns] for f in files]
     record = ((root or cache_root()) / "checksums"
               / (hashlib.sha256(str(model_dir.resolve()).encode()).hexdigest() + ".json"))
-    with contextlib.suppress(OSError, ValueError):
+    with contextlib.suppress(OSError, ValueError):  # a record of any other shape is absent
         kept = json.loads(record.read_text(encoding="utf-8"))
-        if kept["files"] == stamp:
+        if (isinstance(kept, dict) and kept.get("files") == stamp
+                and isinstance(kept.get("checksum"), str)):
             return kept["checksum"]
     digest = hashlib.sha256()
     for f in files:
