@@ -8,6 +8,7 @@ peaked, so float32 searches of the two engines pick the same tokens.
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -428,6 +429,27 @@ def test_cache_that_cannot_be_written_converts_into_a_temporary(run_dir, tmp_pat
     # The temporary conversion goes at exit: no later run reuses it.
     converting = [r.message for r in caplog.records if r.message.startswith("converting")]
     assert len(converting) == 1 and converting[0].endswith(", for this run only"), converting
+
+
+def test_a_read_only_cache_serves_the_conversion_it_holds(run_dir, tmp_path, monkeypatch,
+                                                          caplog):
+    model, root = model_copy(run_dir, tmp_path), tmp_path / "cache"
+    entry = conversions.converted(model, ["spm.model"], "float32", root)
+    opened = os.open
+
+    def read_only(path, flags, *args):  # as on a file system mounted read-only
+        if str(path).endswith(".lock"):
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
+        return opened(path, flags, *args)
+
+    monkeypatch.setattr(os, "open", read_only)
+    with caplog.at_level(logging.INFO, "nmt.engines"):
+        assert conversions.converted(model, ["spm.model"], "float32", root) == entry
+        assert caplog.records == []
+        fresh = conversions.converted(model, ["spm.model"], "int8", root)  # one it lacks
+    assert conversions.entry_is_whole(fresh) and root not in fresh.parents
+    assert [r.message for r in caplog.records if "cannot write the CTranslate2 cache" in
+            r.message and "Read-only file system" in r.message]
 
 
 def test_two_processes_converting_at_once_convert_once(run_dir, tmp_path):

@@ -9,8 +9,9 @@ further or exported again gets a new entry, and the same model asked for in anot
 quantization another one. An entry is used only once its manifest (written last, whole) lists
 every file at its size and sha256; a damaged or half-written one is converted again, with
 one warning. Conversions of one entry hold a lock, so two processes starting at once convert
-once: the second waits, then uses what the first wrote. Where the cache cannot be written
-(a read-only file system), the conversion goes into a temporary directory, removed at exit.
+once: the second waits, then uses what the first wrote. A whole entry is used without the
+lock, so a cache that cannot be written (a read-only file system) still serves the entries it
+holds; only a conversion it lacks goes into a temporary directory, removed at exit.
 
 Hashing the parameters at every start would cost the time a cached conversion saves, so
 each model directory's checksum is kept beside the entries with the size and modification
@@ -135,8 +136,10 @@ def converted(model_dir: Path, tokenizer_files: list[str], quantization: str,
         root.mkdir(parents=True, exist_ok=True)
         checksum = model_checksum(model_dir, tokenizer_files, root)
         entry = root / entry_key(checksum, quantization)
+        if entry_is_whole(entry):  # no lock to take: a read-only cache serves what it holds
+            return entry
         with _locked(root / f".{entry.name}.lock"):
-            if entry_is_whole(entry):
+            if entry_is_whole(entry):  # converted while this process waited for the lock
                 return entry
             if entry.exists():
                 log.warning("the cached CTranslate2 conversion %s is damaged or incomplete; "
