@@ -417,6 +417,23 @@ def test_damaged_conversion_is_rebuilt_with_a_warning(run_dir, tmp_path, caplog)
     assert not conversions.entry_is_whole(entry)
 
 
+@pytest.mark.parametrize("stand_in", ["a file", "a link to nowhere"])
+def test_a_file_in_the_place_of_a_conversion_is_replaced(stand_in, run_dir, tmp_path, caplog):
+    model, root = model_copy(run_dir, tmp_path), tmp_path / "cache"
+    entry = conversions.converted(model, ["spm.model"], "float32", root)
+    shutil.rmtree(entry)
+    if stand_in == "a file":
+        entry.write_text("not a conversion")
+    else:
+        entry.symlink_to(tmp_path / "nowhere")
+    with caplog.at_level(logging.WARNING, "nmt.engines"):
+        assert conversions.converted(model, ["spm.model"], "float32", root) == entry
+    assert conversions.entry_is_whole(entry) and not entry.is_symlink()
+    assert [r.message for r in caplog.records] == [
+        f"the cached CTranslate2 conversion {entry} is damaged or incomplete; converting "
+        f"{model} again"]
+
+
 def test_cache_that_cannot_be_written_converts_into_a_temporary(run_dir, tmp_path, caplog):
     blocked = tmp_path / "a-file"
     blocked.write_text("not a directory")

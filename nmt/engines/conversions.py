@@ -141,10 +141,10 @@ def converted(model_dir: Path, tokenizer_files: list[str], quantization: str,
         with _locked(root / f".{entry.name}.lock"):
             if entry_is_whole(entry):  # converted while this process waited for the lock
                 return entry
-            if entry.exists():
+            if os.path.lexists(entry):  # a link that leads nowhere too
                 log.warning("the cached CTranslate2 conversion %s is damaged or incomplete; "
                             "converting %s again", entry, model_dir)
-                shutil.rmtree(entry)
+                _remove(entry)
             _convert(model_dir, entry, quantization)
             return entry
     except OSError as err:  # read-only, not a directory, full
@@ -155,6 +155,14 @@ def converted(model_dir: Path, tokenizer_files: list[str], quantization: str,
         atexit.register(shutil.rmtree, temporary, ignore_errors=True)
         _convert(model_dir, temporary / "model", quantization, reused=False)
         return temporary / "model"
+
+
+def _remove(entry: Path) -> None:
+    """Remove what stands at `entry`: a directory, or a file or link (rmtree refuses those)."""
+    if entry.is_dir() and not entry.is_symlink():
+        shutil.rmtree(entry)
+    else:
+        entry.unlink()
 
 
 def _convert(model_dir: Path, out: Path, quantization: str, reused: bool = True) -> None:
