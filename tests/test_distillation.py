@@ -364,6 +364,30 @@ def test_an_ensemble_of_teachers_distils_with_their_mean(run_dir, corpus, tmp_pa
     assert len((out / "train.en").read_text(encoding="utf-8").splitlines()) == CORPUS_LINES
 
 
+def test_a_teacher_storing_no_languages_does_not_hide_the_next_ones(run_dir, corpus, tmp_path,
+                                                                    capsys):
+    """The languages stored by any teacher are checked, whatever the order: a first teacher
+    without them left a later de->en one unchecked, and an English corpus was distilled."""
+    config = json.loads((run_dir / "model" / "config.json").read_text())
+    bare = teacher_copy(run_dir, tmp_path, "bare")
+    config = {k: v for k, v in config.items() if k not in ("source_lang", "target_lang")}
+    (tmp_path / "bare" / "config.json").write_text(json.dumps(config))
+    assert command.read_teachers([bare], "en", "de")[1:] == ("en", "de")
+    for teachers in ([bare, str(run_dir)], [str(run_dir), bare]):
+        with pytest.raises(command.UsageError,
+                           match=rf"--src en, but --teacher {run_dir} was trained with --src de"):
+            command.read_teachers(teachers, "en", "de")
+        assert command.read_teachers(teachers, None, None)[1:] == ("de", "en")
+    french = teacher_copy(run_dir, tmp_path, "fr", target_lang="fr")
+    out = tmp_path / "out"
+    assert command.main(["--teacher", bare, "--teacher", str(run_dir), "--teacher", french,
+                         "--train-prefix", str(corpus), "--out", str(out), "-q"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert f"--teacher {french} translates de->fr but --teacher {run_dir} translates de->en" \
+        in err and len(err.splitlines()) == 1, err
+    assert not out.exists()
+
+
 def test_teachers_of_two_dtypes_are_recorded_and_described_as_both(run_dir, tmp_path):
     """The recipe recorded the first teacher's dtype alone, so a rerun with --dtype float32
     (which computes otherwise) was taken for the same distillation."""

@@ -107,7 +107,7 @@ def read_teachers(paths: list[str], src: str | None, tgt: str | None) -> tuple[T
     from nmt.engines.conversions import model_checksum
     from nmt.models.model_files import ModelDirError, read_model_files, stored_languages
 
-    checksums, first_values, languages, fingerprint, dtypes = [], None, None, None, {}
+    checksums, first_values, fingerprint, dtypes, pairs = [], None, None, {}, {}
     for path in paths:
         try:
             model_dir, tokenizer, values = read_model_files(path)
@@ -117,17 +117,13 @@ def read_teachers(paths: list[str], src: str | None, tgt: str | None) -> tuple[T
             raise UsageError(f"--teacher {path} has another SentencePiece model than --teacher "
                              f"{paths[0]}; an ensemble's teachers share one spm.model.")
         fingerprint = tokenizer.fingerprint
-        pair = stored_languages(values)
-        if languages is not None and None not in pair and None not in languages[1] \
-                and pair != languages[1]:
-            raise UsageError(f"--teacher {path} translates {'->'.join(pair)} but --teacher "
-                             f"{languages[0]} translates {'->'.join(languages[1])}; an "
-                             "ensemble's teachers translate one pair.")
-        languages = languages or (path, pair)
+        pairs[path] = stored_languages(values)
         first_values = first_values or values
         checksums.append(model_checksum(model_dir, list(tokenizer.files())))
         dtypes[values["model"].dtype] = None
-    src, tgt = languages_to_use(src, tgt, languages[1], f"--teacher {paths[0]}",
+    languages, owners = merged_languages(pairs)
+    src, tgt = languages_to_use(src, tgt, languages,
+                                tuple(f"--teacher {owner or paths[0]}" for owner in owners),
                                 "distil with a teacher of the corpus's pair")
     if src == tgt:  # a model that copies or rewrites its language
         raise UsageError(f"source and target are both {src!r}: the distilled corpus's two "
@@ -135,20 +131,48 @@ def read_teachers(paths: list[str], src: str | None, tgt: str | None) -> tuple[T
     return Teachers(paths, first_values, tuple(checksums), "+".join(dtypes)), src, tgt
 
 
+def merged_languages(pairs: dict[str, tuple[str | None, str | None]]
+                     ) -> tuple[tuple[str | None, str | None], tuple[str | None, str | None]]:
+    """(source, target) that the teachers store, each side from the first teacher storing it,
+    and (the teacher of each side, None where none stores it): a teacher storing no languages
+    must not hide a later one's. UsageError for a teacher contradicting an earlier one,
+    naming both."""
+    languages: list[str | None] = [None, None]
+    owners: list[str | None] = [None, None]
+    for path, pair in pairs.items():
+        for side, language in enumerate(pair):
+            if language and languages[side] and language != languages[side]:
+                other = owners[side]
+                raise UsageError(f"--teacher {path} translates {arrow(pair)} but --teacher "
+                                 f"{other} translates {arrow(pairs[other])}; an ensemble's "
+                                 "teachers translate one pair.")
+            if language and not languages[side]:
+                languages[side], owners[side] = language, path
+    return (languages[0], languages[1]), (owners[0], owners[1])
+
+
+def arrow(pair: tuple[str | None, str | None]) -> str:
+    """"de->en", with "?" for a side a model does not store."""
+    return "->".join(language or "?" for language in pair)
+
+
 def languages_to_use(src: str | None, tgt: str | None, stored: tuple[str | None, str | None],
-                     model: str, advice: str) -> tuple[str, str]:
-    """--src and --tgt, each defaulting to the language `model` (a flag and its path) stores;
-    UsageError for a flag contradicting it, which would pair the corpus's sides the wrong
-    way round, or for languages neither gives."""
+                     models: tuple[str, str], advice: str) -> tuple[str, str]:
+    """--src and --tgt, each defaulting to the language stored for it by the model that
+    `models` names for that side (a flag and its path); UsageError for a flag contradicting
+    it, which would pair the corpus's sides the wrong way round, or for languages neither
+    gives."""
     from nmt.models.model_files import contradicted_language
 
     if contradiction := contradicted_language(src, tgt, stored):
         flag, given, trained = contradiction
+        model = models[0 if flag == "--src" else 1]
         raise UsageError(f"{flag} {given}, but {model} was trained with {flag} {trained}; "
                          f"{advice}.")
     src, tgt = src or stored[0], tgt or stored[1]
     if not src or not tgt:
-        raise UsageError(f"{model} stores no languages: give --src and --tgt.")
+        raise UsageError(f"{models[0 if not src else 1]} stores no languages: give --src and "
+                         "--tgt.")
     return src, tgt
 
 

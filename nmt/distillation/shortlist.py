@@ -108,8 +108,8 @@ def run(args: argparse.Namespace) -> int:
     except (ModelDirError, DataError) as err:
         raise InputError(str(err)) from None
     src, tgt = languages_to_use(args.src, args.tgt, stored_languages(values),
-                                f"--model {args.model}", "build the shortlist with the model's "
-                                "languages (leave --src and --tgt out)")
+                                (f"--model {args.model}",) * 2, "build the shortlist with the "
+                                "model's languages (leave --src and --tgt out)")
     config = values["model"]
     special = max(config.pad_id, config.unk_id, config.bos_id, config.eos_id) + 1
     if special > len({config.pad_id, config.unk_id, config.bos_id, config.eos_id}):
