@@ -463,6 +463,9 @@ def spoil(directory, case: str) -> str:
         vocab["extra"] = len(vocab)
         (directory / "vocab.json").write_text(json.dumps(vocab))
         return f"vocab.json has {len(vocab)} pieces but the weights' embedding has"
+    if case in ("vocab_size", "decoder_vocab_size"):  # the other field agrees with vocab.json
+        (directory / "config.json").write_text(json.dumps({**config, case: config[case] + 1}))
+        return f"config.json: {case} is {config[case] + 1} but vocab.json has {config[case]} pieces"
     if case == "no weights":
         (directory / "model.safetensors").unlink()
         return "has no weights (model.safetensors or pytorch_model.bin)"
@@ -470,7 +473,8 @@ def spoil(directory, case: str) -> str:
 
 
 @pytest.mark.parametrize("case", ["no config.json", "not marian", "gelu", "no vocab.json",
-                                  "vocabulary size", "no weights"])
+                                  "vocabulary size", "vocab_size", "decoder_vocab_size",
+                                  "no weights"])
 def test_import_errors_name_the_file_and_write_nothing(case, opus_dir, tmp_path, capsys):
     broken = tmp_path / "broken"
     shutil.copytree(opus_dir, broken)

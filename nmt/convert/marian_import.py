@@ -102,8 +102,6 @@ def read_marian_config(directory: Path) -> dict[str, Any]:
          "our feed-forward layers have relu or swish"),
         (config.get("scale_embedding", False), "scale_embedding",
          "our embeddings are always scaled by sqrt(d_model)"),
-        (config.get("decoder_vocab_size") in (None, config.get("vocab_size")),
-         "decoder_vocab_size", "our source and target share one vocabulary"),
         (config.get("encoder_attention_heads") == config.get("decoder_attention_heads"),
          "decoder_attention_heads", "our encoder and decoder have the same number of heads"),
         (config.get("encoder_ffn_dim") == config.get("decoder_ffn_dim"), "decoder_ffn_dim",
@@ -264,9 +262,12 @@ def model_config(config: dict[str, Any], state: dict[str, np.ndarray], tokenizer
         raise ConversionError(f"{path / 'vocab.json'} has {tokenizer.vocab_size} pieces but the "
                               f"weights' embedding has {rows} rows; the files belong to different "
                               "models.")
-    if config.get("vocab_size", tokenizer.vocab_size) != tokenizer.vocab_size:
-        raise ConversionError(f"{path / 'config.json'}: vocab_size is {config['vocab_size']} but "
-                              f"vocab.json has {tokenizer.vocab_size} pieces.")
+    for name in ("vocab_size", "decoder_vocab_size"):  # the one that disagrees is at fault
+        if config.get(name) not in (None, tokenizer.vocab_size):
+            raise ConversionError(
+                f"{path / 'config.json'}: {name} is {config[name]} but vocab.json has "
+                f"{tokenizer.vocab_size} pieces (our source and target share one vocabulary); "
+                "use the config.json that came with the weights.")
     bias = state.get("final_logits_bias")
     try:  # the dimensions are there (read_marian_config)
         return ModelConfig(
