@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
+import stat
 
 import jax
 import numpy as np
@@ -371,6 +373,30 @@ def test_the_shortlist_command_refuses_bad_flags_before_any_work(shortlisted, tm
     err = capsys.readouterr().err.strip()
     message = message.format(tmp=tmp_path, model=shortlisted / "model")
     assert message in err and len(err.splitlines()) == 1, err
+    assert (shortlisted / "model" / "shortlist.npz").read_bytes() == before
+
+
+@pytest.mark.parametrize("kind", ["fifo", "symlink", "dangling-symlink"])
+def test_a_ctranslate2_map_that_is_no_regular_file_is_refused_untouched(shortlisted, tmp_path,
+                                                                       capsys, kind):
+    """The map is renamed onto its path: a pipe or a link there was replaced by a file."""
+    from nmt.distillation import shortlist as command
+
+    path, target = tmp_path / "map.txt", tmp_path / "real.txt"
+    if kind == "fifo":
+        os.mkfifo(path)
+    else:
+        if kind == "symlink":
+            target.write_text("mine")
+        path.symlink_to(target)
+    before = (shortlisted / "model" / "shortlist.npz").read_bytes()
+    assert command.main(["--model", str(shortlisted / "model"), "--train-prefix",
+                         str(shortlisted / "train"), "--ctranslate2-map", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    what = "not a regular file" if kind == "fifo" else "a symbolic link"
+    assert f"--ctranslate2-map {path} is {what}; give the path of a regular file" in err, err
+    assert len(err.splitlines()) == 1
+    assert stat.S_ISFIFO(path.lstat().st_mode) if kind == "fifo" else path.is_symlink()
     assert (shortlisted / "model" / "shortlist.npz").read_bytes() == before
 
 

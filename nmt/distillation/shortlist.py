@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from data.config import DataError
-from data.lines import count_lines, iter_lines
+from data.lines import count_lines, is_regular_file, iter_lines
 from nmt.runtime import cli
 from nmt.runtime.cli import UsageError
 from nmt.translation.errors import InputError
@@ -55,8 +55,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def check_args(args: argparse.Namespace) -> None:
-    """UsageError for a count out of bounds, or a --ctranslate2-map that cannot be written:
-    found before any work, and before MODEL's shortlist.npz is replaced."""
+    """UsageError for a count out of bounds, or a --ctranslate2-map that cannot be written
+    (or is a link, pipe or device): found before any work, and before MODEL's shortlist.npz
+    is replaced."""
     for flag, value, least, most in (("--per-source", args.per_source, 1, 10_000),
                                      ("--always", args.always, 0, 10_000),
                                      ("--iterations", args.iterations, 1, 100)):
@@ -66,6 +67,12 @@ def check_args(args: argparse.Namespace) -> None:
         path = Path(args.ctranslate2_map)
         if path.is_dir():
             raise UsageError(f"--ctranslate2-map {path} is a directory; give a file's path.")
+        # The map is written beside the path and renamed onto it: a link, pipe or device
+        # there would be replaced by a regular file, not written through.
+        if path.is_symlink() or (path.exists() and not is_regular_file(path)):
+            kind = "a symbolic link" if path.is_symlink() else "not a regular file"
+            raise UsageError(f"--ctranslate2-map {path} is {kind}; give the path of a regular "
+                             "file, or of a new one.")
         if not path.parent.is_dir():
             raise UsageError(f"--ctranslate2-map {path}: the directory {path.parent} does not "
                              "exist; create it, or give a path in an existing one.")
