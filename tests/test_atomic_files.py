@@ -120,6 +120,35 @@ def test_a_full_disk_names_the_file_and_leaves_the_old_one(tmp_path, monkeypatch
     assert out.read_bytes() == b"old" and _names(tmp_path) == ["out.bin"]
 
 
+@pytest.mark.parametrize("failing", ["create", "replace"])
+@pytest.mark.parametrize("code", [errno.EROFS, errno.EACCES])
+def test_an_error_about_the_temporary_names_the_file(tmp_path, monkeypatch, failing, code):
+    """A read-only or denied directory named the hidden temporary, a name nobody gave."""
+    out = tmp_path / "out.bin"
+    out.write_bytes(b"old")
+    real = os.open if failing == "create" else os.replace
+
+    def refuse(name, *args, **kwargs):
+        if Path(name).name.startswith(".out.bin."):
+            raise OSError(code, os.strerror(code), name)
+        return real(name, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open" if failing == "create" else "replace", refuse)
+    with pytest.raises(OSError) as info:
+        write_atomically(out, b"new")
+    assert info.value.errno == code and info.value.filename == str(out)
+    assert isinstance(info.value, PermissionError) == (code == errno.EACCES)  # as raised
+    assert out.read_bytes() == b"old" and _names(tmp_path) == ["out.bin"]
+
+
+def test_an_error_about_another_file_keeps_its_name(tmp_path):
+    with pytest.raises(FileNotFoundError) as info:
+        with atomic_file(tmp_path / "out.txt", "w") as handle:
+            handle.write(open(tmp_path / "missing.txt").read())
+    assert info.value.filename == str(tmp_path / "missing.txt")
+    assert _names(tmp_path) == []
+
+
 def test_text_is_utf8_with_newlines_and_files_get_the_usual_permissions(tmp_path):
     previous = os.umask(0o022)
     try:

@@ -140,11 +140,15 @@ def atomic_file(path: str | Path, mode: str = "wb", *,
 
     `temporary(path)` opens the file written (default: a new one beside `path`);
     `publish(temporary, path)` puts it in place once it is synced (default: `os.replace`),
-    while it is still open. A full disk, which names no file, is raised naming `path`."""
+    while it is still open. An error naming the temporary (a read-only directory, a denied
+    permission), or a full disk, which names no file, is raised naming `path`."""
     if mode not in ("w", "wb"):
         raise ValueError(f"atomic_file writes with mode 'w' or 'wb', not {mode!r}")
     path = Path(path)
-    fd, written = temporary(path)
+    try:
+        fd, written = temporary(path)
+    except OSError as err:  # whatever it names, it is about a temporary of `path`
+        raise _naming(err, path) from err
     handle, published = None, False
     try:
         handle = open(fd, mode, **({} if mode == "wb" else _TEXT))
@@ -163,11 +167,17 @@ def atomic_file(path: str | Path, mode: str = "wb", *,
                 handle.close()
             else:
                 os.close(fd)
-        if isinstance(err, OSError) and not err.filename and err.errno in DISK_FULL:
-            raise OSError(err.errno, err.strerror, str(path)) from err
+        if isinstance(err, OSError) and (str(err.filename) == str(written) if err.filename
+                                         else err.errno in DISK_FULL):
+            raise _naming(err, path) from err
         raise
     with contextlib.suppress(OSError):  # synced and in place: closing cannot change that
         handle.close()
+
+
+def _naming(err: OSError, path: Path) -> OSError:
+    """`err` naming `path`: its temporary's hidden random name means nothing to a reader."""
+    return OSError(err.errno, err.strerror, str(path)) if err.errno is not None else err
 
 
 def write_atomically(path: str | Path, data: str | bytes) -> None:
