@@ -402,6 +402,10 @@ def test_path_mistakes_are_usage_errors(model, exported, tmp_path, capsys):
         (["from-marian", tmp_path / "ct2", tmp_path / "out"], "MARIAN_DIR",
          "is a CTranslate2 export (model.bin), not a MarianMT model directory; pass a MarianMT "
          "model's directory (translate.py reads the export with --engine ctranslate2)"),
+        (["from-marian", model, tmp_path / "out"], "MARIAN_DIR",
+         f"{model} is already a model directory of this project (params.msgpack), not a "
+         "MarianMT model directory; use it as it is with translate.py, to-marian or "
+         "to-ctranslate2."),
         *[([command, exported if command == "from-marian" else model, "/proc/x"], "OUT",
            "/proc/x cannot be created (No such file or directory); choose another")
           for command in COMMANDS

@@ -47,6 +47,7 @@ from nmt.convert.generation import (
     warn_of_ignored,
 )
 from nmt.convert.marian import MARIAN_LAYER_NORM_EPS, SEARCH_FIELD, from_marian_state, marian_shapes
+from nmt.models.model_files import PARAMS_FILE
 from transformer.config import ModelConfig, SearchConfig
 
 log = logging.getLogger(__name__)
@@ -454,6 +455,10 @@ def import_marian(marian_dir: str | Path, out_dir: str | Path) -> Path:
         raise ConversionError(f"MARIAN_DIR {directory} is a CTranslate2 export (model.bin), not "
                               "a MarianMT model directory; pass a MarianMT model's directory "
                               "(translate.py reads the export with --engine ctranslate2).")
+    if (directory / PARAMS_FILE).is_file():
+        raise ConversionError(f"MARIAN_DIR {directory} is already a model directory of this "
+                              f"project ({PARAMS_FILE}), not a MarianMT model directory; use it as "
+                              "it is with translate.py, to-marian or to-ctranslate2.")
     check_output_dir(out)
     raw = read_marian_config(directory)
     tokenizer = read_tokenizer(directory, raw.get("decoder_start_token_id"))
