@@ -4,6 +4,7 @@ they would mix with another distillation."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -206,6 +207,34 @@ def test_an_out_on_a_filesystem_without_locks_is_refused_in_one_line(run_dir, co
     err = capsys.readouterr().err.strip()
     assert f"cannot lock {out / '.lock'}: the filesystem of {out} does not support" in err, err
     assert "put --out on a local disk" in err and len(err.splitlines()) == 1
+
+
+@pytest.mark.parametrize("code", [errno.EROFS, errno.EACCES])
+def test_a_finished_distillation_on_read_only_storage_is_answered_without_the_lock(
+        run_dir, corpus, distilled, tmp_path, monkeypatch, capsys, code):
+    """A finished OUT is only read: read-only storage, where its lock cannot be taken, still
+    answers it (and refuses another recipe); an unfinished one names the lock it cannot take."""
+    out = shutil.copytree(distilled, tmp_path / "out")
+    before = sorted((path.name, path.read_bytes()) for path in out.iterdir() if path.is_file())
+    real_open = os.open
+
+    def read_only(path, flags, *args):
+        if os.fspath(path).endswith(".lock"):
+            raise OSError(code, os.strerror(code), os.fspath(path))
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(os, "open", read_only)
+    monkeypatch.setattr(command, "make_translator", lambda *a: pytest.fail("translated again"))
+    assert distil(run_dir, corpus, out) == 0
+    assert sorted((path.name, path.read_bytes()) for path in out.iterdir()
+                  if path.is_file()) == before
+    capsys.readouterr()
+    assert distil(run_dir, corpus, out, "--beam", "2") == 2
+    err = capsys.readouterr().err.strip()
+    assert "holds another distillation (its search differs" in err and len(err.splitlines()) == 1
+    assert distil(run_dir, corpus, tmp_path / "new") == 1
+    err = capsys.readouterr().err.strip()
+    assert f"error: {tmp_path / 'new' / '.lock'}: " in err and len(err.splitlines()) == 1, err
 
 
 def test_original_pairs_kept_come_first(run_dir, corpus, tmp_path, capsys):

@@ -18,11 +18,13 @@ another command is distilling into at the time.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import enum
+import errno
 import json
 import shutil
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -113,14 +115,24 @@ class DistillationDir:
     def target_file(self) -> Path:
         return self.root / f"train.{self.recipe.tgt}"
 
-    def lock(self) -> RunLock:
-        """OUT's lock (to hold with `with`, before `claim`), OUT made if new: a second
-        command on the same OUT is refused with RunDirectoryInUse. An OUT holding files of
-        anything else is refused first (`OtherDistillation`), so that no lock file is left
-        in it."""
+    @contextlib.contextmanager
+    def lock(self) -> Iterator[None]:
+        """Hold OUT's lock (with `with`, before `claim`), OUT made if new: a second command
+        on the same OUT is refused with RunDirectoryInUse. An OUT holding files of anything
+        else is refused first (`OtherDistillation`), so that no lock file is left in it.
+
+        A finished OUT on storage this process cannot write (read-only, or another user's)
+        is held without the lock, which cannot be taken there: it is only read, so that a
+        pipeline can still run the command; an unfinished one raises the OSError."""
         self._refuse_foreign()
         self.root.mkdir(parents=True, exist_ok=True)
-        return RunLock(self.root, "distillation", "--out")
+        with contextlib.ExitStack() as held:
+            try:
+                held.enter_context(RunLock(self.root, "distillation", "--out"))
+            except OSError as err:
+                if err.errno not in (errno.EROFS, errno.EACCES) or not self.finished():
+                    raise
+            yield
 
     def _refuse_foreign(self) -> None:
         if not (self.root / RECIPE_FILE).is_file() and self.root.is_dir() and any(
