@@ -417,6 +417,25 @@ def test_damaged_conversion_is_rebuilt_with_a_warning(run_dir, tmp_path, caplog)
     assert not conversions.entry_is_whole(entry)
 
 
+def test_a_stamped_entry_is_whole_without_hashing_and_hashed_once_touched(run_dir, tmp_path,
+                                                                            monkeypatch):
+    entry = conversions.converted(model_copy(run_dir, tmp_path), ["spm.model"], "float32",
+                                  tmp_path / "cache")
+    hashed = []
+    sha256 = conversions._sha256
+    monkeypatch.setattr(conversions, "_sha256", lambda path: hashed.append(path) or sha256(path))
+    assert conversions.entry_is_whole(entry) and hashed == []
+
+    model_bin = entry / "model.bin"
+    later = model_bin.stat().st_mtime_ns + 10**9  # as a copy that kept no times
+    os.utime(model_bin, ns=(later, later))
+    assert conversions.entry_is_whole(entry) and hashed
+    whole = model_bin.read_bytes()
+    model_bin.write_bytes(whole[:-1] + bytes([whole[-1] ^ 1]))  # damaged at the same size
+    os.utime(model_bin, ns=(later + 10**9, later + 10**9))
+    assert not conversions.entry_is_whole(entry)
+
+
 @pytest.mark.parametrize("stand_in", ["a file", "a link to nowhere"])
 def test_a_file_in_the_place_of_a_conversion_is_replaced(stand_in, run_dir, tmp_path, caplog):
     model, root = model_copy(run_dir, tmp_path), tmp_path / "cache"

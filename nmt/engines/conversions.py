@@ -15,7 +15,9 @@ holds; only a conversion it lacks goes into a temporary directory, removed at ex
 
 Hashing the parameters at every start would cost the time a cached conversion saves, so
 each model directory's checksum is kept beside the entries with the size and modification
-time of the files it hashed, and computed again only when one of them changed.
+time of the files it hashed, and computed again only when one of them changed; likewise an
+entry's manifest is stamped with its files' sizes and modification times, and its files are
+hashed again only when those differ.
 """
 
 from __future__ import annotations
@@ -96,23 +98,37 @@ def entry_key(checksum: str, quantization: str) -> str:
 # ----------------------------------------------------------------------------- entries
 
 
+def _stamp(entry: Path, names) -> list[list]:
+    return [[name, (entry / name).stat().st_size, (entry / name).stat().st_mtime_ns]
+            for name in sorted(names)]
+
+
 def entry_is_whole(entry: Path) -> bool:
-    """Whether `entry` holds its manifest and every file the manifest lists, unchanged."""
+    """Whether `entry` holds its manifest and every file the manifest lists, unchanged: at its
+    size, and at its sha256 where a file's size or modification time is not those the
+    manifest was stamped with (hashing at every start would cost what the cache saves)."""
     try:
-        listed = json.loads((entry / MANIFEST).read_text(encoding="utf-8"))["files"]
+        manifest = json.loads((entry / MANIFEST).read_text(encoding="utf-8"))
+        listed = manifest["files"]
         present = {p.name for p in entry.iterdir()} - {MANIFEST}
-        return (set(listed) == present
-                and all((entry / name).stat().st_size == size and _sha256(entry / name) == sha
-                        for name, (size, sha) in listed.items()))
+        if set(listed) != present:
+            return False
+        stamp = _stamp(entry, listed)
+        if any(size != listed[name][0] for name, size, _ in stamp):
+            return False
+        return manifest.get("stamp") == stamp or all(
+            _sha256(entry / name) == sha for name, (_, sha) in listed.items())
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return False
 
 
 def write_manifest(entry: Path) -> None:
-    """The entry's manifest, written last and whole: what makes the entry usable."""
+    """The entry's manifest, written last and whole: what makes the entry usable. It lists
+    each file's size and sha256, stamped with their sizes and modification times."""
     files = {p.name: [p.stat().st_size, _sha256(p)] for p in sorted(entry.iterdir())
              if p.name != MANIFEST}
-    write_atomically(entry / MANIFEST, json.dumps({"files": files}, indent=1))
+    write_atomically(entry / MANIFEST, json.dumps({"files": files, "stamp": _stamp(entry, files)},
+                                                  indent=1))
 
 
 @contextlib.contextmanager
