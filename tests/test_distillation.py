@@ -493,18 +493,6 @@ def test_another_chunk_size_is_refused_while_unfinished_and_reused_once_finished
         DistillationDir(out, recipe(chunk_lines=4, dtype="bfloat16", keep_original=True)).claim()
 
 
-def test_the_training_guide_says_an_unfinished_run_keeps_its_chunk_size():
-    """The guide said an unfinished run continued with its own --chunk-lines; another is
-    refused, naming the one to give (above)."""
-    from pathlib import Path
-
-    guide = " ".join((Path(__file__).parents[1] / "docs" / "training.md")
-                     .read_text(encoding="utf-8").split())
-    assert "an unfinished one continues with its own" not in guide
-    assert "continues only with the `--chunk-lines` it was saved with, which the refusal " \
-        "names" in guide
-
-
 def test_finishing_with_no_part_writes_the_files_without_parts(tmp_path):
     out = DistillationDir(tmp_path / "out", recipe())
     out.claim()
