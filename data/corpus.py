@@ -273,7 +273,7 @@ def _check_whole_characters(pair: tuple[str, str], src: str, tgt: str, where: st
         if found := SURROGATE.search(text):
             raise DataError(
                 f"{where}: the {side} ({key!r}) holds a lone surrogate escape "
-                f"\\u{ord(found.group()):04x} (at character {found.start()}), half of a "
+                f"\\u{ord(found.group()):04x} (at character {found.start() + 1}), half of a "
                 "character such as an emoji cut in two, which no file can store; write the "
                 "whole character (or both halves of its escape) or remove that entry"
             )
@@ -283,8 +283,8 @@ def _check_no_nul(text: str, what: str) -> None:
     """DataError for a value holding a NUL character (a JSON "\\u0000", a table's string),
     which a text file's line may not hold either (`data.lines.decode_line`)."""
     if (first := text.find("\x00")) >= 0:
-        raise DataError(f"{what} holds a NUL character (\\u0000, at character {first}), and "
-                        "text holds none; remove it or that entry")
+        raise DataError(f"{what} holds a NUL character (\\u0000, at character {first + 1}), "
+                        "and text holds none; remove it or that entry")
 
 
 _JSON_LINES = ("; a .json or .jsonl file must be JSON Lines, one object per line (a JSON array "

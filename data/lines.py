@@ -133,8 +133,8 @@ def _holds_nul(raw: bytes, where: str, line_no: int) -> DataError:
     nuls = raw.count(b"\x00")
     column = len(raw[:raw.index(b"\x00")].decode("utf-8")) + 1
     hint = UTF16_HINT if nuls > 1 and _nul_heavy(raw) else (  # one alone: a stray byte
-        "remove them (tr -d '\\000' < FILE > FILE.clean), or check that this is the file "
-        "you meant")
+        f"remove {'them' if nuls > 1 else 'it'} (tr -d '\\000' < FILE > FILE.clean), or check "
+        "that this is the file you meant")
     return DataError(f"{where} line {line_no}: {nuls} NUL byte{'s' if nuls > 1 else ''} "
                      f"(\\x00), the first at column {column}, and text holds none; {hint}")
 

@@ -200,9 +200,10 @@ UTF16 = "it looks like UTF-16: convert it with iconv -f UTF-16 -t UTF-8"
     ("train.en", "a red cat\nthe dog\n".encode("utf-16-be"), rf"line 1: 10 NUL bytes .*{UTF16}"),
     ("pairs.tsv", "a red cat\teine Katze\n".encode("utf-16-le"), rf"line 1: .*{UTF16}"),
     ("train.en", b"a b\nc\x00d\n", r"line 2: 1 NUL byte \(\\x00\), the first at column 2, "
-                                   r"and text holds none; remove them \(tr -d '\\000'"),
-    ("pairs.tsv", b"a\tA\nb\x00\tB\n", r"line 2: 1 NUL byte .*; remove them"),
-    ("pairs.jsonl", b'{"en": "a", "de": "A\x00"}\n', r"line 1: 1 NUL byte .*; remove them"),
+                                   r"and text holds none; remove it \(tr -d '\\000'"),
+    ("pairs.tsv", b"a\tA\nb\x00\tB\n", r"line 2: 1 NUL byte .*; remove it"),
+    ("pairs.jsonl", b'{"en": "a", "de": "A\x00"}\n', r"line 1: 1 NUL byte .*; remove it"),
+    ("train.en", b"a b\nthe long line c\x00d\x00\n", r"line 2: 2 NUL bytes .*; remove them"),
 ])
 def test_a_line_holding_nul_bytes_is_refused_naming_file_and_line(tmp_path, name, data, message):
     """NUL bytes are valid UTF-8 but no text: UTF-16 read as UTF-8 would train on garbage."""
@@ -559,12 +560,12 @@ def test_a_nul_character_in_a_json_or_table_value_is_refused_naming_it(tmp_path)
     jsonl = tmp_path / "pairs.jsonl"
     jsonl.write_text('{"en": "a", "de": "A"}\n{"translation": {"en": "b\\u0000c", "de": "B"}}\n')
     with pytest.raises(DataError, match=re.escape(f"{jsonl} line 2: the source ('en') holds a "
-                                                  "NUL character (\\u0000, at character 1)")):
+                                                  "NUL character (\\u0000, at character 2)")):
         read_file(jsonl, "en", "de")
     table = tmp_path / "pairs.parquet"
     datasets.Dataset.from_dict({"en": ["a", "b"], "de": ["A", "\x00B"]}).to_parquet(str(table))
     with pytest.raises(DataError, match=r"pairs\.parquet row 1 \(0-based\), column 'de' holds a "
-                                        r"NUL character \(\\u0000, at character 0\)"):
+                                        r"NUL character \(\\u0000, at character 1\)"):
         load_corpus(CorpusSpec(train_file=str(table)))
 
 
@@ -766,7 +767,7 @@ def test_a_lone_surrogate_escape_in_json_lines_names_line_and_side(tmp_path):
     path = tmp_path / "cut.jsonl"
     path.write_text('{"en": "fine", "de": "gut"}\n{"en": "smile", "de": "L\\u00e4cheln \\ud83d"}\n')
     with pytest.raises(DataError, match=r"cut\.jsonl line 2: the target \('de'\) holds a lone "
-                                        r"surrogate escape \\ud83d \(at character 8\).*remove "
+                                        r"surrogate escape \\ud83d \(at character 9\).*remove "
                                         r"that entry$"):
         load_corpus(CorpusSpec(train_file=str(path), valid_file=str(path)))
 
