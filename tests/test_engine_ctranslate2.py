@@ -430,9 +430,11 @@ def test_a_stamped_entry_is_whole_without_hashing_and_hashed_once_touched(run_di
     later = model_bin.stat().st_mtime_ns + 10**9  # as a copy that kept no times
     os.utime(model_bin, ns=(later, later))
     assert conversions.entry_is_whole(entry) and hashed
+    hashed.clear()  # found whole by its hashes, it is stamped anew: hashed once, not each time
+    assert conversions.entry_is_whole(entry) and hashed == []
     whole = model_bin.read_bytes()
-    model_bin.write_bytes(whole[:-1] + bytes([whole[-1] ^ 1]))  # damaged at the same size
-    os.utime(model_bin, ns=(later + 10**9, later + 10**9))
+    model_bin.write_bytes(whole[:-1] + bytes([whole[-1] ^ 1]))  # damaged at the same size,
+    os.utime(model_bin, ns=(later, later))  # its modification time set back (`touch -r`)
     assert not conversions.entry_is_whole(entry)
 
 

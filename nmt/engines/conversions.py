@@ -16,8 +16,8 @@ holds; only a conversion it lacks goes into a temporary directory, removed at ex
 Hashing the parameters at every start would cost the time a cached conversion saves, so
 each model directory's checksum is kept beside the entries with the size and modification
 time of the files it hashed, and computed again only when one of them changed; likewise an
-entry's manifest is stamped with its files' sizes and modification times, and its files are
-hashed again only when those differ.
+entry's manifest is stamped with its files' sizes, modification and change times, and its
+files are hashed again only when those differ (then stamped anew).
 """
 
 from __future__ import annotations
@@ -99,14 +99,19 @@ def entry_key(checksum: str, quantization: str) -> str:
 
 
 def _stamp(entry: Path, names) -> list[list]:
-    return [[name, (entry / name).stat().st_size, (entry / name).stat().st_mtime_ns]
-            for name in sorted(names)]
+    """Each file's name, size, modification and change times and inode: writing a file in
+    place changes its change time, which no tool can set back (as `touch -r` sets mtime)."""
+    stats = {name: (entry / name).stat() for name in sorted(names)}
+    return [[name, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
+            for name, st in stats.items()]
 
 
 def entry_is_whole(entry: Path) -> bool:
     """Whether `entry` holds its manifest and every file the manifest lists, unchanged: at its
-    size, and at its sha256 where a file's size or modification time is not those the
-    manifest was stamped with (hashing at every start would cost what the cache saves)."""
+    size, and at its sha256 where a file's stamp (`_stamp`) is not the one the manifest
+    records (hashing at every start would cost what the cache saves). An entry found whole by
+    its hashes is stamped anew (a copied cache, or one written before stamps), where the
+    cache can be written."""
     try:
         manifest = json.loads((entry / MANIFEST).read_text(encoding="utf-8"))
         listed = manifest["files"]
@@ -114,10 +119,16 @@ def entry_is_whole(entry: Path) -> bool:
         if set(listed) != present:
             return False
         stamp = _stamp(entry, listed)
-        if any(size != listed[name][0] for name, size, _ in stamp):
+        if any(size != listed[name][0] for name, size, *_ in stamp):
             return False
-        return manifest.get("stamp") == stamp or all(
-            _sha256(entry / name) == sha for name, (_, sha) in listed.items())
+        if manifest.get("stamp") == stamp:
+            return True
+        if not all(_sha256(entry / name) == sha for name, (_, sha) in listed.items()):
+            return False
+        with contextlib.suppress(OSError):  # a read-only cache hashes again next time
+            write_atomically(entry / MANIFEST, json.dumps({**manifest, "stamp": stamp},
+                                                          indent=1))
+        return True
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return False
 
