@@ -340,3 +340,19 @@ def test_a_string_setting_written_bare_as_a_number_keeps_its_text(tmp_path):
     eval_every = layer["trainer"]["eval_every"][0]
     assert eval_every == 16 and type(eval_every) is int
     assert layer["batching"]["buckets"][0] == (16, 32)
+
+
+@pytest.mark.parametrize("text, undo", [
+    ("  schedule: linear\n  warmup_steps: 1\n  decay_steps: 3\n", ["--decay-steps", "none"]),
+    ("  schedule: noam\n  lr_scale: 0.5\n", ["--lr-scale", "0.4"]),
+])
+def test_a_schedule_setting_of_a_file_left_unread_by_a_flag_names_the_flag_that_undoes_it(
+        tmp_path, text, undo):
+    recipe = recipes.read_recipe(_recipe(tmp_path, "optimizer:\n" + text))
+    parser = argparse.ArgumentParser()
+    recipes.add_flags(parser)
+    flags = ["--schedule", "inverse_sqrt"]
+    with pytest.raises(SettingsError, match=f"drop it from that file or pass {' '.join(undo)}, "):
+        recipes.resolve(recipes.defaults(), recipe, recipes.from_args(parser.parse_args(flags)))
+    undone = recipes.from_args(parser.parse_args(flags + undo))
+    assert recipes.resolve(recipes.defaults(), recipe, undone).optimizer.schedule == "inverse_sqrt"

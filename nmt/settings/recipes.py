@@ -869,11 +869,17 @@ def _check_schedule_settings(run: RunConfig, asked: Layer, defaults_layer: Layer
         if schedule in readers or key not in asked["optimizer"]:
             continue
         value, origin = asked["optimizer"][key]
-        default = defaults_layer["optimizer"].get(key, (BY_KEY[("optimizer", key)].default,))[0]
-        if value != default:
-            raise SettingsError(
-                f"{origin}: only --schedule {' or '.join(readers)} reads {key}, and this run's "
-                f"schedule is {schedule}; drop it, or choose a schedule that reads it.")
+        field = BY_KEY[("optimizer", key)]
+        default = defaults_layer["optimizer"].get(key, (field.default,))[0]
+        if value == default:
+            continue
+        # A file's value (a run's config.yaml, fitted) is undone by a flag over it.
+        drop = ("drop it" if origin.startswith(f"{field.flag} ") else
+                f"drop it from that file or pass {field.flag} "
+                f"{'none' if field.optional else default}")
+        raise SettingsError(
+            f"{origin}: only --schedule {' or '.join(readers)} reads {key}, and this run's "
+            f"schedule is {schedule}; {drop}, or choose a schedule that reads it.")
 
 
 def load(path: str | Path) -> RunConfig:
