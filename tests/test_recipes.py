@@ -356,3 +356,19 @@ def test_a_schedule_setting_of_a_file_left_unread_by_a_flag_names_the_flag_that_
         recipes.resolve(recipes.defaults(), recipe, recipes.from_args(parser.parse_args(flags)))
     undone = recipes.from_args(parser.parse_args(flags + undo))
     assert recipes.resolve(recipes.defaults(), recipe, undone).optimizer.schedule == "inverse_sqrt"
+
+
+def test_a_run_config_yaml_warns_of_a_long_warm_up_only_as_its_flags_would(tmp_path, caplog):
+    # Its config.yaml lists the default warm-up too: that is not a warm-up asked for.
+    parser = argparse.ArgumentParser()
+    recipes.add_flags(parser)
+    flags = recipes.from_args(parser.parse_args(["--max-steps", "100"]))
+    by_flags = recipes.resolve(recipes.defaults(), flags)
+    saved = recipes.read_recipe(_recipe(tmp_path, recipes.dump(by_flags)))
+    assert recipes.resolve(recipes.defaults(), saved) == by_flags
+    assert "--warmup" not in caplog.text
+    longer = recipes.from_args(parser.parse_args(["--max-steps", "100", "--warmup", "500"]))
+    saved = recipes.read_recipe(_recipe(tmp_path, recipes.dump(
+        recipes.resolve(recipes.defaults(), longer))))
+    recipes.resolve(recipes.defaults(), saved)
+    assert "--warmup 500 is not below --max-steps 100" in caplog.text

@@ -846,13 +846,25 @@ def resolve(defaults_layer: Layer, *layers: Layer) -> RunConfig:
     run = build(defaults_layer, *layers, *derived.implied_layers(asked))
     _check_schedule_settings(run, asked, merge(defaults_layer))
     # train.py's own warm-up suits its default run: a short run that keeps it is a test.
-    if "warmup_steps" in asked["optimizer"] and (warning := run.warmup_warning()):
+    if _given_own_value(asked, defaults_layer, "warmup_steps") and (
+            warning := run.warmup_warning()):
         log.warning(warning)
     if run.trainer.init_from and PRESET_KEY not in asked["model"]:
         # The run is named after the preset of the model's architecture, where one has it.
         run = dataclasses.replace(
             run, preset=derived.preset_with_architecture(run.model) or run.preset)
     return run
+
+
+def _given_own_value(asked: Layer, defaults_layer: Layer, key: str) -> bool:
+    """Whether optimizer.`key` was given by its flag, or by a file with a value other than
+    the default: a run's config.yaml lists every setting, the default ones too."""
+    if key not in asked["optimizer"]:
+        return False
+    value, origin = asked["optimizer"][key]
+    field = BY_KEY[("optimizer", key)]
+    return (origin.startswith(f"{field.flag} ")
+            or value != defaults_layer["optimizer"].get(key, (field.default,))[0])
 
 
 # Settings that some learning-rate schedules read and the others ignore: key -> readers.
