@@ -31,7 +31,7 @@ from nmt.rundir import checkpoints as checkpoint
 from nmt.settings import recipes
 from nmt.settings.config import SettingsError
 from nmt.training.stopping import Limits, StopReason
-from nmt.training.trainer import Trainer, TrainingError, train
+from nmt.training.trainer import Trainer, TrainingError, _write_run_config, train
 from synthetic_corpus import write_corpus
 from trainer_hooks import poison_parameters_before
 
@@ -666,3 +666,18 @@ def test_early_stopping_on_bleu(corpus, env, tmp_path, monkeypatch):
     assert bleus[-1] <= max(bleus[:-1]) and bleus[:-1] == sorted(set(bleus[:-1]))
     assert summary["best_step"] == evals[bleus.index(max(bleus))]["step"]
     assert checkpoint.complete_steps(tmp_path / "early" / "best") == [summary["best_step"]]
+
+
+def test_a_run_config_yaml_names_its_run_directory_from_any_directory(tmp_path, monkeypatch):
+    # Without --output-dir the run goes to runs/NAME under the directory train.py started in.
+    monkeypatch.chdir(tmp_path)
+    run = recipes.run_from_flat(preset="tiny")
+    run_dir = run.output_dir()
+    run_dir.mkdir(parents=True)
+    _write_run_config(run_dir, run)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    again = recipes.load(Path("..") / run_dir / "config.yaml")
+    assert again.output_dir() == (tmp_path / run_dir).resolve()
+    assert again.replace(trainer={"output_dir": None}) == run
