@@ -13,6 +13,7 @@ import dataclasses
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -31,6 +32,7 @@ from nmt.rundir import checkpoints as checkpoint
 from nmt.settings import recipes
 from nmt.settings.config import SettingsError
 from nmt.training.stopping import Limits, StopReason
+from nmt.training.summary import translate_command
 from nmt.training.trainer import Trainer, TrainingError, _write_run_config, train
 from synthetic_corpus import write_corpus
 from trainer_hooks import poison_parameters_before
@@ -237,7 +239,7 @@ def test_average_only_averages_without_training(uninterrupted, env, tmp_path, ca
     # The run warms up for 20 steps: an average from step 20 on is told that it reaches
     # into the warm-up, one from step 40 on is not.
     monkeypatch.setenv("FLAX_NMT_CACHE", env["FLAX_NMT_CACHE"])
-    run = shutil.copytree(uninterrupted, tmp_path / "run")
+    run = shutil.copytree(uninterrupted, tmp_path / "a run's $HOME #1")  # pasted to a shell
     assert train_cli.main(["--average-only", "--average-last", "3", "--output-dir", str(run)]) == 0
     assert "start at step 20, within the 20-step learning-rate warm-up" in capsys.readouterr().err
     assert train_cli.main(["--average-only", "--average-last", "5", "--output-dir", str(run)]) == 0
@@ -249,7 +251,8 @@ def test_average_only_averages_without_training(uninterrupted, env, tmp_path, ca
     averaged = run / "averaged"
     _, _, values = load_model(averaged)
     assert values["averaged_steps"] == [40, 60]
-    assert "python translate.py --model" in out
+    assert shlex.split(out.splitlines()[-1].removeprefix("Translate: ")) == [
+        "python", "translate.py", "--model", str(averaged), "..."]
     # No training happened: no new checkpoint, no new metrics.
     assert checkpoint.complete_steps(run / "checkpoints") == [20, 40, 60]
     assert _all_lines(run) == _all_lines(uninterrupted)
@@ -681,3 +684,9 @@ def test_a_run_config_yaml_names_its_run_directory_from_any_directory(tmp_path, 
     again = recipes.load(Path("..") / run_dir / "config.yaml")
     assert again.output_dir() == (tmp_path / run_dir).resolve()
     assert again.replace(trainer={"output_dir": None}) == run
+
+
+def test_the_translate_command_of_the_summary_pastes_into_a_shell():
+    model_dir, example = Path("runs/a run's $HOME #1/model"), 'Er sagt "ja" für $5!'
+    assert shlex.split(translate_command(model_dir, example)) == [
+        "python", "translate.py", "--model", str(model_dir), example]

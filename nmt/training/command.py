@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -250,6 +251,6 @@ def _average_only(run: RunConfig, run_dir) -> int:
         out, steps = final_model.average(run_dir, saved, saved.model_for(tokenizer), tokenizer,
                                          run.trainer.average_last, settings)
     print(f"Averaged checkpoints {steps} into {out}")
-    print(f"Translate: python translate.py --model {out} \"...\"")
+    print(f"Translate: python translate.py --model {shlex.quote(str(out))} \"...\"")
     return 0
 

@@ -62,7 +62,8 @@ def build_summary(run: RunConfig, run_dir: Path, model_dir: Path, steps: int, st
 
 
 def translate_command(model_dir: Path, example: str = "Hello world!") -> str:
-    return f'python translate.py --model {model_dir} "{example}"'
+    """The command line to paste, quoted for a shell: a directory may hold spaces or `$`."""
+    return f"python translate.py --model {shlex.quote(str(model_dir))} {shlex.quote(example)}"
 
 
 def scoring_command(model_dir: Path, run: RunConfig) -> str:
