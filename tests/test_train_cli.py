@@ -348,7 +348,9 @@ def test_spm_model_sets_the_vocabulary_size(tmp_path, capsys):
     for flags, message in (
             (["--spm-model", str(given), "--vocab-size", "500"],
              f"--vocab-size 500 but --spm-model {given} has 300 pieces"),
-            (["--config", str(recipe)], f"--vocab-size 8000 but --spm-model {given} has 300"),
+            (["--config", str(recipe)], f"--config {recipe} ('vocab-size'): 8000 but "
+                                         f"--spm-model {given} has 300 pieces; drop it or pass "
+                                         "--vocab-size 300,"),
             (["--spm-model", str(tmp_path / "none.model")],
              f"--spm-model: {tmp_path / 'none.model'}: SentencePiece model not found")):
         assert train_cli.main([*flags, "--output-dir", str(out)]) == 2
@@ -356,6 +358,14 @@ def test_spm_model_sets_the_vocabulary_size(tmp_path, capsys):
     assert not out.exists()
     run, _ = train_cli.resolve(["--spm-model", str(given), "--tokenizer-type", "bpe"])
     assert (run.tokenizer.spm_model, run.tokenizer.vocab_size) == (str(given), 300)
+    # A recipe's size gives way to a model given over it, as its corpus to --train-file.
+    sized = tmp_path / "sized.yaml"
+    sized.write_text("tokenizer:\n  vocab_size: 8000\n")
+    capsys.readouterr()
+    run, _ = train_cli.resolve(["--config", str(sized), "--spm-model", str(given)])
+    assert run.tokenizer.vocab_size == 300
+    assert (f"--spm-model {given} has 300 pieces: they replace the vocabulary size 8000 of "
+            f"{sized} line 2: tokenizer.vocab_size") in capsys.readouterr().err
 
 
 def test_the_default_vocabulary_fits_a_small_corpus_and_the_run_resumes(env, tmp_path, capsys,

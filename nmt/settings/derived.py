@@ -12,6 +12,7 @@ SentencePiece and JAX load only then.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 from data.config import TRAINED_TYPES, TokenizerConfig
@@ -24,8 +25,8 @@ PRESET_KEY = "preset"  # in the model section (as in nmt.settings.recipes)
 MODEL_IDS = ("vocab_size", "pad_id", "unk_id", "bos_id", "eos_id")  # the tokenizer's
 
 
-def implied_layers(asked: Layer) -> list[Layer]:
-    """The layers implied by `asked` (the user's settings merged): none, the vocabulary of
+def implied_layers(asked: Layer, layers: Sequence[Layer]) -> list[Layer]:
+    """The layers implied by `asked` (the user's `layers` merged): none, the vocabulary of
     --spm-model, or the architecture of --init-from; SettingsError on a conflict."""
     spm_model = asked["tokenizer"].get("spm_model", (None,))[0]
     init_from = asked["trainer"].get("init_from", (None,))[0]
@@ -33,7 +34,7 @@ def implied_layers(asked: Layer) -> list[Layer]:
         raise SettingsError(f"--init-from {init_from} brings its own tokenizer: drop "
                             f"--spm-model {spm_model}.")
     if spm_model:
-        return [spm_model_vocabulary(spm_model, asked)]
+        return [spm_model_vocabulary(spm_model, asked, layers)]
     if init_from:
         return [init_from_architecture(init_from, asked)]
     return []
@@ -131,12 +132,14 @@ def _tokenizer_can_hold(vocab_size: int) -> bool:
     return True
 
 
-def spm_model_vocabulary(path: str, asked: Layer) -> Layer:
+def spm_model_vocabulary(path: str, asked: Layer, layers: Sequence[Layer]) -> Layer:
     """With --spm-model, the run's vocabulary is that model's: a layer setting vocab_size to
-    its size. SettingsError if the file is no usable SentencePiece model or the recipe or
-    flags ask for another size. The tokenizer type is the model's: another one asked for does
-    not apply, and a model without byte fallback turns unseen characters into <unk> (a
-    warning says each)."""
+    its size. Another size from an earlier layer than the one naming the model (a recipe's,
+    under the flag) gives way to it, as --train-file replaces a recipe's train_prefix;
+    SettingsError if the file is no usable SentencePiece model or the layer naming it, or a
+    later one, asks for another size. The tokenizer type is the model's: another one asked
+    for does not apply, and a model without byte fallback turns unseen characters into <unk>
+    (a warning says each)."""
     from data.config import DataError
     from data.tokenizer import Tokenizer  # loads SentencePiece: only when a model is given
 
@@ -148,11 +151,14 @@ def spm_model_vocabulary(path: str, asked: Layer) -> Layer:
     tokenizer = asked["tokenizer"]
     if "vocab_size" in tokenizer and tokenizer["vocab_size"][0] != pieces:
         value, origin = tokenizer["vocab_size"]
-        where = "" if origin.startswith("--vocab-size") else f" (the size from {origin})"
-        raise SettingsError(
-            f"--vocab-size {value} but --spm-model {path} has {pieces} pieces{where}; drop "
-            f"--vocab-size (or set it to {pieces}), or train a new tokenizer without "
-            "--spm-model.")
+        if _last_setting(layers, "vocab_size") < _last_setting(layers, "spm_model"):
+            log.info("--spm-model %s has %d pieces: they replace the vocabulary size %s of %s",
+                     path, pieces, value, origin)
+        else:
+            size = origin if origin.startswith("--vocab-size") else f"{origin}: {value}"
+            raise SettingsError(
+                f"{size} but --spm-model {path} has {pieces} pieces; drop it or pass "
+                f"--vocab-size {pieces}, or train a new tokenizer without --spm-model.")
     own_type = given.model_type
     if "model_type" in tokenizer and tokenizer["model_type"][0] != own_type:
         log.warning("%s does not apply: --spm-model %s is a %s model, and no tokenizer is "
@@ -165,3 +171,8 @@ def spm_model_vocabulary(path: str, asked: Layer) -> Layer:
     if own_type in TRAINED_TYPES:  # config.yaml records the model's type (word and char: none)
         layer["tokenizer"]["model_type"] = (own_type, f"--spm-model {path} (model_type)")
     return layer
+
+
+def _last_setting(layers: Sequence[Layer], name: str) -> int:
+    """The index of the last of `layers` that sets tokenizer.`name`; -1 for none."""
+    return max((i for i, layer in enumerate(layers) if name in layer["tokenizer"]), default=-1)

@@ -843,7 +843,7 @@ def resolve(defaults_layer: Layer, *layers: Layer) -> RunConfig:
     train.py's flags and `load` both build their settings here."""
     asked = merge(*layers)  # the defaults do not count
     _warn_of_replaced_model_keys(layers)
-    run = build(defaults_layer, *layers, *derived.implied_layers(asked))
+    run = build(defaults_layer, *layers, *derived.implied_layers(asked, layers))
     _check_schedule_settings(run, asked, merge(defaults_layer))
     # train.py's own warm-up suits its default run: a short run that keeps it is a test.
     if _given_own_value(asked, defaults_layer, "warmup_steps") and (
