@@ -681,19 +681,31 @@ def test_early_stopping_on_bleu(corpus, env, tmp_path, monkeypatch):
     assert checkpoint.complete_steps(tmp_path / "early" / "best") == [summary["best_step"]]
 
 
-def test_a_run_config_yaml_names_its_run_directory_from_any_directory(tmp_path, monkeypatch):
-    # Without --output-dir the run goes to runs/NAME under the directory train.py started in.
+def test_a_run_config_yaml_continues_the_run_in_the_folder_holding_it(tmp_path, monkeypatch):
+    """Written without --output-dir (runs/NAME under the directory train.py started in), then
+    read from another directory, and after the run was moved: the run is where the file is."""
     monkeypatch.chdir(tmp_path)
     run = recipes.run_from_flat(preset="tiny")
     run_dir = run.output_dir()
-    run_dir.mkdir(parents=True)
+    (run_dir / checkpoint.CHECKPOINTS_DIR).mkdir(parents=True)
+    assert recipes.RUN_MARK == checkpoint.CHECKPOINTS_DIR  # what makes the folder a run directory
     _write_run_config(run_dir, run)
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     monkeypatch.chdir(elsewhere)
     again = recipes.load(Path("..") / run_dir / "config.yaml")
-    assert again.output_dir() == (tmp_path / run_dir).resolve()
+    assert again.output_dir().resolve() == (tmp_path / run_dir).resolve()
     assert again.replace(trainer={"output_dir": None}) == run
+    moved = tmp_path / "moved" / "run"
+    moved.parent.mkdir()
+    (tmp_path / run_dir).rename(moved)
+    assert recipes.load(moved / "config.yaml").output_dir() == moved
+    # A copy of it under another name, or in a folder that is no run, is a recipe like any
+    # other: no folder is implied.
+    (tmp_path / "recipe.yaml").write_text((moved / "config.yaml").read_text())
+    assert recipes.load(tmp_path / "recipe.yaml").trainer.output_dir is None
+    (elsewhere / "config.yaml").write_text((moved / "config.yaml").read_text())
+    assert recipes.load(elsewhere / "config.yaml").trainer.output_dir is None
 
 
 def test_the_translate_command_of_the_summary_pastes_into_a_shell():

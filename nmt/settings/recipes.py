@@ -51,6 +51,10 @@ DEFAULTS_FILE = Path(__file__).with_name("defaults.yaml")
 PROJECT_DIR = Path(__file__).resolve().parents[2]
 RECIPES_DIR = PROJECT_DIR / "configs"  # the shipped recipes, found by name
 PRESET_KEY = derived.PRESET_KEY  # in the model section: the preset its other keys change
+# A run's config.yaml (`dump`) starts with this line; in a folder holding checkpoints/ (a run
+# directory: nmt.rundir.checkpoints.CHECKPOINTS_DIR), that folder is the run's directory.
+RUN_FILE_HEADER, RUN_FILE_NAME = "# Every setting of this run.", "config.yaml"
+RUN_MARK = "checkpoints"
 
 log = logging.getLogger("train.py")
 
@@ -348,6 +352,11 @@ def read_recipe(path: str | Path) -> Layer:
     except OSError as err:
         raise SettingsError(f"--config {path}: cannot read it ({err})") from None
     layer = _read_json(path, text) if path.suffix.lower() == ".json" else _read_yaml(path, text)
+    if (path.name == RUN_FILE_NAME and text.startswith(RUN_FILE_HEADER)
+            and (path.parent / RUN_MARK).is_dir()):
+        # A run's own file continues the run where it lies now, whatever directory it was
+        # written from or moved from (its output_dir may be relative, or null: runs/NAME).
+        layer["trainer"]["output_dir"] = (str(path.parent), f"{path}: the run's folder")
     if not any(layer.values()):
         raise SettingsError(f"--config {path}: the recipe sets nothing (it is empty, or holds "
                             "only comments); write its settings in it, or drop --config to use "
@@ -815,8 +824,8 @@ def dump(run: RunConfig) -> str:
                 continue
             values[field.name] = _written(field, value)
         sections[section] = values
-    head = ("# Every setting of this run. `python train.py --config THIS_FILE` continues it (its\n"
-            "# trainer.output_dir); add --output-dir NEW to train the same settings anew.\n")
+    head = (f"{RUN_FILE_HEADER} `python train.py --config THIS_FILE` continues it, in the\n"
+            "# folder that holds this file; add --output-dir NEW to train its settings anew.\n")
     body = "\n".join(yaml.dump({section: values}, Dumper=_dumper(), sort_keys=False,
                                allow_unicode=True, default_flow_style=None)
                      + notes.get(section, "")

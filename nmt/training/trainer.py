@@ -405,9 +405,7 @@ def _batch_loader(start: Start, bookkeeping: Bookkeeping, step: int, depth: int,
 
 
 def _write_run_config(run_dir: Path, run: RunConfig) -> None:
-    """config.yaml: the run's settings as they are now (process 0 writes it), with the run
-    directory as an absolute path, so that `--config` of it continues this run from anywhere."""
-    run = run.replace(trainer={"output_dir": str(run_dir.resolve())})
+    """config.yaml: the run's settings as they are now (process 0 writes it)."""
     write_atomically(run_dir / resume.RUN_CONFIG_FILE, recipes.dump(run))
 
 
