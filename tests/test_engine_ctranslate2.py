@@ -447,6 +447,7 @@ def test_a_file_in_the_place_of_a_conversion_is_replaced(stand_in, run_dir, tmp_
         entry.write_text("not a conversion")
     else:
         entry.symlink_to(tmp_path / "nowhere")
+    caplog.clear()  # what the first conversion logged, where a test before set INFO
     with caplog.at_level(logging.WARNING, "nmt.engines"):
         assert conversions.converted(model, ["spm.model"], "float32", root) == entry
     assert conversions.entry_is_whole(entry) and not entry.is_symlink()
@@ -481,6 +482,7 @@ def test_a_read_only_cache_serves_the_conversion_it_holds(run_dir, tmp_path, mon
         return opened(path, flags, *args)
 
     monkeypatch.setattr(os, "open", read_only)
+    caplog.clear()  # what the first conversion logged, where a test before set INFO
     with caplog.at_level(logging.INFO, "nmt.engines"):
         assert conversions.converted(model, ["spm.model"], "float32", root) == entry
         assert caplog.records == []
