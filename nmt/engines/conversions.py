@@ -37,7 +37,7 @@ from pathlib import Path
 
 from data.config import default_cache_dir
 from nmt.models.model_files import CONFIG_FILE, PARAMS_FILE, ModelDirError
-from transformer.atomic_files import write_atomically
+from transformer.atomic_files import remove_tree, write_atomically
 
 log = logging.getLogger("nmt.engines")
 
@@ -171,7 +171,7 @@ def converted(model_dir: Path, tokenizer_files: list[str], quantization: str,
             if os.path.lexists(entry):  # a link that leads nowhere too
                 log.warning("the cached CTranslate2 conversion %s is damaged or incomplete; "
                             "converting %s again", entry, model_dir)
-                _remove(entry)
+                remove_tree(entry)  # a file or link in its place too
             _convert(model_dir, entry, quantization)
             return entry
     except OSError as err:  # read-only, not a directory, full
@@ -182,14 +182,6 @@ def converted(model_dir: Path, tokenizer_files: list[str], quantization: str,
         atexit.register(shutil.rmtree, temporary, ignore_errors=True)
         _convert(model_dir, temporary / "model", quantization, reused=False)
         return temporary / "model"
-
-
-def _remove(entry: Path) -> None:
-    """Remove what stands at `entry`: a directory, or a file or link (rmtree refuses those)."""
-    if entry.is_dir() and not entry.is_symlink():
-        shutil.rmtree(entry)
-    else:
-        entry.unlink()
 
 
 def _convert(model_dir: Path, out: Path, quantization: str, reused: bool = True) -> None:
