@@ -81,6 +81,24 @@ def test_a_flag_given_as_none_unsets_what_the_recipe_sets(tmp_path):
     assert recipes.build(recipes.defaults(), recipe, left_out).optimizer.clip_norm == 1.0
 
 
+def test_a_setting_of_named_values_given_as_none_unsets_what_the_recipe_sets(tmp_path):
+    recipe = recipes.read_recipe(_recipe(tmp_path, "model:\n  attention_impl: cudnn\n"
+                                                   "trainer:\n  written_for: gpu\n"
+                                                   "  best_metric: chrf\n"))
+    parser = argparse.ArgumentParser()
+    recipes.add_flags(parser)
+    flags = recipes.from_args(parser.parse_args(
+        ["--attention-impl", "none", "--written-for", "None", "--best-metric", "NONE"]))
+    run = recipes.build(recipes.defaults(), recipe, flags)
+    assert (run.model.attention_impl, run.trainer.written_for, run.trainer.best_metric) == (
+        None, None, None)
+    assert flags["trainer"]["written_for"] == (None, "--written-for none")
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--written-for", "nowhere"])
+    # a setting that takes any text keeps "none" as text: sacreBLEU has a tokenizer of that name
+    assert parser.parse_args(["--bleu-tokenize", "none"]).bleu_tokenize == "none"
+
+
 def test_yaml_round_trip(tmp_path):
     # Strings YAML 1.2 would read as numbers ("1e3", a directory's name) come back as strings.
     run = recipes.run_from_flat(preset="tiny", dropout=0.25, clip_norm=1.0, buckets=(8, 16),

@@ -730,7 +730,7 @@ def add_section_flags(group, section: str, exclude: Iterable[str] = (),
                                action=argparse.BooleanOptionalAction)
         else:
             group.add_argument(field.flag, dest=field.flat_name, default=None, help=text,
-                               type=_flag_parser(field), choices=field.choices,
+                               type=_flag_parser(field), choices=_flag_choices(field),
                                metavar=_metavar(field))
 
 
@@ -743,9 +743,16 @@ def _default_text(field: Field, shown: dict[str, tuple[Any, str]]) -> str:
     return f"default {','.join(map(str, default)) if field.kind is tuple else default}"
 
 
+def _flag_choices(field: Field) -> tuple | None:
+    """A flag's values for argparse: the setting's, and `none` (UNSET) where it may be unset."""
+    if field.choices is None or not field.optional:
+        return field.choices
+    return (*field.choices, UNSET)
+
+
 def _metavar(field: Field) -> str | None:
     if field.choices is not None:
-        return "{" + ",".join(field.choices) + "}"
+        return "{" + ",".join(map(str, _flag_choices(field))) + "}"
     return {int: "N", float: "X", tuple: "LENGTHS"}.get(field.kind)
 
 
@@ -763,7 +770,9 @@ UNSET = _Unset()
 def _flag_parser(field: Field):
     """argparse's `type` for a flag: the string converted, or ArgumentTypeError."""
     def parse(text: str):
-        if field.optional and text.lower() == "none" and field.kind is not str:
+        # A path or a free string may be called "none"; a setting's named values never are.
+        if (field.optional and text.lower() == "none"
+                and (field.kind is not str or field.choices is not None)):
             return UNSET
         if field.kind is str:
             return _at_home(field, cli.given(text))
