@@ -155,6 +155,31 @@ def test_a_recipe_writes_a_dollar_sign_as_two(tmp_path, monkeypatch):
         recipes.read_recipe(_recipe(tmp_path, "data:\n  source: costs ${X}\n"))
 
 
+def test_a_default_may_name_variables_as_in_the_shell(tmp_path, monkeypatch):
+    monkeypatch.delenv("X", raising=False)
+    monkeypatch.setenv("DATA", "/corpora")
+    text = "data:\n  train_prefix: ${X:-${DATA}/train}\n  valid_prefix: ${X:-${Y:-v}}\n"
+    layer = recipes.read_recipe(_recipe(tmp_path, text))
+    assert (layer["data"]["train_prefix"][0], layer["data"]["valid_prefix"][0]) == (
+        "/corpora/train", "v")
+    monkeypatch.setenv("X", "/mine")
+    assert recipes.read_recipe(_recipe(tmp_path, text))["data"]["train_prefix"][0] == "/mine"
+
+
+@pytest.mark.parametrize("value, form, hint", [
+    ("${X-/data}/train", r"\$\{X-/data\}", r"\$\{NAME\} or \$\{NAME:-DEFAULT\} for a variable"),
+    ("${X:=/data}/train", r"\$\{X:=/data\}", r"\$\{NAME\} or \$\{NAME:-DEFAULT\} for a variable"),
+    ("$HOME/data/train", r"\$HOME", r"\$\{HOME\} for the variable"),
+    ("${X:-$HOME}/train", r"\$HOME", r"\$\{HOME\} for the variable")])
+def test_a_shell_form_recipes_do_not_read_is_refused_not_taken_as_text(tmp_path, monkeypatch,
+                                                                         value, form, hint):
+    monkeypatch.delenv("X", raising=False)
+    with pytest.raises(SettingsError, match=rf"recipe.yaml line 2: data.train_prefix: {form} is "
+                                            rf"a shell form recipes do not read; write {hint}, "
+                                            r"or \$\$ for a \$ in the text$"):
+        recipes.read_recipe(_recipe(tmp_path, f"data:\n  train_prefix: '{value}'\n"))
+
+
 @pytest.mark.parametrize("text", ['{"max-steps": 5, "max_steps": 7}',
                                   '{"max_steps": 5, "max_steps": 7}'])
 def test_a_json_recipe_setting_one_flag_twice_is_refused(tmp_path, text):

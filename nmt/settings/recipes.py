@@ -506,18 +506,28 @@ def _is_null(node) -> bool:
     return node.tag == "tag:yaml.org,2002:null"
 
 
-# `${NAME}` or `${NAME:-default}`, or `$$`: one `$` as it is (how `dump` writes a `$`).
-_VARIABLE = re.compile(r"\$\$|\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+# `${NAME}` or `${NAME:-default}` (the default may hold variables itself), or `$$`: one `$` as
+# it is (how `dump` writes a `$`); the last branch is any other `$` that starts a name or a
+# brace (`$HOME`, `${A-x}`, `${A:=x}`), a form of the shell's that recipes do not read.
+_VARIABLE = re.compile(r"""\$\$
+    | \$\{([A-Za-z_][A-Za-z0-9_]*)(?::-((?:\$\{[^{}]*\}|[^}])*))?\}
+    | (\$\{[^}]*\}?|\$[A-Za-z_][A-Za-z0-9_]*)""", re.X)
 
 
 def expand_variables(text: str, where: str) -> str:
     """`${NAME}` and `${NAME:-default}` in a recipe's string value, from the environment: a
     recipe names where its data usually lies and a user points it elsewhere without editing
     it (`MULTI30K=~/data/multi30k python train.py --config ...`). As in the shell, the
-    default replaces a variable that is unset or empty. `$$` is one `$`, so that any text
-    can be written."""
+    default replaces a variable that is unset or empty, and may name variables itself. `$$`
+    is one `$`, so that any text can be written; other shell forms are refused, not taken
+    as text."""
     def value(match: re.Match) -> str:
-        name, default = match.group(1), match.group(2)
+        name, default, other = match.group(1), match.group(2), match.group(3)
+        if other is not None:
+            form = (f"${{{other[1:]}}} for the variable" if not other.startswith("${")
+                    else "${NAME} or ${NAME:-DEFAULT} for a variable")
+            raise SettingsError(f"{where}: {other} is a shell form recipes do not read; write "
+                                f"{form}, or $$ for a $ in the text")
         if name is None:
             return "$"
         if os.environ.get(name) or (name in os.environ and default is None):
@@ -526,7 +536,7 @@ def expand_variables(text: str, where: str) -> str:
             raise SettingsError(f"{where}: needs the environment variable {name} (or write "
                                 f"${{{name}:-DEFAULT}} in the recipe, or $${{{name}}} for the "
                                 "text itself)")
-        return default
+        return expand_variables(default, where)
     return _VARIABLE.sub(value, text)
 
 
