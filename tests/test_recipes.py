@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import re
 from pathlib import Path
 
 import pytest
@@ -180,6 +181,20 @@ def test_a_shell_form_recipes_do_not_read_is_refused_not_taken_as_text(tmp_path,
         recipes.read_recipe(_recipe(tmp_path, f"data:\n  train_prefix: '{value}'\n"))
 
 
+@pytest.mark.parametrize("text, message", [
+    ('{"trainer": {"max_steps": 5}}', r"'trainer' is a section of a YAML recipe; here keys are "
+                                      r"train.py flag names without sections"),
+    ('{"warmup_steps": 5}', r"'warmup_steps' is the YAML key optimizer.warmup_steps; here write "
+                            r"its flag name, 'warmup'$"),
+    ('{"max-stesp": 5}', r"unknown setting 'max-stesp' \(did you mean 'max-steps'\?\); keys "
+                         r"are train.py flag names")])
+def test_a_json_recipe_written_as_yaml_is_told_its_flag_names(tmp_path, text, message):
+    path = tmp_path / "recipe.json"
+    path.write_text(text)
+    with pytest.raises(SettingsError, match=rf"^--config {re.escape(str(path))}: {message}"):
+        recipes.read_recipe(path)
+
+
 @pytest.mark.parametrize("text", ['{"max-steps": 5, "max_steps": 7}',
                                   '{"max_steps": 5, "max_steps": 7}'])
 def test_a_json_recipe_setting_one_flag_twice_is_refused(tmp_path, text):
@@ -235,6 +250,8 @@ def test_seeds_follow_the_optimizer_seed():
     ("modle:\n  dropout: 0.1\n",
      r"recipe.yaml line 1: unknown section 'modle' \(did you mean 'model'\?\); sections are "
      r"model, tokenizer, data"),
+    ("warmup: 100\n", r"recipe.yaml line 1: unknown section 'warmup' \(warmup is a setting: "
+                       r"write it as warmup_steps under optimizer:\); sections are model"),
     ("optimizer:\n  warmup_steps: '400'\n",
      r"recipe.yaml line 2: optimizer.warmup_steps must be an integer, got \"400\"; write 400 "
      "without quotes"),

@@ -220,11 +220,25 @@ def from_flat(values: dict[str, Any], origin: str) -> Layer:
             continue
         field = BY_FLAT_NAME.get(flat)
         if field is None:
-            raise SettingsError(f"{origin}: unknown setting {name!r}; keys are train.py flag "
-                                f"names, e.g. \"batch-tokens\"")
+            raise SettingsError(_unknown_flat_name(name, origin))
         layer[field.section][field.name] = (_checked(field, value, f"{origin}: {name!r}"),
                                             f"{origin} ({name})")
     return layer
+
+
+def _unknown_flat_name(name: str, origin: str) -> str:
+    """The error for a key of flag-style settings that names none: a YAML section or key
+    written there is told how the flat form spells it."""
+    if name in SECTIONS or name in RENAMED_SECTIONS:
+        hint = (f"{name!r} is a section of a YAML recipe; here keys are train.py flag names "
+                "without sections ({\"max-steps\": 100})")
+    elif yaml_named := [f for f in FIELDS if f.name == name.replace("-", "_")]:
+        hint = (f"{name!r} is the YAML key {yaml_named[0].key}; here write its flag name, "
+                f"{yaml_named[0].flag[2:]!r}")
+    else:
+        hint = (f"unknown setting {name!r}{_close_match(name, [f.flag[2:] for f in FIELDS])}; "
+                "keys are train.py flag names, e.g. \"batch-tokens\"")
+    return f"{origin}: {hint}"
 
 
 def _preset(value: Any, where: str) -> str:
@@ -394,8 +408,7 @@ def _read_json(path: Path, text: str) -> Layer:
     for key, value in settings.items():
         flat = key.replace("-", "_")
         if flat != PRESET_KEY and flat not in BY_FLAT_NAME:
-            raise SettingsError(f"--config {path}: unknown setting {key!r}; keys are train.py "
-                                f"flag names, e.g. \"batch-tokens\"")
+            raise SettingsError(_unknown_flat_name(key, f"--config {path}"))
         value = _expanded(value, BY_FLAT_NAME.get(flat), f"--config {path}: {key!r}")
         if flat == PRESET_KEY:
             layer["model"][PRESET_KEY] = (_preset(value, f"--config {path}: 'preset'"),
@@ -430,7 +443,10 @@ def _read_yaml(path: Path, text: str) -> Layer:
         written, line = _key(section_node, f"{path} line {section_node.start_mark.line + 1}")
         section = RENAMED_SECTIONS.get(written, written)
         if section not in SECTIONS:
-            close = _close_match(section, SECTIONS)
+            setting = BY_FLAT_NAME.get(section.replace("-", "_")) or next(
+                (f for f in FIELDS if f.name == section), None)
+            close = (f" ({section} is a setting: write it as {setting.name} under "
+                     f"{setting.section}:)" if setting else _close_match(section, SECTIONS))
             raise SettingsError(f"{path} line {line}: unknown section {section!r}{close}; "
                                 f"sections are {', '.join(SECTIONS)}")
         first, first_line = written_as.setdefault(section, (written, line))
