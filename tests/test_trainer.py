@@ -12,6 +12,7 @@ import json
 import logging
 import math
 import shutil
+import struct
 import threading
 import time
 import types
@@ -33,7 +34,7 @@ from nmt.rundir.bookkeeping import Bookkeeping
 from nmt.settings import recipes
 from nmt.settings.config import SettingsError, TrainerConfig
 from nmt.training import loader, stopping, validation
-from nmt.training.metrics_log import METRICS_FILE, MetricsWriter, summarize_window
+from nmt.training.metrics_log import METRICS_FILE, TB_DIR, MetricsWriter, summarize_window
 from nmt.training.run_data import prepare_data
 from nmt.training.summary import print_summary, scoring_command
 from nmt.training.trainer import TrainingError, train
@@ -541,6 +542,40 @@ def test_metrics_file_with_a_line_cut_short(tmp_path, caplog):
         MetricsWriter(tmp_path, resume_step=3, enabled=True).close()
     assert f"{path} line 3" in caplog.text
     assert _lines(tmp_path) == lines[:1]
+
+
+def _tensorboard_scalars(run_dir: Path) -> dict[tuple[str, int], float]:
+    """{(tag, step): value} of the event files under run_dir/tb, read record by record."""
+    from tensorboardX.proto import event_pb2  # imported by MetricsWriter (without torch)
+
+    scalars = {}
+    for path in sorted((run_dir / TB_DIR).glob("events.*")):
+        data = path.read_bytes()
+        while data:
+            size = struct.unpack("<Q", data[:8])[0]
+            event = event_pb2.Event.FromString(data[12:12 + size])
+            data = data[12 + size + 4:]
+            for value in event.summary.value:
+                assert (value.tag, event.step) not in scalars, "a row written twice"
+                scalars[value.tag, event.step] = round(value.simple_value, 4)
+    return scalars
+
+
+def test_a_resume_writes_tensorboard_anew_from_metrics_jsonl(tmp_path):
+    """A kill can lose the rows TensorBoard still buffered: metrics.jsonl holds them, and a
+    resume writes them back, up to the step it resumes from and nothing after it."""
+    rows = [("train", 10, {"loss": 5.5, "lr": 0.25}), ("eval", 20, {"loss": 4.25}),
+            ("train", 20, {"loss": 4.5, "closing": True}), ("train", 30, {"loss": 3.5})]
+    writer = MetricsWriter(tmp_path, resume_step=0, enabled=True)
+    for kind, step, values in rows:
+        writer.write(kind, step, values)
+    writer.close()
+    for path in (tmp_path / TB_DIR).glob("events.*"):  # as if killed before TensorBoard wrote
+        path.write_bytes(b"")
+    MetricsWriter(tmp_path, resume_step=20, enabled=True).close()
+    assert _tensorboard_scalars(tmp_path) == {("train/loss", 10): 5.5, ("train/lr", 10): 0.25,
+                                              ("eval/loss", 20): 4.25, ("train/loss", 20): 4.5}
+    assert [line["step"] for line in _lines(tmp_path)] == [10, 20, 20]
 
 
 # ----------------------------------------------------------------------------- data

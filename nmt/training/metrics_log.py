@@ -17,6 +17,7 @@ import jax
 import numpy as np
 
 from nmt.runtime.files import write_atomically
+from transformer.atomic_files import remove_tree
 
 log = logging.getLogger("trainer")
 
@@ -51,7 +52,9 @@ class MetricsWriter:
     """metrics.jsonl plus TensorBoard; only process 0 writes.
 
     On resume from step N, lines after step N (written by the interrupted run after its last
-    checkpoint) are dropped so the file reads as one uninterrupted run. A failed write is a
+    checkpoint) are dropped so the file reads as one uninterrupted run, and the TensorBoard
+    files are written anew from the lines kept: TensorBoard buffers its events for up to two
+    minutes, so a kill can lose rows that metrics.jsonl holds. A failed write is a
     MetricsWriteError naming the file; the checkpoints stay as they were.
     """
 
@@ -61,30 +64,47 @@ class MetricsWriter:
         self.tb = None
         if not enabled:
             return
-        if self.path.exists():
-            kept = []
-            for number, line in enumerate(self.path.read_text().splitlines(), start=1):
-                if not line.strip():
-                    continue
-                try:
-                    step = json.loads(line).get("step", 0)
-                except (ValueError, AttributeError):  # cut short by a kill, or not an object
-                    log.warning("%s line %d is not a JSON object (a write cut short?); "
-                                "dropping it: %.80r", self.path, number, line)
-                    continue
-                if step <= resume_step:
-                    kept.append(line)
-            try:  # a full disk must not cost the lines already there
-                write_atomically(self.path, "".join(line + "\n" for line in kept))
-            except OSError as err:
-                raise MetricsWriteError(
-                    f"cannot rewrite {self.path} for the resumed run: {err.strerror}; it is "
-                    "unchanged: free some space, then run the same command again.") from err
+        kept = self._keep_until(resume_step) if self.path.exists() else None
+        tb_dir = run_dir / TB_DIR
         try:
             writer_class = _summary_writer_class()
-            self.tb = writer_class(str(run_dir / TB_DIR), purge_step=resume_step + 1)
         except ImportError:  # TensorBoard output is optional
             log.warning("tensorboardX is not installed; writing metrics.jsonl only")
+            return
+        if kept is None:
+            self.tb = writer_class(str(tb_dir), purge_step=resume_step + 1)
+            return
+        try:
+            remove_tree(tb_dir)
+            self.tb = writer_class(str(tb_dir))
+            for line in kept:
+                record = json.loads(line)
+                self._add_scalars(record.pop("kind", "train"), record.pop("step", 0), record)
+            self.tb.flush()
+        except OSError as err:
+            self._drop_tensorboard(err)
+
+    def _keep_until(self, resume_step: int) -> list[str]:
+        """The lines of metrics.jsonl up to `resume_step`, the file rewritten to hold only them."""
+        kept = []
+        for number, line in enumerate(self.path.read_text().splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                step = json.loads(line).get("step", 0)
+            except (ValueError, AttributeError):  # cut short by a kill, or not an object
+                log.warning("%s line %d is not a JSON object (a write cut short?); "
+                            "dropping it: %.80r", self.path, number, line)
+                continue
+            if step <= resume_step:
+                kept.append(line)
+        try:  # a full disk must not cost the lines already there
+            write_atomically(self.path, "".join(line + "\n" for line in kept))
+        except OSError as err:
+            raise MetricsWriteError(
+                f"cannot rewrite {self.path} for the resumed run: {err.strerror}; it is "
+                "unchanged: free some space, then run the same command again.") from err
+        return kept
 
     def write(self, kind: str, step: int, values: dict[str, Any]) -> None:
         if not self.enabled:
@@ -98,14 +118,19 @@ class MetricsWriter:
                 f"cannot append to {self.path}: {err.strerror}; the checkpoints are intact: "
                 "free some space (or fix the cause), then run the same command again to "
                 "resume.") from err
-        if self.tb is not None:
-            try:
-                for key, value in values.items():
-                    if (isinstance(value, (int, float)) and not isinstance(value, bool)
-                            and math.isfinite(value)):  # not "closing": true
-                        self.tb.add_scalar(f"{kind}/{key}", value, step)
-            except OSError as err:
-                self._drop_tensorboard(err)
+        try:
+            self._add_scalars(kind, step, values)
+        except OSError as err:
+            self._drop_tensorboard(err)
+
+    def _add_scalars(self, kind: str, step: int, values: dict[str, Any]) -> None:
+        """TensorBoard's scalars of one record: its finite numbers (not "closing": true)."""
+        if self.tb is None:
+            return
+        for key, value in values.items():
+            if (isinstance(value, (int, float)) and not isinstance(value, bool)
+                    and math.isfinite(value)):
+                self.tb.add_scalar(f"{kind}/{key}", value, step)
 
     def _drop_tensorboard(self, err: Exception) -> None:
         log.warning("TensorBoard files stopped (%s); metrics.jsonl goes on", err)
