@@ -82,6 +82,14 @@ def fine_tuned(model, corpus, tmp_path_factory) -> tuple[Path, list[str]]:
 # ----------------------------------------------------------------------------- --init-from
 
 
+def test_init_from_a_run_directory_names_the_model_folder_it_reads(fine_tuned, corpus, tmp_path,
+                                                                     capsys):
+    run_dir, _ = fine_tuned
+    capsys.readouterr()
+    assert train_cli.main(_fine_tune(run_dir, corpus, tmp_path / "again")) == 0
+    assert f"Starting from the parameters of {run_dir / 'model'}." in capsys.readouterr().out
+
+
 def test_a_preset_with_another_architecture_than_init_from_is_refused(model, tmp_path, capsys):
     out = tmp_path / "run"
     assert train_cli.main(["--init-from", str(model), "--preset", "base",

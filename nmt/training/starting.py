@@ -21,6 +21,7 @@ from data.batching import BatchIterator
 from data.config import DataError
 from data.packing import PACKED_KEYS
 from data.tokenizer import load_tokenizer, tokenizer_present
+from nmt.models.model_files import resolve_model_dir
 from nmt.rundir import resume
 from nmt.rundir.bookkeeping import Bookkeeping
 from nmt.rundir.checkpoints import (
@@ -240,7 +241,7 @@ def _create_state(run: RunConfig, run_dir: Path, model_config: ModelConfig, mesh
     init_from = run.trainer.init_from
     if init_from and not complete_steps(run_dir / CHECKPOINTS_DIR):
         state = state.replace(params=initial_params(init_from, state.params))
-        echo(f"Starting from the parameters of {init_from}.")
+        echo(f"Starting from the parameters of {resolve_model_dir(init_from)}.")  # a run's model/
     step = train_step_for(graphdef, optimizer, mesh, compile_log)
     return graphdef, state, step
 
