@@ -538,7 +538,11 @@ def _encode_share(split: datasets.Dataset, tokenizer: TokenizerBase,
 
 
 def _join(target: Path, parts: list[Path]) -> None:
-    """Join the stores `parts` into `target`, through a temporary directory beside it."""
+    """Join the stores `parts` into `target`, through a temporary directory beside it: the
+    joined store needs as much disk as the shares, which are removed only after it."""
+    what = f"joining {len(parts)} encoded shares"
+    check_free_space(target.parent, sum(file.stat().st_size for part in parts
+                                        for file in part.iterdir() if file.is_file()), what)
     _discard_damaged(target)
     with _temporary_store(target) as tmp:
         try:
@@ -546,8 +550,9 @@ def _join(target: Path, parts: list[Path]) -> None:
             tmp.rename(target)
             sync_directory(target.parent)
             log.info("joined %d shares (%d pairs) into %s", len(parts), rows, target)
-        except OSError:  # another run sharing the cache joined the same shares first (and
-            if not is_store(target):  # may have removed them): its store is identical
+        except OSError as err:  # another run sharing the cache joined the same shares first
+            if not is_store(target):  # (and may have removed them): its store is identical
+                raise_if_disk_full(err, target.parent, what)
                 raise
 
 

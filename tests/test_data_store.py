@@ -496,6 +496,45 @@ def test_a_disk_full_while_encoding_names_the_cache_and_leaves_nothing(tmp_path,
     assert not list((tmp_path / "cache" / "encoded").iterdir())
 
 
+@pytest.mark.parametrize("disk_after_the_shares", ["too small", "fills while joining"])
+def test_a_join_of_shares_the_disk_cannot_hold_is_one_line(tmp_path, monkeypatch,
+                                                           disk_after_the_shares):
+    """The joined store takes as much disk as the shares, removed only after it: a disk that
+    held the shares but cannot hold their copy is refused before the join, and a full disk
+    met while joining names the cache, as an encoding's does; no temporary store is left."""
+    from data import encoding
+
+    split, tokenizer = _letters_split_and_tokenizer()
+    encode_share, cache = encoding._encode_share, tmp_path / "cache"
+
+    class Usage:
+        free = 1000 if disk_after_the_shares == "too small" else 1 << 30
+
+    def then_the_disk_fills(split, tokenizer, bounds, share, target, num_proc):
+        encode_share(split, tokenizer, bounds, share, target, num_proc)
+        if share == len(bounds) - 1:
+            shares = sum(f.stat().st_size for f in target.parent.glob("*/*"))
+            assert (shares > Usage.free) == (disk_after_the_shares == "too small")
+            monkeypatch.setattr(disk.shutil, "disk_usage", lambda path: Usage)
+
+    def full(directory, parts):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))  # as write(2) gives it
+
+    monkeypatch.setattr(encoding, "_encode_share", then_the_disk_fills)
+    monkeypatch.setattr(encoding, "join_stores", full)
+    with pytest.raises(disk.DiskFull) as error:
+        encoding.encode_shared(split, tokenizer, 0, 2, barrier=lambda name: None,
+                               cache_dir=cache, num_proc=1)
+    encoded = cache / "encoded"
+    assert str(error.value) == (
+        f"joining 2 encoded shares needs about 0.0 GiB in {encoded} but only 0.0 GiB is free; "
+        "free some space, or set FLAX_NMT_CACHE to a directory on a larger disk"
+        if disk_after_the_shares == "too small" else
+        f"joining 2 encoded shares in {encoded}: no space left on device; free some space, or "
+        "set FLAX_NMT_CACHE to a directory on a larger disk")
+    assert not any(path.name.startswith(".") for path in encoded.iterdir())
+
+
 # An encoding into the store sys.argv[2] killed with SIGKILL once it writes its temporary.
 _KILLED_ENCODING = """
 import os, signal, sys
