@@ -570,31 +570,57 @@ def test_a_download_keeps_its_name_as_sent_beside_an_ascii_one():
     """Content-Disposition carries the uploaded name, its folders dropped, in RFC 6266's
     filename* (UTF-8, percent-encoded), with the ASCII name for clients that read only
     filename; a name of ASCII letters has that alone."""
-    import urllib.parse
-
     from starlette.testclient import TestClient
 
     from nmt.serving.app import build_app
     from nmt.serving.limits import ServerLimits
 
     client = TestClient(build_app(_file_service(ServerLimits(), align=None)[0]))
-
-    def downloaded_as(name: str) -> tuple[str, str]:
-        answer = client.post("/translate_file", data=PAIR, files={"file": (name, b"Hund.")})
-        url = answer.json()["translatedFileUrl"]
-        header = client.get(url[url.index("/download_file/"):]).headers["content-disposition"]
-        params = dict(part.strip().split("=", 1) for part in header.split(";")[1:])
-        if "filename*" not in params:
-            return header, params["filename"].strip('"')
-        charset, _, encoded = params["filename*"].split("'", 2)
-        return header, urllib.parse.unquote(encoded, encoding=charset, errors="strict")
-
-    header, name = downloaded_as("报告 2024.txt")
+    header, name = _downloaded_as(client, "报告 2024.txt")
     assert name == "报告 2024.txt"
     assert header == ("attachment; filename=\"___2024.txt\"; "
                       "filename*=UTF-8''%E6%8A%A5%E5%91%8A%202024.txt")
-    assert downloaded_as("..\\Berichte/.Größe; 100%.html")[1] == "Größe; 100%.html"
-    assert downloaded_as("notes-1.txt") == ('attachment; filename="notes-1.txt"', "notes-1.txt")
+    assert _downloaded_as(client, "..\\Berichte/.Größe; 100%.html")[1] == "Größe; 100%.html"
+    assert _downloaded_as(client, "notes-1.txt") == ('attachment; filename="notes-1.txt"',
+                                                     "notes-1.txt")
+
+
+def _downloaded_as(client, name: str) -> tuple[str, str]:
+    """The Content-Disposition of the download of a file uploaded as `name`, and the name a
+    browser saves it by (filename*, where there is one)."""
+    import urllib.parse
+
+    answer = client.post("/translate_file", data=PAIR, files={"file": (name, b"Hund.")})
+    url = answer.json()["translatedFileUrl"]
+    header = client.get(url[url.index("/download_file/"):]).headers["content-disposition"]
+    params = dict(part.strip().split("=", 1) for part in header.split(";")[1:])
+    if "filename*" not in params:
+        return header, params["filename"].strip('"')
+    charset, _, encoded = params["filename*"].split("'", 2)
+    return header, urllib.parse.unquote(encoded, encoding=charset, errors="strict")
+
+
+def test_a_download_name_keeps_no_character_that_hides_or_reorders_what_it_shows():
+    """U+202E (right-to-left override) survived in filename*: "\u202egnp.txt" was shown as
+    "txt.png". Bidi marks and overrides, other format characters, controls and line or
+    paragraph separators are dropped from both names."""
+    from starlette.testclient import TestClient
+
+    from nmt.serving.app import build_app
+    from nmt.serving.file_store import content_disposition
+    from nmt.serving.limits import ServerLimits
+
+    client = TestClient(build_app(_file_service(ServerLimits(), align=None)[0]))
+    assert _downloaded_as(client, "\u202egnp.txt") == ('attachment; filename="gnp.txt"',
+                                                       "gnp.txt")
+    hidden = ["\u200e", "\u200f", "\u202a", "\u202b", "\u202c", "\u202d", "\u2066", "\u2067",
+              "\u2068", "\u2069", "\u061c", "\u200b", "\u00ad", "\ufeff", "\u2028", "\u2029",
+              "\x85", "\x1b", "\x7f", "\U000e0041"]
+    for char in hidden:
+        assert content_disposition(f"re{char}port.txt") == 'attachment; filename="report.txt"', (
+            ascii(char))
+    assert content_disposition("Ber\u202eicht.txt\u202c") == 'attachment; filename="Bericht.txt"'
+    assert _downloaded_as(client, "Grö\u2067ße.html")[1] == "Größe.html"
 
 
 def test_translate_file_refuses_a_body_that_is_not_a_multipart_form_415():

@@ -8,6 +8,7 @@ import collections
 import dataclasses
 import re
 import time
+import unicodedata
 import urllib.parse
 import uuid
 
@@ -16,6 +17,10 @@ from nmt.serving.errors import RequestError
 KEEP_SECONDS = 30 * 60
 KEEP_FILES = 256
 KEEP_BYTES = 256 << 20
+# Characters a name shows nothing of, or that reorder what it shows (U+202E turns
+# "\u202egnp.txt" into "txt.png" on screen): controls, format characters (bidi marks and
+# overrides, joiners, soft hyphen, BOM) and line or paragraph separators.
+INVISIBLE_CATEGORIES = frozenset({"Cc", "Cf", "Zl", "Zp"})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,6 +83,7 @@ def content_disposition(filename: str) -> str:
 
 
 def _base_name(filename: str) -> str:
-    """The name without its folders, control characters or leading dots (at most 100)."""
+    """The name without its folders, invisible characters or leading dots (at most 100)."""
     base = re.split(r"[\\/]", filename)[-1]
-    return re.sub(r"[\x00-\x1f\x7f]", "", base).lstrip(".")[-100:]
+    shown = [char for char in base if unicodedata.category(char) not in INVISIBLE_CATEGORIES]
+    return "".join(shown).lstrip(".")[-100:]
