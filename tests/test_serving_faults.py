@@ -623,6 +623,23 @@ def test_a_download_name_keeps_no_character_that_hides_or_reorders_what_it_shows
     assert _downloaded_as(client, "Grö\u2067ße.html")[1] == "Größe.html"
 
 
+def test_a_download_of_a_name_of_dots_and_a_suffix_ends_in_that_suffix():
+    """"...txt" is read as a .txt file (its suffix is what follows the last dot), but its
+    leading dots were stripped with the suffix's own: it downloaded as "txt"."""
+    from starlette.testclient import TestClient
+
+    from nmt.serving.app import build_app
+    from nmt.serving.file_store import safe_name
+    from nmt.serving.limits import ServerLimits
+
+    client = TestClient(build_app(_file_service(ServerLimits(), align=None)[0]))
+    for sent, named in (("...txt", "file.txt"), ("..html", "file.html"),
+                        ("Berichte\\..htm", "file.htm"), (".\u202e.txt", "file.txt"),
+                        (".notes.txt", "notes.txt"), ("..a.b.txt", "a.b.txt")):
+        assert _downloaded_as(client, sent) == (f'attachment; filename="{named}"', named), sent
+    assert safe_name("...") == "file"
+
+
 def test_translate_file_refuses_a_body_that_is_not_a_multipart_form_415():
     from starlette.testclient import TestClient
 

@@ -83,7 +83,11 @@ def content_disposition(filename: str) -> str:
 
 
 def _base_name(filename: str) -> str:
-    """The name without its folders, invisible characters or leading dots (at most 100)."""
+    """The name without its folders, invisible characters or leading dots (its last 100
+    characters). A name of dots and a suffix ("...txt", whose kind is .txt) is "file" and
+    that suffix: the download ends in the suffix the upload was read by."""
     base = re.split(r"[\\/]", filename)[-1]
-    shown = [char for char in base if unicodedata.category(char) not in INVISIBLE_CATEGORIES]
-    return "".join(shown).lstrip(".")[-100:]
+    shown = "".join(char for char in base
+                    if unicodedata.category(char) not in INVISIBLE_CATEGORIES)[-100:]
+    name = shown.lstrip(".")
+    return f"file.{name}" if name and "." not in name and "." in shown else name
