@@ -775,6 +775,63 @@ def test_bytes_that_are_not_http_get_a_json_400_counted_and_logged_as_ours(guard
     assert "Invalid HTTP request" not in logged
 
 
+def _head(size: int, path: str = "/health") -> bytes:
+    """A GET of `path` whose request line and headers, blank line included, are `size` bytes."""
+    start, end = f"GET {path} HTTP/1.1\r\nHost: x\r\nX-Pad: ".encode(), b"\r\n\r\n"
+    return start + b"a" * (size - len(start) - len(end)) + end
+
+
+def _answer_in_pieces(server: Server, data: bytes, piece: int) -> tuple[int, bytes]:
+    """The status and body of the answer to `data`, sent `piece` bytes at a time, 10 ms apart
+    (each piece a read of its own), and read to the connection's end (at most 10 s)."""
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        for start in range(0, len(data), piece):
+            sock.sendall(data[start:start + piece])
+            time.sleep(0.01 if piece < len(data) else 0)
+        answer, deadline = b"", time.monotonic() + 10
+        while time.monotonic() < deadline and (got := sock.recv(65536)):
+            answer += got
+    head, _, body = answer.partition(b"\r\n\r\n")
+    return int(head.split()[1]), body
+
+
+def test_a_request_line_and_headers_past_16_kib_get_431_however_they_arrive(guarded):
+    """A 200 KB header or 20,000 header lines got a 400 saying the request was not HTTP/1.1,
+    then a reset; a 100 KB URL in one write was served, the same URL in pieces refused. Now a
+    head of 16,384 bytes is served and one byte more refused 431, in one write or 1 KiB pieces,
+    with an answer the client can read before the connection closes."""
+    limit = 16 * 1024  # nmt.serving.protocol.MAX_HEAD_BYTES
+    counted_before = metric(guarded, "nmt_requests_total", 'code="431",endpoint="other"')
+    for piece in (1 << 20, 1024):
+        assert _answer_in_pieces(guarded, _head(limit), piece)[0] == 200, piece
+        status, body = _answer_in_pieces(guarded, _head(limit + 1), piece)
+        assert status == 431, (piece, body)
+        assert json.loads(body)["error"].startswith(
+            "the request line and headers are more than 16384 bytes, this server's limit; ")
+    many_lines = b"GET /health HTTP/1.1\r\nHost: x\r\n" + b"X-A: a\r\n" * 20_000 + b"\r\n"
+    for data in (_head(200_000), many_lines, _head(120_000, "/languages?" + "a" * 100_000)):
+        assert _answer_in_pieces(guarded, data, len(data))[0] == 431
+    behind = exchange(guarded, http_request("GET", "/health") + _head(limit + 1), 2)
+    assert [status for status, _, _ in behind] == [200, 431]  # pipelined behind another
+    assert_live(guarded)
+    assert metric(guarded, "nmt_requests_total",
+                  'code="431",endpoint="other"') == counted_before + 6
+
+
+def test_a_chunk_size_line_past_16_kib_gets_431(guarded):
+    """h11's own bound on a line it has not read whole, past the headers: its hint (431) is
+    the status, not a 400 saying the request is not HTTP/1.1."""
+    data = (b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n5;" + b"x" * 20_000)
+    status, body = _answer_in_pieces(guarded, data, len(data))
+    assert status == 431, body
+    assert json.loads(body)["error"] == ("a chunk-size line or the trailers of the request's "
+                                         "chunked body are more than 16384 bytes, this "
+                                         "server's limit")
+    assert_live(guarded)
+
+
 def test_a_request_whose_client_left_is_not_searched(run_dir, env, engine):
     """The request waits a second for company; its client leaves after a fifth of that: the
     server searches nothing, and counts the request as aborted."""

@@ -13,6 +13,10 @@ The server always uses this protocol (never uvicorn's httptools one): a request 
 parse (a Content-Length that is not a number, a header line without a colon, a TLS handshake
 sent to the plain port) is answered 400 `{"error": ...}` with `Connection: close` and counted,
 where uvicorn wrote a plain-text 400 and a warning of its own.
+
+A request line and headers of more than `MAX_HEAD_BYTES` are answered 431, however their bytes
+arrive. h11 alone refuses them only while they are incomplete after a read: the same head sent
+in one write (a read holds up to 256 KiB) was served, sent in pieces refused as a 400.
 """
 
 from __future__ import annotations
@@ -20,7 +24,10 @@ from __future__ import annotations
 import asyncio
 import errno
 import logging
+import re
 import socket
+import sys
+from http import HTTPStatus
 from typing import TYPE_CHECKING
 
 import h11
@@ -37,6 +44,13 @@ log = logging.getLogger("nmt.serving")
 TLS_RECORD = b"\x16"  # the first byte of a TLS handshake: a client speaking https:// to us
 # uvicorn's warning for bytes h11 cannot parse; `send_400_response` logs a line of its own.
 UVICORN_INVALID = "Invalid HTTP request received."
+# The most bytes a request's line and headers may take, their blank line included: h11's bound
+# on an event it has not read whole, which uvicorn keeps unless told otherwise.
+MAX_HEAD_BYTES = 16 * 1024
+BLANK_LINE = re.compile(rb"\n\r?\n")  # where h11 ends a request's headers
+LINGER_SECONDS = 2.0  # reading on, after a 431, so that the client reads it before a reset
+HEAD_TOO_LARGE = (f"the request line and headers are more than {MAX_HEAD_BYTES} bytes, this "
+                  "server's limit; send long texts in the body, not in the URL or a header")
 
 
 class HeaderDeadline(H11Protocol):
@@ -44,18 +58,57 @@ class HeaderDeadline(H11Protocol):
     answering in JSON those whose bytes are not HTTP/1.1."""
 
     header_timeout = 10.0  # seconds; `with_header_timeout` makes a class with another
-    metrics: Metrics | None = None  # where a 408 answered here is counted (endpoint "other")
+    metrics: Metrics | None = None  # where a 4xx answered here is counted (endpoint "other")
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self._header_timer: asyncio.TimerHandle | None = None
         self._first_byte = b""  # of the connection: a TLS handshake is told by it
+        self._refused = False  # answered 431: what comes after is dropped
         super().connection_made(transport)
         self._watch_headers()
 
     def data_received(self, data: bytes) -> None:
+        if self._refused:
+            return  # the rest of a request answered 431, read only so that no reset loses it
         self._first_byte = self._first_byte or data[:1]
         super().data_received(data)
         self._watch_headers()
+
+    def handle_events(self) -> None:
+        """uvicorn's, after refusing a request whose line and headers, as far as they have
+        come, are past `MAX_HEAD_BYTES` (uvicorn calls this after each read and after each
+        answer, for the requests sent behind it)."""
+        if self._head_too_large():
+            self._refuse_head()
+        else:
+            super().handle_events()
+
+    def _head_too_large(self) -> bool:
+        if self.conn.their_state is not h11.IDLE:
+            return False
+        pending = self.conn.trailing_data[0]  # what has come of this request: at most a read
+        return (len(pending) > MAX_HEAD_BYTES
+                and BLANK_LINE.search(pending, 0, MAX_HEAD_BYTES) is None)
+
+    def _refuse_head(self) -> None:
+        """Answer 431 and close once the client has read it: the answer, then the end of what
+        this side sends, then the client's bytes are read and dropped for `LINGER_SECONDS`
+        (closing with them unread would reset the connection, and the answer with it)."""
+        self._refused = True
+        self._stop_timer()
+        body = error_body(HEAD_TOO_LARGE)
+        self.transport.write(b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: "
+                             b"application/json\r\ncontent-length: %d\r\nconnection: close"
+                             b"\r\n\r\n%s" % (len(body), body))
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+            self.loop.call_later(LINGER_SECONDS, self.transport.close)
+        else:
+            self.transport.close()
+        log.info("431 to %s: %s", "%s:%d" % self.client if self.client else "a client",
+                 HEAD_TOO_LARGE)
+        if self.metrics is not None:
+            self.metrics.observe_request("other", 431, 0.0)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._stop_timer()
@@ -64,7 +117,8 @@ class HeaderDeadline(H11Protocol):
     def _waiting_for_headers(self) -> bool:
         """Whether a request has begun (or the connection just opened) without its headers:
         h11 says IDLE of the client until a request's headers are complete."""
-        return self.conn.their_state is h11.IDLE and not self.transport.is_closing()
+        return (self.conn.their_state is h11.IDLE and not self.transport.is_closing()
+                and not self._refused)
 
     def _watch_headers(self) -> None:
         if not self._waiting_for_headers():
@@ -97,17 +151,24 @@ class HeaderDeadline(H11Protocol):
         if self.conn.our_state not in (h11.IDLE, h11.SEND_RESPONSE):  # an answer is under way
             self.transport.close()
             return
-        message = self._not_http()
+        # h11's hint, on the error uvicorn is handling: 431 for an incomplete event past its
+        # bound, which (the headers held to `MAX_HEAD_BYTES` before) is a chunked body's line.
+        status = getattr(sys.exc_info()[1], "error_status_hint", 400)
+        message = self._not_http() if status != 431 else (
+            f"a chunk-size line or the trailers of the request's chunked body are more than "
+            f"{MAX_HEAD_BYTES} bytes, this server's limit")
         body = error_body(message)
         headers = [(b"content-type", b"application/json"), (b"connection", b"close"),
                    (b"content-length", b"%d" % len(body))]
-        answer = h11.Response(status_code=400, headers=headers, reason=b"Bad Request")
+        answer = h11.Response(status_code=status, headers=headers,
+                              reason=HTTPStatus(status).phrase.encode())
         for event in (answer, h11.Data(data=body), h11.EndOfMessage()):
             self.transport.write(self.conn.send(event))
         self.transport.close()
-        log.info("400 to %s: %s", "%s:%d" % self.client if self.client else "a client", message)
+        log.info("%d to %s: %s", status, "%s:%d" % self.client if self.client else "a client",
+                 message)
         if self.metrics is not None:
-            self.metrics.observe_request("other", 400, 0.0)  # answered as the bytes came
+            self.metrics.observe_request("other", status, 0.0)  # answered as the bytes came
 
     def _not_http(self) -> str:
         if self._first_byte == TLS_RECORD:
@@ -119,7 +180,7 @@ class HeaderDeadline(H11Protocol):
 
 def with_header_timeout(seconds: float, metrics: Metrics | None = None
                         ) -> type[HeaderDeadline]:
-    """`HeaderDeadline` with a deadline of `seconds`, counting its 408s and 400s in `metrics`
+    """`HeaderDeadline` with a deadline of `seconds`, counting its 408s, 400s and 431s in `metrics`
     (uvicorn makes one instance per connection)."""
     logging.getLogger("uvicorn.error").addFilter(_drop_uvicorn_invalid)  # added once
     return type("HeaderDeadline", (HeaderDeadline,),
