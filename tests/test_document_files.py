@@ -593,6 +593,72 @@ def test_a_docx_of_more_characters_than_asked_stops_being_read_there():
         prepare(data, "x.docx", "en", max_characters=999)
 
 
+def _with_body(markup: bytes, text: str = "Hello there.") -> bytes:
+    """A .docx whose body holds `markup` and then a paragraph of `text`, zipped anew (python-docx
+    would take minutes to add a million paragraphs)."""
+    document = docx.Document()
+    document.add_paragraph(text)
+    with zipfile.ZipFile(io.BytesIO(_saved(document))) as archive:
+        parts = {name: archive.read(name) for name in archive.namelist()}
+    body = parts["word/document.xml"]
+    return _zip({**parts, "word/document.xml": body.replace(b"<w:body>", b"<w:body>" + markup)})
+
+
+def test_a_docx_of_empty_paragraphs_is_refused_at_the_limit_before_their_text_is_read(
+        monkeypatch):
+    """Empty paragraphs hold no character, yet each costs work to read (a few kilobytes of
+    zip can hold millions): each paragraph, table, cell and run counts one against the limit,
+    before the paragraph's text is read, and an empty one's never is."""
+    read = []
+    text = docx.text.paragraph.Paragraph.text
+    monkeypatch.setattr(docx.text.paragraph.Paragraph, "text", property(
+        lambda paragraph: read.append(1) or text.fget(paragraph), text.fset))
+    data = _with_body(b"<w:p/>" * 3000)  # and one paragraph of one run: 3002 pieces
+    with pytest.raises(document_files.TooMuchMarkup, match="more than 3001 paragraphs"):
+        prepare(data, "empty.docx", "en", max_characters=3001)
+    assert read == []
+    assert prepare(data, "empty.docx", "en", max_characters=3002).characters == 12
+    read.clear()
+    assert prepare(data, "empty.docx", "en").documents[0].sentences == ["Hello there."]
+    assert len(read) == 1  # without a limit (translate.py), the text paragraph's alone
+    cells = b"<w:tbl>" + (b"<w:tr>" + b"<w:tc/>" * 40 + b"</w:tr>") * 50 + b"</w:tbl>"
+    with pytest.raises(document_files.TooMuchMarkup, match="table cells"):
+        prepare(_with_body(cells), "cells.docx", "en", max_characters=1000)
+
+
+def test_a_docx_whose_xml_holds_more_tags_than_the_limit_allows_is_refused_unparsed(
+        monkeypatch):
+    """Tags are counted as the parts unpack, 8 per character allowed and XML_TAGS_BESIDES
+    more, so that python-docx never parses a bomb of empty elements."""
+    data = _with_body(b"<w:p/>" * 5000)
+    with zipfile.ZipFile(io.BytesIO(data)) as archive:
+        tags = sum(archive.read(name).count(b"<") for name in archive.namelist())
+    assert document_files.XML_TAGS_PER_CHARACTER == 8
+    monkeypatch.setattr(document_files, "XML_TAGS_BESIDES", tags - 8 * 10_000)
+    assert prepare(data, "fits.docx", "en", max_characters=10_000).characters == 12
+    monkeypatch.setattr(document_files, "XML_TAGS_BESIDES", tags - 8 * 10_000 - 1)
+
+    def parsed(*args):
+        raise AssertionError("python-docx was given the file")
+
+    monkeypatch.setattr(document_files.docx, "Document", parsed)
+    with pytest.raises(document_files.TooMuchMarkup, match=f"more than {tags - 1} tags"):
+        prepare(data, "bomb.docx", "en", max_characters=10_000)
+
+
+def test_a_docx_cell_spanning_many_columns_or_rows_is_read_once():
+    """A cell's span is the file's to state: one over many grid columns and rows (the cells
+    below it continuing its vertical merge) is one cell, read once; not once per grid column,
+    nor by walking up the merge from each cell below it (quadratic in its rows)."""
+    span = (b'<w:tr><w:tc><w:tcPr><w:gridSpan w:val="1000"/><w:vMerge w:val="restart"/>'
+            b'</w:tcPr><w:p><w:r><w:t>Wide cell.</w:t></w:r></w:p></w:tc></w:tr>')
+    below = (b'<w:tr><w:tc><w:tcPr><w:gridSpan w:val="1000"/><w:vMerge/></w:tcPr>'
+             b'<w:p><w:r><w:t>Hidden.</w:t></w:r></w:p></w:tc></w:tr>')
+    data = _with_body(b"<w:tbl>" + span + below * 600 + b"</w:tbl>")
+    prepared = prepare(data, "wide.docx", "en", max_characters=10_000)
+    assert [d.sentences for d in prepared.documents] == [["Hello there."], ["Wide cell."]]
+
+
 @pytest.mark.parametrize("name, unit", [("x.txt", "Twenty characters...\n"),
                                         ("x.htm", "<p>Twenty characters...</p>")])
 def test_a_text_or_page_of_more_characters_than_asked_stops_being_cut_there(

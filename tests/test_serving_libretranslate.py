@@ -216,9 +216,10 @@ def test_detect_with_libretranslatepy_and_source_auto(server):
     assert [d["language"] for d in answer["detectedLanguage"]] == ["de", "de"]
 
 
-def fake_client(*pairs: str):
+def fake_client(*pairs: str, limits=None):
     """In-process (Starlette's test client): a server of `pairs` ("de:en") whose models say
-    which they are ("de-en: SENTENCE"), and the list of every sentence they were given."""
+    which they are ("de-en: SENTENCE"), and the list of every sentence they were given;
+    `limits`: its ServerLimits, the defaults without."""
     from types import SimpleNamespace
 
     from starlette.testclient import TestClient
@@ -247,7 +248,7 @@ def fake_client(*pairs: str):
                            batcher=batcher, alternatives_batcher=batcher)
 
     service = Service(Catalog([model(n, pair) for n, pair in enumerate(pairs)]),
-                      ServerLimits(), Metrics(), ready=True, alternatives_limit=2)
+                      limits or ServerLimits(), Metrics(), ready=True, alternatives_limit=2)
     return TestClient(build_app(service)), searched
 
 
@@ -599,6 +600,35 @@ def test_translate_file_text_and_html_and_its_refusals(server):
     assert status == 400 and "not UTF-8" in json.loads(answer)["error"]
     status, _, answer = server.request("GET", "/download_file/nothing-here.docx")
     assert status == 404
+
+
+def test_translate_file_refuses_a_docx_of_more_empty_paragraphs_than_its_limit_reads():
+    """Empty paragraphs hold no character to translate, yet a few kilobytes of zip can hold
+    millions, each read at a cost: a .docx's paragraphs count against --file-char-limit too
+    (413, nothing searched), as do its XML tags, before python-docx parses it."""
+    import docx
+
+    from nmt.serving.limits import ServerLimits
+
+    client, searched = fake_client("de:en", limits=ServerLimits(max_file_characters=100))
+    document = docx.Document()
+    for _ in range(200):
+        document.add_paragraph()
+    document.add_paragraph(GERMAN[:40])
+    data = io.BytesIO()
+    document.save(data)
+    answer = client.post("/translate_file", data={"source": "de", "target": "en"},
+                         files={"file": ("empty.docx", data.getvalue())})
+    assert answer.status_code == 413 and searched == []
+    assert answer.json()["error"].startswith(
+        "the file holds more markup than this server reads for its limit of 100 characters "
+        "(--file-char-limit): the .docx file has more than 100 paragraphs")
+    one = io.BytesIO()
+    document = docx.Document()
+    document.add_paragraph(GERMAN[:40])
+    document.save(one)
+    assert client.post("/translate_file", data={"source": "de", "target": "en"}, files={
+        "file": ("one.docx", one.getvalue())}).status_code == 200
 
 
 # ------------------------------------------------------- markup of a sentence kept as it is

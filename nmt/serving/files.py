@@ -87,11 +87,17 @@ def _cutting_language(source: str) -> str:
 
 async def _prepare_within_limit(request: Request, service: Service, data: bytes,
                                 filename: str, source: str):
-    """The file cut into documents, read no further than --file-char-limit: a file past it
-    is refused 413 and counts as one request of no characters, since it was read that far."""
+    """The file cut into documents, read no further than --file-char-limit: a file past it,
+    or holding more markup than it allows, is refused 413 and counts as one request of no
+    characters, since it was read that far."""
     limit = service.limits.max_file_characters
     try:
         return await _prepare(data, filename, _cutting_language(source), limit)
+    except document_files.TooMuchMarkup as err:
+        service.keep_charge(request)
+        raise RequestError(413, f"the file holds more markup than this server reads for its "
+                                f"limit of {limit} characters (--file-char-limit): {err}"
+                           ) from None
     except document_files.TooManyCharacters:
         service.keep_charge(request)
         raise RequestError(413, f"the file has more characters to translate than this "

@@ -30,6 +30,12 @@ controls (w:sdt), tracked changes, smart tags, custom XML, simple fields and the
 text in a direction override (w:dir, w:bdo), alt text, hidden text (w:vanish).
 A .docx is refused (ValueError) when it is not a readable Word file or unpacks to more than
 MAX_UNPACKED_BYTES, counted as it unpacks (the sizes a zip states are the sender's to write).
+Given a limit of characters to translate, its markup is held to that limit too
+(TooMuchMarkup), since a few kilobytes of zip can hold millions of empty paragraphs that cost
+work and hold no character: its parts may hold XML_TAGS_PER_CHARACTER tags per character
+allowed (and XML_TAGS_BESIDES more, for styles and settings), counted as they unpack, before
+they are parsed; and as many paragraphs, tables, table cells, runs, tabs, line breaks and
+hyperlinks are read as characters allowed, each counted before the work of reading it.
 """
 
 from __future__ import annotations
@@ -48,10 +54,18 @@ from pathlib import PurePath
 import docx  # python-docx (the serve extra)
 from docx.opc.exceptions import OpcError
 from docx.oxml import OxmlElement
+from docx.table import Table, _Cell
+from docx.text.paragraph import Paragraph
 from docx.text.run import Run
 from lxml import etree
 
-from nmt.translation.paragraphs import Document, TooManyCharacters, split_html, split_text
+from nmt.translation.paragraphs import (
+    Document,
+    TooManyCharacters,
+    TooMuchMarkup,
+    split_html,
+    split_text,
+)
 
 MEDIA_TYPES = {
     ".txt": "text/plain; charset=utf-8",
@@ -63,6 +77,11 @@ FILE_SUFFIXES = tuple(MEDIA_TYPES)
 # A .docx is a zip: what it unpacks to is bounded, or a few compressed megabytes of repeated
 # XML could take gigabytes to read.
 MAX_UNPACKED_BYTES = 256 << 20
+# Under a limit of characters, the XML tags a .docx's parts may hold: per character allowed,
+# and besides (python-docx's own template holds 24,000 tags of styles and settings). A Word
+# document holds about one tag per character; an empty paragraph, "<w:p/>", is one.
+XML_TAGS_PER_CHARACTER = 8
+XML_TAGS_BESIDES = 1 << 18
 _BOM = "\ufeff"
 
 
@@ -100,7 +119,9 @@ def prepare(data: bytes, filename: str, language: str,
     ValueError saying what is wrong with a file that cannot be read, TooManyCharacters as
     soon as what is read holds more than `max_characters` to translate (a .docx's paragraphs
     as they are read: a few kilobytes of zip can hold a million; a text's or a page's
-    sentences as they are cut), so that an oversized file costs no more than the limit."""
+    sentences as they are cut), and TooMuchMarkup (a TooManyCharacters) for a .docx holding
+    more markup than the module's docstring says that limit allows, so that an oversized
+    file costs no more than the limit."""
     kind = kind_of(filename)
     if kind == ".docx":
         return _prepare_docx(data, language, max_characters)
@@ -192,9 +213,9 @@ _NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
 
 
 def _prepare_docx(data: bytes, language: str, max_characters: int | None) -> Prepared:
-    document = _open_docx(data)
+    document = _open_docx(data, max_characters)
     try:
-        fragments = _fragments(document, max_characters)
+        fragments = _fragments(document, _Allowance(max_characters))
     except _UNREADABLE as err:  # a part python-docx cannot read as Word's
         if isinstance(err, TooManyCharacters):
             raise
@@ -213,40 +234,75 @@ def _prepare_docx(data: bytes, language: str, max_characters: int | None) -> Pre
     return Prepared(documents, rebuild)
 
 
-def _fragments(document, max_characters: int | None) -> list[_Fragment]:
-    """The paragraphs with text to translate; TooManyCharacters once they pass the limit."""
-    fragments, characters = [], 0
-    for paragraph, depth in _in_fields(_paragraphs(document)):
-        text = paragraph.text
-        if not text.strip():
-            continue
-        characters += len(text.strip())
-        if max_characters is not None and characters > max_characters:
-            raise TooManyCharacters(f"the file has more than {max_characters} characters to "
+class _Allowance:
+    """What reading a .docx may still cost under a limit of characters to translate (None:
+    none): as many characters, and as many pieces of markup (paragraphs, tables, cells,
+    runs...), each counted before the work of reading it."""
+
+    def __init__(self, limit: int | None):
+        self.limit = limit
+        self.characters = 0
+        self.pieces = 0
+
+    def spend_characters(self, count: int) -> None:
+        self.characters += count
+        if self.limit is not None and self.characters > self.limit:
+            raise TooManyCharacters(f"the file has more than {self.limit} characters to "
                                     "translate")
+
+    def spend_pieces(self, count: int) -> None:
+        self.pieces += count
+        if self.limit is not None and self.pieces > self.limit:
+            raise TooMuchMarkup(f"the .docx file has more than {self.limit} paragraphs, tables, "
+                                "table cells, runs, tabs, line breaks and hyperlinks, one for "
+                                "each character to translate that is allowed; split it into "
+                                "smaller files")
+
+
+# What a paragraph's text may hold besides whitespace (python-docx's run.text reads tabs and
+# breaks as whitespace): a paragraph without one is not read further.
+_VISIBLE = (_W + "t", _W + "noBreakHyphen")
+# A paragraph's pieces that its reading works on, one by one.
+_PIECES = tuple(_W + name for name in ("r", "tab", "br", "cr", "hyperlink"))
+
+
+def _fragments(document, allowance: _Allowance) -> list[_Fragment]:
+    """The paragraphs with text to translate; TooManyCharacters once they pass the limit."""
+    fragments = []
+    for p, container, depth in _in_fields(_paragraphs(document, allowance)):
+        allowance.spend_pieces(sum(1 for _ in p.iter(*_PIECES)))
+        if next(p.iter(*_VISIBLE), None) is None:
+            continue  # an empty paragraph costs no more than this
+        paragraph = Paragraph(p, container)
+        text = paragraph.text.strip()
+        if not text:
+            continue
+        allowance.spend_characters(len(text))
         fragment = _Fragment(paragraph, depth)
         if fragment.has_text:
             fragments.append(fragment)
     return fragments
 
 
-def _in_fields(paragraphs: Iterator) -> Iterator[tuple]:
-    """Each paragraph with the number of fields open where it begins: a field (a table of
-    contents) may span the paragraphs of a container (the body, a cell, a header)."""
+def _in_fields(paragraphs: Iterator[tuple]) -> Iterator[tuple]:
+    """Each (w:p element, its container) with the number of fields open where it begins: a
+    field (a table of contents) may span the paragraphs of a container (the body, a cell, a
+    header)."""
     parent, depth = None, 0
-    for paragraph in paragraphs:
-        if paragraph._p.getparent() is not parent:
-            parent, depth = paragraph._p.getparent(), 0
-        yield paragraph, depth
-        depth = max(0, depth + _field_depth(paragraph._p))
+    for p, container in paragraphs:
+        if p.getparent() is not parent:
+            parent, depth = p.getparent(), 0
+        yield p, container, depth
+        depth = max(0, depth + _field_depth(p))
 
 
-def _open_docx(data: bytes):
+def _open_docx(data: bytes, max_characters: int | None):
     """The python-docx Document of `data`; ValueError for what is not a .docx or unpacks to
-    more than MAX_UNPACKED_BYTES."""
+    more than MAX_UNPACKED_BYTES, TooMuchMarkup for one whose XML holds more tags than
+    `max_characters` allows (see the module's docstring)."""
     try:
         with zipfile.ZipFile(io.BytesIO(data)) as archive:
-            _check_unpacked_size(archive)
+            _check_unpacked_size(archive, max_characters)
     except (zipfile.BadZipFile, zlib.error, EOFError, NotImplementedError, RuntimeError) as err:
         raise ValueError(f"not a valid .docx file ({type(err).__name__}: {err})") from None
     try:
@@ -255,32 +311,45 @@ def _open_docx(data: bytes):
         raise ValueError(f"not a valid .docx file ({type(err).__name__}: {err})") from None
 
 
-def _check_unpacked_size(archive: zipfile.ZipFile) -> None:
+def _check_unpacked_size(archive: zipfile.ZipFile, max_characters: int | None) -> None:
     """ValueError once the entries, unpacked a chunk at a time, pass MAX_UNPACKED_BYTES: the
     sizes the zip states may lie (a small file claiming small entries that unpack to
     gigabytes), and unpacking an entry whole would hold it all at once. An entry that unpacks
-    to other than its stated size fails its CRC check (BadZipFile)."""
-    unpacked = 0
+    to other than its stated size fails its CRC check (BadZipFile). TooMuchMarkup once they
+    hold more "<" (an upper bound of their tags, counted in every entry, as any may be XML)
+    than `max_characters` allows, before python-docx parses one."""
+    unpacked = tags = 0
+    max_tags = (None if max_characters is None
+                else XML_TAGS_PER_CHARACTER * max_characters + XML_TAGS_BESIDES)
     for info in archive.infolist():
         with archive.open(info) as entry:
             while chunk := entry.read(_UNPACK_CHUNK):
                 unpacked += len(chunk)
+                tags += chunk.count(b"<")
                 if unpacked > MAX_UNPACKED_BYTES:
                     raise ValueError(f"the .docx file unpacks to more than the "
                                      f"{MAX_UNPACKED_BYTES} bytes read here; split it into "
                                      "smaller files")
+                if max_tags is not None and tags > max_tags:
+                    raise TooMuchMarkup(
+                        f"the .docx file's XML holds more than {max_tags} tags, the most read "
+                        f"for {max_characters} characters to translate "
+                        f"({XML_TAGS_PER_CHARACTER} per character and {XML_TAGS_BESIDES} more); "
+                        "split it into smaller files")
 
 
-def _paragraphs(document) -> Iterator:
-    """Every paragraph of the body, its tables (nested ones too), headers and footers, each
-    once (a merged cell is one cell; a header linked to the previous section is that one)."""
+def _paragraphs(document, allowance: _Allowance) -> Iterator[tuple]:
+    """(w:p element, its container) for every paragraph of the body, its tables (nested ones
+    too), headers and footers, each once (a merged cell is one cell; a header linked to the
+    previous section is that one); each paragraph, table and cell is spent from
+    `allowance` before it is read."""
     seen: set = set()  # XML elements, held so that no other element can take their identity
     for part in _parts(document):
-        yield from _in_container(part, seen)
+        yield from _in_container(part, seen, allowance)
 
 
 def _parts(document) -> Iterator:
-    yield document
+    yield document._body
     for section in document.sections:
         for part in (section.header, section.footer, section.first_page_header,
                      section.first_page_footer, section.even_page_header,
@@ -289,17 +358,28 @@ def _parts(document) -> Iterator:
                 yield part
 
 
-def _in_container(container, seen: set) -> Iterator:
-    for paragraph in container.paragraphs:
-        if paragraph._p not in seen:
-            seen.add(paragraph._p)
-            yield paragraph
-    for table in container.tables:
-        for row in table.rows:
-            for cell in row.cells:
-                if cell._tc not in seen:
-                    seen.add(cell._tc)
-                    yield from _in_container(cell, seen)
+def _in_container(container, seen: set, allowance: _Allowance) -> Iterator[tuple]:
+    """The paragraphs of a container (the body, a header, a cell), then its tables'. The
+    XML is walked here, not through python-docx's lists: those are built whole before the
+    first item is counted, and its row.cells repeats a cell for each grid column it spans
+    (a span the file states: a billion for one cell) and walks up a vertical merge from
+    each of its cells (quadratic in its rows). A cell that continues a vertical merge is
+    the cell above it, read there."""
+    element = container._element
+    for p in element.iterchildren(_W + "p"):
+        allowance.spend_pieces(1)
+        if p not in seen:
+            seen.add(p)
+            yield p, container
+    for tbl in element.iterchildren(_W + "tbl"):
+        allowance.spend_pieces(1)
+        table = Table(tbl, container)
+        for tr in tbl.iterchildren(_W + "tr"):
+            for tc in tr.iterchildren(_W + "tc"):
+                allowance.spend_pieces(1)
+                if tc not in seen and tc.vMerge != "continue":
+                    seen.add(tc)
+                    yield from _in_container(_Cell(tc, table), seen, allowance)
 
 
 @dataclasses.dataclass(eq=False)

@@ -277,6 +277,12 @@ class TooManyCharacters(ValueError):
     the work of cutting all of it."""
 
 
+class TooMuchMarkup(TooManyCharacters):
+    """A file holds more markup than its reader's limit of characters allows (markup holds
+    no characters, yet costs work to read): found as it is read, before the work of reading
+    all of it."""
+
+
 class _Builder:
     """A Document under construction: text to keep and sentences to translate, in order;
     TooManyCharacters once the sentences pass `max_characters` (None: no limit)."""
