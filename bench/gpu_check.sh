@@ -245,9 +245,15 @@ fi
 if wants train; then
     : > "$OUT_DIR/train.jsonl"
     for preset in "${PRESETS[@]}"; do
+        compare=("${PEER[@]}")
+        # the peer builds the paper's model only: big's dropout 0.3 or a student's pre-norm
+        # has no peer to compare with (bench.train refuses --compare there)
+        [ ${#compare[@]} = 0 ] || "$PYTHON" -c "import sys; from bench.train import \
+peer_differences; from transformer.config import PRESETS; \
+sys.exit(bool(peer_differences(PRESETS['$preset'])))" || compare=()
         step "train-$preset" "$OUT_DIR/train-$preset.log" bash -c "set -o pipefail; \"$PYTHON\" -m bench.train \
 --preset $preset --dtype bfloat16 --batch $BATCH --src-len $LEN --tgt-len $LEN --steps $STEPS \
-${PEER[*]} | tee -a \"$OUT_DIR/train.jsonl\""
+${compare[*]} | tee -a \"$OUT_DIR/train.jsonl\""
     done
 fi
 if wants decode; then

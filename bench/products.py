@@ -190,7 +190,7 @@ def step_args(args: argparse.Namespace) -> argparse.Namespace:
         "--preset", args.preset, "--vocab", str(args.vocab), "--batch", str(args.batch),
         "--src-len", str(args.src_len), "--tgt-len", str(args.tgt_len),
         "--steps", str(args.steps), "--warmup", str(args.warmup), "--dtype", args.dtype,
-        "--threads", str(args.threads)])
+        "--threads", str(args.threads), *(["--compare"] if args.compare else [])])
 
 
 def main(argv=None) -> None:

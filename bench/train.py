@@ -23,8 +23,10 @@ With --compare, each of --rounds rounds times our step and then the peer's (one 
 running hf_train_step.py with the same model and work flags, --threads 2), prints both lines
 and the ratio of tokens/s; a final line gives the median ratio over rounds and the ratio of
 the two systems' fastest steps over all rounds (the figure least disturbed by other work on
-a shared machine). The model is the
-peer's: post-norm, ReLU, sinusoidal positions, shared embeddings, dropout 0.1, vocab 8000.
+a shared machine). The model must be the one the peer builds: post-norm, ReLU, sinusoidal
+positions, shared embeddings, dropout 0.1 (the peers' common.marian_config), with the
+preset's widths and encoder and decoder layers; --compare refuses a preset that differs
+(big and compact: dropout 0.3; the students: pre-norm).
 With --dtype bfloat16 the peer runs under torch.autocast(bfloat16) (bench/peer_autocast.py),
 PyTorch's CPU mixed precision, the same split of work as ours: products in bfloat16,
 everything else and the master weights in float32.
@@ -90,7 +92,23 @@ def parse_args(argv=None) -> argparse.Namespace:
                  f"a multiple of {devices}")
     with common.usage_errors(ValueError):  # the config names the setting it cannot take
         args.config = model_config(args)
+    differences = peer_differences(args.config)
+    if args.compare and differences:
+        ap.error(f"--compare: preset {args.preset} has {', '.join(differences)}, which the "
+                 f"peer's model cannot build; drop --compare or use base, small or tiny")
     return args
+
+
+# The settings of the one model the peer builds (the peers' common.marian_config).
+PEER_MODEL = {"norm": "post", "activation": "relu", "positional": "sinusoidal", "dropout": 0.1,
+              "attention_dropout": 0.0, "activation_dropout": 0.0, "share_embeddings": True}
+
+
+def peer_differences(config) -> list[str]:
+    """The settings of `config` the peer's model has otherwise, as 'dropout 0.3 (peer 0.1)':
+    a ratio over a different model measures the model, not the implementation."""
+    return [f"{name} {getattr(config, name)} (peer {value})" for name, value in PEER_MODEL.items()
+            if getattr(config, name) != value]
 
 
 def model_config(args):
@@ -161,7 +179,8 @@ class OurStep:
 
 def peer_args(args, config) -> list[str]:
     return ["--preset", args.preset if args.preset in ("base", "small") else "base",
-            "--d-model", str(config.d_model), "--layers", str(config.encoder_layers),
+            "--d-model", str(config.d_model), "--enc-layers", str(config.encoder_layers),
+            "--dec-layers", str(config.decoder_layers),
             "--heads", str(config.num_heads), "--ffn", str(config.d_ff),
             "--vocab", str(config.vocab_size), "--batch", str(args.batch),
             "--src-len", str(args.src_len), "--tgt-len", str(args.tgt_len),
