@@ -623,3 +623,32 @@ def test_a_sentence_joined_as_itself_keeps_its_tags_whatever_its_alignment():
                          np.eye(3, dtype=np.float32)[::-1].copy())
     assert document.join(["12 345 678"], {0: mirrored}) == '<p><b>12</b> 345 678</p>'
     assert document.join(["12 345 678."], {0: mirrored}) == '<p>12 345 <b>678</b>.</p>'
+
+
+def _counting_tags(monkeypatch) -> list:
+    """A list that grows by one for each tag (or other markup) split_html reads."""
+    read = []
+    markup_at = paragraphs._markup_at
+    monkeypatch.setattr(paragraphs, "_markup_at", lambda *args: read.append(1) or markup_at(*args))
+    return read
+
+
+@pytest.mark.parametrize("tag", ["<b>", "<p>", "<br>", "<!-- -->"])
+def test_a_page_of_tags_alone_is_refused_once_its_tags_pass_the_limit(monkeypatch, tag):
+    """Tags hold no character, yet each costs about as much to read as one: a page of more
+    tags than its limit of characters is refused as the tags are read, not after all of them."""
+    read = _counting_tags(monkeypatch)
+    with pytest.raises(paragraphs.TooMuchMarkup, match="more than 1000 tags"):
+        split_html(tag * 20_000, "en", max_characters=1000)
+    assert len(read) == 1001
+    assert split_html(tag * 1000 + "Hi.", "en", max_characters=1000).sentences == ["Hi."]
+
+
+def test_a_sentence_that_runs_on_is_refused_once_it_passes_the_limit(monkeypatch):
+    """Inline tags do not end a sentence, so the characters of one that runs on through them
+    are counted as they are read, not once it ends."""
+    read = _counting_tags(monkeypatch)
+    with pytest.raises(paragraphs.TooManyCharacters, match="more than 1000 characters") as err:
+        split_html("<p>" + "<b>word</b> " * 5000 + "</p>", "en", max_characters=1000)
+    assert not isinstance(err.value, paragraphs.TooMuchMarkup)
+    assert len(read) <= 2 * 1000 // 4 + 3  # two tags per word of four characters

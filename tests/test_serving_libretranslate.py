@@ -631,6 +631,23 @@ def test_translate_file_refuses_a_docx_of_more_empty_paragraphs_than_its_limit_r
         "file": ("one.docx", one.getvalue())}).status_code == 200
 
 
+def test_translate_file_refuses_a_page_of_more_tags_than_its_limit_reads():
+    from nmt.serving.limits import ServerLimits
+
+    client, searched = fake_client("de:en", limits=ServerLimits(max_file_characters=100))
+    for name, page in (("tags.html", "<b>" * 5000), ("long.html", "<i>Wort</i> " * 30)):
+        answer = client.post("/translate_file", data={"source": "de", "target": "en"},
+                             files={"file": (name, page.encode())})
+        assert answer.status_code == 413 and searched == []
+    assert answer.json()["error"] == ("the file has more characters to translate than this "
+                                      "server's limit of 100 (--file-char-limit)")
+    answer = client.post("/translate_file", data={"source": "de", "target": "en"},
+                         files={"file": ("tags.html", b"<b>" * 5000)})
+    assert answer.json()["error"].startswith(
+        "the file holds more markup than this server reads for its limit of 100 characters "
+        "(--file-char-limit): the page has more than 100 tags")
+
+
 # ------------------------------------------------------- markup of a sentence kept as it is
 
 

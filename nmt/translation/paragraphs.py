@@ -293,6 +293,7 @@ class _Builder:
         self.between: list[list[str]] = [[]]
         self.max_characters = max_characters
         self.characters = 0
+        self.tags = 0
 
     def keep(self, text: str) -> None:
         self.between[-1].append(text)
@@ -300,7 +301,20 @@ class _Builder:
     def check_room(self, text: str) -> None:
         """TooManyCharacters if the sentences of `text`, about to be cut, cannot fit: they
         hold all of it but its whitespace, so a long line is refused before it is cut."""
-        self._refuse_past(self.characters + sum(map(len, text.split())))
+        self.check_more(_visible_length(text))
+
+    def check_more(self, characters: int) -> None:
+        """TooManyCharacters if `characters` more, about to be cut, cannot fit."""
+        self._refuse_past(self.characters + characters)
+
+    def count_tag(self) -> None:
+        """TooMuchMarkup once a page holds more tags than `max_characters`: tags hold no
+        character, yet each costs about as much work to read as a character."""
+        self.tags += 1
+        if self.max_characters is not None and self.tags > self.max_characters:
+            raise TooMuchMarkup(f"the page has more than {self.max_characters} tags, one for "
+                                "each character to translate that is allowed; split it into "
+                                "smaller files")
 
     def translate(self, sentence: str, points: tuple[Point, ...] = ()) -> None:
         self.characters += len(sentence)
@@ -511,7 +525,9 @@ def split_html(markup: str, language: str, max_characters: int | None = None,
                by_line: bool = False) -> Document:
     """The text of HTML `markup` cut into sentences (see the module's docstring for what is
     kept verbatim); join gives the markup with tags and attributes as they were.
-    TooManyCharacters as soon as the sentences hold more than `max_characters`. `by_line`:
+    TooManyCharacters as soon as the text read (a sentence not yet ended too) holds more than
+    `max_characters`, and TooMuchMarkup (a TooManyCharacters) as soon as its tags are more than
+    `max_characters`, so that a page of tags alone costs no more than the limit. `by_line`:
     no sentence spans a line break of the markup anywhere (not only in <pre>), so that the
     joined translation has the markup's lines, one for one (translate.py --html); outside
     <pre>, an encoded one ("&#10;") is a space still, as without `by_line`."""
@@ -519,8 +535,11 @@ def split_html(markup: str, language: str, max_characters: int | None = None,
     builder = _Builder(max_characters)
     flow = _Flow()
     for piece, translate, lined, inline in _runs(markup):
+        if not translate:  # a tag (or what a verbatim element holds)
+            builder.count_tag()
         if (translate and not lined) or inline is not None:
             flow.add(piece, inline)
+            builder.check_more(flow.characters)  # before a sentence that runs on ends
             continue
         flow.flush(builder, code, by_line)
         if translate:
@@ -556,6 +575,7 @@ class _Flow:
         self.tags: list[tuple[int, int, int, Kind, str]] = []
         self.length = 0  # of the raw flow
         self.plain_length = 0
+        self.characters = 0  # of the plain text, but whitespace
 
     def add(self, piece: str, inline: tuple[Kind, str] | None) -> None:
         if inline is not None:
@@ -565,6 +585,7 @@ class _Flow:
             plain, where = unescape_with_offsets(piece)
             self.plain.append(plain)
             self.plain_length += len(plain)
+            self.characters += _visible_length(plain)
             self.starts += [self.length + w for w in where[:-1]]
             self.ends += [self.length + w for w in where[1:]]
         self.raw.append(piece)
@@ -625,6 +646,11 @@ class _Flow:
 def _indices_of(values: list[int], value: int) -> range:
     """Where `value` is in the sorted `values`."""
     return range(bisect.bisect_left(values, value), bisect.bisect_right(values, value))
+
+
+def _visible_length(text: str) -> int:
+    """The characters of `text` but its whitespace."""
+    return sum(map(len, text.split()))
 
 
 def unescape_with_offsets(raw: str) -> tuple[str, list[int]]:
