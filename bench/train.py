@@ -6,7 +6,8 @@ every step, as the peer benchmark (../shared/tools/peers/hf_train_step.py) does.
 made and put on the device before the timer starts; each timed step runs from the call to
 the step until its loss is ready. After --warmup steps, the median of --steps steps gives:
 
-  tokens_per_s   target tokens (batch * tgt_len) / median step time
+  rows           rows per update: batch * accum_steps
+  tokens_per_s   target tokens (rows * tgt_len) / median step time
   step_s         median step time; step_s_min / step_s_max
   compile_s      lowering + compiling the step (jit(...).lower(...).compile())
   peak_mem_bytes GPU: peak_bytes_in_use of device 0; CPU: the process's max RSS
@@ -22,11 +23,12 @@ the step until its loss is ready. After --warmup steps, the median of --steps st
 With --compare, each of --rounds rounds times our step and then the peer's (one subprocess
 running hf_train_step.py with the same model and work flags, --threads 2), prints both lines
 and the ratio of tokens/s; a final line gives the median ratio over rounds and the ratio of
-the two systems' fastest steps over all rounds (the figure least disturbed by other work on
-a shared machine). The model must be the one the peer builds: post-norm, ReLU, sinusoidal
-positions, shared embeddings, dropout 0.1 (the peers' common.marian_config), with the
-preset's widths and encoder and decoder layers; --compare refuses a preset that differs
-(big and compact: dropout 0.3; the students: pre-norm).
+the tokens/s of the two systems' fastest steps over all rounds (the figure least disturbed by
+other work on a shared machine). The model must be the one the peer builds: post-norm, ReLU,
+sinusoidal positions, shared embeddings, dropout 0.1 (the peers' common.marian_config), with
+the preset's widths and encoder and decoder layers; --compare refuses a preset that differs
+(big and compact: dropout 0.3; the students: pre-norm). The peer takes all of our rows per
+update in one batch (batch * accum_steps).
 With --dtype bfloat16 the peer runs under torch.autocast(bfloat16) (bench/peer_autocast.py),
 PyTorch's CPU mixed precision, the same split of work as ours: products in bfloat16,
 everything else and the master weights in float32.
@@ -182,7 +184,7 @@ def peer_args(args, config) -> list[str]:
             "--d-model", str(config.d_model), "--enc-layers", str(config.encoder_layers),
             "--dec-layers", str(config.decoder_layers),
             "--heads", str(config.num_heads), "--ffn", str(config.d_ff),
-            "--vocab", str(config.vocab_size), "--batch", str(args.batch),
+            "--vocab", str(config.vocab_size), "--batch", str(args.batch * args.accum_steps),
             "--src-len", str(args.src_len), "--tgt-len", str(args.tgt_len),
             "--len", str(args.tgt_len), "--steps", str(args.steps),
             "--warmup", str(args.warmup), "--threads", str(args.threads)]
@@ -196,7 +198,8 @@ def main(argv=None) -> None:
     base = {"preset": args.preset, "d_model": ours.config.d_model,
             "layers": ours.config.encoder_layers, "heads": ours.config.num_heads,
             "ffn": ours.config.d_ff, "vocab": ours.config.vocab_size, "params": ours.params,
-            "batch": args.batch, "accum_steps": args.accum_steps, "src_len": args.src_len,
+            "batch": args.batch, "accum_steps": args.accum_steps, "rows": ours.rows,
+            "src_len": args.src_len,
             "tgt_len": args.tgt_len, "dtype": args.dtype, "rdrop": args.rdrop,
             "attention_impl": ours.config.attention_impl or "xla", "steps": args.steps,
             "warmup": args.warmup, "model_gflop_per_step": round(flops / 1e9, 2)}
@@ -226,6 +229,7 @@ def main(argv=None) -> None:
             common.emit(peer)
             best["ours"].append(result["step_s_min"])
             best["peer"].append(peer["step_s_min"])
+            peer_tokens = peer["batch"] * peer["tgt_len"]
             ratio = result["tokens_per_s"] / peer["tokens_per_s"]
             ratios.append(ratio)
             common.emit({"system": "ratio", "round": round_, "preset": args.preset,
@@ -240,7 +244,10 @@ def main(argv=None) -> None:
                      "ratios": [round(r, 3) for r in ratios],
                      "ours_best_step_s": round(min(best["ours"]), 4),
                      "peer_best_step_s": round(min(best["peer"]), 4),
-                     "best_ours_over_peer": round(min(best["peer"]) / min(best["ours"]), 3)})
+                     # tokens/s, not step times: the ratio stays right should the peer's
+                     # step hold other rows than ours
+                     "best_ours_over_peer": round(ours.rows * args.tgt_len / min(best["ours"])
+                                                  / (peer_tokens / min(best["peer"])), 3)})
 
 
 if __name__ == "__main__":

@@ -2,6 +2,9 @@
 
 import dataclasses
 import importlib.util
+import json
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -68,3 +71,32 @@ def test_the_peer_builds_our_encoder_and_decoder_depths(preset):
         peer = peers.model_config(peers.parser("peer").parse_args(flags))
         assert (peer.enc_layers, peer.dec_layers, peer.d_model, peer.ffn) == (
             config.encoder_layers, 1, config.d_model, config.d_ff)
+
+
+FAKE_PEER = """\
+import json, sys
+flags = dict(zip(sys.argv[1::2], sys.argv[2::2]))
+batch, tgt_len = int(flags["--batch"]), int(flags["--tgt-len"])
+print(json.dumps({"system": "fake-peer", "argv": sys.argv[1:], "batch": batch,
+                  "tgt_len": tgt_len, "tokens_per_s": batch * tgt_len / 0.5, "step_s": 0.5,
+                  "step_s_min": 0.25}))
+"""
+
+
+def test_with_accumulation_the_peer_trains_all_our_rows_and_the_best_ratio_counts_tokens(
+        monkeypatch, tmp_path, capsys):
+    (tmp_path / "hf_train_step.py").write_text(FAKE_PEER)
+    monkeypatch.setattr(common, "PEERS", tmp_path)
+    monkeypatch.setattr(common, "PEER_PYTHON", Path(sys.executable))
+    monkeypatch.setattr(common, "peak_flops", lambda dtype: (1e12, "test"))  # a 2048^3 product
+    bench_train.main(["--preset", "tiny", "--layers", "1", "--batch", "2", "--accum-steps", "3",
+                      "--src-len", "4", "--tgt-len", "4", "--steps", "1", "--warmup", "1",
+                      "--compare"])
+    ours, peer, ratio, summary = [json.loads(line)
+                                  for line in capsys.readouterr().out.splitlines()]
+    assert ours["rows"] == 6 and peer["batch"] == 6
+    assert ours["tokens_per_s"] == pytest.approx(6 * 4 / ours["step_s"], rel=0.02)  # rounded
+    assert ratio["ours_over_peer"] == pytest.approx(ours["tokens_per_s"] / 48, rel=0.01)
+    # the same rows on both sides: the best ratio is that of the fastest steps' times
+    best = 0.25 / summary["ours_best_step_s"]
+    assert summary["best_ours_over_peer"] == pytest.approx(best, rel=0.02)
