@@ -648,6 +648,31 @@ def test_translate_file_refuses_a_page_of_more_tags_than_its_limit_reads():
         "(--file-char-limit): the page has more than 100 tags")
 
 
+def test_translate_file_says_when_a_form_was_cut_short_or_its_file_has_no_filename():
+    """A form whose closing boundary never came is told so, not that it lacks a file; a file
+    part named only by filename* (RFC 5987, which RFC 7578 rules out in forms) is a text
+    field to the parser: the answer says the file needs a filename."""
+    client, searched = fake_client("de:en")
+    head = b'--B\r\nContent-Disposition: form-data; name="source"\r\n\r\nde\r\n' \
+           b'--B\r\nContent-Disposition: form-data; name="target"\r\n\r\nen\r\n'
+
+    def post(body: bytes) -> tuple[int, str]:
+        answer = client.post("/translate_file", content=body, headers={
+            "Content-Type": "multipart/form-data; boundary=B"})
+        return answer.status_code, answer.json().get("error", "")
+
+    part = b'--B\r\nContent-Disposition: form-data; name="file"; filename="a.txt"\r\n\r\n'
+    cut = head + part + f"{GERMAN}\n".encode()
+    assert post(cut) == (400, "malformed multipart form: the body ends before its closing "
+                              "boundary, cut short; send the whole form")
+    assert post(cut + b"\r\n--B--\r\n")[0] == 200
+    named = head + (b"--B\r\nContent-Disposition: form-data; name=\"file\"; "
+                    b"filename*=UTF-8''%E6%8A%A5.txt\r\n\r\n") + GERMAN.encode() + b"\r\n--B--\r\n"
+    status, error = post(named)
+    assert status == 400 and "without a filename" in error and "filename*" in error
+    assert searched == [GERMAN]
+
+
 # ------------------------------------------------------- markup of a sentence kept as it is
 
 

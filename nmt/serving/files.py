@@ -15,6 +15,7 @@ import asyncio
 import itertools
 
 from starlette.datastructures import UploadFile
+from starlette.formparsers import parse_options_header
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
@@ -38,12 +39,23 @@ async def _upload(request: Request) -> tuple[UploadFile, dict[str, str]]:
                                 "file=@report.docx -F source=en -F target=de)")
     fields: dict[str, str] = {}
     upload = None
+    body = await request.body()  # read whole already (BodyReader): is it all there?
     form = await read_multipart(request, max_fields=_FIELDS, max_files=1)
     for key, value in form.multi_items():
         if isinstance(value, UploadFile):
             upload = value if key == "file" else upload
         else:
             fields[key] = value
+    _, options = parse_options_header(request.headers["content-type"])
+    if b"--" + options.get(b"boundary", b"") + b"--" not in body:
+        await form.close()
+        raise RequestError(400, "malformed multipart form: the body ends before its closing "
+                                "boundary, cut short; send the whole form")
+    if upload is None and "file" in fields:
+        raise RequestError(400, "Invalid request: the file parameter came without a filename, "
+                                "as a text field; name it with filename=\"report.docx\" in its "
+                                "Content-Disposition (filename* alone is not read in a form, "
+                                "RFC 7578), as curl -F file=@report.docx does")
     if upload is None:
         raise RequestError(400, "Invalid request: missing file parameter")
     return upload, fields
