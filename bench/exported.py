@@ -22,7 +22,8 @@ Exports the model to CTranslate2 into a temporary folder, then, on the same sent
   warm cache) against CTranslate2 loading and translating that sentence; and the same two
   with `translate.py --engine ctranslate2` at each compute type (the first run converting the
   model into an empty cache, then cached). Warm runs are repeated (--repeats) and their
-  median reported beside each run's seconds.
+  median reported beside each run's seconds. A command that fails is one record with
+  "failed" (its last error line); the others still run, and the exit status is then 1.
 Ours searches --searches batches at once (translate.py's default unless given); CTranslate2
 runs with max_batch_size --batch-sentences and --threads threads, once per --inter-threads N
 (N batches at once, each on --threads / N threads); it
@@ -67,7 +68,7 @@ import sys, time
 start = time.perf_counter()
 import ctranslate2, sacrebleu, sentencepiece
 (model, source, reference, device, compute, threads, beam, alpha, batch, length, inter,
- tokenize) = sys.argv[1:13]
+ tokenize, cut) = sys.argv[1:14]
 translator = ctranslate2.Translator(model, device=device, compute_type=compute,
                                     inter_threads=int(inter),
                                     intra_threads=max(int(threads) // int(inter), 1))
@@ -77,10 +78,11 @@ def read(path):  # as translate.py reads lines: ended by "\\n" only, "\\r" and a
     return [line.removesuffix("\\r") for line in text.split("\\n")] if text else []
 lines = read(source)
 suppress = [[sp.id_to_piece(sp.pad_id())], [sp.id_to_piece(sp.bos_id())]]
+# cut to the model's positions, EOS included, as translate.py cuts (past them it aborts)
 results = translator.translate_batch(
-    [sp.encode(line, out_type=str) for line in lines], beam_size=int(beam),
+    [sp.encode(line, out_type=str)[:int(cut)] for line in lines], beam_size=int(beam),
     length_penalty=float(alpha), max_batch_size=int(batch), suppress_sequences=suppress,
-    max_decoding_length=int(length))
+    max_decoding_length=int(length), max_input_length=0)
 hypotheses = [sp.decode_pieces(r.hypotheses[0]) for r in results]
 if reference != "-":
     refs = read(reference)
@@ -186,8 +188,11 @@ def main() -> None:
                                     Path(tmp))
         if args.end_to_end:  # the commands read the pairs timed in process (--limit's)
             prefix = write_test_set(Path(tmp) / "test", args, sources, references)
-            end_to_end(argparse.Namespace(**{**vars(args), "test_prefix": prefix}), exported,
-                       beam, values, common)
+            failed = end_to_end(argparse.Namespace(**{**vars(args), "test_prefix": prefix}),
+                                exported, beam, values, common)
+            if failed:  # after every record: the status says that some are "failed" ones
+                raise SystemExit(f"bench.exported: {failed} end-to-end command(s) failed; "
+                                 f"their records say why")
 
 
 def write_test_set(prefix: Path, args, sources: list[str], references: list[str]) -> str:
@@ -357,20 +362,41 @@ def marian_greedy_agreement(args, work: EngineWork, our_greedy, model_config: Mo
           "of": len(work.ids), **common})
 
 
+class CommandFailed(RuntimeError):
+    """An end-to-end command that exited with an error: its own record says so."""
+
+
 def wall(command: list[str], env: dict[str, str], stdin: str | None = None
          ) -> tuple[float, str]:
     """Seconds from process start to exit, and its BLEU and chrF lines (else its last line
-    of output); fails loudly."""
+    of output); CommandFailed, naming the command and its last error line, if it fails."""
     start = time.perf_counter()
     result = subprocess.run(command, cwd=REPO, env=env, input=stdin, capture_output=True,
                             text=True, timeout=1800, check=False)
     seconds = time.perf_counter() - start
     if result.returncode != 0:
-        raise SystemExit(f"{' '.join(command)} failed ({result.returncode}): "
-                         f"{result.stderr.strip().splitlines()[-1:]}")
+        raise CommandFailed(f"{' '.join(command)} failed ({result.returncode}): "
+                            f"{result.stderr.strip().splitlines()[-1:]}")
     lines = result.stdout.strip().splitlines()
     scores = [line for line in lines if line.startswith(("BLEU =", "chrF2 ="))]
     return seconds, " | ".join(scores) if scores else (lines or [""])[-1]
+
+
+def once(command: list[str], env: dict[str, str]) -> dict:
+    """`wall` run once, as record fields."""
+    seconds, line = wall(command, env)
+    return {"seconds": round(seconds, 2), "output": line}
+
+
+def emit_measured(record: dict, measure) -> bool:
+    """`record` with the fields `measure()` returns, or with "failed" (why) if its command
+    failed: a failing command costs its own record, not the others'. Whether it ran."""
+    try:
+        emit({**record, **measure()})
+    except CommandFailed as error:
+        emit({**record, "failed": str(error)})
+        return False
+    return True
 
 
 def repeated(times: int, command: list[str], env: dict[str, str], stdin: str | None = None
@@ -383,9 +409,11 @@ def repeated(times: int, command: list[str], env: dict[str, str], stdin: str | N
             "output": runs[-1][1]}
 
 
-def end_to_end(args, exported: Path | None, beam, values, common) -> None:
-    """translate.py as a user runs it, cold and warm, against CTranslate2 doing the same."""
+def end_to_end(args, exported: Path | None, beam, values, common) -> int:
+    """translate.py as a user runs it, cold and warm, against CTranslate2 doing the same;
+    the number of commands that failed (each one a "failed" record)."""
     source, reference = f"{args.test_prefix}.{args.src}", f"{args.test_prefix}.{args.tgt}"
+    ran = []
     for dtype in args.dtypes:
         with tempfile.TemporaryDirectory() as cache:
             env = {**user_environment(), "FLAX_NMT_CACHE": cache}
@@ -393,42 +421,51 @@ def end_to_end(args, exported: Path | None, beam, values, common) -> None:
             evaluate = [sys.executable, "translate.py", "--model", str(args.model),
                         "--evaluate", "--test-prefix", args.test_prefix, "--src", args.src,
                         "--tgt", args.tgt, *bleu_flags(args), *flags]
-            seconds, line = wall(evaluate, env)
-            emit({"system": f"ours {dtype}", "end_to_end": "translate.py --evaluate, empty "
-                  "compilation cache", "seconds": round(seconds, 2), "output": line,
-                  **common})
-            emit({"system": f"ours {dtype}", "end_to_end": "translate.py --evaluate, warm "
-                  "compilation cache", **repeated(args.repeats, evaluate, env), **common})
+            system = {"system": f"ours {dtype}"}
+            ran.append(emit_measured({**system, "end_to_end": "translate.py --evaluate, empty "
+                                      "compilation cache", **common},
+                                     lambda: once(evaluate, env)))
+            ran.append(emit_measured({**system, "end_to_end": "translate.py --evaluate, warm "
+                                      "compilation cache", **common},
+                                     lambda: repeated(args.repeats, evaluate, env)))
             one = [sys.executable, "translate.py", "--model", str(args.model), *flags]
-            wall(one, env, stdin=SHELL_SENTENCE + "\n")  # its own shape: compiled and cached
-            emit({"system": f"ours {dtype}", "end_to_end": "one sentence from the shell, warm "
-                  "cache", **repeated(args.repeats, one, env, stdin=SHELL_SENTENCE + "\n"),
-                  **common, "sentences": 1})
+
+            def warm_one(one=one, env=env):
+                wall(one, env, stdin=SHELL_SENTENCE + "\n")  # its own shape: compiled, cached
+                return repeated(args.repeats, one, env, stdin=SHELL_SENTENCE + "\n")
+
+            ran.append(emit_measured({**system, "end_to_end": "one sentence from the shell, "
+                                      "warm cache", **common, "sentences": 1}, warm_one))
     if exported is None:
-        return
+        return ran.count(False)
     env = peer_environment()
     for compute, inter in itertools.product(args.compute_types or COMPUTE_TYPES[args.device],
                                             args.inter_threads):
         script = [sys.executable, "-c", CT2_SCRIPT, str(exported), source, reference,
                   args.device, compute, str(args.threads), str(args.beam), str(beam.alpha),
                   str(args.batch_sentences), str(decoding_length(values)), str(inter),
-                  args.bleu_tokenize or bleu_tokenizer_for(args.tgt)]
+                  args.bleu_tokenize or bleu_tokenizer_for(args.tgt),
+                  str(values["model"].max_len - 1)]
         layout = {"inter_threads": inter, "intra_threads": max(args.threads // inter, 1)}
-        emit({"system": f"ctranslate2 {compute}", "end_to_end": "load, tokenize, translate, "
-              "score the test set", **repeated(args.repeats, script, env), **layout, **common})
+        system = {"system": f"ctranslate2 {compute}"}
+        ran.append(emit_measured({**system, "end_to_end": "load, tokenize, translate, score "
+                                  "the test set", **layout, **common},
+                                 lambda script=script: repeated(args.repeats, script, env)))
         with tempfile.NamedTemporaryFile("w", suffix=".txt", encoding="utf-8") as one_line:
             one_line.write(SHELL_SENTENCE + "\n")
             one_line.flush()
-            script[4:6] = [one_line.name, "-"]
-            emit({"system": f"ctranslate2 {compute}", "end_to_end": "one sentence",
-                  **repeated(args.repeats, script, env), **layout, **common, "sentences": 1})
-        engine_end_to_end(args, compute, inter, {**layout, **common})
+            one = [*script[:4], one_line.name, "-", *script[6:]]
+            ran.append(emit_measured({**system, "end_to_end": "one sentence", **layout,
+                                      **common, "sentences": 1},
+                                     lambda one=one: repeated(args.repeats, one, env)))
+        ran.extend(engine_end_to_end(args, compute, inter, {**layout, **common}))
+    return ran.count(False)
 
 
-def engine_end_to_end(args, compute: str, inter: int, common) -> None:
+def engine_end_to_end(args, compute: str, inter: int, common) -> list[bool]:
     """translate.py --engine ctranslate2 doing what the CTranslate2 script does, with the same
     threads (--searches N is its inter_threads N): the first run (which converts the model
-    into an empty cache), then warm runs, and one sentence."""
+    into an empty cache), then warm runs, and one sentence. Whether each ran."""
     with tempfile.TemporaryDirectory() as cache:
         env = {**user_environment(), "FLAX_NMT_CACHE": cache}
         flags = ["--engine", "ctranslate2", "--compute-type", compute, "--beam", str(args.beam),
@@ -437,16 +474,18 @@ def engine_end_to_end(args, compute: str, inter: int, common) -> None:
         evaluate = [sys.executable, "translate.py", "--model", str(args.model), "--evaluate",
                     "--test-prefix", args.test_prefix, "--src", args.src, "--tgt", args.tgt,
                     *bleu_flags(args), *flags]
-        system = f"ours on ctranslate2 {compute}"
-        seconds, line = wall(evaluate, env)
-        emit({"system": system, "end_to_end": "translate.py --evaluate, converting into an "
-              "empty cache", "seconds": round(seconds, 2), "output": line, **common})
-        emit({"system": system, "end_to_end": "translate.py --evaluate, cached conversion",
-              **repeated(args.repeats, evaluate, env), **common})
+        system = {"system": f"ours on ctranslate2 {compute}"}
         one = [sys.executable, "translate.py", "--model", str(args.model), *flags]
-        emit({"system": system, "end_to_end": "one sentence from the shell, cached conversion",
-              **repeated(args.repeats, one, env, stdin=SHELL_SENTENCE + "\n"), **common,
-              "sentences": 1})
+        return [
+            emit_measured({**system, "end_to_end": "translate.py --evaluate, converting into "
+                           "an empty cache", **common}, lambda: once(evaluate, env)),
+            emit_measured({**system, "end_to_end": "translate.py --evaluate, cached "
+                           "conversion", **common},
+                          lambda: repeated(args.repeats, evaluate, env)),
+            emit_measured({**system, "end_to_end": "one sentence from the shell, cached "
+                           "conversion", **common, "sentences": 1},
+                          lambda: repeated(args.repeats, one, env,
+                                           stdin=SHELL_SENTENCE + "\n"))]
 
 
 if __name__ == "__main__":
