@@ -572,10 +572,27 @@ def test_a_resume_writes_tensorboard_anew_from_metrics_jsonl(tmp_path):
     writer.close()
     for path in (tmp_path / TB_DIR).glob("events.*"):  # as if killed before TensorBoard wrote
         path.write_bytes(b"")
+    (tmp_path / TB_DIR / "mine").mkdir()  # a user's own files there stay
+    (tmp_path / TB_DIR / "mine" / "notes.txt").write_text("kept")
     MetricsWriter(tmp_path, resume_step=20, enabled=True).close()
+    assert (tmp_path / TB_DIR / "mine" / "notes.txt").read_text() == "kept"
     assert _tensorboard_scalars(tmp_path) == {("train/loss", 10): 5.5, ("train/lr", 10): 0.25,
                                               ("eval/loss", 20): 4.25, ("train/loss", 20): 4.5}
     assert [line["step"] for line in _lines(tmp_path)] == [10, 20, 20]
+
+
+def test_a_resume_writes_tensorboard_through_a_linked_tb_folder(tmp_path):
+    """tb/ linked to a shared TensorBoard folder stays a link: the resumed run's rows go there."""
+    shared, run = tmp_path / "shared", tmp_path / "run"
+    shared.mkdir()
+    run.mkdir()
+    (run / TB_DIR).symlink_to(shared)
+    writer = MetricsWriter(run, resume_step=0, enabled=True)
+    writer.write("train", 10, {"loss": 5.5})
+    writer.close()
+    MetricsWriter(run, resume_step=10, enabled=True).close()
+    assert (run / TB_DIR).is_symlink()
+    assert _tensorboard_scalars(run) == {("train/loss", 10): 5.5}
 
 
 # ----------------------------------------------------------------------------- data

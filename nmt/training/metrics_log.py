@@ -17,12 +17,12 @@ import jax
 import numpy as np
 
 from nmt.runtime.files import write_atomically
-from transformer.atomic_files import remove_tree
 
 log = logging.getLogger("trainer")
 
 METRICS_FILE = "metrics.jsonl"
 TB_DIR = "tb"
+_EVENT_FILES = "events.out.tfevents.*"  # what the run's SummaryWriter writes in TB_DIR
 
 
 def _summary_writer_class() -> type:
@@ -52,9 +52,10 @@ class MetricsWriter:
     """metrics.jsonl plus TensorBoard; only process 0 writes.
 
     On resume from step N, lines after step N (written by the interrupted run after its last
-    checkpoint) are dropped so the file reads as one uninterrupted run, and the TensorBoard
-    files are written anew from the lines kept: TensorBoard buffers its events for up to two
-    minutes, so a kill can lose rows that metrics.jsonl holds. A failed write is a
+    checkpoint) are dropped so the file reads as one uninterrupted run, and the run's
+    TensorBoard event files are written anew from the lines kept: TensorBoard buffers its
+    events for up to two minutes, so a kill can lose rows that metrics.jsonl holds (other
+    files in tb/, and a tb/ that is a link, are left as they are). A failed write is a
     MetricsWriteError naming the file; the checkpoints stay as they were.
     """
 
@@ -75,7 +76,8 @@ class MetricsWriter:
             self.tb = writer_class(str(tb_dir), purge_step=resume_step + 1)
             return
         try:
-            remove_tree(tb_dir)
+            for events in tb_dir.glob(_EVENT_FILES):  # the run's own; a link is followed
+                events.unlink()
             self.tb = writer_class(str(tb_dir))
             for line in kept:
                 record = json.loads(line)
