@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import itertools
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -48,6 +49,7 @@ from bench.common import (
     environment,
     non_negative_int,
     peer_environment,
+    positive_int,
     read_test_set,
     test_set_parser,
     usage_errors,
@@ -96,7 +98,7 @@ else:
 
 def parse_args() -> argparse.Namespace:
     parser = test_set_parser(__doc__.split("\n\n")[0])
-    parser.add_argument("--beam", type=int, default=4)
+    parser.add_argument("--beam", type=positive_int, default=4)
     parser.add_argument("--beam-rules", choices=BEAM_RULES,
                         help="our beam rules (default: the model's)")
     parser.add_argument("--max-len-a", type=float, help="our output limit a (default: the "
@@ -107,23 +109,23 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--compute-types", nargs="+",
                         help="CTranslate2 compute types (default: float32 int8 on cpu, "
                              "float16 int8_float16 on cuda)")
-    parser.add_argument("--threads", type=int, default=2, help="CTranslate2 threads")
-    parser.add_argument("--inter-threads", type=int, nargs="+", default=[1, 2],
+    parser.add_argument("--threads", type=positive_int, default=2, help="CTranslate2 threads")
+    parser.add_argument("--inter-threads", type=positive_int, nargs="+", default=[1, 2],
                         help="CTranslate2 batches translated at once, each on --threads / N "
                              "threads (default: 1 and 2, each measured)")
     parser.add_argument("--dtypes", nargs="+", choices=("float32", "bfloat16"),
                         default=["float32", "bfloat16"],
                         help="our compute dtypes (translate.py --dtype), each measured")
-    parser.add_argument("--searches", type=int,
+    parser.add_argument("--searches", type=positive_int,
                         help="our batches searched at once (default: translate.py's)")
-    parser.add_argument("--batch-sentences", type=int, default=64,
+    parser.add_argument("--batch-sentences", type=positive_int, default=64,
                         help="CTranslate2 batch size (max_batch_size)")
     parser.add_argument("--limit", type=non_negative_int, default=0,
                         help="first N test pairs (0 = all)")
     parser.add_argument("--end-to-end", action="store_true",
                         help="also time translate.py and CTranslate2 as new processes")
     parser.add_argument("--bleu-tokenize", help="sacreBLEU tokenizer (default: by --tgt)")
-    parser.add_argument("--repeats", type=int, default=3,
+    parser.add_argument("--repeats", type=positive_int, default=3,
                         help="runs of each warm end-to-end command (the median is reported)")
     return parser.parse_args()
 
@@ -294,7 +296,8 @@ def compare_ctranslate2(args, exported: Path, work: EngineWork, tokenizer, value
                     h == tokenizer.pieces(ids) for h, ids in zip(hypotheses, ours["greedy"]))
             report(f"ctranslate2 {compute}", mode,
                    [tokenizer.processor.decode_pieces(h) for h in hypotheses], seconds,
-                   inter_threads=inter, intra_threads=intra, **extra)
+                   inter_threads=inter, intra_threads=intra,
+                   batch_sentences=args.batch_sentences, **extra)
     return True
 
 
@@ -404,8 +407,8 @@ def repeated(times: int, command: list[str], env: dict[str, str], stdin: str | N
     """`wall` run `times` times: the median seconds, every run's, and the last run's output
     (a new process's time on a small machine moves by tens of percent between runs)."""
     runs = [wall(command, env, stdin) for _ in range(times)]
-    seconds = sorted(round(s, 2) for s, _ in runs)
-    return {"seconds": seconds[len(seconds) // 2], "runs": [round(s, 2) for s, _ in runs],
+    return {"seconds": round(statistics.median(s for s, _ in runs), 2),
+            "runs": [round(s, 2) for s, _ in runs],
             "output": runs[-1][1]}
 
 
@@ -447,7 +450,8 @@ def end_to_end(args, exported: Path | None, beam, values, common) -> int:
                   args.bleu_tokenize or bleu_tokenizer_for(args.tgt),
                   str(values["model"].max_len - 1)]
         layout = {"inter_threads": inter, "intra_threads": max(args.threads // inter, 1)}
-        system = {"system": f"ctranslate2 {compute}"}
+        system = {"system": f"ctranslate2 {compute}",
+                  "batch_sentences": args.batch_sentences}
         ran.append(emit_measured({**system, "end_to_end": "load, tokenize, translate, score "
                                   "the test set", **layout, **common},
                                  lambda script=script: repeated(args.repeats, script, env)))

@@ -34,6 +34,7 @@ from bench.common import (
     emit,
     environment,
     non_negative_int,
+    positive_int,
     read_test_set,
     usage_errors,
 )
@@ -62,7 +63,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--test-prefix", required=True, help="PREFIX.SRC and PREFIX.TGT")
     parser.add_argument("--src", required=True)
     parser.add_argument("--tgt", required=True)
-    parser.add_argument("--beam", type=int, default=4)
+    parser.add_argument("--beam", type=positive_int, default=4)
     parser.add_argument("--shortlist", type=int, nargs="+", default=[1024],
                         help="candidates per batch with a model's shortlist, each measured "
                              "(every model is also measured without one)")
@@ -73,12 +74,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--compute-types", nargs="*",
                         help="CTranslate2's (default: float32 int8 on cpu, float16 "
                              "int8_float16 on cuda; empty to skip it)")
-    parser.add_argument("--threads", type=int, default=2, help="CTranslate2 threads in all")
-    parser.add_argument("--inter-threads", type=int, default=2,
+    parser.add_argument("--threads", type=positive_int, default=2,
+                        help="CTranslate2 threads in all")
+    parser.add_argument("--inter-threads", type=positive_int, default=2,
                         help="CTranslate2 batches at once, each on --threads / N threads")
-    parser.add_argument("--batch-sentences", type=int, default=64,
+    parser.add_argument("--batch-sentences", type=positive_int, default=64,
                         help="CTranslate2 max_batch_size")
-    parser.add_argument("--passes", type=int, default=3, help="timed passes (median)")
+    parser.add_argument("--passes", type=positive_int, default=3, help="timed passes (median)")
     parser.add_argument("--limit", type=non_negative_int, default=0,
                         help="first N test pairs (0 = all)")
     parser.add_argument("--plot", help="PNG of BLEU against sentences/s")

@@ -30,6 +30,7 @@ def test_greedy_of_the_exports_agrees_with_ours_also_past_the_models_positions(
     [ct2] = [r for r in records if r["system"] == "ctranslate2 float32"
              and r["search"] == "greedy"]
     assert ct2["greedy_identical"] == len(lines)
+    assert ct2["batch_sentences"] == 64  # CTranslate2's max_batch_size, the default
     [marian] = [r for r in records if r["system"] == "transformers"]
     assert marian.get("greedy_identical", len(lines)) == len(lines), marian  # or "skipped"
 
@@ -58,4 +59,12 @@ def test_an_end_to_end_command_that_fails_is_a_record_and_a_long_sentence_is_cut
     test_set, one = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert failed == 1
     assert "failed (1)" in test_set["failed"] and "test.en" in test_set["failed"]
+    assert test_set["batch_sentences"] == one["batch_sentences"] == 8
     assert "failed" not in one and one["output"] and one["seconds"] > 0
+
+
+def test_repeated_reports_the_median_of_an_even_number_of_runs(monkeypatch):
+    times = iter([4.0, 1.0, 3.0, 2.0])
+    monkeypatch.setattr(exported, "wall", lambda *args: (next(times), "out"))
+    assert exported.repeated(4, ["cmd"], {}) == {"seconds": 2.5, "runs": [4.0, 1.0, 3.0, 2.0],
+                                                 "output": "out"}

@@ -35,6 +35,13 @@ SCRIPTS = {
                                       "--tgt en --limit -1"),
     "exported no model": ("exported", "--model {missing} --test-prefix {test} --src de "
                                       "--tgt en"),
+    **{f"exported {flag} 0": ("exported", "--model {model} --test-prefix {test} --src de "
+                                          f"--tgt en --{flag} 0")
+       for flag in ("beam", "inter-threads", "threads", "repeats", "searches",
+                    "batch-sentences")},
+    **{f"frontier {flag} 0": ("frontier", "--model m={model} --test-prefix {test} --src de "
+                                          f"--tgt en --{flag} 0")
+       for flag in ("passes", "beam", "inter-threads", "threads", "batch-sentences")},
     "frontier limit -1": ("frontier", "--model m={model} --test-prefix {test} --src de "
                                       "--tgt en --limit -1"),
     "frontier no model": ("frontier", "--model m={missing} --test-prefix {test} --src de "
