@@ -159,12 +159,17 @@ def test_a_recipe_writes_a_dollar_sign_as_two(tmp_path, monkeypatch):
 def test_a_default_may_name_variables_as_in_the_shell(tmp_path, monkeypatch):
     monkeypatch.delenv("X", raising=False)
     monkeypatch.setenv("DATA", "/corpora")
-    text = "data:\n  train_prefix: ${X:-${DATA}/train}\n  valid_prefix: ${X:-${Y:-v}}\n"
+    monkeypatch.delenv("Y", raising=False)
+    text = ("data:\n  train_prefix: ${X:-${DATA}/train}\n  valid_prefix: ${X:-${Y:-v}}\n"
+            "  test_prefix: ${X:-${Y:-${DATA}/test}}$$\n")
     layer = recipes.read_recipe(_recipe(tmp_path, text))
-    assert (layer["data"]["train_prefix"][0], layer["data"]["valid_prefix"][0]) == (
-        "/corpora/train", "v")
+    assert [layer["data"][key][0] for key in ("train_prefix", "valid_prefix", "test_prefix")] == [
+        "/corpora/train", "v", "/corpora/test$"]
     monkeypatch.setenv("X", "/mine")
     assert recipes.read_recipe(_recipe(tmp_path, text))["data"]["train_prefix"][0] == "/mine"
+    with pytest.raises(SettingsError, match=r"line 2: data.train_prefix: \$\{X:-\$\{Y\}/train has "
+                                            r"no closing \}; write \$\{NAME\} or"):
+        recipes.read_recipe(_recipe(tmp_path, "data:\n  train_prefix: ${X:-${Y}/train\n"))
 
 
 @pytest.mark.parametrize("value, form, hint", [

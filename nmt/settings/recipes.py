@@ -522,12 +522,7 @@ def _is_null(node) -> bool:
     return node.tag == "tag:yaml.org,2002:null"
 
 
-# `${NAME}` or `${NAME:-default}` (the default may hold variables itself), or `$$`: one `$` as
-# it is (how `dump` writes a `$`); the last branch is any other `$` that starts a name or a
-# brace (`$HOME`, `${A-x}`, `${A:=x}`), a form of the shell's that recipes do not read.
-_VARIABLE = re.compile(r"""\$\$
-    | \$\{([A-Za-z_][A-Za-z0-9_]*)(?::-((?:\$\{[^{}]*\}|[^}])*))?\}
-    | (\$\{[^}]*\}?|\$[A-Za-z_][A-Za-z0-9_]*)""", re.X)
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 def expand_variables(text: str, where: str) -> str:
@@ -535,25 +530,67 @@ def expand_variables(text: str, where: str) -> str:
     recipe names where its data usually lies and a user points it elsewhere without editing
     it (`MULTI30K=~/data/multi30k python train.py --config ...`). As in the shell, the
     default replaces a variable that is unset or empty, and may name variables itself. `$$`
-    is one `$`, so that any text can be written; other shell forms are refused, not taken
-    as text."""
-    def value(match: re.Match) -> str:
-        name, default, other = match.group(1), match.group(2), match.group(3)
-        if other is not None:
-            form = (f"${{{other[1:]}}} for the variable" if not other.startswith("${")
-                    else "${NAME} or ${NAME:-DEFAULT} for a variable")
-            raise SettingsError(f"{where}: {other} is a shell form recipes do not read; write "
-                                f"{form}, or $$ for a $ in the text")
-        if name is None:
-            return "$"
-        if os.environ.get(name) or (name in os.environ and default is None):
-            return os.environ[name]  # as in the shell: an empty NAME takes :-'s default
-        if default is None:
-            raise SettingsError(f"{where}: needs the environment variable {name} (or write "
-                                f"${{{name}:-DEFAULT}} in the recipe, or $${{{name}}} for the "
-                                "text itself)")
-        return expand_variables(default, where)
-    return _VARIABLE.sub(value, text)
+    is one `$` (how `dump` writes a `$`), so that any text can be written; the shell's other
+    forms (`$HOME`, `${A-x}`, `${A:=x}`) are refused, not taken as text. A `$` before
+    neither a name nor a brace (`$5`) is text."""
+    out, at = [], 0
+    while (dollar := text.find("$", at)) >= 0:
+        out.append(text[at:dollar])
+        if text.startswith("$$", dollar):
+            out.append("$")
+            at = dollar + 2
+        elif text.startswith("${", dollar):
+            value, at = _braced_variable(text, dollar, where)
+            out.append(value)
+        elif name := _NAME.match(text, dollar + 1):
+            raise SettingsError(f"{where}: ${name.group()} is a shell form recipes do not "
+                                f"read; write ${{{name.group()}}} for the variable, or $$ for "
+                                "a $ in the text")
+        else:
+            out.append("$")
+            at = dollar + 1
+    return "".join(out) + text[at:]
+
+
+def _braced_variable(text: str, dollar: int, where: str) -> tuple[str, int]:
+    """The value of the `${...}` at `text[dollar]`, and where the text goes on after it."""
+    name = _NAME.match(text, dollar + 2)
+    after = name.end() if name else dollar + 2
+    close = _closing_brace(text, after)
+    if close < 0:
+        raise SettingsError(f"{where}: {text[dollar:]} has no closing }}; write ${{NAME}} or "
+                            "${NAME:-DEFAULT}, or $$ for a $ in the text")
+    if name is None or (close != after and not text.startswith(":-", after)):
+        shown = text[dollar:close + 1]
+        raise SettingsError(f"{where}: {shown} is a shell form recipes do not read; write "
+                            "${NAME} or ${NAME:-DEFAULT} for a variable, or $$ for a $ in the "
+                            "text")
+    value = os.environ.get(name.group())
+    if value or (value is not None and close == after):
+        return value, close + 1  # as in the shell: an empty NAME takes :-'s default
+    if close == after:
+        raise SettingsError(f"{where}: needs the environment variable {name.group()} (or write "
+                            f"${{{name.group()}:-DEFAULT}} in the recipe, or $${{{name.group()}}} "
+                            "for the text itself)")
+    return expand_variables(text[after + 2:close], where), close + 1
+
+
+def _closing_brace(text: str, start: int) -> int:
+    """The index of the `}` that closes a `${` whose inside begins at `start` (nested `${...}`
+    and `$$` skipped), or -1."""
+    depth, at = 0, start
+    while at < len(text):
+        if text.startswith("$$", at) or text.startswith("${", at):
+            depth += text[at + 1] == "{"
+            at += 2
+        elif text[at] == "}":
+            if depth == 0:
+                return at
+            depth -= 1
+            at += 1
+        else:
+            at += 1
+    return -1
 
 
 def _expanded(value: Any, field: Field | None, where: str) -> Any:
@@ -561,7 +598,7 @@ def _expanded(value: Any, field: Field | None, where: str) -> Any:
     which would read as a string (`${BT:-4096}` is "4096") and then fail as if quoted."""
     if not isinstance(value, str):
         return value
-    variables = any(match.group(1) for match in _VARIABLE.finditer(value))
+    variables = "${" in value.replace("$$", "")
     if field is not None and field.kind in (int, float, bool) and variables:
         what = "true or false" if field.kind is bool else "the number"
         raise SettingsError(f"{where}: ${{...}} is expanded in string settings only; write "
