@@ -541,19 +541,21 @@ def _join(target: Path, parts: list[Path]) -> None:
     """Join the stores `parts` into `target`, through a temporary directory beside it: the
     joined store needs as much disk as the shares, which are removed only after it."""
     what = f"joining {len(parts)} encoded shares"
-    check_free_space(target.parent, sum(file.stat().st_size for part in parts
-                                        for file in part.iterdir() if file.is_file()), what)
-    _discard_damaged(target)
-    with _temporary_store(target) as tmp:
-        try:
+    try:
+        check_free_space(target.parent, sum(file.stat().st_size for part in parts
+                                            for file in part.iterdir() if file.is_file()), what)
+        _discard_damaged(target)
+        with _temporary_store(target) as tmp:
             rows = join_stores(tmp, parts)
             tmp.rename(target)
             sync_directory(target.parent)
             log.info("joined %d shares (%d pairs) into %s", len(parts), rows, target)
-        except OSError as err:  # another run sharing the cache joined the same shares first
-            if not is_store(target):  # (and may have removed them): its store is identical
-                raise_if_disk_full(err, target.parent, what)
-                raise
+    except (OSError, DataError) as err:  # another run sharing the cache joined the same
+        if is_store(target):  # shares first (and may have removed them): its store is identical
+            return
+        if isinstance(err, OSError):
+            raise_if_disk_full(err, target.parent, what)
+        raise
 
 
 def encode_corpus(corpus: datasets.DatasetDict, tokenizer: TokenizerBase,

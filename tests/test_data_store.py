@@ -177,6 +177,21 @@ def test_a_join_that_another_run_published_first_is_used(tmp_path, monkeypatch):
     assert store.src.to_lists() == tokenizer.encode(texts)
 
 
+def test_a_join_whose_shares_another_run_joined_and_removed_uses_its_store(tmp_path):
+    """A second run sharing the cache reaches its join after the first joined the same shares
+    and removed them: it takes the first's store rather than failing on the missing shares."""
+    from data import encoding
+
+    split, tokenizer = _letters_split_and_tokenizer()
+    first = encoding.encode_shared(split, tokenizer, 0, 2, barrier=lambda name: None,
+                                   cache_dir=tmp_path, num_proc=1)
+    target = encoding._store_path(split, tokenizer, tmp_path)
+    shares = [target.with_name(f"{target.name}.parts") / f"{k}-of-2" for k in range(2)]
+    assert not any(share.exists() for share in shares)
+    encoding._join(target, shares)
+    assert TokenStore.open(target).src.to_lists() == first.src.to_lists()
+
+
 def test_a_damaged_store_is_encoded_again(tmp_path, caplog):
     """A store whose file was truncated or removed since it was written is found so, named,
     and encoded again, not memory-mapped into "mmap length is greater than file size"."""
