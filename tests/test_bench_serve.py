@@ -247,3 +247,12 @@ def test_startup_times_a_run_directory_to_its_answer(run_dir):
     figures = startup.served(str(run_dir), timeout=120,
                              server_args=("--buckets", "16", "--batch-tokens", "64"))
     assert 0 < figures["ready_s"] <= figures["exit_s"]
+
+
+def test_the_ceilings_seconds_and_sentences_per_second_are_of_the_same_median_pass():
+    passes = [{"sentences": 120, "seconds": 4.0, "batch_tokens": 64, "sent_per_s": 30.0},
+              {"sentences": 120, "seconds": 1.0, "batch_tokens": 64, "sent_per_s": 120.0},
+              {"sentences": 120, "seconds": 2.0, "batch_tokens": 64, "sent_per_s": 60.0}]
+    ceiling = serve.ceiling_summary(passes)
+    assert (ceiling["seconds"], ceiling["sent_per_s"]) == (2.0, 60.0)
+    assert ceiling["passes"] == [30.0, 120.0, 60.0] and ceiling["batch_tokens"] == 64
