@@ -379,6 +379,10 @@ def main(argv=None) -> int:
                              "--batch-wait-ms 2' (and --buckets for the ceiling)")
     parser.add_argument("--json", help="write the figures here too")
     args = parser.parse_args(argv)
+    try:
+        shlex.split(args.server_args)  # split where the server starts: a quote left open
+    except ValueError as error:  # would end the run there in a traceback
+        parser.error(f"--server-args {args.server_args!r}: {error}; close the quote")
     modes = args.modes.split(",")
     unknown = set(modes) - {"batched", "unbatched", "ceiling", "calls", "sorted-calls"}
     if unknown:

@@ -52,6 +52,8 @@ SCRIPTS = {
                                    "--clients abc"),
     "serve clients -2": ("serve", "--model {model} --test-prefix {test} --src de --tgt en "
                                   "--clients -2"),
+    "serve server-args quote": ("serve", "--model {model} --test-prefix {test} --src de "
+                                         "--tgt en --server-args=--buckets='16"),
     "serve no test": ("serve", "--model {model} --test-prefix {missing} --src de --tgt en"),
     "serve_hostile cases": ("serve_hostile", "--model {model} --cases form-field"),
     "serve_hostile timeout 0": ("serve_hostile", "--model {model} --timeout 0"),
