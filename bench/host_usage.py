@@ -8,7 +8,8 @@ the command gets the terminal's Ctrl-C itself (and a SIGTERM sent to this proces
 `train.py` saves as it does on Ctrl-C, and the record is still written. `system_over_user` is
 null when the command used under 10 ms of user time (no share to speak of). A command that
 cannot be started is one line and exit status 127 (126 if not executable), as a shell gives;
-an OUT.json whose directory is not there is refused before the command runs (exit 2).
+an OUT.json that cannot be written (its directory not there, a directory, no permission) is
+refused before the command runs (exit 2).
 
 A kernel share (system_s / user_s) of more than a few percent or hundreds of thousands of
 minor page faults a second mean the host process stalls on memory that is mapped and
@@ -73,6 +74,9 @@ def main(argv: list[str]) -> int:
     if not Path(argv[0]).parent.is_dir():
         return _refuse(f"OUT.json {argv[0]}: the directory {Path(argv[0]).parent} is not "
                        "there; make it first", 2)
+    if (why := unwritable(Path(argv[0]))) is not None:
+        return _refuse(f"OUT.json {argv[0]} cannot be written ({why}); give a writable "
+                       "file", 2)
     try:
         record = measure(argv[2:])
     except FileNotFoundError:
@@ -82,6 +86,20 @@ def main(argv: list[str]) -> int:
     Path(argv[0]).write_text(json.dumps(record) + "\n")
     print(json.dumps(record), file=sys.stderr)
     return record["status"]
+
+
+def unwritable(out: Path) -> str | None:
+    """Why `out` cannot be written (a directory, no permission), found before the command
+    runs rather than after a long run whose record it would lose; None if it can. Leaves no
+    file behind."""
+    existed = out.exists()
+    try:
+        out.open("a").close()  # appends nothing: an existing file is kept as it is
+    except OSError as error:
+        return error.strerror
+    if not existed:
+        out.unlink()
+    return None
 
 
 def _refuse(message: str, status: int) -> int:

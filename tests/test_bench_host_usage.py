@@ -66,3 +66,13 @@ def test_what_is_not_there_is_one_line(tmp_path, capsys, case, status):
     assert host_usage.main([str(out), "--", command]) == status
     [line] = capsys.readouterr().err.splitlines()
     assert line.startswith("host_usage.py: error: ") and not out.exists()
+
+
+def test_an_output_that_cannot_be_written_is_refused_before_the_command_runs(tmp_path, capsys):
+    out = tmp_path / "out.json"
+    out.mkdir()  # a directory where the record would go
+    ran = tmp_path / "ran"
+    assert host_usage.main([str(out), "--", "touch", str(ran)]) == 2
+    [line] = capsys.readouterr().err.splitlines()
+    assert "OUT.json" in line and str(out) in line and "Is a directory" in line
+    assert not ran.exists()
