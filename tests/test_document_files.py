@@ -27,7 +27,7 @@ from docx.oxml import OxmlElement
 from docx.oxml.ns import qn
 
 from nmt.models.alignment import Alignment
-from nmt.translation import document_files
+from nmt.translation import document_files, paragraphs
 from nmt.translation.document_files import MEDIA_TYPES, Prepared, kind_of, prepare
 
 Fake = Callable[[str], tuple[str, Alignment | None]]
@@ -613,17 +613,31 @@ def test_a_docx_of_empty_paragraphs_is_refused_at_the_limit_before_their_text_is
     text = docx.text.paragraph.Paragraph.text
     monkeypatch.setattr(docx.text.paragraph.Paragraph, "text", property(
         lambda paragraph: read.append(1) or text.fget(paragraph), text.fset))
+    monkeypatch.setattr(paragraphs, "MARKUP_BESIDES", 2)  # 4 a character, 2 more
     data = _with_body(b"<w:p/>" * 3000)  # and one paragraph of one run: 3002 pieces
-    with pytest.raises(document_files.TooMuchMarkup, match="more than 3001 paragraphs"):
-        prepare(data, "empty.docx", "en", max_characters=3001)
+    with pytest.raises(document_files.TooMuchMarkup, match=r"more than 2998 paragraphs.* the "
+                                                           r"most read for 749 characters"):
+        prepare(data, "empty.docx", "en", max_characters=749)
     assert read == []
-    assert prepare(data, "empty.docx", "en", max_characters=3002).characters == 12
+    assert prepare(data, "empty.docx", "en", max_characters=750).characters == 12
     read.clear()
     assert prepare(data, "empty.docx", "en").documents[0].sentences == ["Hello there."]
     assert len(read) == 1  # without a limit (translate.py), the text paragraph's alone
     cells = b"<w:tbl>" + (b"<w:tr>" + b"<w:tc/>" * 40 + b"</w:tr>") * 50 + b"</w:tbl>"
     with pytest.raises(document_files.TooMuchMarkup, match="table cells"):
-        prepare(_with_body(cells), "cells.docx", "en", max_characters=1000)
+        prepare(_with_body(cells), "cells.docx", "en", max_characters=400)
+
+
+def test_a_docx_form_of_empty_cells_under_a_small_limit_is_read():
+    """An empty form's grid holds markup and no character: under the allowance besides the
+    limit's share it is read, as it was before markup counted."""
+    document = docx.Document()
+    document.add_paragraph("Name, date and hours worked, one row a day. " * 6)
+    document.add_table(rows=60, cols=20)
+    data = io.BytesIO()
+    document.save(data)
+    prepared = prepare(data.getvalue(), "timesheet.docx", "en", max_characters=2000)
+    assert prepared.documents[0].sentences == ["Name, date and hours worked, one row a day."] * 6
 
 
 def test_a_docx_whose_xml_holds_more_tags_than_the_limit_allows_is_refused_unparsed(

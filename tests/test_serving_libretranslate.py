@@ -602,17 +602,20 @@ def test_translate_file_text_and_html_and_its_refusals(server):
     assert status == 404
 
 
-def test_translate_file_refuses_a_docx_of_more_empty_paragraphs_than_its_limit_reads():
+def test_translate_file_refuses_a_docx_of_more_empty_paragraphs_than_its_limit_reads(
+        monkeypatch):
     """Empty paragraphs hold no character to translate, yet a few kilobytes of zip can hold
     millions, each read at a cost: a .docx's paragraphs count against --file-char-limit too
     (413, nothing searched), as do its XML tags, before python-docx parses it."""
     import docx
 
     from nmt.serving.limits import ServerLimits
+    from nmt.translation import paragraphs
 
+    monkeypatch.setattr(paragraphs, "MARKUP_BESIDES", 0)  # 4 pieces of markup a character
     client, searched = fake_client("de:en", limits=ServerLimits(max_file_characters=100))
     document = docx.Document()
-    for _ in range(200):
+    for _ in range(400):
         document.add_paragraph()
     document.add_paragraph(GERMAN[:40])
     data = io.BytesIO()
@@ -622,7 +625,7 @@ def test_translate_file_refuses_a_docx_of_more_empty_paragraphs_than_its_limit_r
     assert answer.status_code == 413 and searched == []
     assert answer.json()["error"].startswith(
         "the file holds more markup than this server reads for its limit of 100 characters "
-        "(--file-char-limit): the .docx file has more than 100 paragraphs")
+        "(--file-char-limit): the .docx file has more than 400 paragraphs")
     one = io.BytesIO()
     document = docx.Document()
     document.add_paragraph(GERMAN[:40])
@@ -631,8 +634,11 @@ def test_translate_file_refuses_a_docx_of_more_empty_paragraphs_than_its_limit_r
         "file": ("one.docx", one.getvalue())}).status_code == 200
 
 
-def test_translate_file_refuses_a_page_of_more_tags_than_its_limit_reads():
+def test_translate_file_refuses_a_page_of_more_tags_than_its_limit_reads(monkeypatch):
     from nmt.serving.limits import ServerLimits
+    from nmt.translation import paragraphs
+
+    monkeypatch.setattr(paragraphs, "MARKUP_BESIDES", 0)  # 4 tags a character
 
     client, searched = fake_client("de:en", limits=ServerLimits(max_file_characters=100))
     for name, page in (("tags.html", "<b>" * 5000), ("long.html", "<i>Wort</i> " * 30)):
@@ -645,7 +651,7 @@ def test_translate_file_refuses_a_page_of_more_tags_than_its_limit_reads():
                          files={"file": ("tags.html", b"<b>" * 5000)})
     assert answer.json()["error"].startswith(
         "the file holds more markup than this server reads for its limit of 100 characters "
-        "(--file-char-limit): the page has more than 100 tags")
+        "(--file-char-limit): the page has more than 400 tags")
 
 
 def test_translate_file_says_when_a_form_was_cut_short_or_its_file_has_no_filename():

@@ -35,7 +35,8 @@ Given a limit of characters to translate, its markup is held to that limit too
 work and hold no character: its parts may hold XML_TAGS_PER_CHARACTER tags per character
 allowed (and XML_TAGS_BESIDES more, for styles and settings), counted as they unpack, before
 they are parsed; and as many paragraphs, tables, table cells, runs, tabs, line breaks and
-hyperlinks are read as characters allowed, each counted before the work of reading it.
+hyperlinks are read as `paragraphs.markup_allowed` allows, each counted before the work of
+reading it.
 """
 
 from __future__ import annotations
@@ -63,6 +64,8 @@ from nmt.translation.paragraphs import (
     Document,
     TooManyCharacters,
     TooMuchMarkup,
+    markup_allowed,
+    markup_rule,
     split_html,
     split_text,
 )
@@ -236,8 +239,8 @@ def _prepare_docx(data: bytes, language: str, max_characters: int | None) -> Pre
 
 class _Allowance:
     """What reading a .docx may still cost under a limit of characters to translate (None:
-    none): as many characters, and as many pieces of markup (paragraphs, tables, cells,
-    runs...), each counted before the work of reading it."""
+    none): as many characters, and pieces of markup (paragraphs, tables, cells, runs...) in
+    proportion, each counted before the work of reading it."""
 
     def __init__(self, limit: int | None):
         self.limit = limit
@@ -252,11 +255,13 @@ class _Allowance:
 
     def spend_pieces(self, count: int) -> None:
         self.pieces += count
-        if self.limit is not None and self.pieces > self.limit:
-            raise TooMuchMarkup(f"the .docx file has more than {self.limit} paragraphs, tables, "
-                                "table cells, runs, tabs, line breaks and hyperlinks, one for "
-                                "each character to translate that is allowed; split it into "
-                                "smaller files")
+        if self.limit is None:
+            return
+        if self.pieces > (most := markup_allowed(self.limit)):
+            raise TooMuchMarkup(f"the .docx file has more than {most} paragraphs, tables, "
+                                "table cells, runs, tabs, line breaks and hyperlinks, the most "
+                                f"read for {self.limit} characters to translate "
+                                f"({markup_rule()}); split it into smaller files")
 
 
 # What a paragraph's text may hold besides whitespace (python-docx's run.text reads tabs and

@@ -283,6 +283,24 @@ class TooMuchMarkup(TooManyCharacters):
     all of it."""
 
 
+# Under a limit of characters to translate, the pieces of markup read (a page's tags; a
+# .docx's paragraphs, tables, cells, runs, tabs, breaks and hyperlinks): per character
+# allowed, and besides, since a page's navigation or an empty form's grid holds markup and no
+# character. Each piece costs about a character's work to read.
+MARKUP_PER_CHARACTER = 4
+MARKUP_BESIDES = 1 << 16
+
+
+def markup_allowed(max_characters: int) -> int:
+    """The pieces of markup read under a limit of `max_characters` characters."""
+    return MARKUP_PER_CHARACTER * max_characters + MARKUP_BESIDES
+
+
+def markup_rule() -> str:
+    """How `markup_allowed` counts, for messages."""
+    return f"{MARKUP_PER_CHARACTER} per character and {MARKUP_BESIDES} more"
+
+
 class _Builder:
     """A Document under construction: text to keep and sentences to translate, in order;
     TooManyCharacters once the sentences pass `max_characters` (None: no limit)."""
@@ -308,13 +326,14 @@ class _Builder:
         self._refuse_past(self.characters + characters)
 
     def count_tag(self) -> None:
-        """TooMuchMarkup once a page holds more tags than `max_characters`: tags hold no
-        character, yet each costs about as much work to read as a character."""
+        """TooMuchMarkup once a page holds more tags than `markup_allowed` for its limit."""
         self.tags += 1
-        if self.max_characters is not None and self.tags > self.max_characters:
-            raise TooMuchMarkup(f"the page has more than {self.max_characters} tags, one for "
-                                "each character to translate that is allowed; split it into "
-                                "smaller files")
+        if self.max_characters is None:
+            return
+        if self.tags > (most := markup_allowed(self.max_characters)):
+            raise TooMuchMarkup(f"the page has more than {most} tags, the most read for "
+                                f"{self.max_characters} characters to translate "
+                                f"({markup_rule()}); split it into smaller files")
 
     def translate(self, sentence: str, points: tuple[Point, ...] = ()) -> None:
         self.characters += len(sentence)
