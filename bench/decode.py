@@ -8,11 +8,11 @@ random source sentences of --src-len tokens (EOS included) and exactly --out-len
 tokens per sentence (min_len = max_len = out_len, EOS included, so no hypothesis ends early).
 Length penalty alpha = 1.0 is irrelevant when all hypotheses have the same length.
 
-Reported per mode: compile_s (first call minus a steady call: tracing + XLA compilation of
-that shape), batch_s (median of --repeats timed calls after the warm-up), sentences/s and
-output tokens/s (batch x out_len / batch_s; beam hypotheses are not counted). With --compare
-the peers run in the same invocation, alternating with ours, and each line of ours carries
-the ratio to each peer's figure from the same round.
+Reported per mode: compile_s (round 0 only: first call minus a steady call, tracing + XLA
+compilation of that shape), batch_s (median of --repeats timed calls after the warm-up),
+sentences/s and output tokens/s (batch x out_len / batch_s; beam hypotheses are not
+counted). With --compare the peers run in the same invocation, alternating with ours, and
+each line of ours carries the ratio to each peer's figure from the same round.
 """
 
 from __future__ import annotations
@@ -137,6 +137,8 @@ def main() -> None:
             emit({"bench": "decode", "round": round_index, "peer_error": str(error)[-2000:]})
             peers = []
         for line in ours:
+            if round_index:  # the programs were compiled in round 0: a later round's ~0
+                del line["compile_s"]  # would read as a compile time
             for peer in peers:
                 if peer.get("mode") == line["mode"]:
                     name = peer.get("system", "peer").replace(" ", "_")

@@ -23,3 +23,13 @@ def test_a_value_it_cannot_measure_is_one_line(flag, value, monkeypatch, capsys)
     assert refused.value.code == 2
     assert out == ""
     assert len(err.splitlines()) == 1 and f"{flag}" in err, err
+
+
+def test_compile_seconds_are_reported_for_the_round_that_compiles(monkeypatch, capsys):
+    import json
+
+    monkeypatch.setattr(sys, "argv", ["decode", *BASE, "--rounds", "2"])
+    decode.main()
+    rounds = [json.loads(line) for line in capsys.readouterr().out.splitlines()][1:]
+    assert [(r["round"], "compile_s" in r) for r in rounds] == [(0, True), (1, False)]
+    assert rounds[1]["batch_s"] > 0
