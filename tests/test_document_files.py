@@ -613,13 +613,13 @@ def test_a_docx_of_empty_paragraphs_is_refused_at_the_limit_before_their_text_is
     text = docx.text.paragraph.Paragraph.text
     monkeypatch.setattr(docx.text.paragraph.Paragraph, "text", property(
         lambda paragraph: read.append(1) or text.fget(paragraph), text.fset))
-    monkeypatch.setattr(paragraphs, "MARKUP_BESIDES", 2)  # 4 a character, 2 more
+    monkeypatch.setattr(paragraphs, "MARKUP_BESIDES", 2)  # 2 a character, 2 more
     data = _with_body(b"<w:p/>" * 3000)  # and one paragraph of one run: 3002 pieces
-    with pytest.raises(document_files.TooMuchMarkup, match=r"more than 2998 paragraphs.* the "
-                                                           r"most read for 749 characters"):
-        prepare(data, "empty.docx", "en", max_characters=749)
+    with pytest.raises(document_files.TooMuchMarkup, match=r"more than 3000 paragraphs.* the "
+                                                           r"most read for 1499 characters"):
+        prepare(data, "empty.docx", "en", max_characters=1499)
     assert read == []
-    assert prepare(data, "empty.docx", "en", max_characters=750).characters == 12
+    assert prepare(data, "empty.docx", "en", max_characters=1500).characters == 12
     read.clear()
     assert prepare(data, "empty.docx", "en").documents[0].sentences == ["Hello there."]
     assert len(read) == 1  # without a limit (translate.py), the text paragraph's alone

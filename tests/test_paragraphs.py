@@ -638,14 +638,14 @@ def test_a_page_of_tags_alone_is_refused_once_its_tags_pass_the_limit(monkeypatc
     """Tags hold no character, yet each costs about as much to read as one: a page of more
     tags than its limit of characters is refused as the tags are read, not after all of them."""
     read = _counting_tags(monkeypatch)
-    assert paragraphs.markup_allowed(1000) == 4000 + paragraphs.MARKUP_BESIDES
+    assert paragraphs.markup_allowed(1000) == 2000 + paragraphs.MARKUP_BESIDES
     monkeypatch.setattr(paragraphs, "MARKUP_BESIDES", 5)
-    with pytest.raises(paragraphs.TooMuchMarkup, match=r"more than 4005 tags, the most read for "
-                                                       r"1000 characters to translate \(4 per "
+    with pytest.raises(paragraphs.TooMuchMarkup, match=r"more than 2005 tags, the most read for "
+                                                       r"1000 characters to translate \(2 per "
                                                        r"character and 5 more\)"):
         split_html(tag * 20_000, "en", max_characters=1000)
-    assert len(read) == 4006
-    assert split_html(tag * 4005 + "Hi.", "en", max_characters=1000).sentences == ["Hi."]
+    assert len(read) == 2006
+    assert split_html(tag * 2005 + "Hi.", "en", max_characters=1000).sentences == ["Hi."]
 
 
 def test_a_sentence_that_runs_on_is_refused_once_it_passes_the_limit(monkeypatch):

@@ -612,7 +612,7 @@ def test_translate_file_refuses_a_docx_of_more_empty_paragraphs_than_its_limit_r
     from nmt.serving.limits import ServerLimits
     from nmt.translation import paragraphs
 
-    monkeypatch.setattr(paragraphs, "MARKUP_BESIDES", 0)  # 4 pieces of markup a character
+    monkeypatch.setattr(paragraphs, "MARKUP_BESIDES", 0)  # 2 pieces of markup a character
     client, searched = fake_client("de:en", limits=ServerLimits(max_file_characters=100))
     document = docx.Document()
     for _ in range(400):
@@ -625,7 +625,7 @@ def test_translate_file_refuses_a_docx_of_more_empty_paragraphs_than_its_limit_r
     assert answer.status_code == 413 and searched == []
     assert answer.json()["error"].startswith(
         "the file holds more markup than this server reads for its limit of 100 characters "
-        "(--file-char-limit): the .docx file has more than 400 paragraphs")
+        "(--file-char-limit): the .docx file has more than 200 paragraphs")
     one = io.BytesIO()
     document = docx.Document()
     document.add_paragraph(GERMAN[:40])
@@ -638,7 +638,7 @@ def test_translate_file_refuses_a_page_of_more_tags_than_its_limit_reads(monkeyp
     from nmt.serving.limits import ServerLimits
     from nmt.translation import paragraphs
 
-    monkeypatch.setattr(paragraphs, "MARKUP_BESIDES", 0)  # 4 tags a character
+    monkeypatch.setattr(paragraphs, "MARKUP_BESIDES", 0)  # 2 tags a character
 
     client, searched = fake_client("de:en", limits=ServerLimits(max_file_characters=100))
     for name, page in (("tags.html", "<b>" * 5000), ("long.html", "<i>Wort</i> " * 30)):
@@ -651,7 +651,7 @@ def test_translate_file_refuses_a_page_of_more_tags_than_its_limit_reads(monkeyp
                          files={"file": ("tags.html", b"<b>" * 5000)})
     assert answer.json()["error"].startswith(
         "the file holds more markup than this server reads for its limit of 100 characters "
-        "(--file-char-limit): the page has more than 400 tags")
+        "(--file-char-limit): the page has more than 200 tags")
 
 
 def test_translate_file_says_when_a_form_was_cut_short_or_its_file_has_no_filename():

@@ -287,7 +287,7 @@ class TooMuchMarkup(TooManyCharacters):
 # .docx's paragraphs, tables, cells, runs, tabs, breaks and hyperlinks): per character
 # allowed, and besides, since a page's navigation or an empty form's grid holds markup and no
 # character. Each piece costs about a character's work to read.
-MARKUP_PER_CHARACTER = 4
+MARKUP_PER_CHARACTER = 2
 MARKUP_BESIDES = 1 << 16
 
 
