@@ -776,8 +776,10 @@ def test_bytes_that_are_not_http_get_a_json_400_counted_and_logged_as_ours(guard
 
 
 def _head(size: int, path: str = "/health") -> bytes:
-    """A GET of `path` whose request line and headers, blank line included, are `size` bytes."""
-    start, end = f"GET {path} HTTP/1.1\r\nHost: x\r\nX-Pad: ".encode(), b"\r\n\r\n"
+    """A GET of `path` whose request line and headers, blank line included, are `size` bytes;
+    it asks the server to close the connection after its answer, which ends the answer."""
+    start = f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nX-Pad: ".encode()
+    end = b"\r\n\r\n"
     return start + b"a" * (size - len(start) - len(end)) + end
 
 
