@@ -64,8 +64,7 @@ from nmt.translation.paragraphs import (
     Document,
     TooManyCharacters,
     TooMuchMarkup,
-    markup_allowed,
-    markup_rule,
+    check_markup,
     split_html,
     split_text,
 )
@@ -255,13 +254,8 @@ class _Allowance:
 
     def spend_pieces(self, count: int) -> None:
         self.pieces += count
-        if self.limit is None:
-            return
-        if self.pieces > (most := markup_allowed(self.limit)):
-            raise TooMuchMarkup(f"the .docx file has more than {most} paragraphs, tables, "
-                                "table cells, runs, tabs, line breaks and hyperlinks, the most "
-                                f"read for {self.limit} characters to translate "
-                                f"({markup_rule()}); split it into smaller files")
+        check_markup(self.pieces, self.limit, "paragraphs, tables, table cells, runs, tabs, "
+                     "line breaks and hyperlinks", "the .docx file")
 
 
 # What a paragraph's text may hold besides whitespace (python-docx's run.text reads tabs and

@@ -296,9 +296,14 @@ def markup_allowed(max_characters: int) -> int:
     return MARKUP_PER_CHARACTER * max_characters + MARKUP_BESIDES
 
 
-def markup_rule() -> str:
-    """How `markup_allowed` counts, for messages."""
-    return f"{MARKUP_PER_CHARACTER} per character and {MARKUP_BESIDES} more"
+def check_markup(count: int, max_characters: int | None, pieces: str, where: str) -> None:
+    """TooMuchMarkup once `count` `pieces` ("tags") read of `where` ("the page") pass what
+    `markup_allowed` gives a limit of `max_characters` (None: no limit)."""
+    if max_characters is not None and count > (most := markup_allowed(max_characters)):
+        raise TooMuchMarkup(f"{where} has more than {most} {pieces}, the most read for "
+                            f"{max_characters} characters to translate ({MARKUP_PER_CHARACTER} "
+                            f"per character and {MARKUP_BESIDES} more); split it into smaller "
+                            "files")
 
 
 class _Builder:
@@ -328,12 +333,7 @@ class _Builder:
     def count_tag(self) -> None:
         """TooMuchMarkup once a page holds more tags than `markup_allowed` for its limit."""
         self.tags += 1
-        if self.max_characters is None:
-            return
-        if self.tags > (most := markup_allowed(self.max_characters)):
-            raise TooMuchMarkup(f"the page has more than {most} tags, the most read for "
-                                f"{self.max_characters} characters to translate "
-                                f"({markup_rule()}); split it into smaller files")
+        check_markup(self.tags, self.max_characters, "tags", "the page")
 
     def translate(self, sentence: str, points: tuple[Point, ...] = ()) -> None:
         self.characters += len(sentence)
